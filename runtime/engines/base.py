@@ -1,0 +1,114 @@
+"""The engine interface the leader programs against (architecture §4, issue 4 item 1).
+
+The API layer knows nothing of tensors: it tokenizes, submits a GenerationRequest, and relays the
+TokenEvents. The engine owns scheduling (continuous batching) and every collective call.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol, Sequence
+
+
+class EngineError(Exception):
+    """Base of every error an engine raises into a request's stream."""
+
+
+class RequestRejected(EngineError):
+    """The request can never be served as asked (e.g. it cannot fit the KV-cache budget).
+
+    The message names the input and the fix; the API maps it to a 4xx.
+    """
+
+
+class EngineBroken(EngineError):
+    """The engine can no longer serve (a peer rank died, a collective timed out).
+
+    Every in-flight request ends with this promptly; health() reports BROKEN afterwards.
+    """
+
+
+class EngineState(str, enum.Enum):
+    STARTING = "starting"   # loading weights / forming the process group / warming up
+    READY = "ready"
+    BROKEN = "broken"       # needs the unit to re-form
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0        # 0.0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None         # seeded sampling is reproducible per request
+    stop: tuple[str, ...] = ()      # stop strings; the matched string is not emitted
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str                        # the text this token adds (stop strings already cut)
+    finish_reason: str | None = None  # None while generating; "stop" or "length" on the last event
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    queue_depth: int        # submitted, not yet running
+    running: int            # sequences in the running batch
+    max_running: int        # batch slots
+    kv_cache_used: float    # fraction of the KV-cache budget in use, 0.0..1.0
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    state: EngineState
+    detail: str = ""
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of the chat prompt, ending with the assistant turn's opening."""
+        ...
+
+
+class Engine(Protocol):
+    """Lives in the leader process (rank 0). Followers run the engine's worker loop instead."""
+
+    model_name: str
+    max_context: int                 # prompt + generated tokens a sequence may hold
+    tokenizer: Tokenizer
+
+    async def start(self) -> None:
+        """Form the process group, load this rank's tensors, warm up. Returns when READY."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Submit and stream. Raises RequestRejected / EngineBroken into the iterator."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Free the request's slot and KV cache at the next step; its stream ends."""
+        ...
+
+    def health(self) -> EngineHealth: ...
+
+    def load(self) -> EngineLoad: ...
+
+    async def shutdown(self) -> None:
+        """Stop the scheduler and release the process group (followers' loops then exit)."""
+        ...

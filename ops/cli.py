@@ -12,7 +12,7 @@ import sys
 from rich.console import Console
 
 from ops import __doc__ as _package_doc
-from ops.commands import plan
+from ops.commands import drain, plan, replace, rollout, status, topology
 from ops.errors import OpsError
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
@@ -25,13 +25,18 @@ def _add_aws_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--deployment", default="flotilla",
                    help="deployment_name of the flotilla config (stacks are <deployment>-Cell-<n>); "
                         "default: %(default)s")
+    g.add_argument("--cloudmap-namespace", help="Cloud Map namespace of the units' service (needed only when "
+                                                "several namespaces have one)")
+    g.add_argument("--cloudmap-service", default="units", help="Cloud Map service the unit members register in")
+    g.add_argument("--health-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="per-node /health/ready timeout; default %(default)s")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flotilla", description=_package_doc.strip().splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
-    for module in ():
+    for module in (status, topology, drain, replace, rollout):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser

@@ -1,0 +1,362 @@
+"""What the fleet looks like right now: cells, units and nodes from ECS, EC2 and Cloud Map, and
+each node's own word on readiness and load from its /health/ready endpoint.
+
+A unit is an ECS service whose task definition sets FLOTILLA_UNIT_ID (stacks/cell.py writes it);
+its cluster is a cell of the deployment when the cluster's name or CloudFormation stack-name tag
+starts with `<deployment>-Cell-`. Nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import contract
+from ops.aws import Aws, chunks
+from ops.errors import OpsError
+
+# The service tag drain-unit leaves so restore-unit knows how many nodes to bring back.
+DRAINED_TAG = "flotilla:drained-desired-count"
+UNITS_CLOUDMAP_SERVICE = "units"
+# Attributes ECS itself writes when it registers a task in Cloud Map (the front-door issue adds the
+# same names to contract; ECS fixes their values).
+_ATTR_IPV4 = getattr(contract, "CLOUDMAP_ATTR_IPV4", "AWS_INSTANCE_IPV4")
+_ATTR_PORT = getattr(contract, "CLOUDMAP_ATTR_PORT", "AWS_INSTANCE_PORT")
+
+
+def _task_id(arn: str) -> str:
+    return arn.rsplit("/", 1)[-1]
+
+
+def _cell_sort_key(cell_id: str) -> tuple:
+    m = re.search(r"(\d+)$", cell_id)
+    return (int(m.group(1)) if m else 1 << 30, cell_id)
+
+
+def _unit_sort_key(unit_id: str) -> tuple:
+    return tuple(int(n) if n.isdigit() else n for n in re.split(r"(\d+)", unit_id))
+
+
+@dataclass
+class Node:
+    task_arn: str
+    last_status: str
+    task_definition_arn: str
+    started_by: str = ""
+    instance_id: str | None = None
+    container_instance_arn: str | None = None
+    private_ip: str | None = None
+    availability_zone: str | None = None
+    registered: bool = False          # listed in Cloud Map, so the router can find it
+    address: str | None = None        # host:port of its HTTP server
+    health: dict[str, Any] | None = None
+    health_error: str | None = None
+
+    @property
+    def task_id(self) -> str:
+        return _task_id(self.task_arn)
+
+    @property
+    def rank(self) -> int | None:
+        return self.health.get("rank") if self.health else None
+
+    @property
+    def role(self) -> str:
+        if self.rank is None:
+            return "?"
+        return "leader" if self.rank == 0 else "follower"
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.health and self.health.get("ready") is True)
+
+    @property
+    def state(self) -> str:
+        if self.health is not None:
+            return str(self.health.get("state", "?"))
+        return "unreachable" if self.health_error else "unknown"
+
+
+@dataclass
+class Unit:
+    cell_id: str
+    unit_id: str
+    cluster_arn: str
+    service_name: str
+    service_arn: str
+    desired: int
+    running: int
+    pending: int
+    task_definition_arn: str
+    revision: str                     # FLOTILLA_REVISION of the service's task definition
+    nodes_per_unit: int
+    deployments: list[dict[str, Any]] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def drained(self) -> bool:
+        return self.desired == 0 and DRAINED_TAG in self.tags
+
+    @property
+    def leader(self) -> Node | None:
+        return next((n for n in self.nodes if n.rank == 0), None)
+
+    @property
+    def ready(self) -> bool:
+        return not self.problems() and not self.drained
+
+    def problems(self) -> list[str]:
+        """Why this unit cannot serve (empty when it can, or when it was drained on purpose)."""
+        if self.drained:
+            return []
+        out: list[str] = []
+        if self.desired != self.nodes_per_unit:
+            out.append(f"desired count {self.desired} != nodes_per_unit {self.nodes_per_unit}")
+        running = [n for n in self.nodes if n.last_status == "RUNNING"]
+        if len(running) < self.nodes_per_unit:
+            out.append(f"{len(running)} of {self.nodes_per_unit} nodes RUNNING")
+        for d in self.deployments:
+            if d.get("rolloutState") == "FAILED":
+                out.append(f"deployment {d.get('id')} FAILED: {d.get('rolloutStateReason', '')}".rstrip(": "))
+        for n in running:
+            if n.health is None:
+                out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
+            elif not n.ready:
+                out.append(f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready")
+        answered = [n for n in running if n.health is not None]
+        revisions = sorted({str(n.health.get("revision")) for n in answered})
+        if len(revisions) > 1:
+            out.append(f"members report different revisions {', '.join(revisions)} (a unit must not mix them)")
+        ranks = sorted(n.rank for n in answered if isinstance(n.rank, int))
+        if answered and len(answered) == len(running) and ranks != list(range(len(running))):
+            out.append(f"ranks {ranks} are not 0..{len(running) - 1}")
+        sizes = {n.health.get("world_size") for n in answered}
+        if any(s != self.nodes_per_unit for s in sizes):
+            out.append(f"world_size {sorted(map(str, sizes))} != nodes_per_unit {self.nodes_per_unit}")
+        units = {n.health.get(contract.ATTR_UNIT) for n in answered}
+        if any(u != self.unit_id for u in units):
+            out.append(f"members report unit {sorted(map(str, units))}, expected {self.unit_id}")
+        leader = self.leader
+        if leader is not None and not leader.registered:
+            out.append("the leader is not registered in Cloud Map: the router cannot reach this unit")
+        return out
+
+
+@dataclass
+class Fleet:
+    deployment: str
+    units: list[Unit]
+
+    @property
+    def cells(self) -> list[str]:
+        return sorted({u.cell_id for u in self.units}, key=_cell_sort_key)
+
+    def units_in(self, cell_id: str) -> list[Unit]:
+        return [u for u in self.units if u.cell_id == cell_id]
+
+    def unit(self, unit_id: str) -> Unit:
+        for u in self.units:
+            if u.unit_id == unit_id:
+                return u
+        known = ", ".join(u.unit_id for u in self.units) or "none"
+        raise OpsError(f"unit {unit_id!r} not found in deployment {self.deployment!r} (units: {known})")
+
+    def node(self, instance_id: str) -> tuple[Unit, Node]:
+        for u in self.units:
+            for n in u.nodes:
+                if n.instance_id == instance_id:
+                    return u, n
+        raise OpsError(f"instance {instance_id!r} runs no member of any unit of deployment {self.deployment!r}: "
+                       "check the id with `flotilla status`")
+
+
+# --- discovery ----------------------------------------------------------------------------------
+def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
+    prefix = f"{deployment}-Cell-"
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_clusters").paginate():
+        arns.extend(page.get("clusterArns", []))
+    out = []
+    for batch in chunks(arns, 100):
+        for c in aws.ecs.describe_clusters(clusters=batch, include=["TAGS"])["clusters"]:
+            tags = {t["key"]: t["value"] for t in c.get("tags", [])}
+            stack = tags.get("aws:cloudformation:stack-name", "")
+            if c["clusterName"].startswith(prefix) or stack.startswith(prefix):
+                out.append(c)
+    return out
+
+
+def _container_env(task_definition: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for c in task_definition.get("containerDefinitions", []):
+        env.update({e["name"]: e["value"] for e in c.get("environment", [])})
+    return env
+
+
+def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dict]) -> list[Unit]:
+    cluster_arn = cluster["clusterArn"]
+    service_arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
+        service_arns.extend(page.get("serviceArns", []))
+    units = []
+    for batch in chunks(service_arns, 10):
+        for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, include=["TAGS"])["services"]:
+            if s.get("status") != "ACTIVE":
+                continue
+            td_arn = s["taskDefinition"]
+            if td_arn not in taskdefs:
+                taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
+            env = _container_env(taskdefs[td_arn])
+            unit_id = env.get(contract.ENV_UNIT_ID)
+            if not unit_id:
+                continue  # not a unit (e.g. a helper service in the cluster)
+            try:
+                nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
+            except ValueError:
+                nodes_per_unit = s["desiredCount"]
+            units.append(Unit(
+                cell_id=env.get(contract.ENV_CELL_ID, cluster["clusterName"]), unit_id=unit_id,
+                cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
+                desired=s.get("desiredCount", 0), running=s.get("runningCount", 0),
+                pending=s.get("pendingCount", 0), task_definition_arn=td_arn,
+                revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
+                deployments=s.get("deployments", []),
+                tags={t["key"]: t["value"] for t in s.get("tags", [])},
+            ))
+    return units
+
+
+def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster_arn):
+        arns.extend(page.get("taskArns", []))
+    tasks: list[dict] = []
+    for batch in chunks(arns, 100):
+        tasks.extend(aws.ecs.describe_tasks(cluster=cluster_arn, tasks=batch)["tasks"])
+    by_group = {f"service:{u.service_name}": u for u in units}
+    ci_arns = sorted({t["containerInstanceArn"] for t in tasks if t.get("containerInstanceArn")})
+    instance_of: dict[str, str] = {}
+    for batch in chunks(ci_arns, 100):
+        for ci in aws.ecs.describe_container_instances(cluster=cluster_arn, containerInstances=batch)[
+                "containerInstances"]:
+            instance_of[ci["containerInstanceArn"]] = ci["ec2InstanceId"]
+    ec2_info: dict[str, dict] = {}
+    ids = sorted(set(instance_of.values()))
+    for batch in chunks(ids, 200):
+        for r in aws.ec2.describe_instances(InstanceIds=batch)["Reservations"]:
+            for i in r["Instances"]:
+                ec2_info[i["InstanceId"]] = i
+    for t in tasks:
+        unit = by_group.get(t.get("group", ""))
+        if unit is None or t.get("lastStatus") == "STOPPED":
+            continue
+        iid = instance_of.get(t.get("containerInstanceArn", ""))
+        info = ec2_info.get(iid or "", {})
+        unit.nodes.append(Node(
+            task_arn=t["taskArn"], last_status=t.get("lastStatus", "?"),
+            task_definition_arn=t.get("taskDefinitionArn", ""), started_by=t.get("startedBy", ""),
+            instance_id=iid, container_instance_arn=t.get("containerInstanceArn"),
+            private_ip=info.get("PrivateIpAddress"),
+            availability_zone=info.get("Placement", {}).get("AvailabilityZone"),
+        ))
+
+
+def _cloudmap_instances(aws: Aws, namespace: str | None, service: str) -> list[dict[str, Any]] | None:
+    """Instances of the units' Cloud Map service, or None when there is no such service."""
+    namespaces = {}
+    for page in aws.servicediscovery.get_paginator("list_namespaces").paginate():
+        for ns in page.get("Namespaces", []):
+            namespaces[ns["Id"]] = ns["Name"]
+    candidates = []
+    for page in aws.servicediscovery.get_paginator("list_services").paginate():
+        for s in page.get("Services", []):
+            if s["Name"] != service:
+                continue
+            ns_name = namespaces.get(s.get("NamespaceId", ""), "")
+            if namespace is None or ns_name == namespace:
+                candidates.append((ns_name, s))
+    if not candidates:
+        return None
+    if len(candidates) > 1:
+        names = ", ".join(sorted(n for n, _ in candidates))
+        raise OpsError(f"Cloud Map service {service!r} exists in several namespaces ({names}): "
+                       "pass --cloudmap-namespace")
+    out: list[dict] = []
+    for page in aws.servicediscovery.get_paginator("list_instances").paginate(ServiceId=candidates[0][1]["Id"]):
+        out.extend(page.get("Instances", []))
+    return out
+
+
+def _attach_cloudmap(units: list[Unit], instances: list[dict[str, Any]] | None) -> None:
+    by_id = {i["Id"]: i for i in instances or []}
+    by_ip = {i.get("Attributes", {}).get(_ATTR_IPV4): i for i in instances or []}
+    for u in units:
+        for n in u.nodes:
+            inst = by_id.get(n.task_id) or (by_ip.get(n.private_ip) if n.private_ip else None)
+            port = contract.NODE_API_PORT
+            host = n.private_ip
+            if inst is not None:
+                n.registered = True
+                attrs = inst.get("Attributes", {})
+                host = attrs.get(_ATTR_IPV4, host)
+                port = int(attrs.get(_ATTR_PORT, port))
+            n.address = f"{host}:{port}" if host else None
+
+
+def fetch_health(address: str, *, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
+    """GET /health/ready; a 503 still carries the JSON body that says why the node is not ready."""
+    url = f"http://{address}{contract.NODE_READY_PATH}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (plain http inside the VPC)
+            body = resp.read()
+    except urllib.error.HTTPError as err:
+        body = err.read()
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return None, f"{url}: {reason}"
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None, f"{url}: answered with something that is not JSON"
+    if not isinstance(doc, dict):
+        return None, f"{url}: answered with JSON that is not an object"
+    return doc, None
+
+
+def probe_health(units: list[Unit], *, timeout_s: float) -> None:
+    nodes = [n for u in units for n in u.nodes if n.address and n.last_status == "RUNNING"]
+    if not nodes:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        results = list(pool.map(lambda n: fetch_health(n.address, timeout_s=timeout_s), nodes))
+    for n, (doc, err) in zip(nodes, results):
+        n.health, n.health_error = doc, err
+    for u in units:
+        for n in u.nodes:
+            if n.last_status == "RUNNING" and not n.address:
+                n.health_error = "no address (no Cloud Map entry and no private IP)"
+
+
+def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None,
+             cloudmap_service: str = UNITS_CLOUDMAP_SERVICE, health: bool = True,
+             health_timeout_s: float = 2.0) -> Fleet:
+    units: list[Unit] = []
+    taskdefs: dict[str, dict] = {}
+    for cluster in _cell_clusters(aws, deployment):
+        cluster_units = _units_of_cluster(aws, cluster, taskdefs)
+        if cluster_units:
+            _attach_nodes(aws, cluster["clusterArn"], cluster_units)
+        units.extend(cluster_units)
+    _attach_cloudmap(units, _cloudmap_instances(aws, cloudmap_namespace, cloudmap_service) if units else None)
+    if health:
+        probe_health(units, timeout_s=health_timeout_s)
+    for u in units:
+        u.nodes.sort(key=lambda n: (n.rank if isinstance(n.rank, int) else 1 << 30, n.instance_id or "", n.task_id))
+    units.sort(key=lambda u: (_cell_sort_key(u.cell_id), _unit_sort_key(u.unit_id)))
+    return Fleet(deployment=deployment, units=units)

@@ -1,0 +1,208 @@
+"""A fake flotilla deployment for the CLI tests: moto-backed ECS clusters (one per cell), one ECS
+service per unit, Auto Scaling groups of instances, Cloud Map registrations, and a real HTTP server
+on 127.0.0.1 (port chosen at run time) for each node's /health/ready."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+from moto.moto_api import state_manager
+
+import contract
+import ops.aws
+from ops.aws import Aws
+
+REGION = "us-east-1"
+
+
+class HealthServer:
+    """One node's HTTP server: /health/ready answers `body` with `status` (tests edit both)."""
+
+    def __init__(self, body: dict, status: int = 200) -> None:
+        self.body, self.status = body, status
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path != contract.NODE_READY_PATH:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                data = json.dumps(server.body).encode()
+                self.send_response(server.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def set(self, **fields) -> None:
+        self.body = {**self.body, **fields}
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+            self.httpd.shutdown()
+            self.httpd.server_close()
+
+
+@dataclass
+class FakeNode:
+    instance_id: str
+    task_arn: str
+    container_instance_arn: str
+    server: HealthServer
+
+
+@dataclass
+class FakeUnit:
+    cell_id: str
+    unit_id: str
+    cluster_arn: str
+    service_name: str
+    service_arn: str
+    asg_name: str
+    family: str
+    task_definition_arn: str
+    nodes: list[FakeNode] = field(default_factory=list)   # in rank order
+
+
+def ready_body(*, unit: str, rank: int, world_size: int, revision: str = "1", ready: bool = True,
+               state: str = "ready", queue_depth: int = 0, running: int = 1, max_running: int = 16,
+               kv_cache_used: float = 0.25) -> dict:
+    return {"ready": ready, "state": state, "unit": unit, "revision": revision, "rank": rank,
+            "world_size": world_size, "load": {"queue_depth": queue_depth, "running": running,
+                                               "max_running": max_running, "kv_cache_used": kv_cache_used}}
+
+
+class FakeDeployment:
+    def __init__(self, aws: Aws, *, deployment: str = "flotilla") -> None:
+        self.aws, self.deployment = aws, deployment
+        self.units: list[FakeUnit] = []
+        self.servers: list[HealthServer] = []
+        vpc = aws.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        self.subnet = aws.ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20",
+                                            AvailabilityZone=f"{REGION}a")["Subnet"]["SubnetId"]
+        self.launch_template = aws.ec2.create_launch_template(
+            LaunchTemplateName="flotilla-node", LaunchTemplateData={"ImageId": "ami-12c6146b",
+                                                                    "InstanceType": "trn1.32xlarge"})[
+            "LaunchTemplate"]["LaunchTemplateId"]
+        sd = aws.servicediscovery
+        sd.create_http_namespace(Name=f"{deployment}.local")
+        ns = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == f"{deployment}.local")
+        self.cloudmap_service = sd.create_service(Name="units", NamespaceId=ns["Id"])["Service"]["Id"]
+        self.clusters: dict[str, str] = {}
+
+    def cluster(self, cell: int) -> str:
+        if cell not in self.clusters:
+            # CloudFormation names the cluster after its stack: <deployment>-Cell-<n>-Cluster<hash>-<suffix>
+            name = f"{self.deployment}-Cell-{cell}-ClusterEB0386A7-{cell:04d}abcd"
+            self.clusters[cell] = self.aws.ecs.create_cluster(clusterName=name)["cluster"]["clusterArn"]
+        return self.clusters[cell]
+
+    def add_unit(self, *, cell: int, index: int, nodes: int = 2, revision: str = "1",
+                 register: bool = True) -> FakeUnit:
+        aws = self.aws
+        cell_id, unit_id = f"cell{cell}", f"cell{cell}-unit{index}"
+        cluster = self.cluster(cell)
+        asg_name = f"{self.deployment}-Cell-{cell}-Unit{index}Asg"
+        aws.autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=asg_name, MinSize=nodes, MaxSize=nodes, DesiredCapacity=nodes,
+            LaunchTemplate={"LaunchTemplateId": self.launch_template, "Version": "$Latest"},
+            VPCZoneIdentifier=self.subnet)
+        instances = sorted(i["InstanceId"] for i in aws.autoscaling.describe_auto_scaling_groups(
+            AutoScalingGroupNames=[asg_name])["AutoScalingGroups"][0]["Instances"])
+        family = f"{self.deployment}Cell{cell}Unit{index}Task"
+        td = self.register_revision(family=family, unit_id=unit_id, cell_id=cell_id, nodes=nodes, revision=revision)
+        service = f"{self.deployment}-Cell-{cell}-Unit{index}Service-{index:04d}"
+        svc = aws.ecs.create_service(cluster=cluster, serviceName=service, taskDefinition=td,
+                                     desiredCount=nodes)["service"]
+        unit = FakeUnit(cell_id=cell_id, unit_id=unit_id, cluster_arn=cluster, service_name=service,
+                        service_arn=svc["serviceArn"], asg_name=asg_name, family=family, task_definition_arn=td)
+        for rank, iid in enumerate(instances):
+            doc = json.dumps({"instanceId": iid, "region": REGION, "availabilityZone": f"{REGION}a"})
+            ci = aws.ecs.register_container_instance(cluster=cluster, instanceIdentityDocument=doc)[
+                "containerInstance"]["containerInstanceArn"]
+            task = aws.ecs.start_task(cluster=cluster, taskDefinition=td, containerInstances=[ci],
+                                      startedBy="ecs-svc/1234", group=f"service:{service}")["tasks"][0]
+            server = HealthServer(ready_body(unit=unit_id, rank=rank, world_size=nodes, revision=revision))
+            self.servers.append(server)
+            if register:
+                aws.servicediscovery.register_instance(
+                    ServiceId=self.cloudmap_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
+                    Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port),
+                                "ECS_SERVICE_NAME": service})
+            unit.nodes.append(FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci,
+                                       server=server))
+        self.units.append(unit)
+        return unit
+
+    def register_revision(self, *, family: str, unit_id: str, cell_id: str, nodes: int, revision: str) -> str:
+        env = {contract.ENV_UNIT_ID: unit_id, contract.ENV_CELL_ID: cell_id, contract.ENV_REVISION: revision,
+               contract.ENV_NODES_PER_UNIT: str(nodes), contract.ENV_ROLE: "node"}
+        return self.aws.ecs.register_task_definition(
+            family=family, networkMode="host",
+            containerDefinitions=[{"name": "node", "image": "flotilla:latest", "memory": 1024,
+                                   "environment": [{"name": k, "value": v} for k, v in env.items()]}],
+        )["taskDefinition"]["taskDefinitionArn"]
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.close()
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        # Tasks stay RUNNING (by default moto walks them towards STOPPED a step per describe call).
+        state_manager.set_transition(model_name="ecs::task", transition={"progression": "manual", "times": 10**9})
+        session = boto3.Session(region_name=REGION)
+        clients = Aws(ecs=session.client("ecs"), ec2=session.client("ec2"),
+                      autoscaling=session.client("autoscaling"),
+                      servicediscovery=session.client("servicediscovery"),
+                      # moto has no DescribeInstanceTopology: tests queue its answers on this Stubber
+                      topology=session.client("ec2"))
+        monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
+        yield clients
+
+
+@pytest.fixture
+def topology_stub(aws):
+    with Stubber(aws.topology) as stub:
+        yield stub
+        stub.assert_no_pending_responses()
+
+
+@pytest.fixture
+def fleet(aws):
+    d = FakeDeployment(aws)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run `flotilla ARGS...` in-process; returns (exit status, stdout)."""
+    from ops.cli import main
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = main(list(argv))
+        return code, capsys.readouterr().out
+
+    return run

@@ -1,0 +1,85 @@
+"""`flotilla status`: one row per node with rank, role, revision, readiness and load; exit status 1
+when any unit is not ready."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_status_of_a_healthy_fleet_lists_every_node_and_exits_zero(fleet, run_cli):
+    a = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    fleet.add_unit(cell=1, index=0, nodes=3)
+    code, out = run_cli("status")
+    assert code == 0, out
+    assert "3/3 units ready" in out
+    for unit in fleet.units:
+        assert unit.unit_id in out
+        for node in unit.nodes:
+            assert node.instance_id in out
+    assert "leader" in out and "follower" in out
+    assert a.nodes[0].instance_id in out
+
+
+def test_status_json_reports_rank_role_revision_and_load(fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    unit.nodes[0].server.set(load={"queue_depth": 3, "running": 7, "max_running": 16, "kv_cache_used": 0.5})
+    code, out = run_cli("status", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [u["unit"] for u in doc] == ["cell0-unit0"]
+    nodes = doc[0]["nodes"]
+    assert [(n["rank"], n["role"], n["instance_id"]) for n in nodes] == [
+        (0, "leader", unit.nodes[0].instance_id), (1, "follower", unit.nodes[1].instance_id)]
+    assert nodes[0]["health"]["load"]["queue_depth"] == 3
+    assert all(n["registered"] for n in nodes)
+    assert doc[0]["state"] == "READY"
+
+
+def test_a_follower_that_is_not_ready_makes_status_exit_one_and_names_it(fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    sick = fleet.add_unit(cell=0, index=1)
+    sick.nodes[1].server.set(ready=False, state="forming")
+    sick.nodes[1].server.status = 503
+    code, out = run_cli("status")
+    assert code == 1
+    assert "1/2 units ready" in out
+    assert f"node {sick.nodes[1].instance_id} (rank 1) is forming, not ready" in out
+
+
+def test_an_unreachable_node_makes_status_exit_one(fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    unit.nodes[0].server.close()
+    code, out = run_cli("status", "--health-timeout", "1")
+    assert code == 1
+    assert f"node {unit.nodes[0].instance_id} unreachable" in out
+
+
+def test_members_reporting_two_revisions_are_flagged(fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    unit.nodes[1].server.set(revision="2")
+    code, out = run_cli("status", "--unit", "cell0-unit0")
+    assert code == 1
+    assert "different revisions 1, 2" in out
+
+
+def test_a_unit_missing_from_cloud_map_is_not_ready_because_the_router_cannot_see_it(fleet, run_cli):
+    fleet.add_unit(cell=0, index=0, register=False)
+    code, out = run_cli("status")
+    assert code == 1
+    # Without Cloud Map the CLI falls back to the instance's private IP, which answers nothing here.
+    assert "unreachable" in out
+
+
+def test_status_without_any_unit_exits_one_and_says_where_it_looked(aws, run_cli):
+    code, out = run_cli("status", "--deployment", "prod")
+    assert code == 1
+    assert "no units found" in out and "prod-Cell-*" in out
+
+
+def test_status_filters_by_cell(fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=1, index=0)
+    code, out = run_cli("status", "--cell", "cell1")
+    assert code == 0
+    assert "cell1-unit0" in out and "cell0-unit0" not in out

@@ -148,7 +148,23 @@ class FakeDeployment:
             unit.nodes.append(FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci,
                                        server=server))
         self.units.append(unit)
+        self.set_deployment(unit, "COMPLETED")
         return unit
+
+    def set_deployment(self, unit: FakeUnit, rollout_state: str, reason: str = "") -> None:
+        """Put the service's ECS deployments where real ECS would be: moto keeps a new service's
+        deployment IN_PROGRESS forever because it never counts the tasks we start ourselves."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ecs.models import ecs_backends
+
+        cluster_name = unit.cluster_arn.rsplit("/", 1)[-1]
+        service = ecs_backends[DEFAULT_ACCOUNT_ID][REGION].services[f"{cluster_name}:{unit.service_name}"]
+        running = len(unit.nodes) if rollout_state == "COMPLETED" else 0
+        service.running_count, service.pending_count = running, 0
+        for d in service.deployments:
+            d.update(rolloutState=rollout_state, runningCount=running, pendingCount=0,
+                     rolloutStateReason=reason or f"ECS deployment {d['id']} {rollout_state.lower()}.",
+                     taskDefinition=service.task_definition)
 
     def register_revision(self, *, family: str, unit_id: str, cell_id: str, nodes: int, revision: str) -> str:
         env = {contract.ENV_UNIT_ID: unit_id, contract.ENV_CELL_ID: cell_id, contract.ENV_REVISION: revision,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
+import botocore.session
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
@@ -20,6 +21,8 @@ import ops.aws
 from ops.aws import Aws
 
 REGION = "us-east-1"
+# One botocore session for every test: it caches the parsed service models (~0.2 s per client).
+_BOTOCORE = botocore.session.get_session()
 
 
 class HealthServer:
@@ -185,10 +188,12 @@ def aws(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    # moto otherwise loads ~2,600 public AMIs into every fresh EC2 backend (~1.5 s per test)
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     with mock_aws():
         # Tasks stay RUNNING (by default moto walks them towards STOPPED a step per describe call).
         state_manager.set_transition(model_name="ecs::task", transition={"progression": "manual", "times": 10**9})
-        session = boto3.Session(region_name=REGION)
+        session = boto3.Session(region_name=REGION, botocore_session=_BOTOCORE)
         clients = Aws(ecs=session.client("ecs"), ec2=session.client("ec2"),
                       autoscaling=session.client("autoscaling"),
                       servicediscovery=session.client("servicediscovery"),

@@ -155,7 +155,8 @@ def _balanced_stages(s: LlamaShape, world_size: int) -> list[tuple[int, int]]:
 
 
 def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
-              decode: str = "tensor") -> ParallelPlan:
+              decode: str = "tensor", boundaries: tuple[int, ...] | None = None) -> ParallelPlan:
+    """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split."""
     for phase, value in (("prefill", prefill), ("decode", decode)):
         if value not in STRATEGIES:
             raise ValueError(f"{phase} strategy {value!r} is not one of {', '.join(STRATEGIES)}")
@@ -168,7 +169,16 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
         raise ValueError(f"world_size {world_size} exceeds the MLP width {shape.intermediate_size}")
     notes = []
     stages = []
-    for rank, (a, b) in enumerate(_balanced_stages(shape, world_size)):
+    if boundaries is not None:
+        cuts = [0, *boundaries, shape.num_layers]
+        if len(boundaries) != world_size - 1 or any(a >= b for a, b in zip(cuts, cuts[1:])):
+            raise ValueError(f"boundaries {boundaries} must be {world_size - 1} increasing layer "
+                             f"indices inside 1..{shape.num_layers - 1}")
+        ranges = list(zip(cuts, cuts[1:]))
+        notes.append(f"layer split forced at {list(boundaries)} (not cost-balanced)")
+    else:
+        ranges = _balanced_stages(shape, world_size)
+    for rank, (a, b) in enumerate(ranges):
         cost = (b - a) * shape.layer_params + (_head_cost(shape) if rank == 0 else 0)
         stages.append(PipelineStage(rank=rank, first_layer=a, stop_layer=b,
                                     holds_embedding=rank == 0, cost=cost))

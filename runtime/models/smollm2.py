@@ -95,9 +95,8 @@ def smollm2_shape():
     """SmolLM2-135M's shape without converting (the converted config.json agrees; a test checks)."""
     from runtime.models.registry import LlamaShape
 
-    target = cache_dir() / CHECKPOINT_NAME / "config.json"
-    if target.is_file():
-        return LlamaShape.from_config(json.loads(target.read_text()), source=str(target))
+    # rms_norm_eps is the GGUF's float32 1e-5, widened to float64.
     return LlamaShape(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                       num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                      rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192)
+                      rms_norm_eps=9.999999747378752e-06, tie_word_embeddings=True,
+                      max_position_embeddings=8192)

@@ -68,3 +68,57 @@ def run_job(job: str, spec: dict, tmp_path: Path, *, timeout: float = 240, ports
 def two_rank_job():
     """run_job(job, spec, tmp_path): a 2-rank harness job (see harness.py)."""
     return run_job
+
+
+class RankProcess:
+    """A harness rank whose JSON stdout lines can be awaited with a timeout."""
+
+    def __init__(self, job: str, rank: int, port: int, spec_file: Path, out: Path) -> None:
+        import queue
+        import threading
+
+        self.proc = start_rank(job, rank, port, spec_file, out)
+        self.lines: "queue.Queue[dict]" = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except ValueError:
+                pass
+
+    def wait_for(self, key: str, timeout: float) -> dict:
+        import queue
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {key!r} line from the harness within {timeout} s")
+            if key in msg:
+                return msg
+
+
+@pytest.fixture
+def launch_rank():
+    """launch_rank(job, rank, port, spec_file, out) -> RankProcess; killed at teardown if alive."""
+    started = []
+
+    def launch(*args) -> RankProcess:
+        rp = RankProcess(*args)
+        started.append(rp)
+        return rp
+
+    yield launch
+    for rp in started:
+        if rp.proc.poll() is None:
+            rp.proc.kill()
+        rp.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def free_ports():
+    return free_port

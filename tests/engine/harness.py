@@ -166,7 +166,7 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
         started = time.monotonic()
         while engine.health().state.value == "ready" and time.monotonic() - started < 120:
             await asyncio.sleep(0.01)
-        broken_at = time.monotonic()
+        broken_at, broken_wall = time.monotonic(), time.time()
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=spec["timeout"] + 10)
         ended_after = time.monotonic() - broken_at
         health = engine.health()
@@ -181,7 +181,7 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
         toks = await _generate(engine2, "after", [1, 2, 3], max_tokens=4)
         await engine2.shutdown()
         return {"outcomes": outcomes, "health": (health.state.value, health.detail),
-                "requests_ended_after_broken_s": ended_after, "reformed_tokens": toks}
+                "requests_ended_after_broken_s": ended_after, "broken_wall": broken_wall, "reformed_tokens": toks}
 
     torch.save(asyncio.run(run()), out_path)
 

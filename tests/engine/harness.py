@@ -111,13 +111,17 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
         async def run() -> dict:
             engine = ReferenceEngine(m, model=spec["model"], prefill=prefill, decode=decode,
                                      collective_timeout_s=30, start_timeout_s=60, max_running=8)
+            say(phase="starting")
             await engine.start()
+            say(phase="started")
             prompts, k = spec["prompts"], spec["max_tokens"]
             together = await asyncio.gather(*[_generate(engine, f"t{i}", p, max_tokens=k)
                                               for i, p in enumerate(prompts)])
             alone = [await _generate(engine, f"a{i}", p, max_tokens=k) for i, p in enumerate(prompts)]
             load = engine.load()
+            say(phase="generated")
             await engine.shutdown()
+            say(phase="shut down")
             return {"combo": (prefill, decode), "together": together, "alone": alone,
                     "load_after": (load.running, load.queue_depth, load.kv_cache_used),
                     "state": engine.health().state.value}
@@ -186,7 +190,28 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
     torch.save(asyncio.run(run()), out_path)
 
 
-JOBS = {"exactness": job_exactness, "engine": job_engine, "failure": job_failure}
+def job_mismatch(rank: int, port: int, spec: dict, out_path: str) -> None:
+    """Rank 1 starts with a different decode strategy than the leader."""
+    from runtime.engines.base import EngineError
+    from runtime.engines.reference import ReferenceEngine, run_worker
+
+    m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
+                   dist_port=port)
+    try:
+        if rank:
+            run_worker(m, model="tiny", decode=spec.get("decode", "tensor"),
+                       collective_timeout_s=spec["timeout"], start_timeout_s=60)
+        else:
+            engine = ReferenceEngine(m, model="tiny", collective_timeout_s=spec["timeout"],
+                                     start_timeout_s=60)
+            asyncio.run(engine.start())
+        say(refused="")
+    except EngineError as e:
+        say(refused=str(e))
+
+
+JOBS = {"exactness": job_exactness, "engine": job_engine, "failure": job_failure,
+        "mismatch": job_mismatch}
 
 if __name__ == "__main__":
     job, rank, port, spec_path, out = sys.argv[1:6]

@@ -103,9 +103,53 @@ class Unit:
     def drained(self) -> bool:
         return self.desired == 0 and DRAINED_TAG in self.tags
 
+    def formations(self) -> list[list[Node]]:
+        """RUNNING members grouped the way rendezvous groups them (same task definition and same
+        deployment, `startedBy`): during a surge rollout the old and the new formation run side by
+        side. The service's current task definition comes first."""
+        groups: dict[tuple[str, str], list[Node]] = {}
+        for n in self.nodes:
+            if n.last_status == "RUNNING":
+                groups.setdefault((n.task_definition_arn, n.started_by), []).append(n)
+        return sorted(groups.values(),
+                      key=lambda g: (g[0].task_definition_arn != self.task_definition_arn, -len(g)))
+
+    def _formation_problems(self, members: list[Node]) -> list[str]:
+        n_want = self.nodes_per_unit
+        out: list[str] = []
+        if len(members) < n_want:
+            out.append(f"{len(members)} of {n_want} nodes RUNNING")
+        for n in members:
+            if n.health is None:
+                out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
+            elif not n.ready:
+                out.append(f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready")
+        answered = [n for n in members if n.health is not None]
+        revisions = sorted({str(n.health.get(contract.ATTR_REVISION)) for n in answered})
+        if len(revisions) > 1:
+            out.append(f"members report different revisions {', '.join(revisions)} (a unit must not mix them)")
+        ranks = sorted(n.rank for n in answered if isinstance(n.rank, int))
+        if answered and len(answered) == len(members) and ranks != list(range(len(members))):
+            out.append(f"ranks {ranks} are not 0..{len(members) - 1}")
+        sizes = {n.health.get("world_size") for n in answered}
+        if any(s != n_want for s in sizes):
+            out.append(f"world_size {sorted(map(str, sizes))} != nodes_per_unit {n_want}")
+        units = {n.health.get(contract.ATTR_UNIT) for n in answered}
+        if any(u != self.unit_id for u in units):
+            out.append(f"members report unit {sorted(map(str, units))}, expected {self.unit_id}")
+        leader = next((n for n in members if n.rank == 0), None)
+        if leader is not None and not leader.registered:
+            out.append("the leader is not registered in Cloud Map: the router cannot reach this unit")
+        return out
+
+    def serving_formation(self) -> list[Node] | None:
+        """The formation that can serve: every member ready, ranks 0..n-1, leader reachable."""
+        return next((f for f in self.formations() if not self._formation_problems(f)), None)
+
     @property
     def leader(self) -> Node | None:
-        return next((n for n in self.nodes if n.rank == 0), None)
+        members = self.serving_formation() or next(iter(self.formations()), [])
+        return next((n for n in members if n.rank == 0), None)
 
     @property
     def ready(self) -> bool:
@@ -118,33 +162,15 @@ class Unit:
         out: list[str] = []
         if self.desired != self.nodes_per_unit:
             out.append(f"desired count {self.desired} != nodes_per_unit {self.nodes_per_unit}")
-        running = [n for n in self.nodes if n.last_status == "RUNNING"]
-        if len(running) < self.nodes_per_unit:
-            out.append(f"{len(running)} of {self.nodes_per_unit} nodes RUNNING")
         for d in self.deployments:
             if d.get("rolloutState") == "FAILED":
                 out.append(f"deployment {d.get('id')} FAILED: {d.get('rolloutStateReason', '')}".rstrip(": "))
-        for n in running:
-            if n.health is None:
-                out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
-            elif not n.ready:
-                out.append(f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready")
-        answered = [n for n in running if n.health is not None]
-        revisions = sorted({str(n.health.get("revision")) for n in answered})
-        if len(revisions) > 1:
-            out.append(f"members report different revisions {', '.join(revisions)} (a unit must not mix them)")
-        ranks = sorted(n.rank for n in answered if isinstance(n.rank, int))
-        if answered and len(answered) == len(running) and ranks != list(range(len(running))):
-            out.append(f"ranks {ranks} are not 0..{len(running) - 1}")
-        sizes = {n.health.get("world_size") for n in answered}
-        if any(s != self.nodes_per_unit for s in sizes):
-            out.append(f"world_size {sorted(map(str, sizes))} != nodes_per_unit {self.nodes_per_unit}")
-        units = {n.health.get(contract.ATTR_UNIT) for n in answered}
-        if any(u != self.unit_id for u in units):
-            out.append(f"members report unit {sorted(map(str, units))}, expected {self.unit_id}")
-        leader = self.leader
-        if leader is not None and not leader.registered:
-            out.append("the leader is not registered in Cloud Map: the router cannot reach this unit")
+        formations = self.formations()
+        if not formations:
+            out.append(f"0 of {self.nodes_per_unit} nodes RUNNING")
+        elif self.serving_formation() is None:
+            # Explain the formation ECS is converging to; the others are leftovers of a rollout.
+            out.extend(self._formation_problems(formations[0]))
         return out
 
 

@@ -63,6 +63,8 @@ def run_drain(args: argparse.Namespace, console: Console) -> int:
     console.print("  2. ECS deregisters the members from Cloud Map and sends SIGTERM; each node reports "
                   "'draining', finishes in-flight requests and exits")
     console.print(f"  3. the router routes around it: {len(others)} other ready unit(s) keep serving")
+    console.print("  note: a later `cdk deploy` that updates this unit's service may set its desired count back "
+                  f"to {unit.nodes_per_unit}; check `flotilla status` after deploys")
     if not others and not args.force:
         raise Refused(f"{unit.unit_id} is the last ready unit: draining it stops all serving; pass --force "
                       "if that is what you want")

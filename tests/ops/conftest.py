@@ -154,6 +154,30 @@ class FakeDeployment:
         self.set_deployment(unit, "COMPLETED")
         return unit
 
+    def add_formation(self, unit: FakeUnit, *, task_definition: str, started_by: str, revision: str,
+                      ready: bool) -> list[FakeNode]:
+        """Start a second formation of the unit on fresh instances, as a surge rollout does."""
+        aws, n = self.aws, len(unit.nodes)
+        ids = [i["InstanceId"] for i in aws.ec2.run_instances(
+            ImageId="ami-12c6146b", MinCount=n, MaxCount=n, InstanceType="trn1.32xlarge",
+            SubnetId=self.subnet)["Instances"]]
+        out = []
+        for rank, iid in enumerate(sorted(ids)):
+            doc = json.dumps({"instanceId": iid, "region": REGION, "availabilityZone": f"{REGION}a"})
+            ci = aws.ecs.register_container_instance(cluster=unit.cluster_arn, instanceIdentityDocument=doc)[
+                "containerInstance"]["containerInstanceArn"]
+            task = aws.ecs.start_task(cluster=unit.cluster_arn, taskDefinition=task_definition, containerInstances=[ci],
+                                      startedBy=started_by, group=f"service:{unit.service_name}")["tasks"][0]
+            server = HealthServer(ready_body(unit=unit.unit_id, rank=rank, world_size=n, revision=revision,
+                                             ready=ready, state="ready" if ready else "forming"))
+            self.servers.append(server)
+            aws.servicediscovery.register_instance(
+                ServiceId=self.cloudmap_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
+                Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port),
+                            "ECS_SERVICE_NAME": unit.service_name})
+            out.append(FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci, server=server))
+        return out
+
     def set_deployment(self, unit: FakeUnit, rollout_state: str, reason: str = "") -> None:
         """Put the service's ECS deployments where real ECS would be: moto keeps a new service's
         deployment IN_PROGRESS forever because it never counts the tasks we start ourselves."""

@@ -127,3 +127,26 @@ def test_a_failed_deployment_makes_rollout_status_and_status_exit_one(aws, fleet
     code, out = run_cli("status")
     assert code == 1
     assert "FAILED: tasks failed to start" in out
+
+
+def test_during_a_surge_rollout_the_old_formation_keeps_the_unit_ready(aws, fleet, run_cli):
+    """unit_rollout=surge: the new revision forms on fresh instances beside the old formation, which
+    keeps serving until the new one is ready. status stays 0; rollout status says in progress."""
+    unit = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    new_td = fleet.register_revision(family=unit.family, unit_id=unit.unit_id, cell_id=unit.cell_id, nodes=2,
+                                     revision="2")
+    aws.ecs.update_service(cluster=unit.cluster_arn, service=unit.service_name, taskDefinition=new_td)
+    new = fleet.add_formation(unit, task_definition=new_td, started_by="ecs-svc/5678", revision="2", ready=False)
+    code, out = run_cli("status", "--unit", "cell0-unit0")
+    assert code == 0, out
+    assert all(n.instance_id in out for n in new)
+    code, out = run_cli("rollout", "status")
+    assert code == 0
+    assert "1 completed, 1 in progress" in out
+    # the old formation goes away before the new one is ready: now the unit is not ready
+    for n in unit.nodes:
+        aws.ecs.stop_task(cluster=unit.cluster_arn, task=n.task_arn, reason="rollout")
+    code, out = run_cli("status", "--unit", "cell0-unit0")
+    assert code == 1
+    assert f"node {new[0].instance_id} (rank 0) is forming, not ready" in out

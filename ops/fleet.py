@@ -218,7 +218,7 @@ def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     return out
 
 
-def _container_env(task_definition: dict[str, Any]) -> dict[str, str]:
+def container_env(task_definition: dict[str, Any]) -> dict[str, str]:
     env: dict[str, str] = {}
     for c in task_definition.get("containerDefinitions", []):
         env.update({e["name"]: e["value"] for e in c.get("environment", [])})
@@ -238,7 +238,7 @@ def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dic
             td_arn = s["taskDefinition"]
             if td_arn not in taskdefs:
                 taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
-            env = _container_env(taskdefs[td_arn])
+            env = container_env(taskdefs[td_arn])
             unit_id = env.get(contract.ENV_UNIT_ID)
             if not unit_id:
                 continue  # not a unit (e.g. a helper service in the cluster)

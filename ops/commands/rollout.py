@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import re
 
+import contract
 from rich.console import Console
 from rich.table import Table
 
 from ops.aws import Aws, clients_for
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import OpsError
-from ops.fleet import Fleet, Unit, _container_env
-
-import contract
+from ops.fleet import Fleet, Unit, container_env
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
@@ -162,7 +161,7 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
         if prev is None:
             missing.append(u.unit_id)
         else:
-            env = _container_env(aws.ecs.describe_task_definition(taskDefinition=prev)["taskDefinition"])
+            env = container_env(aws.ecs.describe_task_definition(taskDefinition=prev)["taskDefinition"])
             steps.append((u, prev, env.get(contract.ENV_REVISION, "?")))
     if missing:
         raise OpsError(f"no earlier ACTIVE task definition to roll back to for {', '.join(missing)}: "

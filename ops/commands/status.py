@@ -52,7 +52,8 @@ def _load(n) -> tuple[str, str, str]:
 
 
 def render(units: list[Unit], console: Console) -> None:
-    for cell in sorted({u.cell_id for u in units}, key=lambda c: [u.cell_id for u in units].index(c)):
+    cells = list(dict.fromkeys(u.cell_id for u in units))   # units come sorted by cell, then unit
+    for cell in cells:
         t = Table(title=f"{cell}", title_justify="left")
         for col in ("unit", "state", "revision", "rank", "role", "instance", "AZ", "node", "ready", "queue",
                     "running", "kv cache", "cloud map"):

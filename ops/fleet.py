@@ -293,7 +293,8 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
         ))
 
 
-def _cloudmap_instances(aws: Aws, namespace: str | None, service: str) -> list[dict[str, Any]] | None:
+def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
+                        service: str) -> list[dict[str, Any]] | None:
     """Instances of the units' Cloud Map service, or None when there is no such service."""
     namespaces = {}
     for page in aws.servicediscovery.get_paginator("list_namespaces").paginate():
@@ -304,11 +305,17 @@ def _cloudmap_instances(aws: Aws, namespace: str | None, service: str) -> list[d
         for s in page.get("Services", []):
             if s["Name"] != service:
                 continue
-            ns_name = namespaces.get(s.get("NamespaceId", ""), "")
+            # ListServices summaries carry no namespace id; GetService does.
+            ns_id = aws.servicediscovery.get_service(Id=s["Id"])["Service"].get("NamespaceId", "")
+            ns_name = namespaces.get(ns_id, ns_id)
             if namespace is None or ns_name == namespace:
                 candidates.append((ns_name, s))
     if not candidates:
         return None
+    if len(candidates) > 1 and namespace is None:
+        # The Discovery stack names the namespace <deployment_name>.internal.
+        ours = [c for c in candidates if c[0] == f"{deployment}.internal"]
+        candidates = ours or candidates
     if len(candidates) > 1:
         names = ", ".join(sorted(n for n, _ in candidates))
         raise OpsError(f"Cloud Map service {service!r} exists in several namespaces ({names}): "
@@ -379,7 +386,7 @@ def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None
         if cluster_units:
             _attach_nodes(aws, cluster["clusterArn"], cluster_units)
         units.extend(cluster_units)
-    _attach_cloudmap(units, _cloudmap_instances(aws, cloudmap_namespace, cloudmap_service) if units else None)
+    _attach_cloudmap(units, _cloudmap_instances(aws, deployment, cloudmap_namespace, cloudmap_service) if units else None)
     if health:
         probe_health(units, timeout_s=health_timeout_s)
     for u in units:

@@ -104,8 +104,8 @@ class FakeDeployment:
                                                                     "InstanceType": "trn1.32xlarge"})[
             "LaunchTemplate"]["LaunchTemplateId"]
         sd = aws.servicediscovery
-        sd.create_http_namespace(Name=f"{deployment}.local")
-        ns = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == f"{deployment}.local")
+        sd.create_http_namespace(Name=f"{deployment}.internal")
+        ns = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == f"{deployment}.internal")
         self.cloudmap_service = sd.create_service(Name="units", NamespaceId=ns["Id"])["Service"]["Id"]
         self.clusters: dict[str, str] = {}
 

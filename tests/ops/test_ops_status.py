@@ -83,3 +83,15 @@ def test_status_filters_by_cell(fleet, run_cli):
     code, out = run_cli("status", "--cell", "cell1")
     assert code == 0
     assert "cell1-unit0" in out and "cell0-unit0" not in out
+
+
+def test_the_deployments_own_cloud_map_namespace_wins_when_several_have_a_units_service(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    sd = aws.servicediscovery
+    sd.create_http_namespace(Name="staging.internal")
+    other = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == "staging.internal")
+    sd.create_service(Name="units", NamespaceId=other["Id"])
+    code, out = run_cli("status")
+    assert code == 0, out
+    code, out = run_cli("status", "--cloudmap-namespace", "staging.internal", "--health-timeout", "0.2")
+    assert code == 1   # nothing registered there: the leader is not in Cloud Map, private IPs answer nothing

@@ -54,11 +54,12 @@ def _load(n) -> tuple[str, str, str]:
 def render(units: list[Unit], console: Console) -> None:
     cells = list(dict.fromkeys(u.cell_id for u in units))   # units come sorted by cell, then unit
     for cell in cells:
-        t = Table(title=f"{cell}", title_justify="left")
+        in_cell = [u for u in units if u.cell_id == cell]
+        t = Table(title=f"{cell}: {sum(u.ready for u in in_cell)}/{len(in_cell)} units ready", title_justify="left")
         for col in ("unit", "state", "revision", "rank", "role", "instance", "AZ", "node", "ready", "queue",
                     "running", "kv cache", "cloud map"):
             t.add_column(col)
-        for u in (u for u in units if u.cell_id == cell):
+        for u in in_cell:
             state = unit_state(u)
             style = {"READY": "green", "NOT READY": "red", "DRAINED": "yellow"}[state]
             if not u.nodes:

@@ -44,6 +44,7 @@ def test_a_follower_that_is_not_ready_makes_status_exit_one_and_names_it(fleet, 
     code, out = run_cli("status")
     assert code == 1
     assert "1/2 units ready" in out
+    assert "cell0: 1/2 units ready" in out
     assert f"node {sick.nodes[1].instance_id} (rank 1) is forming, not ready" in out
 
 

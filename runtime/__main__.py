@@ -1,18 +1,23 @@
-"""`python -m runtime <command>`: the image's entry point. Commands: node (a unit member)."""
+"""`python -m runtime <subcommand>`: one entry point for the container (node, router) and tools
+(plan). Each subcommand lives in its own module and registers itself here."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+from runtime import cli_node
+
+SUBCOMMANDS = [cli_node]   # node and router modules add themselves to this list
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    commands = {"node": "runtime.cli_node"}
-    if not args or args[0] not in commands:
-        print(f"usage: python -m runtime {{{','.join(commands)}}} [options]", file=sys.stderr)
-        return 2
-    import importlib
-    return importlib.import_module(commands[args[0]]).main(args[1:])
+    parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -5,17 +5,19 @@ Exit codes: 0 drained cleanly, 1 the unit's restart budget ran out, 2 bad settin
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from aiohttp import web
 
 from runtime.node.metrics import NodeMetrics
-from runtime.node.settings import NodeSettings, SettingsError, load_settings
+from runtime.node.settings import (NodeSettings, SettingsError, build_parser, load_settings,
+                                   settings_from_args)
 from runtime.node.supervisor import UnitSupervisor, jlog
 from runtime.rendezvous import Rendezvous
 
@@ -58,14 +60,28 @@ async def serve(s: NodeSettings) -> int:
     return rc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _run(load: Callable[[], NodeSettings]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
-        s = load_settings(argv)
+        s = load()
     except SettingsError as e:
         print(f"flotilla-node: error: {e}", file=sys.stderr)
         return 2
     return asyncio.run(serve(s))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `flotilla-node` console script."""
+    return _run(lambda: load_settings(argv))
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `node` on `python -m runtime`."""
+    p = sub.add_parser("node", help="run one member (leader or follower) of a unit",
+                       description="Run one member of a flotilla unit. Every flag can also be given as "
+                       "the environment variable named in its help.")
+    build_parser(p)
+    p.set_defaults(func=lambda args: _run(lambda: settings_from_args(args, parser=p)))
 
 
 if __name__ == "__main__":

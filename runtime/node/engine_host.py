@@ -38,8 +38,11 @@ def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
     if cfg["engine"] == "echo":
         from runtime.engines.echo import EchoEngine
         return EchoEngine(membership=m, model_name=cfg["model_name"], form_timeout_s=cfg["form_timeout_s"])
-    from runtime.engines import build_engine  # the reference engine (issue 4)
-    return build_engine(cfg, m)
+    from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
+    return ReferenceEngine(m, model=cfg["model"], prefill=cfg["prefill_strategy"], decode=cfg["decode_strategy"],
+                           kv_budget_tokens=cfg["kv_budget_tokens"], max_running=cfg["max_running"],
+                           collective_timeout_s=cfg["collective_timeout_s"], start_timeout_s=cfg["form_timeout_s"],
+                           threads=cfg["torch_threads"], model_name=cfg["model_name"])
 
 
 def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
@@ -47,8 +50,10 @@ def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
         from runtime.engines.echo import run_echo_worker
         run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
         return
-    from runtime.engines import run_worker  # the reference engine (issue 4)
-    run_worker(cfg, m)
+    from runtime.engines.reference import run_worker  # noqa: PLC0415 - imports torch
+    run_worker(m, model=cfg["model"], prefill=cfg["prefill_strategy"], decode=cfg["decode_strategy"],
+               collective_timeout_s=cfg["collective_timeout_s"], start_timeout_s=cfg["form_timeout_s"],
+               threads=cfg["torch_threads"])
 
 
 class _Out:

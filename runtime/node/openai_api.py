@@ -36,6 +36,7 @@ class ParsedRequest:
     top_p: float
     seed: int | None
     stop: tuple[str, ...]
+    ignore_eos: bool = False             # extension (as in vLLM): generate max_tokens regardless of EOS
     messages: tuple[dict, ...] = ()      # chat
     prompt: str | None = None            # completion, text
     prompt_ids: tuple[int, ...] | None = None  # completion, token ids
@@ -44,7 +45,7 @@ class ParsedRequest:
     def engine_payload(self, *, default_max_tokens: int) -> dict[str, Any]:
         p: dict[str, Any] = {"max_tokens": self.max_tokens, "default_max_tokens": default_max_tokens,
                              "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                             "stop": list(self.stop)}
+                             "stop": list(self.stop), "ignore_eos": self.ignore_eos}
         if self.kind == "chat":
             p["messages"] = [dict(m) for m in self.messages]
         elif self.prompt_ids is not None:
@@ -143,11 +144,15 @@ def _common(body: Any, served_model: str, limit: int, kind: str) -> dict[str, An
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad("user", "'user' must be a string")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos", "'ignore_eos' must be true or false")
     names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
     return dict(
         model=model, stream=stream, include_usage=include_usage, max_tokens=_max_tokens(body, limit, names),
         temperature=_opt_num(body, "temperature", 1.0, 0.0, 2.0),  # OpenAI's default
         top_p=_opt_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), seed=seed, stop=_stop(body),
+        ignore_eos=ignore_eos,
     )
 
 

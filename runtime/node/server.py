@@ -120,7 +120,7 @@ class LeaderApi:
                 resp = await self._stream(request, req, kind, rid, events, headers, rec, arrival, prompt_tokens)
             else:
                 resp = await self._collect(req, kind, rid, events, headers, rec, arrival, prompt_tokens)
-            done = True
+            done = not rec.get("client_gone")
             return resp
         finally:
             if not done:
@@ -157,6 +157,7 @@ class LeaderApi:
                 if first_token is None:
                     first_token = time.time()
                 n += 1
+                rec["completion_tokens"] = n
                 text.append(ev["text"])
                 finish_reason = ev.get("finish_reason") or finish_reason
             elif ev["op"] == "error":
@@ -205,32 +206,47 @@ class LeaderApi:
         async def send(payload: dict) -> None:
             await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
 
-        if kind == "chat":
-            await send(chunk("", None, role=True))
         n, first_token = 0, None
-        async for ev in events:
-            if ev["op"] == "token":
-                if first_token is None:
-                    first_token = time.time()
-                n += 1
-                await send(chunk(ev["text"], ev.get("finish_reason")))
-            elif ev["op"] == "error":
-                self._timing(rec, arrival, first_token, n)
-                rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
-                rec["status"] = 200
-                err = ApiError(503 if ev["kind"] == "broken" else 500, ev["message"],
-                               type_="service_unavailable" if ev["kind"] == "broken" else "server_error")
-                # The status line is already sent: an `error` event, then close (no [DONE]).
+        ev: dict = {"op": "done"}
+        try:
+            if kind == "chat":
+                await send(chunk("", None, role=True))
+            async for ev in events:
+                if ev["op"] == "token":
+                    if first_token is None:
+                        first_token = time.time()
+                    n += 1
+                    rec["completion_tokens"] = n
+                    await send(chunk(ev["text"], ev.get("finish_reason")))
+                elif ev["op"] == "error":
+                    break
+        except ConnectionError:                     # the client went away mid-stream
+            rec["client_gone"] = True
+            self._timing(rec, arrival, first_token, n)
+            return resp
+        if ev["op"] == "error":
+            self._timing(rec, arrival, first_token, n)
+            rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
+            rec["status"] = 200
+            err = ApiError(503 if ev["kind"] == "broken" else 500, ev["message"],
+                           type_="service_unavailable" if ev["kind"] == "broken" else "server_error")
+            # The status line is already sent: an `error` event, then close (no [DONE]).
+            try:
                 await send(err.body())
                 await resp.write_eof()
-                return resp
+            except ConnectionError:
+                pass
+            return resp
         self._timing(rec, arrival, first_token, n)
-        if req.include_usage:
-            await send({"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
-                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                                  "total_tokens": prompt_tokens + n}})
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        try:
+            if req.include_usage:
+                await send({"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
+                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                      "total_tokens": prompt_tokens + n}})
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            pass
         rec["status"] = 200
         return resp
 

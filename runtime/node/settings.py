@@ -57,14 +57,18 @@ class NodeSettings:
     peer_dead_after_s: float        # a member silent this long is dead: the unit re-forms
     max_tokens_limit: int           # the largest max_tokens a request may ask for
     torch_threads: int
+    kv_budget_tokens: int           # reference engine: KV-cache tokens over all running sequences
+    max_running: int                # reference engine: batch slots
+    collective_timeout_s: float     # reference engine: a wedged peer fails requests within this
 
     @property
     def world_size(self) -> int:
         return self.nodes_per_unit
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The node's flags, on a fresh parser or on a subcommand's parser."""
+    p = p or argparse.ArgumentParser(
         prog="flotilla-node",
         description="Run one member (leader or follower) of a flotilla unit. Every flag can also be "
         "given as the environment variable named in its help.",
@@ -94,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     a("--peer-dead-after", dest="peer_dead_after_s", help="seconds of silence before a member counts as dead [FLOTILLA_PEER_DEAD_AFTER_S, default 3]")
     a("--max-tokens-limit", help="largest max_tokens a request may ask for [FLOTILLA_MAX_TOKENS_LIMIT, default 4096]")
     a("--torch-threads", help="torch threads per process [FLOTILLA_TORCH_THREADS, default 1]")
+    a("--kv-budget-tokens", help="KV-cache tokens over all running sequences [FLOTILLA_KV_BUDGET_TOKENS, default 16384]")
+    a("--max-running", help="batch slots [FLOTILLA_MAX_RUNNING, default 16]")
+    a("--collective-timeout", dest="collective_timeout_s", help="seconds before a silent peer fails the unit [FLOTILLA_COLLECTIVE_TIMEOUT_S, default 30]")
     return p
 
 
@@ -123,6 +130,9 @@ _ENV: dict[str, tuple[str, str | None]] = {
     "peer_dead_after_s": ("FLOTILLA_PEER_DEAD_AFTER_S", "3"),
     "max_tokens_limit": ("FLOTILLA_MAX_TOKENS_LIMIT", "4096"),
     "torch_threads": ("FLOTILLA_TORCH_THREADS", "1"),
+    "kv_budget_tokens": ("FLOTILLA_KV_BUDGET_TOKENS", "16384"),
+    "max_running": ("FLOTILLA_MAX_RUNNING", "16"),
+    "collective_timeout_s": ("FLOTILLA_COLLECTIVE_TIMEOUT_S", "30"),
 }
 
 
@@ -166,9 +176,13 @@ def parse_peers(name: str, raw: str) -> tuple[Peer, ...]:
 
 
 def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> NodeSettings:
+    parser = build_parser()
+    return settings_from_args(parser.parse_args(argv), env, parser=parser)
+
+
+def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None, *,
+                       parser: argparse.ArgumentParser) -> NodeSettings:
     env = os.environ if env is None else env
-    parser = _parser()
-    ns = parser.parse_args(argv)
     flag_of = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
     raw: dict[str, str | None] = {}
     label: dict[str, str] = {}
@@ -259,4 +273,7 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
         peer_dead_after_s=_float(label["peer_dead_after_s"], req("peer_dead_after_s"), lo=0.1),
         max_tokens_limit=_int(label["max_tokens_limit"], req("max_tokens_limit"), lo=1),
         torch_threads=_int(label["torch_threads"], req("torch_threads"), lo=1, hi=256),
+        kv_budget_tokens=_int(label["kv_budget_tokens"], req("kv_budget_tokens"), lo=16),
+        max_running=_int(label["max_running"], req("max_running"), lo=1, hi=4096),
+        collective_timeout_s=_float(label["collective_timeout_s"], req("collective_timeout_s"), lo=1.0),
     )

@@ -198,6 +198,8 @@ class UnitSupervisor:
         return {"engine": s.engine, "model": s.model, "model_name": s.model_name,
                 "prefill_strategy": s.prefill_strategy, "decode_strategy": s.decode_strategy,
                 "cache_dir": s.cache_dir, "form_timeout_s": s.form_timeout_s, "torch_threads": s.torch_threads,
+                "kv_budget_tokens": s.kv_budget_tokens, "max_running": s.max_running,
+                "collective_timeout_s": s.collective_timeout_s,
                 "unit_id": s.unit_id, "revision": s.revision}
 
     async def _status(self, member: Member) -> dict[str, Any] | None:

@@ -84,6 +84,9 @@ class EngineProcess:
                 elif op == "failed":
                     self.failure = ev.get("message", "")
                 elif "id" in ev:
+                    if op == "error" and ev.get("kind") == "broken":
+                        # Mark the unit unready before the client hears of the failure.
+                        self.load = LoadReport(state="broken", detail=ev.get("message", ""))
                     s = self._streams.get(ev["id"])
                     if s is not None:
                         s.events.put_nowait(ev)

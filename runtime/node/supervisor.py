@@ -78,6 +78,8 @@ class UnitSupervisor:
     def ready(self) -> bool:
         if self.draining or self.state != "ready" or self.engine is None or not self.engine.alive:
             return False
+        if self.engine.load.state == "broken":
+            return False
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
     def live(self) -> bool:
@@ -92,9 +94,15 @@ class UnitSupervisor:
             return self.engine.load if self.engine is not None else LoadReport()
         return self.unit_load
 
+    def effective_state(self) -> str:
+        # Between an engine failure and the supervisor's next look, the unit is already broken.
+        if self.state == "ready" and not self.ready():
+            return "broken"
+        return self.state
+
     def ready_body(self) -> dict[str, Any]:
         ld = self.load()
-        return {"ready": self.ready(), "state": self.state, "unit": self.s.unit_id, "revision": self.s.revision,
+        return {"ready": self.ready(), "state": self.effective_state(), "unit": self.s.unit_id, "revision": self.s.revision,
                 "rank": self.rank, "world_size": self.s.world_size,
                 "load": {"queue_depth": int(ld.queue_depth), "running": int(ld.running),
                          "max_running": int(ld.max_running), "kv_cache_used": float(ld.kv_cache_used)}}

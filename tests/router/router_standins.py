@@ -19,8 +19,8 @@ import contract
 
 class StandInUnit:
     """Knobs (set by tests at any time): state, load, refuse (None|503|429), chunks, chunk_delay_s,
-    break_after (cut the connection after N chunks), first_byte_delay_s, gate (an asyncio.Event the
-    stream waits on after its first chunk)."""
+    break_after (cut the connection after N chunks), first_byte_delay_s, gate (an asyncio.Event a
+    stream waits on after its first chunk, a plain completion before answering)."""
 
     def __init__(self, *, name: str, revision: str = "1") -> None:
         self.name = name
@@ -100,6 +100,8 @@ class StandInUnit:
                 await asyncio.sleep(self.first_byte_delay_s)
             if payload.get("stream"):
                 return await self._stream(request)
+            if self.gate is not None:
+                await self.gate.wait()
             text = " ".join(f"tok{i}" for i in range(self.chunks))
             if self.break_after is not None:
                 # Announce a body, send part of it, then die: a unit that fails mid-response.

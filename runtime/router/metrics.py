@@ -71,3 +71,10 @@ class RouterMetrics:
         self.inflight = Gauge("flotilla_router_inflight", "requests in flight through the router",
                               registry=r)
         self.draining = Gauge("flotilla_router_draining", "1 after SIGTERM", registry=r)
+        self._routed_children: dict[tuple[str, int], object] = {}
+
+    def count_routed(self, unit: str, status: int) -> None:
+        child = self._routed_children.get((unit, status))
+        if child is None:  # labels() takes a lock and formats: do it once per (unit, status)
+            child = self._routed_children[(unit, status)] = self.routed.labels(unit, str(status))
+        child.inc()

@@ -35,6 +35,7 @@ class StandInUnit:
         self.chunk_delay_s = 0.0
         self.break_after: int | None = None
         self.first_byte_delay_s = 0.0
+        self.chunked_plain = False             # plain (non-SSE) bodies without Content-Length
         self.gate: asyncio.Event | None = None
         self.received: list[str] = []          # request ids, in arrival order
         self.active = 0
@@ -106,7 +107,8 @@ class StandInUnit:
             if self.break_after is not None:
                 # Announce a body, send part of it, then die: a unit that fails mid-response.
                 resp = web.StreamResponse(headers=self._headers(request))
-                resp.content_length = 1000
+                if not self.chunked_plain:
+                    resp.content_length = 1000
                 resp.content_type = "application/json"
                 await resp.prepare(request)
                 await resp.write(b'{"id": "cmpl-partial", "choices": [')

@@ -209,11 +209,24 @@ def test_stream_broken_midway_ends_with_an_sse_error_and_is_never_replayed():
     run(scenario())
 
 
-def test_plain_body_cut_short_is_an_error_at_the_client_not_a_short_success():
+def test_unit_that_dies_before_a_plain_body_is_complete_is_retried_on_another_unit():
     async def scenario():
         a, b = us = await units("a", "b")
         b.queue_depth = 3
-        a.break_after = 0
+        a.break_after = 0   # announces a Content-Length, sends part of the body, dies
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            status, headers, body = await post(s, router, headers={contract.REQUEST_ID_HEADER: "r2"})
+        await stop_all(us)
+        assert status == 200 and headers[contract.UNIT_HEADER] == "b"
+        assert json.loads(body)["unit"] == "b" and a.received == ["r2"] == b.received
+    run(scenario())
+
+
+def test_chunked_plain_body_cut_short_is_an_error_at_the_client_not_a_short_success():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3
+        a.break_after, a.chunked_plain = 0, True   # body of unknown length: relayed as it comes
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             failed = False
             try:

@@ -56,6 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"seconds to wait for in-flight requests (default ${contract.ENV_DRAIN_TIMEOUT} or 120)")
     p.add_argument("--first-byte-timeout", type=float, default=60.0)
     p.add_argument("--idle-stream-timeout", type=float, default=30.0)
+    p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="auto = uvloop when installed (measured faster, docs/benchmarks.md), else asyncio")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
     return p
@@ -110,4 +112,15 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"router: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    loop_factory = None
+    if args.event_loop in ("auto", "uvloop"):
+        try:
+            import uvloop
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            if args.event_loop == "uvloop":
+                print("router: --event-loop uvloop needs the uvloop package (pip install uvloop)",
+                      file=sys.stderr)
+                return 2
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(serve(settings))

@@ -84,8 +84,14 @@ class Client(asyncio.Protocol):
             self.done.set_exception(ConnectionError("connection lost"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process: the router's cost, robust to a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bool,
-                      warmup: float = 1.0) -> dict:
+                      warmup: float = 1.0, cpu_pid: int | None = None) -> dict:
     loop = asyncio.get_running_loop()
     payload = request_bytes(port, stream)
     latencies: list[float] = []
@@ -113,13 +119,17 @@ async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bo
     tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
     await asyncio.sleep(warmup)
     measuring = True
+    cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
     started = perf_counter()
     await asyncio.sleep(seconds)
     measuring = False
     elapsed = perf_counter() - started
+    cpu = (cpu_seconds(cpu_pid) - cpu0) if cpu_pid else None
     stop = True
     await asyncio.gather(*tasks)
+    cpu_us = 1e6 * cpu / len(latencies) if cpu is not None and latencies else None
     return {"requests": len(latencies), "rps": len(latencies) / elapsed, "errors": errors,
+            "router_cpu_us_per_request": cpu_us,
             "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
             "first_event_p50_ms": pct(first_events, 50) if stream else None,
             "first_event_p99_ms": pct(first_events, 99) if stream else None}
@@ -152,6 +162,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=32, help="SSE events per streamed response")
     ap.add_argument("--label", default="", help="name of this run in the results file")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "router.json"))
+    ap.add_argument("--router-args", default="", help="extra router flags, e.g. '--event-loop asyncio'")
     ap.add_argument("--router-repo", default=str(REPO),
                     help="checkout whose runtime/ is benchmarked (compare revisions on one machine)")
     args = ap.parse_args()
@@ -164,7 +175,8 @@ def main() -> int:
     router = subprocess.Popen(["taskset", "-c", args.router_cpu, py, "-m", "runtime", "router",
                                "--host", "127.0.0.1", "--port", str(router_port), "--log-level", "WARNING",
                                "--units", f"http://127.0.0.1:{backend_port}",
-                               "--max-outstanding-per-unit", "1024", "--drain-grace", "0"],
+                               "--max-outstanding-per-unit", "1024", "--drain-grace", "0",
+                               *args.router_args.split()],
                               cwd=args.router_repo, stdout=subprocess.DEVNULL)
     results: dict[str, dict] = {}
     try:
@@ -181,10 +193,13 @@ def main() -> int:
             ("stream router c=8", router_port, 8, True),
         ]
         for name, port, conc, stream in plan:
-            results[name] = asyncio.run(closed_loop(port, concurrency=conc, seconds=args.seconds,
-                                                    stream=stream))
+            results[name] = asyncio.run(closed_loop(
+                port, concurrency=conc, seconds=args.seconds, stream=stream,
+                cpu_pid=router.pid if port == router_port else None))
             r = results[name]
+            cpu = r["router_cpu_us_per_request"]
             print(f"{name:24s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
+                  + (f"  router CPU {cpu:.0f} us/req" if cpu else "")
                   + (f"  first event p50 {r['first_event_p50_ms']:.3f} p99 {r['first_event_p99_ms']:.3f}"
                      if stream else "") + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
     finally:
@@ -199,13 +214,15 @@ def main() -> int:
         "added_p50_ms": r1["p50_ms"] - d1["p50_ms"],
         "added_p99_ms": r1["p99_ms"] - d1["p99_ms"],
         "router_rps_one_core": results[f"small router c={args.concurrency}"]["rps"],
+        "router_cpu_us_per_small_request": results[f"small router c={args.concurrency}"]["router_cpu_us_per_request"],
+        "router_cpu_us_per_stream": results["stream router c=8"]["router_cpu_us_per_request"],
         "stream_added_first_event_p50_ms": sr["first_event_p50_ms"] - s1["first_event_p50_ms"],
         "stream_added_total_p50_ms": sr["p50_ms"] - s1["p50_ms"],
         "stream_added_total_p99_ms": sr["p99_ms"] - s1["p99_ms"],
     }
     print(json.dumps(summary, indent=1))
     load = os.getloadavg()
-    record = {"label": args.label, "router_repo": args.router_repo, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    record = {"label": args.label, "router_repo": args.router_repo, "router_args": args.router_args, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "python": platform.python_version(), "loadavg_at_end": load, "seconds": args.seconds,
               "events": args.events, "results": results, "summary": summary}
     out = Path(args.out)

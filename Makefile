@@ -59,3 +59,9 @@ bench-engine: dev-deps
 .PHONY: local
 local: $(VENV)/.dev-deps
 	$(PY) -m runtime.local $(LOCAL_ARGS)
+
+# Router benchmark (issue 6): added latency and req/s of the router on one core vs a fast stand-in
+# backend. Not part of `make test`; results are appended to bench/results/router.json.
+.PHONY: bench-router
+bench-router: dev-deps
+	$(PY) bench/router/run.py $(BENCH_ARGS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import botocore.exceptions
 from rich.console import Console
 
 from ops import __doc__ as _package_doc
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except OpsError as err:
         console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
         return err.exit_code
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        # Credentials, permissions, throttling: the operator needs the AWS message, not a traceback.
+        console.print(f"[bold red]error:[/] AWS: {err}", markup=True, highlight=False)
+        return EXIT_UNHEALTHY
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

@@ -96,3 +96,14 @@ def test_the_deployments_own_cloud_map_namespace_wins_when_several_have_a_units_
     assert code == 0, out
     code, out = run_cli("status", "--cloudmap-namespace", "staging.internal", "--health-timeout", "0.2")
     assert code == 1   # nothing registered there: the leader is not in Cloud Map, private IPs answer nothing
+
+
+def test_an_aws_error_is_one_line_naming_the_call_not_a_traceback(aws, run_cli):
+    from botocore.stub import Stubber
+
+    with Stubber(aws.ecs) as stub:
+        stub.add_client_error("list_clusters", service_error_code="AccessDeniedException",
+                              service_message="User is not authorized to perform: ecs:ListClusters")
+        code, out = run_cli("status")
+    assert code == 1
+    assert "error: AWS:" in out and "ecs:ListClusters" in out

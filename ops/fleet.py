@@ -56,6 +56,7 @@ class Node:
     address: str | None = None        # host:port of its HTTP server
     health: dict[str, Any] | None = None
     health_error: str | None = None
+    ecs_health: str = "UNKNOWN"       # the container health check (alive): HEALTHY | UNHEALTHY | UNKNOWN
 
     @property
     def task_id(self) -> str:
@@ -98,6 +99,7 @@ class Unit:
     deployments: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
+    probed: bool = True               # False: nobody asked the nodes (--no-health); judge by ECS only
 
     @property
     def drained(self) -> bool:
@@ -119,6 +121,15 @@ class Unit:
         out: list[str] = []
         if len(members) < n_want:
             out.append(f"{len(members)} of {n_want} nodes RUNNING")
+        for n in members:
+            if n.ecs_health == "UNHEALTHY":
+                out.append(f"node {n.instance_id or n.task_id}: ECS container health check UNHEALTHY (not alive)")
+        if not self.probed:
+            # Without /health/ready only ECS and Cloud Map speak: alive and registered is all we know.
+            unregistered = [n.instance_id or n.task_id for n in members if not n.registered]
+            if unregistered:
+                out.append(f"not registered in Cloud Map: {', '.join(unregistered)}")
+            return out
         for n in members:
             if n.health is None:
                 out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
@@ -285,7 +296,7 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
         iid = instance_of.get(t.get("containerInstanceArn", ""))
         info = ec2_info.get(iid or "", {})
         unit.nodes.append(Node(
-            task_arn=t["taskArn"], last_status=t.get("lastStatus", "?"),
+            task_arn=t["taskArn"], last_status=t.get("lastStatus", "?"), ecs_health=t.get("healthStatus", "UNKNOWN"),
             task_definition_arn=t.get("taskDefinitionArn", ""), started_by=t.get("startedBy", ""),
             instance_id=iid, container_instance_arn=t.get("containerInstanceArn"),
             private_ip=info.get("PrivateIpAddress"),
@@ -389,6 +400,9 @@ def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None
     _attach_cloudmap(units, _cloudmap_instances(aws, deployment, cloudmap_namespace, cloudmap_service) if units else None)
     if health:
         probe_health(units, timeout_s=health_timeout_s)
+    else:
+        for u in units:
+            u.probed = False
     for u in units:
         u.nodes.sort(key=lambda n: (n.rank if isinstance(n.rank, int) else 1 << 30, n.instance_id or "", n.task_id))
     units.sort(key=lambda u: (_cell_sort_key(u.cell_id), _unit_sort_key(u.unit_id)))

@@ -23,6 +23,9 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     p.add_argument("--cell", help="only this cell, e.g. cell0")
     p.add_argument("--unit", help="only this unit, e.g. cell0-unit3")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-health", action="store_true",
+                   help="do not call the nodes' /health/ready (from outside the VPC): judge by ECS and Cloud Map "
+                        "only; rank, role, readiness and load are then unknown")
     p.set_defaults(handler=run)
     return [p]
 
@@ -89,7 +92,7 @@ def as_json(units: list[Unit]) -> list[dict]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    fleet = fleet_from_args(args)
+    fleet = fleet_from_args(args, health=not args.no_health)
     units = select(fleet, cell=args.cell, unit=args.unit)
     if args.json:
         console.print_json(json.dumps(as_json(units)))

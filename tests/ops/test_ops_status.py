@@ -107,3 +107,17 @@ def test_an_aws_error_is_one_line_naming_the_call_not_a_traceback(aws, run_cli):
         code, out = run_cli("status")
     assert code == 1
     assert "error: AWS:" in out and "ecs:ListClusters" in out
+
+
+def test_no_health_judges_by_ecs_and_cloud_map_only(fleet, run_cli):
+    """From outside the VPC the nodes' port is closed: --no-health still answers from ECS/Cloud Map."""
+    unit = fleet.add_unit(cell=0, index=0)
+    for n in unit.nodes:
+        n.server.close()
+    code, out = run_cli("status", "--no-health")
+    assert code == 0, out
+    assert "1/1 units ready" in out
+    fleet.add_unit(cell=0, index=1, register=False)
+    code, out = run_cli("status", "--no-health")
+    assert code == 1
+    assert "cell0-unit1: not registered in Cloud Map" in out

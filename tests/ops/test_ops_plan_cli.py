@@ -60,3 +60,18 @@ def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
 def test_plan_rejects_bad_availability_zone_lists(run_cli):
     code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--availability-zones", "us-east-1a")
     assert code == 2 and "give 2 to 6 AZs" in out
+
+
+def test_the_written_config_is_accepted_by_the_cdk_apps_config_loader(run_cli, tmp_path):
+    """The YAML `plan --write` produces is what `cdk synth -c config=...` reads (stacks/config.py)."""
+    import pytest
+
+    config = pytest.importorskip("stacks.config", reason="stacks/config.py (infra issue) is not in this checkout")
+    out_path = tmp_path / "flotilla.yaml"
+    code, _ = run_cli("plan", *LLAMA_70B, "--rps", "100", "--prompt-tokens", "1000", "--output-tokens", "200",
+                      "--batch", "8", "--availability-zones", "us-east-1a,us-east-1b", "--write", str(out_path))
+    assert code == 0
+    cfg = config.load_config(None, str(out_path))
+    # 70B at batch 8: 3.0158 req/s per unit -> 100 / 3.0158 = 33.2 -> 34 units over 2 cells of 20
+    assert (cfg.instance_type, cfg.nodes_per_unit, cfg.units, cfg.cells) == ("trn1.32xlarge", 1, 34, 2)
+    assert cfg.availability_zones == ("us-east-1a", "us-east-1b")

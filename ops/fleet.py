@@ -20,7 +20,8 @@ import contract
 from ops.aws import Aws, chunks
 from ops.errors import OpsError
 
-# The service tag drain-unit leaves so restore-unit knows how many nodes to bring back.
+# The service tag drain-unit leaves: the unit is drained on purpose (value: its desired count before),
+# so status does not count it as failing and restore-unit knows to bring it back.
 DRAINED_TAG = "flotilla:drained-desired-count"
 UNITS_CLOUDMAP_SERVICE = "units"
 # Attributes ECS itself writes when it registers a task in Cloud Map (the front-door issue adds the
@@ -193,9 +194,6 @@ class Fleet:
     @property
     def cells(self) -> list[str]:
         return sorted({u.cell_id for u in self.units}, key=_cell_sort_key)
-
-    def units_in(self, cell_id: str) -> list[Unit]:
-        return [u for u in self.units if u.cell_id == cell_id]
 
     def unit(self, unit_id: str) -> Unit:
         for u in self.units:

@@ -67,7 +67,7 @@ class FakeNode:
     instance_id: str
     task_arn: str
     container_instance_arn: str
-    server: HealthServer
+    server: HealthServer | None      # None when a real node process answers instead
 
 
 @dataclass
@@ -117,7 +117,9 @@ class FakeDeployment:
         return self.clusters[cell]
 
     def add_unit(self, *, cell: int, index: int, nodes: int = 2, revision: str = "1",
-                 register: bool = True) -> FakeUnit:
+                 register: bool = True, ports: list[int] | None = None) -> FakeUnit:
+        """A unit of `nodes` members in rank order. Each gets a HealthServer, unless `ports` names
+        real node processes on 127.0.0.1 to register in Cloud Map instead."""
         aws = self.aws
         cell_id, unit_id = f"cell{cell}", f"cell{cell}-unit{index}"
         cluster = self.cluster(cell)
@@ -141,12 +143,15 @@ class FakeDeployment:
                 "containerInstance"]["containerInstanceArn"]
             task = aws.ecs.start_task(cluster=cluster, taskDefinition=td, containerInstances=[ci],
                                       startedBy="ecs-svc/1234", group=f"service:{service}")["tasks"][0]
-            server = HealthServer(ready_body(unit=unit_id, rank=rank, world_size=nodes, revision=revision))
-            self.servers.append(server)
+            server = None
+            if ports is None:
+                server = HealthServer(ready_body(unit=unit_id, rank=rank, world_size=nodes, revision=revision))
+                self.servers.append(server)
+            port = ports[rank] if ports is not None else server.port
             if register:
                 aws.servicediscovery.register_instance(
                     ServiceId=self.cloudmap_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
-                    Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port),
+                    Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(port),
                                 "ECS_SERVICE_NAME": service})
             unit.nodes.append(FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci,
                                        server=server))

@@ -213,7 +213,12 @@ class Fleet:
 
 # --- discovery ----------------------------------------------------------------------------------
 def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
-    prefix = f"{deployment}-Cell-"
+    return _clusters_with_prefix(aws, f"{deployment}-Cell-")
+
+
+def _clusters_with_prefix(aws: Aws, prefix: str) -> list[dict[str, Any]]:
+    """Clusters of the CloudFormation stacks whose names start with prefix (CloudFormation names a
+    cluster after its stack, and tags it with the stack name)."""
     arns: list[str] = []
     for page in aws.ecs.get_paginator("list_clusters").paginate():
         arns.extend(page.get("clusterArns", []))
@@ -224,6 +229,19 @@ def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
             stack = tags.get("aws:cloudformation:stack-name", "")
             if c["clusterName"].startswith(prefix) or stack.startswith(prefix):
                 out.append(c)
+    return out
+
+
+def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
+    """The router's ECS service(s): clusters of the `<deployment>-Router` stack (front door)."""
+    out = []
+    for cluster in _clusters_with_prefix(aws, f"{deployment}-Router-"):
+        arns: list[str] = []
+        for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster["clusterArn"]):
+            arns.extend(page.get("serviceArns", []))
+        for batch in chunks(arns, 10):
+            out.extend(s for s in aws.ecs.describe_services(cluster=cluster["clusterArn"], services=batch)["services"]
+                       if s.get("status") == "ACTIVE")
     return out
 
 

@@ -19,7 +19,7 @@ from rich.table import Table
 from ops.aws import Aws, clients_for
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import OpsError
-from ops.fleet import Fleet, Unit, container_env
+from ops.fleet import Fleet, Unit, container_env, router_services
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
@@ -115,8 +115,29 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         wait_until(check, timeout_s=args.wait, description="rollout", console=console, poll_s=10.0)
         fleet, units = look()
     counts = render_status(fleet, units, console)
+    router_failed = render_router(router_services(aws, args.deployment), console)
     console.print(f"{counts[COMPLETED]} completed, {counts[IN_PROGRESS]} in progress, {counts[FAILED]} failed")
-    return 1 if counts[FAILED] else 0
+    return 1 if counts[FAILED] or router_failed else 0
+
+
+def render_router(services: list[dict], console: Console) -> bool:
+    """The router's deployments (ECS native blue/green); True when one FAILED."""
+    if not services:
+        return False
+    t = Table(title="router (blue/green: docs/runbooks/rollback.md)", title_justify="left")
+    for col in ("service", "deployment", "status", "task definition", "rollout", "running"):
+        t.add_column(col)
+    failed = False
+    for s in services:
+        for d in s.get("deployments", []):
+            state = d.get("rolloutState", "?")
+            failed |= state == FAILED
+            style = {COMPLETED: "green", IN_PROGRESS: "yellow", FAILED: "red"}.get(state, "")
+            t.add_row(s["serviceName"], d.get("id", "?"), d.get("status", "?"), _td_name(d.get("taskDefinition", "?")),
+                      f"[{style}]{state}[/]" if style else state,
+                      f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}")
+    console.print(t)
+    return failed
 
 
 # --- rollback -------------------------------------------------------------------------------------

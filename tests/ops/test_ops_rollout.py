@@ -150,3 +150,21 @@ def test_during_a_surge_rollout_the_old_formation_keeps_the_unit_ready(aws, flee
     code, out = run_cli("status", "--unit", "cell0-unit0")
     assert code == 1
     assert f"node {new[0].instance_id} (rank 0) is forming, not ready" in out
+
+
+def test_rollout_status_shows_the_router_deployments_and_fails_on_a_failed_one(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    cluster = aws.ecs.create_cluster(clusterName="flotilla-Router-ClusterEB0386A7-abcd")["cluster"]["clusterArn"]
+    td = aws.ecs.register_task_definition(family="flotillaRouterTask", containerDefinitions=[
+        {"name": "router", "image": "flotilla:latest", "memory": 512}])["taskDefinition"]["taskDefinitionArn"]
+    aws.ecs.create_service(cluster=cluster, serviceName="flotilla-Router-Service", taskDefinition=td, desiredCount=2)
+    code, out = run_cli("rollout", "status")
+    assert "router" in out and "flotilla-Router-Service" in out and "flotillaRouterTask:1" in out
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ecs.models import ecs_backends
+    svc = ecs_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].services["flotilla-Router-ClusterEB0386A7-abcd:flotilla-Router-Service"]
+    svc.deployments[0]["rolloutState"] = "FAILED"
+    code, out = run_cli("rollout", "status")
+    assert code == 1
+    code, out = run_cli("status")
+    assert code == 0 and "flotilla-Router" not in out   # the router is not a unit

@@ -16,6 +16,7 @@ from constructs import Construct, IConstruct
 import contract
 from stacks.config import FlotillaConfig
 from stacks.image import node_image
+from stacks.nag import acknowledge
 from stacks.network import NetworkStack
 from stacks.retention import retention
 from stacks.unit import TrainiumUnit, UnitSurge
@@ -100,6 +101,7 @@ class CellStack(Stack):
                 log_group=self.log_group, environment=environment))
         Aspects.of(self.cluster).add(_ServicesAfterCapacityProviderAssociation(
             self.cluster, [u.service for u in self.units]))
+        self._acknowledge_nag_findings(config, instance_role)
 
     def _grant_node_permissions(self, config: FlotillaConfig) -> None:
         """Task role: read the model artifacts, see its own cluster's tasks, read EC2 topology."""
@@ -128,3 +130,46 @@ class CellStack(Stack):
         self.task_role.add_to_policy(iam.PolicyStatement(
             sid="ReadInstanceTopology", actions=["ec2:DescribeInstanceTopology"],
             resources=["*"]))
+
+    def _acknowledge_nag_findings(self, config: FlotillaConfig, instance_role: iam.Role) -> None:
+        """cdk-nag findings that are deliberate, each on its own resource with its reason."""
+        cluster = f"<{self.get_logical_id(self.cluster.node.default_child)}>"
+        instance_policy = instance_role.node.find_child("DefaultPolicy").node.default_child
+        acknowledge(instance_policy, "IAM5", applies_to="Action::ecs:Submit*", reason=(
+            "CDK's ECS agent statement: SubmitTaskStateChange, SubmitContainerStateChange and "
+            "SubmitAttachmentStateChanges are all needed by the agent and scoped to this cell's "
+            "cluster ARN."))
+        acknowledge(instance_policy, "IAM5", applies_to="Resource::*", reason=(
+            "ECS agent essentials: ecs:DiscoverPollEndpoint and ecr:GetAuthorizationToken have no "
+            "resource-level permissions; ecs:Poll and ecs:StartTelemetrySession are conditioned on "
+            "this cell's cluster; logs:CreateLogStream/PutLogEvents are the agent's documented "
+            "essentials (AmazonEC2ContainerServiceforEC2Role)."))
+        execution_policy = self.execution_role.node.find_child("DefaultPolicy").node.default_child
+        acknowledge(execution_policy, "IAM5", applies_to="Resource::*", reason=(
+            "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are scoped "
+            "to the image's repository and log writes to this cell's log group."))
+        task_policy = self.task_role.node.find_child("DefaultPolicy").node.default_child
+        acknowledge(task_policy, "IAM5", applies_to="Resource::*", reason=(
+            "ecs:ListTasks is conditioned on ecs:cluster = this cell's cluster; "
+            "ec2:DescribeInstanceTopology has no resource-level permissions (rendezvous orders "
+            "ranks by network topology)."))
+        model = config.model
+        acknowledge(task_policy, "IAM5", reason=(
+            "Nodes read every object under the configured model prefix: sharded checkpoint "
+            "files whose names are not known at synth. Nothing outside the prefix."),
+            applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.bucket}/{model.prefix}*")
+        for kind in ("task", "container-instance"):
+            acknowledge(task_policy, "IAM5", reason=(
+                f"Rendezvous describes its unit's tasks and their container instances; {kind} "
+                "ids are only known at run time, the ARN is limited to this cell's cluster."),
+                applies_to=f"Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:"
+                           f"{kind}/{cluster}/*")
+        for unit in self.units:
+            acknowledge(unit.auto_scaling_group.node.default_child, "AS3", reason=(
+                "The ECS capacity provider owns this ASG's instance lifecycle (managed scaling, "
+                "draining, termination protection); instance and task failures surface as ECS "
+                "service events and unit health alarms rather than ASG notifications."))
+            acknowledge(unit.task_definition.node.default_child, "ECS2", reason=(
+                "The environment holds only non-secret identity and settings (unit id, revision, "
+                "model URI); a changed value is meant to be a new task definition revision, which "
+                "is how a unit rolls to a new revision."))

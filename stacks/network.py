@@ -58,7 +58,8 @@ class NetworkStack(Stack):
             self, "EndpointSg", vpc=self.vpc, allow_all_outbound=False,
             description="Interface endpoints: HTTPS from inside the VPC")
         self.endpoint_security_group.add_ingress_rule(
-            ec2.Peer.ipv4(self.vpc.vpc_cidr_block), ec2.Port.tcp(443),
+            # The literal CIDR (not the VPC's CidrBlock attribute) keeps the rule checkable.
+            ec2.Peer.ipv4(VPC_CIDR), ec2.Port.tcp(443),
             "HTTPS from the VPC to the endpoints")
         for name, service in (("EcrApi", ec2.InterfaceVpcEndpointAwsService.ECR),
                               ("EcrDocker", ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER),

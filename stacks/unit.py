@@ -73,6 +73,7 @@ class TrainiumUnit(Construct):
 
     def __init__(self, scope: Construct, id_: str, *, unit_id: str, cell_id: str,
                  cluster: ecs.Cluster, vpc: ec2.IVpc, subnet: ec2.ISubnet,
+                 router_security_group: ec2.ISecurityGroup,
                  instance_type: str, shape: InstanceShape, nodes: int, surge: UnitSurge,
                  instance_profile: iam.IInstanceProfile, root_volume_gib: int,
                  image: ecs.ContainerImage, task_role: iam.IRole, execution_role: iam.IRole,
@@ -89,6 +90,9 @@ class TrainiumUnit(Construct):
         self.security_group.add_ingress_rule(
             self.security_group, ec2.Port.all_traffic(),
             "EFA requires all traffic from members of the same security group")
+        self.security_group.add_ingress_rule(
+            router_security_group, ec2.Port.tcp(contract.NODE_API_PORT),
+            "Router to the node API (requests, health, load)")
 
         user_data = ec2.UserData.for_linux()
         # Host-network tasks only get their task role credentials when the agent allows it.

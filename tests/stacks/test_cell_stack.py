@@ -84,15 +84,26 @@ def test_launch_template_has_one_efa_interface_per_efa_card(request, synth_fixtu
     assert "SecurityGroupIds" not in data
 
 
-def test_unit_security_group_allows_all_traffic_from_itself_only(default_synth):
+def test_unit_security_group_admits_itself_fully_and_the_router_on_the_node_port(default_synth):
     sgs = default_synth.resources("Cell-0", "AWS::EC2::SecurityGroup")
     (sg_logical, sg), = sgs.items()
     assert "SecurityGroupIngress" not in sg["Properties"]
-    ingress = list(default_synth.resources("Cell-0", "AWS::EC2::SecurityGroupIngress").values())
-    assert [i["Properties"] for i in ingress] == [{
+    network = default_synth.deployment.network
+    router_sg = network.get_logical_id(network.router_security_group.node.default_child)
+    ingress = sorted((i["Properties"] for i in default_synth.resources(
+        "Cell-0", "AWS::EC2::SecurityGroupIngress").values()), key=lambda p: p["IpProtocol"])
+    assert ingress == [{
         "Description": "EFA requires all traffic from members of the same security group",
         "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}, "IpProtocol": "-1",
-        "SourceSecurityGroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}}]
+        "SourceSecurityGroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]},
+    }, {
+        "Description": "Router to the node API (requests, health, load)",
+        "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}, "IpProtocol": "tcp",
+        "FromPort": contract.NODE_API_PORT, "ToPort": contract.NODE_API_PORT,
+        "SourceSecurityGroupId": {"Fn::ImportValue": ingress[1]["SourceSecurityGroupId"][
+            "Fn::ImportValue"]},
+    }]
+    assert router_sg in ingress[1]["SourceSecurityGroupId"]["Fn::ImportValue"]
 
 
 def test_asg_spans_exactly_one_private_subnet_and_holds_nodes_per_unit(default_synth):

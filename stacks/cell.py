@@ -7,7 +7,7 @@ cell by cell. Roles and the log group are shared by the cell's units to keep the
 from __future__ import annotations
 
 import jsii
-from aws_cdk import Aspects, IAspect, RemovalPolicy, Stack
+from aws_cdk import Aspects, IAspect, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -49,7 +49,9 @@ class CellStack(Stack):
         super().__init__(scope, id_, **kwargs)
         self.cell = cell
         cell_id = f"cell{cell}"
+        Tags.of(self).add("flotilla:cell", cell_id)
         self.cluster = ecs.Cluster(self, "Cluster", vpc=network.vpc,
+                                   cluster_name=f"{config.deployment_name}-{cell_id}",
                                    container_insights_v2=ecs.ContainerInsights.ENABLED)
 
         # Instance role: only what the ECS agent needs (CDK adds those statements, scoped to this
@@ -90,7 +92,8 @@ class CellStack(Stack):
                 contract.ENV_PORT: str(contract.NODE_API_PORT),
             }
             self.units.append(TrainiumUnit(
-                self, f"Unit{placement.index}", unit_id=placement.unit_id, cell_id=cell_id,
+                self, f"Unit{placement.index}", unit_id=placement.unit_id,
+                family=f"{config.deployment_name}-{placement.unit_id}",
                 cluster=self.cluster, vpc=network.vpc,
                 router_security_group=network.router_security_group,
                 subnet=network.private_subnet(placement.az_index),

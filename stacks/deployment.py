@@ -43,6 +43,8 @@ def build_deployment(app: cdk.App, config: FlotillaConfig,
             kwargs["synthesizer"] = synthesizer_factory()
         return kwargs
 
+    # Every resource of the deployment carries its name (cost allocation, console filters).
+    cdk.Tags.of(app).add("flotilla:deployment", config.deployment_name)
     network = NetworkStack(app, "Network", availability_zones=config.availability_zones,
                            log_retention=retention(config.node.log_retention_days),
                            **common("Network"))

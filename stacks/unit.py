@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
@@ -71,7 +71,7 @@ def efa_network_interfaces(*, efa_interfaces: int, security_group_id: str) -> li
 class TrainiumUnit(Construct):
     """Placement group, launch template, single-subnet ASG, capacity provider and ECS service."""
 
-    def __init__(self, scope: Construct, id_: str, *, unit_id: str, cell_id: str,
+    def __init__(self, scope: Construct, id_: str, *, unit_id: str, family: str,
                  cluster: ecs.Cluster, vpc: ec2.IVpc, subnet: ec2.ISubnet,
                  router_security_group: ec2.ISecurityGroup,
                  instance_type: str, shape: InstanceShape, nodes: int, surge: UnitSurge,
@@ -80,6 +80,9 @@ class TrainiumUnit(Construct):
                  log_group: logs.ILogGroup, environment: dict[str, str]) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
+        # On every resource of the unit, and through the ASG and ECS tag propagation on its
+        # instances and tasks: cost allocation and `describe-*` filters per unit.
+        Tags.of(self).add("flotilla:unit", unit_id)
 
         self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
 
@@ -142,7 +145,7 @@ class TrainiumUnit(Construct):
         cluster.add_asg_capacity_provider(self.capacity_provider)
 
         self.task_definition = ecs.Ec2TaskDefinition(
-            self, "Task", network_mode=ecs.NetworkMode.HOST,
+            self, "Task", family=family, network_mode=ecs.NetworkMode.HOST,
             task_role=task_role, execution_role=execution_role)
         linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
         linux.add_capabilities(ecs.Capability.IPC_LOCK)

@@ -274,7 +274,7 @@ class MotoCloudFormation:
 
     def deploy(self, synth) -> None:
         """Create every stack of a synth_helpers.Synthesized in dependency order."""
-        for stack in synth.deployment.stacks:
+        for stack in synth.stacks:
             self.create_stack(stack.stack_name, synth.template(stack.node.id))
 
     def create_stack(self, stack_name: str, template: dict) -> None:
@@ -305,7 +305,7 @@ class MotoCloudFormation:
     def assert_every_resource_created(self, synth) -> None:
         """Every stack CREATE_COMPLETE and its created resources == its template's resources."""
         cfn = self.client("cloudformation")
-        for stack in synth.deployment.stacks:
+        for stack in synth.stacks:
             status = cfn.describe_stacks(StackName=stack.stack_name)["Stacks"][0]["StackStatus"]
             assert status == "CREATE_COMPLETE", (stack.stack_name, status)
             template = synth.template(stack.node.id)["Resources"]

@@ -278,3 +278,19 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_syn
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
         assert deps == ({"Network"} if i == 0 else {"Network", f"Cell-{i - 1}"})
+
+
+def test_unit_resources_and_instances_carry_deployment_cell_and_unit_tags(default_synth):
+    asg = only(default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
+    assert {(t["Key"], t["Value"], t["PropagateAtLaunch"]) for t in asg["Properties"]["Tags"]} >= {
+        ("flotilla:deployment", "flotilla", True), ("flotilla:cell", "cell0", True),
+        ("flotilla:unit", "cell0-unit0", True)}
+    service = only(default_synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
+    assert service["PropagateTags"] == "SERVICE" and service["EnableECSManagedTags"] is True
+    assert {"Key": "flotilla:unit", "Value": "cell0-unit0"} in service["Tags"]
+
+
+def test_cluster_and_task_family_have_readable_names(default_synth):
+    cluster = only(default_synth.resources("Cell-0", "AWS::ECS::Cluster"))["Properties"]
+    task = only(default_synth.resources("Cell-0", "AWS::ECS::TaskDefinition"))["Properties"]
+    assert (cluster["ClusterName"], task["Family"]) == ("flotilla-cell0", "flotilla-cell0-unit0")

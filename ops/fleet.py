@@ -1,9 +1,9 @@
 """What the fleet looks like right now: cells, units and nodes from ECS, EC2 and Cloud Map, and
 each node's own word on readiness and load from its /health/ready endpoint.
 
-A unit is an ECS service whose task definition sets FLOTILLA_UNIT_ID (stacks/cell.py writes it);
-its cluster is a cell of the deployment when the cluster's name or CloudFormation stack-name tag
-starts with `<deployment>-Cell-`. Nothing here changes anything.
+A cell is an ECS cluster tagged flotilla:deployment=<deployment> and flotilla:cell (stacks/cell.py
+names it <deployment>-cell<n>); a unit is a service in it whose task definition sets
+FLOTILLA_UNIT_ID. Nothing here changes anything.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from ops.errors import OpsError
 # so status does not count it as failing and restore-unit knows to bring it back.
 DRAINED_TAG = "flotilla:drained-desired-count"
 UNITS_CLOUDMAP_SERVICE = "units"
+# Tags the stacks put on every resource (stacks/deployment.py, stacks/cell.py, stacks/unit.py).
+DEPLOYMENT_TAG, CELL_TAG, UNIT_TAG = "flotilla:deployment", "flotilla:cell", "flotilla:unit"
+STACK_NAME_TAG = "aws:cloudformation:stack-name"
 # Attributes ECS itself writes when it registers a task in Cloud Map (the front-door issue adds the
 # same names to contract; ECS fixes their values).
 _ATTR_IPV4 = getattr(contract, "CLOUDMAP_ATTR_IPV4", "AWS_INSTANCE_IPV4")
@@ -212,30 +215,41 @@ class Fleet:
 
 
 # --- discovery ----------------------------------------------------------------------------------
-def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
-    return _clusters_with_prefix(aws, f"{deployment}-Cell-")
-
-
-def _clusters_with_prefix(aws: Aws, prefix: str) -> list[dict[str, Any]]:
-    """Clusters of the CloudFormation stacks whose names start with prefix (CloudFormation names a
-    cluster after its stack, and tags it with the stack name)."""
+def _all_clusters(aws: Aws) -> list[dict[str, Any]]:
     arns: list[str] = []
     for page in aws.ecs.get_paginator("list_clusters").paginate():
         arns.extend(page.get("clusterArns", []))
     out = []
     for batch in chunks(arns, 100):
-        for c in aws.ecs.describe_clusters(clusters=batch, include=["TAGS"])["clusters"]:
-            tags = {t["key"]: t["value"] for t in c.get("tags", [])}
-            stack = tags.get("aws:cloudformation:stack-name", "")
-            if c["clusterName"].startswith(prefix) or stack.startswith(prefix):
-                out.append(c)
+        out.extend(aws.ecs.describe_clusters(clusters=batch, include=["TAGS"])["clusters"])
+    return out
+
+
+def _tags(resource: dict[str, Any]) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in resource.get("tags", [])}
+
+
+def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
+    """The deployment's cell clusters: tagged flotilla:deployment + flotilla:cell (stacks/cell.py),
+    or, untagged, named <deployment>-cell<n> or made by a <deployment>-Cell-<n> stack."""
+    out = []
+    for c in _all_clusters(aws):
+        tags = _tags(c)
+        stack = tags.get(STACK_NAME_TAG, "")
+        if (tags.get(DEPLOYMENT_TAG) == deployment and CELL_TAG in tags) \
+                or re.fullmatch(rf"{re.escape(deployment)}-cell\d+", c["clusterName"]) \
+                or re.fullmatch(rf"{re.escape(deployment)}-Cell-\d+", stack):
+            out.append(c)
     return out
 
 
 def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     """The router's ECS service(s): clusters of the `<deployment>-Router` stack (front door)."""
     out = []
-    for cluster in _clusters_with_prefix(aws, f"{deployment}-Router-"):
+    for cluster in _all_clusters(aws):
+        stack = _tags(cluster).get(STACK_NAME_TAG, "")
+        if stack != f"{deployment}-Router" and not cluster["clusterName"].startswith(f"{deployment}-Router-"):
+            continue
         arns: list[str] = []
         for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster["clusterArn"]):
             arns.extend(page.get("serviceArns", []))
@@ -266,7 +280,8 @@ def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dic
             if td_arn not in taskdefs:
                 taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
             env = container_env(taskdefs[td_arn])
-            unit_id = env.get(contract.ENV_UNIT_ID)
+            tags = _tags(s)
+            unit_id = env.get(contract.ENV_UNIT_ID) or tags.get(UNIT_TAG)
             if not unit_id:
                 continue  # not a unit (e.g. a helper service in the cluster)
             try:
@@ -274,13 +289,14 @@ def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dic
             except ValueError:
                 nodes_per_unit = s["desiredCount"]
             units.append(Unit(
-                cell_id=env.get(contract.ENV_CELL_ID, cluster["clusterName"]), unit_id=unit_id,
+                cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
+                unit_id=unit_id,
                 cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
                 desired=s.get("desiredCount", 0), running=s.get("runningCount", 0),
                 pending=s.get("pendingCount", 0), task_definition_arn=td_arn,
                 revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
                 deployments=s.get("deployments", []),
-                tags={t["key"]: t["value"] for t in s.get("tags", [])},
+                tags=tags,
             ))
     return units
 

@@ -100,8 +100,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         render(units, console)
     if not units:
         where = f" in cell {args.cell}" if args.cell else ""
-        console.print(f"[red]no units found{where} for deployment {args.deployment!r}[/] (clusters named "
-                      f"{args.deployment}-Cell-*; is --deployment/--region right?)")
+        console.print(f"[red]no units found{where} for deployment {args.deployment!r}[/] (ECS clusters tagged "
+                      f"flotilla:deployment={args.deployment}, named {args.deployment}-cell<n>; is "
+                      "--deployment/--region right?)")
         return 1
     bad = [u for u in units if u.problems()]
     ready = sum(1 for u in units if u.ready)

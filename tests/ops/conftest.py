@@ -111,9 +111,11 @@ class FakeDeployment:
 
     def cluster(self, cell: int) -> str:
         if cell not in self.clusters:
-            # CloudFormation names the cluster after its stack: <deployment>-Cell-<n>-Cluster<hash>-<suffix>
-            name = f"{self.deployment}-Cell-{cell}-ClusterEB0386A7-{cell:04d}abcd"
-            self.clusters[cell] = self.aws.ecs.create_cluster(clusterName=name)["cluster"]["clusterArn"]
+            # stacks/cell.py: cluster <deployment>-cell<n>, tagged with the deployment and the cell
+            self.clusters[cell] = self.aws.ecs.create_cluster(
+                clusterName=f"{self.deployment}-cell{cell}",
+                tags=[{"key": "flotilla:deployment", "value": self.deployment},
+                      {"key": "flotilla:cell", "value": f"cell{cell}"}])["cluster"]["clusterArn"]
         return self.clusters[cell]
 
     def add_unit(self, *, cell: int, index: int, nodes: int = 2, revision: str = "1",
@@ -130,11 +132,11 @@ class FakeDeployment:
             VPCZoneIdentifier=self.subnet)
         instances = sorted(i["InstanceId"] for i in aws.autoscaling.describe_auto_scaling_groups(
             AutoScalingGroupNames=[asg_name])["AutoScalingGroups"][0]["Instances"])
-        family = f"{self.deployment}Cell{cell}Unit{index}Task"
+        family = f"{self.deployment}-{unit_id}"   # stacks/cell.py's task family
         td = self.register_revision(family=family, unit_id=unit_id, cell_id=cell_id, nodes=nodes, revision=revision)
         service = f"{self.deployment}-Cell-{cell}-Unit{index}Service-{index:04d}"
-        svc = aws.ecs.create_service(cluster=cluster, serviceName=service, taskDefinition=td,
-                                     desiredCount=nodes)["service"]
+        svc = aws.ecs.create_service(cluster=cluster, serviceName=service, taskDefinition=td, desiredCount=nodes,
+                                     tags=[{"key": "flotilla:unit", "value": unit_id}])["service"]
         unit = FakeUnit(cell_id=cell_id, unit_id=unit_id, cluster_arn=cluster, service_name=service,
                         service_arn=svc["serviceArn"], asg_name=asg_name, family=family, task_definition_arn=td)
         for rank, iid in enumerate(instances):

@@ -75,7 +75,7 @@ def test_a_unit_missing_from_cloud_map_is_not_ready_because_the_router_cannot_se
 def test_status_without_any_unit_exits_one_and_says_where_it_looked(aws, run_cli):
     code, out = run_cli("status", "--deployment", "prod")
     assert code == 1
-    assert "no units found" in out and "prod-Cell-*" in out
+    assert "no units found" in out and "flotilla:deployment=prod" in out
 
 
 def test_status_filters_by_cell(fleet, run_cli):
@@ -121,3 +121,20 @@ def test_no_health_judges_by_ecs_and_cloud_map_only(fleet, run_cli):
     code, out = run_cli("status", "--no-health")
     assert code == 1
     assert "cell0-unit1: not registered in Cloud Map" in out
+
+
+def test_cells_are_found_by_their_tags_whatever_the_cluster_is_called(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    # another deployment's cell, and an untagged cluster that only looks like one: both ignored
+    aws.ecs.create_cluster(clusterName="staging-cell0", tags=[{"key": "flotilla:deployment", "value": "staging"},
+                                                              {"key": "flotilla:cell", "value": "cell0"}])
+    aws.ecs.create_cluster(clusterName="flotilla-cells-archive")
+    renamed = aws.ecs.create_cluster(clusterName="legacy-name", tags=[
+        {"key": "flotilla:deployment", "value": "flotilla"}, {"key": "flotilla:cell", "value": "cell7"}])
+    assert renamed["cluster"]["clusterName"] == "legacy-name"
+    from ops.aws import make_clients
+    from ops.fleet import _cell_clusters
+    names = sorted(c["clusterName"] for c in _cell_clusters(make_clients(), "flotilla"))
+    assert names == ["flotilla-cell0", "legacy-name"]
+    code, out = run_cli("status")
+    assert code == 0 and "1/1 units ready" in out

@@ -5,9 +5,7 @@ on 127.0.0.1 (port chosen at run time) for each node's /health/ready."""
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import botocore.session
@@ -19,47 +17,11 @@ from moto.moto_api import state_manager
 import contract
 import ops.aws
 from ops.aws import Aws
+from ops_fakes import HealthServer, ready_body
 
 REGION = "us-east-1"
 # One botocore session for every test: it caches the parsed service models (~0.2 s per client).
 _BOTOCORE = botocore.session.get_session()
-
-
-class HealthServer:
-    """One node's HTTP server: /health/ready answers `body` with `status` (tests edit both)."""
-
-    def __init__(self, body: dict, status: int = 200) -> None:
-        self.body, self.status = body, status
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                if self.path != contract.NODE_READY_PATH:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                data = json.dumps(server.body).encode()
-                self.send_response(server.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def set(self, **fields) -> None:
-        self.body = {**self.body, **fields}
-
-    def close(self) -> None:
-        if self.thread.is_alive():
-            self.httpd.shutdown()
-            self.httpd.server_close()
 
 
 @dataclass
@@ -81,14 +43,6 @@ class FakeUnit:
     family: str
     task_definition_arn: str
     nodes: list[FakeNode] = field(default_factory=list)   # in rank order
-
-
-def ready_body(*, unit: str, rank: int, world_size: int, revision: str = "1", ready: bool = True,
-               state: str = "ready", queue_depth: int = 0, running: int = 1, max_running: int = 16,
-               kv_cache_used: float = 0.25) -> dict:
-    return {"ready": ready, "state": state, "unit": unit, "revision": revision, "rank": rank,
-            "world_size": world_size, "load": {"queue_depth": queue_depth, "running": running,
-                                               "max_running": max_running, "kv_cache_used": kv_cache_used}}
 
 
 class FakeDeployment:

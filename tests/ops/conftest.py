@@ -185,7 +185,10 @@ def aws(monkeypatch):
                       # moto has no DescribeInstanceTopology: tests queue its answers on this Stubber
                       topology=session.client("ec2"))
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
-        yield clients
+        try:
+            yield clients
+        finally:
+            state_manager.unset_transition(model_name="ecs::task")   # global in moto: leave it as found
 
 
 @pytest.fixture

@@ -44,9 +44,12 @@ def deployed(default_synth, monkeypatch):
         aws = Aws(ecs=cfn.client("ecs"), ec2=cfn.client("ec2"), autoscaling=cfn.client("autoscaling"),
                   servicediscovery=cfn.client("servicediscovery"), topology=cfn.client("ec2"))
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: aws)
-        yield aws, default_synth, servers
-    for s in servers:
-        s.close()
+        try:
+            yield aws, default_synth, servers
+        finally:
+            state_manager.unset_transition(model_name="ecs::task")   # global in moto: leave it as found
+            for s in servers:
+                s.close()
 
 
 def start_members(aws: Aws, servers: list[HealthServer]) -> tuple[str, list[str]]:

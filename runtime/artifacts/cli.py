@@ -27,7 +27,8 @@ def add_artifacts_parser(subparsers) -> None:
     man.add_argument("--source", required=True)
 
 
-def run_artifacts(args: argparse.Namespace, out=sys.stdout, err=sys.stderr, s3=None) -> int:
+def run_artifacts(args: argparse.Namespace, out=None, err=None, s3=None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
     logging.basicConfig(level=logging.INFO, stream=err, format="%(asctime)s %(message)s")
     try:
         if args.artifacts_command == "manifest":

@@ -48,8 +48,9 @@ def add_neuron_plan_arguments(parser: argparse.ArgumentParser) -> None:
                        help="where NxD Inference keeps compiled artifacts on the node")
 
 
-def run_neuron_plan(args: argparse.Namespace, out=sys.stdout, err=sys.stderr) -> int:
+def run_neuron_plan(args: argparse.Namespace, out=None, err=None) -> int:
     """Print the plan; on bad input print one error line naming the input and the fix, exit 2."""
+    out, err = out or sys.stdout, err or sys.stderr
     try:
         shape = load_model_shape(args.model)
         plan = plan_unit(

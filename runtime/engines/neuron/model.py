@@ -49,6 +49,12 @@ def load_model_shape(checkpoint_dir: str | Path) -> ModelShape:
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{path}: not valid JSON ({exc}); restore the file from the "
                                "checkpoint") from None
+    return parse_model_shape(raw, source=str(path))
+
+
+def parse_model_shape(raw: object, *, source: str) -> ModelShape:
+    """Validate a parsed config.json; `source` names it in every error."""
+    path = source
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{path}: expected a JSON object at top level")
     missing = [k for k in _REQUIRED if k not in raw]

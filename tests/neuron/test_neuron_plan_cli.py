@@ -25,7 +25,8 @@ def test_plan_command_prints_every_ranks_env_and_command(checkpoint):
     assert [r["env"]["NEURON_RANK_ID"] for r in plan["ranks"]] == ["0", "1", "2", "3"]
     assert [r["global_core_ranks"] for r in plan["ranks"]] == [[0, 31], [32, 63], [64, 95],
                                                                [96, 127]]
-    assert plan["ranks"][0]["command"][:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    leader_command = plan["ranks"][0]["command"]
+    assert leader_command[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert all(r["command"][:3] == ["python3", "-m", "runtime.engines.neuron.worker"]
                for r in plan["ranks"][1:])
 

@@ -141,3 +141,12 @@ def test_single_node_unit_has_no_multi_node_wiring(checkpoint):
                                 "NEURON_COMPILED_ARTIFACTS": "/var/cache/flotilla/neuron-compiled"}
     assert leader.nxdi_config["tp_degree"] == 32
     assert leader.nxdi_config["start_rank_id"] == 0
+
+
+def test_the_gloo_port_comes_from_rendezvous(checkpoint):
+    model_dir = str(checkpoint("llama-3.1-70b"))
+    membership = Membership(unit_id="u", revision="r", rank=1, world_size=2,
+                            dist_host="10.1.0.10", dist_port=29555)
+    got = plan_member(membership, instance_type="trn1.32xlarge",
+                      model=load_model_shape(model_dir), model_dir=model_dir)
+    assert (got.env["MASTER_ADDR"], got.env["MASTER_PORT"]) == ("10.1.0.10", "29555")

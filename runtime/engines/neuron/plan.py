@@ -43,7 +43,7 @@ DEFAULT_COMPILED_DIR = "/var/cache/flotilla/neuron-compiled"
 
 @dataclass(frozen=True)
 class NeuronOptions:
-    seq_len: int = 4096                 # max model length (prompt + generated), vLLM --max-model-len
+    seq_len: int = 4096                 # prompt + generated tokens, vLLM --max-model-len
     batch_size: int = 8                 # sequences decoded together, vLLM --max-num-seqs
     cp_degree: int | str = AUTO         # context parallel (prefill); "auto": smallest that fits
     attention_dp_degree: int | str = AUTO   # attention data parallel (decode); "auto" likewise
@@ -67,6 +67,7 @@ class NeuronUnitPlan:
     instance: InstanceSpec
     nodes: int
     leader_host: str
+    dist_port: int                      # leader's gloo port (torch env://) for the input broadcast
     tp_degree: int
     cp_degree: int
     attention_dp_degree: int
@@ -172,7 +173,8 @@ def _check_degree(name: str, value: int | str) -> int | str:
 
 
 def plan_unit(*, leader_host: str, nodes: int, instance_type: str, model: ModelShape,
-              model_dir: str, options: NeuronOptions = NeuronOptions()) -> NeuronUnitPlan:
+              model_dir: str, options: NeuronOptions = NeuronOptions(),
+              dist_port: int = contract.DIST_PORT) -> NeuronUnitPlan:
     """Validate the layout and build every rank's plan. Raises NeuronPlanError naming the fix."""
     instance = INSTANCES.get(instance_type)
     if instance is None:
@@ -222,7 +224,7 @@ def plan_unit(*, leader_host: str, nodes: int, instance_type: str, model: ModelS
                       where=where)
 
     plan = NeuronUnitPlan(instance=instance, nodes=nodes, leader_host=leader_host,
-                          tp_degree=tp, cp_degree=cp, attention_dp_degree=dp,
+                          dist_port=dist_port, tp_degree=tp, cp_degree=cp, attention_dp_degree=dp,
                           seq_len=o.seq_len, batch_size=o.batch_size, model=model,
                           model_dir=model_dir)
     ranks = tuple(_rank_plan(plan, rank, o) for rank in range(nodes))
@@ -257,7 +259,8 @@ def _validate_degrees(model: ModelShape, *, tp: int, cp: int, dp: int, seq_len: 
                                 ("decode", "attention_dp_degree", dp)):
         attention_tp = tp // degree
         if not _heads_fit(model, attention_tp):
-            good = _fitting_degrees(model, tp)
+            good = _fitting_degrees(model, tp, batch_size=batch_size if phase == "decode" else None,
+                                    seq_len=seq_len if phase == "prefill" else None)
             hint = (f"use --{flag.replace('_', '-')} one of {good}" if good
                     else "use fewer nodes")
             raise NeuronPlanError(
@@ -303,7 +306,7 @@ def _rank_plan(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
             # each step's inputs to the followers over it.
             "WORLD_SIZE": str(plan.nodes),
             "MASTER_ADDR": plan.leader_host,
-            "MASTER_PORT": str(contract.DIST_PORT),
+            "MASTER_PORT": str(plan.dist_port),
             "FI_PROVIDER": "efa",
             "FI_EFA_USE_DEVICE_RDMA": "1",
             "FI_EFA_FORK_SAFE": "1",
@@ -333,5 +336,5 @@ def plan_member(membership: Membership, *, instance_type: str, model: ModelShape
     """This process's plan: the whole unit is validated so every member fails the same way."""
     unit = plan_unit(leader_host=membership.dist_host, nodes=membership.world_size,
                      instance_type=instance_type, model=model, model_dir=model_dir,
-                     options=options)
+                     options=options, dist_port=membership.dist_port)
     return unit.ranks[membership.rank]

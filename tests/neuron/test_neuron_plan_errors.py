@@ -85,7 +85,7 @@ def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_f
 def test_auto_dp_that_needs_a_bigger_batch_says_so(checkpoint):
     # SmolLM2: 9 query / 3 KV heads. On tp 64 only groups of 1 rank fit -> degree 64 > batch 8.
     with pytest.raises(NeuronPlanError, match=r"no attention_dp_degree .* batch_size=8; raise "
-                                              r"--batch-size"):
+                                              r"--batch-size to a multiple of 64"):
         _plan(checkpoint, "smollm2-135m")
 
 

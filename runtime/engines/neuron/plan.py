@@ -214,10 +214,13 @@ def plan_unit(*, leader_host: str, nodes: int, instance_type: str, model: ModelS
         fits = [d for d in _fitting_degrees(model, tp, batch_size=o.batch_size)
                 if cp == 1 or d == 1 or cp % d == 0]
         if not fits:
+            needed = [d for d in _fitting_degrees(model, tp) if cp == 1 or d == 1 or cp % d == 0]
+            fix = (f"raise --batch-size to a multiple of {needed[0]}" if needed
+                   else "use fewer nodes")
             raise NeuronPlanError(
                 f"no attention_dp_degree lets decode attention split num_attention_heads="
                 f"{model.num_attention_heads} evenly on {where} with batch_size={o.batch_size}; "
-                "raise --batch-size to a multiple of the needed degree or use fewer nodes")
+                f"{fix}")
         dp = fits[0]
 
     _validate_degrees(model, tp=tp, cp=cp, dp=dp, seq_len=o.seq_len, batch_size=o.batch_size,
@@ -233,7 +236,7 @@ def plan_unit(*, leader_host: str, nodes: int, instance_type: str, model: ModelS
 
 def _validate_degrees(model: ModelShape, *, tp: int, cp: int, dp: int, seq_len: int,
                       batch_size: int, where: str) -> None:
-    # The first three mirror NxD Inference's own NeuronConfig checks, caught here with a fix.
+    # The first four mirror NxD Inference's own NeuronConfig checks, caught here with a fix.
     if tp % cp:
         raise NeuronPlanError(f"cp_degree={cp} must divide tp_degree={tp} on {where}; "
                               f"use one of {_divisors(tp)}")

@@ -150,3 +150,14 @@ def test_the_gloo_port_comes_from_rendezvous(checkpoint):
     got = plan_member(membership, instance_type="trn1.32xlarge",
                       model=load_model_shape(model_dir), model_dir=model_dir)
     assert (got.env["MASTER_ADDR"], got.env["MASTER_PORT"]) == ("10.1.0.10", "29555")
+
+
+def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoint):
+    from runtime.engines.neuron.prepare import LEADER_ENGINE_URL, launch_spec
+    model_dir = str(checkpoint("llama-3.1-70b"))
+    plan = plan_unit(leader_host=LEADER, nodes=2, instance_type="trn1.32xlarge",
+                     model=load_model_shape(model_dir), model_dir=model_dir)
+    argv, env = launch_spec(plan.ranks[1], {"PATH": "/usr/bin", "NEURON_RANK_ID": "7"})
+    assert argv == list(plan.ranks[1].command)
+    assert env["PATH"] == "/usr/bin" and env["NEURON_RANK_ID"] == "1"
+    assert LEADER_ENGINE_URL == "http://127.0.0.1:8001"

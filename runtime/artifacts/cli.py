@@ -14,7 +14,7 @@ from runtime.artifacts.fetch import ArtifactError, fetch
 from runtime.artifacts.manifest import ManifestError, build_manifest, publish
 
 
-def add_artifacts_parser(subparsers) -> None:
+def add_artifacts_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("artifacts", help="publish / fetch model artifacts on S3")
     sub = parser.add_subparsers(dest="artifacts_command", required=True)
     pub = sub.add_parser("publish", help="upload a directory and its checksum manifest")
@@ -25,6 +25,7 @@ def add_artifacts_parser(subparsers) -> None:
     get.add_argument("--dest", required=True, help="local directory to fill")
     man = sub.add_parser("manifest", help="print the manifest of a local directory")
     man.add_argument("--source", required=True)
+    return parser
 
 
 def run_artifacts(args: argparse.Namespace, out=None, err=None, s3=None) -> int:

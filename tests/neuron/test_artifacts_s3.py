@@ -189,8 +189,11 @@ def test_compile_cache_key_changes_with_model_config_and_sdk_version():
 
 
 def test_artifacts_cli_publishes_and_fetches_printing_the_digest(s3, source, tmp_path):
-    from runtime.__main__ import _build_parser
-    parser = _build_parser()
+    import argparse
+
+    from runtime import cli_artifacts
+    parser = argparse.ArgumentParser()
+    cli_artifacts.add_parser(parser.add_subparsers(dest="command", required=True))
     out = io.StringIO()
     assert run_artifacts(parser.parse_args(["artifacts", "publish", "--source", str(source),
                                             "--uri", URI]), out=out, err=io.StringIO(),

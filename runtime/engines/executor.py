@@ -83,8 +83,12 @@ class ShardExecutor:
         if plan.uses("tensor") and self.world_size > 1:
             t = self.tslice
             for n in range(s.num_layers):
-                self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
-                                                      kv_heads=t.kv_heads, mlp=t.mlp)
+                if n in self.pp_layers:    # this stage's own layers: slice what is already loaded
+                    self.tp_layers[n] = self.pp_layers[n].tensor_slice(
+                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s)
+                else:
+                    self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
+                                                          kv_heads=t.kv_heads, mlp=t.mlp)
         elif self.world_size == 1:
             self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
         self.kv: dict[int, SeqKV] = {}

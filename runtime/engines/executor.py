@@ -22,7 +22,7 @@ from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, de
 from runtime.engines.plan import ParallelPlan
 from runtime.models.registry import WeightSource
 
-OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN = 1, 2, 3
+OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
 _STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
 
 
@@ -92,6 +92,8 @@ class ShardExecutor:
         elif self.world_size == 1:
             self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
         self.kv: dict[int, SeqKV] = {}
+        # The steady state is "decode the same batch again": then only the 4-int header travels.
+        self._last_decode: list[int] = []
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -107,10 +109,13 @@ class ShardExecutor:
         """Rank 0: send the command to the followers, then run it."""
         try:
             if self.world_size > 1:
-                header, payload = cmd.encode()
-                self._broadcast(header, 0)
-                if payload.numel():
-                    self._broadcast(payload, 0)
+                if not cmd.free and not cmd.prefill and cmd.decode and cmd.decode == self._last_decode:
+                    self._broadcast(torch.tensor([OP_REPEAT_DECODE, 0, 0, 0], dtype=torch.int64), 0)
+                else:
+                    header, payload = cmd.encode()
+                    self._broadcast(header, 0)
+                    if payload.numel():
+                        self._broadcast(payload, 0)
             return self.run(cmd)
         except EngineBroken:
             raise
@@ -136,6 +141,9 @@ class ShardExecutor:
                     return
                 if op == OP_HEARTBEAT:
                     continue
+                if op == OP_REPEAT_DECODE:
+                    self.run(StepCommand(decode=list(self._last_decode)))
+                    continue
                 if op != OP_STEP:
                     raise EngineBroken(f"unknown op {op} from the leader (version skew?)")
                 n = int(header[1]) + 3 * int(header[2]) + int(header[3])
@@ -150,6 +158,7 @@ class ShardExecutor:
 
     # --- the step itself (identical collective sequence on every rank) ------------------------
     def run(self, cmd: StepCommand) -> StepResult:
+        self._last_decode = list(cmd.decode)
         for seq_id in cmd.free:
             self.kv.pop(seq_id, None)
         result = StepResult()

@@ -58,6 +58,16 @@ class StepResult:
     decode_logits: torch.Tensor | None = None    # rank 0: [n_decode, vocab]
 
 
+def _split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
 def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
     """What every rank must agree on before serving: model, shape, world size, strategies."""
     return [zlib.crc32(f"{model_id}|{plan.shape!r}".encode()), plan.world_size,
@@ -264,23 +274,35 @@ class ShardExecutor:
         return segs
 
     def _decode_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        """The batch goes through the stages in up to world_size micro-batches, so every stage
+        works on one while the next stage works on the previous one."""
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         segs = self._decode_segments(cmd)
         B = len(segs)
-        if r == 0:
-            x = self._embed(cmd.decode_tokens)
-        else:
-            x = torch.empty(B, H, device=self.device)
-            dist.recv(x, src=r - 1)
-        x = self._run_layers(self.pp_layers, self.stage.layers, x, segs)
-        for seg in segs:
-            seg.kv.length += 1
-        if W > 1:
-            dist.send(x.contiguous(), dst=(r + 1) % W)
+        bounds = [(a, b) for a, b in _split_even(B, min(W, B))]
+        pending, outs = [], []
+        for a, b in bounds:
+            mb = segs[a:b]
             if r == 0:
-                x = torch.empty(B, H, device=self.device)
+                x = self._embed(cmd.decode_tokens[a:b])
+            else:
+                x = torch.empty(b - a, H, device=self.device)
+                dist.recv(x, src=r - 1)
+            x = self._run_layers(self.pp_layers, self.stage.layers, x, mb)
+            for seg in mb:
+                seg.kv.length += 1
+            if W == 1:
+                outs.append(self.head.logits(self.shape, x))
+            else:
+                pending.append(dist.isend(x.contiguous(), dst=(r + 1) % W))
+        if r == 0 and W > 1:
+            for a, b in bounds:
+                x = torch.empty(b - a, H, device=self.device)
                 dist.recv(x, src=W - 1)
-        return self.head.logits(self.shape, x) if r == 0 else None
+                outs.append(self.head.logits(self.shape, x))
+        for work in pending:
+            work.wait()
+        return torch.cat(outs) if r == 0 else None
 
     def _decode_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
         H = self.shape.hidden_size

@@ -248,7 +248,7 @@ class UnitSupervisor:
         return False
 
     async def _watch_rendezvous(self, m: Membership, last: list[float]) -> None:
-        if time.monotonic() - last[0] >= 2.0:
+        if time.monotonic() - last[0] >= self.s.rendezvous_watch_s:
             last[0] = time.monotonic()
             if await self.rendezvous.changed(m):
                 raise FormationEnded("membership changed")

@@ -62,10 +62,20 @@ def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_uni
     reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
     reader.start()
     assert first.wait(30)
+    unary: list = []
+    waiter = threading.Thread(target=lambda: unary.append(completion(unit, max_tokens=2000, ignore_eos=True)),
+                              daemon=True)
+    waiter.start()
+    wait_for(lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 2,
+             timeout=20, what="both requests to be running")
     killed_at = time.monotonic()
     follower.kill9()
     reader.join(timeout=15)
     assert not reader.is_alive(), "the stream did not end within 15 s of the follower's death"
+    waiter.join(timeout=15)
+    assert not waiter.is_alive(), "the non-streamed request did not end within 15 s of the follower's death"
+    status, headers, body = unary[0]
+    assert status == 503 and body["error"]["type"] == "service_unavailable" and headers.get("Retry-After")
     ended_after = time.monotonic() - killed_at
     last = json.loads(events[-1])
     assert "error" in last and last["error"]["type"] == "service_unavailable", events[-3:]

@@ -14,7 +14,6 @@ import pytest
 import contract
 from node_harness import get_json, wait_for
 
-pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
 
 PROMPTS = [f"prompt number {i}: the quick brown fox" + " jumps" * i for i in range(8)]
 

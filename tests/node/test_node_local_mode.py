@@ -16,7 +16,6 @@ import pytest
 import contract
 from node_harness import REPO, free_port, wait_for
 
-pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
 
 
 def test_local_mode_serves_lists_its_processes_and_stops_cleanly_on_ctrl_c(tmp_path):

@@ -14,7 +14,6 @@ import pytest
 import contract
 from node_harness import Unit, get_json, wait_for
 
-pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
 
 
 def open_stream(unit: Unit, *, max_tokens: int, request_id: str):

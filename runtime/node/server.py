@@ -165,6 +165,9 @@ class LeaderApi:
                 return self._engine_error(ev, headers, rec)
         self._timing(rec, arrival, first_token, n)
         rec["status"] = 200
+        headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
+        if first_token is not None:
+            headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         created = int(arrival)
         out = "".join(text)

@@ -138,3 +138,15 @@ def test_an_exhausted_restart_budget_fails_liveness_and_exits_1(unit):
     unit.members[1].kill9()
     assert unit.leader.wait(timeout=30) == 1
     assert unit.leader.log_events("restart_budget_exhausted")
+
+
+def test_when_the_leader_dies_followers_turn_unready_stay_alive_and_rejoin_its_replacement(unit):
+    unit.start().wait_ready()
+    follower = unit.members[1]
+    unit.leader.kill9()
+    wait_for(lambda: follower.ready()[0] == 503, timeout=15, what="the follower to report the unit unready")
+    assert follower.live()[0] == 200
+    unit.leader.start()
+    unit.wait_ready(timeout=120)
+    status, headers, body = completion(unit, temperature=0)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1

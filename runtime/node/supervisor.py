@@ -236,7 +236,7 @@ class UnitSupervisor:
         elif st.get("revision") != m.revision:
             problem = f"runs revision {st.get('revision')!r}, this unit is {m.revision!r}"
         elif st.get("rank") != member.rank or st.get("world_size") != m.world_size:
-            problem = f"reports rank {st.get('rank')}/{st.get('world_size')}"
+            return False   # not joined yet, or its view of the unit is a step behind: ask again later
         if problem is None:
             return True
         key = f"{member.host}:{member.api_port}:{problem}"

@@ -23,6 +23,8 @@ METRICS_PATH = "/metrics"
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
 ARRIVAL_HEADER = "X-Flotilla-Arrival"          # unix seconds, float, when the leader took the request
+FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token (non-streamed responses)
+FINISH_HEADER = "X-Flotilla-Finish"            # unix seconds of the last token (non-streamed responses)
 UNIT_HEADER = "X-Flotilla-Unit"                # which unit served the request (set by the leader)
 REVISION_HEADER = "X-Flotilla-Revision"        # the serving unit's revision
 

@@ -27,6 +27,18 @@ pytestmark = pytest.mark.timeout(300)
 POLL_S = 0.2
 
 
+@pytest.fixture
+def procs():
+    """Every unit and router a test starts; all are stopped at teardown, whatever happened."""
+    started: list = []
+    yield started.append
+    for proc in reversed(started):
+        try:
+            proc.stop()
+        except Exception as exc:  # keep stopping the others; the failure is reported below
+            print(f"could not stop {proc}: {exc!r}")
+
+
 def run(coro, timeout: float = 240.0):
     async def bounded():
         return await asyncio.wait_for(coro, timeout)
@@ -62,11 +74,13 @@ def describe(outcomes) -> str:
         f"[{o.status} {o.unit} stream={o.stream}] {o.error[:120]}" for o in bad[:8])
 
 
-def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path):
+def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path, procs):
     a = UnitProcesses(tmp_path, name="unit-a", revision="1")
     b = UnitProcesses(tmp_path, name="unit-b", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.url},{b.url}",
                                                      "--poll-interval", str(POLL_S)])
+    for proc in (a, b, router):
+        procs(proc)
     marks: dict[str, float] = {}
 
     async def scenario():
@@ -97,12 +111,8 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes, await router.metrics()
 
-    try:
-        outcomes, metrics = run(scenario())
-    finally:
-        router_code = router.stop()
-        a.stop()
-        b.stop()
+    outcomes, metrics = run(scenario())
+    router_code = router.stop()
     failed = [o for o in outcomes if not o.ok]
     last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["reformed"]),
                     default=marks["unready"])
@@ -125,7 +135,7 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     assert router_code == 0
 
 
-def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path):
+def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path, procs):
     a = UnitProcesses(tmp_path, name="unit-a", revision="1")
     b = UnitProcesses(tmp_path, name="unit-b", revision="2")
     units_file = tmp_path / "units.txt"
@@ -133,6 +143,8 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
     router = RouterProcess(tmp_path, name="r", args=["--units-file", str(units_file),
                                                      "--poll-interval", str(POLL_S),
                                                      "--discovery-interval", "0.2"])
+    for proc in (a, b, router):
+        procs(proc)
     marks: dict[str, float] = {}
 
     async def scenario():
@@ -159,12 +171,7 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes
 
-    try:
-        outcomes = run(scenario())
-    finally:
-        router.stop()
-        a.stop()
-        b.stop()
+    outcomes = run(scenario())
     assert all(o.ok for o in outcomes), describe(outcomes)
     assert any(o.revision == "1" for o in outcomes) and any(o.revision == "2" for o in outcomes)
     after = [o for o in outcomes if o.sent > marks["a_gone"]]
@@ -207,11 +214,13 @@ class RoundRobinFront:
         return live[self._next % len(live)]
 
 
-def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_request(tmp_path: Path):
+def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_request(tmp_path: Path, procs):
     unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
     args = ["--units", unit.url, "--poll-interval", str(POLL_S), "--drain-grace", "1.0"]
     r1 = RouterProcess(tmp_path, name="blue", args=args)
     r2 = RouterProcess(tmp_path, name="green", args=args)
+    for proc in (unit, r1, r2):
+        procs(proc)
     marks: dict[str, float] = {}
 
     async def scenario():
@@ -238,22 +247,19 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
             await front.stop()
         return load.outcomes
 
-    try:
-        outcomes = run(scenario())
-    finally:
-        r1.stop()
-        r2.stop()
-        unit.stop()
+    outcomes = run(scenario())
     assert all(o.ok for o in outcomes), describe(outcomes)
     assert marks["code"] == 0
     assert any(o.via == r1.url for o in outcomes)
     assert all(o.via == r2.url for o in outcomes if o.sent > marks["r1_gone"])
 
 
-def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path):
+def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path, procs):
     unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", unit.url, "--poll-interval", str(POLL_S),
                                                      "--max-outstanding-per-unit", "4"])
+    procs(unit)
+    procs(router)
 
     def rss_kib() -> int:
         status = Path(f"/proc/{router.proc.pid}/status").read_text()
@@ -285,11 +291,7 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
             done = await asyncio.gather(*admitted)
         return done, floods, rss
 
-    try:
-        done, floods, rss = run(scenario())
-    finally:
-        router.stop()
-        unit.stop()
+    done, floods, rss = run(scenario())
     assert all(o.ok for o in done), describe(done)
     assert [o.status for o in floods] == [429] * len(floods)
     # "Quickly": every refusal came back while the admitted generations were still running.

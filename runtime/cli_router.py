@@ -46,6 +46,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cloudmap-service", default=env.get(contract.ENV_CLOUDMAP_SERVICE))
     p.add_argument("--poll-interval", type=float, default=None,
                    help=f"seconds between health polls of a unit (default ${contract.ENV_POLL_INTERVAL} or 0.25)")
+    p.add_argument("--poll-timeout", type=float, default=None,
+                   help="seconds a health poll may take before the unit counts as unreachable "
+                        "(default max(1, 2 x poll interval))")
     p.add_argument("--discovery-interval", type=float, default=2.0)
     p.add_argument("--max-outstanding-per-unit", type=int, default=64)
     p.add_argument("--max-queue-depth", type=int, default=32,
@@ -75,7 +78,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         units=tuple(u.strip() for u in args.units.split(",") if u.strip()),
         units_file=args.units_file,
         cloudmap_namespace=args.cloudmap_namespace, cloudmap_service=args.cloudmap_service,
-        poll_interval_s=poll, poll_timeout_s=max(0.5, 2 * poll),
+        poll_interval_s=poll,
+        poll_timeout_s=args.poll_timeout if args.poll_timeout is not None else max(1.0, 2 * poll),
         discovery_interval_s=args.discovery_interval,
         max_outstanding_per_unit=args.max_outstanding_per_unit, max_queue_depth=args.max_queue_depth,
         drain_grace_s=args.drain_grace, drain_timeout_s=drain_timeout,

@@ -29,7 +29,7 @@ class RouterSettings:
     discovery_interval_s: float = 2.0
     # health and load polling of every unit
     poll_interval_s: float = 0.25
-    poll_timeout_s: float = 0.5
+    poll_timeout_s: float = 1.0
     # proxying
     connect_timeout_s: float = 1.0
     first_byte_timeout_s: float = 60.0          # prefill of a long prompt on a busy unit

@@ -96,7 +96,9 @@ def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
     async def scenario():
         a = await StandInUnit(name="a").start()
         a.gate = asyncio.Event()      # the unit holds every request it accepts
-        proc, url = await start_router_process("--units", a.url, "--max-outstanding-per-unit", "4")
+        # The stand-in shares this loop with 400 concurrent clients: give its health answer time.
+        proc, url = await start_router_process("--units", a.url, "--max-outstanding-per-unit", "4",
+                                               "--poll-timeout", "10")
         try:
             connector = aiohttp.TCPConnector(limit=200)
             async with aiohttp.ClientSession(connector=connector) as s:

@@ -17,10 +17,6 @@ import pytest
 import contract
 from router_real_units import Load, RouterProcess, UnitProcesses
 
-# These need the node runtime (issue 5) and the reference engine (issue 4), built on other branches:
-# until both are merged next to the router the tests cannot start a unit, and say so.
-pytest.importorskip("runtime.node.server", reason="node runtime (issue 5) not merged on this branch yet")
-pytest.importorskip("runtime.engines.reference", reason="reference engine (issue 4) not merged yet")
 
 pytestmark = pytest.mark.timeout(300)
 

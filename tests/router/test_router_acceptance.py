@@ -74,7 +74,7 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     a = UnitProcesses(tmp_path, name="unit-a", revision="1")
     b = UnitProcesses(tmp_path, name="unit-b", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.url},{b.url}",
-                                                     "--poll-interval", str(POLL_S)])
+                                                     "--poll-interval", str(POLL_S), "--drain-grace", "0"])
     for proc in (a, b, router):
         procs(proc)
     marks: dict[str, float] = {}
@@ -138,7 +138,7 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
     units_file.write_text(a.url + "\n")
     router = RouterProcess(tmp_path, name="r", args=["--units-file", str(units_file),
                                                      "--poll-interval", str(POLL_S),
-                                                     "--discovery-interval", "0.2"])
+                                                     "--discovery-interval", "0.2", "--drain-grace", "0"])
     for proc in (a, b, router):
         procs(proc)
     marks: dict[str, float] = {}
@@ -253,7 +253,7 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
 def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path, procs):
     unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", unit.url, "--poll-interval", str(POLL_S),
-                                                     "--max-outstanding-per-unit", "4"])
+                                                     "--max-outstanding-per-unit", "4", "--drain-grace", "0"])
     procs(unit)
     procs(router)
 

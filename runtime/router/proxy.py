@@ -84,6 +84,7 @@ class Router:
         self.settings = settings
         self.fleet = Fleet(settings=settings, discovery=discovery)
         self.metrics = RouterMetrics(self.fleet)
+        self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
         self.healthy = True           # /health answer; False from the moment a drain starts
         self.refusing = False         # after the drain grace: new requests get 503 + close
         self.inflight = 0
@@ -171,12 +172,10 @@ class Router:
         body = await request.read()
         self.inflight += 1
         self._idle.clear()
-        self.metrics.inflight.inc()
         try:
             return await self._route(request, body, request_id, t0)
         finally:
             self.inflight -= 1
-            self.metrics.inflight.dec()
             if self.inflight == 0:
                 self._idle.set()
 

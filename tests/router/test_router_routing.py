@@ -292,3 +292,17 @@ def test_client_that_goes_away_releases_the_unit_stream():
             assert router.fleet.units[a.url].outstanding == 0
         await stop_all(us)
     run(scenario())
+
+
+def test_kv_cache_use_breaks_a_tie_in_reported_load():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        a.running, b.running = 2, 2
+        a.kv_cache_used, b.kv_cache_used = 0.9, 0.1
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            await wait_for(lambda: router.fleet.units[a.url].kv_cache_used == 0.9)
+            for _ in range(4):
+                await post(s, router)
+        await stop_all(us)
+        assert len(b.received) == 4 and a.received == []
+    run(scenario())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from conftest import run, wait_for
+from router_testkit import run, wait_for
 from router_standins import StandInUnit
 
 REPO = Path(__file__).resolve().parents[2]

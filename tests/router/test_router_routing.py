@@ -9,7 +9,7 @@ import aiohttp
 import openai
 
 import contract
-from conftest import base_url, post, router_over, run, wait_for
+from router_testkit import base_url, post, router_over, run, wait_for
 from router_standins import StandInUnit
 
 

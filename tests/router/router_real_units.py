@@ -188,6 +188,7 @@ class Load:
     pick_url: object                     # () -> base URL of the router to use
     clients: int = 8
     max_tokens: int = 6
+    ignore_eos: bool = False             # generate max_tokens even if the tiny model emits EOS
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: bool = False
 
@@ -211,7 +212,7 @@ class Load:
         base = self.pick_url()
         out = Outcome(sent=time.monotonic(), done=0.0, stream=stream, via=base)
         payload = {"model": "tiny", "prompt": "the router test", "max_tokens": self.max_tokens,
-                   "stream": stream}
+                   "stream": stream, "ignore_eos": self.ignore_eos}
         try:
             async with session.post(base + "/v1/completions", json=payload) as r:
                 out.status = r.status

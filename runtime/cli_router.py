@@ -61,6 +61,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--idle-stream-timeout", type=float, default=30.0)
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto = uvloop when installed (measured faster, docs/benchmarks.md), else asyncio")
+    p.add_argument("--access-log", choices=("json", "off"), default="json",
+                   help="one JSON line per routed request on stderr (json) or none")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
     return p
@@ -83,7 +85,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         discovery_interval_s=args.discovery_interval,
         max_outstanding_per_unit=args.max_outstanding_per_unit, max_queue_depth=args.max_queue_depth,
         drain_grace_s=args.drain_grace, drain_timeout_s=drain_timeout,
-        first_byte_timeout_s=args.first_byte_timeout, idle_stream_timeout_s=args.idle_stream_timeout)
+        first_byte_timeout_s=args.first_byte_timeout, idle_stream_timeout_s=args.idle_stream_timeout,
+        access_log=args.access_log == "json")
 
 
 def make_discovery(settings: RouterSettings):

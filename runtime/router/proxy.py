@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import time
 import uuid
 
@@ -47,6 +48,17 @@ def _sse_cut(data: bytes) -> int:
         if at >= 0:
             cut = max(cut, at + len(boundary))
     return cut
+
+
+class _Trace:
+    """What the access log needs to know about one request, filled in along the way."""
+
+    __slots__ = ("attempts", "first_byte", "shed")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.first_byte = 0.0
+        self.shed = False
 
 
 class _Retry(Exception):
@@ -169,18 +181,39 @@ class Router:
             return error_response(503, "this router is shutting down; retry", code="router_draining",
                                   err_type="service_unavailable", request_id=request_id,
                                   retry_after=self.settings.retry_after_s, close=True)
+        arrival = time.time()
         body = await request.read()
         self.inflight += 1
         self._idle.clear()
+        resp: web.StreamResponse | None = None
+        trace = _Trace()
         try:
-            return await self._route(request, body, request_id, t0)
+            resp = await self._route(request, body, request_id, t0, trace)
+            return resp
         finally:
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
+            if self.settings.access_log and not trace.shed:
+                self._access_log(request, request_id, resp, trace, arrival, t0)
+
+    def _access_log(self, request: web.Request, request_id: str, resp: web.StreamResponse | None,
+                    trace: _Trace, arrival: float, t0: float) -> None:
+        """One JSON line per routed request (sheds are only counted: an overload must not flood
+        the logs). Same shape as the node's request lines, so one query follows a request id."""
+        first = trace.first_byte
+        rec = {"ts": round(time.time(), 6), "event": "router_request", "request_id": request_id,
+               "method": request.method, "path": request.path,
+               "status": resp.status if resp is not None else 499,
+               "unit": resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
+               "revision": resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
+               "attempts": trace.attempts, "arrival": round(arrival, 6),
+               "first_byte_ms": round(1000 * (first - t0), 3) if first else None,
+               "duration_ms": round(1000 * (perf_counter() - t0), 3)}
+        sys.stderr.write(json.dumps(rec) + "\n")
 
     async def _route(self, request: web.Request, body: bytes, request_id: str,
-                     t0: float) -> web.StreamResponse:
+                     t0: float, trace: _Trace) -> web.StreamResponse:
         headers = self._upstream_headers(request, request_id)
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
@@ -190,10 +223,12 @@ class Router:
             if unit is None:
                 if refusal is not None:
                     return refusal   # every unit we could try refused: pass the last answer on
+                trace.shed = True
                 return self._shed(pick.reason, request_id)
             unit.outstanding += 1
+            trace.attempts = len(tried) + 1
             try:
-                return await self._attempt(unit, request, body, headers, request_id, t0)
+                return await self._attempt(unit, request, body, headers, request_id, t0, trace)
             except _Retry as retry:
                 self.metrics.retries.labels(retry.reason).inc()
                 tried += (unit,)
@@ -229,7 +264,8 @@ class Router:
         return headers
 
     async def _attempt(self, unit: Unit, request: web.Request, body: bytes,
-                       headers: dict[str, str], request_id: str, t0: float) -> web.StreamResponse:
+                       headers: dict[str, str], request_id: str, t0: float,
+                       trace: _Trace) -> web.StreamResponse:
         s = self.settings
         session = unit.session
         if session is None or session.closed:
@@ -268,8 +304,9 @@ class Router:
             if (length is not None and length <= _WHOLE_BODY_LIMIT
                     and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")):
                 resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first)
+                trace.first_byte = perf_counter()
             else:
-                resp = await self._relay(unit, request, upstream, request_id, t_sent - t0, t_first)
+                resp = await self._relay(unit, request, upstream, request_id, t_sent - t0, t_first, trace)
         finally:
             upstream.release()
         self.metrics.count_routed(unit.unit, status)
@@ -326,7 +363,8 @@ class Router:
         raise _Retry(f"unit_{status}", refusal)
 
     async def _relay(self, unit: Unit, request: web.Request, upstream: aiohttp.ClientResponse,
-                     request_id: str, before_send: float, t_first: float) -> web.StreamResponse:
+                     request_id: str, before_send: float, t_first: float,
+                     trace: _Trace) -> web.StreamResponse:
         """Stream the body through as it arrives (SSE, chunked or large bodies)."""
         s = self.settings
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -338,6 +376,7 @@ class Router:
             resp.content_length = upstream.content_length
         is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
         await resp.prepare(request)
+        trace.first_byte = perf_counter()
         # Added latency: the router's work before sending, plus from the unit's headers to the
         # client's headers. The unit's own time to first byte is not the router's.
         self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))

@@ -40,6 +40,7 @@ class RouterSettings:
     max_outstanding_per_unit: int = 64          # requests this router has in flight to one unit
     max_queue_depth: int = 32                   # queue depth the unit itself reports
     retry_after_s: int = 1
+    access_log: bool = True                     # one JSON line per routed request on stderr
     # SIGTERM drain
     drain_grace_s: float = 5.0                  # keep serving after /health turns 503 (ALB notices)
     drain_timeout_s: float = 120.0              # give up waiting for in-flight requests after this

@@ -401,6 +401,8 @@ class Router:
             if is_sse:
                 chunk = pending + chunk
                 cut = _sse_cut(chunk)
+                if cut == 0 and len(chunk) > _WHOLE_BODY_LIMIT:
+                    cut = len(chunk)   # not SSE after all: never hold more than this back
                 chunk, pending = chunk[:cut], chunk[cut:]
                 if not chunk:
                     continue
@@ -410,9 +412,12 @@ class Router:
                 # The client went away: drop the unit connection so the unit cancels the work.
                 upstream.close()
                 return resp
-        if pending:
-            await resp.write(pending)
-        await resp.write_eof()
+        try:
+            if pending:
+                await resp.write(pending)
+            await resp.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            pass   # the client left just as the response ended
         return resp
 
     async def _broken(self, request: web.Request, resp: web.StreamResponse,

@@ -40,14 +40,32 @@ _WHOLE_BODY_LIMIT = 1024 * 1024     # bodies of known length up to this are rela
 perf_counter = time.perf_counter
 
 
-def _sse_cut(data: bytes) -> int:
-    """Length of the prefix of data made of complete SSE events (0 if none is complete)."""
-    cut = 0
-    for boundary in _SSE_BOUNDARIES:
-        at = data.rfind(boundary)
-        if at >= 0:
-            cut = max(cut, at + len(boundary))
-    return cut
+class SseFramer:
+    """Passes an SSE body through in whole events: each feed returns the complete events so far and
+    holds back a trailing partial one (at most max_hold bytes), so an error event appended after a
+    failure always starts on an event boundary and parses."""
+
+    __slots__ = ("_pending", "_max_hold")
+
+    def __init__(self, max_hold: int) -> None:
+        self._pending = b""
+        self._max_hold = max_hold
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        cut = 0
+        for boundary in _SSE_BOUNDARIES:
+            at = data.rfind(boundary)
+            if at >= 0:
+                cut = max(cut, at + len(boundary))
+        if cut == 0 and len(data) > self._max_hold:
+            cut = len(data)   # not SSE after all: never hold more than max_hold back
+        self._pending = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
 
 
 class _Trace:
@@ -380,7 +398,7 @@ class Router:
         # Added latency: the router's work before sending, plus from the unit's headers to the
         # client's headers. The unit's own time to first byte is not the router's.
         self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
-        pending = b""   # SSE only: the tail after the last complete event, sent when completed
+        framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
         content = upstream.content
         while True:
             try:
@@ -398,12 +416,8 @@ class Router:
                                           f"the partial output above is incomplete")
             if not chunk:
                 break
-            if is_sse:
-                chunk = pending + chunk
-                cut = _sse_cut(chunk)
-                if cut == 0 and len(chunk) > _WHOLE_BODY_LIMIT:
-                    cut = len(chunk)   # not SSE after all: never hold more than this back
-                chunk, pending = chunk[:cut], chunk[cut:]
+            if framer is not None:
+                chunk = framer.feed(chunk)
                 if not chunk:
                     continue
             try:
@@ -413,8 +427,9 @@ class Router:
                 upstream.close()
                 return resp
         try:
-            if pending:
-                await resp.write(pending)
+            rest = framer.flush() if framer is not None else b""
+            if rest:
+                await resp.write(rest)
             await resp.write_eof()
         except (ConnectionError, aiohttp.ClientConnectionResetError):
             pass   # the client left just as the response ended

@@ -85,11 +85,15 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         await asyncio.gather(a.wait_ready(), b.wait_ready())
         await router.start()
         await router.wait_routable(2)
-        load = Load(pick_url=lambda: router.url, clients=8)
+        load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=24, ignore_eos=True)
 
         async def controller():
             await wait_until(lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10,
                              timeout=60, what="traffic on unit-a")
+            # Kill while a stream from unit-a is visibly under way, so that case is exercised.
+            await wait_until(lambda: load.live_streams.get("unit-a", 0) > 0, timeout=60,
+                             what="a stream in progress on unit-a", every=0.001)
+            marks["streams_in_progress"] = load.live_streams["unit-a"]
             watch = asyncio.create_task(first_unready(a.url, timeout=30))
             await asyncio.sleep(0.05)
             a.kill9(1)
@@ -114,8 +118,10 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
                     default=marks["unready"])
     print(f"failover: {len(outcomes)} requests, {len(failed)} failed (streams running on unit-a at the "
           f"kill), last request sent to unit-a {last_on_a - marks['unready']:+.3f} s after it turned "
-          f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill")
+          f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill; "
+          f"stream error: {failed[0].error if failed else None!r}")
     assert len(outcomes) >= 200
+    assert failed, "no stream was cut by the kill: the broken-stream path was not exercised"
     # Only streams already running on the broken unit may fail, and they fail with a clear error.
     for o in failed:
         assert o.stream and o.unit == "unit-a" and o.sent < marks["unready"], describe(outcomes)

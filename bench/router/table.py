@@ -18,11 +18,14 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for run in runs:
         s = run["summary"]
-        print(f"| {run['label']} | {s['added_p50_ms']:.3f} / {s['added_p99_ms']:.3f} | "
-              f"{s['router_rps_one_core']:,.0f} | {s['router_cpu_us_per_small_request']:.0f} µs | "
-              f"{s['stream_added_first_event_p50_ms']:.3f} | "
-              f"{s['paced_event_added_p50_ms']:.3f} / {s['paced_event_added_p99_ms']:.3f} | "
-              f"{s['router_cpu_us_per_stream']:.0f} µs | {run['loadavg_at_end'][0]:.1f} |")
+
+        def f(key: str, fmt: str = ".3f") -> str:
+            return "n/a" if s.get(key) is None else format(s[key], fmt)
+        print(f"| {run['label']} | {f('added_p50_ms')} / {f('added_p99_ms')} | "
+              f"{f('router_rps_one_core', ',.0f')} | {f('router_cpu_us_per_small_request', '.0f')} µs | "
+              f"{f('stream_added_first_event_p50_ms')} | "
+              f"{f('paced_event_added_p50_ms')} / {f('paced_event_added_p99_ms')} | "
+              f"{f('router_cpu_us_per_stream', '.0f')} µs | {run['loadavg_at_end'][0]:.1f} |")
     return 0
 
 

@@ -52,7 +52,7 @@ INSTANCE_SHAPES: dict[str, InstanceShape] = {
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
                       2192, 2557, 2922, 3288, 3653)
 UNIT_ROLLOUTS = ("replace", "surge")
-ENGINES = ("neuron", "reference")
+ENGINES = ("neuron", "reference", "echo")
 STRATEGIES = ("pipeline", "tensor")
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")

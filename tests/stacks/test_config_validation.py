@@ -54,7 +54,7 @@ REJECTED = [
     ({"unit_rollout": "bluegreen"},
      "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
     ({"node": {"engine": "cuda"}},
-     "invalid flotilla config: node.engine='cuda': one of neuron, reference"),
+     "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
     ({"node": {"decode_strategy": "expert"}},
      "invalid flotilla config: node.decode_strategy='expert': one of pipeline, tensor"),
     ({"node": {"drain_timeout_s": 300}},

@@ -315,3 +315,16 @@ def test_task_role_grants_exactly_the_aws_calls_ecs_rendezvous_makes(default_syn
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         granted |= {a for a in actions if a.startswith(("ecs:", "ec2:"))}
     assert called == granted
+
+
+def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_path):
+    """The container's settings parser (runtime/node/settings.py) takes the task's environment
+    as is: ECS rendezvous, the unit's id, size and revision, the node API port."""
+    from runtime.node.settings import load_settings
+    from synth_helpers import config_with, synthesize
+    synth = synthesize(config_with(node={"engine": "reference"}, revision="7"), tmp_path)
+    env = {e["Name"]: e["Value"] for e in node_container(synth)["Environment"]}
+    settings = load_settings(argv=[], env=env)
+    assert (settings.rendezvous, settings.unit_id, settings.revision, settings.nodes_per_unit,
+            settings.api_port, settings.engine) == (
+        "ecs", "cell0-unit0", "7", 2, contract.NODE_API_PORT, "reference")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,9 @@ from pathlib import Path
 import pytest
 
 import contract
+from testnet import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ready(port: int) -> bool:
@@ -37,7 +31,7 @@ def _ready(port: int) -> bool:
 
 @pytest.fixture
 def real_unit(tmp_path):
-    ports, dist_port = [_free_port(), _free_port()], _free_port()
+    ports, dist_port = [free_port(), free_port()], free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), contract.ENV_PEERS: ",".join(f"127.0.0.1:{p}" for p in ports),
            contract.ENV_UNIT_ID: "cell0-unit0", contract.ENV_CELL_ID: "cell0", contract.ENV_REVISION: "1",
            contract.ENV_ENGINE: "echo", contract.ENV_RENDEZVOUS: "static", "FLOTILLA_DIST_PORT": str(dist_port),

@@ -15,7 +15,7 @@ from constructs import Construct, IConstruct
 
 import contract
 from stacks.config import FlotillaConfig
-from stacks.image import node_image
+from stacks.image import unit_image
 from stacks.nag import acknowledge
 from stacks.network import NetworkStack
 from stacks.retention import retention
@@ -72,7 +72,8 @@ class CellStack(Stack):
             description=f"flotilla {cell_id} nodes: read the model, rendezvous within the cluster")
         self._grant_node_permissions(config)
 
-        image = node_image(self, image_uri=config.image)
+        image = unit_image(self, image_uri=config.image, instance_type=config.instance_type,
+                           engine=config.node.engine)
         surge = UnitSurge.for_rollout(config.unit_rollout)
         self.units: list[TrainiumUnit] = []
         for placement in config.units_in_cell(cell):
@@ -91,6 +92,8 @@ class CellStack(Stack):
                 contract.ENV_DRAIN_TIMEOUT: str(config.node.drain_timeout_s),
                 contract.ENV_PORT: str(contract.NODE_API_PORT),
             }
+            if config.node.engine == "neuron":
+                environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
             self.units.append(TrainiumUnit(
                 self, f"Unit{placement.index}", unit_id=placement.unit_id,
                 family=f"{config.deployment_name}-{placement.unit_id}",
@@ -118,6 +121,17 @@ class CellStack(Stack):
             sid="ListModelArtifacts", actions=["s3:ListBucket"], resources=[bucket_arn],
             conditions={"StringLike": {"s3:prefix": [f"{model.prefix}*"]}} if model.prefix
             else None))
+        if config.node.engine == "neuron":
+            # The compile cache is the one place nodes write: a restarted node loads what another
+            # compiled instead of compiling again (runtime/artifacts/compile_cache.py).
+            cache_arn = f"arn:{self.partition}:s3:::{model.compile_cache_bucket}"
+            self.task_role.add_to_policy(iam.PolicyStatement(
+                sid="ReadWriteCompileCache", actions=["s3:GetObject", "s3:PutObject"],
+                resources=[f"{cache_arn}/{model.compile_cache_prefix}*"]))
+            self.task_role.add_to_policy(iam.PolicyStatement(
+                sid="ListCompileCache", actions=["s3:ListBucket"], resources=[cache_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{model.compile_cache_prefix}*"]}}
+                if model.compile_cache_prefix else None))
         in_this_cluster = {"ArnEquals": {"ecs:cluster": self.cluster.cluster_arn}}
         # ListTasks has no task-level resource; the cluster condition scopes it.
         self.task_role.add_to_policy(iam.PolicyStatement(
@@ -164,6 +178,13 @@ class CellStack(Stack):
             "Nodes read every object under the configured model prefix: sharded checkpoint "
             "files whose names are not known at synth. Nothing outside the prefix."),
             applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.bucket}/{model.prefix}*")
+        if config.node.engine == "neuron":
+            acknowledge(task_policy, "IAM5", reason=(
+                "The neuron engine's compile cache: nodes read and write objects under the "
+                "configured compile-cache prefix only; the keys are hashes of model, NxD "
+                "Inference config and Neuron SDK version, known only at run time."),
+                applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.compile_cache_bucket}/"
+                           f"{model.compile_cache_prefix}*")
         for kind in ("task", "container-instance"):
             acknowledge(task_policy, "IAM5", reason=(
                 f"Rendezvous describes its unit's tasks and their container instances; {kind} "

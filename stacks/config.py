@@ -81,6 +81,22 @@ class ModelConfig:
 
     s3_uri: str = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
     name: str = "llama-3.1-8b-instruct"
+    # Where the neuron engine caches NxD Inference's compiled artifacts ('' = the model bucket's
+    # neuron-compile-cache/ prefix). Nodes may read and write only there; the model stays read-only.
+    compile_cache_uri: str = ""
+
+    @property
+    def compile_cache(self) -> str:
+        return self.compile_cache_uri or f"s3://{self.bucket}/neuron-compile-cache/"
+
+    @property
+    def compile_cache_bucket(self) -> str:
+        return self.compile_cache[len("s3://"):].split("/", 1)[0]
+
+    @property
+    def compile_cache_prefix(self) -> str:
+        rest = self.compile_cache[len("s3://"):].split("/", 1)
+        return rest[1] if len(rest) == 2 else ""
 
     @property
     def bucket(self) -> str:
@@ -239,6 +255,9 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
                       "an S3 URI like s3://bucket/prefix/"),
         name=_match("model.name", model_raw.get("name", dm.name), _NAME_RE,
                     "1-128 characters: letters, digits, . _ : / -"),
+        compile_cache_uri=(_match("model.compile_cache_uri", model_raw["compile_cache_uri"],
+                                  _S3_URI_RE, "an S3 URI like s3://bucket/prefix/")
+                           if model_raw.get("compile_cache_uri") else ""),
     )
     node_raw = _section("node", top.get("node", {}), _keys(NodeConfig))
     dn = NodeConfig()

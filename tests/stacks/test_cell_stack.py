@@ -228,8 +228,11 @@ def test_task_role_reads_only_the_model_prefix_and_its_own_cluster(default_synth
     policies = default_synth.resources("Cell-0", "AWS::IAM::Policy")
     task_policy = next(p for k, p in policies.items() if k.startswith("TaskRole"))
     statements = {s["Sid"]: s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]}
+    # ReadWriteCompileCache / ListCompileCache: the neuron engine's compile cache, asserted in
+    # test_neuron_unit.py.
     assert set(statements) == {"ReadModelArtifacts", "ListModelArtifacts", "ListClusterTasks",
-                               "DescribeClusterTasks", "ReadInstancesAndTopology"}
+                               "DescribeClusterTasks", "ReadInstancesAndTopology",
+                               "ReadWriteCompileCache", "ListCompileCache"}
     assert statements["ReadModelArtifacts"]["Action"] == "s3:GetObject"
     assert statements["ReadModelArtifacts"]["Resource"]["Fn::Join"][1][-1] == \
         ":s3:::flotilla-models-example/llama-3.1-8b-instruct/*"

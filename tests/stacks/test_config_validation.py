@@ -42,7 +42,8 @@ REJECTED = [
     ({"model": {"name": ""}},
      "invalid flotilla config: model.name='': 1-128 characters: letters, digits, . _ : / -"),
     ({"model": {"weights": "x"}},
-     "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name"),
+     "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name, "
+     "compile_cache_uri"),
     ({"image": "flotilla"},
      "invalid flotilla config: image='flotilla': an image URI with a tag or digest, like "
      "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0 (or omit it)"),

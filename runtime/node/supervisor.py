@@ -300,6 +300,10 @@ class UnitSupervisor:
             if self.engine.load.state == "broken":
                 raise FormationEnded(f"engine broken: {self.engine.load.detail}")
             if self.engine.ready.is_set():
+                # A ready engine reports its load ten times a second; silence means it is wedged.
+                stalled = time.monotonic() - self.engine.last_report
+                if stalled > self.s.engine_stall_s:
+                    raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
                 self._set_state("ready", formation=formation)
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")

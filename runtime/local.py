@@ -137,9 +137,9 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
         env = {**base_env, contract.ENV_PORT: str(a.port), contract.ENV_UNITS: ",".join(leaders),
                contract.ENV_DISCOVERY: "static", contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout)}
         procs.append(Proc(role="router", unit=None, rank=None, ports={"http": a.port},
-                          # No ALB to notice the router going unhealthy locally: a short drain grace.
+                          # no load balancer watches a local router's /health: no drain grace
                           cmd=[sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1",
-                               "--drain-grace", "0.5"], env=env,
+                               "--drain-grace", "0"], env=env,
                           log=logs / "router.log"))
     return procs
 

@@ -61,6 +61,7 @@ class NodeSettings:
     kv_budget_tokens: int           # reference engine: KV-cache tokens over all running sequences
     max_running: int                # reference engine: batch slots
     collective_timeout_s: float     # reference engine: a wedged peer fails requests within this
+    engine_stall_s: float           # a ready engine process silent this long is wedged: re-form
 
     @property
     def world_size(self) -> int:
@@ -102,6 +103,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     a("--torch-threads", help="torch threads per process [FLOTILLA_TORCH_THREADS, default 1]")
     a("--kv-budget-tokens", help="KV-cache tokens over all running sequences [FLOTILLA_KV_BUDGET_TOKENS, default 16384]")
     a("--max-running", help="batch slots [FLOTILLA_MAX_RUNNING, default 16]")
+    a("--engine-stall", dest="engine_stall_s", help="seconds of silence after which a ready engine process counts as wedged [FLOTILLA_ENGINE_STALL_S, default 60]")
     a("--collective-timeout", dest="collective_timeout_s", help="seconds before a silent peer fails the unit [FLOTILLA_COLLECTIVE_TIMEOUT_S, default 30]")
     return p
 
@@ -136,6 +138,7 @@ _ENV: dict[str, tuple[str, str | None]] = {
     "kv_budget_tokens": ("FLOTILLA_KV_BUDGET_TOKENS", "16384"),
     "max_running": ("FLOTILLA_MAX_RUNNING", "16"),
     "collective_timeout_s": ("FLOTILLA_COLLECTIVE_TIMEOUT_S", "30"),
+    "engine_stall_s": ("FLOTILLA_ENGINE_STALL_S", "60"),
 }
 
 
@@ -280,4 +283,5 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         kv_budget_tokens=_int(label["kv_budget_tokens"], req("kv_budget_tokens"), lo=16),
         max_running=_int(label["max_running"], req("max_running"), lo=1, hi=4096),
         collective_timeout_s=_float(label["collective_timeout_s"], req("collective_timeout_s"), lo=1.0),
+        engine_stall_s=_float(label["engine_stall_s"], req("engine_stall_s"), lo=0.5),
     )

@@ -86,3 +86,12 @@ def test_ecs_rendezvous_outside_ecs_exits_2_naming_the_metadata_variable():
                        timeout=60, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
     assert r.returncode == 2
     assert "ECS_CONTAINER_METADATA_URI_V4 is not set" in r.stderr and "static" in r.stderr
+
+
+def test_every_setting_is_documented_in_docs_node_md():
+    from pathlib import Path
+
+    from runtime.node.settings import _ENV
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "node.md").read_text()
+    for var, _default in _ENV.values():
+        assert f"`{var}`" in doc, var

@@ -150,3 +150,25 @@ def test_when_the_leader_dies_followers_turn_unready_stay_alive_and_rejoin_its_r
     unit.wait_ready(timeout=120)
     status, headers, body = completion(unit, temperature=0)
     assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_a_draining_follower_drains_the_whole_unit_then_the_unit_reforms_with_its_replacement(unit):
+    unit.env["FLOTILLA_DRAIN_TIMEOUT_S"] = "120"
+    unit.start().wait_ready()
+    follower = unit.members[1]
+    events: list[str] = []
+    first = threading.Event()
+    resp = open_stream(unit, max_tokens=300, request_id="outlives-1")
+    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
+    reader.start()
+    assert first.wait(30)
+    follower.sigterm()
+    wait_for(lambda: unit.leader.ready()[1]["state"] == "draining", timeout=10, what="the leader to drain the unit")
+    status, headers, body = completion(unit)
+    assert status == 503 and headers.get("Retry-After")
+    reader.join(timeout=120)
+    assert events[-1] == "[DONE]" and len(events) == 301      # the in-flight request finished whole
+    assert follower.wait(timeout=30) == 0
+    follower.start()
+    unit.wait_ready(timeout=120)
+    assert completion(unit, temperature=0)[0] == 200

@@ -203,3 +203,14 @@ def test_cancelling_a_queued_request_ends_its_stream_without_running_it():
         await engine.shutdown()
         return events
     assert run(go()) == []
+
+
+def test_a_burst_larger_than_the_prefill_cap_is_admitted_over_several_steps_with_same_tokens():
+    async def go():
+        engine = await _engine(max_prefill_tokens=len(PROMPT))   # one prompt per iteration
+        burst = await asyncio.gather(*[_collect(engine, f"b{i}", max_tokens=6, ignore_eos=True)
+                                       for i in range(4)])
+        await engine.shutdown()
+        return [[e.token_id for e in r] for r in burst]
+    burst = run(go())
+    assert all(r == burst[0] for r in burst) and len(burst[0]) == 6

@@ -68,6 +68,18 @@ def _split_even(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+PIPELINE_CHUNK_TOKENS = 128
+
+
+def pipeline_prefill_chunks(n: int, world_size: int) -> list[tuple[int, int]]:
+    """How a prompt of n tokens is cut into pipeline micro-batches: whole below
+    2 x PIPELINE_CHUNK_TOKENS (or on one rank), else up to 2 x world_size chunks of at least
+    PIPELINE_CHUNK_TOKENS, so the stages overlap on a single long prompt."""
+    if world_size == 1 or n < 2 * PIPELINE_CHUNK_TOKENS:
+        return [(0, n)]
+    return _split_even(n, min(2 * world_size, n // PIPELINE_CHUNK_TOKENS))
+
+
 def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
     """What every rank must agree on before serving: model, shape, world size, strategies."""
     return [zlib.crc32(f"{model_id}|{plan.shape!r}".encode()), plan.world_size,
@@ -204,28 +216,33 @@ class ShardExecutor:
         return SeqKV.empty(range(s.num_layers), kv1 - kv0, s.head_dim, capacity, self.device)
 
     def _prefill_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        """Prompts, and chunks of long prompts, flow through the stages as micro-batches with
+        asynchronous sends: stage k works on micro-batch i while stage k+1 works on i-1."""
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         last_rank = W - 1
         pending, lasts = [], []
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             kv = self._new_kv("pipeline", capacity)
             self.kv[seq_id] = kv
-            seg = [Segment(kv=kv, start=0, n=n)]
-            if r == 0:
-                x = self._embed(cmd.prefill_tokens[i])
-            else:
-                x = torch.empty(n, H, device=self.device)
-                dist.recv(x, src=r - 1)
-            x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
-            kv.length = n
-            if W == 1:
-                lasts.append(x[-1:])
-            elif r == last_rank:
-                # Only the last position goes back to rank 0 (LM head + sampling live there).
-                pending.append(dist.isend(x[-1:].contiguous(), dst=0))
-            else:
-                # isend: this stage starts the next sequence while the next stage works on this one.
-                pending.append(dist.isend(x.contiguous(), dst=r + 1))
+            chunks = pipeline_prefill_chunks(n, W)
+            for a, b in chunks:
+                seg = [Segment(kv=kv, start=a, n=b - a)]
+                if r == 0:
+                    x = self._embed(cmd.prefill_tokens[i][a:b])
+                else:
+                    x = torch.empty(b - a, H, device=self.device)
+                    dist.recv(x, src=r - 1)
+                x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
+                kv.length = b
+                if W == 1:
+                    if b == n:
+                        lasts.append(x[-1:])
+                elif r == last_rank:
+                    if b == n:
+                        # Only the last position returns to rank 0 (LM head + sampling live there).
+                        pending.append(dist.isend(x[-1:].contiguous(), dst=0))
+                else:
+                    pending.append(dist.isend(x.contiguous(), dst=r + 1))
         for work in pending:
             work.wait()
         if r != 0:

@@ -168,22 +168,30 @@ def decoder_layer(shape: LlamaShape, layer: int, lw: LayerWeights, x: torch.Tens
     k = (k * c) + (_rotate_half(k) * s)
     outs = []
     offset = 0
+    gqa = lw.n_q != lw.n_kv
     for seg in segments:
         K, V = seg.kv.layers[layer]
         stop = seg.start + seg.n
+        if seg.n == 1:
+            # Decode fast path (same values as the general path, fewer tensor ops per sequence).
+            K[:, seg.start] = k[offset]
+            V[:, seg.start] = v[offset]
+            o = F.scaled_dot_product_attention(q[offset].view(1, lw.n_q, 1, d), K[None, :, :stop],
+                                               V[None, :, :stop], enable_gqa=gqa)
+            outs.append(o.view(1, lw.n_q * d))
+            offset += 1
+            continue
         K[:, seg.start:stop] = k[offset:offset + seg.n].transpose(0, 1)
         V[:, seg.start:stop] = v[offset:offset + seg.n].transpose(0, 1)
         qs = q[offset:offset + seg.n].transpose(0, 1).unsqueeze(0)        # [1, n_q, n, d]
         ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)       # [1, n_kv, S, d]
-        if seg.n == 1:
-            mask, causal = None, False
-        elif seg.start == 0:
+        if seg.start == 0:
             mask, causal = None, True
         else:   # a chunk after cached tokens: causal relative to absolute positions
             pos_q = torch.arange(seg.start, stop, device=x.device)[:, None]
             mask, causal = torch.arange(stop, device=x.device)[None, :] <= pos_q, False
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal,
-                                           enable_gqa=lw.n_q != lw.n_kv)
+                                           enable_gqa=gqa)
         outs.append(o[0].transpose(0, 1).reshape(seg.n, lw.n_q * d))
         offset += seg.n
     attn = F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], lw.wo)

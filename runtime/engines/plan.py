@@ -198,7 +198,9 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
         notes.append(
             f"attention REPLICATED on every rank: {shape.num_heads} query / {shape.num_kv_heads} KV "
             f"heads do not divide by tp_degree {world_size}; the MLP is still split, so tensor-"
-            "parallel layers all-reduce once (after the MLP) instead of twice")
+            "parallel layers all-reduce once (after the MLP) instead of twice. An uneven split "
+            "of the KV groups would save the duplicated attention but add an all-reduce per "
+            "layer, which costs more than it saves on a latency-bound interconnect")
         slices = tuple(TensorSlice(rank=r, q_heads=(0, shape.num_heads),
                                    kv_heads=(0, shape.num_kv_heads), mlp=mlp[r])
                        for r in range(world_size))

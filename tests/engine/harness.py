@@ -31,10 +31,14 @@ def say(**kw) -> None:
 
 
 def unsplit_reference(model: str, prompts: list[list[int]], steps: int) -> dict:
-    """Greedy run of the unsplit model: first-token logits, per-step logits, tokens."""
+    """Greedy run of the unsplit model: first-token logits, per-step logits, tokens. The same run
+    with prompts cut into the pipeline's prefill chunks (teacher-forced with those tokens) gives
+    "prefill_chunked"/"decode_chunked", to compare a chunked pipeline prefill bit for bit."""
+    from runtime.engines.executor import pipeline_prefill_chunks
+
     src = resolve_model(model)
     m = UnsplitLlama(src.shape, src.weights)
-    out = {"prefill": [], "decode": [], "tokens": []}
+    out = {"prefill": [], "decode": [], "tokens": [], "prefill_chunked": [], "decode_chunked": []}
     for p in prompts:
         kv = m.new_kv(len(p) + steps + 1)
         logits = m.forward(p, kv)
@@ -46,6 +50,11 @@ def unsplit_reference(model: str, prompts: list[list[int]], steps: int) -> dict:
             toks.append(int(logits.argmax()))
         out["decode"].append(torch.stack(per_step))
         out["tokens"].append(toks)
+        kv = m.new_kv(len(p) + steps + 1)
+        for a, b in pipeline_prefill_chunks(len(p), 2):
+            logits = m.forward(p[a:b], kv)
+        out["prefill_chunked"].append(logits)
+        out["decode_chunked"].append(torch.stack([m.forward([t], kv) for t in toks[:steps]]))
     return out
 
 

@@ -48,3 +48,13 @@ def test_incomplete_utf8_waits_for_its_next_byte():
     tracker = TextTracker(ByteTokenizer(), ())
     deltas, _ = _feed(tracker, "é!")
     assert deltas == ["", "é", "!"]
+
+
+def test_incremental_text_equals_decoding_all_tokens_at_once(smollm2_dir):
+    from runtime.models import resolve_model
+
+    tok = resolve_model("smollm2").make_tokenizer()
+    ids = tok.encode("Grüße aus Köln — 東京 🚀 ok. Done!")
+    tracker = TextTracker(tok, ())
+    text = "".join(tracker.add(t)[0] for t in ids) + tracker.flush()
+    assert text == tok.decode(ids)

@@ -203,3 +203,27 @@ def test_cancelling_a_queued_request_ends_its_stream_without_running_it():
         await engine.shutdown()
         return events
     assert run(go()) == []
+
+
+def test_a_burst_larger_than_the_prefill_cap_is_admitted_over_several_steps_with_same_tokens():
+    async def go():
+        engine = await _engine(max_prefill_tokens=len(PROMPT))   # one prompt per iteration
+        burst = await asyncio.gather(*[_collect(engine, f"b{i}", max_tokens=6, ignore_eos=True)
+                                       for i in range(4)])
+        await engine.shutdown()
+        return [[e.token_id for e in r] for r in burst]
+    burst = run(go())
+    assert all(r == burst[0] for r in burst) and len(burst[0]) == 6
+
+
+def test_start_gives_up_with_a_clear_error_when_followers_never_join(free_ports):
+    lonely = Membership(unit_id="u", revision="1", rank=0, world_size=2, dist_host="127.0.0.1",
+                        dist_port=free_ports(1))
+
+    async def go():
+        engine = ReferenceEngine(lonely, model="tiny", start_timeout_s=2, collective_timeout_s=5)
+        with pytest.raises(EngineError, match="failed to start"):
+            await engine.start()
+        return engine.health()
+    health = run(go())
+    assert health.state is EngineState.BROKEN and health.detail

@@ -52,18 +52,29 @@ def deployed(default_synth, monkeypatch):
                 s.close()
 
 
+def units_cloudmap_service(aws: Aws) -> str:
+    """The Discovery stack's `units` service in flotilla.internal (created here when the deployment
+    has no Discovery stack yet)."""
+    sd = aws.servicediscovery
+    if not any(n["Name"] == "flotilla.internal" for n in sd.list_namespaces()["Namespaces"]):
+        sd.create_http_namespace(Name="flotilla.internal")
+    ns = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == "flotilla.internal")
+    for summary in sd.list_services()["Services"]:
+        if summary["Name"] == "units" and sd.get_service(Id=summary["Id"])["Service"]["NamespaceId"] == ns["Id"]:
+            return summary["Id"]
+    return sd.create_service(Name="units", NamespaceId=ns["Id"])["Service"]["Id"]
+
+
 def start_members(aws: Aws, servers: list[HealthServer]) -> tuple[str, list[str]]:
     """What ECS does for the unit's service: one task per ASG instance; what the Discovery stack's
     Cloud Map service holds: one instance per task (moto creates neither from the templates)."""
-    (cluster,) = aws.ecs.list_clusters()["clusterArns"]
+    (cluster,) = [c for c in aws.ecs.list_clusters()["clusterArns"] if c.endswith("/flotilla-cell0")]
     (service_arn,) = aws.ecs.list_services(cluster=cluster)["serviceArns"]
     service = aws.ecs.describe_services(cluster=cluster, services=[service_arn])["services"][0]
-    (asg,) = aws.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+    (asg,) = [g for g in aws.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+              if g["AutoScalingGroupName"].startswith("flotilla-Cell-0-")]
     instances = sorted(i["InstanceId"] for i in asg["Instances"])
-    sd = aws.servicediscovery
-    sd.create_http_namespace(Name="flotilla.internal")
-    ns = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == "flotilla.internal")
-    cm_service = sd.create_service(Name="units", NamespaceId=ns["Id"])["Service"]["Id"]
+    cm_service = units_cloudmap_service(aws)
     for rank, iid in enumerate(instances):
         doc = json.dumps({"instanceId": iid, "region": "us-east-1", "availabilityZone": "us-east-1a"})
         ci = aws.ecs.register_container_instance(cluster=cluster, instanceIdentityDocument=doc)["containerInstance"]
@@ -72,8 +83,9 @@ def start_members(aws: Aws, servers: list[HealthServer]) -> tuple[str, list[str]
                                   group=f"service:{service['serviceName']}")["tasks"][0]
         server = HealthServer(ready_body(unit="cell0-unit0", rank=rank, world_size=len(instances)))
         servers.append(server)
-        sd.register_instance(ServiceId=cm_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
-                             Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port)})
+        aws.servicediscovery.register_instance(
+            ServiceId=cm_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
+            Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port)})
     return cluster, instances
 
 
@@ -96,6 +108,7 @@ def test_replace_node_finds_the_units_auto_scaling_group_from_the_stack(deployed
     _, instances = start_members(aws, servers)
     code, out = run_cli("replace-node", instances[1], "--dry-run", "--force")
     assert code == 0, out
-    (asg,) = aws.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+    (asg,) = aws.autoscaling.describe_auto_scaling_instances(InstanceIds=[instances[1]])["AutoScalingInstances"]
+    assert asg["AutoScalingGroupName"].startswith("flotilla-Cell-0-")
     assert f"Auto Scaling group {asg['AutoScalingGroupName']}" in out
     assert "rank 1 (follower) of cell0-unit0" in out

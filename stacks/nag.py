@@ -7,5 +7,10 @@ from constructs import IConstruct
 
 
 def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
-    """Acknowledge `finding` (e.g. "AwsSolutions-IAM5") on `construct` and its children."""
-    cdk.Validations.of(construct).acknowledge(cdk.Acknowledgment(id=finding, reason=reason))
+    """Acknowledge `finding` on `construct` and its children.
+
+    `finding` is the rule id as cdk-nag reports it, with the granular part when it has one:
+    "AwsSolutions-EC23", "AwsSolutions-IAM5[Resource::*]".
+    """
+    cdk.Validations.of(construct).acknowledge(
+        cdk.Acknowledgment(id=f"AwsSolutions::{finding}", reason=reason))

@@ -220,7 +220,7 @@ class RouterStack(cdk.Stack):
         )
         task_role_policy = self.task_definition.task_role.node.try_find_child("DefaultPolicy")
         acknowledge(
-            task_role_policy, "AwsSolutions-IAM5",
+            task_role_policy, "AwsSolutions-IAM5[Resource::*]",
             "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's own "
             "AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is pinned to "
             "flotilla's namespace and service by the servicediscovery:NamespaceName/ServiceName "
@@ -228,12 +228,14 @@ class RouterStack(cdk.Stack):
         )
         execution_policy = self.task_definition.execution_role
         acknowledge(
-            execution_policy, "AwsSolutions-IAM5",
+            execution_policy, "AwsSolutions-IAM5[Resource::*]",
             "ecr:GetAuthorizationToken has no resource-level permissions (Resource *); CDK grants it "
             "to the execution role so Fargate can pull the router image.",
         )
         acknowledge(
-            self.service, "AwsSolutions-IAM4",
+            self.service,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+            "AmazonECSInfrastructureRolePolicyForLoadBalancers]",
             "ECS native blue/green needs a role ECS assumes to rewrite the listener rules; "
             "AmazonECSInfrastructureRolePolicyForLoadBalancers is the AWS-maintained policy for "
             "exactly that and tracks new ELB actions ECS needs.",

@@ -246,7 +246,7 @@ def test_live_target_group_green_makes_the_template_match_traffic_after_a_swap()
 
 
 def test_unknown_live_target_group_is_rejected_with_the_allowed_values():
-    app = cdk.App()
+    app = cdk.App(builtin_cloud_formation_validation=False)
     vpc = ec2.Vpc(cdk.Stack(app, "V"), "Vpc", max_azs=2)
     sg = ec2.SecurityGroup(cdk.Stack(app, "S"), "Sg", vpc=vpc)
     with pytest.raises(ValueError, match=r"live_target_group='purple'.*blue.*green"):
@@ -326,7 +326,7 @@ def test_cloud_map_http_namespace_holds_one_units_service_with_ecs_reported_heal
 
 
 def test_unit_helpers_admit_only_the_router_on_the_serving_port_and_register_tasks():
-    app = cdk.App()
+    app = cdk.App(builtin_cloud_formation_validation=False)
     base = cdk.Stack(app, "Base", synthesizer=synthesizer())
     vpc = ec2.Vpc(base, "Vpc", max_azs=2)
     discovery = DiscoveryStack(app, "D", vpc=vpc, namespace_name=NAMESPACE, https=True,

@@ -109,7 +109,7 @@ def test_dashboard_shows(needle):
 
 
 def test_without_alarm_email_there_is_no_subscription():
-    app = cdk.App()
+    app = cdk.App(builtin_cloud_formation_validation=False)
     stack = cdk.Stack(app, "Lb")
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     alb = elbv2.ApplicationLoadBalancer(stack, "Alb", vpc=vpc)
@@ -127,7 +127,7 @@ def test_without_alarm_email_there_is_no_subscription():
     ({"units_per_cell": {"cell0": 0}}, "units_per_cell"),
 ])
 def test_bad_thresholds_are_rejected_naming_the_setting(kwargs, message):
-    app = cdk.App()
+    app = cdk.App(builtin_cloud_formation_validation=False)
     stack = cdk.Stack(app, "Lb")
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     alb = elbv2.ApplicationLoadBalancer(stack, "Alb", vpc=vpc)

@@ -359,3 +359,12 @@ def test_alarms_exist_before_the_router_service_and_after_the_alb():
     assert fa.observability in fa.router.dependencies
     assert fa.front in fa.observability.dependencies
     assert fa.router not in fa.front.dependencies and fa.router not in fa.observability.dependencies
+
+
+def test_routine_router_deploys_cannot_touch_listener_rules_or_target_groups():
+    """aws/aws-cdk#36649: CloudFormation resets a listener rule's weights when it updates the rule.
+    The rules live in Front, the service in Router, so an image or task change never updates them."""
+    router_types = {r["Type"] for r in template("Router")["Resources"].values()}
+    assert not {t for t in router_types if t.startswith("AWS::ElasticLoadBalancingV2::")}
+    front_types = {r["Type"] for r in template("Front")["Resources"].values()}
+    assert not {t for t in front_types if t.startswith("AWS::ECS::")}

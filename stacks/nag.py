@@ -1,16 +1,17 @@
-"""cdk-nag acknowledgements: one finding, one construct, one reason a reviewer can check."""
+"""cdk-nag (3.x) acknowledgements, attached to the exact resource they excuse.
+
+Each names the AwsSolutions rule, the finding it applies to (for granular rules such as IAM5,
+the offending action or resource) and a reason a reviewer can check. Acknowledgements are
+construct metadata: they take effect whenever cdk-nag's AwsSolutionsChecks runs (tests/stacks).
+"""
 
 from __future__ import annotations
 
-import aws_cdk as cdk
+from aws_cdk import Acknowledgment, Validations
 from constructs import IConstruct
 
 
-def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
-    """Acknowledge `finding` on `construct` and its children.
-
-    `finding` is the rule id as cdk-nag reports it, with the granular part when it has one:
-    "AwsSolutions-EC23", "AwsSolutions-IAM5[Resource::*]".
-    """
-    cdk.Validations.of(construct).acknowledge(
-        cdk.Acknowledgment(id=f"AwsSolutions::{finding}", reason=reason))
+def acknowledge(resource: IConstruct, rule: str, reason: str, *, applies_to: str = "") -> None:
+    """Acknowledge AwsSolutions-<rule> (optionally one granular finding) on `resource` only."""
+    finding = f"AwsSolutions::AwsSolutions-{rule}" + (f"[{applies_to}]" if applies_to else "")
+    Validations.of(resource).acknowledge(Acknowledgment(id=finding, reason=reason))

@@ -213,30 +213,25 @@ class RouterStack(cdk.Stack):
         )
 
     def _acknowledge_findings(self) -> None:
-        acknowledge(
-            self.task_definition, "AwsSolutions-ECS2",
+        acknowledge(self.task_definition, "ECS2", reason=(
             "The router's environment holds only non-secret settings (role, port, Cloud Map "
-            "namespace and service names, drain timeout); it has no secrets to inject.",
-        )
-        task_role_policy = self.task_definition.task_role.node.try_find_child("DefaultPolicy")
+            "namespace and service names, drain timeout); it has no secrets to inject."))
         acknowledge(
-            task_role_policy, "AwsSolutions-IAM5[Resource::*]",
-            "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's own "
-            "AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is pinned to "
-            "flotilla's namespace and service by the servicediscovery:NamespaceName/ServiceName "
-            "condition keys.",
-        )
-        execution_policy = self.task_definition.execution_role
+            self.task_definition.task_role.node.find_child("DefaultPolicy"), "IAM5",
+            applies_to="Resource::*", reason=(
+                "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's "
+                "own AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is "
+                "pinned to flotilla's namespace and service by the servicediscovery:NamespaceName "
+                "and ServiceName condition keys."))
+        # Only present with an asset/ECR image: CDK grants ecr:GetAuthorizationToken on *.
         acknowledge(
-            execution_policy, "AwsSolutions-IAM5[Resource::*]",
-            "ecr:GetAuthorizationToken has no resource-level permissions (Resource *); CDK grants it "
-            "to the execution role so Fargate can pull the router image.",
-        )
+            self.task_definition.execution_role, "IAM5", applies_to="Resource::*", reason=(
+                "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are "
+                "scoped to the router image's repository, log writes to this log group."))
         acknowledge(
-            self.service,
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-            "AmazonECSInfrastructureRolePolicyForLoadBalancers]",
-            "ECS native blue/green needs a role ECS assumes to rewrite the listener rules; "
-            "AmazonECSInfrastructureRolePolicyForLoadBalancers is the AWS-maintained policy for "
-            "exactly that and tracks new ELB actions ECS needs.",
-        )
+            self.service, "IAM4",
+            applies_to="Policy::arn:<AWS::Partition>:iam::aws:policy/"
+                       "AmazonECSInfrastructureRolePolicyForLoadBalancers",
+            reason=("ECS native blue/green needs a role ECS assumes to rewrite the listener rules "
+                    "and register targets; AmazonECSInfrastructureRolePolicyForLoadBalancers is the "
+                    "AWS-maintained policy for exactly that and follows new ELB actions ECS needs."))

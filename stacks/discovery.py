@@ -89,7 +89,7 @@ class DiscoveryStack(cdk.Stack):
             self.router_security_group, ec2.Port.tcp(contract.ROUTER_PORT), "ALB to router port"
         )
         acknowledge(
-            self.alb_security_group, "EC23",
+            self.alb_security_group.node.default_child, "EC23",
             "The ALB is the public entry point: clients anywhere reach it on the client ports only "
             "(443/80); the test port is restricted to the VPC CIDR.",
         )

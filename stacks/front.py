@@ -172,7 +172,7 @@ class FrontStack(cdk.Stack):
         cdk.CfnOutput(self, "GreenTargetGroupArn", value=self.green_target_group.target_group_arn)
 
         acknowledge(
-            self.access_log_bucket, "S1",
+            self.access_log_bucket.node.default_child, "S1",
             "This bucket receives the ALB's access logs; logging its own accesses to itself would "
             "recurse and to another bucket would only move the finding.",
         )

@@ -157,7 +157,7 @@ class RouterStack(cdk.Stack):
         )
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         cdk.CfnOutput(self, "ServiceName", value=self.service.service_name)
-        self._acknowledge_findings()
+        self._acknowledge_findings(image)
 
     def _autoscale(self, *, blue_target_group, green_target_group,
                    min_tasks, max_tasks, requests_per_target_per_minute) -> None:
@@ -212,24 +212,27 @@ class RouterStack(cdk.Stack):
             ),
         )
 
-    def _acknowledge_findings(self) -> None:
-        acknowledge(self.task_definition, "ECS2", reason=(
+    def _acknowledge_findings(self, image: ecs.ContainerImage) -> None:
+        """Each acknowledgement on the exact L1 resource it excuses."""
+        acknowledge(self.task_definition.node.default_child, "ECS2", reason=(
             "The router's environment holds only non-secret settings (role, port, Cloud Map "
             "namespace and service names, drain timeout); it has no secrets to inject."))
+        task_policy = self.task_definition.task_role.node.find_child("DefaultPolicy")
+        acknowledge(task_policy.node.default_child, "IAM5", applies_to="Resource::*", reason=(
+            "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's own "
+            "AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is pinned to "
+            "flotilla's namespace and service by the servicediscovery:NamespaceName and "
+            "ServiceName condition keys."))
+        if not isinstance(image, ecs.RepositoryImage):
+            # An ECR (asset) image: CDK grants ecr:GetAuthorizationToken, which needs Resource *.
+            execution_policy = self.task_definition.execution_role.node.find_child("DefaultPolicy")
+            acknowledge(execution_policy.node.default_child, "IAM5", applies_to="Resource::*",
+                        reason=("ecr:GetAuthorizationToken has no resource-level permissions; image "
+                                "pulls are scoped to the router image's repository and log writes "
+                                "to this stack's log group."))
+        green_role = self.service.node.find_child("GreenTargetRole")
         acknowledge(
-            self.task_definition.task_role.node.find_child("DefaultPolicy"), "IAM5",
-            applies_to="Resource::*", reason=(
-                "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's "
-                "own AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is "
-                "pinned to flotilla's namespace and service by the servicediscovery:NamespaceName "
-                "and ServiceName condition keys."))
-        # Only present with an asset/ECR image: CDK grants ecr:GetAuthorizationToken on *.
-        acknowledge(
-            self.task_definition.execution_role, "IAM5", applies_to="Resource::*", reason=(
-                "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are "
-                "scoped to the router image's repository, log writes to this log group."))
-        acknowledge(
-            self.service, "IAM4",
+            green_role.node.default_child, "IAM4",
             applies_to="Policy::arn:<AWS::Partition>:iam::aws:policy/"
                        "AmazonECSInfrastructureRolePolicyForLoadBalancers",
             reason=("ECS native blue/green needs a role ECS assumes to rewrite the listener rules "

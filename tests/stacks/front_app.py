@@ -45,7 +45,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
     vpc_stack = cdk.Stack(app, "TestVpc", synthesizer=synthesizer())
     vpc = ec2.Vpc(vpc_stack, "Vpc", max_azs=2, nat_gateways=1,
                   ip_addresses=ec2.IpAddresses.cidr("10.40.0.0/16"))
-    acknowledge(vpc, "VPC7",
+    acknowledge(vpc.node.default_child, "VPC7",
                 "Test-only VPC standing in for the Network stack (issue 2), which has the flow logs.")
     discovery = DiscoveryStack(app, "Discovery", vpc=vpc, namespace_name=NAMESPACE,
                                https=certificate_arn is not None, synthesizer=synthesizer())

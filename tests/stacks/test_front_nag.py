@@ -46,3 +46,9 @@ def test_every_acknowledgement_is_expected_and_has_a_specific_reason(nag_report)
         for c in v["violatingConstructs"]:
             found.add((v["ruleName"], c["constructPath"]))
     assert found == EXPECTED_ACKNOWLEDGEMENTS
+
+
+def test_each_acknowledgement_sits_on_the_resource_it_excuses(nag_report):
+    for finding in nag_report["suppressedViolations"]:
+        paths = [c["constructPath"] for c in finding["violatingConstructs"]]
+        assert [finding["acknowledgedAt"]] == paths, finding["ruleName"]

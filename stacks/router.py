@@ -20,6 +20,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 import contract
+from stacks.image import node_image
 from stacks.nag import acknowledge
 
 CONTAINER_NAME = "router"
@@ -36,7 +37,7 @@ class RouterStack(cdk.Stack):
         *,
         vpc: ec2.IVpc,
         router_security_group: ec2.ISecurityGroup,
-        image: ecs.ContainerImage,
+        image_uri: str | None,
         blue_target_group: elbv2.ApplicationTargetGroup,
         green_target_group: elbv2.ApplicationTargetGroup,
         production_rule: elbv2.ApplicationListenerRule,
@@ -93,6 +94,8 @@ class RouterStack(cdk.Stack):
         log_group = logs.LogGroup(self, "Logs", retention=log_retention,
                                   removal_policy=cdk.RemovalPolicy.DESTROY)
         health_url = f"http://127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}"
+        # The node image (same image, command `router`): a registry URI, else the runtime/ asset.
+        image = node_image(self, image_uri=image_uri)
         self.container = self.task_definition.add_container(
             CONTAINER_NAME,
             image=image,

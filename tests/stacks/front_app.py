@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_ecs as ecs
 
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
@@ -59,7 +58,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
     )
     router = RouterStack(
         app, "Router", vpc=vpc, router_security_group=discovery.router_security_group,
-        image=ecs.ContainerImage.from_registry(ROUTER_IMAGE),
+        image_uri=ROUTER_IMAGE,
         blue_target_group=front.blue_target_group, green_target_group=front.green_target_group,
         production_rule=front.production_rule, test_rule=front.test_rule,
         deployment_alarms=observability.deployment_alarms,

@@ -84,10 +84,18 @@ def test_launch_template_has_one_efa_interface_per_efa_card(request, synth_fixtu
     assert "SecurityGroupIds" not in data
 
 
-def test_unit_security_group_allows_all_traffic_from_itself_only(default_synth):
+def test_unit_security_group_allows_all_traffic_from_itself_and_the_router_on_the_serving_port(
+        default_synth):
     sgs = default_synth.resources("Cell-0", "AWS::EC2::SecurityGroup")
     (sg_logical, sg), = sgs.items()
-    assert "SecurityGroupIngress" not in sg["Properties"]
+    # The router (its SG lives in the Discovery stack) reaches the serving port, nothing else.
+    (router_rule,) = sg["Properties"]["SecurityGroupIngress"]
+    assert router_rule == {
+        "Description": "router to this unit's serving port", "IpProtocol": "tcp",
+        "FromPort": contract.NODE_API_PORT, "ToPort": contract.NODE_API_PORT,
+        "SourceSecurityGroupId": {"Fn::ImportValue": router_rule["SourceSecurityGroupId"][
+            "Fn::ImportValue"]}}
+    assert "RouterSecurityGroup" in router_rule["SourceSecurityGroupId"]["Fn::ImportValue"]
     ingress = list(default_synth.resources("Cell-0", "AWS::EC2::SecurityGroupIngress").values())
     assert [i["Properties"] for i in ingress] == [{
         "Description": "EFA requires all traffic from members of the same security group",
@@ -100,7 +108,8 @@ def test_asg_spans_exactly_one_private_subnet_and_holds_nodes_per_unit(default_s
     assert len(asg["VPCZoneIdentifier"]) == 1
     export = asg["VPCZoneIdentifier"][0]["Fn::ImportValue"]
     assert "PrivateSubnet1" in export     # unit 0 -> AZ slot 0
-    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "2")
+    # surge (default): room for the new revision's nodes beside the old ones during a rollout.
+    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "4")
     assert "DesiredCapacity" not in asg   # owned by the capacity provider's managed scaling
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
@@ -113,14 +122,15 @@ def test_units_rotate_over_the_three_private_subnets(fleet_synth):
     assert slots == [1, 2, 3] * 6 + [1, 2]
 
 
-def test_surge_rollout_lets_the_asg_double_for_the_new_revision(tmp_path):
+def test_replace_rollout_keeps_the_asg_at_nodes_and_stops_the_old_tasks_first(tmp_path):
     from synth_helpers import config_with, synthesize
-    synth = synthesize(config_with(unit_rollout="surge"), tmp_path)
+    synth = synthesize(config_with(unit_rollout="replace"), tmp_path)
     asg = only(synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
-    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "4")
+    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "2")
     service = only(synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
-    assert service["DeploymentConfiguration"]["MinimumHealthyPercent"] == 100
-    assert service["DeploymentConfiguration"]["MaximumPercent"] == 200
+    # The whole unit switches revision together (a unit never mixes revisions).
+    assert service["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0
+    assert service["DeploymentConfiguration"]["MaximumPercent"] == 100
 
 
 def test_capacity_provider_uses_managed_scaling_and_is_associated_with_the_cluster(default_synth):
@@ -149,9 +159,9 @@ def test_service_runs_one_task_per_node_on_distinct_instances_via_the_capacity_p
     assert props["PlacementConstraints"] == [{"Type": "distinctInstance"}]
     # The association must exist before a service may use its capacity provider.
     assert assoc_logical in service["DependsOn"]
-    # replace rollout: the whole unit switches revision together (a unit never mixes revisions).
-    assert props["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0
-    assert props["DeploymentConfiguration"]["MaximumPercent"] == 100
+    # surge rollout (default): the new revision forms beside the old one, then the old drains.
+    assert props["DeploymentConfiguration"]["MinimumHealthyPercent"] == 100
+    assert props["DeploymentConfiguration"]["MaximumPercent"] == 200
     assert props["DeploymentConfiguration"]["DeploymentCircuitBreaker"] == {
         "Enable": True, "Rollback": True}
 
@@ -266,4 +276,6 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_syn
         assert len(cps) == 20
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
-        assert deps == ({"Network"} if i == 0 else {"Network", f"Cell-{i - 1}"})
+        # Discovery: the router SG the unit SGs admit, the Cloud Map service units register in.
+        assert deps == ({"Network", "Discovery"} if i == 0
+                        else {"Network", "Discovery", f"Cell-{i - 1}"})

@@ -95,7 +95,8 @@ def test_more_than_5000_container_instances_per_cluster_is_rejected():
 def test_more_efa_addresses_than_a_private_subnet_holds_is_rejected():
     # 3 AZs x /18: 16,379 usable addresses each; trn1n uses 16 per node.
     with pytest.raises(ConfigError) as err:
-        config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60)
+        config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60,
+                    unit_rollout="replace")
     assert str(err.value) == (
         "invalid flotilla config: units=60: at most 45 over 3 AZs (20480 EFA addresses would be "
         "needed in one /18 private subnet; add AZs or reduce units)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+import contract
+
 from moto_cfn import MotoCloudFormation
 
 
@@ -47,13 +49,18 @@ def test_launch_template_reads_back_with_efa_interfaces_placement_and_imdsv2(dep
     assert (root["Encrypted"], root["VolumeType"]) == (True, "gp3")
 
 
-def test_unit_security_group_reads_back_self_referencing_all_traffic(deployed):
+def test_unit_security_group_reads_back_self_referencing_all_traffic_and_the_router(deployed):
     cfn, synth = deployed
     cell = synth.deployment.cells[0]
     sg_id = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::EC2::SecurityGroup"))
+    router_logical = next(k for k in synth.resources("Discovery", "AWS::EC2::SecurityGroup")
+                          if k.startswith("RouterSecurityGroup"))
+    router_sg = cfn.physical_id(synth.deployment.discovery.stack_name, router_logical)
     sg = cfn.client("ec2").describe_security_groups(GroupIds=[sg_id])["SecurityGroups"][0]
-    assert [(p["IpProtocol"], [g["GroupId"] for g in p["UserIdGroupPairs"]], p["IpRanges"])
-            for p in sg["IpPermissions"]] == [("-1", [sg_id], [])]
+    assert sorted((p["IpProtocol"], p.get("FromPort"), [g["GroupId"] for g in p["UserIdGroupPairs"]],
+                   p["IpRanges"]) for p in sg["IpPermissions"]) == sorted([
+        ("-1", None, [sg_id], []),
+        ("tcp", contract.NODE_API_PORT, [router_sg], [])])
 
 
 def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):
@@ -70,7 +77,8 @@ def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):
     assert subnet_ids[0] == cfn.physical_id(network.stack_name, private_logical)
     subnet = cfn.client("ec2").describe_subnets(SubnetIds=subnet_ids)["Subnets"][0]
     assert subnet["MapPublicIpOnLaunch"] is False
-    assert (asg["MinSize"], asg["MaxSize"]) == (2, 2)
+    # surge rollout (default): room for the new revision beside the old one.
+    assert (asg["MinSize"], asg["MaxSize"]) == (2, 4)
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
 

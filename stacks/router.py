@@ -121,6 +121,10 @@ class RouterStack(cdk.Stack):
             stop_timeout=cdk.Duration.seconds(stop_timeout_s),
             readonly_root_filesystem=True,
         )
+        # Read-only root; /tmp on the task's ephemeral storage for anything a library writes.
+        self.task_definition.add_volume(name="tmp")
+        self.container.add_mount_points(ecs.MountPoint(
+            container_path="/tmp", source_volume="tmp", read_only=False))
 
         self.service = ecs.FargateService(
             self, "Service",

@@ -106,6 +106,9 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
     assert f"127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}" in check["Command"][-1]
     assert container["StopTimeout"] == 70          # drain (60 s) + 10 s before SIGKILL
     assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert container["ReadonlyRootFilesystem"] is True
+    assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False,
+                                         "SourceVolume": "tmp"}]
 
 
 def test_router_task_role_may_only_discover_instances_of_its_namespace_and_service():

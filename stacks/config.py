@@ -28,7 +28,7 @@ USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
 # emit exactly this; tests/stacks/test_cell.py checks it against the synthesized templates, so the
 # quota check below can run before anything is built.
 CELL_FIXED_RESOURCES = 10
-UNIT_RESOURCES = 8
+UNIT_RESOURCES = 9
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,13 @@ def build_deployment(app: cdk.App, config: FlotillaConfig,
             kwargs["synthesizer"] = synthesizer_factory()
         return kwargs
 
+    # Every resource of the deployment carries its name (cost allocation, console filters).
+    cdk.Tags.of(app).add("flotilla:deployment", config.deployment_name)
     network = NetworkStack(app, "Network", availability_zones=config.availability_zones,
                            log_retention=retention(config.node.log_retention_days),
                            **common("Network"))
     discovery = DiscoveryStack(app, "Discovery", vpc=network.vpc,
+                               router_security_group=network.router_security_group,
                                namespace_name=f"{config.deployment_name}.internal",
                                https=config.certificate_arn is not None, **common("Discovery"))
     deployment = Deployment(config=config, network=network, discovery=discovery)
@@ -83,7 +86,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig,
         units_per_cell={f"cell{c}": len(config.units_in_cell(c)) for c in range(config.cells)},
         alarm_email=config.alarm_email, **common("Observability"))
     deployment.router = RouterStack(
-        app, "Router", vpc=network.vpc, router_security_group=discovery.router_security_group,
+        app, "Router", vpc=network.vpc, router_security_group=network.router_security_group,
         image_uri=config.image,
         blue_target_group=front.blue_target_group, green_target_group=front.green_target_group,
         production_rule=front.production_rule, test_rule=front.test_rule,

@@ -1,9 +1,10 @@
 """Discovery: how the router finds the unit members, and who may talk to whom on the way.
 
 A Cloud Map HTTP namespace with one `units` service that every unit's ECS service registers its
-tasks in (ECS registers and deregisters them; see docs/discovery.md), and the security groups of
-the request path (ALB and router). Both SGs live here, below Front, Router and the cells, so every
-SG-to-SG rule of the path is in one template and no stack references a later one.
+tasks in (ECS registers and deregisters them; see docs/discovery.md), and the ALB's security group
+with the ALB <-> router rules. The router SG itself lives in Network (the cells admit it); both
+path SGs sit below Front and Router, so every SG-to-SG rule of the path is in this one template
+and no stack references a later one.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ HTTP_PORT = 80
 
 
 class DiscoveryStack(cdk.Stack):
-    """Cloud Map namespace + `units` service; ALB and router security groups with exact rules.
+    """Cloud Map namespace + `units` service; the ALB security group with exact rules.
 
     internet -> ALB on the client ports (443 and 80 with a certificate, 80 without); VPC -> ALB on
-    the test port; ALB -> router on the router port; router -> VPC on the node serving port (unit
-    SGs admit the router SG only, see admit_router) and -> HTTPS for AWS APIs. Nothing else.
+    the test port; ALB -> router on the router port. (The router SG's own egress, node serving port
+    in the VPC and HTTPS, is set in Network; each unit SG admits the router SG on the serving port.)
     """
 
     def __init__(
@@ -35,6 +36,7 @@ class DiscoveryStack(cdk.Stack):
         id_: str,
         *,
         vpc: ec2.IVpc,
+        router_security_group: ec2.ISecurityGroup,
         namespace_name: str,
         https: bool,
         service_name: str = "units",
@@ -55,21 +57,7 @@ class DiscoveryStack(cdk.Stack):
         self.namespace_name = namespace_name
         self.service_name = service_name
 
-        self.router_security_group = ec2.SecurityGroup(
-            self, "RouterSecurityGroup", vpc=vpc, allow_all_outbound=False,
-            description="flotilla router tasks: ALB in on the router port, out to unit serving ports",
-        )
-        # One CIDR egress rule instead of one rule per unit SG: a security group holds at most 60
-        # egress rules by default and a fleet has more units than that. The unit SGs' ingress rules
-        # (source = this SG, serving port only) are what actually restrict the path.
-        self.router_security_group.add_egress_rule(
-            ec2.Peer.ipv4(vpc.vpc_cidr_block), ec2.Port.tcp(contract.NODE_API_PORT),
-            "router to unit members' serving port",
-        )
-        self.router_security_group.add_egress_rule(
-            ec2.Peer.any_ipv4(), ec2.Port.tcp(HTTPS_PORT),
-            "AWS APIs over HTTPS: Cloud Map DiscoverInstances, ECR image pull, CloudWatch Logs",
-        )
+        self.router_security_group = router_security_group
 
         self.alb_security_group = ec2.SecurityGroup(
             self, "AlbSecurityGroup", vpc=vpc, allow_all_outbound=False,
@@ -83,10 +71,18 @@ class DiscoveryStack(cdk.Stack):
             ec2.Peer.ipv4(vpc.vpc_cidr_block), ec2.Port.tcp(contract.ROUTER_TEST_PORT),
             "blue/green test listener, from inside the VPC only",
         )
-        # Same rule id as the one the router service's target-group attachment derives, so CDK
-        # keeps a single pair (ALB egress + router ingress) however often it is requested.
-        self.alb_security_group.connections.allow_to(
-            self.router_security_group, ec2.Port.tcp(contract.ROUTER_PORT), "ALB to router port"
+        # Both rules of the ALB -> router hop are written here, explicitly. Front and Router attach
+        # the groups as immutable imports, so CDK's automatic target-group rules add nothing (and
+        # cannot land in Network, which would make Network depend on this stack).
+        self.alb_security_group.add_egress_rule(
+            ec2.Peer.security_group_id(router_security_group.security_group_id),
+            ec2.Port.tcp(contract.ROUTER_PORT), "ALB to router port",
+        )
+        ec2.CfnSecurityGroupIngress(
+            self, "RouterFromAlb", group_id=router_security_group.security_group_id,
+            source_security_group_id=self.alb_security_group.security_group_id,
+            ip_protocol="tcp", from_port=contract.ROUTER_PORT, to_port=contract.ROUTER_PORT,
+            description="ALB to router port",
         )
         acknowledge(
             self.alb_security_group.node.default_child, "EC23",
@@ -95,21 +91,6 @@ class DiscoveryStack(cdk.Stack):
         )
         cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
         cdk.CfnOutput(self, "CloudMapService", value=service_name)
-
-
-def admit_router(
-    unit_security_group: ec2.ISecurityGroup, *, router_security_group: ec2.ISecurityGroup
-) -> None:
-    """Let the router reach a unit's members on the serving port, and nothing else.
-
-    The rule is created in the unit SG's stack (a cell), referencing the router SG by id, so the
-    dependency points cell -> Discovery and never back.
-    """
-    unit_security_group.add_ingress_rule(
-        ec2.Peer.security_group_id(router_security_group.security_group_id),
-        ec2.Port.tcp(contract.NODE_API_PORT),
-        "router to this unit's serving port",
-    )
 
 
 def register_unit_members(

@@ -76,8 +76,11 @@ class FrontStack(cdk.Stack):
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
 
-        # Created in the Discovery stack with its exact rules (see DiscoveryStack).
-        self.alb_security_group = alb_security_group
+        # Owned by the Discovery stack with its exact rules; imported immutable so that listeners
+        # and target groups attached here add no rules of their own.
+        self.alb_security_group = ec2.SecurityGroup.from_security_group_id(
+            self, "AlbSecurityGroup", alb_security_group.security_group_id,
+            mutable=False, allow_all_outbound=False)
         self.load_balancer = elbv2.ApplicationLoadBalancer(
             self, "Alb", vpc=vpc, internet_facing=True,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),

@@ -12,15 +12,15 @@ from constructs import Construct
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "runtime/Dockerfile"
-# The build context is the repository root (the image needs runtime/ and contract/), so the
-# asset excludes everything else: synth copies this directory into cdk.out on every run, and a
-# stray .venv or model cache would make that slow and the image hash unstable.
+# The build context is the repository root (the image needs runtime/, contract/ and the lock
+# file), so the asset excludes everything else: synth copies this directory into cdk.out on every
+# run, and a stray .venv or model cache would make that slow and the image hash unstable. Same
+# set as the repository's .dockerignore (which CDK also reads), so `docker build` agrees.
 ASSET_EXCLUDE = [
     "*",
     "!runtime/",
     "!contract/",
     "!constraints.txt",
-    "!requirements-models.txt",
     "**/__pycache__",
     "**/*.pyc",
     "**/.pytest_cache",

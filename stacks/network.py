@@ -11,6 +11,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+import contract
 from stacks.config import PRIVATE_SUBNET_MASK
 
 VPC_CIDR = "10.0.0.0/16"
@@ -68,6 +69,19 @@ class NetworkStack(Stack):
                 name, service=service, open=False, private_dns_enabled=True,
                 security_groups=[self.endpoint_security_group],
                 subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS))
+
+        # The router's security group lives here, not in the Front stack, so each Cell stack can
+        # admit it to its units (router -> node API port) without depending on the Front stack.
+        # The Front stack attaches it to the router service and adds the ALB -> router rule.
+        self.router_security_group = ec2.SecurityGroup(
+            self, "RouterSg", vpc=self.vpc, allow_all_outbound=False,
+            description="flotilla router tasks: to unit leaders and AWS APIs only")
+        self.router_security_group.add_egress_rule(
+            ec2.Peer.ipv4(VPC_CIDR), ec2.Port.tcp(contract.NODE_API_PORT),
+            "Router to the API port of unit members")
+        self.router_security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443),
+            "AWS APIs (service discovery, logs, image pulls) over HTTPS")
 
     @property
     def availability_zones(self) -> list[str]:

@@ -131,7 +131,11 @@ class RouterStack(cdk.Stack):
             cluster=self.cluster,
             task_definition=self.task_definition,
             desired_count=min_tasks,
-            security_groups=[router_security_group],
+            # Owned by Network (egress) and Discovery (ALB ingress); immutable here so the
+            # target-group attachment adds no rules of its own.
+            security_groups=[ec2.SecurityGroup.from_security_group_id(
+                self, "RouterSecurityGroup", router_security_group.security_group_id,
+                mutable=False, allow_all_outbound=False)],
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             assign_public_ip=False,
             deployment_strategy=ecs.DeploymentStrategy.BLUE_GREEN,

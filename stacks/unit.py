@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
@@ -17,7 +17,7 @@ from constructs import Construct
 
 import contract
 from stacks.config import InstanceShape
-from stacks.discovery import admit_router, register_unit_members
+from stacks.discovery import register_unit_members
 
 # A soft reservation only (no hard limit): the container may use all of the host's memory. It
 # stays well below what ECS registers for a 512 GiB trn1 (ECS keeps some for the OS and agent)
@@ -73,16 +73,19 @@ def efa_network_interfaces(*, efa_interfaces: int, security_group_id: str) -> li
 class TrainiumUnit(Construct):
     """Placement group, launch template, single-subnet ASG, capacity provider and ECS service."""
 
-    def __init__(self, scope: Construct, id_: str, *, unit_id: str, cell_id: str,
+    def __init__(self, scope: Construct, id_: str, *, unit_id: str, family: str,
                  cluster: ecs.Cluster, vpc: ec2.IVpc, subnet: ec2.ISubnet,
+                 router_security_group: ec2.ISecurityGroup,
                  instance_type: str, shape: InstanceShape, nodes: int, surge: UnitSurge,
                  instance_profile: iam.IInstanceProfile, root_volume_gib: int,
                  image: ecs.ContainerImage, task_role: iam.IRole, execution_role: iam.IRole,
                  log_group: logs.ILogGroup, environment: dict[str, str],
-                 units_service: cloudmap.IService, router_security_group: ec2.ISecurityGroup,
-                 health_check_grace: Duration) -> None:
+                 units_service: cloudmap.IService, health_check_grace: Duration) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
+        # On every resource of the unit, and through the ASG and ECS tag propagation on its
+        # instances and tasks: cost allocation and `describe-*` filters per unit.
+        Tags.of(self).add("flotilla:unit", unit_id)
 
         self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
 
@@ -93,6 +96,9 @@ class TrainiumUnit(Construct):
         self.security_group.add_ingress_rule(
             self.security_group, ec2.Port.all_traffic(),
             "EFA requires all traffic from members of the same security group")
+        self.security_group.add_ingress_rule(
+            router_security_group, ec2.Port.tcp(contract.NODE_API_PORT),
+            "Router to the node API (requests, health, load)")
 
         user_data = ec2.UserData.for_linux()
         # Host-network tasks only get their task role credentials when the agent allows it.
@@ -142,7 +148,7 @@ class TrainiumUnit(Construct):
         cluster.add_asg_capacity_provider(self.capacity_provider)
 
         self.task_definition = ecs.Ec2TaskDefinition(
-            self, "Task", network_mode=ecs.NetworkMode.HOST,
+            self, "Task", family=family, network_mode=ecs.NetworkMode.HOST,
             task_role=task_role, execution_role=execution_role)
         linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
@@ -187,7 +193,5 @@ class TrainiumUnit(Construct):
             health_check_grace_period=health_check_grace,
             enable_ecs_managed_tags=True, propagate_tags=ecs.PropagatedTagSource.SERVICE,
         )
-        # The router finds the members through Cloud Map (ECS registers each task) and reaches
-        # them on the serving port only (docs/discovery.md).
+        # The router finds the members through Cloud Map: ECS registers each task (docs/discovery.md).
         register_unit_members(self.service, units_service=units_service)
-        admit_router(self.security_group, router_security_group=router_security_group)

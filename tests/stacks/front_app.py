@@ -1,7 +1,8 @@
-"""Builds the front-door stacks once per test session, on a throwaway VPC stack.
+"""Builds the front-door stacks once per test session on the real Network stack, with settings the
+tests choose (certificate or not, live target group) independently of the deployment config.
 
-Until the Network stack lands (issue 2) the tests supply their own VPC; every test module imports
-`front_app()` so the synthesis is shared (lru_cache), keeping the suite inside its time budget.
+Every test module imports `front_app()`/`template()`, so each variant is synthesized once
+(lru_cache), keeping the suite inside its time budget.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import functools
 from dataclasses import dataclass
 
 import aws_cdk as cdk
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
 
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
-from stacks.nag import acknowledge
+from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
 from stacks.router import RouterStack
+from synth_helpers import cdk_json_context
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
 CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"
@@ -27,7 +29,7 @@ UNITS_PER_CELL = {"cell0": 2, "cell1": 1}
 @dataclass(frozen=True)
 class FrontApp:
     app: cdk.App
-    vpc: cdk.Stack
+    network: NetworkStack
     discovery: DiscoveryStack
     front: FrontStack
     observability: ObservabilityStack
@@ -40,13 +42,13 @@ def synthesizer() -> cdk.DefaultStackSynthesizer:
 
 def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue") -> FrontApp:
     # The built-in CloudFormation validation costs ~6 s per app; cfn-lint covers it (test_front_lint).
-    app = cdk.App(builtin_cloud_formation_validation=False)
-    vpc_stack = cdk.Stack(app, "TestVpc", synthesizer=synthesizer())
-    vpc = ec2.Vpc(vpc_stack, "Vpc", max_azs=2, nat_gateways=1,
-                  ip_addresses=ec2.IpAddresses.cidr("10.40.0.0/16"))
-    acknowledge(vpc.node.default_child, "VPC7",
-                "Test-only VPC standing in for the Network stack (issue 2), which has the flow logs.")
-    discovery = DiscoveryStack(app, "Discovery", vpc=vpc, namespace_name=NAMESPACE,
+    app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context())
+    network = NetworkStack(app, "Network", availability_zones=(),
+                           log_retention=logs.RetentionDays.ONE_MONTH, synthesizer=synthesizer())
+    vpc = network.vpc
+    discovery = DiscoveryStack(app, "Discovery", vpc=vpc,
+                               router_security_group=network.router_security_group,
+                               namespace_name=NAMESPACE,
                                https=certificate_arn is not None, synthesizer=synthesizer())
     front = FrontStack(app, "Front", vpc=vpc, alb_security_group=discovery.alb_security_group,
                        certificate_arn=certificate_arn, live_target_group=live_target_group,
@@ -57,7 +59,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         units_per_cell=UNITS_PER_CELL, alarm_email="oncall@example.com", synthesizer=synthesizer(),
     )
     router = RouterStack(
-        app, "Router", vpc=vpc, router_security_group=discovery.router_security_group,
+        app, "Router", vpc=vpc, router_security_group=network.router_security_group,
         image_uri=ROUTER_IMAGE,
         blue_target_group=front.blue_target_group, green_target_group=front.green_target_group,
         production_rule=front.production_rule, test_rule=front.test_rule,
@@ -65,7 +67,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_name=discovery.service_name, synthesizer=synthesizer(),
     )
-    return FrontApp(app, vpc_stack, discovery, front, observability, router)
+    return FrontApp(app, network, discovery, front, observability, router)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +78,6 @@ def front_app(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_grou
 @functools.lru_cache(maxsize=None)
 def template(stack_name: str, **kwargs) -> dict:
     fa = front_app(**kwargs)
-    stack = {"TestVpc": fa.vpc, "Discovery": fa.discovery, "Front": fa.front,
+    stack = {"Network": fa.network, "Discovery": fa.discovery, "Front": fa.front,
              "Observability": fa.observability, "Router": fa.router}[stack_name]
     return fa.app.synth().get_stack_by_name(stack.stack_name).template

@@ -331,9 +331,11 @@ STAND_INS: list[type[StandIn]] = [
 ]
 
 
-def _elbv2_full_name_attributes() -> list:
-    """moto 5.2.5 answers neither Fn::GetAtt LoadBalancerFullName nor any target-group attribute;
-    the router's autoscaling metric dimensions need both. Derived from the ARN, as AWS does."""
+def _model_fixes() -> list:
+    """Patches for moto 5.2.5 CloudFormation models that the front-door stacks hit.
+
+    ELBv2: moto answers neither Fn::GetAtt LoadBalancerFullName nor any target-group attribute;
+    the router's autoscaling metric dimensions need both (derived from the ARN, as AWS does)."""
     from moto.elbv2.models import FakeLoadBalancer, FakeTargetGroup
 
     lb_get = FakeLoadBalancer.get_cfn_attribute
@@ -348,7 +350,22 @@ def _elbv2_full_name_attributes() -> list:
                 "TargetGroupName": self.name, "TargetGroupArn": self.arn}[name]
 
     tg_attrs = ("TargetGroupFullName", "TargetGroupName", "TargetGroupArn")
+
+    # moto's KMS key model hands CloudFormation's {"Key", "Value"} tags to a tagger that expects
+    # {"TagKey", "TagValue"}: the key silently fails to create and every GetAtt on it fails.
+    from moto.kms.models import Key
+    key_create = Key.create_from_cloudformation_json.__func__
+
+    def key_from_cloudformation(cls, resource_name, cloudformation_json, account_id, region_name,
+                                **kwargs):
+        props = dict(cloudformation_json.get("Properties", {}))
+        props["Tags"] = [{"TagKey": t["Key"], "TagValue": t["Value"]} for t in props.get("Tags", [])]
+        return key_create(cls, resource_name, {**cloudformation_json, "Properties": props},
+                          account_id, region_name, **kwargs)
+
     return [
+        mock.patch.object(Key, "create_from_cloudformation_json",
+                          classmethod(key_from_cloudformation)),
         mock.patch.object(FakeLoadBalancer, "get_cfn_attribute", lb_attribute),
         mock.patch.object(FakeTargetGroup, "get_cfn_attribute", tg_attribute, create=True),
         mock.patch.object(FakeTargetGroup, "has_cfn_attr",
@@ -374,7 +391,7 @@ class MotoCloudFormation:
         self._patch = mock.patch.object(parsing, "get_model_map",
                                         lambda: {**original(), **missing})
         self._patch.start()
-        self._elbv2_patches = _elbv2_full_name_attributes()
+        self._elbv2_patches = _model_fixes()
         for patch in self._elbv2_patches:
             patch.start()
         StandIn.created.clear()
@@ -398,7 +415,7 @@ class MotoCloudFormation:
 
     def deploy(self, synth) -> None:
         """Create every stack of a synth_helpers.Synthesized in dependency order."""
-        for stack in synth.deployment.stacks:
+        for stack in synth.stacks:
             self.create_stack(stack.stack_name, synth.template(stack.node.id))
 
     def create_stack(self, stack_name: str, template: dict) -> None:
@@ -429,7 +446,7 @@ class MotoCloudFormation:
     def assert_every_resource_created(self, synth) -> None:
         """Every stack CREATE_COMPLETE and its created resources == its template's resources."""
         cfn = self.client("cloudformation")
-        for stack in synth.deployment.stacks:
+        for stack in synth.stacks:
             status = cfn.describe_stacks(StackName=stack.stack_name)["Stacks"][0]["StackStatus"]
             assert status == "CREATE_COMPLETE", (stack.stack_name, status)
             template = synth.template(stack.node.id)["Resources"]

@@ -41,6 +41,23 @@ class Synthesized:
     templates: dict[str, dict]          # stack id -> template
     outdir: Path
 
+    @property
+    def stacks(self) -> list[cdk.Stack]:
+        """Every stack of the app, each after the stacks it depends on (deploy order)."""
+        by_id = {c.node.id: c for c in self.app.node.children if isinstance(c, cdk.Stack)}
+        ordered: list[cdk.Stack] = []
+
+        def visit(stack: cdk.Stack) -> None:
+            if stack in ordered:
+                return
+            for dep in sorted(stack.dependencies, key=lambda d: d.node.id):
+                visit(dep)
+            ordered.append(stack)
+
+        for stack_id in sorted(by_id):
+            visit(by_id[stack_id])
+        return ordered
+
     def template(self, stack_id: str) -> dict:
         return self.templates[stack_id]
 
@@ -60,7 +77,8 @@ def synthesize(config: FlotillaConfig, outdir: Path, *, plugins=()) -> Synthesiz
     if plugins:
         cdk.Validations.of(app).add_plugins(*plugins)
     assembly = app.synth()
-    templates = {s.node.id: assembly.get_stack_by_name(s.stack_name).template
-                 for s in deployment.stacks}
+    # Every stack in the app, so stacks added later to build_deployment are covered too.
+    stacks = [c for c in app.node.children if isinstance(c, cdk.Stack)]
+    templates = {s.node.id: assembly.get_stack_by_name(s.stack_name).template for s in stacks}
     return Synthesized(app=app, deployment=deployment, assembly=assembly, templates=templates,
                        outdir=Path(outdir))

@@ -84,23 +84,26 @@ def test_launch_template_has_one_efa_interface_per_efa_card(request, synth_fixtu
     assert "SecurityGroupIds" not in data
 
 
-def test_unit_security_group_allows_all_traffic_from_itself_and_the_router_on_the_serving_port(
-        default_synth):
+def test_unit_security_group_admits_itself_fully_and_the_router_on_the_node_port(default_synth):
     sgs = default_synth.resources("Cell-0", "AWS::EC2::SecurityGroup")
     (sg_logical, sg), = sgs.items()
-    # The router (its SG lives in the Discovery stack) reaches the serving port, nothing else.
-    (router_rule,) = sg["Properties"]["SecurityGroupIngress"]
-    assert router_rule == {
-        "Description": "router to this unit's serving port", "IpProtocol": "tcp",
-        "FromPort": contract.NODE_API_PORT, "ToPort": contract.NODE_API_PORT,
-        "SourceSecurityGroupId": {"Fn::ImportValue": router_rule["SourceSecurityGroupId"][
-            "Fn::ImportValue"]}}
-    assert "RouterSecurityGroup" in router_rule["SourceSecurityGroupId"]["Fn::ImportValue"]
-    ingress = list(default_synth.resources("Cell-0", "AWS::EC2::SecurityGroupIngress").values())
-    assert [i["Properties"] for i in ingress] == [{
+    assert "SecurityGroupIngress" not in sg["Properties"]
+    network = default_synth.deployment.network
+    router_sg = network.get_logical_id(network.router_security_group.node.default_child)
+    ingress = sorted((i["Properties"] for i in default_synth.resources(
+        "Cell-0", "AWS::EC2::SecurityGroupIngress").values()), key=lambda p: p["IpProtocol"])
+    assert ingress == [{
         "Description": "EFA requires all traffic from members of the same security group",
         "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}, "IpProtocol": "-1",
-        "SourceSecurityGroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}}]
+        "SourceSecurityGroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]},
+    }, {
+        "Description": "Router to the node API (requests, health, load)",
+        "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}, "IpProtocol": "tcp",
+        "FromPort": contract.NODE_API_PORT, "ToPort": contract.NODE_API_PORT,
+        "SourceSecurityGroupId": {"Fn::ImportValue": ingress[1]["SourceSecurityGroupId"][
+            "Fn::ImportValue"]},
+    }]
+    assert router_sg in ingress[1]["SourceSecurityGroupId"]["Fn::ImportValue"]
 
 
 def test_asg_spans_exactly_one_private_subnet_and_holds_nodes_per_unit(default_synth):
@@ -276,6 +279,22 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_syn
         assert len(cps) == 20
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
-        # Discovery: the router SG the unit SGs admit, the Cloud Map service units register in.
+        # Discovery: the Cloud Map service the unit tasks register in.
         assert deps == ({"Network", "Discovery"} if i == 0
                         else {"Network", "Discovery", f"Cell-{i - 1}"})
+
+
+def test_unit_resources_and_instances_carry_deployment_cell_and_unit_tags(default_synth):
+    asg = only(default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
+    assert {(t["Key"], t["Value"], t["PropagateAtLaunch"]) for t in asg["Properties"]["Tags"]} >= {
+        ("flotilla:deployment", "flotilla", True), ("flotilla:cell", "cell0", True),
+        ("flotilla:unit", "cell0-unit0", True)}
+    service = only(default_synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
+    assert service["PropagateTags"] == "SERVICE" and service["EnableECSManagedTags"] is True
+    assert {"Key": "flotilla:unit", "Value": "cell0-unit0"} in service["Tags"]
+
+
+def test_cluster_and_task_family_have_readable_names(default_synth):
+    cluster = only(default_synth.resources("Cell-0", "AWS::ECS::Cluster"))["Properties"]
+    task = only(default_synth.resources("Cell-0", "AWS::ECS::TaskDefinition"))["Properties"]
+    assert (cluster["ClusterName"], task["Family"]) == ("flotilla-cell0", "flotilla-cell0-unit0")

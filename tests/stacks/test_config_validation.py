@@ -164,3 +164,21 @@ def test_synth_with_invalid_config_exits_nonzero_with_one_error_line(tmp_path):
     assert errors == ["error: invalid flotilla config: units_per_cell=25: an integer from 1 to 20 "
                       "(ECS allows 20 capacity providers per cluster, one per unit)"]
     assert "Traceback" not in proc.stderr
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(units=st.integers(1, 400), per_cell=st.integers(1, 20), azs=st.integers(2, 6))
+def test_layout_partitions_units_into_cells_and_rotates_azs(units, per_cell, azs):
+    zones = [f"us-east-1{chr(ord('a') + i)}" for i in range(azs)]
+    config = config_with(units=units, units_per_cell=per_cell, availability_zones=zones,
+                         nodes_per_unit=1)
+    placements = [p for c in range(config.cells) for p in config.units_in_cell(c)]
+    assert [p.global_index for p in placements] == list(range(units))
+    assert all(len(config.units_in_cell(c)) <= per_cell for c in range(config.cells))
+    assert len(config.units_in_cell(config.cells - 1)) >= 1
+    assert all(p.az_index == p.global_index % azs for p in placements)
+    assert len({p.unit_id for p in placements}) == units

@@ -12,12 +12,14 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_servicediscovery as cloudmap
 from aws_cdk.assertions import Annotations, Match, Template
 
 import contract
 from front_app import CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, template
-from stacks.discovery import DiscoveryStack, admit_router, register_unit_members
+from stacks.discovery import register_unit_members
 from stacks.front import FrontStack
+from stacks.network import VPC_CIDR
 
 
 def resources(stack: str, type_: str) -> dict[str, dict]:
@@ -48,7 +50,8 @@ def test_router_service_deploys_blue_green_with_bake_time_and_circuit_breaker_ro
     assert config["BakeTimeInMinutes"] == 10
     assert config["DeploymentCircuitBreaker"] == {"Enable": True, "Rollback": True}
     assert (config["MinimumHealthyPercent"], config["MaximumPercent"]) == (100, 200)
-    assert router_service()["DeploymentController"] == {"Type": "ECS"}
+    # The ECS deployment controller (the default when the property is absent) runs blue/green.
+    assert router_service().get("DeploymentController", {"Type": "ECS"}) == {"Type": "ECS"}
 
 
 def test_router_service_rolls_back_on_every_observability_deployment_alarm():
@@ -84,7 +87,7 @@ def test_router_runs_in_private_subnets_without_public_ip_in_the_router_security
     assert network["AssignPublicIp"] == "DISABLED"
     assert all("PrivateSubnet" in s["Fn::ImportValue"] for s in network["Subnets"])
     (sg,) = network["SecurityGroups"]
-    assert "RouterSecurityGroup" in sg["Fn::ImportValue"]
+    assert "GetAttRouterSg" in sg["Fn::ImportValue"]     # Network's router security group
     assert router_service()["LaunchType"] == "FARGATE"
 
 
@@ -259,6 +262,17 @@ def test_unknown_live_target_group_is_rejected_with_the_allowed_values():
 
 # --- security groups: exactly the request path ---------------------------------------------------
 
+def _sg_name(value: dict) -> str:
+    """The construct name of a security group referenced by GetAtt or by a cross-stack import."""
+    if "Fn::GetAtt" in value:
+        return value["Fn::GetAtt"][0][:-8]
+    export = value["Fn::ImportValue"]          # e.g. Network:ExportsOutputFnGetAttRouterSg...GroupId...
+    for name in ("RouterSg", "AlbSecurityGroup"):
+        if f"GetAtt{name}" in export:
+            return name
+    raise AssertionError(export)
+
+
 def _rules(stack: str) -> set[tuple]:
     """(direction, group, peer, from, to) for every SG rule, inline or standalone."""
     t = template(stack)["Resources"]
@@ -267,10 +281,7 @@ def _rules(stack: str) -> set[tuple]:
         for key in ("CidrIp", "SourceSecurityGroupId", "DestinationSecurityGroupId"):
             if key in rule:
                 value = rule[key]
-                if isinstance(value, dict):
-                    ref = value.get("Fn::GetAtt", [value.get("Fn::ImportValue", "?")])[0]
-                    return "sg:" + ref.rstrip("0123456789ABCDEF")
-                return value
+                return "sg:" + _sg_name(value) if isinstance(value, dict) else value
         raise AssertionError(rule)
 
     def cidr(value) -> str:
@@ -280,7 +291,7 @@ def _rules(stack: str) -> set[tuple]:
     for logical, res in t.items():
         p = res["Properties"]
         if res["Type"] == "AWS::EC2::SecurityGroup":
-            name = logical.rstrip("0123456789ABCDEF")
+            name = logical[:-8]
             for r in p.get("SecurityGroupIngress", []):
                 out.add(("in", name, cidr(r["CidrIp"]) if "CidrIp" in r else peer(r),
                          r["FromPort"], r["ToPort"]))
@@ -288,7 +299,7 @@ def _rules(stack: str) -> set[tuple]:
                 out.add(("out", name, cidr(r["CidrIp"]) if "CidrIp" in r else peer(r),
                          r.get("FromPort"), r.get("ToPort")))
         elif res["Type"] in ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress"):
-            group = "sg:" + p["GroupId"]["Fn::GetAtt"][0].rstrip("0123456789ABCDEF")
+            group = "sg:" + _sg_name(p["GroupId"])
             direction = "in" if res["Type"].endswith("Ingress") else "out"
             out.add((direction, group[3:], peer(p), p["FromPort"], p["ToPort"]))
     return out
@@ -299,10 +310,13 @@ def test_security_groups_allow_exactly_the_request_path_and_nothing_wider():
         ("in", "AlbSecurityGroup", "0.0.0.0/0", 443, 443),
         ("in", "AlbSecurityGroup", "0.0.0.0/0", 80, 80),
         ("in", "AlbSecurityGroup", "vpc-cidr", contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
-        ("out", "AlbSecurityGroup", "sg:RouterSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
-        ("in", "RouterSecurityGroup", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
-        ("out", "RouterSecurityGroup", "vpc-cidr", contract.NODE_API_PORT, contract.NODE_API_PORT),
-        ("out", "RouterSecurityGroup", "0.0.0.0/0", 443, 443),
+        ("out", "AlbSecurityGroup", "sg:RouterSg", contract.ROUTER_PORT, contract.ROUTER_PORT),
+        ("in", "RouterSg", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
+    }
+    router_sg = {r for r in _rules("Network") if r[1] == "RouterSg"}
+    assert router_sg == {
+        ("out", "RouterSg", VPC_CIDR, contract.NODE_API_PORT, contract.NODE_API_PORT),
+        ("out", "RouterSg", "0.0.0.0/0", 443, 443),
     }
     for stack in ("Front", "Observability", "Router"):
         assert _rules(stack) == set(), f"{stack} must not add security-group rules"
@@ -328,31 +342,19 @@ def test_cloud_map_http_namespace_holds_one_units_service_with_ecs_reported_heal
     })
 
 
-def test_unit_helpers_admit_only_the_router_on_the_serving_port_and_register_tasks():
+def test_register_unit_members_associates_the_unit_service_with_the_units_registry():
     app = cdk.App(builtin_cloud_formation_validation=False)
-    base = cdk.Stack(app, "Base", synthesizer=synthesizer())
-    vpc = ec2.Vpc(base, "Vpc", max_azs=2)
-    discovery = DiscoveryStack(app, "D", vpc=vpc, namespace_name=NAMESPACE, https=True,
-                               synthesizer=synthesizer())
     cell = cdk.Stack(app, "Cell", synthesizer=synthesizer())
-    unit_sg = ec2.SecurityGroup(cell, "UnitSg", vpc=vpc, allow_all_outbound=False)
-    admit_router(unit_sg, router_security_group=discovery.router_security_group)
-    cluster = ecs.Cluster(cell, "Cluster", vpc=vpc)
+    units = cloudmap.HttpNamespace(cell, "Ns", name="n").create_service("Units", name="units")
+    cluster = ecs.Cluster(cell, "Cluster", vpc=ec2.Vpc(cell, "Vpc", max_azs=2))
     cluster.add_capacity("Hosts", instance_type=ec2.InstanceType("t3.small"), max_capacity=1)
     task = ecs.Ec2TaskDefinition(cell, "Task", network_mode=ecs.NetworkMode.HOST)
     task.add_container("node", image=ecs.ContainerImage.from_registry("x"), memory_limit_mib=512,
                        port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)])
     service = ecs.Ec2Service(cell, "Unit", cluster=cluster, task_definition=task)
-    register_unit_members(service, units_service=discovery.units_service)
-    t = Template.from_stack(cell)
-    t.has_resource_properties("AWS::EC2::SecurityGroup", {"SecurityGroupIngress": [{
-        "IpProtocol": "tcp", "FromPort": contract.NODE_API_PORT, "ToPort": contract.NODE_API_PORT,
-        "SourceSecurityGroupId": {"Fn::ImportValue": Match.string_like_regexp("RouterSecurityGroup")},
-        "Description": "router to this unit's serving port",
-    }]})
-    t.has_resource_properties("AWS::ECS::Service", {"ServiceRegistries": [{
-        "RegistryArn": {"Fn::ImportValue": Match.string_like_regexp("Units")}}]})
-    assert sorted(d.stack_name for d in cell.dependencies) == ["Base", "D"]
+    register_unit_members(service, units_service=units)
+    Template.from_stack(cell).has_resource_properties("AWS::ECS::Service", {"ServiceRegistries": [{
+        "RegistryArn": {"Fn::GetAtt": [Match.string_like_regexp("NsUnits"), "Arn"]}}]})
 
 
 # --- ordering ------------------------------------------------------------------------------------

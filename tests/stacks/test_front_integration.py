@@ -36,8 +36,10 @@ def test_synth_emits_network_discovery_cells_front_observability_and_router(two_
     assert deps["Discovery"] == {"Network"}
     assert deps["Cell-1"] == {"Network", "Discovery", "Cell-0"}
     assert deps["Front"] == {"Network", "Discovery"}
+    assert "Front" not in deps["Cell-0"] and "Router" not in deps["Cell-0"]
     assert deps["Observability"] == {"Front"}
-    assert deps["Router"] == {"Network", "Discovery", "Front", "Observability"}
+    # The router SG lives in Network (the cells admit it), the ALB SG's rules in Discovery.
+    assert deps["Router"] == {"Network", "Front", "Observability"}
 
 
 def test_units_in_a_cell_update_one_after_another(two_cells):

@@ -14,7 +14,6 @@ from front_app import build
 
 # (rule, construct path): each one is explained where it is acknowledged.
 EXPECTED_ACKNOWLEDGEMENTS = {
-    ("AwsSolutions-VPC7", "TestVpc/Vpc/Resource"),  # the test's stand-in VPC only
     ("AwsSolutions-EC23", "Discovery/AlbSecurityGroup/Resource"),
     ("AwsSolutions-S1", "Front/AccessLogs/Resource"),
     ("AwsSolutions-IAM5[Resource::*]", "Router/TaskDefinition/TaskRole/DefaultPolicy/Resource"),
@@ -45,7 +44,8 @@ def test_every_acknowledgement_is_expected_and_has_a_specific_reason(nag_report)
         assert len(v["reason"]) > 60, v["ruleName"]
         for c in v["violatingConstructs"]:
             found.add((v["ruleName"], c["constructPath"]))
-    assert found == EXPECTED_ACKNOWLEDGEMENTS
+    # Network's acknowledgements belong to (and are checked by) the infrastructure tests.
+    assert {f for f in found if not f[1].startswith("Network/")} == EXPECTED_ACKNOWLEDGEMENTS
 
 
 def test_each_acknowledgement_sits_on_the_resource_it_excuses(nag_report):

@@ -49,18 +49,18 @@ def test_launch_template_reads_back_with_efa_interfaces_placement_and_imdsv2(dep
     assert (root["Encrypted"], root["VolumeType"]) == (True, "gp3")
 
 
-def test_unit_security_group_reads_back_self_referencing_all_traffic_and_the_router(deployed):
+def test_unit_security_group_reads_back_self_referencing_plus_router_on_node_port(deployed):
     cfn, synth = deployed
-    cell = synth.deployment.cells[0]
+    cell, network = synth.deployment.cells[0], synth.deployment.network
     sg_id = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::EC2::SecurityGroup"))
-    router_logical = next(k for k in synth.resources("Discovery", "AWS::EC2::SecurityGroup")
-                          if k.startswith("RouterSecurityGroup"))
-    router_sg = cfn.physical_id(synth.deployment.discovery.stack_name, router_logical)
+    router_sg_id = cfn.physical_id(network.stack_name, network.get_logical_id(
+        network.router_security_group.node.default_child))
     sg = cfn.client("ec2").describe_security_groups(GroupIds=[sg_id])["SecurityGroups"][0]
-    assert sorted((p["IpProtocol"], p.get("FromPort"), [g["GroupId"] for g in p["UserIdGroupPairs"]],
-                   p["IpRanges"]) for p in sg["IpPermissions"]) == sorted([
-        ("-1", None, [sg_id], []),
-        ("tcp", contract.NODE_API_PORT, [router_sg], [])])
+    rules = sorted((p["IpProtocol"], p.get("FromPort"), p.get("ToPort"),
+                    [g["GroupId"] for g in p["UserIdGroupPairs"]], p["IpRanges"])
+                   for p in sg["IpPermissions"])
+    assert rules == [("-1", None, None, [sg_id], []),
+                     ("tcp", contract.NODE_API_PORT, contract.NODE_API_PORT, [router_sg_id], [])]
 
 
 def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):

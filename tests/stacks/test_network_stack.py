@@ -71,3 +71,13 @@ def test_explicit_availability_zones_are_used_in_order(tmp_path):
     private = [s["Properties"]["AvailabilityZone"] for s in subnets
                if {"Key": "aws-cdk:subnet-type", "Value": "Private"} in s["Properties"]["Tags"]]
     assert private == azs
+
+
+def test_router_security_group_may_only_reach_the_node_port_in_the_vpc_and_https(network):
+    network.has_resource_properties("AWS::EC2::SecurityGroup", {
+        "GroupDescription": "flotilla router tasks: to unit leaders and AWS APIs only",
+        "SecurityGroupEgress": [
+            {"CidrIp": "10.0.0.0/16", "IpProtocol": "tcp", "FromPort": 8000, "ToPort": 8000,
+             "Description": "Router to the API port of unit members"},
+            {"CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
+             "Description": "AWS APIs (service discovery, logs, image pulls) over HTTPS"}]})

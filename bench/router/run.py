@@ -1,0 +1,237 @@
+"""Router benchmark: added latency (p50/p99) and requests/s of the router on one core.
+
+Starts the fast stand-in backend and the router (`python -m runtime router`) as processes, the router
+pinned to one core (taskset), the backend and this load generator to the other, then measures the
+same closed-loop load against the backend directly and through the router. Run: make bench-router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+perf_counter = time.perf_counter
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request_bytes(port: int, stream: bool) -> bytes:
+    body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 2, "stream": stream}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (port, len(body), body))
+
+
+class Client(asyncio.Protocol):
+    """One keep-alive connection; one request at a time (closed loop)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.done: asyncio.Future | None = None
+        self.first_event_at = 0.0
+        self.head_end = -1
+        self.length = -1
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def send(self, data: bytes) -> asyncio.Future:
+        self.buf.clear()
+        self.first_event_at = 0.0
+        self.head_end = -1
+        self.length = -1
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        if not self.first_event_at and b"data:" in data:
+            self.first_event_at = perf_counter()
+        self.buf += data
+        if self.head_end < 0:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.head_end = end + 4
+            head = bytes(self.buf[:end]).lower()
+            if not head.startswith(b"http/1.1 200"):
+                self.done.set_exception(RuntimeError(head.split(b"\r\n")[0].decode()))
+                return
+            at = head.find(b"content-length:")
+            if at >= 0:
+                self.length = int(head[at + 15:].split(b"\r\n", 1)[0])
+        if self.length >= 0:
+            if len(self.buf) >= self.head_end + self.length:
+                self.done.set_result(None)
+        elif self.buf.endswith(b"0\r\n\r\n"):
+            self.done.set_result(None)
+
+    def connection_lost(self, exc) -> None:
+        if self.done and not self.done.done():
+            self.done.set_exception(ConnectionError("connection lost"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process: the router's cost, robust to a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bool,
+                      warmup: float = 1.0, cpu_pid: int | None = None) -> dict:
+    loop = asyncio.get_running_loop()
+    payload = request_bytes(port, stream)
+    latencies: list[float] = []
+    first_events: list[float] = []
+    errors = 0
+    measuring = False
+    stop = False
+
+    async def worker() -> None:
+        nonlocal errors
+        _, client = await loop.create_connection(Client, "127.0.0.1", port)
+        while not stop:
+            t0 = perf_counter()
+            try:
+                await client.send(payload)
+            except (RuntimeError, ConnectionError):
+                errors += 1
+                return
+            if measuring:
+                latencies.append(perf_counter() - t0)
+                if stream:
+                    first_events.append(client.first_event_at - t0)
+        client.transport.close()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    await asyncio.sleep(warmup)
+    measuring = True
+    cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+    started = perf_counter()
+    await asyncio.sleep(seconds)
+    measuring = False
+    elapsed = perf_counter() - started
+    cpu = (cpu_seconds(cpu_pid) - cpu0) if cpu_pid else None
+    stop = True
+    await asyncio.gather(*tasks)
+    cpu_us = 1e6 * cpu / len(latencies) if cpu is not None and latencies else None
+    return {"requests": len(latencies), "rps": len(latencies) / elapsed, "errors": errors,
+            "router_cpu_us_per_request": cpu_us,
+            "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
+            "first_event_p50_ms": pct(first_events, 50) if stream else None,
+            "first_event_p99_ms": pct(first_events, 99) if stream else None}
+
+
+def pct(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return 1000 * values[min(len(values) - 1, int(len(values) * q / 100))]
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port} after {timeout} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=5.0, help="measurement window per scenario")
+    ap.add_argument("--router-cpu", default="0")
+    ap.add_argument("--load-cpu", default="1", help="core for the backend and the load generator")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--events", type=int, default=32, help="SSE events per streamed response")
+    ap.add_argument("--label", default="", help="name of this run in the results file")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "router.json"))
+    ap.add_argument("--router-args", default="", help="extra router flags, e.g. '--event-loop asyncio'")
+    ap.add_argument("--router-repo", default=str(REPO),
+                    help="checkout whose runtime/ is benchmarked (compare revisions on one machine)")
+    args = ap.parse_args()
+
+    os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
+    backend_port, router_port = free_port(), free_port()
+    py = sys.executable
+    backend = subprocess.Popen(["taskset", "-c", args.load_cpu, py, str(Path(__file__).with_name("backend.py")),
+                                "--port", str(backend_port), "--events", str(args.events)], cwd=REPO)
+    router = subprocess.Popen(["taskset", "-c", args.router_cpu, py, "-m", "runtime", "router",
+                               "--host", "127.0.0.1", "--port", str(router_port), "--log-level", "WARNING",
+                               "--units", f"http://127.0.0.1:{backend_port}",
+                               "--max-outstanding-per-unit", "1024", "--drain-grace", "0",
+                               *args.router_args.split()],
+                              cwd=args.router_repo, stdout=subprocess.DEVNULL)
+    results: dict[str, dict] = {}
+    try:
+        wait_port(backend_port)
+        wait_port(router_port)
+        time.sleep(1.0)  # first polls: the unit becomes routable
+        plan = [
+            ("small direct c=1", backend_port, 1, False),
+            ("small router c=1", router_port, 1, False),
+            (f"small direct c={args.concurrency}", backend_port, args.concurrency, False),
+            (f"small router c={args.concurrency}", router_port, args.concurrency, False),
+            ("stream direct c=1", backend_port, 1, True),
+            ("stream router c=1", router_port, 1, True),
+            ("stream router c=8", router_port, 8, True),
+        ]
+        for name, port, conc, stream in plan:
+            results[name] = asyncio.run(closed_loop(
+                port, concurrency=conc, seconds=args.seconds, stream=stream,
+                cpu_pid=router.pid if port == router_port else None))
+            r = results[name]
+            cpu = r["router_cpu_us_per_request"]
+            print(f"{name:24s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
+                  + (f"  router CPU {cpu:.0f} us/req" if cpu else "")
+                  + (f"  first event p50 {r['first_event_p50_ms']:.3f} p99 {r['first_event_p99_ms']:.3f}"
+                     if stream else "") + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
+    finally:
+        router.terminate()
+        backend.terminate()
+        router.wait(30)
+        backend.wait(10)
+
+    d1, r1 = results["small direct c=1"], results["small router c=1"]
+    s1, sr = results["stream direct c=1"], results["stream router c=1"]
+    summary = {
+        "added_p50_ms": r1["p50_ms"] - d1["p50_ms"],
+        "added_p99_ms": r1["p99_ms"] - d1["p99_ms"],
+        "router_rps_one_core": results[f"small router c={args.concurrency}"]["rps"],
+        "router_cpu_us_per_small_request": results[f"small router c={args.concurrency}"]["router_cpu_us_per_request"],
+        "router_cpu_us_per_stream": results["stream router c=8"]["router_cpu_us_per_request"],
+        "stream_added_first_event_p50_ms": sr["first_event_p50_ms"] - s1["first_event_p50_ms"],
+        "stream_added_total_p50_ms": sr["p50_ms"] - s1["p50_ms"],
+        "stream_added_total_p99_ms": sr["p99_ms"] - s1["p99_ms"],
+    }
+    print(json.dumps(summary, indent=1))
+    load = os.getloadavg()
+    record = {"label": args.label, "router_repo": args.router_repo, "router_args": args.router_args, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "python": platform.python_version(), "loadavg_at_end": load, "seconds": args.seconds,
+              "events": args.events, "results": results, "summary": summary}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs = json.loads(out.read_text()) if out.exists() else []
+    runs.append(record)
+    out.write_text(json.dumps(runs, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""One rank's share of the model and the step it runs in lock-step with its peers.
+
+The leader broadcasts each StepCommand (free / prefill / decode, ids only: token ids never leave
+rank 0, which holds the embedding); every rank then runs the same sequence of collectives for it.
+Prefill and decode each run as a pipeline (contiguous layers per rank, hidden states passed on)
+or tensor-parallel (every layer split by heads/MLP, all-reduce after each split block); when the
+two differ, the prefilled KV cache is re-sharded between layer-split and head-split layouts.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from runtime.engines.base import EngineBroken
+from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, decoder_layer,
+                                   positions_of, rope_tables)
+from runtime.engines.plan import ParallelPlan
+from runtime.models.registry import WeightSource
+
+OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN = 1, 2, 3
+_STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
+
+
+@dataclass
+class StepCommand:
+    """One scheduler iteration. Token ids are meaningful on rank 0 only."""
+
+    free: list[int] = field(default_factory=list)
+    prefill: list[tuple[int, int, int]] = field(default_factory=list)   # (seq_id, n_tokens, capacity)
+    prefill_tokens: list[Sequence[int]] = field(default_factory=list)
+    decode: list[int] = field(default_factory=list)                      # seq ids, one token each
+    decode_tokens: list[int] = field(default_factory=list)
+
+    def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
+        header = torch.tensor([OP_STEP, len(self.free), len(self.prefill), len(self.decode)],
+                              dtype=torch.int64)
+        flat = list(self.free) + [v for p in self.prefill for v in p] + list(self.decode)
+        return header, torch.tensor(flat, dtype=torch.int64)
+
+    @classmethod
+    def decode_payload(cls, header: torch.Tensor, payload: torch.Tensor) -> "StepCommand":
+        n_free, n_prefill, n_decode = (int(v) for v in header[1:4])
+        vals = payload.tolist()
+        free = vals[:n_free]
+        pre = vals[n_free:n_free + 3 * n_prefill]
+        prefill = [(pre[i], pre[i + 1], pre[i + 2]) for i in range(0, len(pre), 3)]
+        return cls(free=free, prefill=prefill, decode=vals[n_free + 3 * n_prefill:])
+
+
+@dataclass
+class StepResult:
+    prefill_logits: torch.Tensor | None = None   # rank 0: [n_prefill, vocab], last positions
+    decode_logits: torch.Tensor | None = None    # rank 0: [n_decode, vocab]
+
+
+def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
+    """What every rank must agree on before serving: model, shape, world size, strategies."""
+    return [zlib.crc32(f"{model_id}|{plan.shape!r}".encode()), plan.world_size,
+            _STRATEGY_CODE[plan.prefill], _STRATEGY_CODE[plan.decode]]
+
+
+class ShardExecutor:
+    """This rank's weights and KV caches, and the step that runs them in lock-step with peers."""
+
+    def __init__(self, *, plan: ParallelPlan, rank: int, weights: WeightSource,
+                 device: torch.device | str = "cpu") -> None:
+        self.plan, self.rank, self.device = plan, rank, torch.device(device)
+        self.shape = s = plan.shape
+        self.world_size = plan.world_size
+        self.head = HeadWeights.load(weights, s) if rank == 0 else None
+        self.stage = plan.stage(rank)
+        self.tslice = plan.tensor_slice(rank)
+        self.pp_layers: dict[int, LayerWeights] = {}
+        self.tp_layers: dict[int, LayerWeights] = {}
+        if plan.uses("pipeline") or self.world_size == 1:
+            for n in self.stage.layers:
+                self.pp_layers[n] = LayerWeights.load(weights, n, shape=s)
+        if plan.uses("tensor") and self.world_size > 1:
+            t = self.tslice
+            for n in range(s.num_layers):
+                self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
+                                                      kv_heads=t.kv_heads, mlp=t.mlp)
+        elif self.world_size == 1:
+            self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
+        self.kv: dict[int, SeqKV] = {}
+
+    # --- collectives (every failure becomes EngineBroken) -----------------------------------
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t)
+        return t
+
+    def _broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        dist.broadcast(t, src=src)
+        return t
+
+    # --- leader / follower entry points -------------------------------------------------------
+    def leader_step(self, cmd: StepCommand) -> StepResult:
+        """Rank 0: send the command to the followers, then run it."""
+        try:
+            if self.world_size > 1:
+                header, payload = cmd.encode()
+                self._broadcast(header, 0)
+                if payload.numel():
+                    self._broadcast(payload, 0)
+            return self.run(cmd)
+        except EngineBroken:
+            raise
+        except (RuntimeError, dist.DistError) as e:
+            raise EngineBroken(f"a collective failed during a step (peer died or timed out): {e}") from e
+
+    def leader_signal(self, op: int) -> None:
+        """Rank 0: heartbeat (proves the followers are alive) or shutdown."""
+        if self.world_size == 1:
+            return
+        try:
+            self._broadcast(torch.tensor([op, 0, 0, 0], dtype=torch.int64), 0)
+        except (RuntimeError, dist.DistError) as e:
+            raise EngineBroken(f"a follower is gone (heartbeat failed): {e}") from e
+
+    def follower_loop(self) -> None:
+        """Rank > 0: run the leader's commands until it shuts down. Raises EngineBroken on failure."""
+        try:
+            while True:
+                header = self._broadcast(torch.empty(4, dtype=torch.int64), 0)
+                op = int(header[0])
+                if op == OP_SHUTDOWN:
+                    return
+                if op == OP_HEARTBEAT:
+                    continue
+                if op != OP_STEP:
+                    raise EngineBroken(f"unknown op {op} from the leader (version skew?)")
+                n = int(header[1]) + 3 * int(header[2]) + int(header[3])
+                payload = torch.empty(n, dtype=torch.int64)
+                if n:
+                    self._broadcast(payload, 0)
+                self.run(StepCommand.decode_payload(header, payload))
+        except EngineBroken:
+            raise
+        except (RuntimeError, dist.DistError) as e:
+            raise EngineBroken(f"rank {self.rank}: lost the leader or a peer: {e}") from e
+
+    # --- the step itself (identical collective sequence on every rank) ------------------------
+    def run(self, cmd: StepCommand) -> StepResult:
+        for seq_id in cmd.free:
+            self.kv.pop(seq_id, None)
+        result = StepResult()
+        if cmd.prefill:
+            if self.plan.prefill == "pipeline":
+                result.prefill_logits = self._prefill_pipeline(cmd)
+            else:
+                result.prefill_logits = self._prefill_tensor(cmd)
+            if self.world_size > 1 and self.plan.prefill != self.plan.decode:
+                self._reshard([p[0] for p in cmd.prefill])
+        if cmd.decode:
+            if self.plan.decode == "pipeline":
+                result.decode_logits = self._decode_pipeline(cmd)
+            else:
+                result.decode_logits = self._decode_tensor(cmd)
+        return result
+
+    def _embed(self, token_ids: Sequence[int]) -> torch.Tensor:
+        return self.head.embed[torch.tensor(list(token_ids), device=self.device)]
+
+    def _run_layers(self, layers: dict[int, LayerWeights], order: Sequence[int], x: torch.Tensor,
+                    segments: list[Segment]) -> torch.Tensor:
+        cos, sin = rope_tables(self.shape, positions_of(segments, self.device))
+        for n in order:
+            x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce)
+        return x
+
+    def _new_kv(self, layout: str, capacity: int) -> SeqKV:
+        s = self.shape
+        if layout == "pipeline" or self.world_size == 1:
+            return SeqKV.empty(self.stage.layers, s.num_kv_heads, s.head_dim, capacity, self.device)
+        kv0, kv1 = self.tslice.kv_heads
+        return SeqKV.empty(range(s.num_layers), kv1 - kv0, s.head_dim, capacity, self.device)
+
+    def _prefill_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        W, r, H = self.world_size, self.rank, self.shape.hidden_size
+        last_rank = W - 1
+        pending, lasts = [], []
+        for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
+            kv = self._new_kv("pipeline", capacity)
+            self.kv[seq_id] = kv
+            seg = [Segment(kv=kv, start=0, n=n)]
+            if r == 0:
+                x = self._embed(cmd.prefill_tokens[i])
+            else:
+                x = torch.empty(n, H, device=self.device)
+                dist.recv(x, src=r - 1)
+            x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
+            kv.length = n
+            if W == 1:
+                lasts.append(x[-1:])
+            elif r == last_rank:
+                # Only the last position goes back to rank 0 (LM head + sampling live there).
+                pending.append(dist.isend(x[-1:].contiguous(), dst=0))
+            else:
+                # isend: this stage starts the next sequence while the next stage works on this one.
+                pending.append(dist.isend(x.contiguous(), dst=r + 1))
+        for work in pending:
+            work.wait()
+        if r != 0:
+            return None
+        if W > 1:
+            for _ in cmd.prefill:
+                x = torch.empty(1, H, device=self.device)
+                dist.recv(x, src=last_rank)
+                lasts.append(x)
+        return self._last_logits(lasts)
+
+    def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
+        H = self.shape.hidden_size
+        segments, total = [], 0
+        for seq_id, n, capacity in cmd.prefill:
+            kv = self._new_kv("tensor", capacity)
+            self.kv[seq_id] = kv
+            segments.append(Segment(kv=kv, start=0, n=n))
+            total += n
+        if self.rank == 0:
+            x = torch.cat([self._embed(t) for t in cmd.prefill_tokens])
+        else:
+            x = torch.empty(total, H, device=self.device)
+        if self.world_size > 1:
+            self._broadcast(x, 0)
+        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments)
+        for seg in segments:
+            seg.kv.length = seg.n
+        if self.rank != 0:
+            return None
+        ends = [sum(p[1] for p in cmd.prefill[:i + 1]) for i in range(len(cmd.prefill))]
+        return self._last_logits([x[e - 1:e] for e in ends])
+
+    def _last_logits(self, lasts: list[torch.Tensor]) -> torch.Tensor:
+        # One LM-head product per sequence: a prompt's first-token logits do not depend on which
+        # other prompts were prefilled in the same step (a batched GEMM may sum in another order).
+        return torch.stack([self.head.logits(self.shape, x)[0] for x in lasts])
+
+    def _decode_segments(self, cmd: StepCommand) -> list[Segment]:
+        segs = []
+        for seq_id in cmd.decode:
+            kv = self.kv[seq_id]
+            if kv.length >= kv.capacity:
+                raise RuntimeError(f"sequence {seq_id} outgrew its KV capacity {kv.capacity} (bug)")
+            segs.append(Segment(kv=kv, start=kv.length, n=1))
+        return segs
+
+    def _decode_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        W, r, H = self.world_size, self.rank, self.shape.hidden_size
+        segs = self._decode_segments(cmd)
+        B = len(segs)
+        if r == 0:
+            x = self._embed(cmd.decode_tokens)
+        else:
+            x = torch.empty(B, H, device=self.device)
+            dist.recv(x, src=r - 1)
+        x = self._run_layers(self.pp_layers, self.stage.layers, x, segs)
+        for seg in segs:
+            seg.kv.length += 1
+        if W > 1:
+            dist.send(x.contiguous(), dst=(r + 1) % W)
+            if r == 0:
+                x = torch.empty(B, H, device=self.device)
+                dist.recv(x, src=W - 1)
+        return self.head.logits(self.shape, x) if r == 0 else None
+
+    def _decode_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
+        H = self.shape.hidden_size
+        segs = self._decode_segments(cmd)
+        if self.rank == 0:
+            x = self._embed(cmd.decode_tokens)
+        else:
+            x = torch.empty(len(segs), H, device=self.device)
+        if self.world_size > 1:
+            self._broadcast(x, 0)
+        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segs)
+        for seg in segs:
+            seg.kv.length += 1
+        return self.head.logits(self.shape, x) if self.rank == 0 else None
+
+    # --- KV re-shard between layer-split (pipeline) and head-split (tensor) -------------------
+    def _reshard(self, seq_ids: list[int]) -> None:
+        """Each rank broadcasts the KV it holds for the new sequences; every rank keeps its part.
+
+        pipeline -> tensor: source rank src holds layers stage(src), all KV heads; each rank keeps
+        its KV-head slice of those layers. tensor -> pipeline: src holds every layer, its KV-head
+        slice; each rank keeps its own layers. With replicated attention every rank already holds
+        all heads, so tensor -> pipeline needs no traffic.
+        """
+        s, plan, W = self.shape, self.plan, self.world_size
+        d = s.head_dim
+        to_tensor = plan.prefill == "pipeline"
+        old = {sid: self.kv[sid] for sid in seq_ids}
+        new = {sid: self._new_kv("tensor" if to_tensor else "pipeline", kv.capacity)
+               for sid, kv in old.items()}
+        if not to_tensor and plan.attention_replicated:
+            for sid, kv in old.items():
+                for n in self.stage.layers:
+                    K, V = kv.layers[n]
+                    new[sid].layers[n] = (K.clone(), V.clone())
+        else:
+            for src in range(W):
+                if to_tensor:
+                    src_layers = list(plan.stage(src).layers)
+                    src_heads = (0, s.num_kv_heads)
+                else:
+                    src_layers = list(range(s.num_layers))
+                    src_heads = plan.tensor_slice(src).kv_heads
+                nh = src_heads[1] - src_heads[0]
+                sizes = [len(src_layers) * 2 * nh * old[sid].length * d for sid in seq_ids]
+                if self.rank == src:
+                    parts = []
+                    for sid in seq_ids:
+                        kv = old[sid]
+                        for n in src_layers:
+                            K, V = kv.layers[n]
+                            parts += [K[:, :kv.length].reshape(-1), V[:, :kv.length].reshape(-1)]
+                    flat = torch.cat(parts)
+                else:
+                    flat = torch.empty(sum(sizes), device=self.device)
+                self._broadcast(flat, src)
+                offset = 0
+                for sid, size in zip(seq_ids, sizes):
+                    L = old[sid].length
+                    block = flat[offset:offset + size].view(len(src_layers), 2, nh, L, d)
+                    offset += size
+                    for j, n in enumerate(src_layers):
+                        if n not in new[sid].layers:
+                            continue
+                        K, V = new[sid].layers[n]
+                        if to_tensor:
+                            mine = self.tslice.kv_heads
+                            K[:, :L] = block[j, 0, mine[0]:mine[1]]
+                            V[:, :L] = block[j, 1, mine[0]:mine[1]]
+                        else:
+                            K[src_heads[0]:src_heads[1], :L] = block[j, 0]
+                            V[src_heads[0]:src_heads[1], :L] = block[j, 1]
+        for sid in seq_ids:
+            new[sid].length = old[sid].length
+            self.kv[sid] = new[sid]

@@ -1,0 +1,215 @@
+"""The Llama forward pass, written out in torch so a rank can hold any part of it: a contiguous
+layer range (pipeline stage), a head/MLP slice of every layer (tensor parallelism), or both, each
+with a per-sequence KV cache that can be re-sharded between those layouts.
+
+Why not drive transformers' LlamaDecoderLayer: its cache is indexed by layer_idx and sized for all
+heads, and a tensor slice would need patched modules. Here every op mirrors transformers' order
+(RMSNorm in fp32, RoPE via rotate_half, SwiGLU), so the unsplit model matches LlamaForCausalLM
+within float tolerance (tests/engine/test_llama_equivalence.py), a pipeline split is bit-identical
+to the unsplit model (same ops on the same shapes), and a tensor split differs only by the order
+of the all-reduce sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from runtime.models.registry import LlamaShape, WeightSource
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer as this rank holds it: all heads (stage) or a slice (tensor parallel)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    n_q: int                        # query heads held
+    n_kv: int
+    attention_partial: bool         # o_proj output is a partial sum that needs an all-reduce
+    mlp_partial: bool
+
+    @classmethod
+    def load(cls, weights: WeightSource, layer: int, *, q_heads: tuple[int, int] | None = None,
+             kv_heads: tuple[int, int] | None = None, mlp: tuple[int, int] | None = None,
+             shape: LlamaShape) -> "LayerWeights":
+        """Full layer when the slices are None; otherwise only the rows/columns of the slice."""
+        p = f"model.layers.{layer}."
+        d = shape.head_dim
+        qh = q_heads or (0, shape.num_heads)
+        kvh = kv_heads or (0, shape.num_kv_heads)
+        m = mlp or (0, shape.intermediate_size)
+        full_attn = qh == (0, shape.num_heads)
+        full_mlp = m == (0, shape.intermediate_size)
+
+        def get(name: str, dim: int, span: tuple[int, int], full: bool) -> torch.Tensor:
+            if full:
+                return weights.get(p + name)
+            return weights.get(p + name, dim=dim, start=span[0], stop=span[1])
+
+        return cls(
+            input_norm=weights.get(p + "input_layernorm.weight"),
+            post_norm=weights.get(p + "post_attention_layernorm.weight"),
+            wq=get("self_attn.q_proj.weight", 0, (qh[0] * d, qh[1] * d), full_attn),
+            wk=get("self_attn.k_proj.weight", 0, (kvh[0] * d, kvh[1] * d), full_attn),
+            wv=get("self_attn.v_proj.weight", 0, (kvh[0] * d, kvh[1] * d), full_attn),
+            wo=get("self_attn.o_proj.weight", 1, (qh[0] * d, qh[1] * d), full_attn),
+            w_gate=get("mlp.gate_proj.weight", 0, m, full_mlp),
+            w_up=get("mlp.up_proj.weight", 0, m, full_mlp),
+            w_down=get("mlp.down_proj.weight", 1, m, full_mlp),
+            n_q=qh[1] - qh[0], n_kv=kvh[1] - kvh[0],
+            attention_partial=not full_attn, mlp_partial=not full_mlp)
+
+
+@dataclass
+class SeqKV:
+    """One sequence's KV cache on this rank: per layer held, K and V of shape [n_kv, capacity, d]."""
+
+    capacity: int
+    length: int = 0
+    layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, layers: Sequence[int], n_kv: int, head_dim: int, capacity: int,
+              device: torch.device | str = "cpu") -> "SeqKV":
+        kv = {}
+        for layer in layers:
+            kv[layer] = (torch.empty(n_kv, capacity, head_dim, device=device),
+                         torch.empty(n_kv, capacity, head_dim, device=device))
+        return cls(capacity=capacity, layers=kv)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive tokens of one sequence inside a flat [tokens, hidden] batch."""
+
+    kv: SeqKV
+    start: int                      # position of the first token (the cache length before it)
+    n: int
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers' LlamaRMSNorm (fp32 variance, weight applied last).
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(dtype)
+
+
+def rope_tables(shape: LlamaShape, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dim = shape.head_dim
+    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def positions_of(segments: Sequence[Segment], device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.cat([torch.arange(s.start, s.start + s.n, device=device) for s in segments])
+
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def decoder_layer(shape: LlamaShape, layer: int, lw: LayerWeights, x: torch.Tensor,
+                  segments: Sequence[Segment], cos: torch.Tensor, sin: torch.Tensor,
+                  all_reduce: AllReduce | None = None) -> torch.Tensor:
+    """x: [tokens, hidden] for the segments in order. Appends each segment's K/V to its cache."""
+    d = shape.head_dim
+    T = x.shape[0]
+    h = rms_norm(x, lw.input_norm, shape.rms_norm_eps)
+    q = F.linear(h, lw.wq).view(T, lw.n_q, d)
+    k = F.linear(h, lw.wk).view(T, lw.n_kv, d)
+    v = F.linear(h, lw.wv).view(T, lw.n_kv, d)
+    c, s = cos[:, None, :], sin[:, None, :]
+    q = (q * c) + (_rotate_half(q) * s)
+    k = (k * c) + (_rotate_half(k) * s)
+    outs = []
+    offset = 0
+    for seg in segments:
+        K, V = seg.kv.layers[layer]
+        stop = seg.start + seg.n
+        K[:, seg.start:stop] = k[offset:offset + seg.n].transpose(0, 1)
+        V[:, seg.start:stop] = v[offset:offset + seg.n].transpose(0, 1)
+        qs = q[offset:offset + seg.n].transpose(0, 1).unsqueeze(0)        # [1, n_q, n, d]
+        ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)       # [1, n_kv, S, d]
+        if seg.n == 1:
+            mask, causal = None, False
+        elif seg.start == 0:
+            mask, causal = None, True
+        else:   # a chunk after cached tokens: causal relative to absolute positions
+            pos_q = torch.arange(seg.start, stop, device=x.device)[:, None]
+            mask, causal = torch.arange(stop, device=x.device)[None, :] <= pos_q, False
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=lw.n_q != lw.n_kv)
+        outs.append(o[0].transpose(0, 1).reshape(seg.n, lw.n_q * d))
+        offset += seg.n
+    attn = F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], lw.wo)
+    if lw.attention_partial:
+        attn = all_reduce(attn)
+    x = x + attn
+    h = rms_norm(x, lw.post_norm, shape.rms_norm_eps)
+    mlp = F.linear(F.silu(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
+    if lw.mlp_partial:
+        mlp = all_reduce(mlp)
+    return x + mlp
+
+
+@dataclass
+class HeadWeights:
+    """What stage 0 holds besides its layers: embedding, final norm, LM head (tied or not)."""
+
+    embed: torch.Tensor
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+
+    @classmethod
+    def load(cls, weights: WeightSource, shape: LlamaShape) -> "HeadWeights":
+        embed = weights.get("model.embed_tokens.weight")
+        lm_head = embed if shape.tie_word_embeddings else weights.get("lm_head.weight")
+        return cls(embed=embed, final_norm=weights.get("model.norm.weight"), lm_head=lm_head)
+
+    def logits(self, shape: LlamaShape, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.final_norm, shape.rms_norm_eps), self.lm_head)
+
+
+class UnsplitLlama:
+    """The whole model in one process: the reference the splits are checked against, and the
+    world_size=1 engine's layers."""
+
+    def __init__(self, shape: LlamaShape, weights: WeightSource) -> None:
+        self.shape = shape
+        self.head = HeadWeights.load(weights, shape)
+        self.layers = {n: LayerWeights.load(weights, n, shape=shape) for n in range(shape.num_layers)}
+
+    def new_kv(self, capacity: int) -> SeqKV:
+        return SeqKV.empty(range(self.shape.num_layers), self.shape.num_kv_heads,
+                           self.shape.head_dim, capacity)
+
+    def forward(self, token_ids: Sequence[int], kv: SeqKV, *, all_positions: bool = False
+                ) -> torch.Tensor:
+        """Logits of the last position ([vocab]) or all positions ([n, vocab]); extends the cache."""
+        seg = Segment(kv=kv, start=kv.length, n=len(token_ids))
+        x = self.head.embed[torch.tensor(list(token_ids))]
+        cos, sin = rope_tables(self.shape, positions_of([seg]))
+        for n in range(self.shape.num_layers):
+            x = decoder_layer(self.shape, n, self.layers[n], x, [seg], cos, sin)
+        kv.length += seg.n
+        return self.head.logits(self.shape, x if all_positions else x[-1:])[... if all_positions else 0]

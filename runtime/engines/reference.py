@@ -1,0 +1,419 @@
+"""The reference engine: PyTorch on CPU (gloo) or CUDA (nccl), sharded per the parallel plan.
+
+Leader (rank 0): ReferenceEngine. One scheduler thread owns every collective call; it runs
+iteration-level (continuous) batching: each iteration frees finished/cancelled sequences, admits
+waiting requests that fit the KV-cache budget and prefills them, then runs one decode step for the
+whole running batch. The asyncio side only enqueues requests and relays TokenEvents; it never
+waits on a tensor. Followers (rank > 0): run_worker, which executes the broadcast steps.
+
+Failure: a dead or wedged peer makes a collective raise (gloo reports a closed connection at once,
+a wedged peer after collective_timeout_s); every waiting and running request then ends with
+EngineBroken and health() is BROKEN. An idle leader sends a heartbeat every heartbeat_s, so a death
+is noticed without traffic and followers never time out on a healthy idle leader.
+
+Re-forming: after BROKEN or shutdown(), the process group is destroyed; a new ReferenceEngine /
+run_worker in the same process forms a fresh group (tests/engine/test_failure.py proves it), so
+the node does not need to restart its process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import torch
+import torch.distributed as dist
+
+from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, EngineLoad, EngineState,
+                                  GenerationRequest, RequestRejected, TokenEvent)
+from runtime.engines.executor import (OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand,
+                                      plan_fingerprint)
+from runtime.engines.plan import ParallelPlan, make_plan
+from runtime.engines.sampling import TextTracker, make_generator, sample
+from runtime.membership import Membership
+from runtime.models.registry import ModelSource, resolve_model
+
+log = logging.getLogger("flotilla.engine")
+
+_END = object()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+
+
+def _form_process_group(membership: Membership, *, collective_timeout_s: float,
+                        start_timeout_s: float) -> None:
+    if dist.is_initialized():
+        raise EngineError("a torch.distributed process group is already active in this process; "
+                          "shut the previous engine down first")
+    # The store waits up to start_timeout_s for every member (a follower may still be converting
+    # weights); collectives afterwards use the short collective_timeout_s.
+    store = dist.TCPStore(membership.dist_host, membership.dist_port, membership.world_size,
+                          is_master=membership.rank == 0,
+                          timeout=datetime.timedelta(seconds=start_timeout_s),
+                          wait_for_workers=True)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, store=store, rank=membership.rank,
+                            world_size=membership.world_size,
+                            timeout=datetime.timedelta(seconds=collective_timeout_s))
+
+
+def _release_process_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:   # after a peer died teardown may complain; the group is gone anyway
+            log.warning("destroying the process group: %s", e)
+
+
+def _agree(source: ModelSource, plan: ParallelPlan, rank: int) -> None:
+    """Every rank checks it runs the leader's model and strategies before loading anything."""
+    mine = torch.tensor(plan_fingerprint(source.name, plan), dtype=torch.int64)
+    leader = mine.clone()
+    dist.broadcast(leader, 0)
+    bad = torch.tensor([0 if torch.equal(mine, leader) else 1], dtype=torch.int64)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if int(bad):
+        raise EngineError(
+            f"rank {rank} runs model={source.name} world_size={plan.world_size} "
+            f"prefill={plan.prefill} decode={plan.decode}, but the unit's members disagree "
+            "(model, shape or strategies); start every member with the same model and strategies")
+
+
+def run_worker(membership: Membership, *, model: str, prefill: str = "pipeline",
+               decode: str = "tensor", collective_timeout_s: float = 30.0,
+               start_timeout_s: float = 300.0, threads: int | None = None) -> None:
+    """Follower main loop. Returns when the leader shuts down; raises EngineBroken on peer loss."""
+    if membership.is_leader:
+        raise ValueError("run_worker is for followers (rank > 0); rank 0 runs ReferenceEngine")
+    if threads:
+        torch.set_num_threads(threads)
+    source = resolve_model(model)
+    plan = make_plan(source.shape, membership.world_size, prefill=prefill, decode=decode)
+    _form_process_group(membership, collective_timeout_s=collective_timeout_s,
+                        start_timeout_s=start_timeout_s)
+    try:
+        _agree(source, plan, membership.rank)
+        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights,
+                                 device=_device())
+        dist.barrier()
+        log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
+        executor.follower_loop()
+    except EngineError:
+        raise
+    except (RuntimeError, dist.DistError) as e:
+        raise EngineBroken(f"rank {membership.rank}: the unit broke: {e}") from e
+    finally:
+        _release_process_group()
+
+
+@dataclass
+class _Request:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    tracker: TextTracker
+    generator: torch.Generator | None
+    need: int                                # KV tokens reserved: prompt + max_tokens
+    seq_id: int = -1
+    generated: int = 0
+    last_token: int = -1
+    done: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:      # the client's loop is closed: nobody is listening any more
+            pass
+
+
+class ReferenceEngine:
+    """base.Engine for rank 0. Settings are keyword-only; see runtime/engines/__init__.py."""
+
+    def __init__(self, membership: Membership, *, model: str, prefill: str = "pipeline",
+                 decode: str = "tensor", kv_budget_tokens: int = 16384, max_running: int = 16,
+                 collective_timeout_s: float = 30.0, heartbeat_s: float = 1.0,
+                 start_timeout_s: float = 300.0, threads: int | None = None,
+                 model_name: str | None = None) -> None:
+        if not membership.is_leader:
+            raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
+        for phase, value in (("prefill", prefill), ("decode", decode)):
+            if value not in ("pipeline", "tensor"):
+                raise ValueError(f"{phase} strategy {value!r} is not one of pipeline, tensor")
+        if kv_budget_tokens < 1 or max_running < 1:
+            raise ValueError("kv_budget_tokens and max_running must be at least 1")
+        if not 0 < heartbeat_s < collective_timeout_s:
+            raise ValueError(f"heartbeat_s {heartbeat_s} must be positive and below "
+                             f"collective_timeout_s {collective_timeout_s}, or idle followers time out")
+        self.membership = membership
+        self.model = model
+        self.prefill, self.decode = prefill, decode
+        self.kv_budget_tokens, self.max_running = kv_budget_tokens, max_running
+        self.collective_timeout_s, self.heartbeat_s = collective_timeout_s, heartbeat_s
+        self.start_timeout_s, self.threads = start_timeout_s, threads
+        self.model_name = model_name or model
+        self.max_context = 0
+        self.tokenizer = None
+        self.plan: ParallelPlan | None = None
+        self._state = EngineState.STARTING
+        self._detail = "not started"
+        self._lock = threading.Condition()
+        self._inbox: collections.deque = collections.deque()
+        self._cancels: set[str] = set()
+        self._stopping = False
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._running: dict[int, _Request] = {}
+        self._by_id: dict[str, _Request] = {}
+        self._reserved = 0
+        self._seq_ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            raise EngineError("start() was already called; build a new engine to re-form a unit")
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self._detail = "loading model"
+        source = await asyncio.to_thread(resolve_model, self.model)
+        self.plan = make_plan(source.shape, self.membership.world_size, prefill=self.prefill,
+                              decode=self.decode)
+        self.tokenizer = source.make_tokenizer()
+        self.max_context = min(source.shape.max_position_embeddings, self.kv_budget_tokens)
+        if self.model_name == self.model and source.name:
+            self.model_name = source.name
+        self._vocab = source.shape.vocab_size
+        self._thread = threading.Thread(target=self._scheduler_main, args=(source,),
+                                        name="flotilla-scheduler", daemon=True)
+        self._thread.start()
+        await asyncio.to_thread(self._ready.wait)
+        if self._state is not EngineState.READY:
+            raise EngineBroken(f"engine failed to start: {self._detail}")
+
+    async def shutdown(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, self.collective_timeout_s + 5)
+        if self._state is not EngineState.BROKEN:
+            self._state, self._detail = EngineState.STOPPED, "shut down"
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(state=self._state, detail=self._detail)
+
+    def load(self) -> EngineLoad:
+        with self._lock:
+            return EngineLoad(queue_depth=len(self._waiting) + len(self._inbox),
+                              running=len(self._running), max_running=self.max_running,
+                              kv_cache_used=self._reserved / self.kv_budget_tokens)
+
+    # --- requests ----------------------------------------------------------------------------
+    def _validate(self, request: GenerationRequest) -> int:
+        p = request.sampling
+        n = len(request.prompt_token_ids)
+        if n == 0:
+            raise RequestRejected("the prompt is empty: send at least one token")
+        bad = [t for t in request.prompt_token_ids if not 0 <= t < self._vocab]
+        if bad:
+            raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
+        if p.max_tokens < 1:
+            raise RequestRejected(f"max_tokens {p.max_tokens} must be at least 1")
+        if p.temperature < 0 or not 0 < p.top_p <= 1:
+            raise RequestRejected(f"temperature {p.temperature} must be >= 0 and top_p {p.top_p} in (0, 1]")
+        need = n + p.max_tokens
+        if need > self.max_context:
+            raise RequestRejected(
+                f"the request needs {need} tokens of context (prompt {n} + max_tokens "
+                f"{p.max_tokens}) but this unit holds at most {self.max_context} per sequence "
+                f"(KV-cache budget {self.kv_budget_tokens}, model limit "
+                f"{self.plan.shape.max_position_embeddings}); lower max_tokens or shorten the prompt")
+        return need
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if self._state is not EngineState.READY:
+            if self._state is EngineState.BROKEN:
+                raise EngineBroken(f"engine is broken: {self._detail}")
+            raise EngineError(f"engine is {self._state.value}, not ready")
+        need = self._validate(request)
+        st = _Request(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
+                      tracker=TextTracker(self.tokenizer, request.sampling.stop),
+                      generator=make_generator(request.sampling), need=need)
+        with self._lock:
+            if request.request_id in self._by_id:
+                raise RequestRejected(f"request id {request.request_id!r} is already in flight")
+            self._by_id[request.request_id] = st
+            self._inbox.append(st)
+            self._lock.notify_all()
+        finished = False
+        try:
+            while True:
+                item = await st.queue.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finish_reason is not None:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:          # the consumer went away (client disconnect): free the slot
+                self.cancel(request.request_id)
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._by_id:
+                self._cancels.add(request_id)
+                self._lock.notify_all()
+
+    # --- scheduler thread (owns every collective) ---------------------------------------------
+    def _scheduler_main(self, source: ModelSource) -> None:
+        executor = None
+        try:
+            ws = self.membership.world_size
+            if ws > 1:
+                self._detail = f"forming the unit ({ws} ranks)"
+                _form_process_group(self.membership, collective_timeout_s=self.collective_timeout_s,
+                                    start_timeout_s=self.start_timeout_s)
+                _agree(source, self.plan, 0)
+            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights,
+                                     device=_device())
+            if ws > 1:
+                dist.barrier()
+            self._warm_up(executor)
+            self._state, self._detail = EngineState.READY, ""
+            self._ready.set()
+            self._loop(executor)
+            executor.leader_signal(OP_SHUTDOWN)
+        except Exception as e:   # noqa: BLE001 - every failure must reach the waiting requests
+            self._state = EngineState.BROKEN
+            self._detail = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+            log.error("engine broken: %s", self._detail)
+            error = e if isinstance(e, EngineBroken) else EngineBroken(self._detail)
+            self._fail_all(error)
+        finally:
+            self._ready.set()
+            _release_process_group()
+            if self._state is not EngineState.BROKEN:
+                self._state, self._detail = EngineState.STOPPED, "shut down"
+                self._fail_all(EngineError("the engine shut down"))
+
+    def _warm_up(self, executor: ShardExecutor) -> None:
+        seq = next(self._seq_ids)
+        result = executor.leader_step(StepCommand(prefill=[(seq, 2, 3)], prefill_tokens=[[0, 1]]))
+        token = int(result.prefill_logits[0].argmax())
+        executor.leader_step(StepCommand(decode=[seq], decode_tokens=[token]))
+        executor.leader_step(StepCommand(free=[seq]))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            pending = list(self._waiting) + list(self._running.values()) + list(self._inbox)
+            self._waiting.clear(), self._running.clear(), self._inbox.clear()
+            self._by_id.clear(), self._cancels.clear()
+            self._reserved = 0
+        for st in pending:
+            if not st.done:
+                st.done = True
+                st.put(error)
+
+    def _finish(self, st: _Request, free: list[int]) -> None:
+        """Release a sequence's slot and budget now; its KV goes with the next command."""
+        st.done = True
+        if st.seq_id in self._running:
+            del self._running[st.seq_id]
+            free.append(st.seq_id)
+        self._reserved -= st.need
+        self._by_id.pop(st.request.request_id, None)
+
+    def _loop(self, executor: ShardExecutor) -> None:
+        free: list[int] = []
+        last_traffic = time.monotonic()
+        while True:
+            with self._lock:
+                if not (self._inbox or self._cancels or self._waiting or self._running or free
+                        or self._stopping):
+                    self._lock.wait(timeout=self.heartbeat_s)
+                if self._stopping:
+                    return
+                while self._inbox:
+                    self._waiting.append(self._inbox.popleft())
+                for rid in self._cancels:
+                    st = self._by_id.get(rid)
+                    if st is None or st.done:
+                        continue
+                    if st.seq_id < 0:           # still queued: nothing reserved yet
+                        self._waiting.remove(st)
+                        st.done = True
+                        self._by_id.pop(rid, None)
+                    else:
+                        self._finish(st, free)
+                    st.put(_END)
+                self._cancels.clear()
+                admitted: list[_Request] = []
+                while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                    st = self._waiting[0]
+                    if self._reserved + st.need > self.kv_budget_tokens:
+                        break           # FIFO: the head waits for budget rather than being overtaken
+                    self._waiting.popleft()
+                    st.seq_id = next(self._seq_ids)
+                    self._reserved += st.need
+                    admitted.append(st)
+                decoding = list(self._running.values())
+                for st in admitted:
+                    self._running[st.seq_id] = st
+            if not (admitted or decoding or free):
+                if time.monotonic() - last_traffic >= self.heartbeat_s:
+                    executor.leader_signal(OP_HEARTBEAT)
+                    last_traffic = time.monotonic()
+                continue
+            cmd = StepCommand(
+                free=free,
+                prefill=[(st.seq_id, len(st.request.prompt_token_ids), st.need) for st in admitted],
+                prefill_tokens=[st.request.prompt_token_ids for st in admitted],
+                decode=[st.seq_id for st in decoding],
+                decode_tokens=[st.last_token for st in decoding])
+            free = []
+            result = executor.leader_step(cmd)
+            last_traffic = time.monotonic()
+            with self._lock:
+                for i, st in enumerate(admitted):
+                    self._advance(st, result.prefill_logits[i], free)
+                for i, st in enumerate(decoding):
+                    self._advance(st, result.decode_logits[i], free)
+
+    def _advance(self, st: _Request, logits: torch.Tensor, free: list[int]) -> None:
+        if st.done:                      # cancelled while its step ran
+            return
+        p = st.request.sampling
+        token = sample(logits, p, st.generator)
+        st.generated += 1
+        st.last_token = token
+        eos = self.tokenizer.eos_token_id
+        if token == eos and not p.ignore_eos:
+            self._finish(st, free)
+            st.put(TokenEvent(token_id=token, text=st.tracker.flush(), finish_reason="stop"))
+            return
+        text, stopped = st.tracker.add(token)
+        if stopped:
+            self._finish(st, free)
+            st.put(TokenEvent(token_id=token, text=text, finish_reason="stop"))
+        elif st.generated >= p.max_tokens:
+            self._finish(st, free)
+            st.put(TokenEvent(token_id=token, text=text + st.tracker.flush(), finish_reason="length"))
+        else:
+            st.put(TokenEvent(token_id=token, text=text))

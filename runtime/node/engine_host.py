@@ -1,0 +1,208 @@
+"""The engine's own process: the leader's engine or a follower's worker loop, one per formation.
+
+The supervisor starts it for each formation and kills it when the unit re-forms, so a process
+group broken by a dead peer is never reused. Protocol: JSON lines, commands on stdin, events on the
+original stdout; everything the engine prints goes to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Any, BinaryIO
+
+from runtime.engines.base import (EngineBroken, EngineError, EngineState, GenerationRequest,
+                                  RequestRejected, SamplingParams)
+from runtime.membership import Member, Membership
+
+CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
+LOAD_EVERY_S = 0.1
+
+
+def membership_to_dict(m: Membership) -> dict[str, Any]:
+    return dataclasses.asdict(m)
+
+
+def membership_from_dict(d: dict[str, Any]) -> Membership:
+    members = tuple(Member(**{**x, "network_nodes": tuple(x.get("network_nodes", ()))})
+                    for x in d.get("members", ()))
+    return Membership(**{**d, "members": members})
+
+
+def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
+    if cfg["engine"] == "echo":
+        from runtime.engines.echo import EchoEngine
+        return EchoEngine(membership=m, model_name=cfg["model_name"], form_timeout_s=cfg["form_timeout_s"])
+    from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
+    return ReferenceEngine(m, model=cfg["model"], prefill=cfg["prefill_strategy"], decode=cfg["decode_strategy"],
+                           kv_budget_tokens=cfg["kv_budget_tokens"], max_running=cfg["max_running"],
+                           collective_timeout_s=cfg["collective_timeout_s"], start_timeout_s=cfg["form_timeout_s"],
+                           threads=cfg["torch_threads"], model_name=cfg["model_name"])
+
+
+def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
+    if cfg["engine"] == "echo":
+        from runtime.engines.echo import run_echo_worker
+        run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
+        return
+    from runtime.engines.reference import run_worker  # noqa: PLC0415 - imports torch
+    run_worker(m, model=cfg["model"], prefill=cfg["prefill_strategy"], decode=cfg["decode_strategy"],
+               collective_timeout_s=cfg["collective_timeout_s"], start_timeout_s=cfg["form_timeout_s"],
+               threads=cfg["torch_threads"])
+
+
+class _Out:
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+
+    def send(self, **event: Any) -> None:
+        self._f.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+        self._f.flush()
+
+
+async def _stdin_lines() -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
+    if "messages" in cmd:
+        return list(engine.tokenizer.apply_chat_template(cmd["messages"]))
+    if "prompt_ids" in cmd:
+        return list(cmd["prompt_ids"])
+    return list(engine.tokenizer.encode(cmd["prompt"]))
+
+
+async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
+    engine = _build_leader_engine(cfg, m)
+    out.send(op="starting")
+    await engine.start()
+    out.send(op="ready", model_name=engine.model_name, max_context=int(engine.max_context))
+    tasks: dict[str, asyncio.Task] = {}
+    stop = asyncio.Event()
+
+    async def run(cmd: dict[str, Any]) -> None:
+        rid = cmd["id"]
+        try:
+            try:
+                ids = _prompt_ids(engine, cmd)
+            except (ValueError, KeyError, TypeError) as e:
+                raise RequestRejected(f"the prompt cannot be tokenized: {e}") from e
+            vocab = getattr(engine.tokenizer, "vocab_size", None)
+            if vocab is not None and any(not 0 <= t < vocab for t in ids):
+                raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
+            if not ids:
+                raise RequestRejected("the prompt is empty: give at least one token")
+            room = engine.max_context - len(ids)
+            if room < 1:
+                raise RequestRejected(f"the prompt has {len(ids)} tokens but the model's context length is "
+                                      f"{engine.max_context}: shorten the prompt")
+            max_tokens = cmd.get("max_tokens")
+            if max_tokens is None:
+                max_tokens = min(cmd.get("default_max_tokens", 16), room)
+            elif max_tokens > room:
+                raise RequestRejected(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
+                                      f"they exceed the model's context length of {engine.max_context}; "
+                                      f"lower max_tokens to at most {room} or shorten the prompt")
+            sp = SamplingParams(max_tokens=max_tokens, temperature=float(cmd.get("temperature", 0.0)),
+                                top_p=float(cmd.get("top_p", 1.0)), seed=cmd.get("seed"),
+                                stop=tuple(cmd.get("stop", ())), ignore_eos=bool(cmd.get("ignore_eos", False)))
+            out.send(op="accepted", id=rid, prompt_tokens=len(ids))
+            async for ev in engine.generate(GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids),
+                                                              sampling=sp)):
+                out.send(op="token", id=rid, token_id=ev.token_id, text=ev.text, finish_reason=ev.finish_reason)
+            out.send(op="done", id=rid)
+        except asyncio.CancelledError:
+            engine.cancel(rid)
+            out.send(op="done", id=rid)
+        except RequestRejected as e:
+            out.send(op="error", id=rid, kind="rejected", message=str(e))
+        except EngineBroken as e:
+            out.send(op="error", id=rid, kind="broken", message=str(e))
+        except EngineError as e:
+            out.send(op="error", id=rid, kind="engine", message=str(e))
+        except Exception as e:  # a bug: report it on the request and in the log, keep serving others
+            logging.exception("request %s failed", rid)
+            out.send(op="error", id=rid, kind="internal", message=f"{type(e).__name__}: {e}")
+        finally:
+            tasks.pop(rid, None)
+
+    async def report_load() -> None:
+        while not stop.is_set():
+            h = engine.health()
+            out.send(op="load", state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load()))
+            await asyncio.sleep(LOAD_EVERY_S)
+
+    reporter = asyncio.create_task(report_load())
+    reader = await _stdin_lines()
+    while True:
+        line = await reader.readline()
+        if not line:
+            break  # the supervisor is gone or closed our stdin: shut down
+        cmd = json.loads(line)
+        op = cmd["op"]
+        if op == "submit":
+            tasks[cmd["id"]] = asyncio.create_task(run(cmd))
+        elif op == "cancel":
+            t = tasks.get(cmd["id"])
+            if t is not None:
+                t.cancel()
+        elif op == "shutdown":
+            break
+    stop.set()
+    for t in list(tasks.values()):
+        t.cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    reporter.cancel()
+    await engine.shutdown()
+    return 0 if engine.health().state is not EngineState.BROKEN else 1
+
+
+def _exit_when_supervisor_goes() -> None:
+    # A follower's worker blocks in collectives and never reads stdin: watch it here, so a killed
+    # supervisor never leaves an orphan rank holding the unit's process group.
+    while sys.stdin.buffer.readline():
+        pass
+    os._exit(1)
+
+
+def main() -> int:
+    cfg = json.loads(os.environ[CONFIG_ENV])
+    # Keep the protocol on the original stdout; anything else printed goes to stderr.
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    out = _Out(proto)
+    if cfg["engine"] != "echo":
+        import torch  # noqa: PLC0415 - the echo engine needs no torch
+        torch.set_num_threads(int(cfg.get("torch_threads", 1)))
+    m = membership_from_dict(cfg["membership"])
+    if m.is_leader:
+        try:
+            return asyncio.run(_serve_leader(cfg, m, out))
+        except EngineError as e:
+            out.send(op="failed", message=str(e))
+            return 1
+    out.send(op="starting")
+    threading.Thread(target=_exit_when_supervisor_goes, daemon=True).start()
+    try:
+        _run_follower_worker(cfg, m)
+        rc = 0
+    except EngineError as e:
+        out.send(op="failed", message=str(e))
+        rc = 1
+    # os._exit: the stdin watchdog thread must not race interpreter shutdown.
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The supervisor's handle on one engine process (see engine_host): start, submit, cancel, kill.
+
+Requests are relayed as JSON lines; each request gets its own queue of events. When the process
+dies, every open request ends at once with a `broken` error, so no client waits on a dead unit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import contract
+from runtime.membership import Membership
+from runtime.node.engine_host import CONFIG_ENV, membership_to_dict
+
+log = logging.getLogger("flotilla.node.engine")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class LoadReport:
+    state: str = "starting"
+    detail: str = ""
+    queue_depth: int = 0
+    running: int = 0
+    max_running: int = 0
+    kv_cache_used: float = 0.0
+
+
+@dataclass
+class RequestStream:
+    request_id: str
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class EngineProcess:
+    def __init__(self, *, config: dict[str, Any], membership: Membership) -> None:
+        self._config = {**config, "membership": membership_to_dict(membership)}
+        self.membership = membership
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.model_name: str | None = None
+        self.max_context: int | None = None
+        self.load = LoadReport()
+        self.failure: str = ""
+        self._streams: dict[str, RequestStream] = {}
+        self._reader: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        env[CONFIG_ENV] = json.dumps(self._config)
+        if self._config.get("cache_dir"):
+            env[contract.ENV_CACHE_DIR] = self._config["cache_dir"]
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runtime.node.engine_host",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            limit=64 * 1024 * 1024, start_new_session=True)
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc and self.proc.stdout
+        try:
+            while True:
+                line = await self.proc.stdout.readline()
+                if not line:
+                    break
+                ev = json.loads(line)
+                op = ev["op"]
+                if op == "ready":
+                    self.model_name, self.max_context = ev["model_name"], ev["max_context"]
+                    self.ready.set()
+                elif op == "load":
+                    self.load = LoadReport(**{k: ev[k] for k in LoadReport.__dataclass_fields__})
+                elif op == "failed":
+                    self.failure = ev.get("message", "")
+                elif "id" in ev:
+                    if op == "error" and ev.get("kind") == "broken":
+                        # Mark the unit unready before the client hears of the failure.
+                        self.load = LoadReport(state="broken", detail=ev.get("message", ""))
+                    s = self._streams.get(ev["id"])
+                    if s is not None:
+                        s.events.put_nowait(ev)
+                        if op in ("done", "error"):
+                            self._streams.pop(ev["id"], None)
+        except (ValueError, KeyError) as e:
+            log.error(json.dumps({"event": "engine_protocol_error", "error": str(e)}))
+        finally:
+            rc = await self.proc.wait()
+            self.load = LoadReport(state="stopped" if rc == 0 else "broken",
+                                   detail=self.failure or f"engine process exited with code {rc}")
+            for s in list(self._streams.values()):
+                s.events.put_nowait({"op": "error", "id": s.request_id, "kind": "broken",
+                                     "message": "the unit's engine stopped mid-request "
+                                                f"({self.load.detail}); retry on a healthy unit"})
+            self._streams.clear()
+            self.exited.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and not self.exited.is_set()
+
+    def _send(self, **cmd: Any) -> bool:
+        if not self.alive or self.proc is None or self.proc.stdin is None:
+            return False
+        try:
+            self.proc.stdin.write(json.dumps(cmd, separators=(",", ":")).encode() + b"\n")
+            return True
+        except (ConnectionError, RuntimeError):
+            return False
+
+    def submit(self, request_id: str, **payload: Any) -> RequestStream:
+        s = RequestStream(request_id)
+        self._streams[request_id] = s
+        if not self._send(op="submit", id=request_id, **payload):
+            self._streams.pop(request_id, None)
+            s.events.put_nowait({"op": "error", "id": request_id, "kind": "broken",
+                                 "message": "the unit's engine is not running; retry on a healthy unit"})
+        return s
+
+    def cancel(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._send(op="cancel", id=request_id)
+
+    async def events(self, s: RequestStream) -> AsyncIterator[dict]:
+        while True:
+            ev = await s.events.get()
+            yield ev
+            if ev["op"] in ("done", "error"):
+                return
+
+    async def stop(self, *, grace_s: float = 10.0) -> int | None:
+        """Ask the engine to shut down cleanly; kill it if it has not exited after grace_s."""
+        if self.proc is None:
+            return None
+        if self.alive:
+            self._send(op="shutdown")
+            if self.proc.stdin is not None:
+                try:
+                    self.proc.stdin.close()
+                except (ConnectionError, RuntimeError):
+                    pass
+            try:
+                await asyncio.wait_for(self.exited.wait(), grace_s)
+            except asyncio.TimeoutError:
+                self.kill()
+        await self.exited.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                # The engine runs in its own session: take its whole process group down with it.
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def kill_and_wait(self) -> None:
+        self.kill()
+        if self._reader is not None:
+            await self.exited.wait()

@@ -1,0 +1,310 @@
+"""A unit member's HTTP server: health on every rank, the OpenAI-compatible API on the leader.
+
+Each request gets an id (kept from X-Request-Id), arrival / first-token / finish timestamps in one
+structured log line and in /metrics, and the unit and revision in response headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import contract
+from runtime.node.metrics import NodeMetrics
+from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
+from runtime.node.supervisor import STATUS_PATH, UnitSupervisor, jlog
+
+RETRY_AFTER_S = "2"
+_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
+
+
+def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
+    return web.json_response(e.body(), status=e.status, headers=headers)
+
+
+class LeaderApi:
+    def __init__(self, *, sup: UnitSupervisor, metrics: NodeMetrics) -> None:
+        self.sup = sup
+        self.m = metrics
+
+    # -- plumbing -----------------------------------------------------------------------------------
+    def _headers(self, request_id: str, arrival: float) -> dict[str, str]:
+        return {contract.REQUEST_ID_HEADER: request_id, contract.ARRIVAL_HEADER: f"{arrival:.6f}",
+                contract.UNIT_HEADER: self.sup.s.unit_id, contract.REVISION_HEADER: self.sup.s.revision}
+
+    def _unavailable(self, message: str, headers: dict[str, str]) -> web.Response:
+        h = {**headers, "Retry-After": RETRY_AFTER_S}
+        return web.json_response(ApiError(503, message, type_="service_unavailable", code="unit_unavailable").body(),
+                                 status=503, headers=h)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.sup.s.model_name, "object": "model", "created": 0, "owned_by": "flotilla"}]},
+            headers={contract.UNIT_HEADER: self.sup.s.unit_id, contract.REVISION_HEADER: self.sup.s.revision})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completion")
+
+    # -- one request ----------------------------------------------------------------------------------
+    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        arrival = time.time()
+        endpoint = request.path
+        given = request.headers.get(contract.REQUEST_ID_HEADER, "")
+        rid = given if _REQUEST_ID_OK.match(given) else f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        headers = self._headers(rid, arrival)
+        rec: dict[str, Any] = {"request_id": rid, "endpoint": endpoint, "kind": kind, "arrival": round(arrival, 6),
+                               "unit": self.sup.s.unit_id, "revision": self.sup.s.revision}
+        status = 500
+        self.sup.in_flight += 1
+        self.m.in_flight.inc()
+        try:
+            resp = await self._serve_inner(request, kind, rid, arrival, headers, rec)
+            status = resp.status
+            return resp
+        except ApiError as e:
+            status = e.status
+            rec.update(error=e.message)
+            return _error(e, headers)
+        finally:
+            self.sup.in_flight -= 1
+            self.m.in_flight.dec()
+            finish = time.time()
+            rec.setdefault("status", status)
+            rec["finish"] = round(finish, 6)
+            self.m.requests.labels(endpoint, str(rec["status"])).inc()
+            if rec["status"] >= 400 or "error" in rec:
+                self.m.errors.labels(endpoint, rec.get("error_kind", str(rec["status"]))).inc()
+            self.m.duration.observe(finish - arrival)
+            jlog("request", **rec)
+            self.sup.request_finished()
+
+    async def _serve_inner(self, request: web.Request, kind: str, rid: str, arrival: float,
+                           headers: dict[str, str], rec: dict[str, Any]) -> web.StreamResponse:
+        if self.sup.draining:
+            rec["error_kind"] = "draining"
+            return self._unavailable("this unit is draining for shutdown; retry on another unit", headers)
+        try:
+            body = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON: send a JSON object") from None
+        parse = parse_chat if kind == "chat" else parse_completion
+        req = parse(body, served_model=self.sup.s.model_name, max_tokens_limit=self.sup.s.max_tokens_limit)
+        engine = self.sup.engine
+        if not self.sup.ready() or engine is None:
+            rec["error_kind"] = "not_ready"
+            return self._unavailable(f"the unit is {self.sup.state}, not ready to serve; retry shortly or on "
+                                     "another unit", headers)
+        stream = engine.submit(rid, **req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind]))
+        events = engine.events(stream)
+        done = False
+        try:
+            first = await events.__anext__()          # accepted, or a rejection before any output
+            if first["op"] == "error":
+                done = True
+                return self._engine_error(first, headers, rec)
+            prompt_tokens = int(first.get("prompt_tokens", 0))
+            rec["prompt_tokens"] = prompt_tokens
+            self.m.prompt_tokens.inc(prompt_tokens)
+            if req.stream:
+                resp = await self._stream(request, req, kind, rid, events, headers, rec, arrival, prompt_tokens)
+            else:
+                resp = await self._collect(req, kind, rid, events, headers, rec, arrival, prompt_tokens)
+            done = not rec.get("client_gone")
+            return resp
+        finally:
+            if not done:
+                engine.cancel(rid)              # client went away (handler cancelled) or write failed
+                rec.setdefault("error_kind", "client_disconnected")
+                rec.setdefault("error", "client disconnected")
+                rec.setdefault("status", 499)
+
+    def _engine_error(self, ev: dict, headers: dict[str, str], rec: dict[str, Any]) -> web.Response:
+        rec["error_kind"] = ev["kind"]
+        rec["error"] = ev["message"]
+        if ev["kind"] == "rejected":
+            return _error(ApiError(400, ev["message"], param="messages" if rec["kind"] == "chat" else "prompt",
+                                   code="context_length_exceeded" if "context" in ev["message"] else None), headers)
+        if ev["kind"] == "broken":
+            return self._unavailable(ev["message"], headers)
+        return _error(ApiError(500, f"the engine failed: {ev['message']}", type_="server_error"), headers)
+
+    def _timing(self, rec: dict[str, Any], arrival: float, first_token: float | None, n: int) -> None:
+        finish = time.time()
+        if first_token is not None:
+            rec["first_token"] = round(first_token, 6)
+            self.m.ttft.observe(first_token - arrival)
+            if n > 1:
+                self.m.per_token.observe((finish - first_token) / (n - 1))
+        rec["completion_tokens"] = n
+        self.m.completion_tokens.inc(n)
+
+    async def _collect(self, req: ParsedRequest, kind: str, rid: str, events: Any, headers: dict[str, str],
+                       rec: dict[str, Any], arrival: float, prompt_tokens: int) -> web.Response:
+        text, n, finish_reason, first_token = [], 0, None, None
+        async for ev in events:
+            if ev["op"] == "token":
+                if first_token is None:
+                    first_token = time.time()
+                n += 1
+                rec["completion_tokens"] = n
+                text.append(ev["text"])
+                finish_reason = ev.get("finish_reason") or finish_reason
+            elif ev["op"] == "error":
+                self._timing(rec, arrival, first_token, n)
+                return self._engine_error(ev, headers, rec)
+        self._timing(rec, arrival, first_token, n)
+        rec["status"] = 200
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        created = int(arrival)
+        out = "".join(text)
+        if kind == "chat":
+            body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": out},
+                                 "finish_reason": finish_reason or "stop", "logprobs": None}],
+                    "usage": usage}
+        else:
+            body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                    "choices": [{"index": 0, "text": out, "finish_reason": finish_reason or "stop",
+                                 "logprobs": None}], "usage": usage}
+        return web.json_response(body, headers=headers)
+
+    async def _stream(self, request: web.Request, req: ParsedRequest, kind: str, rid: str, events: Any,
+                      headers: dict[str, str], rec: dict[str, Any], arrival: float,
+                      prompt_tokens: int) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        created = int(arrival)
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+        def chunk(delta_text: str | None, finish_reason: str | None, *, role: bool = False) -> dict:
+            if kind == "chat":
+                delta: dict[str, Any] = {}
+                if role:
+                    delta["role"] = "assistant"
+                if delta_text is not None:
+                    delta["content"] = delta_text
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta_text or "", "finish_reason": finish_reason, "logprobs": None}
+            c = {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
+            if req.include_usage:
+                c["usage"] = None
+            return c
+
+        async def send(payload: dict) -> None:
+            await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+        n, first_token = 0, None
+        ev: dict = {"op": "done"}
+        try:
+            if kind == "chat":
+                await send(chunk("", None, role=True))
+            async for ev in events:
+                if ev["op"] == "token":
+                    if first_token is None:
+                        first_token = time.time()
+                    n += 1
+                    rec["completion_tokens"] = n
+                    await send(chunk(ev["text"], ev.get("finish_reason")))
+                elif ev["op"] == "error":
+                    break
+        except ConnectionError:                     # the client went away mid-stream
+            rec["client_gone"] = True
+            self._timing(rec, arrival, first_token, n)
+            return resp
+        if ev["op"] == "error":
+            self._timing(rec, arrival, first_token, n)
+            rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
+            rec["status"] = 200
+            err = ApiError(503 if ev["kind"] == "broken" else 500, ev["message"],
+                           type_="service_unavailable" if ev["kind"] == "broken" else "server_error")
+            # The status line is already sent: an `error` event, then close (no [DONE]).
+            try:
+                await send(err.body())
+                await resp.write_eof()
+            except ConnectionError:
+                pass
+            return resp
+        self._timing(rec, arrival, first_token, n)
+        try:
+            if req.include_usage:
+                await send({"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
+                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                      "total_tokens": prompt_tokens + n}})
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            pass
+        rec["status"] = 200
+        return resp
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Errors aiohttp raises itself (404, 405, 413) in OpenAI's shape on /v1 paths."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if not request.path.startswith("/v1") or e.status < 400:
+            raise
+        msg = {404: f"unknown path {request.path}: use /v1/chat/completions, /v1/completions or /v1/models",
+               405: f"{request.method} is not allowed on {request.path}",
+               413: "the request body is too large (limit 4 MiB): shorten the prompt"}.get(e.status, e.reason)
+        return web.json_response(ApiError(e.status, msg).body(), status=e.status)
+
+
+def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=4 * 1024 * 1024)
+    api = LeaderApi(sup=sup, metrics=metrics)
+
+    async def live(_: web.Request) -> web.Response:
+        ok = sup.live()
+        return web.json_response({"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank},
+                                 status=200 if ok else 503)
+
+    async def ready(_: web.Request) -> web.Response:
+        body = sup.ready_body()
+        return web.json_response(body, status=200 if body["ready"] else 503)
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(sup.status_body())
+
+    async def prom(_: web.Request) -> web.Response:
+        ld = sup.load()
+        metrics.queue_depth.set(ld.queue_depth)
+        metrics.running.set(ld.running)
+        metrics.max_running.set(ld.max_running)
+        metrics.kv_cache_used.set(ld.kv_cache_used)
+        metrics.ready.set(1 if sup.ready() else 0)
+        return web.Response(body=generate_latest(metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def not_leader(request: web.Request) -> web.Response:
+        return web.json_response(ApiError(
+            421, f"this member is rank {sup.rank}, a follower: send API requests to the unit's leader (rank 0)",
+            code="not_leader").body(), status=421)
+
+    app.router.add_get(contract.NODE_LIVE_PATH, live)
+    app.router.add_get(contract.NODE_READY_PATH, ready)
+    app.router.add_get(STATUS_PATH, status)
+    app.router.add_get(contract.METRICS_PATH, prom)
+
+    async def route(handler_leader: Any, request: web.Request) -> web.StreamResponse:
+        return await (handler_leader(request) if sup.is_leader else not_leader(request))
+
+    app.router.add_get("/v1/models", lambda r: route(api.models, r))
+    app.router.add_post("/v1/chat/completions", lambda r: route(api.chat, r))
+    app.router.add_post("/v1/completions", lambda r: route(api.completions, r))
+    return app

@@ -1,0 +1,402 @@
+"""The unit lifecycle on every member: rendezvous, formation handshake, watch, re-form, drain.
+
+Group semantics (the one place they are spelled out, like LeaderWorkerSet's recreate policy):
+- A formation is one attempt to run the unit: the leader offers it (an id and the collectives port)
+  only when every follower of the same unit and revision is waiting; each follower then starts its
+  worker and the leader its engine, each in a fresh child process (engine_host).
+- Any member dying, restarting (new boot id), leaving the deployment, or any engine process
+  failing ends the formation on every member: children are killed and the unit re-forms after a
+  backoff. More than max_restarts re-forms inside restart_window_s exhausts the budget: the member
+  reports broken (liveness fails) and exits 1 so its orchestrator replaces it.
+- A member never forms with a member of another revision.
+- SIGTERM drains: not-ready at once, in-flight requests finish within the drain timeout, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+
+from runtime.membership import Member, Membership
+from runtime.node.engine_process import EngineProcess, LoadReport
+from runtime.node.metrics import NodeMetrics
+from runtime.node.settings import NodeSettings
+from runtime.rendezvous import Rendezvous, RendezvousError
+
+log = logging.getLogger("flotilla.node")
+
+STATUS_PATH = "/unit/status"   # member-to-member formation handshake (internal)
+
+
+def jlog(event: str, level: int = logging.INFO, **fields: Any) -> None:
+    log.log(level, json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str))
+
+
+class FormationEnded(Exception):
+    """The current formation is over; the reason is the message.
+
+    `clean` marks an orderly end (the leader shut the unit down, e.g. it is being replaced in a
+    rolling update): the member re-forms without spending its restart budget."""
+
+    def __init__(self, reason: str, *, clean: bool = False) -> None:
+        super().__init__(reason)
+        self.clean = clean
+
+
+class UnitSupervisor:
+    def __init__(self, *, settings: NodeSettings, rendezvous: Rendezvous, metrics: NodeMetrics) -> None:
+        self.s = settings
+        self.rendezvous = rendezvous
+        self.metrics = metrics
+        self.boot_id = uuid.uuid4().hex
+        self.state = "forming"
+        self.membership: Membership | None = None
+        self.engine: EngineProcess | None = None
+        self.formation: str | None = None
+        self.offer: dict[str, Any] | None = None      # leader: the formation on offer
+        self.unit_load = LoadReport()                  # followers: the leader's load, relayed
+        self.leader_ready = False
+        self.draining = False
+        self.in_flight = 0
+        self.not_ready_since = time.monotonic()
+        self._restarts: collections.deque[float] = collections.deque()
+        self._drained = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._complained: dict[str, float] = {}
+        self._joined: set[str] = set()
+
+    # -- what the HTTP server reports ---------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.membership.rank if self.membership else (self.s.rank if self.s.rank is not None else -1)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def ready(self) -> bool:
+        if self.draining or self.state != "ready" or self.engine is None or not self.engine.alive:
+            return False
+        if self.engine.load.state == "broken":
+            return False
+        return self.engine.ready.is_set() if self.is_leader else self.leader_ready
+
+    def live(self) -> bool:
+        if self.state in ("broken",):
+            return False
+        if self.state in ("forming",) and time.monotonic() - self.not_ready_since > self.s.live_budget_s:
+            return False
+        return True
+
+    def load(self) -> LoadReport:
+        if self.is_leader:
+            return self.engine.load if self.engine is not None else LoadReport()
+        return self.unit_load
+
+    def effective_state(self) -> str:
+        # Between an engine failure and the supervisor's next look, the unit is already broken.
+        if self.state == "ready" and not self.ready():
+            return "broken"
+        return self.state
+
+    def ready_body(self) -> dict[str, Any]:
+        ld = self.load()
+        return {"ready": self.ready(), "state": self.effective_state(), "unit": self.s.unit_id, "revision": self.s.revision,
+                "rank": self.rank, "world_size": self.s.world_size,
+                "load": {"queue_depth": int(ld.queue_depth), "running": int(ld.running),
+                         "max_running": int(ld.max_running), "kv_cache_used": float(ld.kv_cache_used)}}
+
+    def status_body(self) -> dict[str, Any]:
+        body = self.ready_body()
+        body.update(boot_id=self.boot_id, formation=self.formation, offer=self.offer,
+                    engine_alive=bool(self.engine and self.engine.alive),
+                    engine_ready=bool(self.engine and self.engine.ready.is_set()))
+        return body
+
+    def _set_state(self, state: str, **why: Any) -> None:
+        if state != self.state:
+            jlog("unit_state", unit=self.s.unit_id, rank=self.rank, old=self.state, new=state, **why)
+            if state != "ready" and self.state == "ready":
+                self.not_ready_since = time.monotonic()
+            self.state = state
+        self.metrics.ready.set(1 if self.ready() else 0)
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Run until drained (returns 0) or the restart budget is exhausted (returns 1)."""
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        try:
+            while not self.draining:
+                try:
+                    self.membership = await self._join()
+                    if self.membership.is_leader:
+                        await self._lead(self.membership)
+                    else:
+                        await self._follow(self.membership)
+                except FormationEnded as e:
+                    if self.draining:
+                        break
+                    if not await self._after_failure(str(e), count=not e.clean):
+                        return 1
+                except RendezvousError as e:
+                    if self.draining:
+                        break
+                    if not await self._after_failure(f"rendezvous: {e}"):
+                        return 1
+            await self._drain()
+            return 0
+        finally:
+            await self._end_formation()
+            await self._session.close()
+
+    async def _join(self) -> Membership:
+        self._set_state("forming")
+        join = asyncio.ensure_future(self.rendezvous.join())
+        stop = asyncio.ensure_future(self._stop.wait())
+        done, _ = await asyncio.wait({join, stop}, timeout=self.s.rendezvous_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if join not in done:
+            join.cancel()
+            if self.draining:
+                raise FormationEnded("draining")
+            raise RendezvousError(f"not every member appeared within {self.s.rendezvous_timeout_s:.0f}s")
+        m = join.result()
+        if m.revision != self.s.revision or m.unit_id != self.s.unit_id:
+            raise RendezvousError("rendezvous returned another unit or revision")
+        return m
+
+    async def _after_failure(self, reason: str, *, count: bool = True) -> bool:
+        """Count a re-form against the budget; back off. False when the budget is exhausted."""
+        await self._end_formation()
+        now = time.monotonic()
+        if count:
+            self._restarts.append(now)
+        while self._restarts and now - self._restarts[0] > self.s.restart_window_s:
+            self._restarts.popleft()
+        self.metrics.reforms.inc()
+        n = len(self._restarts)
+        if n > self.s.max_restarts:
+            self._set_state("broken", reason=reason)
+            jlog("restart_budget_exhausted", logging.ERROR, unit=self.s.unit_id, rank=self.rank,
+                 restarts=n, window_s=self.s.restart_window_s,
+                 fix="see earlier unit_reform events; the orchestrator will replace this member")
+            return False
+        delay = min(self.s.backoff_max_s, self.s.backoff_initial_s * 2 ** max(0, n - 1))
+        self._set_state("forming", reason=reason)
+        jlog("unit_reform", logging.WARNING, unit=self.s.unit_id, rank=self.rank, reason=reason,
+             restarts_in_window=n, backoff_s=delay)
+        try:
+            await asyncio.wait_for(self._stop.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+        return True
+
+    async def _end_formation(self) -> None:
+        self.offer = None
+        self.formation = None
+        self.leader_ready = False
+        if self.engine is not None:
+            await self.engine.kill_and_wait()
+            self.engine = None
+        self.metrics.ready.set(0)
+
+    def _engine_config(self) -> dict[str, Any]:
+        s = self.s
+        return {"engine": s.engine, "model": s.model, "model_name": s.model_name,
+                "prefill_strategy": s.prefill_strategy, "decode_strategy": s.decode_strategy,
+                "cache_dir": s.cache_dir, "form_timeout_s": s.form_timeout_s, "torch_threads": s.torch_threads,
+                "kv_budget_tokens": s.kv_budget_tokens, "max_running": s.max_running,
+                "collective_timeout_s": s.collective_timeout_s,
+                "unit_id": s.unit_id, "revision": s.revision}
+
+    async def _status(self, member: Member) -> dict[str, Any] | None:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"http://{member.host}:{member.api_port}{STATUS_PATH}") as r:
+                if r.status != 200:
+                    return None
+                return await r.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+
+    def _compatible(self, st: dict[str, Any], member: Member, m: Membership) -> bool:
+        problem = None
+        if st.get("unit") != m.unit_id:
+            problem = f"belongs to unit {st.get('unit')!r}"
+        elif st.get("revision") != m.revision:
+            problem = f"runs revision {st.get('revision')!r}, this unit is {m.revision!r}"
+        elif st.get("rank") != member.rank or st.get("world_size") != m.world_size:
+            problem = f"reports rank {st.get('rank')}/{st.get('world_size')}"
+        if problem is None:
+            return True
+        key = f"{member.host}:{member.api_port}:{problem}"
+        if time.monotonic() - self._complained.get(key, -1e9) > 10:
+            self._complained[key] = time.monotonic()
+            jlog("refusing_member", logging.ERROR, unit=m.unit_id, rank=m.rank,
+                 member=f"{member.host}:{member.api_port}", expected_rank=member.rank, problem=problem,
+                 fix="every member of a unit must run the same revision and rendezvous settings")
+        return False
+
+    async def _watch_rendezvous(self, m: Membership, last: list[float]) -> None:
+        if time.monotonic() - last[0] >= 2.0:
+            last[0] = time.monotonic()
+            if await self.rendezvous.changed(m):
+                raise FormationEnded("membership changed")
+
+    async def _tick(self) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), self.s.peer_poll_s)
+        except asyncio.TimeoutError:
+            pass
+        if self.draining:
+            raise FormationEnded("draining")
+
+    # -- leader -----------------------------------------------------------------------------------
+    async def _lead(self, m: Membership) -> None:
+        followers = m.members[1:]
+        boot_ids: dict[int, str] = {}
+        last_rdv = [time.monotonic()]
+        while len(boot_ids) < len(followers):          # every follower alive, compatible and waiting
+            boot_ids = {}
+            for f in followers:
+                st = await self._status(f)
+                if st and self._compatible(st, f, m) and st.get("formation") is None:
+                    boot_ids[f.rank] = st["boot_id"]
+            if len(boot_ids) < len(followers):
+                await self._watch_rendezvous(m, last_rdv)
+                await self._tick()
+        formation = uuid.uuid4().hex[:12]
+        self.formation = formation
+        self.offer = {"formation": formation, "dist_port": m.dist_port,
+                      "boot_ids": {str(k): v for k, v in boot_ids.items()}}
+        jlog("formation_offered", unit=m.unit_id, formation=formation, world_size=m.world_size)
+        self.engine = EngineProcess(config=self._engine_config(), membership=m)
+        await self.engine.start()
+        started = time.monotonic()
+        last_ok = {f.rank: time.monotonic() for f in followers}
+        while True:
+            if not self.engine.alive:
+                raise FormationEnded(f"engine process ended: {self.engine.load.detail}")
+            if self.engine.load.state == "broken":
+                raise FormationEnded(f"engine broken: {self.engine.load.detail}")
+            if self.engine.ready.is_set():
+                self._set_state("ready", formation=formation)
+            elif time.monotonic() - started > self.s.form_timeout_s:
+                raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
+            for f in followers:
+                st = await self._status(f)
+                if st and st.get("boot_id") == boot_ids[f.rank] and st.get("formation") == formation:
+                    last_ok[f.rank] = time.monotonic()
+                elif st and st.get("boot_id") != boot_ids[f.rank]:
+                    raise FormationEnded(f"follower rank {f.rank} restarted")
+                elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s:
+                    raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
+            await self._watch_rendezvous(m, last_rdv)
+            await self._tick()
+
+    # -- follower ---------------------------------------------------------------------------------
+    async def _follow(self, m: Membership) -> None:
+        leader = m.members[0]
+        last_rdv = [time.monotonic()]
+        last_seen = time.monotonic()
+        while True:                                     # wait for an offer naming this boot
+            st = await self._status(leader)
+            if st and self._compatible(st, leader, m):
+                last_seen = time.monotonic()
+                offer = st.get("offer")
+                if offer and offer["boot_ids"].get(str(m.rank)) == self.boot_id \
+                        and offer["formation"] not in self._joined:
+                    break
+            await self._watch_rendezvous(m, last_rdv)
+            await self._tick()
+        formation = offer["formation"]
+        self._joined.add(formation)      # a formation is joined once: a new attempt needs a new offer
+        self.formation = formation
+        m = replace(m, dist_port=int(offer["dist_port"]))
+        jlog("formation_joined", unit=m.unit_id, rank=m.rank, formation=formation)
+        self.engine = EngineProcess(config=self._engine_config(), membership=m)
+        await self.engine.start()
+        last_seen = time.monotonic()
+        while True:
+            if not self.engine.alive:
+                rc = self.engine.proc.returncode if self.engine.proc else None
+                raise FormationEnded(f"worker process ended: {self.engine.load.detail}", clean=rc == 0)
+            st = await self._status(leader)
+            if st is not None:
+                if st.get("formation") != formation:
+                    raise FormationEnded("the leader ended the formation")
+                last_seen = time.monotonic()
+                self.leader_ready = bool(st.get("ready"))
+                ld = st.get("load") or {}
+                self.unit_load = LoadReport(state=st.get("state", ""), **{
+                    k: ld.get(k, 0) for k in ("queue_depth", "running", "max_running", "kv_cache_used")})
+                unit_state = "ready" if self.leader_ready else "draining" if st.get("state") == "draining" else "forming"
+                self._set_state(unit_state, formation=formation)
+            elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
+                raise FormationEnded(f"leader {leader.host}:{leader.api_port} is gone")
+            else:
+                self.leader_ready = False
+                self._set_state("forming", formation=formation)
+            await self._watch_rendezvous(m, last_rdv)
+            await self._tick()
+
+    # -- drain ----------------------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        if not self.draining:
+            self.draining = True
+            self.offer = None            # no new member joins a unit that is going away
+            self._set_state("draining")
+            jlog("drain_started", unit=self.s.unit_id, rank=self.rank, in_flight=self.in_flight,
+                 timeout_s=self.s.drain_timeout_s)
+            self._stop.set()
+
+    def request_finished(self) -> None:
+        if self.draining and self.in_flight == 0:
+            self._drained.set()
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.s.drain_timeout_s
+        if self.is_leader:
+            while self.in_flight > 0 and time.monotonic() < deadline:
+                self._drained.clear()
+                try:
+                    await asyncio.wait_for(self._drained.wait(), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    break
+            left = self.in_flight
+            if self.engine is not None:
+                await self.engine.stop(grace_s=10.0)   # in-flight stragglers end with an error
+        else:
+            # A follower keeps its shard serving while its leader finishes in-flight work, and stops
+            # as soon as the leader has released it (or is gone, or moved on to another formation).
+            left = 0
+            leader = self.membership.members[0] if self.membership and self.membership.members else None
+            deadline += 5.0
+            last_seen = time.monotonic()
+            while self.engine is not None and self.engine.alive:
+                if time.monotonic() > deadline:
+                    left = 1
+                    break
+                st = await self._status(leader) if leader is not None else None
+                if st is not None:
+                    last_seen = time.monotonic()
+                    if st.get("formation") != self.formation or self.formation is None:
+                        break
+                elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
+                    break
+                try:
+                    await asyncio.wait_for(self.engine.exited.wait(), self.s.peer_poll_s)
+                except asyncio.TimeoutError:
+                    pass
+        jlog("drain_finished", unit=self.s.unit_id, rank=self.rank, unfinished=left)
+        self._set_state("stopped")

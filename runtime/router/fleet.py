@@ -1,0 +1,241 @@
+"""The router's view of every unit: discovered endpoints, polled health and load, live outstanding counts.
+
+One poll loop per unit reads its /health/ready; a failed poll marks the unit unready at once. The
+balancer picks the least-loaded routable unit; a unit is routable only when ready and not draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+import contract
+from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
+from runtime.router.settings import RouterSettings
+
+log = logging.getLogger("flotilla.router.fleet")
+
+
+class Unit:
+    """One unit leader as the router sees it. Mutated only on the event loop."""
+
+    __slots__ = ("url", "unit", "revision", "state", "ready", "queue_depth", "running",
+                 "max_running", "kv_cache_used", "outstanding", "removed", "session",
+                 "last_poll_ok", "poll_task", "ready_since")
+
+    def __init__(self, endpoint: UnitEndpoint) -> None:
+        self.url = endpoint.url
+        self.unit = endpoint.unit or endpoint.url
+        self.revision = endpoint.revision
+        self.state = "unknown"          # as the unit reports it, or "unreachable"
+        self.ready = False
+        self.queue_depth = 0
+        self.running = 0
+        self.max_running = 0
+        self.kv_cache_used = 0.0
+        self.outstanding = 0            # requests this router has in flight to the unit
+        self.removed = False            # gone from discovery; closes once idle
+        self.session: aiohttp.ClientSession | None = None
+        self.last_poll_ok = 0.0
+        self.poll_task: asyncio.Task | None = None
+        self.ready_since = 0.0
+
+    @property
+    def routable(self) -> bool:
+        return self.ready and not self.removed
+
+    def mark_unready(self, state: str) -> None:
+        if self.ready:
+            log.warning("unit %s (%s) is no longer routable: %s", self.unit, self.url, state)
+        self.ready = False
+        self.state = state
+
+    def apply_report(self, status: int, body: dict) -> None:
+        """Take a /health/ready answer: 200 with ready=true and state=ready means routable."""
+        load = body.get("load") or {}
+        self.queue_depth = int(load.get("queue_depth", 0))
+        self.running = int(load.get("running", 0))
+        self.max_running = int(load.get("max_running", 0))
+        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.unit = str(body.get("unit") or self.unit)
+        self.revision = str(body.get("revision") or self.revision)
+        state = str(body.get("state", "unknown"))
+        ready = status == 200 and bool(body.get("ready")) and state == "ready"
+        if ready and not self.ready:
+            log.info("unit %s (%s, revision %s) is routable", self.unit, self.url, self.revision)
+            self.ready_since = time.monotonic()
+        if not ready:
+            self.mark_unready(state)
+        self.ready = ready
+        self.state = state
+
+
+@dataclass(frozen=True)
+class Pick:
+    unit: Unit | None
+    reason: str         # "ok" | "saturated" | "no_unit"
+
+
+class Fleet:
+    """All known units, kept in step with discovery, each polled on its own loop."""
+
+    def __init__(self, *, settings: RouterSettings, discovery: Discovery) -> None:
+        self._settings = settings
+        self._discovery = discovery
+        self.units: dict[str, Unit] = {}
+        self._poll_session: aiohttp.ClientSession | None = None
+        self._discovery_task: asyncio.Task | None = None
+        self._closing = False
+        self.discovery_errors = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self._settings
+        self._poll_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            timeout=aiohttp.ClientTimeout(total=s.poll_timeout_s, sock_connect=s.connect_timeout_s),
+            auto_decompress=False)
+        await self.refresh_discovery()
+        self._discovery_task = asyncio.create_task(self._discovery_loop(), name="discovery")
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [t for t in [self._discovery_task] + [u.poll_task for u in self.units.values()] if t]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for unit in self.units.values():
+            if unit.session is not None:
+                await unit.session.close()
+        if self._poll_session is not None:
+            await self._poll_session.close()
+
+    # --- discovery ---------------------------------------------------------------------------
+    async def refresh_discovery(self) -> None:
+        try:
+            endpoints = await asyncio.to_thread(self._discovery.discover)
+        except DiscoveryError as exc:
+            self.discovery_errors += 1
+            log.warning("%s; keeping the last %d known units", exc, len(self.units))
+            return
+        self.apply_endpoints(endpoints)
+
+    def apply_endpoints(self, endpoints: list[UnitEndpoint]) -> None:
+        wanted = {e.url: e for e in endpoints}
+        for url, endpoint in wanted.items():
+            unit = self.units.get(url)
+            if unit is None:
+                unit = Unit(endpoint)
+                unit.session = self._new_unit_session()
+                self.units[url] = unit
+                log.info("discovered unit %s at %s", unit.unit, url)
+                unit.poll_task = asyncio.create_task(self._poll_loop(unit), name=f"poll {url}")
+            elif unit.removed:
+                unit.removed = False  # came back before its old session was closed
+                log.info("unit at %s is back in discovery", url)
+        for url, unit in list(self.units.items()):
+            if url not in wanted and not unit.removed:
+                log.info("unit %s at %s left discovery; no new requests go there", unit.unit, url)
+                unit.removed = True
+                self.retire_if_idle(unit)
+
+    def retire_if_idle(self, unit: Unit) -> None:
+        """A unit gone from discovery is closed once its last in-flight request ends."""
+        if not unit.removed or unit.outstanding or self._closing:
+            return
+        if unit.poll_task is not None:
+            unit.poll_task.cancel()
+            unit.poll_task = None
+        if self.units.get(unit.url) is unit:
+            del self.units[unit.url]
+        session, unit.session = unit.session, None
+        if session is not None:
+            asyncio.get_running_loop().create_task(session.close())
+
+    def _new_unit_session(self) -> aiohttp.ClientSession:
+        s = self._settings
+        # One keep-alive pool per unit; its size is the per-unit outstanding cap, so the pool
+        # never makes a request wait for a connection (shedding happens before, at the balancer).
+        connector = aiohttp.TCPConnector(limit=s.max_outstanding_per_unit, limit_per_host=0,
+                                         ttl_dns_cache=60, keepalive_timeout=30)
+        return aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s))
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.discovery_interval_s)
+            try:
+                await self.refresh_discovery()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in discovery must not stop routing to known units
+                log.exception("discovery pass failed")
+
+    # --- polling -----------------------------------------------------------------------------
+    async def _poll_loop(self, unit: Unit) -> None:
+        interval = self._settings.poll_interval_s
+        while True:  # cancelled by retire_if_idle or close
+            started = time.monotonic()
+            await self.poll_once(unit)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def poll_once(self, unit: Unit) -> None:
+        assert self._poll_session is not None
+        try:
+            async with self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
+                raw = await resp.read()
+                status = resp.status
+            body = json.loads(raw) if raw else {}
+            if not isinstance(body, dict):
+                raise ValueError("readiness body is not a JSON object")
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            unit.mark_unready("unreachable")
+            log.debug("poll of %s failed: %r", unit.url, exc)
+            return
+        except ValueError as exc:
+            unit.mark_unready("bad_health_body")
+            log.warning("unit at %s answered %s with an unreadable body: %s",
+                        unit.url, contract.NODE_READY_PATH, exc)
+            return
+        unit.last_poll_ok = time.monotonic()
+        unit.apply_report(status, body)
+
+    # --- balancing ---------------------------------------------------------------------------
+    def saturated(self, unit: Unit) -> bool:
+        s = self._settings
+        return unit.outstanding >= s.max_outstanding_per_unit or unit.queue_depth >= s.max_queue_depth
+
+    def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
+        """The least-loaded routable unit: reported queue + running plus this router's outstanding.
+
+        KV-cache use breaks ties, then chance (so idle units share a burst instead of the first one
+        in the table taking it all before the next poll).
+        """
+        best: Unit | None = None
+        best_key: tuple[float, float, float] | None = None
+        any_routable = False
+        for unit in self.units.values():
+            if not unit.ready or unit.removed or unit in exclude:
+                continue
+            any_routable = True
+            if self.saturated(unit):
+                continue
+            key = (unit.queue_depth + unit.running + unit.outstanding, unit.kv_cache_used,
+                   random.random())
+            if best_key is None or key < best_key:
+                best, best_key = unit, key
+        if best is not None:
+            return Pick(best, "ok")
+        return Pick(None, "saturated" if any_routable else "no_unit")
+
+    def routable_count(self) -> int:
+        return sum(1 for u in self.units.values() if u.routable)

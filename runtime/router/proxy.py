@@ -1,0 +1,399 @@
+"""The router's HTTP server: /health for the ALB, /metrics, and the proxied OpenAI API (/v1/...).
+
+Each request goes to the least-loaded routable unit; it moves to another unit only while nothing
+has reached the client (connect failure, 503/429 before the first byte). Responses stream through as
+the unit writes them; a stream that breaks half-way ends with an SSE error event, never a replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import socket
+import time
+import uuid
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import contract
+from runtime.router.discovery import Discovery
+from runtime.router.fleet import Fleet, Unit
+from runtime.router.metrics import RouterMetrics
+from runtime.router.settings import RouterSettings
+
+log = logging.getLogger("flotilla.router")
+
+# Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus the ones aiohttp recomputes.
+_HOP_BY_HOP = frozenset(h.lower() for h in (
+    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+    "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length"))
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
+_REFUSAL_BODY_LIMIT = 64 * 1024
+_WHOLE_BODY_LIMIT = 1024 * 1024     # bodies of known length up to this are relayed in one piece
+perf_counter = time.perf_counter
+
+
+def _sse_cut(data: bytes) -> int:
+    """Length of the prefix of data made of complete SSE events (0 if none is complete)."""
+    cut = 0
+    for boundary in _SSE_BOUNDARIES:
+        at = data.rfind(boundary)
+        if at >= 0:
+            cut = max(cut, at + len(boundary))
+    return cut
+
+
+class _Retry(Exception):
+    """This attempt failed before anything reached the client; another unit may take it."""
+
+    def __init__(self, reason: str, refusal: web.Response | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.refusal = refusal
+
+
+def error_response(status: int, message: str, *, code: str, err_type: str,
+                   request_id: str, retry_after: int | None = None,
+                   close: bool = False) -> web.Response:
+    """An error in OpenAI's shape, so SDK clients surface the message."""
+    headers = {contract.REQUEST_ID_HEADER: request_id}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    if close:
+        headers["Connection"] = "close"
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return web.Response(status=status, headers=headers, body=json.dumps(body).encode(),
+                        content_type="application/json")
+
+
+def sse_error_event(message: str, *, code: str) -> bytes:
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+class Router:
+    """The proxy: owns the fleet view, the metrics and the aiohttp server."""
+
+    def __init__(self, *, settings: RouterSettings, discovery: Discovery) -> None:
+        self.settings = settings
+        self.fleet = Fleet(settings=settings, discovery=discovery)
+        self.metrics = RouterMetrics(self.fleet)
+        self.healthy = True           # /health answer; False from the moment a drain starts
+        self.refusing = False         # after the drain grace: new requests get 503 + close
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+        self.app = self._build_app()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_get(contract.ROUTER_HEALTH_PATH, self.handle_health)
+        app.router.add_get(contract.METRICS_PATH, self.handle_metrics)
+        app.router.add_route("*", "/v1/{tail:.*}", self.handle_proxy)
+        return app
+
+    async def start(self) -> None:
+        await self.fleet.start()
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.settings.host, self.settings.port))
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock, backlog=1024)
+        await site.start()
+        log.info("router listening on %s:%d with %d unit(s) discovered",
+                 self.settings.host, self.port, len(self.fleet.units))
+
+    async def drain(self) -> bool:
+        """SIGTERM: /health fails at once, keep serving for the grace period so the load balancer
+        notices, then refuse new requests and wait for the in-flight ones. True if all finished."""
+        if not self.healthy:
+            return self._idle.is_set()
+        log.info("draining: /health now answers 503; serving %d in-flight request(s)", self.inflight)
+        self.healthy = False
+        self.metrics.draining.set(1)
+        await asyncio.sleep(self.settings.drain_grace_s)
+        self.refusing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=self.settings.drain_timeout_s)
+        except asyncio.TimeoutError:
+            log.error("drain timeout (%.0f s) with %d request(s) still in flight",
+                      self.settings.drain_timeout_s, self.inflight)
+            return False
+        log.info("drained: no request in flight")
+        return True
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.fleet.close()
+
+    # --- local endpoints ---------------------------------------------------------------------
+    async def handle_health(self, request: web.Request) -> web.Response:
+        # Alive and serving, independent of the units: the ALB must not pull routers because a
+        # unit is down (that would turn one unit's failure into a full outage).
+        if self.healthy:
+            return web.json_response({"status": "ok", "routable_units": self.fleet.routable_count()})
+        return web.json_response({"status": "draining"}, status=503)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # --- the proxy ---------------------------------------------------------------------------
+    async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
+        t0 = perf_counter()
+        request_id = request.headers.get(contract.REQUEST_ID_HEADER)
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif not _REQUEST_ID_RE.match(request_id):
+            return error_response(
+                400, f"{contract.REQUEST_ID_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+                f"(got {request_id[:40]!r}); send a valid id or none and the router makes one",
+                code="invalid_request_id", err_type="invalid_request_error", request_id=request_id[:128])
+        if self.refusing:
+            self.metrics.shed.labels("draining").inc()
+            return error_response(503, "this router is shutting down; retry", code="router_draining",
+                                  err_type="service_unavailable", request_id=request_id,
+                                  retry_after=self.settings.retry_after_s, close=True)
+        body = await request.read()
+        self.inflight += 1
+        self._idle.clear()
+        self.metrics.inflight.inc()
+        try:
+            return await self._route(request, body, request_id, t0)
+        finally:
+            self.inflight -= 1
+            self.metrics.inflight.dec()
+            if self.inflight == 0:
+                self._idle.set()
+
+    async def _route(self, request: web.Request, body: bytes, request_id: str,
+                     t0: float) -> web.StreamResponse:
+        headers = self._upstream_headers(request, request_id)
+        tried: tuple[Unit, ...] = ()
+        refusal: web.Response | None = None
+        for _ in range(self.settings.max_attempts):
+            pick = self.fleet.pick(tried)
+            unit = pick.unit
+            if unit is None:
+                if refusal is not None:
+                    return refusal   # every unit we could try refused: pass the last answer on
+                return self._shed(pick.reason, request_id)
+            unit.outstanding += 1
+            try:
+                return await self._attempt(unit, request, body, headers, request_id, t0)
+            except _Retry as retry:
+                self.metrics.retries.labels(retry.reason).inc()
+                tried += (unit,)
+                refusal = retry.refusal or refusal
+            finally:
+                unit.outstanding -= 1
+                if unit.removed:
+                    self.fleet.retire_if_idle(unit)
+        if refusal is not None:
+            return refusal
+        return self._shed("no_unit", request_id)
+
+    def _shed(self, reason: str, request_id: str) -> web.Response:
+        self.metrics.shed.labels(reason).inc()
+        if reason == "saturated":
+            return error_response(
+                429, "every unit is at capacity; retry after the Retry-After delay",
+                code="overloaded", err_type="rate_limit_error", request_id=request_id,
+                retry_after=self.settings.retry_after_s)
+        return error_response(
+            503, "no unit is ready to serve; retry after the Retry-After delay",
+            code="no_unit_ready", err_type="service_unavailable", request_id=request_id,
+            retry_after=self.settings.retry_after_s)
+
+    @staticmethod
+    def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers[contract.REQUEST_ID_HEADER] = request_id
+        peer = request.remote
+        if peer:
+            prior = request.headers.get("X-Forwarded-For")
+            headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+        return headers
+
+    async def _attempt(self, unit: Unit, request: web.Request, body: bytes,
+                       headers: dict[str, str], request_id: str, t0: float) -> web.StreamResponse:
+        s = self.settings
+        session = unit.session
+        if session is None or session.closed:
+            raise _Retry("unit_closed")
+        t_sent = perf_counter()
+        try:
+            async with asyncio.timeout(s.first_byte_timeout_s):
+                upstream = await session.request(
+                    request.method, unit.url + request.rel_url.raw_path_qs,
+                    headers=headers, data=body if body else None, allow_redirects=False)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            unit.mark_unready("unreachable")
+            log.warning("request %s: cannot connect to unit %s (%s): %s; trying another unit",
+                        request_id, unit.unit, unit.url, exc)
+            raise _Retry("connect") from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            # The unit closed the connection before answering (it died, or a keep-alive race):
+            # nothing reached the client, so another unit may take the request.
+            raise _Retry("disconnected") from exc
+        except aiohttp.ClientOSError as exc:
+            unit.mark_unready("unreachable")
+            raise _Retry("connect") from exc
+        except TimeoutError:
+            log.error("request %s: unit %s sent no response within %.1f s",
+                      request_id, unit.unit, s.first_byte_timeout_s)
+            self.metrics.upstream_errors.labels("first_byte_timeout").inc()
+            return error_response(
+                504, f"unit {unit.unit} did not answer within {s.first_byte_timeout_s:g} s",
+                code="unit_timeout", err_type="upstream_error", request_id=request_id)
+        t_first = perf_counter()
+        status = upstream.status
+        if status == 503 or status == 429:
+            await self._refused(unit, upstream, request_id)
+        length = upstream.content_length
+        try:
+            if (length is not None and length <= _WHOLE_BODY_LIMIT
+                    and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")):
+                resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first)
+            else:
+                resp = await self._relay(unit, request, upstream, request_id, t_sent - t0, t_first)
+        finally:
+            upstream.release()
+        self.metrics.count_routed(unit.unit, status)
+        return resp
+
+    async def _relay_whole(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str,
+                           before_send: float, t_first: float) -> web.Response:
+        """A small body of known length (a non-streamed completion): read it, then answer at once.
+
+        One write to the client instead of three, and a unit that dies before the body is complete
+        has sent nothing to the client yet, so the request may still move to another unit.
+        """
+        try:
+            async with asyncio.timeout(self.settings.idle_stream_timeout_s):
+                raw = await upstream.read()
+        except TimeoutError:
+            upstream.close()
+            self.metrics.upstream_errors.labels("idle_timeout").inc()
+            return error_response(
+                504, f"unit {unit.unit} stopped sending its response for "
+                f"{self.settings.idle_stream_timeout_s:g} s", code="idle_timeout",
+                err_type="upstream_error", request_id=request_id)
+        except (aiohttp.ClientError, OSError) as exc:
+            upstream.close()
+            log.warning("request %s: unit %s failed before its response was complete (%s); "
+                        "trying another unit", request_id, unit.unit, exc.__class__.__name__)
+            raise _Retry("broken_before_client") from exc
+        headers = CIMultiDict((k, v) for k, v in upstream.headers.items()
+                              if k.lower() not in _HOP_BY_HOP)
+        headers[contract.REQUEST_ID_HEADER] = request_id
+        self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
+        return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
+
+    async def _refused(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str) -> None:
+        """A 503 (draining, not ready) or 429 (its own queue full) before the first byte: keep the
+        answer in case no other unit can take the request, and move on."""
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout_s):
+                raw = await upstream.content.read(_REFUSAL_BODY_LIMIT)
+        except (aiohttp.ClientError, TimeoutError):
+            raw = b""
+        finally:
+            upstream.release()
+        status = upstream.status
+        if status == 503:
+            unit.mark_unready("refused")  # draining or not ready: the next poll tells which
+        refusal_headers = {contract.REQUEST_ID_HEADER: request_id,
+                           "Retry-After": upstream.headers.get("Retry-After",
+                                                              str(self.settings.retry_after_s))}
+        ctype = upstream.headers.get("Content-Type")
+        if ctype:
+            refusal_headers["Content-Type"] = ctype
+        refusal = web.Response(status=status, body=raw, headers=refusal_headers)
+        raise _Retry(f"unit_{status}", refusal)
+
+    async def _relay(self, unit: Unit, request: web.Request, upstream: aiohttp.ClientResponse,
+                     request_id: str, before_send: float, t_first: float) -> web.StreamResponse:
+        """Stream the body through as it arrives (SSE, chunked or large bodies)."""
+        s = self.settings
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for key, value in upstream.headers.items():
+            if key.lower() not in _HOP_BY_HOP:
+                resp.headers.add(key, value)
+        resp.headers[contract.REQUEST_ID_HEADER] = request_id
+        if upstream.content_length is not None:
+            resp.content_length = upstream.content_length
+        is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+        await resp.prepare(request)
+        # Added latency: the router's work before sending, plus from the unit's headers to the
+        # client's headers. The unit's own time to first byte is not the router's.
+        self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
+        pending = b""   # SSE only: the tail after the last complete event, sent when completed
+        content = upstream.content
+        while True:
+            try:
+                async with asyncio.timeout(s.idle_stream_timeout_s):
+                    chunk = await content.readany()
+            except TimeoutError:
+                return await self._broken(request, resp, upstream, is_sse, request_id, unit,
+                                          "idle_timeout",
+                                          f"unit {unit.unit} sent nothing for "
+                                          f"{s.idle_stream_timeout_s:g} s")
+            except (aiohttp.ClientError, OSError) as exc:
+                return await self._broken(request, resp, upstream, is_sse, request_id, unit,
+                                          "stream_broken",
+                                          f"unit {unit.unit} failed mid-response ({exc.__class__.__name__}); "
+                                          f"the partial output above is incomplete")
+            if not chunk:
+                break
+            if is_sse:
+                chunk = pending + chunk
+                cut = _sse_cut(chunk)
+                chunk, pending = chunk[:cut], chunk[cut:]
+                if not chunk:
+                    continue
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                # The client went away: drop the unit connection so the unit cancels the work.
+                upstream.close()
+                return resp
+        if pending:
+            await resp.write(pending)
+        await resp.write_eof()
+        return resp
+
+    async def _broken(self, request: web.Request, resp: web.StreamResponse,
+                      upstream: aiohttp.ClientResponse, is_sse: bool, request_id: str, unit: Unit,
+                      reason: str, message: str) -> web.StreamResponse:
+        """The response already started, so it cannot move to another unit: end it visibly."""
+        upstream.close()
+        self.metrics.upstream_errors.labels(reason).inc()
+        log.warning("request %s: %s", request_id, message)
+        if is_sse:
+            try:
+                await resp.write(sse_error_event(message, code=reason))
+                await resp.write_eof()
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                pass
+            return resp
+        # A plain body cut short: close the connection so the client sees a truncated response
+        # instead of a well-formed prefix.
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        return resp

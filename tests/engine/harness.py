@@ -1,0 +1,221 @@
+"""Multi-rank jobs for the engine tests: `python tests/engine/harness.py JOB RANK PORT SPEC.json OUT`.
+
+Each rank is a real process (1 torch thread) on 127.0.0.1. Rank 0 writes its findings to OUT
+(torch.save) and prints progress lines as JSON on stdout for the test to follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from runtime.engines.base import EngineBroken, GenerationRequest, SamplingParams  # noqa: E402
+from runtime.engines.executor import OP_SHUTDOWN, ShardExecutor, StepCommand  # noqa: E402
+from runtime.engines.llama import UnsplitLlama  # noqa: E402
+from runtime.engines.plan import make_plan  # noqa: E402
+from runtime.membership import Membership  # noqa: E402
+from runtime.models import resolve_model  # noqa: E402
+
+
+def say(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def unsplit_reference(model: str, prompts: list[list[int]], steps: int) -> dict:
+    """Greedy run of the unsplit model: first-token logits, per-step logits, tokens."""
+    src = resolve_model(model)
+    m = UnsplitLlama(src.shape, src.weights)
+    out = {"prefill": [], "decode": [], "tokens": []}
+    for p in prompts:
+        kv = m.new_kv(len(p) + steps + 1)
+        logits = m.forward(p, kv)
+        out["prefill"].append(logits)
+        toks, per_step = [int(logits.argmax())], []
+        for _ in range(steps):
+            logits = m.forward([toks[-1]], kv)
+            per_step.append(logits)
+            toks.append(int(logits.argmax()))
+        out["decode"].append(torch.stack(per_step))
+        out["tokens"].append(toks)
+    return out
+
+
+def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
+    """For each (boundary, prefill, decode): prefill logits and teacher-forced decode logits."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    src = resolve_model(spec["model"])
+    prompts, steps = spec["prompts"], spec["steps"]
+    ref = unsplit_reference(spec["model"], prompts, steps) if rank == 0 else None
+    results = []
+    for boundary, prefill, decode in spec["configs"]:
+        plan = make_plan(src.shape, 2, prefill=prefill, decode=decode, boundaries=(boundary,))
+        ex = ShardExecutor(plan=plan, rank=rank, weights=src.weights)
+        if rank != 0:
+            ex.follower_loop()
+            continue
+        # One prompt per prefill step, as the unsplit reference ran them.
+        prefill_logits, decode_logits = [], []
+        for i, p in enumerate(prompts):
+            r = ex.leader_step(StepCommand(prefill=[(i, len(p), len(p) + steps + 1)],
+                                           prefill_tokens=[p]))
+            prefill_logits.append(r.prefill_logits[0])
+        # Teacher forcing: feed the reference's greedy tokens, one sequence per step.
+        for i in range(len(prompts)):
+            per_step = []
+            for s in range(steps):
+                r = ex.leader_step(StepCommand(decode=[i], decode_tokens=[ref["tokens"][i][s]]))
+                per_step.append(r.decode_logits[0])
+            decode_logits.append(torch.stack(per_step))
+        ex.leader_step(StepCommand(free=list(range(len(prompts)))))
+        ex.leader_signal(OP_SHUTDOWN)
+        results.append({"config": (boundary, prefill, decode), "prefill": prefill_logits,
+                        "decode": decode_logits})
+    dist.destroy_process_group()
+    if rank == 0:
+        torch.save({"reference": ref, "results": results}, out_path)
+
+
+async def _generate(engine, rid: str, prompt: list[int], **sampling) -> list[int]:
+    toks = []
+    req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt),
+                            sampling=SamplingParams(**sampling))
+    async for ev in engine.generate(req):
+        toks.append(ev.token_id)
+    return toks
+
+
+def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
+    """Each strategy combo in turn (a fresh unit, same processes): greedy tokens per prompt, run
+    all together and each alone."""
+    from runtime.engines.reference import ReferenceEngine, run_worker
+
+    found = []
+    for n, (prefill, decode) in enumerate(spec["combos"]):
+        m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
+                       dist_port=port + n)
+        if rank != 0:
+            run_worker(m, model=spec["model"], prefill=prefill, decode=decode,
+                       collective_timeout_s=30, start_timeout_s=60)
+            continue
+
+        async def run() -> dict:
+            engine = ReferenceEngine(m, model=spec["model"], prefill=prefill, decode=decode,
+                                     collective_timeout_s=30, start_timeout_s=60, max_running=8)
+            say(phase="starting")
+            await engine.start()
+            say(phase="started")
+            prompts, k = spec["prompts"], spec["max_tokens"]
+            together = await asyncio.gather(*[_generate(engine, f"t{i}", p, max_tokens=k)
+                                              for i, p in enumerate(prompts)])
+            alone = [await _generate(engine, f"a{i}", p, max_tokens=k) for i, p in enumerate(prompts)]
+            load = engine.load()
+            say(phase="generated")
+            await engine.shutdown()
+            say(phase="shut down")
+            return {"combo": (prefill, decode), "together": together, "alone": alone,
+                    "load_after": (load.running, load.queue_depth, load.kv_cache_used),
+                    "state": engine.health().state.value}
+
+        found.append(asyncio.run(run()))
+        say(combo=[prefill, decode], done=True)
+    if rank == 0:
+        torch.save(found, out_path)
+
+
+def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
+    """Rank 1 is killed by the test mid-generation; rank 0 records how its requests ended, then
+    forms a fresh unit in the same process with a new follower (port + 1)."""
+    from runtime.engines.reference import ReferenceEngine, run_worker
+
+    m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
+                   dist_port=port + (spec.get("generation", 0)))
+    if rank != 0:
+        say(rank=rank, pid=os.getpid())
+        try:
+            run_worker(m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60)
+        except EngineBroken as e:
+            say(worker_broken=str(e))
+        return
+
+    async def run() -> dict:
+        engine = ReferenceEngine(m, model="tiny", collective_timeout_s=spec["timeout"],
+                                 start_timeout_s=60, heartbeat_s=0.5)
+        await engine.start()
+        outcomes: dict[str, str] = {}
+
+        async def one(i: int) -> None:
+            n = 0
+            try:
+                req = GenerationRequest(request_id=f"r{i}", prompt_token_ids=(1, 2, 3),
+                                        sampling=SamplingParams(max_tokens=1900, ignore_eos=True))
+                async for _ in engine.generate(req):
+                    n += 1
+                    if n == 5 and i == 0:
+                        say(streaming=True)      # the test kills rank 1 now
+                outcomes[f"r{i}"] = "finished"
+            except EngineBroken as e:
+                outcomes[f"r{i}"] = f"EngineBroken: {e}"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(3)]
+        started = time.monotonic()
+        while engine.health().state.value == "ready" and time.monotonic() - started < 120:
+            await asyncio.sleep(0.01)
+        broken_at, broken_wall = time.monotonic(), time.time()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=spec["timeout"] + 10)
+        ended_after = time.monotonic() - broken_at
+        health = engine.health()
+        await engine.shutdown()
+        say(broken=True)
+        # Re-form: a fresh process group in this same process, with a new follower.
+        m2 = Membership(unit_id="t", revision="1", rank=0, world_size=2, dist_host="127.0.0.1",
+                        dist_port=port + 1)
+        engine2 = ReferenceEngine(m2, model="tiny", collective_timeout_s=spec["timeout"],
+                                  start_timeout_s=60)
+        await engine2.start()
+        toks = await _generate(engine2, "after", [1, 2, 3], max_tokens=4)
+        await engine2.shutdown()
+        return {"outcomes": outcomes, "health": (health.state.value, health.detail),
+                "requests_ended_after_broken_s": ended_after, "broken_wall": broken_wall, "reformed_tokens": toks}
+
+    torch.save(asyncio.run(run()), out_path)
+
+
+def job_mismatch(rank: int, port: int, spec: dict, out_path: str) -> None:
+    """Rank 1 starts with a different decode strategy than the leader."""
+    from runtime.engines.base import EngineError
+    from runtime.engines.reference import ReferenceEngine, run_worker
+
+    m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
+                   dist_port=port)
+    try:
+        if rank:
+            run_worker(m, model="tiny", decode=spec.get("decode", "tensor"),
+                       collective_timeout_s=spec["timeout"], start_timeout_s=60)
+        else:
+            engine = ReferenceEngine(m, model="tiny", collective_timeout_s=spec["timeout"],
+                                     start_timeout_s=60)
+            asyncio.run(engine.start())
+        say(refused="")
+    except EngineError as e:
+        say(refused=str(e))
+
+
+JOBS = {"exactness": job_exactness, "engine": job_engine, "failure": job_failure,
+        "mismatch": job_mismatch}
+
+if __name__ == "__main__":
+    job, rank, port, spec_path, out = sys.argv[1:6]
+    torch.set_num_threads(1)
+    with open(spec_path) as f:
+        spec = json.load(f)
+    JOBS[job](int(rank), int(port), spec, out)

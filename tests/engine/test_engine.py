@@ -1,0 +1,51 @@
+"""The engine end to end on 2 ranks: every prefill/decode strategy combination gives the unsplit
+model's greedy tokens, and batching does not change them."""
+
+from __future__ import annotations
+
+import pytest
+
+COMBOS = [("pipeline", "tensor"), ("pipeline", "pipeline"), ("tensor", "tensor"),
+          ("tensor", "pipeline")]
+PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356], [504, 3458, 282], [1, 4093, 198, 6004, 2, 198, 1, 520]]
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def engine_runs(smollm2_dir, tmp_path_factory, two_rank_job):
+    spec = {"model": "smollm2", "combos": COMBOS, "prompts": PROMPTS, "max_tokens": MAX_TOKENS}
+    return two_rank_job("engine", spec, tmp_path_factory.mktemp("engine"), ports=len(COMBOS))
+
+
+@pytest.fixture(scope="module")
+def unsplit_tokens(smollm2_dir):
+    from runtime.engines.llama import UnsplitLlama
+    from runtime.models import resolve_model
+
+    src = resolve_model("smollm2")
+    model = UnsplitLlama(src.shape, src.weights)
+    out = []
+    for p in PROMPTS:
+        kv = model.new_kv(len(p) + MAX_TOKENS)
+        toks = [int(model.forward(p, kv).argmax())]
+        while len(toks) < MAX_TOKENS:
+            toks.append(int(model.forward([toks[-1]], kv).argmax()))
+        out.append(toks)
+    return out
+
+
+def test_every_strategy_combination_matches_unsplit_greedy_tokens(engine_runs, unsplit_tokens):
+    assert [tuple(r["combo"]) for r in engine_runs] == COMBOS
+    for run in engine_runs:
+        assert run["alone"] == unsplit_tokens, run["combo"]
+
+
+def test_requests_batched_together_get_the_same_tokens_as_alone(engine_runs):
+    for run in engine_runs:
+        assert run["together"] == run["alone"], run["combo"]
+
+
+def test_finished_requests_release_slots_and_kv_budget(engine_runs):
+    for run in engine_runs:
+        assert run["load_after"] == (0, 0, 0.0)
+        assert run["state"] == "stopped"

@@ -1,0 +1,72 @@
+"""Split execution vs the unsplit model, on 2 real ranks over gloo: pipeline splits are bit-identical,
+tensor-parallel splits stay within the stated tolerance (teacher-forced, step by step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TOLERANCE = {"tiny": 1e-5, "smollm2": 2e-4}
+CONFIGS = {
+    # (first layer of rank 1, prefill, decode)
+    "tiny": [(1, "pipeline", "tensor"), (2, "pipeline", "pipeline"), (3, "pipeline", "tensor"),
+             (2, "tensor", "pipeline"), (1, "tensor", "tensor")],
+    "smollm2": [(5, "pipeline", "pipeline"), (11, "pipeline", "tensor"), (24, "pipeline", "tensor"),
+                (15, "tensor", "pipeline")],
+}
+PROMPTS = {"tiny": [[256, 72, 105, 33], [7, 8, 9, 10, 11, 12, 13, 14, 15]],
+           "smollm2": [[1, 9690, 198, 2683, 359, 253], [504, 3458, 282, 4649, 314]]}
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def exactness(request, tmp_path_factory, two_rank_job):
+    model = request.param
+    if model == "smollm2":
+        request.getfixturevalue("smollm2_dir")
+    spec = {"model": model, "prompts": PROMPTS[model], "steps": 4, "configs": CONFIGS[model]}
+    return model, two_rank_job("exactness", spec, tmp_path_factory.mktemp(model))
+
+
+def test_pipeline_prefill_logits_are_bit_identical_to_unsplit_model(exactness):
+    model, found = exactness
+    checked = 0
+    for res in found["results"]:
+        boundary, prefill, _ = res["config"]
+        if prefill != "pipeline":
+            continue
+        for got, want in zip(res["prefill"], found["reference"]["prefill"]):
+            assert torch.equal(got, want), f"{model} split at layer {boundary}"
+            checked += 1
+    assert checked >= 2 * len(PROMPTS[model])
+
+
+def test_pipeline_decode_after_pipeline_prefill_is_bit_identical(exactness):
+    model, found = exactness
+    runs = [r for r in found["results"] if r["config"][1:] == ("pipeline", "pipeline")]
+    assert runs
+    for res in runs:
+        for got, want in zip(res["decode"], found["reference"]["decode"]):
+            assert torch.equal(got, want), f"{model} {res['config']}"
+
+
+def test_tensor_parallel_logits_within_tolerance_step_by_step(exactness):
+    model, found = exactness
+    tol = TOLERANCE[model]
+    for res in found["results"]:
+        boundary, prefill, decode = res["config"]
+        if "tensor" not in (prefill, decode):
+            continue
+        for got, want in zip(res["prefill"], found["reference"]["prefill"]):
+            assert (got - want).abs().max() <= tol, f"{model} {res['config']} prefill"
+        for got, want in zip(res["decode"], found["reference"]["decode"]):
+            diff = (got - want).abs().amax(dim=-1)
+            assert diff.max() <= tol, f"{model} {res['config']} decode per step {diff.tolist()}"
+
+
+def test_split_greedy_choices_match_unsplit_tokens(exactness):
+    model, found = exactness
+    ref = found["reference"]
+    for res in found["results"]:
+        for i, (pre, dec) in enumerate(zip(res["prefill"], res["decode"])):
+            tokens = [int(pre.argmax())] + [int(t) for t in dec.argmax(-1)]
+            assert tokens == ref["tokens"][i], f"{model} {res['config']} prompt {i}"

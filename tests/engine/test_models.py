@@ -1,0 +1,120 @@
+"""Models: `tiny` is seeded and identical everywhere; `smollm2` converts once, safely under a race;
+our unsplit Llama forward matches transformers' LlamaForCausalLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from runtime.engines.llama import UnsplitLlama
+from runtime.models import resolve_model
+from runtime.models.smollm2 import smollm2_shape
+from runtime.models.tokenizers import ByteTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _hf_model(src) -> LlamaForCausalLM:
+    model = LlamaForCausalLM(LlamaConfig(**src.shape.to_hf_config())).eval()
+    state = {k: src.weights.get(k) for k in src.weights.keys()}
+    if src.shape.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _compare_with_transformers(model: str, prompt: list[int], steps: int) -> float:
+    """Max |logit difference| over prefill (all positions) and greedy decode steps."""
+    src = resolve_model(model)
+    ours, hf = UnsplitLlama(src.shape, src.weights), _hf_model(src)
+    kv = ours.new_kv(len(prompt) + steps)
+    mine = ours.forward(prompt, kv, all_positions=True)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    worst = float((mine - ref).abs().max())
+    ids = list(prompt)
+    token = int(mine[-1].argmax())
+    for _ in range(steps):
+        ids.append(token)
+        mine = ours.forward([token], kv)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+        worst = max(worst, float((mine - ref).abs().max()))
+        assert int(mine.argmax()) == int(ref.argmax())
+        token = int(mine.argmax())
+    return worst
+
+
+def test_tiny_weights_are_identical_in_every_process():
+    code = ("import sys; sys.path.insert(0, '.'); from runtime.models import resolve_model; "
+            "w = resolve_model('tiny').weights; "
+            "print(float(w.get('model.layers.2.mlp.down_proj.weight').sum()))")
+    here = float(resolve_model("tiny").weights.get("model.layers.2.mlp.down_proj.weight").sum())
+    other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    assert float(other.stdout) == here
+
+
+def test_tiny_slices_equal_the_slice_of_the_full_tensor():
+    w = resolve_model("tiny").weights
+    full = w.get("model.layers.1.self_attn.o_proj.weight")
+    assert torch.equal(w.get("model.layers.1.self_attn.o_proj.weight", dim=1, start=16, stop=48),
+                       full[:, 16:48])
+
+
+def test_unsplit_tiny_matches_transformers():
+    assert _compare_with_transformers("tiny", [256, 72, 105, 33, 10, 20], steps=4) <= 1e-5
+
+
+def test_unsplit_smollm2_matches_transformers(smollm2_dir):
+    assert _compare_with_transformers("smollm2", [1, 9690, 198, 2683, 359, 253], steps=3) <= 2e-4
+
+
+def test_smollm2_checkpoint_reads_only_requested_slices(smollm2_dir):
+    w = resolve_model("smollm2").weights
+    part = w.get("model.layers.3.mlp.down_proj.weight", dim=1, start=768, stop=1536)
+    assert part.shape == (576, 768)
+
+
+def test_converted_smollm2_config_agrees_with_the_shape_the_planner_assumes(smollm2_dir):
+    shape = resolve_model("smollm2").shape
+    assert shape == smollm2_shape()
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert config["num_key_value_heads"] == 3 and config["tie_word_embeddings"]
+
+
+def test_smollm2_chat_template_ends_with_the_assistant_turn(smollm2_dir):
+    tok = resolve_model("smollm2").make_tokenizer()
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert tok.decode(ids).rstrip().endswith("assistant")
+    assert tok.eos_token_id is not None
+
+
+def test_byte_tokenizer_round_trips_text_and_marks_roles():
+    tok = ByteTokenizer()
+    assert tok.decode(tok.encode("héllo ✓")) == "héllo ✓"
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert ids[-1] == tok.special_ids["<|assistant|>"] and tok.decode(ids) == "hi"
+
+
+def test_two_processes_racing_to_convert_smollm2_both_get_one_complete_checkpoint(tmp_path):
+    code = ("import sys; sys.path.insert(0, '.'); from runtime.models.smollm2 import ensure_smollm2; "
+            "print(ensure_smollm2())")
+    env = dict(os.environ, FLOTILLA_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
+    paths = {o[0].strip() for o in outs}
+    assert len(paths) == 1
+    converted = [o[1] for o in outs if "converting SmolLM2" in o[1]]
+    assert len(converted) == 1                      # the lock made the second one wait and reuse
+    entries = sorted(p.name for p in tmp_path.iterdir())
+    assert entries == ["smollm2-135m-instruct-fp32", "smollm2-135m-instruct-fp32.lock"]
+    assert (Path(paths.pop()) / "model.safetensors").stat().st_size > 500e6

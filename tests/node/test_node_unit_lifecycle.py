@@ -1,0 +1,131 @@
+"""Unit lifecycle on real processes: a follower killed mid-stream, re-forming, revision mismatch,
+the restart budget, and the SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import contract
+from node_harness import Unit, get_json, wait_for
+
+pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
+
+
+def open_stream(unit: Unit, *, max_tokens: int, request_id: str):
+    body = {"model": "tiny", "prompt": "tell me everything", "max_tokens": max_tokens, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    req = urllib.request.Request(unit.url + "/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", contract.REQUEST_ID_HEADER: request_id})
+    return urllib.request.urlopen(req, timeout=60)
+
+
+def read_events(resp, into: list, on_first=None) -> None:
+    """Collect SSE data payloads until the server closes the stream."""
+    for line in resp:
+        line = line.strip()
+        if line.startswith(b"data: "):
+            into.append(line[6:].decode())
+            if on_first is not None and len(into) == 1:
+                on_first()
+
+
+def completion(unit: Unit, **kw) -> tuple[int, dict, dict]:
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, **kw}
+    req = urllib.request.Request(unit.url + "/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.load(e)
+
+
+@pytest.fixture
+def unit(tmp_path):
+    u = Unit(tmp_path)
+    yield u
+    u.stop()
+
+
+def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_unit_reforms(unit):
+    unit.start().wait_ready()
+    follower = unit.members[1]
+    events: list[str] = []
+    first = threading.Event()
+    resp = open_stream(unit, max_tokens=2000, request_id="doomed-1")
+    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
+    reader.start()
+    assert first.wait(30)
+    killed_at = time.monotonic()
+    follower.kill9()
+    reader.join(timeout=15)
+    assert not reader.is_alive(), "the stream did not end within 15 s of the follower's death"
+    ended_after = time.monotonic() - killed_at
+    last = json.loads(events[-1])
+    assert "error" in last and last["error"]["type"] == "service_unavailable", events[-3:]
+    assert "[DONE]" not in events
+    # The unit is not ready, but the leader stays alive while it re-forms.
+    status, body = unit.leader.ready()
+    assert status == 503 and body["ready"] is False and body["state"] in ("forming", "broken")
+    assert unit.leader.live()[0] == 200
+    assert completion(unit)[0] == 503
+    # The follower comes back: the unit re-forms and serves again.
+    follower.start()
+    unit.wait_ready(timeout=120)
+    status, headers, body = completion(unit, temperature=0)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1
+    reforms = unit.leader.log_events("unit_reform")
+    assert reforms and reforms[0]["restarts_in_window"] == 1
+    print(f"stream ended {ended_after:.2f}s after the follower was killed")
+
+
+def test_sigterm_lets_the_long_generation_finish_refuses_new_work_and_exits_0(unit):
+    unit.env["FLOTILLA_DRAIN_TIMEOUT_S"] = "120"
+    unit.start().wait_ready()
+    events: list[str] = []
+    first = threading.Event()
+    resp = open_stream(unit, max_tokens=400, request_id="long-1")
+    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
+    reader.start()
+    assert first.wait(30)
+    unit.leader.sigterm()
+    wait_for(lambda: unit.leader.ready()[0] == 503, timeout=5, what="not-ready right after SIGTERM")
+    assert unit.leader.ready()[1]["state"] == "draining"
+    status, headers, body = completion(unit)
+    assert status == 503 and headers.get("Retry-After") and "draining" in body["error"]["message"]
+    assert unit.leader.wait(timeout=150) == 0
+    reader.join(timeout=10)
+    assert events[-1] == "[DONE]"
+    tokens = [e for e in events if e != "[DONE]"]
+    assert len(tokens) == 400 and json.loads(tokens[-1])["choices"][0]["finish_reason"] == "length"
+    # The follower notices its leader left and waits for a new one; SIGTERM stops it cleanly too.
+    unit.members[1].sigterm()
+    assert unit.members[1].wait(timeout=30) == 0
+
+
+def test_members_of_different_revisions_never_form_a_unit(unit):
+    unit.members[0].start()
+    unit.members[1].start(**{contract.ENV_REVISION: "r2"})
+    wait_for(lambda: unit.leader.log_events("refusing_member"), timeout=60, what="the leader to refuse rank 1")
+    refusal = unit.leader.log_events("refusing_member")[0]
+    assert "revision" in refusal["problem"] and "r2" in refusal["problem"]
+    for m in unit.members:
+        status, body = m.ready()
+        assert status == 503 and body["state"] == "forming"
+        assert m.live()[0] == 200
+    assert not unit.leader.log_events("formation_offered")
+
+
+def test_an_exhausted_restart_budget_fails_liveness_and_exits_1(unit):
+    unit.members[0].start(FLOTILLA_MAX_RESTARTS="0")
+    unit.members[1].start()
+    unit.wait_ready()
+    unit.members[1].kill9()
+    assert unit.leader.wait(timeout=30) == 1
+    assert unit.leader.log_events("restart_budget_exhausted")

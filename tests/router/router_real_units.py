@@ -1,0 +1,240 @@
+"""Real processes for the router's acceptance tests: units (`python -m runtime node`, reference engine,
+tiny model, two members each), routers (`python -m runtime router`) and a steady client load.
+
+Every wait is bounded; every process is stopped by its own handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+import contract
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UnitProcesses:
+    """world_size members of one unit on 127.0.0.1; rank 0 leads and serves the API."""
+
+    def __init__(self, log_dir: Path, *, name: str, revision: str, world_size: int = 2) -> None:
+        self.name, self.revision = name, revision
+        self.ports = [free_port() for _ in range(world_size)]
+        self.log_dir = log_dir
+        self.env = {
+            contract.ENV_PEERS: ",".join(f"127.0.0.1:{p}" for p in self.ports),
+            contract.ENV_UNIT_ID: name, contract.ENV_REVISION: revision,
+            contract.ENV_ENGINE: "reference", contract.ENV_MODEL: "tiny",
+            "FLOTILLA_DIST_PORT": str(free_port()), "FLOTILLA_BIND_HOST": "127.0.0.1",
+            "FLOTILLA_PEER_DEAD_AFTER_S": "2", "FLOTILLA_TORCH_THREADS": "1",
+            "FLOTILLA_COLLECTIVE_TIMEOUT_S": "10", contract.ENV_DRAIN_TIMEOUT: "30",
+            "PYTHONPATH": str(REPO)}
+        self.procs: list[subprocess.Popen | None] = [None] * world_size
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports[0]}"
+
+    def start_member(self, rank: int) -> None:
+        log = open(self.log_dir / f"{self.name}-rank{rank}.log", "ab")
+        self.procs[rank] = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "node"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env, contract.ENV_RANK: str(rank)})
+        log.close()
+
+    def start(self) -> "UnitProcesses":
+        for rank in range(len(self.ports)):
+            self.start_member(rank)
+        return self
+
+    async def wait_ready(self, timeout: float = 180.0) -> None:
+        async with aiohttp.ClientSession() as s:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    async with s.get(self.url + contract.NODE_READY_PATH,
+                                     timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"unit {self.name} not ready after {timeout} s:\n{self.logs()}")
+                await asyncio.sleep(0.1)
+
+    def kill9(self, rank: int) -> None:
+        proc = self.procs[rank]
+        assert proc is not None
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def sigterm(self) -> None:
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def exited(self) -> bool:
+        return all(p is None or p.poll() is not None for p in self.procs)
+
+    def stop(self) -> None:
+        self.sigterm()
+        for proc in self.procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.log_dir.glob(f"{self.name}-rank*.log")))
+
+
+class RouterProcess:
+    def __init__(self, log_dir: Path, *, name: str, args: list[str]) -> None:
+        self.name = name
+        self.log_path = log_dir / f"router-{name}.log"
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    async def start(self) -> "RouterProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1", "--port", "0", *self.args],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)})
+        log.close()
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 30)
+        if not line.startswith(b"router listening on "):
+            raise AssertionError(f"router {self.name} did not start: {line!r}\n{self.log_path.read_text()}")
+        self.url = line.decode().split()[-1]
+        return self
+
+    async def wait_routable(self, count: int, timeout: float = 60.0) -> None:
+        async with aiohttp.ClientSession() as s:
+            deadline = time.monotonic() + timeout
+            while True:
+                async with s.get(self.url + contract.ROUTER_HEALTH_PATH) as r:
+                    if (await r.json()).get("routable_units") == count:
+                        return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"router {self.name} never saw {count} routable unit(s)")
+                await asyncio.sleep(0.05)
+
+    async def metrics(self) -> str:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(self.url + contract.METRICS_PATH) as r:
+                return await r.text()
+
+    def sigterm(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    async def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+@dataclass
+class Outcome:
+    """One client request as the client saw it."""
+    sent: float
+    done: float
+    stream: bool
+    status: int = 0
+    unit: str = ""
+    revision: str = ""
+    ok: bool = False
+    error: str = ""
+    text: str = ""
+    via: str = ""
+
+
+@dataclass
+class Load:
+    """Closed-loop clients: each sends its next request when the previous one ends."""
+    pick_url: object                     # () -> base URL of the router to use
+    clients: int = 8
+    max_tokens: int = 6
+    outcomes: list[Outcome] = field(default_factory=list)
+    _stop: bool = False
+
+    async def run(self, until) -> list[Outcome]:
+        """Run until until(outcomes) is true; bounded by the caller's timeout."""
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector,
+                                         timeout=aiohttp.ClientTimeout(total=60)) as session:
+            async def client(i: int) -> None:
+                n = 0
+                while not self._stop:
+                    self.outcomes.append(await self.one(session, stream=(i + n) % 2 == 0))
+                    n += 1
+                    if until(self.outcomes):
+                        self._stop = True
+
+            await asyncio.gather(*(client(i) for i in range(self.clients)))
+        return self.outcomes
+
+    async def one(self, session: aiohttp.ClientSession, *, stream: bool) -> Outcome:
+        base = self.pick_url()
+        out = Outcome(sent=time.monotonic(), done=0.0, stream=stream, via=base)
+        payload = {"model": "tiny", "prompt": "the router test", "max_tokens": self.max_tokens,
+                   "stream": stream}
+        try:
+            async with session.post(base + "/v1/completions", json=payload) as r:
+                out.status = r.status
+                out.unit = r.headers.get(contract.UNIT_HEADER, "")
+                out.revision = r.headers.get(contract.REVISION_HEADER, "")
+                body = await r.read()
+            if out.status != 200:
+                out.error = body.decode(errors="replace")[:300]
+            elif stream:
+                events = [e[len(b"data: "):] for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+                errors = [json.loads(e)["error"]["message"] for e in events
+                          if e != b"[DONE]" and "error" in json.loads(e)]
+                if errors:
+                    out.error = errors[0]
+                elif events and events[-1] == b"[DONE]":
+                    out.ok = True
+                    out.text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+                else:
+                    out.error = "stream ended without [DONE] or an error event"
+            else:
+                out.text = json.loads(body)["choices"][0]["text"]
+                out.ok = True
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+            out.error = f"{exc.__class__.__name__}: {exc}"
+        out.done = time.monotonic()
+        return out

@@ -1,0 +1,148 @@
+"""A test double of one unit leader: a real aiohttp server speaking the node contract (health and API).
+
+It is NOT the node runtime: no engine, no model. It answers /health/ready with a scripted state and
+load, and /v1/* with canned completions or SSE streams whose timing and failures a test controls.
+Used to specify the router's logic (failover, retries, shedding, drain) independently of the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+from aiohttp import web
+
+import contract
+
+
+class StandInUnit:
+    """Knobs (set by tests at any time): state, load, refuse (None|503|429), chunks, chunk_delay_s,
+    break_after (cut the connection after N chunks), first_byte_delay_s, gate (an asyncio.Event a
+    stream waits on after its first chunk, a plain completion before answering)."""
+
+    def __init__(self, *, name: str, revision: str = "1") -> None:
+        self.name = name
+        self.revision = revision
+        self.state = "ready"
+        self.queue_depth = 0
+        self.running = 0
+        self.max_running = 8
+        self.kv_cache_used = 0.0
+        self.refuse: int | None = None
+        self.chunks = 3
+        self.chunk_delay_s = 0.0
+        self.break_after: int | None = None
+        self.first_byte_delay_s = 0.0
+        self.chunked_plain = False             # plain (non-SSE) bodies without Content-Length
+        self.gate: asyncio.Event | None = None
+        self.received: list[str] = []          # request ids, in arrival order
+        self.active = 0
+        self.max_active = 0
+        self.disconnects = 0                   # streams the client (router) abandoned
+        self.polls = 0
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0) -> "StandInUnit":
+        app = web.Application()
+        app.router.add_get(contract.NODE_READY_PATH, self._ready)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- handlers ----------------------------------------------------------------------------
+    def _headers(self, request: web.Request) -> dict[str, str]:
+        return {contract.REQUEST_ID_HEADER: request.headers.get(contract.REQUEST_ID_HEADER, "none"),
+                contract.UNIT_HEADER: self.name, contract.REVISION_HEADER: self.revision}
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        self.polls += 1
+        ready = self.state == "ready"
+        body = {"ready": ready, "state": self.state, "unit": self.name, "revision": self.revision,
+                "rank": 0, "world_size": 2,
+                "load": {"queue_depth": self.queue_depth, "running": self.running,
+                         "max_running": self.max_running, "kv_cache_used": self.kv_cache_used}}
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]},
+                                 headers=self._headers(request))
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
+        if self.refuse is not None:
+            return web.json_response(
+                {"error": {"message": f"unit {self.name} refuses", "type": "x", "code": self.refuse}},
+                status=self.refuse, headers={**self._headers(request), "Retry-After": "2"})
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            if self.first_byte_delay_s:
+                await asyncio.sleep(self.first_byte_delay_s)
+            if payload.get("stream"):
+                return await self._stream(request)
+            if self.gate is not None:
+                await self.gate.wait()
+            text = " ".join(f"tok{i}" for i in range(self.chunks))
+            if self.break_after is not None:
+                # Announce a body, send part of it, then die: a unit that fails mid-response.
+                resp = web.StreamResponse(headers=self._headers(request))
+                if not self.chunked_plain:
+                    resp.content_length = 1000
+                resp.content_type = "application/json"
+                await resp.prepare(request)
+                await resp.write(b'{"id": "cmpl-partial", "choices": [')
+                await asyncio.sleep(0.05)
+                request.transport.abort()
+                return resp
+            return web.json_response(
+                {"id": "cmpl-1", "object": "text_completion", "created": int(time.time()),
+                 "model": "tiny", "unit": self.name,
+                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}]},
+                headers=self._headers(request))
+        finally:
+            self.active -= 1
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={**self._headers(request), "Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            for i in range(self.chunks):
+                if self.break_after is not None and i == self.break_after:
+                    request.transport.abort()   # the unit dies mid-stream
+                    return resp
+                event = {"id": "cmpl-s", "object": "text_completion", "model": "tiny",
+                         "unit": self.name,
+                         "choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}]}
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                if i == 0 and self.gate is not None:
+                    await self.gate.wait()
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            self.disconnects += 1
+            raise
+        return resp

@@ -1,0 +1,293 @@
+"""Issue 6 acceptance on real processes: units of two `runtime node` members (reference engine, tiny
+model) behind `runtime router` processes on 127.0.0.1, under steady load from 8 concurrent clients.
+
+Failover (kill -9 of a follower), rolling update (revision 1 -> 2), router replacement (drain one of
+two routers), and overload (429 before admitted work finishes, router memory flat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+import contract
+from router_real_units import Load, RouterProcess, UnitProcesses
+
+
+pytestmark = pytest.mark.timeout(300)
+
+POLL_S = 0.2
+
+
+def run(coro, timeout: float = 240.0):
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+async def wait_until(predicate, *, timeout: float, what: str, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def first_unready(url: str, *, timeout: float) -> float:
+    """When the leader's readiness first stops answering 200 (watched every 20 ms)."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url + contract.NODE_READY_PATH) as r:
+                    if r.status != 200:
+                        return time.monotonic()
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                return time.monotonic()
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"{url} stayed ready for {timeout} s after its follower was killed")
+
+
+def describe(outcomes) -> str:
+    bad = [o for o in outcomes if not o.ok]
+    return f"{len(outcomes)} requests, {len(bad)} failed: " + "; ".join(
+        f"[{o.status} {o.unit} stream={o.stream}] {o.error[:120]}" for o in bad[:8])
+
+
+def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path):
+    a = UnitProcesses(tmp_path, name="unit-a", revision="1")
+    b = UnitProcesses(tmp_path, name="unit-b", revision="1")
+    router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.url},{b.url}",
+                                                     "--poll-interval", str(POLL_S)])
+    marks: dict[str, float] = {}
+
+    async def scenario():
+        a.start()
+        b.start()
+        await asyncio.gather(a.wait_ready(), b.wait_ready())
+        await router.start()
+        await router.wait_routable(2)
+        load = Load(pick_url=lambda: router.url, clients=8)
+
+        async def controller():
+            await wait_until(lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10,
+                             timeout=60, what="traffic on unit-a")
+            watch = asyncio.create_task(first_unready(a.url, timeout=30))
+            await asyncio.sleep(0.05)
+            a.kill9(1)
+            marks["killed"] = time.monotonic()
+            marks["unready"] = await watch
+            await asyncio.sleep(1.0)
+            a.start_member(1)           # the replacement follower: the unit re-forms
+            await a.wait_ready(timeout=120)
+            marks["reformed"] = time.monotonic()
+
+        def enough(outs) -> bool:
+            return ("reformed" in marks and len(outs) >= 200
+                    and sum(o.unit == "unit-a" and o.sent > marks["reformed"] for o in outs) >= 5)
+
+        await asyncio.gather(controller(), load.run(enough))
+        return load.outcomes, await router.metrics()
+
+    try:
+        outcomes, metrics = run(scenario())
+    finally:
+        router_code = router.stop()
+        a.stop()
+        b.stop()
+    failed = [o for o in outcomes if not o.ok]
+    last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["reformed"]),
+                    default=marks["unready"])
+    print(f"failover: {len(outcomes)} requests, {len(failed)} failed (streams running on unit-a at the "
+          f"kill), last request sent to unit-a {last_on_a - marks['unready']:+.3f} s after it turned "
+          f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill")
+    assert len(outcomes) >= 200
+    # Only streams already running on the broken unit may fail, and they fail with a clear error.
+    for o in failed:
+        assert o.stream and o.unit == "unit-a" and o.sent < marks["unready"], describe(outcomes)
+        assert o.status == 200 and o.error and "[DONE]" not in o.error, describe(outcomes)
+    # The router stops sending to the broken unit within two poll intervals of it turning unready
+    # (plus 0.5 s for scheduling on a shared 2-core machine), until the unit has re-formed.
+    late = [o for o in outcomes if o.unit == "unit-a"
+            and marks["unready"] + 2 * POLL_S + 0.5 < o.sent < marks["reformed"]]
+    assert late == [], describe(late)
+    # Re-formed, it takes traffic again.
+    assert sum(o.unit == "unit-a" and o.ok and o.sent > marks["reformed"] for o in outcomes) >= 5
+    assert 'flotilla_router_unit_routable{revision="1",unit="unit-a"' in metrics
+    assert router_code == 0
+
+
+def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path):
+    a = UnitProcesses(tmp_path, name="unit-a", revision="1")
+    b = UnitProcesses(tmp_path, name="unit-b", revision="2")
+    units_file = tmp_path / "units.txt"
+    units_file.write_text(a.url + "\n")
+    router = RouterProcess(tmp_path, name="r", args=["--units-file", str(units_file),
+                                                     "--poll-interval", str(POLL_S),
+                                                     "--discovery-interval", "0.2"])
+    marks: dict[str, float] = {}
+
+    async def scenario():
+        a.start()
+        await a.wait_ready()
+        await router.start()
+        await router.wait_routable(1)
+        load = Load(pick_url=lambda: router.url, clients=8)
+
+        async def controller():
+            await wait_until(lambda: len(load.outcomes) >= 30, timeout=60, what="30 requests on A")
+            b.start()
+            await b.wait_ready()
+            units_file.write_text(f"{a.url}\n{b.url}\n")   # B registers, as in Cloud Map
+            await router.wait_routable(2)
+            marks["b_routable"] = time.monotonic()
+            a.sigterm()                                     # ECS stops A's tasks: it drains
+            await wait_until(a.exited, timeout=90, what="unit A to drain and exit")
+            marks["a_gone"] = time.monotonic()
+
+        def enough(outs) -> bool:
+            return "a_gone" in marks and sum(o.sent > marks["a_gone"] for o in outs) >= 40
+
+        await asyncio.gather(controller(), load.run(enough))
+        return load.outcomes
+
+    try:
+        outcomes = run(scenario())
+    finally:
+        router.stop()
+        a.stop()
+        b.stop()
+    assert all(o.ok for o in outcomes), describe(outcomes)
+    assert any(o.revision == "1" for o in outcomes) and any(o.revision == "2" for o in outcomes)
+    after = [o for o in outcomes if o.sent > marks["a_gone"]]
+    assert len(after) >= 40 and all(o.unit == "unit-b" and o.revision == "2" for o in after)
+
+
+class RoundRobinFront:
+    """A tiny stand-in for the ALB: sends to routers whose /health is 200, in turn."""
+
+    def __init__(self, urls: list[str], *, check_every: float = 0.1) -> None:
+        self.urls = urls
+        self.healthy = set(urls)
+        self.check_every = check_every
+        self._next = 0
+        self._task: asyncio.Task | None = None
+
+    async def _check(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as s:
+            while True:
+                for url in self.urls:
+                    try:
+                        async with s.get(url + contract.ROUTER_HEALTH_PATH) as r:
+                            ok = r.status == 200
+                    except (aiohttp.ClientError, asyncio.TimeoutError):
+                        ok = False
+                    (self.healthy.add if ok else self.healthy.discard)(url)
+                await asyncio.sleep(self.check_every)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._check())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def pick(self) -> str:
+        live = [u for u in self.urls if u in self.healthy] or self.urls
+        self._next += 1
+        return live[self._next % len(live)]
+
+
+def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_request(tmp_path: Path):
+    unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
+    args = ["--units", unit.url, "--poll-interval", str(POLL_S), "--drain-grace", "1.0"]
+    r1 = RouterProcess(tmp_path, name="blue", args=args)
+    r2 = RouterProcess(tmp_path, name="green", args=args)
+    marks: dict[str, float] = {}
+
+    async def scenario():
+        unit.start()
+        await unit.wait_ready()
+        await asyncio.gather(r1.start(), r2.start())
+        await asyncio.gather(r1.wait_routable(1), r2.wait_routable(1))
+        front = RoundRobinFront([r1.url, r2.url])
+        front.start()
+        load = Load(pick_url=front.pick, clients=8)
+
+        async def controller():
+            await wait_until(lambda: len(load.outcomes) >= 40, timeout=60, what="40 requests")
+            r1.sigterm()
+            marks["code"] = await r1.wait_exit(60)
+            marks["r1_gone"] = time.monotonic()
+
+        def enough(outs) -> bool:
+            return "r1_gone" in marks and sum(o.sent > marks["r1_gone"] for o in outs) >= 40
+
+        try:
+            await asyncio.gather(controller(), load.run(enough))
+        finally:
+            await front.stop()
+        return load.outcomes
+
+    try:
+        outcomes = run(scenario())
+    finally:
+        r1.stop()
+        r2.stop()
+        unit.stop()
+    assert all(o.ok for o in outcomes), describe(outcomes)
+    assert marks["code"] == 0
+    assert any(o.via == r1.url for o in outcomes)
+    assert all(o.via == r2.url for o in outcomes if o.sent > marks["r1_gone"])
+
+
+def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path):
+    unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
+    router = RouterProcess(tmp_path, name="r", args=["--units", unit.url, "--poll-interval", str(POLL_S),
+                                                     "--max-outstanding-per-unit", "4"])
+
+    def rss_kib() -> int:
+        status = Path(f"/proc/{router.proc.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+    async def scenario():
+        unit.start()
+        await unit.wait_ready()
+        await router.start()
+        await router.wait_routable(1)
+        admitted_load = Load(pick_url=lambda: router.url, max_tokens=200)
+        flood_load = Load(pick_url=lambda: router.url)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            admitted = [asyncio.create_task(admitted_load.one(s, stream=True)) for _ in range(4)]
+            metrics_line = "flotilla_router_unit_outstanding{revision=\"1\",unit=\"unit-a\""
+            deadline = time.monotonic() + 30
+            while True:
+                text = await router.metrics()
+                line = next((ln for ln in text.splitlines() if ln.startswith(metrics_line)), "")
+                if line.endswith(" 4.0"):
+                    break
+                assert time.monotonic() < deadline, text
+                await asyncio.sleep(0.02)
+            floods = []
+            rss = [rss_kib()]
+            for _ in range(3):
+                floods += await asyncio.gather(*(flood_load.one(s, stream=False) for _ in range(150)))
+                rss.append(rss_kib())
+            done = await asyncio.gather(*admitted)
+        return done, floods, rss
+
+    try:
+        done, floods, rss = run(scenario())
+    finally:
+        router.stop()
+        unit.stop()
+    assert all(o.ok for o in done), describe(done)
+    assert [o.status for o in floods] == [429] * len(floods)
+    # "Quickly": every refusal came back while the admitted generations were still running.
+    assert max(o.done for o in floods) < min(o.done for o in done)
+    assert rss[-1] - rss[1] < 8 * 1024, rss

@@ -1,0 +1,294 @@
+"""Routing, failover and retry rules of the router, specified against stand-in units (test doubles)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+
+import contract
+from conftest import base_url, post, router_over, run, wait_for
+from router_standins import StandInUnit
+
+
+async def units(*names: str) -> list[StandInUnit]:
+    return [await StandInUnit(name=n).start() for n in names]
+
+
+async def stop_all(us) -> None:
+    for u in us:
+        await u.stop()
+
+
+def test_request_reaches_a_ready_unit_and_keeps_the_client_request_id():
+    async def scenario():
+        (a,) = us = await units("a")
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            status, headers, body = await post(s, router, headers={contract.REQUEST_ID_HEADER: "req-42"})
+        await stop_all(us)
+        assert status == 200
+        assert headers[contract.REQUEST_ID_HEADER] == "req-42"
+        assert headers[contract.UNIT_HEADER] == "a"
+        assert a.received == ["req-42"]
+        assert json.loads(body)["unit"] == "a"
+    run(scenario())
+
+
+def test_router_generates_a_request_id_when_the_client_sends_none():
+    async def scenario():
+        (a,) = us = await units("a")
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            _, headers, _ = await post(s, router)
+        await stop_all(us)
+        rid = headers[contract.REQUEST_ID_HEADER]
+        assert len(rid) == 32 and a.received == [rid]
+    run(scenario())
+
+
+def test_malformed_request_id_gets_400_naming_the_header():
+    async def scenario():
+        us = await units("a")
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            status, _, body = await post(s, router, headers={contract.REQUEST_ID_HEADER: "bad id!"})
+        await stop_all(us)
+        assert status == 400
+        assert contract.REQUEST_ID_HEADER in json.loads(body)["error"]["message"]
+        assert us[0].received == []
+    run(scenario())
+
+
+def test_openai_client_works_through_the_router_streaming_and_not():
+    async def scenario():
+        us = await units("a")
+        async with router_over(us) as router:
+            client = openai.AsyncOpenAI(base_url=base_url(router) + "/v1", api_key="none", max_retries=0)
+            done = await client.completions.create(model="tiny", prompt="hi", max_tokens=3)
+            stream = await client.completions.create(model="tiny", prompt="hi", max_tokens=3, stream=True)
+            pieces = [c.choices[0].text async for c in stream]
+            models = await client.models.list()
+            await client.close()
+        await stop_all(us)
+        assert done.choices[0].text == "tok0 tok1 tok2"
+        assert pieces == ["tok0 ", "tok1 ", "tok2 "]
+        assert [m.id for m in models.data] == ["tiny"]
+    run(scenario())
+
+
+def test_least_loaded_unit_by_reported_load_receives_the_request():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        a.queue_depth, a.running = 5, 8
+        b.queue_depth, b.running = 0, 2
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            await wait_for(lambda: router.fleet.units[a.url].queue_depth == 5)
+            for _ in range(5):
+                await post(s, router)
+        await stop_all(us)
+        assert len(b.received) == 5 and a.received == []
+    run(scenario())
+
+
+def test_router_outstanding_count_spreads_a_burst_between_idle_units():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        for u in us:
+            u.first_byte_delay_s = 0.3
+        async with router_over(us, poll_interval_s=5.0) as router, aiohttp.ClientSession() as s:
+            await asyncio.gather(*(post(s, router) for _ in range(10)))
+        await stop_all(us)
+        # Reported load stays 0 (no poll in between); only the live outstanding count spreads it.
+        assert len(a.received) == 5 and len(b.received) == 5
+    run(scenario())
+
+
+def test_unit_that_is_not_ready_or_draining_gets_no_traffic():
+    async def scenario():
+        a, b, c = us = await units("a", "b", "c")
+        b.state = "draining"
+        c.state = "forming"
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            for _ in range(6):
+                await post(s, router)
+        await stop_all(us)
+        assert len(a.received) == 6 and b.received == [] and c.received == []
+    run(scenario())
+
+
+def test_a_failed_poll_marks_the_unit_unready_at_once():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        async with router_over(us) as router:
+            unit = router.fleet.units[a.url]
+            await a.stop()
+            await router.fleet.poll_once(unit)
+            assert not unit.routable and unit.state == "unreachable"
+        await stop_all(us)
+    run(scenario())
+
+
+def test_unit_that_reforms_receives_traffic_again():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            a.state = "broken"
+            await wait_for(lambda: not router.fleet.units[a.url].routable)
+            for _ in range(4):
+                await post(s, router)
+            assert a.received == []
+            a.state = "ready"
+            b.queue_depth = 10
+            await wait_for(lambda: router.fleet.units[a.url].routable
+                           and router.fleet.units[b.url].queue_depth == 10)
+            await post(s, router)
+        await stop_all(us)
+        assert len(a.received) == 1
+    run(scenario())
+
+
+def test_connect_failure_moves_the_request_to_another_unit():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3   # a is preferred
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            await a.stop()  # the router does not know yet: no poll for 30 s
+            status, headers, _ = await post(s, router)
+            text = (await (await s.get(base_url(router) + "/metrics")).read()).decode()
+            assert not router.fleet.units[a.url].routable
+        await stop_all(us)
+        assert status == 200 and headers[contract.UNIT_HEADER] == "b"
+        assert 'flotilla_router_retries_total{reason="connect"} 1.0' in text
+    run(scenario())
+
+
+def test_503_before_the_first_byte_moves_the_request_to_another_unit():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3
+        a.refuse = 503
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            status, headers, _ = await post(s, router, headers={contract.REQUEST_ID_HEADER: "r1"})
+        await stop_all(us)
+        assert status == 200 and headers[contract.UNIT_HEADER] == "b"
+        assert a.received == ["r1"] and b.received == ["r1"]
+    run(scenario())
+
+
+def test_when_every_unit_refuses_the_last_refusal_reaches_the_client():
+    async def scenario():
+        (a,) = us = await units("a")
+        a.refuse = 429
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            status, headers, body = await post(s, router)
+        await stop_all(us)
+        assert status == 429 and headers["Retry-After"] == "2"
+        assert "refuses" in json.loads(body)["error"]["message"]
+    run(scenario())
+
+
+def test_stream_broken_midway_ends_with_an_sse_error_and_is_never_replayed():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3
+        a.break_after = 2
+        async with router_over(us, poll_interval_s=30.0) as router:
+            client = openai.AsyncOpenAI(base_url=base_url(router) + "/v1", api_key="none", max_retries=0)
+            stream = await client.completions.create(model="tiny", prompt="hi", max_tokens=3, stream=True)
+            pieces, error = [], None
+            try:
+                async for chunk in stream:
+                    pieces.append(chunk.choices[0].text)
+            except openai.APIError as exc:
+                error = exc
+            await client.close()
+        await stop_all(us)
+        assert pieces == ["tok0 ", "tok1 "]
+        assert error is not None and "failed mid-response" in error.message
+        assert b.received == []   # nothing was replayed on another unit
+    run(scenario())
+
+
+def test_unit_that_dies_before_a_plain_body_is_complete_is_retried_on_another_unit():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3
+        a.break_after = 0   # announces a Content-Length, sends part of the body, dies
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            status, headers, body = await post(s, router, headers={contract.REQUEST_ID_HEADER: "r2"})
+        await stop_all(us)
+        assert status == 200 and headers[contract.UNIT_HEADER] == "b"
+        assert json.loads(body)["unit"] == "b" and a.received == ["r2"] == b.received
+    run(scenario())
+
+
+def test_chunked_plain_body_cut_short_is_an_error_at_the_client_not_a_short_success():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3
+        a.break_after, a.chunked_plain = 0, True   # body of unknown length: relayed as it comes
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            failed = False
+            try:
+                await post(s, router)
+            except aiohttp.ClientPayloadError:
+                failed = True
+        await stop_all(us)
+        assert failed and b.received == []
+    run(scenario())
+
+
+def test_stream_chunks_reach_the_client_before_the_unit_sends_the_next():
+    async def scenario():
+        (a,) = us = await units("a")
+        a.gate = asyncio.Event()
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            async with s.post(base_url(router) + "/v1/completions",
+                              json={"prompt": "hi", "stream": True}) as resp:
+                first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+                a.gate.set()    # the unit sends the rest only after the client saw the first event
+                rest = await resp.read()
+        await stop_all(us)
+        assert b"tok0" in first and b"tok1" in rest and rest.endswith(b"data: [DONE]\n\n")
+    run(scenario())
+
+
+def test_unit_silent_past_the_first_byte_timeout_gets_504():
+    async def scenario():
+        (a,) = us = await units("a")
+        a.first_byte_delay_s = 0.8
+        async with router_over(us, first_byte_timeout_s=0.2) as router, aiohttp.ClientSession() as s:
+            status, _, body = await post(s, router)
+        await stop_all(us)
+        assert status == 504 and json.loads(body)["error"]["code"] == "unit_timeout"
+    run(scenario())
+
+
+def test_stream_silent_past_the_idle_timeout_ends_with_an_sse_error():
+    async def scenario():
+        (a,) = us = await units("a")
+        a.gate = asyncio.Event()    # the stream stalls after its first event until the end
+        async with router_over(us, idle_stream_timeout_s=0.3) as router, aiohttp.ClientSession() as s:
+            async with s.post(base_url(router) + "/v1/completions",
+                              json={"prompt": "hi", "stream": True}) as resp:
+                body = await resp.read()
+            a.gate.set()
+        await stop_all(us)
+        events = [e for e in body.split(b"\n\n") if e]
+        assert b"tok0" in events[0]
+        assert json.loads(events[-1][len(b"data: "):])["error"]["code"] == "idle_timeout"
+    run(scenario())
+
+
+def test_client_that_goes_away_releases_the_unit_stream():
+    async def scenario():
+        (a,) = us = await units("a")
+        a.chunks, a.chunk_delay_s = 50, 0.05
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            resp = await s.post(base_url(router) + "/v1/completions", json={"prompt": "x", "stream": True})
+            await resp.content.readuntil(b"\n\n")
+            resp.close()   # the client hangs up mid-stream
+            await wait_for(lambda: a.disconnects == 1 and router.inflight == 0, timeout=5)
+            assert router.fleet.units[a.url].outstanding == 0
+        await stop_all(us)
+    run(scenario())

@@ -46,7 +46,7 @@ class FrontStack(cdk.Stack):
         health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
         healthy_threshold: int = 2,
         unhealthy_threshold: int = 3,
-        deregistration_delay: cdk.Duration = cdk.Duration.seconds(30),
+        deregistration_delay: cdk.Duration = cdk.Duration.seconds(60),
         idle_timeout: cdk.Duration = cdk.Duration.seconds(120),
         access_log_retention: cdk.Duration = cdk.Duration.days(90),
         **kwargs,
@@ -106,8 +106,10 @@ class FrontStack(cdk.Stack):
                     unhealthy_threshold_count=unhealthy_threshold,
                     healthy_http_codes="200",
                 ),
-                # The router drains its own streams on SIGTERM; the ALB only needs to stop new
-                # requests, so a short delay keeps blue/green and scale-in quick.
+                # ECS deregisters a retiring router, waits this long while the ALB lets in-flight
+                # requests finish (then closes them), and only then sends SIGTERM. Shorter than
+                # the ALB's 300 s default so blue/green and scale-in finish quickly; long enough
+                # for a typical generation stream (as long as the router's own drain timeout).
                 deregistration_delay=deregistration_delay,
             )
 

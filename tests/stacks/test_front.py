@@ -220,7 +220,7 @@ def test_target_groups_health_check_the_router_and_deregister_quickly():
         assert (p["HealthyThresholdCount"], p["UnhealthyThresholdCount"]) == (2, 3)
         assert p["Matcher"] == {"HttpCode": "200"}
         attributes = {a["Key"]: a["Value"] for a in p["TargetGroupAttributes"]}
-        assert attributes["deregistration_delay.timeout_seconds"] == "30"
+        assert attributes["deregistration_delay.timeout_seconds"] == "60"
 
 
 def _rule_weights(stack_template: dict) -> dict[str, dict[str, int]]:

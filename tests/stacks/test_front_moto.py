@@ -50,7 +50,7 @@ def test_target_groups_read_back_with_the_router_health_check(deployed):
         assert (g["HealthCheckIntervalSeconds"], g["HealthCheckTimeoutSeconds"]) == (10, 5)
         assert (g["HealthyThresholdCount"], g["UnhealthyThresholdCount"]) == (2, 3)
         # moto 5.2.5 drops TargetGroupAttributes from CloudFormation (it reports the 300 s
-        # default); the 30 s deregistration delay is asserted on the template in test_front.py.
+        # default); the 60 s deregistration delay is asserted on the template in test_front.py.
 
 
 def test_listeners_and_weighted_rules_read_back(deployed):

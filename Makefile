@@ -67,8 +67,9 @@ bench-engine: dev-deps
 # --- Local mode (issue 5): a two-node unit of smollm2 (and the router once it exists) on 127.0.0.1.
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
 .PHONY: local
+# UNITS=2 starts two units behind the router (same as LOCAL_ARGS="--units 2").
 local: $(VENV)/.dev-deps
-	$(PY) -m runtime.local $(LOCAL_ARGS)
+	$(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
 # Router benchmark (issue 6): added latency and req/s of the router on one core vs a fast stand-in
 # backend. Not part of `make test`; results are appended to bench/results/router.json.

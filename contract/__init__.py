@@ -23,6 +23,8 @@ METRICS_PATH = "/metrics"
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
 ARRIVAL_HEADER = "X-Flotilla-Arrival"          # unix seconds, float, when the leader took the request
+FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token (non-streamed responses)
+FINISH_HEADER = "X-Flotilla-Finish"            # unix seconds of the last token (non-streamed responses)
 UNIT_HEADER = "X-Flotilla-Unit"                # which unit served the request (set by the leader)
 REVISION_HEADER = "X-Flotilla-Revision"        # the serving unit's revision
 
@@ -77,3 +79,11 @@ METRIC_READY_UNITS = "ReadyUnits"                # Count; each router, every 60 
 CLOUDMAP_ATTR_IPV4 = "AWS_INSTANCE_IPV4"
 CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"       # may be absent (host networking): use NODE_API_PORT
 CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
+
+# --- Neuron engine (issue 7) -------------------------------------------------------------------
+# Both ports sit inside UNIT_INTERNAL_PORT_RANGE so the unit security group's self-referencing
+# rule covers them; nothing outside the unit may reach either.
+NEURON_RT_ROOT_COMM_PORT = 29501    # Neuron runtime collectives bootstrap on the leader
+NEURON_ENGINE_PORT = 8001           # vLLM's OpenAI server on the leader, bound to 127.0.0.1 only
+ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"   # set by Dockerfile.neuron; compile-cache key
+ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"     # s3://bucket/prefix for compiled artifacts

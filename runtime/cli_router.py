@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -46,6 +47,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cloudmap-service", default=env.get(contract.ENV_CLOUDMAP_SERVICE))
     p.add_argument("--poll-interval", type=float, default=None,
                    help=f"seconds between health polls of a unit (default ${contract.ENV_POLL_INTERVAL} or 0.25)")
+    p.add_argument("--poll-timeout", type=float, default=None,
+                   help="seconds a health poll may take before the unit counts as unreachable "
+                        "(default max(1, 2 x poll interval))")
     p.add_argument("--discovery-interval", type=float, default=2.0)
     p.add_argument("--max-outstanding-per-unit", type=int, default=64)
     p.add_argument("--max-queue-depth", type=int, default=32,
@@ -58,6 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--idle-stream-timeout", type=float, default=30.0)
     p.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="auto = uvloop when installed (measured faster, docs/benchmarks.md), else asyncio")
+    p.add_argument("--access-log", choices=("json", "off"), default="json",
+                   help="one JSON line per routed request on stderr (json) or none")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
     return p
@@ -75,11 +81,13 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         units=tuple(u.strip() for u in args.units.split(",") if u.strip()),
         units_file=args.units_file,
         cloudmap_namespace=args.cloudmap_namespace, cloudmap_service=args.cloudmap_service,
-        poll_interval_s=poll, poll_timeout_s=max(0.5, 2 * poll),
+        poll_interval_s=poll,
+        poll_timeout_s=args.poll_timeout if args.poll_timeout is not None else max(1.0, 2 * poll),
         discovery_interval_s=args.discovery_interval,
         max_outstanding_per_unit=args.max_outstanding_per_unit, max_queue_depth=args.max_queue_depth,
         drain_grace_s=args.drain_grace, drain_timeout_s=drain_timeout,
-        first_byte_timeout_s=args.first_byte_timeout, idle_stream_timeout_s=args.idle_stream_timeout)
+        first_byte_timeout_s=args.first_byte_timeout, idle_stream_timeout_s=args.idle_stream_timeout,
+        access_log=args.access_log == "json")
 
 
 def make_discovery(settings: RouterSettings):
@@ -92,6 +100,10 @@ def make_discovery(settings: RouterSettings):
 async def serve(settings: RouterSettings) -> int:
     router = Router(settings=settings, discovery=make_discovery(settings))
     await router.start()
+    # Start-up objects (imports, boto3 models) never die: keep them out of every later full
+    # collection, which would otherwise walk them all and show up as tail latency.
+    gc.collect()
+    gc.freeze()
     # The line tests and `make local` wait for; the port matters when it was 0.
     print(f"router listening on http://{settings.host}:{router.port}", flush=True)
     stop = asyncio.Event()

@@ -87,8 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2", help="tiny | smollm2 | checkpoint directory (default smollm2)")
     p.add_argument("--engine", default="reference", help="reference (default) | echo (plumbing only, no model)")
     p.add_argument("--router", choices=("auto", "on", "off"), default="auto",
-                   help="put the router in front (auto: when runtime/cli_router.py exists"
-                        f"{'' if router_available else ', not yet in this checkout'})")
+                   help="put the router in front of the units (auto, the default: when runtime/cli_router.py "
+                        f"is present{'' if router_available else ', which it is not in this checkout'})")
     p.add_argument("--port", type=int, default=None,
                    help=f"public port (default ${contract.ENV_PORT} or {DEFAULT_PUBLIC_PORT})")
     p.add_argument("--state-dir", default=str(REPO / ".flotilla"), help="where local.json and logs go")
@@ -137,7 +137,9 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
         env = {**base_env, contract.ENV_PORT: str(a.port), contract.ENV_UNITS: ",".join(leaders),
                contract.ENV_DISCOVERY: "static", contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout)}
         procs.append(Proc(role="router", unit=None, rank=None, ports={"http": a.port},
-                          cmd=[sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1"], env=env,
+                          # no load balancer watches a local router's /health: no drain grace
+                          cmd=[sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1",
+                               "--drain-grace", "0"], env=env,
                           log=logs / "router.log"))
     return procs
 

@@ -116,7 +116,7 @@ class CellStack(Stack):
         self._acknowledge_nag_findings(config, instance_role)
 
     def _grant_node_permissions(self, config: FlotillaConfig) -> None:
-        """Task role: read the model artifacts, see its own cluster's tasks, read EC2 topology."""
+        """Task role: read the model artifacts, see its own cluster's tasks, read peer instances."""
         model = config.model
         bucket_arn = f"arn:{self.partition}:s3:::{model.bucket}"
         self.task_role.add_to_policy(iam.PolicyStatement(
@@ -138,10 +138,11 @@ class CellStack(Stack):
                        self.format_arn(service="ecs", resource="container-instance",
                                        resource_name=f"{self.cluster.cluster_name}/*")],
             conditions=in_this_cluster))
-        # DescribeInstanceTopology supports no resource-level permissions.
+        # Rendezvous maps its peers' instances to private IPs and network-topology paths. Neither
+        # EC2 Describe* call supports resource-level permissions.
         self.task_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadInstanceTopology", actions=["ec2:DescribeInstanceTopology"],
-            resources=["*"]))
+            sid="ReadInstancesAndTopology",
+            actions=["ec2:DescribeInstances", "ec2:DescribeInstanceTopology"], resources=["*"]))
 
     def _acknowledge_nag_findings(self, config: FlotillaConfig, instance_role: iam.Role) -> None:
         """cdk-nag findings that are deliberate, each on its own resource with its reason."""
@@ -163,8 +164,9 @@ class CellStack(Stack):
         task_policy = self.task_role.node.find_child("DefaultPolicy").node.default_child
         acknowledge(task_policy, "IAM5", applies_to="Resource::*", reason=(
             "ecs:ListTasks is conditioned on ecs:cluster = this cell's cluster; "
-            "ec2:DescribeInstanceTopology has no resource-level permissions (rendezvous orders "
-            "ranks by network topology)."))
+            "ec2:DescribeInstances and ec2:DescribeInstanceTopology have no resource-level "
+            "permissions (rendezvous finds its peers' private IPs and orders ranks by network "
+            "topology)."))
         model = config.model
         acknowledge(task_policy, "IAM5", reason=(
             "Nodes read every object under the configured model prefix: sharded checkpoint "

@@ -53,7 +53,7 @@ LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 
                       2192, 2557, 2922, 3288, 3653)
 UNIT_ROLLOUTS = ("replace", "surge")
 LIVE_TARGET_GROUPS = ("blue", "green")
-ENGINES = ("neuron", "reference")
+ENGINES = ("neuron", "reference", "echo")
 STRATEGIES = ("pipeline", "tensor")
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
@@ -304,7 +304,8 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
         deployment_name=_match("deployment_name", get("deployment_name"), _DEPLOYMENT_NAME_RE,
                                "1-24 characters: a letter, then letters, digits or -"),
         instance_type=_choice("instance_type", get("instance_type"), tuple(INSTANCE_SHAPES)),
-        nodes_per_unit=_int("nodes_per_unit", get("nodes_per_unit"), 1, 128),
+        # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
+        nodes_per_unit=_int("nodes_per_unit", get("nodes_per_unit"), 1, 64),
         units=_int("units", get("units"), 1, 10000),
         units_per_cell=_int("units_per_cell", get("units_per_cell"), 1,
                             MAX_CAPACITY_PROVIDERS_PER_CLUSTER,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 
 READY = json.dumps({"ready": True, "state": "ready", "unit": "bench", "revision": "1", "rank": 0,
                     "world_size": 1, "load": {"queue_depth": 0, "running": 0, "max_running": 64,
@@ -40,10 +41,28 @@ def sse_chunks(events: int) -> list[bytes]:
     return out
 
 
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+               b"X-Flotilla-Unit: bench\r\n\r\n")
+
+
+async def paced_stream(transport, events: int, pace_s: float) -> None:
+    """Events spaced like decode steps, each stamped with CLOCK_MONOTONIC (shared by every process
+    on the machine), so the client can measure each event's delivery latency."""
+    transport.write(STREAM_HEAD)
+    for i in range(events):
+        await asyncio.sleep(pace_s)
+        ev = b'data: {"t": %.9f, "choices": [{"index": 0, "text": " tok%d"}]}\n\n' % (time.perf_counter(), i)
+        transport.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+    done = b"data: [DONE]\n\n"
+    transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
 class Backend(asyncio.Protocol):
     ready = response(b"200 OK", READY)
     completion = response(b"200 OK", COMPLETION)
     stream: list[bytes] = []
+    paced_events = 16
+    pace_s = 0.005
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -67,6 +86,9 @@ class Backend(asyncio.Protocol):
             self.buf = self.buf[end + 4 + length:]
             if head.startswith(b"GET /health"):
                 self.transport.write(self.ready)
+            elif b'"paced": true' in body:
+                asyncio.get_running_loop().create_task(
+                    paced_stream(self.transport, self.paced_events, self.pace_s))
             elif b'"stream": true' in body or b'"stream":true' in body:
                 # one write per event, as a token-by-token unit would do
                 for chunk in self.stream:

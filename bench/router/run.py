@@ -16,6 +16,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def request_bytes(port: int, stream: bool) -> bytes:
-    body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 2, "stream": stream}).encode()
+def request_bytes(port: int, stream: bool, paced: bool = False) -> bytes:
+    payload = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "stream": stream}
+    if paced:
+        payload["paced"] = True
+    body = json.dumps(payload).encode()
     return (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (port, len(body), body))
 
@@ -39,6 +43,7 @@ class Client(asyncio.Protocol):
     """One keep-alive connection; one request at a time (closed loop)."""
 
     def __init__(self) -> None:
+        self.event_lags: list[float] | None = None   # paced streams: delivery latency of each event
         self.buf = bytearray()
         self.done: asyncio.Future | None = None
         self.first_event_at = 0.0
@@ -60,6 +65,10 @@ class Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self.first_event_at and b"data:" in data:
             self.first_event_at = perf_counter()
+        if self.event_lags is not None and b'{"t": ' in data:
+            now = perf_counter()
+            for piece in data.split(b'{"t": ')[1:]:
+                self.event_lags.append(now - float(piece.split(b",", 1)[0]))
         self.buf += data
         if self.head_end < 0:
             end = self.buf.find(b"\r\n\r\n")
@@ -91,9 +100,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bool,
-                      warmup: float = 1.0, cpu_pid: int | None = None) -> dict:
+                      warmup: float = 1.0, cpu_pid: int | None = None, paced: bool = False) -> dict:
     loop = asyncio.get_running_loop()
-    payload = request_bytes(port, stream)
+    payload = request_bytes(port, stream, paced)
+    event_lags: list[float] = []
     latencies: list[float] = []
     first_events: list[float] = []
     errors = 0
@@ -104,6 +114,7 @@ async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bo
         nonlocal errors
         _, client = await loop.create_connection(Client, "127.0.0.1", port)
         while not stop:
+            client.event_lags = event_lags if (paced and measuring) else None
             t0 = perf_counter()
             try:
                 await client.send(payload)
@@ -132,7 +143,9 @@ async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bo
             "router_cpu_us_per_request": cpu_us,
             "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
             "first_event_p50_ms": pct(first_events, 50) if stream else None,
-            "first_event_p99_ms": pct(first_events, 99) if stream else None}
+            "first_event_p99_ms": pct(first_events, 99) if stream else None,
+            "event_lag_p50_ms": pct(event_lags, 50) if paced else None,
+            "event_lag_p99_ms": pct(event_lags, 99) if paced else None}
 
 
 def pct(values: list[float], q: int) -> float:
@@ -169,6 +182,8 @@ def main() -> int:
 
     os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
     backend_port, router_port = free_port(), free_port()
+    # The router's access log is part of its cost: written to a file, as a container's stderr would be.
+    router_log = tempfile.TemporaryFile()
     py = sys.executable
     backend = subprocess.Popen(["taskset", "-c", args.load_cpu, py, str(Path(__file__).with_name("backend.py")),
                                 "--port", str(backend_port), "--events", str(args.events)], cwd=REPO)
@@ -177,7 +192,7 @@ def main() -> int:
                                "--units", f"http://127.0.0.1:{backend_port}",
                                "--max-outstanding-per-unit", "1024", "--drain-grace", "0",
                                *args.router_args.split()],
-                              cwd=args.router_repo, stdout=subprocess.DEVNULL)
+                              cwd=args.router_repo, stdout=subprocess.DEVNULL, stderr=router_log)
     results: dict[str, dict] = {}
     try:
         wait_port(backend_port)
@@ -191,22 +206,27 @@ def main() -> int:
             ("stream direct c=1", backend_port, 1, True),
             ("stream router c=1", router_port, 1, True),
             ("stream router c=8", router_port, 8, True),
+            ("paced stream direct c=8", backend_port, 8, True),
+            ("paced stream router c=8", router_port, 8, True),
         ]
         for name, port, conc, stream in plan:
             results[name] = asyncio.run(closed_loop(
                 port, concurrency=conc, seconds=args.seconds, stream=stream,
-                cpu_pid=router.pid if port == router_port else None))
+                cpu_pid=router.pid if port == router_port else None, paced=name.startswith("paced")))
             r = results[name]
             cpu = r["router_cpu_us_per_request"]
             print(f"{name:24s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
                   + (f"  router CPU {cpu:.0f} us/req" if cpu else "")
                   + (f"  first event p50 {r['first_event_p50_ms']:.3f} p99 {r['first_event_p99_ms']:.3f}"
-                     if stream else "") + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
+                     if stream else "")
+                  + (f"  event lag p50 {r['event_lag_p50_ms']:.3f} p99 {r['event_lag_p99_ms']:.3f}"
+                     if r["event_lag_p50_ms"] is not None else "") + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
     finally:
         router.terminate()
         backend.terminate()
         router.wait(30)
         backend.wait(10)
+        router_log.close()
 
     d1, r1 = results["small direct c=1"], results["small router c=1"]
     s1, sr = results["stream direct c=1"], results["stream router c=1"]
@@ -219,6 +239,10 @@ def main() -> int:
         "stream_added_first_event_p50_ms": sr["first_event_p50_ms"] - s1["first_event_p50_ms"],
         "stream_added_total_p50_ms": sr["p50_ms"] - s1["p50_ms"],
         "stream_added_total_p99_ms": sr["p99_ms"] - s1["p99_ms"],
+        "paced_event_added_p50_ms": results["paced stream router c=8"]["event_lag_p50_ms"]
+        - results["paced stream direct c=8"]["event_lag_p50_ms"],
+        "paced_event_added_p99_ms": results["paced stream router c=8"]["event_lag_p99_ms"]
+        - results["paced stream direct c=8"]["event_lag_p99_ms"],
     }
     print(json.dumps(summary, indent=1))
     load = os.getloadavg()

@@ -22,7 +22,7 @@ from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, de
 from runtime.engines.plan import ParallelPlan
 from runtime.models.registry import WeightSource
 
-OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN = 1, 2, 3
+OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
 _STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
 
 
@@ -58,6 +58,16 @@ class StepResult:
     decode_logits: torch.Tensor | None = None    # rank 0: [n_decode, vocab]
 
 
+def _split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
 def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
     """What every rank must agree on before serving: model, shape, world size, strategies."""
     return [zlib.crc32(f"{model_id}|{plan.shape!r}".encode()), plan.world_size,
@@ -83,11 +93,17 @@ class ShardExecutor:
         if plan.uses("tensor") and self.world_size > 1:
             t = self.tslice
             for n in range(s.num_layers):
-                self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
-                                                      kv_heads=t.kv_heads, mlp=t.mlp)
+                if n in self.pp_layers:    # this stage's own layers: slice what is already loaded
+                    self.tp_layers[n] = self.pp_layers[n].tensor_slice(
+                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s)
+                else:
+                    self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
+                                                          kv_heads=t.kv_heads, mlp=t.mlp)
         elif self.world_size == 1:
             self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
         self.kv: dict[int, SeqKV] = {}
+        # The steady state is "decode the same batch again": then only the 4-int header travels.
+        self._last_decode: list[int] = []
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -103,10 +119,13 @@ class ShardExecutor:
         """Rank 0: send the command to the followers, then run it."""
         try:
             if self.world_size > 1:
-                header, payload = cmd.encode()
-                self._broadcast(header, 0)
-                if payload.numel():
-                    self._broadcast(payload, 0)
+                if not cmd.free and not cmd.prefill and cmd.decode and cmd.decode == self._last_decode:
+                    self._broadcast(torch.tensor([OP_REPEAT_DECODE, 0, 0, 0], dtype=torch.int64), 0)
+                else:
+                    header, payload = cmd.encode()
+                    self._broadcast(header, 0)
+                    if payload.numel():
+                        self._broadcast(payload, 0)
             return self.run(cmd)
         except EngineBroken:
             raise
@@ -132,6 +151,9 @@ class ShardExecutor:
                     return
                 if op == OP_HEARTBEAT:
                     continue
+                if op == OP_REPEAT_DECODE:
+                    self.run(StepCommand(decode=list(self._last_decode)))
+                    continue
                 if op != OP_STEP:
                     raise EngineBroken(f"unknown op {op} from the leader (version skew?)")
                 n = int(header[1]) + 3 * int(header[2]) + int(header[3])
@@ -146,6 +168,7 @@ class ShardExecutor:
 
     # --- the step itself (identical collective sequence on every rank) ------------------------
     def run(self, cmd: StepCommand) -> StepResult:
+        self._last_decode = list(cmd.decode)
         for seq_id in cmd.free:
             self.kv.pop(seq_id, None)
         result = StepResult()
@@ -251,23 +274,35 @@ class ShardExecutor:
         return segs
 
     def _decode_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        """The batch goes through the stages in up to world_size micro-batches, so every stage
+        works on one while the next stage works on the previous one."""
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         segs = self._decode_segments(cmd)
         B = len(segs)
-        if r == 0:
-            x = self._embed(cmd.decode_tokens)
-        else:
-            x = torch.empty(B, H, device=self.device)
-            dist.recv(x, src=r - 1)
-        x = self._run_layers(self.pp_layers, self.stage.layers, x, segs)
-        for seg in segs:
-            seg.kv.length += 1
-        if W > 1:
-            dist.send(x.contiguous(), dst=(r + 1) % W)
+        bounds = [(a, b) for a, b in _split_even(B, min(W, B))]
+        pending, outs = [], []
+        for a, b in bounds:
+            mb = segs[a:b]
             if r == 0:
-                x = torch.empty(B, H, device=self.device)
+                x = self._embed(cmd.decode_tokens[a:b])
+            else:
+                x = torch.empty(b - a, H, device=self.device)
+                dist.recv(x, src=r - 1)
+            x = self._run_layers(self.pp_layers, self.stage.layers, x, mb)
+            for seg in mb:
+                seg.kv.length += 1
+            if W == 1:
+                outs.append(self.head.logits(self.shape, x))
+            else:
+                pending.append(dist.isend(x.contiguous(), dst=(r + 1) % W))
+        if r == 0 and W > 1:
+            for a, b in bounds:
+                x = torch.empty(b - a, H, device=self.device)
                 dist.recv(x, src=W - 1)
-        return self.head.logits(self.shape, x) if r == 0 else None
+                outs.append(self.head.logits(self.shape, x))
+        for work in pending:
+            work.wait()
+        return torch.cat(outs) if r == 0 else None
 
     def _decode_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
         H = self.shape.hidden_size

@@ -70,6 +70,31 @@ class LayerWeights:
             n_q=qh[1] - qh[0], n_kv=kvh[1] - kvh[0],
             attention_partial=not full_attn, mlp_partial=not full_mlp)
 
+    def tensor_slice(self, *, q_heads: tuple[int, int], kv_heads: tuple[int, int],
+                     mlp: tuple[int, int], shape: LlamaShape) -> "LayerWeights":
+        """A tensor slice of this full layer without re-reading the checkpoint: row slices are
+        views; column slices (o_proj, down_proj) are copied so the matmuls see contiguous memory."""
+        d = shape.head_dim
+        full_attn = q_heads == (0, shape.num_heads)
+        full_mlp = mlp == (0, shape.intermediate_size)
+
+        def rows(w, a, b):
+            return w if (a, b) == (0, w.shape[0]) else w[a:b]
+
+        def cols(w, a, b):
+            return w if (a, b) == (0, w.shape[1]) else w[:, a:b].contiguous()
+
+        return LayerWeights(
+            input_norm=self.input_norm, post_norm=self.post_norm,
+            wq=rows(self.wq, q_heads[0] * d, q_heads[1] * d),
+            wk=rows(self.wk, kv_heads[0] * d, kv_heads[1] * d),
+            wv=rows(self.wv, kv_heads[0] * d, kv_heads[1] * d),
+            wo=cols(self.wo, q_heads[0] * d, q_heads[1] * d),
+            w_gate=rows(self.w_gate, *mlp), w_up=rows(self.w_up, *mlp),
+            w_down=cols(self.w_down, *mlp),
+            n_q=q_heads[1] - q_heads[0], n_kv=kv_heads[1] - kv_heads[0],
+            attention_partial=not full_attn, mlp_partial=not full_mlp)
+
 
 @dataclass
 class SeqKV:

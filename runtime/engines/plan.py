@@ -83,14 +83,22 @@ class ParallelPlan:
 
     def describe(self) -> str:
         s = self.shape
+        def used_by(strategy: str) -> str:
+            phases = [ph for ph, st in (("prefill", self.prefill), ("decode", self.decode))
+                      if st == strategy]
+            return f"used for {' and '.join(phases)}" if phases else "not used by these strategies"
+
+        def span(a: int, b: int) -> str:
+            return f"{a}" if b - a == 1 else f"{a}-{b - 1}"
+
         lines = [
             f"model: {s.num_layers} layers, hidden {s.hidden_size}, {s.num_heads} query / "
             f"{s.num_kv_heads} KV heads (head_dim {s.head_dim}), MLP intermediate "
             f"{s.intermediate_size}, vocab {s.vocab_size}, "
             f"{'tied' if s.tie_word_embeddings else 'untied'} embeddings",
             f"unit: world_size {self.world_size}; prefill={self.prefill}, decode={self.decode}",
-            f"pipeline (pp_degree {self.pp_degree}), stages balanced by parameters per token "
-            "(embedding and LM head counted on stage 0):",
+            f"pipeline (pp_degree {self.pp_degree}, {used_by('pipeline')}), stages balanced by "
+            "parameters per token (embedding and LM head counted on stage 0):",
         ]
         total = sum(st.cost for st in self.stages)
         for st in self.stages:
@@ -98,10 +106,11 @@ class ParallelPlan:
             lines.append(f"  rank {st.rank}: layers {st.first_layer}-{st.stop_layer - 1} "
                          f"({len(st.layers)} layers){extra}; cost {st.cost / 1e6:.2f}M "
                          f"({100 * st.cost / total:.1f}%)")
-        lines.append(f"tensor parallel (tp_degree {self.tp_degree}), every layer split:")
+        lines.append(f"tensor parallel (tp_degree {self.tp_degree}, {used_by('tensor')}), every "
+                     "layer split:")
         for t in self.tensor_slices:
-            lines.append(f"  rank {t.rank}: query heads {t.q_heads[0]}-{t.q_heads[1] - 1}, KV heads "
-                         f"{t.kv_heads[0]}-{t.kv_heads[1] - 1}, MLP columns {t.mlp[0]}-{t.mlp[1] - 1}"
+            lines.append(f"  rank {t.rank}: query heads {span(*t.q_heads)}, KV heads "
+                         f"{span(*t.kv_heads)}, MLP columns {span(*t.mlp)}"
                          f"{'; embedding, final norm, LM head, sampling' if t.rank == 0 else ''}")
         if self.needs_reshard():
             src, dst = (("layer-split", "head-split") if self.prefill == "pipeline"

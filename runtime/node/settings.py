@@ -54,6 +54,7 @@ class NodeSettings:
     backoff_initial_s: float
     backoff_max_s: float
     peer_poll_s: float              # how often members check each other
+    rendezvous_watch_s: float       # how often the rendezvous backend is asked about changes (AWS APIs)
     peer_dead_after_s: float        # a member silent this long is dead: the unit re-forms
     max_tokens_limit: int           # the largest max_tokens a request may ask for
     torch_threads: int
@@ -95,6 +96,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     a("--live-budget", dest="live_budget_s", help="seconds /health/live stays 200 while not formed [FLOTILLA_LIVE_BUDGET_S, default 1800]")
     a("--max-restarts", help="re-forms allowed per restart window [FLOTILLA_MAX_RESTARTS, default 10]")
     a("--restart-window", dest="restart_window_s", help="seconds [FLOTILLA_RESTART_WINDOW_S, default 600]")
+    a("--rendezvous-watch", dest="rendezvous_watch_s", help="seconds between rendezvous membership checks; the member-to-member handshake notices deaths sooner [FLOTILLA_RENDEZVOUS_WATCH_S, default 10]")
     a("--peer-dead-after", dest="peer_dead_after_s", help="seconds of silence before a member counts as dead [FLOTILLA_PEER_DEAD_AFTER_S, default 3]")
     a("--max-tokens-limit", help="largest max_tokens a request may ask for [FLOTILLA_MAX_TOKENS_LIMIT, default 4096]")
     a("--torch-threads", help="torch threads per process [FLOTILLA_TORCH_THREADS, default 1]")
@@ -128,6 +130,7 @@ _ENV: dict[str, tuple[str, str | None]] = {
     "max_restarts": ("FLOTILLA_MAX_RESTARTS", "10"),
     "restart_window_s": ("FLOTILLA_RESTART_WINDOW_S", "600"),
     "peer_dead_after_s": ("FLOTILLA_PEER_DEAD_AFTER_S", "3"),
+    "rendezvous_watch_s": ("FLOTILLA_RENDEZVOUS_WATCH_S", "10"),
     "max_tokens_limit": ("FLOTILLA_MAX_TOKENS_LIMIT", "4096"),
     "torch_threads": ("FLOTILLA_TORCH_THREADS", "1"),
     "kv_budget_tokens": ("FLOTILLA_KV_BUDGET_TOKENS", "16384"),
@@ -270,6 +273,7 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         backoff_initial_s=0.5,
         backoff_max_s=30.0,
         peer_poll_s=0.25,
+        rendezvous_watch_s=_float(label["rendezvous_watch_s"], req("rendezvous_watch_s"), lo=0.1),
         peer_dead_after_s=_float(label["peer_dead_after_s"], req("peer_dead_after_s"), lo=0.1),
         max_tokens_limit=_int(label["max_tokens_limit"], req("max_tokens_limit"), lo=1),
         torch_threads=_int(label["torch_threads"], req("torch_threads"), lo=1, hi=256),

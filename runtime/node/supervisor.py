@@ -236,7 +236,7 @@ class UnitSupervisor:
         elif st.get("revision") != m.revision:
             problem = f"runs revision {st.get('revision')!r}, this unit is {m.revision!r}"
         elif st.get("rank") != member.rank or st.get("world_size") != m.world_size:
-            problem = f"reports rank {st.get('rank')}/{st.get('world_size')}"
+            return False   # not joined yet, or its view of the unit is a step behind: ask again later
         if problem is None:
             return True
         key = f"{member.host}:{member.api_port}:{problem}"
@@ -248,7 +248,7 @@ class UnitSupervisor:
         return False
 
     async def _watch_rendezvous(self, m: Membership, last: list[float]) -> None:
-        if time.monotonic() - last[0] >= 2.0:
+        if time.monotonic() - last[0] >= self.s.rendezvous_watch_s:
             last[0] = time.monotonic()
             if await self.rendezvous.changed(m):
                 raise FormationEnded("membership changed")

@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import time
 import uuid
 
@@ -39,14 +40,67 @@ _WHOLE_BODY_LIMIT = 1024 * 1024     # bodies of known length up to this are rela
 perf_counter = time.perf_counter
 
 
-def _sse_cut(data: bytes) -> int:
-    """Length of the prefix of data made of complete SSE events (0 if none is complete)."""
-    cut = 0
-    for boundary in _SSE_BOUNDARIES:
-        at = data.rfind(boundary)
-        if at >= 0:
-            cut = max(cut, at + len(boundary))
-    return cut
+class SseFramer:
+    """Passes an SSE body through in whole events: each feed returns the complete events so far and
+    holds back a trailing partial one (at most max_hold bytes), so an error event appended after a
+    failure always starts on an event boundary and parses."""
+
+    __slots__ = ("_pending", "_max_hold")
+
+    def __init__(self, max_hold: int) -> None:
+        self._pending = b""
+        self._max_hold = max_hold
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        cut = 0
+        for boundary in _SSE_BOUNDARIES:
+            at = data.rfind(boundary)
+            if at >= 0:
+                cut = max(cut, at + len(boundary))
+        if cut == 0 and len(data) > self._max_hold:
+            cut = len(data)   # not SSE after all: never hold more than max_hold back
+        self._pending = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+class AccessLog:
+    """JSON lines on stderr, written in batches (one write every flush_interval_s at most) so the
+    log costs the router a fraction of a syscall per request; flushed on close."""
+
+    def __init__(self, *, flush_interval_s: float = 0.2, stream=None) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._lines: list[str] = []
+        self._interval = flush_interval_s
+        self._scheduled = False
+
+    def write(self, record: dict) -> None:
+        self._lines.append(json.dumps(record))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(self._interval, self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._lines:
+            lines, self._lines = self._lines, []
+            self._stream.write("\n".join(lines) + "\n")
+            self._stream.flush()
+
+
+class _Trace:
+    """What the access log needs to know about one request, filled in along the way."""
+
+    __slots__ = ("attempts", "first_byte", "shed")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.first_byte = 0.0
+        self.shed = False
 
 
 class _Retry(Exception):
@@ -84,6 +138,8 @@ class Router:
         self.settings = settings
         self.fleet = Fleet(settings=settings, discovery=discovery)
         self.metrics = RouterMetrics(self.fleet)
+        self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
+        self.access_log = AccessLog()
         self.healthy = True           # /health answer; False from the moment a drain starts
         self.refusing = False         # after the drain grace: new requests get 503 + close
         self.inflight = 0
@@ -139,6 +195,7 @@ class Router:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.fleet.close()
+        self.access_log.flush()
 
     # --- local endpoints ---------------------------------------------------------------------
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -168,20 +225,39 @@ class Router:
             return error_response(503, "this router is shutting down; retry", code="router_draining",
                                   err_type="service_unavailable", request_id=request_id,
                                   retry_after=self.settings.retry_after_s, close=True)
+        arrival = time.time()
         body = await request.read()
         self.inflight += 1
         self._idle.clear()
-        self.metrics.inflight.inc()
+        resp: web.StreamResponse | None = None
+        trace = _Trace()
         try:
-            return await self._route(request, body, request_id, t0)
+            resp = await self._route(request, body, request_id, t0, trace)
+            return resp
         finally:
             self.inflight -= 1
-            self.metrics.inflight.dec()
             if self.inflight == 0:
                 self._idle.set()
+            if self.settings.access_log and not trace.shed:
+                self._access_log(request, request_id, resp, trace, arrival, t0)
+
+    def _access_log(self, request: web.Request, request_id: str, resp: web.StreamResponse | None,
+                    trace: _Trace, arrival: float, t0: float) -> None:
+        """One JSON line per routed request (sheds are only counted: an overload must not flood
+        the logs). Same shape as the node's request lines, so one query follows a request id."""
+        first = trace.first_byte
+        rec = {"ts": round(time.time(), 6), "event": "router_request", "request_id": request_id,
+               "method": request.method, "path": request.path,
+               "status": resp.status if resp is not None else 499,
+               "unit": resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
+               "revision": resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
+               "attempts": trace.attempts, "arrival": round(arrival, 6),
+               "first_byte_ms": round(1000 * (first - t0), 3) if first else None,
+               "duration_ms": round(1000 * (perf_counter() - t0), 3)}
+        self.access_log.write(rec)
 
     async def _route(self, request: web.Request, body: bytes, request_id: str,
-                     t0: float) -> web.StreamResponse:
+                     t0: float, trace: _Trace) -> web.StreamResponse:
         headers = self._upstream_headers(request, request_id)
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
@@ -191,10 +267,12 @@ class Router:
             if unit is None:
                 if refusal is not None:
                     return refusal   # every unit we could try refused: pass the last answer on
+                trace.shed = True
                 return self._shed(pick.reason, request_id)
             unit.outstanding += 1
+            trace.attempts = len(tried) + 1
             try:
-                return await self._attempt(unit, request, body, headers, request_id, t0)
+                return await self._attempt(unit, request, body, headers, request_id, t0, trace)
             except _Retry as retry:
                 self.metrics.retries.labels(retry.reason).inc()
                 tried += (unit,)
@@ -230,7 +308,8 @@ class Router:
         return headers
 
     async def _attempt(self, unit: Unit, request: web.Request, body: bytes,
-                       headers: dict[str, str], request_id: str, t0: float) -> web.StreamResponse:
+                       headers: dict[str, str], request_id: str, t0: float,
+                       trace: _Trace) -> web.StreamResponse:
         s = self.settings
         session = unit.session
         if session is None or session.closed:
@@ -269,8 +348,9 @@ class Router:
             if (length is not None and length <= _WHOLE_BODY_LIMIT
                     and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")):
                 resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first)
+                trace.first_byte = perf_counter()
             else:
-                resp = await self._relay(unit, request, upstream, request_id, t_sent - t0, t_first)
+                resp = await self._relay(unit, request, upstream, request_id, t_sent - t0, t_first, trace)
         finally:
             upstream.release()
         self.metrics.count_routed(unit.unit, status)
@@ -327,7 +407,8 @@ class Router:
         raise _Retry(f"unit_{status}", refusal)
 
     async def _relay(self, unit: Unit, request: web.Request, upstream: aiohttp.ClientResponse,
-                     request_id: str, before_send: float, t_first: float) -> web.StreamResponse:
+                     request_id: str, before_send: float, t_first: float,
+                     trace: _Trace) -> web.StreamResponse:
         """Stream the body through as it arrives (SSE, chunked or large bodies)."""
         s = self.settings
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -339,10 +420,11 @@ class Router:
             resp.content_length = upstream.content_length
         is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
         await resp.prepare(request)
+        trace.first_byte = perf_counter()
         # Added latency: the router's work before sending, plus from the unit's headers to the
         # client's headers. The unit's own time to first byte is not the router's.
         self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
-        pending = b""   # SSE only: the tail after the last complete event, sent when completed
+        framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
         content = upstream.content
         while True:
             try:
@@ -360,10 +442,8 @@ class Router:
                                           f"the partial output above is incomplete")
             if not chunk:
                 break
-            if is_sse:
-                chunk = pending + chunk
-                cut = _sse_cut(chunk)
-                chunk, pending = chunk[:cut], chunk[cut:]
+            if framer is not None:
+                chunk = framer.feed(chunk)
                 if not chunk:
                     continue
             try:
@@ -372,9 +452,13 @@ class Router:
                 # The client went away: drop the unit connection so the unit cancels the work.
                 upstream.close()
                 return resp
-        if pending:
-            await resp.write(pending)
-        await resp.write_eof()
+        try:
+            rest = framer.flush() if framer is not None else b""
+            if rest:
+                await resp.write(rest)
+            await resp.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            pass   # the client left just as the response ended
         return resp
 
     async def _broken(self, request: web.Request, resp: web.StreamResponse,

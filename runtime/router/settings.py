@@ -29,7 +29,7 @@ class RouterSettings:
     discovery_interval_s: float = 2.0
     # health and load polling of every unit
     poll_interval_s: float = 0.25
-    poll_timeout_s: float = 0.5
+    poll_timeout_s: float = 1.0
     # proxying
     connect_timeout_s: float = 1.0
     first_byte_timeout_s: float = 60.0          # prefill of a long prompt on a busy unit
@@ -40,6 +40,7 @@ class RouterSettings:
     max_outstanding_per_unit: int = 64          # requests this router has in flight to one unit
     max_queue_depth: int = 32                   # queue depth the unit itself reports
     retry_after_s: int = 1
+    access_log: bool = True                     # one JSON line per routed request on stderr
     # SIGTERM drain
     drain_grace_s: float = 5.0                  # keep serving after /health turns 503 (ALB notices)
     drain_timeout_s: float = 120.0              # give up waiting for in-flight requests after this

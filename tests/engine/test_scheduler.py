@@ -162,3 +162,44 @@ def test_health_goes_ready_then_stopped_and_generate_refuses_after_shutdown():
             await _collect(engine)
         return ready, engine.health().state
     assert run(go()) == (EngineState.READY, EngineState.STOPPED)
+
+
+def test_a_consumer_that_stops_reading_frees_its_slot():
+    async def go():
+        engine = await _engine()
+        req = GenerationRequest(request_id="gone", prompt_token_ids=PROMPT,
+                                sampling=SamplingParams(max_tokens=1500, ignore_eos=True))
+        stream = engine.generate(req)
+        async for _ in stream:
+            break
+        await stream.aclose()             # what an HTTP server does when the client disconnects
+        for _ in range(500):
+            if engine.load().running == 0:
+                break
+            await asyncio.sleep(0.01)
+        load = engine.load()
+        await engine.shutdown()
+        return load
+    load = run(go())
+    assert (load.running, load.kv_cache_used) == (0, 0.0)
+
+
+def test_cancelling_a_queued_request_ends_its_stream_without_running_it():
+    async def go():
+        engine = await _engine(kv_budget_tokens=2000)   # the first request holds nearly all of it
+        first = asyncio.create_task(_collect(engine, "first", max_tokens=1990, ignore_eos=True))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(_collect(engine, "queued", max_tokens=25, ignore_eos=True))
+        for _ in range(1000):
+            load = engine.load()
+            if (load.running, load.queue_depth) == (1, 1):
+                break
+            await asyncio.sleep(0.01)
+        assert (load.running, load.queue_depth) == (1, 1)
+        engine.cancel("queued")
+        events = await second
+        engine.cancel("first")
+        await first
+        await engine.shutdown()
+        return events
+    assert run(go()) == []

@@ -44,7 +44,7 @@ def test_a_membership_change_reforms_the_unit_and_counts_against_the_budget():
     async def scenario():
         port = free_port()
         s = load_settings(["--engine", "echo", "--peers", f"127.0.0.1:{port}", "--rank", "0", "--unit", "u",
-                           "--revision", "r"], {})
+                           "--revision", "r", "--rendezvous-watch", "0.2"], {})
         rdv = FlippingRendezvous(port)
         sup = UnitSupervisor(settings=s, rendezvous=rdv, metrics=NodeMetrics())
         run = asyncio.create_task(sup.run())

@@ -188,7 +188,10 @@ class Load:
     pick_url: object                     # () -> base URL of the router to use
     clients: int = 8
     max_tokens: int = 6
+    ignore_eos: bool = False             # generate max_tokens even if the tiny model emits EOS
+    stream_max_tokens: int | None = None  # longer streams, so a failure can catch one mid-way
     outcomes: list[Outcome] = field(default_factory=list)
+    live_streams: dict[str, int] = field(default_factory=dict)   # unit -> streams past their first event
     _stop: bool = False
 
     async def run(self, until) -> list[Outcome]:
@@ -210,14 +213,28 @@ class Load:
     async def one(self, session: aiohttp.ClientSession, *, stream: bool) -> Outcome:
         base = self.pick_url()
         out = Outcome(sent=time.monotonic(), done=0.0, stream=stream, via=base)
-        payload = {"model": "tiny", "prompt": "the router test", "max_tokens": self.max_tokens,
-                   "stream": stream}
+        max_tokens = self.stream_max_tokens if stream and self.stream_max_tokens else self.max_tokens
+        payload = {"model": "tiny", "prompt": "the router test", "max_tokens": max_tokens,
+                   "stream": stream, "ignore_eos": self.ignore_eos}
         try:
             async with session.post(base + "/v1/completions", json=payload) as r:
                 out.status = r.status
                 out.unit = r.headers.get(contract.UNIT_HEADER, "")
                 out.revision = r.headers.get(contract.REVISION_HEADER, "")
-                body = await r.read()
+                if stream and r.status == 200:
+                    body = b""
+                    live = False
+                    try:
+                        async for piece in r.content.iter_any():
+                            body += piece
+                            if not live and b"data: " in body:
+                                live = True      # this stream is now visibly in progress
+                                self.live_streams[out.unit] = self.live_streams.get(out.unit, 0) + 1
+                    finally:
+                        if live:
+                            self.live_streams[out.unit] -= 1
+                else:
+                    body = await r.read()
             if out.status != 200:
                 out.error = body.decode(errors="replace")[:300]
             elif stream:

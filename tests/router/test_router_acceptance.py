@@ -23,6 +23,18 @@ pytestmark = pytest.mark.timeout(300)
 POLL_S = 0.2
 
 
+@pytest.fixture
+def procs():
+    """Every unit and router a test starts; all are stopped at teardown, whatever happened."""
+    started: list = []
+    yield started.append
+    for proc in reversed(started):
+        try:
+            proc.stop()
+        except Exception as exc:  # keep stopping the others; the failure is reported below
+            print(f"could not stop {proc}: {exc!r}")
+
+
 def run(coro, timeout: float = 240.0):
     async def bounded():
         return await asyncio.wait_for(coro, timeout)
@@ -58,11 +70,13 @@ def describe(outcomes) -> str:
         f"[{o.status} {o.unit} stream={o.stream}] {o.error[:120]}" for o in bad[:8])
 
 
-def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path):
+def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path, procs):
     a = UnitProcesses(tmp_path, name="unit-a", revision="1")
     b = UnitProcesses(tmp_path, name="unit-b", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.url},{b.url}",
-                                                     "--poll-interval", str(POLL_S)])
+                                                     "--poll-interval", str(POLL_S), "--drain-grace", "0"])
+    for proc in (a, b, router):
+        procs(proc)
     marks: dict[str, float] = {}
 
     async def scenario():
@@ -71,11 +85,15 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         await asyncio.gather(a.wait_ready(), b.wait_ready())
         await router.start()
         await router.wait_routable(2)
-        load = Load(pick_url=lambda: router.url, clients=8)
+        load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=24, ignore_eos=True)
 
         async def controller():
             await wait_until(lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10,
                              timeout=60, what="traffic on unit-a")
+            # Kill while a stream from unit-a is visibly under way, so that case is exercised.
+            await wait_until(lambda: load.live_streams.get("unit-a", 0) > 0, timeout=60,
+                             what="a stream in progress on unit-a", every=0.001)
+            marks["streams_in_progress"] = load.live_streams["unit-a"]
             watch = asyncio.create_task(first_unready(a.url, timeout=30))
             await asyncio.sleep(0.05)
             a.kill9(1)
@@ -93,19 +111,17 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes, await router.metrics()
 
-    try:
-        outcomes, metrics = run(scenario())
-    finally:
-        router_code = router.stop()
-        a.stop()
-        b.stop()
+    outcomes, metrics = run(scenario())
+    router_code = router.stop()
     failed = [o for o in outcomes if not o.ok]
     last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["reformed"]),
                     default=marks["unready"])
     print(f"failover: {len(outcomes)} requests, {len(failed)} failed (streams running on unit-a at the "
           f"kill), last request sent to unit-a {last_on_a - marks['unready']:+.3f} s after it turned "
-          f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill")
+          f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill; "
+          f"stream error: {failed[0].error if failed else None!r}")
     assert len(outcomes) >= 200
+    assert failed, "no stream was cut by the kill: the broken-stream path was not exercised"
     # Only streams already running on the broken unit may fail, and they fail with a clear error.
     for o in failed:
         assert o.stream and o.unit == "unit-a" and o.sent < marks["unready"], describe(outcomes)
@@ -121,14 +137,16 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     assert router_code == 0
 
 
-def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path):
+def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path, procs):
     a = UnitProcesses(tmp_path, name="unit-a", revision="1")
     b = UnitProcesses(tmp_path, name="unit-b", revision="2")
     units_file = tmp_path / "units.txt"
     units_file.write_text(a.url + "\n")
     router = RouterProcess(tmp_path, name="r", args=["--units-file", str(units_file),
                                                      "--poll-interval", str(POLL_S),
-                                                     "--discovery-interval", "0.2"])
+                                                     "--discovery-interval", "0.2", "--drain-grace", "0"])
+    for proc in (a, b, router):
+        procs(proc)
     marks: dict[str, float] = {}
 
     async def scenario():
@@ -155,12 +173,7 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes
 
-    try:
-        outcomes = run(scenario())
-    finally:
-        router.stop()
-        a.stop()
-        b.stop()
+    outcomes = run(scenario())
     assert all(o.ok for o in outcomes), describe(outcomes)
     assert any(o.revision == "1" for o in outcomes) and any(o.revision == "2" for o in outcomes)
     after = [o for o in outcomes if o.sent > marks["a_gone"]]
@@ -203,11 +216,13 @@ class RoundRobinFront:
         return live[self._next % len(live)]
 
 
-def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_request(tmp_path: Path):
+def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_request(tmp_path: Path, procs):
     unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
     args = ["--units", unit.url, "--poll-interval", str(POLL_S), "--drain-grace", "1.0"]
     r1 = RouterProcess(tmp_path, name="blue", args=args)
     r2 = RouterProcess(tmp_path, name="green", args=args)
+    for proc in (unit, r1, r2):
+        procs(proc)
     marks: dict[str, float] = {}
 
     async def scenario():
@@ -234,22 +249,19 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
             await front.stop()
         return load.outcomes
 
-    try:
-        outcomes = run(scenario())
-    finally:
-        r1.stop()
-        r2.stop()
-        unit.stop()
+    outcomes = run(scenario())
     assert all(o.ok for o in outcomes), describe(outcomes)
     assert marks["code"] == 0
     assert any(o.via == r1.url for o in outcomes)
     assert all(o.via == r2.url for o in outcomes if o.sent > marks["r1_gone"])
 
 
-def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path):
+def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path, procs):
     unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", unit.url, "--poll-interval", str(POLL_S),
-                                                     "--max-outstanding-per-unit", "4"])
+                                                     "--max-outstanding-per-unit", "4", "--drain-grace", "0"])
+    procs(unit)
+    procs(router)
 
     def rss_kib() -> int:
         status = Path(f"/proc/{router.proc.pid}/status").read_text()
@@ -260,7 +272,7 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
         await unit.wait_ready()
         await router.start()
         await router.wait_routable(1)
-        admitted_load = Load(pick_url=lambda: router.url, max_tokens=200)
+        admitted_load = Load(pick_url=lambda: router.url, max_tokens=300, ignore_eos=True)
         flood_load = Load(pick_url=lambda: router.url)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             admitted = [asyncio.create_task(admitted_load.one(s, stream=True)) for _ in range(4)]
@@ -281,13 +293,11 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
             done = await asyncio.gather(*admitted)
         return done, floods, rss
 
-    try:
-        done, floods, rss = run(scenario())
-    finally:
-        router.stop()
-        unit.stop()
+    done, floods, rss = run(scenario())
     assert all(o.ok for o in done), describe(done)
     assert [o.status for o in floods] == [429] * len(floods)
+    print(f"overload: {len(floods)} refused with 429 in {max(o.done for o in floods) - min(o.sent for o in floods):.2f} s "
+          f"while 4 admitted generations ran; router RSS {rss} KiB")
     # "Quickly": every refusal came back while the admitted generations were still running.
     assert max(o.done for o in floods) < min(o.done for o in done)
     assert rss[-1] - rss[1] < 8 * 1024, rss

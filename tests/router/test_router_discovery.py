@@ -7,7 +7,7 @@ import pytest
 from moto import mock_aws
 
 import contract
-from conftest import router_over, run, wait_for
+from router_testkit import router_over, run, wait_for
 from router_standins import StandInUnit
 from runtime.router.discovery import CloudMapDiscovery, DiscoveryError, StaticDiscovery
 from runtime.router.settings import RouterSettings, SettingsError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from conftest import run, wait_for
+from router_testkit import run, wait_for
 from router_standins import StandInUnit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +30,17 @@ async def start_router_process(*args: str) -> tuple[asyncio.subprocess.Process, 
     return proc, line.decode().split()[-1]
 
 
+async def wait_routable(session: aiohttp.ClientSession, url: str, count: int) -> None:
+    async def routable() -> int:
+        async with session.get(url + "/health") as r:
+            return (await r.json())["routable_units"]
+    for _ in range(1000):
+        if await routable() == count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"router at {url} never saw {count} routable unit(s)")
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -44,8 +55,7 @@ def test_sigterm_fails_health_at_once_finishes_in_flight_streams_and_exits_0():
         proc, url = await start_router_process("--units", a.url, "--drain-grace", "0.3")
         try:
             async with aiohttp.ClientSession() as s:
-                await wait_for(lambda: a.polls > 0)
-                await asyncio.sleep(0.2)
+                await wait_routable(s, url, 1)
                 resp = await s.post(url + "/v1/completions", json={"prompt": "x", "stream": True})
                 first = await resp.content.readuntil(b"\n\n")
                 proc.send_signal(signal.SIGTERM)
@@ -86,11 +96,13 @@ def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
     async def scenario():
         a = await StandInUnit(name="a").start()
         a.gate = asyncio.Event()      # the unit holds every request it accepts
-        proc, url = await start_router_process("--units", a.url, "--max-outstanding-per-unit", "4")
+        # The stand-in shares this loop with 400 concurrent clients: give its health answer time.
+        proc, url = await start_router_process("--units", a.url, "--max-outstanding-per-unit", "4",
+                                               "--poll-timeout", "10")
         try:
             connector = aiohttp.TCPConnector(limit=200)
             async with aiohttp.ClientSession(connector=connector) as s:
-                await asyncio.sleep(0.3)
+                await wait_routable(s, url, 1)
 
                 async def one():
                     async with s.post(url + "/v1/completions", json={"prompt": "x" * 2000}) as r:

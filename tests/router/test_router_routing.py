@@ -9,7 +9,7 @@ import aiohttp
 import openai
 
 import contract
-from conftest import base_url, post, router_over, run, wait_for
+from router_testkit import base_url, post, router_over, run, wait_for
 from router_standins import StandInUnit
 
 
@@ -292,3 +292,37 @@ def test_client_that_goes_away_releases_the_unit_stream():
             assert router.fleet.units[a.url].outstanding == 0
         await stop_all(us)
     run(scenario())
+
+
+def test_kv_cache_use_breaks_a_tie_in_reported_load():
+    async def scenario():
+        a, b = us = await units("a", "b")
+        a.running, b.running = 2, 2
+        a.kv_cache_used, b.kv_cache_used = 0.9, 0.1
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            await wait_for(lambda: router.fleet.units[a.url].kv_cache_used == 0.9)
+            for _ in range(4):
+                await post(s, router)
+        await stop_all(us)
+        assert len(b.received) == 4 and a.received == []
+    run(scenario())
+
+
+def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsys):
+    async def scenario():
+        a, b = us = await units("a", "b")
+        b.queue_depth = 3
+        a.refuse = 503
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            await post(s, router, headers={contract.REQUEST_ID_HEADER: "logged-1"})
+            for u in router.fleet.units.values():
+                u.mark_unready("test")
+            status, _, _ = await post(s, router, headers={contract.REQUEST_ID_HEADER: "shed-1"})
+        await stop_all(us)
+        assert status == 503
+    run(scenario())
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()
+             if line.startswith('{"ts"')]
+    assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [
+        ("logged-1", 200, "b", 2)]
+    assert lines[0]["event"] == "router_request" and lines[0]["duration_ms"] > 0

@@ -7,7 +7,7 @@ import json
 
 import aiohttp
 
-from conftest import base_url, post, router_over, run, wait_for
+from router_testkit import base_url, post, router_over, run, wait_for
 from router_standins import StandInUnit
 
 

@@ -231,7 +231,7 @@ def test_task_role_reads_only_the_model_prefix_and_its_own_cluster(default_synth
     task_policy = next(p for k, p in policies.items() if k.startswith("TaskRole"))
     statements = {s["Sid"]: s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]}
     assert set(statements) == {"ReadModelArtifacts", "ListModelArtifacts", "ListClusterTasks",
-                               "DescribeClusterTasks", "ReadInstanceTopology"}
+                               "DescribeClusterTasks", "ReadInstancesAndTopology"}
     assert statements["ReadModelArtifacts"]["Action"] == "s3:GetObject"
     assert statements["ReadModelArtifacts"]["Resource"]["Fn::Join"][1][-1] == \
         ":s3:::flotilla-models-example/llama-3.1-8b-instruct/*"
@@ -243,7 +243,8 @@ def test_task_role_reads_only_the_model_prefix_and_its_own_cluster(default_synth
             "ArnEquals": {"ecs:cluster": {"Fn::GetAtt": [cluster_logical, "Arn"]}}}
     assert statements["DescribeClusterTasks"]["Action"] == [
         "ecs:DescribeContainerInstances", "ecs:DescribeTasks"]
-    assert statements["ReadInstanceTopology"]["Action"] == "ec2:DescribeInstanceTopology"
+    assert statements["ReadInstancesAndTopology"]["Action"] == [
+        "ec2:DescribeInstanceTopology", "ec2:DescribeInstances"]
 
 
 def test_instance_role_has_only_the_ecs_agent_essentials(default_synth):
@@ -298,3 +299,36 @@ def test_cluster_and_task_family_have_readable_names(default_synth):
     cluster = only(default_synth.resources("Cell-0", "AWS::ECS::Cluster"))["Properties"]
     task = only(default_synth.resources("Cell-0", "AWS::ECS::TaskDefinition"))["Properties"]
     assert (cluster["ClusterName"], task["Family"]) == ("flotilla-cell0", "flotilla-cell0-unit0")
+
+
+def test_task_role_grants_exactly_the_aws_calls_ecs_rendezvous_makes(default_synth):
+    """Read runtime/rendezvous/ecs.py as text (stacks never import runtime) and compare its
+    boto3 calls with the task role's ECS/EC2 actions: nothing missing, nothing extra."""
+    import re
+    from synth_helpers import REPO_ROOT
+    source = (REPO_ROOT / "runtime" / "rendezvous" / "ecs.py").read_text()
+    calls = {(svc, op) for svc, op in re.findall(r"self\._(ecs|ec2)\.(\w+)\(", source)
+             if op != "get_paginator"}
+    calls |= {(svc, op) for svc, op in re.findall(
+        r"self\._(ecs|ec2)\.get_paginator\(\"(\w+)\"\)", source)}
+    called = {f"{svc}:{''.join(w.capitalize() for w in op.split('_'))}" for svc, op in calls}
+    policies = default_synth.resources("Cell-0", "AWS::IAM::Policy")
+    task_policy = next(p for k, p in policies.items() if k.startswith("TaskRole"))
+    granted = set()
+    for statement in task_policy["Properties"]["PolicyDocument"]["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        granted |= {a for a in actions if a.startswith(("ecs:", "ec2:"))}
+    assert called == granted
+
+
+def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_path):
+    """The container's settings parser (runtime/node/settings.py) takes the task's environment
+    as is: ECS rendezvous, the unit's id, size and revision, the node API port."""
+    from runtime.node.settings import load_settings
+    from synth_helpers import config_with, synthesize
+    synth = synthesize(config_with(node={"engine": "reference"}, revision="7"), tmp_path)
+    env = {e["Name"]: e["Value"] for e in node_container(synth)["Environment"]}
+    settings = load_settings(argv=[], env=env)
+    assert (settings.rendezvous, settings.unit_id, settings.revision, settings.nodes_per_unit,
+            settings.api_port, settings.engine) == (
+        "ecs", "cell0-unit0", "7", 2, contract.NODE_API_PORT, "reference")

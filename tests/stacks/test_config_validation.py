@@ -14,9 +14,9 @@ REJECTED = [
     ({"instance_type": "trn2.48xlarge"},
      "invalid flotilla config: instance_type='trn2.48xlarge': one of trn1.32xlarge, trn1n.32xlarge"),
     ({"nodes_per_unit": 0},
-     "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 128"),
+     "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 64"),
     ({"nodes_per_unit": "2"},
-     "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 128"),
+     "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 64"),
     ({"units": 0}, "invalid flotilla config: units=0: an integer from 1 to 10000"),
     ({"units_per_cell": 21},
      "invalid flotilla config: units_per_cell=21: an integer from 1 to 20 (ECS allows 20 "
@@ -54,7 +54,7 @@ REJECTED = [
     ({"unit_rollout": "bluegreen"},
      "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
     ({"node": {"engine": "cuda"}},
-     "invalid flotilla config: node.engine='cuda': one of neuron, reference"),
+     "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
     ({"node": {"decode_strategy": "expert"}},
      "invalid flotilla config: node.decode_strategy='expert': one of pipeline, tensor"),
     ({"node": {"drain_timeout_s": 300}},
@@ -84,12 +84,17 @@ def test_invalid_value_is_rejected_with_one_line_naming_key_value_and_allowed(ov
     assert "\n" not in str(err.value)
 
 
-def test_more_than_5000_container_instances_per_cluster_is_rejected():
+def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch):
+    import stacks.config as config_module
+    # With today's ranges a cell holds at most 20 x 64 x 2 = 2,560 instances (limit 5,000); a
+    # lower limit shows the check and its message.
+    monkeypatch.setattr(config_module, "MAX_CONTAINER_INSTANCES_PER_CLUSTER", 2000)
+    config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="replace")
     with pytest.raises(ConfigError) as err:
-        config_with(nodes_per_unit=128, units=40, units_per_cell=20, unit_rollout="surge")
+        config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge")
     assert str(err.value) == (
-        "invalid flotilla config: units_per_cell=20: at most 19 with 256 instances per unit "
-        "(ECS allows 5000 container instances per cluster)")
+        "invalid flotilla config: units_per_cell=20: at most 15 with 128 instances per unit "
+        "(ECS allows 2000 container instances per cluster)")
 
 
 def test_more_efa_addresses_than_a_private_subnet_holds_is_rejected():

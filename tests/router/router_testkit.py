@@ -1,19 +1,19 @@
-"""Helpers for router tests: run a scenario on a fresh event loop, start routers over stand-in units."""
+"""Helpers for router tests: run a scenario on a fresh event loop, start routers over stand-in units.
+
+A plain module, not conftest.py: test modules import it by name, and a second conftest module would
+clash with the other suites' conftest files on sys.path.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from runtime.router.discovery import StaticDiscovery  # noqa: E402
-from runtime.router.proxy import Router  # noqa: E402
-from runtime.router.settings import RouterSettings  # noqa: E402
+from runtime.router.discovery import StaticDiscovery
+from runtime.router.proxy import Router
+from runtime.router.settings import RouterSettings
 
 SCENARIO_TIMEOUT_S = 60
 

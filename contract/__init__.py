@@ -56,10 +56,29 @@ ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"           # model conversion / download cac
 NODE_COMMAND = ["node"]
 ROUTER_COMMAND = ["router"]
 
-# Cloud Map instance attributes a unit member registers (router discovery)
+# Unit identity keys: a unit member reports them in its /health/ready JSON body (router discovery)
 ATTR_UNIT = "unit"
 ATTR_ROLE = "role"        # leader | follower
 ATTR_REVISION = "revision"
+ATTR_CELL = "cell"        # the unit's cell (FLOTILLA_CELL_ID); the router emits ReadyUnits per cell
+
+# --- Metrics: CloudWatch embedded metric format (EMF) lines on stdout ------------------------------
+# The awslogs driver ships stdout to CloudWatch Logs, which turns EMF JSON lines into metrics; the
+# Observability stack's dashboard and alarms read exactly these names. See docs/observability.md.
+METRICS_NAMESPACE = "Flotilla"
+METRIC_DIM_SERVICE = "Service"                 # always present, value METRIC_SERVICE_VALUE (fleet-wide series)
+METRIC_SERVICE_VALUE = "flotilla"
+METRIC_DIM_CELL = "Cell"                       # second dimension set: per cell (value = FLOTILLA_CELL_ID)
+METRIC_TIME_TO_FIRST_TOKEN = "TimeToFirstToken"  # Milliseconds; the leader, once per request
+METRIC_OUTPUT_TOKENS = "OutputTokens"            # Count; the leader, once per finished request
+METRIC_READY_UNITS = "ReadyUnits"                # Count; each router, every 60 s, per cell and fleet-wide
+
+# Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
+# attributes): the router reads the address here and asks the member's /health/ready for
+# ATTR_UNIT / ATTR_ROLE / ATTR_REVISION (keys of that JSON body). See docs/discovery.md.
+CLOUDMAP_ATTR_IPV4 = "AWS_INSTANCE_IPV4"
+CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"       # may be absent (host networking): use NODE_API_PORT
+CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
 
 # --- Neuron engine (issue 7) -------------------------------------------------------------------
 # Both ports sit inside UNIT_INTERNAL_PORT_RANGE so the unit security group's self-referencing

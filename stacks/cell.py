@@ -7,7 +7,7 @@ cell by cell. Roles and the log group are shared by the cell's units to keep the
 from __future__ import annotations
 
 import jsii
-from aws_cdk import Aspects, IAspect, RemovalPolicy, Stack, Tags
+from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -15,6 +15,7 @@ from constructs import Construct, IConstruct
 
 import contract
 from stacks.config import FlotillaConfig
+from stacks.discovery import DiscoveryStack
 from stacks.image import unit_image
 from stacks.nag import acknowledge
 from stacks.network import NetworkStack
@@ -45,7 +46,7 @@ class CellStack(Stack):
     """ECS cluster, the cell's shared node roles and log group, and its TrainiumUnits."""
 
     def __init__(self, scope: Construct, id_: str, *, cell: int, config: FlotillaConfig,
-                 network: NetworkStack, **kwargs) -> None:
+                 network: NetworkStack, discovery: DiscoveryStack, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
         self.cell = cell
         cell_id = f"cell{cell}"
@@ -105,7 +106,14 @@ class CellStack(Stack):
                 instance_profile=self.instance_profile,
                 root_volume_gib=config.node.root_volume_gib, image=image,
                 task_role=self.task_role, execution_role=self.execution_role,
-                log_group=self.log_group, environment=environment))
+                log_group=self.log_group, environment=environment,
+                units_service=discovery.units_service,
+                health_check_grace=Duration.seconds(config.node.health_check_grace_s)))
+        # Units roll one after another: CloudFormation updates a service only after the one it
+        # depends on reached a steady state, and stops (rolling the cell back) at the first unit
+        # whose deployment fails. A fleet never loses more than one unit's capacity to a rollout.
+        for previous, unit in zip(self.units, self.units[1:]):
+            unit.service.node.add_dependency(previous.service)
         Aspects.of(self.cluster).add(_ServicesAfterCapacityProviderAssociation(
             self.cluster, [u.service for u in self.units]))
         self._acknowledge_nag_findings(config, instance_role)

@@ -52,6 +52,7 @@ INSTANCE_SHAPES: dict[str, InstanceShape] = {
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
                       2192, 2557, 2922, 3288, 3653)
 UNIT_ROLLOUTS = ("replace", "surge")
+LIVE_TARGET_GROUPS = ("blue", "green")
 ENGINES = ("neuron", "reference", "echo")
 STRATEGIES = ("pipeline", "tensor")
 
@@ -119,18 +120,26 @@ class NodeConfig:
     # ECS (EC2 launch type) waits at most 120 s between SIGTERM and SIGKILL; the node must finish
     # draining inside that window.
     drain_timeout_s: int = 100
+    # ECS ignores failed health checks of a new task this long: loading (and on Neuron, compiling)
+    # a sharded model takes minutes, and the container's start period stops at 300 s.
+    health_check_grace_s: int = 1800
     root_volume_gib: int = 512
     log_retention_days: int = 30
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Settings of the router service (built by the Front stack)."""
+    """Settings of the router service (Router stack) and its ALB rules (Front stack)."""
 
-    desired_count: int = 2
+    desired_count: int = 2        # also the autoscaling minimum
+    max_count: int = 10           # autoscaling maximum
     cpu: int = 1024
     memory_mib: int = 2048
     bake_time_minutes: int = 10
+    # The target group the listener rules send 100 % to in the template. ECS blue/green flips the
+    # live group at every router deployment; set this to the live one before a deploy that updates
+    # a listener rule (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
+    live_target_group: str = "blue"
 
 
 @dataclass(frozen=True)
@@ -166,10 +175,11 @@ class FlotillaConfig:
     certificate_arn: str | None = None
     alarm_email: str | None = None
     revision: str = "1"
-    # replace: a unit's tasks are stopped, then started on the same instances (the unit is out of
-    # rotation while it re-forms; the router routes around it). surge: the ASG may grow to twice
-    # nodes_per_unit so the new revision forms beside the old one, then the old one drains.
-    unit_rollout: str = "replace"
+    # surge (default, zero-downtime): the ASG may grow to twice nodes_per_unit so the new revision
+    # forms beside the old one, then the old one drains (min healthy 100 %, max 200 %). replace:
+    # a unit's tasks are stopped, then started on the same instances (the unit is out of rotation
+    # while it re-forms; the router routes around it): for fleets without spare Trainium capacity.
+    unit_rollout: str = "surge"
     node: NodeConfig = field(default_factory=NodeConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
 
@@ -269,6 +279,8 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
         drain_timeout_s=_int("node.drain_timeout_s", nget("drain_timeout_s"), 1, 115,
                              "ECS sends SIGKILL 120 s after SIGTERM"),
         root_volume_gib=_int("node.root_volume_gib", nget("root_volume_gib"), 64, 16384),
+        health_check_grace_s=_int("node.health_check_grace_s", nget("health_check_grace_s"), 0,
+                                  86400, "time a unit may take to load its model"),
         log_retention_days=nget("log_retention_days"),
     )
     if node.log_retention_days not in LOG_RETENTION_DAYS:
@@ -282,7 +294,13 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
         cpu=_choice("router.cpu", rget("cpu"), (256, 512, 1024, 2048, 4096)),
         memory_mib=_int("router.memory_mib", rget("memory_mib"), 512, 30720),
         bake_time_minutes=_int("router.bake_time_minutes", rget("bake_time_minutes"), 0, 1440),
+        max_count=_int("router.max_count", rget("max_count"), 1, 1000),
+        live_target_group=_choice("router.live_target_group", rget("live_target_group"),
+                                  LIVE_TARGET_GROUPS),
     )
+    if router.max_count < router.desired_count:
+        raise ConfigError("router.max_count", router.max_count,
+                          f"at least router.desired_count ({router.desired_count})")
 
     azs = get("availability_zones")
     if isinstance(azs, str) or not isinstance(azs, (list, tuple)) or not (

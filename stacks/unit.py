@@ -12,10 +12,12 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_servicediscovery as cloudmap
 from constructs import Construct
 
 import contract
 from stacks.config import InstanceShape
+from stacks.discovery import register_unit_members
 
 # A soft reservation only (no hard limit): the container may use all of the host's memory. It
 # stays well below what ECS registers for a 512 GiB trn1 (ECS keeps some for the OS and agent)
@@ -77,7 +79,8 @@ class TrainiumUnit(Construct):
                  instance_type: str, shape: InstanceShape, nodes: int, surge: UnitSurge,
                  instance_profile: iam.IInstanceProfile, root_volume_gib: int,
                  image: ecs.ContainerImage, task_role: iam.IRole, execution_role: iam.IRole,
-                 log_group: logs.ILogGroup, environment: dict[str, str]) -> None:
+                 log_group: logs.ILogGroup, environment: dict[str, str],
+                 units_service: cloudmap.IService, health_check_grace: Duration) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
         # On every resource of the unit, and through the ASG and ECS tag propagation on its
@@ -186,5 +189,9 @@ class TrainiumUnit(Construct):
             min_healthy_percent=surge.min_healthy_percent,
             max_healthy_percent=surge.max_healthy_percent,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+            # A new task that is still loading its model must not be replaced for failing checks.
+            health_check_grace_period=health_check_grace,
             enable_ecs_managed_tags=True, propagate_tags=ecs.PropagatedTagSource.SERVICE,
         )
+        # The router finds the members through Cloud Map: ECS registers each task (docs/discovery.md).
+        register_unit_members(self.service, units_service=units_service)

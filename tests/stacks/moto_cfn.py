@@ -184,25 +184,41 @@ class ClusterCapacityProviderAssociations(StandIn):
 
 
 class CloudWatchAlarm(StandIn):
-    """Creates the alarm in moto's CloudWatch backend (describe_alarms sees it)."""
+    """Creates the alarm, metric-math queries included, in moto's CloudWatch backend
+    (describe_alarms sees it)."""
 
     TYPE = "AWS::CloudWatch::Alarm"
-    REQUIRED = ("ComparisonOperator", "EvaluationPeriods")
+    REQUIRED = ("ComparisonOperator", "EvaluationPeriods", "Threshold")
     ATTRIBUTES = ("Arn",)
 
     def create(self) -> None:
-        from moto.cloudwatch.models import cloudwatch_backends
+        from moto.cloudwatch.models import (Dimension, Metric, MetricDataQuery, MetricStat,
+                                            cloudwatch_backends)
         p = self.properties
+
+        def query(q: dict) -> MetricDataQuery:
+            stat = q.get("MetricStat")
+            return MetricDataQuery(
+                query_id=q["Id"], label=q.get("Label"), period=None,
+                return_data=q.get("ReturnData", True), expression=q.get("Expression"),
+                metric_stat=MetricStat(
+                    metric=Metric(stat["Metric"]["MetricName"], stat["Metric"]["Namespace"],
+                                  [Dimension(d["Name"], d["Value"])
+                                   for d in stat["Metric"].get("Dimensions", [])]),
+                    period=stat["Period"], stat=stat["Stat"], unit=None) if stat else None)
+
         self.name = p.get("AlarmName") or self.name
         alarm = cloudwatch_backends[self.account_id][self.region_name].put_metric_alarm(
             name=self.name, namespace=p.get("Namespace"), metric_name=p.get("MetricName"),
-            metric_data_queries=None, comparison_operator=p["ComparisonOperator"],
+            metric_data_queries=[query(q) for q in p.get("Metrics", [])] or None,
+            comparison_operator=p["ComparisonOperator"],
             evaluation_periods=int(p["EvaluationPeriods"]),
             datapoints_to_alarm=p.get("DatapointsToAlarm"), period=p.get("Period"),
-            threshold=p.get("Threshold"), statistic=p.get("Statistic"),
+            threshold=p["Threshold"], statistic=p.get("Statistic"),
             extended_statistic=p.get("ExtendedStatistic"),
-            description=p.get("AlarmDescription"), dimensions=[
-                {"name": d["Name"], "value": d["Value"]} for d in p.get("Dimensions", [])],
+            description=p.get("AlarmDescription"),
+            # moto's backend takes CloudFormation-shaped {"Name", "Value"} dimensions.
+            dimensions=p.get("Dimensions", []),
             alarm_actions=p.get("AlarmActions", []), ok_actions=p.get("OKActions", []),
             insufficient_data_actions=p.get("InsufficientDataActions", []),
             unit=p.get("Unit"), actions_enabled=p.get("ActionsEnabled", True),
@@ -213,6 +229,79 @@ class CloudWatchAlarm(StandIn):
 
     def attribute(self, attr: str) -> Any:
         return self._arn
+
+
+def _servicediscovery(account_id: str, region_name: str):
+    from moto.servicediscovery.models import servicediscovery_backends
+    return servicediscovery_backends[account_id][region_name]
+
+
+class HttpNamespace(StandIn):
+    """Creates the namespace in moto's Cloud Map backend (list_namespaces sees it)."""
+
+    TYPE = "AWS::ServiceDiscovery::HttpNamespace"
+    REQUIRED = ("Name",)
+    ATTRIBUTES = ("Id", "Arn")
+
+    def create(self) -> None:
+        backend = _servicediscovery(self.account_id, self.region_name)
+        backend.create_http_namespace(name=self.properties["Name"], creator_request_id=self.name,
+                                      description=self.properties.get("Description", ""), tags=[])
+        (self.namespace,) = [n for n in backend.list_namespaces()
+                             if n.name == self.properties["Name"]]
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.namespace.id
+
+    def attribute(self, attr: str) -> Any:
+        return self.namespace.id if attr == "Id" else self.namespace.arn
+
+
+class CloudMapService(StandIn):
+    """Creates the service in moto's Cloud Map backend, in the namespace it names."""
+
+    TYPE = "AWS::ServiceDiscovery::Service"
+    REQUIRED = ("Name", "NamespaceId")
+    ATTRIBUTES = ("Id", "Arn", "Name")
+
+    def create(self) -> None:
+        p = self.properties
+        backend = _servicediscovery(self.account_id, self.region_name)
+        backend.get_namespace(p["NamespaceId"])   # raises if the namespace does not exist
+        custom = p.get("HealthCheckCustomConfig")
+        self.service = backend.create_service(
+            name=p["Name"], namespace_id=p["NamespaceId"], creator_request_id=self.name,
+            description=p.get("Description", ""), dns_config=p.get("DnsConfig"),
+            health_check_config=p.get("HealthCheckConfig"),
+            health_check_custom_config=dict(custom) if custom else None,
+            tags=[], service_type="HTTP" if "DnsConfig" not in p else "DNS_HTTP")
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.service.id
+
+    def attribute(self, attr: str) -> Any:
+        return {"Id": self.service.id, "Arn": self.service.arn, "Name": self.service.name}[attr]
+
+
+class SecurityGroupEgress(StandIn):
+    """Authorizes the rule in moto's EC2 backend (describe_security_groups shows it)."""
+
+    TYPE = "AWS::EC2::SecurityGroupEgress"
+    REQUIRED = ("GroupId", "IpProtocol")
+
+    def create(self) -> None:
+        p = self.properties
+        permission = {"IpProtocol": p["IpProtocol"], "FromPort": p["FromPort"],
+                      "ToPort": p["ToPort"]}
+        if "DestinationSecurityGroupId" in p:
+            permission["UserIdGroupPairs"] = [{"GroupId": p["DestinationSecurityGroupId"]}]
+        else:
+            permission["IpRanges"] = [{"CidrIp": p["CidrIp"]}]
+        boto3.client("ec2", region_name=self.region_name, aws_access_key_id="testing",
+                     aws_secret_access_key="testing").authorize_security_group_egress(
+            GroupId=p["GroupId"], IpPermissions=[permission])
 
 
 def _generic(type_: str, attributes: tuple[str, ...] = (), required: tuple[str, ...] = ()):
@@ -227,7 +316,12 @@ STAND_INS: list[type[StandIn]] = [
     CloudWatchAlarm,
     _generic("AWS::ServiceDiscovery::PrivateDnsNamespace", ("Id", "Arn", "HostedZoneId"),
              ("Name",)),
-    _generic("AWS::ServiceDiscovery::Service", ("Id", "Arn", "Name")),
+    HttpNamespace,
+    CloudMapService,
+    SecurityGroupEgress,
+    _generic("AWS::S3::BucketPolicy", (), ("Bucket", "PolicyDocument")),
+    _generic("AWS::SNS::TopicPolicy", (), ("Topics", "PolicyDocument")),
+    _generic("AWS::SNS::Subscription", (), ("TopicArn", "Protocol", "Endpoint")),
     _generic("AWS::ApplicationAutoScaling::ScalableTarget", ("Id",),
              ("MaxCapacity", "MinCapacity", "ResourceId", "ScalableDimension")),
     _generic("AWS::ApplicationAutoScaling::ScalingPolicy", ("Arn",), ("PolicyName",)),
@@ -235,6 +329,48 @@ STAND_INS: list[type[StandIn]] = [
     _generic("AWS::CodeDeploy::DeploymentGroup", ("Name",), ("ApplicationName",)),
     _generic("AWS::CloudWatch::Dashboard", ("Name",)),
 ]
+
+
+def _model_fixes() -> list:
+    """Patches for moto 5.2.5 CloudFormation models that the front-door stacks hit.
+
+    ELBv2: moto answers neither Fn::GetAtt LoadBalancerFullName nor any target-group attribute;
+    the router's autoscaling metric dimensions need both (derived from the ARN, as AWS does)."""
+    from moto.elbv2.models import FakeLoadBalancer, FakeTargetGroup
+
+    lb_get = FakeLoadBalancer.get_cfn_attribute
+
+    def lb_attribute(self, name):
+        if name == "LoadBalancerFullName":
+            return self.arn.split(":loadbalancer/", 1)[1]
+        return lb_get(self, name)
+
+    def tg_attribute(self, name):
+        return {"TargetGroupFullName": "targetgroup/" + self.arn.split(":targetgroup/", 1)[1],
+                "TargetGroupName": self.name, "TargetGroupArn": self.arn}[name]
+
+    tg_attrs = ("TargetGroupFullName", "TargetGroupName", "TargetGroupArn")
+
+    # moto's KMS key model hands CloudFormation's {"Key", "Value"} tags to a tagger that expects
+    # {"TagKey", "TagValue"}: the key silently fails to create and every GetAtt on it fails.
+    from moto.kms.models import Key
+    key_create = Key.create_from_cloudformation_json.__func__
+
+    def key_from_cloudformation(cls, resource_name, cloudformation_json, account_id, region_name,
+                                **kwargs):
+        props = dict(cloudformation_json.get("Properties", {}))
+        props["Tags"] = [{"TagKey": t["Key"], "TagValue": t["Value"]} for t in props.get("Tags", [])]
+        return key_create(cls, resource_name, {**cloudformation_json, "Properties": props},
+                          account_id, region_name, **kwargs)
+
+    return [
+        mock.patch.object(Key, "create_from_cloudformation_json",
+                          classmethod(key_from_cloudformation)),
+        mock.patch.object(FakeLoadBalancer, "get_cfn_attribute", lb_attribute),
+        mock.patch.object(FakeTargetGroup, "get_cfn_attribute", tg_attribute, create=True),
+        mock.patch.object(FakeTargetGroup, "has_cfn_attr",
+                          classmethod(lambda cls, attr: attr in tg_attrs), create=True),
+    ]
 
 
 class MotoCloudFormation:
@@ -255,6 +391,9 @@ class MotoCloudFormation:
         self._patch = mock.patch.object(parsing, "get_model_map",
                                         lambda: {**original(), **missing})
         self._patch.start()
+        self._elbv2_patches = _model_fixes()
+        for patch in self._elbv2_patches:
+            patch.start()
         StandIn.created.clear()
         ssm = self.client("ssm")
         # CDK's default synthesizer adds a rule that checks the bootstrap stack's version.
@@ -265,6 +404,8 @@ class MotoCloudFormation:
         return self
 
     def __exit__(self, *exc) -> None:
+        for patch in self._elbv2_patches:
+            patch.stop()
         self._patch.stop()
         self._mock.stop()
 

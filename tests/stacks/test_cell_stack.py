@@ -111,7 +111,8 @@ def test_asg_spans_exactly_one_private_subnet_and_holds_nodes_per_unit(default_s
     assert len(asg["VPCZoneIdentifier"]) == 1
     export = asg["VPCZoneIdentifier"][0]["Fn::ImportValue"]
     assert "PrivateSubnet1" in export     # unit 0 -> AZ slot 0
-    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "2")
+    # surge (default): room for the new revision's nodes beside the old ones during a rollout.
+    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "4")
     assert "DesiredCapacity" not in asg   # owned by the capacity provider's managed scaling
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
@@ -124,14 +125,15 @@ def test_units_rotate_over_the_three_private_subnets(fleet_synth):
     assert slots == [1, 2, 3] * 6 + [1, 2]
 
 
-def test_surge_rollout_lets_the_asg_double_for_the_new_revision(tmp_path):
+def test_replace_rollout_keeps_the_asg_at_nodes_and_stops_the_old_tasks_first(tmp_path):
     from synth_helpers import config_with, synthesize
-    synth = synthesize(config_with(unit_rollout="surge"), tmp_path)
+    synth = synthesize(config_with(unit_rollout="replace"), tmp_path)
     asg = only(synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
-    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "4")
+    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "2")
     service = only(synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
-    assert service["DeploymentConfiguration"]["MinimumHealthyPercent"] == 100
-    assert service["DeploymentConfiguration"]["MaximumPercent"] == 200
+    # The whole unit switches revision together (a unit never mixes revisions).
+    assert service["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0
+    assert service["DeploymentConfiguration"]["MaximumPercent"] == 100
 
 
 def test_capacity_provider_uses_managed_scaling_and_is_associated_with_the_cluster(default_synth):
@@ -160,9 +162,9 @@ def test_service_runs_one_task_per_node_on_distinct_instances_via_the_capacity_p
     assert props["PlacementConstraints"] == [{"Type": "distinctInstance"}]
     # The association must exist before a service may use its capacity provider.
     assert assoc_logical in service["DependsOn"]
-    # replace rollout: the whole unit switches revision together (a unit never mixes revisions).
-    assert props["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0
-    assert props["DeploymentConfiguration"]["MaximumPercent"] == 100
+    # surge rollout (default): the new revision forms beside the old one, then the old drains.
+    assert props["DeploymentConfiguration"]["MinimumHealthyPercent"] == 100
+    assert props["DeploymentConfiguration"]["MaximumPercent"] == 200
     assert props["DeploymentConfiguration"]["DeploymentCircuitBreaker"] == {
         "Enable": True, "Rollback": True}
 
@@ -281,7 +283,9 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_syn
         assert len(cps) == 20
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
-        assert deps == ({"Network"} if i == 0 else {"Network", f"Cell-{i - 1}"})
+        # Discovery: the Cloud Map service the unit tasks register in.
+        assert deps == ({"Network", "Discovery"} if i == 0
+                        else {"Network", "Discovery", f"Cell-{i - 1}"})
 
 
 def test_unit_resources_and_instances_carry_deployment_cell_and_unit_tags(default_synth):

@@ -90,7 +90,7 @@ def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch
     # With today's ranges a cell holds at most 20 x 64 x 2 = 2,560 instances (limit 5,000); a
     # lower limit shows the check and its message.
     monkeypatch.setattr(config_module, "MAX_CONTAINER_INSTANCES_PER_CLUSTER", 2000)
-    config_with(nodes_per_unit=64, units=40, units_per_cell=20)
+    config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="replace")
     with pytest.raises(ConfigError) as err:
         config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge")
     assert str(err.value) == (
@@ -101,7 +101,8 @@ def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch
 def test_more_efa_addresses_than_a_private_subnet_holds_is_rejected():
     # 3 AZs x /18: 16,379 usable addresses each; trn1n uses 16 per node.
     with pytest.raises(ConfigError) as err:
-        config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60)
+        config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60,
+                    unit_rollout="replace")
     assert str(err.value) == (
         "invalid flotilla config: units=60: at most 45 over 3 AZs (20480 EFA addresses would be "
         "needed in one /18 private subnet; add AZs or reduce units)")

@@ -77,7 +77,8 @@ def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):
     assert subnet_ids[0] == cfn.physical_id(network.stack_name, private_logical)
     subnet = cfn.client("ec2").describe_subnets(SubnetIds=subnet_ids)["Subnets"][0]
     assert subnet["MapPublicIpOnLaunch"] is False
-    assert (asg["MinSize"], asg["MaxSize"]) == (2, 2)
+    # surge rollout (default): room for the new revision beside the old one.
+    assert (asg["MinSize"], asg["MaxSize"]) == (2, 4)
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
 

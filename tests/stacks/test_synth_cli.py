@@ -30,7 +30,8 @@ def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     stacks = {a["displayName"]: a["properties"]["stackName"]
               for a in manifest["artifacts"].values() if a["type"] == "aws:cloudformation:stack"}
-    assert stacks == {"Network": "flotilla-Network", "Cell-0": "flotilla-Cell-0"}
+    assert stacks == {name: f"flotilla-{name}" for name in
+                      ("Network", "Discovery", "Cell-0", "Front", "Observability", "Router")}
     assert "NOTICES" not in proc.stdout + proc.stderr
     # Environment-agnostic: no account or region was looked up.
     assert all(a.get("environment", "aws://unknown-account/unknown-region") ==

@@ -73,9 +73,12 @@ def test_unit_tasks_register_in_the_units_cloud_map_service(two_cells):
             assert f"GetAtt{units}Arn" in registry["RegistryArn"]["Fn::ImportValue"]
 
 
-def test_router_and_nodes_run_the_same_image(two_cells):
-    (router_task,) = two_cells.resources("Router", "AWS::ECS::TaskDefinition").values()
-    node_task = next(iter(two_cells.resources("Cell-0", "AWS::ECS::TaskDefinition").values()))
+def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):
+    # trn1 units on the default `neuron` engine run the Neuron image (stacks/image.py); units on
+    # a CPU engine share the router's image.
+    synth = synthesize(config_with(node={"engine": "reference"}), tmp_path)
+    (router_task,) = synth.resources("Router", "AWS::ECS::TaskDefinition").values()
+    node_task = next(iter(synth.resources("Cell-0", "AWS::ECS::TaskDefinition").values()))
     router_image = router_task["Properties"]["ContainerDefinitions"][0]["Image"]
     node_image = node_task["Properties"]["ContainerDefinitions"][0]["Image"]
     assert json.dumps(router_image) == json.dumps(node_image)

@@ -73,6 +73,28 @@ def test_unit_tasks_register_in_the_units_cloud_map_service(two_cells):
             assert f"GetAtt{units}Arn" in registry["RegistryArn"]["Fn::ImportValue"]
 
 
+def container_image(synth, stack: str) -> str:
+    task = next(iter(synth.resources(stack, "AWS::ECS::TaskDefinition").values()))
+    return json.dumps(task["Properties"]["ContainerDefinitions"][0]["Image"])
+
+
+def test_router_runs_the_runtime_image_and_neuron_units_the_neuron_image(two_cells):
+    # The router needs no Neuron SDK: it runs runtime/Dockerfile. trn1 units on the neuron engine
+    # run runtime/Dockerfile.neuron (AWS's vLLM Neuron image), so the two images differ.
+    assets = json.loads((two_cells.outdir / "Router.assets.json").read_text())["dockerImages"]
+    cell_assets = json.loads((two_cells.outdir / "Cell-0.assets.json").read_text())["dockerImages"]
+    assert [a["source"]["dockerFile"] for a in assets.values()] == ["runtime/Dockerfile"]
+    assert [a["source"]["dockerFile"] for a in cell_assets.values()] == ["runtime/Dockerfile.neuron"]
+    assert container_image(two_cells, "Router") != container_image(two_cells, "Cell-0")
+
+
+def test_a_configured_image_uri_is_what_router_and_units_both_run(tmp_path):
+    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:v7"
+    synth = synthesize(config_with(image=uri), tmp_path)
+    assert json.loads(container_image(synth, "Router")) == uri
+    assert json.loads(container_image(synth, "Cell-0")) == uri
+
+
 def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):
     # trn1 units on the default `neuron` engine run the Neuron image (stacks/image.py); units on
     # a CPU engine share the router's image.

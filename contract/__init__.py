@@ -23,6 +23,8 @@ METRICS_PATH = "/metrics"
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
 ARRIVAL_HEADER = "X-Flotilla-Arrival"          # unix seconds, float, when the leader took the request
+FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token (non-streamed responses)
+FINISH_HEADER = "X-Flotilla-Finish"            # unix seconds of the last token (non-streamed responses)
 UNIT_HEADER = "X-Flotilla-Unit"                # which unit served the request (set by the leader)
 REVISION_HEADER = "X-Flotilla-Revision"        # the serving unit's revision
 
@@ -54,7 +56,34 @@ ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"           # model conversion / download cac
 NODE_COMMAND = ["node"]
 ROUTER_COMMAND = ["router"]
 
-# Cloud Map instance attributes a unit member registers (router discovery)
+# Unit identity keys: a unit member reports them in its /health/ready JSON body (router discovery)
 ATTR_UNIT = "unit"
 ATTR_ROLE = "role"        # leader | follower
 ATTR_REVISION = "revision"
+ATTR_CELL = "cell"        # the unit's cell (FLOTILLA_CELL_ID); the router emits ReadyUnits per cell
+
+# --- Metrics: CloudWatch embedded metric format (EMF) lines on stdout ------------------------------
+# The awslogs driver ships stdout to CloudWatch Logs, which turns EMF JSON lines into metrics; the
+# Observability stack's dashboard and alarms read exactly these names. See docs/observability.md.
+METRICS_NAMESPACE = "Flotilla"
+METRIC_DIM_SERVICE = "Service"                 # always present, value METRIC_SERVICE_VALUE (fleet-wide series)
+METRIC_SERVICE_VALUE = "flotilla"
+METRIC_DIM_CELL = "Cell"                       # second dimension set: per cell (value = FLOTILLA_CELL_ID)
+METRIC_TIME_TO_FIRST_TOKEN = "TimeToFirstToken"  # Milliseconds; the leader, once per request
+METRIC_OUTPUT_TOKENS = "OutputTokens"            # Count; the leader, once per finished request
+METRIC_READY_UNITS = "ReadyUnits"                # Count; each router, every 60 s, per cell and fleet-wide
+
+# Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
+# attributes): the router reads the address here and asks the member's /health/ready for
+# ATTR_UNIT / ATTR_ROLE / ATTR_REVISION (keys of that JSON body). See docs/discovery.md.
+CLOUDMAP_ATTR_IPV4 = "AWS_INSTANCE_IPV4"
+CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"       # may be absent (host networking): use NODE_API_PORT
+CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
+
+# --- Neuron engine (issue 7) -------------------------------------------------------------------
+# Both ports sit inside UNIT_INTERNAL_PORT_RANGE so the unit security group's self-referencing
+# rule covers them; nothing outside the unit may reach either.
+NEURON_RT_ROOT_COMM_PORT = 29501    # Neuron runtime collectives bootstrap on the leader
+NEURON_ENGINE_PORT = 8001           # vLLM's OpenAI server on the leader, bound to 127.0.0.1 only
+ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"   # set by Dockerfile.neuron; compile-cache key
+ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"     # s3://bucket/prefix for compiled artifacts

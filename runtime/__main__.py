@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime import cli_node, cli_plan, cli_router
+from runtime import cli_artifacts, cli_node, cli_plan, cli_router
 
-SUBCOMMANDS = [cli_plan, cli_node, cli_router]   # each module adds one subcommand
+SUBCOMMANDS = [cli_plan, cli_node, cli_router, cli_artifacts]   # each adds one subcommand
 
 
 def main(argv: list[str] | None = None) -> int:

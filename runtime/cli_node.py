@@ -19,7 +19,7 @@ from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import (NodeSettings, SettingsError, build_parser, load_settings,
                                    settings_from_args)
 from runtime.node.supervisor import UnitSupervisor, jlog
-from runtime.rendezvous import Rendezvous
+from runtime.rendezvous import Rendezvous, RendezvousError
 
 
 def make_rendezvous(s: NodeSettings) -> Rendezvous:
@@ -41,7 +41,12 @@ def make_rendezvous(s: NodeSettings) -> Rendezvous:
 
 async def serve(s: NodeSettings) -> int:
     metrics = NodeMetrics()
-    sup = UnitSupervisor(settings=s, rendezvous=make_rendezvous(s), metrics=metrics)
+    try:
+        rendezvous = make_rendezvous(s)
+    except (RendezvousError, OSError) as e:
+        print(f"flotilla-node: error: {s.rendezvous} rendezvous cannot start: {e}", file=sys.stderr)
+        return 2
+    sup = UnitSupervisor(settings=s, rendezvous=rendezvous, metrics=metrics)
     from runtime.node.server import build_app  # noqa: PLC0415
     runner = web.AppRunner(build_app(sup=sup, metrics=metrics), handler_cancellation=True, access_log=None)
     await runner.setup()

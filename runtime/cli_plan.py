@@ -1,4 +1,8 @@
-"""`python -m runtime plan --model smollm2 --nodes 2`: print the unit's parallel plan."""
+"""`python -m runtime plan --model smollm2 --nodes 2`: print the unit's parallel plan.
+
+`--engine neuron` prints the trn1 plan instead: every rank's environment, command and NxD Inference
+config (runtime.engines.neuron.cli), as JSON.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +18,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=2, help="ranks in the unit (world_size)")
     p.add_argument("--prefill", default="pipeline", choices=("pipeline", "tensor"))
     p.add_argument("--decode", default="tensor", choices=("pipeline", "tensor"))
+    p.add_argument("--engine", default="reference", choices=("reference", "neuron"),
+                   help="reference (default): layer ranges and tensor slices; neuron: the trn1 "
+                        "environment, command and NxD Inference config of every rank")
+    from runtime.engines.neuron.cli import add_neuron_plan_arguments
+    add_neuron_plan_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "neuron":
+        from runtime.engines.neuron.cli import run_neuron_plan
+        return run_neuron_plan(args)
     from runtime.engines.plan import make_plan
     from runtime.models.registry import TINY_SHAPE, LlamaShape
     from runtime.models.smollm2 import smollm2_shape

@@ -87,8 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2", help="tiny | smollm2 | checkpoint directory (default smollm2)")
     p.add_argument("--engine", default="reference", help="reference (default) | echo (plumbing only, no model)")
     p.add_argument("--router", choices=("auto", "on", "off"), default="auto",
-                   help="put the router in front (auto: when runtime/cli_router.py exists"
-                        f"{'' if router_available else ', not yet in this checkout'})")
+                   help="put the router in front of the units (auto, the default: when runtime/cli_router.py "
+                        f"is present{'' if router_available else ', which it is not in this checkout'})")
     p.add_argument("--port", type=int, default=None,
                    help=f"public port (default ${contract.ENV_PORT} or {DEFAULT_PUBLIC_PORT})")
     p.add_argument("--state-dir", default=str(REPO / ".flotilla"), help="where local.json and logs go")

@@ -3,7 +3,8 @@
 
 1. tokens/s at 1, 4, 16 concurrent requests vs plain transformers `generate` one at a time;
 2. decode time per token at batch 1 vs the memory-bandwidth floor measured here;
-3. TTFT and time per output token for the four prefill/decode combinations on 2 ranks.
+3. TTFT and time per output token (one request at a time) and tokens/s at 16 concurrent for the
+   four prefill/decode combinations on 2 ranks.
 Every contender gets the same torch thread count. Figures are medians of --repeats runs.
 """
 
@@ -32,6 +33,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Why is the sky blue?", "Write a haiku about autumn.", "What is 12 times 7?",
              "Give me a tip for learning Python.", "Who wrote Hamlet?", "Describe a cat in one line."]
 MAX_TOKENS = 32
+LONG_PROMPT = 512
 
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
@@ -164,8 +166,19 @@ def rank_main(rank: int, port: int, threads: int, repeats: int) -> None:
                     times = await _stream(engine, f"{r}-{i}", p, MAX_TOKENS)
                     ttfts.append(times[0])
                     tpots.append((times[-1] - times[0]) / (len(times) - 1))
+            long_prompt = engine.tokenizer.encode(" ".join(QUESTIONS) * 20)[:LONG_PROMPT]
+            long_ttfts = [(await _stream(engine, f"long{r}", long_prompt, 2))[0]
+                          for r in range(repeats)]
+            rates = []
+            for r in range(repeats):
+                ps = prompts(engine.tokenizer, 16)
+                t0 = time.perf_counter()
+                res = await asyncio.gather(*[_stream(engine, f"x{r}-{i}", p, MAX_TOKENS)
+                                             for i, p in enumerate(ps)])
+                rates.append(sum(len(x) for x in res) / (time.perf_counter() - t0))
             await engine.shutdown()
-            return statistics.median(ttfts), statistics.median(tpots)
+            return (statistics.median(ttfts), statistics.median(tpots), statistics.median(rates),
+                    statistics.median(long_ttfts))
 
         found[f"{prefill}/{decode}"] = asyncio.run(go())
     if rank == 0:
@@ -208,9 +221,10 @@ def main() -> None:
     print(f"\n| decode, batch 1 | ms/token |\n|---|---|\n| reference engine | {d * 1e3:.1f} |\n"
           f"| floor: {weight_bytes() / 1e6:.0f} MB weights / {bw:.1f} GB/s | {floor * 1e3:.1f} |\n"
           f"| ratio | {d / floor:.2f}x |")
-    print("\n| 2 ranks, prefill/decode | TTFT ms | TPOT ms |\n|---|---|---|")
-    for k, (ttft, tpot) in combos.items():
-        print(f"| {k} | {ttft * 1e3:.1f} | {tpot * 1e3:.1f} |")
+    print(f"\n| 2 ranks, prefill/decode | TTFT ms (chat prompt) | TTFT ms ({LONG_PROMPT}-token "
+          "prompt) | TPOT ms (1 request) | tokens/s (16 concurrent) |\n|---|---|---|---|---|")
+    for k, (ttft, tpot, rate, long_ttft) in combos.items():
+        print(f"| {k} | {ttft * 1e3:.1f} | {long_ttft * 1e3:.1f} | {tpot * 1e3:.1f} | {rate:.1f} |")
 
 
 if __name__ == "__main__":

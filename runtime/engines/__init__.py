@@ -15,8 +15,10 @@ Leader (rank 0), inside the node's asyncio loop::
         max_running=16,               # batch slots
         collective_timeout_s=30.0,    # gloo timeout: a dead/wedged peer fails requests within this
         heartbeat_s=1.0,              # idle leader pings followers so a death is noticed while idle
+        start_timeout_s=300.0,        # how long start() waits for every follower to join
         threads=None,                 # torch.set_num_threads for this process (None: leave as is)
         model_name=None,              # name reported as engine.model_name (default: the model's)
+        max_prefill_tokens=2048,      # prompt tokens prefilled per iteration (bounds decode stalls)
     )
     await engine.start()              # forms the process group, loads rank 0's tensors, warms up
     async for event in engine.generate(request): ...   # base.TokenEvent stream
@@ -27,10 +29,11 @@ Followers (rank > 0), blocking, in a thread of their own or the main thread::
 
     from runtime.engines.reference import run_worker
     run_worker(membership, model="smollm2", prefill="pipeline", decode="tensor",
-               collective_timeout_s=30.0, threads=None)
+               collective_timeout_s=30.0, start_timeout_s=300.0, threads=None)
 
 run_worker returns normally when the leader shuts the unit down, and raises base.EngineBroken
-when the leader or another peer dies or a collective times out. The leader checks at start-up that
+when the leader or another peer dies or a collective times out. `tokenizer` and `max_context` are set by start() (the model is resolved there, which converts
+`smollm2` on first use). The leader checks at start-up that
 every follower runs the same model and strategies (a mismatch fails start() and run_worker with a
 message naming both). world_size=1 needs no followers and no process group.
 

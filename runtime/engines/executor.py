@@ -15,14 +15,15 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from runtime.engines.base import EngineBroken
 from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, decoder_layer,
-                                   positions_of, rope_tables)
+                                   positions_of, rms_norm, rope_tables)
 from runtime.engines.plan import ParallelPlan
 from runtime.models.registry import WeightSource
 
-OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN = 1, 2, 3
+OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
 _STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
 
 
@@ -58,6 +59,28 @@ class StepResult:
     decode_logits: torch.Tensor | None = None    # rank 0: [n_decode, vocab]
 
 
+def _split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+PIPELINE_CHUNK_TOKENS = 128
+
+
+def pipeline_prefill_chunks(n: int, world_size: int) -> list[tuple[int, int]]:
+    """How a prompt of n tokens is cut into pipeline micro-batches: whole below
+    2 x PIPELINE_CHUNK_TOKENS (or on one rank), else up to 2 x world_size chunks of at least
+    PIPELINE_CHUNK_TOKENS, so the stages overlap on a single long prompt."""
+    if world_size == 1 or n < 2 * PIPELINE_CHUNK_TOKENS:
+        return [(0, n)]
+    return _split_even(n, min(2 * world_size, n // PIPELINE_CHUNK_TOKENS))
+
+
 def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
     """What every rank must agree on before serving: model, shape, world size, strategies."""
     return [zlib.crc32(f"{model_id}|{plan.shape!r}".encode()), plan.world_size,
@@ -83,11 +106,30 @@ class ShardExecutor:
         if plan.uses("tensor") and self.world_size > 1:
             t = self.tslice
             for n in range(s.num_layers):
-                self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
-                                                      kv_heads=t.kv_heads, mlp=t.mlp)
+                if n in self.pp_layers:    # this stage's own layers: slice what is already loaded
+                    self.tp_layers[n] = self.pp_layers[n].tensor_slice(
+                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s)
+                else:
+                    self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
+                                                          kv_heads=t.kv_heads, mlp=t.mlp)
         elif self.world_size == 1:
             self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
+        # Vocab-parallel LM head for tensor-parallel phases: each rank turns the (replicated)
+        # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
+        # slowest rank of every step otherwise.
+        self.lm_head_slice: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+        if plan.uses("tensor") and self.world_size > 1:
+            v0, v1 = self.tslice.vocab
+            if rank == 0:
+                self.final_norm, self.lm_head_slice = self.head.final_norm, self.head.lm_head[v0:v1]
+            else:
+                name = "model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"
+                self.final_norm = weights.get("model.norm.weight")
+                self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
         self.kv: dict[int, SeqKV] = {}
+        # The steady state is "decode the same batch again": then only the 4-int header travels.
+        self._last_decode: list[int] = []
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -103,10 +145,13 @@ class ShardExecutor:
         """Rank 0: send the command to the followers, then run it."""
         try:
             if self.world_size > 1:
-                header, payload = cmd.encode()
-                self._broadcast(header, 0)
-                if payload.numel():
-                    self._broadcast(payload, 0)
+                if not cmd.free and not cmd.prefill and cmd.decode and cmd.decode == self._last_decode:
+                    self._broadcast(torch.tensor([OP_REPEAT_DECODE, 0, 0, 0], dtype=torch.int64), 0)
+                else:
+                    header, payload = cmd.encode()
+                    self._broadcast(header, 0)
+                    if payload.numel():
+                        self._broadcast(payload, 0)
             return self.run(cmd)
         except EngineBroken:
             raise
@@ -132,6 +177,9 @@ class ShardExecutor:
                     return
                 if op == OP_HEARTBEAT:
                     continue
+                if op == OP_REPEAT_DECODE:
+                    self.run(StepCommand(decode=list(self._last_decode)))
+                    continue
                 if op != OP_STEP:
                     raise EngineBroken(f"unknown op {op} from the leader (version skew?)")
                 n = int(header[1]) + 3 * int(header[2]) + int(header[3])
@@ -146,6 +194,7 @@ class ShardExecutor:
 
     # --- the step itself (identical collective sequence on every rank) ------------------------
     def run(self, cmd: StepCommand) -> StepResult:
+        self._last_decode = list(cmd.decode)
         for seq_id in cmd.free:
             self.kv.pop(seq_id, None)
         result = StepResult()
@@ -181,28 +230,33 @@ class ShardExecutor:
         return SeqKV.empty(range(s.num_layers), kv1 - kv0, s.head_dim, capacity, self.device)
 
     def _prefill_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        """Prompts, and chunks of long prompts, flow through the stages as micro-batches with
+        asynchronous sends: stage k works on micro-batch i while stage k+1 works on i-1."""
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         last_rank = W - 1
         pending, lasts = [], []
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             kv = self._new_kv("pipeline", capacity)
             self.kv[seq_id] = kv
-            seg = [Segment(kv=kv, start=0, n=n)]
-            if r == 0:
-                x = self._embed(cmd.prefill_tokens[i])
-            else:
-                x = torch.empty(n, H, device=self.device)
-                dist.recv(x, src=r - 1)
-            x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
-            kv.length = n
-            if W == 1:
-                lasts.append(x[-1:])
-            elif r == last_rank:
-                # Only the last position goes back to rank 0 (LM head + sampling live there).
-                pending.append(dist.isend(x[-1:].contiguous(), dst=0))
-            else:
-                # isend: this stage starts the next sequence while the next stage works on this one.
-                pending.append(dist.isend(x.contiguous(), dst=r + 1))
+            chunks = pipeline_prefill_chunks(n, W)
+            for a, b in chunks:
+                seg = [Segment(kv=kv, start=a, n=b - a)]
+                if r == 0:
+                    x = self._embed(cmd.prefill_tokens[i][a:b])
+                else:
+                    x = torch.empty(b - a, H, device=self.device)
+                    dist.recv(x, src=r - 1)
+                x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
+                kv.length = b
+                if W == 1:
+                    if b == n:
+                        lasts.append(x[-1:])
+                elif r == last_rank:
+                    if b == n:
+                        # Only the last position returns to rank 0 (LM head + sampling live there).
+                        pending.append(dist.isend(x[-1:].contiguous(), dst=0))
+                else:
+                    pending.append(dist.isend(x.contiguous(), dst=r + 1))
         for work in pending:
             work.wait()
         if r != 0:
@@ -231,10 +285,11 @@ class ShardExecutor:
         x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments)
         for seg in segments:
             seg.kv.length = seg.n
-        if self.rank != 0:
-            return None
         ends = [sum(p[1] for p in cmd.prefill[:i + 1]) for i in range(len(cmd.prefill))]
-        return self._last_logits([x[e - 1:e] for e in ends])
+        if self.world_size == 1:
+            return self._last_logits([x[e - 1:e] for e in ends])
+        per_seq = [self._tp_logits(x[e - 1:e]) for e in ends]
+        return torch.cat(per_seq) if self.rank == 0 else None
 
     def _last_logits(self, lasts: list[torch.Tensor]) -> torch.Tensor:
         # One LM-head product per sequence: a prompt's first-token logits do not depend on which
@@ -251,23 +306,35 @@ class ShardExecutor:
         return segs
 
     def _decode_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
+        """The batch goes through the stages in up to world_size micro-batches, so every stage
+        works on one while the next stage works on the previous one."""
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         segs = self._decode_segments(cmd)
         B = len(segs)
-        if r == 0:
-            x = self._embed(cmd.decode_tokens)
-        else:
-            x = torch.empty(B, H, device=self.device)
-            dist.recv(x, src=r - 1)
-        x = self._run_layers(self.pp_layers, self.stage.layers, x, segs)
-        for seg in segs:
-            seg.kv.length += 1
-        if W > 1:
-            dist.send(x.contiguous(), dst=(r + 1) % W)
+        bounds = [(a, b) for a, b in _split_even(B, min(W, B))]
+        pending, outs = [], []
+        for a, b in bounds:
+            mb = segs[a:b]
             if r == 0:
-                x = torch.empty(B, H, device=self.device)
+                x = self._embed(cmd.decode_tokens[a:b])
+            else:
+                x = torch.empty(b - a, H, device=self.device)
+                dist.recv(x, src=r - 1)
+            x = self._run_layers(self.pp_layers, self.stage.layers, x, mb)
+            for seg in mb:
+                seg.kv.length += 1
+            if W == 1:
+                outs.append(self.head.logits(self.shape, x))
+            else:
+                pending.append(dist.isend(x.contiguous(), dst=(r + 1) % W))
+        if r == 0 and W > 1:
+            for a, b in bounds:
+                x = torch.empty(b - a, H, device=self.device)
                 dist.recv(x, src=W - 1)
-        return self.head.logits(self.shape, x) if r == 0 else None
+                outs.append(self.head.logits(self.shape, x))
+        for work in pending:
+            work.wait()
+        return torch.cat(outs) if r == 0 else None
 
     def _decode_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
         H = self.shape.hidden_size
@@ -281,7 +348,22 @@ class ShardExecutor:
         x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segs)
         for seg in segs:
             seg.kv.length += 1
-        return self.head.logits(self.shape, x) if self.rank == 0 else None
+        if self.world_size == 1:
+            return self.head.logits(self.shape, x)
+        return self._tp_logits(x)
+
+    def _tp_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Every rank: its vocab rows of the logits; rank 0 gathers them into [rows, vocab]."""
+        local = F.linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice)
+        widths = [t.vocab[1] - t.vocab[0] for t in self.plan.tensor_slices]
+        if local.shape[1] < max(widths):      # gather needs equal sizes: pad, trim on rank 0
+            local = F.pad(local, (0, max(widths) - local.shape[1]))
+        if self.rank != 0:
+            dist.gather(local.contiguous(), dst=0)
+            return None
+        parts = [torch.empty(x.shape[0], max(widths), device=self.device) for _ in widths]
+        dist.gather(local.contiguous(), gather_list=parts, dst=0)
+        return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=-1)
 
     # --- KV re-shard between layer-split (pipeline) and head-split (tensor) -------------------
     def _reshard(self, seq_ids: list[int]) -> None:

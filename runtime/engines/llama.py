@@ -70,6 +70,31 @@ class LayerWeights:
             n_q=qh[1] - qh[0], n_kv=kvh[1] - kvh[0],
             attention_partial=not full_attn, mlp_partial=not full_mlp)
 
+    def tensor_slice(self, *, q_heads: tuple[int, int], kv_heads: tuple[int, int],
+                     mlp: tuple[int, int], shape: LlamaShape) -> "LayerWeights":
+        """A tensor slice of this full layer without re-reading the checkpoint: row slices are
+        views; column slices (o_proj, down_proj) are copied so the matmuls see contiguous memory."""
+        d = shape.head_dim
+        full_attn = q_heads == (0, shape.num_heads)
+        full_mlp = mlp == (0, shape.intermediate_size)
+
+        def rows(w, a, b):
+            return w if (a, b) == (0, w.shape[0]) else w[a:b]
+
+        def cols(w, a, b):
+            return w if (a, b) == (0, w.shape[1]) else w[:, a:b].contiguous()
+
+        return LayerWeights(
+            input_norm=self.input_norm, post_norm=self.post_norm,
+            wq=rows(self.wq, q_heads[0] * d, q_heads[1] * d),
+            wk=rows(self.wk, kv_heads[0] * d, kv_heads[1] * d),
+            wv=rows(self.wv, kv_heads[0] * d, kv_heads[1] * d),
+            wo=cols(self.wo, q_heads[0] * d, q_heads[1] * d),
+            w_gate=rows(self.w_gate, *mlp), w_up=rows(self.w_up, *mlp),
+            w_down=cols(self.w_down, *mlp),
+            n_q=q_heads[1] - q_heads[0], n_kv=kv_heads[1] - kv_heads[0],
+            attention_partial=not full_attn, mlp_partial=not full_mlp)
+
 
 @dataclass
 class SeqKV:
@@ -143,22 +168,30 @@ def decoder_layer(shape: LlamaShape, layer: int, lw: LayerWeights, x: torch.Tens
     k = (k * c) + (_rotate_half(k) * s)
     outs = []
     offset = 0
+    gqa = lw.n_q != lw.n_kv
     for seg in segments:
         K, V = seg.kv.layers[layer]
         stop = seg.start + seg.n
+        if seg.n == 1:
+            # Decode fast path (same values as the general path, fewer tensor ops per sequence).
+            K[:, seg.start] = k[offset]
+            V[:, seg.start] = v[offset]
+            o = F.scaled_dot_product_attention(q[offset].view(1, lw.n_q, 1, d), K[None, :, :stop],
+                                               V[None, :, :stop], enable_gqa=gqa)
+            outs.append(o.view(1, lw.n_q * d))
+            offset += 1
+            continue
         K[:, seg.start:stop] = k[offset:offset + seg.n].transpose(0, 1)
         V[:, seg.start:stop] = v[offset:offset + seg.n].transpose(0, 1)
         qs = q[offset:offset + seg.n].transpose(0, 1).unsqueeze(0)        # [1, n_q, n, d]
         ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)       # [1, n_kv, S, d]
-        if seg.n == 1:
-            mask, causal = None, False
-        elif seg.start == 0:
+        if seg.start == 0:
             mask, causal = None, True
         else:   # a chunk after cached tokens: causal relative to absolute positions
             pos_q = torch.arange(seg.start, stop, device=x.device)[:, None]
             mask, causal = torch.arange(stop, device=x.device)[None, :] <= pos_q, False
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal,
-                                           enable_gqa=lw.n_q != lw.n_kv)
+                                           enable_gqa=gqa)
         outs.append(o[0].transpose(0, 1).reshape(seg.n, lw.n_q * d))
         offset += seg.n
     attn = F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], lw.wo)

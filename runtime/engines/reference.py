@@ -144,7 +144,7 @@ class ReferenceEngine:
                  decode: str = "tensor", kv_budget_tokens: int = 16384, max_running: int = 16,
                  collective_timeout_s: float = 30.0, heartbeat_s: float = 1.0,
                  start_timeout_s: float = 300.0, threads: int | None = None,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, max_prefill_tokens: int = 2048) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
         for phase, value in (("prefill", prefill), ("decode", decode)):
@@ -162,6 +162,9 @@ class ReferenceEngine:
         self.collective_timeout_s, self.heartbeat_s = collective_timeout_s, heartbeat_s
         self.start_timeout_s, self.threads = start_timeout_s, threads
         self.model_name = model_name or model
+        # Prompt tokens prefilled per iteration: bounds how long running sequences wait for a
+        # decode step while a burst of new requests is admitted (at least one prompt always goes).
+        self.max_prefill_tokens = max_prefill_tokens
         self.max_context = 0
         self.tokenizer = None
         self.plan: ParallelPlan | None = None
@@ -365,10 +368,15 @@ class ReferenceEngine:
                     st.put(_END)
                 self._cancels.clear()
                 admitted: list[_Request] = []
+                prefill_tokens = 0
                 while self._waiting and len(self._running) + len(admitted) < self.max_running:
                     st = self._waiting[0]
                     if self._reserved + st.need > self.kv_budget_tokens:
                         break           # FIFO: the head waits for budget rather than being overtaken
+                    prompt = len(st.request.prompt_token_ids)
+                    if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
+                        break           # the rest joins at the next iteration
+                    prefill_tokens += prompt
                     self._waiting.popleft()
                     st.seq_id = next(self._seq_ids)
                     self._reserved += st.need

@@ -34,18 +34,34 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 class TextTracker:
-    """Turns a growing list of token ids into text deltas; stops at the first stop string."""
+    """Turns a growing list of token ids into text deltas; stops at the first stop string.
+
+    Decoding is incremental (a short window of tokens, as vLLM does), so a long generation costs
+    O(tokens), and a token that ends inside a UTF-8 character releases nothing until it completes.
+    """
 
     def __init__(self, tokenizer, stop: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
         self.ids: list[int] = []
-        self.emitted = 0                  # characters of the decoded text already sent
+        self.text = ""                    # decoded text of ids[:read]
+        self.prefix = 0                   # window start: a few tokens of context for the decoder
+        self.read = 0                     # tokens already turned into text
+        self.emitted = 0                  # characters of self.text already sent
+
+    def _decode_new(self) -> str:
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        return after[len(before):] if len(after) > len(before) else ""
 
     def add(self, token_id: int) -> tuple[str, bool]:
         """Text this token releases, and whether a stop string was reached (not emitted)."""
         self.ids.append(token_id)
-        full = self.tokenizer.decode(self.ids)
+        new = self._decode_new()
+        if new and not new.endswith("\ufffd"):   # complete characters only
+            self.text += new
+            self.prefix, self.read = self.read, len(self.ids)
+        full = self.text
         if self.stop:
             longest = max(len(s) for s in self.stop)
             search_from = max(0, self.emitted - longest + 1)
@@ -56,12 +72,10 @@ class TextTracker:
                 self.emitted = cut
                 return delta, True
         safe = len(full)
-        if full.endswith("\ufffd"):       # an incomplete UTF-8 sequence: wait for its next byte
-            safe -= 1
         for s in self.stop:               # a suffix that may grow into a stop string is held back
             for k in range(min(len(s) - 1, safe), 0, -1):
-                if full[:safe].endswith(s[:k]):
-                    safe = min(safe, len(full[:safe]) - k)
+                if full.endswith(s[:k]):
+                    safe = min(safe, len(full) - k)
                     break
         safe = max(safe, self.emitted)
         delta = full[self.emitted:safe]
@@ -69,8 +83,9 @@ class TextTracker:
         return delta, False
 
     def flush(self) -> str:
-        """Held-back text, released when the sequence ends for another reason."""
-        full = self.tokenizer.decode(self.ids)
-        delta = full[self.emitted:]
-        self.emitted = len(full)
+        """Held-back text (and any incomplete character), released when the sequence ends."""
+        self.text += self._decode_new()
+        self.prefix = self.read = len(self.ids)
+        delta = self.text[self.emitted:]
+        self.emitted = len(self.text)
         return delta

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -51,6 +52,7 @@ class EngineProcess:
         self.max_context: int | None = None
         self.load = LoadReport()
         self.failure: str = ""
+        self.last_report = time.monotonic()          # when the engine process last said anything
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
 
@@ -79,6 +81,7 @@ class EngineProcess:
                     break
                 ev = json.loads(line)
                 op = ev["op"]
+                self.last_report = time.monotonic()
                 if op == "ready":
                     self.model_name, self.max_context = ev["model_name"], ev["max_context"]
                     self.ready.set()

@@ -6,8 +6,8 @@ structured log line and in /metrics, and the unit and revision in response heade
 
 from __future__ import annotations
 
-import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -165,6 +165,9 @@ class LeaderApi:
                 return self._engine_error(ev, headers, rec)
         self._timing(rec, arrival, first_token, n)
         rec["status"] = 200
+        headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
+        if first_token is not None:
+            headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         created = int(arrival)
         out = "".join(text)
@@ -263,6 +266,12 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
                405: f"{request.method} is not allowed on {request.path}",
                413: "the request body is too large (limit 4 MiB): shorten the prompt"}.get(e.status, e.reason)
         return web.json_response(ApiError(e.status, msg).body(), status=e.status)
+    except Exception as e:  # a bug: log it loudly, answer in OpenAI's shape
+        if not request.path.startswith("/v1"):
+            raise
+        logging.getLogger("flotilla.node").exception("unhandled error on %s", request.path)
+        return web.json_response(ApiError(500, f"internal error ({type(e).__name__}); see the node's log",
+                                          type_="server_error").body(), status=500)
 
 
 def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:

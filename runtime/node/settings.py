@@ -54,12 +54,14 @@ class NodeSettings:
     backoff_initial_s: float
     backoff_max_s: float
     peer_poll_s: float              # how often members check each other
+    rendezvous_watch_s: float       # how often the rendezvous backend is asked about changes (AWS APIs)
     peer_dead_after_s: float        # a member silent this long is dead: the unit re-forms
     max_tokens_limit: int           # the largest max_tokens a request may ask for
     torch_threads: int
     kv_budget_tokens: int           # reference engine: KV-cache tokens over all running sequences
     max_running: int                # reference engine: batch slots
     collective_timeout_s: float     # reference engine: a wedged peer fails requests within this
+    engine_stall_s: float           # a ready engine process silent this long is wedged: re-form
 
     @property
     def world_size(self) -> int:
@@ -95,11 +97,13 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     a("--live-budget", dest="live_budget_s", help="seconds /health/live stays 200 while not formed [FLOTILLA_LIVE_BUDGET_S, default 1800]")
     a("--max-restarts", help="re-forms allowed per restart window [FLOTILLA_MAX_RESTARTS, default 10]")
     a("--restart-window", dest="restart_window_s", help="seconds [FLOTILLA_RESTART_WINDOW_S, default 600]")
+    a("--rendezvous-watch", dest="rendezvous_watch_s", help="seconds between rendezvous membership checks; the member-to-member handshake notices deaths sooner [FLOTILLA_RENDEZVOUS_WATCH_S, default 10]")
     a("--peer-dead-after", dest="peer_dead_after_s", help="seconds of silence before a member counts as dead [FLOTILLA_PEER_DEAD_AFTER_S, default 3]")
     a("--max-tokens-limit", help="largest max_tokens a request may ask for [FLOTILLA_MAX_TOKENS_LIMIT, default 4096]")
     a("--torch-threads", help="torch threads per process [FLOTILLA_TORCH_THREADS, default 1]")
     a("--kv-budget-tokens", help="KV-cache tokens over all running sequences [FLOTILLA_KV_BUDGET_TOKENS, default 16384]")
     a("--max-running", help="batch slots [FLOTILLA_MAX_RUNNING, default 16]")
+    a("--engine-stall", dest="engine_stall_s", help="seconds of silence after which a ready engine process counts as wedged [FLOTILLA_ENGINE_STALL_S, default 60]")
     a("--collective-timeout", dest="collective_timeout_s", help="seconds before a silent peer fails the unit [FLOTILLA_COLLECTIVE_TIMEOUT_S, default 30]")
     return p
 
@@ -128,11 +132,13 @@ _ENV: dict[str, tuple[str, str | None]] = {
     "max_restarts": ("FLOTILLA_MAX_RESTARTS", "10"),
     "restart_window_s": ("FLOTILLA_RESTART_WINDOW_S", "600"),
     "peer_dead_after_s": ("FLOTILLA_PEER_DEAD_AFTER_S", "3"),
+    "rendezvous_watch_s": ("FLOTILLA_RENDEZVOUS_WATCH_S", "10"),
     "max_tokens_limit": ("FLOTILLA_MAX_TOKENS_LIMIT", "4096"),
     "torch_threads": ("FLOTILLA_TORCH_THREADS", "1"),
     "kv_budget_tokens": ("FLOTILLA_KV_BUDGET_TOKENS", "16384"),
     "max_running": ("FLOTILLA_MAX_RUNNING", "16"),
     "collective_timeout_s": ("FLOTILLA_COLLECTIVE_TIMEOUT_S", "30"),
+    "engine_stall_s": ("FLOTILLA_ENGINE_STALL_S", "60"),
 }
 
 
@@ -270,10 +276,12 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         backoff_initial_s=0.5,
         backoff_max_s=30.0,
         peer_poll_s=0.25,
+        rendezvous_watch_s=_float(label["rendezvous_watch_s"], req("rendezvous_watch_s"), lo=0.1),
         peer_dead_after_s=_float(label["peer_dead_after_s"], req("peer_dead_after_s"), lo=0.1),
         max_tokens_limit=_int(label["max_tokens_limit"], req("max_tokens_limit"), lo=1),
         torch_threads=_int(label["torch_threads"], req("torch_threads"), lo=1, hi=256),
         kv_budget_tokens=_int(label["kv_budget_tokens"], req("kv_budget_tokens"), lo=16),
         max_running=_int(label["max_running"], req("max_running"), lo=1, hi=4096),
         collective_timeout_s=_float(label["collective_timeout_s"], req("collective_timeout_s"), lo=1.0),
+        engine_stall_s=_float(label["engine_stall_s"], req("engine_stall_s"), lo=0.5),
     )

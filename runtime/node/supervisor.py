@@ -10,6 +10,9 @@ Group semantics (the one place they are spelled out, like LeaderWorkerSet's recr
   reports broken (liveness fails) and exits 1 so its orchestrator replaces it.
 - A member never forms with a member of another revision.
 - SIGTERM drains: not-ready at once, in-flight requests finish within the drain timeout, exit 0.
+  A unit drains as a group: when a follower is told to drain (e.g. its task is replaced in a
+  rolling update), the leader stops taking requests, lets its in-flight ones finish, then ends the
+  formation, which releases the follower; the unit then re-forms with the replacement.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class UnitSupervisor:
         self.unit_load = LoadReport()                  # followers: the leader's load, relayed
         self.leader_ready = False
         self.draining = False
+        self.unit_draining: str | None = None         # leader: why the unit drains for a follower
         self.in_flight = 0
         self.not_ready_since = time.monotonic()
         self._restarts: collections.deque[float] = collections.deque()
@@ -86,7 +90,7 @@ class UnitSupervisor:
     def ready(self) -> bool:
         if self.draining or self.state != "ready" or self.engine is None or not self.engine.alive:
             return False
-        if self.engine.load.state == "broken":
+        if self.engine.load.state == "broken" or self.unit_draining:
             return False
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
@@ -104,6 +108,8 @@ class UnitSupervisor:
 
     def effective_state(self) -> str:
         # Between an engine failure and the supervisor's next look, the unit is already broken.
+        if self.state == "ready" and self.unit_draining:
+            return "draining"
         if self.state == "ready" and not self.ready():
             return "broken"
         return self.state
@@ -117,12 +123,14 @@ class UnitSupervisor:
 
     def status_body(self) -> dict[str, Any]:
         body = self.ready_body()
-        body.update(boot_id=self.boot_id, formation=self.formation, offer=self.offer,
+        body.update(boot_id=self.boot_id, formation=self.formation, offer=self.offer, draining=self.draining,
                     engine_alive=bool(self.engine and self.engine.alive),
                     engine_ready=bool(self.engine and self.engine.ready.is_set()))
         return body
 
     def _set_state(self, state: str, **why: Any) -> None:
+        if self.draining and state not in ("draining", "stopped", "broken"):
+            return   # once told to drain, a member never reports itself forming or ready again
         if state != self.state:
             jlog("unit_state", unit=self.s.unit_id, rank=self.rank, old=self.state, new=state, **why)
             if state != "ready" and self.state == "ready":
@@ -205,6 +213,7 @@ class UnitSupervisor:
         self.offer = None
         self.formation = None
         self.leader_ready = False
+        self.unit_draining = None
         if self.engine is not None:
             await self.engine.kill_and_wait()
             self.engine = None
@@ -236,7 +245,7 @@ class UnitSupervisor:
         elif st.get("revision") != m.revision:
             problem = f"runs revision {st.get('revision')!r}, this unit is {m.revision!r}"
         elif st.get("rank") != member.rank or st.get("world_size") != m.world_size:
-            problem = f"reports rank {st.get('rank')}/{st.get('world_size')}"
+            return False   # not joined yet, or its view of the unit is a step behind: ask again later
         if problem is None:
             return True
         key = f"{member.host}:{member.api_port}:{problem}"
@@ -248,7 +257,7 @@ class UnitSupervisor:
         return False
 
     async def _watch_rendezvous(self, m: Membership, last: list[float]) -> None:
-        if time.monotonic() - last[0] >= 2.0:
+        if time.monotonic() - last[0] >= self.s.rendezvous_watch_s:
             last[0] = time.monotonic()
             if await self.rendezvous.changed(m):
                 raise FormationEnded("membership changed")
@@ -270,7 +279,7 @@ class UnitSupervisor:
             boot_ids = {}
             for f in followers:
                 st = await self._status(f)
-                if st and self._compatible(st, f, m) and st.get("formation") is None:
+                if st and self._compatible(st, f, m) and st.get("formation") is None and not st.get("draining"):
                     boot_ids[f.rank] = st["boot_id"]
             if len(boot_ids) < len(followers):
                 await self._watch_rendezvous(m, last_rdv)
@@ -284,23 +293,35 @@ class UnitSupervisor:
         await self.engine.start()
         started = time.monotonic()
         last_ok = {f.rank: time.monotonic() for f in followers}
+        drain_until = 0.0
         while True:
             if not self.engine.alive:
                 raise FormationEnded(f"engine process ended: {self.engine.load.detail}")
             if self.engine.load.state == "broken":
                 raise FormationEnded(f"engine broken: {self.engine.load.detail}")
             if self.engine.ready.is_set():
+                # A ready engine reports its load ten times a second; silence means it is wedged.
+                stalled = time.monotonic() - self.engine.last_report
+                if stalled > self.s.engine_stall_s:
+                    raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
                 self._set_state("ready", formation=formation)
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
             for f in followers:
                 st = await self._status(f)
+                if st and st.get("draining") and not self.unit_draining and not self.draining:
+                    self.unit_draining = f"follower rank {f.rank} is draining"
+                    drain_until = time.monotonic() + self.s.drain_timeout_s
+                    jlog("unit_drain_started", unit=m.unit_id, reason=self.unit_draining,
+                         in_flight=self.in_flight, timeout_s=self.s.drain_timeout_s)
                 if st and st.get("boot_id") == boot_ids[f.rank] and st.get("formation") == formation:
                     last_ok[f.rank] = time.monotonic()
                 elif st and st.get("boot_id") != boot_ids[f.rank]:
                     raise FormationEnded(f"follower rank {f.rank} restarted")
                 elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s:
                     raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
+            if self.unit_draining and (self.in_flight == 0 or time.monotonic() > drain_until):
+                raise FormationEnded(f"{self.unit_draining}; {self.in_flight} request(s) unfinished", clean=True)
             await self._watch_rendezvous(m, last_rdv)
             await self._tick()
 

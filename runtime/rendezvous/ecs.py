@@ -59,10 +59,18 @@ class InstanceTopology:
 
     def __init__(self, ec2_client: Any) -> None:
         self._ec2 = ec2_client
+        # A running instance never moves in the network, and the API's rate limit is low: cache.
+        self._known: dict[str, tuple[str, ...]] = {}
 
     def network_nodes(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        missing = sorted(set(instance_ids) - set(self._known))
+        if missing:
+            found = self._lookup(missing)
+            self._known.update({iid: found.get(iid, ()) for iid in missing})
+        return {iid: self._known[iid] for iid in instance_ids}
+
+    def _lookup(self, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         out: dict[str, tuple[str, ...]] = {}
-        ids = sorted(set(instance_ids))
         for i in range(0, len(ids), 100):  # the API takes at most 100 instance ids per call
             kwargs: dict[str, Any] = {"InstanceIds": ids[i:i + 100]}
             while True:
@@ -74,7 +82,7 @@ class InstanceTopology:
                     break
                 kwargs["NextToken"] = token
         # Instance types without topology data are simply ordered by id (empty path sorts first).
-        return {iid: out.get(iid, ()) for iid in ids}
+        return out
 
 
 class EcsRendezvous:
@@ -89,6 +97,7 @@ class EcsRendezvous:
         self._metadata = metadata
         self._timeout_s, self._poll_s = timeout_s, poll_s
         self._me: TaskIdentity | None = None
+        self._address: dict[str, str] = {}
 
     # -- identity ---------------------------------------------------------------------------------
     def identity(self) -> TaskIdentity:
@@ -127,12 +136,13 @@ class EcsRendezvous:
                     cluster=me.cluster, containerInstances=ci_arns[i:i + 100])["containerInstances"]:
                 instance_of[ci["containerInstanceArn"]] = ci["ec2InstanceId"]
         instance_ids = sorted(set(instance_of.values()))
-        address: dict[str, str] = {}
-        if instance_ids:
-            for page in self._ec2.get_paginator("describe_instances").paginate(InstanceIds=instance_ids):
+        unknown = [i for i in instance_ids if i not in self._address]
+        if unknown:   # an instance keeps its primary private address for life: look each up once
+            for page in self._ec2.get_paginator("describe_instances").paginate(InstanceIds=unknown):
                 for r in page["Reservations"]:
                     for inst in r["Instances"]:
-                        address[inst["InstanceId"]] = inst["PrivateIpAddress"]
+                        self._address[inst["InstanceId"]] = inst["PrivateIpAddress"]
+        address = self._address
         paths = self._topology.network_nodes(instance_ids) if instance_ids else {}
         out = []
         for t in mine:

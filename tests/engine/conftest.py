@@ -4,34 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from testnet import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).with_name("harness.py")
-
-
-def free_port(span: int = 1) -> int:
-    """A port p such that p..p+span-1 were all free just now (bind port 0, then check the rest)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + span >= 65535:
-            continue
-        try:
-            for k in range(1, span):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + k))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port range found")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,9 @@ CONFIGS = {
     "smollm2": [(5, "pipeline", "pipeline"), (11, "pipeline", "tensor"), (24, "pipeline", "tensor"),
                 (15, "tensor", "pipeline")],
 }
-PROMPTS = {"tiny": [[256, 72, 105, 33], [7, 8, 9, 10, 11, 12, 13, 14, 15]],
+# tiny's third prompt is long enough for the pipeline to cut it into overlapping chunks.
+PROMPTS = {"tiny": [[256, 72, 105, 33], [7, 8, 9, 10, 11, 12, 13, 14, 15],
+                    [(7 * i) % 256 for i in range(300)]],
            "smollm2": [[1, 9690, 198, 2683, 359, 253], [504, 3458, 282, 4649, 314]]}
 
 
@@ -34,10 +36,20 @@ def test_pipeline_prefill_logits_are_bit_identical_to_unsplit_model(exactness):
         boundary, prefill, _ = res["config"]
         if prefill != "pipeline":
             continue
-        for got, want in zip(res["prefill"], found["reference"]["prefill"]):
+        # a chunked long prompt equals the unsplit model run over the same chunks
+        for got, want in zip(res["prefill"], found["reference"]["prefill_chunked"]):
             assert torch.equal(got, want), f"{model} split at layer {boundary}"
             checked += 1
     assert checked >= 2 * len(PROMPTS[model])
+
+
+def test_long_prompts_are_prefilled_in_overlapping_chunks():
+    from runtime.engines.executor import pipeline_prefill_chunks
+
+    assert pipeline_prefill_chunks(100, 2) == [(0, 100)]
+    assert pipeline_prefill_chunks(300, 1) == [(0, 300)]
+    assert pipeline_prefill_chunks(300, 2) == [(0, 150), (150, 300)]
+    assert len(pipeline_prefill_chunks(4096, 2)) == 4
 
 
 def test_pipeline_decode_after_pipeline_prefill_is_bit_identical(exactness):
@@ -45,7 +57,7 @@ def test_pipeline_decode_after_pipeline_prefill_is_bit_identical(exactness):
     runs = [r for r in found["results"] if r["config"][1:] == ("pipeline", "pipeline")]
     assert runs
     for res in runs:
-        for got, want in zip(res["decode"], found["reference"]["decode"]):
+        for got, want in zip(res["decode"], found["reference"]["decode_chunked"]):
             assert torch.equal(got, want), f"{model} {res['config']}"
 
 
@@ -56,6 +68,9 @@ def test_tensor_parallel_logits_within_tolerance_step_by_step(exactness):
         boundary, prefill, decode = res["config"]
         if "tensor" not in (prefill, decode):
             continue
+        for got, want in zip(res["prefill"], found["reference"]["prefill"]):
+            assert (got - want).abs().max() <= tol, f"{model} {res['config']} prefill"
+    for res in found["results"]:    # chunked pipeline prefill vs the one-shot unsplit prefill
         for got, want in zip(res["prefill"], found["reference"]["prefill"]):
             assert (got - want).abs().max() <= tol, f"{model} {res['config']} prefill"
         for got, want in zip(res["decode"], found["reference"]["decode"]):

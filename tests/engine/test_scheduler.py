@@ -162,3 +162,68 @@ def test_health_goes_ready_then_stopped_and_generate_refuses_after_shutdown():
             await _collect(engine)
         return ready, engine.health().state
     assert run(go()) == (EngineState.READY, EngineState.STOPPED)
+
+
+def test_a_consumer_that_stops_reading_frees_its_slot():
+    async def go():
+        engine = await _engine()
+        req = GenerationRequest(request_id="gone", prompt_token_ids=PROMPT,
+                                sampling=SamplingParams(max_tokens=1500, ignore_eos=True))
+        stream = engine.generate(req)
+        async for _ in stream:
+            break
+        await stream.aclose()             # what an HTTP server does when the client disconnects
+        for _ in range(500):
+            if engine.load().running == 0:
+                break
+            await asyncio.sleep(0.01)
+        load = engine.load()
+        await engine.shutdown()
+        return load
+    load = run(go())
+    assert (load.running, load.kv_cache_used) == (0, 0.0)
+
+
+def test_cancelling_a_queued_request_ends_its_stream_without_running_it():
+    async def go():
+        engine = await _engine(kv_budget_tokens=2000)   # the first request holds nearly all of it
+        first = asyncio.create_task(_collect(engine, "first", max_tokens=1990, ignore_eos=True))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(_collect(engine, "queued", max_tokens=25, ignore_eos=True))
+        for _ in range(1000):
+            load = engine.load()
+            if (load.running, load.queue_depth) == (1, 1):
+                break
+            await asyncio.sleep(0.01)
+        assert (load.running, load.queue_depth) == (1, 1)
+        engine.cancel("queued")
+        events = await second
+        engine.cancel("first")
+        await first
+        await engine.shutdown()
+        return events
+    assert run(go()) == []
+
+
+def test_a_burst_larger_than_the_prefill_cap_is_admitted_over_several_steps_with_same_tokens():
+    async def go():
+        engine = await _engine(max_prefill_tokens=len(PROMPT))   # one prompt per iteration
+        burst = await asyncio.gather(*[_collect(engine, f"b{i}", max_tokens=6, ignore_eos=True)
+                                       for i in range(4)])
+        await engine.shutdown()
+        return [[e.token_id for e in r] for r in burst]
+    burst = run(go())
+    assert all(r == burst[0] for r in burst) and len(burst[0]) == 6
+
+
+def test_start_gives_up_with_a_clear_error_when_followers_never_join(free_ports):
+    lonely = Membership(unit_id="u", revision="1", rank=0, world_size=2, dist_host="127.0.0.1",
+                        dist_port=free_ports(1))
+
+    async def go():
+        engine = ReferenceEngine(lonely, model="tiny", start_timeout_s=2, collective_timeout_s=5)
+        with pytest.raises(EngineError, match="failed to start"):
+            await engine.start()
+        return engine.health()
+    health = run(go())
+    assert health.state is EngineState.BROKEN and health.detail

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
+
 import subprocess
 import sys
 import time
@@ -15,14 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import contract
+from testnet import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
 
 CHAT = "/chat/completions"
 COMP = "/completions"

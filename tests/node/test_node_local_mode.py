@@ -1,5 +1,5 @@
-"""`python -m runtime.local` (what `make local` runs), on `tiny` for speed: it starts the unit,
-lists every process in local.json, serves, and stops everything cleanly on Ctrl-C."""
+"""`python -m runtime.local` (what `make local` runs), on `tiny` for speed: it starts the unit and
+the router, lists every process in local.json, serves, and stops everything cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ import pytest
 import contract
 from node_harness import REPO, free_port, wait_for
 
-pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
 
 
 def test_local_mode_serves_lists_its_processes_and_stops_cleanly_on_ctrl_c(tmp_path):
     port = free_port()
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.local", "--model", "tiny", "--router", "off",
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.local", "--model", "tiny",
                              "--state-dir", str(state), "--drain-timeout", "10"],
                             cwd=str(REPO), env={**os.environ, contract.ENV_PORT: str(port), "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -36,8 +35,8 @@ def test_local_mode_serves_lists_its_processes_and_stops_cleanly_on_ctrl_c(tmp_p
         manifest = json.loads((state / "local.json").read_text())
         procs = manifest["processes"]
         assert [(p["unit"], p["rank"], p["role"]) for p in procs] == [
-            ("local-unit0", 0, "leader"), ("local-unit0", 1, "follower")]
-        assert procs[0]["ports"]["api"] == port
+            ("local-unit0", 0, "leader"), ("local-unit0", 1, "follower"), (None, None, "router")]
+        assert procs[2]["ports"]["http"] == port and procs[0]["ports"]["api"] != port
         for p in procs:
             os.kill(p["pid"], 0)                         # every listed pid is a live process
         body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})

@@ -199,3 +199,12 @@ def test_topology_lookups_are_batched_by_100_instances():
         paths = InstanceTopology(client).network_nodes(ids)
     stub.assert_no_pending_responses()
     assert paths[ids[0]] == ("s1", "s2", "s3") and paths[ids[1]] == ()
+
+
+def test_topology_and_addresses_are_looked_up_once_per_instance(aws):
+    w = World(2)
+    tasks = [w.start(iid) for iid in w.instances]
+    r = rendezvous(w, tasks[0], topology_client({}, 1), world_size=2)   # a second lookup would fail
+    first, _ = r.try_form()
+    again, _ = r.try_form()
+    assert first == again

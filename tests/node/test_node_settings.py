@@ -77,3 +77,21 @@ def test_static_rendezvous_gives_ranks_in_peer_order_with_rank_0_leading():
     assert (m.rank, m.world_size, m.role, m.dist_host, m.dist_port) == (1, 2, "follower", "10.0.0.1", 29500)
     assert [(x.rank, x.host, x.api_port) for x in m.members] == [(0, "10.0.0.1", 8000), (1, "10.0.0.2", 8001)]
     assert asyncio.run(r.changed(m)) is False
+
+
+def test_ecs_rendezvous_outside_ecs_exits_2_naming_the_metadata_variable():
+    env = {"PATH": "/usr/bin:/bin", contract.ENV_RENDEZVOUS: "ecs", contract.ENV_NODES_PER_UNIT: "2",
+           "PORT": "18999"}
+    r = subprocess.run([sys.executable, "-m", "runtime", "node"], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert r.returncode == 2
+    assert "ECS_CONTAINER_METADATA_URI_V4 is not set" in r.stderr and "static" in r.stderr
+
+
+def test_every_setting_is_documented_in_docs_node_md():
+    from pathlib import Path
+
+    from runtime.node.settings import _ENV
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "node.md").read_text()
+    for var, _default in _ENV.values():
+        assert f"`{var}`" in doc, var

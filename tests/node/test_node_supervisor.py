@@ -44,7 +44,7 @@ def test_a_membership_change_reforms_the_unit_and_counts_against_the_budget():
     async def scenario():
         port = free_port()
         s = load_settings(["--engine", "echo", "--peers", f"127.0.0.1:{port}", "--rank", "0", "--unit", "u",
-                           "--revision", "r"], {})
+                           "--revision", "r", "--rendezvous-watch", "0.2"], {})
         rdv = FlippingRendezvous(port)
         sup = UnitSupervisor(settings=s, rendezvous=rdv, metrics=NodeMetrics())
         run = asyncio.create_task(sup.run())
@@ -58,5 +58,28 @@ def test_a_membership_change_reforms_the_unit_and_counts_against_the_budget():
         sup.begin_drain()
         assert await asyncio.wait_for(run, 30) == 0
         assert sup.state == "stopped" and sup.engine is None
+
+    asyncio.run(scenario())
+
+
+def test_a_wedged_engine_process_is_detected_and_the_unit_reforms():
+    import os
+    import signal
+
+    async def scenario():
+        port = free_port()
+        s = load_settings(["--engine", "echo", "--peers", f"127.0.0.1:{port}", "--rank", "0", "--unit", "u",
+                           "--revision", "r", "--engine-stall", "1"], {})
+        sup = UnitSupervisor(settings=s, rendezvous=FlippingRendezvous(port), metrics=NodeMetrics())
+        run = asyncio.create_task(sup.run())
+        await wait_until(sup.ready)
+        first, pid = sup.formation, sup.engine.pid
+        os.kill(pid, signal.SIGSTOP)          # alive but silent: a wedged engine
+        await wait_until(lambda: sup.formation not in (None, first) and sup.ready())
+        assert len(sup._restarts) == 1
+        with __import__("pytest").raises(ProcessLookupError):
+            os.kill(pid, 0)                   # the wedged process was killed, not left behind
+        sup.begin_drain()
+        assert await asyncio.wait_for(run, 30) == 0
 
     asyncio.run(scenario())

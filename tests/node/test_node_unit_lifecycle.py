@@ -14,7 +14,6 @@ import pytest
 import contract
 from node_harness import Unit, get_json, wait_for
 
-pytest.importorskip("runtime.engines.reference", reason="needs the reference engine (issue 4) merged")
 
 
 def open_stream(unit: Unit, *, max_tokens: int, request_id: str):
@@ -62,10 +61,20 @@ def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_uni
     reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
     reader.start()
     assert first.wait(30)
+    unary: list = []
+    waiter = threading.Thread(target=lambda: unary.append(completion(unit, max_tokens=2000, ignore_eos=True)),
+                              daemon=True)
+    waiter.start()
+    wait_for(lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 2,
+             timeout=20, what="both requests to be running")
     killed_at = time.monotonic()
     follower.kill9()
     reader.join(timeout=15)
     assert not reader.is_alive(), "the stream did not end within 15 s of the follower's death"
+    waiter.join(timeout=15)
+    assert not waiter.is_alive(), "the non-streamed request did not end within 15 s of the follower's death"
+    status, headers, body = unary[0]
+    assert status == 503 and body["error"]["type"] == "service_unavailable" and headers.get("Retry-After")
     ended_after = time.monotonic() - killed_at
     last = json.loads(events[-1])
     assert "error" in last and last["error"]["type"] == "service_unavailable", events[-3:]
@@ -129,3 +138,37 @@ def test_an_exhausted_restart_budget_fails_liveness_and_exits_1(unit):
     unit.members[1].kill9()
     assert unit.leader.wait(timeout=30) == 1
     assert unit.leader.log_events("restart_budget_exhausted")
+
+
+def test_when_the_leader_dies_followers_turn_unready_stay_alive_and_rejoin_its_replacement(unit):
+    unit.start().wait_ready()
+    follower = unit.members[1]
+    unit.leader.kill9()
+    wait_for(lambda: follower.ready()[0] == 503, timeout=15, what="the follower to report the unit unready")
+    assert follower.live()[0] == 200
+    unit.leader.start()
+    unit.wait_ready(timeout=120)
+    status, headers, body = completion(unit, temperature=0)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_a_draining_follower_drains_the_whole_unit_then_the_unit_reforms_with_its_replacement(unit):
+    unit.env["FLOTILLA_DRAIN_TIMEOUT_S"] = "120"
+    unit.start().wait_ready()
+    follower = unit.members[1]
+    events: list[str] = []
+    first = threading.Event()
+    resp = open_stream(unit, max_tokens=300, request_id="outlives-1")
+    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
+    reader.start()
+    assert first.wait(30)
+    follower.sigterm()
+    wait_for(lambda: unit.leader.ready()[1]["state"] == "draining", timeout=10, what="the leader to drain the unit")
+    status, headers, body = completion(unit)
+    assert status == 503 and headers.get("Retry-After")
+    reader.join(timeout=120)
+    assert events[-1] == "[DONE]" and len(events) == 301      # the in-flight request finished whole
+    assert follower.wait(timeout=30) == 0
+    follower.start()
+    unit.wait_ready(timeout=120)
+    assert completion(unit, temperature=0)[0] == 200

@@ -1,0 +1,7 @@
+"""`python -m ops ...` is the same as the `flotilla` console script."""
+
+import sys
+
+from ops.cli import main
+
+sys.exit(main())

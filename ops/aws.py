@@ -1,0 +1,48 @@
+"""The AWS clients the CLI uses, made once per command from --region/--profile.
+
+DescribeInstanceTopology gets its own EC2 client so that tests can stub that one call (moto does
+not implement it) while every other EC2 call still goes to moto.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.exceptions
+
+from ops.errors import OpsError
+
+
+@dataclass
+class Aws:
+    ecs: Any
+    ec2: Any
+    autoscaling: Any
+    servicediscovery: Any
+    topology: Any   # EC2 client used only for describe_instance_topology
+
+
+def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
+    # boto3 reads AWS_DEFAULT_REGION; AWS_REGION is what most tools (and ECS tasks) set.
+    region = region or os.environ.get("AWS_REGION") or None
+    try:
+        session = boto3.Session(region_name=region, profile_name=profile)
+    except botocore.exceptions.ProfileNotFound as err:
+        raise OpsError(f"--profile {profile!r}: {err}") from None
+    if session.region_name is None:
+        raise OpsError("no AWS region: pass --region or set AWS_REGION")
+    return Aws(ecs=session.client("ecs"), ec2=session.client("ec2"), autoscaling=session.client("autoscaling"),
+               servicediscovery=session.client("servicediscovery"), topology=session.client("ec2"))
+
+
+def clients_for(args) -> Aws:
+    """The clients a subcommand uses (tests replace `make_clients`)."""
+    return make_clients(region=getattr(args, "region", None), profile=getattr(args, "profile", None))
+
+
+def chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

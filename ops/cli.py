@@ -1,0 +1,70 @@
+"""The `flotilla` console script: one subcommand per question an operator asks at peak.
+
+Exit status: 0 all good, 1 something is unhealthy / failed / refused, 2 bad input (argparse uses 2
+as well). Destructive subcommands are dry runs unless --yes is given or a TTY user confirms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import botocore.exceptions
+from rich.console import Console
+
+from ops import __doc__ as _package_doc
+from ops.commands import drain, plan, replace, rollout, status, topology
+from ops.errors import OpsError
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
+
+
+def _add_aws_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("AWS")
+    g.add_argument("--region", help="AWS region (default: the AWS_REGION / profile setting)")
+    g.add_argument("--profile", help="AWS named profile")
+    g.add_argument("--deployment", default="flotilla",
+                   help="deployment_name of the flotilla config (stacks are <deployment>-Cell-<n>); "
+                        "default: %(default)s")
+    g.add_argument("--cloudmap-namespace", help="Cloud Map namespace of the units' service (needed only when "
+                                                "several namespaces have one)")
+    g.add_argument("--cloudmap-service", default="units", help="Cloud Map service the unit members register in")
+    g.add_argument("--health-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="per-node /health/ready timeout; default %(default)s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flotilla", description=_package_doc.strip().splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    plan.add_parser(sub)
+    for module in (status, topology, drain, replace, rollout):
+        for p in module.add_parser(sub):
+            _add_aws_options(p)
+    return parser
+
+
+def make_console() -> Console:
+    # Pipes and CI logs get wide, uncoloured tables rather than 80 wrapped columns.
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = make_console()
+    try:
+        return int(args.handler(args, console) or EXIT_OK)
+    except OpsError as err:
+        console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
+        return err.exit_code
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
+        # Credentials, permissions, throttling: the operator needs the AWS message, not a traceback.
+        console.print(f"[bold red]error:[/] AWS: {err}", markup=True, highlight=False)
+        return EXIT_UNHEALTHY
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

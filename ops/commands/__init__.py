@@ -1,0 +1,1 @@
+"""One module per `flotilla` subcommand: add_parser(subparsers) and a handler(args, console)."""

@@ -1,0 +1,64 @@
+"""What several subcommands share: discovering the fleet from their arguments, and asking for
+confirmation before a destructive step."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ops.aws import Aws, clients_for
+from ops.errors import OpsError, Refused
+from ops.fleet import Fleet, discover
+
+
+def fleet_from_args(args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True) -> Fleet:
+    return discover(aws or clients_for(args), deployment=args.deployment,
+                    cloudmap_namespace=args.cloudmap_namespace, cloudmap_service=args.cloudmap_service,
+                    health=health, health_timeout_s=args.health_timeout)
+
+
+def add_confirm_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--dry-run", action="store_true", help="only say what would happen (the default without --yes "
+                                                          "when nobody is at a terminal to confirm)")
+    g.add_argument("--yes", "-y", action="store_true", help="do it without asking")
+
+
+def confirmed(args: argparse.Namespace, console: Console, question: str) -> bool:
+    """True to go ahead; False for --dry-run. --yes goes ahead; at a terminal the user is asked; without a
+    terminal (CI, a pipe) the step is refused (Refused, exit status 1)."""
+    if args.dry_run:
+        console.print("dry run: nothing changed (drop --dry-run and confirm, or pass --yes, to do it)")
+        return False
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise Refused(f"refusing to {question} without confirmation: stdin is not a terminal; "
+                      "review the dry run above and re-run with --yes")
+    answer = console.input(f"{question}? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise Refused("not confirmed: nothing changed")
+    return True
+
+
+def wait_until(check, *, timeout_s: float, description: str, console: Console, poll_s: float = 5.0):
+    """Call check() -> (done, status) until done, with a progress bar over the time budget.
+    Returns the last status; raises OpsError when the budget runs out."""
+    start = time.monotonic()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task(description, total=timeout_s, status="")
+        while True:
+            done, status = check()
+            elapsed = time.monotonic() - start
+            progress.update(task, completed=min(elapsed, timeout_s), status=status)
+            if done:
+                progress.update(task, completed=timeout_s)
+                return status
+            if elapsed >= timeout_s:
+                raise OpsError(f"{description}: not done after {timeout_s:.0f}s ({status})")
+            time.sleep(min(poll_s, max(0.0, timeout_s - elapsed)))

@@ -1,0 +1,99 @@
+"""`flotilla topology`: where each unit's nodes sit in the AWS network (DescribeInstanceTopology)
+and whether the unit's ranks follow that order.
+
+Rendezvous orders ranks by network-node path (spine first), then instance id, so neighbouring
+pipeline stages share switches. A unit whose reported ranks differ from that order, or whose nodes
+sit under different spines, pays for it on every pipeline hop.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from ops.aws import chunks, clients_for
+from ops.commands.common import fleet_from_args
+from ops.fleet import Node, Unit
+
+
+def add_parser(sub) -> list[argparse.ArgumentParser]:
+    p = sub.add_parser("topology", help="network placement of each unit's nodes and whether rank order matches",
+                       description="Show each unit's nodes with their DescribeInstanceTopology network nodes "
+                                   "(spine first) and check that rank order follows them. Exit status 1 when "
+                                   "a unit's ranks are out of topology order.")
+    p.add_argument("--unit", help="only this unit")
+    p.add_argument("--cell", help="only this cell")
+    p.set_defaults(handler=run)
+    return [p]
+
+
+def network_nodes(topology_client, instance_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for batch in chunks(sorted(set(instance_ids)), 100):  # at most 100 ids per call
+        kwargs = {"InstanceIds": batch}
+        while True:
+            resp = topology_client.describe_instance_topology(**kwargs)
+            for inst in resp.get("Instances", []):
+                out[inst["InstanceId"]] = tuple(inst.get("NetworkNodes", ()))
+            if not resp.get("NextToken"):
+                break
+            kwargs["NextToken"] = resp["NextToken"]
+    return out
+
+
+def expected_order(nodes: list[Node], paths: dict[str, tuple[str, ...]]) -> list[Node]:
+    """The rank order rendezvous gives: network-node path (spine first), then instance id."""
+    return sorted(nodes, key=lambda n: (paths.get(n.instance_id or "", ()), n.instance_id or ""))
+
+
+def check_unit(u: Unit, paths: dict[str, tuple[str, ...]]) -> list[str]:
+    nodes = [n for n in u.nodes if n.instance_id]
+    problems = []
+    missing = [n.instance_id for n in nodes if not paths.get(n.instance_id)]
+    if missing:
+        problems.append(f"no topology for {', '.join(missing)} (instance type without topology data?)")
+    spines = {paths[n.instance_id][0] for n in nodes if paths.get(n.instance_id)}
+    if len(spines) > 1:
+        problems.append(f"nodes sit under {len(spines)} different top-layer network nodes {sorted(spines)}")
+    ranked = [n for n in nodes if isinstance(n.rank, int)]
+    if len(ranked) != len(nodes):
+        problems.append("some nodes report no rank (not answering /health/ready)")
+    else:
+        want = [n.instance_id for n in expected_order(nodes, paths)]
+        have = [n.instance_id for n in sorted(ranked, key=lambda n: n.rank)]
+        if want != have:
+            problems.append(f"rank order {have} does not follow topology order {want}")
+    return problems
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    aws = clients_for(args)
+    fleet = fleet_from_args(args, aws)
+    units = [fleet.unit(args.unit)] if args.unit else fleet.units
+    if args.cell:
+        units = [u for u in units if u.cell_id == args.cell]
+    if not units:
+        console.print(f"[red]no units found for deployment {args.deployment!r}[/]")
+        return 1
+    paths = network_nodes(aws.topology, [n.instance_id for u in units for n in u.nodes if n.instance_id])
+    bad = 0
+    for u in units:
+        t = Table(title=f"{u.unit_id} ({u.cell_id})", title_justify="left")
+        for col in ("rank", "role", "instance", "AZ", "network nodes (top -> bottom)", "topology rank"):
+            t.add_column(col)
+        order = {n.instance_id: i for i, n in enumerate(expected_order([n for n in u.nodes if n.instance_id], paths))}
+        for n in u.nodes:
+            t.add_row(str(n.rank) if n.rank is not None else "?", n.role, n.instance_id or "-",
+                      n.availability_zone or "-", " > ".join(paths.get(n.instance_id or "", ())) or "-",
+                      str(order.get(n.instance_id, "-")))
+        console.print(t)
+        problems = check_unit(u, paths)
+        for p in problems:
+            console.print(f"[red]{u.unit_id}[/]: {p}", highlight=False)
+        if problems:
+            bad += 1
+        else:
+            console.print(f"{u.unit_id}: rank order follows topology", style="green")
+    return 1 if bad else 0

@@ -1,0 +1,441 @@
+"""What the fleet looks like right now: cells, units and nodes from ECS, EC2 and Cloud Map, and
+each node's own word on readiness and load from its /health/ready endpoint.
+
+A cell is an ECS cluster tagged flotilla:deployment=<deployment> and flotilla:cell (stacks/cell.py
+names it <deployment>-cell<n>); a unit is a service in it whose task definition sets
+FLOTILLA_UNIT_ID. Nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import contract
+from ops.aws import Aws, chunks
+from ops.errors import OpsError
+
+# The service tag drain-unit leaves: the unit is drained on purpose (value: its desired count before),
+# so status does not count it as failing and restore-unit knows to bring it back.
+DRAINED_TAG = "flotilla:drained-desired-count"
+UNITS_CLOUDMAP_SERVICE = "units"
+# Tags the stacks put on every resource (stacks/deployment.py, stacks/cell.py, stacks/unit.py).
+DEPLOYMENT_TAG, CELL_TAG, UNIT_TAG = "flotilla:deployment", "flotilla:cell", "flotilla:unit"
+STACK_NAME_TAG = "aws:cloudformation:stack-name"
+# Attributes ECS itself writes when it registers a task in Cloud Map (the front-door issue adds the
+# same names to contract; ECS fixes their values).
+_ATTR_IPV4 = getattr(contract, "CLOUDMAP_ATTR_IPV4", "AWS_INSTANCE_IPV4")
+_ATTR_PORT = getattr(contract, "CLOUDMAP_ATTR_PORT", "AWS_INSTANCE_PORT")
+
+
+def _task_id(arn: str) -> str:
+    return arn.rsplit("/", 1)[-1]
+
+
+def _cell_sort_key(cell_id: str) -> tuple:
+    m = re.search(r"(\d+)$", cell_id)
+    return (int(m.group(1)) if m else 1 << 30, cell_id)
+
+
+def _unit_sort_key(unit_id: str) -> tuple:
+    return tuple(int(n) if n.isdigit() else n for n in re.split(r"(\d+)", unit_id))
+
+
+@dataclass
+class Node:
+    task_arn: str
+    last_status: str
+    task_definition_arn: str
+    started_by: str = ""
+    instance_id: str | None = None
+    container_instance_arn: str | None = None
+    private_ip: str | None = None
+    availability_zone: str | None = None
+    registered: bool = False          # listed in Cloud Map, so the router can find it
+    address: str | None = None        # host:port of its HTTP server
+    health: dict[str, Any] | None = None
+    health_error: str | None = None
+    ecs_health: str = "UNKNOWN"       # the container health check (alive): HEALTHY | UNHEALTHY | UNKNOWN
+
+    @property
+    def task_id(self) -> str:
+        return _task_id(self.task_arn)
+
+    @property
+    def rank(self) -> int | None:
+        return self.health.get("rank") if self.health else None
+
+    @property
+    def role(self) -> str:
+        if self.rank is None:
+            return "?"
+        return "leader" if self.rank == 0 else "follower"
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.health and self.health.get("ready") is True)
+
+    @property
+    def state(self) -> str:
+        if self.health is not None:
+            return str(self.health.get("state", "?"))
+        return "unreachable" if self.health_error else "unknown"
+
+
+@dataclass
+class Unit:
+    cell_id: str
+    unit_id: str
+    cluster_arn: str
+    service_name: str
+    service_arn: str
+    desired: int
+    running: int
+    pending: int
+    task_definition_arn: str
+    revision: str                     # FLOTILLA_REVISION of the service's task definition
+    nodes_per_unit: int
+    deployments: list[dict[str, Any]] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    probed: bool = True               # False: nobody asked the nodes (--no-health); judge by ECS only
+
+    @property
+    def drained(self) -> bool:
+        return self.desired == 0 and DRAINED_TAG in self.tags
+
+    def formations(self) -> list[list[Node]]:
+        """RUNNING members grouped the way rendezvous groups them (same task definition and same
+        deployment, `startedBy`): during a surge rollout the old and the new formation run side by
+        side. The service's current task definition comes first."""
+        groups: dict[tuple[str, str], list[Node]] = {}
+        for n in self.nodes:
+            if n.last_status == "RUNNING":
+                groups.setdefault((n.task_definition_arn, n.started_by), []).append(n)
+        return sorted(groups.values(),
+                      key=lambda g: (g[0].task_definition_arn != self.task_definition_arn, -len(g)))
+
+    def _formation_problems(self, members: list[Node]) -> list[str]:
+        n_want = self.nodes_per_unit
+        out: list[str] = []
+        if len(members) < n_want:
+            out.append(f"{len(members)} of {n_want} nodes RUNNING")
+        for n in members:
+            if n.ecs_health == "UNHEALTHY":
+                out.append(f"node {n.instance_id or n.task_id}: ECS container health check UNHEALTHY (not alive)")
+        if not self.probed:
+            # Without /health/ready only ECS and Cloud Map speak: alive and registered is all we know.
+            unregistered = [n.instance_id or n.task_id for n in members if not n.registered]
+            if unregistered:
+                out.append(f"not registered in Cloud Map: {', '.join(unregistered)}")
+            return out
+        for n in members:
+            if n.health is None:
+                out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
+            elif not n.ready:
+                out.append(f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready")
+        answered = [n for n in members if n.health is not None]
+        revisions = sorted({str(n.health.get(contract.ATTR_REVISION)) for n in answered})
+        if len(revisions) > 1:
+            out.append(f"members report different revisions {', '.join(revisions)} (a unit must not mix them)")
+        ranks = sorted(n.rank for n in answered if isinstance(n.rank, int))
+        if answered and len(answered) == len(members) and ranks != list(range(len(members))):
+            out.append(f"ranks {ranks} are not 0..{len(members) - 1}")
+        sizes = {n.health.get("world_size") for n in answered}
+        if any(s != n_want for s in sizes):
+            out.append(f"world_size {sorted(map(str, sizes))} != nodes_per_unit {n_want}")
+        units = {n.health.get(contract.ATTR_UNIT) for n in answered}
+        if any(u != self.unit_id for u in units):
+            out.append(f"members report unit {sorted(map(str, units))}, expected {self.unit_id}")
+        leader = next((n for n in members if n.rank == 0), None)
+        if leader is not None and not leader.registered:
+            out.append("the leader is not registered in Cloud Map: the router cannot reach this unit")
+        return out
+
+    def serving_formation(self) -> list[Node] | None:
+        """The formation that can serve: every member ready, ranks 0..n-1, leader reachable."""
+        return next((f for f in self.formations() if not self._formation_problems(f)), None)
+
+    @property
+    def leader(self) -> Node | None:
+        members = self.serving_formation() or next(iter(self.formations()), [])
+        return next((n for n in members if n.rank == 0), None)
+
+    @property
+    def ready(self) -> bool:
+        return not self.problems() and not self.drained
+
+    def problems(self) -> list[str]:
+        """Why this unit cannot serve (empty when it can, or when it was drained on purpose)."""
+        if self.drained:
+            return []
+        out: list[str] = []
+        if self.desired != self.nodes_per_unit:
+            out.append(f"desired count {self.desired} != nodes_per_unit {self.nodes_per_unit}")
+        for d in self.deployments:
+            if d.get("rolloutState") == "FAILED":
+                out.append(f"deployment {d.get('id')} FAILED: {d.get('rolloutStateReason', '')}".rstrip(": "))
+        formations = self.formations()
+        if not formations:
+            out.append(f"0 of {self.nodes_per_unit} nodes RUNNING")
+        elif self.serving_formation() is None:
+            # Explain the formation ECS is converging to; the others are leftovers of a rollout.
+            out.extend(self._formation_problems(formations[0]))
+        return out
+
+
+@dataclass
+class Fleet:
+    deployment: str
+    units: list[Unit]
+
+    @property
+    def cells(self) -> list[str]:
+        return sorted({u.cell_id for u in self.units}, key=_cell_sort_key)
+
+    def unit(self, unit_id: str) -> Unit:
+        for u in self.units:
+            if u.unit_id == unit_id:
+                return u
+        known = ", ".join(u.unit_id for u in self.units) or "none"
+        raise OpsError(f"unit {unit_id!r} not found in deployment {self.deployment!r} (units: {known})")
+
+    def node(self, instance_id: str) -> tuple[Unit, Node]:
+        for u in self.units:
+            for n in u.nodes:
+                if n.instance_id == instance_id:
+                    return u, n
+        raise OpsError(f"instance {instance_id!r} runs no member of any unit of deployment {self.deployment!r}: "
+                       "check the id with `flotilla status`")
+
+
+# --- discovery ----------------------------------------------------------------------------------
+def _all_clusters(aws: Aws) -> list[dict[str, Any]]:
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_clusters").paginate():
+        arns.extend(page.get("clusterArns", []))
+    out = []
+    for batch in chunks(arns, 100):
+        out.extend(aws.ecs.describe_clusters(clusters=batch, include=["TAGS"])["clusters"])
+    return out
+
+
+def _tags(resource: dict[str, Any]) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in resource.get("tags", [])}
+
+
+def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
+    """The deployment's cell clusters: tagged flotilla:deployment + flotilla:cell (stacks/cell.py),
+    or, untagged, named <deployment>-cell<n> or made by a <deployment>-Cell-<n> stack."""
+    out = []
+    for c in _all_clusters(aws):
+        tags = _tags(c)
+        stack = tags.get(STACK_NAME_TAG, "")
+        if (tags.get(DEPLOYMENT_TAG) == deployment and CELL_TAG in tags) \
+                or re.fullmatch(rf"{re.escape(deployment)}-cell\d+", c["clusterName"]) \
+                or re.fullmatch(rf"{re.escape(deployment)}-Cell-\d+", stack):
+            out.append(c)
+    return out
+
+
+def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
+    """The router's ECS service(s): clusters of the `<deployment>-Router` stack (front door)."""
+    out = []
+    for cluster in _all_clusters(aws):
+        stack = _tags(cluster).get(STACK_NAME_TAG, "")
+        if stack != f"{deployment}-Router" and not cluster["clusterName"].startswith(f"{deployment}-Router-"):
+            continue
+        arns: list[str] = []
+        for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster["clusterArn"]):
+            arns.extend(page.get("serviceArns", []))
+        for batch in chunks(arns, 10):
+            out.extend(s for s in aws.ecs.describe_services(cluster=cluster["clusterArn"], services=batch)["services"]
+                       if s.get("status") == "ACTIVE")
+    return out
+
+
+def container_env(task_definition: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for c in task_definition.get("containerDefinitions", []):
+        env.update({e["name"]: e["value"] for e in c.get("environment", [])})
+    return env
+
+
+def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dict]) -> list[Unit]:
+    cluster_arn = cluster["clusterArn"]
+    service_arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
+        service_arns.extend(page.get("serviceArns", []))
+    units = []
+    for batch in chunks(service_arns, 10):
+        for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, include=["TAGS"])["services"]:
+            if s.get("status") != "ACTIVE":
+                continue
+            td_arn = s["taskDefinition"]
+            if td_arn not in taskdefs:
+                taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
+            env = container_env(taskdefs[td_arn])
+            tags = _tags(s)
+            unit_id = env.get(contract.ENV_UNIT_ID) or tags.get(UNIT_TAG)
+            if not unit_id:
+                continue  # not a unit (e.g. a helper service in the cluster)
+            try:
+                nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
+            except ValueError:
+                nodes_per_unit = s["desiredCount"]
+            units.append(Unit(
+                cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
+                unit_id=unit_id,
+                cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
+                desired=s.get("desiredCount", 0), running=s.get("runningCount", 0),
+                pending=s.get("pendingCount", 0), task_definition_arn=td_arn,
+                revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
+                deployments=s.get("deployments", []),
+                tags=tags,
+            ))
+    return units
+
+
+def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster_arn):
+        arns.extend(page.get("taskArns", []))
+    tasks: list[dict] = []
+    for batch in chunks(arns, 100):
+        tasks.extend(aws.ecs.describe_tasks(cluster=cluster_arn, tasks=batch)["tasks"])
+    by_group = {f"service:{u.service_name}": u for u in units}
+    ci_arns = sorted({t["containerInstanceArn"] for t in tasks if t.get("containerInstanceArn")})
+    instance_of: dict[str, str] = {}
+    for batch in chunks(ci_arns, 100):
+        for ci in aws.ecs.describe_container_instances(cluster=cluster_arn, containerInstances=batch)[
+                "containerInstances"]:
+            instance_of[ci["containerInstanceArn"]] = ci["ec2InstanceId"]
+    ec2_info: dict[str, dict] = {}
+    ids = sorted(set(instance_of.values()))
+    for batch in chunks(ids, 200):
+        for r in aws.ec2.describe_instances(InstanceIds=batch)["Reservations"]:
+            for i in r["Instances"]:
+                ec2_info[i["InstanceId"]] = i
+    for t in tasks:
+        unit = by_group.get(t.get("group", ""))
+        if unit is None or t.get("lastStatus") == "STOPPED":
+            continue
+        iid = instance_of.get(t.get("containerInstanceArn", ""))
+        info = ec2_info.get(iid or "", {})
+        unit.nodes.append(Node(
+            task_arn=t["taskArn"], last_status=t.get("lastStatus", "?"), ecs_health=t.get("healthStatus", "UNKNOWN"),
+            task_definition_arn=t.get("taskDefinitionArn", ""), started_by=t.get("startedBy", ""),
+            instance_id=iid, container_instance_arn=t.get("containerInstanceArn"),
+            private_ip=info.get("PrivateIpAddress"),
+            availability_zone=info.get("Placement", {}).get("AvailabilityZone"),
+        ))
+
+
+def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
+                        service: str) -> list[dict[str, Any]] | None:
+    """Instances of the units' Cloud Map service, or None when there is no such service."""
+    namespaces = {}
+    for page in aws.servicediscovery.get_paginator("list_namespaces").paginate():
+        for ns in page.get("Namespaces", []):
+            namespaces[ns["Id"]] = ns["Name"]
+    candidates = []
+    for page in aws.servicediscovery.get_paginator("list_services").paginate():
+        for s in page.get("Services", []):
+            if s["Name"] != service:
+                continue
+            # ListServices summaries carry no namespace id; GetService does.
+            ns_id = aws.servicediscovery.get_service(Id=s["Id"])["Service"].get("NamespaceId", "")
+            ns_name = namespaces.get(ns_id, ns_id)
+            if namespace is None or ns_name == namespace:
+                candidates.append((ns_name, s))
+    if not candidates:
+        return None
+    if len(candidates) > 1 and namespace is None:
+        # The Discovery stack names the namespace <deployment_name>.internal.
+        ours = [c for c in candidates if c[0] == f"{deployment}.internal"]
+        candidates = ours or candidates
+    if len(candidates) > 1:
+        names = ", ".join(sorted(n for n, _ in candidates))
+        raise OpsError(f"Cloud Map service {service!r} exists in several namespaces ({names}): "
+                       "pass --cloudmap-namespace")
+    out: list[dict] = []
+    for page in aws.servicediscovery.get_paginator("list_instances").paginate(ServiceId=candidates[0][1]["Id"]):
+        out.extend(page.get("Instances", []))
+    return out
+
+
+def _attach_cloudmap(units: list[Unit], instances: list[dict[str, Any]] | None) -> None:
+    by_id = {i["Id"]: i for i in instances or []}
+    by_ip = {i.get("Attributes", {}).get(_ATTR_IPV4): i for i in instances or []}
+    for u in units:
+        for n in u.nodes:
+            inst = by_id.get(n.task_id) or (by_ip.get(n.private_ip) if n.private_ip else None)
+            port = contract.NODE_API_PORT
+            host = n.private_ip
+            if inst is not None:
+                n.registered = True
+                attrs = inst.get("Attributes", {})
+                host = attrs.get(_ATTR_IPV4, host)
+                port = int(attrs.get(_ATTR_PORT, port))
+            n.address = f"{host}:{port}" if host else None
+
+
+def fetch_health(address: str, *, timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
+    """GET /health/ready; a 503 still carries the JSON body that says why the node is not ready."""
+    url = f"http://{address}{contract.NODE_READY_PATH}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (plain http inside the VPC)
+            body = resp.read()
+    except urllib.error.HTTPError as err:
+        body = err.read()
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return None, f"{url}: {reason}"
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None, f"{url}: answered with something that is not JSON"
+    if not isinstance(doc, dict):
+        return None, f"{url}: answered with JSON that is not an object"
+    return doc, None
+
+
+def probe_health(units: list[Unit], *, timeout_s: float) -> None:
+    nodes = [n for u in units for n in u.nodes if n.address and n.last_status == "RUNNING"]
+    if not nodes:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        results = list(pool.map(lambda n: fetch_health(n.address, timeout_s=timeout_s), nodes))
+    for n, (doc, err) in zip(nodes, results):
+        n.health, n.health_error = doc, err
+    for u in units:
+        for n in u.nodes:
+            if n.last_status == "RUNNING" and not n.address:
+                n.health_error = "no address (no Cloud Map entry and no private IP)"
+
+
+def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None,
+             cloudmap_service: str = UNITS_CLOUDMAP_SERVICE, health: bool = True,
+             health_timeout_s: float = 2.0) -> Fleet:
+    units: list[Unit] = []
+    taskdefs: dict[str, dict] = {}
+    for cluster in _cell_clusters(aws, deployment):
+        cluster_units = _units_of_cluster(aws, cluster, taskdefs)
+        if cluster_units:
+            _attach_nodes(aws, cluster["clusterArn"], cluster_units)
+        units.extend(cluster_units)
+    _attach_cloudmap(units, _cloudmap_instances(aws, deployment, cloudmap_namespace, cloudmap_service) if units else None)
+    if health:
+        probe_health(units, timeout_s=health_timeout_s)
+    else:
+        for u in units:
+            u.probed = False
+    for u in units:
+        u.nodes.sort(key=lambda n: (n.rank if isinstance(n.rank, int) else 1 << 30, n.instance_id or "", n.task_id))
+    units.sort(key=lambda u: (_cell_sort_key(u.cell_id), _unit_sort_key(u.unit_id)))
+    return Fleet(deployment=deployment, units=units)

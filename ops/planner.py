@@ -1,0 +1,375 @@
+"""Capacity planner: from a model's shape and a traffic target to nodes per unit, parallel degrees,
+memory per NeuronCore, units needed and the flotilla config that deploys them.
+
+Every figure is a roofline bound (HBM bandwidth, peak FLOPS, EFA bandwidth; docs/hardware.md), so
+latencies are lower bounds and unit counts are minimums; `efficiency` derates them to measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ops.hardware import GIB, InstanceSpec, instance_spec
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
+    "float8": 1, "fp8": 1, "int8": 1,
+}
+
+# ECS allows at most 20 capacity providers per cluster and each unit has its own (one ASG per
+# unit placement group), so a cell holds at most 20 units.
+MAX_UNITS_PER_CELL = 20
+
+
+class PlanError(ValueError):
+    """Input the planner cannot satisfy; the message names the input and the fix."""
+
+
+def dtype_bytes(dtype: str, *, what: str = "--dtype") -> int:
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        raise PlanError(f"{what} {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def _positive(name: str, value: float | int | None) -> None:
+    if value is None or value <= 0:
+        raise PlanError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The parts of a decoder-only (Llama-family) model that decide memory and bandwidth."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    context_length: int
+    dtype: str = "bfloat16"
+    params: int | None = None          # total parameters; derived from the shape when None
+    head_dim: int | None = None        # hidden // heads when None
+    intermediate: int | None = None    # MLP width (needed only to derive params)
+    vocab: int | None = None           # vocabulary size (needed only to derive params)
+    tied_embeddings: bool = False
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads),
+                            ("--kv-heads", self.kv_heads), ("--context-length", self.context_length)):
+            _positive(flag, value)
+        dtype_bytes(self.dtype)
+        if self.heads % self.kv_heads:
+            raise PlanError(
+                f"--heads {self.heads} is not a multiple of --kv-heads {self.kv_heads}: grouped-query "
+                "attention shares each KV head among a whole number of query heads"
+            )
+        if self.head_dim is None and self.hidden % self.heads:
+            raise PlanError(
+                f"--hidden {self.hidden} is not divisible by --heads {self.heads}: give --head-dim explicitly"
+            )
+        if self.params is None and (self.intermediate is None or self.vocab is None):
+            raise PlanError(
+                "the parameter count is unknown: give --params, or --intermediate and --vocab so the "
+                "planner can count them from the shape"
+            )
+        if self.params is not None:
+            _positive("--params", self.params)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def total_params(self) -> int:
+        if self.params is not None:
+            return self.params
+        hd = self.resolved_head_dim
+        per_layer = (
+            self.hidden * self.heads * hd              # q_proj
+            + 2 * self.hidden * self.kv_heads * hd     # k_proj, v_proj
+            + self.heads * hd * self.hidden            # o_proj
+            + 3 * self.hidden * self.intermediate      # gate, up, down
+            + 2 * self.hidden                          # two RMSNorms
+        )
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * per_layer + embeddings + self.hidden  # + final norm
+
+    @property
+    def kv_projection_params(self) -> int:
+        """k_proj + v_proj over all layers: the weights tensor parallelism replicates, not shards,
+        once there are more NeuronCores than KV heads."""
+        return self.layers * 2 * self.hidden * self.kv_heads * self.resolved_head_dim
+
+    @classmethod
+    def from_config_json(cls, path: str | Path, **overrides) -> "ModelShape":
+        """Read a Hugging Face config.json (Llama family); explicit overrides win."""
+        p = Path(path)
+        try:
+            cfg = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise PlanError(f"--config-json {p}: no such file") from None
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"--config-json {p} is not valid JSON: {exc}") from None
+        keys = {
+            "layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "context_length": "max_position_embeddings",
+        }
+        values: dict = {}
+        for field_name, key in keys.items():
+            if field_name in overrides and overrides[field_name] is not None:
+                continue
+            if key not in cfg:
+                raise PlanError(f"--config-json {p} has no {key!r}: give --{field_name.replace('_', '-')} instead")
+            values[field_name] = cfg[key]
+        values["kv_heads"] = cfg.get("num_key_value_heads", cfg.get("num_attention_heads"))
+        values["head_dim"] = cfg.get("head_dim")
+        values["intermediate"] = cfg.get("intermediate_size")
+        values["vocab"] = cfg.get("vocab_size")
+        values["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+        values["dtype"] = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+        values["name"] = p.parent.name or "model"
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    requests_per_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+    def __post_init__(self) -> None:
+        _positive("--rps", self.requests_per_s)
+        _positive("--prompt-tokens", self.prompt_tokens)
+        _positive("--output-tokens", self.output_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    instance_type: str = "trn1.32xlarge"
+    batch: int = 16                  # sequences a unit decodes at once (its max_running)
+    seq_len: int | None = None       # KV-cache length per sequence; prompt + output when None
+    kv_dtype: str | None = None      # the model's dtype when None
+    hbm_reserve: float = 0.10        # HBM kept back for the runtime, activations, scratch
+    max_nodes: int = 8
+    efficiency: float = 1.0          # measured fraction of the roofline a unit reaches
+    units_per_cell: int = MAX_UNITS_PER_CELL
+    availability_zones: tuple[str, ...] = ()
+    pad_heads: bool = False          # allow head counts tp_degree does not divide (padded heads)
+
+    def __post_init__(self) -> None:
+        instance_spec(self.instance_type)
+        _positive("--batch", self.batch)
+        _positive("--max-nodes", self.max_nodes)
+        if self.seq_len is not None:
+            _positive("--seq-len", self.seq_len)
+        if self.kv_dtype is not None:
+            dtype_bytes(self.kv_dtype, what="--kv-dtype")
+        if not 0 <= self.hbm_reserve < 1:
+            raise PlanError(f"--hbm-reserve must be in [0, 1), got {self.hbm_reserve}")
+        if not 0 < self.efficiency <= 1:
+            raise PlanError(f"--efficiency must be in (0, 1], got {self.efficiency}")
+        if not 1 <= self.units_per_cell <= MAX_UNITS_PER_CELL:
+            raise PlanError(
+                f"--units-per-cell must be 1..{MAX_UNITS_PER_CELL} (ECS allows {MAX_UNITS_PER_CELL} capacity "
+                f"providers per cluster, one per unit), got {self.units_per_cell}"
+            )
+
+
+@dataclass(frozen=True)
+class MemoryPerCore:
+    weights: int
+    kv_cache: int
+    usable: float               # HBM per NeuronCore after the reserve
+    hbm: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.usable
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelShape
+    traffic: Traffic
+    settings: PlanSettings
+    instance: InstanceSpec
+    nodes_per_unit: int
+    tp_degree: int               # decode: tensor parallel over every NeuronCore of the unit
+    pp_degree: int               # prefill: one pipeline stage per node
+    stage_layers: tuple[tuple[int, int], ...]   # prefill: (first, last) layer of each stage
+    q_heads_per_core: int
+    kv_heads_per_core: int       # 1 when KV heads are replicated (kv_heads < tp_degree)
+    seq_len: int
+    memory: MemoryPerCore
+    decode_hbm_s: float          # one decode step: bytes each NeuronCore reads / its HBM bandwidth
+    decode_efa_s: float          # one decode step: inter-node all-reduce traffic / EFA bandwidth
+    prefill_compute_s: float     # unit time one prompt costs at peak FLOPS over all nodes
+    prefill_pipeline_s: float    # activations crossing one stage boundary / EFA
+    kv_reshard_s: float          # prefill (layers per node) -> decode (heads per core) KV move / EFA
+    units: int
+    skipped: tuple[str, ...] = field(default=())   # node counts tried and why they do not work
+
+    @property
+    def decode_step_s(self) -> float:
+        # Each layer's all-reduce gates the next layer, so the two bounds add up.
+        return self.decode_hbm_s + self.decode_efa_s
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.settings.batch / self.decode_step_s
+
+    @property
+    def prefill_unit_s(self) -> float:
+        return self.prefill_compute_s + self.prefill_pipeline_s + self.kv_reshard_s
+
+    @property
+    def ttft_s(self) -> float:
+        """First-token lower bound for one prompt: the stages run one after another."""
+        return (self.prefill_compute_s * self.pp_degree + (self.pp_degree - 1) * self.prefill_pipeline_s
+                + self.kv_reshard_s + self.decode_step_s)
+
+    @property
+    def request_unit_s(self) -> float:
+        """Unit time one request costs: its prefill plus its share of the batched decode steps."""
+        return self.prefill_unit_s + self.traffic.output_tokens * self.decode_step_s / self.settings.batch
+
+    @property
+    def requests_per_s_per_unit(self) -> float:
+        return self.settings.efficiency / self.request_unit_s
+
+    @property
+    def cells(self) -> int:
+        return math.ceil(self.units / self.settings.units_per_cell)
+
+    @property
+    def total_nodes(self) -> int:
+        return self.units * self.nodes_per_unit
+
+    def config(self) -> dict:
+        """The flotilla deployment config (stacks/config.py keys) this plan asks for."""
+        cfg: dict = {
+            "instance_type": self.instance.instance_type,
+            "nodes_per_unit": self.nodes_per_unit,
+            "units": self.units,
+            "units_per_cell": min(self.settings.units_per_cell, self.units),
+        }
+        if self.settings.availability_zones:
+            cfg["availability_zones"] = list(self.settings.availability_zones)
+        return cfg
+
+
+def _stage_layers(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
+    base, extra = divmod(layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        n = base + (1 if s < extra else 0)
+        out.append((start, start + n - 1))
+        start += n
+    return tuple(out)
+
+
+def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
+    inst = instance_spec(settings.instance_type)
+    w_bytes = dtype_bytes(model.dtype)
+    kv_bytes = dtype_bytes(settings.kv_dtype or model.dtype, what="--kv-dtype")
+    seq_len = settings.seq_len or traffic.prompt_tokens + traffic.output_tokens
+    if traffic.prompt_tokens + traffic.output_tokens > model.context_length:
+        raise PlanError(
+            f"--prompt-tokens {traffic.prompt_tokens} + --output-tokens {traffic.output_tokens} exceed the "
+            f"model's context length {model.context_length}: shorten the requests"
+        )
+    if seq_len > model.context_length:
+        raise PlanError(f"--seq-len {seq_len} exceeds the model's context length {model.context_length}")
+    if seq_len < traffic.prompt_tokens + traffic.output_tokens:
+        raise PlanError(
+            f"--seq-len {seq_len} is shorter than a request ({traffic.prompt_tokens} prompt + "
+            f"{traffic.output_tokens} output tokens): raise --seq-len or drop it"
+        )
+
+    params = model.total_params
+    hd = model.resolved_head_dim
+    usable = inst.hbm_bytes_per_core * (1 - settings.hbm_reserve)
+    skipped: list[str] = []
+    smallest_need: MemoryPerCore | None = None
+
+    for nodes in range(1, settings.max_nodes + 1):
+        tp = inst.neuron_cores * nodes
+        if model.layers < nodes:
+            skipped.append(f"{nodes} nodes: only {model.layers} layers for {nodes} pipeline stages")
+            break
+        heads_ok = model.heads % tp == 0
+        kv_ok = model.kv_heads % tp == 0 or tp % model.kv_heads == 0
+        if not (heads_ok and kv_ok) and not settings.pad_heads:
+            why = (f"{model.heads} heads" if not heads_ok else f"{model.kv_heads} KV heads")
+            skipped.append(f"{nodes} nodes: tp_degree {tp} does not divide {why}")
+            continue
+        q_per_core = math.ceil(model.heads / tp)
+        kv_per_core = math.ceil(model.kv_heads / tp)
+        sharded = params - model.kv_projection_params
+        weight_params = math.ceil(sharded / tp) + model.layers * 2 * model.hidden * hd * kv_per_core
+        kv_per_token = model.layers * 2 * kv_per_core * hd * kv_bytes
+        memory = MemoryPerCore(
+            weights=weight_params * w_bytes,
+            kv_cache=settings.batch * seq_len * kv_per_token,
+            usable=usable,
+            hbm=inst.hbm_bytes_per_core,
+        )
+        if smallest_need is None or memory.total < smallest_need.total:
+            smallest_need = memory
+        if not memory.fits:
+            skipped.append(
+                f"{nodes} nodes: {memory.total / GIB:.2f} GiB per NeuronCore > {usable / GIB:.2f} GiB usable"
+            )
+            continue
+
+        # Decode: every NeuronCore reads its weights and its KV cache once per step.
+        avg_context = traffic.prompt_tokens + traffic.output_tokens / 2
+        step_bytes = memory.weights + settings.batch * avg_context * kv_per_token
+        decode_hbm_s = step_bytes / inst.hbm_bytes_per_s_per_core
+        # Two all-reduces per layer (attention out, MLP out) of batch x hidden activations; across
+        # nodes a ring moves 2 (N-1)/N of the message through each node's EFA.
+        message = settings.batch * model.hidden * w_bytes
+        inter_node = 2 * (nodes - 1) / nodes * message
+        decode_efa_s = model.layers * 2 * inter_node / inst.efa_bytes_per_s
+        # Prefill: 2 FLOPs per parameter per prompt token (attention's quadratic term left out: a
+        # lower bound); pipelined stages keep every node busy.
+        prefill_compute_s = 2 * params * traffic.prompt_tokens / (nodes * inst.bf16_flops)
+        boundary = traffic.prompt_tokens * model.hidden * w_bytes
+        prefill_pipeline_s = boundary / inst.efa_bytes_per_s if nodes > 1 else 0.0
+        # After prefill each node holds all KV heads of its layers; decode wants each core's heads
+        # of every layer: each node sends (N-1)/N of its 1/N share, all nodes at once.
+        prompt_kv = traffic.prompt_tokens * model.layers * 2 * model.kv_heads * hd * kv_bytes
+        kv_reshard_s = prompt_kv * (nodes - 1) / nodes**2 / inst.efa_bytes_per_s
+
+        partial = Plan(
+            model=model, traffic=traffic, settings=settings, instance=inst, nodes_per_unit=nodes,
+            tp_degree=tp, pp_degree=nodes, stage_layers=_stage_layers(model.layers, nodes),
+            q_heads_per_core=q_per_core, kv_heads_per_core=kv_per_core, seq_len=seq_len, memory=memory,
+            decode_hbm_s=decode_hbm_s, decode_efa_s=decode_efa_s, prefill_compute_s=prefill_compute_s,
+            prefill_pipeline_s=prefill_pipeline_s, kv_reshard_s=kv_reshard_s, units=1,
+            skipped=tuple(skipped),
+        )
+        units = max(1, math.ceil(traffic.requests_per_s / partial.requests_per_s_per_unit - 1e-9))
+        return replace(partial, units=units)
+
+    tried = "; ".join(skipped)
+    if smallest_need is None:
+        cores = inst.neuron_cores
+        tried = (f"no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x 1..{settings.max_nodes} "
+                 f"nodes) splits {model.heads} heads and {model.kv_heads} KV heads evenly")
+        hint = (f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of "
+                f"{cores} x nodes")
+    else:
+        hint = (f"the least it needs is {smallest_need.total / GIB:.2f} GiB per NeuronCore; lower --batch or "
+                f"--seq-len, use a smaller --kv-dtype, or raise --max-nodes")
+    raise PlanError(f"no unit of 1..{settings.max_nodes} {inst.instance_type} nodes fits {model.name} ({tried}): {hint}")

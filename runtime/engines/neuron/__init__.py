@@ -1,0 +1,13 @@
+"""The `neuron` engine: vLLM + NxD Inference on trn1, wired for multi-node units.
+
+`plan` computes each rank's exact environment, command and NxD Inference config (pure Python,
+tested here); `worker` is the follower loop that runs inside the Neuron container only.
+"""
+
+from runtime.engines.neuron.model import ModelConfigError, ModelShape, load_model_shape
+from runtime.engines.neuron.plan import (INSTANCES, InstanceSpec, NeuronOptions, NeuronPlanError,
+                                         NeuronUnitPlan, RankPlan, plan_member, plan_unit)
+
+__all__ = ["INSTANCES", "InstanceSpec", "ModelConfigError", "ModelShape", "NeuronOptions",
+           "NeuronPlanError", "NeuronUnitPlan", "RankPlan", "load_model_shape", "plan_member",
+           "plan_unit"]

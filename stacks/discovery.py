@@ -1,0 +1,105 @@
+"""Discovery: how the router finds the unit members, and who may talk to whom on the way.
+
+A Cloud Map HTTP namespace with one `units` service that every unit's ECS service registers its
+tasks in (ECS registers and deregisters them; see docs/discovery.md), and the ALB's security group
+with the ALB <-> router rules. The router SG itself lives in Network (the cells admit it); both
+path SGs sit below Front and Router, so every SG-to-SG rule of the path is in this one template
+and no stack references a later one.
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_servicediscovery as cloudmap
+from constructs import Construct
+
+import contract
+from stacks.nag import acknowledge
+
+HTTPS_PORT = 443
+HTTP_PORT = 80
+
+
+class DiscoveryStack(cdk.Stack):
+    """Cloud Map namespace + `units` service; the ALB security group with exact rules.
+
+    internet -> ALB on the client ports (443 and 80 with a certificate, 80 without); VPC -> ALB on
+    the test port; ALB -> router on the router port. (The router SG's own egress, node serving port
+    in the VPC and HTTPS, is set in Network; each unit SG admits the router SG on the serving port.)
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        vpc: ec2.IVpc,
+        router_security_group: ec2.ISecurityGroup,
+        namespace_name: str,
+        https: bool,
+        service_name: str = "units",
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, id_, **kwargs)
+        self.namespace = cloudmap.HttpNamespace(
+            self, "Namespace", name=namespace_name,
+            description="flotilla: unit members, registered by ECS, discovered by the router",
+        )
+        self.units_service = self.namespace.create_service(
+            "Units",
+            name=service_name,
+            description="every unit member (leader and followers) of every cell",
+            # ECS reports task health to Cloud Map; the router still polls /health/ready itself.
+            custom_health_check=cloudmap.HealthCheckCustomConfig(failure_threshold=1),
+        )
+        self.namespace_name = namespace_name
+        self.service_name = service_name
+
+        self.router_security_group = router_security_group
+
+        self.alb_security_group = ec2.SecurityGroup(
+            self, "AlbSecurityGroup", vpc=vpc, allow_all_outbound=False,
+            description="flotilla ALB: clients in, router port out",
+        )
+        for port in (HTTPS_PORT, HTTP_PORT) if https else (HTTP_PORT,):
+            self.alb_security_group.add_ingress_rule(
+                ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"clients on {port}"
+            )
+        self.alb_security_group.add_ingress_rule(
+            ec2.Peer.ipv4(vpc.vpc_cidr_block), ec2.Port.tcp(contract.ROUTER_TEST_PORT),
+            "blue/green test listener, from inside the VPC only",
+        )
+        # Both rules of the ALB -> router hop are written here, explicitly. Front and Router attach
+        # the groups as immutable imports, so CDK's automatic target-group rules add nothing (and
+        # cannot land in Network, which would make Network depend on this stack).
+        self.alb_security_group.add_egress_rule(
+            ec2.Peer.security_group_id(router_security_group.security_group_id),
+            ec2.Port.tcp(contract.ROUTER_PORT), "ALB to router port",
+        )
+        ec2.CfnSecurityGroupIngress(
+            self, "RouterFromAlb", group_id=router_security_group.security_group_id,
+            source_security_group_id=self.alb_security_group.security_group_id,
+            ip_protocol="tcp", from_port=contract.ROUTER_PORT, to_port=contract.ROUTER_PORT,
+            description="ALB to router port",
+        )
+        acknowledge(
+            self.alb_security_group.node.default_child, "EC23",
+            "The ALB is the public entry point: clients anywhere reach it on the client ports only "
+            "(443/80); the test port is restricted to the VPC CIDR.",
+        )
+        cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
+        cdk.CfnOutput(self, "CloudMapService", value=service_name)
+
+
+def register_unit_members(
+    service: ecs.BaseService, *, units_service: cloudmap.IService
+) -> None:
+    """Make ECS register every task of a unit's ECS service in the shared Cloud Map service.
+
+    ECS writes AWS_INSTANCE_IPV4 (the host's address: host networking) and ECS_SERVICE_NAME, and
+    deregisters the task when it stops, so crashed members never linger. A draining member stays
+    listed until it exits; the router learns of the drain from /health/ready (not ready).
+    """
+    service.associate_cloud_map_service(service=units_service)

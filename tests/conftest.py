@@ -1,0 +1,1 @@
+"""Makes tests/ importable as a path root, so every suite shares tests/testnet.py."""

@@ -1,0 +1,95 @@
+"""`flotilla drain-unit` / `restore-unit`: dry run by default, refusal without confirmation when
+stdin is not a terminal, and the ECS changes when confirmed."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+
+from ops.fleet import DRAINED_TAG
+
+
+def _service(aws, unit):
+    return aws.ecs.describe_services(cluster=unit.cluster_arn, services=[unit.service_name],
+                                     include=["TAGS"])["services"][0]
+
+
+def test_dry_run_says_what_would_happen_and_changes_nothing(aws, fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    code, out = run_cli("drain-unit", "cell0-unit0", "--dry-run")
+    assert code == 0
+    assert "set desired count 2 -> 0" in out
+    assert "1 other ready unit(s) keep serving" in out
+    assert "dry run: nothing changed" in out
+    assert _service(aws, unit)["desiredCount"] == 2
+
+
+def test_without_yes_and_without_a_terminal_drain_is_refused(aws, fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    assert not sys.stdin.isatty()
+    code, out = run_cli("drain-unit", "cell0-unit0")
+    assert code == 1
+    assert "refusing to drain cell0-unit0 without confirmation: stdin is not a terminal" in out
+    assert _service(aws, unit)["desiredCount"] == 2
+
+
+def test_drain_with_yes_scales_to_zero_and_status_shows_it_drained(aws, fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    code, out = run_cli("drain-unit", "cell0-unit0", "--yes", "--wait", "5")
+    assert code == 0, out
+    assert "cell0-unit0: drained" in out
+    svc = _service(aws, unit)
+    assert svc["desiredCount"] == 0
+    assert {"key": DRAINED_TAG, "value": "2"} in svc["tags"]
+    code, out = run_cli("status")
+    assert code == 0, out            # drained on purpose: not a failure
+    assert "DRAINED" in out and "1/2 units ready, 1 drained" in out
+
+
+def test_draining_the_last_ready_unit_needs_force(aws, fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    code, out = run_cli("drain-unit", "cell0-unit0", "--yes")
+    assert code == 1
+    assert "last ready unit" in out and "--force" in out
+    assert _service(aws, unit)["desiredCount"] == 2
+    code, _ = run_cli("drain-unit", "cell0-unit0", "--yes", "--force")
+    assert code == 0
+    assert _service(aws, unit)["desiredCount"] == 0
+
+
+def test_a_terminal_user_is_asked_and_no_means_nothing_changes(aws, fleet, run_cli, monkeypatch):
+    unit = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(builtins, "input", lambda prompt="": "n")
+    code, out = run_cli("drain-unit", "cell0-unit0")
+    assert code == 1 and "not confirmed" in out
+    assert _service(aws, unit)["desiredCount"] == 2
+    monkeypatch.setattr(builtins, "input", lambda prompt="": "y")
+    code, out = run_cli("drain-unit", "cell0-unit0")
+    assert code == 0, out
+    assert _service(aws, unit)["desiredCount"] == 0
+
+
+def test_restore_brings_a_drained_unit_back_to_nodes_per_unit(aws, fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    assert run_cli("drain-unit", "cell0-unit0", "--yes")[0] == 0
+    code, out = run_cli("restore-unit", "cell0-unit0", "--dry-run")
+    assert code == 0 and "set desired count 0 -> 2" in out
+    assert _service(aws, unit)["desiredCount"] == 0
+    code, out = run_cli("restore-unit", "cell0-unit0", "--yes", "--wait", "5")
+    assert code == 0, out
+    svc = _service(aws, unit)
+    assert svc["desiredCount"] == 2
+    assert DRAINED_TAG not in {t["key"] for t in svc.get("tags", [])}
+
+
+def test_draining_an_unknown_unit_names_the_known_ones(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    code, out = run_cli("drain-unit", "cell9-unit9", "--dry-run")
+    assert code == 1
+    assert "unit 'cell9-unit9' not found" in out and "cell0-unit0" in out

@@ -1,0 +1,207 @@
+"""The capacity planner against cases computed by hand (arithmetic in the comments), and the clear
+errors it gives for inputs no unit can serve.
+
+Hardware figures used below (docs/hardware.md): trn1.32xlarge = 16 chips x 2 NeuronCores = 32
+cores; 32 GiB HBM per chip -> 16 GiB = 17,179,869,184 B per core; 820 GiB/s per chip -> 410 GiB/s =
+440,234,147,840 B/s per core; 190 TFLOPS BF16 per chip -> 3,040e12 per node; EFA 800 Gbps = 1e11
+B/s (trn1n: 1600 Gbps = 2e11 B/s). Default HBM reserve 10 %: usable 15,461,882,265.6 B per core.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ops.planner import ModelShape, PlanError, PlanSettings, Traffic, plan
+
+USABLE = 17_179_869_184 * 0.9
+HBM_PER_CORE_BPS = 440_234_147_840
+NODE_FLOPS = 3_040e12
+EFA_TRN1 = 1e11
+
+
+def llama70b(**kw) -> ModelShape:
+    return ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=128256,
+                      context_length=8192, name="llama-70b", **kw)
+
+
+def llama405b(**kw) -> ModelShape:
+    return ModelShape(layers=126, hidden=16384, heads=128, kv_heads=8, intermediate=53248, vocab=128256,
+                      context_length=131072, name="llama-405b", **kw)
+
+
+def test_parameter_count_from_shape_matches_llama_3_70b():
+    # per layer: q 8192*8192 = 67,108,864; k+v 2*8192*1024 = 16,777,216; o 67,108,864;
+    # mlp 3*8192*28672 = 704,643,072; norms 2*8192 = 16,384 -> 855,654,400; x80 = 68,452,352,000
+    # embeddings + lm_head (untied) 2*128256*8192 = 2,101,346,304; final norm 8,192
+    assert llama70b().total_params == 70_553_706_496
+
+
+def test_parameter_count_from_shape_matches_llama_3_1_405b():
+    # per layer: q,o 2*16384^2 = 536,870,912; k+v 2*16384*1024 = 33,554,432;
+    # mlp 3*16384*53248 = 2,617,245,696; norms 32,768 -> 3,187,703,808; x126 = 401,650,679,808
+    # embeddings + lm_head 2*128256*16384 = 4,202,692,608; final norm 16,384
+    assert llama405b().total_params == 405_853_388_800
+
+
+def test_70b_fits_one_node_and_needs_four_units_for_ten_requests_per_second():
+    """Llama-3-70B, bf16, batch 8, 1000 prompt + 200 output tokens, 10 req/s, trn1.32xlarge.
+
+    1 node: tp_degree 32; 64 heads / 32 = 2 per core; 8 KV heads < 32 -> replicated, 1 per core.
+    KV projections: 80*2*8192*8*128 = 1,342,177,280 params; the rest 69,211,529,216 / 32 =
+    2,162,860,288; plus one KV head's k/v projections per core 80*2*8192*128 = 167,772,160
+    -> 2,330,632,448 params * 2 B = 4,661,264,896 B of weights per core.
+    KV cache per token per core: 80 layers * 2 (k,v) * 1 head * 128 * 2 B = 40,960 B;
+    8 sequences * 1200 tokens -> 393,216,000 B. Total 5,054,480,896 B <= 15,461,882,265.6 usable.
+    Decode step: weights + 8 * (1000 + 200/2) * 40,960 = 4,661,264,896 + 360,448,000
+    = 5,021,712,896 B / 440,234,147,840 B/s = 11.4069 ms; one node -> no EFA traffic.
+    Prefill: 2 * 70,553,706,496 * 1000 / 3,040e12 = 46.4169 ms.
+    Per request: 46.4169 + 200 * 11.4069 / 8 = 331.59 ms of unit time -> 3.0158 req/s per unit;
+    10 / 3.0158 = 3.32 -> 4 units.
+    """
+    p = plan(llama70b(), Traffic(requests_per_s=10, prompt_tokens=1000, output_tokens=200), PlanSettings(batch=8))
+    assert (p.nodes_per_unit, p.tp_degree, p.pp_degree) == (1, 32, 1)
+    assert (p.q_heads_per_core, p.kv_heads_per_core) == (2, 1)
+    assert p.memory.weights == 4_661_264_896
+    assert p.memory.kv_cache == 393_216_000
+    assert p.decode_hbm_s == pytest.approx(5_021_712_896 / HBM_PER_CORE_BPS)
+    assert p.decode_hbm_s == pytest.approx(0.0114069, rel=1e-5)
+    assert p.decode_efa_s == 0
+    assert p.prefill_compute_s == pytest.approx(0.0464169, rel=1e-5)
+    assert p.requests_per_s_per_unit == pytest.approx(3.0158, rel=1e-4)
+    assert p.units == 4
+    assert p.config() == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4, "units_per_cell": 4}
+
+
+def test_405b_needs_two_nodes_and_pays_efa_for_all_reduce_pipeline_and_kv_reshard():
+    """Llama-3.1-405B, bf16, batch 4, 1536 prompt + 512 output tokens (seq_len 2048), 2 req/s.
+
+    1 node: rest (405,853,388,800 - 4,227,858,432 KV proj) / 32 = 12,550,797,824 + 126*2*16384*128
+    = 528,482,304 -> 13,079,280,128 params = 26.2e9 B > 15.46e9 usable: too small.
+    2 nodes: tp_degree 64 (128 heads -> 2 per core, 8 KV heads replicated -> 1 per core):
+    401,625,530,368 / 64 = 6,275,398,912 + 528,482,304 = 6,803,881,216 params = 13,607,762,432 B;
+    KV per token per core 126*2*128*2 = 64,512 B; 4 * 2048 * 64,512 = 528,482,304 B; fits.
+    Decode HBM: 13,607,762,432 + 4 * (1536 + 256) * 64,512 = 14,070,184,448 B -> 31.9607 ms.
+    Decode EFA: 2 all-reduces/layer of 4*16384*2 = 131,072 B; ring moves 2*(1/2) of it per node:
+    126 * 2 * 131,072 = 33,030,144 B / 1e11 B/s = 0.33030 ms.
+    Prefill compute: 2 * 405,853,388,800 * 1536 / (2 * 3,040e12) = 205.063 ms; stage boundary
+    1536*16384*2 = 50,331,648 B / 1e11 = 0.50332 ms; KV re-shard: 1536*126*2*8*128*2 =
+    792,723,456 B * (2-1)/2^2 / 1e11 = 1.98181 ms.
+    Per request: 207.548 + 512 * 32.2910 / 4 = 4340.8 ms -> 0.230373 req/s; 2 / 0.230373 = 8.68 -> 9.
+    """
+    p = plan(llama405b(), Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512), PlanSettings(batch=4))
+    assert (p.nodes_per_unit, p.tp_degree, p.pp_degree) == (2, 64, 2)
+    assert p.stage_layers == ((0, 62), (63, 125))
+    assert p.memory.weights == 13_607_762_432
+    assert p.memory.kv_cache == 528_482_304
+    assert p.decode_hbm_s == pytest.approx(0.0319607, rel=1e-5)
+    assert p.decode_efa_s == pytest.approx(33_030_144 / EFA_TRN1)
+    assert p.prefill_compute_s == pytest.approx(0.205063, rel=1e-5)
+    assert p.prefill_pipeline_s == pytest.approx(50_331_648 / EFA_TRN1)
+    assert p.kv_reshard_s == pytest.approx(792_723_456 / 4 / EFA_TRN1)
+    assert p.requests_per_s_per_unit == pytest.approx(0.230373, rel=1e-4)
+    assert p.units == 9
+    assert "1 nodes" in p.skipped[0]
+
+
+def test_trn1n_halves_the_efa_time_of_the_same_unit():
+    # Same 405B unit on trn1n.32xlarge: 1600 Gbps = 2e11 B/s -> 33,030,144 / 2e11 = 0.16515 ms.
+    p = plan(llama405b(), Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512),
+             PlanSettings(batch=4, instance_type="trn1n.32xlarge"))
+    assert p.decode_efa_s == pytest.approx(33_030_144 / 2e11)
+
+
+def test_node_counts_whose_tp_degree_does_not_divide_the_heads_are_skipped():
+    """405B with batch 16: 2 nodes need 13,607,762,432 + 16*2048*64,512 = 15,721,691,648 B > usable;
+    3 nodes give tp_degree 96, which does not divide 128 heads; 4 nodes (tp_degree 128) it is."""
+    p = plan(llama405b(), Traffic(requests_per_s=1, prompt_tokens=1536, output_tokens=512), PlanSettings(batch=16))
+    assert p.nodes_per_unit == 4
+    assert p.tp_degree == 128
+    assert any("tp_degree 96 does not divide 128 heads" in s for s in p.skipped)
+    assert p.stage_layers == ((0, 31), (32, 63), (64, 94), (95, 125))
+
+
+def test_efficiency_derates_units_and_cells_follow_units_per_cell():
+    # 70B case at efficiency 0.5: 1.5079 req/s per unit -> 100 / 1.5079 = 66.3 -> 67 units;
+    # 20 units per cell -> 4 cells; 67 nodes.
+    p = plan(llama70b(), Traffic(requests_per_s=100, prompt_tokens=1000, output_tokens=200),
+             PlanSettings(batch=8, efficiency=0.5))
+    assert p.units == 67
+    assert p.cells == 4
+    assert p.total_nodes == 67
+    assert p.config()["units_per_cell"] == 20
+
+
+def test_smollm2_heads_cannot_be_split_over_32_cores_without_padding():
+    model = ModelShape(layers=30, hidden=576, heads=9, kv_heads=3, params=134_515_008, context_length=8192)
+    traffic = Traffic(requests_per_s=1, prompt_tokens=100, output_tokens=100)
+    with pytest.raises(PlanError, match=r"9 heads and 3 KV heads.*--pad-heads"):
+        plan(model, traffic, PlanSettings())
+    padded = plan(model, traffic, PlanSettings(pad_heads=True))
+    assert (padded.nodes_per_unit, padded.q_heads_per_core, padded.kv_heads_per_core) == (1, 1, 1)
+
+
+def test_a_model_too_large_for_max_nodes_names_the_memory_it_needs_and_the_fixes():
+    with pytest.raises(PlanError, match=r"no unit of 1\.\.2 trn1\.32xlarge nodes.*GiB per NeuronCore.*--max-nodes"):
+        # 2 nodes: 13,607,762,432 B of weights + 64 * 5000 * 64,512 = 20,643,840,000 B of KV cache
+        plan(llama405b(), Traffic(requests_per_s=1, prompt_tokens=4000, output_tokens=1000),
+             PlanSettings(max_nodes=2, batch=64))
+
+
+def test_requests_longer_than_the_context_are_refused():
+    with pytest.raises(PlanError, match="exceed the model's context length 8192"):
+        plan(llama70b(), Traffic(requests_per_s=1, prompt_tokens=8000, output_tokens=500), PlanSettings())
+    with pytest.raises(PlanError, match="--seq-len 10000 exceeds"):
+        plan(llama70b(), Traffic(requests_per_s=1, prompt_tokens=100, output_tokens=100), PlanSettings(seq_len=10000))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(layers=0), "--layers must be a positive number"),
+    (dict(heads=64, kv_heads=7), "--heads 64 is not a multiple of --kv-heads 7"),
+    (dict(hidden=8200, heads=64, kv_heads=8), "--hidden 8200 is not divisible by --heads 64"),
+    (dict(dtype="bf17"), "--dtype 'bf17' is not known"),
+])
+def test_inconsistent_model_shapes_are_refused_with_the_flag_to_fix(kwargs, message):
+    base = dict(layers=80, hidden=8192, heads=64, kv_heads=8, context_length=8192, params=70_000_000_000)
+    with pytest.raises(PlanError, match=message):
+        ModelShape(**{**base, **kwargs})
+
+
+def test_unknown_parameter_count_asks_for_params_or_the_mlp_and_vocab():
+    with pytest.raises(PlanError, match="give --params, or --intermediate and --vocab"):
+        ModelShape(layers=2, hidden=64, heads=4, kv_heads=4, context_length=128)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(units_per_cell=21), "--units-per-cell must be 1..20"),
+    (dict(efficiency=0), "--efficiency must be in"),
+    (dict(instance_type="trn1.2xlarge"), "trn1.2xlarge.*not supported.*EFA"),
+    (dict(batch=0), "--batch must be a positive"),
+])
+def test_impossible_settings_are_refused(kwargs, message):
+    with pytest.raises(Exception, match=message):
+        PlanSettings(**kwargs)
+
+
+def test_config_json_of_a_llama_checkpoint_gives_the_same_plan_as_flags(tmp_path):
+    cfg = {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
+           "intermediate_size": 28672, "vocab_size": 128256, "max_position_embeddings": 8192,
+           "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    (tmp_path / "llama-70b").mkdir()
+    path = tmp_path / "llama-70b" / "config.json"
+    path.write_text(json.dumps(cfg))
+    model = ModelShape.from_config_json(path)
+    assert model.name == "llama-70b"
+    assert model.total_params == 70_553_706_496
+    # a flag overrides the file
+    assert ModelShape.from_config_json(path, context_length=4096).context_length == 4096
+
+
+def test_config_json_without_the_layer_count_names_the_key_and_the_flag(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(PlanError, match="no 'num_hidden_layers'.*--layers"):
+        ModelShape.from_config_json(path)
+    with pytest.raises(PlanError, match="no such file"):
+        ModelShape.from_config_json(tmp_path / "missing.json")

@@ -1,0 +1,83 @@
+"""Builds the front-door stacks once per test session on the real Network stack, with settings the
+tests choose (certificate or not, live target group) independently of the deployment config.
+
+Every test module imports `front_app()`/`template()`, so each variant is synthesized once
+(lru_cache), keeping the suite inside its time budget.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from aws_cdk import aws_logs as logs
+
+from stacks.discovery import DiscoveryStack
+from stacks.front import FrontStack
+from stacks.network import NetworkStack
+from stacks.observability import ObservabilityStack
+from stacks.router import RouterStack
+from synth_helpers import cdk_json_context
+
+ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
+CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"
+NAMESPACE = "flotilla.internal"
+UNITS_PER_CELL = {"cell0": 2, "cell1": 1}
+
+
+@dataclass(frozen=True)
+class FrontApp:
+    app: cdk.App
+    network: NetworkStack
+    discovery: DiscoveryStack
+    front: FrontStack
+    observability: ObservabilityStack
+    router: RouterStack
+
+
+def synthesizer() -> cdk.DefaultStackSynthesizer:
+    return cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False)
+
+
+def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue") -> FrontApp:
+    # The built-in CloudFormation validation costs ~6 s per app; cfn-lint covers it (test_front_lint).
+    app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context())
+    network = NetworkStack(app, "Network", availability_zones=(),
+                           log_retention=logs.RetentionDays.ONE_MONTH, synthesizer=synthesizer())
+    vpc = network.vpc
+    discovery = DiscoveryStack(app, "Discovery", vpc=vpc,
+                               router_security_group=network.router_security_group,
+                               namespace_name=NAMESPACE,
+                               https=certificate_arn is not None, synthesizer=synthesizer())
+    front = FrontStack(app, "Front", vpc=vpc, alb_security_group=discovery.alb_security_group,
+                       certificate_arn=certificate_arn, live_target_group=live_target_group,
+                       synthesizer=synthesizer())
+    observability = ObservabilityStack(
+        app, "Observability", load_balancer=front.load_balancer,
+        target_groups=[front.blue_target_group, front.green_target_group],
+        units_per_cell=UNITS_PER_CELL, alarm_email="oncall@example.com", synthesizer=synthesizer(),
+    )
+    router = RouterStack(
+        app, "Router", vpc=vpc, router_security_group=network.router_security_group,
+        image_uri=ROUTER_IMAGE,
+        blue_target_group=front.blue_target_group, green_target_group=front.green_target_group,
+        production_rule=front.production_rule, test_rule=front.test_rule,
+        deployment_alarms=observability.deployment_alarms,
+        cloudmap_namespace_name=discovery.namespace_name,
+        cloudmap_service_name=discovery.service_name, synthesizer=synthesizer(),
+    )
+    return FrontApp(app, network, discovery, front, observability, router)
+
+
+@functools.lru_cache(maxsize=None)
+def front_app(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue") -> FrontApp:
+    return build(certificate_arn=certificate_arn, live_target_group=live_target_group)
+
+
+@functools.lru_cache(maxsize=None)
+def template(stack_name: str, **kwargs) -> dict:
+    fa = front_app(**kwargs)
+    stack = {"Network": fa.network, "Discovery": fa.discovery, "Front": fa.front,
+             "Observability": fa.observability, "Router": fa.router}[stack_name]
+    return fa.app.synth().get_stack_by_name(stack.stack_name).template

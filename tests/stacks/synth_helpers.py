@@ -1,0 +1,84 @@
+"""Synthesize a flotilla deployment in-process for tests, the way app.py does.
+
+Reusable by every stack test (Front, Observability...): `synthesize(config)` returns the built
+stacks and their CloudFormation templates keyed by stack id ("Network", "Cell-0", ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+
+from stacks.config import FlotillaConfig, load_config
+from stacks.deployment import Deployment, build_deployment
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cdk_json_context() -> dict:
+    """The context block of cdk.json: feature flags and the default `flotilla` config."""
+    return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+
+
+def default_config() -> FlotillaConfig:
+    return load_config(cdk_json_context()["flotilla"], None)
+
+
+def config_with(**overrides) -> FlotillaConfig:
+    """The cdk.json default with some keys replaced (nested sections merged)."""
+    from stacks.config import _deep_merge, parse_config
+    return parse_config(_deep_merge(cdk_json_context()["flotilla"], overrides))
+
+
+@dataclass
+class Synthesized:
+    app: cdk.App
+    deployment: Deployment
+    assembly: cdk.cx_api.CloudAssembly
+    templates: dict[str, dict]          # stack id -> template
+    outdir: Path
+
+    @property
+    def stacks(self) -> list[cdk.Stack]:
+        """Every stack of the app, each after the stacks it depends on (deploy order)."""
+        by_id = {c.node.id: c for c in self.app.node.children if isinstance(c, cdk.Stack)}
+        ordered: list[cdk.Stack] = []
+
+        def visit(stack: cdk.Stack) -> None:
+            if stack in ordered:
+                return
+            for dep in sorted(stack.dependencies, key=lambda d: d.node.id):
+                visit(dep)
+            ordered.append(stack)
+
+        for stack_id in sorted(by_id):
+            visit(by_id[stack_id])
+        return ordered
+
+    def template(self, stack_id: str) -> dict:
+        return self.templates[stack_id]
+
+    def resources(self, stack_id: str, type_: str | None = None) -> dict[str, dict]:
+        res = self.templates[stack_id]["Resources"]
+        return {k: v for k, v in res.items() if type_ is None or v["Type"] == type_}
+
+
+def synthesize(config: FlotillaConfig, outdir: Path, *, plugins=()) -> Synthesized:
+    """Build and synthesize every stack of `config` into outdir, with cdk.json's feature flags.
+
+    plugins: CDK policy-validation plugins (e.g. cdk-nag's AwsSolutionsChecks) added to the app.
+    """
+    app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context(),
+                  outdir=str(outdir))
+    deployment = build_deployment(app, config)
+    if plugins:
+        cdk.Validations.of(app).add_plugins(*plugins)
+    assembly = app.synth()
+    # Every stack in the app, so stacks added later to build_deployment are covered too.
+    stacks = [c for c in app.node.children if isinstance(c, cdk.Stack)]
+    templates = {s.node.id: assembly.get_stack_by_name(s.stack_name).template for s in stacks}
+    return Synthesized(app=app, deployment=deployment, assembly=assembly, templates=templates,
+                       outdir=Path(outdir))

@@ -1,0 +1,69 @@
+"""`make synth`'s path end to end: the pinned CDK CLI runs app.py offline, and the image asset
+it stages holds only what the image needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import yaml
+
+from synth_helpers import REPO_ROOT
+
+
+def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({
+        "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{env['PATH']}",
+        "CDK_HOME": str(tmp_path / "cdk-home"), "CDK_DISABLE_CLI_TELEMETRY": "true",
+        "npm_config_update_notifier": "false",
+        # Any attempt to reach the network (notices, telemetry, lookups) hits a dead proxy.
+        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    })
+    out = tmp_path / "cdk.out"
+    proc = subprocess.run([str(REPO_ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--quiet",
+                           "-o", str(out)], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    stacks = {a["displayName"]: a["properties"]["stackName"]
+              for a in manifest["artifacts"].values() if a["type"] == "aws:cloudformation:stack"}
+    assert stacks == {name: f"flotilla-{name}" for name in
+                      ("Network", "Discovery", "Cell-0", "Front", "Observability", "Router")}
+    assert "NOTICES" not in proc.stdout + proc.stderr
+    # Environment-agnostic: no account or region was looked up.
+    assert all(a.get("environment", "aws://unknown-account/unknown-region") ==
+               "aws://unknown-account/unknown-region" for a in manifest["artifacts"].values()
+               if a["type"] == "aws:cloudformation:stack")
+
+
+def test_cdk_json_turns_off_notices_telemetry_and_version_reporting():
+    cdk_json = json.loads((REPO_ROOT / "cdk.json").read_text())
+    assert cdk_json["notices"] is False
+    assert cdk_json["versionReporting"] is False
+    assert cdk_json["context"]["cli-telemetry"] is False
+
+
+def test_image_assets_stage_only_runtime_contract_and_the_lock_file(default_synth):
+    # Two images: the CPU runtime image (router) and the Neuron image (trn1 units, neuron engine).
+    assets = [p for p in default_synth.outdir.iterdir() if p.name.startswith("asset.")]
+    assert len(assets) == 2
+    for asset in assets:
+        # (CDK always stages the .dockerignore itself, so `docker build` applies the same rules.)
+        assert sorted(p.name for p in asset.iterdir()) == [
+            ".dockerignore", "constraints.txt", "contract", "runtime"]
+        staged = [p.relative_to(asset).as_posix() for p in asset.rglob("*")]
+        assert {"runtime/Dockerfile", "runtime/Dockerfile.neuron"} <= set(staged)
+        assert not [p for p in staged if "__pycache__" in p or p.endswith(".pyc")]
+
+
+def test_ci_workflow_runs_make_test_then_make_synth_and_uploads_cdk_out():
+    workflow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    (job,) = workflow["jobs"].values()
+    runs = [s.get("run") for s in job["steps"] if "run" in s]
+    assert runs == ["make test", "make synth"]
+    upload = job["steps"][-1]
+    assert upload["uses"].startswith("actions/upload-artifact@")
+    assert upload["with"]["path"] == "cdk.out/"

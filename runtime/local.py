@@ -79,6 +79,15 @@ def _get(url: str) -> int:
         return 0
 
 
+def _routable_units(router_url: str) -> int:
+    """How many units the router would route to now (its /health body), 0 when it cannot say."""
+    try:
+        with urllib.request.urlopen(router_url + contract.ROUTER_HEALTH_PATH, timeout=2) as r:
+            return int(json.load(r).get("routable_units", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     router_available = importlib.util.find_spec("runtime.cli_router") is not None
     p = argparse.ArgumentParser(prog="python -m runtime.local", description=__doc__)
@@ -139,7 +148,9 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
         procs.append(Proc(role="router", unit=None, rank=None, ports={"http": a.port},
                           # no load balancer watches a local router's /health: no drain grace
                           cmd=[sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1",
-                               "--drain-grace", "0"], env=env,
+                               "--drain-grace", "0",
+                               # a laptop busy with the model answers polls late: not "unit gone"
+                               "--poll-timeout", "5"], env=env,
                           log=logs / "router.log"))
     return procs
 
@@ -215,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             ready = all(_get(f"http://127.0.0.1:{p.ports['api']}{contract.NODE_READY_PATH}") == 200 for p in members)
             if ready and a.use_router:
-                ready = _get(url + contract.ROUTER_HEALTH_PATH) == 200
+                # Ready units are not enough: the URL we print must already route, so wait until
+                # the router's own polls have seen every unit ready.
+                ready = _routable_units(url) >= a.units
             if ready:
                 break
             if time.monotonic() > deadline:

@@ -171,7 +171,7 @@ _ENV: dict[str, tuple[str, str | None]] = {
     # engine=neuron only
     "model_uri": (contract.ENV_MODEL_URI, None),
     "compile_cache_uri": (contract.ENV_COMPILE_CACHE_URI, None),
-    "instance_type": ("FLOTILLA_INSTANCE_TYPE", "trn1.32xlarge"),
+    "instance_type": (contract.ENV_INSTANCE_TYPE, "trn1.32xlarge"),
     "neuron_model_dir": ("FLOTILLA_NEURON_MODEL_DIR", "/var/cache/flotilla/model"),
     "neuron_compiled_dir": ("FLOTILLA_NEURON_COMPILED_DIR", "/var/cache/flotilla/neuron-compiled"),
     "seq_len": ("FLOTILLA_NEURON_SEQ_LEN", "4096"),

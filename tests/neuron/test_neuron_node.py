@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 import sys
 import urllib.error
 import urllib.request
@@ -86,9 +88,10 @@ def neuron_unit(tmp_path):
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     units = []
 
-    def start(**extra: str):
-        unit = Unit(tmp_path / "logs", world_size=1, engine="neuron", **{**env, **extra})
-        unit.leader.start(PYTHONPATH=str(S3_SITE))
+    def start(world_size: int = 1, **extra: str):
+        unit = Unit(tmp_path / "logs", world_size=world_size, engine="neuron", **{**env, **extra})
+        for m in unit.members:
+            m.start(PYTHONPATH=str(S3_SITE))
         units.append(unit)
         return unit, log
     yield start
@@ -156,3 +159,51 @@ def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_
     reform = unit.leader.log_events("unit_reform")
     assert reform and "vLLM" in json.dumps(reform[0]), unit.dump_logs()
     assert len(unit.leader.log_events("formation_offered")) == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it_dies(neuron_unit):
+    # 2 x trn1.32xlarge: tp_degree 64; Llama-3-8B's 32 heads need cp_degree 2 (auto).
+    unit, log = neuron_unit(world_size=2)
+    try:
+        unit.wait_ready(timeout=120)
+    except AssertionError:
+        raise AssertionError(unit.dump_logs()) from None
+
+    def entries(key):
+        return [e for e in map(json.loads, log.read_text().splitlines()) if key in e]
+    (worker,) = entries("follower")
+    assert worker["follower"] == 1
+    assert worker["env"]["NEURON_RANK_ID"] == "1" and worker["env"]["WORLD_SIZE"] == "2"
+    assert worker["env"]["MASTER_ADDR"] == "127.0.0.1" and worker["env"]["NEURON_LOCAL_TP"] == "32"
+    config = json.loads(worker["argv"][worker["argv"].index("--additional-config") + 1])
+    assert config["override_neuron_config"]["start_rank_id"] == 32
+    assert config["override_neuron_config"]["cp_degree"] == 2
+    (server,) = entries("server")
+    with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
+        assert json.load(r)["choices"][0]["text"] == "[4][5]"
+
+    os.kill(worker["pid"], signal.SIGKILL)             # the follower's worker dies
+    deadline = time.monotonic() + 30
+    while unit.leader.ready()[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert unit.leader.ready()[0] != 200
+    try:
+        unit.wait_ready(timeout=120)
+    except AssertionError:
+        raise AssertionError(unit.dump_logs()) from None
+    assert len(entries("follower")) == 2 and len(entries("server")) == 2   # fresh processes per formation
+    assert not _alive(server["pid"])                    # the old formation's vLLM stand-in is gone
+    new_pids = [e["pid"] for e in entries("follower")[1:] + entries("server")[1:]]
+    unit.stop()
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in new_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in new_pids)          # stopping the unit leaves no engine behind

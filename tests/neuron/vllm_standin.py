@@ -2,7 +2,8 @@
 
 Takes the plan's vLLM arguments (--host, --port, --served-model-name, --max-model-len, ...), serves
 /health, /metrics and a streamed /v1/completions whose prompt is a list of token ids. Each output
-token id is prompt[-1] + 1 + i, its text "[id]". Test knobs (environment):
+token id is prompt[-1] + 1 + i, its text "[id]". With NEURON_RANK_ID > 0 it stands in for the follower
+worker instead: it logs its rank and environment and waits. Test knobs (environment):
   STANDIN_LOG          append one JSON line per request body received
   STANDIN_DIE_AFTER    exit(1) after sending this many tokens of a stream (a crashed server)
   STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)
@@ -21,7 +22,20 @@ import time
 from aiohttp import web
 
 
+def follower() -> None:
+    """Follower rank (NEURON_RANK_ID > 0, the plan's worker command): log, then wait to be killed."""
+    if os.environ.get("STANDIN_LOG"):
+        with open(os.environ["STANDIN_LOG"], "a") as f:
+            f.write(json.dumps({"follower": int(os.environ["NEURON_RANK_ID"]), "pid": os.getpid(),
+                                "argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
+                                                              if k.startswith(("NEURON_", "MASTER_", "WORLD_"))}}) + "\n")
+    while True:
+        time.sleep(60)
+
+
 def main() -> None:
+    if int(os.environ.get("NEURON_RANK_ID", "0")) > 0:
+        return follower()
     p = argparse.ArgumentParser()
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
@@ -38,6 +52,9 @@ def main() -> None:
         with open(os.path.join(out, "compiled.neff"), "w") as f:
             f.write(f"compiled for {args.model}\n")
     running = [0]
+    if os.environ.get("STANDIN_LOG"):
+        with open(os.environ["STANDIN_LOG"], "a") as f:
+            f.write(json.dumps({"server": args.port, "pid": os.getpid()}) + "\n")
 
     async def health(_r: web.Request) -> web.Response:
         ok = time.monotonic() - started >= health_after
@@ -52,7 +69,8 @@ def main() -> None:
         body = await r.json()
         if os.environ.get("STANDIN_LOG"):
             with open(os.environ["STANDIN_LOG"], "a") as f:
-                f.write(json.dumps({"body": body, "request_id": r.headers.get("X-Request-Id")}) + "\n")
+                f.write(json.dumps({"body": body, "request_id": r.headers.get("X-Request-Id"),
+                                    "pid": os.getpid()}) + "\n")
         prompt = body.get("prompt")
         if body.get("model") != args.served_model_name:
             return web.json_response({"error": {"message": f"model {body.get('model')!r} does not exist"}},

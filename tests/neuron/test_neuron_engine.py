@@ -157,3 +157,36 @@ def test_start_fails_with_the_exit_code_when_the_server_dies_before_healthy(tmp_
     engine.s = NeuronEngineSettings(**{**engine.s.__dict__, "launcher": "python3 -c 'import sys; sys.exit(3)'"})
     with pytest.raises(EngineError, match="exited with code 3 before it became healthy"):
         asyncio.run(engine.start())
+
+
+def test_cancel_closes_the_upstream_request_and_load_comes_from_vllm_metrics(tmp_path, s3, monkeypatch):
+    publish(make_checkpoint(tmp_path / "src", LLAMA_3_8B), MODEL_URI, s3=s3)
+    log = tmp_path / "standin.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+
+    async def scenario():
+        engine = engine_for(tmp_path, s3, compile_cache_uri=None)
+        await engine.start()
+        try:
+            got = []
+            async with asyncio.timeout(20):
+                async for ev in engine.generate(GenerationRequest(
+                        request_id="c", prompt_token_ids=(2,), sampling=SamplingParams(max_tokens=200))):
+                    got.append(ev.token_id)
+                    if len(got) == 2:
+                        engine.cancel("c")
+            assert got == [3, 4]                        # ended quietly at the cancel, no error
+            assert engine.health().state is EngineState.READY and not engine._running
+            deadline = time.monotonic() + 10
+            while {"aborted": "c"} not in map(json.loads, log.read_text().splitlines()):
+                assert time.monotonic() < deadline, "the server never saw the request closed"
+                await asyncio.sleep(0.05)
+            # Load is the server's own gauges (the stand-in reports kv 0.25), polled every 2 s.
+            while (engine.load().kv_cache_used, engine.load().running) != (0.25, 0):
+                assert time.monotonic() < deadline + 5, engine.load()
+                await asyncio.sleep(0.1)
+            assert (engine.load().queue_depth, engine.load().max_running) == (0, 4)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())

@@ -96,6 +96,10 @@ def main() -> None:
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(0.02)
             await resp.write(b"data: [DONE]\n\n")
+        except ConnectionError:   # the client closed the request: vLLM aborts it the same way
+            if os.environ.get("STANDIN_LOG"):
+                with open(os.environ["STANDIN_LOG"], "a") as f:
+                    f.write(json.dumps({"aborted": r.headers.get("X-Request-Id")}) + "\n")
         finally:
             running[0] -= 1
         return resp

@@ -47,7 +47,7 @@ def one_node() -> Membership:
                       dist_host="127.0.0.1", dist_port=free_port())
 
 
-def engine_for(tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0) -> NeuronEngine:
+def engine_for(tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, **kw) -> NeuronEngine:
     options = NeuronOptions(seq_len=256, batch_size=4, served_model_name="llama",
                             compiled_artifacts_dir=str(tmp_path / "compiled"),
                             engine_port=free_port())
@@ -55,7 +55,7 @@ def engine_for(tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.
                                     instance_type="trn1.32xlarge", options=options,
                                     compile_cache_uri=compile_cache_uri, launcher=STANDIN_LAUNCHER)
     return NeuronEngine(one_node(), settings=settings, model_name="llama",
-                        start_timeout_s=start_timeout_s, s3=s3)
+                        start_timeout_s=start_timeout_s, s3=s3, **kw)
 
 
 async def collect(engine, rid, ids, **sampling):
@@ -186,6 +186,27 @@ def test_cancel_closes_the_upstream_request_and_load_comes_from_vllm_metrics(tmp
                 assert time.monotonic() < deadline + 5, engine.load()
                 await asyncio.sleep(0.1)
             assert (engine.load().queue_depth, engine.load().max_running) == (0, 4)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_server_whose_health_keeps_failing_breaks_the_engine_and_its_open_streams(tmp_path, s3, monkeypatch):
+    publish(make_checkpoint(tmp_path / "src", LLAMA_3_8B), MODEL_URI, s3=s3)
+    monkeypatch.setenv("STANDIN_SICK_AFTER", "1.5")
+    monkeypatch.setenv("STANDIN_TOKEN_DELAY", "0.1")
+
+    async def scenario():
+        engine = engine_for(tmp_path, s3, compile_cache_uri=None, unhealthy_after_s=1.0)
+        await engine.start()
+        try:
+            with pytest.raises(EngineBroken, match="/health has failed"):
+                async with asyncio.timeout(30):
+                    async for _ in engine.generate(GenerationRequest(        # 250 tokens: 25 s
+                            request_id="long", prompt_token_ids=(2,), sampling=SamplingParams(max_tokens=250))):
+                        pass
+            assert engine.health().state is EngineState.BROKEN
         finally:
             await engine.shutdown()
 

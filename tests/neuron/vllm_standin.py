@@ -7,6 +7,8 @@ worker instead: it logs its rank and environment and waits. Test knobs (environm
   STANDIN_LOG          append one JSON line per request body received
   STANDIN_DIE_AFTER    exit(1) after sending this many tokens of a stream (a crashed server)
   STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)
+  STANDIN_SICK_AFTER   seconds after which /health answers 503 for good (a wedged server)
+  STANDIN_TOKEN_DELAY  seconds between streamed tokens (default 0.02)
   STANDIN_COMPILE_TO   write compiled.neff into NEURON_COMPILED_ARTIFACTS (what a compile leaves)
 """
 
@@ -57,7 +59,8 @@ def main() -> None:
             f.write(json.dumps({"server": args.port, "pid": os.getpid()}) + "\n")
 
     async def health(_r: web.Request) -> web.Response:
-        ok = time.monotonic() - started >= health_after
+        up = time.monotonic() - started
+        ok = up >= health_after and up < float(os.environ.get("STANDIN_SICK_AFTER", "inf"))
         return web.Response(status=200 if ok else 503)
 
     async def metrics(_r: web.Request) -> web.Response:
@@ -94,7 +97,7 @@ def main() -> None:
                          "choices": [{"index": 0, "text": f"[{tid}]", "token_ids": [tid],
                                       "finish_reason": "length" if i == n - 1 else None}]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(float(os.environ.get("STANDIN_TOKEN_DELAY", "0.02")))
             await resp.write(b"data: [DONE]\n\n")
         except ConnectionError:   # the client closed the request: vLLM aborts it the same way
             if os.environ.get("STANDIN_LOG"):

@@ -27,6 +27,7 @@ log = logging.getLogger("flotilla.neuron")
 HEALTH_POLL_S = 0.5
 PROGRESS_EVERY_S = 30.0
 METRICS_EVERY_S = 2.0
+UNHEALTHY_AFTER_S = 20.0     # vLLM alive but its /health failing this long: the unit re-forms
 STOP_GRACE_S = 10.0
 
 
@@ -80,7 +81,8 @@ class NeuronEngine:
     """Lives in the leader's engine process; vLLM runs as its child, bound to 127.0.0.1."""
 
     def __init__(self, membership: Membership, *, settings: NeuronEngineSettings, model_name: str,
-                 start_timeout_s: float, s3: Any = None) -> None:
+                 start_timeout_s: float, s3: Any = None,
+                 unhealthy_after_s: float = UNHEALTHY_AFTER_S) -> None:
         self.membership = membership
         self.s = settings
         self.model_name = model_name
@@ -88,6 +90,7 @@ class NeuronEngine:
         self.tokenizer: Any = None
         self.url = f"http://127.0.0.1:{settings.options.engine_port}"
         self._start_timeout_s = start_timeout_s
+        self._unhealthy_after_s = unhealthy_after_s
         self._s3 = s3
         self._proc: asyncio.subprocess.Process | None = None
         self._session: Any = None
@@ -120,7 +123,11 @@ class NeuronEngine:
         # Same process group as this engine process: the supervisor's killpg takes vLLM down too.
         self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
-        await self._wait_healthy()
+        try:
+            await self._wait_healthy()
+        except BaseException:
+            await self._close()
+            raise
         if self.s.compile_cache_uri:
             try:
                 stored = await asyncio.to_thread(store_compiled, self.prepared,
@@ -132,7 +139,7 @@ class NeuronEngine:
                 log.warning(json.dumps({"event": "neuron_compile_cache_store_failed", "error": str(e)}))
         self._state = EngineState.READY
         self._tasks = [asyncio.create_task(self._watch_process()),
-                       asyncio.create_task(self._poll_metrics())]
+                       asyncio.create_task(self._poll_server())]
 
     async def _wait_healthy(self) -> None:
         import aiohttp  # noqa: PLC0415
@@ -169,22 +176,37 @@ class NeuronEngine:
     async def _watch_process(self) -> None:
         assert self._proc is not None
         rc = await self._proc.wait()
-        if self._state is not EngineState.STOPPED:
-            self._state = EngineState.BROKEN
-            self._detail = f"the vLLM server exited with code {rc}"
-            log.error(json.dumps({"event": "neuron_engine_exited", "code": rc}))
-            for resp in list(self._running.values()):
-                resp.close()   # every open stream ends now, not when TCP notices
+        self._break(f"the vLLM server exited with code {rc}")
 
-    async def _poll_metrics(self) -> None:
-        """vLLM's own queue and KV-cache gauges, when its /metrics has them (cheap: every 2 s)."""
+    def _break(self, detail: str) -> None:
+        if self._state is not EngineState.READY:
+            return
+        self._state = EngineState.BROKEN
+        self._detail = detail
+        log.error(json.dumps({"event": "neuron_engine_broken", "detail": detail}))
+        for resp in list(self._running.values()):
+            resp.close()   # every open stream ends now, not when TCP notices
+
+    async def _poll_server(self) -> None:
+        """Every 2 s: vLLM's /health (failing for unhealthy_after_s breaks the engine: a wedged
+        server must not hold streams forever) and its /metrics queue and KV-cache gauges."""
+        import aiohttp  # noqa: PLC0415
+
+        healthy_at = time.monotonic()
+        quick = aiohttp.ClientTimeout(total=5)
         while self._state is EngineState.READY:
             try:
-                async with self._session.get(self.url + "/metrics") as r:
+                async with self._session.get(self.url + "/health", timeout=quick) as r:
                     if r.status == 200:
-                        self._vllm_load = _parse_vllm_metrics(await r.text(), self.s.options.batch_size)
+                        healthy_at = time.monotonic()
+                async with self._session.get(self.url + "/metrics", timeout=quick) as r:
+                    self._vllm_load = (_parse_vllm_metrics(await r.text(), self.s.options.batch_size)
+                                       if r.status == 200 else None)
             except Exception:  # noqa: BLE001 - load falls back to our own counters
                 self._vllm_load = None
+            if time.monotonic() - healthy_at > self._unhealthy_after_s:
+                self._break(f"the vLLM server's /health has failed for {self._unhealthy_after_s:.0f}s")
+                return
             await asyncio.sleep(METRICS_EVERY_S)
 
     # -- serve ------------------------------------------------------------------------------------
@@ -275,15 +297,16 @@ class NeuronEngine:
                           max_running=batch, kv_cache_used=0.0)
 
     async def shutdown(self) -> None:
-        was_broken = self._state is EngineState.BROKEN
-        self._state = EngineState.STOPPED if not was_broken else self._state
+        if self._state is not EngineState.BROKEN:
+            self._state = EngineState.STOPPED     # before the process exits: not a failure
+        await self._close()
+
+    async def _close(self) -> None:
         for t in self._tasks:
             t.cancel()
         if self._session is not None:
             await self._session.close()
         await terminate(self._proc)
-        if not was_broken:
-            self._state = EngineState.STOPPED
 
 
 async def terminate(proc: asyncio.subprocess.Process | None, grace_s: float = STOP_GRACE_S) -> None:

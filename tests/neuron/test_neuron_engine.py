@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from conftest import LLAMA_3_8B, SMOLLM2_135M
+from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
 from runtime.artifacts import publish
 from runtime.engines.base import (EngineBroken, EngineError, EngineState, GenerationRequest,
                                   SamplingParams)

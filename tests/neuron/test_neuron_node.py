@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import contract
-from conftest import LLAMA_3_8B
+from llama_shapes import LLAMA_3_8B
 from runtime.node.settings import SettingsError, load_settings
 from standin_model import STANDIN_LAUNCHER, make_checkpoint, word_ids
 from testnet import free_port

@@ -15,10 +15,11 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from runtime.engines.base import EngineBroken
 from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, decoder_layer,
-                                   positions_of, rope_tables)
+                                   positions_of, rms_norm, rope_tables)
 from runtime.engines.plan import ParallelPlan
 from runtime.models.registry import WeightSource
 
@@ -113,6 +114,19 @@ class ShardExecutor:
                                                           kv_heads=t.kv_heads, mlp=t.mlp)
         elif self.world_size == 1:
             self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
+        # Vocab-parallel LM head for tensor-parallel phases: each rank turns the (replicated)
+        # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
+        # slowest rank of every step otherwise.
+        self.lm_head_slice: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+        if plan.uses("tensor") and self.world_size > 1:
+            v0, v1 = self.tslice.vocab
+            if rank == 0:
+                self.final_norm, self.lm_head_slice = self.head.final_norm, self.head.lm_head[v0:v1]
+            else:
+                name = "model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"
+                self.final_norm = weights.get("model.norm.weight")
+                self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
         self.kv: dict[int, SeqKV] = {}
         # The steady state is "decode the same batch again": then only the 4-int header travels.
         self._last_decode: list[int] = []
@@ -271,10 +285,11 @@ class ShardExecutor:
         x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments)
         for seg in segments:
             seg.kv.length = seg.n
-        if self.rank != 0:
-            return None
         ends = [sum(p[1] for p in cmd.prefill[:i + 1]) for i in range(len(cmd.prefill))]
-        return self._last_logits([x[e - 1:e] for e in ends])
+        if self.world_size == 1:
+            return self._last_logits([x[e - 1:e] for e in ends])
+        per_seq = [self._tp_logits(x[e - 1:e]) for e in ends]
+        return torch.cat(per_seq) if self.rank == 0 else None
 
     def _last_logits(self, lasts: list[torch.Tensor]) -> torch.Tensor:
         # One LM-head product per sequence: a prompt's first-token logits do not depend on which
@@ -333,7 +348,22 @@ class ShardExecutor:
         x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segs)
         for seg in segs:
             seg.kv.length += 1
-        return self.head.logits(self.shape, x) if self.rank == 0 else None
+        if self.world_size == 1:
+            return self.head.logits(self.shape, x)
+        return self._tp_logits(x)
+
+    def _tp_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Every rank: its vocab rows of the logits; rank 0 gathers them into [rows, vocab]."""
+        local = F.linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice)
+        widths = [t.vocab[1] - t.vocab[0] for t in self.plan.tensor_slices]
+        if local.shape[1] < max(widths):      # gather needs equal sizes: pad, trim on rank 0
+            local = F.pad(local, (0, max(widths) - local.shape[1]))
+        if self.rank != 0:
+            dist.gather(local.contiguous(), dst=0)
+            return None
+        parts = [torch.empty(x.shape[0], max(widths), device=self.device) for _ in widths]
+        dist.gather(local.contiguous(), gather_list=parts, dst=0)
+        return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=-1)
 
     # --- KV re-shard between layer-split (pipeline) and head-split (tensor) -------------------
     def _reshard(self, seq_ids: list[int]) -> None:

@@ -30,6 +30,7 @@ class TensorSlice:
     q_heads: tuple[int, int]        # [start, stop) of query heads this rank computes
     kv_heads: tuple[int, int]
     mlp: tuple[int, int]            # [start, stop) of the MLP intermediate dimension
+    vocab: tuple[int, int] = (0, 0) # [start, stop) of the LM head rows (vocab-parallel logits)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class ParallelPlan:
             m = t.mlp[1] - t.mlp[0]
             sliced = h * d * (2 * q + 2 * kv) + 3 * h * m + 2 * h
             total += sliced * (s.num_layers - len(full_layers))
+            if rank != 0 and self.world_size > 1:     # rank 0 already holds the whole LM head
+                total += (t.vocab[1] - t.vocab[0]) * h + h
         total += s.layer_params * len(full_layers)
         if rank == 0:
             total += _head_cost(s)
@@ -110,8 +113,8 @@ class ParallelPlan:
                      "layer split:")
         for t in self.tensor_slices:
             lines.append(f"  rank {t.rank}: query heads {span(*t.q_heads)}, KV heads "
-                         f"{span(*t.kv_heads)}, MLP columns {span(*t.mlp)}"
-                         f"{'; embedding, final norm, LM head, sampling' if t.rank == 0 else ''}")
+                         f"{span(*t.kv_heads)}, MLP columns {span(*t.mlp)}, LM head rows "
+                         f"{span(*t.vocab)}{'; embedding, sampling' if t.rank == 0 else ''}")
         if self.needs_reshard():
             src, dst = (("layer-split", "head-split") if self.prefill == "pipeline"
                         else ("head-split", "layer-split"))
@@ -194,6 +197,7 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
     replicated = shape.num_kv_heads % world_size != 0
     group = shape.num_heads // shape.num_kv_heads
     mlp = _split(shape.intermediate_size, world_size)
+    vocab = _split(shape.vocab_size, world_size)
     if replicated:
         notes.append(
             f"attention REPLICATED on every rank: {shape.num_heads} query / {shape.num_kv_heads} KV "
@@ -202,12 +206,13 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
             "of the KV groups would save the duplicated attention but add an all-reduce per "
             "layer, which costs more than it saves on a latency-bound interconnect")
         slices = tuple(TensorSlice(rank=r, q_heads=(0, shape.num_heads),
-                                   kv_heads=(0, shape.num_kv_heads), mlp=mlp[r])
+                                   kv_heads=(0, shape.num_kv_heads), mlp=mlp[r], vocab=vocab[r])
                        for r in range(world_size))
     else:
         kv = _split(shape.num_kv_heads, world_size)
         slices = tuple(TensorSlice(rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group),
-                                   kv_heads=kv[r], mlp=mlp[r]) for r in range(world_size))
+                                   kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r])
+                       for r in range(world_size))
     if shape.intermediate_size % world_size:
         notes.append(f"MLP width {shape.intermediate_size} does not divide by {world_size}: "
                      "slices differ by one column")

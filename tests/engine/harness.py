@@ -94,6 +94,29 @@ def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
         torch.save({"reference": ref, "results": results}, out_path)
 
 
+def _handoff_port(out_path: str, n: int, rank: int, *, first: int) -> int:
+    if n == 0:
+        return first
+    path = f"{out_path}.port{n}"
+    if rank == 0:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with open(path + ".tmp", "w") as f:
+            f.write(str(port))
+        os.rename(path + ".tmp", path)
+        return port
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 never published the port of unit {n}")
+        time.sleep(0.05)
+    with open(path) as f:
+        return int(f.read())
+
+
 async def _generate(engine, rid: str, prompt: list[int], **sampling) -> list[int]:
     toks = []
     req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt),
@@ -110,8 +133,10 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
 
     found = []
     for n, (prefill, decode) in enumerate(spec["combos"]):
+        # A fresh port per unit, picked just before use and handed to rank 1 through a file:
+        # ports reserved up front could be taken by other processes on a busy machine meanwhile.
         m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
-                       dist_port=port + n)
+                       dist_port=_handoff_port(out_path, n, rank, first=port))
         if rank != 0:
             run_worker(m, model=spec["model"], prefill=prefill, decode=decode,
                        collective_timeout_s=30, start_timeout_s=60)

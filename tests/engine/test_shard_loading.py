@@ -46,6 +46,13 @@ def test_a_tensor_parallel_follower_reads_only_its_slice_of_every_layer():
     assert set(down) == {(1, t.mlp[0], t.mlp[1])}
 
 
+def test_a_tensor_parallel_follower_reads_only_its_rows_of_the_lm_head():
+    plan, reads = _reads(1, "pipeline", "tensor")
+    head = [(dim, a, b) for n, dim, a, b in reads if n == "lm_head.weight"]
+    assert head == [(0, *plan.tensor_slice(1).vocab)]
+    assert not any(n == "model.embed_tokens.weight" for n, *_ in reads)
+
+
 def test_the_leader_holds_embedding_and_lm_head():
     _, reads = _reads(0, "pipeline", "tensor")
     names = {name for name, *_ in reads}
@@ -56,5 +63,6 @@ def test_a_stage_that_also_runs_tensor_parallel_reads_each_of_its_layers_once():
     plan, reads = _reads(1, "pipeline", "tensor")
     names = [name for name, *_ in reads]
     assert len(names) == len(set(names))
-    own = [r for r in reads if int(r[0].split(".")[2]) in plan.stage(1).layers]
+    own = [r for r in reads if r[0].startswith("model.layers.")
+           and int(r[0].split(".")[2]) in plan.stage(1).layers]
     assert own and all(dim is None for _, dim, _, _ in own)

@@ -95,6 +95,17 @@ def test_a_configured_image_uri_is_what_router_and_units_both_run(tmp_path):
     assert json.loads(container_image(synth, "Cell-0")) == uri
 
 
+def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):
+    # trn1 units on the default `neuron` engine run the Neuron image (stacks/image.py); units on
+    # a CPU engine share the router's image.
+    synth = synthesize(config_with(node={"engine": "reference"}), tmp_path)
+    (router_task,) = synth.resources("Router", "AWS::ECS::TaskDefinition").values()
+    node_task = next(iter(synth.resources("Cell-0", "AWS::ECS::TaskDefinition").values()))
+    router_image = router_task["Properties"]["ContainerDefinitions"][0]["Image"]
+    node_image = node_task["Properties"]["ContainerDefinitions"][0]["Image"]
+    assert json.dumps(router_image) == json.dumps(node_image)
+
+
 def test_ready_unit_alarms_cover_every_cell_with_its_unit_count(two_cells):
     alarms = two_cells.resources("Observability", "AWS::CloudWatch::Alarm").values()
     per_cell = {d["Value"]: a["Properties"]["Threshold"] for a in alarms

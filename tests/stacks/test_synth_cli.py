@@ -47,18 +47,16 @@ def test_cdk_json_turns_off_notices_telemetry_and_version_reporting():
 
 
 def test_image_assets_stage_only_runtime_contract_and_the_lock_file(default_synth):
-    # Two images: runtime/Dockerfile (router) and runtime/Dockerfile.neuron (trn1 units).
+    # Two images: the CPU runtime image (router) and the Neuron image (trn1 units, neuron engine).
     assets = [p for p in default_synth.outdir.iterdir() if p.name.startswith("asset.")]
     assert len(assets) == 2
-    dockerfiles = set()
     for asset in assets:
         # (CDK always stages the .dockerignore itself, so `docker build` applies the same rules.)
         assert sorted(p.name for p in asset.iterdir()) == [
             ".dockerignore", "constraints.txt", "contract", "runtime"]
         staged = [p.relative_to(asset).as_posix() for p in asset.rglob("*")]
+        assert {"runtime/Dockerfile", "runtime/Dockerfile.neuron"} <= set(staged)
         assert not [p for p in staged if "__pycache__" in p or p.endswith(".pyc")]
-        dockerfiles.update(p for p in staged if p.startswith("runtime/Dockerfile"))
-    assert {"runtime/Dockerfile", "runtime/Dockerfile.neuron"} <= dockerfiles
 
 
 def test_ci_workflow_runs_make_test_then_make_synth_and_uploads_cdk_out():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import contract
-from llama_shapes import LLAMA_3_8B
+from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
 from runtime.node.settings import SettingsError, load_settings
 from standin_model import STANDIN_LAUNCHER, make_checkpoint, word_ids
 from testnet import free_port
@@ -73,9 +73,9 @@ def _post(url: str, body: dict, timeout: float = 30.0):
 
 
 @pytest.fixture
-def neuron_unit(tmp_path):
+def neuron_unit(tmp_path, request):
     """start(**env) -> (a started one-member neuron unit, the stand-in's request log)."""
-    src = make_checkpoint(tmp_path / "published", LLAMA_3_8B)
+    src = make_checkpoint(tmp_path / "published", getattr(request, "param", LLAMA_3_8B))
     log = tmp_path / "standin.jsonl"
     (tmp_path / "logs").mkdir()
     env = {contract.ENV_MODEL_URI: MODEL_URI, contract.ENV_MODEL_NAME: "llama",
@@ -207,3 +207,16 @@ def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it
     while any(_alive(p) for p in new_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in new_pids)          # stopping the unit leaves no engine behind
+
+
+@pytest.mark.parametrize("neuron_unit", [SMOLLM2_135M], indirect=True)
+def test_a_node_with_an_impossible_layout_says_why_and_never_fetches_the_weights(neuron_unit, tmp_path):
+    # SmolLM2's 9 attention heads cannot split over a trn1.32xlarge's 32 NeuronCores.
+    unit, log = neuron_unit(FLOTILLA_MAX_RESTARTS="0")
+    assert unit.leader.wait(timeout=60) == 1, unit.dump_logs()
+    (broken,) = [e for e in unit.leader.log_events("unit_state") if e["new"] == "broken"]
+    assert "refused before fetching weights" in broken["reason"] and "num_attention_heads=9" in broken["reason"]
+    assert "raise --batch-size" in broken["reason"]      # the planner's fix, in the node's own flag names
+    assert unit.leader.log_events("restart_budget_exhausted")
+    assert unit.leader.log_events("node_listening")[0]["model"] == MODEL_URI
+    assert not (tmp_path / "model" / "model.safetensors").exists() and not log.exists()

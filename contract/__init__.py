@@ -87,3 +87,4 @@ NEURON_RT_ROOT_COMM_PORT = 29501    # Neuron runtime collectives bootstrap on th
 NEURON_ENGINE_PORT = 8001           # vLLM's OpenAI server on the leader, bound to 127.0.0.1 only
 ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"   # set by Dockerfile.neuron; compile-cache key
 ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"     # s3://bucket/prefix for compiled artifacts
+ENV_INSTANCE_TYPE = "FLOTILLA_INSTANCE_TYPE"                # neuron engine: the node's instance type (plan layout)

@@ -53,7 +53,8 @@ async def serve(s: NodeSettings) -> int:
     site = web.TCPSite(runner, host=s.bind_host, port=s.api_port, reuse_address=True)
     await site.start()
     jlog("node_listening", unit=s.unit_id, revision=s.revision, rank=s.rank, host=s.bind_host, port=s.api_port,
-         rendezvous=s.rendezvous, engine=s.engine, model=s.model, pid=os.getpid())
+         rendezvous=s.rendezvous, engine=s.engine, model=s.neuron.model_uri if s.neuron else s.model,
+         pid=os.getpid())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sup.begin_drain)

@@ -95,6 +95,7 @@ class CellStack(Stack):
             }
             if config.node.engine == "neuron":
                 environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
+                environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
             self.units.append(TrainiumUnit(
                 self, f"Unit{placement.index}", unit_id=placement.unit_id,
                 family=f"{config.deployment_name}-{placement.unit_id}",

@@ -79,6 +79,7 @@ def fetch(uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE) -> Ma
                  100.0 * done / max(1, manifest.total_bytes))
     # Written last and atomically: its presence marks a complete, verified local copy.
     tmp = root / PARTIAL_DIR / MANIFEST_NAME
+    tmp.parent.mkdir(exist_ok=True)   # absent when every file was already verified (a re-fetch)
     tmp.write_bytes(manifest.to_json())
     os.replace(tmp, root / MANIFEST_NAME)
     log.info("fetched %s in %.1f s: %d downloaded, %d resumed, %d already verified; digest %s",

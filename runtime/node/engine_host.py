@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Any, BinaryIO
@@ -34,7 +35,24 @@ def membership_from_dict(d: dict[str, Any]) -> Membership:
     return Membership(**{**d, "members": members})
 
 
+def _neuron_settings(cfg: dict[str, Any]) -> Any:
+    from runtime.engines.neuron.engine import NeuronEngineSettings  # noqa: PLC0415
+    from runtime.engines.neuron.plan import NeuronOptions  # noqa: PLC0415
+
+    n = cfg["neuron"]
+    options = NeuronOptions(seq_len=n["seq_len"], batch_size=n["batch_size"], cp_degree=n["cp_degree"],
+                            attention_dp_degree=n["attention_dp_degree"], served_model_name=cfg["model_name"],
+                            compiled_artifacts_dir=n["compiled_dir"], engine_port=n["engine_port"])
+    return NeuronEngineSettings(model_uri=n["model_uri"], model_dir=n["model_dir"],
+                                instance_type=n["instance_type"], options=options,
+                                compile_cache_uri=n["compile_cache_uri"], launcher=n["launcher"])
+
+
 def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
+    if cfg["engine"] == "neuron":
+        from runtime.engines.neuron.engine import NeuronEngine  # noqa: PLC0415
+        return NeuronEngine(m, settings=_neuron_settings(cfg), model_name=cfg["model_name"],
+                            start_timeout_s=cfg["form_timeout_s"])
     if cfg["engine"] == "echo":
         from runtime.engines.echo import EchoEngine
         return EchoEngine(membership=m, model_name=cfg["model_name"], form_timeout_s=cfg["form_timeout_s"])
@@ -46,6 +64,10 @@ def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
 
 
 def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
+    if cfg["engine"] == "neuron":
+        from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
+        run_follower(m, settings=_neuron_settings(cfg))
+        return
     if cfg["engine"] == "echo":
         from runtime.engines.echo import run_echo_worker
         run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
@@ -170,6 +192,10 @@ def _exit_when_supervisor_goes() -> None:
     # supervisor never leaves an orphan rank holding the unit's process group.
     while sys.stdin.buffer.readline():
         pass
+    if os.getpgrp() == os.getpid():
+        # Our own group (the supervisor starts us in a new session): take any engine child
+        # (the neuron worker) down with us.
+        os.killpg(os.getpid(), signal.SIGKILL)
     os._exit(1)
 
 
@@ -181,7 +207,7 @@ def main() -> int:
     sys.stdout = sys.stderr
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     out = _Out(proto)
-    if cfg["engine"] != "echo":
+    if cfg["engine"] not in ("echo", "neuron"):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
         torch.set_num_threads(int(cfg.get("torch_threads", 1)))
     m = membership_from_dict(cfg["membership"])

@@ -156,7 +156,7 @@ class LeaderApi:
             if ev["op"] == "token":
                 if first_token is None:
                     first_token = time.time()
-                n += 1
+                n += ev.get("token_id", 0) >= 0   # -1: a finish-only event (neuron engine), not a token
                 rec["completion_tokens"] = n
                 text.append(ev["text"])
                 finish_reason = ev.get("finish_reason") or finish_reason
@@ -218,7 +218,7 @@ class LeaderApi:
                 if ev["op"] == "token":
                     if first_token is None:
                         first_token = time.time()
-                    n += 1
+                    n += ev.get("token_id", 0) >= 0   # -1: a finish-only event, not a token
                     rec["completion_tokens"] = n
                     await send(chunk(ev["text"], ev.get("finish_reason")))
                 elif ev["op"] == "error":

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import contract
 
-ENGINES = ("reference", "echo")
+ENGINES = ("reference", "echo", "neuron")
 RENDEZVOUS = ("static", "ecs")
 STRATEGIES = ("pipeline", "tensor")
 
@@ -26,6 +26,22 @@ class SettingsError(ValueError):
 class Peer:
     host: str
     port: int
+
+
+@dataclass(frozen=True)
+class NeuronSettings:
+    """engine=neuron: where the model and compile cache live, and the unit's Neuron layout."""
+    model_uri: str                  # s3://bucket/prefix of the published checkpoint
+    compile_cache_uri: str | None   # s3://bucket/prefix; None: compile on every start
+    instance_type: str
+    model_dir: str                  # where this node fetches the checkpoint
+    compiled_dir: str               # NEURON_COMPILED_ARTIFACTS
+    seq_len: int
+    batch_size: int
+    cp_degree: int | str            # int or "auto"
+    attention_dp_degree: int | str
+    engine_port: int                # the leader's vLLM server on 127.0.0.1
+    launcher: str | None            # replaces `python3 -m <module>` of the plan's command (test stand-ins)
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,7 @@ class NodeSettings:
     max_running: int                # reference engine: batch slots
     collective_timeout_s: float     # reference engine: a wedged peer fails requests within this
     engine_stall_s: float           # a ready engine process silent this long is wedged: re-form
+    neuron: "NeuronSettings | None" = None   # engine=neuron only
 
     @property
     def world_size(self) -> int:
@@ -85,7 +102,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     a("--host", dest="bind_host", help="address to bind [FLOTILLA_BIND_HOST, default 0.0.0.0]")
     a("--port", dest="api_port", help=f"HTTP port (static: must match --peers) [{contract.ENV_PORT}, default {contract.NODE_API_PORT}]")
     a("--dist-port", help=f"leader's collectives bootstrap port [FLOTILLA_DIST_PORT, default {contract.DIST_PORT}]")
-    a("--engine", help=f"reference | echo [{contract.ENV_ENGINE}, default reference]")
+    a("--engine", help=f"reference | echo | neuron [{contract.ENV_ENGINE}, default reference]")
     a("--model", help=f"tiny | smollm2 | checkpoint directory [{contract.ENV_MODEL}, default tiny]")
     a("--model-name", help=f"the name clients send as \"model\" [{contract.ENV_MODEL_NAME}, default the model]")
     a("--prefill", dest="prefill_strategy", help=f"pipeline | tensor [{contract.ENV_PREFILL_STRATEGY}, default pipeline]")
@@ -105,6 +122,18 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     a("--max-running", help="batch slots [FLOTILLA_MAX_RUNNING, default 16]")
     a("--engine-stall", dest="engine_stall_s", help="seconds of silence after which a ready engine process counts as wedged [FLOTILLA_ENGINE_STALL_S, default 60]")
     a("--collective-timeout", dest="collective_timeout_s", help="seconds before a silent peer fails the unit [FLOTILLA_COLLECTIVE_TIMEOUT_S, default 30]")
+    n = p.add_argument_group("neuron engine (engine=neuron only)")
+    n.add_argument("--model-uri", help=f"s3://bucket/prefix of the published checkpoint [{contract.ENV_MODEL_URI}]")
+    n.add_argument("--compile-cache-uri", help=f"s3://bucket/prefix for compiled artifacts [{contract.ENV_COMPILE_CACHE_URI}, default none: compile on every start]")
+    n.add_argument("--instance-type", help="trn1.32xlarge | trn1n.32xlarge [FLOTILLA_INSTANCE_TYPE, default trn1.32xlarge]")
+    n.add_argument("--neuron-model-dir", help="where the checkpoint is fetched [FLOTILLA_NEURON_MODEL_DIR, default /var/cache/flotilla/model]")
+    n.add_argument("--neuron-compiled-dir", help="NxD Inference compiled artifacts [FLOTILLA_NEURON_COMPILED_DIR, default /var/cache/flotilla/neuron-compiled]")
+    n.add_argument("--seq-len", help="prompt + output tokens (vLLM --max-model-len) [FLOTILLA_NEURON_SEQ_LEN, default 4096]")
+    n.add_argument("--batch-size", help="sequences decoded together (vLLM --max-num-seqs) [FLOTILLA_NEURON_BATCH_SIZE, default 8]")
+    n.add_argument("--cp-degree", help="context-parallel degree for prefill, or auto [FLOTILLA_NEURON_CP_DEGREE, default auto]")
+    n.add_argument("--attention-dp-degree", help="attention data-parallel degree for decode, or auto [FLOTILLA_NEURON_ATTENTION_DP_DEGREE, default auto]")
+    n.add_argument("--neuron-engine-port", help=f"leader's vLLM server port on 127.0.0.1 [FLOTILLA_NEURON_ENGINE_PORT, default {contract.NEURON_ENGINE_PORT}]")
+    n.add_argument("--neuron-launcher", help="test stand-ins only: program replacing `python3 -m <module>` in the rank's command [FLOTILLA_NEURON_LAUNCHER]")
     return p
 
 
@@ -139,7 +168,23 @@ _ENV: dict[str, tuple[str, str | None]] = {
     "max_running": ("FLOTILLA_MAX_RUNNING", "16"),
     "collective_timeout_s": ("FLOTILLA_COLLECTIVE_TIMEOUT_S", "30"),
     "engine_stall_s": ("FLOTILLA_ENGINE_STALL_S", "60"),
+    # engine=neuron only
+    "model_uri": (contract.ENV_MODEL_URI, None),
+    "compile_cache_uri": (contract.ENV_COMPILE_CACHE_URI, None),
+    "instance_type": (contract.ENV_INSTANCE_TYPE, "trn1.32xlarge"),
+    "neuron_model_dir": ("FLOTILLA_NEURON_MODEL_DIR", "/var/cache/flotilla/model"),
+    "neuron_compiled_dir": ("FLOTILLA_NEURON_COMPILED_DIR", "/var/cache/flotilla/neuron-compiled"),
+    "seq_len": ("FLOTILLA_NEURON_SEQ_LEN", "4096"),
+    "batch_size": ("FLOTILLA_NEURON_BATCH_SIZE", "8"),
+    "cp_degree": ("FLOTILLA_NEURON_CP_DEGREE", "auto"),
+    "attention_dp_degree": ("FLOTILLA_NEURON_ATTENTION_DP_DEGREE", "auto"),
+    "neuron_engine_port": ("FLOTILLA_NEURON_ENGINE_PORT", str(contract.NEURON_ENGINE_PORT)),
+    "neuron_launcher": ("FLOTILLA_NEURON_LAUNCHER", None),
 }
+
+# engine=neuron: compiling a large model takes far longer than the reference engine's warm-up, so
+# a formation may take an hour and /health/live must outlast it (each still overridable).
+NEURON_DEFAULTS = {"form_timeout_s": "3600", "live_budget_s": "5400"}
 
 
 def _int(name: str, raw: str, *, lo: int, hi: int | None = None) -> int:
@@ -201,6 +246,11 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         else:
             raw[dest], label[dest] = default, var
 
+    if raw["engine"] == "neuron":
+        for dest, default in NEURON_DEFAULTS.items():
+            if label[dest] == _ENV[dest][0] and env.get(_ENV[dest][0], "") == "":
+                raw[dest] = default
+
     def req(dest: str) -> str:
         assert raw[dest] is not None
         return raw[dest]  # type: ignore[return-value]
@@ -243,9 +293,11 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         raise SettingsError(f"{label['revision']} is empty: give the deployment revision (any non-empty string)")
     engine = _choice(label["engine"], req("engine"), ENGINES)
     model = req("model").strip()
-    if not model:
+    # engine=neuron fetches its checkpoint from the model URI; FLOTILLA_MODEL is not used.
+    neuron = _neuron_settings(raw, label, api_port=api_port) if engine == "neuron" else None
+    if neuron is None and not model:
         raise SettingsError(f"{label['model']} is empty: use tiny, smollm2 or a checkpoint directory")
-    if model not in ("tiny", "smollm2") and not os.path.isdir(model):
+    if neuron is None and model not in ("tiny", "smollm2") and not os.path.isdir(model):
         raise SettingsError(f"{label['model']}={model!r} is neither tiny, smollm2 nor an existing "
                             "checkpoint directory: fix the path or pick a built-in model")
     dist_port = _int(label["dist_port"], req("dist_port"), lo=1, hi=65535)
@@ -263,7 +315,8 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         dist_port=dist_port,
         engine=engine,
         model=model,
-        model_name=(raw["model_name"] or "").strip() or os.path.basename(model.rstrip("/")),
+        model_name=(raw["model_name"] or "").strip() or os.path.basename(
+            (neuron.model_uri if neuron else model).rstrip("/")),
         prefill_strategy=_choice(label["prefill_strategy"], req("prefill_strategy"), STRATEGIES),
         decode_strategy=_choice(label["decode_strategy"], req("decode_strategy"), STRATEGIES),
         cache_dir=raw["cache_dir"],
@@ -284,4 +337,50 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         max_running=_int(label["max_running"], req("max_running"), lo=1, hi=4096),
         collective_timeout_s=_float(label["collective_timeout_s"], req("collective_timeout_s"), lo=1.0),
         engine_stall_s=_float(label["engine_stall_s"], req("engine_stall_s"), lo=0.5),
+        neuron=neuron,
+    )
+
+
+def _s3_uri(name: str, raw: str) -> str:
+    uri = raw.strip()
+    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else ""
+    if not bucket:
+        raise SettingsError(f"{name}={raw!r} is not an S3 URI: give s3://bucket/prefix")
+    return uri
+
+
+def _degree(name: str, raw: str) -> int | str:
+    if raw.strip() == "auto":
+        return "auto"
+    try:
+        return _int(name, raw, lo=1)
+    except SettingsError:
+        raise SettingsError(f"{name}={raw!r} is not a degree: give a whole number >= 1 or auto") from None
+
+
+def _neuron_settings(raw: dict[str, str | None], label: dict[str, str], *, api_port: int) -> NeuronSettings:
+    from runtime.engines.neuron.plan import INSTANCES  # noqa: PLC0415 - pure Python, no vLLM
+
+    if not raw["model_uri"]:
+        raise SettingsError(f"{contract.ENV_MODEL_URI} (or --model-uri) is required with engine=neuron: give the "
+                            "s3://bucket/prefix the checkpoint was published to (python -m runtime artifacts publish)")
+    instance_type = _choice(label["instance_type"], str(raw["instance_type"]), tuple(sorted(INSTANCES)))
+    engine_port = _int(label["neuron_engine_port"], str(raw["neuron_engine_port"]), lo=1, hi=65535)
+    if engine_port == api_port:
+        raise SettingsError(f"{label['neuron_engine_port']}={engine_port} equals the HTTP port: give vLLM another port")
+    for dest in ("neuron_model_dir", "neuron_compiled_dir"):
+        if not str(raw[dest]).startswith("/"):
+            raise SettingsError(f"{label[dest]}={raw[dest]!r} is not an absolute path: give a directory such as /var/cache/flotilla/...")
+    return NeuronSettings(
+        model_uri=_s3_uri(label["model_uri"], str(raw["model_uri"])),
+        compile_cache_uri=_s3_uri(label["compile_cache_uri"], raw["compile_cache_uri"]) if raw["compile_cache_uri"] else None,
+        instance_type=instance_type,
+        model_dir=str(raw["neuron_model_dir"]),
+        compiled_dir=str(raw["neuron_compiled_dir"]),
+        seq_len=_int(label["seq_len"], str(raw["seq_len"]), lo=1),
+        batch_size=_int(label["batch_size"], str(raw["batch_size"]), lo=1),
+        cp_degree=_degree(label["cp_degree"], str(raw["cp_degree"])),
+        attention_dp_degree=_degree(label["attention_dp_degree"], str(raw["attention_dp_degree"])),
+        engine_port=engine_port,
+        launcher=(raw["neuron_launcher"] or "").strip() or None,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import time
@@ -226,7 +227,8 @@ class UnitSupervisor:
                 "cache_dir": s.cache_dir, "form_timeout_s": s.form_timeout_s, "torch_threads": s.torch_threads,
                 "kv_budget_tokens": s.kv_budget_tokens, "max_running": s.max_running,
                 "collective_timeout_s": s.collective_timeout_s,
-                "unit_id": s.unit_id, "revision": s.revision}
+                "unit_id": s.unit_id, "revision": s.revision,
+                "neuron": dataclasses.asdict(s.neuron) if s.neuron else None}
 
     async def _status(self, member: Member) -> dict[str, Any] | None:
         assert self._session is not None

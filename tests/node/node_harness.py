@@ -55,7 +55,7 @@ class Member:
 
     def start(self, **env: str) -> "Member":
         e = {**os.environ, **self.unit.env, **env, contract.ENV_RANK: str(self.rank),
-             "PYTHONPATH": str(REPO)}
+             "PYTHONPATH": os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime", "node"], env=e, cwd=str(REPO),
                                      stdout=log, stderr=subprocess.STDOUT)

@@ -50,6 +50,7 @@ class NeuronOptions:
     served_model_name: str | None = None
     dtype: str = "bfloat16"
     compiled_artifacts_dir: str = DEFAULT_COMPILED_DIR
+    engine_port: int = contract.NEURON_ENGINE_PORT   # leader's vLLM server, on 127.0.0.1 only
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,7 @@ def _rank_plan(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
         command = ("python3", "-m", VLLM_SERVER_MODULE, *engine_args,
                    "--served-model-name", o.served_model_name or plan.model_dir,
                    # Only our leader API (same host) talks to vLLM; it never faces the network.
-                   "--host", "127.0.0.1", "--port", str(contract.NEURON_ENGINE_PORT))
+                   "--host", "127.0.0.1", "--port", str(o.engine_port))
     else:
         command = ("python3", "-m", FOLLOWER_MODULE, *engine_args)
     return RankPlan(rank=rank, role="leader" if rank == 0 else "follower",

@@ -1,0 +1,364 @@
+"""The leader's `neuron` engine: drives vLLM's OpenAI server (started from launch_spec) as an Engine.
+
+start() prepares the rank (plan checked before any weights move), spawns the server, waits for its
+/health and stores the compile cache; generate() streams /v1/completions with prompt token ids.
+Followers run the plan's worker command instead (run_follower). Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, EngineLoad, EngineState,
+                                  GenerationRequest, RequestRejected, TokenEvent)
+from runtime.engines.neuron.plan import NeuronOptions, RankPlan
+from runtime.membership import Membership
+
+log = logging.getLogger("flotilla.neuron")
+HEALTH_POLL_S = 0.5
+PROGRESS_EVERY_S = 30.0
+METRICS_EVERY_S = 2.0
+UNHEALTHY_AFTER_S = 20.0     # vLLM alive but its /health failing this long: the unit re-forms
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class NeuronEngineSettings:
+    model_uri: str
+    model_dir: str
+    instance_type: str
+    options: NeuronOptions
+    compile_cache_uri: str | None = None
+    launcher: str | None = None      # replaces `python3 -m <module>`: a test stand-in for vLLM
+
+
+def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) -> tuple[list[str], dict[str, str]]:
+    """launch_spec's argv and env, with `python3 -m <module>` swapped for the launcher if given."""
+    from runtime.engines.neuron.prepare import launch_spec  # noqa: PLC0415
+
+    argv, env = launch_spec(plan, base_env)
+    if launcher:
+        assert argv[1] == "-m", argv
+        argv = [*shlex.split(launcher), *argv[3:]]
+    return argv, env
+
+
+def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any):
+    """prepare_rank with every expected failure turned into one EngineError line."""
+    from runtime.engines.neuron.model import ModelConfigError  # noqa: PLC0415
+    from runtime.engines.neuron.plan import NeuronPlanError  # noqa: PLC0415
+    from runtime.engines.neuron.prepare import prepare_rank  # noqa: PLC0415
+
+    try:
+        return prepare_rank(membership, model_uri=s.model_uri, model_dir=s.model_dir,
+                            instance_type=s.instance_type, options=s.options, s3=s3,
+                            compile_cache_uri=s.compile_cache_uri)
+    except (NeuronPlanError, ModelConfigError) as e:
+        raise EngineError(f"neuron layout refused before fetching weights: {e}") from e
+    except (ValueError, OSError) as e:
+        raise EngineError(f"neuron rank {membership.rank}: preparing {s.model_uri} failed: {e}") from e
+    except Exception as e:  # botocore errors: no credentials, no bucket, access denied
+        raise EngineError(f"neuron rank {membership.rank}: preparing {s.model_uri} failed: "
+                          f"{type(e).__name__}: {e}") from e
+
+
+def _s3_client() -> Any:
+    import boto3  # noqa: PLC0415
+
+    return boto3.client("s3")
+
+
+class NeuronEngine:
+    """Lives in the leader's engine process; vLLM runs as its child, bound to 127.0.0.1."""
+
+    def __init__(self, membership: Membership, *, settings: NeuronEngineSettings, model_name: str,
+                 start_timeout_s: float, s3: Any = None,
+                 unhealthy_after_s: float = UNHEALTHY_AFTER_S) -> None:
+        self.membership = membership
+        self.s = settings
+        self.model_name = model_name
+        self.max_context = settings.options.seq_len
+        self.tokenizer: Any = None
+        self.url = f"http://127.0.0.1:{settings.options.engine_port}"
+        self._start_timeout_s = start_timeout_s
+        self._unhealthy_after_s = unhealthy_after_s
+        self._s3 = s3
+        self._proc: asyncio.subprocess.Process | None = None
+        self._session: Any = None
+        self._state = EngineState.STARTING
+        self._detail = ""
+        self._running: dict[str, Any] = {}       # request id -> upstream response (closed on cancel)
+        self._cancelled: set[str] = set()
+        self._vllm_load: EngineLoad | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.prepared: Any = None
+
+    # -- start ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        import aiohttp  # noqa: PLC0415
+
+        from runtime.engines.neuron.prepare import store_compiled  # noqa: PLC0415
+        from runtime.models.tokenizers import HFTokenizer  # noqa: PLC0415
+
+        s3 = self._s3 or await asyncio.to_thread(_s3_client)
+        log.info(json.dumps({"event": "neuron_prepare", "model_uri": self.s.model_uri,
+                             "rank": self.membership.rank, "world_size": self.membership.world_size}))
+        self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3)
+        try:
+            self.tokenizer = HFTokenizer(self.s.model_dir)
+        except (OSError, ValueError) as e:
+            raise EngineError(f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}") from e
+        argv, env = rank_argv(self.prepared.plan, dict(os.environ), self.s.launcher)
+        log.info(json.dumps({"event": "neuron_engine_spawn", "argv": argv[:4],
+                             "compile_cache_hit": self.prepared.compile_cache_hit}))
+        # Same process group as this engine process: the supervisor's killpg takes vLLM down too.
+        self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        try:
+            await self._wait_healthy()
+        except BaseException:
+            await self._close()
+            raise
+        if self.s.compile_cache_uri:
+            try:
+                stored = await asyncio.to_thread(store_compiled, self.prepared,
+                                                 compile_cache_uri=self.s.compile_cache_uri,
+                                                 compiled_dir=self.s.options.compiled_artifacts_dir, s3=s3)
+                log.info(json.dumps({"event": "neuron_compile_cache", "stored": stored,
+                                     "key": self.prepared.compile_key}))
+            except Exception as e:  # a cache upload failure costs the next start time, not this one
+                log.warning(json.dumps({"event": "neuron_compile_cache_store_failed", "error": str(e)}))
+        self._state = EngineState.READY
+        self._tasks = [asyncio.create_task(self._watch_process()),
+                       asyncio.create_task(self._poll_server())]
+
+    async def _wait_healthy(self) -> None:
+        import aiohttp  # noqa: PLC0415
+
+        assert self._proc is not None
+        started = last_progress = time.monotonic()
+        while True:
+            if self._proc.returncode is not None:
+                raise EngineError(f"neuron: the vLLM server exited with code {self._proc.returncode} "
+                                  "before it became healthy; see its output above in this container's log")
+            try:
+                async with self._session.get(self.url + "/health",
+                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        log.info(json.dumps({"event": "neuron_engine_healthy",
+                                             "after_s": round(time.monotonic() - started, 1)}))
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            waited = time.monotonic() - started
+            if waited > self._start_timeout_s:
+                raise EngineError(f"neuron: the vLLM server at {self.url} was not healthy after "
+                                  f"{self._start_timeout_s:.0f}s; raise FLOTILLA_FORM_TIMEOUT_S if it is "
+                                  "still compiling")
+            if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                last_progress = time.monotonic()
+                log.info(json.dumps({"event": "neuron_engine_waiting", "waited_s": round(waited),
+                                     "timeout_s": self._start_timeout_s, "url": self.url + "/health"}))
+            try:
+                await asyncio.wait_for(self._proc.wait(), HEALTH_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _watch_process(self) -> None:
+        assert self._proc is not None
+        rc = await self._proc.wait()
+        self._break(f"the vLLM server exited with code {rc}")
+
+    def _break(self, detail: str) -> None:
+        if self._state is not EngineState.READY:
+            return
+        self._state = EngineState.BROKEN
+        self._detail = detail
+        log.error(json.dumps({"event": "neuron_engine_broken", "detail": detail}))
+        for resp in list(self._running.values()):
+            resp.close()   # every open stream ends now, not when TCP notices
+
+    async def _poll_server(self) -> None:
+        """Every 2 s: vLLM's /health (failing for unhealthy_after_s breaks the engine: a wedged
+        server must not hold streams forever) and its /metrics queue and KV-cache gauges."""
+        import aiohttp  # noqa: PLC0415
+
+        healthy_at = time.monotonic()
+        quick = aiohttp.ClientTimeout(total=5)
+        while self._state is EngineState.READY:
+            try:
+                async with self._session.get(self.url + "/health", timeout=quick) as r:
+                    if r.status == 200:
+                        healthy_at = time.monotonic()
+                async with self._session.get(self.url + "/metrics", timeout=quick) as r:
+                    self._vllm_load = (_parse_vllm_metrics(await r.text(), self.s.options.batch_size)
+                                       if r.status == 200 else None)
+            except Exception:  # noqa: BLE001 - load falls back to our own counters
+                self._vllm_load = None
+            if time.monotonic() - healthy_at > self._unhealthy_after_s:
+                self._break(f"the vLLM server's /health has failed for {self._unhealthy_after_s:.0f}s")
+                return
+            await asyncio.sleep(METRICS_EVERY_S)
+
+    # -- serve ------------------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        import aiohttp  # noqa: PLC0415
+
+        if self._state is not EngineState.READY:
+            raise EngineBroken(f"the neuron engine is {self._state.value}: {self._detail}")
+        sp = request.sampling
+        body: dict[str, Any] = {
+            "model": self.model_name, "prompt": list(request.prompt_token_ids), "stream": True,
+            "max_tokens": sp.max_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
+            "ignore_eos": sp.ignore_eos, "return_token_ids": True,
+        }
+        if sp.stop:
+            body["stop"] = list(sp.stop)
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        rid = request.request_id
+        finished = False
+        try:
+            async with self._session.post(self.url + "/v1/completions", json=body,
+                                          headers={"X-Request-Id": rid}) as resp:
+                self._running[rid] = resp
+                if resp.status != 200:
+                    text = (await resp.text())[:500]
+                    if 400 <= resp.status < 500:
+                        raise RequestRejected(f"the vLLM server refused the request: {_vllm_message(text)}")
+                    raise EngineError(f"the vLLM server answered HTTP {resp.status}: {_vllm_message(text)}")
+                async for line in resp.content:
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise EngineError(f"the vLLM server failed the request: {chunk['error']}")
+                    for ev in self._events(chunk):
+                        finished = finished or ev.finish_reason is not None
+                        yield ev
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            if rid in self._cancelled:
+                return
+            raise EngineBroken(f"the vLLM server dropped the stream ({self._detail or type(e).__name__}); "
+                               "retry on a healthy unit") from e
+        finally:
+            self._running.pop(rid, None)
+            self._cancelled.discard(rid)
+        if not finished and rid not in self._cancelled:
+            raise EngineBroken(f"the vLLM server ended the stream without a finish reason "
+                               f"({self._detail or 'server still running'}); retry on a healthy unit")
+
+    def _events(self, chunk: dict[str, Any]) -> list[TokenEvent]:
+        choice = (chunk.get("choices") or [{}])[0]
+        text = choice.get("text") or ""
+        finish = choice.get("finish_reason")
+        ids = choice.get("token_ids")
+        if ids is None:
+            # An older vLLM without return_token_ids: recover ids from the text (may merge tokens).
+            ids = self.tokenizer.encode(text) if text else []
+        if not ids:
+            # A final chunk may carry only the finish reason: token_id -1 marks it as no token
+            # (the node's API does not count it in usage).
+            return [TokenEvent(token_id=-1, text=text, finish_reason=finish)] if finish or text else []
+        # One event per token; the chunk's text rides on its last token.
+        return [TokenEvent(token_id=int(t), text=text if i == len(ids) - 1 else "",
+                           finish_reason=finish if i == len(ids) - 1 else None)
+                for i, t in enumerate(ids)]
+
+    def cancel(self, request_id: str) -> None:
+        resp = self._running.get(request_id)
+        if resp is not None:
+            self._cancelled.add(request_id)
+            resp.close()   # vLLM aborts a request whose client went away
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(state=self._state, detail=self._detail)
+
+    def load(self) -> EngineLoad:
+        if self._vllm_load is not None:
+            return self._vllm_load
+        # Without vLLM's gauges: our own count of open upstream streams; vLLM queues the rest.
+        running = len(self._running)
+        batch = self.s.options.batch_size
+        return EngineLoad(queue_depth=max(0, running - batch), running=min(running, batch),
+                          max_running=batch, kv_cache_used=0.0)
+
+    async def shutdown(self) -> None:
+        if self._state is not EngineState.BROKEN:
+            self._state = EngineState.STOPPED     # before the process exits: not a failure
+        await self._close()
+
+    async def _close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._session is not None:
+            await self._session.close()
+        await terminate(self._proc)
+
+
+async def terminate(proc: asyncio.subprocess.Process | None, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM (vLLM stops its own workers), then SIGKILL after grace_s."""
+    if proc is None or proc.returncode is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def _vllm_message(text: str) -> str:
+    try:
+        body = json.loads(text)
+        err = body.get("error", body)
+        return str(err.get("message", err) if isinstance(err, dict) else err)
+    except (ValueError, AttributeError):
+        return text
+
+
+def _parse_vllm_metrics(text: str, batch_size: int) -> EngineLoad | None:
+    """vllm:num_requests_running / _waiting and the KV-cache usage gauge (named per version)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            name, _, rest = line.partition("{") if "{" in line.split(" ")[0] else line.partition(" ")
+            try:
+                values[name] = float(rest.rsplit(" ", 1)[-1])
+            except ValueError:
+                continue
+    if "vllm:num_requests_running" not in values:
+        return None
+    kv = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
+    return EngineLoad(queue_depth=int(values.get("vllm:num_requests_waiting", 0)),
+                      running=int(values["vllm:num_requests_running"]), max_running=batch_size,
+                      kv_cache_used=min(1.0, max(0.0, kv)))
+
+
+def run_follower(membership: Membership, *, settings: NeuronEngineSettings, s3: Any = None) -> None:
+    """A follower's formation: prepare the rank, then run the plan's worker command until it exits.
+
+    The worker stays in this process's group, so the supervisor's killpg ends it with the formation.
+    """
+    s3 = s3 or _s3_client()
+    prepared = _prepare(membership, settings, s3)
+    argv, env = rank_argv(prepared.plan, dict(os.environ), settings.launcher)
+    log.info(json.dumps({"event": "neuron_follower_spawn", "rank": membership.rank, "argv": argv[:4]}))
+    rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False).returncode
+    if rc != 0:
+        raise EngineBroken(f"neuron follower rank {membership.rank}: the worker exited with code {rc}")

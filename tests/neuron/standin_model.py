@@ -1,0 +1,34 @@
+"""A publishable stand-in checkpoint for the neuron engine tests: a real Llama shape in config.json,
+a small word-level tokenizer.json, and random bytes where the weights would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+REPO = Path(__file__).resolve().parents[2]
+WORDS = ["<unk>", "</s>", "hello", "world", "flotilla", "serves", "trainium", "units"]
+STANDIN_LAUNCHER = f"{sys.executable} {REPO / 'tests' / 'neuron' / 'vllm_standin.py'}"
+WEIGHTS = "model.safetensors"
+
+
+def make_checkpoint(root: Path, config: dict, *, weights_bytes: int = 200_000) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (root / WEIGHTS).write_bytes(os.urandom(weights_bytes))
+    return root
+
+
+def word_ids(text: str) -> list[int]:
+    return [WORDS.index(w) for w in text.split()]

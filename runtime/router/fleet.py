@@ -78,6 +78,9 @@ class Unit:
         self.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else -1
         role = body.get(contract.ATTR_ROLE)
         leads = role == "leader" if role is not None else self.rank == 0
+        if not leads and self.role != "follower":
+            log.info("member %s is rank %d of unit %s, a follower: polled, never routed to",
+                     self.url, self.rank, body.get(contract.ATTR_UNIT) or self.unit)
         self.role = "leader" if leads else "follower"
         self.cell = str(body.get(contract.ATTR_CELL) or self.cell)
         self.unit = str(body.get(contract.ATTR_UNIT) or self.unit)

@@ -14,7 +14,7 @@ from stacks.deployment import build_deployment
 
 def main() -> int:
     # CloudFormation validation is covered by cfn-lint in `make test`; the built-in validator
-    # costs 5-7 s and ~580 MB per synth (docs/benchmarks.md).
+    # costs ~4 s of CPU and ~470 MB on every synth (docs/benchmarks.md, Synth).
     app = cdk.App(builtin_cloud_formation_validation=False)
     try:
         config = load_config(app.node.try_get_context("flotilla"),

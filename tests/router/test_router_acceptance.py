@@ -259,6 +259,9 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
 def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path, procs):
     unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
     router = RouterProcess(tmp_path, name="r", args=["--units", unit.url, "--poll-interval", str(POLL_S),
+                                                     # a busy 2-core machine may answer a poll late:
+                                                     # that must not read as "unit gone" (503)
+                                                     "--poll-timeout", "30",
                                                      "--max-outstanding-per-unit", "4", "--drain-grace", "0"])
     procs(unit)
     procs(router)
@@ -272,7 +275,8 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
         await unit.wait_ready()
         await router.start()
         await router.wait_routable(1)
-        admitted_load = Load(pick_url=lambda: router.url, max_tokens=300, ignore_eos=True)
+        # long enough that the flood's refusals come back while it runs, even on a loaded machine
+        admitted_load = Load(pick_url=lambda: router.url, max_tokens=800, ignore_eos=True)
         flood_load = Load(pick_url=lambda: router.url)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             admitted = [asyncio.create_task(admitted_load.one(s, stream=True)) for _ in range(4)]

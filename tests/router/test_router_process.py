@@ -4,7 +4,6 @@ overload. Units here are stand-ins (test doubles) running in the test's event lo
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys

@@ -188,3 +188,27 @@ def test_layout_partitions_units_into_cells_and_rotates_azs(units, per_cell, azs
     assert len(config.units_in_cell(config.cells - 1)) >= 1
     assert all(p.az_index == p.global_index % azs for p in placements)
     assert len({p.unit_id for p in placements}) == units
+
+
+def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
+    examples = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+    assert {p.name for p in examples} >= {"default.yaml", "fleet-20k-chips.yaml"}
+    for path in examples:
+        load_config(cdk_json_context()["flotilla"], str(path))
+    # examples/default.yaml claims to be the cdk.json defaults, every key written out.
+    assert load_config({}, str(REPO_ROOT / "examples" / "default.yaml")) == \
+        load_config(cdk_json_context()["flotilla"], None)
+
+
+def test_default_yaml_and_readme_document_every_config_key():
+    from dataclasses import fields
+    from stacks.config import ModelConfig, NodeConfig, RouterConfig
+    text = (REPO_ROOT / "examples" / "default.yaml").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
+    sections = ("model", "node", "router")
+    keys = [f.name for f in fields(FlotillaConfig) if f.name not in sections]
+    for section, cls in (("model", ModelConfig), ("node", NodeConfig), ("router", RouterConfig)):
+        keys += [f"{section}.{f.name}" for f in fields(cls)]
+    for key in keys:
+        assert f"{key.split('.')[-1]}:" in text, f"examples/default.yaml lacks {key}"
+        assert f"`{key}`" in readme, f"README's configuration reference lacks {key}"

@@ -152,9 +152,12 @@ class LeaderApi:
                 self.m.per_token.observe((finish - first_token) / (n - 1))
         rec["completion_tokens"] = n
         self.m.completion_tokens.inc(n)
-        emf.write_lines([emf.request_line(
-            request_id=rec["request_id"], cell=self.sup.s.cell_id, output_tokens=n,
-            ttft_ms=None if first_token is None else (first_token - arrival) * 1000.0, timestamp_s=finish)])
+        try:
+            emf.write_lines([emf.request_line(
+                request_id=rec["request_id"], cell=self.sup.s.cell_id, output_tokens=n,
+                ttft_ms=None if first_token is None else (first_token - arrival) * 1000.0, timestamp_s=finish)])
+        except OSError as e:   # stdout gone: a metric must never fail the request it measures
+            rec["emf_error"] = str(e)
 
     async def _collect(self, req: ParsedRequest, kind: str, rid: str, events: Any, headers: dict[str, str],
                        rec: dict[str, Any], arrival: float, prompt_tokens: int) -> web.Response:

@@ -64,6 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="auto = uvloop when installed (measured faster, docs/benchmarks.md), else asyncio")
     p.add_argument("--access-log", choices=("json", "off"), default="json",
                    help="one JSON line per routed request on stderr (json) or none")
+    p.add_argument("--ready-units-interval", type=float, default=60.0,
+                   help="seconds between ReadyUnits metric lines (CloudWatch EMF) on stdout")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
     return p
@@ -87,7 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
         max_outstanding_per_unit=args.max_outstanding_per_unit, max_queue_depth=args.max_queue_depth,
         drain_grace_s=args.drain_grace, drain_timeout_s=drain_timeout,
         first_byte_timeout_s=args.first_byte_timeout, idle_stream_timeout_s=args.idle_stream_timeout,
-        access_log=args.access_log == "json")
+        access_log=args.access_log == "json", ready_units_interval_s=args.ready_units_interval)
 
 
 def make_discovery(settings: RouterSettings):

@@ -1,7 +1,8 @@
 """A unit member's HTTP server: health on every rank, the OpenAI-compatible API on the leader.
 
 Each request gets an id (kept from X-Request-Id), arrival / first-token / finish timestamps in one
-structured log line and in /metrics, and the unit and revision in response headers.
+structured log line and in /metrics, one CloudWatch EMF line on stdout (runtime/emf.py), and the
+unit and revision in response headers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
+from runtime import emf
 from runtime.node.metrics import NodeMetrics
 from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
 from runtime.node.supervisor import STATUS_PATH, UnitSupervisor, jlog
@@ -140,6 +142,8 @@ class LeaderApi:
         return _error(ApiError(500, f"the engine failed: {ev['message']}", type_="server_error"), headers)
 
     def _timing(self, rec: dict[str, Any], arrival: float, first_token: float | None, n: int) -> None:
+        """The request's generation ended (done, failed or the client left): record its timing in
+        /metrics and write its one EMF line (TimeToFirstToken if a token came, OutputTokens)."""
         finish = time.time()
         if first_token is not None:
             rec["first_token"] = round(first_token, 6)
@@ -148,6 +152,12 @@ class LeaderApi:
                 self.m.per_token.observe((finish - first_token) / (n - 1))
         rec["completion_tokens"] = n
         self.m.completion_tokens.inc(n)
+        try:
+            emf.write_lines([emf.request_line(
+                request_id=rec["request_id"], cell=self.sup.s.cell_id, output_tokens=n,
+                ttft_ms=None if first_token is None else (first_token - arrival) * 1000.0, timestamp_s=finish)])
+        except OSError as e:   # stdout gone: a metric must never fail the request it measures
+            rec["emf_error"] = str(e)
 
     async def _collect(self, req: ParsedRequest, kind: str, rid: str, events: Any, headers: dict[str, str],
                        rec: dict[str, Any], arrival: float, prompt_tokens: int) -> web.Response:

@@ -48,6 +48,7 @@ class NeuronSettings:
 class NodeSettings:
     unit_id: str
     revision: str
+    cell_id: str                    # the unit's cell ("" locally): /health/ready and the EMF Cell dimension
     rendezvous: str                 # static | ecs
     peers: tuple[Peer, ...]         # static: every member's host:api_port, in rank order
     rank: int | None                # static: this member's rank
@@ -94,6 +95,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     )
     a = p.add_argument
     a("--unit", dest="unit_id", help=f"unit id [{contract.ENV_UNIT_ID}, default unit0]")
+    a("--cell", dest="cell_id", help=f"the unit's cell, reported to the router and in metrics [{contract.ENV_CELL_ID}, default none]")
     a("--revision", help=f"deployment revision; members of other revisions are refused [{contract.ENV_REVISION}, default dev]")
     a("--rendezvous", help=f"static | ecs [{contract.ENV_RENDEZVOUS}, default static]")
     a("--peers", help=f"static: comma-separated host:port of every member, rank order [{contract.ENV_PEERS}]")
@@ -141,6 +143,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
 _ENV: dict[str, tuple[str, str | None]] = {
     "unit_id": (contract.ENV_UNIT_ID, "unit0"),
     "revision": (contract.ENV_REVISION, "dev"),
+    "cell_id": (contract.ENV_CELL_ID, ""),
     "rendezvous": (contract.ENV_RENDEZVOUS, "static"),
     "peers": (contract.ENV_PEERS, None),
     "rank": (contract.ENV_RANK, None),
@@ -306,6 +309,7 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
     return NodeSettings(
         unit_id=unit_id,
         revision=revision,
+        cell_id=req("cell_id").strip(),
         rendezvous=rendezvous,
         peers=peers,
         rank=rank,

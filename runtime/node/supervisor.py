@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+import contract
 from runtime.membership import Member, Membership
 from runtime.node.engine_process import EngineProcess, LoadReport
 from runtime.node.metrics import NodeMetrics
@@ -117,8 +118,11 @@ class UnitSupervisor:
 
     def ready_body(self) -> dict[str, Any]:
         ld = self.load()
+        # role and cell: the router routes to leaders only and counts ready units per cell
+        # (docs/discovery.md: ECS registers members in Cloud Map without either).
         return {"ready": self.ready(), "state": self.effective_state(), "unit": self.s.unit_id, "revision": self.s.revision,
                 "rank": self.rank, "world_size": self.s.world_size,
+                contract.ATTR_ROLE: "leader" if self.is_leader else "follower", contract.ATTR_CELL: self.s.cell_id,
                 "load": {"queue_depth": int(ld.queue_depth), "running": int(ld.running),
                          "max_running": int(ld.max_running), "kv_cache_used": float(ld.kv_cache_used)}}
 

@@ -1,6 +1,6 @@
-"""Where the unit leaders are: a static list (local runs, tests) or AWS Cloud Map (DiscoverInstances).
+"""Where the unit members are: a static list of leaders (local runs, tests) or AWS Cloud Map (every member).
 
-Discovery only answers "which leader URLs exist right now"; whether a unit is routable is the
+Discovery only answers "which member URLs exist right now"; whether one leads and is routable is the
 poller's business. The router re-reads discovery continuously, so units come and go without a restart.
 """
 
@@ -18,8 +18,8 @@ log = logging.getLogger("flotilla.router.discovery")
 
 @dataclass(frozen=True)
 class UnitEndpoint:
-    url: str                       # the leader's base URL, e.g. http://10.0.1.5:8000
-    unit: str = ""                 # unit id as registered (Cloud Map attribute), "" if unknown
+    url: str                       # the member's base URL, e.g. http://10.0.1.5:8000
+    unit: str = ""                 # provisional unit name (Cloud Map: the ECS service), "" if unknown
     revision: str = ""
 
 
@@ -66,11 +66,12 @@ class StaticDiscovery:
 
 
 class CloudMapDiscovery:
-    """Unit leaders registered in a Cloud Map service (attribute role=leader).
+    """Every unit member ECS registered in a Cloud Map service; no role filter (docs/discovery.md).
 
-    Each unit member registers an instance with the attributes contract.ATTR_UNIT, ATTR_ROLE and
-    ATTR_REVISION plus its IPv4 address; the router talks to leaders at that address and
-    contract.NODE_API_PORT (or the AWS_INSTANCE_PORT the member registered).
+    ECS registers each task with only its address (contract.CLOUDMAP_ATTR_IPV4, maybe
+    CLOUDMAP_ATTR_PORT) and its ECS service (one per unit): a member's role is known only after
+    rendezvous, so the router learns it from the member's /health/ready and routes to leaders only
+    (fleet.Unit.apply_report). A port-less instance serves on contract.NODE_API_PORT.
     """
 
     def __init__(self, *, namespace: str, service: str, client=None, region: str | None = None) -> None:
@@ -87,22 +88,20 @@ class CloudMapDiscovery:
             # HealthStatus=ALL: the router's own polling decides routability, not Route 53 checks
             resp = self._client.discover_instances(
                 NamespaceName=self._namespace, ServiceName=self._service,
-                QueryParameters={contract.ATTR_ROLE: "leader"}, HealthStatus="ALL", MaxResults=1000)
+                HealthStatus="ALL", MaxResults=1000)
         except Exception as exc:  # botocore errors and endpoint failures alike: keep the last list
             raise DiscoveryError(
                 f"DiscoverInstances({self._namespace}/{self._service}) failed: {exc}") from exc
         endpoints: dict[str, UnitEndpoint] = {}
         for inst in resp.get("Instances", []):
             attrs = inst.get("Attributes", {})
-            if attrs.get(contract.ATTR_ROLE) != "leader":
-                continue  # QueryParameters already filters; this keeps the rule explicit
-            ip = attrs.get("AWS_INSTANCE_IPV4")
+            ip = attrs.get(contract.CLOUDMAP_ATTR_IPV4)
             if not ip:
-                log.warning("Cloud Map instance %s has no AWS_INSTANCE_IPV4; skipped",
-                            inst.get("InstanceId"))
+                log.warning("Cloud Map instance %s has no %s; skipped",
+                            inst.get("InstanceId"), contract.CLOUDMAP_ATTR_IPV4)
                 continue
-            port = attrs.get("AWS_INSTANCE_PORT") or str(contract.NODE_API_PORT)
+            port = attrs.get(contract.CLOUDMAP_ATTR_PORT) or str(contract.NODE_API_PORT)
             url = f"http://{ip}:{port}"
-            endpoints[url] = UnitEndpoint(url=url, unit=attrs.get(contract.ATTR_UNIT, ""),
-                                          revision=attrs.get(contract.ATTR_REVISION, ""))
+            # The ECS service names the unit until the member's own /health/ready says which it is.
+            endpoints[url] = UnitEndpoint(url=url, unit=attrs.get(contract.CLOUDMAP_ATTR_ECS_SERVICE, ""))
         return list(endpoints.values())

@@ -1,7 +1,9 @@
 """The router's view of every unit: discovered endpoints, polled health and load, live outstanding counts.
 
-One poll loop per unit reads its /health/ready; a failed poll marks the unit unready at once. The
-balancer picks the least-loaded routable unit; a unit is routable only when ready and not draining.
+One poll loop per discovered member reads its /health/ready; a failed poll marks it unready at once.
+The balancer picks the least-loaded routable unit; a member is routable only when it leads its unit
+(rank 0 / role leader), is ready and not draining. Every ready_units_interval_s the fleet writes the
+ReadyUnits EMF lines (per cell and fleet-wide, runtime/emf.py).
 """
 
 from __future__ import annotations
@@ -16,18 +18,26 @@ from dataclasses import dataclass
 import aiohttp
 
 import contract
+from runtime import emf
 from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
 from runtime.router.settings import RouterSettings
 
 log = logging.getLogger("flotilla.router.fleet")
 
 
+# Followers are polled this many times less often than leaders: the router needs only their cell and
+# a change of leadership from them (a unit that re-forms may elect another rank 0, which is not ready
+# before its model loads anyway).
+FOLLOWER_POLL_FACTOR = 4
+
+
 class Unit:
-    """One unit leader as the router sees it. Mutated only on the event loop."""
+    """One discovered unit member as the router sees it (routable only if it leads). Mutated only
+    on the event loop."""
 
     __slots__ = ("url", "unit", "revision", "state", "ready", "queue_depth", "running",
                  "max_running", "kv_cache_used", "outstanding", "removed", "session",
-                 "last_poll_ok", "poll_task", "ready_since")
+                 "last_poll_ok", "poll_task", "ready_since", "cell", "role", "rank")
 
     def __init__(self, endpoint: UnitEndpoint) -> None:
         self.url = endpoint.url
@@ -45,6 +55,9 @@ class Unit:
         self.last_poll_ok = 0.0
         self.poll_task: asyncio.Task | None = None
         self.ready_since = 0.0
+        self.cell = ""                  # from the ready body (contract.ATTR_CELL); "" locally
+        self.role = "unknown"           # leader | follower, from the ready body
+        self.rank = -1
 
     @property
     def routable(self) -> bool:
@@ -57,14 +70,33 @@ class Unit:
         self.state = state
 
     def apply_report(self, status: int, body: dict) -> None:
-        """Take a /health/ready answer: 200 with ready=true and state=ready means routable."""
+        """Take a /health/ready answer: routable means it leads (role leader, or rank 0 when the
+        body has no role), answered 200 with ready=true and state=ready.
+
+        A follower is never routable; its state reads "follower" (expected, not an error)."""
+        rank = body.get("rank")
+        self.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else -1
+        role = body.get(contract.ATTR_ROLE)
+        leads = role == "leader" if role is not None else self.rank == 0
+        if not leads and self.role != "follower":
+            log.info("member %s is rank %d of unit %s, a follower: polled, never routed to",
+                     self.url, self.rank, body.get(contract.ATTR_UNIT) or self.unit)
+        self.role = "leader" if leads else "follower"
+        self.cell = str(body.get(contract.ATTR_CELL) or self.cell)
+        self.unit = str(body.get(contract.ATTR_UNIT) or self.unit)
+        self.revision = str(body.get(contract.ATTR_REVISION) or self.revision)
+        if not leads:
+            if self.ready:
+                log.warning("member %s of unit %s no longer leads (rank %d); not routable",
+                            self.url, self.unit, self.rank)
+            self.ready = False
+            self.state = "follower"
+            return
         load = body.get("load") or {}
         self.queue_depth = int(load.get("queue_depth", 0))
         self.running = int(load.get("running", 0))
         self.max_running = int(load.get("max_running", 0))
         self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
-        self.unit = str(body.get("unit") or self.unit)
-        self.revision = str(body.get("revision") or self.revision)
         state = str(body.get("state", "unknown"))
         ready = status == 200 and bool(body.get("ready")) and state == "ready"
         if ready and not self.ready:
@@ -89,6 +121,9 @@ class Fleet:
         self._settings = settings
         self._discovery = discovery
         self.units: dict[str, Unit] = {}
+        self.cells: set[str] = set()    # every cell a member ever reported: a cell whose members
+        #                                 all vanished still reports ReadyUnits 0, never silence
+        self._ready_units_task: asyncio.Task | None = None
         self._poll_session: aiohttp.ClientSession | None = None
         self._discovery_task: asyncio.Task | None = None
         self._closing = False
@@ -103,10 +138,11 @@ class Fleet:
             auto_decompress=False)
         await self.refresh_discovery()
         self._discovery_task = asyncio.create_task(self._discovery_loop(), name="discovery")
+        self._ready_units_task = asyncio.create_task(self._ready_units_loop(), name="ready units")
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [t for t in [self._discovery_task] + [u.poll_task for u in self.units.values()] if t]
+        tasks = [t for t in [self._discovery_task, self._ready_units_task] + [u.poll_task for u in self.units.values()] if t]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -180,10 +216,11 @@ class Fleet:
 
     # --- polling -----------------------------------------------------------------------------
     async def _poll_loop(self, unit: Unit) -> None:
-        interval = self._settings.poll_interval_s
+        base = self._settings.poll_interval_s
         while True:  # cancelled by retire_if_idle or close
             started = time.monotonic()
             await self.poll_once(unit)
+            interval = base * FOLLOWER_POLL_FACTOR if unit.role == "follower" else base
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def poll_once(self, unit: Unit) -> None:
@@ -208,6 +245,8 @@ class Fleet:
             return
         unit.last_poll_ok = time.monotonic()
         unit.apply_report(status, body)
+        if unit.cell:
+            self.cells.add(unit.cell)
 
     # --- balancing ---------------------------------------------------------------------------
     def saturated(self, unit: Unit) -> bool:
@@ -239,3 +278,24 @@ class Fleet:
 
     def routable_count(self) -> int:
         return sum(1 for u in self.units.values() if u.routable)
+
+    # --- ReadyUnits (EMF) --------------------------------------------------------------------
+    def ready_units(self) -> tuple[dict[str, int], int]:
+        """Routable units per cell (every cell ever seen, 0 included) and fleet-wide."""
+        per_cell = dict.fromkeys(self.cells, 0)
+        for u in self.units.values():
+            if u.routable and u.cell:
+                per_cell[u.cell] = per_cell.get(u.cell, 0) + 1
+        return per_cell, self.routable_count()
+
+    def write_ready_units(self) -> None:
+        per_cell, fleet = self.ready_units()
+        emf.write_lines(emf.ready_units_lines(per_cell=per_cell, fleet=fleet))
+
+    async def _ready_units_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.ready_units_interval_s)
+            try:
+                self.write_ready_units()
+            except (OSError, ValueError):  # stdout gone: metrics must never stop routing
+                log.exception("writing the ReadyUnits metric failed")

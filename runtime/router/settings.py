@@ -41,6 +41,7 @@ class RouterSettings:
     max_queue_depth: int = 32                   # queue depth the unit itself reports
     retry_after_s: int = 1
     access_log: bool = True                     # one JSON line per routed request on stderr
+    ready_units_interval_s: float = 60.0        # ReadyUnits EMF lines on stdout (docs/observability.md)
     # SIGTERM drain
     drain_grace_s: float = 5.0                  # keep serving after /health turns 503 (ALB notices)
     drain_timeout_s: float = 120.0              # give up waiting for in-flight requests after this
@@ -76,6 +77,7 @@ class RouterSettings:
         _positive("max_queue_depth", self.max_queue_depth, 1, 100_000)
         _positive("max_body_bytes", self.max_body_bytes, 1024, 1 << 30)
         _positive("retry_after_s", self.retry_after_s, 1, 3600)
+        _positive("ready_units_interval_s", self.ready_units_interval_s, 0.05, 3600)
         _positive("drain_grace_s", self.drain_grace_s, 0, 3600)
         _positive("drain_timeout_s", self.drain_timeout_s, 0, 86400)
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+import contract
+
 from node_harness import Unit
 
 
 @pytest.fixture(scope="session")
 def shared_unit(tmp_path_factory):
-    unit = Unit(tmp_path_factory.mktemp("shared-unit")).start()
+    unit = Unit(tmp_path_factory.mktemp("shared-unit"), **{contract.ENV_CELL_ID: "cell-t"}).start()
     try:
         unit.wait_ready(timeout=180)
     except AssertionError:

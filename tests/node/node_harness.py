@@ -81,6 +81,11 @@ class Member:
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
 
+    def emf_lines(self) -> list[dict]:
+        """The CloudWatch EMF lines this member wrote to stdout (its log holds stdout and stderr)."""
+        return [json.loads(line) for line in self.log_path.read_text(errors="replace").splitlines()
+                if line.startswith('{"_aws"')]
+
     def log_events(self, event: str) -> list[dict]:
         out = []
         for line in self.log_path.read_text(errors="replace").splitlines():

@@ -115,9 +115,10 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
     for m in shared_unit.members:
         status, body = m.ready()
         assert status == 200
-        assert set(body) == {"ready", "state", "unit", "revision", "rank", "world_size", "load"}
+        assert set(body) == {"ready", "state", "unit", "revision", "rank", "world_size", "role", "cell", "load"}
         assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) \
             == (True, "ready", "unit-t", "r1", m.rank, 2)
+        assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
         assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used"}
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
 

@@ -23,6 +23,13 @@ def test_static_settings_come_from_the_environment():
     assert s.dist_port == contract.DIST_PORT
 
 
+def test_the_cell_comes_from_the_environment_or_flag_and_is_empty_locally():
+    base = {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0"}
+    assert load_settings([], base).cell_id == ""
+    assert load_settings([], {**base, contract.ENV_CELL_ID: "cell3"}).cell_id == "cell3"
+    assert load_settings(["--cell", "cell4"], {**base, contract.ENV_CELL_ID: "cell3"}).cell_id == "cell4"
+
+
 def test_flags_win_over_environment_variables():
     s = load_settings(["--rank", "0", "--revision", "flag"], {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "1",
                                                                contract.ENV_REVISION: "env"})

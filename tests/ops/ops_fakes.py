@@ -1,6 +1,6 @@
 """Stand-ins for unit members in the ops tests: an HTTP server on 127.0.0.1 (port chosen at run time)
 that answers /health/ready with the JSON the node runtime serves (contract: ready, state, unit,
-revision, rank, world_size, load)."""
+revision, rank, world_size, role, cell, load)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ class HealthServer:
 
 def ready_body(*, unit: str, rank: int, world_size: int, revision: str = "1", ready: bool = True,
                state: str = "ready", queue_depth: int = 0, running: int = 1, max_running: int = 16,
-               kv_cache_used: float = 0.25) -> dict:
+               kv_cache_used: float = 0.25, cell: str = "cell0") -> dict:
     return {"ready": ready, "state": state, "unit": unit, "revision": revision, "rank": rank,
-            "world_size": world_size, "load": {"queue_depth": queue_depth, "running": running,
+            "world_size": world_size, "role": "leader" if rank == 0 else "follower", "cell": cell,
+            "load": {"queue_depth": queue_depth, "running": running,
                                                "max_running": max_running, "kv_cache_used": kv_cache_used}}

@@ -20,11 +20,17 @@ import contract
 class StandInUnit:
     """Knobs (set by tests at any time): state, load, refuse (None|503|429), chunks, chunk_delay_s,
     break_after (cut the connection after N chunks), first_byte_delay_s, gate (an asyncio.Event a
-    stream waits on after its first chunk, a plain completion before answering)."""
+    stream waits on after its first chunk, a plain completion before answering).
+    rank / cell / report_role: the member's identity in its ready body (rank 0 leads; without
+    report_role the body carries only the rank, and the router must decide from that)."""
 
-    def __init__(self, *, name: str, revision: str = "1") -> None:
+    def __init__(self, *, name: str, revision: str = "1", rank: int = 0, cell: str = "",
+                 report_role: bool = True) -> None:
         self.name = name
         self.revision = revision
+        self.rank = rank
+        self.cell = cell
+        self.report_role = report_role
         self.state = "ready"
         self.queue_depth = 0
         self.running = 0
@@ -78,9 +84,11 @@ class StandInUnit:
         self.polls += 1
         ready = self.state == "ready"
         body = {"ready": ready, "state": self.state, "unit": self.name, "revision": self.revision,
-                "rank": 0, "world_size": 2,
+                "rank": self.rank, "world_size": 2, contract.ATTR_CELL: self.cell,
                 "load": {"queue_depth": self.queue_depth, "running": self.running,
                          "max_running": self.max_running, "kv_cache_used": self.kv_cache_used}}
+        if self.report_role:
+            body[contract.ATTR_ROLE] = "leader" if self.rank == 0 else "follower"
         return web.json_response(body, status=200 if ready else 503)
 
     async def _models(self, request: web.Request) -> web.Response:

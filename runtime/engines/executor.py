@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from runtime.engines.base import EngineBroken
 from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, decoder_layer,
                                    positions_of, rms_norm, rope_tables)
-from runtime.engines.plan import ParallelPlan
+from runtime.engines.plan import ParallelPlan, split_even
 from runtime.models.registry import WeightSource
 
 OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
@@ -59,16 +59,6 @@ class StepResult:
     decode_logits: torch.Tensor | None = None    # rank 0: [n_decode, vocab]
 
 
-def _split_even(n: int, parts: int) -> list[tuple[int, int]]:
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        stop = start + base + (1 if i < extra else 0)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
 PIPELINE_CHUNK_TOKENS = 128
 
 
@@ -78,7 +68,7 @@ def pipeline_prefill_chunks(n: int, world_size: int) -> list[tuple[int, int]]:
     PIPELINE_CHUNK_TOKENS, so the stages overlap on a single long prompt."""
     if world_size == 1 or n < 2 * PIPELINE_CHUNK_TOKENS:
         return [(0, n)]
-    return _split_even(n, min(2 * world_size, n // PIPELINE_CHUNK_TOKENS))
+    return split_even(n, min(2 * world_size, n // PIPELINE_CHUNK_TOKENS))
 
 
 def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
@@ -311,7 +301,7 @@ class ShardExecutor:
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         segs = self._decode_segments(cmd)
         B = len(segs)
-        bounds = [(a, b) for a, b in _split_even(B, min(W, B))]
+        bounds = [(a, b) for a, b in split_even(B, min(W, B))]
         pending, outs = [], []
         for a, b in bounds:
             mb = segs[a:b]

@@ -132,7 +132,8 @@ def _head_cost(s: LlamaShape) -> int:
     return embed * (1 if s.tie_word_embeddings else 2) + s.hidden_size
 
 
-def _split(n: int, parts: int) -> list[tuple[int, int]]:
+def split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    """n items in `parts` contiguous [start, stop) ranges whose sizes differ by at most one."""
     base, extra = divmod(n, parts)
     out, start = [], 0
     for i in range(parts):
@@ -196,8 +197,8 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
                                     holds_embedding=rank == 0, cost=cost))
     replicated = shape.num_kv_heads % world_size != 0
     group = shape.num_heads // shape.num_kv_heads
-    mlp = _split(shape.intermediate_size, world_size)
-    vocab = _split(shape.vocab_size, world_size)
+    mlp = split_even(shape.intermediate_size, world_size)
+    vocab = split_even(shape.vocab_size, world_size)
     if replicated:
         notes.append(
             f"attention REPLICATED on every rank: {shape.num_heads} query / {shape.num_kv_heads} KV "
@@ -209,7 +210,7 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
                                    kv_heads=(0, shape.num_kv_heads), mlp=mlp[r], vocab=vocab[r])
                        for r in range(world_size))
     else:
-        kv = _split(shape.num_kv_heads, world_size)
+        kv = split_even(shape.num_kv_heads, world_size)
         slices = tuple(TensorSlice(rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group),
                                    kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r])
                        for r in range(world_size))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import aiohttp
 
@@ -18,10 +19,10 @@ from runtime.router.settings import RouterSettings
 SCENARIO_TIMEOUT_S = 60
 
 
-def run(coro):
+def run(coro, timeout: float = SCENARIO_TIMEOUT_S):
     """Run one async scenario, bounded so a bug cannot hang the suite."""
     async def bounded():
-        return await asyncio.wait_for(coro, SCENARIO_TIMEOUT_S)
+        return await asyncio.wait_for(coro, timeout)
     return asyncio.run(bounded())
 
 
@@ -47,12 +48,21 @@ async def router_over(units, discovery=None, **overrides):
         await router.close()
 
 
-async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> None:
+async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01,
+                   what: str = "the condition") -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process, from /proc (what the overload tests watch)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def base_url(router: Router) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 import contract
 from router_real_units import Load, RouterProcess, UnitProcesses
+from router_testkit import rss_kib, run, wait_for
 
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,20 +34,6 @@ def procs():
             proc.stop()
         except Exception as exc:  # keep stopping the others; the failure is reported below
             print(f"could not stop {proc}: {exc!r}")
-
-
-def run(coro, timeout: float = 240.0):
-    async def bounded():
-        return await asyncio.wait_for(coro, timeout)
-    return asyncio.run(bounded())
-
-
-async def wait_until(predicate, *, timeout: float, what: str, every: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(every)
 
 
 async def first_unready(url: str, *, timeout: float) -> float:
@@ -88,11 +75,11 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=24, ignore_eos=True)
 
         async def controller():
-            await wait_until(lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10,
+            await wait_for(lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10,
                              timeout=60, what="traffic on unit-a")
             # Kill while a stream from unit-a is visibly under way, so that case is exercised.
-            await wait_until(lambda: load.live_streams.get("unit-a", 0) > 0, timeout=60,
-                             what="a stream in progress on unit-a", every=0.001)
+            await wait_for(lambda: load.live_streams.get("unit-a", 0) > 0, timeout=60,
+                             what="a stream in progress on unit-a", interval=0.001)
             marks["streams_in_progress"] = load.live_streams["unit-a"]
             watch = asyncio.create_task(first_unready(a.url, timeout=30))
             await asyncio.sleep(0.05)
@@ -111,7 +98,7 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes, await router.metrics()
 
-    outcomes, metrics = run(scenario())
+    outcomes, metrics = run(scenario(), timeout=240.0)
     router_code = router.stop()
     failed = [o for o in outcomes if not o.ok]
     last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["reformed"]),
@@ -157,14 +144,14 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
         load = Load(pick_url=lambda: router.url, clients=8)
 
         async def controller():
-            await wait_until(lambda: len(load.outcomes) >= 30, timeout=60, what="30 requests on A")
+            await wait_for(lambda: len(load.outcomes) >= 30, timeout=60, what="30 requests on A")
             b.start()
             await b.wait_ready()
             units_file.write_text(f"{a.url}\n{b.url}\n")   # B registers, as in Cloud Map
             await router.wait_routable(2)
             marks["b_routable"] = time.monotonic()
             a.sigterm()                                     # ECS stops A's tasks: it drains
-            await wait_until(a.exited, timeout=90, what="unit A to drain and exit")
+            await wait_for(a.exited, timeout=90, what="unit A to drain and exit")
             marks["a_gone"] = time.monotonic()
 
         def enough(outs) -> bool:
@@ -173,7 +160,7 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes
 
-    outcomes = run(scenario())
+    outcomes = run(scenario(), timeout=240.0)
     assert all(o.ok for o in outcomes), describe(outcomes)
     assert any(o.revision == "1" for o in outcomes) and any(o.revision == "2" for o in outcomes)
     after = [o for o in outcomes if o.sent > marks["a_gone"]]
@@ -235,7 +222,7 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
         load = Load(pick_url=front.pick, clients=8)
 
         async def controller():
-            await wait_until(lambda: len(load.outcomes) >= 40, timeout=60, what="40 requests")
+            await wait_for(lambda: len(load.outcomes) >= 40, timeout=60, what="40 requests")
             r1.sigterm()
             marks["code"] = await r1.wait_exit(60)
             marks["r1_gone"] = time.monotonic()
@@ -249,7 +236,7 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
             await front.stop()
         return load.outcomes
 
-    outcomes = run(scenario())
+    outcomes = run(scenario(), timeout=240.0)
     assert all(o.ok for o in outcomes), describe(outcomes)
     assert marks["code"] == 0
     assert any(o.via == r1.url for o in outcomes)
@@ -265,10 +252,6 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
                                                      "--max-outstanding-per-unit", "4", "--drain-grace", "0"])
     procs(unit)
     procs(router)
-
-    def rss_kib() -> int:
-        status = Path(f"/proc/{router.proc.pid}/status").read_text()
-        return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 
     async def scenario():
         unit.start()
@@ -290,14 +273,14 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
                 assert time.monotonic() < deadline, text
                 await asyncio.sleep(0.02)
             floods = []
-            rss = [rss_kib()]
+            rss = [rss_kib(router.proc.pid)]
             for _ in range(3):
                 floods += await asyncio.gather(*(flood_load.one(s, stream=False) for _ in range(150)))
-                rss.append(rss_kib())
+                rss.append(rss_kib(router.proc.pid))
             done = await asyncio.gather(*admitted)
         return done, floods, rss
 
-    done, floods, rss = run(scenario())
+    done, floods, rss = run(scenario(), timeout=240.0)
     assert all(o.ok for o in done), describe(done)
     assert [o.status for o in floods] == [429] * len(floods)
     print(f"overload: {len(floods)} refused with 429 in {max(o.done for o in floods) - min(o.sent for o in floods):.2f} s "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from router_testkit import run, wait_for
+from router_testkit import rss_kib, run, wait_for
 from router_standins import StandInUnit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,13 +38,6 @@ async def wait_routable(session: aiohttp.ClientSession, url: str, count: int) ->
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"router at {url} never saw {count} routable unit(s)")
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_sigterm_fails_health_at_once_finishes_in_flight_streams_and_exits_0():

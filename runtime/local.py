@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,25 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import contract
+from runtime.ports import free_port, port_free
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PUBLIC_PORT = 8080
 QUESTION = "Which waterproof hiking boots are best for wet trails?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 @dataclass
@@ -125,12 +110,17 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
     base_env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
     procs: list[Proc] = []
     leaders: list[str] = []
+    taken = {a.port}                                # every port handed out must differ
     for u in range(a.units):
         unit_id = f"local-unit{u}"
-        ports = [free_port() for _ in range(a.nodes)]
+        ports: list[int] = []
+        for _ in range(a.nodes):
+            ports.append(free_port(avoid=taken))
+            taken.add(ports[-1])
         if u == 0 and not a.use_router:
             ports[0] = a.port                       # no router yet: the first leader is public
-        dist = free_port()
+        dist = free_port(avoid=taken)
+        taken.add(dist)
         peers = ",".join(f"127.0.0.1:{p}" for p in ports)
         leaders.append(f"http://127.0.0.1:{ports[0]}")
         for r in range(a.nodes):

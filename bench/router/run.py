@@ -20,13 +20,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from runtime.ports import free_port  # noqa: E402 - after the path to this checkout is known
 perf_counter = time.perf_counter
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request_bytes(port: int, stream: bool, paced: bool = False) -> bytes:
@@ -180,7 +176,8 @@ def main() -> int:
     args = ap.parse_args()
 
     os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
-    backend_port, router_port = free_port(), free_port()
+    backend_port = free_port()
+    router_port = free_port(avoid={backend_port})
     # The router's access log is part of its cost: written to a file, as a container's stderr would be.
     router_log = tempfile.TemporaryFile()
     py = sys.executable

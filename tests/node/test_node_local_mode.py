@@ -54,3 +54,12 @@ def test_local_mode_serves_lists_its_processes_and_stops_cleanly_on_ctrl_c(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_local_mode_gives_every_process_its_own_ports(tmp_path):
+    from runtime.local import parse_args, plan_processes
+    a = parse_args(["--model", "tiny", "--units", "3", "--port", "18080"])
+    procs = plan_processes(a, tmp_path)
+    ports = [p for proc in procs for p in proc.ports.values()]
+    assert len(ports) == len(set(ports)) and 18080 in ports
+    assert [p for p in ports if p == 18080] == [procs[-1].ports["http"]]   # only the router is public

@@ -22,6 +22,7 @@ from router_testkit import rss_kib, run, wait_for
 pytestmark = pytest.mark.timeout(300)
 
 POLL_S = 0.2
+BROKEN_FOR_S = 3.0   # how long the failover test leaves a unit without its follower
 
 
 @pytest.fixture
@@ -86,7 +87,10 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
             a.kill9(1)
             marks["killed"] = time.monotonic()
             marks["unready"] = await watch
-            await asyncio.sleep(1.0)
+            # Leave the unit broken long enough that "the router stopped sending to it" is a window
+            # of whole seconds, not a scheduling accident.
+            await asyncio.sleep(BROKEN_FOR_S)
+            marks["replaced"] = time.monotonic()
             a.start_member(1)           # the replacement follower: the unit re-forms
             await a.wait_ready(timeout=120)
             marks["reformed"] = time.monotonic()
@@ -101,7 +105,7 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     outcomes, metrics = run(scenario(), timeout=240.0)
     router_code = router.stop()
     failed = [o for o in outcomes if not o.ok]
-    last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["reformed"]),
+    last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["replaced"]),
                     default=marks["unready"])
     print(f"failover: {len(outcomes)} requests, {len(failed)} failed (streams running on unit-a at the "
           f"kill), last request sent to unit-a {last_on_a - marks['unready']:+.3f} s after it turned "
@@ -114,10 +118,16 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         assert o.stream and o.unit == "unit-a" and o.sent < marks["unready"], describe(outcomes)
         assert o.status == 200 and o.error and "[DONE]" not in o.error, describe(outcomes)
     # The router stops sending to the broken unit within two poll intervals of it turning unready
-    # (plus 0.5 s for scheduling on a shared 2-core machine), until the unit has re-formed.
+    # (plus 0.5 s for scheduling on a shared 2-core machine), for as long as the unit stays broken.
+    # The window ends when the replacement follower is started, the earliest the unit can be ready
+    # again: the test's own "re-formed" mark comes later than the unit's real re-formation (it is
+    # polled from a busy event loop), and requests the router rightly sends to the re-formed unit in
+    # between must not count as late. Requests sent after the replacement starts are still covered
+    # above: none of them may fail.
     late = [o for o in outcomes if o.unit == "unit-a"
-            and marks["unready"] + 2 * POLL_S + 0.5 < o.sent < marks["reformed"]]
-    assert late == [], describe(late)
+            and marks["unready"] + 2 * POLL_S + 0.5 < o.sent < marks["replaced"]]
+    assert late == [], (f"{len(late)} requests sent to unit-a while it was broken, at "
+                        f"{[round(o.sent - marks['unready'], 3) for o in late]} s after it turned unready")
     # Re-formed, it takes traffic again.
     assert sum(o.unit == "unit-a" and o.ok and o.sent > marks["reformed"] for o in outcomes) >= 5
     assert 'flotilla_router_unit_routable{revision="1",unit="unit-a"' in metrics

@@ -16,22 +16,28 @@ from node_harness import Unit, get_json, wait_for
 
 
 
-def open_stream(unit: Unit, *, max_tokens: int, request_id: str):
+def stream_under_way(unit: Unit, *, max_tokens: int, request_id: str) -> tuple[list[str], threading.Thread]:
+    """Open a streamed completion and read its SSE data payloads on a thread until the server closes
+    the stream; return once the first payload has arrived (at most 30 s)."""
     body = {"model": "tiny", "prompt": "tell me everything", "max_tokens": max_tokens, "stream": True,
             "temperature": 0, "ignore_eos": True}
     req = urllib.request.Request(unit.url + "/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json", contract.REQUEST_ID_HEADER: request_id})
-    return urllib.request.urlopen(req, timeout=60)
+    resp = urllib.request.urlopen(req, timeout=60)
+    events: list[str] = []
+    first = threading.Event()
 
+    def read() -> None:
+        for line in resp:
+            line = line.strip()
+            if line.startswith(b"data: "):
+                events.append(line[6:].decode())
+                first.set()
 
-def read_events(resp, into: list, on_first=None) -> None:
-    """Collect SSE data payloads until the server closes the stream."""
-    for line in resp:
-        line = line.strip()
-        if line.startswith(b"data: "):
-            into.append(line[6:].decode())
-            if on_first is not None and len(into) == 1:
-                on_first()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert first.wait(30), f"no token of {request_id} within 30 s"
+    return events, reader
 
 
 def completion(unit: Unit, **kw) -> tuple[int, dict, dict]:
@@ -55,12 +61,7 @@ def unit(tmp_path):
 def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_unit_reforms(unit):
     unit.start().wait_ready()
     follower = unit.members[1]
-    events: list[str] = []
-    first = threading.Event()
-    resp = open_stream(unit, max_tokens=2000, request_id="doomed-1")
-    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
-    reader.start()
-    assert first.wait(30)
+    events, reader = stream_under_way(unit, max_tokens=2000, request_id="doomed-1")
     unary: list = []
     waiter = threading.Thread(target=lambda: unary.append(completion(unit, max_tokens=2000, ignore_eos=True)),
                               daemon=True)
@@ -97,12 +98,7 @@ def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_uni
 def test_sigterm_lets_the_long_generation_finish_refuses_new_work_and_exits_0(unit):
     unit.env["FLOTILLA_DRAIN_TIMEOUT_S"] = "120"
     unit.start().wait_ready()
-    events: list[str] = []
-    first = threading.Event()
-    resp = open_stream(unit, max_tokens=400, request_id="long-1")
-    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
-    reader.start()
-    assert first.wait(30)
+    events, reader = stream_under_way(unit, max_tokens=400, request_id="long-1")
     unit.leader.sigterm()
     wait_for(lambda: unit.leader.ready()[0] == 503, timeout=5, what="not-ready right after SIGTERM")
     assert unit.leader.ready()[1]["state"] == "draining"
@@ -156,12 +152,7 @@ def test_a_draining_follower_drains_the_whole_unit_then_the_unit_reforms_with_it
     unit.env["FLOTILLA_DRAIN_TIMEOUT_S"] = "120"
     unit.start().wait_ready()
     follower = unit.members[1]
-    events: list[str] = []
-    first = threading.Event()
-    resp = open_stream(unit, max_tokens=300, request_id="outlives-1")
-    reader = threading.Thread(target=read_events, args=(resp, events, first.set), daemon=True)
-    reader.start()
-    assert first.wait(30)
+    events, reader = stream_under_way(unit, max_tokens=300, request_id="outlives-1")
     follower.sigterm()
     wait_for(lambda: unit.leader.ready()[1]["state"] == "draining", timeout=10, what="the leader to drain the unit")
     status, headers, body = completion(unit)

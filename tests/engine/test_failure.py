@@ -14,18 +14,24 @@ import torch
 COLLECTIVE_TIMEOUT_S = 5
 
 
-@pytest.mark.parametrize("how, bound_s", [
-    ("kill", COLLECTIVE_TIMEOUT_S),           # closed connection: noticed at the next collective
-    ("stop", 2 * COLLECTIVE_TIMEOUT_S),       # silent peer: noticed by the collective timeout
-])
-def test_follower_failure_fails_pending_requests_and_the_leader_can_reform(
-        how, bound_s, tmp_path, launch_rank, free_ports):
+def streaming_pair(tmp_path, launch_rank, free_ports):
+    """A leader and a follower of the `failure` job, returned once the leader's requests are streaming."""
     spec, out = tmp_path / "failure.json", tmp_path / "failure.pt"
     spec.write_text(json.dumps({"timeout": COLLECTIVE_TIMEOUT_S}))
     port = free_ports(2)
     leader = launch_rank("failure", 0, port, spec, out)
     follower = launch_rank("failure", 1, port, spec, out)
     leader.wait_for("streaming", timeout=120)
+    return leader, follower, port, out
+
+
+@pytest.mark.parametrize("how, bound_s", [
+    ("kill", COLLECTIVE_TIMEOUT_S),           # closed connection: noticed at the next collective
+    ("stop", 2 * COLLECTIVE_TIMEOUT_S),       # silent peer: noticed by the collective timeout
+])
+def test_follower_failure_fails_pending_requests_and_the_leader_can_reform(
+        how, bound_s, tmp_path, launch_rank, free_ports):
+    leader, follower, port, out = streaming_pair(tmp_path, launch_rank, free_ports)
     failed_at = time.time()
     follower.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     leader.wait_for("broken", timeout=bound_s + 30)
@@ -46,12 +52,7 @@ def test_follower_failure_fails_pending_requests_and_the_leader_can_reform(
 
 
 def test_leader_death_makes_the_follower_loop_raise_engine_broken(tmp_path, launch_rank, free_ports):
-    spec, out = tmp_path / "failure.json", tmp_path / "failure.pt"
-    spec.write_text(json.dumps({"timeout": COLLECTIVE_TIMEOUT_S}))
-    port = free_ports(2)
-    leader = launch_rank("failure", 0, port, spec, out)
-    follower = launch_rank("failure", 1, port, spec, out)
-    leader.wait_for("streaming", timeout=120)
+    leader, follower, port, out = streaming_pair(tmp_path, launch_rank, free_ports)
     leader.proc.kill()
     msg = follower.wait_for("worker_broken", timeout=COLLECTIVE_TIMEOUT_S + 30)
     assert msg["worker_broken"]

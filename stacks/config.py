@@ -281,11 +281,9 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
         root_volume_gib=_int("node.root_volume_gib", nget("root_volume_gib"), 64, 16384),
         health_check_grace_s=_int("node.health_check_grace_s", nget("health_check_grace_s"), 0,
                                   86400, "time a unit may take to load its model"),
-        log_retention_days=nget("log_retention_days"),
+        log_retention_days=_choice("node.log_retention_days", nget("log_retention_days"),
+                                   LOG_RETENTION_DAYS),
     )
-    if node.log_retention_days not in LOG_RETENTION_DAYS:
-        raise ConfigError("node.log_retention_days", node.log_retention_days,
-                          "one of " + ", ".join(map(str, LOG_RETENTION_DAYS)))
     router_raw = _section("router", top.get("router", {}), _keys(RouterConfig))
     dr = RouterConfig()
     rget = lambda k: router_raw.get(k, getattr(dr, k))  # noqa: E731

@@ -76,6 +76,12 @@ class ConfigError(ValueError):
         super().__init__(f"invalid flotilla config: {key}={value!r}: {allowed}")
 
 
+def _split_s3_uri(uri: str) -> tuple[str, str]:
+    """s3://bucket/some/prefix/ -> ("bucket", "some/prefix/"); the prefix is '' for a bare bucket."""
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    return bucket, prefix
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Where the compiled/sharded model artifacts live and the name clients ask for."""
@@ -92,22 +98,20 @@ class ModelConfig:
 
     @property
     def compile_cache_bucket(self) -> str:
-        return self.compile_cache[len("s3://"):].split("/", 1)[0]
+        return _split_s3_uri(self.compile_cache)[0]
 
     @property
     def compile_cache_prefix(self) -> str:
-        rest = self.compile_cache[len("s3://"):].split("/", 1)
-        return rest[1] if len(rest) == 2 else ""
+        return _split_s3_uri(self.compile_cache)[1]
 
     @property
     def bucket(self) -> str:
-        return self.s3_uri[len("s3://"):].split("/", 1)[0]
+        return _split_s3_uri(self.s3_uri)[0]
 
     @property
     def prefix(self) -> str:
         """Key prefix inside the bucket, no leading slash; '' means the whole bucket."""
-        rest = self.s3_uri[len("s3://"):].split("/", 1)
-        return rest[1] if len(rest) == 2 else ""
+        return _split_s3_uri(self.s3_uri)[1]
 
 
 @dataclass(frozen=True)

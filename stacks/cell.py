@@ -103,7 +103,7 @@ class CellStack(Stack):
                 router_security_group=network.router_security_group,
                 subnet=network.private_subnet(placement.az_index),
                 instance_type=config.instance_type, shape=config.shape,
-                nodes=config.nodes_per_unit, surge=surge,
+                nodes=config.nodes_per_unit, max_nodes=config.max_nodes_per_unit, surge=surge,
                 instance_profile=self.instance_profile,
                 root_volume_gib=config.node.root_volume_gib, image=image,
                 task_role=self.task_role, execution_role=self.execution_role,

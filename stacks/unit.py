@@ -37,20 +37,20 @@ class UnitSurge:
     """How a unit rolls to a new revision (config.unit_rollout).
 
     replace: ECS stops the unit's tasks, then starts the new ones on the same instances; the unit
-    leaves the router's rotation while it re-forms. surge: the ASG may hold twice the nodes, so
-    the new revision forms on fresh instances beside the old one before the old tasks drain.
-    The Front stack's rollout logic (cell by cell) builds on this hook.
+    leaves the router's rotation while it re-forms. surge: the ASG may hold twice the nodes
+    (FlotillaConfig.max_nodes_per_unit), so the new revision forms on fresh instances beside the
+    old one before the old tasks drain. The Front stack's rollout logic (cell by cell) builds on
+    this hook.
     """
 
     min_healthy_percent: int
     max_healthy_percent: int
-    max_nodes_factor: int
 
     @classmethod
     def for_rollout(cls, rollout: str) -> "UnitSurge":
         if rollout == "surge":
-            return cls(min_healthy_percent=100, max_healthy_percent=200, max_nodes_factor=2)
-        return cls(min_healthy_percent=0, max_healthy_percent=100, max_nodes_factor=1)
+            return cls(min_healthy_percent=100, max_healthy_percent=200)
+        return cls(min_healthy_percent=0, max_healthy_percent=100)
 
 
 def efa_network_interfaces(*, efa_interfaces: int, security_group_id: str) -> list[dict]:
@@ -76,7 +76,8 @@ class TrainiumUnit(Construct):
     def __init__(self, scope: Construct, id_: str, *, unit_id: str, family: str,
                  cluster: ecs.Cluster, vpc: ec2.IVpc, subnet: ec2.ISubnet,
                  router_security_group: ec2.ISecurityGroup,
-                 instance_type: str, shape: InstanceShape, nodes: int, surge: UnitSurge,
+                 instance_type: str, shape: InstanceShape, nodes: int, max_nodes: int,
+                 surge: UnitSurge,
                  instance_profile: iam.IInstanceProfile, root_volume_gib: int,
                  image: ecs.ContainerImage, task_role: iam.IRole, execution_role: iam.IRole,
                  log_group: logs.ILogGroup, environment: dict[str, str],
@@ -133,8 +134,8 @@ class TrainiumUnit(Construct):
             # Exactly one subnet: the placement group and EFA traffic live in one AZ.
             vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
             # No desired capacity: it would reset on every deploy; the capacity provider's managed
-            # scaling owns it between min and max.
-            min_capacity=nodes, max_capacity=nodes * surge.max_nodes_factor,
+            # scaling owns it between min and max. The max is the one the quota checks count.
+            min_capacity=nodes, max_capacity=max_nodes,
         )
 
         self.capacity_provider = ecs.AsgCapacityProvider(

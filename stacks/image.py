@@ -18,7 +18,8 @@ NEURON_DOCKERFILE = "runtime/Dockerfile.neuron"
 # The build context is the repository root (the image needs runtime/, contract/ and the lock
 # file), so the asset excludes everything else: synth copies this directory into cdk.out on every
 # run, and a stray .venv or model cache would make that slow and the image hash unstable. Same
-# set as the repository's .dockerignore (which CDK also reads), so `docker build` agrees.
+# set as the repository's .dockerignore (which CDK also reads), so `docker build` agrees; CDK
+# stages that file into the asset too, so its text is part of the image hash.
 ASSET_EXCLUDE = [
     "*",
     "!runtime/",
@@ -30,15 +31,20 @@ ASSET_EXCLUDE = [
 ]
 
 
+def _asset(scope: Construct, construct_id: str, dockerfile: str) -> ecs.ContainerImage:
+    """The image built at `cdk deploy` from `dockerfile`, with the repository root as context."""
+    asset = ecr_assets.DockerImageAsset(
+        scope, construct_id, directory=str(REPO_ROOT), file=dockerfile,
+        exclude=ASSET_EXCLUDE, ignore_mode=IgnoreMode.DOCKER,
+        platform=ecr_assets.Platform.LINUX_AMD64)
+    return ecs.ContainerImage.from_docker_image_asset(asset)
+
+
 def node_image(scope: Construct, *, image_uri: str | None) -> ecs.ContainerImage:
     """One image per stack: a registry image if configured, else the runtime/ asset."""
     if image_uri:
         return ecs.ContainerImage.from_registry(image_uri)
-    asset = ecr_assets.DockerImageAsset(
-        scope, "RuntimeImage", directory=str(REPO_ROOT), file=DOCKERFILE,
-        exclude=ASSET_EXCLUDE, ignore_mode=IgnoreMode.DOCKER,
-        platform=ecr_assets.Platform.LINUX_AMD64)
-    return ecs.ContainerImage.from_docker_image_asset(asset)
+    return _asset(scope, "RuntimeImage", DOCKERFILE)
 
 
 def unit_dockerfile(*, instance_type: str, engine: str) -> str:
@@ -55,8 +61,4 @@ def unit_image(scope: Construct, *, image_uri: str | None, instance_type: str,
     dockerfile = unit_dockerfile(instance_type=instance_type, engine=engine)
     if image_uri or dockerfile == DOCKERFILE:
         return node_image(scope, image_uri=image_uri)
-    asset = ecr_assets.DockerImageAsset(
-        scope, "NeuronRuntimeImage", directory=str(REPO_ROOT), file=dockerfile,
-        exclude=ASSET_EXCLUDE, ignore_mode=IgnoreMode.DOCKER,
-        platform=ecr_assets.Platform.LINUX_AMD64)
-    return ecs.ContainerImage.from_docker_image_asset(asset)
+    return _asset(scope, "NeuronRuntimeImage", dockerfile)

@@ -16,11 +16,10 @@ from aws_cdk import region_info
 from constructs import Construct
 
 import contract
+from stacks.config import LIVE_TARGET_GROUPS
+# The ALB security group (Discovery) admits exactly these client ports.
+from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
-
-HTTP_PORT = 80
-HTTPS_PORT = 443
-LIVE_TARGET_GROUPS = ("blue", "green")
 
 
 class FrontStack(cdk.Stack):

@@ -57,8 +57,6 @@ class DiscoveryStack(cdk.Stack):
         self.namespace_name = namespace_name
         self.service_name = service_name
 
-        self.router_security_group = router_security_group
-
         self.alb_security_group = ec2.SecurityGroup(
             self, "AlbSecurityGroup", vpc=vpc, allow_all_outbound=False,
             description="flotilla ALB: clients in, router port out",

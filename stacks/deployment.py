@@ -33,12 +33,6 @@ class Deployment:
     observability: ObservabilityStack | None = None
     router: RouterStack | None = None
 
-    @property
-    def stacks(self) -> list[cdk.Stack]:
-        """Every stack, each after the stacks it depends on."""
-        return [self.network, self.discovery, *self.cells, self.front, self.observability,
-                self.router]
-
 
 def build_deployment(app: cdk.App, config: FlotillaConfig,
                      synthesizer_factory=None) -> Deployment:

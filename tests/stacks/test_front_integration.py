@@ -30,9 +30,9 @@ def unit_services(synth, cell: str) -> list[tuple[str, dict]]:
 
 
 def test_synth_emits_network_discovery_cells_front_observability_and_router(two_cells):
-    ids = [s.node.id for s in two_cells.deployment.stacks]
+    ids = [s.node.id for s in two_cells.stacks]
     assert ids == ["Network", "Discovery", "Cell-0", "Cell-1", "Front", "Observability", "Router"]
-    deps = {s.node.id: {d.node.id for d in s.dependencies} for s in two_cells.deployment.stacks}
+    deps = {s.node.id: {d.node.id for d in s.dependencies} for s in two_cells.stacks}
     assert deps["Discovery"] == {"Network"}
     assert deps["Cell-1"] == {"Network", "Discovery", "Cell-0"}
     assert deps["Front"] == {"Network", "Discovery"}

@@ -44,7 +44,7 @@ def prepare_rank(membership: Membership, *, model_uri: str, model_dir: str | Pat
     shape = parse_model_shape(raw, source=f"{model_uri.rstrip('/')}/config.json")
     plan = plan_member(membership, instance_type=instance_type, model=shape,
                        model_dir=str(model_dir), options=options)
-    manifest = fetch(model_uri, model_dir, s3=s3)
+    manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest)
     key = compile_cache_key(model_digest=manifest.digest, nxdi_config=plan.nxdi_config,
                             neuron_sdk_version=sdk)
     hit = False

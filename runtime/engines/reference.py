@@ -35,7 +35,7 @@ from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, Engin
                                   GenerationRequest, RequestRejected, TokenEvent)
 from runtime.engines.executor import (OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand,
                                       plan_fingerprint)
-from runtime.engines.plan import ParallelPlan, make_plan
+from runtime.engines.plan import ParallelPlan, check_strategies, make_plan
 from runtime.engines.sampling import TextTracker, make_generator, sample
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
@@ -147,9 +147,7 @@ class ReferenceEngine:
                  model_name: str | None = None, max_prefill_tokens: int = 2048) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
-        for phase, value in (("prefill", prefill), ("decode", decode)):
-            if value not in ("pipeline", "tensor"):
-                raise ValueError(f"{phase} strategy {value!r} is not one of pipeline, tensor")
+        check_strategies(prefill, decode)
         if kv_budget_tokens < 1 or max_running < 1:
             raise ValueError("kv_budget_tokens and max_running must be at least 1")
         if not 0 < heartbeat_s < collective_timeout_s:

@@ -25,7 +25,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import torch
@@ -128,7 +128,6 @@ class _Request:
     generated: int = 0
     last_token: int = -1
     done: bool = False
-    submitted: float = field(default_factory=time.monotonic)
 
     def put(self, item) -> None:
         try:

@@ -64,10 +64,6 @@ def store_compiled(prepared: PreparedRank, *, compile_cache_uri: str, compiled_d
     return True
 
 
-# Where the leader's own API reaches vLLM (bound to loopback by the plan's leader command).
-LEADER_ENGINE_URL = f"http://127.0.0.1:{contract.NEURON_ENGINE_PORT}"
-
-
 def launch_spec(plan: RankPlan, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """argv and environment for this rank's engine process: the plan's variables win over
     whatever the container inherited, so a stray NEURON_RANK_ID cannot mis-wire a unit."""

@@ -40,19 +40,14 @@ class CompileCache:
     def location(self, key: str) -> str:
         return f"{self._uri}/{key}"
 
-    def contains(self, key: str) -> bool:
-        try:
-            read_manifest(self.location(key), s3=self._s3)
-        except ArtifactError:
-            return False
-        return True
-
     def fetch(self, key: str, dest: str | Path) -> bool:
         """True and `dest` filled when the cache holds `key`; False on a miss (then compile)."""
-        if not self.contains(key):
+        try:
+            manifest = read_manifest(self.location(key), s3=self._s3)
+        except ArtifactError:
             log.info("compile cache miss %s: this node compiles, then stores the result", key)
             return False
-        fetch(self.location(key), dest, s3=self._s3)
+        fetch(self.location(key), dest, s3=self._s3, manifest=manifest)
         log.info("compile cache hit %s: loaded into %s, no compile needed", key, dest)
         return True
 

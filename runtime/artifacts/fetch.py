@@ -54,10 +54,14 @@ def _list_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
     return sizes
 
 
-def fetch(uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE) -> Manifest:
-    """Make `dest` hold exactly the verified files of the set at `uri`; returns its manifest."""
+def fetch(uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE,
+          manifest: Manifest | None = None) -> Manifest:
+    """Make `dest` hold exactly the verified files of the set at `uri`; returns its manifest.
+
+    `manifest`: the set's manifest when the caller has already read it (saves a GET)."""
     bucket, prefix = parse_s3_uri(uri)
-    manifest = read_manifest(uri, s3=s3)
+    if manifest is None:
+        manifest = read_manifest(uri, s3=s3)
     sizes = _list_sizes(s3, bucket, prefix)
     for entry in manifest.files:
         key = prefix + entry.path

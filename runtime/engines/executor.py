@@ -193,7 +193,7 @@ class ShardExecutor:
                 result.prefill_logits = self._prefill_pipeline(cmd)
             else:
                 result.prefill_logits = self._prefill_tensor(cmd)
-            if self.world_size > 1 and self.plan.prefill != self.plan.decode:
+            if self.plan.needs_reshard():
                 self._reshard([p[0] for p in cmd.prefill])
         if cmd.decode:
             if self.plan.decode == "pipeline":

@@ -167,12 +167,17 @@ def _balanced_stages(s: LlamaShape, world_size: int) -> list[tuple[int, int]]:
     return ranges[::-1]
 
 
-def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
-              decode: str = "tensor", boundaries: tuple[int, ...] | None = None) -> ParallelPlan:
-    """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split."""
+def check_strategies(prefill: str, decode: str) -> None:
+    """Refuse a phase strategy that is not one of STRATEGIES (the plan and the engine both ask)."""
     for phase, value in (("prefill", prefill), ("decode", decode)):
         if value not in STRATEGIES:
             raise ValueError(f"{phase} strategy {value!r} is not one of {', '.join(STRATEGIES)}")
+
+
+def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
+              decode: str = "tensor", boundaries: tuple[int, ...] | None = None) -> ParallelPlan:
+    """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split."""
+    check_strategies(prefill, decode)
     if world_size < 1:
         raise ValueError(f"world_size {world_size} must be at least 1")
     if world_size > shape.num_layers:

@@ -25,7 +25,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import torch
@@ -35,7 +35,7 @@ from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, Engin
                                   GenerationRequest, RequestRejected, TokenEvent)
 from runtime.engines.executor import (OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand,
                                       plan_fingerprint)
-from runtime.engines.plan import ParallelPlan, make_plan
+from runtime.engines.plan import ParallelPlan, check_strategies, make_plan
 from runtime.engines.sampling import TextTracker, make_generator, sample
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
@@ -128,7 +128,6 @@ class _Request:
     generated: int = 0
     last_token: int = -1
     done: bool = False
-    submitted: float = field(default_factory=time.monotonic)
 
     def put(self, item) -> None:
         try:
@@ -147,9 +146,7 @@ class ReferenceEngine:
                  model_name: str | None = None, max_prefill_tokens: int = 2048) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
-        for phase, value in (("prefill", prefill), ("decode", decode)):
-            if value not in ("pipeline", "tensor"):
-                raise ValueError(f"{phase} strategy {value!r} is not one of pipeline, tensor")
+        check_strategies(prefill, decode)
         if kv_budget_tokens < 1 or max_running < 1:
             raise ValueError("kv_budget_tokens and max_running must be at least 1")
         if not 0 < heartbeat_s < collective_timeout_s:

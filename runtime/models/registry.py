@@ -81,11 +81,6 @@ class LlamaShape:
         attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
         return attn + 3 * h * self.intermediate_size + 2 * h
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """fp32 K and V of every layer for one token of one sequence (the whole unit's share)."""
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
-
 
 class WeightSource(Protocol):
     """Reads one tensor, or a slice of it along one dimension, without touching the others."""
@@ -105,11 +100,9 @@ class SafetensorsWeights:
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{model_dir} has no *.safetensors files")
-        self._handles = {}
         self._where: dict[str, object] = {}
         for f in files:
             handle = safe_open(str(f), framework="pt")
-            self._handles[f] = handle
             for key in handle.keys():
                 self._where[key] = handle
 
@@ -195,7 +188,6 @@ class ModelSource:
     shape: LlamaShape
     weights: WeightSource
     make_tokenizer: Callable[[], object]
-    model_dir: Path | None = None
 
 
 def resolve_model(model: str, *, progress: Callable[[str], None] | None = None) -> ModelSource:
@@ -221,4 +213,4 @@ def _from_dir(name: str, model_dir: Path) -> ModelSource:
                                 "config.json, *.safetensors and tokenizer.json")
     shape = LlamaShape.from_config(json.loads(config_path.read_text()), source=str(config_path))
     return ModelSource(name=name, shape=shape, weights=SafetensorsWeights(model_dir),
-                       make_tokenizer=lambda: HFTokenizer(model_dir), model_dir=model_dir)
+                       make_tokenizer=lambda: HFTokenizer(model_dir))

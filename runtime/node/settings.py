@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import contract
+from runtime.artifacts.manifest import ManifestError, parse_s3_uri
 
 ENGINES = ("reference", "echo", "neuron")
 RENDEZVOUS = ("static", "ecs")
@@ -347,9 +348,10 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
 
 def _s3_uri(name: str, raw: str) -> str:
     uri = raw.strip()
-    bucket = uri[len("s3://"):].split("/", 1)[0] if uri.startswith("s3://") else ""
-    if not bucket:
-        raise SettingsError(f"{name}={raw!r} is not an S3 URI: give s3://bucket/prefix")
+    try:
+        parse_s3_uri(uri)   # the same rule fetch and publish apply
+    except ManifestError:
+        raise SettingsError(f"{name}={raw!r} is not an S3 URI: give s3://bucket/prefix") from None
     return uri
 
 

@@ -153,11 +153,19 @@ def test_the_gloo_port_comes_from_rendezvous(checkpoint):
 
 
 def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoint):
-    from runtime.engines.neuron.prepare import LEADER_ENGINE_URL, launch_spec
+    from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings
+    from runtime.engines.neuron.prepare import launch_spec
     model_dir = str(checkpoint("llama-3.1-70b"))
     plan = plan_unit(leader_host=LEADER, nodes=2, instance_type="trn1.32xlarge",
                      model=load_model_shape(model_dir), model_dir=model_dir)
     argv, env = launch_spec(plan.ranks[1], {"PATH": "/usr/bin", "NEURON_RANK_ID": "7"})
     assert argv == list(plan.ranks[1].command)
     assert env["PATH"] == "/usr/bin" and env["NEURON_RANK_ID"] == "1"
-    assert LEADER_ENGINE_URL == "http://127.0.0.1:8001"
+    # Where the leader's own API reaches vLLM (bound to loopback by the leader command above).
+    leader = NeuronEngine(
+        Membership(unit_id="u", revision="r", rank=0, world_size=2, dist_host=LEADER,
+                   dist_port=29500),
+        settings=NeuronEngineSettings(model_uri="s3://bucket/model/", model_dir=model_dir,
+                                      instance_type="trn1.32xlarge", options=NeuronOptions()),
+        model_name="llama", start_timeout_s=1.0)
+    assert leader.url == "http://127.0.0.1:8001"

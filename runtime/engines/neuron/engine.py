@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import contract
 from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, EngineLoad, EngineState,
                                   GenerationRequest, RequestRejected, TokenEvent)
 from runtime.engines.neuron.plan import NeuronOptions, RankPlan
@@ -229,7 +230,7 @@ class NeuronEngine:
         finished = False
         try:
             async with self._session.post(self.url + "/v1/completions", json=body,
-                                          headers={"X-Request-Id": rid}) as resp:
+                                          headers={contract.REQUEST_ID_HEADER: rid}) as resp:
                 self._running[rid] = resp
                 if resp.status != 200:
                     text = (await resp.text())[:500]

@@ -26,10 +26,6 @@ class ModelShape:
     vocab_size: int
     max_position_embeddings: int
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
 
 _REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
              "vocab_size", "max_position_embeddings")

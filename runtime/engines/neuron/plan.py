@@ -96,16 +96,7 @@ class NeuronUnitPlan:
             "nodes": self.nodes,
             "leader_host": self.leader_host,
             "model_dir": self.model_dir,
-            "model": {
-                "architecture": shape.architecture,
-                "num_hidden_layers": shape.num_hidden_layers,
-                "num_attention_heads": shape.num_attention_heads,
-                "num_key_value_heads": shape.num_key_value_heads,
-                "hidden_size": shape.hidden_size,
-                "intermediate_size": shape.intermediate_size,
-                "vocab_size": shape.vocab_size,
-                "max_position_embeddings": shape.max_position_embeddings,
-            },
+            "model": dataclasses.asdict(shape),
             "parallelism": {
                 "local_tp": self.instance.neuron_cores,
                 "tp_degree": self.tp_degree,

@@ -44,7 +44,7 @@ def prepare_rank(membership: Membership, *, model_uri: str, model_dir: str | Pat
     shape = parse_model_shape(raw, source=f"{model_uri.rstrip('/')}/config.json")
     plan = plan_member(membership, instance_type=instance_type, model=shape,
                        model_dir=str(model_dir), options=options)
-    manifest = fetch(model_uri, model_dir, s3=s3)
+    manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest)
     key = compile_cache_key(model_digest=manifest.digest, nxdi_config=plan.nxdi_config,
                             neuron_sdk_version=sdk)
     hit = False
@@ -62,10 +62,6 @@ def store_compiled(prepared: PreparedRank, *, compile_cache_uri: str, compiled_d
         return False
     CompileCache(uri=compile_cache_uri, s3=s3).store(prepared.compile_key, compiled_dir)
     return True
-
-
-# Where the leader's own API reaches vLLM (bound to loopback by the plan's leader command).
-LEADER_ENGINE_URL = f"http://127.0.0.1:{contract.NEURON_ENGINE_PORT}"
 
 
 def launch_spec(plan: RankPlan, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:

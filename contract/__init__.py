@@ -22,6 +22,7 @@ METRICS_PATH = "/metrics"
 
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"  # a client's id is kept if it matches (node and router)
 ARRIVAL_HEADER = "X-Flotilla-Arrival"          # unix seconds, float, when the leader took the request
 FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token (non-streamed responses)
 FINISH_HEADER = "X-Flotilla-Finish"            # unix seconds of the last token (non-streamed responses)

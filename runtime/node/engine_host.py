@@ -128,6 +128,8 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                                       f"{engine.max_context}: shorten the prompt")
             max_tokens = cmd.get("max_tokens")
             if max_tokens is None:
+                # left out by the client: the API's default (server.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16 for
+                # completions), capped by the room the context has left
                 max_tokens = min(cmd.get("default_max_tokens", 16), room)
             elif max_tokens > room:
                 raise RequestRejected(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "

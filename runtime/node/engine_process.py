@@ -44,12 +44,9 @@ class RequestStream:
 class EngineProcess:
     def __init__(self, *, config: dict[str, Any], membership: Membership) -> None:
         self._config = {**config, "membership": membership_to_dict(membership)}
-        self.membership = membership
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
-        self.model_name: str | None = None
-        self.max_context: int | None = None
         self.load = LoadReport()
         self.failure: str = ""
         self.last_report = time.monotonic()          # when the engine process last said anything
@@ -83,7 +80,6 @@ class EngineProcess:
                 op = ev["op"]
                 self.last_report = time.monotonic()
                 if op == "ready":
-                    self.model_name, self.max_context = ev["model_name"], ev["max_context"]
                     self.ready.set()
                 elif op == "load":
                     self.load = LoadReport(**{k: ev[k] for k in LoadReport.__dataclass_fields__})

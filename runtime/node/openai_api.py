@@ -7,7 +7,7 @@ and a message that says how to fix it). Nothing here touches the engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -40,7 +40,6 @@ class ParsedRequest:
     messages: tuple[dict, ...] = ()      # chat
     prompt: str | None = None            # completion, text
     prompt_ids: tuple[int, ...] | None = None  # completion, token ids
-    extra: dict = field(default_factory=dict)
 
     def engine_payload(self, *, default_max_tokens: int) -> dict[str, Any]:
         p: dict[str, Any] = {"max_tokens": self.max_tokens, "default_max_tokens": default_max_tokens,
@@ -194,8 +193,6 @@ def parse_chat(body: Any, *, served_model: str, max_tokens_limit: int) -> Parsed
 
 def parse_completion(body: Any, *, served_model: str, max_tokens_limit: int) -> ParsedRequest:
     c = _common(body, served_model, max_tokens_limit, "completion")
-    if c["max_tokens"] is None:
-        c["max_tokens"] = None  # OpenAI's default for completions is 16; filled in by the engine host
     if body.get("echo") not in (None, False):
         raise _bad("echo", "'echo' is not supported: leave it out")
     if body.get("suffix") not in (None, ""):

@@ -24,7 +24,7 @@ from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_c
 from runtime.node.supervisor import STATUS_PATH, UnitSupervisor, jlog
 
 RETRY_AFTER_S = "2"
-_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
 
 

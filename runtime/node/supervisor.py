@@ -335,11 +335,9 @@ class UnitSupervisor:
     async def _follow(self, m: Membership) -> None:
         leader = m.members[0]
         last_rdv = [time.monotonic()]
-        last_seen = time.monotonic()
         while True:                                     # wait for an offer naming this boot
             st = await self._status(leader)
             if st and self._compatible(st, leader, m):
-                last_seen = time.monotonic()
                 offer = st.get("offer")
                 if offer and offer["boot_ids"].get(str(m.rank)) == self.boot_id \
                         and offer["formation"] not in self._joined:

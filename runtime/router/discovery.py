@@ -20,7 +20,6 @@ log = logging.getLogger("flotilla.router.discovery")
 class UnitEndpoint:
     url: str                       # the member's base URL, e.g. http://10.0.1.5:8000
     unit: str = ""                 # provisional unit name (Cloud Map: the ECS service), "" if unknown
-    revision: str = ""
 
 
 class DiscoveryError(RuntimeError):

@@ -36,25 +36,21 @@ class Unit:
     on the event loop."""
 
     __slots__ = ("url", "unit", "revision", "state", "ready", "queue_depth", "running",
-                 "max_running", "kv_cache_used", "outstanding", "removed", "session",
-                 "last_poll_ok", "poll_task", "ready_since", "cell", "role", "rank")
+                 "kv_cache_used", "outstanding", "removed", "session", "poll_task", "cell", "role", "rank")
 
     def __init__(self, endpoint: UnitEndpoint) -> None:
         self.url = endpoint.url
         self.unit = endpoint.unit or endpoint.url
-        self.revision = endpoint.revision
+        self.revision = ""              # from the ready body (contract.ATTR_REVISION)
         self.state = "unknown"          # as the unit reports it, or "unreachable"
         self.ready = False
         self.queue_depth = 0
         self.running = 0
-        self.max_running = 0
         self.kv_cache_used = 0.0
         self.outstanding = 0            # requests this router has in flight to the unit
         self.removed = False            # gone from discovery; closes once idle
         self.session: aiohttp.ClientSession | None = None
-        self.last_poll_ok = 0.0
         self.poll_task: asyncio.Task | None = None
-        self.ready_since = 0.0
         self.cell = ""                  # from the ready body (contract.ATTR_CELL); "" locally
         self.role = "unknown"           # leader | follower, from the ready body
         self.rank = -1
@@ -95,13 +91,11 @@ class Unit:
         load = body.get("load") or {}
         self.queue_depth = int(load.get("queue_depth", 0))
         self.running = int(load.get("running", 0))
-        self.max_running = int(load.get("max_running", 0))
         self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
         state = str(body.get("state", "unknown"))
         ready = status == 200 and bool(body.get("ready")) and state == "ready"
         if ready and not self.ready:
             log.info("unit %s (%s, revision %s) is routable", self.unit, self.url, self.revision)
-            self.ready_since = time.monotonic()
         if not ready:
             self.mark_unready(state)
         self.ready = ready
@@ -243,7 +237,6 @@ class Fleet:
             log.warning("unit at %s answered %s with an unreadable body: %s",
                         unit.url, contract.NODE_READY_PATH, exc)
             return
-        unit.last_poll_ok = time.monotonic()
         unit.apply_report(status, body)
         if unit.cell:
             self.cells.add(unit.cell)

@@ -33,7 +33,7 @@ log = logging.getLogger("flotilla.router")
 _HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
     "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length"))
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_REQUEST_ID_RE = re.compile(contract.REQUEST_ID_PATTERN)
 _SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 _REFUSAL_BODY_LIMIT = 64 * 1024
 _WHOLE_BODY_LIMIT = 1024 * 1024     # bodies of known length up to this are relayed in one piece

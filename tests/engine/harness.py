@@ -13,7 +13,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(TESTS))
+sys.path.append(TESTS)  # for testnet
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -24,6 +26,7 @@ from runtime.engines.llama import UnsplitLlama  # noqa: E402
 from runtime.engines.plan import make_plan  # noqa: E402
 from runtime.membership import Membership  # noqa: E402
 from runtime.models import resolve_model  # noqa: E402
+from testnet import free_port  # noqa: E402
 
 
 def say(**kw) -> None:
@@ -99,11 +102,7 @@ def _handoff_port(out_path: str, n: int, rank: int, *, first: int) -> int:
         return first
     path = f"{out_path}.port{n}"
     if rank == 0:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         with open(path + ".tmp", "w") as f:
             f.write(str(port))
         os.rename(path + ".tmp", path)

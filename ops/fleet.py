@@ -27,10 +27,6 @@ UNITS_CLOUDMAP_SERVICE = "units"
 # Tags the stacks put on every resource (stacks/deployment.py, stacks/cell.py, stacks/unit.py).
 DEPLOYMENT_TAG, CELL_TAG, UNIT_TAG = "flotilla:deployment", "flotilla:cell", "flotilla:unit"
 STACK_NAME_TAG = "aws:cloudformation:stack-name"
-# Attributes ECS itself writes when it registers a task in Cloud Map (the front-door issue adds the
-# same names to contract; ECS fixes their values).
-_ATTR_IPV4 = getattr(contract, "CLOUDMAP_ATTR_IPV4", "AWS_INSTANCE_IPV4")
-_ATTR_PORT = getattr(contract, "CLOUDMAP_ATTR_PORT", "AWS_INSTANCE_PORT")
 
 
 def _task_id(arn: str) -> str:
@@ -371,7 +367,7 @@ def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
 
 def _attach_cloudmap(units: list[Unit], instances: list[dict[str, Any]] | None) -> None:
     by_id = {i["Id"]: i for i in instances or []}
-    by_ip = {i.get("Attributes", {}).get(_ATTR_IPV4): i for i in instances or []}
+    by_ip = {i.get("Attributes", {}).get(contract.CLOUDMAP_ATTR_IPV4): i for i in instances or []}
     for u in units:
         for n in u.nodes:
             inst = by_id.get(n.task_id) or (by_ip.get(n.private_ip) if n.private_ip else None)
@@ -380,8 +376,8 @@ def _attach_cloudmap(units: list[Unit], instances: list[dict[str, Any]] | None) 
             if inst is not None:
                 n.registered = True
                 attrs = inst.get("Attributes", {})
-                host = attrs.get(_ATTR_IPV4, host)
-                port = int(attrs.get(_ATTR_PORT, port))
+                host = attrs.get(contract.CLOUDMAP_ATTR_IPV4, host)
+                port = int(attrs.get(contract.CLOUDMAP_ATTR_PORT, port))
             n.address = f"{host}:{port}" if host else None
 
 

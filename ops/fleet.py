@@ -91,8 +91,6 @@ class Unit:
     service_name: str
     service_arn: str
     desired: int
-    running: int
-    pending: int
     task_definition_arn: str
     revision: str                     # FLOTILLA_REVISION of the service's task definition
     nodes_per_unit: int
@@ -156,11 +154,6 @@ class Unit:
     def serving_formation(self) -> list[Node] | None:
         """The formation that can serve: every member ready, ranks 0..n-1, leader reachable."""
         return next((f for f in self.formations() if not self._formation_problems(f)), None)
-
-    @property
-    def leader(self) -> Node | None:
-        members = self.serving_formation() or next(iter(self.formations()), [])
-        return next((n for n in members if n.rank == 0), None)
 
     @property
     def ready(self) -> bool:
@@ -288,8 +281,7 @@ def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dic
                 cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
                 unit_id=unit_id,
                 cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
-                desired=s.get("desiredCount", 0), running=s.get("runningCount", 0),
-                pending=s.get("pendingCount", 0), task_definition_arn=td_arn,
+                desired=s.get("desiredCount", 0), task_definition_arn=td_arn,
                 revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
                 deployments=s.get("deployments", []),
                 tags=tags,

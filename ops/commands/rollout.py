@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ops.aws import Aws, clients_for
-from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
+from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, select, wait_until
 from ops.errors import OpsError
 from ops.fleet import Fleet, Unit, container_env, router_services
 
@@ -96,7 +96,7 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
 
     def look():
         fleet = fleet_from_args(args, aws)
-        units = [u for u in fleet.units if not args.cell or u.cell_id == args.cell]
+        units = select(fleet, cell=args.cell)
         return fleet, units
 
     fleet, units = look()

@@ -29,7 +29,8 @@ DEPLOYMENT_TAG, CELL_TAG, UNIT_TAG = "flotilla:deployment", "flotilla:cell", "fl
 STACK_NAME_TAG = "aws:cloudformation:stack-name"
 
 
-def _task_id(arn: str) -> str:
+def arn_name(arn: str) -> str:
+    """The part of an ARN after its last "/": a task's id, a task definition's family:revision."""
     return arn.rsplit("/", 1)[-1]
 
 
@@ -60,7 +61,7 @@ class Node:
 
     @property
     def task_id(self) -> str:
-        return _task_id(self.task_arn)
+        return arn_name(self.task_arn)
 
     @property
     def rank(self) -> int | None:

@@ -233,6 +233,19 @@ def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     return out
 
 
+def _active_services(aws: Aws, cluster_arn: str, *, tags: bool = False) -> list[dict[str, Any]]:
+    """The cluster's ACTIVE ECS services (DescribeServices takes 10 at a time), with their tags if asked."""
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
+        arns.extend(page.get("serviceArns", []))
+    include = {"include": ["TAGS"]} if tags else {}
+    out = []
+    for batch in chunks(arns, 10):
+        out.extend(s for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, **include)["services"]
+                   if s.get("status") == "ACTIVE")
+    return out
+
+
 def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     """The router's ECS service(s): clusters of the `<deployment>-Router` stack (front door)."""
     out = []
@@ -240,12 +253,7 @@ def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
         stack = _tags(cluster).get(STACK_NAME_TAG, "")
         if stack != f"{deployment}-Router" and not cluster["clusterName"].startswith(f"{deployment}-Router-"):
             continue
-        arns: list[str] = []
-        for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster["clusterArn"]):
-            arns.extend(page.get("serviceArns", []))
-        for batch in chunks(arns, 10):
-            out.extend(s for s in aws.ecs.describe_services(cluster=cluster["clusterArn"], services=batch)["services"]
-                       if s.get("status") == "ACTIVE")
+        out.extend(_active_services(aws, cluster["clusterArn"]))
     return out
 
 
@@ -258,35 +266,29 @@ def container_env(task_definition: dict[str, Any]) -> dict[str, str]:
 
 def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dict]) -> list[Unit]:
     cluster_arn = cluster["clusterArn"]
-    service_arns: list[str] = []
-    for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
-        service_arns.extend(page.get("serviceArns", []))
     units = []
-    for batch in chunks(service_arns, 10):
-        for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, include=["TAGS"])["services"]:
-            if s.get("status") != "ACTIVE":
-                continue
-            td_arn = s["taskDefinition"]
-            if td_arn not in taskdefs:
-                taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
-            env = container_env(taskdefs[td_arn])
-            tags = _tags(s)
-            unit_id = env.get(contract.ENV_UNIT_ID) or tags.get(UNIT_TAG)
-            if not unit_id:
-                continue  # not a unit (e.g. a helper service in the cluster)
-            try:
-                nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
-            except ValueError:
-                nodes_per_unit = s["desiredCount"]
-            units.append(Unit(
-                cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
-                unit_id=unit_id,
-                cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
-                desired=s.get("desiredCount", 0), task_definition_arn=td_arn,
-                revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
-                deployments=s.get("deployments", []),
-                tags=tags,
-            ))
+    for s in _active_services(aws, cluster_arn, tags=True):
+        td_arn = s["taskDefinition"]
+        if td_arn not in taskdefs:
+            taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
+        env = container_env(taskdefs[td_arn])
+        tags = _tags(s)
+        unit_id = env.get(contract.ENV_UNIT_ID) or tags.get(UNIT_TAG)
+        if not unit_id:
+            continue  # not a unit (e.g. a helper service in the cluster)
+        try:
+            nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
+        except ValueError:
+            nodes_per_unit = s["desiredCount"]
+        units.append(Unit(
+            cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
+            unit_id=unit_id,
+            cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
+            desired=s.get("desiredCount", 0), task_definition_arn=td_arn,
+            revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
+            deployments=s.get("deployments", []),
+            tags=tags,
+        ))
     return units
 
 

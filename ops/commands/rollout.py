@@ -101,15 +101,15 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         return 1
     if args.wait:
         def check():
-            _, now = look()
-            states = [rollout_state(u) for u in now]
+            nonlocal fleet, units   # the last look is what gets rendered once the wait is over
+            fleet, units = look()
+            states = [rollout_state(u) for u in units]
             if FAILED in states:
                 return True, "a deployment FAILED"
             busy = states.count(IN_PROGRESS)
             return busy == 0, f"{busy} unit(s) in progress"
 
         wait_until(check, timeout_s=args.wait, description="rollout", console=console, poll_s=10.0)
-        fleet, units = look()
     counts = render_status(fleet, units, console)
     router_failed = render_router(router_services(aws, args.deployment), console)
     console.print(f"{counts[COMPLETED]} completed, {counts[IN_PROGRESS]} in progress, {counts[FAILED]} failed")

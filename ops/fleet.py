@@ -12,6 +12,7 @@ import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -412,10 +413,14 @@ def probe_health(units: list[Unit], *, timeout_s: float) -> None:
 
 def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None,
              cloudmap_service: str = UNITS_CLOUDMAP_SERVICE, health: bool = True,
-             health_timeout_s: float = 2.0) -> Fleet:
+             health_timeout_s: float = 2.0, clusters: Collection[str] | None = None) -> Fleet:
+    """The deployment's fleet; with `clusters` (cell cluster ARNs) only the units of those cells, for a
+    wait that watches a few units and need not probe every node of the deployment each poll."""
     units: list[Unit] = []
     taskdefs: dict[str, dict] = {}
     for cluster in _cell_clusters(aws, deployment):
+        if clusters is not None and cluster["clusterArn"] not in clusters:
+            continue
         cluster_units = _units_of_cluster(aws, cluster, taskdefs)
         if cluster_units:
             _attach_nodes(aws, cluster["clusterArn"], cluster_units)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Collection
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,10 +16,11 @@ from ops.errors import OpsError, Refused
 from ops.fleet import Fleet, Unit, discover
 
 
-def fleet_from_args(args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True) -> Fleet:
+def fleet_from_args(args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True,
+                    clusters: Collection[str] | None = None) -> Fleet:
     return discover(aws or clients_for(args), deployment=args.deployment,
                     cloudmap_namespace=args.cloudmap_namespace, cloudmap_service=args.cloudmap_service,
-                    health=health, health_timeout_s=args.health_timeout)
+                    health=health, health_timeout_s=args.health_timeout, clusters=clusters)
 
 
 def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[Unit]:

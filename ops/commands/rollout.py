@@ -203,9 +203,10 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{u.unit_id}: -> {arn_name(prev)}")
         if args.wait:
             ids = {u.unit_id for u, _ in in_cell}
+            clusters = {u.cluster_arn for u, _ in in_cell}
 
             def check():
-                now = [u for u in fleet_from_args(args, aws).units if u.unit_id in ids]
+                now = [u for u in fleet_from_args(args, aws, clusters=clusters).units if u.unit_id in ids]
                 states = [rollout_state(u) for u in now]
                 if FAILED in states:
                     raise OpsError(f"{cell}: a rollback deployment FAILED; stopping before the next cell")

@@ -15,6 +15,7 @@ from rich.console import Console
 from ops import __doc__ as _package_doc
 from ops.commands import drain, plan, replace, rollout, status, topology
 from ops.errors import OpsError
+from ops.fleet import UNITS_CLOUDMAP_SERVICE
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 
@@ -28,7 +29,8 @@ def _add_aws_options(p: argparse.ArgumentParser) -> None:
                         "default: %(default)s")
     g.add_argument("--cloudmap-namespace", help="Cloud Map namespace of the units' service (needed only when "
                                                 "several namespaces have one)")
-    g.add_argument("--cloudmap-service", default="units", help="Cloud Map service the unit members register in")
+    g.add_argument("--cloudmap-service", default=UNITS_CLOUDMAP_SERVICE,
+                   help="Cloud Map service the unit members register in")
     g.add_argument("--health-timeout", type=float, default=2.0, metavar="SECONDS",
                    help="per-node /health/ready timeout; default %(default)s")
 

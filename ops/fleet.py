@@ -12,6 +12,7 @@ import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,13 +28,10 @@ UNITS_CLOUDMAP_SERVICE = "units"
 # Tags the stacks put on every resource (stacks/deployment.py, stacks/cell.py, stacks/unit.py).
 DEPLOYMENT_TAG, CELL_TAG, UNIT_TAG = "flotilla:deployment", "flotilla:cell", "flotilla:unit"
 STACK_NAME_TAG = "aws:cloudformation:stack-name"
-# Attributes ECS itself writes when it registers a task in Cloud Map (the front-door issue adds the
-# same names to contract; ECS fixes their values).
-_ATTR_IPV4 = getattr(contract, "CLOUDMAP_ATTR_IPV4", "AWS_INSTANCE_IPV4")
-_ATTR_PORT = getattr(contract, "CLOUDMAP_ATTR_PORT", "AWS_INSTANCE_PORT")
 
 
-def _task_id(arn: str) -> str:
+def arn_name(arn: str) -> str:
+    """The part of an ARN after its last "/": a task's id, a task definition's family:revision."""
     return arn.rsplit("/", 1)[-1]
 
 
@@ -64,7 +62,7 @@ class Node:
 
     @property
     def task_id(self) -> str:
-        return _task_id(self.task_arn)
+        return arn_name(self.task_arn)
 
     @property
     def rank(self) -> int | None:
@@ -95,8 +93,6 @@ class Unit:
     service_name: str
     service_arn: str
     desired: int
-    running: int
-    pending: int
     task_definition_arn: str
     revision: str                     # FLOTILLA_REVISION of the service's task definition
     nodes_per_unit: int
@@ -160,11 +156,6 @@ class Unit:
     def serving_formation(self) -> list[Node] | None:
         """The formation that can serve: every member ready, ranks 0..n-1, leader reachable."""
         return next((f for f in self.formations() if not self._formation_problems(f)), None)
-
-    @property
-    def leader(self) -> Node | None:
-        members = self.serving_formation() or next(iter(self.formations()), [])
-        return next((n for n in members if n.rank == 0), None)
 
     @property
     def ready(self) -> bool:
@@ -243,6 +234,19 @@ def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     return out
 
 
+def _active_services(aws: Aws, cluster_arn: str, *, tags: bool = False) -> list[dict[str, Any]]:
+    """The cluster's ACTIVE ECS services (DescribeServices takes 10 at a time), with their tags if asked."""
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
+        arns.extend(page.get("serviceArns", []))
+    include = {"include": ["TAGS"]} if tags else {}
+    out = []
+    for batch in chunks(arns, 10):
+        out.extend(s for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, **include)["services"]
+                   if s.get("status") == "ACTIVE")
+    return out
+
+
 def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     """The router's ECS service(s): clusters of the `<deployment>-Router` stack (front door)."""
     out = []
@@ -250,12 +254,7 @@ def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
         stack = _tags(cluster).get(STACK_NAME_TAG, "")
         if stack != f"{deployment}-Router" and not cluster["clusterName"].startswith(f"{deployment}-Router-"):
             continue
-        arns: list[str] = []
-        for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster["clusterArn"]):
-            arns.extend(page.get("serviceArns", []))
-        for batch in chunks(arns, 10):
-            out.extend(s for s in aws.ecs.describe_services(cluster=cluster["clusterArn"], services=batch)["services"]
-                       if s.get("status") == "ACTIVE")
+        out.extend(_active_services(aws, cluster["clusterArn"]))
     return out
 
 
@@ -268,36 +267,29 @@ def container_env(task_definition: dict[str, Any]) -> dict[str, str]:
 
 def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dict]) -> list[Unit]:
     cluster_arn = cluster["clusterArn"]
-    service_arns: list[str] = []
-    for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
-        service_arns.extend(page.get("serviceArns", []))
     units = []
-    for batch in chunks(service_arns, 10):
-        for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, include=["TAGS"])["services"]:
-            if s.get("status") != "ACTIVE":
-                continue
-            td_arn = s["taskDefinition"]
-            if td_arn not in taskdefs:
-                taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
-            env = container_env(taskdefs[td_arn])
-            tags = _tags(s)
-            unit_id = env.get(contract.ENV_UNIT_ID) or tags.get(UNIT_TAG)
-            if not unit_id:
-                continue  # not a unit (e.g. a helper service in the cluster)
-            try:
-                nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
-            except ValueError:
-                nodes_per_unit = s["desiredCount"]
-            units.append(Unit(
-                cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
-                unit_id=unit_id,
-                cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
-                desired=s.get("desiredCount", 0), running=s.get("runningCount", 0),
-                pending=s.get("pendingCount", 0), task_definition_arn=td_arn,
-                revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
-                deployments=s.get("deployments", []),
-                tags=tags,
-            ))
+    for s in _active_services(aws, cluster_arn, tags=True):
+        td_arn = s["taskDefinition"]
+        if td_arn not in taskdefs:
+            taskdefs[td_arn] = aws.ecs.describe_task_definition(taskDefinition=td_arn)["taskDefinition"]
+        env = container_env(taskdefs[td_arn])
+        tags = _tags(s)
+        unit_id = env.get(contract.ENV_UNIT_ID) or tags.get(UNIT_TAG)
+        if not unit_id:
+            continue  # not a unit (e.g. a helper service in the cluster)
+        try:
+            nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
+        except ValueError:
+            nodes_per_unit = s["desiredCount"]
+        units.append(Unit(
+            cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
+            unit_id=unit_id,
+            cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
+            desired=s.get("desiredCount", 0), task_definition_arn=td_arn,
+            revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
+            deployments=s.get("deployments", []),
+            tags=tags,
+        ))
     return units
 
 
@@ -371,7 +363,7 @@ def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
 
 def _attach_cloudmap(units: list[Unit], instances: list[dict[str, Any]] | None) -> None:
     by_id = {i["Id"]: i for i in instances or []}
-    by_ip = {i.get("Attributes", {}).get(_ATTR_IPV4): i for i in instances or []}
+    by_ip = {i.get("Attributes", {}).get(contract.CLOUDMAP_ATTR_IPV4): i for i in instances or []}
     for u in units:
         for n in u.nodes:
             inst = by_id.get(n.task_id) or (by_ip.get(n.private_ip) if n.private_ip else None)
@@ -380,8 +372,8 @@ def _attach_cloudmap(units: list[Unit], instances: list[dict[str, Any]] | None) 
             if inst is not None:
                 n.registered = True
                 attrs = inst.get("Attributes", {})
-                host = attrs.get(_ATTR_IPV4, host)
-                port = int(attrs.get(_ATTR_PORT, port))
+                host = attrs.get(contract.CLOUDMAP_ATTR_IPV4, host)
+                port = int(attrs.get(contract.CLOUDMAP_ATTR_PORT, port))
             n.address = f"{host}:{port}" if host else None
 
 
@@ -421,10 +413,14 @@ def probe_health(units: list[Unit], *, timeout_s: float) -> None:
 
 def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None,
              cloudmap_service: str = UNITS_CLOUDMAP_SERVICE, health: bool = True,
-             health_timeout_s: float = 2.0) -> Fleet:
+             health_timeout_s: float = 2.0, clusters: Collection[str] | None = None) -> Fleet:
+    """The deployment's fleet; with `clusters` (cell cluster ARNs) only the units of those cells, for a
+    wait that watches a few units and need not probe every node of the deployment each poll."""
     units: list[Unit] = []
     taskdefs: dict[str, dict] = {}
     for cluster in _cell_clusters(aws, deployment):
+        if clusters is not None and cluster["clusterArn"] not in clusters:
+            continue
         cluster_units = _units_of_cluster(aws, cluster, taskdefs)
         if cluster_units:
             _attach_nodes(aws, cluster["clusterArn"], cluster_units)

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import torch  # noqa: E402
 
 from runtime.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from runtime.membership import Membership  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Why is the sky blue?", "Write a haiku about autumn.", "What is 12 times 7?",
@@ -52,6 +52,14 @@ async def _stream(engine, rid, prompt, max_tokens):
     return times
 
 
+async def _concurrent_rate(engine, tag: str, n: int) -> float:
+    """tokens/s of n requests streamed at once (the prompts are tokenized before the clock starts)."""
+    ps = prompts(engine.tokenizer, n)
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*[_stream(engine, f"{tag}-{i}", p, MAX_TOKENS) for i, p in enumerate(ps)])
+    return sum(len(x) for x in res) / (time.perf_counter() - t0)
+
+
 async def engine_throughput(threads: int, repeats: int) -> dict:
     from runtime.engines.reference import ReferenceEngine
 
@@ -60,13 +68,7 @@ async def engine_throughput(threads: int, repeats: int) -> dict:
     await engine.start()
     out = {}
     for conc in (1, 4, 16):
-        rates = []
-        for r in range(repeats):
-            ps = prompts(engine.tokenizer, conc)
-            t0 = time.perf_counter()
-            res = await asyncio.gather(*[_stream(engine, f"c{conc}-{r}-{i}", p, MAX_TOKENS)
-                                         for i, p in enumerate(ps)])
-            rates.append(sum(len(x) for x in res) / (time.perf_counter() - t0))
+        rates = [await _concurrent_rate(engine, f"c{conc}-{r}", conc) for r in range(repeats)]
         out[conc] = statistics.median(rates)
     # batch-1 decode time per token: gaps between streamed tokens of a lone request
     gaps = []
@@ -130,9 +132,7 @@ def weight_bytes() -> int:
 
 
 def two_rank_combos(threads: int, repeats: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port(span=len(COMBOS))   # combination n rendezvouses on port + n
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
                                "--threads", str(threads), "--repeats", str(repeats)],
@@ -169,13 +169,7 @@ def rank_main(rank: int, port: int, threads: int, repeats: int) -> None:
             long_prompt = engine.tokenizer.encode(" ".join(QUESTIONS) * 20)[:LONG_PROMPT]
             long_ttfts = [(await _stream(engine, f"long{r}", long_prompt, 2))[0]
                           for r in range(repeats)]
-            rates = []
-            for r in range(repeats):
-                ps = prompts(engine.tokenizer, 16)
-                t0 = time.perf_counter()
-                res = await asyncio.gather(*[_stream(engine, f"x{r}-{i}", p, MAX_TOKENS)
-                                             for i, p in enumerate(ps)])
-                rates.append(sum(len(x) for x in res) / (time.perf_counter() - t0))
+            rates = [await _concurrent_rate(engine, f"x{r}", 16) for r in range(repeats)]
             await engine.shutdown()
             return (statistics.median(ttfts), statistics.median(tpots), statistics.median(rates),
                     statistics.median(long_ttfts))

@@ -27,22 +27,26 @@ def response(status: bytes, body: bytes, ctype: bytes = b"application/json") -> 
             + body)
 
 
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+               b"X-Flotilla-Unit: bench\r\n\r\n")
+# The [DONE] event in its chunk, then the empty chunk that ends the response.
+STREAM_END = b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")
+
+
+def _chunk(event: bytes) -> bytes:
+    """One HTTP/1.1 chunk carrying one SSE event."""
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
 def sse_chunks(events: int) -> list[bytes]:
-    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-            b"X-Flotilla-Unit: bench\r\n\r\n")
-    out = [head]
+    out = [STREAM_HEAD]
     for i in range(events):
         ev = b"data: " + json.dumps({"id": "cmpl-bench", "object": "text_completion",
                                      "choices": [{"index": 0, "text": f" tok{i}",
                                                   "finish_reason": None}]}).encode() + b"\n\n"
-        out.append(b"%x\r\n%s\r\n" % (len(ev), ev))
-    done = b"data: [DONE]\n\n"
-    out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+        out.append(_chunk(ev))
+    out.append(STREAM_END)
     return out
-
-
-STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-               b"X-Flotilla-Unit: bench\r\n\r\n")
 
 
 async def paced_stream(transport, events: int, pace_s: float) -> None:
@@ -52,9 +56,8 @@ async def paced_stream(transport, events: int, pace_s: float) -> None:
     for i in range(events):
         await asyncio.sleep(pace_s)
         ev = b'data: {"t": %.9f, "choices": [{"index": 0, "text": " tok%d"}]}\n\n' % (time.perf_counter(), i)
-        transport.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-    done = b"data: [DONE]\n\n"
-    transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+        transport.write(_chunk(ev))
+    transport.write(STREAM_END)
 
 
 class Backend(asyncio.Protocol):

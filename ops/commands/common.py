@@ -6,19 +6,31 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Collection
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ops.aws import Aws, clients_for
 from ops.errors import OpsError, Refused
-from ops.fleet import Fleet, discover
+from ops.fleet import Fleet, Unit, discover
 
 
-def fleet_from_args(args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True) -> Fleet:
+def fleet_from_args(args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True,
+                    clusters: Collection[str] | None = None) -> Fleet:
     return discover(aws or clients_for(args), deployment=args.deployment,
                     cloudmap_namespace=args.cloudmap_namespace, cloudmap_service=args.cloudmap_service,
-                    health=health, health_timeout_s=args.health_timeout)
+                    health=health, health_timeout_s=args.health_timeout, clusters=clusters)
+
+
+def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[Unit]:
+    """The fleet's units, only `unit` (OpsError when the fleet has no such unit) and only those in `cell`."""
+    units = fleet.units
+    if unit:
+        units = [fleet.unit(unit)]
+    if cell:
+        units = [u for u in units if u.cell_id == cell]
+    return units
 
 
 def add_confirm_options(p: argparse.ArgumentParser) -> None:

@@ -39,15 +39,13 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     return [d, r]
 
 
-def wait_for_running(aws, *, cluster: str, service: str, want: int, timeout_s: float, console: Console,
-                     poll_s: float = 5.0) -> None:
+def wait_for_running(aws, *, cluster: str, service: str, want: int, timeout_s: float, console: Console) -> None:
     """Poll the service until runningCount == want (progress bar; OpsError on timeout)."""
     def check():
         svc = aws.ecs.describe_services(cluster=cluster, services=[service])["services"][0]
         return svc.get("runningCount", 0) == want, f"running {svc.get('runningCount', 0)}"
 
-    wait_until(check, timeout_s=timeout_s, description=f"{service}: running -> {want}", console=console,
-               poll_s=poll_s)
+    wait_until(check, timeout_s=timeout_s, description=f"{service}: running -> {want}", console=console)
 
 
 def run_drain(args: argparse.Namespace, console: Console) -> int:

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(f"{args.instance_id}: draining and marked Unhealthy; Auto Scaling replaces it")
     if args.wait:
         def check():
-            u = fleet_from_args(args, aws).unit(unit.unit_id)
+            u = fleet_from_args(args, aws, clusters={unit.cluster_arn}).unit(unit.unit_id)
             on_old = any(n.instance_id == args.instance_id for n in u.nodes)
             ready = u.ready and not on_old
             return ready, ("ready" if ready else f"{sum(n.ready for n in u.nodes)}/{u.nodes_per_unit} members ready")

@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ops.aws import Aws, clients_for
-from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
+from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, select, wait_until
 from ops.errors import OpsError
-from ops.fleet import Fleet, Unit, container_env, router_services
+from ops.fleet import Fleet, Unit, arn_name, container_env, router_services
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
@@ -63,10 +63,6 @@ def rollout_state(u: Unit) -> str:
     return COMPLETED
 
 
-def _td_name(arn: str) -> str:
-    return arn.rsplit("/", 1)[-1]
-
-
 def render_status(fleet: Fleet, units: list[Unit], console: Console) -> dict[str, int]:
     counts = {COMPLETED: 0, IN_PROGRESS: 0, FAILED: 0}
     for cell in fleet.cells:
@@ -83,9 +79,9 @@ def render_status(fleet: Fleet, units: list[Unit], console: Console) -> dict[str
             style = {COMPLETED: "green", IN_PROGRESS: "yellow", FAILED: "red"}[state]
             reported = sorted({str(n.health.get(contract.ATTR_REVISION)) for n in u.nodes if n.health})
             deps = "; ".join(
-                f"{d.get('status', '?')} {_td_name(d.get('taskDefinition', '?'))} {d.get('rolloutState', '?')} "
+                f"{d.get('status', '?')} {arn_name(d.get('taskDefinition', '?'))} {d.get('rolloutState', '?')} "
                 f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}" for d in u.deployments) or "-"
-            t.add_row(u.unit_id, f"[{style}]{state}[/]", _td_name(u.task_definition_arn), u.revision,
+            t.add_row(u.unit_id, f"[{style}]{state}[/]", arn_name(u.task_definition_arn), u.revision,
                       ", ".join(reported) or "-", deps)
         console.print(t)
     return counts
@@ -96,7 +92,7 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
 
     def look():
         fleet = fleet_from_args(args, aws)
-        units = [u for u in fleet.units if not args.cell or u.cell_id == args.cell]
+        units = select(fleet, cell=args.cell)
         return fleet, units
 
     fleet, units = look()
@@ -105,15 +101,15 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         return 1
     if args.wait:
         def check():
-            _, now = look()
-            states = [rollout_state(u) for u in now]
+            nonlocal fleet, units   # the last look is what gets rendered once the wait is over
+            fleet, units = look()
+            states = [rollout_state(u) for u in units]
             if FAILED in states:
                 return True, "a deployment FAILED"
             busy = states.count(IN_PROGRESS)
             return busy == 0, f"{busy} unit(s) in progress"
 
         wait_until(check, timeout_s=args.wait, description="rollout", console=console, poll_s=10.0)
-        fleet, units = look()
     counts = render_status(fleet, units, console)
     router_failed = render_router(router_services(aws, args.deployment), console)
     console.print(f"{counts[COMPLETED]} completed, {counts[IN_PROGRESS]} in progress, {counts[FAILED]} failed")
@@ -133,7 +129,7 @@ def render_router(services: list[dict], console: Console) -> bool:
             state = d.get("rolloutState", "?")
             failed |= state == FAILED
             style = {COMPLETED: "green", IN_PROGRESS: "yellow", FAILED: "red"}.get(state, "")
-            t.add_row(s["serviceName"], d.get("id", "?"), d.get("status", "?"), _td_name(d.get("taskDefinition", "?")),
+            t.add_row(s["serviceName"], d.get("id", "?"), d.get("status", "?"), arn_name(d.get("taskDefinition", "?")),
                       f"[{style}]{state}[/]" if style else state,
                       f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}")
     console.print(t)
@@ -143,14 +139,14 @@ def render_router(services: list[dict], console: Console) -> bool:
 # --- rollback -------------------------------------------------------------------------------------
 def previous_task_definition(aws: Aws, arn: str) -> str | None:
     """The highest ACTIVE revision of the same family below the current one."""
-    family, _, rev = _td_name(arn).rpartition(":")
+    family, _, rev = arn_name(arn).rpartition(":")
     current = int(rev)
     arns: list[str] = []
     for page in aws.ecs.get_paginator("list_task_definitions").paginate(familyPrefix=family, status="ACTIVE"):
         arns.extend(page.get("taskDefinitionArns", []))
     older = []
     for a in arns:
-        fam, _, r = _td_name(a).rpartition(":")
+        fam, _, r = arn_name(a).rpartition(":")
         if fam == family and re.fullmatch(r"\d+", r) and int(r) < current:
             older.append((int(r), a))
     return max(older)[1] if older else None
@@ -191,8 +187,8 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
     for col in ("cell", "unit", "from", "to"):
         t.add_column(col)
     for u, prev, prev_rev in steps:
-        t.add_row(u.cell_id, u.unit_id, f"{_td_name(u.task_definition_arn)} (revision {u.revision})",
-                  f"{_td_name(prev)} (revision {prev_rev})")
+        t.add_row(u.cell_id, u.unit_id, f"{arn_name(u.task_definition_arn)} (revision {u.revision})",
+                  f"{arn_name(prev)} (revision {prev_rev})")
     console.print(t)
     cells = [c for c in fleet.cells if any(u.cell_id == c for u, _, _ in steps)]
     console.print(f"cell by cell ({' -> '.join(cells)}): each unit's members drain and the unit re-forms on "
@@ -204,12 +200,13 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
         in_cell = [(u, prev) for u, prev, _ in steps if u.cell_id == cell]
         for u, prev in in_cell:
             aws.ecs.update_service(cluster=u.cluster_arn, service=u.service_name, taskDefinition=prev)
-            console.print(f"{u.unit_id}: -> {_td_name(prev)}")
+            console.print(f"{u.unit_id}: -> {arn_name(prev)}")
         if args.wait:
             ids = {u.unit_id for u, _ in in_cell}
+            clusters = {u.cluster_arn for u, _ in in_cell}
 
             def check():
-                now = [u for u in fleet_from_args(args, aws).units if u.unit_id in ids]
+                now = [u for u in fleet_from_args(args, aws, clusters=clusters).units if u.unit_id in ids]
                 states = [rollout_state(u) for u in now]
                 if FAILED in states:
                     raise OpsError(f"{cell}: a rollback deployment FAILED; stopping before the next cell")

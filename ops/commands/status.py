@@ -12,8 +12,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from ops.commands.common import fleet_from_args
-from ops.fleet import Fleet, Unit
+from ops.commands.common import fleet_from_args, select
+from ops.fleet import Unit
 
 
 def add_parser(sub) -> list[argparse.ArgumentParser]:
@@ -34,15 +34,6 @@ def unit_state(u: Unit) -> str:
     if u.drained:
         return "DRAINED"
     return "READY" if u.ready else "NOT READY"
-
-
-def select(fleet: Fleet, *, cell: str | None, unit: str | None) -> list[Unit]:
-    units = fleet.units
-    if unit:
-        units = [fleet.unit(unit)]
-    if cell:
-        units = [u for u in units if u.cell_id == cell]
-    return units
 
 
 def _load(n) -> tuple[str, str, str]:

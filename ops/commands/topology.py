@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ops.aws import chunks, clients_for
-from ops.commands.common import fleet_from_args
+from ops.commands.common import fleet_from_args, select
 from ops.fleet import Node, Unit
 
 
@@ -71,9 +71,7 @@ def check_unit(u: Unit, paths: dict[str, tuple[str, ...]]) -> list[str]:
 def run(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws)
-    units = [fleet.unit(args.unit)] if args.unit else fleet.units
-    if args.cell:
-        units = [u for u in units if u.cell_id == args.cell]
+    units = select(fleet, cell=args.cell, unit=args.unit)
     if not units:
         console.print(f"[red]no units found for deployment {args.deployment!r}[/]")
         return 1

@@ -54,7 +54,7 @@ def test_rollout_status_wait_gives_up_with_exit_one_when_the_budget_runs_out(aws
 
 def test_a_failed_ecs_deployment_marks_the_unit_failed_and_not_ready():
     unit = Unit(cell_id="cell0", unit_id="cell0-unit0", cluster_arn="c", service_name="s", service_arn="a",
-                desired=2, running=2, pending=0, task_definition_arn="arn:td/f:2", revision="2", nodes_per_unit=2,
+                desired=2, task_definition_arn="arn:td/f:2", revision="2", nodes_per_unit=2,
                 deployments=[{"id": "ecs-svc/1", "status": "PRIMARY", "rolloutState": "FAILED",
                               "rolloutStateReason": "circuit breaker tripped"}])
     assert rollout_state(unit) == FAILED

@@ -138,3 +138,18 @@ def test_cells_are_found_by_their_tags_whatever_the_cluster_is_called(aws, fleet
     assert names == ["flotilla-cell0", "legacy-name"]
     code, out = run_cli("status")
     assert code == 0 and "1/1 units ready" in out
+
+
+def test_discovery_limited_to_some_clusters_finds_their_units_exactly_as_a_full_discovery_does(aws, fleet):
+    """The --wait loops of replace-node and rollback discover only the cells they watch."""
+    from ops.fleet import discover
+    fleet.add_unit(cell=0, index=0)
+    watched = fleet.add_unit(cell=1, index=0, nodes=3)
+    fleet.add_unit(cell=1, index=1)
+    fleet.add_unit(cell=2, index=0)
+    full = discover(aws, deployment="flotilla")
+    part = discover(aws, deployment="flotilla", clusters={watched.cluster_arn})
+    assert [u.unit_id for u in part.units] == ["cell1-unit0", "cell1-unit1"]
+    assert part.unit(watched.unit_id) == full.unit(watched.unit_id)
+    assert part.units == [u for u in full.units if u.cluster_arn == watched.cluster_arn]
+    assert all(n.ready and n.registered for n in part.unit(watched.unit_id).nodes)

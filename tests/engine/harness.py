@@ -13,9 +13,7 @@ import os
 import sys
 import time
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(TESTS))
-sys.path.append(TESTS)  # for testnet
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -26,7 +24,7 @@ from runtime.engines.llama import UnsplitLlama  # noqa: E402
 from runtime.engines.plan import make_plan  # noqa: E402
 from runtime.membership import Membership  # noqa: E402
 from runtime.models import resolve_model  # noqa: E402
-from testnet import free_port  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
 
 
 def say(**kw) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime import cli_artifacts, cli_node, cli_plan, cli_router
+from runtime.artifacts import cli as artifacts_cli
+from runtime.engines import cli as plan_cli
+from runtime.node import cli as node_cli
+from runtime.router import cli as router_cli
 
-SUBCOMMANDS = [cli_plan, cli_node, cli_router, cli_artifacts]   # each adds one subcommand
+SUBCOMMANDS = [plan_cli, node_cli, router_cli, artifacts_cli]   # each adds one subcommand
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,14 +74,14 @@ def _routable_units(router_url: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    router_available = importlib.util.find_spec("runtime.cli_router") is not None
+    router_available = importlib.util.find_spec("runtime.router.cli") is not None
     p = argparse.ArgumentParser(prog="python -m runtime.local", description=__doc__)
     p.add_argument("--units", type=int, default=1, help="units to start (default 1)")
     p.add_argument("--nodes", type=int, default=2, help="members per unit (default 2)")
     p.add_argument("--model", default="smollm2", help="tiny | smollm2 | checkpoint directory (default smollm2)")
     p.add_argument("--engine", default="reference", help="reference (default) | echo (plumbing only, no model)")
     p.add_argument("--router", choices=("auto", "on", "off"), default="auto",
-                   help="put the router in front of the units (auto, the default: when runtime/cli_router.py "
+                   help="put the router in front of the units (auto, the default: when runtime/router/cli.py "
                         f"is present{'' if router_available else ', which it is not in this checkout'})")
     p.add_argument("--port", type=int, default=None,
                    help=f"public port (default ${contract.ENV_PORT} or {DEFAULT_PUBLIC_PORT})")
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.units < 1 or a.nodes < 1:
         p.error("--units and --nodes must be at least 1")
     if a.router == "on" and not router_available:
-        p.error("--router on: runtime/cli_router.py is not in this checkout; use --router off")
+        p.error("--router on: runtime/router/cli.py is not in this checkout; use --router off")
     a.use_router = a.router == "on" or (a.router == "auto" and router_available)
     if a.port is None:
         raw = os.environ.get(contract.ENV_PORT) or str(DEFAULT_PUBLIC_PORT)

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ops.errors import UsageError
 from ops.hardware import GIB, INSTANCES
-from ops.planner import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
+from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

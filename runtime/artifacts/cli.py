@@ -7,14 +7,15 @@ publish: hash a local directory, upload its files, then its manifest. fetch: dow
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from runtime.logs import setup_logging
 from runtime.artifacts.fetch import ArtifactError, fetch
 from runtime.artifacts.manifest import ManifestError, build_manifest, publish
 
 
-def add_artifacts_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `artifacts` on `python -m runtime`."""
     parser = subparsers.add_parser("artifacts", help="publish / fetch model artifacts on S3")
     sub = parser.add_subparsers(dest="artifacts_command", required=True)
     pub = sub.add_parser("publish", help="upload a directory and its checksum manifest")
@@ -25,12 +26,13 @@ def add_artifacts_parser(subparsers) -> argparse.ArgumentParser:
     get.add_argument("--dest", required=True, help="local directory to fill")
     man = sub.add_parser("manifest", help="print the manifest of a local directory")
     man.add_argument("--source", required=True)
+    parser.set_defaults(func=run_artifacts)
     return parser
 
 
 def run_artifacts(args: argparse.Namespace, out=None, err=None, s3=None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    logging.basicConfig(level=logging.INFO, stream=err, format="%(asctime)s %(message)s")
+    setup_logging(stream=err)
     try:
         if args.artifacts_command == "manifest":
             out.write(build_manifest(args.source).to_json().decode())

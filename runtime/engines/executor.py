@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from runtime.engines.base import EngineBroken
 from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, decoder_layer,
                                    positions_of, rms_norm, rope_tables)
-from runtime.engines.plan import ParallelPlan, split_even
+from runtime.engines.layout import ParallelPlan, split_even
 from runtime.models.registry import WeightSource
 
 OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4

@@ -35,7 +35,7 @@ from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, Engin
                                   GenerationRequest, RequestRejected, TokenEvent)
 from runtime.engines.executor import (OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand,
                                       plan_fingerprint)
-from runtime.engines.plan import ParallelPlan, check_strategies, make_plan
+from runtime.engines.layout import ParallelPlan, check_strategies, make_plan
 from runtime.engines.sampling import TextTracker, make_generator, sample
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model

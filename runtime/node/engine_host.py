@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from runtime.engines.base import (EngineBroken, EngineError, EngineState, GenerationRequest,
                                   RequestRejected, SamplingParams)
+from runtime.logs import setup_logging
 from runtime.membership import Member, Membership
 
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
@@ -37,7 +38,7 @@ def membership_from_dict(d: dict[str, Any]) -> Membership:
 
 def _neuron_settings(cfg: dict[str, Any]) -> Any:
     from runtime.engines.neuron.engine import NeuronEngineSettings  # noqa: PLC0415
-    from runtime.engines.neuron.plan import NeuronOptions  # noqa: PLC0415
+    from runtime.engines.neuron.launch import NeuronOptions  # noqa: PLC0415
 
     n = cfg["neuron"]
     options = NeuronOptions(seq_len=n["seq_len"], batch_size=n["batch_size"], cp_degree=n["cp_degree"],
@@ -207,7 +208,7 @@ def main() -> int:
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    setup_logging()
     out = _Out(proto)
     if cfg["engine"] not in ("echo", "neuron"):
         import torch  # noqa: PLC0415 - the echo engine needs no torch

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import contract
+from runtime.logs import jlog
 from runtime.membership import Membership
 from runtime.node.engine_host import CONFIG_ENV, membership_to_dict
 
@@ -95,7 +96,7 @@ class EngineProcess:
                         if op in ("done", "error"):
                             self._streams.pop(ev["id"], None)
         except (ValueError, KeyError) as e:
-            log.error(json.dumps({"event": "engine_protocol_error", "error": str(e)}))
+            jlog("engine_protocol_error", logging.ERROR, logger=log, error=str(e))
         finally:
             rc = await self.proc.wait()
             self.load = LoadReport(state="stopped" if rc == 0 else "broken",

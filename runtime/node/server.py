@@ -21,7 +21,8 @@ import contract
 from runtime import emf
 from runtime.node.metrics import NodeMetrics
 from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
-from runtime.node.supervisor import STATUS_PATH, UnitSupervisor, jlog
+from runtime.logs import jlog
+from runtime.node.supervisor import STATUS_PATH, UnitSupervisor
 
 RETRY_AFTER_S = "2"
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)

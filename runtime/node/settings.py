@@ -365,7 +365,7 @@ def _degree(name: str, raw: str) -> int | str:
 
 
 def _neuron_settings(raw: dict[str, str | None], label: dict[str, str], *, api_port: int) -> NeuronSettings:
-    from runtime.engines.neuron.plan import INSTANCES  # noqa: PLC0415 - pure Python, no vLLM
+    from runtime.engines.neuron.launch import INSTANCES  # noqa: PLC0415 - pure Python, no vLLM
 
     if not raw["model_uri"]:
         raise SettingsError(f"{contract.ENV_MODEL_URI} (or --model-uri) is required with engine=neuron: give the "

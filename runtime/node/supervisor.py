@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any
 import aiohttp
 
 import contract
+from runtime.logs import jlog
 from runtime.membership import Member, Membership
 from runtime.node.engine_process import EngineProcess, LoadReport
 from runtime.node.metrics import NodeMetrics
@@ -40,9 +40,6 @@ log = logging.getLogger("flotilla.node")
 
 STATUS_PATH = "/unit/status"   # member-to-member formation handshake (internal)
 
-
-def jlog(event: str, level: int = logging.INFO, **fields: Any) -> None:
-    log.log(level, json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str))
 
 
 class FormationEnded(Exception):

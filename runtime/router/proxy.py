@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
+from runtime import logs
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
 from runtime.router.metrics import RouterMetrics
@@ -79,7 +80,7 @@ class AccessLog:
         self._scheduled = False
 
     def write(self, record: dict) -> None:
-        self._lines.append(json.dumps(record))
+        self._lines.append(logs.dumps(record))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_later(self._interval, self.flush)
@@ -246,14 +247,14 @@ class Router:
         """One JSON line per routed request (sheds are only counted: an overload must not flood
         the logs). Same shape as the node's request lines, so one query follows a request id."""
         first = trace.first_byte
-        rec = {"ts": round(time.time(), 6), "event": "router_request", "request_id": request_id,
-               "method": request.method, "path": request.path,
-               "status": resp.status if resp is not None else 499,
-               "unit": resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
-               "revision": resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
-               "attempts": trace.attempts, "arrival": round(arrival, 6),
-               "first_byte_ms": round(1000 * (first - t0), 3) if first else None,
-               "duration_ms": round(1000 * (perf_counter() - t0), 3)}
+        rec = logs.record(
+            "router_request", request_id=request_id, method=request.method, path=request.path,
+            status=resp.status if resp is not None else 499,
+            unit=resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
+            revision=resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
+            attempts=trace.attempts, arrival=round(arrival, 6),
+            first_byte_ms=round(1000 * (first - t0), 3) if first else None,
+            duration_ms=round(1000 * (perf_counter() - t0), 3))
         self.access_log.write(rec)
 
     async def _route(self, request: web.Request, body: bytes, request_id: str,

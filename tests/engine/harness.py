@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 from runtime.engines.base import EngineBroken, GenerationRequest, SamplingParams  # noqa: E402
 from runtime.engines.executor import OP_SHUTDOWN, ShardExecutor, StepCommand  # noqa: E402
 from runtime.engines.llama import UnsplitLlama  # noqa: E402
-from runtime.engines.plan import make_plan  # noqa: E402
+from runtime.engines.layout import make_plan  # noqa: E402
 from runtime.membership import Membership  # noqa: E402
 from runtime.models import resolve_model  # noqa: E402
 from runtime.ports import free_port  # noqa: E402

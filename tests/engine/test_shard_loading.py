@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runtime.engines.executor import ShardExecutor
-from runtime.engines.plan import make_plan
+from runtime.engines.layout import make_plan
 from runtime.models import resolve_model
 
 

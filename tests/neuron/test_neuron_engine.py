@@ -16,7 +16,7 @@ from runtime.artifacts import publish
 from runtime.engines.base import (EngineBroken, EngineError, EngineState, GenerationRequest,
                                   SamplingParams)
 from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings
-from runtime.engines.neuron.plan import NeuronOptions
+from runtime.engines.neuron.launch import NeuronOptions
 from runtime.membership import Member, Membership
 from standin_model import STANDIN_LAUNCHER, WEIGHTS, make_checkpoint, word_ids
 from testnet import free_port

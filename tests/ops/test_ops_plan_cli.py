@@ -18,7 +18,7 @@ def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cl
                         "--write", str(out_path))
     assert code == 0, out
     assert "nodes per unit" in out and "Memory per NeuronCore" in out and "decode step" in out
-    assert "4.34 GiB" in out          # 4,661,264,896 B of weights per core (see test_ops_planner)
+    assert "4.34 GiB" in out          # 4,661,264,896 B of weights per core (see test_ops_capacity)
     cfg = yaml.safe_load(out_path.read_text())
     assert cfg == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4, "units_per_cell": 4,
                    "availability_zones": ["us-east-1a", "us-east-1b"]}

@@ -11,7 +11,7 @@ import json
 import sys
 
 from runtime.engines.neuron.model import ModelConfigError, load_model_shape
-from runtime.engines.neuron.plan import (AUTO, DEFAULT_COMPILED_DIR, INSTANCES, NeuronOptions,
+from runtime.engines.neuron.launch import (AUTO, DEFAULT_COMPILED_DIR, INSTANCES, NeuronOptions,
                                          NeuronPlanError, plan_unit)
 
 

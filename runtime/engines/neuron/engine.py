@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 import contract
 from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, EngineLoad, EngineState,
                                   GenerationRequest, RequestRejected, TokenEvent)
-from runtime.engines.neuron.plan import NeuronOptions, RankPlan
+from runtime.engines.neuron.launch import NeuronOptions, RankPlan
 from runtime.membership import Membership
 
 log = logging.getLogger("flotilla.neuron")
@@ -56,7 +56,7 @@ def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) ->
 def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any):
     """prepare_rank with every expected failure turned into one EngineError line."""
     from runtime.engines.neuron.model import ModelConfigError  # noqa: PLC0415
-    from runtime.engines.neuron.plan import NeuronPlanError  # noqa: PLC0415
+    from runtime.engines.neuron.launch import NeuronPlanError  # noqa: PLC0415
     from runtime.engines.neuron.prepare import prepare_rank  # noqa: PLC0415
 
     try:

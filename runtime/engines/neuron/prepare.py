@@ -16,7 +16,7 @@ import contract
 from runtime.artifacts import CompileCache, Manifest, compile_cache_key, fetch, parse_s3_uri
 from runtime.artifacts.fetch import read_manifest
 from runtime.engines.neuron.model import parse_model_shape
-from runtime.engines.neuron.plan import NeuronOptions, RankPlan, plan_member
+from runtime.engines.neuron.launch import NeuronOptions, RankPlan, plan_member
 from runtime.membership import Membership
 
 log = logging.getLogger("flotilla.neuron")

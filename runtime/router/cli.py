@@ -14,6 +14,7 @@ import signal
 import sys
 
 import contract
+from runtime.logs import setup_logging
 from runtime.router.discovery import CloudMapDiscovery, StaticDiscovery
 from runtime.router.proxy import Router
 from runtime.router.settings import RouterSettings, SettingsError
@@ -119,8 +120,7 @@ async def serve(settings: RouterSettings) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging(args.log_level)
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:

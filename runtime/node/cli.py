@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -18,7 +17,8 @@ from aiohttp import web
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import (NodeSettings, SettingsError, build_parser, load_settings,
                                    settings_from_args)
-from runtime.node.supervisor import UnitSupervisor, jlog
+from runtime.logs import jlog, setup_logging
+from runtime.node.supervisor import UnitSupervisor
 from runtime.rendezvous import Rendezvous, RendezvousError
 
 
@@ -67,7 +67,7 @@ async def serve(s: NodeSettings) -> int:
 
 
 def _run(load: Callable[[], NodeSettings]) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    setup_logging()
     try:
         s = load()
     except SettingsError as e:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines.plan import make_plan
+from runtime.engines.layout import make_plan
 from runtime.models.registry import TINY_SHAPE
 from runtime.models.smollm2 import smollm2_shape
 

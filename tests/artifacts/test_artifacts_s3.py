@@ -9,30 +9,14 @@ import logging
 import os
 import re
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from runtime.artifacts import (MANIFEST_NAME, ArtifactError, ChecksumMismatch, CompileCache,
                                Manifest, build_manifest, compile_cache_key, fetch, publish)
 from runtime.artifacts.cli import run_artifacts
 from runtime.artifacts.manifest import ManifestError
 
-BUCKET = "flotilla-models"
-URI = f"s3://{BUCKET}/llama/v1"
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        yield client
+from s3_fixture import BUCKET, URI
 
 
 class RecordingS3:
@@ -191,9 +175,9 @@ def test_compile_cache_key_changes_with_model_config_and_sdk_version():
 def test_artifacts_cli_publishes_and_fetches_printing_the_digest(s3, source, tmp_path):
     import argparse
 
-    from runtime import cli_artifacts
+    from runtime.artifacts import cli as artifacts_cli
     parser = argparse.ArgumentParser()
-    cli_artifacts.add_parser(parser.add_subparsers(dest="command", required=True))
+    artifacts_cli.add_parser(parser.add_subparsers(dest="command", required=True))
     out = io.StringIO()
     assert run_artifacts(parser.parse_args(["artifacts", "publish", "--source", str(source),
                                             "--uri", URI]), out=out, err=io.StringIO(),
@@ -209,55 +193,3 @@ def test_artifacts_cli_publishes_and_fetches_printing_the_digest(s3, source, tmp
                                             "--dest", str(tmp_path / "e")]), out=io.StringIO(),
                          err=err, s3=s3) == 2
     assert err.getvalue().startswith("error: s3://flotilla-models/llama/v1-missing/")
-
-
-def test_prepare_rank_plans_from_config_then_fetches_and_a_restart_hits_the_compile_cache(
-        s3, tmp_path, checkpoint):
-    from runtime.engines.neuron import NeuronOptions
-    from runtime.engines.neuron.prepare import prepare_rank, store_compiled
-    from runtime.membership import Membership
-
-    model_src = checkpoint("llama-3.1-70b")
-    (model_src / "model.safetensors").write_bytes(os.urandom(2000))
-    publish(model_src, URI, s3=s3)
-    membership = Membership(unit_id="u", revision="r", rank=1, world_size=2,
-                            dist_host="10.1.0.10", dist_port=29500)
-    cache_uri = f"s3://{BUCKET}/compiled"
-
-    def prepare(node: str):
-        options = NeuronOptions(compiled_artifacts_dir=str(tmp_path / node / "compiled"))
-        return prepare_rank(membership, model_uri=URI, model_dir=tmp_path / node / "model",
-                            instance_type="trn1.32xlarge", options=options, s3=s3,
-                            compile_cache_uri=cache_uri, neuron_sdk_version="2.31.1")
-
-    first = prepare("node-a")
-    assert first.plan.start_rank_id == 32 and first.compile_cache_hit is False
-    assert (tmp_path / "node-a" / "model" / "model.safetensors").read_bytes() == \
-        (model_src / "model.safetensors").read_bytes()
-    compiled = tmp_path / "node-a" / "compiled"   # what NxD Inference would have written
-    compiled.mkdir(parents=True)
-    (compiled / "model.pt").write_bytes(b"neff")
-    assert store_compiled(first, compile_cache_uri=cache_uri, compiled_dir=compiled, s3=s3)
-
-    restarted = prepare("node-b")
-    assert restarted.compile_key == first.compile_key and restarted.compile_cache_hit is True
-    assert (tmp_path / "node-b" / "compiled" / "model.pt").read_bytes() == b"neff"
-    assert not store_compiled(restarted, compile_cache_uri=cache_uri, compiled_dir=compiled, s3=s3)
-
-
-def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, tmp_path,
-                                                                          checkpoint):
-    from runtime.engines.neuron import NeuronOptions, NeuronPlanError
-    from runtime.engines.neuron.prepare import prepare_rank
-    from runtime.membership import Membership
-
-    model_src = checkpoint("llama-3.1-70b")
-    (model_src / "model.safetensors").write_bytes(os.urandom(2000))
-    publish(model_src, URI, s3=s3)
-    membership = Membership(unit_id="u", revision="r", rank=0, world_size=4,
-                            dist_host="10.1.0.10", dist_port=29500)
-    with pytest.raises(NeuronPlanError, match=r"cp_degree=1 leaves 128 ranks"):
-        prepare_rank(membership, model_uri=URI, model_dir=tmp_path / "model",
-                     instance_type="trn1.32xlarge",
-                     options=NeuronOptions(cp_degree=1, attention_dp_degree=2), s3=s3)
-    assert not (tmp_path / "model").exists()

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "neuron":
         from runtime.engines.neuron.cli import run_neuron_plan
         return run_neuron_plan(args)
-    from runtime.engines.plan import make_plan
+    from runtime.engines.layout import make_plan
     from runtime.models.registry import TINY_SHAPE, LlamaShape
     from runtime.models.smollm2 import smollm2_shape
 

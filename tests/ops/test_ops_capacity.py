@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from ops.planner import ModelShape, PlanError, PlanSettings, Traffic, plan
+from ops.capacity import ModelShape, PlanError, PlanSettings, Traffic, plan
 
 USABLE = 17_179_869_184 * 0.9
 HBM_PER_CORE_BPS = 440_234_147_840

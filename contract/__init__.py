@@ -14,7 +14,7 @@ DIST_PORT = 29500             # torch.distributed / collectives bootstrap on the
 # Ports the units use between their own members only (unit security group, self-referencing)
 UNIT_INTERNAL_PORT_RANGE = (29500, 29600)
 
-# --- Health paths (architecture §5) ------------------------------------------------------------
+# --- Health paths ------------------------------------------------------------------------------
 NODE_LIVE_PATH = "/health/live"     # alive: the process answers and is not wedged (container check)
 NODE_READY_PATH = "/health/ready"   # ready: unit formed, engine warm, not draining (router reads it)
 ROUTER_HEALTH_PATH = "/health"      # the ALB's target-group health check on the router
@@ -81,7 +81,7 @@ CLOUDMAP_ATTR_IPV4 = "AWS_INSTANCE_IPV4"
 CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"       # may be absent (host networking): use NODE_API_PORT
 CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
 
-# --- Neuron engine (issue 7) -------------------------------------------------------------------
+# --- Neuron engine -----------------------------------------------------------------------------
 # Both ports sit inside UNIT_INTERNAL_PORT_RANGE so the unit security group's self-referencing
 # rule covers them; nothing outside the unit may reach either.
 NEURON_RT_ROOT_COMM_PORT = 29501    # Neuron runtime collectives bootstrap on the leader

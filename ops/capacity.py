@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ops.hardware import GIB, InstanceSpec, instance_spec
+from contract.trainium import GIB, TrainiumInstance
+from ops.hardware import instance_spec
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4,
@@ -202,7 +203,7 @@ class Plan:
     model: ModelShape
     traffic: Traffic
     settings: PlanSettings
-    instance: InstanceSpec
+    instance: TrainiumInstance
     nodes_per_unit: int
     tp_degree: int               # decode: tensor parallel over every NeuronCore of the unit
     pp_degree: int               # prefill: one pipeline stage per node

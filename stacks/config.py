@@ -1,21 +1,34 @@
 """flotilla's one typed deployment configuration, validated before any stack is built.
 
 Sources, later wins: built-in defaults < cdk.json context key `flotilla` < `-c config=file.yaml`.
-A rejected value raises ConfigError whose message is one line: the key, the bad value, what is
-allowed. This module must not import aws_cdk: it is also the fast path for config-only tests.
+The sections are pydantic models; a rejected value raises ConfigError whose message is one line:
+the key, the bad value, what is allowed. This module must not import aws_cdk: it is also the fast
+path for config-only tests.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, core_schema
 
-# --- Limits that shape the layout (architecture §3; AWS service quotas) -------------------------
+from contract.trainium import INSTANCES, TrainiumInstance
+
+# --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20     # ECS, not adjustable: one capacity provider per unit
 MAX_CONTAINER_INSTANCES_PER_CLUSTER = 5000  # ECS
 MAX_RESOURCES_PER_STACK = 500               # CloudFormation
@@ -25,29 +38,10 @@ USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
 
 # CloudFormation resources one Cell stack emits: a fixed part (cluster, capacity-provider
 # association, shared roles, log group...) plus a part per unit. stacks/cell.py and stacks/unit.py
-# emit exactly this; tests/stacks/test_cell.py checks it against the synthesized templates, so the
-# quota check below can run before anything is built.
+# emit exactly this; tests/stacks/test_cell_stack.py checks it against the synthesized templates,
+# so the quota check below can run before anything is built.
 CELL_FIXED_RESOURCES = 10
 UNIT_RESOURCES = 9
-
-
-@dataclass(frozen=True)
-class InstanceShape:
-    """What one Trainium instance type offers (AWS instance-type docs)."""
-
-    efa_interfaces: int     # one EFA interface per network card
-    neuron_devices: int     # /dev/neuron0..N-1 (one per Trainium chip)
-    neuron_cores: int
-    vcpus: int
-    memory_gib: int
-
-
-INSTANCE_SHAPES: dict[str, InstanceShape] = {
-    "trn1.32xlarge": InstanceShape(efa_interfaces=8, neuron_devices=16, neuron_cores=32,
-                                   vcpus=128, memory_gib=512),
-    "trn1n.32xlarge": InstanceShape(efa_interfaces=16, neuron_devices=16, neuron_cores=32,
-                                    vcpus=128, memory_gib=512),
-}
 
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
                       2192, 2557, 2922, 3288, 3653)
@@ -55,6 +49,7 @@ UNIT_ROLLOUTS = ("replace", "surge")
 LIVE_TARGET_GROUPS = ("blue", "green")
 ENGINES = ("neuron", "reference", "echo")
 STRATEGIES = ("pipeline", "tensor")
+ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
@@ -66,6 +61,7 @@ _CERT_RE = re.compile(r"^arn:aws(-[a-z]+)*:acm:[a-z0-9-]+:\d{12}:certificate/[0-
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,23}$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_S3_URI_ALLOWED = "an S3 URI like s3://bucket/prefix/"
 
 
 class ConfigError(ValueError):
@@ -76,21 +72,88 @@ class ConfigError(ValueError):
         super().__init__(f"invalid flotilla config: {key}={value!r}: {allowed}")
 
 
+# --- Field rules: pydantic does the checking, the rule words the refusal ------------------------
+_REFUSED = "flotilla_refused"   # error type whose context carries the `allowed` text
+
+
+def _refuse(allowed: str) -> PydanticCustomError:
+    return PydanticCustomError(_REFUSED, "{allowed}", {"allowed": allowed})
+
+
+class Rule:
+    """Annotated metadata: validate with a pydantic-core schema; on any failure report `allowed`.
+
+    It supplies the field's whole schema, so it comes first in Annotated[...]; a BeforeValidator
+    after it runs before it.
+    """
+
+    def __init__(self, schema: core_schema.CoreSchema, allowed: str):
+        self.schema, self.allowed = schema, allowed
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        def check(value: Any, validate: Callable[[Any], Any]) -> Any:
+            try:
+                return validate(value)
+            except ValidationError:
+                raise _refuse(self.allowed) from None
+        return core_schema.no_info_wrap_validator_function(check, self.schema)
+
+
+def between(lo: int, hi: int, why: str = "") -> Rule:
+    """An int (not a bool, not a numeric string) from lo to hi."""
+    return Rule(core_schema.int_schema(ge=lo, le=hi, strict=True),
+                f"an integer from {lo} to {hi}" + (f" ({why})" if why else ""))
+
+
+def one_of(choices: tuple) -> Rule:
+    schema: core_schema.CoreSchema = core_schema.literal_schema(list(choices))
+    if all(isinstance(c, int) for c in choices):
+        # A literal 1 also takes True (True == 1): demand a real int first.
+        schema = core_schema.chain_schema([core_schema.int_schema(strict=True), schema])
+    return Rule(schema, "one of " + ", ".join(map(str, choices)))
+
+
+def matches(pattern: re.Pattern, allowed: str, *, optional: bool = False) -> Rule:
+    """A string matching pattern; with optional, None (the key left out) too."""
+    # pydantic-core matches with Rust's regex crate (ConfigDict.regex_engine defaults to
+    # 'rust-regex', docs.pydantic.dev/latest/api/config/): the patterns above mean the same there,
+    # except that `$` is the end of the text only, where Python's also allows a final newline.
+    schema: core_schema.CoreSchema = core_schema.str_schema(pattern=pattern.pattern, strict=True)
+    if optional:
+        return Rule(core_schema.nullable_schema(schema), allowed + " (or omit it)")
+    return Rule(schema, allowed)
+
+
+def _az_list(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and (len(value) == 0 or 2 <= len(value) <= 6):
+        return value
+    raise _refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the "
+                  "region's first three")
+
+
 def _split_s3_uri(uri: str) -> tuple[str, str]:
     """s3://bucket/some/prefix/ -> ("bucket", "some/prefix/"); the prefix is '' for a bare bucket."""
     bucket, _, prefix = uri[len("s3://"):].partition("/")
     return bucket, prefix
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+class _Section(BaseModel):
+    # Unknown keys are typos: refuse them rather than ignore a setting the operator meant.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
     """Where the compiled/sharded model artifacts live and the name clients ask for."""
 
-    s3_uri: str = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
-    name: str = "llama-3.1-8b-instruct"
+    s3_uri: Annotated[str, matches(_S3_URI_RE, _S3_URI_ALLOWED)] = \
+        "s3://flotilla-models-example/llama-3.1-8b-instruct/"
+    name: Annotated[str, matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = \
+        "llama-3.1-8b-instruct"
     # Where the neuron engine caches NxD Inference's compiled artifacts ('' = the model bucket's
     # neuron-compile-cache/ prefix). Nodes may read and write only there; the model stays read-only.
-    compile_cache_uri: str = ""
+    compile_cache_uri: Annotated[str, Rule(core_schema.str_schema(
+        pattern=f"^$|{_S3_URI_RE.pattern}", strict=True), _S3_URI_ALLOWED),
+        BeforeValidator(lambda v: v or "")] = ""
 
     @property
     def compile_cache(self) -> str:
@@ -114,36 +177,42 @@ class ModelConfig:
         return _split_s3_uri(self.s3_uri)[1]
 
 
-@dataclass(frozen=True)
-class NodeConfig:
+class NodeConfig(_Section):
     """Settings of the unit members' container (the `node` command)."""
 
-    engine: str = "neuron"
-    prefill_strategy: str = "pipeline"
-    decode_strategy: str = "tensor"
+    engine: Annotated[str, one_of(ENGINES)] = "neuron"
+    prefill_strategy: Annotated[str, one_of(STRATEGIES)] = "pipeline"
+    decode_strategy: Annotated[str, one_of(STRATEGIES)] = "tensor"
     # ECS (EC2 launch type) waits at most 120 s between SIGTERM and SIGKILL; the node must finish
     # draining inside that window.
-    drain_timeout_s: int = 100
+    drain_timeout_s: Annotated[int, between(1, 115, "ECS sends SIGKILL 120 s after SIGTERM")] = 100
     # ECS ignores failed health checks of a new task this long: loading (and on Neuron, compiling)
     # a sharded model takes minutes, and the container's start period stops at 300 s.
-    health_check_grace_s: int = 1800
-    root_volume_gib: int = 512
-    log_retention_days: int = 30
+    health_check_grace_s: Annotated[int, between(0, 86400,
+                                                 "time a unit may take to load its model")] = 1800
+    root_volume_gib: Annotated[int, between(64, 16384)] = 512
+    log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
 
 
-@dataclass(frozen=True)
-class RouterConfig:
+class RouterConfig(_Section):
     """Settings of the router service (Router stack) and its ALB rules (Front stack)."""
 
-    desired_count: int = 2        # also the autoscaling minimum
-    max_count: int = 10           # autoscaling maximum
-    cpu: int = 1024
-    memory_mib: int = 2048
-    bake_time_minutes: int = 10
+    desired_count: Annotated[int, between(1, 100)] = 2      # also the autoscaling minimum
+    max_count: Annotated[int, between(1, 1000)] = 10        # autoscaling maximum
+    cpu: Annotated[int, one_of(ROUTER_CPUS)] = 1024
+    memory_mib: Annotated[int, between(512, 30720)] = 2048
+    bake_time_minutes: Annotated[int, between(0, 1440)] = 10
     # The target group the listener rules send 100 % to in the template. ECS blue/green flips the
     # live group at every router deployment; set this to the live one before a deploy that updates
     # a listener rule (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
-    live_target_group: str = "blue"
+    live_target_group: Annotated[str, one_of(LIVE_TARGET_GROUPS)] = "blue"
+
+    @model_validator(mode="after")
+    def _max_covers_desired(self) -> RouterConfig:
+        if self.max_count < self.desired_count:
+            raise ConfigError("router.max_count", self.max_count,
+                              f"at least router.desired_count ({self.desired_count})")
+        return self
 
 
 @dataclass(frozen=True)
@@ -160,37 +229,62 @@ class UnitPlacement:
         return f"cell{self.cell}-unit{self.index}"
 
 
-@dataclass(frozen=True)
-class FlotillaConfig:
+class FlotillaConfig(_Section):
     """The whole deployment. Built by load_config(); read-only afterwards."""
 
-    deployment_name: str = "flotilla"
-    instance_type: str = "trn1.32xlarge"
-    nodes_per_unit: int = 2
-    units: int = 1
-    units_per_cell: int = 20
+    deployment_name: Annotated[str, matches(
+        _DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")] = "flotilla"
+    instance_type: Annotated[str, one_of(tuple(INSTANCES))] = "trn1.32xlarge"
+    # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
+    nodes_per_unit: Annotated[int, between(1, 64)] = 2
+    units: Annotated[int, between(1, 10000)] = 1
+    units_per_cell: Annotated[int, between(
+        1, MAX_CAPACITY_PROVIDERS_PER_CLUSTER,
+        "ECS allows 20 capacity providers per cluster, one per unit")] = 20
     # Empty: the VPC takes the first three AZs of the deployment region (environment-agnostic).
     # Trainium is offered in a few AZs only: a real deployment should name them.
-    availability_zones: tuple[str, ...] = ()
-    account: str | None = None
-    region: str | None = None
-    model: ModelConfig = field(default_factory=ModelConfig)
-    image: str | None = None
-    certificate_arn: str | None = None
-    alarm_email: str | None = None
-    revision: str = "1"
+    availability_zones: Annotated[
+        tuple[Annotated[str, matches(_AZ_RE, "AZ names like us-east-1a")], ...],
+        BeforeValidator(_az_list)] = ()
+    account: Annotated[str | None, matches(_ACCOUNT_RE, "a 12-digit account id",
+                                           optional=True)] = None
+    region: Annotated[str | None, matches(_REGION_RE, "a region like us-east-1",
+                                          optional=True)] = None
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    image: Annotated[str | None, matches(
+        _IMAGE_RE, "an image URI with a tag or digest, like "
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0", optional=True)] = None
+    certificate_arn: Annotated[str | None, matches(_CERT_RE, "an ACM certificate ARN",
+                                                   optional=True)] = None
+    alarm_email: Annotated[str | None, matches(_EMAIL_RE, "an e-mail address",
+                                               optional=True)] = None
+    # YAML reads `revision: 2` as a number; the revision is a label, so take its text.
+    revision: Annotated[str, matches(_REVISION_RE, "1-64 characters: letters, digits, . _ -"),
+                        BeforeValidator(str)] = "1"
     # surge (default, zero-downtime): the ASG may grow to twice nodes_per_unit so the new revision
     # forms beside the old one, then the old one drains (min healthy 100 %, max 200 %). replace:
     # a unit's tasks are stopped, then started on the same instances (the unit is out of rotation
     # while it re-forms; the router routes around it): for fleets without spare Trainium capacity.
-    unit_rollout: str = "surge"
-    node: NodeConfig = field(default_factory=NodeConfig)
-    router: RouterConfig = field(default_factory=RouterConfig)
+    unit_rollout: Annotated[str, one_of(UNIT_ROLLOUTS)] = "surge"
+    node: NodeConfig = Field(default_factory=NodeConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+
+    @model_validator(mode="after")
+    def _fits_aws(self) -> FlotillaConfig:
+        azs = list(self.availability_zones)
+        if len(set(azs)) != len(azs):
+            raise ConfigError("availability_zones", azs, "each AZ at most once")
+        if len({az[:-1] for az in azs}) > 1:
+            raise ConfigError("availability_zones", azs, "AZs of one region")
+        if self.region and azs and azs[0][:-1] != self.region:
+            raise ConfigError("availability_zones", azs, f"AZs of region {self.region}")
+        check_quotas(self)
+        return self
 
     # --- derived layout ---------------------------------------------------------------------
     @property
-    def shape(self) -> InstanceShape:
-        return INSTANCE_SHAPES[self.instance_type]
+    def shape(self) -> TrainiumInstance:
+        return INSTANCES[self.instance_type]
 
     @property
     def az_count(self) -> int:
@@ -202,7 +296,7 @@ class FlotillaConfig:
 
     @property
     def chips(self) -> int:
-        return self.units * self.nodes_per_unit * self.shape.neuron_devices
+        return self.units * self.nodes_per_unit * self.shape.chips
 
     @property
     def max_nodes_per_unit(self) -> int:
@@ -220,141 +314,8 @@ def estimate_cell_resources(units_in_cell: int) -> int:
     return CELL_FIXED_RESOURCES + UNIT_RESOURCES * units_in_cell
 
 
-# --- parsing -----------------------------------------------------------------------------------
-def _int(key: str, value: Any, lo: int, hi: int, why: str = "") -> int:
-    allowed = f"an integer from {lo} to {hi}" + (f" ({why})" if why else "")
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(key, value, allowed)
-    return value
-
-
-def _choice(key: str, value: Any, choices: tuple) -> Any:
-    if value not in choices:
-        raise ConfigError(key, value, "one of " + ", ".join(map(str, choices)))
-    return value
-
-
-def _match(key: str, value: Any, pattern: re.Pattern, allowed: str, optional: bool = False):
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not pattern.match(value):
-        raise ConfigError(key, value, allowed + (" (or omit it)" if optional else ""))
-    return value
-
-
-def _section(key: str, value: Any, known: tuple[str, ...]) -> dict:
-    if not isinstance(value, Mapping):
-        raise ConfigError(key, value, "a mapping with keys " + ", ".join(known))
-    for k in value:
-        if k not in known:
-            raise ConfigError(f"{key}.{k}" if key else str(k), value[k],
-                              "unknown key; allowed keys: " + ", ".join(known))
-    return dict(value)
-
-
-def _keys(cls) -> tuple[str, ...]:
-    return tuple(cls.__dataclass_fields__)
-
-
-def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
-    """Validate a plain mapping (merged context + YAML) into a FlotillaConfig, or raise ConfigError."""
-    top = _section("", raw, _keys(FlotillaConfig))
-    d = FlotillaConfig()
-    get = lambda k: top.get(k, getattr(d, k))  # noqa: E731
-
-    model_raw = _section("model", top.get("model", {}), _keys(ModelConfig))
-    dm = ModelConfig()
-    model = ModelConfig(
-        s3_uri=_match("model.s3_uri", model_raw.get("s3_uri", dm.s3_uri), _S3_URI_RE,
-                      "an S3 URI like s3://bucket/prefix/"),
-        name=_match("model.name", model_raw.get("name", dm.name), _NAME_RE,
-                    "1-128 characters: letters, digits, . _ : / -"),
-        compile_cache_uri=(_match("model.compile_cache_uri", model_raw["compile_cache_uri"],
-                                  _S3_URI_RE, "an S3 URI like s3://bucket/prefix/")
-                           if model_raw.get("compile_cache_uri") else ""),
-    )
-    node_raw = _section("node", top.get("node", {}), _keys(NodeConfig))
-    dn = NodeConfig()
-    nget = lambda k: node_raw.get(k, getattr(dn, k))  # noqa: E731
-    node = NodeConfig(
-        engine=_choice("node.engine", nget("engine"), ENGINES),
-        prefill_strategy=_choice("node.prefill_strategy", nget("prefill_strategy"), STRATEGIES),
-        decode_strategy=_choice("node.decode_strategy", nget("decode_strategy"), STRATEGIES),
-        drain_timeout_s=_int("node.drain_timeout_s", nget("drain_timeout_s"), 1, 115,
-                             "ECS sends SIGKILL 120 s after SIGTERM"),
-        root_volume_gib=_int("node.root_volume_gib", nget("root_volume_gib"), 64, 16384),
-        health_check_grace_s=_int("node.health_check_grace_s", nget("health_check_grace_s"), 0,
-                                  86400, "time a unit may take to load its model"),
-        log_retention_days=_choice("node.log_retention_days", nget("log_retention_days"),
-                                   LOG_RETENTION_DAYS),
-    )
-    router_raw = _section("router", top.get("router", {}), _keys(RouterConfig))
-    dr = RouterConfig()
-    rget = lambda k: router_raw.get(k, getattr(dr, k))  # noqa: E731
-    router = RouterConfig(
-        desired_count=_int("router.desired_count", rget("desired_count"), 1, 100),
-        cpu=_choice("router.cpu", rget("cpu"), (256, 512, 1024, 2048, 4096)),
-        memory_mib=_int("router.memory_mib", rget("memory_mib"), 512, 30720),
-        bake_time_minutes=_int("router.bake_time_minutes", rget("bake_time_minutes"), 0, 1440),
-        max_count=_int("router.max_count", rget("max_count"), 1, 1000),
-        live_target_group=_choice("router.live_target_group", rget("live_target_group"),
-                                  LIVE_TARGET_GROUPS),
-    )
-    if router.max_count < router.desired_count:
-        raise ConfigError("router.max_count", router.max_count,
-                          f"at least router.desired_count ({router.desired_count})")
-
-    azs = get("availability_zones")
-    if isinstance(azs, str) or not isinstance(azs, (list, tuple)) or not (
-            len(azs) == 0 or 2 <= len(azs) <= 6):
-        raise ConfigError("availability_zones", azs,
-                          "a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the "
-                          "region's first three")
-    for az in azs:
-        _match("availability_zones", az, _AZ_RE, "AZ names like us-east-1a")
-    if len(set(azs)) != len(azs):
-        raise ConfigError("availability_zones", list(azs), "each AZ at most once")
-    if len({az[:-1] for az in azs}) > 1:
-        raise ConfigError("availability_zones", list(azs), "AZs of one region")
-
-    region = _match("region", get("region"), _REGION_RE, "a region like us-east-1", optional=True)
-    if region and azs and azs[0][:-1] != region:
-        raise ConfigError("availability_zones", list(azs), f"AZs of region {region}")
-
-    cfg = FlotillaConfig(
-        deployment_name=_match("deployment_name", get("deployment_name"), _DEPLOYMENT_NAME_RE,
-                               "1-24 characters: a letter, then letters, digits or -"),
-        instance_type=_choice("instance_type", get("instance_type"), tuple(INSTANCE_SHAPES)),
-        # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
-        nodes_per_unit=_int("nodes_per_unit", get("nodes_per_unit"), 1, 64),
-        units=_int("units", get("units"), 1, 10000),
-        units_per_cell=_int("units_per_cell", get("units_per_cell"), 1,
-                            MAX_CAPACITY_PROVIDERS_PER_CLUSTER,
-                            "ECS allows 20 capacity providers per cluster, one per unit"),
-        availability_zones=tuple(azs),
-        account=_match("account", get("account"), _ACCOUNT_RE, "a 12-digit account id",
-                       optional=True),
-        region=region,
-        model=model,
-        image=_match("image", get("image"), _IMAGE_RE,
-                     "an image URI with a tag or digest, like 123456789012.dkr.ecr.us-east-1."
-                     "amazonaws.com/flotilla:1.0", optional=True),
-        certificate_arn=_match("certificate_arn", get("certificate_arn"), _CERT_RE,
-                               "an ACM certificate ARN", optional=True),
-        alarm_email=_match("alarm_email", get("alarm_email"), _EMAIL_RE, "an e-mail address",
-                           optional=True),
-        revision=_match("revision", str(get("revision")), _REVISION_RE,
-                        "1-64 characters: letters, digits, . _ -"),
-        unit_rollout=_choice("unit_rollout", get("unit_rollout"), UNIT_ROLLOUTS),
-        node=node,
-        router=router,
-    )
-    check_quotas(cfg)
-    return cfg
-
-
 def check_quotas(cfg: FlotillaConfig) -> None:
-    """Refuse a layout that would break an AWS limit at deploy time (architecture §3)."""
+    """Refuse a layout that would break an AWS limit at deploy time."""
     biggest_cell = min(cfg.units, cfg.units_per_cell)
     instances = biggest_cell * cfg.max_nodes_per_unit
     if instances > MAX_CONTAINER_INSTANCES_PER_CLUSTER:
@@ -381,6 +342,43 @@ def check_quotas(cfg: FlotillaConfig) -> None:
             f"be needed in one /{PRIVATE_SUBNET_MASK} private subnet; add AZs or reduce units)")
 
 
+# --- parsing -----------------------------------------------------------------------------------
+def _section_at(path: tuple[str, ...]) -> type[BaseModel]:
+    section: type[BaseModel] = FlotillaConfig
+    for key in path:
+        section = section.model_fields[key].annotation  # type: ignore[assignment]
+    return section
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    """pydantic's report (every error, several lines each) -> the one line an operator reads."""
+    errors = exc.errors(include_url=False)
+    # A misspelt key explains the errors it causes, so it goes first.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    ctx = err.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):       # raised by a model validator as is
+        return ctx["error"]
+    path = tuple(part for part in err["loc"] if isinstance(part, str))   # list indexes dropped
+    key = ".".join(path) or "flotilla"
+    if err["type"] == _REFUSED:
+        allowed = ctx["allowed"]
+    elif err["type"] == "extra_forbidden":
+        allowed = "unknown key; allowed keys: " + ", ".join(_section_at(path[:-1]).model_fields)
+    elif err["type"] in ("model_type", "model_attributes_type"):
+        allowed = "a mapping with keys " + ", ".join(_section_at(path).model_fields)
+    else:   # a check without its own wording: pydantic's sentence, still one line
+        allowed = " ".join(err["msg"].split())
+    return ConfigError(key, err["input"], allowed)
+
+
+def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
+    """Validate a plain mapping (merged context + YAML) into a FlotillaConfig, or raise ConfigError."""
+    try:
+        return FlotillaConfig.model_validate(dict(raw) if isinstance(raw, Mapping) else raw)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+
+
 def _deep_merge(base: dict, over: Mapping) -> dict:
     out = dict(base)
     for k, v in over.items():
@@ -393,7 +391,10 @@ def load_config(context: Mapping[str, Any] | None, config_path: str | None) -> F
     """The cdk.json `flotilla` context, overridden by the YAML file at config_path (if any)."""
     raw: dict = {}
     if context is not None:
-        raw = dict(_section("", context, _keys(FlotillaConfig)))
+        if not isinstance(context, Mapping):
+            raise ConfigError("flotilla", context,
+                              "a mapping of flotilla settings (cdk.json context key `flotilla`)")
+        raw = dict(context)
     if config_path:
         path = Path(config_path)
         if not path.is_file():

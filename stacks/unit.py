@@ -16,7 +16,7 @@ from aws_cdk import aws_servicediscovery as cloudmap
 from constructs import Construct
 
 import contract
-from stacks.config import InstanceShape
+from contract.trainium import TrainiumInstance
 from stacks.discovery import register_unit_members
 
 # A soft reservation only (no hard limit): the container may use all of the host's memory. It
@@ -76,7 +76,7 @@ class TrainiumUnit(Construct):
     def __init__(self, scope: Construct, id_: str, *, unit_id: str, family: str,
                  cluster: ecs.Cluster, vpc: ec2.IVpc, subnet: ec2.ISubnet,
                  router_security_group: ec2.ISecurityGroup,
-                 instance_type: str, shape: InstanceShape, nodes: int, max_nodes: int,
+                 instance_type: str, shape: TrainiumInstance, nodes: int, max_nodes: int,
                  surge: UnitSurge,
                  instance_profile: iam.IInstanceProfile, root_volume_gib: int,
                  image: ecs.ContainerImage, task_role: iam.IRole, execution_role: iam.IRole,
@@ -155,7 +155,7 @@ class TrainiumUnit(Construct):
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
         rw = [ecs.DevicePermission.READ, ecs.DevicePermission.WRITE]
         linux.add_devices(*[ecs.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}",
-                                       permissions=rw) for i in range(shape.neuron_devices)])
+                                       permissions=rw) for i in range(shape.chips)])
         # EFA user-space verbs devices, one per EFA interface.
         linux.add_devices(*[ecs.Device(host_path=f"/dev/infiniband/uverbs{i}",
                                        container_path=f"/dev/infiniband/uverbs{i}", permissions=rw)

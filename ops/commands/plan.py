@@ -14,9 +14,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ops.errors import UsageError
-from ops.hardware import GIB, INSTANCES
+from contract.trainium import GIB, INSTANCES
 from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
+from ops.errors import UsageError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

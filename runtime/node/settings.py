@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import contract
+from contract.trainium import INSTANCES
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
 
 ENGINES = ("reference", "echo", "neuron")
@@ -365,8 +366,6 @@ def _degree(name: str, raw: str) -> int | str:
 
 
 def _neuron_settings(raw: dict[str, str | None], label: dict[str, str], *, api_port: int) -> NeuronSettings:
-    from runtime.engines.neuron.launch import INSTANCES  # noqa: PLC0415 - pure Python, no vLLM
-
     if not raw["model_uri"]:
         raise SettingsError(f"{contract.ENV_MODEL_URI} (or --model-uri) is required with engine=neuron: give the "
                             "s3://bucket/prefix the checkpoint was published to (python -m runtime artifacts publish)")

@@ -90,7 +90,7 @@ def test_trn1n_differs_from_trn1_only_in_efa_interface_count(checkpoint):
     a, b = (plan_unit(leader_host=LEADER, nodes=2, instance_type=t, model=shape,
                       model_dir=model_dir) for t in ("trn1.32xlarge", "trn1n.32xlarge"))
     assert (a.instance.efa_interfaces, b.instance.efa_interfaces) == (8, 16)
-    assert (a.instance.neuron_devices, b.instance.neuron_devices) == (16, 16)
+    assert (a.instance.chips, b.instance.chips) == (16, 16)
     assert a.ranks == b.ranks
 
 

@@ -1,26 +1,75 @@
-"""docs/hardware.md and ops/hardware.py state the same figures, and every figure has a source."""
+"""docs/hardware.md and contract/trainium.py state the same figures, each citing the same source."""
 
 from __future__ import annotations
 
+import ast
+import re
+import sys
+from dataclasses import fields
 from pathlib import Path
 
-from ops.hardware import GIB, INSTANCES
+import pytest
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "hardware.md").read_text()
+from contract.trainium import GIB, INSTANCES, TrainiumInstance
 
-
-def test_every_instance_figure_the_planner_uses_is_in_the_doc():
-    for spec in INSTANCES.values():
-        assert f"{spec.chips} |" in DOC or f"| {spec.chips}" in DOC
-        assert f"{spec.hbm_bytes_per_chip // GIB} GiB" in DOC
-        assert f"{spec.hbm_bytes_per_s_per_chip / GIB:.0f} GiB/s" in DOC
-        assert f"{spec.bf16_flops_per_chip / 1e12:.0f} TFLOPS" in DOC
-        assert f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)" in DOC
-        assert f"{spec.hbm_bytes_per_core // GIB} GiB" in DOC
-        assert f"{spec.neuron_cores}" in DOC
+REPO = Path(__file__).resolve().parents[2]
+DOC = (REPO / "docs" / "hardware.md").read_text()
+# "| figure | value | source |" rows, keyed by the figure cell.
+ROWS = {cells[0]: cells[1:] for line in DOC.splitlines() if line.startswith("| ")
+        for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
+# "[label]: url" link definitions at the end of the page.
+LINKS = dict(re.findall(r"^\[([\w-]+)\]: (\S+)$", DOC, flags=re.MULTILINE))
+BOTH = "trn1.32xlarge / trn1n.32xlarge"
 
 
-def test_every_source_the_module_names_is_linked_from_the_doc():
-    for spec in INSTANCES.values():
-        for url in spec.sources:
-            assert url in DOC
+def _doc_rows(spec: TrainiumInstance) -> dict[str, tuple[str, str]]:
+    """Each figure of the table -> (its row in the doc, the value that row must state)."""
+    return {
+        "chips": (f"Trainium chips per {BOTH}", f"{spec.chips}"),
+        "neuron_cores_per_chip": ("NeuronCores per chip",
+                                  f"{spec.neuron_cores_per_chip} (NeuronCore-v2)"),
+        "hbm_bytes_per_chip": ("HBM (device memory) per chip", f"{spec.hbm_bytes_per_chip // GIB} GiB"),
+        "hbm_bytes_per_s_per_chip": ("HBM bandwidth per chip",
+                                     f"{spec.hbm_bytes_per_s_per_chip / GIB:.0f} GiB/s"),
+        "bf16_flops_per_chip": ("dense BF16/FP16 per chip",
+                                f"{spec.bf16_flops_per_chip / 1e12:.0f} TFLOPS"),
+        "efa_interfaces": (f"EFA bandwidth, {spec.instance_type}",
+                           f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)"),
+        "efa_gbps": (f"EFA bandwidth, {spec.instance_type}",
+                     f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)"),
+        "vcpus": (f"vCPUs per {BOTH}", f"{spec.vcpus}"),
+        "memory_gib": (f"host memory per {BOTH}", f"{spec.memory_gib} GiB"),
+    }
+
+
+@pytest.mark.parametrize("instance_type", sorted(INSTANCES))
+def test_every_figure_of_the_table_is_in_the_doc_with_its_source(instance_type):
+    spec = INSTANCES[instance_type]
+    rows = _doc_rows(spec)
+    figures = {f.name for f in fields(TrainiumInstance)} - {"instance_type", "sources"}
+    assert set(rows) == figures, "a figure of contract/trainium.py has no row in docs/hardware.md"
+    assert set(spec.sources) == figures, "every figure names the page it comes from"
+    for figure, (row, value) in rows.items():
+        assert ROWS[row][0] == value, f"docs/hardware.md, row {row!r}"
+        cited = {LINKS[label] for label in re.findall(r"\[([\w-]+)\]", ROWS[row][1])}
+        assert spec.sources[figure] in cited, f"row {row!r} does not cite {spec.sources[figure]}"
+
+
+@pytest.mark.parametrize("instance_type", sorted(INSTANCES))
+def test_figures_the_planner_derives_are_in_the_doc(instance_type):
+    spec = INSTANCES[instance_type]
+    assert ROWS["NeuronCores per instance"][0] == f"{spec.neuron_cores}"
+    assert ROWS["HBM per NeuronCore"][0] == f"{spec.hbm_bytes_per_core // GIB} GiB"
+    assert ROWS["HBM bandwidth per NeuronCore"][0] == f"{spec.hbm_bytes_per_s_per_core / GIB:.0f} GiB/s"
+
+
+def test_contract_imports_only_the_standard_library():
+    # stacks/ (no torch), runtime/ (no aws-cdk-lib) and ops/ all import the table.
+    for path in sorted((REPO / "contract").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top in ("contract", "__future__"), \
+                    f"{path.name} imports {name}"

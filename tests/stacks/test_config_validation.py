@@ -201,14 +201,13 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
 
 
 def test_default_yaml_and_readme_document_every_config_key():
-    from dataclasses import fields
     from stacks.config import ModelConfig, NodeConfig, RouterConfig
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     readme = (REPO_ROOT / "README.md").read_text()
     sections = ("model", "node", "router")
-    keys = [f.name for f in fields(FlotillaConfig) if f.name not in sections]
+    keys = [name for name in FlotillaConfig.model_fields if name not in sections]
     for section, cls in (("model", ModelConfig), ("node", NodeConfig), ("router", RouterConfig)):
-        keys += [f"{section}.{f.name}" for f in fields(cls)]
+        keys += [f"{section}.{name}" for name in cls.model_fields]
     for key in keys:
         assert f"{key.split('.')[-1]}:" in text, f"examples/default.yaml lacks {key}"
         assert f"`{key}`" in readme, f"README's configuration reference lacks {key}"

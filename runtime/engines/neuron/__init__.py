@@ -5,9 +5,9 @@ tested here); `worker` is the follower loop that runs inside the Neuron containe
 """
 
 from runtime.engines.neuron.model import ModelConfigError, ModelShape, load_model_shape
-from runtime.engines.neuron.launch import (INSTANCES, InstanceSpec, NeuronOptions, NeuronPlanError,
-                                         NeuronUnitPlan, RankPlan, plan_member, plan_unit)
+from runtime.engines.neuron.launch import (NeuronOptions, NeuronPlanError, NeuronUnitPlan, RankPlan,
+                                         plan_member, plan_unit)
 
-__all__ = ["INSTANCES", "InstanceSpec", "ModelConfigError", "ModelShape", "NeuronOptions",
+__all__ = ["ModelConfigError", "ModelShape", "NeuronOptions",
            "NeuronPlanError", "NeuronUnitPlan", "RankPlan", "load_model_shape", "plan_member",
            "plan_unit"]

@@ -10,8 +10,9 @@ import argparse
 import json
 import sys
 
+from contract.trainium import INSTANCES
 from runtime.engines.neuron.model import ModelConfigError, load_model_shape
-from runtime.engines.neuron.launch import (AUTO, DEFAULT_COMPILED_DIR, INSTANCES, NeuronOptions,
+from runtime.engines.neuron.launch import (AUTO, DEFAULT_COMPILED_DIR, NeuronOptions,
                                          NeuronPlanError, plan_unit)
 
 

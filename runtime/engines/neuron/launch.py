@@ -1,7 +1,7 @@
 """Turn a unit's membership and a model's shape into every rank's Neuron environment and command.
 
 Pure Python: nothing here imports vLLM, NxD Inference or torch, so the exact contract the trn1
-container receives is computed, validated and tested on any machine (facts.md, Trainium / Neuron).
+container receives is computed, validated and tested on any machine.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import contract
+from contract.trainium import INSTANCES, TrainiumInstance
 from runtime.engines.neuron.model import ModelShape
 from runtime.membership import Membership
 
@@ -19,21 +20,6 @@ from runtime.membership import Membership
 class NeuronPlanError(ValueError):
     """The requested layout cannot run; the message names the input and the fix."""
 
-
-@dataclass(frozen=True)
-class InstanceSpec:
-    instance_type: str
-    neuron_cores: int       # NeuronCores per node: the node's local tensor-parallel degree
-    neuron_devices: int     # Trainium chips: /dev/neuron0..N-1
-    efa_interfaces: int     # /dev/infiniband/uverbs0..N-1
-
-
-INSTANCES: Mapping[str, InstanceSpec] = {
-    "trn1.32xlarge": InstanceSpec(instance_type="trn1.32xlarge", neuron_cores=32,
-                                  neuron_devices=16, efa_interfaces=8),
-    "trn1n.32xlarge": InstanceSpec(instance_type="trn1n.32xlarge", neuron_cores=32,
-                                   neuron_devices=16, efa_interfaces=16),
-}
 
 AUTO = "auto"
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -65,7 +51,7 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class NeuronUnitPlan:
-    instance: InstanceSpec
+    instance: TrainiumInstance
     nodes: int
     leader_host: str
     dist_port: int                      # leader's gloo port (torch env://) for the input broadcast

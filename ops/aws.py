@@ -6,16 +6,21 @@ not implement it) while every other EC2 call still goes to moto.
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions
 
 from ops.errors import OpsError
 
+T = TypeVar("T")
 
+
+# boto3 builds its clients at run time: their types exist only in boto3-stubs, not a dependency.
 @dataclass
 class Aws:
     ecs: Any
@@ -38,11 +43,11 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
                servicediscovery=session.client("servicediscovery"), topology=session.client("ec2"))
 
 
-def clients_for(args) -> Aws:
+def clients_for(args: argparse.Namespace) -> Aws:
     """The clients a subcommand uses (tests replace `make_clients`)."""
     return make_clients(region=getattr(args, "region", None), profile=getattr(args, "profile", None))
 
 
-def chunks(items: list, size: int):
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]

@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from contract.trainium import GIB, TrainiumInstance
 from ops.hardware import instance_spec
@@ -89,6 +90,8 @@ class ModelShape:
     def total_params(self) -> int:
         if self.params is not None:
             return self.params
+        # __post_init__ refuses a shape that has neither params nor these two.
+        assert self.intermediate is not None and self.vocab is not None
         hd = self.resolved_head_dim
         per_layer = (
             self.hidden * self.heads * hd              # q_proj
@@ -107,7 +110,7 @@ class ModelShape:
         return self.layers * 2 * self.hidden * self.kv_heads * self.resolved_head_dim
 
     @classmethod
-    def from_config_json(cls, path: str | Path, **overrides) -> "ModelShape":
+    def from_config_json(cls, path: str | Path, **overrides: Any) -> ModelShape:
         """Read a Hugging Face config.json (Llama family); explicit overrides win."""
         p = Path(path)
         try:
@@ -120,7 +123,7 @@ class ModelShape:
             "layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
             "context_length": "max_position_embeddings",
         }
-        values: dict = {}
+        values: dict[str, Any] = {}
         for field_name, key in keys.items():
             if field_name in overrides and overrides[field_name] is not None:
                 continue
@@ -256,9 +259,9 @@ class Plan:
     def total_nodes(self) -> int:
         return self.units * self.nodes_per_unit
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         """The flotilla deployment config (stacks/config.py keys) this plan asks for."""
-        cfg: dict = {
+        cfg: dict[str, Any] = {
             "instance_type": self.instance.instance_type,
             "nodes_per_unit": self.nodes_per_unit,
             "units": self.units,

@@ -35,12 +35,12 @@ def arn_name(arn: str) -> str:
     return arn.rsplit("/", 1)[-1]
 
 
-def _cell_sort_key(cell_id: str) -> tuple:
+def _cell_sort_key(cell_id: str) -> tuple[int, str]:
     m = re.search(r"(\d+)$", cell_id)
     return (int(m.group(1)) if m else 1 << 30, cell_id)
 
 
-def _unit_sort_key(unit_id: str) -> tuple:
+def _unit_sort_key(unit_id: str) -> tuple[int | str, ...]:
     return tuple(int(n) if n.isdigit() else n for n in re.split(r"(\d+)", unit_id))
 
 
@@ -136,16 +136,17 @@ class Unit:
             elif not n.ready:
                 out.append(f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready")
         answered = [n for n in members if n.health is not None]
-        revisions = sorted({str(n.health.get(contract.ATTR_REVISION)) for n in answered})
+        reports = [n.health for n in answered if n.health is not None]
+        revisions = sorted({str(h.get(contract.ATTR_REVISION)) for h in reports})
         if len(revisions) > 1:
             out.append(f"members report different revisions {', '.join(revisions)} (a unit must not mix them)")
         ranks = sorted(n.rank for n in answered if isinstance(n.rank, int))
         if answered and len(answered) == len(members) and ranks != list(range(len(members))):
             out.append(f"ranks {ranks} are not 0..{len(members) - 1}")
-        sizes = {n.health.get("world_size") for n in answered}
+        sizes = {h.get("world_size") for h in reports}
         if any(s != n_want for s in sizes):
             out.append(f"world_size {sorted(map(str, sizes))} != nodes_per_unit {n_want}")
-        units = {n.health.get(contract.ATTR_UNIT) for n in answered}
+        units = {h.get(contract.ATTR_UNIT) for h in reports}
         if any(u != self.unit_id for u in units):
             out.append(f"members report unit {sorted(map(str, units))}, expected {self.unit_id}")
         leader = next((n for n in members if n.rank == 0), None)
@@ -210,7 +211,7 @@ def _all_clusters(aws: Aws) -> list[dict[str, Any]]:
     arns: list[str] = []
     for page in aws.ecs.get_paginator("list_clusters").paginate():
         arns.extend(page.get("clusterArns", []))
-    out = []
+    out: list[dict[str, Any]] = []
     for batch in chunks(arns, 100):
         out.extend(aws.ecs.describe_clusters(clusters=batch, include=["TAGS"])["clusters"])
     return out
@@ -223,7 +224,7 @@ def _tags(resource: dict[str, Any]) -> dict[str, str]:
 def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     """The deployment's cell clusters: tagged flotilla:deployment + flotilla:cell (stacks/cell.py),
     or, untagged, named <deployment>-cell<n> or made by a <deployment>-Cell-<n> stack."""
-    out = []
+    out: list[dict[str, Any]] = []
     for c in _all_clusters(aws):
         tags = _tags(c)
         stack = tags.get(STACK_NAME_TAG, "")
@@ -240,7 +241,7 @@ def _active_services(aws: Aws, cluster_arn: str, *, tags: bool = False) -> list[
     for page in aws.ecs.get_paginator("list_services").paginate(cluster=cluster_arn):
         arns.extend(page.get("serviceArns", []))
     include = {"include": ["TAGS"]} if tags else {}
-    out = []
+    out: list[dict[str, Any]] = []
     for batch in chunks(arns, 10):
         out.extend(s for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, **include)["services"]
                    if s.get("status") == "ACTIVE")
@@ -249,7 +250,7 @@ def _active_services(aws: Aws, cluster_arn: str, *, tags: bool = False) -> list[
 
 def router_services(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     """The router's ECS service(s): clusters of the `<deployment>-Router` stack (front door)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for cluster in _all_clusters(aws):
         stack = _tags(cluster).get(STACK_NAME_TAG, "")
         if stack != f"{deployment}-Router" and not cluster["clusterName"].startswith(f"{deployment}-Router-"):
@@ -265,7 +266,7 @@ def container_env(task_definition: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dict]) -> list[Unit]:
+def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dict[str, Any]]) -> list[Unit]:
     cluster_arn = cluster["clusterArn"]
     units = []
     for s in _active_services(aws, cluster_arn, tags=True):
@@ -297,7 +298,7 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
     arns: list[str] = []
     for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster_arn):
         arns.extend(page.get("taskArns", []))
-    tasks: list[dict] = []
+    tasks: list[dict[str, Any]] = []
     for batch in chunks(arns, 100):
         tasks.extend(aws.ecs.describe_tasks(cluster=cluster_arn, tasks=batch)["tasks"])
     by_group = {f"service:{u.service_name}": u for u in units}
@@ -307,7 +308,7 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
         for ci in aws.ecs.describe_container_instances(cluster=cluster_arn, containerInstances=batch)[
                 "containerInstances"]:
             instance_of[ci["containerInstanceArn"]] = ci["ec2InstanceId"]
-    ec2_info: dict[str, dict] = {}
+    ec2_info: dict[str, dict[str, Any]] = {}
     ids = sorted(set(instance_of.values()))
     for batch in chunks(ids, 200):
         for r in aws.ec2.describe_instances(InstanceIds=batch)["Reservations"]:
@@ -331,7 +332,7 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
 def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
                         service: str) -> list[dict[str, Any]] | None:
     """Instances of the units' Cloud Map service, or None when there is no such service."""
-    namespaces = {}
+    namespaces: dict[str, str] = {}
     for page in aws.servicediscovery.get_paginator("list_namespaces").paginate():
         for ns in page.get("Namespaces", []):
             namespaces[ns["Id"]] = ns["Name"]
@@ -355,7 +356,7 @@ def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
         names = ", ".join(sorted(n for n, _ in candidates))
         raise OpsError(f"Cloud Map service {service!r} exists in several namespaces ({names}): "
                        "pass --cloudmap-namespace")
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for page in aws.servicediscovery.get_paginator("list_instances").paginate(ServiceId=candidates[0][1]["Id"]):
         out.extend(page.get("Instances", []))
     return out
@@ -417,7 +418,7 @@ def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None
     """The deployment's fleet; with `clusters` (cell cluster ARNs) only the units of those cells, for a
     wait that watches a few units and need not probe every node of the deployment each poll."""
     units: list[Unit] = []
-    taskdefs: dict[str, dict] = {}
+    taskdefs: dict[str, dict[str, Any]] = {}
     for cluster in _cell_clusters(aws, deployment):
         if clusters is not None and cluster["clusterArn"] not in clusters:
             continue
@@ -425,7 +426,8 @@ def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None
         if cluster_units:
             _attach_nodes(aws, cluster["clusterArn"], cluster_units)
         units.extend(cluster_units)
-    _attach_cloudmap(units, _cloudmap_instances(aws, deployment, cloudmap_namespace, cloudmap_service) if units else None)
+    instances = _cloudmap_instances(aws, deployment, cloudmap_namespace, cloudmap_service) if units else None
+    _attach_cloudmap(units, instances)
     if health:
         probe_health(units, timeout_s=health_timeout_s)
     else:

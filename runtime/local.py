@@ -42,7 +42,7 @@ class Proc:
 
     def start(self) -> None:
         with open(self.log, "ab") as f:
-            # Own session: Ctrl-C reaches only this launcher, which stops everything in order.
+            # Own process group (setsid): Ctrl-C reaches only this launcher, which stops everything in order.
             self.popen = subprocess.Popen(self.cmd, env=self.env, cwd=str(REPO), stdout=f, stderr=subprocess.STDOUT,
                                           start_new_session=True)
 

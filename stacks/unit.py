@@ -170,7 +170,7 @@ class TrainiumUnit(Construct):
             port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)],
             logging=ecs.LogDrivers.aws_logs(stream_prefix=unit_id, log_group=log_group),
             stop_timeout=STOP_TIMEOUT,
-            # Alive, not ready (architecture §5): a unit re-forming after a member died must not
+            # The liveness path, not readiness: a unit re-forming after a member died must not
             # have its other members killed by ECS.
             health_check=ecs.HealthCheck(
                 command=["CMD-SHELL", "python3 -c \"import urllib.request; urllib.request."

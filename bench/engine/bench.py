@@ -1,4 +1,4 @@
-"""Reference-engine benchmarks on SmolLM2 (issue 4): `make bench-engine` (or
+"""Reference-engine benchmarks on SmolLM2: `make bench-engine` (or
 `python bench/engine/bench.py --threads 1 --repeats 3`). Prints a markdown table; JSON to --out.
 
 1. tokens/s at 1, 4, 16 concurrent requests vs plain transformers `generate` one at a time;
@@ -26,7 +26,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from runtime.engines.base import GenerationRequest, SamplingParams  # noqa: E402
+from runtime.engines.reference import ReferenceEngine, run_worker  # noqa: E402
 from runtime.membership import Membership  # noqa: E402
+from runtime.models.smollm2 import ensure_smollm2, smollm2_shape  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
@@ -61,8 +63,6 @@ async def _concurrent_rate(engine, tag: str, n: int) -> float:
 
 
 async def engine_throughput(threads: int, repeats: int) -> dict:
-    from runtime.engines.reference import ReferenceEngine
-
     solo = Membership(unit_id="b", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
     engine = ReferenceEngine(solo, model="smollm2", threads=threads, max_running=16)
     await engine.start()
@@ -80,9 +80,8 @@ async def engine_throughput(threads: int, repeats: int) -> dict:
 
 
 def transformers_baseline(threads: int, repeats: int, n_requests: int = 4) -> float:
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from runtime.models.smollm2 import ensure_smollm2
+    # transformers takes seconds to import and only this contender uses it (not the rank processes).
+    from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     d = ensure_smollm2()
@@ -124,8 +123,6 @@ def memory_bandwidth_gbs(threads: int, repeats: int) -> float:
 
 
 def weight_bytes() -> int:
-    from runtime.models.smollm2 import smollm2_shape
-
     s = smollm2_shape()
     # every decode step reads each layer and the LM head (= the tied embedding) once
     return 4 * (s.num_layers * s.layer_params + s.vocab_size * s.hidden_size + s.hidden_size)
@@ -146,8 +143,6 @@ COMBOS = [("pipeline", "tensor"), ("pipeline", "pipeline"), ("tensor", "tensor")
 
 
 def rank_main(rank: int, port: int, threads: int, repeats: int) -> None:
-    from runtime.engines.reference import ReferenceEngine, run_worker
-
     torch.set_num_threads(threads)
     found = {}
     for n, (prefill, decode) in enumerate(COMBOS):

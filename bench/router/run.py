@@ -22,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from runtime.ports import free_port  # noqa: E402 - after the path to this checkout is known
+
 perf_counter = time.perf_counter
 
 
@@ -58,6 +59,7 @@ class Client(asyncio.Protocol):
         return self.done
 
     def data_received(self, data: bytes) -> None:
+        assert self.done is not None, "the backend answered before send()"
         if not self.first_event_at and b"data:" in data:
             self.first_event_at = perf_counter()
         if self.event_lags is not None and b'{"t": ' in data:
@@ -216,7 +218,8 @@ def main() -> int:
                   + (f"  first event p50 {r['first_event_p50_ms']:.3f} p99 {r['first_event_p99_ms']:.3f}"
                      if stream else "")
                   + (f"  event lag p50 {r['event_lag_p50_ms']:.3f} p99 {r['event_lag_p99_ms']:.3f}"
-                     if r["event_lag_p50_ms"] is not None else "") + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
+                     if r["event_lag_p50_ms"] is not None else "")
+                  + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
     finally:
         router.terminate()
         backend.terminate()
@@ -242,7 +245,8 @@ def main() -> int:
     }
     print(json.dumps(summary, indent=1))
     load = os.getloadavg()
-    record = {"label": args.label, "router_repo": args.router_repo, "router_args": args.router_args, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    record = {"label": args.label, "router_repo": args.router_repo, "router_args": args.router_args,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "python": platform.python_version(), "loadavg_at_end": load, "seconds": args.seconds,
               "events": args.events, "results": results, "summary": summary}
     out = Path(args.out)

@@ -30,12 +30,19 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, int]:
                           text=True, timeout=TIMEOUT_S, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
+    wall = _time_field(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
     hours, minutes, seconds = (float(g) if g else 0.0 for g in wall.groups())
-    rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    cpu = sum(float(re.search(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1))
+    rss_kb = int(_time_field(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
+    cpu = sum(float(_time_field(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1))
               for kind in ("User", "System"))
     return hours * 3600 + minutes * 60 + seconds, cpu, rss_kb // 1024
+
+
+def _time_field(pattern: str, report: str) -> re.Match[str]:
+    m = re.search(pattern, report)
+    if m is None:
+        raise RuntimeError(f"GNU time -v printed no line matching {pattern!r}: is /usr/bin/time GNU time?")
+    return m
 
 
 def median_run(cmd: list[str], env: dict | None = None) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,7 +57,8 @@ def confirmed(args: argparse.Namespace, console: Console, question: str) -> bool
     return True
 
 
-def wait_until(check, *, timeout_s: float, description: str, console: Console, poll_s: float = 5.0):
+def wait_until(check: Callable[[], tuple[bool, str]], *, timeout_s: float, description: str, console: Console,
+               poll_s: float = 5.0) -> str:
     """Call check() -> (done, status) until done, with a progress bar over the time budget.
     Returns the last status; raises OpsError when the budget runs out."""
     start = time.monotonic()

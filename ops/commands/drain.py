@@ -12,13 +12,14 @@ import argparse
 
 from rich.console import Console
 
-from ops.aws import clients_for
+from ops.aws import Aws, clients_for
+from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import Refused
 from ops.fleet import DRAINED_TAG
 
 
-def add_parser(sub) -> list[argparse.ArgumentParser]:
+def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     d = sub.add_parser("drain-unit", help="take a unit out of service: finish in-flight work, stop its nodes",
                        description="Scale a unit's ECS service to 0 after its members finish in-flight requests "
                                    "(SIGTERM drain). Dry run unless confirmed.")
@@ -39,9 +40,9 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     return [d, r]
 
 
-def wait_for_running(aws, *, cluster: str, service: str, want: int, timeout_s: float, console: Console) -> None:
+def wait_for_running(aws: Aws, *, cluster: str, service: str, want: int, timeout_s: float, console: Console) -> None:
     """Poll the service until runningCount == want (progress bar; OpsError on timeout)."""
-    def check():
+    def check() -> tuple[bool, str]:
         svc = aws.ecs.describe_services(cluster=cluster, services=[service])["services"][0]
         return svc.get("runningCount", 0) == want, f"running {svc.get('runningCount', 0)}"
 

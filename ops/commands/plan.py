@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -16,10 +17,11 @@ from rich.table import Table
 
 from contract.trainium import GIB, INSTANCES
 from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
+from ops.commands import Subparsers
 from ops.errors import UsageError
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan", help="capacity planner: nodes per unit, parallel degrees, memory, units, config",
         description="Size a unit (nodes, tp_degree, pipeline stages, memory per NeuronCore) and the "
@@ -100,10 +102,11 @@ def config_yaml(p: Plan) -> str:
               f"{p.traffic.prompt_tokens} prompt + {p.traffic.output_tokens} output tokens.\n"
               "# Units are a roofline minimum at --efficiency "
               f"{p.settings.efficiency:g}; add headroom for failures and rollouts.\n")
-    return header + yaml.safe_dump(p.config(), sort_keys=False)
+    body: str = yaml.safe_dump(p.config(), sort_keys=False)
+    return header + body
 
 
-def plan_dict(p: Plan) -> dict:
+def plan_dict(p: Plan) -> dict[str, Any]:
     return {
         "model": {"name": p.model.name, "params": p.model.total_params, "layers": p.model.layers,
                   "hidden": p.model.hidden, "heads": p.model.heads, "kv_heads": p.model.kv_heads,

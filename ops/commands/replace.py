@@ -13,11 +13,12 @@ import argparse
 from rich.console import Console
 
 from ops.aws import clients_for
+from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import OpsError, Refused
 
 
-def add_parser(sub) -> list[argparse.ArgumentParser]:
+def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p = sub.add_parser("replace-node", help="drain a node's task and have Auto Scaling replace its instance",
                        description="Replace one node (EC2 instance) of a unit: drain its ECS container instance, "
                                    "then mark it unhealthy so its Auto Scaling group launches a replacement. "
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                                         ShouldRespectGracePeriod=False)
     console.print(f"{args.instance_id}: draining and marked Unhealthy; Auto Scaling replaces it")
     if args.wait:
-        def check():
+        def check() -> tuple[bool, str]:
             u = fleet_from_args(args, aws, clusters={unit.cluster_arn}).unit(unit.unit_id)
             on_old = any(n.instance_id == args.instance_id for n in u.nodes)
             ready = u.ready and not on_old

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
-import contract
 from rich.console import Console
 from rich.table import Table
 
+import contract
 from ops.aws import Aws, clients_for
+from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, select, wait_until
 from ops.errors import OpsError
 from ops.fleet import Fleet, Unit, arn_name, container_env, router_services
@@ -24,7 +26,7 @@ from ops.fleet import Fleet, Unit, arn_name, container_env, router_services
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
 
-def add_parser(sub) -> list[argparse.ArgumentParser]:
+def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     r = sub.add_parser("rollout", help="unit rollouts: `rollout status`")
     rsub = r.add_subparsers(dest="rollout_command", required=True, metavar="SUBCOMMAND")
     s = rsub.add_parser("status", help="per cell and unit: ECS deployments, revisions on the members",
@@ -90,7 +92,7 @@ def render_status(fleet: Fleet, units: list[Unit], console: Console) -> dict[str
 def run_status(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
 
-    def look():
+    def look() -> tuple[Fleet, list[Unit]]:
         fleet = fleet_from_args(args, aws)
         units = select(fleet, cell=args.cell)
         return fleet, units
@@ -100,7 +102,7 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]no units found for deployment {args.deployment!r}[/]")
         return 1
     if args.wait:
-        def check():
+        def check() -> tuple[bool, str]:
             nonlocal fleet, units   # the last look is what gets rendered once the wait is over
             fleet, units = look()
             states = [rollout_state(u) for u in units]
@@ -116,7 +118,7 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
     return 1 if counts[FAILED] or router_failed else 0
 
 
-def render_router(services: list[dict], console: Console) -> bool:
+def render_router(services: list[dict[str, Any]], console: Console) -> bool:
     """The router's deployments (ECS native blue/green); True when one FAILED."""
     if not services:
         return False
@@ -205,7 +207,7 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
             ids = {u.unit_id for u, _ in in_cell}
             clusters = {u.cluster_arn for u, _ in in_cell}
 
-            def check():
+            def check() -> tuple[bool, str]:
                 now = [u for u in fleet_from_args(args, aws, clusters=clusters).units if u.unit_id in ids]
                 states = [rollout_state(u) for u in now]
                 if FAILED in states:

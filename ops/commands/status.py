@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select
-from ops.fleet import Unit
+from ops.fleet import Node, Unit
 
 
-def add_parser(sub) -> list[argparse.ArgumentParser]:
+def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p = sub.add_parser("status", help="cells, units and nodes: rank, role, revision, readiness, load",
                        description="Show every unit of the deployment from ECS, Cloud Map and the nodes' "
                                    "/health/ready. Exit status 1 when anything is not ready.")
@@ -36,7 +38,7 @@ def unit_state(u: Unit) -> str:
     return "READY" if u.ready else "NOT READY"
 
 
-def _load(n) -> tuple[str, str, str]:
+def _load(n: Node) -> tuple[str, str, str]:
     ld = (n.health or {}).get("load") or {}
     if not ld:
         return "-", "-", "-"
@@ -71,7 +73,7 @@ def render(units: list[Unit], console: Console) -> None:
             console.print(f"[red]{u.unit_id}[/]: {p}", highlight=False)
 
 
-def as_json(units: list[Unit]) -> list[dict]:
+def as_json(units: list[Unit]) -> list[dict[str, Any]]:
     return [{
         "cell": u.cell_id, "unit": u.unit_id, "state": unit_state(u), "revision": u.revision,
         "service": u.service_name, "desired": u.desired, "problems": u.problems(),

@@ -9,16 +9,18 @@ sit under different spines, pays for it on every pipeline hop.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ops.aws import chunks, clients_for
+from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select
 from ops.fleet import Node, Unit
 
 
-def add_parser(sub) -> list[argparse.ArgumentParser]:
+def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p = sub.add_parser("topology", help="network placement of each unit's nodes and whether rank order matches",
                        description="Show each unit's nodes with their DescribeInstanceTopology network nodes "
                                    "(spine first) and check that rank order follows them. Exit status 1 when "
@@ -29,10 +31,10 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     return [p]
 
 
-def network_nodes(topology_client, instance_ids: list[str]) -> dict[str, tuple[str, ...]]:
+def network_nodes(topology_client: Any, instance_ids: list[str]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for batch in chunks(sorted(set(instance_ids)), 100):  # at most 100 ids per call
-        kwargs = {"InstanceIds": batch}
+        kwargs: dict[str, Any] = {"InstanceIds": batch}
         while True:
             resp = topology_client.describe_instance_topology(**kwargs)
             for inst in resp.get("Instances", []):
@@ -49,20 +51,20 @@ def expected_order(nodes: list[Node], paths: dict[str, tuple[str, ...]]) -> list
 
 
 def check_unit(u: Unit, paths: dict[str, tuple[str, ...]]) -> list[str]:
-    nodes = [n for n in u.nodes if n.instance_id]
+    located = [(n.instance_id, n) for n in u.nodes if n.instance_id]
     problems = []
-    missing = [n.instance_id for n in nodes if not paths.get(n.instance_id)]
+    missing = [iid for iid, _ in located if not paths.get(iid)]
     if missing:
         problems.append(f"no topology for {', '.join(missing)} (instance type without topology data?)")
-    spines = {paths[n.instance_id][0] for n in nodes if paths.get(n.instance_id)}
+    spines = {paths[iid][0] for iid, _ in located if paths.get(iid)}
     if len(spines) > 1:
         problems.append(f"nodes sit under {len(spines)} different top-layer network nodes {sorted(spines)}")
-    ranked = [n for n in nodes if isinstance(n.rank, int)]
-    if len(ranked) != len(nodes):
+    ranked = [(n.rank, iid) for iid, n in located if isinstance(n.rank, int)]
+    if len(ranked) != len(located):
         problems.append("some nodes report no rank (not answering /health/ready)")
     else:
-        want = [n.instance_id for n in expected_order(nodes, paths)]
-        have = [n.instance_id for n in sorted(ranked, key=lambda n: n.rank)]
+        want = [n.instance_id for n in expected_order([n for _, n in located], paths)]
+        have = [iid for _, iid in sorted(ranked, key=lambda r: r[0])]
         if want != have:
             problems.append(f"rank order {have} does not follow topology order {want}")
     return problems

@@ -1,4 +1,4 @@
-"""The engine interface the leader programs against (architecture §4, issue 4 item 1).
+"""The engine interface the leader programs against.
 
 The API layer knows nothing of tensors: it tokenizes, submits a GenerationRequest, and relays the
 TokenEvents. The engine owns scheduling (continuous batching) and every collective call.

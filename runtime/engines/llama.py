@@ -5,7 +5,7 @@ with a per-sequence KV cache that can be re-sharded between those layouts.
 Why not drive transformers' LlamaDecoderLayer: its cache is indexed by layer_idx and sized for all
 heads, and a tensor slice would need patched modules. Here every op mirrors transformers' order
 (RMSNorm in fp32, RoPE via rotate_half, SwiGLU), so the unsplit model matches LlamaForCausalLM
-within float tolerance (tests/engine/test_llama_equivalence.py), a pipeline split is bit-identical
+within float tolerance (tests/engine/test_models.py), a pipeline split is bit-identical
 to the unsplit model (same ops on the same shapes), and a tensor split differs only by the order
 of the all-reduce sum.
 """
@@ -196,11 +196,13 @@ def decoder_layer(shape: LlamaShape, layer: int, lw: LayerWeights, x: torch.Tens
         offset += seg.n
     attn = F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], lw.wo)
     if lw.attention_partial:
+        assert all_reduce is not None, "a head slice of the attention needs all_reduce to sum its output"
         attn = all_reduce(attn)
     x = x + attn
     h = rms_norm(x, lw.post_norm, shape.rms_norm_eps)
     mlp = F.linear(F.silu(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
     if lw.mlp_partial:
+        assert all_reduce is not None, "a slice of the MLP needs all_reduce to sum its output"
         mlp = all_reduce(mlp)
     return x + mlp
 

@@ -196,7 +196,7 @@ def _exit_when_supervisor_goes() -> None:
     while sys.stdin.buffer.readline():
         pass
     if os.getpgrp() == os.getpid():
-        # Our own group (the supervisor starts us in a new session): take any engine child
+        # Our own group (the supervisor starts us with setsid): take any engine child
         # (the neuron worker) down with us.
         os.killpg(os.getpid(), signal.SIGKILL)
     os._exit(1)

@@ -162,7 +162,7 @@ class EngineProcess:
     def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             try:
-                # The engine runs in its own session: take its whole process group down with it.
+                # The engine leads its own process group (setsid): take the whole group down with it.
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

@@ -59,11 +59,11 @@ def test_image_assets_stage_only_runtime_contract_and_the_lock_file(default_synt
         assert not [p for p in staged if "__pycache__" in p or p.endswith(".pyc")]
 
 
-def test_ci_workflow_runs_make_test_then_make_synth_and_uploads_cdk_out():
+def test_ci_workflow_runs_make_lint_make_test_then_make_synth_and_uploads_cdk_out():
     workflow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "ci.yml").read_text())
     (job,) = workflow["jobs"].values()
     runs = [s.get("run") for s in job["steps"] if "run" in s]
-    assert runs == ["make test", "make synth"]
+    assert runs == ["make lint", "make test", "make synth"]
     upload = job["steps"][-1]
     assert upload["uses"].startswith("actions/upload-artifact@")
     assert upload["with"]["path"] == "cdk.out/"

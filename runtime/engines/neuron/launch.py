@@ -1,7 +1,7 @@
 """Turn a unit's membership and a model's shape into every rank's Neuron environment and command.
 
 Pure Python: nothing here imports vLLM, NxD Inference or torch, so the exact contract the trn1
-container receives is computed, validated and tested on any machine.
+container receives is computed, validated and tested on any machine, Neuron devices or not.
 """
 
 from __future__ import annotations

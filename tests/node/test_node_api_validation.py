@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-
 CHAT = "/chat/completions"
 COMP = "/completions"
 OK_MSGS = [{"role": "user", "content": "hi"}]

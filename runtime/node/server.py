@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 import contract
 from runtime import emf
@@ -179,19 +180,9 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-        created = int(arrival)
-        out = "".join(text)
-        if kind == "chat":
-            body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": out},
-                                 "finish_reason": finish_reason or "stop", "logprobs": None}],
-                    "usage": usage}
-        else:
-            body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "text": out, "finish_reason": finish_reason or "stop",
-                                 "logprobs": None}], "usage": usage}
-        return web.json_response(body, headers=headers)
+        body = req.response(rid=rid, created=int(arrival), text="".join(text), finish_reason=finish_reason or "stop",
+                            prompt_tokens=prompt_tokens, completion_tokens=n)
+        return web.json_response(body.model_dump(), headers=headers)
 
     async def _stream(self, request: web.Request, req: ParsedRequest, kind: str, rid: str, events: Any,
                       headers: dict[str, str], rec: dict[str, Any], arrival: float,
@@ -200,38 +191,24 @@ class LeaderApi:
                                                        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await resp.prepare(request)
         created = int(arrival)
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
-        def chunk(delta_text: str | None, finish_reason: str | None, *, role: bool = False) -> dict:
-            if kind == "chat":
-                delta: dict[str, Any] = {}
-                if role:
-                    delta["role"] = "assistant"
-                if delta_text is not None:
-                    delta["content"] = delta_text
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "finish_reason": finish_reason, "logprobs": None}
-            c = {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
-            if req.include_usage:
-                c["usage"] = None
-            return c
-
-        async def send(payload: dict) -> None:
-            await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+        async def send(payload: BaseModel | dict) -> None:
+            body = payload.model_dump() if isinstance(payload, BaseModel) else payload
+            await resp.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
         n, first_token = 0, None
         ev: dict = {"op": "done"}
         try:
             if kind == "chat":
-                await send(chunk("", None, role=True))
+                await send(req.chunk(rid=rid, created=created, text="", finish_reason=None, first=True))
             async for ev in events:
                 if ev["op"] == "token":
                     if first_token is None:
                         first_token = time.time()
                     n += ev.get("token_id", 0) >= 0   # -1: a finish-only event, not a token
                     rec["completion_tokens"] = n
-                    await send(chunk(ev["text"], ev.get("finish_reason")))
+                    await send(req.chunk(rid=rid, created=created, text=ev["text"],
+                                         finish_reason=ev.get("finish_reason")))
                 elif ev["op"] == "error":
                     break
         except ConnectionError:                     # the client went away mid-stream
@@ -254,9 +231,8 @@ class LeaderApi:
         self._timing(rec, arrival, first_token, n)
         try:
             if req.include_usage:
-                await send({"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
-                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                                      "total_tokens": prompt_tokens + n}})
+                await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens,
+                                           completion_tokens=n))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:

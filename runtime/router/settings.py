@@ -1,87 +1,252 @@
-"""The router's settings: one validated object built once (from flags and environment) and passed down.
+"""The router's settings, each declared once (type, default, check, flag, environment variable, help):
+the `python -m runtime router` flags and their help are derived from these declarations.
 
-Every knob has a default that suits a small fleet; bad values fail at start-up with a message naming
-the setting, the value and the allowed range.
+Flags win over environment variables, which win over defaults. A bad value raises SettingsError with
+one line naming the setting, the value, what is allowed and where the value came from.
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 import contract
+
+_BAD = "router_setting"                  # the error type of every check below: its message is the line
 
 
 class SettingsError(ValueError):
     """A router setting is out of range or inconsistent; the message names it and the fix."""
 
+    def __init__(self, message: str, *, problems: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []      # pydantic's error dicts, to name where each value came from
 
-@dataclass(frozen=True, kw_only=True)
-class RouterSettings:
-    host: str = "0.0.0.0"
-    port: int = contract.ROUTER_PORT
+
+@dataclass(frozen=True)
+class Option:
+    """How a setting is given on the command line and in the environment."""
+    flag: str
+    help: str
+    env: str | None = None
+    choices: tuple[str, ...] | None = None   # the words the flag takes, when not the field's Literal values
+    default: str | None = None               # the default as the help shows it, when not the field's
+
+
+def _bad(message: str) -> PydanticCustomError:
+    return PydanticCustomError(_BAD, message)
+
+
+def within(low: float, high: float) -> WrapValidator:
+    """The value (or its text, from a flag or the environment) must be a number in low..high."""
+    def validate(value: Any, handler: Any, info: ValidationInfo) -> Any:
+        try:
+            number = handler(value)
+        except ValidationError as exc:
+            kind = "a whole number" if exc.errors()[0]["type"].startswith("int") else "a number"
+            raise _bad(f"{info.field_name}={value!r} is not {kind}: allowed {low}..{high}") from None
+        if not low <= number <= high:
+            raise _bad(f"{info.field_name}={number} is out of range: allowed {low}..{high}")
+        return number
+    return WrapValidator(validate)
+
+
+def _units(value: Any) -> Any:
+    if isinstance(value, str):         # a flag or FLOTILLA_UNITS: comma-separated
+        return tuple(u.strip() for u in value.split(",") if u.strip())
+    return value
+
+
+def _base_urls(units: tuple[str, ...]) -> tuple[str, ...]:
+    for url in units:
+        if not url.startswith(("http://", "https://")) or url.count(":") < 2:
+            raise _bad(f"unit {url!r} is not a base URL: write it as http://host:port (e.g. "
+                       f"http://127.0.0.1:{contract.NODE_API_PORT})")
+    return units
+
+
+ACCESS_LOG_WORDS = {"json": True, "off": False}
+
+
+def _access_log_word(value: Any) -> Any:
+    if isinstance(value, str):
+        if value not in ACCESS_LOG_WORDS:
+            raise _bad(f"access_log={value!r} is not supported: use {' or '.join(ACCESS_LOG_WORDS)}")
+        return ACCESS_LOG_WORDS[value]
+    return value
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
+
+
+class RouterSettings(BaseModel):
+    """One validated object built once at start-up and passed down. Every default suits a small fleet."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: Annotated[str, Option("--host", "address to listen on")] = "0.0.0.0"
+    port: Annotated[int, within(0, 65535), Option(
+        "--port", "listen port; 0 = any free port", env=contract.ENV_PORT)] = contract.ROUTER_PORT
     # discovery: "static" (units and/or units_file) or "cloudmap" (namespace + service)
-    discovery: str = "static"
-    units: tuple[str, ...] = ()                 # leader base URLs, e.g. http://10.0.1.5:8000
-    units_file: str | None = None               # static list in a file, re-read every discovery pass
-    cloudmap_namespace: str | None = None
-    cloudmap_service: str | None = None
-    cloudmap_region: str | None = None
-    discovery_interval_s: float = 2.0
+    discovery: Annotated[Literal["static", "cloudmap"], Option(
+        "--discovery", "how units are found: static (--units, --units-file) or cloudmap",
+        env=contract.ENV_DISCOVERY)] = "static"
+    units: Annotated[tuple[str, ...], AfterValidator(_base_urls), BeforeValidator(_units), Option(
+        "--units", "comma-separated leader base URLs, e.g. http://10.0.1.5:8000, for static discovery",
+        env=contract.ENV_UNITS, default="none")] = ()
+    units_file: Annotated[str | None, Option(
+        "--units-file", "file with one leader URL per line, re-read every discovery pass, for static discovery")] = None
+    cloudmap_namespace: Annotated[str | None, Option(
+        "--cloudmap-namespace", "Cloud Map namespace the units register in, for cloudmap discovery",
+        env=contract.ENV_CLOUDMAP_NAMESPACE)] = None
+    cloudmap_service: Annotated[str | None, Option(
+        "--cloudmap-service", "Cloud Map service the units register as, for cloudmap discovery",
+        env=contract.ENV_CLOUDMAP_SERVICE)] = None
+    cloudmap_region: str | None = None           # None: boto3's default region resolution
+    discovery_interval_s: Annotated[float, within(0.05, 3600), Option(
+        "--discovery-interval", "seconds between discovery passes")] = 2.0
     # health and load polling of every unit
-    poll_interval_s: float = 0.25
-    poll_timeout_s: float = 1.0
+    poll_interval_s: Annotated[float, within(0.01, 60), Option(
+        "--poll-interval", "seconds between health polls of a unit", env=contract.ENV_POLL_INTERVAL)] = 0.25
+    poll_timeout_s: Annotated[float, within(0.01, 60), Option(
+        "--poll-timeout", "seconds a health poll may take before the unit counts as unreachable",
+        default="max(1, 2 x poll interval)")] = 1.0
     # proxying
-    connect_timeout_s: float = 1.0
-    first_byte_timeout_s: float = 60.0          # prefill of a long prompt on a busy unit
-    idle_stream_timeout_s: float = 30.0         # longest silence between two chunks of a response
-    max_attempts: int = 3                       # units tried per request while nothing reached the client
-    max_body_bytes: int = 4 * 1024 * 1024
+    connect_timeout_s: Annotated[float, within(0.01, 60)] = 1.0
+    first_byte_timeout_s: Annotated[float, within(0.01, 3600), Option(
+        "--first-byte-timeout", "seconds to wait for a unit's first byte: the prefill of a long prompt on "
+        "a busy unit")] = 60.0
+    idle_stream_timeout_s: Annotated[float, within(0.01, 3600), Option(
+        "--idle-stream-timeout", "longest silence in seconds between two chunks of a response")] = 30.0
+    max_attempts: Annotated[int, within(1, 16)] = 3      # units tried per request while nothing reached the client
+    max_body_bytes: Annotated[int, within(1024, 1 << 30)] = 4 * 1024 * 1024
     # shedding: a unit is saturated when either bound is reached
-    max_outstanding_per_unit: int = 64          # requests this router has in flight to one unit
-    max_queue_depth: int = 32                   # queue depth the unit itself reports
-    retry_after_s: int = 1
-    access_log: bool = True                     # one JSON line per routed request on stderr
-    ready_units_interval_s: float = 60.0        # ReadyUnits EMF lines on stdout (docs/observability.md)
+    max_outstanding_per_unit: Annotated[int, within(1, 100_000), Option(
+        "--max-outstanding-per-unit", "requests this router keeps in flight to one unit before it counts "
+        "as saturated")] = 64
+    max_queue_depth: Annotated[int, within(1, 100_000), Option(
+        "--max-queue-depth", "a unit reporting this queue depth is saturated")] = 32
+    retry_after_s: Annotated[int, within(1, 3600)] = 1
+    access_log: Annotated[bool, BeforeValidator(_access_log_word), Option(
+        "--access-log", "one JSON line per routed request on stderr (json) or none (off)",
+        choices=tuple(ACCESS_LOG_WORDS), default="json")] = True
+    ready_units_interval_s: Annotated[float, within(0.05, 3600), Option(
+        "--ready-units-interval", "seconds between ReadyUnits metric lines on stdout: CloudWatch EMF, "
+        "docs/observability.md")] = 60.0
     # SIGTERM drain
-    drain_grace_s: float = 5.0                  # keep serving after /health turns 503 (ALB notices)
-    drain_timeout_s: float = 120.0              # give up waiting for in-flight requests after this
+    drain_grace_s: Annotated[float, within(0, 3600), Option(
+        "--drain-grace", "seconds to keep serving after /health turns 503 on SIGTERM, so the ALB "
+        "notices")] = 5.0
+    drain_timeout_s: Annotated[float, within(0, 86400), Option(
+        "--drain-timeout", "seconds to wait for in-flight requests after SIGTERM",
+        env=contract.ENV_DRAIN_TIMEOUT)] = 120.0
+    # the process
+    event_loop: Annotated[Literal["auto", "asyncio", "uvloop"], Option(
+        "--event-loop", "auto = uvloop when installed, else asyncio; uvloop measured faster in "
+        "docs/benchmarks.md")] = "auto"
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(_upper),
+                         Option("--log-level", "least severe log level written")] = "INFO"
 
-    def __post_init__(self) -> None:
-        if self.discovery not in ("static", "cloudmap"):
-            raise SettingsError(
-                f"discovery={self.discovery!r} is not supported: use 'static' (with --units or "
-                f"{contract.ENV_UNITS}) or 'cloudmap' (with a namespace and service)")
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            problems = exc.errors(include_url=False)
+            raise SettingsError(_one_line(problems, {}), problems=problems) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _poll_timeout_follows_poll_interval(cls, values: Any) -> Any:
+        # Unset, a poll may take twice the poll interval, and at least a second.
+        if isinstance(values, dict) and values.get("poll_timeout_s") is None:
+            try:
+                poll = float(values.get("poll_interval_s", 0.25))
+            except (TypeError, ValueError):
+                return values                   # poll_interval_s gets its own error
+            values = {**values, "poll_timeout_s": max(1.0, 2 * poll)}
+        return values
+
+    @model_validator(mode="after")
+    def _discovery_has_what_it_needs(self) -> RouterSettings:
         if self.discovery == "static" and not self.units and not self.units_file:
-            raise SettingsError(
-                f"static discovery needs units: pass --units http://host:port[,...] or set "
-                f"{contract.ENV_UNITS}, or pass --units-file")
+            raise _bad(f"static discovery needs units: pass --units http://host:port[,...] or set "
+                       f"{contract.ENV_UNITS}, or pass --units-file")
         if self.discovery == "cloudmap" and not (self.cloudmap_namespace and self.cloudmap_service):
-            raise SettingsError(
-                f"cloudmap discovery needs {contract.ENV_CLOUDMAP_NAMESPACE} and "
-                f"{contract.ENV_CLOUDMAP_SERVICE} (or --cloudmap-namespace/--cloudmap-service)")
-        for url in self.units:
-            if not (url.startswith("http://") or url.startswith("https://")) or url.count(":") < 2:
-                raise SettingsError(
-                    f"unit {url!r} is not a base URL: write it as http://host:port (e.g. "
-                    f"http://127.0.0.1:{contract.NODE_API_PORT})")
-        if not 0 < self.port < 65536 and self.port != 0:
-            raise SettingsError(f"port={self.port} must be 0..65535")
-        _positive("poll_interval_s", self.poll_interval_s, 0.01, 60)
-        _positive("poll_timeout_s", self.poll_timeout_s, 0.01, 60)
-        _positive("discovery_interval_s", self.discovery_interval_s, 0.05, 3600)
-        _positive("connect_timeout_s", self.connect_timeout_s, 0.01, 60)
-        _positive("first_byte_timeout_s", self.first_byte_timeout_s, 0.01, 3600)
-        _positive("idle_stream_timeout_s", self.idle_stream_timeout_s, 0.01, 3600)
-        _positive("max_attempts", self.max_attempts, 1, 16)
-        _positive("max_outstanding_per_unit", self.max_outstanding_per_unit, 1, 100_000)
-        _positive("max_queue_depth", self.max_queue_depth, 1, 100_000)
-        _positive("max_body_bytes", self.max_body_bytes, 1024, 1 << 30)
-        _positive("retry_after_s", self.retry_after_s, 1, 3600)
-        _positive("ready_units_interval_s", self.ready_units_interval_s, 0.05, 3600)
-        _positive("drain_grace_s", self.drain_grace_s, 0, 3600)
-        _positive("drain_timeout_s", self.drain_timeout_s, 0, 86400)
+            raise _bad(f"cloudmap discovery needs {contract.ENV_CLOUDMAP_NAMESPACE} and "
+                       f"{contract.ENV_CLOUDMAP_SERVICE} (or --cloudmap-namespace/--cloudmap-service)")
+        return self
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per declared Option. Every flag defaults to None so from_args can tell a flag
+        given from one left out (and fall back to the environment, then the declared default)."""
+        for name, option in _options().items():
+            field = cls.model_fields[name]
+            choices = option.choices or (get_args(field.annotation) if get_origin(field.annotation) is Literal
+                                         else None)
+            shown = option.default or ("none" if field.default is None else field.default)
+            where = f"; env {option.env}" if option.env else ""
+            metavar = "{" + ",".join(choices) + "}" if choices else option.flag.lstrip("-").upper().replace("-", "_")
+            parser.add_argument(option.flag, dest=name, default=None, metavar=metavar,
+                                help=f"{option.help} (default: {shown}{where})")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> RouterSettings:
+        """Each setting from its flag, else its environment variable (empty counts as unset), else its
+        default."""
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for name, option in _options().items():
+            given = getattr(args, name, None)
+            if given is not None:
+                values[name], sources[name] = given, option.flag
+            elif option.env and environ.get(option.env):
+                values[name], sources[name] = environ[option.env], option.env
+        try:
+            return cls(**values)
+        except SettingsError as exc:
+            raise SettingsError(_one_line(exc.problems, sources), problems=exc.problems) from None
 
 
-def _positive(name: str, value: float, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise SettingsError(f"{name}={value} is out of range: allowed {low}..{high}")
+def _options() -> dict[str, Option]:
+    """The settings that have a flag, in declaration order."""
+    out = {}
+    for name, field in RouterSettings.model_fields.items():
+        option = next((m for m in field.metadata if isinstance(m, Option)), None)
+        if option is not None:
+            out[name] = option
+    return out
+
+
+def _one_line(problems: list[Any], sources: Mapping[str, str]) -> str:
+    """pydantic's multi-line report as one line: each problem, and the flag or variable it came from."""
+    lines = []
+    for err in problems:
+        name = str(err["loc"][0]) if err["loc"] else ""
+        value = err.get("input")
+        if err["type"] == _BAD:
+            text = err["msg"]
+        elif err["type"] == "literal_error":
+            text = f"{name}={value!r} is not supported: use {err['ctx']['expected']}"
+        elif err["type"] == "extra_forbidden":
+            text = f"{name} is not a router setting"
+        else:
+            text = f"{name}={value!r}: {err['msg']}"
+        if name in sources:
+            text += f" (from {sources[name]})"
+        lines.append(text)
+    return "; ".join(lines)

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-
 CHAT = "/chat/completions"
 COMP = "/completions"
 OK_MSGS = [{"role": "user", "content": "hi"}]
@@ -91,7 +90,19 @@ def test_bad_input_gets_an_openai_error_naming_the_parameter(shared_unit, path, 
     assert got == status, err
     assert set(err["error"]) == {"message", "type", "param", "code"}
     assert err["error"]["param"] == param
-    assert len(err["error"]["message"]) > 10
+    assert len(err["error"]["message"]) > 10 and "\n" not in err["error"]["message"]
+
+
+@pytest.mark.parametrize("path, body", [
+    (CHAT, chat(frobnicate=1, messages=[{"role": "user", "content": "hi", "name": "ann"}])),
+    (COMP, comp(frobnicate={"a": 1})),
+    (CHAT, chat(stream=None, temperature=None, top_p=None, stop=None, presence_penalty=None, tools=[],
+                tool_choice="none", logprobs=False, response_format={"type": "text"})),
+    (COMP, comp(prompt=[[5, 6, 7]], echo=False, suffix="", best_of=1, n=1)),
+])
+def test_unknown_fields_and_neutral_values_of_unsupported_ones_are_accepted(shared_unit, path, body):
+    got, out = post(shared_unit, path, body)
+    assert got == 200, out
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"\xff\xfe", b"null", b"[]", b'{"model": "tiny", "messages": NaN}'])

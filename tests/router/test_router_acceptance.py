@@ -1,5 +1,5 @@
-"""Issue 6 acceptance on real processes: units of two `runtime node` members (reference engine, tiny
-model) behind `runtime router` processes on 127.0.0.1, under steady load from 8 concurrent clients.
+"""The router layer end to end on real processes: units of two `runtime node` members (reference engine,
+tiny model) behind `runtime router` processes on 127.0.0.1, under steady load from 8 concurrent clients.
 
 Failover (kill -9 of a follower), rolling update (revision 1 -> 2), router replacement (drain one of
 two routers), and overload (429 before admitted work finishes, router memory flat).

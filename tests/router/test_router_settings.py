@@ -1,0 +1,98 @@
+"""Router settings from flags, environment and defaults: which wins, and the one-line error (exit code 2)
+a bad value gets, naming the setting, the value, what is allowed and where the value came from."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+import contract
+from runtime.__main__ import main
+from runtime.router.settings import RouterSettings, SettingsError
+
+UNIT = "http://127.0.0.1:8000"
+
+
+def from_cli(argv: list[str], env: dict[str, str] | None = None) -> RouterSettings:
+    parser = argparse.ArgumentParser()
+    RouterSettings.add_arguments(parser)
+    return RouterSettings.from_args(parser.parse_args(argv), env or {})
+
+
+def test_a_flag_wins_over_the_environment_which_wins_over_the_default():
+    env = {contract.ENV_PORT: "9000", contract.ENV_POLL_INTERVAL: "0.1", contract.ENV_UNITS: UNIT}
+    s = from_cli(["--port", "7000"], env)
+    assert (s.port, s.poll_interval_s, s.units) == (7000, 0.1, (UNIT,))
+    assert s.drain_timeout_s == 120.0 and s.max_queue_depth == 32
+
+
+def test_an_empty_environment_variable_counts_as_unset():
+    s = from_cli(["--units", UNIT], {contract.ENV_PORT: "", contract.ENV_DRAIN_TIMEOUT: ""})
+    assert (s.port, s.drain_timeout_s) == (contract.ROUTER_PORT, 120.0)
+
+
+def test_units_are_comma_separated_and_flag_words_map_to_settings():
+    s = from_cli(["--units", f"{UNIT}, http://10.0.0.2:8000 ,", "--access-log", "off", "--log-level", "debug"])
+    assert s.units == (UNIT, "http://10.0.0.2:8000")
+    assert s.access_log is False and s.log_level == "DEBUG"
+
+
+def test_poll_timeout_defaults_to_twice_the_poll_interval_and_at_least_a_second():
+    assert from_cli(["--units", UNIT, "--poll-interval", "2"]).poll_timeout_s == 4.0
+    assert from_cli(["--units", UNIT, "--poll-interval", "0.1"]).poll_timeout_s == 1.0
+    assert from_cli(["--units", UNIT, "--poll-interval", "2", "--poll-timeout", "3"]).poll_timeout_s == 3.0
+
+
+@pytest.mark.parametrize("argv, env, expected", [
+    (["--poll-interval", "x"], {}, "poll_interval_s='x' is not a number: allowed 0.01..60 (from --poll-interval)"),
+    ([], {contract.ENV_PORT: "http"}, f"port='http' is not a whole number: allowed 0..65535 (from {contract.ENV_PORT})"),
+    (["--max-queue-depth", "0"], {}, "max_queue_depth=0 is out of range: allowed 1..100000 (from --max-queue-depth)"),
+    ([], {contract.ENV_DISCOVERY: "dns"}, (f"discovery='dns' is not supported: use 'static' or 'cloudmap' "
+                                           f"(from {contract.ENV_DISCOVERY})")),
+    (["--access-log", "yes"], {}, "access_log='yes' is not supported: use json or off (from --access-log)"),
+])
+def test_a_bad_value_gets_one_line_naming_the_setting_the_allowed_values_and_the_source(argv, env, expected):
+    with pytest.raises(SettingsError) as exc:
+        from_cli(["--units", UNIT, *argv], env)
+    assert str(exc.value) == expected
+
+
+def test_several_bad_values_are_all_named_on_one_line():
+    with pytest.raises(SettingsError) as exc:
+        RouterSettings(units=(UNIT,), port=-1, max_attempts=99)
+    assert "\n" not in str(exc.value)
+    assert "port=-1" in str(exc.value) and "max_attempts=99" in str(exc.value)
+
+
+def test_an_unknown_setting_is_rejected_by_name():
+    with pytest.raises(SettingsError, match="bogus is not a router setting"):
+        RouterSettings(units=(UNIT,), bogus=1)
+
+
+def test_the_command_exits_2_with_the_message_on_stderr(capsys, monkeypatch):
+    monkeypatch.setenv(contract.ENV_UNITS, UNIT)
+    monkeypatch.setenv(contract.ENV_DRAIN_TIMEOUT, "soon")
+    assert main(["router"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"router: drain_timeout_s='soon' is not a number: allowed 0..86400 "
+                   f"(from {contract.ENV_DRAIN_TIMEOUT})\n")
+
+
+def test_every_flag_and_environment_variable_of_the_router_is_declared():
+    parser = argparse.ArgumentParser()
+    RouterSettings.add_arguments(parser)
+    flags = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings[0] != "-h"}
+    assert set(flags) == {
+        "--host", "--port", "--discovery", "--units", "--units-file", "--cloudmap-namespace",
+        "--cloudmap-service", "--poll-interval", "--poll-timeout", "--discovery-interval",
+        "--max-outstanding-per-unit", "--max-queue-depth", "--drain-grace", "--drain-timeout",
+        "--first-byte-timeout", "--idle-stream-timeout", "--event-loop", "--access-log",
+        "--ready-units-interval", "--log-level"}
+    envs = {"--port": contract.ENV_PORT, "--discovery": contract.ENV_DISCOVERY, "--units": contract.ENV_UNITS,
+            "--cloudmap-namespace": contract.ENV_CLOUDMAP_NAMESPACE,
+            "--cloudmap-service": contract.ENV_CLOUDMAP_SERVICE,
+            "--poll-interval": contract.ENV_POLL_INTERVAL, "--drain-timeout": contract.ENV_DRAIN_TIMEOUT}
+    for flag, help_text in flags.items():
+        assert "(default: " in help_text, flag
+        assert (f"env {envs[flag]})" in help_text) if flag in envs else ("env " not in help_text), flag

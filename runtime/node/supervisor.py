@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 import uuid
@@ -229,7 +228,7 @@ class UnitSupervisor:
                 "kv_budget_tokens": s.kv_budget_tokens, "max_running": s.max_running,
                 "collective_timeout_s": s.collective_timeout_s,
                 "unit_id": s.unit_id, "revision": s.revision,
-                "neuron": dataclasses.asdict(s.neuron) if s.neuron else None}
+                "neuron": s.neuron.model_dump() if s.neuron else None}
 
     async def _status(self, member: Member) -> dict[str, Any] | None:
         assert self._session is not None

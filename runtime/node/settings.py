@@ -1,10 +1,6 @@
-"""A unit member's settings, each declared once: its flag, environment variable, default, rule and help.
-
-`flotilla-node --help` and the settings tables of docs/node.md are rendered from these declarations
-(`python -m runtime.node.settings --write-docs` rewrites the docs; a test keeps them equal). Flags win
-over environment variables, which win over defaults. A bad value raises SettingsError: one line that
-names the setting as it was given (flag or variable), the value and what is allowed; the command
-exits 2.
+"""A unit member's settings, each declared once (flag, environment variable, default, rule, help);
+--help and docs/node.md's tables are rendered from the declarations. Flags win over variables over
+defaults; a bad value raises SettingsError, one line naming the setting as given and what is allowed.
 """
 
 from __future__ import annotations

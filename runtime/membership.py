@@ -8,6 +8,13 @@ the reference engine and the neuron engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """A member's part in its unit; the value is what /health/ready reports as `role`."""
+    LEADER = "leader"           # rank 0: serves the API and runs the engine's scheduler
+    FOLLOWER = "follower"       # runs the engine's worker loop for its shard
 
 
 @dataclass(frozen=True)
@@ -43,5 +50,5 @@ class Membership:
         return self.rank == 0
 
     @property
-    def role(self) -> str:
-        return "leader" if self.is_leader else "follower"
+    def role(self) -> Role:
+        return Role.LEADER if self.is_leader else Role.FOLLOWER

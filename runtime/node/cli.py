@@ -15,8 +15,7 @@ from typing import Callable, Sequence
 from aiohttp import web
 
 from runtime.node.metrics import NodeMetrics
-from runtime.node.settings import (NodeSettings, SettingsError, build_parser, load_settings,
-                                   settings_from_args)
+from runtime.node.settings import NodeSettings, SettingsError, build_parser, load_settings, settings_from_args
 from runtime.logs import jlog, setup_logging
 from runtime.node.supervisor import UnitSupervisor
 from runtime.rendezvous import Rendezvous, RendezvousError
@@ -87,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Run one member of a flotilla unit. Every flag can also be given as "
                        "the environment variable named in its help.")
     build_parser(p)
-    p.set_defaults(func=lambda args: _run(lambda: settings_from_args(args, parser=p)))
+    p.set_defaults(func=lambda args: _run(lambda: settings_from_args(args)))
 
 
 if __name__ == "__main__":

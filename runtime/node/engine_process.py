@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import contract
+from runtime.engines.base import EngineState
 from runtime.logs import jlog
 from runtime.membership import Membership
 from runtime.node.engine_host import CONFIG_ENV, membership_to_dict
@@ -28,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass
 class LoadReport:
-    state: str = "starting"
+    state: EngineState = EngineState.STARTING
     detail: str = ""
     queue_depth: int = 0
     running: int = 0
@@ -83,13 +84,14 @@ class EngineProcess:
                 if op == "ready":
                     self.ready.set()
                 elif op == "load":
-                    self.load = LoadReport(**{k: ev[k] for k in LoadReport.__dataclass_fields__})
+                    self.load = LoadReport(**{**{k: ev[k] for k in LoadReport.__dataclass_fields__},
+                                              "state": EngineState(ev["state"])})
                 elif op == "failed":
                     self.failure = ev.get("message", "")
                 elif "id" in ev:
                     if op == "error" and ev.get("kind") == "broken":
                         # Mark the unit unready before the client hears of the failure.
-                        self.load = LoadReport(state="broken", detail=ev.get("message", ""))
+                        self.load = LoadReport(state=EngineState.BROKEN, detail=ev.get("message", ""))
                     s = self._streams.get(ev["id"])
                     if s is not None:
                         s.events.put_nowait(ev)
@@ -99,7 +101,7 @@ class EngineProcess:
             jlog("engine_protocol_error", logging.ERROR, logger=log, error=str(e))
         finally:
             rc = await self.proc.wait()
-            self.load = LoadReport(state="stopped" if rc == 0 else "broken",
+            self.load = LoadReport(state=EngineState.STOPPED if rc == 0 else EngineState.BROKEN,
                                    detail=self.failure or f"engine process exited with code {rc}")
             for s in list(self._streams.values()):
                 s.events.put_nowait({"op": "error", "id": s.request_id, "kind": "broken",

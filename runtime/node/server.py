@@ -23,7 +23,8 @@ from runtime import emf
 from runtime.node.metrics import NodeMetrics
 from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
 from runtime.logs import jlog
-from runtime.node.supervisor import STATUS_PATH, UnitSupervisor
+from runtime.node.handshake import STATUS_PATH
+from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
@@ -272,10 +273,10 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
 
     async def ready(_: web.Request) -> web.Response:
         body = sup.ready_body()
-        return web.json_response(body, status=200 if body["ready"] else 503)
+        return web.json_response(body.to_dict(), status=200 if body.ready else 503)
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(sup.status_body())
+        return web.json_response(sup.status_body().to_dict())
 
     async def prom(_: web.Request) -> web.Response:
         ld = sup.load()

@@ -1,27 +1,68 @@
-"""A unit member's settings: read once from flags and environment variables, validated at start.
-
-Flags win over environment variables. A bad value raises SettingsError with one line that names
-the setting and the fix; the command line turns it into exit code 2.
+"""A unit member's settings, each declared once (flag, environment variable, default, rule, help);
+--help and docs/node.md's tables are rendered from the declarations. Flags win over variables over
+defaults; a bad value raises SettingsError, one line naming the setting as given and what is allowed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
 
 import contract
 from contract.trainium import INSTANCES
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
+from runtime.engines.neuron.launch import (
+    AUTO,
+    DEFAULT_COMPILED_DIR,
+    NeuronOptions,
+)
 
 ENGINES = ("reference", "echo", "neuron")
 RENDEZVOUS = ("static", "ecs")
-STRATEGIES = ("pipeline", "tensor")
+STRATEGIES = ("pipeline", "tensor")     # runtime.engines.layout.STRATEGIES (that module imports torch)
+BUILTIN_MODELS = ("tiny", "smollm2")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "node.md"
+DOCS_BEGIN = "<!-- BEGIN settings: rendered from runtime/node/settings.py by " \
+             "`python -m runtime.node.settings --write-docs`; edit the declarations, not this table -->"
+DOCS_END = "<!-- END settings -->"
 
 
 class SettingsError(ValueError):
     """A setting the operator gave is wrong; the message names it and the fix."""
+
+
+class Misplaced(ValueError):
+    """A rule checked while validating one field that the operator must fix on another (`at`)."""
+
+    def __init__(self, at: tuple[str, ...], why: str) -> None:
+        super().__init__(why)
+        self.at = at
+
+
+def setting(default: Any, flag: str, env: str, help: str, *, shown: str | None = None,
+            neuron_default: Any = None, choices: Sequence[str] = (), empty_fix: str | None = None,
+            **rules: Any) -> Any:
+    """Declare one setting. `help` is both the --help text and the docs' meaning; `shown` replaces
+    the default in both when it is computed; `rules` are pydantic's constraints (ge, le, ...)."""
+    return Field(default, description=help, json_schema_extra={
+        "flag": flag, "env": env, "shown": shown, "neuron_default": neuron_default,
+        "choices": list(choices), "empty_fix": empty_fix}, **rules)
 
 
 @dataclass(frozen=True)
@@ -30,362 +71,467 @@ class Peer:
     port: int
 
 
-@dataclass(frozen=True)
-class NeuronSettings:
+class _Settings(BaseModel):
+    # A rule that needs other settings is a field validator reading `info.data` (the fields declared
+    # before it that validated: https://docs.pydantic.dev/latest/concepts/validators/, "Validation is
+    # done in the order fields are defined"), not a model validator, because it also computes the
+    # field (world_size from the peers, api_port, model_name) and a frozen model cannot change after
+    # validation. validate_default: those validators must run when the field was not given too.
+    model_config = ConfigDict(frozen=True, validate_default=True, str_strip_whitespace=True, extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _declared_rules(cls, v: Any, info: ValidationInfo) -> Any:
+        extra = _extra(cls.model_fields[info.field_name or ""])
+        if extra.get("empty_fix") and v == "":
+            raise ValueError(f"is empty: {extra['empty_fix']}")
+        if extra.get("choices") and v not in extra["choices"]:
+            raise ValueError(f"is not known: use one of {', '.join(extra['choices'])}")
+        return v
+
+
+class NeuronSettings(_Settings):
     """engine=neuron: where the model and compile cache live, and the unit's Neuron layout."""
-    model_uri: str                  # s3://bucket/prefix of the published checkpoint
-    compile_cache_uri: str | None   # s3://bucket/prefix; None: compile on every start
-    instance_type: str
-    model_dir: str                  # where this node fetches the checkpoint
-    compiled_dir: str               # NEURON_COMPILED_ARTIFACTS
-    seq_len: int
-    batch_size: int
-    cp_degree: int | str            # int or "auto"
-    attention_dp_degree: int | str
-    engine_port: int                # the leader's vLLM server on 127.0.0.1
-    launcher: str | None            # replaces `python3 -m <module>` of the plan's command (test stand-ins)
+
+    model_uri: str = setting(
+        None, "--model-uri", contract.ENV_MODEL_URI,
+        "s3://bucket/prefix the checkpoint was published to (`python -m runtime artifacts publish`); "
+        "replaces `FLOTILLA_MODEL`", shown="required")
+    compile_cache_uri: str | None = setting(
+        None, "--compile-cache-uri", contract.ENV_COMPILE_CACHE_URI,
+        "s3://bucket/prefix of the compiled-artifact cache", shown="none: compile on every start")
+    instance_type: str = setting(
+        "trn1.32xlarge", "--instance-type", contract.ENV_INSTANCE_TYPE,
+        "the node's instance type (32 NeuronCores per node)", choices=sorted(INSTANCES))
+    model_dir: str = setting(
+        "/var/cache/flotilla/model", "--neuron-model-dir", "FLOTILLA_NEURON_MODEL_DIR",
+        "absolute path the checkpoint is fetched to")
+    compiled_dir: str = setting(
+        DEFAULT_COMPILED_DIR, "--neuron-compiled-dir", "FLOTILLA_NEURON_COMPILED_DIR",
+        "absolute path of NxD Inference's compiled artifacts (`NEURON_COMPILED_ARTIFACTS`)")
+    seq_len: int = setting(
+        NeuronOptions.seq_len, "--seq-len", "FLOTILLA_NEURON_SEQ_LEN",
+        "prompt + output tokens (vLLM `--max-model-len`); also the API's context length", ge=1)
+    batch_size: int = setting(
+        NeuronOptions.batch_size, "--batch-size", "FLOTILLA_NEURON_BATCH_SIZE",
+        "sequences decoded together (vLLM `--max-num-seqs`)", ge=1)
+    cp_degree: int | str = setting(
+        AUTO, "--cp-degree", "FLOTILLA_NEURON_CP_DEGREE", "context-parallel degree for prefill, or auto")
+    attention_dp_degree: int | str = setting(
+        AUTO, "--attention-dp-degree", "FLOTILLA_NEURON_ATTENTION_DP_DEGREE",
+        "attention data-parallel degree for decode, or auto")
+    engine_port: int = setting(
+        contract.NEURON_ENGINE_PORT, "--neuron-engine-port", "FLOTILLA_NEURON_ENGINE_PORT",
+        "the leader's vLLM server, bound to 127.0.0.1", ge=1, le=65535)
+    launcher: str | None = setting(
+        None, "--neuron-launcher", "FLOTILLA_NEURON_LAUNCHER",
+        "**tests only**: a program that replaces `python3 -m <module>` of the rank's command (the tests "
+        "point it at a stand-in vLLM server); never set it in a deployment")
+
+    @field_validator("model_uri", mode="before")
+    @classmethod
+    def _model_uri(cls, v: str | None) -> str:
+        if not v or not v.strip():
+            raise ValueError("is required with engine=neuron: give the s3://bucket/prefix the checkpoint was "
+                             "published to (python -m runtime artifacts publish)")
+        return _s3_uri(v)
+
+    @field_validator("compile_cache_uri", mode="before")
+    @classmethod
+    def _compile_cache_uri(cls, v: str | None) -> str | None:
+        return _s3_uri(v) if v and v.strip() else None
+
+    @field_validator("model_dir", "compiled_dir", mode="after")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("is not an absolute path: give a directory such as /var/cache/flotilla/...")
+        return v
+
+    @field_validator("cp_degree", "attention_dp_degree", mode="before")
+    @classmethod
+    def _degree(cls, v: int | str) -> int | str:
+        if str(v).strip() == AUTO:
+            return AUTO
+        try:
+            degree = int(v)
+        except ValueError:
+            degree = 0
+        if degree < 1:
+            raise ValueError("is not a degree: give a whole number >= 1 or auto")
+        return degree
+
+    @field_validator("launcher", mode="after")
+    @classmethod
+    def _launcher(cls, v: str | None) -> str | None:
+        return v or None
+
+
+class NodeSettings(_Settings):
+    """One unit member's settings, validated; the fields after `rendezvous` depend on it."""
+
+    unit_id: str = setting("unit0", "--unit", contract.ENV_UNIT_ID, "unit id",
+                           empty_fix="give the unit an id such as cell0-unit0")
+    cell_id: str = setting(
+        "", "--cell", contract.ENV_CELL_ID,
+        "the unit's cell: `cell` in `/health/ready` and the `Cell` dimension of the EMF metrics (none locally)",
+        shown="—")
+    revision: str = setting("dev", "--revision", contract.ENV_REVISION,
+                            "deployment revision; members of other revisions are refused",
+                            empty_fix="give the deployment revision (any non-empty string)")
+    rendezvous: str = setting("static", "--rendezvous", contract.ENV_RENDEZVOUS, "how members find each other",
+                              choices=RENDEZVOUS)
+    peers: tuple[Peer, ...] = setting(None, "--peers", contract.ENV_PEERS,
+                                      "static: comma-separated host:port of every member, rank order")
+    rank: int | None = setting(None, "--rank", contract.ENV_RANK, "static: this member's rank")
+    world_size: int = setting(None, "--nodes", contract.ENV_NODES_PER_UNIT,
+                              "ecs: members per unit (static: the number of peers)", ge=1, le=64)
+    bind_host: str = setting("0.0.0.0", "--host", "FLOTILLA_BIND_HOST", "address to bind")
+    api_port: int = setting(None, "--port", contract.ENV_PORT, "HTTP port (static: must match --peers)",
+                            shown=f"static: the peer's; ecs: {contract.NODE_API_PORT}", ge=1, le=65535)
+    dist_port: int = setting(contract.DIST_PORT, "--dist-port", "FLOTILLA_DIST_PORT",
+                             "leader's collectives bootstrap port", ge=1, le=65535)
+    engine: str = setting("reference", "--engine", contract.ENV_ENGINE,
+                          "the engine that runs the model (neuron: vLLM + NxD Inference on trn1)", choices=ENGINES)
+    neuron: NeuronSettings | None = None      # engine=neuron only: the settings further down
+    model: str = setting("tiny", "--model", contract.ENV_MODEL, "tiny, smollm2 or a checkpoint directory")
+    model_name: str = setting(None, "--model-name", contract.ENV_MODEL_NAME, 'the name clients send as "model"',
+                              shown="the model's last path part")
+    prefill_strategy: str = setting("pipeline", "--prefill", contract.ENV_PREFILL_STRATEGY,
+                                    "how prefill splits over the members", choices=STRATEGIES)
+    decode_strategy: str = setting("tensor", "--decode", contract.ENV_DECODE_STRATEGY,
+                                   "how decode splits over the members", choices=STRATEGIES)
+    cache_dir: str | None = setting(None, "--cache-dir", contract.ENV_CACHE_DIR, "model conversion cache")
+    drain_timeout_s: float = setting(30.0, "--drain-timeout", contract.ENV_DRAIN_TIMEOUT,
+                                     "seconds in-flight requests get after SIGTERM", ge=0.0, allow_inf_nan=False)
+    rendezvous_timeout_s: float = setting(600.0, "--rendezvous-timeout", "FLOTILLA_RENDEZVOUS_TIMEOUT_S",
+                                          "seconds to wait for every member", ge=1.0, allow_inf_nan=False)
+    # engine=neuron: compiling a large model takes far longer than the reference engine's warm-up,
+    # so a formation may take an hour and /health/live must outlast it (each still overridable).
+    form_timeout_s: float = setting(600.0, "--form-timeout", "FLOTILLA_FORM_TIMEOUT_S",
+                                    "seconds one formation may take (neuron: fetch + compile + load)",
+                                    neuron_default=3600.0, ge=1.0, allow_inf_nan=False)
+    live_budget_s: float = setting(1800.0, "--live-budget", "FLOTILLA_LIVE_BUDGET_S",
+                                   "seconds /health/live stays 200 while not formed",
+                                   neuron_default=5400.0, ge=1.0, allow_inf_nan=False)
+    max_restarts: int = setting(10, "--max-restarts", "FLOTILLA_MAX_RESTARTS",
+                                "re-forms allowed per restart window", ge=0)
+    restart_window_s: float = setting(600.0, "--restart-window", "FLOTILLA_RESTART_WINDOW_S",
+                                      "seconds", ge=1.0, allow_inf_nan=False)
+    peer_dead_after_s: float = setting(3.0, "--peer-dead-after", "FLOTILLA_PEER_DEAD_AFTER_S",
+                                       "seconds of silence before a member counts as dead",
+                                       ge=0.1, allow_inf_nan=False)
+    rendezvous_watch_s: float = setting(
+        10.0, "--rendezvous-watch", "FLOTILLA_RENDEZVOUS_WATCH_S",
+        "seconds between rendezvous membership checks; the member-to-member handshake notices deaths sooner",
+        ge=0.1, allow_inf_nan=False)
+    max_tokens_limit: int = setting(4096, "--max-tokens-limit", "FLOTILLA_MAX_TOKENS_LIMIT",
+                                    "largest max_tokens a request may ask for", ge=1)
+    torch_threads: int = setting(1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process",
+                                 ge=1, le=256)
+    kv_budget_tokens: int = setting(16384, "--kv-budget-tokens", "FLOTILLA_KV_BUDGET_TOKENS",
+                                    "KV-cache tokens over all running sequences", ge=16)
+    max_running: int = setting(16, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", ge=1, le=4096)
+    collective_timeout_s: float = setting(30.0, "--collective-timeout", "FLOTILLA_COLLECTIVE_TIMEOUT_S",
+                                          "seconds before a silent peer fails the unit", ge=1.0, allow_inf_nan=False)
+    engine_stall_s: float = setting(60.0, "--engine-stall", "FLOTILLA_ENGINE_STALL_S",
+                                    "seconds of silence after which a ready engine process counts as wedged",
+                                    ge=0.5, allow_inf_nan=False)
+
+    # Fixed, not settings.
+    backoff_initial_s: ClassVar[float] = 0.5    # the first re-form waits this long, doubling each time
+    backoff_max_s: ClassVar[float] = 30.0
+    peer_poll_s: ClassVar[float] = 0.25         # how often members check each other
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _peers(cls, v: str | None, info: ValidationInfo) -> tuple[Peer, ...]:
+        if info.data.get("rendezvous") != "static":
+            return ()           # ecs rendezvous finds the members itself
+        if not v or not v.strip():
+            raise ValueError("is required with static rendezvous: "
+                             "list every member as host:port, comma-separated, in rank order")
+        return parse_peers(v)
+
+    @field_validator("rank", mode="wrap")
+    @classmethod
+    def _rank(cls, v: str | None, handler: Any, info: ValidationInfo) -> int | None:
+        peers = info.data.get("peers")
+        if info.data.get("rendezvous") != "static" or not peers:
+            return None         # ecs rendezvous assigns ranks
+        if v is None:
+            raise ValueError("is required with static rendezvous: "
+                             f"give this member's index in the peer list, 0..{len(peers) - 1}")
+        try:
+            rank: int = handler(v)
+        except ValidationError:
+            raise ValueError(f"is not an integer: give a whole number in 0..{len(peers) - 1}") from None
+        if not 0 <= rank < len(peers):
+            raise ValueError(f"is out of range: give a value in 0..{len(peers) - 1}")
+        return rank
+
+    @field_validator("world_size", mode="wrap")
+    @classmethod
+    def _world_size(cls, v: str | None, handler: Any, info: ValidationInfo) -> int:
+        if info.data.get("rendezvous") == "static":
+            peers = info.data.get("peers")
+            if peers and v is not None and handler(v) != len(peers):
+                raise ValueError(f"but {len(peers)} peers are listed: make them agree or drop the node count")
+            return len(peers) if peers else 1
+        if v is None:
+            raise ValueError("is required with ecs rendezvous: give the number of members per unit")
+        return int(handler(v))
+
+    @field_validator("api_port", mode="wrap")
+    @classmethod
+    def _api_port(cls, v: str | None, handler: Any, info: ValidationInfo) -> int:
+        port = None if v is None else int(handler(v))
+        peers, rank = info.data.get("peers"), info.data.get("rank")
+        if info.data.get("rendezvous") == "static" and peers and rank is not None:
+            if port is not None and port != peers[rank].port:
+                raise ValueError(f"but the peer list gives rank {rank} port {peers[rank].port}: "
+                                 "drop the port setting or make them agree")
+            return int(peers[rank].port)
+        return contract.NODE_API_PORT if port is None else port
+
+    @field_validator("dist_port", mode="after")
+    @classmethod
+    def _dist_port(cls, v: int, info: ValidationInfo) -> int:
+        if v == info.data.get("api_port"):
+            raise ValueError("equals the HTTP port: give the collectives another port")
+        return v
+
+    @field_validator("neuron", mode="after")
+    @classmethod
+    def _neuron(cls, v: NeuronSettings | None, info: ValidationInfo) -> NeuronSettings | None:
+        if v is not None and v.engine_port == info.data.get("api_port"):
+            raise Misplaced(("neuron", "engine_port"), "equals the HTTP port: give vLLM another port")
+        return v
+
+    @field_validator("model", mode="after")
+    @classmethod
+    def _model(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("engine") == "neuron":
+            return v            # the neuron engine fetches the model URI instead
+        if not v:
+            raise ValueError("is empty: use tiny, smollm2 or a checkpoint directory")
+        if v not in BUILTIN_MODELS and not os.path.isdir(v):
+            raise ValueError("is neither tiny, smollm2 nor an existing checkpoint directory: "
+                             "fix the path or pick a built-in model")
+        return v
+
+    @field_validator("model_name", mode="before")
+    @classmethod
+    def _model_name(cls, v: str | None, info: ValidationInfo) -> str:
+        if v and v.strip():
+            return v
+        neuron = info.data.get("neuron")
+        return os.path.basename((neuron.model_uri if neuron else info.data.get("model", "")).rstrip("/"))
+
+
+# -- the declarations, read back -------------------------------------------------------------------
+def _extra(f: FieldInfo) -> dict[str, Any]:
+    return f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
 
 
 @dataclass(frozen=True)
-class NodeSettings:
-    unit_id: str
-    revision: str
-    cell_id: str                    # the unit's cell ("" locally): /health/ready and the EMF Cell dimension
-    rendezvous: str                 # static | ecs
-    peers: tuple[Peer, ...]         # static: every member's host:api_port, in rank order
-    rank: int | None                # static: this member's rank
-    nodes_per_unit: int             # world_size
-    bind_host: str
-    api_port: int
-    dist_port: int
-    engine: str
-    model: str
-    model_name: str
-    prefill_strategy: str
-    decode_strategy: str
-    cache_dir: str | None
-    drain_timeout_s: float
-    rendezvous_timeout_s: float     # how long to wait for every member to appear
-    form_timeout_s: float           # one formation attempt (process group + weights + warm-up)
-    live_budget_s: float            # /health/live stays 200 this long while the unit is not formed
-    max_restarts: int               # re-forms allowed inside restart_window_s before giving up
-    restart_window_s: float
-    backoff_initial_s: float
-    backoff_max_s: float
-    peer_poll_s: float              # how often members check each other
-    rendezvous_watch_s: float       # how often the rendezvous backend is asked about changes (AWS APIs)
-    peer_dead_after_s: float        # a member silent this long is dead: the unit re-forms
-    max_tokens_limit: int           # the largest max_tokens a request may ask for
-    torch_threads: int
-    kv_budget_tokens: int           # reference engine: KV-cache tokens over all running sequences
-    max_running: int                # reference engine: batch slots
-    collective_timeout_s: float     # reference engine: a wedged peer fails requests within this
-    engine_stall_s: float           # a ready engine process silent this long is wedged: re-form
-    neuron: "NeuronSettings | None" = None   # engine=neuron only
+class Declared:
+    """One declared setting, as the parser, the error messages and the docs read it."""
+    path: tuple[str, ...]           # ("seq_len",) is NodeSettings.seq_len; ("neuron", "seq_len") its group's
+    flag: str
+    env: str
+    help: str
+    default: Any
+    shown: str | None
+    neuron_default: Any
+    choices: tuple[str, ...]
+    lo: float | None
+    hi: float | None
 
     @property
-    def world_size(self) -> int:
-        return self.nodes_per_unit
+    def dest(self) -> str:
+        return ".".join(self.path)
+
+    def default_text(self) -> str:
+        text = self.shown if self.shown is not None else "—" if self.default is None else _num(self.default)
+        return text if self.neuron_default is None else f"{text} (neuron: {_num(self.neuron_default)})"
+
+    def meaning(self) -> str:
+        """The docs' text: the help and, for a choice, the values (which --help shows as the metavar)."""
+        if not self.choices:
+            return self.help
+        values = [f"`{c}`" for c in self.choices]
+        return f"{self.help}: {', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else self.help
+
+    def allowed(self) -> str:
+        """' in 1..64', ' >= 0' or '': what a number may be."""
+        if self.lo is not None and self.hi is not None:
+            return f" in {_num(self.lo)}..{_num(self.hi)}"
+        return f" >= {_num(self.lo)}" if self.lo is not None else ""
 
 
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Declared, ...]:
+    out = []
+    for name, f in model.model_fields.items():
+        x = _extra(f)
+        if "flag" not in x:
+            continue
+        lo = next((m.ge for m in f.metadata if hasattr(m, "ge")), None)
+        hi = next((m.le for m in f.metadata if hasattr(m, "le")), None)
+        out.append(Declared(path=(*prefix, name), flag=x["flag"], env=x["env"], help=f.description or "",
+                            default=f.default, shown=x["shown"], neuron_default=x["neuron_default"],
+                            choices=tuple(x["choices"]), lo=lo, hi=hi))
+    return tuple(out)
+
+
+SETTINGS = _declared(NodeSettings)
+NEURON_SETTINGS = _declared(NeuronSettings, ("neuron",))
+NEURON_DEFAULTS = {d.path[-1]: d.neuron_default for d in SETTINGS if d.neuron_default is not None}
+NEURON_GROUP = "neuron engine (engine=neuron only)"
+NEURON_GROUP_DOC = ("`FLOTILLA_ENGINE=neuron` only (read and checked only with that engine; the stacks set "
+                    "the model and compile-cache URIs and the instance type):")
+
+
+# -- flags, environment, validation ------------------------------------------------------------------
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The node's flags, on a fresh parser or on a subcommand's parser."""
     p = p or argparse.ArgumentParser(
         prog="flotilla-node",
         description="Run one member (leader or follower) of a flotilla unit. Every flag can also be "
-        "given as the environment variable named in its help.",
-    )
-    a = p.add_argument
-    a("--unit", dest="unit_id", help=f"unit id [{contract.ENV_UNIT_ID}, default unit0]")
-    a("--cell", dest="cell_id", help=f"the unit's cell, reported to the router and in metrics [{contract.ENV_CELL_ID}, default none]")
-    a("--revision", help=f"deployment revision; members of other revisions are refused [{contract.ENV_REVISION}, default dev]")
-    a("--rendezvous", help=f"static | ecs [{contract.ENV_RENDEZVOUS}, default static]")
-    a("--peers", help=f"static: comma-separated host:port of every member, rank order [{contract.ENV_PEERS}]")
-    a("--rank", help=f"static: this member's rank [{contract.ENV_RANK}]")
-    a("--nodes", dest="nodes_per_unit", help=f"ecs: members per unit [{contract.ENV_NODES_PER_UNIT}]")
-    a("--host", dest="bind_host", help="address to bind [FLOTILLA_BIND_HOST, default 0.0.0.0]")
-    a("--port", dest="api_port", help=f"HTTP port (static: must match --peers) [{contract.ENV_PORT}, default {contract.NODE_API_PORT}]")
-    a("--dist-port", help=f"leader's collectives bootstrap port [FLOTILLA_DIST_PORT, default {contract.DIST_PORT}]")
-    a("--engine", help=f"reference | echo | neuron [{contract.ENV_ENGINE}, default reference]")
-    a("--model", help=f"tiny | smollm2 | checkpoint directory [{contract.ENV_MODEL}, default tiny]")
-    a("--model-name", help=f"the name clients send as \"model\" [{contract.ENV_MODEL_NAME}, default the model]")
-    a("--prefill", dest="prefill_strategy", help=f"pipeline | tensor [{contract.ENV_PREFILL_STRATEGY}, default pipeline]")
-    a("--decode", dest="decode_strategy", help=f"pipeline | tensor [{contract.ENV_DECODE_STRATEGY}, default tensor]")
-    a("--cache-dir", help=f"model conversion cache [{contract.ENV_CACHE_DIR}]")
-    a("--drain-timeout", dest="drain_timeout_s", help=f"seconds in-flight requests get after SIGTERM [{contract.ENV_DRAIN_TIMEOUT}, default 30]")
-    a("--rendezvous-timeout", dest="rendezvous_timeout_s", help="seconds to wait for every member [FLOTILLA_RENDEZVOUS_TIMEOUT_S, default 600]")
-    a("--form-timeout", dest="form_timeout_s", help="seconds one formation may take [FLOTILLA_FORM_TIMEOUT_S, default 600]")
-    a("--live-budget", dest="live_budget_s", help="seconds /health/live stays 200 while not formed [FLOTILLA_LIVE_BUDGET_S, default 1800]")
-    a("--max-restarts", help="re-forms allowed per restart window [FLOTILLA_MAX_RESTARTS, default 10]")
-    a("--restart-window", dest="restart_window_s", help="seconds [FLOTILLA_RESTART_WINDOW_S, default 600]")
-    a("--rendezvous-watch", dest="rendezvous_watch_s", help="seconds between rendezvous membership checks; the member-to-member handshake notices deaths sooner [FLOTILLA_RENDEZVOUS_WATCH_S, default 10]")
-    a("--peer-dead-after", dest="peer_dead_after_s", help="seconds of silence before a member counts as dead [FLOTILLA_PEER_DEAD_AFTER_S, default 3]")
-    a("--max-tokens-limit", help="largest max_tokens a request may ask for [FLOTILLA_MAX_TOKENS_LIMIT, default 4096]")
-    a("--torch-threads", help="torch threads per process [FLOTILLA_TORCH_THREADS, default 1]")
-    a("--kv-budget-tokens", help="KV-cache tokens over all running sequences [FLOTILLA_KV_BUDGET_TOKENS, default 16384]")
-    a("--max-running", help="batch slots [FLOTILLA_MAX_RUNNING, default 16]")
-    a("--engine-stall", dest="engine_stall_s", help="seconds of silence after which a ready engine process counts as wedged [FLOTILLA_ENGINE_STALL_S, default 60]")
-    a("--collective-timeout", dest="collective_timeout_s", help="seconds before a silent peer fails the unit [FLOTILLA_COLLECTIVE_TIMEOUT_S, default 30]")
-    n = p.add_argument_group("neuron engine (engine=neuron only)")
-    n.add_argument("--model-uri", help=f"s3://bucket/prefix of the published checkpoint [{contract.ENV_MODEL_URI}]")
-    n.add_argument("--compile-cache-uri", help=f"s3://bucket/prefix for compiled artifacts [{contract.ENV_COMPILE_CACHE_URI}, default none: compile on every start]")
-    n.add_argument("--instance-type", help="trn1.32xlarge | trn1n.32xlarge [FLOTILLA_INSTANCE_TYPE, default trn1.32xlarge]")
-    n.add_argument("--neuron-model-dir", help="where the checkpoint is fetched [FLOTILLA_NEURON_MODEL_DIR, default /var/cache/flotilla/model]")
-    n.add_argument("--neuron-compiled-dir", help="NxD Inference compiled artifacts [FLOTILLA_NEURON_COMPILED_DIR, default /var/cache/flotilla/neuron-compiled]")
-    n.add_argument("--seq-len", help="prompt + output tokens (vLLM --max-model-len) [FLOTILLA_NEURON_SEQ_LEN, default 4096]")
-    n.add_argument("--batch-size", help="sequences decoded together (vLLM --max-num-seqs) [FLOTILLA_NEURON_BATCH_SIZE, default 8]")
-    n.add_argument("--cp-degree", help="context-parallel degree for prefill, or auto [FLOTILLA_NEURON_CP_DEGREE, default auto]")
-    n.add_argument("--attention-dp-degree", help="attention data-parallel degree for decode, or auto [FLOTILLA_NEURON_ATTENTION_DP_DEGREE, default auto]")
-    n.add_argument("--neuron-engine-port", help=f"leader's vLLM server port on 127.0.0.1 [FLOTILLA_NEURON_ENGINE_PORT, default {contract.NEURON_ENGINE_PORT}]")
-    n.add_argument("--neuron-launcher", help="test stand-ins only: program replacing `python3 -m <module>` in the rank's command [FLOTILLA_NEURON_LAUNCHER]")
+        "given as the environment variable named in its help.")
+    # Every flag is read as a string and checked by the model, so that a bad value gets the same
+    # one-line error whether it came from a flag or a variable (argparse's type= would exit itself).
+    for d in SETTINGS:
+        _add_flag(p, d)
+    group = p.add_argument_group(NEURON_GROUP)
+    for d in NEURON_SETTINGS:
+        _add_flag(group, d)
     return p
 
 
-# flag dest -> (environment variable, default)
-_ENV: dict[str, tuple[str, str | None]] = {
-    "unit_id": (contract.ENV_UNIT_ID, "unit0"),
-    "revision": (contract.ENV_REVISION, "dev"),
-    "cell_id": (contract.ENV_CELL_ID, ""),
-    "rendezvous": (contract.ENV_RENDEZVOUS, "static"),
-    "peers": (contract.ENV_PEERS, None),
-    "rank": (contract.ENV_RANK, None),
-    "nodes_per_unit": (contract.ENV_NODES_PER_UNIT, None),
-    "bind_host": ("FLOTILLA_BIND_HOST", "0.0.0.0"),
-    "api_port": (contract.ENV_PORT, None),
-    "dist_port": ("FLOTILLA_DIST_PORT", str(contract.DIST_PORT)),
-    "engine": (contract.ENV_ENGINE, "reference"),
-    "model": (contract.ENV_MODEL, "tiny"),
-    "model_name": (contract.ENV_MODEL_NAME, None),
-    "prefill_strategy": (contract.ENV_PREFILL_STRATEGY, "pipeline"),
-    "decode_strategy": (contract.ENV_DECODE_STRATEGY, "tensor"),
-    "cache_dir": (contract.ENV_CACHE_DIR, None),
-    "drain_timeout_s": (contract.ENV_DRAIN_TIMEOUT, "30"),
-    "rendezvous_timeout_s": ("FLOTILLA_RENDEZVOUS_TIMEOUT_S", "600"),
-    "form_timeout_s": ("FLOTILLA_FORM_TIMEOUT_S", "600"),
-    "live_budget_s": ("FLOTILLA_LIVE_BUDGET_S", "1800"),
-    "max_restarts": ("FLOTILLA_MAX_RESTARTS", "10"),
-    "restart_window_s": ("FLOTILLA_RESTART_WINDOW_S", "600"),
-    "peer_dead_after_s": ("FLOTILLA_PEER_DEAD_AFTER_S", "3"),
-    "rendezvous_watch_s": ("FLOTILLA_RENDEZVOUS_WATCH_S", "10"),
-    "max_tokens_limit": ("FLOTILLA_MAX_TOKENS_LIMIT", "4096"),
-    "torch_threads": ("FLOTILLA_TORCH_THREADS", "1"),
-    "kv_budget_tokens": ("FLOTILLA_KV_BUDGET_TOKENS", "16384"),
-    "max_running": ("FLOTILLA_MAX_RUNNING", "16"),
-    "collective_timeout_s": ("FLOTILLA_COLLECTIVE_TIMEOUT_S", "30"),
-    "engine_stall_s": ("FLOTILLA_ENGINE_STALL_S", "60"),
-    # engine=neuron only
-    "model_uri": (contract.ENV_MODEL_URI, None),
-    "compile_cache_uri": (contract.ENV_COMPILE_CACHE_URI, None),
-    "instance_type": (contract.ENV_INSTANCE_TYPE, "trn1.32xlarge"),
-    "neuron_model_dir": ("FLOTILLA_NEURON_MODEL_DIR", "/var/cache/flotilla/model"),
-    "neuron_compiled_dir": ("FLOTILLA_NEURON_COMPILED_DIR", "/var/cache/flotilla/neuron-compiled"),
-    "seq_len": ("FLOTILLA_NEURON_SEQ_LEN", "4096"),
-    "batch_size": ("FLOTILLA_NEURON_BATCH_SIZE", "8"),
-    "cp_degree": ("FLOTILLA_NEURON_CP_DEGREE", "auto"),
-    "attention_dp_degree": ("FLOTILLA_NEURON_ATTENTION_DP_DEGREE", "auto"),
-    "neuron_engine_port": ("FLOTILLA_NEURON_ENGINE_PORT", str(contract.NEURON_ENGINE_PORT)),
-    "neuron_launcher": ("FLOTILLA_NEURON_LAUNCHER", None),
-}
-
-# engine=neuron: compiling a large model takes far longer than the reference engine's warm-up, so
-# a formation may take an hour and /health/live must outlast it (each still overridable).
-NEURON_DEFAULTS = {"form_timeout_s": "3600", "live_budget_s": "5400"}
+def _add_flag(p: Any, d: Declared) -> None:
+    default = d.default_text()
+    given = "" if default == "—" else default if default == "required" else f"default {default}"
+    where = ", ".join(x for x in (d.env, given) if x)
+    text = re.sub(r"[`*]", "", f"{d.help} [{where}]").replace("%", "%%")
+    metavar = "{" + ",".join(d.choices) + "}" if d.choices else d.path[-1].upper()
+    p.add_argument(d.flag, dest=d.dest, metavar=metavar, help=text)
 
 
-def _int(name: str, raw: str, *, lo: int, hi: int | None = None) -> int:
+def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> NodeSettings:
+    return settings_from_args(build_parser().parse_args(argv), env)
+
+
+def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> NodeSettings:
+    """Flags (parsed by build_parser) over environment variables over defaults, validated."""
+    env = os.environ if env is None else env
+    given: dict[tuple[str, ...], tuple[str, str]] = {}      # path -> (the flag or variable, its value)
+    for d in SETTINGS + NEURON_SETTINGS:
+        flag = getattr(ns, d.dest, None)
+        if flag is not None:
+            given[d.path] = (d.flag, flag)
+        elif env.get(d.env, "") != "":
+            given[d.path] = (d.env, env[d.env])
+    data: dict[str, Any] = {path[0]: raw for path, (_, raw) in given.items() if len(path) == 1}
+    if data.get("engine", "reference") == "neuron":
+        data = {**NEURON_DEFAULTS, **data}
+        data["neuron"] = {path[1]: raw for path, (_, raw) in given.items() if path[0] == "neuron"}
     try:
-        v = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer: give a whole number >= {lo}") from None
-    if v < lo or (hi is not None and v > hi):
-        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise SettingsError(f"{name}={v} is out of range: give a value in {rng}")
-    return v
+        return NodeSettings.model_validate(data)
+    except ValidationError as e:
+        raise SettingsError(_one_line(e, given)) from None
 
 
-def _float(name: str, raw: str, *, lo: float) -> float:
-    try:
-        v = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number: give seconds as a number >= {lo}") from None
-    if not v >= lo or v != v or v == float("inf"):
-        raise SettingsError(f"{name}={raw} is out of range: give a finite number >= {lo}")
-    return v
+def _one_line(e: ValidationError, given: Mapping[tuple[str, ...], tuple[str, str]]) -> str:
+    """pydantic's first error as '<setting as given>=<value> <what is wrong>: <what is allowed>'."""
+    # Errors come in field order ("field order is preserved in validation errors",
+    # https://docs.pydantic.dev/latest/concepts/models/#field-ordering): the first is the earliest
+    # declared setting that is wrong. A validator's own ValueError is kept as ctx["error"] (error
+    # type value_error, https://docs.pydantic.dev/latest/errors/validation_errors/#value_error);
+    # tests/node/test_node_settings.py fails if either stops holding.
+    err = e.errors()[0]
+    cause = (err.get("ctx") or {}).get("error")
+    loc = tuple(str(x) for x in err["loc"])
+    declared = {d.path: d for d in SETTINGS + NEURON_SETTINGS}
+    path = cause.at if isinstance(cause, Misplaced) else \
+        next((loc[:n] for n in range(len(loc), 0, -1) if loc[:n] in declared), loc)
+    d = declared.get(path)
+    if d is None:
+        raise e     # a rule about no declared setting is a bug here, not the operator's mistake
+    if isinstance(cause, ValueError):
+        why = str(cause)
+    else:
+        why = {"int_parsing": f"is not an integer: give a whole number{d.allowed()}",
+               "float_parsing": f"is not a number: give a number{d.allowed()}",
+               "finite_number": f"is not a finite number: give a number{d.allowed()}",
+               }.get(err["type"], f"is out of range: give a value{d.allowed()}"
+                     if err["type"] in ("greater_than_equal", "less_than_equal") else
+                     f"is not allowed: {str(err['msg']).splitlines()[0]}")
+    if path not in given:
+        return f"{d.env} (or {d.flag}) {why}"
+    label, raw = given[path]
+    shown = raw if re.fullmatch(r"[\w.:/,@+\-]+", raw) else repr(raw)
+    return f"{label}={shown} {why}"
 
 
-def _choice(name: str, raw: str, choices: Sequence[str]) -> str:
-    if raw not in choices:
-        raise SettingsError(f"{name}={raw!r} is not known: use one of {', '.join(choices)}")
-    return raw
-
-
-def parse_peers(name: str, raw: str) -> tuple[Peer, ...]:
+def parse_peers(raw: str) -> tuple[Peer, ...]:
+    """'host:port,host:port' -> the members in rank order; ValueError says what to fix."""
     peers = []
     for item in [s.strip() for s in raw.split(",")]:
         host, sep, port = item.rpartition(":")
         if not item or not sep or not host:
-            raise SettingsError(f"{name}: {item!r} is not host:port: list every member as host:port, comma-separated, in rank order")
-        peers.append(Peer(host=host, port=_int(f"{name} port of {item}", port, lo=1, hi=65535)))
+            raise ValueError(f"has {item!r}, which is not host:port: "
+                             "list every member as host:port, comma-separated, in rank order")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"has port {port!r} in {item!r}: give a port in 1..65535")
+        peers.append(Peer(host=host, port=int(port)))
     if len(set(peers)) != len(peers):
-        raise SettingsError(f"{name}={raw!r} lists a member twice: give each member's host:port once")
+        raise ValueError("lists a member twice: give each member's host:port once")
     return tuple(peers)
 
 
-def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> NodeSettings:
-    parser = build_parser()
-    return settings_from_args(parser.parse_args(argv), env, parser=parser)
-
-
-def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None, *,
-                       parser: argparse.ArgumentParser) -> NodeSettings:
-    env = os.environ if env is None else env
-    flag_of = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
-    raw: dict[str, str | None] = {}
-    label: dict[str, str] = {}
-    for dest, (var, default) in _ENV.items():
-        flag = getattr(ns, dest)
-        if flag is not None:
-            raw[dest], label[dest] = flag, flag_of[dest]
-        elif env.get(var, "") != "":
-            raw[dest], label[dest] = env[var], var
-        else:
-            raw[dest], label[dest] = default, var
-
-    if raw["engine"] == "neuron":
-        for dest, default in NEURON_DEFAULTS.items():
-            if label[dest] == _ENV[dest][0] and env.get(_ENV[dest][0], "") == "":
-                raw[dest] = default
-
-    def req(dest: str) -> str:
-        assert raw[dest] is not None
-        return raw[dest]  # type: ignore[return-value]
-
-    rendezvous = _choice(label["rendezvous"], req("rendezvous"), RENDEZVOUS)
-    peers: tuple[Peer, ...] = ()
-    rank: int | None = None
-    api_port: int | None = None
-    if raw["api_port"] is not None:
-        api_port = _int(label["api_port"], req("api_port"), lo=1, hi=65535)
-    if rendezvous == "static":
-        if not raw["peers"]:
-            raise SettingsError(f"{contract.ENV_PEERS} (or --peers) is required with static rendezvous: "
-                                "list every member as host:port, comma-separated, in rank order")
-        peers = parse_peers(label["peers"], req("peers"))
-        if raw["rank"] is None:
-            raise SettingsError(f"{contract.ENV_RANK} (or --rank) is required with static rendezvous: "
-                                f"give this member's index in the peer list, 0..{len(peers) - 1}")
-        rank = _int(label["rank"], req("rank"), lo=0, hi=len(peers) - 1)
-        if api_port is not None and api_port != peers[rank].port:
-            raise SettingsError(f"{label['api_port']}={api_port} but the peer list gives rank {rank} port "
-                                f"{peers[rank].port}: drop the port setting or make them agree")
-        api_port = peers[rank].port
-        nodes = len(peers)
-        if raw["nodes_per_unit"] is not None and _int(label["nodes_per_unit"], req("nodes_per_unit"), lo=1) != nodes:
-            raise SettingsError(f"{label['nodes_per_unit']}={raw['nodes_per_unit']} but {len(peers)} peers are listed: "
-                                "make them agree or drop the node count")
-    else:
-        if raw["nodes_per_unit"] is None:
-            raise SettingsError(f"{contract.ENV_NODES_PER_UNIT} (or --nodes) is required with ecs rendezvous: "
-                                "give the number of members per unit")
-        nodes = _int(label["nodes_per_unit"], req("nodes_per_unit"), lo=1, hi=64)
-        if api_port is None:
-            api_port = contract.NODE_API_PORT
-    unit_id = req("unit_id").strip()
-    if not unit_id:
-        raise SettingsError(f"{label['unit_id']} is empty: give the unit an id such as cell0-unit0")
-    revision = req("revision").strip()
-    if not revision:
-        raise SettingsError(f"{label['revision']} is empty: give the deployment revision (any non-empty string)")
-    engine = _choice(label["engine"], req("engine"), ENGINES)
-    model = req("model").strip()
-    # engine=neuron fetches its checkpoint from the model URI; FLOTILLA_MODEL is not used.
-    neuron = _neuron_settings(raw, label, api_port=api_port) if engine == "neuron" else None
-    if neuron is None and not model:
-        raise SettingsError(f"{label['model']} is empty: use tiny, smollm2 or a checkpoint directory")
-    if neuron is None and model not in ("tiny", "smollm2") and not os.path.isdir(model):
-        raise SettingsError(f"{label['model']}={model!r} is neither tiny, smollm2 nor an existing "
-                            "checkpoint directory: fix the path or pick a built-in model")
-    dist_port = _int(label["dist_port"], req("dist_port"), lo=1, hi=65535)
-    if dist_port == api_port:
-        raise SettingsError(f"{label['dist_port']}={dist_port} equals the HTTP port: give the collectives another port")
-    return NodeSettings(
-        unit_id=unit_id,
-        revision=revision,
-        cell_id=req("cell_id").strip(),
-        rendezvous=rendezvous,
-        peers=peers,
-        rank=rank,
-        nodes_per_unit=nodes,
-        bind_host=req("bind_host"),
-        api_port=api_port,
-        dist_port=dist_port,
-        engine=engine,
-        model=model,
-        model_name=(raw["model_name"] or "").strip() or os.path.basename(
-            (neuron.model_uri if neuron else model).rstrip("/")),
-        prefill_strategy=_choice(label["prefill_strategy"], req("prefill_strategy"), STRATEGIES),
-        decode_strategy=_choice(label["decode_strategy"], req("decode_strategy"), STRATEGIES),
-        cache_dir=raw["cache_dir"],
-        drain_timeout_s=_float(label["drain_timeout_s"], req("drain_timeout_s"), lo=0.0),
-        rendezvous_timeout_s=_float(label["rendezvous_timeout_s"], req("rendezvous_timeout_s"), lo=1.0),
-        form_timeout_s=_float(label["form_timeout_s"], req("form_timeout_s"), lo=1.0),
-        live_budget_s=_float(label["live_budget_s"], req("live_budget_s"), lo=1.0),
-        max_restarts=_int(label["max_restarts"], req("max_restarts"), lo=0),
-        restart_window_s=_float(label["restart_window_s"], req("restart_window_s"), lo=1.0),
-        backoff_initial_s=0.5,
-        backoff_max_s=30.0,
-        peer_poll_s=0.25,
-        rendezvous_watch_s=_float(label["rendezvous_watch_s"], req("rendezvous_watch_s"), lo=0.1),
-        peer_dead_after_s=_float(label["peer_dead_after_s"], req("peer_dead_after_s"), lo=0.1),
-        max_tokens_limit=_int(label["max_tokens_limit"], req("max_tokens_limit"), lo=1),
-        torch_threads=_int(label["torch_threads"], req("torch_threads"), lo=1, hi=256),
-        kv_budget_tokens=_int(label["kv_budget_tokens"], req("kv_budget_tokens"), lo=16),
-        max_running=_int(label["max_running"], req("max_running"), lo=1, hi=4096),
-        collective_timeout_s=_float(label["collective_timeout_s"], req("collective_timeout_s"), lo=1.0),
-        engine_stall_s=_float(label["engine_stall_s"], req("engine_stall_s"), lo=0.5),
-        neuron=neuron,
-    )
-
-
-def _s3_uri(name: str, raw: str) -> str:
+def _s3_uri(raw: str) -> str:
     uri = raw.strip()
     try:
         parse_s3_uri(uri)   # the same rule fetch and publish apply
     except ManifestError:
-        raise SettingsError(f"{name}={raw!r} is not an S3 URI: give s3://bucket/prefix") from None
+        raise ValueError("is not an S3 URI: give s3://bucket/prefix") from None
     return uri
 
 
-def _degree(name: str, raw: str) -> int | str:
-    if raw.strip() == "auto":
-        return "auto"
-    try:
-        return _int(name, raw, lo=1)
-    except SettingsError:
-        raise SettingsError(f"{name}={raw!r} is not a degree: give a whole number >= 1 or auto") from None
+# -- docs/node.md ------------------------------------------------------------------------------------
+def settings_markdown() -> str:
+    """docs/node.md's settings tables, rendered from the declarations."""
+    def table(settings: Sequence[Declared]) -> list[str]:
+        rows = ["| environment variable | flag | default | meaning |", "|---|---|---|---|"]
+        rows += [f"| `{d.env}` | `{d.flag}` | {d.default_text()} | {d.meaning()} |" for d in settings]
+        return rows
+    return "\n".join([*table(SETTINGS), "", NEURON_GROUP_DOC, "", *table(NEURON_SETTINGS)])
 
 
-def _neuron_settings(raw: dict[str, str | None], label: dict[str, str], *, api_port: int) -> NeuronSettings:
-    if not raw["model_uri"]:
-        raise SettingsError(f"{contract.ENV_MODEL_URI} (or --model-uri) is required with engine=neuron: give the "
-                            "s3://bucket/prefix the checkpoint was published to (python -m runtime artifacts publish)")
-    instance_type = _choice(label["instance_type"], str(raw["instance_type"]), tuple(sorted(INSTANCES)))
-    engine_port = _int(label["neuron_engine_port"], str(raw["neuron_engine_port"]), lo=1, hi=65535)
-    if engine_port == api_port:
-        raise SettingsError(f"{label['neuron_engine_port']}={engine_port} equals the HTTP port: give vLLM another port")
-    for dest in ("neuron_model_dir", "neuron_compiled_dir"):
-        if not str(raw[dest]).startswith("/"):
-            raise SettingsError(f"{label[dest]}={raw[dest]!r} is not an absolute path: give a directory such as /var/cache/flotilla/...")
-    return NeuronSettings(
-        model_uri=_s3_uri(label["model_uri"], str(raw["model_uri"])),
-        compile_cache_uri=_s3_uri(label["compile_cache_uri"], raw["compile_cache_uri"]) if raw["compile_cache_uri"] else None,
-        instance_type=instance_type,
-        model_dir=str(raw["neuron_model_dir"]),
-        compiled_dir=str(raw["neuron_compiled_dir"]),
-        seq_len=_int(label["seq_len"], str(raw["seq_len"]), lo=1),
-        batch_size=_int(label["batch_size"], str(raw["batch_size"]), lo=1),
-        cp_degree=_degree(label["cp_degree"], str(raw["cp_degree"])),
-        attention_dp_degree=_degree(label["attention_dp_degree"], str(raw["attention_dp_degree"])),
-        engine_port=engine_port,
-        launcher=(raw["neuron_launcher"] or "").strip() or None,
-    )
+def docs_with_settings(doc: str) -> str:
+    """`doc` with the text between DOCS_BEGIN and DOCS_END replaced by settings_markdown()."""
+    head, begin, rest = doc.partition(DOCS_BEGIN)
+    _, end, tail = rest.partition(DOCS_END)
+    if not begin or not end:
+        raise ValueError(f"{DOCS} lacks the lines {DOCS_BEGIN!r} and {DOCS_END!r}: put them around the tables")
+    return f"{head}{DOCS_BEGIN}\n{settings_markdown()}\n{DOCS_END}{tail}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m runtime.node.settings",
+                                description="Print the node's settings tables, or rewrite them in docs/node.md.")
+    p.add_argument("--write-docs", action="store_true", help=f"rewrite the tables in {DOCS}")
+    if p.parse_args(argv).write_docs:
+        DOCS.write_text(docs_with_settings(DOCS.read_text()))
+    else:
+        print(settings_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

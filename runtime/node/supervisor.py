@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 import uuid
@@ -27,19 +26,25 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
 
-import contract
+from runtime.engines.base import EngineState
 from runtime.logs import jlog
-from runtime.membership import Member, Membership
+from runtime.membership import Member, Membership, Role
 from runtime.node.engine_process import EngineProcess, LoadReport
+from runtime.node.handshake import (
+    STATUS_PATH,
+    Load,
+    MemberStatus,
+    Offer,
+    ReadyBody,
+    UnitState,
+)
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import NodeSettings
 from runtime.rendezvous import Rendezvous, RendezvousError
 
 log = logging.getLogger("flotilla.node")
-
-STATUS_PATH = "/unit/status"   # member-to-member formation handshake (internal)
-
 
 
 class FormationEnded(Exception):
@@ -59,11 +64,11 @@ class UnitSupervisor:
         self.rendezvous = rendezvous
         self.metrics = metrics
         self.boot_id = uuid.uuid4().hex
-        self.state = "forming"
+        self.state = UnitState.FORMING
         self.membership: Membership | None = None
         self.engine: EngineProcess | None = None
         self.formation: str | None = None
-        self.offer: dict[str, Any] | None = None      # leader: the formation on offer
+        self.offer: Offer | None = None                # leader: the formation on offer
         self.unit_load = LoadReport()                  # followers: the leader's load, relayed
         self.leader_ready = False
         self.draining = False
@@ -87,16 +92,16 @@ class UnitSupervisor:
         return self.rank == 0
 
     def ready(self) -> bool:
-        if self.draining or self.state != "ready" or self.engine is None or not self.engine.alive:
+        if self.draining or self.state is not UnitState.READY or self.engine is None or not self.engine.alive:
             return False
-        if self.engine.load.state == "broken" or self.unit_draining:
+        if self.engine.load.state == EngineState.BROKEN or self.unit_draining:
             return False
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
     def live(self) -> bool:
-        if self.state in ("broken",):
+        if self.state is UnitState.BROKEN:
             return False
-        if self.state in ("forming",) and time.monotonic() - self.not_ready_since > self.s.live_budget_s:
+        if self.state is UnitState.FORMING and time.monotonic() - self.not_ready_since > self.s.live_budget_s:
             return False
         return True
 
@@ -105,37 +110,38 @@ class UnitSupervisor:
             return self.engine.load if self.engine is not None else LoadReport()
         return self.unit_load
 
-    def effective_state(self) -> str:
+    def effective_state(self) -> UnitState:
         # Between an engine failure and the supervisor's next look, the unit is already broken.
-        if self.state == "ready" and self.unit_draining:
-            return "draining"
-        if self.state == "ready" and not self.ready():
-            return "broken"
+        if self.state is UnitState.READY and self.unit_draining:
+            return UnitState.DRAINING
+        if self.state is UnitState.READY and not self.ready():
+            return UnitState.BROKEN
         return self.state
 
-    def ready_body(self) -> dict[str, Any]:
+    def _ready_fields(self) -> dict[str, Any]:
         ld = self.load()
         # role and cell: the router routes to leaders only and counts ready units per cell
         # (docs/discovery.md: ECS registers members in Cloud Map without either).
-        return {"ready": self.ready(), "state": self.effective_state(), "unit": self.s.unit_id, "revision": self.s.revision,
-                "rank": self.rank, "world_size": self.s.world_size,
-                contract.ATTR_ROLE: "leader" if self.is_leader else "follower", contract.ATTR_CELL: self.s.cell_id,
-                "load": {"queue_depth": int(ld.queue_depth), "running": int(ld.running),
-                         "max_running": int(ld.max_running), "kv_cache_used": float(ld.kv_cache_used)}}
+        return {"ready": self.ready(), "state": self.effective_state(), "unit": self.s.unit_id,
+                "revision": self.s.revision, "rank": self.rank, "world_size": self.s.world_size,
+                "role": Role.LEADER if self.is_leader else Role.FOLLOWER, "cell": self.s.cell_id,
+                "load": Load(queue_depth=int(ld.queue_depth), running=int(ld.running),
+                             max_running=int(ld.max_running), kv_cache_used=float(ld.kv_cache_used))}
 
-    def status_body(self) -> dict[str, Any]:
-        body = self.ready_body()
-        body.update(boot_id=self.boot_id, formation=self.formation, offer=self.offer, draining=self.draining,
-                    engine_alive=bool(self.engine and self.engine.alive),
-                    engine_ready=bool(self.engine and self.engine.ready.is_set()))
-        return body
+    def ready_body(self) -> ReadyBody:
+        return ReadyBody(**self._ready_fields())
 
-    def _set_state(self, state: str, **why: Any) -> None:
-        if self.draining and state not in ("draining", "stopped", "broken"):
+    def status_body(self) -> MemberStatus:
+        return MemberStatus(**self._ready_fields(), boot_id=self.boot_id, formation=self.formation, offer=self.offer,
+                            draining=self.draining, engine_alive=bool(self.engine and self.engine.alive),
+                            engine_ready=bool(self.engine and self.engine.ready.is_set()))
+
+    def _set_state(self, state: UnitState, **why: Any) -> None:
+        if self.draining and state not in (UnitState.DRAINING, UnitState.STOPPED, UnitState.BROKEN):
             return   # once told to drain, a member never reports itself forming or ready again
-        if state != self.state:
+        if state is not self.state:
             jlog("unit_state", unit=self.s.unit_id, rank=self.rank, old=self.state, new=state, **why)
-            if state != "ready" and self.state == "ready":
+            if state is not UnitState.READY and self.state is UnitState.READY:
                 self.not_ready_since = time.monotonic()
             self.state = state
         self.metrics.ready.set(1 if self.ready() else 0)
@@ -169,7 +175,7 @@ class UnitSupervisor:
             await self._session.close()
 
     async def _join(self) -> Membership:
-        self._set_state("forming")
+        self._set_state(UnitState.FORMING)
         join = asyncio.ensure_future(self.rendezvous.join())
         stop = asyncio.ensure_future(self._stop.wait())
         done, _ = await asyncio.wait({join, stop}, timeout=self.s.rendezvous_timeout_s,
@@ -196,13 +202,13 @@ class UnitSupervisor:
         self.metrics.reforms.inc()
         n = len(self._restarts)
         if n > self.s.max_restarts:
-            self._set_state("broken", reason=reason)
+            self._set_state(UnitState.BROKEN, reason=reason)
             jlog("restart_budget_exhausted", logging.ERROR, unit=self.s.unit_id, rank=self.rank,
                  restarts=n, window_s=self.s.restart_window_s,
                  fix="see earlier unit_reform events; the orchestrator will replace this member")
             return False
         delay = min(self.s.backoff_max_s, self.s.backoff_initial_s * 2 ** max(0, n - 1))
-        self._set_state("forming", reason=reason)
+        self._set_state(UnitState.FORMING, reason=reason)
         jlog("unit_reform", logging.WARNING, unit=self.s.unit_id, rank=self.rank, reason=reason,
              restarts_in_window=n, backoff_s=delay)
         try:
@@ -229,35 +235,47 @@ class UnitSupervisor:
                 "kv_budget_tokens": s.kv_budget_tokens, "max_running": s.max_running,
                 "collective_timeout_s": s.collective_timeout_s,
                 "unit_id": s.unit_id, "revision": s.revision,
-                "neuron": dataclasses.asdict(s.neuron) if s.neuron else None}
+                "neuron": s.neuron.model_dump() if s.neuron else None}
 
-    async def _status(self, member: Member) -> dict[str, Any] | None:
+    async def _status(self, member: Member) -> MemberStatus | None:
+        """The member's handshake status, or None when it does not answer (or not in this shape)."""
         assert self._session is not None
         try:
             async with self._session.get(f"http://{member.host}:{member.api_port}{STATUS_PATH}") as r:
                 if r.status != 200:
                     return None
-                return await r.json()
+                body = await r.json()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
+        try:
+            return MemberStatus.from_dict(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "body"
+            self._complain(member, f"answers {STATUS_PATH} in another shape ({where}: {first['msg']})",
+                           unit=self.s.unit_id, rank=self.rank)
+            return None
 
-    def _compatible(self, st: dict[str, Any], member: Member, m: Membership) -> bool:
-        problem = None
-        if st.get("unit") != m.unit_id:
-            problem = f"belongs to unit {st.get('unit')!r}"
-        elif st.get("revision") != m.revision:
-            problem = f"runs revision {st.get('revision')!r}, this unit is {m.revision!r}"
-        elif st.get("rank") != member.rank or st.get("world_size") != m.world_size:
+    def _compatible(self, st: MemberStatus, member: Member, m: Membership) -> bool:
+        if st.unit != m.unit_id:
+            problem = f"belongs to unit {st.unit!r}"
+        elif st.revision != m.revision:
+            problem = f"runs revision {st.revision!r}, this unit is {m.revision!r}"
+        elif st.rank != member.rank or st.world_size != m.world_size:
             return False   # not joined yet, or its view of the unit is a step behind: ask again later
-        if problem is None:
+        else:
             return True
+        self._complain(member, problem, unit=m.unit_id, rank=m.rank)
+        return False
+
+    def _complain(self, member: Member, problem: str, *, unit: str, rank: int) -> None:
+        """Log a member this one refuses to form with, at most every 10 s per member and problem."""
         key = f"{member.host}:{member.api_port}:{problem}"
         if time.monotonic() - self._complained.get(key, -1e9) > 10:
             self._complained[key] = time.monotonic()
-            jlog("refusing_member", logging.ERROR, unit=m.unit_id, rank=m.rank,
+            jlog("refusing_member", logging.ERROR, unit=unit, rank=rank,
                  member=f"{member.host}:{member.api_port}", expected_rank=member.rank, problem=problem,
                  fix="every member of a unit must run the same revision and rendezvous settings")
-        return False
 
     async def _watch_rendezvous(self, m: Membership, last: list[float]) -> None:
         if time.monotonic() - last[0] >= self.s.rendezvous_watch_s:
@@ -282,15 +300,14 @@ class UnitSupervisor:
             boot_ids = {}
             for f in followers:
                 st = await self._status(f)
-                if st and self._compatible(st, f, m) and st.get("formation") is None and not st.get("draining"):
-                    boot_ids[f.rank] = st["boot_id"]
+                if st and self._compatible(st, f, m) and st.formation is None and not st.draining:
+                    boot_ids[f.rank] = st.boot_id
             if len(boot_ids) < len(followers):
                 await self._watch_rendezvous(m, last_rdv)
                 await self._tick()
         formation = uuid.uuid4().hex[:12]
         self.formation = formation
-        self.offer = {"formation": formation, "dist_port": m.dist_port,
-                      "boot_ids": {str(k): v for k, v in boot_ids.items()}}
+        self.offer = Offer(formation=formation, dist_port=m.dist_port, boot_ids=boot_ids)
         jlog("formation_offered", unit=m.unit_id, formation=formation, world_size=m.world_size)
         self.engine = EngineProcess(config=self._engine_config(), membership=m)
         await self.engine.start()
@@ -300,26 +317,26 @@ class UnitSupervisor:
         while True:
             if not self.engine.alive:
                 raise FormationEnded(f"engine process ended: {self.engine.load.detail}")
-            if self.engine.load.state == "broken":
+            if self.engine.load.state == EngineState.BROKEN:
                 raise FormationEnded(f"engine broken: {self.engine.load.detail}")
             if self.engine.ready.is_set():
                 # A ready engine reports its load ten times a second; silence means it is wedged.
                 stalled = time.monotonic() - self.engine.last_report
                 if stalled > self.s.engine_stall_s:
                     raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
-                self._set_state("ready", formation=formation)
+                self._set_state(UnitState.READY, formation=formation)
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
             for f in followers:
                 st = await self._status(f)
-                if st and st.get("draining") and not self.unit_draining and not self.draining:
+                if st and st.draining and not self.unit_draining and not self.draining:
                     self.unit_draining = f"follower rank {f.rank} is draining"
                     drain_until = time.monotonic() + self.s.drain_timeout_s
                     jlog("unit_drain_started", unit=m.unit_id, reason=self.unit_draining,
                          in_flight=self.in_flight, timeout_s=self.s.drain_timeout_s)
-                if st and st.get("boot_id") == boot_ids[f.rank] and st.get("formation") == formation:
+                if st and st.boot_id == boot_ids[f.rank] and st.formation == formation:
                     last_ok[f.rank] = time.monotonic()
-                elif st and st.get("boot_id") != boot_ids[f.rank]:
+                elif st and st.boot_id != boot_ids[f.rank]:
                     raise FormationEnded(f"follower rank {f.rank} restarted")
                 elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s:
                     raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
@@ -334,17 +351,15 @@ class UnitSupervisor:
         last_rdv = [time.monotonic()]
         while True:                                     # wait for an offer naming this boot
             st = await self._status(leader)
-            if st and self._compatible(st, leader, m):
-                offer = st.get("offer")
-                if offer and offer["boot_ids"].get(str(m.rank)) == self.boot_id \
-                        and offer["formation"] not in self._joined:
-                    break
+            offer = st.offer if st and self._compatible(st, leader, m) else None
+            if offer and offer.boot_ids.get(m.rank) == self.boot_id and offer.formation not in self._joined:
+                break
             await self._watch_rendezvous(m, last_rdv)
             await self._tick()
-        formation = offer["formation"]
+        formation = offer.formation
         self._joined.add(formation)      # a formation is joined once: a new attempt needs a new offer
         self.formation = formation
-        m = replace(m, dist_port=int(offer["dist_port"]))
+        m = replace(m, dist_port=offer.dist_port)
         jlog("formation_joined", unit=m.unit_id, rank=m.rank, formation=formation)
         self.engine = EngineProcess(config=self._engine_config(), membership=m)
         await self.engine.start()
@@ -355,20 +370,20 @@ class UnitSupervisor:
                 raise FormationEnded(f"worker process ended: {self.engine.load.detail}", clean=rc == 0)
             st = await self._status(leader)
             if st is not None:
-                if st.get("formation") != formation:
+                if st.formation != formation:
                     raise FormationEnded("the leader ended the formation")
                 last_seen = time.monotonic()
-                self.leader_ready = bool(st.get("ready"))
-                ld = st.get("load") or {}
-                self.unit_load = LoadReport(state=st.get("state", ""), **{
-                    k: ld.get(k, 0) for k in ("queue_depth", "running", "max_running", "kv_cache_used")})
-                unit_state = "ready" if self.leader_ready else "draining" if st.get("state") == "draining" else "forming"
+                self.leader_ready = st.ready
+                self.unit_load = LoadReport(queue_depth=st.load.queue_depth, running=st.load.running,
+                                            max_running=st.load.max_running, kv_cache_used=st.load.kv_cache_used)
+                unit_state = UnitState.READY if self.leader_ready else \
+                    UnitState.DRAINING if st.state is UnitState.DRAINING else UnitState.FORMING
                 self._set_state(unit_state, formation=formation)
             elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
                 raise FormationEnded(f"leader {leader.host}:{leader.api_port} is gone")
             else:
                 self.leader_ready = False
-                self._set_state("forming", formation=formation)
+                self._set_state(UnitState.FORMING, formation=formation)
             await self._watch_rendezvous(m, last_rdv)
             await self._tick()
 
@@ -377,7 +392,7 @@ class UnitSupervisor:
         if not self.draining:
             self.draining = True
             self.offer = None            # no new member joins a unit that is going away
-            self._set_state("draining")
+            self._set_state(UnitState.DRAINING)
             jlog("drain_started", unit=self.s.unit_id, rank=self.rank, in_flight=self.in_flight,
                  timeout_s=self.s.drain_timeout_s)
             self._stop.set()
@@ -412,7 +427,7 @@ class UnitSupervisor:
                 st = await self._status(leader) if leader is not None else None
                 if st is not None:
                     last_seen = time.monotonic()
-                    if st.get("formation") != self.formation or self.formation is None:
+                    if st.formation != self.formation or self.formation is None:
                         break
                 elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
                     break
@@ -421,4 +436,4 @@ class UnitSupervisor:
                 except asyncio.TimeoutError:
                     pass
         jlog("drain_finished", unit=self.s.unit_id, rank=self.rank, unfinished=left)
-        self._set_state("stopped")
+        self._set_state(UnitState.STOPPED)

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "runtime" / "Dockerfile").read_text()
 # import name -> the runtime/requirements.txt package that provides it
 PROVIDED = {"torch", "transformers", "safetensors", "tokenizers", "aiohttp", "prometheus_client", "boto3",
-            "botocore", "numpy"}
+            "botocore", "numpy", "pydantic"}
 
 
 def instructions(name: str) -> list[str]:

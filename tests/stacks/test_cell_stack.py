@@ -332,6 +332,6 @@ def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_p
     synth = synthesize(config_with(node={"engine": "reference"}, revision="7"), tmp_path)
     env = {e["Name"]: e["Value"] for e in node_container(synth)["Environment"]}
     settings = load_settings(argv=[], env=env)
-    assert (settings.rendezvous, settings.unit_id, settings.revision, settings.nodes_per_unit,
+    assert (settings.rendezvous, settings.unit_id, settings.revision, settings.world_size,
             settings.api_port, settings.engine) == (
         "ecs", "cell0-unit0", "7", 2, contract.NODE_API_PORT, "reference")

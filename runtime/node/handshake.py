@@ -1,0 +1,77 @@
+"""What unit members report: the unit's state, /health/ready's body, and the formation handshake.
+
+Supervisors exchange MemberStatus over STATUS_PATH (the leader's carries its Offer); the router reads
+ReadyBody from /health/ready. Typed here, plain JSON on the wire with exactly these keys and strings.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from runtime.membership import Role
+
+STATUS_PATH = "/unit/status"   # member-to-member formation handshake (internal)
+
+
+class UnitState(StrEnum):
+    """The unit as one member sees it; the value is /health/ready's `state`."""
+    FORMING = "forming"     # rendezvous, waiting for members, or the engine warming up
+    READY = "ready"         # formed and serving
+    BROKEN = "broken"       # the engine failed (the unit re-forms) or the restart budget is spent
+    DRAINING = "draining"   # told to stop: finishing in-flight requests, taking no new ones
+    STOPPED = "stopped"     # drained; the process is about to exit
+
+
+class _Wire(BaseModel):
+    # Keys a newer member adds are ignored, so members of two revisions can still tell each other
+    # which revision they run (and refuse to form).
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Any:
+        """Raises pydantic.ValidationError (a ValueError) when `d` is not this shape."""
+        return cls.model_validate(d)
+
+
+class Load(_Wire):
+    queue_depth: int = 0
+    running: int = 0
+    max_running: int = 0
+    kv_cache_used: float = 0.0
+
+
+class ReadyBody(_Wire):
+    """/health/ready's body; the router routes to members whose role is leader (docs/node.md)."""
+    ready: bool
+    state: UnitState
+    unit: str               # contract.ATTR_UNIT
+    revision: str           # contract.ATTR_REVISION
+    rank: int               # -1 before rendezvous ranked this member
+    world_size: int
+    role: Role              # contract.ATTR_ROLE
+    cell: str               # contract.ATTR_CELL: FLOTILLA_CELL_ID, "" locally
+    load: Load
+
+
+class Offer(_Wire):
+    """The leader's offer of one formation; a follower joins it when its boot id is named."""
+    formation: str
+    dist_port: int
+    boot_ids: dict[int, str]    # follower rank -> the boot id it had when the offer was made (JSON: "1": ...)
+
+
+class MemberStatus(ReadyBody):
+    """STATUS_PATH's body: the member's ready body plus where it is in the handshake."""
+    boot_id: str                # new each process start: a restarted member is a different member
+    formation: str | None       # the formation this member is part of, None while waiting
+    offer: Offer | None         # leader: the formation on offer
+    draining: bool
+    engine_alive: bool
+    engine_ready: bool
+

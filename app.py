@@ -17,8 +17,7 @@ def main() -> int:
     # costs ~4 s of CPU and ~470 MB on every synth (docs/benchmarks.md, Synth).
     app = cdk.App(builtin_cloud_formation_validation=False)
     try:
-        config = load_config(app.node.try_get_context("flotilla"),
-                             app.node.try_get_context("config"))
+        config = load_config(app.node.try_get_context("flotilla"), app.node.try_get_context("config"))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -7,51 +7,51 @@ aws-cdk-lib and of torch so that either side can import it without pulling in th
 from __future__ import annotations
 
 # --- Ports -------------------------------------------------------------------------------------
-NODE_API_PORT = 8000          # a unit member's HTTP server (the leader serves the API here)
-ROUTER_PORT = 8080            # the router's HTTP server; the ALB targets it
-ROUTER_TEST_PORT = 9080       # the ALB's blue/green test listener
-DIST_PORT = 29500             # torch.distributed / collectives bootstrap on the leader
+NODE_API_PORT = 8000  # a unit member's HTTP server (the leader serves the API here)
+ROUTER_PORT = 8080  # the router's HTTP server; the ALB targets it
+ROUTER_TEST_PORT = 9080  # the ALB's blue/green test listener
+DIST_PORT = 29500  # torch.distributed / collectives bootstrap on the leader
 # Ports the units use between their own members only (unit security group, self-referencing)
 UNIT_INTERNAL_PORT_RANGE = (29500, 29600)
 
 # --- Health paths ------------------------------------------------------------------------------
-NODE_LIVE_PATH = "/health/live"     # alive: the process answers and is not wedged (container check)
-NODE_READY_PATH = "/health/ready"   # ready: unit formed, engine warm, not draining (router reads it)
-ROUTER_HEALTH_PATH = "/health"      # the ALB's target-group health check on the router
+NODE_LIVE_PATH = "/health/live"  # alive: the process answers and is not wedged (container check)
+NODE_READY_PATH = "/health/ready"  # ready: unit formed, engine warm, not draining (router reads it)
+ROUTER_HEALTH_PATH = "/health"  # the ALB's target-group health check on the router
 METRICS_PATH = "/metrics"
 
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"  # a client's id is kept if it matches (node and router)
-ARRIVAL_HEADER = "X-Flotilla-Arrival"          # unix seconds, float, when the leader took the request
+ARRIVAL_HEADER = "X-Flotilla-Arrival"  # unix seconds, float, when the leader took the request
 FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token (non-streamed responses)
-FINISH_HEADER = "X-Flotilla-Finish"            # unix seconds of the last token (non-streamed responses)
-UNIT_HEADER = "X-Flotilla-Unit"                # which unit served the request (set by the leader)
-REVISION_HEADER = "X-Flotilla-Revision"        # the serving unit's revision
+FINISH_HEADER = "X-Flotilla-Finish"  # unix seconds of the last token (non-streamed responses)
+UNIT_HEADER = "X-Flotilla-Unit"  # which unit served the request (set by the leader)
+REVISION_HEADER = "X-Flotilla-Revision"  # the serving unit's revision
 
 # --- Environment variables (container settings) --------------------------------------------------
-ENV_ROLE = "FLOTILLA_ROLE"                     # node | router (the image command also picks it)
-ENV_UNIT_ID = "FLOTILLA_UNIT_ID"               # e.g. "cell0-unit3"
+ENV_ROLE = "FLOTILLA_ROLE"  # node | router (the image command also picks it)
+ENV_UNIT_ID = "FLOTILLA_UNIT_ID"  # e.g. "cell0-unit3"
 ENV_CELL_ID = "FLOTILLA_CELL_ID"
-ENV_REVISION = "FLOTILLA_REVISION"             # deployment revision; a unit never mixes revisions
+ENV_REVISION = "FLOTILLA_REVISION"  # deployment revision; a unit never mixes revisions
 ENV_NODES_PER_UNIT = "FLOTILLA_NODES_PER_UNIT"
-ENV_RENDEZVOUS = "FLOTILLA_RENDEZVOUS"         # static | ecs
-ENV_PEERS = "FLOTILLA_PEERS"                   # static rendezvous: comma-separated host:port, rank order
-ENV_RANK = "FLOTILLA_RANK"                     # static rendezvous: this member's rank
-ENV_ENGINE = "FLOTILLA_ENGINE"                 # reference | neuron
-ENV_MODEL = "FLOTILLA_MODEL"                   # tiny | smollm2 | a checkpoint directory
-ENV_MODEL_URI = "FLOTILLA_MODEL_URI"           # s3://bucket/prefix of the model artifacts (AWS)
-ENV_MODEL_NAME = "FLOTILLA_MODEL_NAME"         # the name clients use in "model"
-ENV_PREFILL_STRATEGY = "FLOTILLA_PREFILL_STRATEGY"   # pipeline | tensor
-ENV_DECODE_STRATEGY = "FLOTILLA_DECODE_STRATEGY"     # pipeline | tensor
+ENV_RENDEZVOUS = "FLOTILLA_RENDEZVOUS"  # static | ecs
+ENV_PEERS = "FLOTILLA_PEERS"  # static rendezvous: comma-separated host:port, rank order
+ENV_RANK = "FLOTILLA_RANK"  # static rendezvous: this member's rank
+ENV_ENGINE = "FLOTILLA_ENGINE"  # reference | neuron
+ENV_MODEL = "FLOTILLA_MODEL"  # tiny | smollm2 | a checkpoint directory
+ENV_MODEL_URI = "FLOTILLA_MODEL_URI"  # s3://bucket/prefix of the model artifacts (AWS)
+ENV_MODEL_NAME = "FLOTILLA_MODEL_NAME"  # the name clients use in "model"
+ENV_PREFILL_STRATEGY = "FLOTILLA_PREFILL_STRATEGY"  # pipeline | tensor
+ENV_DECODE_STRATEGY = "FLOTILLA_DECODE_STRATEGY"  # pipeline | tensor
 ENV_DRAIN_TIMEOUT = "FLOTILLA_DRAIN_TIMEOUT_S"
-ENV_PORT = "PORT"                              # HTTP port override (node API or router)
-ENV_DISCOVERY = "FLOTILLA_DISCOVERY"           # router: static | cloudmap
-ENV_UNITS = "FLOTILLA_UNITS"                   # router, static discovery: comma-separated leader URLs
+ENV_PORT = "PORT"  # HTTP port override (node API or router)
+ENV_DISCOVERY = "FLOTILLA_DISCOVERY"  # router: static | cloudmap
+ENV_UNITS = "FLOTILLA_UNITS"  # router, static discovery: comma-separated leader URLs
 ENV_CLOUDMAP_NAMESPACE = "FLOTILLA_CLOUDMAP_NAMESPACE"
 ENV_CLOUDMAP_SERVICE = "FLOTILLA_CLOUDMAP_SERVICE"
 ENV_POLL_INTERVAL = "FLOTILLA_POLL_INTERVAL_S"
-ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"           # model conversion / download cache
+ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"  # model conversion / download cache
 
 # --- Image commands ------------------------------------------------------------------------------
 NODE_COMMAND = ["node"]
@@ -59,33 +59,33 @@ ROUTER_COMMAND = ["router"]
 
 # Unit identity keys: a unit member reports them in its /health/ready JSON body (router discovery)
 ATTR_UNIT = "unit"
-ATTR_ROLE = "role"        # leader | follower
+ATTR_ROLE = "role"  # leader | follower
 ATTR_REVISION = "revision"
-ATTR_CELL = "cell"        # the unit's cell (FLOTILLA_CELL_ID); the router emits ReadyUnits per cell
+ATTR_CELL = "cell"  # the unit's cell (FLOTILLA_CELL_ID); the router emits ReadyUnits per cell
 
 # --- Metrics: CloudWatch embedded metric format (EMF) lines on stdout ------------------------------
 # The awslogs driver ships stdout to CloudWatch Logs, which turns EMF JSON lines into metrics; the
 # Observability stack's dashboard and alarms read exactly these names. See docs/observability.md.
 METRICS_NAMESPACE = "Flotilla"
-METRIC_DIM_SERVICE = "Service"                 # always present, value METRIC_SERVICE_VALUE (fleet-wide series)
+METRIC_DIM_SERVICE = "Service"  # always present, value METRIC_SERVICE_VALUE (fleet-wide series)
 METRIC_SERVICE_VALUE = "flotilla"
-METRIC_DIM_CELL = "Cell"                       # second dimension set: per cell (value = FLOTILLA_CELL_ID)
+METRIC_DIM_CELL = "Cell"  # second dimension set: per cell (value = FLOTILLA_CELL_ID)
 METRIC_TIME_TO_FIRST_TOKEN = "TimeToFirstToken"  # Milliseconds; the leader, once per request
-METRIC_OUTPUT_TOKENS = "OutputTokens"            # Count; the leader, once per finished request
-METRIC_READY_UNITS = "ReadyUnits"                # Count; each router, every 60 s, per cell and fleet-wide
+METRIC_OUTPUT_TOKENS = "OutputTokens"  # Count; the leader, once per finished request
+METRIC_READY_UNITS = "ReadyUnits"  # Count; each router, every 60 s, per cell and fleet-wide
 
 # Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
 # attributes): the router reads the address here and asks the member's /health/ready for
 # ATTR_UNIT / ATTR_ROLE / ATTR_REVISION (keys of that JSON body). See docs/discovery.md.
 CLOUDMAP_ATTR_IPV4 = "AWS_INSTANCE_IPV4"
-CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"       # may be absent (host networking): use NODE_API_PORT
+CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"  # may be absent (host networking): use NODE_API_PORT
 CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
 
 # --- Neuron engine -----------------------------------------------------------------------------
 # Both ports sit inside UNIT_INTERNAL_PORT_RANGE so the unit security group's self-referencing
 # rule covers them; nothing outside the unit may reach either.
-NEURON_RT_ROOT_COMM_PORT = 29501    # Neuron runtime collectives bootstrap on the leader
-NEURON_ENGINE_PORT = 8001           # vLLM's OpenAI server on the leader, bound to 127.0.0.1 only
-ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"   # set by Dockerfile.neuron; compile-cache key
-ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"     # s3://bucket/prefix for compiled artifacts
-ENV_INSTANCE_TYPE = "FLOTILLA_INSTANCE_TYPE"                # neuron engine: the node's instance type (plan layout)
+NEURON_RT_ROOT_COMM_PORT = 29501  # Neuron runtime collectives bootstrap on the leader
+NEURON_ENGINE_PORT = 8001  # vLLM's OpenAI server on the leader, bound to 127.0.0.1 only
+ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"  # set by Dockerfile.neuron; compile-cache key
+ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"  # s3://bucket/prefix for compiled artifacts
+ENV_INSTANCE_TYPE = "FLOTILLA_INSTANCE_TYPE"  # neuron engine: the node's instance type (plan layout)

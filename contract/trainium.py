@@ -13,12 +13,8 @@ from types import MappingProxyType
 
 GIB = 2**30
 
-TRN1_ARCH = (
-    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn1-arch.html"
-)
-TRAINIUM_ARCH = (
-    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trainium.html"
-)
+TRN1_ARCH = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn1-arch.html"
+TRAINIUM_ARCH = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trainium.html"
 MULTI_NODE_SETUP = (
     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/"
     "setup-trn1-multi-node-execution.html"
@@ -30,16 +26,16 @@ class TrainiumInstance:
     """One Trainium instance type. `sources` names the page each figure comes from."""
 
     instance_type: str
-    chips: int                       # Trainium chips = Neuron devices, /dev/neuron0..chips-1
-    neuron_cores_per_chip: int       # NeuronCore-v2 per Trainium chip
-    hbm_bytes_per_chip: int          # device memory per chip
+    chips: int  # Trainium chips = Neuron devices, /dev/neuron0..chips-1
+    neuron_cores_per_chip: int  # NeuronCore-v2 per Trainium chip
+    hbm_bytes_per_chip: int  # device memory per chip
     hbm_bytes_per_s_per_chip: float  # device memory bandwidth per chip
-    bf16_flops_per_chip: float       # dense FP16/BF16 peak per chip
-    efa_interfaces: int              # one per network card: /dev/infiniband/uverbs0..N-1
-    efa_gbps: int                    # EFA network bandwidth of the instance
+    bf16_flops_per_chip: float  # dense FP16/BF16 peak per chip
+    efa_interfaces: int  # one per network card: /dev/infiniband/uverbs0..N-1
+    efa_gbps: int  # EFA network bandwidth of the instance
     vcpus: int
-    memory_gib: int                  # host memory
-    sources: Mapping[str, str] = field(compare=False, repr=False)   # figure -> source URL
+    memory_gib: int  # host memory
+    sources: Mapping[str, str] = field(compare=False, repr=False)  # figure -> source URL
 
     @property
     def neuron_cores(self) -> int:
@@ -86,15 +82,25 @@ def _trn1(instance_type: str, *, efa_interfaces: int, efa_gbps: int) -> Trainium
     # GiB/s per instance (16 x 820). Older pages wrote "820 GB/sec"; the larger reading (GiB) keeps
     # the capacity planner's latency figures true lower bounds.
     return TrainiumInstance(
-        instance_type=instance_type, chips=16, neuron_cores_per_chip=2,
-        hbm_bytes_per_chip=32 * GIB, hbm_bytes_per_s_per_chip=820 * GIB,
-        bf16_flops_per_chip=190e12, efa_interfaces=efa_interfaces, efa_gbps=efa_gbps,
-        vcpus=128, memory_gib=512, sources=dict(_TRN1_SOURCES))
+        instance_type=instance_type,
+        chips=16,
+        neuron_cores_per_chip=2,
+        hbm_bytes_per_chip=32 * GIB,
+        hbm_bytes_per_s_per_chip=820 * GIB,
+        bf16_flops_per_chip=190e12,
+        efa_interfaces=efa_interfaces,
+        efa_gbps=efa_gbps,
+        vcpus=128,
+        memory_gib=512,
+        sources=dict(_TRN1_SOURCES),
+    )
 
 
 # Only the sizes with EFA: a unit spans nodes, and trn1.2xlarge has no EFA (multi-node setup page:
 # "EFA is currently not available on the smaller instances sizes").
-INSTANCES: Mapping[str, TrainiumInstance] = MappingProxyType({
-    "trn1.32xlarge": _trn1("trn1.32xlarge", efa_interfaces=8, efa_gbps=800),
-    "trn1n.32xlarge": _trn1("trn1n.32xlarge", efa_interfaces=16, efa_gbps=1600),
-})
+INSTANCES: Mapping[str, TrainiumInstance] = MappingProxyType(
+    {
+        "trn1.32xlarge": _trn1("trn1.32xlarge", efa_interfaces=8, efa_gbps=800),
+        "trn1n.32xlarge": _trn1("trn1n.32xlarge", efa_interfaces=16, efa_gbps=1600),
+    }
+)

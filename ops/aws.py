@@ -27,7 +27,7 @@ class Aws:
     ec2: Any
     autoscaling: Any
     servicediscovery: Any
-    topology: Any   # EC2 client used only for describe_instance_topology
+    topology: Any  # EC2 client used only for describe_instance_topology
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -39,8 +39,13 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         raise OpsError(f"--profile {profile!r}: {err}") from None
     if session.region_name is None:
         raise OpsError("no AWS region: pass --region or set AWS_REGION")
-    return Aws(ecs=session.client("ecs"), ec2=session.client("ec2"), autoscaling=session.client("autoscaling"),
-               servicediscovery=session.client("servicediscovery"), topology=session.client("ec2"))
+    return Aws(
+        ecs=session.client("ecs"),
+        ec2=session.client("ec2"),
+        autoscaling=session.client("autoscaling"),
+        servicediscovery=session.client("servicediscovery"),
+        topology=session.client("ec2"),
+    )
 
 
 def clients_for(args: argparse.Namespace) -> Aws:
@@ -50,4 +55,4 @@ def clients_for(args: argparse.Namespace) -> Aws:
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]

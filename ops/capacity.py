@@ -17,9 +17,15 @@ from contract.trainium import GIB, TrainiumInstance
 from ops.hardware import instance_spec
 
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
-    "float8": 1, "fp8": 1, "int8": 1,
+    "float32": 4,
+    "fp32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "float8": 1,
+    "fp8": 1,
+    "int8": 1,
 }
 
 # ECS allows at most 20 capacity providers per cluster and each unit has its own (one ASG per
@@ -53,16 +59,21 @@ class ModelShape:
     kv_heads: int
     context_length: int
     dtype: str = "bfloat16"
-    params: int | None = None          # total parameters; derived from the shape when None
-    head_dim: int | None = None        # hidden // heads when None
-    intermediate: int | None = None    # MLP width (needed only to derive params)
-    vocab: int | None = None           # vocabulary size (needed only to derive params)
+    params: int | None = None  # total parameters; derived from the shape when None
+    head_dim: int | None = None  # hidden // heads when None
+    intermediate: int | None = None  # MLP width (needed only to derive params)
+    vocab: int | None = None  # vocabulary size (needed only to derive params)
     tied_embeddings: bool = False
     name: str = "model"
 
     def __post_init__(self) -> None:
-        for flag, value in (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads),
-                            ("--kv-heads", self.kv_heads), ("--context-length", self.context_length)):
+        for flag, value in (
+            ("--layers", self.layers),
+            ("--hidden", self.hidden),
+            ("--heads", self.heads),
+            ("--kv-heads", self.kv_heads),
+            ("--context-length", self.context_length),
+        ):
             _positive(flag, value)
         dtype_bytes(self.dtype)
         if self.heads % self.kv_heads:
@@ -94,11 +105,11 @@ class ModelShape:
         assert self.intermediate is not None and self.vocab is not None
         hd = self.resolved_head_dim
         per_layer = (
-            self.hidden * self.heads * hd              # q_proj
-            + 2 * self.hidden * self.kv_heads * hd     # k_proj, v_proj
-            + self.heads * hd * self.hidden            # o_proj
-            + 3 * self.hidden * self.intermediate      # gate, up, down
-            + 2 * self.hidden                          # two RMSNorms
+            self.hidden * self.heads * hd  # q_proj
+            + 2 * self.hidden * self.kv_heads * hd  # k_proj, v_proj
+            + self.heads * hd * self.hidden  # o_proj
+            + 3 * self.hidden * self.intermediate  # gate, up, down
+            + 2 * self.hidden  # two RMSNorms
         )
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return self.layers * per_layer + embeddings + self.hidden  # + final norm
@@ -120,7 +131,9 @@ class ModelShape:
         except json.JSONDecodeError as exc:
             raise PlanError(f"--config-json {p} is not valid JSON: {exc}") from None
         keys = {
-            "layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "layers": "num_hidden_layers",
+            "hidden": "hidden_size",
+            "heads": "num_attention_heads",
             "context_length": "max_position_embeddings",
         }
         values: dict[str, Any] = {}
@@ -156,15 +169,15 @@ class Traffic:
 @dataclass(frozen=True, kw_only=True)
 class PlanSettings:
     instance_type: str = "trn1.32xlarge"
-    batch: int = 16                  # sequences a unit decodes at once (its max_running)
-    seq_len: int | None = None       # KV-cache length per sequence; prompt + output when None
-    kv_dtype: str | None = None      # the model's dtype when None
-    hbm_reserve: float = 0.10        # HBM kept back for the runtime, activations, scratch
+    batch: int = 16  # sequences a unit decodes at once (its max_running)
+    seq_len: int | None = None  # KV-cache length per sequence; prompt + output when None
+    kv_dtype: str | None = None  # the model's dtype when None
+    hbm_reserve: float = 0.10  # HBM kept back for the runtime, activations, scratch
     max_nodes: int = 8
-    efficiency: float = 1.0          # measured fraction of the roofline a unit reaches
+    efficiency: float = 1.0  # measured fraction of the roofline a unit reaches
     units_per_cell: int = MAX_UNITS_PER_CELL
     availability_zones: tuple[str, ...] = ()
-    pad_heads: bool = False          # allow head counts tp_degree does not divide (padded heads)
+    pad_heads: bool = False  # allow head counts tp_degree does not divide (padded heads)
 
     def __post_init__(self) -> None:
         instance_spec(self.instance_type)
@@ -189,7 +202,7 @@ class PlanSettings:
 class MemoryPerCore:
     weights: int
     kv_cache: int
-    usable: float               # HBM per NeuronCore after the reserve
+    usable: float  # HBM per NeuronCore after the reserve
     hbm: int
 
     @property
@@ -208,20 +221,20 @@ class Plan:
     settings: PlanSettings
     instance: TrainiumInstance
     nodes_per_unit: int
-    tp_degree: int               # decode: tensor parallel over every NeuronCore of the unit
-    pp_degree: int               # prefill: one pipeline stage per node
-    stage_layers: tuple[tuple[int, int], ...]   # prefill: (first, last) layer of each stage
+    tp_degree: int  # decode: tensor parallel over every NeuronCore of the unit
+    pp_degree: int  # prefill: one pipeline stage per node
+    stage_layers: tuple[tuple[int, int], ...]  # prefill: (first, last) layer of each stage
     q_heads_per_core: int
-    kv_heads_per_core: int       # 1 when KV heads are replicated (kv_heads < tp_degree)
+    kv_heads_per_core: int  # 1 when KV heads are replicated (kv_heads < tp_degree)
     seq_len: int
     memory: MemoryPerCore
-    decode_hbm_s: float          # one decode step: bytes each NeuronCore reads / its HBM bandwidth
-    decode_efa_s: float          # one decode step: inter-node all-reduce traffic / EFA bandwidth
-    prefill_compute_s: float     # unit time one prompt costs at peak FLOPS over all nodes
-    prefill_pipeline_s: float    # activations crossing one stage boundary / EFA
-    kv_reshard_s: float          # prefill (layers per node) -> decode (heads per core) KV move / EFA
+    decode_hbm_s: float  # one decode step: bytes each NeuronCore reads / its HBM bandwidth
+    decode_efa_s: float  # one decode step: inter-node all-reduce traffic / EFA bandwidth
+    prefill_compute_s: float  # unit time one prompt costs at peak FLOPS over all nodes
+    prefill_pipeline_s: float  # activations crossing one stage boundary / EFA
+    kv_reshard_s: float  # prefill (layers per node) -> decode (heads per core) KV move / EFA
     units: int
-    skipped: tuple[str, ...] = field(default=())   # node counts tried and why they do not work
+    skipped: tuple[str, ...] = field(default=())  # node counts tried and why they do not work
 
     @property
     def decode_step_s(self) -> float:
@@ -239,8 +252,12 @@ class Plan:
     @property
     def ttft_s(self) -> float:
         """First-token lower bound for one prompt: the stages run one after another."""
-        return (self.prefill_compute_s * self.pp_degree + (self.pp_degree - 1) * self.prefill_pipeline_s
-                + self.kv_reshard_s + self.decode_step_s)
+        return (
+            self.prefill_compute_s * self.pp_degree
+            + (self.pp_degree - 1) * self.prefill_pipeline_s
+            + self.kv_reshard_s
+            + self.decode_step_s
+        )
 
     @property
     def request_unit_s(self) -> float:
@@ -314,7 +331,7 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         heads_ok = model.heads % tp == 0
         kv_ok = model.kv_heads % tp == 0 or tp % model.kv_heads == 0
         if not (heads_ok and kv_ok) and not settings.pad_heads:
-            why = (f"{model.heads} heads" if not heads_ok else f"{model.kv_heads} KV heads")
+            why = f"{model.heads} heads" if not heads_ok else f"{model.kv_heads} KV heads"
             skipped.append(f"{nodes} nodes: tp_degree {tp} does not divide {why}")
             continue
         q_per_core = math.ceil(model.heads / tp)
@@ -356,11 +373,24 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         kv_reshard_s = prompt_kv * (nodes - 1) / nodes**2 / inst.efa_bytes_per_s
 
         partial = Plan(
-            model=model, traffic=traffic, settings=settings, instance=inst, nodes_per_unit=nodes,
-            tp_degree=tp, pp_degree=nodes, stage_layers=_stage_layers(model.layers, nodes),
-            q_heads_per_core=q_per_core, kv_heads_per_core=kv_per_core, seq_len=seq_len, memory=memory,
-            decode_hbm_s=decode_hbm_s, decode_efa_s=decode_efa_s, prefill_compute_s=prefill_compute_s,
-            prefill_pipeline_s=prefill_pipeline_s, kv_reshard_s=kv_reshard_s, units=1,
+            model=model,
+            traffic=traffic,
+            settings=settings,
+            instance=inst,
+            nodes_per_unit=nodes,
+            tp_degree=tp,
+            pp_degree=nodes,
+            stage_layers=_stage_layers(model.layers, nodes),
+            q_heads_per_core=q_per_core,
+            kv_heads_per_core=kv_per_core,
+            seq_len=seq_len,
+            memory=memory,
+            decode_hbm_s=decode_hbm_s,
+            decode_efa_s=decode_efa_s,
+            prefill_compute_s=prefill_compute_s,
+            prefill_pipeline_s=prefill_pipeline_s,
+            kv_reshard_s=kv_reshard_s,
+            units=1,
             skipped=tuple(skipped),
         )
         units = max(1, math.ceil(traffic.requests_per_s / partial.requests_per_s_per_unit - 1e-9))
@@ -369,11 +399,18 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
     tried = "; ".join(skipped)
     if smallest_need is None:
         cores = inst.neuron_cores
-        tried = (f"no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x 1..{settings.max_nodes} "
-                 f"nodes) splits {model.heads} heads and {model.kv_heads} KV heads evenly")
-        hint = (f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of "
-                f"{cores} x nodes")
+        tried = (
+            f"no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x 1..{settings.max_nodes} "
+            f"nodes) splits {model.heads} heads and {model.kv_heads} KV heads evenly"
+        )
+        hint = (
+            f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of {cores} x nodes"
+        )
     else:
-        hint = (f"the least it needs is {smallest_need.total / GIB:.2f} GiB per NeuronCore; lower --batch or "
-                f"--seq-len, use a smaller --kv-dtype, or raise --max-nodes")
-    raise PlanError(f"no unit of 1..{settings.max_nodes} {inst.instance_type} nodes fits {model.name} ({tried}): {hint}")
+        hint = (
+            f"the least it needs is {smallest_need.total / GIB:.2f} GiB per NeuronCore; lower --batch or "
+            f"--seq-len, use a smaller --kv-dtype, or raise --max-nodes"
+        )
+    raise PlanError(
+        f"no unit of 1..{settings.max_nodes} {inst.instance_type} nodes fits {model.name} ({tried}): {hint}"
+    )

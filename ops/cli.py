@@ -24,15 +24,25 @@ def _add_aws_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("AWS")
     g.add_argument("--region", help="AWS region (default: the AWS_REGION / profile setting)")
     g.add_argument("--profile", help="AWS named profile")
-    g.add_argument("--deployment", default="flotilla",
-                   help="deployment_name of the flotilla config (stacks are <deployment>-Cell-<n>); "
-                        "default: %(default)s")
-    g.add_argument("--cloudmap-namespace", help="Cloud Map namespace of the units' service (needed only when "
-                                                "several namespaces have one)")
-    g.add_argument("--cloudmap-service", default=UNITS_CLOUDMAP_SERVICE,
-                   help="Cloud Map service the unit members register in")
-    g.add_argument("--health-timeout", type=float, default=2.0, metavar="SECONDS",
-                   help="per-node /health/ready timeout; default %(default)s")
+    g.add_argument(
+        "--deployment",
+        default="flotilla",
+        help="deployment_name of the flotilla config (stacks are <deployment>-Cell-<n>); default: %(default)s",
+    )
+    g.add_argument(
+        "--cloudmap-namespace",
+        help="Cloud Map namespace of the units' service (needed only when several namespaces have one)",
+    )
+    g.add_argument(
+        "--cloudmap-service", default=UNITS_CLOUDMAP_SERVICE, help="Cloud Map service the unit members register in"
+    )
+    g.add_argument(
+        "--health-timeout",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="per-node /health/ready timeout; default %(default)s",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

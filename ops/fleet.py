@@ -54,11 +54,11 @@ class Node:
     container_instance_arn: str | None = None
     private_ip: str | None = None
     availability_zone: str | None = None
-    registered: bool = False          # listed in Cloud Map, so the router can find it
-    address: str | None = None        # host:port of its HTTP server
+    registered: bool = False  # listed in Cloud Map, so the router can find it
+    address: str | None = None  # host:port of its HTTP server
     health: dict[str, Any] | None = None
     health_error: str | None = None
-    ecs_health: str = "UNKNOWN"       # the container health check (alive): HEALTHY | UNHEALTHY | UNKNOWN
+    ecs_health: str = "UNKNOWN"  # the container health check (alive): HEALTHY | UNHEALTHY | UNKNOWN
 
     @property
     def task_id(self) -> str:
@@ -94,12 +94,12 @@ class Unit:
     service_arn: str
     desired: int
     task_definition_arn: str
-    revision: str                     # FLOTILLA_REVISION of the service's task definition
+    revision: str  # FLOTILLA_REVISION of the service's task definition
     nodes_per_unit: int
     deployments: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
-    probed: bool = True               # False: nobody asked the nodes (--no-health); judge by ECS only
+    probed: bool = True  # False: nobody asked the nodes (--no-health); judge by ECS only
 
     @property
     def drained(self) -> bool:
@@ -113,8 +113,7 @@ class Unit:
         for n in self.nodes:
             if n.last_status == "RUNNING":
                 groups.setdefault((n.task_definition_arn, n.started_by), []).append(n)
-        return sorted(groups.values(),
-                      key=lambda g: (g[0].task_definition_arn != self.task_definition_arn, -len(g)))
+        return sorted(groups.values(), key=lambda g: (g[0].task_definition_arn != self.task_definition_arn, -len(g)))
 
     def _formation_problems(self, members: list[Node]) -> list[str]:
         n_want = self.nodes_per_unit
@@ -202,8 +201,10 @@ class Fleet:
             for n in u.nodes:
                 if n.instance_id == instance_id:
                     return u, n
-        raise OpsError(f"instance {instance_id!r} runs no member of any unit of deployment {self.deployment!r}: "
-                       "check the id with `flotilla status`")
+        raise OpsError(
+            f"instance {instance_id!r} runs no member of any unit of deployment {self.deployment!r}: "
+            "check the id with `flotilla status`"
+        )
 
 
 # --- discovery ----------------------------------------------------------------------------------
@@ -228,9 +229,11 @@ def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
     for c in _all_clusters(aws):
         tags = _tags(c)
         stack = tags.get(STACK_NAME_TAG, "")
-        if (tags.get(DEPLOYMENT_TAG) == deployment and CELL_TAG in tags) \
-                or re.fullmatch(rf"{re.escape(deployment)}-cell\d+", c["clusterName"]) \
-                or re.fullmatch(rf"{re.escape(deployment)}-Cell-\d+", stack):
+        if (
+            (tags.get(DEPLOYMENT_TAG) == deployment and CELL_TAG in tags)
+            or re.fullmatch(rf"{re.escape(deployment)}-cell\d+", c["clusterName"])
+            or re.fullmatch(rf"{re.escape(deployment)}-Cell-\d+", stack)
+        ):
             out.append(c)
     return out
 
@@ -243,8 +246,11 @@ def _active_services(aws: Aws, cluster_arn: str, *, tags: bool = False) -> list[
     include = {"include": ["TAGS"]} if tags else {}
     out: list[dict[str, Any]] = []
     for batch in chunks(arns, 10):
-        out.extend(s for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, **include)["services"]
-                   if s.get("status") == "ACTIVE")
+        out.extend(
+            s
+            for s in aws.ecs.describe_services(cluster=cluster_arn, services=batch, **include)["services"]
+            if s.get("status") == "ACTIVE"
+        )
     return out
 
 
@@ -282,15 +288,21 @@ def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dic
             nodes_per_unit = int(env.get(contract.ENV_NODES_PER_UNIT, s["desiredCount"]))
         except ValueError:
             nodes_per_unit = s["desiredCount"]
-        units.append(Unit(
-            cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
-            unit_id=unit_id,
-            cluster_arn=cluster_arn, service_name=s["serviceName"], service_arn=s["serviceArn"],
-            desired=s.get("desiredCount", 0), task_definition_arn=td_arn,
-            revision=env.get(contract.ENV_REVISION, "?"), nodes_per_unit=nodes_per_unit,
-            deployments=s.get("deployments", []),
-            tags=tags,
-        ))
+        units.append(
+            Unit(
+                cell_id=env.get(contract.ENV_CELL_ID) or _tags(cluster).get(CELL_TAG, cluster["clusterName"]),
+                unit_id=unit_id,
+                cluster_arn=cluster_arn,
+                service_name=s["serviceName"],
+                service_arn=s["serviceArn"],
+                desired=s.get("desiredCount", 0),
+                task_definition_arn=td_arn,
+                revision=env.get(contract.ENV_REVISION, "?"),
+                nodes_per_unit=nodes_per_unit,
+                deployments=s.get("deployments", []),
+                tags=tags,
+            )
+        )
     return units
 
 
@@ -306,7 +318,8 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
     instance_of: dict[str, str] = {}
     for batch in chunks(ci_arns, 100):
         for ci in aws.ecs.describe_container_instances(cluster=cluster_arn, containerInstances=batch)[
-                "containerInstances"]:
+            "containerInstances"
+        ]:
             instance_of[ci["containerInstanceArn"]] = ci["ec2InstanceId"]
     ec2_info: dict[str, dict[str, Any]] = {}
     ids = sorted(set(instance_of.values()))
@@ -320,17 +333,22 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
             continue
         iid = instance_of.get(t.get("containerInstanceArn", ""))
         info = ec2_info.get(iid or "", {})
-        unit.nodes.append(Node(
-            task_arn=t["taskArn"], last_status=t.get("lastStatus", "?"), ecs_health=t.get("healthStatus", "UNKNOWN"),
-            task_definition_arn=t.get("taskDefinitionArn", ""), started_by=t.get("startedBy", ""),
-            instance_id=iid, container_instance_arn=t.get("containerInstanceArn"),
-            private_ip=info.get("PrivateIpAddress"),
-            availability_zone=info.get("Placement", {}).get("AvailabilityZone"),
-        ))
+        unit.nodes.append(
+            Node(
+                task_arn=t["taskArn"],
+                last_status=t.get("lastStatus", "?"),
+                ecs_health=t.get("healthStatus", "UNKNOWN"),
+                task_definition_arn=t.get("taskDefinitionArn", ""),
+                started_by=t.get("startedBy", ""),
+                instance_id=iid,
+                container_instance_arn=t.get("containerInstanceArn"),
+                private_ip=info.get("PrivateIpAddress"),
+                availability_zone=info.get("Placement", {}).get("AvailabilityZone"),
+            )
+        )
 
 
-def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
-                        service: str) -> list[dict[str, Any]] | None:
+def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None, service: str) -> list[dict[str, Any]] | None:
     """Instances of the units' Cloud Map service, or None when there is no such service."""
     namespaces: dict[str, str] = {}
     for page in aws.servicediscovery.get_paginator("list_namespaces").paginate():
@@ -354,8 +372,9 @@ def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None,
         candidates = ours or candidates
     if len(candidates) > 1:
         names = ", ".join(sorted(n for n, _ in candidates))
-        raise OpsError(f"Cloud Map service {service!r} exists in several namespaces ({names}): "
-                       "pass --cloudmap-namespace")
+        raise OpsError(
+            f"Cloud Map service {service!r} exists in several namespaces ({names}): pass --cloudmap-namespace"
+        )
     out: list[dict[str, Any]] = []
     for page in aws.servicediscovery.get_paginator("list_instances").paginate(ServiceId=candidates[0][1]["Id"]):
         out.extend(page.get("Instances", []))
@@ -412,9 +431,16 @@ def probe_health(units: list[Unit], *, timeout_s: float) -> None:
                 n.health_error = "no address (no Cloud Map entry and no private IP)"
 
 
-def discover(aws: Aws, *, deployment: str, cloudmap_namespace: str | None = None,
-             cloudmap_service: str = UNITS_CLOUDMAP_SERVICE, health: bool = True,
-             health_timeout_s: float = 2.0, clusters: Collection[str] | None = None) -> Fleet:
+def discover(
+    aws: Aws,
+    *,
+    deployment: str,
+    cloudmap_namespace: str | None = None,
+    cloudmap_service: str = UNITS_CLOUDMAP_SERVICE,
+    health: bool = True,
+    health_timeout_s: float = 2.0,
+    clusters: Collection[str] | None = None,
+) -> Fleet:
     """The deployment's fleet; with `clusters` (cell cluster ARNs) only the units of those cells, for a
     wait that watches a few units and need not probe every node of the deployment each poll."""
     units: list[Unit] = []

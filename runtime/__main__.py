@@ -11,7 +11,7 @@ from runtime.engines import cli as plan_cli
 from runtime.node import cli as node_cli
 from runtime.router import cli as router_cli
 
-SUBCOMMANDS = [plan_cli, node_cli, router_cli, artifacts_cli]   # each adds one subcommand
+SUBCOMMANDS = [plan_cli, node_cli, router_cli, artifacts_cli]  # each adds one subcommand
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,8 +23,14 @@ SERVICE = contract.METRIC_DIM_SERVICE
 CELL = contract.METRIC_DIM_CELL
 
 
-def emf_line(metrics: Mapping[str, tuple[float, str]], *, cell: str = "", fleet_series: bool = True,
-             timestamp_s: float | None = None, properties: Mapping[str, Any] | None = None) -> str:
+def emf_line(
+    metrics: Mapping[str, tuple[float, str]],
+    *,
+    cell: str = "",
+    fleet_series: bool = True,
+    timestamp_s: float | None = None,
+    properties: Mapping[str, Any] | None = None,
+) -> str:
     """One EMF JSON line. `metrics` maps a metric name to (value, unit).
 
     Dimension sets: [Service] when fleet_series (the fleet-wide series), plus [Service, Cell] when a
@@ -40,7 +46,7 @@ def emf_line(metrics: Mapping[str, tuple[float, str]], *, cell: str = "", fleet_
         raise ValueError("an EMF line needs a dimension set: give a cell or keep fleet_series=True")
     if not metrics:
         raise ValueError("an EMF line needs at least one metric")
-    doc: dict[str, Any] = {"_aws": None}   # first, as in the documented example; filled below
+    doc: dict[str, Any] = {"_aws": None}  # first, as in the documented example; filled below
     for key, value in (properties or {}).items():
         if key in metrics or key in (SERVICE, CELL, "_aws"):
             raise ValueError(f"property {key!r} would overwrite a metric or dimension of the EMF line")
@@ -57,13 +63,18 @@ def emf_line(metrics: Mapping[str, tuple[float, str]], *, cell: str = "", fleet_
     if cell:
         doc[CELL] = cell
     ts = time.time() if timestamp_s is None else timestamp_s
-    doc["_aws"] = {"Timestamp": int(ts * 1000), "CloudWatchMetrics": [
-        {"Namespace": contract.METRICS_NAMESPACE, "Dimensions": dimension_sets, "Metrics": declared}]}
+    doc["_aws"] = {
+        "Timestamp": int(ts * 1000),
+        "CloudWatchMetrics": [
+            {"Namespace": contract.METRICS_NAMESPACE, "Dimensions": dimension_sets, "Metrics": declared}
+        ],
+    }
     return json.dumps(doc, separators=(",", ":"))
 
 
-def request_line(*, request_id: str, cell: str, output_tokens: int, ttft_ms: float | None,
-                 timestamp_s: float | None = None) -> str:
+def request_line(
+    *, request_id: str, cell: str, output_tokens: int, ttft_ms: float | None, timestamp_s: float | None = None
+) -> str:
     """The leader's line for one request: output tokens and, if a token came, time to first token."""
     metrics: dict[str, tuple[float, str]] = {}
     if ttft_ms is not None:
@@ -72,13 +83,15 @@ def request_line(*, request_id: str, cell: str, output_tokens: int, ttft_ms: flo
     return emf_line(metrics, cell=cell, timestamp_s=timestamp_s, properties={"request_id": request_id})
 
 
-def ready_units_lines(*, per_cell: Mapping[str, int], fleet: int,
-                      timestamp_s: float | None = None) -> list[str]:
+def ready_units_lines(*, per_cell: Mapping[str, int], fleet: int, timestamp_s: float | None = None) -> list[str]:
     """A router's ReadyUnits: one line per cell ([Service, Cell] only, so a cell's count never lands
     in the fleet-wide series whose Minimum the FleetReadyUnits alarm reads), then the fleet line."""
     ts = time.time() if timestamp_s is None else timestamp_s
-    lines = [emf_line({contract.METRIC_READY_UNITS: (int(n), COUNT)}, cell=cell, fleet_series=False,
-                      timestamp_s=ts) for cell, n in sorted(per_cell.items()) if cell]
+    lines = [
+        emf_line({contract.METRIC_READY_UNITS: (int(n), COUNT)}, cell=cell, fleet_series=False, timestamp_s=ts)
+        for cell, n in sorted(per_cell.items())
+        if cell
+    ]
     lines.append(emf_line({contract.METRIC_READY_UNITS: (int(fleet), COUNT)}, timestamp_s=ts))
     return lines
 

@@ -30,7 +30,7 @@ QUESTION = "Which waterproof hiking boots are best for wet trails?"
 
 @dataclass
 class Proc:
-    role: str                       # leader | follower | router
+    role: str  # leader | follower | router
     unit: str | None
     rank: int | None
     ports: dict[str, int]
@@ -43,12 +43,19 @@ class Proc:
     def start(self) -> None:
         with open(self.log, "ab") as f:
             # Own process group (setsid): Ctrl-C reaches only this launcher, which stops everything in order.
-            self.popen = subprocess.Popen(self.cmd, env=self.env, cwd=str(REPO), stdout=f, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.cmd, env=self.env, cwd=str(REPO), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def describe(self) -> dict[str, Any]:
-        return {"unit": self.unit, "rank": self.rank, "role": self.role,
-                "pid": self.popen.pid if self.popen else None, "ports": self.ports, "log": str(self.log)}
+        return {
+            "unit": self.unit,
+            "rank": self.rank,
+            "role": self.role,
+            "pid": self.popen.pid if self.popen else None,
+            "ports": self.ports,
+            "log": str(self.log),
+        }
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -80,11 +87,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=2, help="members per unit (default 2)")
     p.add_argument("--model", default="smollm2", help="tiny | smollm2 | checkpoint directory (default smollm2)")
     p.add_argument("--engine", default="reference", help="reference (default) | echo (plumbing only, no model)")
-    p.add_argument("--router", choices=("auto", "on", "off"), default="auto",
-                   help="put the router in front of the units (auto, the default: when runtime/router/cli.py "
-                        f"is present{'' if router_available else ', which it is not in this checkout'})")
-    p.add_argument("--port", type=int, default=None,
-                   help=f"public port (default ${contract.ENV_PORT} or {DEFAULT_PUBLIC_PORT})")
+    p.add_argument(
+        "--router",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="put the router in front of the units (auto, the default: when runtime/router/cli.py "
+        f"is present{'' if router_available else ', which it is not in this checkout'})",
+    )
+    p.add_argument(
+        "--port", type=int, default=None, help=f"public port (default ${contract.ENV_PORT} or {DEFAULT_PUBLIC_PORT})"
+    )
     p.add_argument("--state-dir", default=str(REPO / ".flotilla"), help="where local.json and logs go")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for readiness")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on stop")
@@ -110,7 +122,7 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
     base_env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
     procs: list[Proc] = []
     leaders: list[str] = []
-    taken = {a.port}                                # every port handed out must differ
+    taken = {a.port}  # every port handed out must differ
     for u in range(a.units):
         unit_id = f"local-unit{u}"
         ports: list[int] = []
@@ -118,30 +130,67 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
             ports.append(free_port(avoid=taken))
             taken.add(ports[-1])
         if u == 0 and not a.use_router:
-            ports[0] = a.port                       # no router yet: the first leader is public
+            ports[0] = a.port  # no router yet: the first leader is public
         dist = free_port(avoid=taken)
         taken.add(dist)
         peers = ",".join(f"127.0.0.1:{p}" for p in ports)
         leaders.append(f"http://127.0.0.1:{ports[0]}")
         for r in range(a.nodes):
-            env = {**base_env, contract.ENV_UNIT_ID: unit_id, contract.ENV_REVISION: "local",
-                   contract.ENV_PEERS: peers, contract.ENV_RANK: str(r), contract.ENV_ENGINE: a.engine,
-                   contract.ENV_MODEL: a.model, "FLOTILLA_DIST_PORT": str(dist), "FLOTILLA_BIND_HOST": "127.0.0.1",
-                   contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout)}
-            procs.append(Proc(role="leader" if r == 0 else "follower", unit=unit_id, rank=r,
-                              ports={"api": ports[r], **({"dist": dist} if r == 0 else {})},
-                              cmd=[sys.executable, "-m", "runtime", "node"], env=env,
-                              log=logs / f"{unit_id}-rank{r}.log"))
+            env = {
+                **base_env,
+                contract.ENV_UNIT_ID: unit_id,
+                contract.ENV_REVISION: "local",
+                contract.ENV_PEERS: peers,
+                contract.ENV_RANK: str(r),
+                contract.ENV_ENGINE: a.engine,
+                contract.ENV_MODEL: a.model,
+                "FLOTILLA_DIST_PORT": str(dist),
+                "FLOTILLA_BIND_HOST": "127.0.0.1",
+                contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout),
+            }
+            procs.append(
+                Proc(
+                    role="leader" if r == 0 else "follower",
+                    unit=unit_id,
+                    rank=r,
+                    ports={"api": ports[r], **({"dist": dist} if r == 0 else {})},
+                    cmd=[sys.executable, "-m", "runtime", "node"],
+                    env=env,
+                    log=logs / f"{unit_id}-rank{r}.log",
+                )
+            )
     if a.use_router:
-        env = {**base_env, contract.ENV_PORT: str(a.port), contract.ENV_UNITS: ",".join(leaders),
-               contract.ENV_DISCOVERY: "static", contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout)}
-        procs.append(Proc(role="router", unit=None, rank=None, ports={"http": a.port},
-                          # no load balancer watches a local router's /health: no drain grace
-                          cmd=[sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1",
-                               "--drain-grace", "0",
-                               # a laptop busy with the model answers polls late: not "unit gone"
-                               "--poll-timeout", "5"], env=env,
-                          log=logs / "router.log"))
+        env = {
+            **base_env,
+            contract.ENV_PORT: str(a.port),
+            contract.ENV_UNITS: ",".join(leaders),
+            contract.ENV_DISCOVERY: "static",
+            contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout),
+        }
+        procs.append(
+            Proc(
+                role="router",
+                unit=None,
+                rank=None,
+                ports={"http": a.port},
+                # no load balancer watches a local router's /health: no drain grace
+                cmd=[
+                    sys.executable,
+                    "-m",
+                    "runtime",
+                    "router",
+                    "--host",
+                    "127.0.0.1",
+                    "--drain-grace",
+                    "0",
+                    # a laptop busy with the model answers polls late: not "unit gone"
+                    "--poll-timeout",
+                    "5",
+                ],
+                env=env,
+                log=logs / "router.log",
+            )
+        )
     return procs
 
 
@@ -149,11 +198,12 @@ def prepare_model(model: str, engine: str) -> None:
     """Convert smollm2 once, up front, with progress on the terminal (the nodes then just load it)."""
     if engine != "reference" or model != "smollm2":
         return
-    print("preparing smollm2 (converted once to safetensors and cached; the first time takes about a minute) ...",
-          flush=True)
+    print(
+        "preparing smollm2 (converted once to safetensors and cached; the first time takes about a minute) ...",
+        flush=True,
+    )
     code = "from runtime.models.registry import resolve_model; resolve_model('smollm2', progress=print)"
-    subprocess.run([sys.executable, "-c", code], cwd=str(REPO), check=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    subprocess.run([sys.executable, "-c", code], cwd=str(REPO), check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def stop_all(procs: list[Proc], timeout_s: float) -> None:
@@ -177,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     logs = state / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     if not port_free(a.port):
-        print(f"local: port {a.port} on 127.0.0.1 is busy: stop what uses it or run with PORT=<another port>",
-              file=sys.stderr)
+        print(
+            f"local: port {a.port} on 127.0.0.1 is busy: stop what uses it or run with PORT=<another port>",
+            file=sys.stderr,
+        )
         return 2
     try:
         prepare_model(a.model, a.engine)
@@ -198,9 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for p in procs:
             p.start()
-        manifest.write_text(json.dumps({"url": url, "model": a.model, "units": a.units, "nodes": a.nodes,
-                                        "router": a.use_router, "launcher_pid": os.getpid(),
-                                        "processes": [p.describe() for p in procs]}, indent=2) + "\n")
+        manifest.write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "model": a.model,
+                    "units": a.units,
+                    "nodes": a.nodes,
+                    "router": a.use_router,
+                    "launcher_pid": os.getpid(),
+                    "processes": [p.describe() for p in procs],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         print(f"started {len(procs)} processes (logs in {logs}); waiting for the units to be ready ...", flush=True)
         deadline = time.monotonic() + a.ready_timeout
         members = [p for p in procs if p.role in ("leader", "follower")]
@@ -211,8 +275,11 @@ def main(argv: list[str] | None = None) -> int:
             if dead:
                 d = dead[0]
                 tail = d.log.read_text(errors="replace")[-3000:] if d.log.exists() else ""
-                print(f"local: {d.role} {d.unit or ''} rank {d.rank} exited with {d.popen.returncode} during start-up; "
-                      f"its log ({d.log}) ends with:\n{tail}", file=sys.stderr)
+                print(
+                    f"local: {d.role} {d.unit or ''} rank {d.rank} exited with {d.popen.returncode} during start-up; "
+                    f"its log ({d.log}) ends with:\n{tail}",
+                    file=sys.stderr,
+                )
                 return 1
             ready = all(_get(f"http://127.0.0.1:{p.ports['api']}{contract.NODE_READY_PATH}") == 200 for p in members)
             if ready and a.use_router:
@@ -226,18 +293,31 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0.5)
         model_name = os.path.basename(a.model.rstrip("/"))
-        body = json.dumps({"model": model_name, "stream": True, "max_tokens": 200, "temperature": 0.2,
-                           "messages": [{"role": "user", "content": QUESTION}]})
-        print(f"\nflotilla is serving {a.model} at {url}/v1  ({a.units} unit(s) x {a.nodes} nodes"
-              f"{', behind the router' if a.use_router else ''}; processes in {manifest})\n\n"
-              f"try:\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-              f"       -d '{body}'\n\nCtrl-C stops everything.", flush=True)
+        body = json.dumps(
+            {
+                "model": model_name,
+                "stream": True,
+                "max_tokens": 200,
+                "temperature": 0.2,
+                "messages": [{"role": "user", "content": QUESTION}],
+            }
+        )
+        print(
+            f"\nflotilla is serving {a.model} at {url}/v1  ({a.units} unit(s) x {a.nodes} nodes"
+            f"{', behind the router' if a.use_router else ''}; processes in {manifest})\n\n"
+            f"try:\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            f"       -d '{body}'\n\nCtrl-C stops everything.",
+            flush=True,
+        )
         while not stopping["flag"]:
             for p in procs:
                 if p.popen is not None and p.popen.poll() is not None and not p.extra.get("reported"):
                     p.extra["reported"] = True
-                    print(f"local: {p.role} {p.unit or ''} rank {p.rank} exited with {p.popen.returncode}; "
-                          f"see {p.log}", file=sys.stderr, flush=True)
+                    print(
+                        f"local: {p.role} {p.unit or ''} rank {p.rank} exited with {p.popen.returncode}; see {p.log}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             time.sleep(0.3)
         return 0
     finally:

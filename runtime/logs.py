@@ -14,7 +14,7 @@ import sys
 import time
 from typing import IO, Any
 
-_FIELDS = "flotilla_fields"   # the LogRecord attribute jlog() stores its fields under
+_FIELDS = "flotilla_fields"  # the LogRecord attribute jlog() stores its fields under
 _log = logging.getLogger("flotilla")
 
 

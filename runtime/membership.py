@@ -13,15 +13,16 @@ from enum import StrEnum
 
 class Role(StrEnum):
     """A member's part in its unit; the value is what /health/ready reports as `role`."""
-    LEADER = "leader"           # rank 0: serves the API and runs the engine's scheduler
-    FOLLOWER = "follower"       # runs the engine's worker loop for its shard
+
+    LEADER = "leader"  # rank 0: serves the API and runs the engine's scheduler
+    FOLLOWER = "follower"  # runs the engine's worker loop for its shard
 
 
 @dataclass(frozen=True)
 class Member:
     rank: int
-    host: str                       # address other members and the router use
-    api_port: int                   # the member's HTTP port (health on every rank, API on rank 0)
+    host: str  # address other members and the router use
+    api_port: int  # the member's HTTP port (health on every rank, API on rank 0)
     instance_id: str | None = None  # EC2 instance (ECS rendezvous), None locally
     task_arn: str | None = None
     network_nodes: tuple[str, ...] = ()  # DescribeInstanceTopology path, top (spine) first
@@ -31,9 +32,9 @@ class Member:
 class Membership:
     unit_id: str
     revision: str
-    rank: int                       # this process's rank; 0 is the leader
+    rank: int  # this process's rank; 0 is the leader
     world_size: int
-    dist_host: str                  # leader's address for torch.distributed / collectives bootstrap
+    dist_host: str  # leader's address for torch.distributed / collectives bootstrap
     dist_port: int
     members: tuple[Member, ...] = field(default_factory=tuple)  # ordered by rank
 

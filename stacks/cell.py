@@ -45,36 +45,57 @@ class _ServicesAfterCapacityProviderAssociation:
 class CellStack(Stack):
     """ECS cluster, the cell's shared node roles and log group, and its TrainiumUnits."""
 
-    def __init__(self, scope: Construct, id_: str, *, cell: int, config: FlotillaConfig,
-                 network: NetworkStack, discovery: DiscoveryStack, **kwargs) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        cell: int,
+        config: FlotillaConfig,
+        network: NetworkStack,
+        discovery: DiscoveryStack,
+        **kwargs,
+    ) -> None:
         super().__init__(scope, id_, **kwargs)
         self.cell = cell
         cell_id = f"cell{cell}"
         Tags.of(self).add("flotilla:cell", cell_id)
-        self.cluster = ecs.Cluster(self, "Cluster", vpc=network.vpc,
-                                   cluster_name=f"{config.deployment_name}-{cell_id}",
-                                   container_insights_v2=ecs.ContainerInsights.ENABLED)
+        self.cluster = ecs.Cluster(
+            self,
+            "Cluster",
+            vpc=network.vpc,
+            cluster_name=f"{config.deployment_name}-{cell_id}",
+            container_insights_v2=ecs.ContainerInsights.ENABLED,
+        )
 
         # Instance role: only what the ECS agent needs (CDK adds those statements, scoped to this
         # cluster, when each unit's capacity provider is added).
-        instance_role = iam.Role(self, "InstanceRole",
-                                 assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-                                 description=f"flotilla {cell_id} Trainium instances: ECS agent")
+        instance_role = iam.Role(
+            self,
+            "InstanceRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description=f"flotilla {cell_id} Trainium instances: ECS agent",
+        )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=instance_role)
 
         self.log_group = logs.LogGroup(
-            self, "Logs", retention=retention(config.node.log_retention_days),
-            removal_policy=RemovalPolicy.DESTROY)
+            self, "Logs", retention=retention(config.node.log_retention_days), removal_policy=RemovalPolicy.DESTROY
+        )
         self.execution_role = iam.Role(
-            self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-            description=f"flotilla {cell_id}: pull the node image, write container logs")
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description=f"flotilla {cell_id}: pull the node image, write container logs",
+        )
         self.task_role = iam.Role(
-            self, "TaskRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-            description=f"flotilla {cell_id} nodes: read the model, rendezvous within the cluster")
+            self,
+            "TaskRole",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description=f"flotilla {cell_id} nodes: read the model, rendezvous within the cluster",
+        )
         self._grant_node_permissions(config)
 
-        image = unit_image(self, image_uri=config.image, instance_type=config.instance_type,
-                           engine=config.node.engine)
+        image = unit_image(self, image_uri=config.image, instance_type=config.instance_type, engine=config.node.engine)
         surge = UnitSurge.for_rollout(config.unit_rollout)
         self.units: list[TrainiumUnit] = []
         for placement in config.units_in_cell(cell):
@@ -96,116 +117,205 @@ class CellStack(Stack):
             if config.node.engine == "neuron":
                 environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
                 environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
-            self.units.append(TrainiumUnit(
-                self, f"Unit{placement.index}", unit_id=placement.unit_id,
-                family=f"{config.deployment_name}-{placement.unit_id}",
-                cluster=self.cluster, vpc=network.vpc,
-                router_security_group=network.router_security_group,
-                subnet=network.private_subnet(placement.az_index),
-                instance_type=config.instance_type, shape=config.shape,
-                nodes=config.nodes_per_unit, max_nodes=config.max_nodes_per_unit, surge=surge,
-                instance_profile=self.instance_profile,
-                root_volume_gib=config.node.root_volume_gib, image=image,
-                task_role=self.task_role, execution_role=self.execution_role,
-                log_group=self.log_group, environment=environment,
-                units_service=discovery.units_service,
-                health_check_grace=Duration.seconds(config.node.health_check_grace_s)))
+            self.units.append(
+                TrainiumUnit(
+                    self,
+                    f"Unit{placement.index}",
+                    unit_id=placement.unit_id,
+                    family=f"{config.deployment_name}-{placement.unit_id}",
+                    cluster=self.cluster,
+                    vpc=network.vpc,
+                    router_security_group=network.router_security_group,
+                    subnet=network.private_subnet(placement.az_index),
+                    instance_type=config.instance_type,
+                    shape=config.shape,
+                    nodes=config.nodes_per_unit,
+                    max_nodes=config.max_nodes_per_unit,
+                    surge=surge,
+                    instance_profile=self.instance_profile,
+                    root_volume_gib=config.node.root_volume_gib,
+                    image=image,
+                    task_role=self.task_role,
+                    execution_role=self.execution_role,
+                    log_group=self.log_group,
+                    environment=environment,
+                    units_service=discovery.units_service,
+                    health_check_grace=Duration.seconds(config.node.health_check_grace_s),
+                )
+            )
         # Units roll one after another: CloudFormation updates a service only after the one it
         # depends on reached a steady state, and stops (rolling the cell back) at the first unit
         # whose deployment fails. A fleet never loses more than one unit's capacity to a rollout.
         for previous, unit in zip(self.units, self.units[1:]):
             unit.service.node.add_dependency(previous.service)
-        Aspects.of(self.cluster).add(_ServicesAfterCapacityProviderAssociation(
-            self.cluster, [u.service for u in self.units]))
+        Aspects.of(self.cluster).add(
+            _ServicesAfterCapacityProviderAssociation(self.cluster, [u.service for u in self.units])
+        )
         self._acknowledge_nag_findings(config, instance_role)
 
     def _grant_node_permissions(self, config: FlotillaConfig) -> None:
         """Task role: read the model artifacts, see its own cluster's tasks, read peer instances."""
         model = config.model
         bucket_arn = f"arn:{self.partition}:s3:::{model.bucket}"
-        self.task_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadModelArtifacts", actions=["s3:GetObject"],
-            resources=[f"{bucket_arn}/{model.prefix}*"]))
-        self.task_role.add_to_policy(iam.PolicyStatement(
-            sid="ListModelArtifacts", actions=["s3:ListBucket"], resources=[bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [f"{model.prefix}*"]}} if model.prefix
-            else None))
+        self.task_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadModelArtifacts", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{model.prefix}*"]
+            )
+        )
+        self.task_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ListModelArtifacts",
+                actions=["s3:ListBucket"],
+                resources=[bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{model.prefix}*"]}} if model.prefix else None,
+            )
+        )
         if config.node.engine == "neuron":
             # The compile cache is the one place nodes write: a restarted node loads what another
             # compiled instead of compiling again (runtime/artifacts/compile_cache.py).
             cache_arn = f"arn:{self.partition}:s3:::{model.compile_cache_bucket}"
-            self.task_role.add_to_policy(iam.PolicyStatement(
-                sid="ReadWriteCompileCache", actions=["s3:GetObject", "s3:PutObject"],
-                resources=[f"{cache_arn}/{model.compile_cache_prefix}*"]))
-            self.task_role.add_to_policy(iam.PolicyStatement(
-                sid="ListCompileCache", actions=["s3:ListBucket"], resources=[cache_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{model.compile_cache_prefix}*"]}}
-                if model.compile_cache_prefix else None))
+            self.task_role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ReadWriteCompileCache",
+                    actions=["s3:GetObject", "s3:PutObject"],
+                    resources=[f"{cache_arn}/{model.compile_cache_prefix}*"],
+                )
+            )
+            self.task_role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ListCompileCache",
+                    actions=["s3:ListBucket"],
+                    resources=[cache_arn],
+                    conditions={"StringLike": {"s3:prefix": [f"{model.compile_cache_prefix}*"]}}
+                    if model.compile_cache_prefix
+                    else None,
+                )
+            )
         in_this_cluster = {"ArnEquals": {"ecs:cluster": self.cluster.cluster_arn}}
         # ListTasks has no task-level resource; the cluster condition scopes it.
-        self.task_role.add_to_policy(iam.PolicyStatement(
-            sid="ListClusterTasks", actions=["ecs:ListTasks"], resources=["*"],
-            conditions=in_this_cluster))
-        self.task_role.add_to_policy(iam.PolicyStatement(
-            sid="DescribeClusterTasks",
-            actions=["ecs:DescribeTasks", "ecs:DescribeContainerInstances"],
-            resources=[self.cluster.arn_for_tasks("*"),
-                       self.format_arn(service="ecs", resource="container-instance",
-                                       resource_name=f"{self.cluster.cluster_name}/*")],
-            conditions=in_this_cluster))
+        self.task_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ListClusterTasks", actions=["ecs:ListTasks"], resources=["*"], conditions=in_this_cluster
+            )
+        )
+        self.task_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="DescribeClusterTasks",
+                actions=["ecs:DescribeTasks", "ecs:DescribeContainerInstances"],
+                resources=[
+                    self.cluster.arn_for_tasks("*"),
+                    self.format_arn(
+                        service="ecs", resource="container-instance", resource_name=f"{self.cluster.cluster_name}/*"
+                    ),
+                ],
+                conditions=in_this_cluster,
+            )
+        )
         # Rendezvous maps its peers' instances to private IPs and network-topology paths. Neither
         # EC2 Describe* call supports resource-level permissions.
-        self.task_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadInstancesAndTopology",
-            actions=["ec2:DescribeInstances", "ec2:DescribeInstanceTopology"], resources=["*"]))
+        self.task_role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadInstancesAndTopology",
+                actions=["ec2:DescribeInstances", "ec2:DescribeInstanceTopology"],
+                resources=["*"],
+            )
+        )
 
     def _acknowledge_nag_findings(self, config: FlotillaConfig, instance_role: iam.Role) -> None:
         """cdk-nag findings that are deliberate, each on its own resource with its reason."""
         cluster = f"<{self.get_logical_id(self.cluster.node.default_child)}>"
         instance_policy = instance_role.node.find_child("DefaultPolicy").node.default_child
-        acknowledge(instance_policy, "IAM5", applies_to="Action::ecs:Submit*", reason=(
-            "CDK's ECS agent statement: SubmitTaskStateChange, SubmitContainerStateChange and "
-            "SubmitAttachmentStateChanges are all needed by the agent and scoped to this cell's "
-            "cluster ARN."))
-        acknowledge(instance_policy, "IAM5", applies_to="Resource::*", reason=(
-            "ECS agent essentials: ecs:DiscoverPollEndpoint and ecr:GetAuthorizationToken have no "
-            "resource-level permissions; ecs:Poll and ecs:StartTelemetrySession are conditioned on "
-            "this cell's cluster; logs:CreateLogStream/PutLogEvents are the agent's documented "
-            "essentials (AmazonEC2ContainerServiceforEC2Role)."))
+        acknowledge(
+            instance_policy,
+            "IAM5",
+            applies_to="Action::ecs:Submit*",
+            reason=(
+                "CDK's ECS agent statement: SubmitTaskStateChange, SubmitContainerStateChange and "
+                "SubmitAttachmentStateChanges are all needed by the agent and scoped to this cell's "
+                "cluster ARN."
+            ),
+        )
+        acknowledge(
+            instance_policy,
+            "IAM5",
+            applies_to="Resource::*",
+            reason=(
+                "ECS agent essentials: ecs:DiscoverPollEndpoint and ecr:GetAuthorizationToken have no "
+                "resource-level permissions; ecs:Poll and ecs:StartTelemetrySession are conditioned on "
+                "this cell's cluster; logs:CreateLogStream/PutLogEvents are the agent's documented "
+                "essentials (AmazonEC2ContainerServiceforEC2Role)."
+            ),
+        )
         execution_policy = self.execution_role.node.find_child("DefaultPolicy").node.default_child
-        acknowledge(execution_policy, "IAM5", applies_to="Resource::*", reason=(
-            "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are scoped "
-            "to the image's repository and log writes to this cell's log group."))
+        acknowledge(
+            execution_policy,
+            "IAM5",
+            applies_to="Resource::*",
+            reason=(
+                "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are scoped "
+                "to the image's repository and log writes to this cell's log group."
+            ),
+        )
         task_policy = self.task_role.node.find_child("DefaultPolicy").node.default_child
-        acknowledge(task_policy, "IAM5", applies_to="Resource::*", reason=(
-            "ecs:ListTasks is conditioned on ecs:cluster = this cell's cluster; "
-            "ec2:DescribeInstances and ec2:DescribeInstanceTopology have no resource-level "
-            "permissions (rendezvous finds its peers' private IPs and orders ranks by network "
-            "topology)."))
+        acknowledge(
+            task_policy,
+            "IAM5",
+            applies_to="Resource::*",
+            reason=(
+                "ecs:ListTasks is conditioned on ecs:cluster = this cell's cluster; "
+                "ec2:DescribeInstances and ec2:DescribeInstanceTopology have no resource-level "
+                "permissions (rendezvous finds its peers' private IPs and orders ranks by network "
+                "topology)."
+            ),
+        )
         model = config.model
-        acknowledge(task_policy, "IAM5", reason=(
-            "Nodes read every object under the configured model prefix: sharded checkpoint "
-            "files whose names are not known at synth. Nothing outside the prefix."),
-            applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.bucket}/{model.prefix}*")
+        acknowledge(
+            task_policy,
+            "IAM5",
+            reason=(
+                "Nodes read every object under the configured model prefix: sharded checkpoint "
+                "files whose names are not known at synth. Nothing outside the prefix."
+            ),
+            applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.bucket}/{model.prefix}*",
+        )
         if config.node.engine == "neuron":
-            acknowledge(task_policy, "IAM5", reason=(
-                "The neuron engine's compile cache: nodes read and write objects under the "
-                "configured compile-cache prefix only; the keys are hashes of model, NxD "
-                "Inference config and Neuron SDK version, known only at run time."),
+            acknowledge(
+                task_policy,
+                "IAM5",
+                reason=(
+                    "The neuron engine's compile cache: nodes read and write objects under the "
+                    "configured compile-cache prefix only; the keys are hashes of model, NxD "
+                    "Inference config and Neuron SDK version, known only at run time."
+                ),
                 applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.compile_cache_bucket}/"
-                           f"{model.compile_cache_prefix}*")
+                f"{model.compile_cache_prefix}*",
+            )
         for kind in ("task", "container-instance"):
-            acknowledge(task_policy, "IAM5", reason=(
-                f"Rendezvous describes its unit's tasks and their container instances; {kind} "
-                "ids are only known at run time, the ARN is limited to this cell's cluster."),
-                applies_to=f"Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:"
-                           f"{kind}/{cluster}/*")
+            acknowledge(
+                task_policy,
+                "IAM5",
+                reason=(
+                    f"Rendezvous describes its unit's tasks and their container instances; {kind} "
+                    "ids are only known at run time, the ARN is limited to this cell's cluster."
+                ),
+                applies_to=f"Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:{kind}/{cluster}/*",
+            )
         for unit in self.units:
-            acknowledge(unit.auto_scaling_group.node.default_child, "AS3", reason=(
-                "The ECS capacity provider owns this ASG's instance lifecycle (managed scaling, "
-                "draining, termination protection); instance and task failures surface as ECS "
-                "service events and unit health alarms rather than ASG notifications."))
-            acknowledge(unit.task_definition.node.default_child, "ECS2", reason=(
-                "The environment holds only non-secret identity and settings (unit id, revision, "
-                "model URI); a changed value is meant to be a new task definition revision, which "
-                "is how a unit rolls to a new revision."))
+            acknowledge(
+                unit.auto_scaling_group.node.default_child,
+                "AS3",
+                reason=(
+                    "The ECS capacity provider owns this ASG's instance lifecycle (managed scaling, "
+                    "draining, termination protection); instance and task failures surface as ECS "
+                    "service events and unit health alarms rather than ASG notifications."
+                ),
+            )
+            acknowledge(
+                unit.task_definition.node.default_child,
+                "ECS2",
+                reason=(
+                    "The environment holds only non-secret identity and settings (unit id, revision, "
+                    "model URI); a changed value is meant to be a new task definition revision, which "
+                    "is how a unit rolls to a new revision."
+                ),
+            )

@@ -29,9 +29,9 @@ from pydantic_core import PydanticCustomError, core_schema
 from contract.trainium import INSTANCES, TrainiumInstance
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
-MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20     # ECS, not adjustable: one capacity provider per unit
+MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20  # ECS, not adjustable: one capacity provider per unit
 MAX_CONTAINER_INSTANCES_PER_CLUSTER = 5000  # ECS
-MAX_RESOURCES_PER_STACK = 500               # CloudFormation
+MAX_RESOURCES_PER_STACK = 500  # CloudFormation
 # Private subnets are /18 (see stacks/network.py): 16,384 addresses minus the 5 AWS reserves.
 PRIVATE_SUBNET_MASK = 18
 USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
@@ -43,8 +43,30 @@ USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
 CELL_FIXED_RESOURCES = 10
 UNIT_RESOURCES = 9
 
-LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827,
-                      2192, 2557, 2922, 3288, 3653)
+LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
 UNIT_ROLLOUTS = ("replace", "surge")
 LIVE_TARGET_GROUPS = ("blue", "green")
 ENGINES = ("neuron", "reference", "echo")
@@ -73,7 +95,7 @@ class ConfigError(ValueError):
 
 
 # --- Field rules: pydantic does the checking, the rule words the refusal ------------------------
-_REFUSED = "flotilla_refused"   # error type whose context carries the `allowed` text
+_REFUSED = "flotilla_refused"  # error type whose context carries the `allowed` text
 
 
 def _refuse(allowed: str) -> PydanticCustomError:
@@ -96,13 +118,16 @@ class Rule:
                 return validate(value)
             except ValidationError:
                 raise _refuse(self.allowed) from None
+
         return core_schema.no_info_wrap_validator_function(check, self.schema)
 
 
 def between(lo: int, hi: int, why: str = "") -> Rule:
     """An int (not a bool, not a numeric string) from lo to hi."""
-    return Rule(core_schema.int_schema(ge=lo, le=hi, strict=True),
-                f"an integer from {lo} to {hi}" + (f" ({why})" if why else ""))
+    return Rule(
+        core_schema.int_schema(ge=lo, le=hi, strict=True),
+        f"an integer from {lo} to {hi}" + (f" ({why})" if why else ""),
+    )
 
 
 def one_of(choices: tuple) -> Rule:
@@ -127,13 +152,12 @@ def matches(pattern: re.Pattern, allowed: str, *, optional: bool = False) -> Rul
 def _az_list(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and (len(value) == 0 or 2 <= len(value) <= 6):
         return value
-    raise _refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the "
-                  "region's first three")
+    raise _refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three")
 
 
 def _split_s3_uri(uri: str) -> tuple[str, str]:
     """s3://bucket/some/prefix/ -> ("bucket", "some/prefix/"); the prefix is '' for a bare bucket."""
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     return bucket, prefix
 
 
@@ -145,15 +169,15 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     """Where the compiled/sharded model artifacts live and the name clients ask for."""
 
-    s3_uri: Annotated[str, matches(_S3_URI_RE, _S3_URI_ALLOWED)] = \
-        "s3://flotilla-models-example/llama-3.1-8b-instruct/"
-    name: Annotated[str, matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = \
-        "llama-3.1-8b-instruct"
+    s3_uri: Annotated[str, matches(_S3_URI_RE, _S3_URI_ALLOWED)] = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
+    name: Annotated[str, matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = "llama-3.1-8b-instruct"
     # Where the neuron engine caches NxD Inference's compiled artifacts ('' = the model bucket's
     # neuron-compile-cache/ prefix). Nodes may read and write only there; the model stays read-only.
-    compile_cache_uri: Annotated[str, Rule(core_schema.str_schema(
-        pattern=f"^$|{_S3_URI_RE.pattern}", strict=True), _S3_URI_ALLOWED),
-        BeforeValidator(lambda v: v or "")] = ""
+    compile_cache_uri: Annotated[
+        str,
+        Rule(core_schema.str_schema(pattern=f"^$|{_S3_URI_RE.pattern}", strict=True), _S3_URI_ALLOWED),
+        BeforeValidator(lambda v: v or ""),
+    ] = ""
 
     @property
     def compile_cache(self) -> str:
@@ -188,8 +212,7 @@ class NodeConfig(_Section):
     drain_timeout_s: Annotated[int, between(1, 115, "ECS sends SIGKILL 120 s after SIGTERM")] = 100
     # ECS ignores failed health checks of a new task this long: loading (and on Neuron, compiling)
     # a sharded model takes minutes, and the container's start period stops at 300 s.
-    health_check_grace_s: Annotated[int, between(0, 86400,
-                                                 "time a unit may take to load its model")] = 1800
+    health_check_grace_s: Annotated[int, between(0, 86400, "time a unit may take to load its model")] = 1800
     root_volume_gib: Annotated[int, between(64, 16384)] = 512
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
 
@@ -197,8 +220,8 @@ class NodeConfig(_Section):
 class RouterConfig(_Section):
     """Settings of the router service (Router stack) and its ALB rules (Front stack)."""
 
-    desired_count: Annotated[int, between(1, 100)] = 2      # also the autoscaling minimum
-    max_count: Annotated[int, between(1, 1000)] = 10        # autoscaling maximum
+    desired_count: Annotated[int, between(1, 100)] = 2  # also the autoscaling minimum
+    max_count: Annotated[int, between(1, 1000)] = 10  # autoscaling maximum
     cpu: Annotated[int, one_of(ROUTER_CPUS)] = 1024
     memory_mib: Annotated[int, between(512, 30720)] = 2048
     bake_time_minutes: Annotated[int, between(0, 1440)] = 10
@@ -210,8 +233,9 @@ class RouterConfig(_Section):
     @model_validator(mode="after")
     def _max_covers_desired(self) -> RouterConfig:
         if self.max_count < self.desired_count:
-            raise ConfigError("router.max_count", self.max_count,
-                              f"at least router.desired_count ({self.desired_count})")
+            raise ConfigError(
+                "router.max_count", self.max_count, f"at least router.desired_count ({self.desired_count})"
+            )
         return self
 
 
@@ -220,9 +244,9 @@ class UnitPlacement:
     """Where one unit lives: its cell, its index inside the cell and its AZ slot."""
 
     cell: int
-    index: int          # 0..units_per_cell-1 inside the cell
-    global_index: int   # 0..units-1 across the fleet
-    az_index: int       # index into the VPC's AZs (round-robin over the fleet)
+    index: int  # 0..units_per_cell-1 inside the cell
+    global_index: int  # 0..units-1 across the fleet
+    az_index: int  # index into the VPC's AZs (round-robin over the fleet)
 
     @property
     def unit_id(self) -> str:
@@ -232,35 +256,39 @@ class UnitPlacement:
 class FlotillaConfig(_Section):
     """The whole deployment. Built by load_config(); read-only afterwards."""
 
-    deployment_name: Annotated[str, matches(
-        _DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")] = "flotilla"
+    deployment_name: Annotated[
+        str, matches(_DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")
+    ] = "flotilla"
     instance_type: Annotated[str, one_of(tuple(INSTANCES))] = "trn1.32xlarge"
     # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
     nodes_per_unit: Annotated[int, between(1, 64)] = 2
     units: Annotated[int, between(1, 10000)] = 1
-    units_per_cell: Annotated[int, between(
-        1, MAX_CAPACITY_PROVIDERS_PER_CLUSTER,
-        "ECS allows 20 capacity providers per cluster, one per unit")] = 20
+    units_per_cell: Annotated[
+        int,
+        between(1, MAX_CAPACITY_PROVIDERS_PER_CLUSTER, "ECS allows 20 capacity providers per cluster, one per unit"),
+    ] = 20
     # Empty: the VPC takes the first three AZs of the deployment region (environment-agnostic).
     # Trainium is offered in a few AZs only: a real deployment should name them.
     availability_zones: Annotated[
-        tuple[Annotated[str, matches(_AZ_RE, "AZ names like us-east-1a")], ...],
-        BeforeValidator(_az_list)] = ()
-    account: Annotated[str | None, matches(_ACCOUNT_RE, "a 12-digit account id",
-                                           optional=True)] = None
-    region: Annotated[str | None, matches(_REGION_RE, "a region like us-east-1",
-                                          optional=True)] = None
+        tuple[Annotated[str, matches(_AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_az_list)
+    ] = ()
+    account: Annotated[str | None, matches(_ACCOUNT_RE, "a 12-digit account id", optional=True)] = None
+    region: Annotated[str | None, matches(_REGION_RE, "a region like us-east-1", optional=True)] = None
     model: ModelConfig = Field(default_factory=ModelConfig)
-    image: Annotated[str | None, matches(
-        _IMAGE_RE, "an image URI with a tag or digest, like "
-        "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0", optional=True)] = None
-    certificate_arn: Annotated[str | None, matches(_CERT_RE, "an ACM certificate ARN",
-                                                   optional=True)] = None
-    alarm_email: Annotated[str | None, matches(_EMAIL_RE, "an e-mail address",
-                                               optional=True)] = None
+    image: Annotated[
+        str | None,
+        matches(
+            _IMAGE_RE,
+            "an image URI with a tag or digest, like 123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0",
+            optional=True,
+        ),
+    ] = None
+    certificate_arn: Annotated[str | None, matches(_CERT_RE, "an ACM certificate ARN", optional=True)] = None
+    alarm_email: Annotated[str | None, matches(_EMAIL_RE, "an e-mail address", optional=True)] = None
     # YAML reads `revision: 2` as a number; the revision is a label, so take its text.
-    revision: Annotated[str, matches(_REVISION_RE, "1-64 characters: letters, digits, . _ -"),
-                        BeforeValidator(str)] = "1"
+    revision: Annotated[str, matches(_REVISION_RE, "1-64 characters: letters, digits, . _ -"), BeforeValidator(str)] = (
+        "1"
+    )
     # surge (default, zero-downtime): the ASG may grow to twice nodes_per_unit so the new revision
     # forms beside the old one, then the old one drains (min healthy 100 %, max 200 %). replace:
     # a unit's tasks are stopped, then started on the same instances (the unit is out of rotation
@@ -306,8 +334,10 @@ class FlotillaConfig(_Section):
     def units_in_cell(self, cell: int) -> list[UnitPlacement]:
         first = cell * self.units_per_cell
         last = min(self.units, first + self.units_per_cell)
-        return [UnitPlacement(cell=cell, index=g - first, global_index=g, az_index=g % self.az_count)
-                for g in range(first, last)]
+        return [
+            UnitPlacement(cell=cell, index=g - first, global_index=g, az_index=g % self.az_count)
+            for g in range(first, last)
+        ]
 
 
 def estimate_cell_resources(units_in_cell: int) -> int:
@@ -320,26 +350,32 @@ def check_quotas(cfg: FlotillaConfig) -> None:
     instances = biggest_cell * cfg.max_nodes_per_unit
     if instances > MAX_CONTAINER_INSTANCES_PER_CLUSTER:
         raise ConfigError(
-            "units_per_cell", cfg.units_per_cell,
+            "units_per_cell",
+            cfg.units_per_cell,
             f"at most {MAX_CONTAINER_INSTANCES_PER_CLUSTER // cfg.max_nodes_per_unit} with "
             f"{cfg.max_nodes_per_unit} instances per unit (ECS allows "
-            f"{MAX_CONTAINER_INSTANCES_PER_CLUSTER} container instances per cluster)")
+            f"{MAX_CONTAINER_INSTANCES_PER_CLUSTER} container instances per cluster)",
+        )
     per_stack = estimate_cell_resources(biggest_cell)
     if per_stack > MAX_RESOURCES_PER_STACK:
         raise ConfigError(
-            "units_per_cell", cfg.units_per_cell,
+            "units_per_cell",
+            cfg.units_per_cell,
             f"at most {(MAX_RESOURCES_PER_STACK - CELL_FIXED_RESOURCES) // UNIT_RESOURCES} "
             f"(a cell stack would hold {per_stack} resources; CloudFormation allows "
-            f"{MAX_RESOURCES_PER_STACK})")
+            f"{MAX_RESOURCES_PER_STACK})",
+        )
     # Every EFA interface takes an address of the unit's private subnet.
     units_in_busiest_az = math.ceil(cfg.units / cfg.az_count)
     ips = units_in_busiest_az * cfg.max_nodes_per_unit * cfg.shape.efa_interfaces
     if ips > USABLE_IPS_PER_PRIVATE_SUBNET:
         per_az = USABLE_IPS_PER_PRIVATE_SUBNET // (cfg.max_nodes_per_unit * cfg.shape.efa_interfaces)
         raise ConfigError(
-            "units", cfg.units,
+            "units",
+            cfg.units,
             f"at most {per_az * cfg.az_count} over {cfg.az_count} AZs ({ips} EFA addresses would "
-            f"be needed in one /{PRIVATE_SUBNET_MASK} private subnet; add AZs or reduce units)")
+            f"be needed in one /{PRIVATE_SUBNET_MASK} private subnet; add AZs or reduce units)",
+        )
 
 
 # --- parsing -----------------------------------------------------------------------------------
@@ -356,9 +392,9 @@ def _config_error(exc: ValidationError) -> ConfigError:
     # A misspelt key explains the errors it causes, so it goes first.
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     ctx = err.get("ctx") or {}
-    if isinstance(ctx.get("error"), ConfigError):       # raised by a model validator as is
+    if isinstance(ctx.get("error"), ConfigError):  # raised by a model validator as is
         return ctx["error"]
-    path = tuple(part for part in err["loc"] if isinstance(part, str))   # list indexes dropped
+    path = tuple(part for part in err["loc"] if isinstance(part, str))  # list indexes dropped
     key = ".".join(path) or "flotilla"
     if err["type"] == _REFUSED:
         allowed = ctx["allowed"]
@@ -366,7 +402,7 @@ def _config_error(exc: ValidationError) -> ConfigError:
         allowed = "unknown key; allowed keys: " + ", ".join(_section_at(path[:-1]).model_fields)
     elif err["type"] in ("model_type", "model_attributes_type"):
         allowed = "a mapping with keys " + ", ".join(_section_at(path).model_fields)
-    else:   # a check without its own wording: pydantic's sentence, still one line
+    else:  # a check without its own wording: pydantic's sentence, still one line
         allowed = " ".join(err["msg"].split())
     return ConfigError(key, err["input"], allowed)
 
@@ -382,8 +418,7 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
 def _deep_merge(base: dict, over: Mapping) -> dict:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(
-            out.get(k), Mapping) else v
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
     return out
 
 
@@ -392,8 +427,7 @@ def load_config(context: Mapping[str, Any] | None, config_path: str | None) -> F
     raw: dict = {}
     if context is not None:
         if not isinstance(context, Mapping):
-            raise ConfigError("flotilla", context,
-                              "a mapping of flotilla settings (cdk.json context key `flotilla`)")
+            raise ConfigError("flotilla", context, "a mapping of flotilla settings (cdk.json context key `flotilla`)")
         raw = dict(context)
     if config_path:
         path = Path(config_path)

@@ -17,8 +17,8 @@ from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
-from stacks.router import RouterStack
 from stacks.retention import retention
+from stacks.router import RouterStack
 
 
 @dataclass
@@ -34,33 +34,50 @@ class Deployment:
     router: RouterStack | None = None
 
 
-def build_deployment(app: cdk.App, config: FlotillaConfig,
-                     synthesizer_factory=None) -> Deployment:
+def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=None) -> Deployment:
     """All stacks of the deployment. synthesizer_factory() -> IStackSynthesizer lets tests drop
     the bootstrap-version rule (moto has no CDK bootstrap stack)."""
-    env = cdk.Environment(account=config.account, region=config.region) \
-        if (config.account or config.region) else None
+    env = cdk.Environment(account=config.account, region=config.region) if (config.account or config.region) else None
 
     def common(stack_id: str) -> dict:
-        kwargs = dict(env=env, stack_name=f"{config.deployment_name}-{stack_id}",
-                      description=f"flotilla {config.deployment_name}: {stack_id}")
+        kwargs = dict(
+            env=env,
+            stack_name=f"{config.deployment_name}-{stack_id}",
+            description=f"flotilla {config.deployment_name}: {stack_id}",
+        )
         if synthesizer_factory is not None:
             kwargs["synthesizer"] = synthesizer_factory()
         return kwargs
 
     # Every resource of the deployment carries its name (cost allocation, console filters).
     cdk.Tags.of(app).add("flotilla:deployment", config.deployment_name)
-    network = NetworkStack(app, "Network", availability_zones=config.availability_zones,
-                           log_retention=retention(config.node.log_retention_days),
-                           **common("Network"))
-    discovery = DiscoveryStack(app, "Discovery", vpc=network.vpc,
-                               router_security_group=network.router_security_group,
-                               namespace_name=f"{config.deployment_name}.internal",
-                               https=config.certificate_arn is not None, **common("Discovery"))
+    network = NetworkStack(
+        app,
+        "Network",
+        availability_zones=config.availability_zones,
+        log_retention=retention(config.node.log_retention_days),
+        **common("Network"),
+    )
+    discovery = DiscoveryStack(
+        app,
+        "Discovery",
+        vpc=network.vpc,
+        router_security_group=network.router_security_group,
+        namespace_name=f"{config.deployment_name}.internal",
+        https=config.certificate_arn is not None,
+        **common("Discovery"),
+    )
     deployment = Deployment(config=config, network=network, discovery=discovery)
     for cell in range(config.cells):
-        stack = CellStack(app, f"Cell-{cell}", cell=cell, config=config, network=network,
-                          discovery=discovery, **common(f"Cell-{cell}"))
+        stack = CellStack(
+            app,
+            f"Cell-{cell}",
+            cell=cell,
+            config=config,
+            network=network,
+            discovery=discovery,
+            **common(f"Cell-{cell}"),
+        )
         # Deploy cell after cell: a bad revision stops at the first cell it breaks.
         if deployment.cells:
             stack.add_stack_dependency(deployment.cells[-1])
@@ -68,26 +85,44 @@ def build_deployment(app: cdk.App, config: FlotillaConfig,
 
     router = config.router
     deployment.front = FrontStack(
-        app, "Front", vpc=network.vpc, alb_security_group=discovery.alb_security_group,
-        certificate_arn=config.certificate_arn, live_target_group=router.live_target_group,
-        **common("Front"))
+        app,
+        "Front",
+        vpc=network.vpc,
+        alb_security_group=discovery.alb_security_group,
+        certificate_arn=config.certificate_arn,
+        live_target_group=router.live_target_group,
+        **common("Front"),
+    )
     front = deployment.front
     # Between Front (its alarms read the ALB's metrics) and Router (which needs the alarms at
     # construction to roll back on them, aws/aws-cdk#36308).
     deployment.observability = ObservabilityStack(
-        app, "Observability", load_balancer=front.load_balancer,
+        app,
+        "Observability",
+        load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
         units_per_cell={f"cell{c}": len(config.units_in_cell(c)) for c in range(config.cells)},
-        alarm_email=config.alarm_email, **common("Observability"))
+        alarm_email=config.alarm_email,
+        **common("Observability"),
+    )
     deployment.router = RouterStack(
-        app, "Router", vpc=network.vpc, router_security_group=network.router_security_group,
+        app,
+        "Router",
+        vpc=network.vpc,
+        router_security_group=network.router_security_group,
         image_uri=config.image,
-        blue_target_group=front.blue_target_group, green_target_group=front.green_target_group,
-        production_rule=front.production_rule, test_rule=front.test_rule,
+        blue_target_group=front.blue_target_group,
+        green_target_group=front.green_target_group,
+        production_rule=front.production_rule,
+        test_rule=front.test_rule,
         deployment_alarms=deployment.observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_name=discovery.service_name,
-        min_tasks=router.desired_count, max_tasks=router.max_count, cpu=router.cpu,
-        memory_mib=router.memory_mib, bake_time=cdk.Duration.minutes(router.bake_time_minutes),
-        **common("Router"))
+        min_tasks=router.desired_count,
+        max_tasks=router.max_count,
+        cpu=router.cpu,
+        memory_mib=router.memory_mib,
+        bake_time=cdk.Duration.minutes(router.bake_time_minutes),
+        **common("Router"),
+    )
     return deployment

@@ -44,7 +44,9 @@ class DiscoveryStack(cdk.Stack):
     ) -> None:
         super().__init__(scope, id_, **kwargs)
         self.namespace = cloudmap.HttpNamespace(
-            self, "Namespace", name=namespace_name,
+            self,
+            "Namespace",
+            name=namespace_name,
             description="flotilla: unit members, registered by ECS, discovered by the router",
         )
         self.units_service = self.namespace.create_service(
@@ -58,15 +60,17 @@ class DiscoveryStack(cdk.Stack):
         self.service_name = service_name
 
         self.alb_security_group = ec2.SecurityGroup(
-            self, "AlbSecurityGroup", vpc=vpc, allow_all_outbound=False,
+            self,
+            "AlbSecurityGroup",
+            vpc=vpc,
+            allow_all_outbound=False,
             description="flotilla ALB: clients in, router port out",
         )
         for port in (HTTPS_PORT, HTTP_PORT) if https else (HTTP_PORT,):
-            self.alb_security_group.add_ingress_rule(
-                ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"clients on {port}"
-            )
+            self.alb_security_group.add_ingress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"clients on {port}")
         self.alb_security_group.add_ingress_rule(
-            ec2.Peer.ipv4(vpc.vpc_cidr_block), ec2.Port.tcp(contract.ROUTER_TEST_PORT),
+            ec2.Peer.ipv4(vpc.vpc_cidr_block),
+            ec2.Port.tcp(contract.ROUTER_TEST_PORT),
             "blue/green test listener, from inside the VPC only",
         )
         # Both rules of the ALB -> router hop are written here, explicitly. Front and Router attach
@@ -74,16 +78,22 @@ class DiscoveryStack(cdk.Stack):
         # cannot land in Network, which would make Network depend on this stack).
         self.alb_security_group.add_egress_rule(
             ec2.Peer.security_group_id(router_security_group.security_group_id),
-            ec2.Port.tcp(contract.ROUTER_PORT), "ALB to router port",
+            ec2.Port.tcp(contract.ROUTER_PORT),
+            "ALB to router port",
         )
         ec2.CfnSecurityGroupIngress(
-            self, "RouterFromAlb", group_id=router_security_group.security_group_id,
+            self,
+            "RouterFromAlb",
+            group_id=router_security_group.security_group_id,
             source_security_group_id=self.alb_security_group.security_group_id,
-            ip_protocol="tcp", from_port=contract.ROUTER_PORT, to_port=contract.ROUTER_PORT,
+            ip_protocol="tcp",
+            from_port=contract.ROUTER_PORT,
+            to_port=contract.ROUTER_PORT,
             description="ALB to router port",
         )
         acknowledge(
-            self.alb_security_group.node.default_child, "EC23",
+            self.alb_security_group.node.default_child,
+            "EC23",
             "The ALB is the public entry point: clients anywhere reach it on the client ports only "
             "(443/80); the test port is restricted to the VPC CIDR.",
         )
@@ -91,9 +101,7 @@ class DiscoveryStack(cdk.Stack):
         cdk.CfnOutput(self, "CloudMapService", value=service_name)
 
 
-def register_unit_members(
-    service: ecs.BaseService, *, units_service: cloudmap.IService
-) -> None:
+def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.IService) -> None:
     """Make ECS register every task of a unit's ECS service in the shared Cloud Map service.
 
     ECS writes AWS_INSTANCE_IPV4 (the host's address: host networking) and ECS_SERVICE_NAME, and

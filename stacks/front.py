@@ -17,6 +17,7 @@ from constructs import Construct
 
 import contract
 from stacks.config import LIVE_TARGET_GROUPS
+
 # The ALB security group (Discovery) admits exactly these client ports.
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
@@ -65,7 +66,8 @@ class FrontStack(cdk.Stack):
         self.live_target_group = live_target_group
 
         self.access_log_bucket = s3.Bucket(
-            self, "AccessLogs",
+            self,
+            "AccessLogs",
             # ALB access logs support SSE-S3 only (not SSE-KMS).
             encryption=s3.BucketEncryption.S3_MANAGED,
             enforce_ssl=True,
@@ -78,10 +80,13 @@ class FrontStack(cdk.Stack):
         # Owned by the Discovery stack with its exact rules; imported immutable so that listeners
         # and target groups attached here add no rules of their own.
         self.alb_security_group = ec2.SecurityGroup.from_security_group_id(
-            self, "AlbSecurityGroup", alb_security_group.security_group_id,
-            mutable=False, allow_all_outbound=False)
+            self, "AlbSecurityGroup", alb_security_group.security_group_id, mutable=False, allow_all_outbound=False
+        )
         self.load_balancer = elbv2.ApplicationLoadBalancer(
-            self, "Alb", vpc=vpc, internet_facing=True,
+            self,
+            "Alb",
+            vpc=vpc,
+            internet_facing=True,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
             security_group=self.alb_security_group,
             drop_invalid_header_fields=True,
@@ -92,8 +97,11 @@ class FrontStack(cdk.Stack):
 
         def target_group(name: str) -> elbv2.ApplicationTargetGroup:
             return elbv2.ApplicationTargetGroup(
-                self, f"{name.capitalize()}TargetGroup", vpc=vpc,
-                port=contract.ROUTER_PORT, protocol=elbv2.ApplicationProtocol.HTTP,
+                self,
+                f"{name.capitalize()}TargetGroup",
+                vpc=vpc,
+                port=contract.ROUTER_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTP,
                 target_type=elbv2.TargetType.IP,
                 health_check=elbv2.HealthCheck(
                     path=contract.ROUTER_HEALTH_PATH,
@@ -115,21 +123,23 @@ class FrontStack(cdk.Stack):
         self.blue_target_group = target_group("blue")
         self.green_target_group = target_group("green")
 
-        not_found = elbv2.ListenerAction.fixed_response(
-            404, content_type="text/plain", message_body="no route"
-        )
+        not_found = elbv2.ListenerAction.fixed_response(404, content_type="text/plain", message_body="no route")
         if self.https:
             self.production_listener = self.load_balancer.add_listener(
-                "Https", port=HTTPS_PORT, protocol=elbv2.ApplicationProtocol.HTTPS, open=False,
+                "Https",
+                port=HTTPS_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTPS,
+                open=False,
                 certificates=[elbv2.ListenerCertificate.from_arn(certificate_arn)],
                 ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS,
                 default_action=not_found,
             )
             self.load_balancer.add_listener(
-                "HttpRedirect", port=HTTP_PORT, protocol=elbv2.ApplicationProtocol.HTTP, open=False,
-                default_action=elbv2.ListenerAction.redirect(
-                    protocol="HTTPS", port=str(HTTPS_PORT), permanent=True
-                ),
+                "HttpRedirect",
+                port=HTTP_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTP,
+                open=False,
+                default_action=elbv2.ListenerAction.redirect(protocol="HTTPS", port=str(HTTPS_PORT), permanent=True),
             )
         else:
             cdk.Annotations.of(self).add_warning_v2(
@@ -139,13 +149,19 @@ class FrontStack(cdk.Stack):
                 "in this region) to serve HTTPS on 443 with HTTP redirected to it.",
             )
             self.production_listener = self.load_balancer.add_listener(
-                "Http", port=HTTP_PORT, protocol=elbv2.ApplicationProtocol.HTTP, open=False,
+                "Http",
+                port=HTTP_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTP,
+                open=False,
                 default_action=not_found,
             )
         # The test listener carries ECS's pre-shift test traffic to the green tasks: VPC only.
         self.test_listener = self.load_balancer.add_listener(
-            "Test", port=contract.ROUTER_TEST_PORT, protocol=elbv2.ApplicationProtocol.HTTP,
-            open=False, default_action=not_found,
+            "Test",
+            port=contract.ROUTER_TEST_PORT,
+            protocol=elbv2.ApplicationProtocol.HTTP,
+            open=False,
+            default_action=not_found,
         )
 
         live, idle = (
@@ -157,12 +173,17 @@ class FrontStack(cdk.Stack):
         def rule(name: str, listener: elbv2.ApplicationListener) -> elbv2.ApplicationListenerRule:
             # ECS native blue/green rewrites these weights during each router deployment.
             return elbv2.ApplicationListenerRule(
-                self, name, listener=listener, priority=1,
+                self,
+                name,
+                listener=listener,
+                priority=1,
                 conditions=[elbv2.ListenerCondition.path_patterns(["/*"])],
-                action=elbv2.ListenerAction.weighted_forward([
-                    elbv2.WeightedTargetGroup(target_group=live, weight=100),
-                    elbv2.WeightedTargetGroup(target_group=idle, weight=0),
-                ]),
+                action=elbv2.ListenerAction.weighted_forward(
+                    [
+                        elbv2.WeightedTargetGroup(target_group=live, weight=100),
+                        elbv2.WeightedTargetGroup(target_group=idle, weight=0),
+                    ]
+                ),
             )
 
         self.production_rule = rule("ProductionRule", self.production_listener)
@@ -176,7 +197,8 @@ class FrontStack(cdk.Stack):
         cdk.CfnOutput(self, "GreenTargetGroupArn", value=self.green_target_group.target_group_arn)
 
         acknowledge(
-            self.access_log_bucket.node.default_child, "S1",
+            self.access_log_bucket.node.default_child,
+            "S1",
             "This bucket receives the ALB's access logs; logging its own accesses to itself would "
             "recurse and to another bucket would only move the finding.",
         )
@@ -191,17 +213,24 @@ class FrontStack(cdk.Stack):
         bucket = self.access_log_bucket
         objects = bucket.arn_for_objects(f"{prefix}/AWSLogs/{self.account}/*")
         elb_account = self.regional_fact(region_info.FactName.ELBV2_ACCOUNT)
-        bucket.add_to_resource_policy(iam.PolicyStatement(
-            sid="ElbLogDeliveryAccount", actions=["s3:PutObject"], resources=[objects],
-            principals=[iam.AccountPrincipal(elb_account)],
-        ))
-        bucket.add_to_resource_policy(iam.PolicyStatement(
-            sid="ElbLogDeliveryService", actions=["s3:PutObject"], resources=[objects],
-            principals=[iam.ServicePrincipal("logdelivery.elasticloadbalancing.amazonaws.com")],
-        ))
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="ElbLogDeliveryAccount",
+                actions=["s3:PutObject"],
+                resources=[objects],
+                principals=[iam.AccountPrincipal(elb_account)],
+            )
+        )
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="ElbLogDeliveryService",
+                actions=["s3:PutObject"],
+                resources=[objects],
+                principals=[iam.ServicePrincipal("logdelivery.elasticloadbalancing.amazonaws.com")],
+            )
+        )
         self.load_balancer.set_attribute("access_logs.s3.enabled", "true")
         self.load_balancer.set_attribute("access_logs.s3.bucket", bucket.bucket_name)
         self.load_balancer.set_attribute("access_logs.s3.prefix", prefix)
         # The ALB checks it may write before it enables logging.
         self.load_balancer.node.add_dependency(bucket.policy)
-

@@ -34,9 +34,14 @@ ASSET_EXCLUDE = [
 def _asset(scope: Construct, construct_id: str, dockerfile: str) -> ecs.ContainerImage:
     """The image built at `cdk deploy` from `dockerfile`, with the repository root as context."""
     asset = ecr_assets.DockerImageAsset(
-        scope, construct_id, directory=str(REPO_ROOT), file=dockerfile,
-        exclude=ASSET_EXCLUDE, ignore_mode=IgnoreMode.DOCKER,
-        platform=ecr_assets.Platform.LINUX_AMD64)
+        scope,
+        construct_id,
+        directory=str(REPO_ROOT),
+        file=dockerfile,
+        exclude=ASSET_EXCLUDE,
+        ignore_mode=IgnoreMode.DOCKER,
+        platform=ecr_assets.Platform.LINUX_AMD64,
+    )
     return ecs.ContainerImage.from_docker_image_asset(asset)
 
 
@@ -55,8 +60,7 @@ def unit_dockerfile(*, instance_type: str, engine: str) -> str:
     return DOCKERFILE
 
 
-def unit_image(scope: Construct, *, image_uri: str | None, instance_type: str,
-               engine: str) -> ecs.ContainerImage:
+def unit_image(scope: Construct, *, image_uri: str | None, instance_type: str, engine: str) -> ecs.ContainerImage:
     """The image a unit's node containers run: the configured URI, else the matching asset."""
     dockerfile = unit_dockerfile(instance_type=instance_type, engine=engine)
     if image_uri or dockerfile == DOCKERFILE:

@@ -24,15 +24,17 @@ import contract
 MINUTE = cdk.Duration.minutes(1)
 
 
-def runtime_metric(name: str, *, statistic: str, cell: str | None = None,
-                   period: cdk.Duration = MINUTE) -> cw.Metric:
+def runtime_metric(name: str, *, statistic: str, cell: str | None = None, period: cdk.Duration = MINUTE) -> cw.Metric:
     """A metric the runtime emits as EMF: fleet-wide (Service only) or for one cell."""
     dimensions = {contract.METRIC_DIM_SERVICE: contract.METRIC_SERVICE_VALUE}
     if cell is not None:
         dimensions[contract.METRIC_DIM_CELL] = cell
     return cw.Metric(
-        namespace=contract.METRICS_NAMESPACE, metric_name=name, dimensions_map=dimensions,
-        statistic=statistic, period=period,
+        namespace=contract.METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map=dimensions,
+        statistic=statistic,
+        period=period,
     )
 
 
@@ -65,17 +67,17 @@ class ObservabilityStack(cdk.Stack):
         if not units_per_cell or any(n < 1 for n in units_per_cell.values()):
             raise ValueError(f"units_per_cell={units_per_cell!r}: give every cell id its unit count (>= 1)")
 
-        key = kms.Key(self, "AlarmTopicKey", enable_key_rotation=True,
-                      description="flotilla alarm topic encryption")
+        key = kms.Key(self, "AlarmTopicKey", enable_key_rotation=True, description="flotilla alarm topic encryption")
         # CloudWatch must be able to publish to the encrypted topic.
-        key.add_to_resource_policy(iam.PolicyStatement(
-            actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-            resources=["*"],
-            conditions={"StringEquals": {"aws:SourceAccount": self.account}},
-        ))
-        self.topic = sns.Topic(self, "AlarmTopic", display_name="flotilla alarms",
-                               master_key=key, enforce_ssl=True)
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
+            )
+        )
+        self.topic = sns.Topic(self, "AlarmTopic", display_name="flotilla alarms", master_key=key, enforce_ssl=True)
         if alarm_email:
             self.topic.add_subscription(subs.EmailSubscription(alarm_email))
         action = cw_actions.SnsAction(self.topic)
@@ -83,33 +85,50 @@ class ObservabilityStack(cdk.Stack):
         alb = load_balancer.metrics
         requests = alb.request_count(period=MINUTE, statistic="Sum")
         elb_5xx = alb.http_code_elb(elbv2.HttpCodeElb.ELB_5XX_COUNT, period=MINUTE, statistic="Sum")
-        target_5xx = alb.http_code_target(elbv2.HttpCodeTarget.TARGET_5XX_COUNT, period=MINUTE,
-                                          statistic="Sum")
+        target_5xx = alb.http_code_target(elbv2.HttpCodeTarget.TARGET_5XX_COUNT, period=MINUTE, statistic="Sum")
         five_xx_percent = cw.MathExpression(
             expression="IF(req > 0, 100 * (FILL(e5, 0) + FILL(t5, 0)) / req, 0)",
             using_metrics={"req": requests, "e5": elb_5xx, "t5": target_5xx},
-            label="5xx % of requests", period=MINUTE,
+            label="5xx % of requests",
+            period=MINUTE,
         )
         p99 = alb.target_response_time(period=MINUTE, statistic="p99")
         p50 = alb.target_response_time(period=MINUTE, statistic="p50")
         unhealthy = cw.MathExpression(
             expression=" + ".join(f"FILL(u{i}, 0)" for i in range(len(target_groups))),
-            using_metrics={f"u{i}": tg.metrics.unhealthy_host_count(period=MINUTE, statistic="Maximum")
-                           for i, tg in enumerate(target_groups)},
-            label="unhealthy router targets", period=MINUTE,
+            using_metrics={
+                f"u{i}": tg.metrics.unhealthy_host_count(period=MINUTE, statistic="Maximum")
+                for i, tg in enumerate(target_groups)
+            },
+            label="unhealthy router targets",
+            period=MINUTE,
         )
         healthy = cw.MathExpression(
             expression=" + ".join(f"FILL(h{i}, 0)" for i in range(len(target_groups))),
-            using_metrics={f"h{i}": tg.metrics.healthy_host_count(period=MINUTE, statistic="Minimum")
-                           for i, tg in enumerate(target_groups)},
-            label="healthy router targets", period=MINUTE,
+            using_metrics={
+                f"h{i}": tg.metrics.healthy_host_count(period=MINUTE, statistic="Minimum")
+                for i, tg in enumerate(target_groups)
+            },
+            label="healthy router targets",
+            period=MINUTE,
         )
 
-        def alarm(name: str, metric: cw.IMetric, *, threshold: float,
-                  operator: cw.ComparisonOperator, periods: int, description: str) -> cw.Alarm:
+        def alarm(
+            name: str,
+            metric: cw.IMetric,
+            *,
+            threshold: float,
+            operator: cw.ComparisonOperator,
+            periods: int,
+            description: str,
+        ) -> cw.Alarm:
             a = metric.create_alarm(
-                self, name, threshold=threshold, comparison_operator=operator,
-                evaluation_periods=periods, datapoints_to_alarm=periods,
+                self,
+                name,
+                threshold=threshold,
+                comparison_operator=operator,
+                evaluation_periods=periods,
+                datapoints_to_alarm=periods,
                 # Quiet until there is traffic or a router reporting: a first deploy starts with no
                 # data, and ECS must not roll that deployment back for it.
                 treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
@@ -120,32 +139,46 @@ class ObservabilityStack(cdk.Stack):
             return a
 
         self.five_xx_alarm = alarm(
-            "FiveXxRate", five_xx_percent, threshold=max_5xx_percent,
-            operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD, periods=3,
+            "FiveXxRate",
+            five_xx_percent,
+            threshold=max_5xx_percent,
+            operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            periods=3,
             description=f"More than {max_5xx_percent} % of requests answered 5xx (ALB or router) "
-                        "for 3 minutes. Runbook: docs/runbooks/rollback.md",
+            "for 3 minutes. Runbook: docs/runbooks/rollback.md",
         )
         self.latency_alarm = alarm(
-            "P99Latency", p99, threshold=max_p99_latency.to_seconds(),
-            operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD, periods=3,
+            "P99Latency",
+            p99,
+            threshold=max_p99_latency.to_seconds(),
+            operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            periods=3,
             description=f"p99 time to response headers above {max_p99_latency.to_seconds()} s for 3 "
-                        "minutes. Runbook: docs/runbooks/rollback.md",
+            "minutes. Runbook: docs/runbooks/rollback.md",
         )
         self.unhealthy_targets_alarm = alarm(
-            "UnhealthyRouterTargets", unhealthy, threshold=1,
-            operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD, periods=3,
+            "UnhealthyRouterTargets",
+            unhealthy,
+            threshold=1,
+            operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            periods=3,
             description="At least one router task failed the ALB health check for 3 minutes "
-                        "(blue or green target group).",
+            "(blue or green target group).",
         )
         fleet_ready = runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum")
         self.ready_units_alarm = alarm(
-            "FleetReadyUnits", fleet_ready, threshold=min_ready_units,
-            operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD, periods=3,
+            "FleetReadyUnits",
+            fleet_ready,
+            threshold=min_ready_units,
+            operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+            periods=3,
             description=f"Some router saw fewer than {min_ready_units} ready units for 3 minutes "
-                        "(Minimum across routers: a new router that cannot discover units fires it).",
+            "(Minimum across routers: a new router that cannot discover units fires it).",
         )
         self.deployment_alarms: list[cw.Alarm] = [
-            self.five_xx_alarm, self.latency_alarm, self.unhealthy_targets_alarm,
+            self.five_xx_alarm,
+            self.latency_alarm,
+            self.unhealthy_targets_alarm,
             self.ready_units_alarm,
         ]
         # A unit reloading its model after a rollout is briefly not ready; page only when a cell
@@ -154,33 +187,40 @@ class ObservabilityStack(cdk.Stack):
             cell: alarm(
                 f"ReadyUnits{cell.capitalize()}",
                 runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=cell),
-                threshold=count, operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD, periods=10,
+                threshold=count,
+                operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+                periods=10,
                 description=f"Cell {cell}: fewer than {count} ready units for 10 minutes.",
             )
             for cell, count in units_per_cell.items()
         }
 
-        ttft = {s: runtime_metric(contract.METRIC_TIME_TO_FIRST_TOKEN, statistic=s)
-                for s in ("p50", "p99")}
+        ttft = {s: runtime_metric(contract.METRIC_TIME_TO_FIRST_TOKEN, statistic=s) for s in ("p50", "p99")}
         tokens_per_second = cw.MathExpression(
             expression="FILL(tok, 0) / PERIOD(tok)",
             using_metrics={"tok": runtime_metric(contract.METRIC_OUTPUT_TOKENS, statistic="Sum")},
-            label="output tokens/s (fleet)", period=MINUTE,
+            label="output tokens/s (fleet)",
+            period=MINUTE,
         )
         self.dashboard = cw.Dashboard(self, "Dashboard", default_interval=cdk.Duration.hours(3))
         self.dashboard.add_widgets(
             cw.GraphWidget(title="Requests / min", left=[requests], width=8),
             cw.GraphWidget(
-                title="4xx / 5xx / min", width=8,
+                title="4xx / 5xx / min",
+                width=8,
                 left=[
                     alb.http_code_elb(elbv2.HttpCodeElb.ELB_4XX_COUNT, period=MINUTE, statistic="Sum"),
-                    alb.http_code_target(elbv2.HttpCodeTarget.TARGET_4XX_COUNT, period=MINUTE,
-                                         statistic="Sum"),
-                    elb_5xx, target_5xx,
+                    alb.http_code_target(elbv2.HttpCodeTarget.TARGET_4XX_COUNT, period=MINUTE, statistic="Sum"),
+                    elb_5xx,
+                    target_5xx,
                 ],
             ),
-            cw.GraphWidget(title="5xx % of requests", left=[five_xx_percent], width=8,
-                           left_annotations=[cw.HorizontalAnnotation(value=max_5xx_percent)]),
+            cw.GraphWidget(
+                title="5xx % of requests",
+                left=[five_xx_percent],
+                width=8,
+                left_annotations=[cw.HorizontalAnnotation(value=max_5xx_percent)],
+            ),
         )
         self.dashboard.add_widgets(
             cw.GraphWidget(title="Latency to response headers (s): p50, p99", left=[p50, p99], width=8),
@@ -189,16 +229,16 @@ class ObservabilityStack(cdk.Stack):
         )
         self.dashboard.add_widgets(
             cw.GraphWidget(
-                title="Ready units per cell (minimum over routers)", width=12,
-                left=[runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=c)
-                      for c in units_per_cell],
+                title="Ready units per cell (minimum over routers)",
+                width=12,
+                left=[runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=c) for c in units_per_cell],
             ),
-            cw.GraphWidget(title="Router targets: healthy / unhealthy", left=[healthy, unhealthy],
-                           width=12),
+            cw.GraphWidget(title="Router targets: healthy / unhealthy", left=[healthy, unhealthy], width=12),
         )
         self.dashboard.add_widgets(
-            cw.AlarmStatusWidget(title="Alarms", width=24,
-                                 alarms=[*self.deployment_alarms, *self.cell_ready_alarms.values()]),
+            cw.AlarmStatusWidget(
+                title="Alarms", width=24, alarms=[*self.deployment_alarms, *self.cell_ready_alarms.values()]
+            ),
         )
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)

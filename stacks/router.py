@@ -59,22 +59,31 @@ class RouterStack(cdk.Stack):
         if not 1 <= min_tasks <= max_tasks:
             raise ValueError(f"router min_tasks={min_tasks}, max_tasks={max_tasks}: need 1 <= min <= max")
         if not deployment_alarms:
-            raise ValueError("deployment_alarms is empty: the router's blue/green rollback needs the "
-                             "Observability stack's alarms (pass them at construction, aws-cdk#36308)")
+            raise ValueError(
+                "deployment_alarms is empty: the router's blue/green rollback needs the "
+                "Observability stack's alarms (pass them at construction, aws-cdk#36308)"
+            )
         drain_s = int(drain_timeout.to_seconds())
         # ECS sends SIGTERM, waits stopTimeout, then SIGKILL: leave the router 10 s beyond its drain.
         stop_timeout_s = drain_s + 10
         if stop_timeout_s > FARGATE_MAX_STOP_TIMEOUT_S:
-            raise ValueError(f"router drain_timeout={drain_s} s: Fargate stops a task at most "
-                             f"{FARGATE_MAX_STOP_TIMEOUT_S} s after SIGTERM; use <= "
-                             f"{FARGATE_MAX_STOP_TIMEOUT_S - 10} s")
+            raise ValueError(
+                f"router drain_timeout={drain_s} s: Fargate stops a task at most "
+                f"{FARGATE_MAX_STOP_TIMEOUT_S} s after SIGTERM; use <= "
+                f"{FARGATE_MAX_STOP_TIMEOUT_S - 10} s"
+            )
 
         self.cluster = ecs.Cluster(
-            self, "Cluster", vpc=vpc,
+            self,
+            "Cluster",
+            vpc=vpc,
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
         self.task_definition = ecs.FargateTaskDefinition(
-            self, "TaskDefinition", cpu=cpu, memory_limit_mib=memory_mib,
+            self,
+            "TaskDefinition",
+            cpu=cpu,
+            memory_limit_mib=memory_mib,
             runtime_platform=ecs.RuntimePlatform(
                 cpu_architecture=ecs.CpuArchitecture.X86_64,
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
@@ -82,17 +91,20 @@ class RouterStack(cdk.Stack):
         )
         # DiscoverInstances supports no resource-level permissions (Resource must be "*"); the
         # condition keys pin it to our namespace and service.
-        self.task_definition.add_to_task_role_policy(iam.PolicyStatement(
-            sid="DiscoverUnitMembers",
-            actions=["servicediscovery:DiscoverInstances"],
-            resources=["*"],
-            conditions={"StringEquals": {
-                "servicediscovery:NamespaceName": cloudmap_namespace_name,
-                "servicediscovery:ServiceName": cloudmap_service_name,
-            }},
-        ))
-        log_group = logs.LogGroup(self, "Logs", retention=log_retention,
-                                  removal_policy=cdk.RemovalPolicy.DESTROY)
+        self.task_definition.add_to_task_role_policy(
+            iam.PolicyStatement(
+                sid="DiscoverUnitMembers",
+                actions=["servicediscovery:DiscoverInstances"],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {
+                        "servicediscovery:NamespaceName": cloudmap_namespace_name,
+                        "servicediscovery:ServiceName": cloudmap_service_name,
+                    }
+                },
+            )
+        )
+        log_group = logs.LogGroup(self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
         health_url = f"http://127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}"
         # The node image (same image, command `router`): a registry URI, else the runtime/ asset.
         image = node_image(self, image_uri=image_uri)
@@ -108,14 +120,19 @@ class RouterStack(cdk.Stack):
                 contract.ENV_CLOUDMAP_SERVICE: cloudmap_service_name,
                 contract.ENV_DRAIN_TIMEOUT: str(drain_s),
             },
-            port_mappings=[ecs.PortMapping(container_port=contract.ROUTER_PORT,
-                                           protocol=ecs.Protocol.TCP)],
+            port_mappings=[ecs.PortMapping(container_port=contract.ROUTER_PORT, protocol=ecs.Protocol.TCP)],
             health_check=ecs.HealthCheck(
                 # The image is Python: no curl needed.
-                command=["CMD", "python3", "-c",
-                         f"import urllib.request; urllib.request.urlopen('{health_url}', timeout=2)"],
-                interval=cdk.Duration.seconds(10), timeout=cdk.Duration.seconds(5),
-                retries=3, start_period=cdk.Duration.seconds(15),
+                command=[
+                    "CMD",
+                    "python3",
+                    "-c",
+                    f"import urllib.request; urllib.request.urlopen('{health_url}', timeout=2)",
+                ],
+                interval=cdk.Duration.seconds(10),
+                timeout=cdk.Duration.seconds(5),
+                retries=3,
+                start_period=cdk.Duration.seconds(15),
             ),
             logging=ecs.LogDrivers.aws_logs(stream_prefix="router", log_group=log_group),
             stop_timeout=cdk.Duration.seconds(stop_timeout_s),
@@ -123,19 +140,25 @@ class RouterStack(cdk.Stack):
         )
         # Read-only root; /tmp on the task's ephemeral storage for anything a library writes.
         self.task_definition.add_volume(name="tmp")
-        self.container.add_mount_points(ecs.MountPoint(
-            container_path="/tmp", source_volume="tmp", read_only=False))
+        self.container.add_mount_points(ecs.MountPoint(container_path="/tmp", source_volume="tmp", read_only=False))
 
         self.service = ecs.FargateService(
-            self, "Service",
+            self,
+            "Service",
             cluster=self.cluster,
             task_definition=self.task_definition,
             desired_count=min_tasks,
             # Owned by Network (egress) and Discovery (ALB ingress); immutable here so the
             # target-group attachment adds no rules of its own.
-            security_groups=[ec2.SecurityGroup.from_security_group_id(
-                self, "RouterSecurityGroup", router_security_group.security_group_id,
-                mutable=False, allow_all_outbound=False)],
+            security_groups=[
+                ec2.SecurityGroup.from_security_group_id(
+                    self,
+                    "RouterSecurityGroup",
+                    router_security_group.security_group_id,
+                    mutable=False,
+                    allow_all_outbound=False,
+                )
+            ],
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             assign_public_ip=False,
             deployment_strategy=ecs.DeploymentStrategy.BLUE_GREEN,
@@ -151,27 +174,30 @@ class RouterStack(cdk.Stack):
             health_check_grace_period=cdk.Duration.seconds(30),
         )
         self.service.load_balancer_target(
-            container_name=CONTAINER_NAME, container_port=contract.ROUTER_PORT,
+            container_name=CONTAINER_NAME,
+            container_port=contract.ROUTER_PORT,
             alternate_target=ecs.AlternateTarget(
                 "GreenTarget",
                 alternate_target_group=green_target_group,
-                production_listener=ecs.ListenerRuleConfiguration.application_listener_rule(
-                    production_rule),
+                production_listener=ecs.ListenerRuleConfiguration.application_listener_rule(production_rule),
                 test_listener=ecs.ListenerRuleConfiguration.application_listener_rule(test_rule),
             ),
         ).attach_to_application_target_group(blue_target_group)
 
         self._autoscale(
-            blue_target_group=blue_target_group, green_target_group=green_target_group,
-            min_tasks=min_tasks, max_tasks=max_tasks,
+            blue_target_group=blue_target_group,
+            green_target_group=green_target_group,
+            min_tasks=min_tasks,
+            max_tasks=max_tasks,
             requests_per_target_per_minute=requests_per_target_per_minute,
         )
         cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
         cdk.CfnOutput(self, "ServiceName", value=self.service.service_name)
         self._acknowledge_findings(image)
 
-    def _autoscale(self, *, blue_target_group, green_target_group,
-                   min_tasks, max_tasks, requests_per_target_per_minute) -> None:
+    def _autoscale(
+        self, *, blue_target_group, green_target_group, min_tasks, max_tasks, requests_per_target_per_minute
+    ) -> None:
         """Target tracking on requests per healthy router target, summed over BOTH target groups.
 
         The predefined ALBRequestCountPerTarget metric names one target group, and blue/green
@@ -182,31 +208,39 @@ class RouterStack(cdk.Stack):
         load_balancer_full_name = blue_target_group.first_load_balancer_full_name
         scalable = self.service.auto_scale_task_count(min_capacity=min_tasks, max_capacity=max_tasks)
 
-        def alb_metric(query_id: str, name: str, stat: str, tg) -> appscaling.CfnScalingPolicy.TargetTrackingMetricDataQueryProperty:
+        def alb_metric(
+            query_id: str, name: str, stat: str, tg
+        ) -> appscaling.CfnScalingPolicy.TargetTrackingMetricDataQueryProperty:
             return appscaling.CfnScalingPolicy.TargetTrackingMetricDataQueryProperty(
-                id=query_id, return_data=False,
+                id=query_id,
+                return_data=False,
                 metric_stat=appscaling.CfnScalingPolicy.TargetTrackingMetricStatProperty(
                     stat=stat,
                     metric=appscaling.CfnScalingPolicy.TargetTrackingMetricProperty(
-                        namespace="AWS/ApplicationELB", metric_name=name,
+                        namespace="AWS/ApplicationELB",
+                        metric_name=name,
                         dimensions=[
                             appscaling.CfnScalingPolicy.TargetTrackingMetricDimensionProperty(
-                                name="LoadBalancer", value=load_balancer_full_name),
+                                name="LoadBalancer", value=load_balancer_full_name
+                            ),
                             appscaling.CfnScalingPolicy.TargetTrackingMetricDimensionProperty(
-                                name="TargetGroup", value=tg.target_group_full_name),
+                                name="TargetGroup", value=tg.target_group_full_name
+                            ),
                         ],
                     ),
                 ),
             )
 
         self.scaling_policy = appscaling.CfnScalingPolicy(
-            self, "RequestsPerTarget",
+            self,
+            "RequestsPerTarget",
             policy_name="flotilla-router-requests-per-target",
             policy_type="TargetTrackingScaling",
             scaling_target_id=scalable.node.find_child("Target").node.default_child.ref,
             target_tracking_scaling_policy_configuration=appscaling.CfnScalingPolicy.TargetTrackingScalingPolicyConfigurationProperty(
                 target_value=requests_per_target_per_minute,
-                scale_in_cooldown=300, scale_out_cooldown=60,
+                scale_in_cooldown=300,
+                scale_out_cooldown=60,
                 customized_metric_specification=appscaling.CfnScalingPolicy.CustomizedMetricSpecificationProperty(
                     metrics=[
                         alb_metric("rb", "RequestCount", "Sum", blue_target_group),
@@ -214,7 +248,8 @@ class RouterStack(cdk.Stack):
                         alb_metric("hb", "HealthyHostCount", "Average", blue_target_group),
                         alb_metric("hg", "HealthyHostCount", "Average", green_target_group),
                         appscaling.CfnScalingPolicy.TargetTrackingMetricDataQueryProperty(
-                            id="perTarget", return_data=True,
+                            id="perTarget",
+                            return_data=True,
                             label="ALB requests per healthy router target (blue + green)",
                             expression="(FILL(rb, 0) + FILL(rg, 0)) / MAX([FILL(hb, 0) + FILL(hg, 0), 1])",
                         ),
@@ -225,27 +260,47 @@ class RouterStack(cdk.Stack):
 
     def _acknowledge_findings(self, image: ecs.ContainerImage) -> None:
         """Each acknowledgement on the exact L1 resource it excuses."""
-        acknowledge(self.task_definition.node.default_child, "ECS2", reason=(
-            "The router's environment holds only non-secret settings (role, port, Cloud Map "
-            "namespace and service names, drain timeout); it has no secrets to inject."))
+        acknowledge(
+            self.task_definition.node.default_child,
+            "ECS2",
+            reason=(
+                "The router's environment holds only non-secret settings (role, port, Cloud Map "
+                "namespace and service names, drain timeout); it has no secrets to inject."
+            ),
+        )
         task_policy = self.task_definition.task_role.node.find_child("DefaultPolicy")
-        acknowledge(task_policy.node.default_child, "IAM5", applies_to="Resource::*", reason=(
-            "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's own "
-            "AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is pinned to "
-            "flotilla's namespace and service by the servicediscovery:NamespaceName and "
-            "ServiceName condition keys."))
+        acknowledge(
+            task_policy.node.default_child,
+            "IAM5",
+            applies_to="Resource::*",
+            reason=(
+                "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's own "
+                "AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is pinned to "
+                "flotilla's namespace and service by the servicediscovery:NamespaceName and "
+                "ServiceName condition keys."
+            ),
+        )
         if not isinstance(image, ecs.RepositoryImage):
             # An ECR (asset) image: CDK grants ecr:GetAuthorizationToken, which needs Resource *.
             execution_policy = self.task_definition.execution_role.node.find_child("DefaultPolicy")
-            acknowledge(execution_policy.node.default_child, "IAM5", applies_to="Resource::*",
-                        reason=("ecr:GetAuthorizationToken has no resource-level permissions; image "
-                                "pulls are scoped to the router image's repository and log writes "
-                                "to this stack's log group."))
+            acknowledge(
+                execution_policy.node.default_child,
+                "IAM5",
+                applies_to="Resource::*",
+                reason=(
+                    "ecr:GetAuthorizationToken has no resource-level permissions; image "
+                    "pulls are scoped to the router image's repository and log writes "
+                    "to this stack's log group."
+                ),
+            )
         green_role = self.service.node.find_child("GreenTargetRole")
         acknowledge(
-            green_role.node.default_child, "IAM4",
-            applies_to="Policy::arn:<AWS::Partition>:iam::aws:policy/"
-                       "AmazonECSInfrastructureRolePolicyForLoadBalancers",
-            reason=("ECS native blue/green needs a role ECS assumes to rewrite the listener rules "
-                    "and register targets; AmazonECSInfrastructureRolePolicyForLoadBalancers is the "
-                    "AWS-maintained policy for exactly that and follows new ELB actions ECS needs."))
+            green_role.node.default_child,
+            "IAM4",
+            applies_to="Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonECSInfrastructureRolePolicyForLoadBalancers",
+            reason=(
+                "ECS native blue/green needs a role ECS assumes to rewrite the listener rules "
+                "and register targets; AmazonECSInfrastructureRolePolicyForLoadBalancers is the "
+                "AWS-maintained policy for exactly that and follows new ELB actions ECS needs."
+            ),
+        )

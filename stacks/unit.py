@@ -60,28 +60,48 @@ def efa_network_interfaces(*, efa_interfaces: int, security_group_id: str) -> li
     their own card. No AssociatePublicIpAddress: EC2 rejects it when an instance launches with
     more than one interface, and never auto-assigns a public IPv4 address in that case.
     """
-    return [{
-        "NetworkCardIndex": card,
-        "DeviceIndex": 0 if card == 0 else 1,
-        "InterfaceType": "efa",
-        "Groups": [security_group_id],
-        "DeleteOnTermination": True,
-        "Description": f"EFA card {card}",
-    } for card in range(efa_interfaces)]
+    return [
+        {
+            "NetworkCardIndex": card,
+            "DeviceIndex": 0 if card == 0 else 1,
+            "InterfaceType": "efa",
+            "Groups": [security_group_id],
+            "DeleteOnTermination": True,
+            "Description": f"EFA card {card}",
+        }
+        for card in range(efa_interfaces)
+    ]
 
 
 class TrainiumUnit(Construct):
     """Placement group, launch template, single-subnet ASG, capacity provider and ECS service."""
 
-    def __init__(self, scope: Construct, id_: str, *, unit_id: str, family: str,
-                 cluster: ecs.Cluster, vpc: ec2.IVpc, subnet: ec2.ISubnet,
-                 router_security_group: ec2.ISecurityGroup,
-                 instance_type: str, shape: TrainiumInstance, nodes: int, max_nodes: int,
-                 surge: UnitSurge,
-                 instance_profile: iam.IInstanceProfile, root_volume_gib: int,
-                 image: ecs.ContainerImage, task_role: iam.IRole, execution_role: iam.IRole,
-                 log_group: logs.ILogGroup, environment: dict[str, str],
-                 units_service: cloudmap.IService, health_check_grace: Duration) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        unit_id: str,
+        family: str,
+        cluster: ecs.Cluster,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        router_security_group: ec2.ISecurityGroup,
+        instance_type: str,
+        shape: TrainiumInstance,
+        nodes: int,
+        max_nodes: int,
+        surge: UnitSurge,
+        instance_profile: iam.IInstanceProfile,
+        root_volume_gib: int,
+        image: ecs.ContainerImage,
+        task_role: iam.IRole,
+        execution_role: iam.IRole,
+        log_group: logs.ILogGroup,
+        environment: dict[str, str],
+        units_service: cloudmap.IService,
+        health_check_grace: Duration,
+    ) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
         # On every resource of the unit, and through the ASG and ECS tag propagation on its
@@ -92,77 +112,118 @@ class TrainiumUnit(Construct):
 
         # EFA needs all traffic allowed between the unit's own interfaces (and nothing else in).
         self.security_group = ec2.SecurityGroup(
-            self, "Sg", vpc=vpc, allow_all_outbound=True,
-            description=f"flotilla {unit_id}: EFA and collectives between the unit nodes")
+            self,
+            "Sg",
+            vpc=vpc,
+            allow_all_outbound=True,
+            description=f"flotilla {unit_id}: EFA and collectives between the unit nodes",
+        )
         self.security_group.add_ingress_rule(
-            self.security_group, ec2.Port.all_traffic(),
-            "EFA requires all traffic from members of the same security group")
+            self.security_group,
+            ec2.Port.all_traffic(),
+            "EFA requires all traffic from members of the same security group",
+        )
         self.security_group.add_ingress_rule(
-            router_security_group, ec2.Port.tcp(contract.NODE_API_PORT),
-            "Router to the node API (requests, health, load)")
+            router_security_group,
+            ec2.Port.tcp(contract.NODE_API_PORT),
+            "Router to the node API (requests, health, load)",
+        )
 
         user_data = ec2.UserData.for_linux()
         # Host-network tasks only get their task role credentials when the agent allows it.
         user_data.add_commands("echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> /etc/ecs/ecs.config")
         self.launch_template = ec2.LaunchTemplate(
-            self, "LaunchTemplate",
+            self,
+            "LaunchTemplate",
             instance_type=ec2.InstanceType(instance_type),
             machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.NEURON),
             instance_profile=instance_profile,
             user_data=user_data,
             require_imdsv2=True,
             http_put_response_hop_limit=1,
-            block_devices=[ec2.BlockDevice(
-                device_name="/dev/xvda",
-                volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, encrypted=True,
-                                                 volume_type=ec2.EbsDeviceVolumeType.GP3,
-                                                 delete_on_termination=True))],
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name="/dev/xvda",
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        root_volume_gib,
+                        encrypted=True,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
             detailed_monitoring=True,
         )
         cfn_lt: ec2.CfnLaunchTemplate = self.launch_template.node.default_child
-        cfn_lt.add_property_override("LaunchTemplateData.Placement",
-                                     {"GroupName": self.placement_group.ref})
+        cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": self.placement_group.ref})
         cfn_lt.add_property_override(
             "LaunchTemplateData.NetworkInterfaces",
-            efa_network_interfaces(efa_interfaces=shape.efa_interfaces,
-                                   security_group_id=self.security_group.security_group_id))
+            efa_network_interfaces(
+                efa_interfaces=shape.efa_interfaces, security_group_id=self.security_group.security_group_id
+            ),
+        )
         # Security groups live on the interfaces; EC2 rejects both at once.
         cfn_lt.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
 
         self.auto_scaling_group = autoscaling.AutoScalingGroup(
-            self, "Asg", vpc=vpc, launch_template=self.launch_template,
+            self,
+            "Asg",
+            vpc=vpc,
+            launch_template=self.launch_template,
             # Exactly one subnet: the placement group and EFA traffic live in one AZ.
             vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
             # No desired capacity: it would reset on every deploy; the capacity provider's managed
             # scaling owns it between min and max. The max is the one the quota checks count.
-            min_capacity=nodes, max_capacity=max_nodes,
+            min_capacity=nodes,
+            max_capacity=max_nodes,
         )
 
         self.capacity_provider = ecs.AsgCapacityProvider(
-            self, "CapacityProvider", auto_scaling_group=self.auto_scaling_group,
-            enable_managed_scaling=True, target_capacity_percent=100,
-            enable_managed_termination_protection=True, enable_managed_draining=True,
+            self,
+            "CapacityProvider",
+            auto_scaling_group=self.auto_scaling_group,
+            enable_managed_scaling=True,
+            target_capacity_percent=100,
+            enable_managed_termination_protection=True,
+            enable_managed_draining=True,
             # Trainium instances come up slowly (Neuron driver, EFA); don't count them as
             # capacity before they register.
             instance_warmup_period=600,
-            machine_image_type=ecs.MachineImageType.AMAZON_LINUX_2)
+            machine_image_type=ecs.MachineImageType.AMAZON_LINUX_2,
+        )
         cluster.add_asg_capacity_provider(self.capacity_provider)
 
         self.task_definition = ecs.Ec2TaskDefinition(
-            self, "Task", family=family, network_mode=ecs.NetworkMode.HOST,
-            task_role=task_role, execution_role=execution_role)
+            self,
+            "Task",
+            family=family,
+            network_mode=ecs.NetworkMode.HOST,
+            task_role=task_role,
+            execution_role=execution_role,
+        )
         linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
         rw = [ecs.DevicePermission.READ, ecs.DevicePermission.WRITE]
-        linux.add_devices(*[ecs.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}",
-                                       permissions=rw) for i in range(shape.chips)])
+        linux.add_devices(
+            *[
+                ecs.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}", permissions=rw)
+                for i in range(shape.chips)
+            ]
+        )
         # EFA user-space verbs devices, one per EFA interface.
-        linux.add_devices(*[ecs.Device(host_path=f"/dev/infiniband/uverbs{i}",
-                                       container_path=f"/dev/infiniband/uverbs{i}", permissions=rw)
-                            for i in range(shape.efa_interfaces)])
+        linux.add_devices(
+            *[
+                ecs.Device(
+                    host_path=f"/dev/infiniband/uverbs{i}", container_path=f"/dev/infiniband/uverbs{i}", permissions=rw
+                )
+                for i in range(shape.efa_interfaces)
+            ]
+        )
         live_url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_LIVE_PATH}"
         self.container = self.task_definition.add_container(
-            "node", image=image, command=list(contract.NODE_COMMAND),
+            "node",
+            image=image,
+            command=list(contract.NODE_COMMAND),
             essential=True,
             memory_reservation_mib=MEMORY_RESERVATION_MIB,
             environment=environment,
@@ -173,26 +234,35 @@ class TrainiumUnit(Construct):
             # The liveness path, not readiness: a unit re-forming after a member died must not
             # have its other members killed by ECS.
             health_check=ecs.HealthCheck(
-                command=["CMD-SHELL", "python3 -c \"import urllib.request; urllib.request."
-                         f"urlopen('{live_url}', timeout=4)\" || exit 1"],
-                interval=Duration.seconds(30), timeout=Duration.seconds(5), retries=3,
-                start_period=HEALTH_START_PERIOD),
+                command=[
+                    "CMD-SHELL",
+                    f"python3 -c \"import urllib.request; urllib.request.urlopen('{live_url}', timeout=4)\" || exit 1",
+                ],
+                interval=Duration.seconds(30),
+                timeout=Duration.seconds(5),
+                retries=3,
+                start_period=HEALTH_START_PERIOD,
+            ),
         )
-        self.container.add_ulimits(ecs.Ulimit(name=ecs.UlimitName.MEMLOCK, soft_limit=-1,
-                                               hard_limit=-1))
+        self.container.add_ulimits(ecs.Ulimit(name=ecs.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1))
 
         self.service = ecs.Ec2Service(
-            self, "Service", cluster=cluster, task_definition=self.task_definition,
+            self,
+            "Service",
+            cluster=cluster,
+            task_definition=self.task_definition,
             desired_count=nodes,
-            capacity_provider_strategies=[ecs.CapacityProviderStrategy(
-                capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)],
+            capacity_provider_strategies=[
+                ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
+            ],
             placement_constraints=[ecs.PlacementConstraint.distinct_instances()],
             min_healthy_percent=surge.min_healthy_percent,
             max_healthy_percent=surge.max_healthy_percent,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
             # A new task that is still loading its model must not be replaced for failing checks.
             health_check_grace_period=health_check_grace,
-            enable_ecs_managed_tags=True, propagate_tags=ecs.PropagatedTagSource.SERVICE,
+            enable_ecs_managed_tags=True,
+            propagate_tags=ecs.PropagatedTagSource.SERVICE,
         )
         # The router finds the members through Cloud Map: ECS registers each task (docs/discovery.md).
         register_unit_members(self.service, units_service=units_service)

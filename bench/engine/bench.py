@@ -31,24 +31,33 @@ from runtime.membership import Membership  # noqa: E402
 from runtime.models.smollm2 import ensure_smollm2, smollm2_shape  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
-QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
-             "Why is the sky blue?", "Write a haiku about autumn.", "What is 12 times 7?",
-             "Give me a tip for learning Python.", "Who wrote Hamlet?", "Describe a cat in one line."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Why is the sky blue?",
+    "Write a haiku about autumn.",
+    "What is 12 times 7?",
+    "Give me a tip for learning Python.",
+    "Who wrote Hamlet?",
+    "Describe a cat in one line.",
+]
 MAX_TOKENS = 32
 LONG_PROMPT = 512
 
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
-    return [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
-            for i in range(n)]
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]) for i in range(n)
+    ]
 
 
 async def _stream(engine, rid, prompt, max_tokens):
     """(ttft, [token times]) of one request."""
     t0 = time.perf_counter()
     times = []
-    req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt),
-                            sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    req = GenerationRequest(
+        request_id=rid, prompt_token_ids=tuple(prompt), sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    )
     async for _ in engine.generate(req):
         times.append(time.perf_counter() - t0)
     return times
@@ -91,10 +100,11 @@ def transformers_baseline(threads: int, repeats: int, n_requests: int = 4) -> fl
     ps = prompts(_Wrap(tok), n_requests)
     for _ in range(repeats):
         t0, n = time.perf_counter(), 0
-        for p in ps:                        # one at a time, as a naive server would
+        for p in ps:  # one at a time, as a naive server would
             with torch.no_grad():
-                out = model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS,
-                                     min_new_tokens=MAX_TOKENS, do_sample=False)
+                out = model.generate(
+                    torch.tensor([p]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False
+                )
             n += out.shape[1] - len(p)
         rates.append(n / (time.perf_counter() - t0))
     return statistics.median(rates)
@@ -129,11 +139,28 @@ def weight_bytes() -> int:
 
 
 def two_rank_combos(threads: int, repeats: int) -> dict:
-    port = free_port(span=len(COMBOS))   # combination n rendezvouses on port + n
+    port = free_port(span=len(COMBOS))  # combination n rendezvouses on port + n
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
-                               "--threads", str(threads), "--repeats", str(repeats)],
-                              env=env, stdout=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--rank",
+                str(r),
+                "--port",
+                str(port),
+                "--threads",
+                str(threads),
+                "--repeats",
+                str(repeats),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     out, _ = procs[0].communicate(timeout=1200)
     procs[1].wait(timeout=60)
     return json.loads(out.strip().splitlines()[-1])
@@ -146,8 +173,7 @@ def rank_main(rank: int, port: int, threads: int, repeats: int) -> None:
     torch.set_num_threads(threads)
     found = {}
     for n, (prefill, decode) in enumerate(COMBOS):
-        m = Membership(unit_id="b", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
-                       dist_port=port + n)
+        m = Membership(unit_id="b", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1", dist_port=port + n)
         if rank:
             run_worker(m, model="smollm2", prefill=prefill, decode=decode)
             continue
@@ -162,12 +188,15 @@ def rank_main(rank: int, port: int, threads: int, repeats: int) -> None:
                     ttfts.append(times[0])
                     tpots.append((times[-1] - times[0]) / (len(times) - 1))
             long_prompt = engine.tokenizer.encode(" ".join(QUESTIONS) * 20)[:LONG_PROMPT]
-            long_ttfts = [(await _stream(engine, f"long{r}", long_prompt, 2))[0]
-                          for r in range(repeats)]
+            long_ttfts = [(await _stream(engine, f"long{r}", long_prompt, 2))[0] for r in range(repeats)]
             rates = [await _concurrent_rate(engine, f"x{r}", 16) for r in range(repeats)]
             await engine.shutdown()
-            return (statistics.median(ttfts), statistics.median(tpots), statistics.median(rates),
-                    statistics.median(long_ttfts))
+            return (
+                statistics.median(ttfts),
+                statistics.median(tpots),
+                statistics.median(rates),
+                statistics.median(long_ttfts),
+            )
 
         found[f"{prefill}/{decode}"] = asyncio.run(go())
     if rank == 0:
@@ -193,25 +222,40 @@ def main() -> None:
     bw = memory_bandwidth_gbs(args.threads, args.repeats)
     floor = weight_bytes() / (bw * 1e9)
     combos = two_rank_combos(args.threads, args.repeats)
-    result = {"started": started, "loadavg_at_start": load, "threads": args.threads,
-              "repeats": args.repeats, "max_tokens": MAX_TOKENS, "engine": eng,
-              "transformers_one_at_a_time_tokens_per_s": base, "bandwidth_gb_s": bw,
-              "weight_bytes": weight_bytes(), "floor_s_per_token": floor, "two_ranks": combos}
+    result = {
+        "started": started,
+        "loadavg_at_start": load,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "max_tokens": MAX_TOKENS,
+        "engine": eng,
+        "transformers_one_at_a_time_tokens_per_s": base,
+        "bandwidth_gb_s": bw,
+        "weight_bytes": weight_bytes(),
+        "floor_s_per_token": floor,
+        "two_ranks": combos,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     tps = eng["tokens_per_s"]
-    print(f"SmolLM2-135M fp32, {args.threads} torch thread(s) per process, medians of {args.repeats}, "
-          f"{MAX_TOKENS} new tokens per request; started {started}, load average {load[0]:.1f}\n")
+    print(
+        f"SmolLM2-135M fp32, {args.threads} torch thread(s) per process, medians of {args.repeats}, "
+        f"{MAX_TOKENS} new tokens per request; started {started}, load average {load[0]:.1f}\n"
+    )
     print("| contender | concurrent | tokens/s | vs transformers |\n|---|---|---|---|")
     print(f"| transformers generate, one at a time | 1..16 | {base:.1f} | 1.0x |")
     for c in (1, 4, 16):
         print(f"| reference engine (1 rank) | {c} | {tps[c]:.1f} | {tps[c] / base:.1f}x |")
     d = eng["decode_s_per_token_batch1"]
-    print(f"\n| decode, batch 1 | ms/token |\n|---|---|\n| reference engine | {d * 1e3:.1f} |\n"
-          f"| floor: {weight_bytes() / 1e6:.0f} MB weights / {bw:.1f} GB/s | {floor * 1e3:.1f} |\n"
-          f"| ratio | {d / floor:.2f}x |")
-    print(f"\n| 2 ranks, prefill/decode | TTFT ms (chat prompt) | TTFT ms ({LONG_PROMPT}-token "
-          "prompt) | TPOT ms (1 request) | tokens/s (16 concurrent) |\n|---|---|---|---|---|")
+    print(
+        f"\n| decode, batch 1 | ms/token |\n|---|---|\n| reference engine | {d * 1e3:.1f} |\n"
+        f"| floor: {weight_bytes() / 1e6:.0f} MB weights / {bw:.1f} GB/s | {floor * 1e3:.1f} |\n"
+        f"| ratio | {d / floor:.2f}x |"
+    )
+    print(
+        f"\n| 2 ranks, prefill/decode | TTFT ms (chat prompt) | TTFT ms ({LONG_PROMPT}-token "
+        "prompt) | TPOT ms (1 request) | tokens/s (16 concurrent) |\n|---|---|---|---|---|"
+    )
     for k, (ttft, tpot, rate, long_ttft) in combos.items():
         print(f"| {k} | {ttft * 1e3:.1f} | {long_ttft * 1e3:.1f} | {tpot * 1e3:.1f} | {rate:.1f} |")
 

@@ -11,24 +11,46 @@ import asyncio
 import json
 import time
 
-READY = json.dumps({"ready": True, "state": "ready", "unit": "bench", "revision": "1", "rank": 0,
-                    "world_size": 1, "load": {"queue_depth": 0, "running": 0, "max_running": 64,
-                                              "kv_cache_used": 0.0}}).encode()
-COMPLETION = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0,
-                         "model": "tiny", "choices": [{"index": 0, "text": "hello world",
-                                                      "finish_reason": "length"}],
-                         "usage": {"prompt_tokens": 4, "completion_tokens": 2,
-                                   "total_tokens": 6}}).encode()
+READY = json.dumps(
+    {
+        "ready": True,
+        "state": "ready",
+        "unit": "bench",
+        "revision": "1",
+        "rank": 0,
+        "world_size": 1,
+        "load": {"queue_depth": 0, "running": 0, "max_running": 64, "kv_cache_used": 0.0},
+    }
+).encode()
+COMPLETION = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 0,
+        "model": "tiny",
+        "choices": [{"index": 0, "text": "hello world", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+    }
+).encode()
 
 
 def response(status: bytes, body: bytes, ctype: bytes = b"application/json") -> bytes:
-    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\nX-Flotilla-Unit: bench\r\nX-Flotilla-Revision: 1\r\n\r\n"
-            + body)
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\nContent-Type: "
+        + ctype
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nX-Flotilla-Unit: bench\r\nX-Flotilla-Revision: 1\r\n\r\n"
+        + body
+    )
 
 
-STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-               b"X-Flotilla-Unit: bench\r\n\r\n")
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+    b"X-Flotilla-Unit: bench\r\n\r\n"
+)
 # The [DONE] event in its chunk, then the empty chunk that ends the response.
 STREAM_END = b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")
 
@@ -41,9 +63,17 @@ def _chunk(event: bytes) -> bytes:
 def sse_chunks(events: int) -> list[bytes]:
     out = [STREAM_HEAD]
     for i in range(events):
-        ev = b"data: " + json.dumps({"id": "cmpl-bench", "object": "text_completion",
-                                     "choices": [{"index": 0, "text": f" tok{i}",
-                                                  "finish_reason": None}]}).encode() + b"\n\n"
+        ev = (
+            b"data: "
+            + json.dumps(
+                {
+                    "id": "cmpl-bench",
+                    "object": "text_completion",
+                    "choices": [{"index": 0, "text": f" tok{i}", "finish_reason": None}],
+                }
+            ).encode()
+            + b"\n\n"
+        )
         out.append(_chunk(ev))
     out.append(STREAM_END)
     return out
@@ -82,16 +112,15 @@ class Backend(asyncio.Protocol):
             lower = head.lower()
             at = lower.find(b"content-length:")
             if at >= 0:
-                length = int(lower[at + 15:].split(b"\r\n", 1)[0])
+                length = int(lower[at + 15 :].split(b"\r\n", 1)[0])
             if len(self.buf) < end + 4 + length:
                 return
-            body = self.buf[end + 4:end + 4 + length]
-            self.buf = self.buf[end + 4 + length:]
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
             if head.startswith(b"GET /health"):
                 self.transport.write(self.ready)
             elif b'"paced": true' in body:
-                asyncio.get_running_loop().create_task(
-                    paced_stream(self.transport, self.paced_events, self.pace_s))
+                asyncio.get_running_loop().create_task(paced_stream(self.transport, self.paced_events, self.pace_s))
             elif b'"stream": true' in body or b'"stream":true' in body:
                 # one write per event, as a token-by-token unit would do
                 for chunk in self.stream:
@@ -106,8 +135,7 @@ async def main() -> None:
     ap.add_argument("--events", type=int, default=32)
     args = ap.parse_args()
     Backend.stream = sse_chunks(args.events)
-    server = await asyncio.get_running_loop().create_server(Backend, "127.0.0.1", args.port,
-                                                            backlog=1024)
+    server = await asyncio.get_running_loop().create_server(Backend, "127.0.0.1", args.port, backlog=1024)
     print("backend ready", flush=True)
     async with server:
         await server.serve_forever()

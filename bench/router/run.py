@@ -31,15 +31,17 @@ def request_bytes(port: int, stream: bool, paced: bool = False) -> bytes:
     if paced:
         payload["paced"] = True
     body = json.dumps(payload).encode()
-    return (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (port, len(body), body))
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (port, len(body), body)
+    )
 
 
 class Client(asyncio.Protocol):
     """One keep-alive connection; one request at a time (closed loop)."""
 
     def __init__(self) -> None:
-        self.event_lags: list[float] | None = None   # paced streams: delivery latency of each event
+        self.event_lags: list[float] | None = None  # paced streams: delivery latency of each event
         self.buf = bytearray()
         self.done: asyncio.Future | None = None
         self.first_event_at = 0.0
@@ -78,7 +80,7 @@ class Client(asyncio.Protocol):
                 return
             at = head.find(b"content-length:")
             if at >= 0:
-                self.length = int(head[at + 15:].split(b"\r\n", 1)[0])
+                self.length = int(head[at + 15 :].split(b"\r\n", 1)[0])
         if self.length >= 0:
             if len(self.buf) >= self.head_end + self.length:
                 self.done.set_result(None)
@@ -96,8 +98,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bool,
-                      warmup: float = 1.0, cpu_pid: int | None = None, paced: bool = False) -> dict:
+async def closed_loop(
+    port: int,
+    *,
+    concurrency: int,
+    seconds: float,
+    stream: bool,
+    warmup: float = 1.0,
+    cpu_pid: int | None = None,
+    paced: bool = False,
+) -> dict:
     loop = asyncio.get_running_loop()
     payload = request_bytes(port, stream, paced)
     event_lags: list[float] = []
@@ -136,13 +146,18 @@ async def closed_loop(port: int, *, concurrency: int, seconds: float, stream: bo
     stop = True
     await asyncio.gather(*tasks)
     cpu_us = 1e6 * cpu / len(latencies) if cpu is not None and latencies else None
-    return {"requests": len(latencies), "rps": len(latencies) / elapsed, "errors": errors,
-            "router_cpu_us_per_request": cpu_us,
-            "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
-            "first_event_p50_ms": pct(first_events, 50) if stream else None,
-            "first_event_p99_ms": pct(first_events, 99) if stream else None,
-            "event_lag_p50_ms": pct(event_lags, 50) if paced else None,
-            "event_lag_p99_ms": pct(event_lags, 99) if paced else None}
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "errors": errors,
+        "router_cpu_us_per_request": cpu_us,
+        "p50_ms": pct(latencies, 50),
+        "p99_ms": pct(latencies, 99),
+        "first_event_p50_ms": pct(first_events, 50) if stream else None,
+        "first_event_p99_ms": pct(first_events, 99) if stream else None,
+        "event_lag_p50_ms": pct(event_lags, 50) if paced else None,
+        "event_lag_p99_ms": pct(event_lags, 99) if paced else None,
+    }
 
 
 def pct(values: list[float], q: int) -> float:
@@ -173,8 +188,11 @@ def main() -> int:
     ap.add_argument("--label", default="", help="name of this run in the results file")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "router.json"))
     ap.add_argument("--router-args", default="", help="extra router flags, e.g. '--event-loop asyncio'")
-    ap.add_argument("--router-repo", default=str(REPO),
-                    help="checkout whose runtime/ is benchmarked (compare revisions on one machine)")
+    ap.add_argument(
+        "--router-repo",
+        default=str(REPO),
+        help="checkout whose runtime/ is benchmarked (compare revisions on one machine)",
+    )
     args = ap.parse_args()
 
     os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
@@ -183,14 +201,47 @@ def main() -> int:
     # The router's access log is part of its cost: written to a file, as a container's stderr would be.
     router_log = tempfile.TemporaryFile()
     py = sys.executable
-    backend = subprocess.Popen(["taskset", "-c", args.load_cpu, py, str(Path(__file__).with_name("backend.py")),
-                                "--port", str(backend_port), "--events", str(args.events)], cwd=REPO)
-    router = subprocess.Popen(["taskset", "-c", args.router_cpu, py, "-m", "runtime", "router",
-                               "--host", "127.0.0.1", "--port", str(router_port), "--log-level", "WARNING",
-                               "--units", f"http://127.0.0.1:{backend_port}",
-                               "--max-outstanding-per-unit", "1024", "--drain-grace", "0",
-                               *args.router_args.split()],
-                              cwd=args.router_repo, stdout=subprocess.DEVNULL, stderr=router_log)
+    backend = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            args.load_cpu,
+            py,
+            str(Path(__file__).with_name("backend.py")),
+            "--port",
+            str(backend_port),
+            "--events",
+            str(args.events),
+        ],
+        cwd=REPO,
+    )
+    router = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            args.router_cpu,
+            py,
+            "-m",
+            "runtime",
+            "router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(router_port),
+            "--log-level",
+            "WARNING",
+            "--units",
+            f"http://127.0.0.1:{backend_port}",
+            "--max-outstanding-per-unit",
+            "1024",
+            "--drain-grace",
+            "0",
+            *args.router_args.split(),
+        ],
+        cwd=args.router_repo,
+        stdout=subprocess.DEVNULL,
+        stderr=router_log,
+    )
     results: dict[str, dict] = {}
     try:
         wait_port(backend_port)
@@ -208,18 +259,34 @@ def main() -> int:
             ("paced stream router c=8", router_port, 8, True),
         ]
         for name, port, conc, stream in plan:
-            results[name] = asyncio.run(closed_loop(
-                port, concurrency=conc, seconds=args.seconds, stream=stream,
-                cpu_pid=router.pid if port == router_port else None, paced=name.startswith("paced")))
+            results[name] = asyncio.run(
+                closed_loop(
+                    port,
+                    concurrency=conc,
+                    seconds=args.seconds,
+                    stream=stream,
+                    cpu_pid=router.pid if port == router_port else None,
+                    paced=name.startswith("paced"),
+                )
+            )
             r = results[name]
             cpu = r["router_cpu_us_per_request"]
-            print(f"{name:24s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
-                  + (f"  router CPU {cpu:.0f} us/req" if cpu else "")
-                  + (f"  first event p50 {r['first_event_p50_ms']:.3f} p99 {r['first_event_p99_ms']:.3f}"
-                     if stream else "")
-                  + (f"  event lag p50 {r['event_lag_p50_ms']:.3f} p99 {r['event_lag_p99_ms']:.3f}"
-                     if r["event_lag_p50_ms"] is not None else "")
-                  + (f"  errors {r['errors']}" if r["errors"] else ""), flush=True)
+            print(
+                f"{name:24s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
+                + (f"  router CPU {cpu:.0f} us/req" if cpu else "")
+                + (
+                    f"  first event p50 {r['first_event_p50_ms']:.3f} p99 {r['first_event_p99_ms']:.3f}"
+                    if stream
+                    else ""
+                )
+                + (
+                    f"  event lag p50 {r['event_lag_p50_ms']:.3f} p99 {r['event_lag_p99_ms']:.3f}"
+                    if r["event_lag_p50_ms"] is not None
+                    else ""
+                )
+                + (f"  errors {r['errors']}" if r["errors"] else ""),
+                flush=True,
+            )
     finally:
         router.terminate()
         backend.terminate()
@@ -245,10 +312,18 @@ def main() -> int:
     }
     print(json.dumps(summary, indent=1))
     load = os.getloadavg()
-    record = {"label": args.label, "router_repo": args.router_repo, "router_args": args.router_args,
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "python": platform.python_version(), "loadavg_at_end": load, "seconds": args.seconds,
-              "events": args.events, "results": results, "summary": summary}
+    record = {
+        "label": args.label,
+        "router_repo": args.router_repo,
+        "router_args": args.router_args,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "loadavg_at_end": load,
+        "seconds": args.seconds,
+        "events": args.events,
+        "results": results,
+        "summary": summary,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs = json.loads(out.read_text()) if out.exists() else []

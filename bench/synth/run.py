@@ -26,15 +26,17 @@ TIMEOUT_S = 600
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, int]:
     """(wall s, CPU s = user + sys of the whole process tree, peak RSS MB of the largest process)
     via GNU time -v. CPU time is what to compare when other work shares the machine."""
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], cwd=REPO, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=env)
+    proc = subprocess.run(
+        ["/usr/bin/time", "-v", *cmd], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, env=env
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     wall = _time_field(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
     hours, minutes, seconds = (float(g) if g else 0.0 for g in wall.groups())
     rss_kb = int(_time_field(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    cpu = sum(float(_time_field(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1))
-              for kind in ("User", "System"))
+    cpu = sum(
+        float(_time_field(rf"{kind} time \(seconds\): ([\d.]+)", proc.stderr).group(1)) for kind in ("User", "System")
+    )
     return hours * 3600 + minutes * 60 + seconds, cpu, rss_kb // 1024
 
 
@@ -47,11 +49,13 @@ def _time_field(pattern: str, report: str) -> re.Match[str]:
 
 def median_run(cmd: list[str], env: dict | None = None) -> dict:
     runs = [timed(cmd, env) for _ in range(REPEATS)]
-    return {"wall_s": round(statistics.median(r[0] for r in runs), 2),
-            "wall_min_s": round(min(r[0] for r in runs), 2),
-            "wall_runs_s": [round(r[0], 2) for r in runs],
-            "cpu_s": round(statistics.median(r[1] for r in runs), 2),
-            "peak_rss_mb": max(r[2] for r in runs)}
+    return {
+        "wall_s": round(statistics.median(r[0] for r in runs), 2),
+        "wall_min_s": round(min(r[0] for r in runs), 2),
+        "wall_runs_s": [round(r[0], 2) for r in runs],
+        "cpu_s": round(statistics.median(r[1] for r in runs), 2),
+        "peak_rss_mb": max(r[2] for r in runs),
+    }
 
 
 def make_synth(config: str | None = None) -> dict:
@@ -78,8 +82,7 @@ def env_with_system_node() -> dict:
 
 
 def node_version(env: dict) -> str:
-    return subprocess.run(["node", "--version"], capture_output=True, text=True, env=env,
-                          timeout=30).stdout.strip()
+    return subprocess.run(["node", "--version"], capture_output=True, text=True, env=env, timeout=30).stdout.strip()
 
 
 IN_PROCESS = """
@@ -120,9 +123,14 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results: dict = {"started": started, "nproc": os.cpu_count(), "loadavg_at_start": load,
-                     "repeats": REPEATS, "node": node_version(dict(os.environ)),
-                     "system_node": node_version(env_with_system_node())}
+    results: dict = {
+        "started": started,
+        "nproc": os.cpu_count(),
+        "loadavg_at_start": load,
+        "repeats": REPEATS,
+        "node": node_version(dict(os.environ)),
+        "system_node": node_version(env_with_system_node()),
+    }
     results["default"] = make_synth()
     results["default"]["resources"] = resources_per_stack()
     results["fleet"] = make_synth(FLEET)
@@ -139,26 +147,25 @@ def main() -> None:
 
 
 def print_markdown(r: dict) -> None:
-    print(f"Measured {r['started']}, {r['nproc']} cores, load average {r['loadavg_at_start'][0]:.1f}"
-          f" at start / {r['loadavg_at_end'][0]:.1f} at end, median of {r['repeats']} runs.\n")
-    print("| what | wall median (s) | wall min (s) | CPU user+sys (s) | peak RSS (MB) |\n"
-          "|---|---|---|---|---|")
-    rows = [("`make synth` default (1 unit x 2 trn1.32xlarge)", r["default"]),
-            ("`make synth` 20,480-chip fleet (160 units x 8)", r["fleet"]),
-            *[(f"`make synth` {u} units x 8 nodes ({v['stacks']} stacks)", v)
-              for u, v in r["units"].items()],
-            (f"fleet, cdk CLI on system node {r['system_node']}", r["fleet_system_node"]),
-            (f"fleet, cdk CLI on node {r['node']} (node_modules)", r["fleet_node22"]),
-            ("in-process default synth, built-in CFN validation off", r["builtin_validation"]["off"]),
-            ("in-process default synth, built-in CFN validation on", r["builtin_validation"]["on"])]
+    print(
+        f"Measured {r['started']}, {r['nproc']} cores, load average {r['loadavg_at_start'][0]:.1f}"
+        f" at start / {r['loadavg_at_end'][0]:.1f} at end, median of {r['repeats']} runs.\n"
+    )
+    print("| what | wall median (s) | wall min (s) | CPU user+sys (s) | peak RSS (MB) |\n|---|---|---|---|---|")
+    rows = [
+        ("`make synth` default (1 unit x 2 trn1.32xlarge)", r["default"]),
+        ("`make synth` 20,480-chip fleet (160 units x 8)", r["fleet"]),
+        *[(f"`make synth` {u} units x 8 nodes ({v['stacks']} stacks)", v) for u, v in r["units"].items()],
+        (f"fleet, cdk CLI on system node {r['system_node']}", r["fleet_system_node"]),
+        (f"fleet, cdk CLI on node {r['node']} (node_modules)", r["fleet_node22"]),
+        ("in-process default synth, built-in CFN validation off", r["builtin_validation"]["off"]),
+        ("in-process default synth, built-in CFN validation on", r["builtin_validation"]["on"]),
+    ]
     for name, v in rows:
-        print(f"| {name} | {v['wall_s']} | {v['wall_min_s']} | {v['cpu_s']} | "
-              f"{v['peak_rss_mb']} |")
+        print(f"| {name} | {v['wall_s']} | {v['wall_min_s']} | {v['cpu_s']} | {v['peak_rss_mb']} |")
     print("\n| stack | resources (default) | resources (fleet) |\n|---|---|---|")
-    for stack in sorted(set(r["default"]["resources"]) | set(r["fleet"]["resources"]),
-                        key=lambda s: (len(s), s)):
-        print(f"| {stack} | {r['default']['resources'].get(stack, '-')} | "
-              f"{r['fleet']['resources'].get(stack, '-')} |")
+    for stack in sorted(set(r["default"]["resources"]) | set(r["fleet"]["resources"]), key=lambda s: (len(s), s)):
+        print(f"| {stack} | {r['default']['resources'].get(stack, '-')} | {r['fleet']['resources'].get(stack, '-')} |")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,18 @@ from ops.errors import OpsError, Refused
 from ops.fleet import Fleet, Unit, discover
 
 
-def fleet_from_args(args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True,
-                    clusters: Collection[str] | None = None) -> Fleet:
-    return discover(aws or clients_for(args), deployment=args.deployment,
-                    cloudmap_namespace=args.cloudmap_namespace, cloudmap_service=args.cloudmap_service,
-                    health=health, health_timeout_s=args.health_timeout, clusters=clusters)
+def fleet_from_args(
+    args: argparse.Namespace, aws: Aws | None = None, *, health: bool = True, clusters: Collection[str] | None = None
+) -> Fleet:
+    return discover(
+        aws or clients_for(args),
+        deployment=args.deployment,
+        cloudmap_namespace=args.cloudmap_namespace,
+        cloudmap_service=args.cloudmap_service,
+        health=health,
+        health_timeout_s=args.health_timeout,
+        clusters=clusters,
+    )
 
 
 def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[Unit]:
@@ -35,8 +42,11 @@ def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[U
 
 def add_confirm_options(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--dry-run", action="store_true", help="only say what would happen (the default without --yes "
-                                                          "when nobody is at a terminal to confirm)")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only say what would happen (the default without --yes when nobody is at a terminal to confirm)",
+    )
     g.add_argument("--yes", "-y", action="store_true", help="do it without asking")
 
 
@@ -49,21 +59,29 @@ def confirmed(args: argparse.Namespace, console: Console, question: str) -> bool
     if args.yes:
         return True
     if not sys.stdin.isatty():
-        raise Refused(f"refusing to {question} without confirmation: stdin is not a terminal; "
-                      "review the dry run above and re-run with --yes")
+        raise Refused(
+            f"refusing to {question} without confirmation: stdin is not a terminal; "
+            "review the dry run above and re-run with --yes"
+        )
     answer = console.input(f"{question}? [y/N] ").strip().lower()
     if answer not in ("y", "yes"):
         raise Refused("not confirmed: nothing changed")
     return True
 
 
-def wait_until(check: Callable[[], tuple[bool, str]], *, timeout_s: float, description: str, console: Console,
-               poll_s: float = 5.0) -> str:
+def wait_until(
+    check: Callable[[], tuple[bool, str]], *, timeout_s: float, description: str, console: Console, poll_s: float = 5.0
+) -> str:
     """Call check() -> (done, status) until done, with a progress bar over the time budget.
     Returns the last status; raises OpsError when the budget runs out."""
     start = time.monotonic()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
-                  TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         task = progress.add_task(description, total=timeout_s, status="")
         while True:
             done, status = check()

@@ -23,10 +23,12 @@ from ops.errors import UsageError
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "plan", help="capacity planner: nodes per unit, parallel degrees, memory, units, config",
+        "plan",
+        help="capacity planner: nodes per unit, parallel degrees, memory, units, config",
         description="Size a unit (nodes, tp_degree, pipeline stages, memory per NeuronCore) and the "
-                    "fleet (units, cells) for a model and a traffic target; print or --write the "
-                    "flotilla config. Latencies are roofline lower bounds (docs/hardware.md).")
+        "fleet (units, cells) for a model and a traffic target; print or --write the "
+        "flotilla config. Latencies are roofline lower bounds (docs/hardware.md).",
+    )
     m = p.add_argument_group("model (flags override --config-json)")
     m.add_argument("--config-json", metavar="PATH", help="a Hugging Face config.json (Llama family)")
     m.add_argument("--name", help="model name (default: the config.json's folder)")
@@ -48,19 +50,34 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     s = p.add_argument_group("unit and fleet")
     d = PlanSettings()
     s.add_argument("--instance-type", default=d.instance_type, choices=sorted(INSTANCES))
-    s.add_argument("--batch", type=int, default=d.batch,
-                   help="sequences a unit decodes at once (its max_running); default %(default)s")
+    s.add_argument(
+        "--batch",
+        type=int,
+        default=d.batch,
+        help="sequences a unit decodes at once (its max_running); default %(default)s",
+    )
     s.add_argument("--seq-len", type=int, help="KV-cache tokens per sequence (default: prompt + output)")
     s.add_argument("--kv-dtype", help="KV-cache dtype (default: --dtype)")
-    s.add_argument("--hbm-reserve", type=float, default=d.hbm_reserve,
-                   help="fraction of HBM kept for runtime and activations; default %(default)s")
+    s.add_argument(
+        "--hbm-reserve",
+        type=float,
+        default=d.hbm_reserve,
+        help="fraction of HBM kept for runtime and activations; default %(default)s",
+    )
     s.add_argument("--max-nodes", type=int, default=d.max_nodes, help="largest unit to consider")
-    s.add_argument("--efficiency", type=float, default=d.efficiency,
-                   help="measured fraction of the roofline a unit reaches (0-1]; default %(default)s")
+    s.add_argument(
+        "--efficiency",
+        type=float,
+        default=d.efficiency,
+        help="measured fraction of the roofline a unit reaches (0-1]; default %(default)s",
+    )
     s.add_argument("--units-per-cell", type=int, default=d.units_per_cell)
     s.add_argument("--availability-zones", help="comma-separated AZs for the config, e.g. us-east-1a,us-east-1b")
-    s.add_argument("--pad-heads", action="store_true",
-                   help="allow head counts tp_degree does not divide (NeuronCores get padded heads)")
+    s.add_argument(
+        "--pad-heads",
+        action="store_true",
+        help="allow head counts tp_degree does not divide (NeuronCores get padded heads)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--write", metavar="PATH", help="write the flotilla config YAML here")
     o.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -70,15 +87,22 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 def model_from_args(args: argparse.Namespace) -> ModelShape:
     shape = dict(
-        layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-        head_dim=args.head_dim, intermediate=args.intermediate, vocab=args.vocab,
-        tied_embeddings=args.tied_embeddings, context_length=args.context_length, dtype=args.dtype,
-        params=int(args.params) if args.params is not None else None, name=args.name,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        intermediate=args.intermediate,
+        vocab=args.vocab,
+        tied_embeddings=args.tied_embeddings,
+        context_length=args.context_length,
+        dtype=args.dtype,
+        params=int(args.params) if args.params is not None else None,
+        name=args.name,
     )
     if args.config_json:
         return ModelShape.from_config_json(args.config_json, **shape)
-    missing = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "heads", "context_length")
-               if shape[k] is None]
+    missing = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "heads", "context_length") if shape[k] is None]
     if missing:
         raise PlanError(f"the model is not described: give {', '.join(missing)} or --config-json PATH")
     if shape["kv_heads"] is None:
@@ -87,42 +111,73 @@ def model_from_args(args: argparse.Namespace) -> ModelShape:
 
 
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
-    azs = tuple(a.strip() for a in args.availability_zones.split(",") if a.strip()) \
-        if args.availability_zones else ()
+    azs = tuple(a.strip() for a in args.availability_zones.split(",") if a.strip()) if args.availability_zones else ()
     if azs and not 2 <= len(azs) <= 6:
         raise PlanError(f"--availability-zones {args.availability_zones!r}: give 2 to 6 AZs (or none)")
     return PlanSettings(
-        instance_type=args.instance_type, batch=args.batch, seq_len=args.seq_len, kv_dtype=args.kv_dtype,
-        hbm_reserve=args.hbm_reserve, max_nodes=args.max_nodes, efficiency=args.efficiency,
-        units_per_cell=args.units_per_cell, availability_zones=azs, pad_heads=args.pad_heads)
+        instance_type=args.instance_type,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        kv_dtype=args.kv_dtype,
+        hbm_reserve=args.hbm_reserve,
+        max_nodes=args.max_nodes,
+        efficiency=args.efficiency,
+        units_per_cell=args.units_per_cell,
+        availability_zones=azs,
+        pad_heads=args.pad_heads,
+    )
 
 
 def config_yaml(p: Plan) -> str:
-    header = (f"# flotilla config from `flotilla plan` for {p.model.name}: {p.traffic.requests_per_s:g} req/s, "
-              f"{p.traffic.prompt_tokens} prompt + {p.traffic.output_tokens} output tokens.\n"
-              "# Units are a roofline minimum at --efficiency "
-              f"{p.settings.efficiency:g}; add headroom for failures and rollouts.\n")
+    header = (
+        f"# flotilla config from `flotilla plan` for {p.model.name}: {p.traffic.requests_per_s:g} req/s, "
+        f"{p.traffic.prompt_tokens} prompt + {p.traffic.output_tokens} output tokens.\n"
+        "# Units are a roofline minimum at --efficiency "
+        f"{p.settings.efficiency:g}; add headroom for failures and rollouts.\n"
+    )
     body: str = yaml.safe_dump(p.config(), sort_keys=False)
     return header + body
 
 
 def plan_dict(p: Plan) -> dict[str, Any]:
     return {
-        "model": {"name": p.model.name, "params": p.model.total_params, "layers": p.model.layers,
-                  "hidden": p.model.hidden, "heads": p.model.heads, "kv_heads": p.model.kv_heads,
-                  "head_dim": p.model.resolved_head_dim, "dtype": p.model.dtype},
-        "nodes_per_unit": p.nodes_per_unit, "tp_degree": p.tp_degree, "pp_degree": p.pp_degree,
+        "model": {
+            "name": p.model.name,
+            "params": p.model.total_params,
+            "layers": p.model.layers,
+            "hidden": p.model.hidden,
+            "heads": p.model.heads,
+            "kv_heads": p.model.kv_heads,
+            "head_dim": p.model.resolved_head_dim,
+            "dtype": p.model.dtype,
+        },
+        "nodes_per_unit": p.nodes_per_unit,
+        "tp_degree": p.tp_degree,
+        "pp_degree": p.pp_degree,
         "stage_layers": [list(r) for r in p.stage_layers],
-        "q_heads_per_core": p.q_heads_per_core, "kv_heads_per_core": p.kv_heads_per_core,
-        "seq_len": p.seq_len, "batch": p.settings.batch,
-        "memory_per_core_bytes": {"weights": p.memory.weights, "kv_cache": p.memory.kv_cache,
-                                  "total": p.memory.total, "usable": p.memory.usable, "hbm": p.memory.hbm},
-        "decode_step_s": p.decode_step_s, "decode_hbm_s": p.decode_hbm_s, "decode_efa_s": p.decode_efa_s,
+        "q_heads_per_core": p.q_heads_per_core,
+        "kv_heads_per_core": p.kv_heads_per_core,
+        "seq_len": p.seq_len,
+        "batch": p.settings.batch,
+        "memory_per_core_bytes": {
+            "weights": p.memory.weights,
+            "kv_cache": p.memory.kv_cache,
+            "total": p.memory.total,
+            "usable": p.memory.usable,
+            "hbm": p.memory.hbm,
+        },
+        "decode_step_s": p.decode_step_s,
+        "decode_hbm_s": p.decode_hbm_s,
+        "decode_efa_s": p.decode_efa_s,
         "decode_tokens_per_s_per_unit": p.decode_tokens_per_s,
-        "prefill_unit_s": p.prefill_unit_s, "ttft_s": p.ttft_s,
+        "prefill_unit_s": p.prefill_unit_s,
+        "ttft_s": p.ttft_s,
         "requests_per_s_per_unit": p.requests_per_s_per_unit,
-        "units": p.units, "cells": p.cells, "total_nodes": p.total_nodes,
-        "skipped": list(p.skipped), "config": p.config(),
+        "units": p.units,
+        "cells": p.cells,
+        "total_nodes": p.total_nodes,
+        "skipped": list(p.skipped),
+        "config": p.config(),
     }
 
 
@@ -145,8 +200,12 @@ def render(p: Plan, console: Console) -> None:
     mem = Table(title="Memory per NeuronCore", show_header=True)
     for col in ("weights", f"KV cache ({p.settings.batch} x {p.seq_len} tokens)", "total", "usable", "HBM"):
         mem.add_column(col, justify="right")
-    mem.add_row(*(f"{b / GIB:.2f} GiB" for b in (p.memory.weights, p.memory.kv_cache, p.memory.total,
-                                                   p.memory.usable, p.memory.hbm)))
+    mem.add_row(
+        *(
+            f"{b / GIB:.2f} GiB"
+            for b in (p.memory.weights, p.memory.kv_cache, p.memory.total, p.memory.usable, p.memory.hbm)
+        )
+    )
     console.print(mem)
 
     bounds = Table(title="Lower bounds (roofline; docs/hardware.md)", show_header=False)
@@ -167,8 +226,11 @@ def render(p: Plan, console: Console) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     try:
-        result = plan(model_from_args(args), Traffic(requests_per_s=args.rps, prompt_tokens=args.prompt_tokens,
-                                                     output_tokens=args.output_tokens), settings_from_args(args))
+        result = plan(
+            model_from_args(args),
+            Traffic(requests_per_s=args.rps, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens),
+            settings_from_args(args),
+        )
     except PlanError as err:
         raise UsageError(str(err)) from None
     text = config_yaml(result)

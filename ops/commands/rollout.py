@@ -29,24 +29,36 @@ COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     r = sub.add_parser("rollout", help="unit rollouts: `rollout status`")
     rsub = r.add_subparsers(dest="rollout_command", required=True, metavar="SUBCOMMAND")
-    s = rsub.add_parser("status", help="per cell and unit: ECS deployments, revisions on the members",
-                        description="Show each unit's ECS deployments and the revisions its members report. "
-                                    "Exit status 1 when a deployment failed (or --wait ran out).")
+    s = rsub.add_parser(
+        "status",
+        help="per cell and unit: ECS deployments, revisions on the members",
+        description="Show each unit's ECS deployments and the revisions its members report. "
+        "Exit status 1 when a deployment failed (or --wait ran out).",
+    )
     s.add_argument("--cell", help="only this cell")
-    s.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                   help="wait up to this long for every rollout to finish")
+    s.add_argument(
+        "--wait", type=float, default=0, metavar="SECONDS", help="wait up to this long for every rollout to finish"
+    )
     s.set_defaults(handler=run_status)
 
-    b = sub.add_parser("rollback", help="put units back on their previous task definition, cell by cell",
-                       description="Update each selected unit's ECS service to the previous revision of its task "
-                                   "definition family, one cell at a time. Dry run unless confirmed.")
+    b = sub.add_parser(
+        "rollback",
+        help="put units back on their previous task definition, cell by cell",
+        description="Update each selected unit's ECS service to the previous revision of its task "
+        "definition family, one cell at a time. Dry run unless confirmed.",
+    )
     which = b.add_mutually_exclusive_group(required=True)
     which.add_argument("--unit", action="append", metavar="UNIT", help="a unit (repeatable)")
     which.add_argument("--cell", action="append", metavar="CELL", help="every unit of a cell (repeatable)")
     which.add_argument("--all", action="store_true", help="every unit of the deployment")
-    b.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                   help="after each cell, wait up to this long for its units to be ready before the next "
-                        "(default: don't wait; cells are then updated back to back)")
+    b.add_argument(
+        "--wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="after each cell, wait up to this long for its units to be ready before the next "
+        "(default: don't wait; cells are then updated back to back)",
+    )
     add_confirm_options(b)
     b.set_defaults(handler=run_rollback)
     return [s, b]
@@ -80,11 +92,22 @@ def render_status(fleet: Fleet, units: list[Unit], console: Console) -> dict[str
             counts[state] += 1
             style = {COMPLETED: "green", IN_PROGRESS: "yellow", FAILED: "red"}[state]
             reported = sorted({str(n.health.get(contract.ATTR_REVISION)) for n in u.nodes if n.health})
-            deps = "; ".join(
-                f"{d.get('status', '?')} {arn_name(d.get('taskDefinition', '?'))} {d.get('rolloutState', '?')} "
-                f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}" for d in u.deployments) or "-"
-            t.add_row(u.unit_id, f"[{style}]{state}[/]", arn_name(u.task_definition_arn), u.revision,
-                      ", ".join(reported) or "-", deps)
+            deps = (
+                "; ".join(
+                    f"{d.get('status', '?')} {arn_name(d.get('taskDefinition', '?'))} {d.get('rolloutState', '?')} "
+                    f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}"
+                    for d in u.deployments
+                )
+                or "-"
+            )
+            t.add_row(
+                u.unit_id,
+                f"[{style}]{state}[/]",
+                arn_name(u.task_definition_arn),
+                u.revision,
+                ", ".join(reported) or "-",
+                deps,
+            )
         console.print(t)
     return counts
 
@@ -102,8 +125,9 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]no units found for deployment {args.deployment!r}[/]")
         return 1
     if args.wait:
+
         def check() -> tuple[bool, str]:
-            nonlocal fleet, units   # the last look is what gets rendered once the wait is over
+            nonlocal fleet, units  # the last look is what gets rendered once the wait is over
             fleet, units = look()
             states = [rollout_state(u) for u in units]
             if FAILED in states:
@@ -131,9 +155,14 @@ def render_router(services: list[dict[str, Any]], console: Console) -> bool:
             state = d.get("rolloutState", "?")
             failed |= state == FAILED
             style = {COMPLETED: "green", IN_PROGRESS: "yellow", FAILED: "red"}.get(state, "")
-            t.add_row(s["serviceName"], d.get("id", "?"), d.get("status", "?"), arn_name(d.get("taskDefinition", "?")),
-                      f"[{style}]{state}[/]" if style else state,
-                      f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}")
+            t.add_row(
+                s["serviceName"],
+                d.get("id", "?"),
+                d.get("status", "?"),
+                arn_name(d.get("taskDefinition", "?")),
+                f"[{style}]{state}[/]" if style else state,
+                f"{d.get('runningCount', '?')}/{d.get('desiredCount', '?')}",
+            )
     console.print(t)
     return failed
 
@@ -162,8 +191,9 @@ def select_units(fleet: Fleet, args: argparse.Namespace) -> list[Unit]:
     known = set(fleet.cells)
     for c in args.cell:
         if c not in known:
-            raise OpsError(f"cell {c!r} not found in deployment {fleet.deployment!r} (cells: "
-                           f"{', '.join(fleet.cells) or 'none'})")
+            raise OpsError(
+                f"cell {c!r} not found in deployment {fleet.deployment!r} (cells: {', '.join(fleet.cells) or 'none'})"
+            )
     return [u for u in fleet.units if u.cell_id in args.cell]
 
 
@@ -183,19 +213,27 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
             env = container_env(aws.ecs.describe_task_definition(taskDefinition=prev)["taskDefinition"])
             steps.append((u, prev, env.get(contract.ENV_REVISION, "?")))
     if missing:
-        raise OpsError(f"no earlier ACTIVE task definition to roll back to for {', '.join(missing)}: "
-                       "deploy the previous revision with `cdk deploy` instead")
+        raise OpsError(
+            f"no earlier ACTIVE task definition to roll back to for {', '.join(missing)}: "
+            "deploy the previous revision with `cdk deploy` instead"
+        )
     t = Table(title="rollback", title_justify="left")
     for col in ("cell", "unit", "from", "to"):
         t.add_column(col)
     for u, prev, prev_rev in steps:
-        t.add_row(u.cell_id, u.unit_id, f"{arn_name(u.task_definition_arn)} (revision {u.revision})",
-                  f"{arn_name(prev)} (revision {prev_rev})")
+        t.add_row(
+            u.cell_id,
+            u.unit_id,
+            f"{arn_name(u.task_definition_arn)} (revision {u.revision})",
+            f"{arn_name(prev)} (revision {prev_rev})",
+        )
     console.print(t)
     cells = [c for c in fleet.cells if any(u.cell_id == c for u, _, _ in steps)]
-    console.print(f"cell by cell ({' -> '.join(cells)}): each unit's members drain and the unit re-forms on "
-                  "the old revision; the router routes around units while they re-form. A later `cdk deploy` "
-                  "puts the template's revision back: revert the config or image in git too.")
+    console.print(
+        f"cell by cell ({' -> '.join(cells)}): each unit's members drain and the unit re-forms on "
+        "the old revision; the router routes around units while they re-form. A later `cdk deploy` "
+        "puts the template's revision back: revert the config or image in git too."
+    )
     if not confirmed(args, console, f"roll back {len(steps)} unit(s)"):
         return 0
     for cell in cells:
@@ -215,7 +253,6 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
                 ready = sum(1 for u in now if u.ready and rollout_state(u) == COMPLETED)
                 return ready == len(ids), f"{ready}/{len(ids)} units ready"
 
-            wait_until(check, timeout_s=args.wait, description=f"{cell}: rolling back", console=console,
-                       poll_s=10.0)
+            wait_until(check, timeout_s=args.wait, description=f"{cell}: rolling back", console=console, poll_s=10.0)
     console.print(f"rolled back {len(steps)} unit(s); follow with `flotilla rollout status`")
     return 0

@@ -21,10 +21,13 @@ from ops.fleet import Node, Unit
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
-    p = sub.add_parser("topology", help="network placement of each unit's nodes and whether rank order matches",
-                       description="Show each unit's nodes with their DescribeInstanceTopology network nodes "
-                                   "(spine first) and check that rank order follows them. Exit status 1 when "
-                                   "a unit's ranks are out of topology order.")
+    p = sub.add_parser(
+        "topology",
+        help="network placement of each unit's nodes and whether rank order matches",
+        description="Show each unit's nodes with their DescribeInstanceTopology network nodes "
+        "(spine first) and check that rank order follows them. Exit status 1 when "
+        "a unit's ranks are out of topology order.",
+    )
     p.add_argument("--unit", help="only this unit")
     p.add_argument("--cell", help="only this cell")
     p.set_defaults(handler=run)
@@ -85,9 +88,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
             t.add_column(col)
         order = {n.instance_id: i for i, n in enumerate(expected_order([n for n in u.nodes if n.instance_id], paths))}
         for n in u.nodes:
-            t.add_row(str(n.rank) if n.rank is not None else "?", n.role, n.instance_id or "-",
-                      n.availability_zone or "-", " > ".join(paths.get(n.instance_id or "", ())) or "-",
-                      str(order.get(n.instance_id, "-")))
+            t.add_row(
+                str(n.rank) if n.rank is not None else "?",
+                n.role,
+                n.instance_id or "-",
+                n.availability_zone or "-",
+                " > ".join(paths.get(n.instance_id or "", ())) or "-",
+                str(order.get(n.instance_id, "-")),
+            )
         console.print(t)
         problems = check_unit(u, paths)
         for p in problems:

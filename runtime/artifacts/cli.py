@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime.logs import setup_logging
 from runtime.artifacts.fetch import ArtifactError, fetch
 from runtime.artifacts.manifest import ManifestError, build_manifest, publish
+from runtime.logs import setup_logging
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,6 +39,7 @@ def run_artifacts(args: argparse.Namespace, out=None, err=None, s3=None) -> int:
             return 0
         if s3 is None:
             import boto3  # only the S3 commands need it
+
             s3 = boto3.client("s3")
         if args.artifacts_command == "publish":
             manifest = publish(args.source, args.uri, s3=s3)

@@ -19,13 +19,13 @@ from runtime.artifacts.manifest import Manifest, parse_s3_uri, publish
 log = logging.getLogger("flotilla.artifacts")
 
 
-def compile_cache_key(*, model_digest: str, nxdi_config: Mapping[str, object],
-                      neuron_sdk_version: str) -> str:
+def compile_cache_key(*, model_digest: str, nxdi_config: Mapping[str, object], neuron_sdk_version: str) -> str:
     if not model_digest or not neuron_sdk_version:
-        raise ValueError("compile cache key needs the model digest and the Neuron SDK version; "
-                         "set FLOTILLA_NEURON_SDK_VERSION (Dockerfile.neuron does)")
-    doc = {"model": model_digest, "nxdi_config": dict(nxdi_config),
-           "neuron_sdk": neuron_sdk_version}
+        raise ValueError(
+            "compile cache key needs the model digest and the Neuron SDK version; "
+            "set FLOTILLA_NEURON_SDK_VERSION (Dockerfile.neuron does)"
+        )
+    doc = {"model": model_digest, "nxdi_config": dict(nxdi_config), "neuron_sdk": neuron_sdk_version}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -12,8 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from runtime.artifacts.manifest import (MANIFEST_NAME, PARTIAL_DIR, FileEntry, Manifest,
-                                        parse_s3_uri, sha256_file)
+from runtime.artifacts.manifest import MANIFEST_NAME, PARTIAL_DIR, FileEntry, Manifest, parse_s3_uri, sha256_file
 
 log = logging.getLogger("flotilla.artifacts")
 CHUNK_SIZE = 8 << 20
@@ -39,9 +38,11 @@ def read_manifest(uri: str, *, s3) -> Manifest:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except Exception as exc:  # botocore ClientError; the type lives in the client's module
         if _not_found(exc):
-            raise ArtifactError(f"s3://{bucket}/{key} not found: nothing is published at {uri}; "
-                                "publish it with `python -m runtime artifacts publish "
-                                f"--source <dir> --uri {uri}`") from None
+            raise ArtifactError(
+                f"s3://{bucket}/{key} not found: nothing is published at {uri}; "
+                "publish it with `python -m runtime artifacts publish "
+                f"--source <dir> --uri {uri}`"
+            ) from None
         raise
     return Manifest.from_json(body, source=f"s3://{bucket}/{key}")
 
@@ -54,8 +55,9 @@ def _list_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
     return sizes
 
 
-def fetch(uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE,
-          manifest: Manifest | None = None) -> Manifest:
+def fetch(
+    uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE, manifest: Manifest | None = None
+) -> Manifest:
     """Make `dest` hold exactly the verified files of the set at `uri`; returns its manifest.
 
     `manifest`: the set's manifest when the caller has already read it (saves a GET)."""
@@ -66,37 +68,43 @@ def fetch(uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE,
     for entry in manifest.files:
         key = prefix + entry.path
         if key not in sizes:
-            raise ArtifactError(f"s3://{bucket}/{key} is listed in the manifest but missing from "
-                                "the bucket; republish the artifacts")
+            raise ArtifactError(
+                f"s3://{bucket}/{key} is listed in the manifest but missing from the bucket; republish the artifacts"
+            )
         if sizes[key] != entry.size:
-            raise ArtifactError(f"s3://{bucket}/{key} is {sizes[key]} bytes but the manifest says "
-                                f"{entry.size}; republish the artifacts")
+            raise ArtifactError(
+                f"s3://{bucket}/{key} is {sizes[key]} bytes but the manifest says {entry.size}; republish the artifacts"
+            )
     root = Path(dest)
     root.mkdir(parents=True, exist_ok=True)
     started, done, counts = time.monotonic(), 0, {"fetched": 0, "resumed": 0, "verified": 0}
-    log.info("fetch %s -> %s: %d files, %d bytes", uri, root, len(manifest.files),
-             manifest.total_bytes)
+    log.info("fetch %s -> %s: %d files, %d bytes", uri, root, len(manifest.files), manifest.total_bytes)
     for entry in manifest.files:
         counts[_fetch_file(s3, bucket, prefix, entry, root, chunk_size)] += 1
         done += entry.size
-        log.info("progress %d/%d bytes (%.0f%%)", done, manifest.total_bytes,
-                 100.0 * done / max(1, manifest.total_bytes))
+        log.info(
+            "progress %d/%d bytes (%.0f%%)", done, manifest.total_bytes, 100.0 * done / max(1, manifest.total_bytes)
+        )
     # Written last and atomically: its presence marks a complete, verified local copy.
     tmp = root / PARTIAL_DIR / MANIFEST_NAME
-    tmp.parent.mkdir(exist_ok=True)   # absent when every file was already verified (a re-fetch)
+    tmp.parent.mkdir(exist_ok=True)  # absent when every file was already verified (a re-fetch)
     tmp.write_bytes(manifest.to_json())
     os.replace(tmp, root / MANIFEST_NAME)
-    log.info("fetched %s in %.1f s: %d downloaded, %d resumed, %d already verified; digest %s",
-             uri, time.monotonic() - started, counts["fetched"], counts["resumed"],
-             counts["verified"], manifest.digest)
+    log.info(
+        "fetched %s in %.1f s: %d downloaded, %d resumed, %d already verified; digest %s",
+        uri,
+        time.monotonic() - started,
+        counts["fetched"],
+        counts["resumed"],
+        counts["verified"],
+        manifest.digest,
+    )
     return manifest
 
 
-def _fetch_file(s3, bucket: str, prefix: str, entry: FileEntry, root: Path,
-                chunk_size: int) -> str:
+def _fetch_file(s3, bucket: str, prefix: str, entry: FileEntry, root: Path, chunk_size: int) -> str:
     final = root / entry.path
-    if final.is_file() and final.stat().st_size == entry.size \
-            and sha256_file(final) == entry.sha256:
+    if final.is_file() and final.stat().st_size == entry.size and sha256_file(final) == entry.sha256:
         log.info("%s: already present and verified", entry.path)
         return "verified"
     part = root / PARTIAL_DIR / (entry.path + ".part")
@@ -118,8 +126,7 @@ def _fetch_file(s3, bucket: str, prefix: str, entry: FileEntry, root: Path,
                 fh.write(chunk)
                 got += len(chunk)
                 if got >= next_report and got < entry.size:
-                    log.info("%s: %d/%d bytes (%.0f%%)", entry.path, got, entry.size,
-                             100.0 * got / entry.size)
+                    log.info("%s: %d/%d bytes (%.0f%%)", entry.path, got, entry.size, 100.0 * got / entry.size)
                     next_report = got + entry.size // 10
             fh.flush()
             os.fsync(fh.fileno())
@@ -130,7 +137,8 @@ def _fetch_file(s3, bucket: str, prefix: str, entry: FileEntry, root: Path,
             f"{entry.path}: downloaded {actual_size} bytes with sha256 {actual}, but the manifest "
             f"says {entry.size} bytes with sha256 {entry.sha256}; the download was discarded. "
             "Re-run to download it again; if it repeats, the object in S3 changed after "
-            "publishing: republish the artifacts")
+            "publishing: republish the artifacts"
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(part, final)
     log.info("%s: %d bytes verified (%s)", entry.path, entry.size, outcome)

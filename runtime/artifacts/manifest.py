@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 MANIFEST_NAME = "flotilla-manifest.json"
 FORMAT = 1
-PARTIAL_DIR = ".partial"        # in-progress downloads live here, never beside finished files
+PARTIAL_DIR = ".partial"  # in-progress downloads live here, never beside finished files
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 log = logging.getLogger("flotilla.artifacts")
 
@@ -38,9 +38,12 @@ class Manifest:
     files: tuple[FileEntry, ...]
 
     def to_json(self) -> bytes:
-        doc = {"format": FORMAT,
-               "files": [{"path": f.path, "size": f.size, "sha256": f.sha256}
-                         for f in sorted(self.files, key=lambda f: f.path)]}
+        doc = {
+            "format": FORMAT,
+            "files": [
+                {"path": f.path, "size": f.size, "sha256": f.sha256} for f in sorted(self.files, key=lambda f: f.path)
+            ],
+        }
         return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
 
     @property
@@ -56,22 +59,23 @@ class Manifest:
         try:
             doc = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{source}: not valid JSON ({exc}); republish the artifacts") \
-                from None
+            raise ManifestError(f"{source}: not valid JSON ({exc}); republish the artifacts") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ManifestError(f"{source}: expected an object with \"format\": {FORMAT}; "
-                                "republish with `python -m runtime artifacts publish`")
+            raise ManifestError(
+                f'{source}: expected an object with "format": {FORMAT}; '
+                "republish with `python -m runtime artifacts publish`"
+            )
         files = []
         for i, item in enumerate(doc.get("files") or []):
             try:
-                entry = FileEntry(path=str(item["path"]), size=int(item["size"]),
-                                  sha256=str(item["sha256"]))
+                entry = FileEntry(path=str(item["path"]), size=int(item["size"]), sha256=str(item["sha256"]))
             except (KeyError, TypeError, ValueError):
                 raise ManifestError(f"{source}: files[{i}] needs path, size and sha256") from None
             _check_relative(entry.path, source)
             if entry.size < 0 or not _HEX64.match(entry.sha256):
-                raise ManifestError(f"{source}: files[{i}] ({entry.path}) has a bad size or "
-                                    "sha256 (64 lowercase hex digits)")
+                raise ManifestError(
+                    f"{source}: files[{i}] ({entry.path}) has a bad size or sha256 (64 lowercase hex digits)"
+                )
             files.append(entry)
         if not files:
             raise ManifestError(f"{source}: lists no files; publish a non-empty directory")
@@ -81,8 +85,7 @@ class Manifest:
 def _check_relative(path: str, source: str) -> None:
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not p.parts or p.parts[0] == PARTIAL_DIR:
-        raise ManifestError(f"{source}: path {path!r} must be relative and stay inside the "
-                            "artifact directory")
+        raise ManifestError(f"{source}: path {path!r} must be relative and stay inside the artifact directory")
 
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -97,8 +100,9 @@ def build_manifest(local_dir: str | Path) -> Manifest:
     """Hash every regular file under local_dir (except a previous manifest and partial files)."""
     root = Path(local_dir)
     if not root.is_dir():
-        raise ManifestError(f"{local_dir}: not a directory; pass the checkpoint or compiled "
-                            "artifact directory to publish")
+        raise ManifestError(
+            f"{local_dir}: not a directory; pass the checkpoint or compiled artifact directory to publish"
+        )
     files = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
@@ -114,7 +118,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """`s3://bucket/some/prefix` -> ("bucket", "some/prefix/"); the prefix always ends in '/'."""
     if not isinstance(uri, str) or not uri.startswith("s3://"):
         raise ManifestError(f"{uri!r} is not an S3 URI; use s3://bucket/prefix")
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     if not bucket:
         raise ManifestError(f"{uri!r} names no bucket; use s3://bucket/prefix")
     prefix = prefix.strip("/")
@@ -129,8 +133,14 @@ def publish(local_dir: str | Path, uri: str, *, s3) -> Manifest:
     for entry in manifest.files:
         s3.upload_file(str(root / entry.path), bucket, prefix + entry.path)
         log.info("published %s (%d bytes)", entry.path, entry.size)
-    s3.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=manifest.to_json(),
-                  ContentType="application/json")
-    log.info("published manifest s3://%s/%s%s: %d files, %d bytes, digest %s", bucket, prefix,
-             MANIFEST_NAME, len(manifest.files), manifest.total_bytes, manifest.digest)
+    s3.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=manifest.to_json(), ContentType="application/json")
+    log.info(
+        "published manifest s3://%s/%s%s: %d files, %d bytes, digest %s",
+        bucket,
+        prefix,
+        MANIFEST_NAME,
+        len(manifest.files),
+        manifest.total_bytes,
+        manifest.digest,
+    )
     return manifest

@@ -30,19 +30,19 @@ class EngineBroken(EngineError):
 
 
 class EngineState(str, enum.Enum):
-    STARTING = "starting"   # loading weights / forming the process group / warming up
+    STARTING = "starting"  # loading weights / forming the process group / warming up
     READY = "ready"
-    BROKEN = "broken"       # needs the unit to re-form
+    BROKEN = "broken"  # needs the unit to re-form
     STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 0.0        # 0.0 means greedy
+    temperature: float = 0.0  # 0.0 means greedy
     top_p: float = 1.0
-    seed: int | None = None         # seeded sampling is reproducible per request
-    stop: tuple[str, ...] = ()      # stop strings; the matched string is not emitted
+    seed: int | None = None  # seeded sampling is reproducible per request
+    stop: tuple[str, ...] = ()  # stop strings; the matched string is not emitted
     ignore_eos: bool = False
 
 
@@ -56,16 +56,16 @@ class GenerationRequest:
 @dataclass(frozen=True)
 class TokenEvent:
     token_id: int
-    text: str                        # the text this token adds (stop strings already cut)
+    text: str  # the text this token adds (stop strings already cut)
     finish_reason: str | None = None  # None while generating; "stop" or "length" on the last event
 
 
 @dataclass(frozen=True)
 class EngineLoad:
-    queue_depth: int        # submitted, not yet running
-    running: int            # sequences in the running batch
-    max_running: int        # batch slots
-    kv_cache_used: float    # fraction of the KV-cache budget in use, 0.0..1.0
+    queue_depth: int  # submitted, not yet running
+    running: int  # sequences in the running batch
+    max_running: int  # batch slots
+    kv_cache_used: float  # fraction of the KV-cache budget in use, 0.0..1.0
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Engine(Protocol):
     """Lives in the leader process (rank 0). Followers run the engine's worker loop instead."""
 
     model_name: str
-    max_context: int                 # prompt + generated tokens a sequence may hold
+    max_context: int  # prompt + generated tokens a sequence may hold
     tokenizer: Tokenizer
 
     async def start(self) -> None:

@@ -13,15 +13,21 @@ from pathlib import Path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print the parallel plan (layer ranges, tensor slices) of a unit")
-    p.add_argument("--model", default="smollm2",
-                   help="tiny, smollm2, or a checkpoint directory (config.json is enough here)")
+    p.add_argument(
+        "--model", default="smollm2", help="tiny, smollm2, or a checkpoint directory (config.json is enough here)"
+    )
     p.add_argument("--nodes", type=int, default=2, help="ranks in the unit (world_size)")
     p.add_argument("--prefill", default="pipeline", choices=("pipeline", "tensor"))
     p.add_argument("--decode", default="tensor", choices=("pipeline", "tensor"))
-    p.add_argument("--engine", default="reference", choices=("reference", "neuron"),
-                   help="reference (default): layer ranges and tensor slices; neuron: the trn1 "
-                        "environment, command and NxD Inference config of every rank")
+    p.add_argument(
+        "--engine",
+        default="reference",
+        choices=("reference", "neuron"),
+        help="reference (default): layer ranges and tensor slices; neuron: the trn1 "
+        "environment, command and NxD Inference config of every rank",
+    )
     from runtime.engines.neuron.cli import add_neuron_plan_arguments
+
     add_neuron_plan_arguments(p)
     p.set_defaults(func=run)
 
@@ -29,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.engine == "neuron":
         from runtime.engines.neuron.cli import run_neuron_plan
+
         return run_neuron_plan(args)
     from runtime.engines.layout import make_plan
     from runtime.models.registry import TINY_SHAPE, LlamaShape
@@ -42,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = Path(args.model) / "config.json"
         if not config.is_file():
-            raise SystemExit(f"--model {args.model!r}: expected tiny, smollm2 or a checkpoint "
-                             "directory containing config.json")
+            raise SystemExit(
+                f"--model {args.model!r}: expected tiny, smollm2 or a checkpoint directory containing config.json"
+            )
         shape = LlamaShape.from_config(json.loads(config.read_text()), source=str(config))
     try:
         plan = make_plan(shape, args.nodes, prefill=args.prefill, decode=args.decode)

@@ -13,8 +13,15 @@ import socket
 import time
 from typing import AsyncIterator, Sequence
 
-from runtime.engines.base import (EngineBroken, EngineHealth, EngineLoad, EngineState,
-                                  GenerationRequest, RequestRejected, TokenEvent)
+from runtime.engines.base import (
+    EngineBroken,
+    EngineHealth,
+    EngineLoad,
+    EngineState,
+    GenerationRequest,
+    RequestRejected,
+    TokenEvent,
+)
 from runtime.membership import Membership
 
 
@@ -35,8 +42,16 @@ class ByteTokenizer:
 
 
 class EchoEngine:
-    def __init__(self, *, membership: Membership, model_name: str = "echo", max_context: int = 2048,
-                 max_running: int = 8, step_s: float = 0.01, form_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        membership: Membership,
+        model_name: str = "echo",
+        max_context: int = 2048,
+        max_running: int = 8,
+        step_s: float = 0.01,
+        form_timeout_s: float = 60.0,
+    ) -> None:
         self.model_name = model_name
         self.max_context = max_context
         self.tokenizer = ByteTokenizer()
@@ -73,8 +88,9 @@ class EchoEngine:
                 self._fail(f"follower rank {hello['rank']} disconnected")
 
         if need:
-            self._server = await asyncio.start_server(on_follower, host="0.0.0.0", port=self._m.dist_port,
-                                                      reuse_address=True)
+            self._server = await asyncio.start_server(
+                on_follower, host="0.0.0.0", port=self._m.dist_port, reuse_address=True
+            )
         try:
             await asyncio.wait_for(joined.wait(), self._form_timeout_s)
         except asyncio.TimeoutError:
@@ -97,8 +113,10 @@ class EchoEngine:
         if not prompt:
             raise RequestRejected("prompt is empty: give at least one token")
         if len(prompt) + sp.max_tokens > self.max_context:
-            raise RequestRejected(f"prompt ({len(prompt)} tokens) + max_tokens ({sp.max_tokens}) exceeds the "
-                                  f"context of {self.max_context}: shorten the prompt or lower max_tokens")
+            raise RequestRejected(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({sp.max_tokens}) exceeds the "
+                f"context of {self.max_context}: shorten the prompt or lower max_tokens"
+            )
         self._queued += 1
         try:
             await self._slots.acquire()
@@ -118,11 +136,11 @@ class EchoEngine:
                 text = self.tokenizer.decode(out)
                 hit = next((s for s in sp.stop if s and s in text), None)
                 if hit is not None:
-                    cut = text[:text.index(hit)]
-                    yield TokenEvent(out[-1], cut[len(text_sent):], "stop")
+                    cut = text[: text.index(hit)]
+                    yield TokenEvent(out[-1], cut[len(text_sent) :], "stop")
                     return
                 last = i == sp.max_tokens - 1
-                yield TokenEvent(out[-1], text[len(text_sent):], "length" if last else None)
+                yield TokenEvent(out[-1], text[len(text_sent) :], "length" if last else None)
                 text_sent = text
         finally:
             self._running -= 1
@@ -136,8 +154,12 @@ class EchoEngine:
         return EngineHealth(self._state, self._detail)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(queue_depth=self._queued, running=self._running, max_running=self._max_running,
-                          kv_cache_used=self._running / self._max_running)
+        return EngineLoad(
+            queue_depth=self._queued,
+            running=self._running,
+            max_running=self._max_running,
+            kv_cache_used=self._running / self._max_running,
+        )
 
     async def shutdown(self) -> None:
         self._state = EngineState.STOPPED
@@ -160,13 +182,16 @@ def run_echo_worker(membership: Membership, *, timeout_s: float = 60.0) -> None:
             break
         except OSError:
             if time.monotonic() > deadline:
-                raise EngineBroken(f"leader {membership.dist_host}:{membership.dist_port} unreachable "
-                                   f"for {timeout_s}s") from None
+                raise EngineBroken(
+                    f"leader {membership.dist_host}:{membership.dist_port} unreachable for {timeout_s}s"
+                ) from None
             time.sleep(0.1)
     sock.settimeout(None)
     f = sock.makefile("rwb")
-    f.write(json.dumps({"rank": membership.rank, "unit": membership.unit_id,
-                        "revision": membership.revision}).encode() + b"\n")
+    f.write(
+        json.dumps({"rank": membership.rank, "unit": membership.unit_id, "revision": membership.revision}).encode()
+        + b"\n"
+    )
     f.flush()
     while True:
         line = f.readline()

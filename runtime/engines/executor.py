@@ -18,9 +18,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from runtime.engines.base import EngineBroken
-from runtime.engines.llama import (HeadWeights, LayerWeights, SeqKV, Segment, decoder_layer,
-                                   positions_of, rms_norm, rope_tables)
 from runtime.engines.layout import ParallelPlan, split_even
+from runtime.engines.llama import (
+    HeadWeights,
+    LayerWeights,
+    Segment,
+    SeqKV,
+    decoder_layer,
+    positions_of,
+    rms_norm,
+    rope_tables,
+)
 from runtime.models.registry import WeightSource
 
 OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
@@ -32,14 +40,13 @@ class StepCommand:
     """One scheduler iteration. Token ids are meaningful on rank 0 only."""
 
     free: list[int] = field(default_factory=list)
-    prefill: list[tuple[int, int, int]] = field(default_factory=list)   # (seq_id, n_tokens, capacity)
+    prefill: list[tuple[int, int, int]] = field(default_factory=list)  # (seq_id, n_tokens, capacity)
     prefill_tokens: list[Sequence[int]] = field(default_factory=list)
-    decode: list[int] = field(default_factory=list)                      # seq ids, one token each
+    decode: list[int] = field(default_factory=list)  # seq ids, one token each
     decode_tokens: list[int] = field(default_factory=list)
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
-        header = torch.tensor([OP_STEP, len(self.free), len(self.prefill), len(self.decode)],
-                              dtype=torch.int64)
+        header = torch.tensor([OP_STEP, len(self.free), len(self.prefill), len(self.decode)], dtype=torch.int64)
         flat = list(self.free) + [v for p in self.prefill for v in p] + list(self.decode)
         return header, torch.tensor(flat, dtype=torch.int64)
 
@@ -48,15 +55,15 @@ class StepCommand:
         n_free, n_prefill, n_decode = (int(v) for v in header[1:4])
         vals = payload.tolist()
         free = vals[:n_free]
-        pre = vals[n_free:n_free + 3 * n_prefill]
+        pre = vals[n_free : n_free + 3 * n_prefill]
         prefill = [(pre[i], pre[i + 1], pre[i + 2]) for i in range(0, len(pre), 3)]
-        return cls(free=free, prefill=prefill, decode=vals[n_free + 3 * n_prefill:])
+        return cls(free=free, prefill=prefill, decode=vals[n_free + 3 * n_prefill :])
 
 
 @dataclass
 class StepResult:
-    prefill_logits: torch.Tensor | None = None   # rank 0: [n_prefill, vocab], last positions
-    decode_logits: torch.Tensor | None = None    # rank 0: [n_decode, vocab]
+    prefill_logits: torch.Tensor | None = None  # rank 0: [n_prefill, vocab], last positions
+    decode_logits: torch.Tensor | None = None  # rank 0: [n_decode, vocab]
 
 
 PIPELINE_CHUNK_TOKENS = 128
@@ -73,15 +80,20 @@ def pipeline_prefill_chunks(n: int, world_size: int) -> list[tuple[int, int]]:
 
 def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
     """What every rank must agree on before serving: model, shape, world size, strategies."""
-    return [zlib.crc32(f"{model_id}|{plan.shape!r}".encode()), plan.world_size,
-            _STRATEGY_CODE[plan.prefill], _STRATEGY_CODE[plan.decode]]
+    return [
+        zlib.crc32(f"{model_id}|{plan.shape!r}".encode()),
+        plan.world_size,
+        _STRATEGY_CODE[plan.prefill],
+        _STRATEGY_CODE[plan.decode],
+    ]
 
 
 class ShardExecutor:
     """This rank's weights and KV caches, and the step that runs them in lock-step with peers."""
 
-    def __init__(self, *, plan: ParallelPlan, rank: int, weights: WeightSource,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, *, plan: ParallelPlan, rank: int, weights: WeightSource, device: torch.device | str = "cpu"
+    ) -> None:
         self.plan, self.rank, self.device = plan, rank, torch.device(device)
         self.shape = s = plan.shape
         self.world_size = plan.world_size
@@ -96,14 +108,16 @@ class ShardExecutor:
         if plan.uses("tensor") and self.world_size > 1:
             t = self.tslice
             for n in range(s.num_layers):
-                if n in self.pp_layers:    # this stage's own layers: slice what is already loaded
+                if n in self.pp_layers:  # this stage's own layers: slice what is already loaded
                     self.tp_layers[n] = self.pp_layers[n].tensor_slice(
-                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s)
+                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s
+                    )
                 else:
-                    self.tp_layers[n] = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads,
-                                                          kv_heads=t.kv_heads, mlp=t.mlp)
+                    self.tp_layers[n] = LayerWeights.load(
+                        weights, n, shape=s, q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp
+                    )
         elif self.world_size == 1:
-            self.tp_layers = self.pp_layers   # one rank: the tensor "slice" is the whole layer
+            self.tp_layers = self.pp_layers  # one rank: the tensor "slice" is the whole layer
         # Vocab-parallel LM head for tensor-parallel phases: each rank turns the (replicated)
         # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
         # slowest rank of every step otherwise.
@@ -205,8 +219,9 @@ class ShardExecutor:
     def _embed(self, token_ids: Sequence[int]) -> torch.Tensor:
         return self.head.embed[torch.tensor(list(token_ids), device=self.device)]
 
-    def _run_layers(self, layers: dict[int, LayerWeights], order: Sequence[int], x: torch.Tensor,
-                    segments: list[Segment]) -> torch.Tensor:
+    def _run_layers(
+        self, layers: dict[int, LayerWeights], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
+    ) -> torch.Tensor:
         cos, sin = rope_tables(self.shape, positions_of(segments, self.device))
         for n in order:
             x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce)
@@ -275,10 +290,10 @@ class ShardExecutor:
         x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments)
         for seg in segments:
             seg.kv.length = seg.n
-        ends = [sum(p[1] for p in cmd.prefill[:i + 1]) for i in range(len(cmd.prefill))]
+        ends = [sum(p[1] for p in cmd.prefill[: i + 1]) for i in range(len(cmd.prefill))]
         if self.world_size == 1:
-            return self._last_logits([x[e - 1:e] for e in ends])
-        per_seq = [self._tp_logits(x[e - 1:e]) for e in ends]
+            return self._last_logits([x[e - 1 : e] for e in ends])
+        per_seq = [self._tp_logits(x[e - 1 : e]) for e in ends]
         return torch.cat(per_seq) if self.rank == 0 else None
 
     def _last_logits(self, lasts: list[torch.Tensor]) -> torch.Tensor:
@@ -346,7 +361,7 @@ class ShardExecutor:
         """Every rank: its vocab rows of the logits; rank 0 gathers them into [rows, vocab]."""
         local = F.linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice)
         widths = [t.vocab[1] - t.vocab[0] for t in self.plan.tensor_slices]
-        if local.shape[1] < max(widths):      # gather needs equal sizes: pad, trim on rank 0
+        if local.shape[1] < max(widths):  # gather needs equal sizes: pad, trim on rank 0
             local = F.pad(local, (0, max(widths) - local.shape[1]))
         if self.rank != 0:
             dist.gather(local.contiguous(), dst=0)
@@ -368,8 +383,7 @@ class ShardExecutor:
         d = s.head_dim
         to_tensor = plan.prefill == "pipeline"
         old = {sid: self.kv[sid] for sid in seq_ids}
-        new = {sid: self._new_kv("tensor" if to_tensor else "pipeline", kv.capacity)
-               for sid, kv in old.items()}
+        new = {sid: self._new_kv("tensor" if to_tensor else "pipeline", kv.capacity) for sid, kv in old.items()}
         if not to_tensor and plan.attention_replicated:
             for sid, kv in old.items():
                 for n in self.stage.layers:
@@ -391,7 +405,7 @@ class ShardExecutor:
                         kv = old[sid]
                         for n in src_layers:
                             K, V = kv.layers[n]
-                            parts += [K[:, :kv.length].reshape(-1), V[:, :kv.length].reshape(-1)]
+                            parts += [K[:, : kv.length].reshape(-1), V[:, : kv.length].reshape(-1)]
                     flat = torch.cat(parts)
                 else:
                     flat = torch.empty(sum(sizes), device=self.device)
@@ -399,7 +413,7 @@ class ShardExecutor:
                 offset = 0
                 for sid, size in zip(seq_ids, sizes):
                     L = old[sid].length
-                    block = flat[offset:offset + size].view(len(src_layers), 2, nh, L, d)
+                    block = flat[offset : offset + size].view(len(src_layers), 2, nh, L, d)
                     offset += size
                     for j, n in enumerate(src_layers):
                         if n not in new[sid].layers:
@@ -407,11 +421,11 @@ class ShardExecutor:
                         K, V = new[sid].layers[n]
                         if to_tensor:
                             mine = self.tslice.kv_heads
-                            K[:, :L] = block[j, 0, mine[0]:mine[1]]
-                            V[:, :L] = block[j, 1, mine[0]:mine[1]]
+                            K[:, :L] = block[j, 0, mine[0] : mine[1]]
+                            V[:, :L] = block[j, 1, mine[0] : mine[1]]
                         else:
-                            K[src_heads[0]:src_heads[1], :L] = block[j, 0]
-                            V[src_heads[0]:src_heads[1], :L] = block[j, 1]
+                            K[src_heads[0] : src_heads[1], :L] = block[j, 0]
+                            V[src_heads[0] : src_heads[1], :L] = block[j, 1]
         for sid in seq_ids:
             new[sid].length = old[sid].length
             self.kv[sid] = new[sid]

@@ -15,9 +15,9 @@ STRATEGIES = ("pipeline", "tensor")
 class PipelineStage:
     rank: int
     first_layer: int
-    stop_layer: int                 # exclusive
-    holds_embedding: bool           # stage 0: token embedding; final norm + LM head sit with it
-    cost: int                       # parameters this stage multiplies per token
+    stop_layer: int  # exclusive
+    holds_embedding: bool  # stage 0: token embedding; final norm + LM head sit with it
+    cost: int  # parameters this stage multiplies per token
 
     @property
     def layers(self) -> range:
@@ -27,10 +27,10 @@ class PipelineStage:
 @dataclass(frozen=True)
 class TensorSlice:
     rank: int
-    q_heads: tuple[int, int]        # [start, stop) of query heads this rank computes
+    q_heads: tuple[int, int]  # [start, stop) of query heads this rank computes
     kv_heads: tuple[int, int]
-    mlp: tuple[int, int]            # [start, stop) of the MLP intermediate dimension
-    vocab: tuple[int, int] = (0, 0) # [start, stop) of the LM head rows (vocab-parallel logits)
+    mlp: tuple[int, int]  # [start, stop) of the MLP intermediate dimension
+    vocab: tuple[int, int] = (0, 0)  # [start, stop) of the LM head rows (vocab-parallel logits)
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ParallelPlan:
     decode: str
     stages: tuple[PipelineStage, ...]
     tensor_slices: tuple[TensorSlice, ...]
-    attention_replicated: bool      # heads do not divide by tp_degree: every rank runs all heads
+    attention_replicated: bool  # heads do not divide by tp_degree: every rank runs all heads
     notes: tuple[str, ...]
 
     @property
@@ -77,7 +77,7 @@ class ParallelPlan:
             m = t.mlp[1] - t.mlp[0]
             sliced = h * d * (2 * q + 2 * kv) + 3 * h * m + 2 * h
             total += sliced * (s.num_layers - len(full_layers))
-            if rank != 0 and self.world_size > 1:     # rank 0 already holds the whole LM head
+            if rank != 0 and self.world_size > 1:  # rank 0 already holds the whole LM head
                 total += (t.vocab[1] - t.vocab[0]) * h + h
         total += s.layer_params * len(full_layers)
         if rank == 0:
@@ -86,9 +86,9 @@ class ParallelPlan:
 
     def describe(self) -> str:
         s = self.shape
+
         def used_by(strategy: str) -> str:
-            phases = [ph for ph, st in (("prefill", self.prefill), ("decode", self.decode))
-                      if st == strategy]
+            phases = [ph for ph, st in (("prefill", self.prefill), ("decode", self.decode)) if st == strategy]
             return f"used for {' and '.join(phases)}" if phases else "not used by these strategies"
 
         def span(a: int, b: int) -> str:
@@ -106,22 +106,26 @@ class ParallelPlan:
         total = sum(st.cost for st in self.stages)
         for st in self.stages:
             extra = " + embedding, final norm, LM head, sampling" if st.holds_embedding else ""
-            lines.append(f"  rank {st.rank}: layers {st.first_layer}-{st.stop_layer - 1} "
-                         f"({len(st.layers)} layers){extra}; cost {st.cost / 1e6:.2f}M "
-                         f"({100 * st.cost / total:.1f}%)")
-        lines.append(f"tensor parallel (tp_degree {self.tp_degree}, {used_by('tensor')}), every "
-                     "layer split:")
+            lines.append(
+                f"  rank {st.rank}: layers {st.first_layer}-{st.stop_layer - 1} "
+                f"({len(st.layers)} layers){extra}; cost {st.cost / 1e6:.2f}M "
+                f"({100 * st.cost / total:.1f}%)"
+            )
+        lines.append(f"tensor parallel (tp_degree {self.tp_degree}, {used_by('tensor')}), every layer split:")
         for t in self.tensor_slices:
-            lines.append(f"  rank {t.rank}: query heads {span(*t.q_heads)}, KV heads "
-                         f"{span(*t.kv_heads)}, MLP columns {span(*t.mlp)}, LM head rows "
-                         f"{span(*t.vocab)}{'; embedding, sampling' if t.rank == 0 else ''}")
+            lines.append(
+                f"  rank {t.rank}: query heads {span(*t.q_heads)}, KV heads "
+                f"{span(*t.kv_heads)}, MLP columns {span(*t.mlp)}, LM head rows "
+                f"{span(*t.vocab)}{'; embedding, sampling' if t.rank == 0 else ''}"
+            )
         if self.needs_reshard():
-            src, dst = (("layer-split", "head-split") if self.prefill == "pipeline"
-                        else ("head-split", "layer-split"))
+            src, dst = ("layer-split", "head-split") if self.prefill == "pipeline" else ("head-split", "layer-split")
             lines.append(f"KV cache re-shard after prefill: {src} -> {dst}")
         for r in range(self.world_size):
-            lines.append(f"  rank {r} holds {self.params_held(r) / 1e6:.2f}M parameters "
-                         f"({self.params_held(r) * 4 / 2**20:.0f} MiB fp32)")
+            lines.append(
+                f"  rank {r} holds {self.params_held(r) / 1e6:.2f}M parameters "
+                f"({self.params_held(r) * 4 / 2**20:.0f} MiB fp32)"
+            )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -174,15 +178,23 @@ def check_strategies(prefill: str, decode: str) -> None:
             raise ValueError(f"{phase} strategy {value!r} is not one of {', '.join(STRATEGIES)}")
 
 
-def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
-              decode: str = "tensor", boundaries: tuple[int, ...] | None = None) -> ParallelPlan:
+def make_plan(
+    shape: LlamaShape,
+    world_size: int,
+    *,
+    prefill: str = "pipeline",
+    decode: str = "tensor",
+    boundaries: tuple[int, ...] | None = None,
+) -> ParallelPlan:
     """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split."""
     check_strategies(prefill, decode)
     if world_size < 1:
         raise ValueError(f"world_size {world_size} must be at least 1")
     if world_size > shape.num_layers:
-        raise ValueError(f"world_size {world_size} exceeds the model's {shape.num_layers} layers: "
-                         "every pipeline stage needs at least one layer; use fewer nodes")
+        raise ValueError(
+            f"world_size {world_size} exceeds the model's {shape.num_layers} layers: "
+            "every pipeline stage needs at least one layer; use fewer nodes"
+        )
     if world_size > shape.intermediate_size:
         raise ValueError(f"world_size {world_size} exceeds the MLP width {shape.intermediate_size}")
     notes = []
@@ -190,16 +202,17 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
     if boundaries is not None:
         cuts = [0, *boundaries, shape.num_layers]
         if len(boundaries) != world_size - 1 or any(a >= b for a, b in zip(cuts, cuts[1:])):
-            raise ValueError(f"boundaries {boundaries} must be {world_size - 1} increasing layer "
-                             f"indices inside 1..{shape.num_layers - 1}")
+            raise ValueError(
+                f"boundaries {boundaries} must be {world_size - 1} increasing layer "
+                f"indices inside 1..{shape.num_layers - 1}"
+            )
         ranges = list(zip(cuts, cuts[1:]))
         notes.append(f"layer split forced at {list(boundaries)} (not cost-balanced)")
     else:
         ranges = _balanced_stages(shape, world_size)
     for rank, (a, b) in enumerate(ranges):
         cost = (b - a) * shape.layer_params + (_head_cost(shape) if rank == 0 else 0)
-        stages.append(PipelineStage(rank=rank, first_layer=a, stop_layer=b,
-                                    holds_embedding=rank == 0, cost=cost))
+        stages.append(PipelineStage(rank=rank, first_layer=a, stop_layer=b, holds_embedding=rank == 0, cost=cost))
     replicated = shape.num_kv_heads % world_size != 0
     group = shape.num_heads // shape.num_kv_heads
     mlp = split_even(shape.intermediate_size, world_size)
@@ -210,18 +223,33 @@ def make_plan(shape: LlamaShape, world_size: int, *, prefill: str = "pipeline",
             f"heads do not divide by tp_degree {world_size}; the MLP is still split, so tensor-"
             "parallel layers all-reduce once (after the MLP) instead of twice. An uneven split "
             "of the KV groups would save the duplicated attention but add an all-reduce per "
-            "layer, which costs more than it saves on a latency-bound interconnect")
-        slices = tuple(TensorSlice(rank=r, q_heads=(0, shape.num_heads),
-                                   kv_heads=(0, shape.num_kv_heads), mlp=mlp[r], vocab=vocab[r])
-                       for r in range(world_size))
+            "layer, which costs more than it saves on a latency-bound interconnect"
+        )
+        slices = tuple(
+            TensorSlice(
+                rank=r, q_heads=(0, shape.num_heads), kv_heads=(0, shape.num_kv_heads), mlp=mlp[r], vocab=vocab[r]
+            )
+            for r in range(world_size)
+        )
     else:
         kv = split_even(shape.num_kv_heads, world_size)
-        slices = tuple(TensorSlice(rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group),
-                                   kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r])
-                       for r in range(world_size))
+        slices = tuple(
+            TensorSlice(
+                rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group), kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r]
+            )
+            for r in range(world_size)
+        )
     if shape.intermediate_size % world_size:
-        notes.append(f"MLP width {shape.intermediate_size} does not divide by {world_size}: "
-                     "slices differ by one column")
-    return ParallelPlan(shape=shape, world_size=world_size, prefill=prefill, decode=decode,
-                        stages=tuple(stages), tensor_slices=slices, attention_replicated=replicated,
-                        notes=tuple(notes))
+        notes.append(
+            f"MLP width {shape.intermediate_size} does not divide by {world_size}: slices differ by one column"
+        )
+    return ParallelPlan(
+        shape=shape,
+        world_size=world_size,
+        prefill=prefill,
+        decode=decode,
+        stages=tuple(stages),
+        tensor_slices=slices,
+        attention_replicated=replicated,
+        notes=tuple(notes),
+    )

@@ -34,15 +34,22 @@ class LayerWeights:
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
-    n_q: int                        # query heads held
+    n_q: int  # query heads held
     n_kv: int
-    attention_partial: bool         # o_proj output is a partial sum that needs an all-reduce
+    attention_partial: bool  # o_proj output is a partial sum that needs an all-reduce
     mlp_partial: bool
 
     @classmethod
-    def load(cls, weights: WeightSource, layer: int, *, q_heads: tuple[int, int] | None = None,
-             kv_heads: tuple[int, int] | None = None, mlp: tuple[int, int] | None = None,
-             shape: LlamaShape) -> "LayerWeights":
+    def load(
+        cls,
+        weights: WeightSource,
+        layer: int,
+        *,
+        q_heads: tuple[int, int] | None = None,
+        kv_heads: tuple[int, int] | None = None,
+        mlp: tuple[int, int] | None = None,
+        shape: LlamaShape,
+    ) -> "LayerWeights":
         """Full layer when the slices are None; otherwise only the rows/columns of the slice."""
         p = f"model.layers.{layer}."
         d = shape.head_dim
@@ -67,11 +74,15 @@ class LayerWeights:
             w_gate=get("mlp.gate_proj.weight", 0, m, full_mlp),
             w_up=get("mlp.up_proj.weight", 0, m, full_mlp),
             w_down=get("mlp.down_proj.weight", 1, m, full_mlp),
-            n_q=qh[1] - qh[0], n_kv=kvh[1] - kvh[0],
-            attention_partial=not full_attn, mlp_partial=not full_mlp)
+            n_q=qh[1] - qh[0],
+            n_kv=kvh[1] - kvh[0],
+            attention_partial=not full_attn,
+            mlp_partial=not full_mlp,
+        )
 
-    def tensor_slice(self, *, q_heads: tuple[int, int], kv_heads: tuple[int, int],
-                     mlp: tuple[int, int], shape: LlamaShape) -> "LayerWeights":
+    def tensor_slice(
+        self, *, q_heads: tuple[int, int], kv_heads: tuple[int, int], mlp: tuple[int, int], shape: LlamaShape
+    ) -> "LayerWeights":
         """A tensor slice of this full layer without re-reading the checkpoint: row slices are
         views; column slices (o_proj, down_proj) are copied so the matmuls see contiguous memory."""
         d = shape.head_dim
@@ -85,15 +96,20 @@ class LayerWeights:
             return w if (a, b) == (0, w.shape[1]) else w[:, a:b].contiguous()
 
         return LayerWeights(
-            input_norm=self.input_norm, post_norm=self.post_norm,
+            input_norm=self.input_norm,
+            post_norm=self.post_norm,
             wq=rows(self.wq, q_heads[0] * d, q_heads[1] * d),
             wk=rows(self.wk, kv_heads[0] * d, kv_heads[1] * d),
             wv=rows(self.wv, kv_heads[0] * d, kv_heads[1] * d),
             wo=cols(self.wo, q_heads[0] * d, q_heads[1] * d),
-            w_gate=rows(self.w_gate, *mlp), w_up=rows(self.w_up, *mlp),
+            w_gate=rows(self.w_gate, *mlp),
+            w_up=rows(self.w_up, *mlp),
             w_down=cols(self.w_down, *mlp),
-            n_q=q_heads[1] - q_heads[0], n_kv=kv_heads[1] - kv_heads[0],
-            attention_partial=not full_attn, mlp_partial=not full_mlp)
+            n_q=q_heads[1] - q_heads[0],
+            n_kv=kv_heads[1] - kv_heads[0],
+            attention_partial=not full_attn,
+            mlp_partial=not full_mlp,
+        )
 
 
 @dataclass
@@ -105,12 +121,15 @@ class SeqKV:
     layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, layers: Sequence[int], n_kv: int, head_dim: int, capacity: int,
-              device: torch.device | str = "cpu") -> "SeqKV":
+    def empty(
+        cls, layers: Sequence[int], n_kv: int, head_dim: int, capacity: int, device: torch.device | str = "cpu"
+    ) -> "SeqKV":
         kv = {}
         for layer in layers:
-            kv[layer] = (torch.empty(n_kv, capacity, head_dim, device=device),
-                         torch.empty(n_kv, capacity, head_dim, device=device))
+            kv[layer] = (
+                torch.empty(n_kv, capacity, head_dim, device=device),
+                torch.empty(n_kv, capacity, head_dim, device=device),
+            )
         return cls(capacity=capacity, layers=kv)
 
 
@@ -119,7 +138,7 @@ class Segment:
     """A run of consecutive tokens of one sequence inside a flat [tokens, hidden] batch."""
 
     kv: SeqKV
-    start: int                      # position of the first token (the cache length before it)
+    start: int  # position of the first token (the cache length before it)
     n: int
 
 
@@ -142,7 +161,7 @@ def rope_tables(shape: LlamaShape, positions: torch.Tensor) -> tuple[torch.Tenso
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
+    x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -153,9 +172,16 @@ def positions_of(segments: Sequence[Segment], device: torch.device | str = "cpu"
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
-def decoder_layer(shape: LlamaShape, layer: int, lw: LayerWeights, x: torch.Tensor,
-                  segments: Sequence[Segment], cos: torch.Tensor, sin: torch.Tensor,
-                  all_reduce: AllReduce | None = None) -> torch.Tensor:
+def decoder_layer(
+    shape: LlamaShape,
+    layer: int,
+    lw: LayerWeights,
+    x: torch.Tensor,
+    segments: Sequence[Segment],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    all_reduce: AllReduce | None = None,
+) -> torch.Tensor:
     """x: [tokens, hidden] for the segments in order. Appends each segment's K/V to its cache."""
     d = shape.head_dim
     T = x.shape[0]
@@ -176,22 +202,22 @@ def decoder_layer(shape: LlamaShape, layer: int, lw: LayerWeights, x: torch.Tens
             # Decode fast path (same values as the general path, fewer tensor ops per sequence).
             K[:, seg.start] = k[offset]
             V[:, seg.start] = v[offset]
-            o = F.scaled_dot_product_attention(q[offset].view(1, lw.n_q, 1, d), K[None, :, :stop],
-                                               V[None, :, :stop], enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(
+                q[offset].view(1, lw.n_q, 1, d), K[None, :, :stop], V[None, :, :stop], enable_gqa=gqa
+            )
             outs.append(o.view(1, lw.n_q * d))
             offset += 1
             continue
-        K[:, seg.start:stop] = k[offset:offset + seg.n].transpose(0, 1)
-        V[:, seg.start:stop] = v[offset:offset + seg.n].transpose(0, 1)
-        qs = q[offset:offset + seg.n].transpose(0, 1).unsqueeze(0)        # [1, n_q, n, d]
-        ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)       # [1, n_kv, S, d]
+        K[:, seg.start : stop] = k[offset : offset + seg.n].transpose(0, 1)
+        V[:, seg.start : stop] = v[offset : offset + seg.n].transpose(0, 1)
+        qs = q[offset : offset + seg.n].transpose(0, 1).unsqueeze(0)  # [1, n_q, n, d]
+        ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)  # [1, n_kv, S, d]
         if seg.start == 0:
             mask, causal = None, True
-        else:   # a chunk after cached tokens: causal relative to absolute positions
+        else:  # a chunk after cached tokens: causal relative to absolute positions
             pos_q = torch.arange(seg.start, stop, device=x.device)[:, None]
             mask, causal = torch.arange(stop, device=x.device)[None, :] <= pos_q, False
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal,
-                                           enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
         outs.append(o[0].transpose(0, 1).reshape(seg.n, lw.n_q * d))
         offset += seg.n
     attn = F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], lw.wo)
@@ -235,11 +261,9 @@ class UnsplitLlama:
         self.layers = {n: LayerWeights.load(weights, n, shape=shape) for n in range(shape.num_layers)}
 
     def new_kv(self, capacity: int) -> SeqKV:
-        return SeqKV.empty(range(self.shape.num_layers), self.shape.num_kv_heads,
-                           self.shape.head_dim, capacity)
+        return SeqKV.empty(range(self.shape.num_layers), self.shape.num_kv_heads, self.shape.head_dim, capacity)
 
-    def forward(self, token_ids: Sequence[int], kv: SeqKV, *, all_positions: bool = False
-                ) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], kv: SeqKV, *, all_positions: bool = False) -> torch.Tensor:
         """Logits of the last position ([vocab]) or all positions ([n, vocab]); extends the cache."""
         seg = Segment(kv=kv, start=kv.length, n=len(token_ids))
         x = self.head.embed[torch.tensor(list(token_ids))]

@@ -31,10 +31,17 @@ from typing import AsyncIterator
 import torch
 import torch.distributed as dist
 
-from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, EngineLoad, EngineState,
-                                  GenerationRequest, RequestRejected, TokenEvent)
-from runtime.engines.executor import (OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand,
-                                      plan_fingerprint)
+from runtime.engines.base import (
+    EngineBroken,
+    EngineError,
+    EngineHealth,
+    EngineLoad,
+    EngineState,
+    GenerationRequest,
+    RequestRejected,
+    TokenEvent,
+)
+from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
 from runtime.engines.layout import ParallelPlan, check_strategies, make_plan
 from runtime.engines.sampling import TextTracker, make_generator, sample
 from runtime.membership import Membership
@@ -46,32 +53,39 @@ _END = object()
 
 
 def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-        else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _form_process_group(membership: Membership, *, collective_timeout_s: float,
-                        start_timeout_s: float) -> None:
+def _form_process_group(membership: Membership, *, collective_timeout_s: float, start_timeout_s: float) -> None:
     if dist.is_initialized():
-        raise EngineError("a torch.distributed process group is already active in this process; "
-                          "shut the previous engine down first")
+        raise EngineError(
+            "a torch.distributed process group is already active in this process; shut the previous engine down first"
+        )
     # The store waits up to start_timeout_s for every member (a follower may still be converting
     # weights); collectives afterwards use the short collective_timeout_s.
-    store = dist.TCPStore(membership.dist_host, membership.dist_port, membership.world_size,
-                          is_master=membership.rank == 0,
-                          timeout=datetime.timedelta(seconds=start_timeout_s),
-                          wait_for_workers=True)
+    store = dist.TCPStore(
+        membership.dist_host,
+        membership.dist_port,
+        membership.world_size,
+        is_master=membership.rank == 0,
+        timeout=datetime.timedelta(seconds=start_timeout_s),
+        wait_for_workers=True,
+    )
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, store=store, rank=membership.rank,
-                            world_size=membership.world_size,
-                            timeout=datetime.timedelta(seconds=collective_timeout_s))
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=membership.rank,
+        world_size=membership.world_size,
+        timeout=datetime.timedelta(seconds=collective_timeout_s),
+    )
 
 
 def _release_process_group() -> None:
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
-        except Exception as e:   # after a peer died teardown may complain; the group is gone anyway
+        except Exception as e:  # after a peer died teardown may complain; the group is gone anyway
             log.warning("destroying the process group: %s", e)
 
 
@@ -86,12 +100,20 @@ def _agree(source: ModelSource, plan: ParallelPlan, rank: int) -> None:
         raise EngineError(
             f"rank {rank} runs model={source.name} world_size={plan.world_size} "
             f"prefill={plan.prefill} decode={plan.decode}, but the unit's members disagree "
-            "(model, shape or strategies); start every member with the same model and strategies")
+            "(model, shape or strategies); start every member with the same model and strategies"
+        )
 
 
-def run_worker(membership: Membership, *, model: str, prefill: str = "pipeline",
-               decode: str = "tensor", collective_timeout_s: float = 30.0,
-               start_timeout_s: float = 300.0, threads: int | None = None) -> None:
+def run_worker(
+    membership: Membership,
+    *,
+    model: str,
+    prefill: str = "pipeline",
+    decode: str = "tensor",
+    collective_timeout_s: float = 30.0,
+    start_timeout_s: float = 300.0,
+    threads: int | None = None,
+) -> None:
     """Follower main loop. Returns when the leader shuts down; raises EngineBroken on peer loss."""
     if membership.is_leader:
         raise ValueError("run_worker is for followers (rank > 0); rank 0 runs ReferenceEngine")
@@ -99,12 +121,10 @@ def run_worker(membership: Membership, *, model: str, prefill: str = "pipeline",
         torch.set_num_threads(threads)
     source = resolve_model(model)
     plan = make_plan(source.shape, membership.world_size, prefill=prefill, decode=decode)
-    _form_process_group(membership, collective_timeout_s=collective_timeout_s,
-                        start_timeout_s=start_timeout_s)
+    _form_process_group(membership, collective_timeout_s=collective_timeout_s, start_timeout_s=start_timeout_s)
     try:
         _agree(source, plan, membership.rank)
-        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights,
-                                 device=_device())
+        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device())
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
         executor.follower_loop()
@@ -123,7 +143,7 @@ class _Request:
     queue: asyncio.Queue
     tracker: TextTracker
     generator: torch.Generator | None
-    need: int                                # KV tokens reserved: prompt + max_tokens
+    need: int  # KV tokens reserved: prompt + max_tokens
     seq_id: int = -1
     generated: int = 0
     last_token: int = -1
@@ -132,26 +152,39 @@ class _Request:
     def put(self, item) -> None:
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:      # the client's loop is closed: nobody is listening any more
+        except RuntimeError:  # the client's loop is closed: nobody is listening any more
             pass
 
 
 class ReferenceEngine:
     """base.Engine for rank 0. Settings are keyword-only; see runtime/engines/__init__.py."""
 
-    def __init__(self, membership: Membership, *, model: str, prefill: str = "pipeline",
-                 decode: str = "tensor", kv_budget_tokens: int = 16384, max_running: int = 16,
-                 collective_timeout_s: float = 30.0, heartbeat_s: float = 1.0,
-                 start_timeout_s: float = 300.0, threads: int | None = None,
-                 model_name: str | None = None, max_prefill_tokens: int = 2048) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        *,
+        model: str,
+        prefill: str = "pipeline",
+        decode: str = "tensor",
+        kv_budget_tokens: int = 16384,
+        max_running: int = 16,
+        collective_timeout_s: float = 30.0,
+        heartbeat_s: float = 1.0,
+        start_timeout_s: float = 300.0,
+        threads: int | None = None,
+        model_name: str | None = None,
+        max_prefill_tokens: int = 2048,
+    ) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
         check_strategies(prefill, decode)
         if kv_budget_tokens < 1 or max_running < 1:
             raise ValueError("kv_budget_tokens and max_running must be at least 1")
         if not 0 < heartbeat_s < collective_timeout_s:
-            raise ValueError(f"heartbeat_s {heartbeat_s} must be positive and below "
-                             f"collective_timeout_s {collective_timeout_s}, or idle followers time out")
+            raise ValueError(
+                f"heartbeat_s {heartbeat_s} must be positive and below "
+                f"collective_timeout_s {collective_timeout_s}, or idle followers time out"
+            )
         self.membership = membership
         self.model = model
         self.prefill, self.decode = prefill, decode
@@ -187,15 +220,15 @@ class ReferenceEngine:
             torch.set_num_threads(self.threads)
         self._detail = "loading model"
         source = await asyncio.to_thread(resolve_model, self.model)
-        self.plan = make_plan(source.shape, self.membership.world_size, prefill=self.prefill,
-                              decode=self.decode)
+        self.plan = make_plan(source.shape, self.membership.world_size, prefill=self.prefill, decode=self.decode)
         self.tokenizer = source.make_tokenizer()
         self.max_context = min(source.shape.max_position_embeddings, self.kv_budget_tokens)
         if self.model_name == self.model and source.name:
             self.model_name = source.name
         self._vocab = source.shape.vocab_size
-        self._thread = threading.Thread(target=self._scheduler_main, args=(source,),
-                                        name="flotilla-scheduler", daemon=True)
+        self._thread = threading.Thread(
+            target=self._scheduler_main, args=(source,), name="flotilla-scheduler", daemon=True
+        )
         self._thread.start()
         await asyncio.to_thread(self._ready.wait)
         if self._state is not EngineState.READY:
@@ -215,9 +248,12 @@ class ReferenceEngine:
 
     def load(self) -> EngineLoad:
         with self._lock:
-            return EngineLoad(queue_depth=len(self._waiting) + len(self._inbox),
-                              running=len(self._running), max_running=self.max_running,
-                              kv_cache_used=self._reserved / self.kv_budget_tokens)
+            return EngineLoad(
+                queue_depth=len(self._waiting) + len(self._inbox),
+                running=len(self._running),
+                max_running=self.max_running,
+                kv_cache_used=self._reserved / self.kv_budget_tokens,
+            )
 
     # --- requests ----------------------------------------------------------------------------
     def _validate(self, request: GenerationRequest) -> int:
@@ -238,7 +274,8 @@ class ReferenceEngine:
                 f"the request needs {need} tokens of context (prompt {n} + max_tokens "
                 f"{p.max_tokens}) but this unit holds at most {self.max_context} per sequence "
                 f"(KV-cache budget {self.kv_budget_tokens}, model limit "
-                f"{self.plan.shape.max_position_embeddings}); lower max_tokens or shorten the prompt")
+                f"{self.plan.shape.max_position_embeddings}); lower max_tokens or shorten the prompt"
+            )
         return need
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -247,9 +284,14 @@ class ReferenceEngine:
                 raise EngineBroken(f"engine is broken: {self._detail}")
             raise EngineError(f"engine is {self._state.value}, not ready")
         need = self._validate(request)
-        st = _Request(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
-                      tracker=TextTracker(self.tokenizer, request.sampling.stop),
-                      generator=make_generator(request.sampling), need=need)
+        st = _Request(
+            request=request,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            tracker=TextTracker(self.tokenizer, request.sampling.stop),
+            generator=make_generator(request.sampling),
+            need=need,
+        )
         with self._lock:
             if request.request_id in self._by_id:
                 raise RequestRejected(f"request id {request.request_id!r} is already in flight")
@@ -272,7 +314,7 @@ class ReferenceEngine:
                 if finished:
                     return
         finally:
-            if not finished:          # the consumer went away (client disconnect): free the slot
+            if not finished:  # the consumer went away (client disconnect): free the slot
                 self.cancel(request.request_id)
 
     def cancel(self, request_id: str) -> None:
@@ -288,11 +330,13 @@ class ReferenceEngine:
             ws = self.membership.world_size
             if ws > 1:
                 self._detail = f"forming the unit ({ws} ranks)"
-                _form_process_group(self.membership, collective_timeout_s=self.collective_timeout_s,
-                                    start_timeout_s=self.start_timeout_s)
+                _form_process_group(
+                    self.membership,
+                    collective_timeout_s=self.collective_timeout_s,
+                    start_timeout_s=self.start_timeout_s,
+                )
                 _agree(source, self.plan, 0)
-            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights,
-                                     device=_device())
+            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device())
             if ws > 1:
                 dist.barrier()
             self._warm_up(executor)
@@ -300,7 +344,7 @@ class ReferenceEngine:
             self._ready.set()
             self._loop(executor)
             executor.leader_signal(OP_SHUTDOWN)
-        except Exception as e:   # noqa: BLE001 - every failure must reach the waiting requests
+        except Exception as e:  # noqa: BLE001 - every failure must reach the waiting requests
             self._state = EngineState.BROKEN
             self._detail = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
             log.error("engine broken: %s", self._detail)
@@ -345,8 +389,7 @@ class ReferenceEngine:
         last_traffic = time.monotonic()
         while True:
             with self._lock:
-                if not (self._inbox or self._cancels or self._waiting or self._running or free
-                        or self._stopping):
+                if not (self._inbox or self._cancels or self._waiting or self._running or free or self._stopping):
                     self._lock.wait(timeout=self.heartbeat_s)
                 if self._stopping:
                     return
@@ -356,7 +399,7 @@ class ReferenceEngine:
                     st = self._by_id.get(rid)
                     if st is None or st.done:
                         continue
-                    if st.seq_id < 0:           # still queued: nothing reserved yet
+                    if st.seq_id < 0:  # still queued: nothing reserved yet
                         self._waiting.remove(st)
                         st.done = True
                         self._by_id.pop(rid, None)
@@ -369,10 +412,10 @@ class ReferenceEngine:
                 while self._waiting and len(self._running) + len(admitted) < self.max_running:
                     st = self._waiting[0]
                     if self._reserved + st.need > self.kv_budget_tokens:
-                        break           # FIFO: the head waits for budget rather than being overtaken
+                        break  # FIFO: the head waits for budget rather than being overtaken
                     prompt = len(st.request.prompt_token_ids)
                     if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
-                        break           # the rest joins at the next iteration
+                        break  # the rest joins at the next iteration
                     prefill_tokens += prompt
                     self._waiting.popleft()
                     st.seq_id = next(self._seq_ids)
@@ -391,7 +434,8 @@ class ReferenceEngine:
                 prefill=[(st.seq_id, len(st.request.prompt_token_ids), st.need) for st in admitted],
                 prefill_tokens=[st.request.prompt_token_ids for st in admitted],
                 decode=[st.seq_id for st in decoding],
-                decode_tokens=[st.last_token for st in decoding])
+                decode_tokens=[st.last_token for st in decoding],
+            )
             free = []
             result = executor.leader_step(cmd)
             last_traffic = time.monotonic()
@@ -402,7 +446,7 @@ class ReferenceEngine:
                     self._advance(st, result.decode_logits[i], free)
 
     def _advance(self, st: _Request, logits: torch.Tensor, free: list[int]) -> None:
-        if st.done:                      # cancelled while its step ran
+        if st.done:  # cancelled while its step ran
             return
         p = st.request.sampling
         token = sample(logits, p, st.generator)

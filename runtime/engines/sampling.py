@@ -25,7 +25,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         cumulative = torch.cumsum(sorted_probs, dim=-1)
-        keep = (cumulative - sorted_probs) < params.top_p     # smallest set reaching top_p
+        keep = (cumulative - sorted_probs) < params.top_p  # smallest set reaching top_p
         keep[0] = True
         sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
         choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
@@ -44,21 +44,21 @@ class TextTracker:
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
         self.ids: list[int] = []
-        self.text = ""                    # decoded text of ids[:read]
-        self.prefix = 0                   # window start: a few tokens of context for the decoder
-        self.read = 0                     # tokens already turned into text
-        self.emitted = 0                  # characters of self.text already sent
+        self.text = ""  # decoded text of ids[:read]
+        self.prefix = 0  # window start: a few tokens of context for the decoder
+        self.read = 0  # tokens already turned into text
+        self.emitted = 0  # characters of self.text already sent
 
     def _decode_new(self) -> str:
-        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
-        after = self.tokenizer.decode(self.ids[self.prefix:])
-        return after[len(before):] if len(after) > len(before) else ""
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix :])
+        return after[len(before) :] if len(after) > len(before) else ""
 
     def add(self, token_id: int) -> tuple[str, bool]:
         """Text this token releases, and whether a stop string was reached (not emitted)."""
         self.ids.append(token_id)
         new = self._decode_new()
-        if new and not new.endswith("\ufffd"):   # complete characters only
+        if new and not new.endswith("\ufffd"):  # complete characters only
             self.text += new
             self.prefix, self.read = self.read, len(self.ids)
         full = self.text
@@ -68,17 +68,17 @@ class TextTracker:
             hits = [i for i in (full.find(s, search_from) for s in self.stop) if i >= 0]
             if hits:
                 cut = max(min(hits), self.emitted)
-                delta = full[self.emitted:cut]
+                delta = full[self.emitted : cut]
                 self.emitted = cut
                 return delta, True
         safe = len(full)
-        for s in self.stop:               # a suffix that may grow into a stop string is held back
+        for s in self.stop:  # a suffix that may grow into a stop string is held back
             for k in range(min(len(s) - 1, safe), 0, -1):
                 if full.endswith(s[:k]):
                     safe = min(safe, len(full) - k)
                     break
         safe = max(safe, self.emitted)
-        delta = full[self.emitted:safe]
+        delta = full[self.emitted : safe]
         self.emitted = safe
         return delta, False
 
@@ -86,6 +86,6 @@ class TextTracker:
         """Held-back text (and any incomplete character), released when the sequence ends."""
         self.text += self._decode_new()
         self.prefix = self.read = len(self.ids)
-        delta = self.text[self.emitted:]
+        delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta

@@ -37,8 +37,10 @@ class LlamaShape:
     def from_config(cls, config: dict, *, source: str = "config.json") -> "LlamaShape":
         arch = config.get("model_type", "llama")
         if arch != "llama":
-            raise ValueError(f"{source}: model_type {arch!r} is not supported; the reference "
-                             "engine runs Llama-family checkpoints (model_type 'llama')")
+            raise ValueError(
+                f"{source}: model_type {arch!r} is not supported; the reference "
+                "engine runs Llama-family checkpoints (model_type 'llama')"
+            )
         if config.get("attention_bias") or config.get("mlp_bias"):
             raise ValueError(f"{source}: attention_bias/mlp_bias are not supported")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -65,14 +67,22 @@ class LlamaShape:
 
     def to_hf_config(self) -> dict:
         return {
-            "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim, "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps, "tie_word_embeddings": self.tie_word_embeddings,
-            "max_position_embeddings": self.max_position_embeddings, "hidden_act": "silu",
-            "attention_bias": False, "mlp_bias": False,
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
         }
 
     @property
@@ -87,8 +97,7 @@ class WeightSource(Protocol):
 
     def keys(self) -> set[str]: ...
 
-    def get(self, name: str, *, dim: int | None = None, start: int = 0, stop: int | None = None
-            ) -> torch.Tensor: ...
+    def get(self, name: str, *, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor: ...
 
 
 class SafetensorsWeights:
@@ -109,8 +118,7 @@ class SafetensorsWeights:
     def keys(self) -> set[str]:
         return set(self._where)
 
-    def get(self, name: str, *, dim: int | None = None, start: int = 0, stop: int | None = None
-            ) -> torch.Tensor:
+    def get(self, name: str, *, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         handle = self._where.get(name)
         if handle is None:
             raise KeyError(f"tensor {name!r} is not in the checkpoint")
@@ -137,8 +145,7 @@ class SeededWeights:
     def keys(self) -> set[str]:
         return set(self._shapes)
 
-    def get(self, name: str, *, dim: int | None = None, start: int = 0, stop: int | None = None
-            ) -> torch.Tensor:
+    def get(self, name: str, *, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         if name not in self._shapes:
             raise KeyError(f"tensor {name!r} is not in the tiny model")
         size = self._shapes[name]
@@ -158,8 +165,7 @@ class SeededWeights:
 def hf_tensor_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
     """Tensor names and sizes in transformers' LlamaForCausalLM layout."""
     h, d, i = shape.hidden_size, shape.head_dim, shape.intermediate_size
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h),
-                                        "model.norm.weight": (h,)}
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h), "model.norm.weight": (h,)}
     if not shape.tie_word_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, h)
     for n in range(shape.num_layers):
@@ -177,9 +183,19 @@ def hf_tensor_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
 
 
 TINY_SEED = 20261202
-TINY_SHAPE = LlamaShape(vocab_size=256 + 5, hidden_size=64, intermediate_size=160, num_layers=4,
-                        num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
-                        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=2048)
+TINY_SHAPE = LlamaShape(
+    vocab_size=256 + 5,
+    hidden_size=64,
+    intermediate_size=160,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    max_position_embeddings=2048,
+)
 
 
 @dataclass
@@ -193,8 +209,9 @@ class ModelSource:
 def resolve_model(model: str, *, progress: Callable[[str], None] | None = None) -> ModelSource:
     """`tiny`, `smollm2` (converted on first use, cached) or a checkpoint directory."""
     if model == "tiny":
-        return ModelSource(name="tiny", shape=TINY_SHAPE, weights=SeededWeights(TINY_SHAPE, TINY_SEED),
-                           make_tokenizer=ByteTokenizer)
+        return ModelSource(
+            name="tiny", shape=TINY_SHAPE, weights=SeededWeights(TINY_SHAPE, TINY_SEED), make_tokenizer=ByteTokenizer
+        )
     if model == "smollm2":
         from runtime.models.smollm2 import ensure_smollm2
 
@@ -202,15 +219,20 @@ def resolve_model(model: str, *, progress: Callable[[str], None] | None = None) 
     path = Path(model)
     if path.is_dir():
         return _from_dir(path.name, path)
-    raise ValueError(f"model {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
-                     "nor an existing checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+    raise ValueError(
+        f"model {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
+        "nor an existing checkpoint directory (config.json, *.safetensors, tokenizer.json)"
+    )
 
 
 def _from_dir(name: str, model_dir: Path) -> ModelSource:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{model_dir} has no config.json; a checkpoint directory needs "
-                                "config.json, *.safetensors and tokenizer.json")
+        raise FileNotFoundError(
+            f"{model_dir} has no config.json; a checkpoint directory needs "
+            "config.json, *.safetensors and tokenizer.json"
+        )
     shape = LlamaShape.from_config(json.loads(config_path.read_text()), source=str(config_path))
-    return ModelSource(name=name, shape=shape, weights=SafetensorsWeights(model_dir),
-                       make_tokenizer=lambda: HFTokenizer(model_dir))
+    return ModelSource(
+        name=name, shape=shape, weights=SafetensorsWeights(model_dir), make_tokenizer=lambda: HFTokenizer(model_dir)
+    )

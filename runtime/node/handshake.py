@@ -13,16 +13,17 @@ from pydantic import BaseModel, ConfigDict
 
 from runtime.membership import Role
 
-STATUS_PATH = "/unit/status"   # member-to-member formation handshake (internal)
+STATUS_PATH = "/unit/status"  # member-to-member formation handshake (internal)
 
 
 class UnitState(StrEnum):
     """The unit as one member sees it; the value is /health/ready's `state`."""
-    FORMING = "forming"     # rendezvous, waiting for members, or the engine warming up
-    READY = "ready"         # formed and serving
-    BROKEN = "broken"       # the engine failed (the unit re-forms) or the restart budget is spent
-    DRAINING = "draining"   # told to stop: finishing in-flight requests, taking no new ones
-    STOPPED = "stopped"     # drained; the process is about to exit
+
+    FORMING = "forming"  # rendezvous, waiting for members, or the engine warming up
+    READY = "ready"  # formed and serving
+    BROKEN = "broken"  # the engine failed (the unit re-forms) or the restart budget is spent
+    DRAINING = "draining"  # told to stop: finishing in-flight requests, taking no new ones
+    STOPPED = "stopped"  # drained; the process is about to exit
 
 
 class _Wire(BaseModel):
@@ -48,30 +49,32 @@ class Load(_Wire):
 
 class ReadyBody(_Wire):
     """/health/ready's body; the router routes to members whose role is leader (docs/node.md)."""
+
     ready: bool
     state: UnitState
-    unit: str               # contract.ATTR_UNIT
-    revision: str           # contract.ATTR_REVISION
-    rank: int               # -1 before rendezvous ranked this member
+    unit: str  # contract.ATTR_UNIT
+    revision: str  # contract.ATTR_REVISION
+    rank: int  # -1 before rendezvous ranked this member
     world_size: int
-    role: Role              # contract.ATTR_ROLE
-    cell: str               # contract.ATTR_CELL: FLOTILLA_CELL_ID, "" locally
+    role: Role  # contract.ATTR_ROLE
+    cell: str  # contract.ATTR_CELL: FLOTILLA_CELL_ID, "" locally
     load: Load
 
 
 class Offer(_Wire):
     """The leader's offer of one formation; a follower joins it when its boot id is named."""
+
     formation: str
     dist_port: int
-    boot_ids: dict[int, str]    # follower rank -> the boot id it had when the offer was made (JSON: "1": ...)
+    boot_ids: dict[int, str]  # follower rank -> the boot id it had when the offer was made (JSON: "1": ...)
 
 
 class MemberStatus(ReadyBody):
     """STATUS_PATH's body: the member's ready body plus where it is in the handshake."""
-    boot_id: str                # new each process start: a restarted member is a different member
-    formation: str | None       # the formation this member is part of, None while waiting
-    offer: Offer | None         # leader: the formation on offer
+
+    boot_id: str  # new each process start: a restarted member is a different member
+    formation: str | None  # the formation this member is part of, None while waiting
+    offer: Offer | None  # leader: the formation on offer
     draining: bool
     engine_alive: bool
     engine_ready: bool
-

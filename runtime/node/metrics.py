@@ -11,25 +11,30 @@ _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 class NodeMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("flotilla_requests", "API requests by endpoint and HTTP status",
-                                ["endpoint", "status"], registry=r)
-        self.errors = Counter("flotilla_request_errors", "API requests that ended in an error, by kind",
-                              ["endpoint", "kind"], registry=r)
-        self.ttft = Histogram("flotilla_time_to_first_token_seconds", "arrival to first token",
-                              buckets=_LATENCY, registry=r)
-        self.per_token = Histogram("flotilla_time_per_output_token_seconds",
-                                   "mean time between output tokens after the first, per request",
-                                   buckets=_PER_TOKEN, registry=r)
-        self.duration = Histogram("flotilla_request_duration_seconds", "arrival to finish",
-                                  buckets=_LATENCY, registry=r)
+        self.requests = Counter(
+            "flotilla_requests", "API requests by endpoint and HTTP status", ["endpoint", "status"], registry=r
+        )
+        self.errors = Counter(
+            "flotilla_request_errors", "API requests that ended in an error, by kind", ["endpoint", "kind"], registry=r
+        )
+        self.ttft = Histogram(
+            "flotilla_time_to_first_token_seconds", "arrival to first token", buckets=_LATENCY, registry=r
+        )
+        self.per_token = Histogram(
+            "flotilla_time_per_output_token_seconds",
+            "mean time between output tokens after the first, per request",
+            buckets=_PER_TOKEN,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "flotilla_request_duration_seconds", "arrival to finish", buckets=_LATENCY, registry=r
+        )
         self.prompt_tokens = Counter("flotilla_prompt_tokens", "prompt tokens processed", registry=r)
         self.completion_tokens = Counter("flotilla_completion_tokens", "tokens generated", registry=r)
         self.queue_depth = Gauge("flotilla_queue_depth", "requests waiting for a batch slot", registry=r)
         self.running = Gauge("flotilla_running_sequences", "sequences in the running batch", registry=r)
         self.max_running = Gauge("flotilla_max_running_sequences", "batch slots", registry=r)
-        self.kv_cache_used = Gauge("flotilla_kv_cache_used_ratio", "fraction of the KV-cache budget in use",
-                                   registry=r)
+        self.kv_cache_used = Gauge("flotilla_kv_cache_used_ratio", "fraction of the KV-cache budget in use", registry=r)
         self.in_flight = Gauge("flotilla_in_flight_requests", "API requests being served", registry=r)
-        self.ready = Gauge("flotilla_unit_ready", "1 when the unit is formed, warm and not draining",
-                           registry=r)
+        self.ready = Gauge("flotilla_unit_ready", "1 when the unit is formed, warm and not draining", registry=r)
         self.reforms = Counter("flotilla_unit_reforms", "times the unit had to re-form", registry=r)

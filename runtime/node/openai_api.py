@@ -32,22 +32,31 @@ ROLES: tuple[str, ...] = get_args(Role)
 MAX_STOP = 4
 MAX_STOP_LEN = 256
 
-_INVALID = "invalid_request"                    # the error type every rule below raises
+_INVALID = "invalid_request"  # the error type every rule below raises
 _NOT_FOUND = "model_not_found"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
 
     def body(self) -> dict[str, Any]:
-        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param,
-                                             code=self.code)).model_dump()
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+        ).model_dump()
 
 
 # -- rules: each turns a field's bad value into one line naming the field and the fix -------------------
+
 
 def _reject(message: str, *, param: str | None = None) -> PydanticCustomError:
     # No context dict: pydantic formats `{name}` placeholders only from the context, so the braces
@@ -71,20 +80,24 @@ def _fill(template: str, info: ValidationInfo) -> str:
 def explain(requirement: str) -> WrapValidator:
     """Any error validating the field (type, range, length, missing) becomes `requirement` followed by
     the value sent."""
+
     def validate(value: Any, handler: Any, info: ValidationInfo) -> Any:
         try:
             return handler(value)
         except ValidationError:
             raise _reject(f"{_fill(requirement, info)}; got {_shown(value)}") from None
+
     return WrapValidator(validate)
 
 
 def unsupported(message: str, *, allowed: tuple[Any, ...] = (None,), param: str | None = None) -> AfterValidator:
     """A field this unit does not implement: any value but the neutral ones in `allowed` gets a 400."""
+
     def validate(value: Any, info: ValidationInfo) -> Any:
         if value not in allowed:
             raise _reject(_fill(message, info), param=param)
         return value
+
     return AfterValidator(validate)
 
 
@@ -102,7 +115,7 @@ def _context(info: ValidationInfo) -> dict[str, Any]:
 
 def _within_limit(value: int | None, info: ValidationInfo) -> int | None:
     if value is not None and value > _context(info)["max_tokens_limit"]:
-        raise ValueError("above max_tokens_limit")        # explain() words it
+        raise ValueError("above max_tokens_limit")  # explain() words it
     return value
 
 
@@ -111,8 +124,7 @@ def _served_model(value: Any, info: ValidationInfo) -> str:
     if not isinstance(value, str) or not value:
         raise _reject(f"'model' is required and must be a string; this unit serves '{served}'")
     if value != served:
-        raise PydanticCustomError(_NOT_FOUND, f"The model '{value[:200]}' does not exist; this unit serves "
-                                              f"'{served}'")
+        raise PydanticCustomError(_NOT_FOUND, f"The model '{value[:200]}' does not exist; this unit serves '{served}'")
     return value
 
 
@@ -128,10 +140,12 @@ def _stop_as_list(value: Any) -> Any:
 
 def _non_empty_list(message: str) -> BeforeValidator:
     """The field must be a non-empty JSON array; its items are then validated (and named) one by one."""
+
     def validate(value: Any) -> Any:
         if not isinstance(value, list) or not value:
             raise _reject(message)
         return value
+
     return BeforeValidator(validate)
 
 
@@ -145,26 +159,35 @@ def _content_as_parts(value: Any) -> Any:
 
 def _one_prompt(value: Any) -> Any:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        return value[0]                                     # a batch of one
+        return value[0]  # a batch of one
     if isinstance(value, list) and len(value) > 1 and not all(type(t) is int for t in value):
         raise _reject("batched prompts are not supported: send one prompt per request")
     return value
 
 
-Int = Annotated[int, Strict()]                               # JSON true, 1.5 and "1" are not integers
-Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]   # an int is a number; true is not
-MaxTokens = Annotated[Int | None, Field(ge=1), AfterValidator(_within_limit),
-                      explain("'{field}' must be an integer between 1 and {max_tokens_limit}")]
-Penalty = Annotated[Number, Field(ge=-2.0, le=2.0), explain("'{field}' must be a number between -2.0 and 2.0"),
-                    null_is(0.0),
-                    unsupported("'{field}' is not supported by this engine: leave it out or set it to 0",
-                                allowed=(0.0,))]
+Int = Annotated[int, Strict()]  # JSON true, 1.5 and "1" are not integers
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # an int is a number; true is not
+MaxTokens = Annotated[
+    Int | None,
+    Field(ge=1),
+    AfterValidator(_within_limit),
+    explain("'{field}' must be an integer between 1 and {max_tokens_limit}"),
+]
+Penalty = Annotated[
+    Number,
+    Field(ge=-2.0, le=2.0),
+    explain("'{field}' must be a number between -2.0 and 2.0"),
+    null_is(0.0),
+    unsupported("'{field}' is not supported by this engine: leave it out or set it to 0", allowed=(0.0,)),
+]
 _NO_LOGPROBS = "logprobs are not supported: leave 'logprobs' and 'top_logprobs' out"
-PlainTextOnly = Annotated[Any, unsupported("'{field}' is not supported: this unit generates plain text",
-                                           allowed=(None, [], "none"))]
+PlainTextOnly = Annotated[
+    Any, unsupported("'{field}' is not supported: this unit generates plain text", allowed=(None, [], "none"))
+]
 
 
 # -- requests -------------------------------------------------------------------------------------------
+
 
 class OpenAIBaseModel(BaseModel):
     # Fields this unit does not know are ignored: a newer client may send options an older unit lacks.
@@ -183,9 +206,11 @@ class TextPart(OpenAIBaseModel):
 class ChatMessage(OpenAIBaseModel):
     role: Annotated[Role, explain(f"'role' must be one of {', '.join(ROLES)}")] = Field(None, validate_default=True)
     content: Annotated[
-        tuple[Annotated[TextPart, explain("only text content parts ({\"type\": \"text\", \"text\": \"...\"}) "
-                                          "are supported")], ...],
-        BeforeValidator(_content_as_parts)] = Field(None, validate_default=True)
+        tuple[
+            Annotated[TextPart, explain('only text content parts ({"type": "text", "text": "..."}) are supported')], ...
+        ],
+        BeforeValidator(_content_as_parts),
+    ] = Field(None, validate_default=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -203,15 +228,20 @@ class ChatMessage(OpenAIBaseModel):
 # of the first. pydantic orders fields base class first along the MRO, so a chat request checks
 # _Request's, then max_completion_tokens, then _Sampling's, then its own.
 
+
 class _Request(OpenAIBaseModel):
     """What both endpoints share before the sampling settings."""
+
     model: Annotated[str, PlainValidator(_served_model)] = Field(None, validate_default=True)
     stream: Annotated[bool, Strict(), explain("'stream' must be true or false"), null_is(False)] = False
     stream_options: Annotated[
-        StreamOptions | None, explain("'stream_options' must be an object like {\"include_usage\": true}"),
-        AfterValidator(_stream_options_need_stream)] = None
-    n: Annotated[Int | None, Field(ge=1, le=1),
-                 explain("only 'n': 1 is supported: send one request per completion")] = None
+        StreamOptions | None,
+        explain("'stream_options' must be an object like {\"include_usage\": true}"),
+        AfterValidator(_stream_options_need_stream),
+    ] = None
+    n: Annotated[
+        Int | None, Field(ge=1, le=1), explain("only 'n': 1 is supported: send one request per completion")
+    ] = None
     seed: Annotated[Int | None, Field(ge=-(2**63), lt=2**64), explain("'seed' must be a 64-bit integer")] = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
@@ -240,12 +270,15 @@ class _Request(OpenAIBaseModel):
 
     @staticmethod
     def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens)
+        return UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
 
 
 class _ChatMaxTokens(_Request):
-    max_completion_tokens: MaxTokens = None       # OpenAI's newer name for max_tokens
+    max_completion_tokens: MaxTokens = None  # OpenAI's newer name for max_tokens
 
     @model_validator(mode="before")
     @classmethod
@@ -257,19 +290,31 @@ class _ChatMaxTokens(_Request):
 
 
 class _Sampling(_Request):
-    max_tokens: MaxTokens = None                  # None: fill what the context allows, up to the default
-    temperature: Annotated[Number, Field(ge=0.0, le=2.0), explain("'temperature' must be a number between 0 and 2"),
-                           null_is(1.0)] = 1.0    # OpenAI's default
-    top_p: Annotated[Number, Field(gt=0.0, le=1.0),
-                     explain("'top_p' must be a number greater than 0 and at most 1"), null_is(1.0)] = 1.0
-    stop: Annotated[tuple[Annotated[str, Strict(), Field(max_length=MAX_STOP_LEN)], ...], Field(max_length=MAX_STOP),
-                    explain(f"'stop' must be a string or a list of up to {MAX_STOP} strings of at most "
-                            f"{MAX_STOP_LEN} characters"), BeforeValidator(_stop_as_list), null_is(())] = ()
+    max_tokens: MaxTokens = None  # None: fill what the context allows, up to the default
+    temperature: Annotated[
+        Number, Field(ge=0.0, le=2.0), explain("'temperature' must be a number between 0 and 2"), null_is(1.0)
+    ] = 1.0  # OpenAI's default
+    top_p: Annotated[
+        Number, Field(gt=0.0, le=1.0), explain("'top_p' must be a number greater than 0 and at most 1"), null_is(1.0)
+    ] = 1.0
+    stop: Annotated[
+        tuple[Annotated[str, Strict(), Field(max_length=MAX_STOP_LEN)], ...],
+        Field(max_length=MAX_STOP),
+        explain(f"'stop' must be a string or a list of up to {MAX_STOP} strings of at most {MAX_STOP_LEN} characters"),
+        BeforeValidator(_stop_as_list),
+        null_is(()),
+    ] = ()
 
     def _sampling(self, max_tokens: int | None, default_max_tokens: int) -> dict[str, Any]:
-        return {"max_tokens": max_tokens, "default_max_tokens": default_max_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                "stop": [s for s in self.stop if s], "ignore_eos": self.ignore_eos}
+        return {
+            "max_tokens": max_tokens,
+            "default_max_tokens": default_max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": [s for s in self.stop if s],
+            "ignore_eos": self.ignore_eos,
+        }
 
 
 class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
@@ -277,35 +322,52 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
     functions: PlainTextOnly = None
     tool_choice: PlainTextOnly = None
     function_call: PlainTextOnly = None
-    response_format: Annotated[Any, unsupported("only {\"type\": \"text\"} is supported as 'response_format'",
-                                                allowed=(None, {"type": "text"}))] = None
-    messages: Annotated[tuple[ChatMessage, ...], _non_empty_list(
-        "'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects")] = Field(
-        None, validate_default=True)
+    response_format: Annotated[
+        Any, unsupported('only {"type": "text"} is supported as \'response_format\'', allowed=(None, {"type": "text"}))
+    ] = None
+    messages: Annotated[
+        tuple[ChatMessage, ...],
+        _non_empty_list('\'messages\' must be a non-empty list of {"role": ..., "content": ...} objects'),
+    ] = Field(None, validate_default=True)
 
     def engine_payload(self, *, default_max_tokens: int) -> dict[str, Any]:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return {**self._sampling(max_tokens, default_max_tokens),
-                "messages": [{"role": m.role, "content": m.text} for m in self.messages]}
+        return {
+            **self._sampling(max_tokens, default_max_tokens),
+            "messages": [{"role": m.role, "content": m.text} for m in self.messages],
+        }
 
-    def response(self, *, rid: str, created: int, text: str, finish_reason: str, prompt_tokens: int,
-                 completion_tokens: int) -> ChatCompletionResponse:
+    def response(
+        self, *, rid: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    ) -> ChatCompletionResponse:
         return ChatCompletionResponse(
-            id=rid, created=created, model=self.model,
+            id=rid,
+            created=created,
+            model=self.model,
             choices=[ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)],
-            usage=self._usage(prompt_tokens, completion_tokens))
+            usage=self._usage(prompt_tokens, completion_tokens),
+        )
 
-    def chunk(self, *, rid: str, created: int, text: str | None, finish_reason: str | None,
-              first: bool = False) -> ChatCompletionChunk:
+    def chunk(
+        self, *, rid: str, created: int, text: str | None, finish_reason: str | None, first: bool = False
+    ) -> ChatCompletionChunk:
         """One streamed piece; the first carries the assistant role."""
-        return ChatCompletionChunk(id=rid, created=created, model=self.model, choices=[ChatCompletionChunkChoice(
-            delta=DeltaMessage(role="assistant" if first else None, content=text), finish_reason=finish_reason)],
-            **self._null_usage())
+        return ChatCompletionChunk(
+            id=rid,
+            created=created,
+            model=self.model,
+            choices=[
+                ChatCompletionChunkChoice(
+                    delta=DeltaMessage(role="assistant" if first else None, content=text), finish_reason=finish_reason
+                )
+            ],
+            **self._null_usage(),
+        )
 
-    def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int,
-                    completion_tokens: int) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=rid, created=created, model=self.model, choices=[],
-                                   usage=self._usage(prompt_tokens, completion_tokens))
+    def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=rid, created=created, model=self.model, choices=[], usage=self._usage(prompt_tokens, completion_tokens)
+        )
 
 
 class CompletionRequest(_Sampling):
@@ -316,7 +378,8 @@ class CompletionRequest(_Sampling):
         Annotated[str, StringConstraints(strict=True, min_length=1)]
         | Annotated[tuple[Annotated[Int, Field(ge=0)], ...], Field(min_length=1)],
         explain("'prompt' must be a non-empty string or a non-empty list of non-negative token ids"),
-        BeforeValidator(_one_prompt)] = Field(None, validate_default=True)
+        BeforeValidator(_one_prompt),
+    ] = Field(None, validate_default=True)
 
     def engine_payload(self, *, default_max_tokens: int) -> dict[str, Any]:
         p = self._sampling(self.max_tokens, default_max_tokens)
@@ -326,21 +389,32 @@ class CompletionRequest(_Sampling):
             p["prompt_ids"] = list(self.prompt)
         return p
 
-    def response(self, *, rid: str, created: int, text: str, finish_reason: str, prompt_tokens: int,
-                 completion_tokens: int) -> CompletionResponse:
-        return CompletionResponse(id=rid, created=created, model=self.model,
-                                  choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
-                                  usage=self._usage(prompt_tokens, completion_tokens))
+    def response(
+        self, *, rid: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+    ) -> CompletionResponse:
+        return CompletionResponse(
+            id=rid,
+            created=created,
+            model=self.model,
+            choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
+            usage=self._usage(prompt_tokens, completion_tokens),
+        )
 
-    def chunk(self, *, rid: str, created: int, text: str | None, finish_reason: str | None,
-              first: bool = False) -> CompletionChunk:
-        return CompletionChunk(id=rid, created=created, model=self.model,
-                               choices=[CompletionChoice(text=text or "", finish_reason=finish_reason)],
-                               **self._null_usage())
+    def chunk(
+        self, *, rid: str, created: int, text: str | None, finish_reason: str | None, first: bool = False
+    ) -> CompletionChunk:
+        return CompletionChunk(
+            id=rid,
+            created=created,
+            model=self.model,
+            choices=[CompletionChoice(text=text or "", finish_reason=finish_reason)],
+            **self._null_usage(),
+        )
 
     def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> CompletionChunk:
-        return CompletionChunk(id=rid, created=created, model=self.model, choices=[],
-                               usage=self._usage(prompt_tokens, completion_tokens))
+        return CompletionChunk(
+            id=rid, created=created, model=self.model, choices=[], usage=self._usage(prompt_tokens, completion_tokens)
+        )
 
 
 ParsedRequest = ChatCompletionRequest | CompletionRequest
@@ -358,7 +432,7 @@ def _parse(cls: type[_Request], body: Any, served_model: str, max_tokens_limit: 
     try:
         return cls.model_validate(body, context={"served_model": served_model, "max_tokens_limit": max_tokens_limit})
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]     # fields are declared in the order they are checked
+        first = exc.errors(include_url=False)[0]  # fields are declared in the order they are checked
     param = (first.get("ctx") or {}).get("param") or _param(first["loc"])
     if first["type"] == _NOT_FOUND:
         raise ApiError(404, first["msg"], param="model", code=_NOT_FOUND) from None
@@ -377,6 +451,7 @@ def parse_completion(body: Any, *, served_model: str, max_tokens_limit: int) -> 
 
 
 # -- responses ------------------------------------------------------------------------------------------
+
 
 class UsageInfo(BaseModel):
     prompt_tokens: int

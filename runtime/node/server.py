@@ -20,10 +20,10 @@ from pydantic import BaseModel
 
 import contract
 from runtime import emf
-from runtime.node.metrics import NodeMetrics
-from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
 from runtime.logs import jlog
 from runtime.node.handshake import STATUS_PATH
+from runtime.node.metrics import NodeMetrics
+from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
@@ -42,18 +42,27 @@ class LeaderApi:
 
     # -- plumbing -----------------------------------------------------------------------------------
     def _headers(self, request_id: str, arrival: float) -> dict[str, str]:
-        return {contract.REQUEST_ID_HEADER: request_id, contract.ARRIVAL_HEADER: f"{arrival:.6f}",
-                contract.UNIT_HEADER: self.sup.s.unit_id, contract.REVISION_HEADER: self.sup.s.revision}
+        return {
+            contract.REQUEST_ID_HEADER: request_id,
+            contract.ARRIVAL_HEADER: f"{arrival:.6f}",
+            contract.UNIT_HEADER: self.sup.s.unit_id,
+            contract.REVISION_HEADER: self.sup.s.revision,
+        }
 
     def _unavailable(self, message: str, headers: dict[str, str]) -> web.Response:
         h = {**headers, "Retry-After": RETRY_AFTER_S}
-        return web.json_response(ApiError(503, message, type_="service_unavailable", code="unit_unavailable").body(),
-                                 status=503, headers=h)
+        return web.json_response(
+            ApiError(503, message, type_="service_unavailable", code="unit_unavailable").body(), status=503, headers=h
+        )
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.sup.s.model_name, "object": "model", "created": 0, "owned_by": "flotilla"}]},
-            headers={contract.UNIT_HEADER: self.sup.s.unit_id, contract.REVISION_HEADER: self.sup.s.revision})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.sup.s.model_name, "object": "model", "created": 0, "owned_by": "flotilla"}],
+            },
+            headers={contract.UNIT_HEADER: self.sup.s.unit_id, contract.REVISION_HEADER: self.sup.s.revision},
+        )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")
@@ -68,8 +77,14 @@ class LeaderApi:
         given = request.headers.get(contract.REQUEST_ID_HEADER, "")
         rid = given if _REQUEST_ID_OK.match(given) else f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         headers = self._headers(rid, arrival)
-        rec: dict[str, Any] = {"request_id": rid, "endpoint": endpoint, "kind": kind, "arrival": round(arrival, 6),
-                               "unit": self.sup.s.unit_id, "revision": self.sup.s.revision}
+        rec: dict[str, Any] = {
+            "request_id": rid,
+            "endpoint": endpoint,
+            "kind": kind,
+            "arrival": round(arrival, 6),
+            "unit": self.sup.s.unit_id,
+            "revision": self.sup.s.revision,
+        }
         status = 500
         self.sup.in_flight += 1
         self.m.in_flight.inc()
@@ -94,8 +109,9 @@ class LeaderApi:
             jlog("request", **rec)
             self.sup.request_finished()
 
-    async def _serve_inner(self, request: web.Request, kind: str, rid: str, arrival: float,
-                           headers: dict[str, str], rec: dict[str, Any]) -> web.StreamResponse:
+    async def _serve_inner(
+        self, request: web.Request, kind: str, rid: str, arrival: float, headers: dict[str, str], rec: dict[str, Any]
+    ) -> web.StreamResponse:
         if self.sup.draining:
             rec["error_kind"] = "draining"
             return self._unavailable("this unit is draining for shutdown; retry on another unit", headers)
@@ -108,13 +124,14 @@ class LeaderApi:
         engine = self.sup.engine
         if not self.sup.ready() or engine is None:
             rec["error_kind"] = "not_ready"
-            return self._unavailable(f"the unit is {self.sup.state}, not ready to serve; retry shortly or on "
-                                     "another unit", headers)
+            return self._unavailable(
+                f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
+            )
         stream = engine.submit(rid, **req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind]))
         events = engine.events(stream)
         done = False
         try:
-            first = await events.__anext__()          # accepted, or a rejection before any output
+            first = await events.__anext__()  # accepted, or a rejection before any output
             if first["op"] == "error":
                 done = True
                 return self._engine_error(first, headers, rec)
@@ -129,7 +146,7 @@ class LeaderApi:
             return resp
         finally:
             if not done:
-                engine.cancel(rid)              # client went away (handler cancelled) or write failed
+                engine.cancel(rid)  # client went away (handler cancelled) or write failed
                 rec.setdefault("error_kind", "client_disconnected")
                 rec.setdefault("error", "client disconnected")
                 rec.setdefault("status", 499)
@@ -138,8 +155,15 @@ class LeaderApi:
         rec["error_kind"] = ev["kind"]
         rec["error"] = ev["message"]
         if ev["kind"] == "rejected":
-            return _error(ApiError(400, ev["message"], param="messages" if rec["kind"] == "chat" else "prompt",
-                                   code="context_length_exceeded" if "context" in ev["message"] else None), headers)
+            return _error(
+                ApiError(
+                    400,
+                    ev["message"],
+                    param="messages" if rec["kind"] == "chat" else "prompt",
+                    code="context_length_exceeded" if "context" in ev["message"] else None,
+                ),
+                headers,
+            )
         if ev["kind"] == "broken":
             return self._unavailable(ev["message"], headers)
         return _error(ApiError(500, f"the engine failed: {ev['message']}", type_="server_error"), headers)
@@ -156,20 +180,37 @@ class LeaderApi:
         rec["completion_tokens"] = n
         self.m.completion_tokens.inc(n)
         try:
-            emf.write_lines([emf.request_line(
-                request_id=rec["request_id"], cell=self.sup.s.cell_id, output_tokens=n,
-                ttft_ms=None if first_token is None else (first_token - arrival) * 1000.0, timestamp_s=finish)])
-        except OSError as e:   # stdout gone: a metric must never fail the request it measures
+            emf.write_lines(
+                [
+                    emf.request_line(
+                        request_id=rec["request_id"],
+                        cell=self.sup.s.cell_id,
+                        output_tokens=n,
+                        ttft_ms=None if first_token is None else (first_token - arrival) * 1000.0,
+                        timestamp_s=finish,
+                    )
+                ]
+            )
+        except OSError as e:  # stdout gone: a metric must never fail the request it measures
             rec["emf_error"] = str(e)
 
-    async def _collect(self, req: ParsedRequest, kind: str, rid: str, events: Any, headers: dict[str, str],
-                       rec: dict[str, Any], arrival: float, prompt_tokens: int) -> web.Response:
+    async def _collect(
+        self,
+        req: ParsedRequest,
+        kind: str,
+        rid: str,
+        events: Any,
+        headers: dict[str, str],
+        rec: dict[str, Any],
+        arrival: float,
+        prompt_tokens: int,
+    ) -> web.Response:
         text, n, finish_reason, first_token = [], 0, None, None
         async for ev in events:
             if ev["op"] == "token":
                 if first_token is None:
                     first_token = time.time()
-                n += ev.get("token_id", 0) >= 0   # -1: a finish-only event (neuron engine), not a token
+                n += ev.get("token_id", 0) >= 0  # -1: a finish-only event (neuron engine), not a token
                 rec["completion_tokens"] = n
                 text.append(ev["text"])
                 finish_reason = ev.get("finish_reason") or finish_reason
@@ -181,15 +222,37 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(rid=rid, created=int(arrival), text="".join(text), finish_reason=finish_reason or "stop",
-                            prompt_tokens=prompt_tokens, completion_tokens=n)
+        body = req.response(
+            rid=rid,
+            created=int(arrival),
+            text="".join(text),
+            finish_reason=finish_reason or "stop",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=n,
+        )
         return web.json_response(body.model_dump(), headers=headers)
 
-    async def _stream(self, request: web.Request, req: ParsedRequest, kind: str, rid: str, events: Any,
-                      headers: dict[str, str], rec: dict[str, Any], arrival: float,
-                      prompt_tokens: int) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "text/event-stream",
-                                                       "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    async def _stream(
+        self,
+        request: web.Request,
+        req: ParsedRequest,
+        kind: str,
+        rid: str,
+        events: Any,
+        headers: dict[str, str],
+        rec: dict[str, Any],
+        arrival: float,
+        prompt_tokens: int,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            status=200,
+            headers={
+                **headers,
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            },
+        )
         await resp.prepare(request)
         created = int(arrival)
 
@@ -206,13 +269,14 @@ class LeaderApi:
                 if ev["op"] == "token":
                     if first_token is None:
                         first_token = time.time()
-                    n += ev.get("token_id", 0) >= 0   # -1: a finish-only event, not a token
+                    n += ev.get("token_id", 0) >= 0  # -1: a finish-only event, not a token
                     rec["completion_tokens"] = n
-                    await send(req.chunk(rid=rid, created=created, text=ev["text"],
-                                         finish_reason=ev.get("finish_reason")))
+                    await send(
+                        req.chunk(rid=rid, created=created, text=ev["text"], finish_reason=ev.get("finish_reason"))
+                    )
                 elif ev["op"] == "error":
                     break
-        except ConnectionError:                     # the client went away mid-stream
+        except ConnectionError:  # the client went away mid-stream
             rec["client_gone"] = True
             self._timing(rec, arrival, first_token, n)
             return resp
@@ -220,8 +284,11 @@ class LeaderApi:
             self._timing(rec, arrival, first_token, n)
             rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
             rec["status"] = 200
-            err = ApiError(503 if ev["kind"] == "broken" else 500, ev["message"],
-                           type_="service_unavailable" if ev["kind"] == "broken" else "server_error")
+            err = ApiError(
+                503 if ev["kind"] == "broken" else 500,
+                ev["message"],
+                type_="service_unavailable" if ev["kind"] == "broken" else "server_error",
+            )
             # The status line is already sent: an `error` event, then close (no [DONE]).
             try:
                 await send(err.body())
@@ -232,8 +299,7 @@ class LeaderApi:
         self._timing(rec, arrival, first_token, n)
         try:
             if req.include_usage:
-                await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens,
-                                           completion_tokens=n))
+                await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:
@@ -250,16 +316,20 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
     except web.HTTPException as e:
         if not request.path.startswith("/v1") or e.status < 400:
             raise
-        msg = {404: f"unknown path {request.path}: use /v1/chat/completions, /v1/completions or /v1/models",
-               405: f"{request.method} is not allowed on {request.path}",
-               413: "the request body is too large (limit 4 MiB): shorten the prompt"}.get(e.status, e.reason)
+        msg = {
+            404: f"unknown path {request.path}: use /v1/chat/completions, /v1/completions or /v1/models",
+            405: f"{request.method} is not allowed on {request.path}",
+            413: "the request body is too large (limit 4 MiB): shorten the prompt",
+        }.get(e.status, e.reason)
         return web.json_response(ApiError(e.status, msg).body(), status=e.status)
     except Exception as e:  # a bug: log it loudly, answer in OpenAI's shape
         if not request.path.startswith("/v1"):
             raise
         logging.getLogger("flotilla.node").exception("unhandled error on %s", request.path)
-        return web.json_response(ApiError(500, f"internal error ({type(e).__name__}); see the node's log",
-                                          type_="server_error").body(), status=500)
+        return web.json_response(
+            ApiError(500, f"internal error ({type(e).__name__}); see the node's log", type_="server_error").body(),
+            status=500,
+        )
 
 
 def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
@@ -268,8 +338,9 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
 
     async def live(_: web.Request) -> web.Response:
         ok = sup.live()
-        return web.json_response({"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank},
-                                 status=200 if ok else 503)
+        return web.json_response(
+            {"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank}, status=200 if ok else 503
+        )
 
     async def ready(_: web.Request) -> web.Response:
         body = sup.ready_body()
@@ -285,13 +356,17 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         metrics.max_running.set(ld.max_running)
         metrics.kv_cache_used.set(ld.kv_cache_used)
         metrics.ready.set(1 if sup.ready() else 0)
-        return web.Response(body=generate_latest(metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def not_leader(request: web.Request) -> web.Response:
-        return web.json_response(ApiError(
-            421, f"this member is rank {sup.rank}, a follower: send API requests to the unit's leader (rank 0)",
-            code="not_leader").body(), status=421)
+        return web.json_response(
+            ApiError(
+                421,
+                f"this member is rank {sup.rank}, a follower: send API requests to the unit's leader (rank 0)",
+                code="not_leader",
+            ).body(),
+            status=421,
+        )
 
     app.router.add_get(contract.NODE_LIVE_PATH, live)
     app.router.add_get(contract.NODE_READY_PATH, ready)

@@ -35,11 +35,13 @@ from runtime.engines.neuron.launch import (
 
 ENGINES = ("reference", "echo", "neuron")
 RENDEZVOUS = ("static", "ecs")
-STRATEGIES = ("pipeline", "tensor")     # runtime.engines.layout.STRATEGIES (that module imports torch)
+STRATEGIES = ("pipeline", "tensor")  # runtime.engines.layout.STRATEGIES (that module imports torch)
 BUILTIN_MODELS = ("tiny", "smollm2")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "node.md"
-DOCS_BEGIN = "<!-- BEGIN settings: rendered from runtime/node/settings.py by " \
-             "`python -m runtime.node.settings --write-docs`; edit the declarations, not this table -->"
+DOCS_BEGIN = (
+    "<!-- BEGIN settings: rendered from runtime/node/settings.py by "
+    "`python -m runtime.node.settings --write-docs`; edit the declarations, not this table -->"
+)
 DOCS_END = "<!-- END settings -->"
 
 
@@ -55,14 +57,33 @@ class Misplaced(ValueError):
         self.at = at
 
 
-def setting(default: Any, flag: str, env: str, help: str, *, shown: str | None = None,
-            neuron_default: Any = None, choices: Sequence[str] = (), empty_fix: str | None = None,
-            **rules: Any) -> Any:
+def setting(
+    default: Any,
+    flag: str,
+    env: str,
+    help: str,
+    *,
+    shown: str | None = None,
+    neuron_default: Any = None,
+    choices: Sequence[str] = (),
+    empty_fix: str | None = None,
+    **rules: Any,
+) -> Any:
     """Declare one setting. `help` is both the --help text and the docs' meaning; `shown` replaces
     the default in both when it is computed; `rules` are pydantic's constraints (ge, le, ...)."""
-    return Field(default, description=help, json_schema_extra={
-        "flag": flag, "env": env, "shown": shown, "neuron_default": neuron_default,
-        "choices": list(choices), "empty_fix": empty_fix}, **rules)
+    return Field(
+        default,
+        description=help,
+        json_schema_extra={
+            "flag": flag,
+            "env": env,
+            "shown": shown,
+            "neuron_default": neuron_default,
+            "choices": list(choices),
+            "empty_fix": empty_fix,
+        },
+        **rules,
+    )
 
 
 @dataclass(frozen=True)
@@ -94,46 +115,86 @@ class NeuronSettings(_Settings):
     """engine=neuron: where the model and compile cache live, and the unit's Neuron layout."""
 
     model_uri: str = setting(
-        None, "--model-uri", contract.ENV_MODEL_URI,
+        None,
+        "--model-uri",
+        contract.ENV_MODEL_URI,
         "s3://bucket/prefix the checkpoint was published to (`python -m runtime artifacts publish`); "
-        "replaces `FLOTILLA_MODEL`", shown="required")
+        "replaces `FLOTILLA_MODEL`",
+        shown="required",
+    )
     compile_cache_uri: str | None = setting(
-        None, "--compile-cache-uri", contract.ENV_COMPILE_CACHE_URI,
-        "s3://bucket/prefix of the compiled-artifact cache", shown="none: compile on every start")
+        None,
+        "--compile-cache-uri",
+        contract.ENV_COMPILE_CACHE_URI,
+        "s3://bucket/prefix of the compiled-artifact cache",
+        shown="none: compile on every start",
+    )
     instance_type: str = setting(
-        "trn1.32xlarge", "--instance-type", contract.ENV_INSTANCE_TYPE,
-        "the node's instance type (32 NeuronCores per node)", choices=sorted(INSTANCES))
+        "trn1.32xlarge",
+        "--instance-type",
+        contract.ENV_INSTANCE_TYPE,
+        "the node's instance type (32 NeuronCores per node)",
+        choices=sorted(INSTANCES),
+    )
     model_dir: str = setting(
-        "/var/cache/flotilla/model", "--neuron-model-dir", "FLOTILLA_NEURON_MODEL_DIR",
-        "absolute path the checkpoint is fetched to")
+        "/var/cache/flotilla/model",
+        "--neuron-model-dir",
+        "FLOTILLA_NEURON_MODEL_DIR",
+        "absolute path the checkpoint is fetched to",
+    )
     compiled_dir: str = setting(
-        DEFAULT_COMPILED_DIR, "--neuron-compiled-dir", "FLOTILLA_NEURON_COMPILED_DIR",
-        "absolute path of NxD Inference's compiled artifacts (`NEURON_COMPILED_ARTIFACTS`)")
+        DEFAULT_COMPILED_DIR,
+        "--neuron-compiled-dir",
+        "FLOTILLA_NEURON_COMPILED_DIR",
+        "absolute path of NxD Inference's compiled artifacts (`NEURON_COMPILED_ARTIFACTS`)",
+    )
     seq_len: int = setting(
-        NeuronOptions.seq_len, "--seq-len", "FLOTILLA_NEURON_SEQ_LEN",
-        "prompt + output tokens (vLLM `--max-model-len`); also the API's context length", ge=1)
+        NeuronOptions.seq_len,
+        "--seq-len",
+        "FLOTILLA_NEURON_SEQ_LEN",
+        "prompt + output tokens (vLLM `--max-model-len`); also the API's context length",
+        ge=1,
+    )
     batch_size: int = setting(
-        NeuronOptions.batch_size, "--batch-size", "FLOTILLA_NEURON_BATCH_SIZE",
-        "sequences decoded together (vLLM `--max-num-seqs`)", ge=1)
+        NeuronOptions.batch_size,
+        "--batch-size",
+        "FLOTILLA_NEURON_BATCH_SIZE",
+        "sequences decoded together (vLLM `--max-num-seqs`)",
+        ge=1,
+    )
     cp_degree: int | str = setting(
-        AUTO, "--cp-degree", "FLOTILLA_NEURON_CP_DEGREE", "context-parallel degree for prefill, or auto")
+        AUTO, "--cp-degree", "FLOTILLA_NEURON_CP_DEGREE", "context-parallel degree for prefill, or auto"
+    )
     attention_dp_degree: int | str = setting(
-        AUTO, "--attention-dp-degree", "FLOTILLA_NEURON_ATTENTION_DP_DEGREE",
-        "attention data-parallel degree for decode, or auto")
+        AUTO,
+        "--attention-dp-degree",
+        "FLOTILLA_NEURON_ATTENTION_DP_DEGREE",
+        "attention data-parallel degree for decode, or auto",
+    )
     engine_port: int = setting(
-        contract.NEURON_ENGINE_PORT, "--neuron-engine-port", "FLOTILLA_NEURON_ENGINE_PORT",
-        "the leader's vLLM server, bound to 127.0.0.1", ge=1, le=65535)
+        contract.NEURON_ENGINE_PORT,
+        "--neuron-engine-port",
+        "FLOTILLA_NEURON_ENGINE_PORT",
+        "the leader's vLLM server, bound to 127.0.0.1",
+        ge=1,
+        le=65535,
+    )
     launcher: str | None = setting(
-        None, "--neuron-launcher", "FLOTILLA_NEURON_LAUNCHER",
+        None,
+        "--neuron-launcher",
+        "FLOTILLA_NEURON_LAUNCHER",
         "**tests only**: a program that replaces `python3 -m <module>` of the rank's command (the tests "
-        "point it at a stand-in vLLM server); never set it in a deployment")
+        "point it at a stand-in vLLM server); never set it in a deployment",
+    )
 
     @field_validator("model_uri", mode="before")
     @classmethod
     def _model_uri(cls, v: str | None) -> str:
         if not v or not v.strip():
-            raise ValueError("is required with engine=neuron: give the s3://bucket/prefix the checkpoint was "
-                             "published to (python -m runtime artifacts publish)")
+            raise ValueError(
+                "is required with engine=neuron: give the s3://bucket/prefix the checkpoint was "
+                "published to (python -m runtime artifacts publish)"
+            )
         return _s3_uri(v)
 
     @field_validator("compile_cache_uri", mode="before")
@@ -170,87 +231,172 @@ class NeuronSettings(_Settings):
 class NodeSettings(_Settings):
     """One unit member's settings, validated; the fields after `rendezvous` depend on it."""
 
-    unit_id: str = setting("unit0", "--unit", contract.ENV_UNIT_ID, "unit id",
-                           empty_fix="give the unit an id such as cell0-unit0")
+    unit_id: str = setting(
+        "unit0", "--unit", contract.ENV_UNIT_ID, "unit id", empty_fix="give the unit an id such as cell0-unit0"
+    )
     cell_id: str = setting(
-        "", "--cell", contract.ENV_CELL_ID,
+        "",
+        "--cell",
+        contract.ENV_CELL_ID,
         "the unit's cell: `cell` in `/health/ready` and the `Cell` dimension of the EMF metrics (none locally)",
-        shown="—")
-    revision: str = setting("dev", "--revision", contract.ENV_REVISION,
-                            "deployment revision; members of other revisions are refused",
-                            empty_fix="give the deployment revision (any non-empty string)")
-    rendezvous: str = setting("static", "--rendezvous", contract.ENV_RENDEZVOUS, "how members find each other",
-                              choices=RENDEZVOUS)
-    peers: tuple[Peer, ...] = setting(None, "--peers", contract.ENV_PEERS,
-                                      "static: comma-separated host:port of every member, rank order")
+        shown="—",
+    )
+    revision: str = setting(
+        "dev",
+        "--revision",
+        contract.ENV_REVISION,
+        "deployment revision; members of other revisions are refused",
+        empty_fix="give the deployment revision (any non-empty string)",
+    )
+    rendezvous: str = setting(
+        "static", "--rendezvous", contract.ENV_RENDEZVOUS, "how members find each other", choices=RENDEZVOUS
+    )
+    peers: tuple[Peer, ...] = setting(
+        None, "--peers", contract.ENV_PEERS, "static: comma-separated host:port of every member, rank order"
+    )
     rank: int | None = setting(None, "--rank", contract.ENV_RANK, "static: this member's rank")
-    world_size: int = setting(None, "--nodes", contract.ENV_NODES_PER_UNIT,
-                              "ecs: members per unit (static: the number of peers)", ge=1, le=64)
+    world_size: int = setting(
+        None, "--nodes", contract.ENV_NODES_PER_UNIT, "ecs: members per unit (static: the number of peers)", ge=1, le=64
+    )
     bind_host: str = setting("0.0.0.0", "--host", "FLOTILLA_BIND_HOST", "address to bind")
-    api_port: int = setting(None, "--port", contract.ENV_PORT, "HTTP port (static: must match --peers)",
-                            shown=f"static: the peer's; ecs: {contract.NODE_API_PORT}", ge=1, le=65535)
-    dist_port: int = setting(contract.DIST_PORT, "--dist-port", "FLOTILLA_DIST_PORT",
-                             "leader's collectives bootstrap port", ge=1, le=65535)
-    engine: str = setting("reference", "--engine", contract.ENV_ENGINE,
-                          "the engine that runs the model (neuron: vLLM + NxD Inference on trn1)", choices=ENGINES)
-    neuron: NeuronSettings | None = None      # engine=neuron only: the settings further down
+    api_port: int = setting(
+        None,
+        "--port",
+        contract.ENV_PORT,
+        "HTTP port (static: must match --peers)",
+        shown=f"static: the peer's; ecs: {contract.NODE_API_PORT}",
+        ge=1,
+        le=65535,
+    )
+    dist_port: int = setting(
+        contract.DIST_PORT, "--dist-port", "FLOTILLA_DIST_PORT", "leader's collectives bootstrap port", ge=1, le=65535
+    )
+    engine: str = setting(
+        "reference",
+        "--engine",
+        contract.ENV_ENGINE,
+        "the engine that runs the model (neuron: vLLM + NxD Inference on trn1)",
+        choices=ENGINES,
+    )
+    neuron: NeuronSettings | None = None  # engine=neuron only: the settings further down
     model: str = setting("tiny", "--model", contract.ENV_MODEL, "tiny, smollm2 or a checkpoint directory")
-    model_name: str = setting(None, "--model-name", contract.ENV_MODEL_NAME, 'the name clients send as "model"',
-                              shown="the model's last path part")
-    prefill_strategy: str = setting("pipeline", "--prefill", contract.ENV_PREFILL_STRATEGY,
-                                    "how prefill splits over the members", choices=STRATEGIES)
-    decode_strategy: str = setting("tensor", "--decode", contract.ENV_DECODE_STRATEGY,
-                                   "how decode splits over the members", choices=STRATEGIES)
+    model_name: str = setting(
+        None,
+        "--model-name",
+        contract.ENV_MODEL_NAME,
+        'the name clients send as "model"',
+        shown="the model's last path part",
+    )
+    prefill_strategy: str = setting(
+        "pipeline",
+        "--prefill",
+        contract.ENV_PREFILL_STRATEGY,
+        "how prefill splits over the members",
+        choices=STRATEGIES,
+    )
+    decode_strategy: str = setting(
+        "tensor", "--decode", contract.ENV_DECODE_STRATEGY, "how decode splits over the members", choices=STRATEGIES
+    )
     cache_dir: str | None = setting(None, "--cache-dir", contract.ENV_CACHE_DIR, "model conversion cache")
-    drain_timeout_s: float = setting(30.0, "--drain-timeout", contract.ENV_DRAIN_TIMEOUT,
-                                     "seconds in-flight requests get after SIGTERM", ge=0.0, allow_inf_nan=False)
-    rendezvous_timeout_s: float = setting(600.0, "--rendezvous-timeout", "FLOTILLA_RENDEZVOUS_TIMEOUT_S",
-                                          "seconds to wait for every member", ge=1.0, allow_inf_nan=False)
+    drain_timeout_s: float = setting(
+        30.0,
+        "--drain-timeout",
+        contract.ENV_DRAIN_TIMEOUT,
+        "seconds in-flight requests get after SIGTERM",
+        ge=0.0,
+        allow_inf_nan=False,
+    )
+    rendezvous_timeout_s: float = setting(
+        600.0,
+        "--rendezvous-timeout",
+        "FLOTILLA_RENDEZVOUS_TIMEOUT_S",
+        "seconds to wait for every member",
+        ge=1.0,
+        allow_inf_nan=False,
+    )
     # engine=neuron: compiling a large model takes far longer than the reference engine's warm-up,
     # so a formation may take an hour and /health/live must outlast it (each still overridable).
-    form_timeout_s: float = setting(600.0, "--form-timeout", "FLOTILLA_FORM_TIMEOUT_S",
-                                    "seconds one formation may take (neuron: fetch + compile + load)",
-                                    neuron_default=3600.0, ge=1.0, allow_inf_nan=False)
-    live_budget_s: float = setting(1800.0, "--live-budget", "FLOTILLA_LIVE_BUDGET_S",
-                                   "seconds /health/live stays 200 while not formed",
-                                   neuron_default=5400.0, ge=1.0, allow_inf_nan=False)
-    max_restarts: int = setting(10, "--max-restarts", "FLOTILLA_MAX_RESTARTS",
-                                "re-forms allowed per restart window", ge=0)
-    restart_window_s: float = setting(600.0, "--restart-window", "FLOTILLA_RESTART_WINDOW_S",
-                                      "seconds", ge=1.0, allow_inf_nan=False)
-    peer_dead_after_s: float = setting(3.0, "--peer-dead-after", "FLOTILLA_PEER_DEAD_AFTER_S",
-                                       "seconds of silence before a member counts as dead",
-                                       ge=0.1, allow_inf_nan=False)
+    form_timeout_s: float = setting(
+        600.0,
+        "--form-timeout",
+        "FLOTILLA_FORM_TIMEOUT_S",
+        "seconds one formation may take (neuron: fetch + compile + load)",
+        neuron_default=3600.0,
+        ge=1.0,
+        allow_inf_nan=False,
+    )
+    live_budget_s: float = setting(
+        1800.0,
+        "--live-budget",
+        "FLOTILLA_LIVE_BUDGET_S",
+        "seconds /health/live stays 200 while not formed",
+        neuron_default=5400.0,
+        ge=1.0,
+        allow_inf_nan=False,
+    )
+    max_restarts: int = setting(
+        10, "--max-restarts", "FLOTILLA_MAX_RESTARTS", "re-forms allowed per restart window", ge=0
+    )
+    restart_window_s: float = setting(
+        600.0, "--restart-window", "FLOTILLA_RESTART_WINDOW_S", "seconds", ge=1.0, allow_inf_nan=False
+    )
+    peer_dead_after_s: float = setting(
+        3.0,
+        "--peer-dead-after",
+        "FLOTILLA_PEER_DEAD_AFTER_S",
+        "seconds of silence before a member counts as dead",
+        ge=0.1,
+        allow_inf_nan=False,
+    )
     rendezvous_watch_s: float = setting(
-        10.0, "--rendezvous-watch", "FLOTILLA_RENDEZVOUS_WATCH_S",
+        10.0,
+        "--rendezvous-watch",
+        "FLOTILLA_RENDEZVOUS_WATCH_S",
         "seconds between rendezvous membership checks; the member-to-member handshake notices deaths sooner",
-        ge=0.1, allow_inf_nan=False)
-    max_tokens_limit: int = setting(4096, "--max-tokens-limit", "FLOTILLA_MAX_TOKENS_LIMIT",
-                                    "largest max_tokens a request may ask for", ge=1)
-    torch_threads: int = setting(1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process",
-                                 ge=1, le=256)
-    kv_budget_tokens: int = setting(16384, "--kv-budget-tokens", "FLOTILLA_KV_BUDGET_TOKENS",
-                                    "KV-cache tokens over all running sequences", ge=16)
+        ge=0.1,
+        allow_inf_nan=False,
+    )
+    max_tokens_limit: int = setting(
+        4096, "--max-tokens-limit", "FLOTILLA_MAX_TOKENS_LIMIT", "largest max_tokens a request may ask for", ge=1
+    )
+    torch_threads: int = setting(
+        1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process", ge=1, le=256
+    )
+    kv_budget_tokens: int = setting(
+        16384, "--kv-budget-tokens", "FLOTILLA_KV_BUDGET_TOKENS", "KV-cache tokens over all running sequences", ge=16
+    )
     max_running: int = setting(16, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", ge=1, le=4096)
-    collective_timeout_s: float = setting(30.0, "--collective-timeout", "FLOTILLA_COLLECTIVE_TIMEOUT_S",
-                                          "seconds before a silent peer fails the unit", ge=1.0, allow_inf_nan=False)
-    engine_stall_s: float = setting(60.0, "--engine-stall", "FLOTILLA_ENGINE_STALL_S",
-                                    "seconds of silence after which a ready engine process counts as wedged",
-                                    ge=0.5, allow_inf_nan=False)
+    collective_timeout_s: float = setting(
+        30.0,
+        "--collective-timeout",
+        "FLOTILLA_COLLECTIVE_TIMEOUT_S",
+        "seconds before a silent peer fails the unit",
+        ge=1.0,
+        allow_inf_nan=False,
+    )
+    engine_stall_s: float = setting(
+        60.0,
+        "--engine-stall",
+        "FLOTILLA_ENGINE_STALL_S",
+        "seconds of silence after which a ready engine process counts as wedged",
+        ge=0.5,
+        allow_inf_nan=False,
+    )
 
     # Fixed, not settings.
-    backoff_initial_s: ClassVar[float] = 0.5    # the first re-form waits this long, doubling each time
+    backoff_initial_s: ClassVar[float] = 0.5  # the first re-form waits this long, doubling each time
     backoff_max_s: ClassVar[float] = 30.0
-    peer_poll_s: ClassVar[float] = 0.25         # how often members check each other
+    peer_poll_s: ClassVar[float] = 0.25  # how often members check each other
 
     @field_validator("peers", mode="before")
     @classmethod
     def _peers(cls, v: str | None, info: ValidationInfo) -> tuple[Peer, ...]:
         if info.data.get("rendezvous") != "static":
-            return ()           # ecs rendezvous finds the members itself
+            return ()  # ecs rendezvous finds the members itself
         if not v or not v.strip():
-            raise ValueError("is required with static rendezvous: "
-                             "list every member as host:port, comma-separated, in rank order")
+            raise ValueError(
+                "is required with static rendezvous: list every member as host:port, comma-separated, in rank order"
+            )
         return parse_peers(v)
 
     @field_validator("rank", mode="wrap")
@@ -258,10 +404,11 @@ class NodeSettings(_Settings):
     def _rank(cls, v: str | None, handler: Any, info: ValidationInfo) -> int | None:
         peers = info.data.get("peers")
         if info.data.get("rendezvous") != "static" or not peers:
-            return None         # ecs rendezvous assigns ranks
+            return None  # ecs rendezvous assigns ranks
         if v is None:
-            raise ValueError("is required with static rendezvous: "
-                             f"give this member's index in the peer list, 0..{len(peers) - 1}")
+            raise ValueError(
+                f"is required with static rendezvous: give this member's index in the peer list, 0..{len(peers) - 1}"
+            )
         try:
             rank: int = handler(v)
         except ValidationError:
@@ -289,8 +436,10 @@ class NodeSettings(_Settings):
         peers, rank = info.data.get("peers"), info.data.get("rank")
         if info.data.get("rendezvous") == "static" and peers and rank is not None:
             if port is not None and port != peers[rank].port:
-                raise ValueError(f"but the peer list gives rank {rank} port {peers[rank].port}: "
-                                 "drop the port setting or make them agree")
+                raise ValueError(
+                    f"but the peer list gives rank {rank} port {peers[rank].port}: "
+                    "drop the port setting or make them agree"
+                )
             return int(peers[rank].port)
         return contract.NODE_API_PORT if port is None else port
 
@@ -312,12 +461,13 @@ class NodeSettings(_Settings):
     @classmethod
     def _model(cls, v: str, info: ValidationInfo) -> str:
         if info.data.get("engine") == "neuron":
-            return v            # the neuron engine fetches the model URI instead
+            return v  # the neuron engine fetches the model URI instead
         if not v:
             raise ValueError("is empty: use tiny, smollm2 or a checkpoint directory")
         if v not in BUILTIN_MODELS and not os.path.isdir(v):
-            raise ValueError("is neither tiny, smollm2 nor an existing checkpoint directory: "
-                             "fix the path or pick a built-in model")
+            raise ValueError(
+                "is neither tiny, smollm2 nor an existing checkpoint directory: fix the path or pick a built-in model"
+            )
         return v
 
     @field_validator("model_name", mode="before")
@@ -337,7 +487,8 @@ def _extra(f: FieldInfo) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Declared:
     """One declared setting, as the parser, the error messages and the docs read it."""
-    path: tuple[str, ...]           # ("seq_len",) is NodeSettings.seq_len; ("neuron", "seq_len") its group's
+
+    path: tuple[str, ...]  # ("seq_len",) is NodeSettings.seq_len; ("neuron", "seq_len") its group's
     flag: str
     env: str
     help: str
@@ -382,9 +533,20 @@ def _declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Dec
             continue
         lo = next((m.ge for m in f.metadata if hasattr(m, "ge")), None)
         hi = next((m.le for m in f.metadata if hasattr(m, "le")), None)
-        out.append(Declared(path=(*prefix, name), flag=x["flag"], env=x["env"], help=f.description or "",
-                            default=f.default, shown=x["shown"], neuron_default=x["neuron_default"],
-                            choices=tuple(x["choices"]), lo=lo, hi=hi))
+        out.append(
+            Declared(
+                path=(*prefix, name),
+                flag=x["flag"],
+                env=x["env"],
+                help=f.description or "",
+                default=f.default,
+                shown=x["shown"],
+                neuron_default=x["neuron_default"],
+                choices=tuple(x["choices"]),
+                lo=lo,
+                hi=hi,
+            )
+        )
     return tuple(out)
 
 
@@ -392,8 +554,10 @@ SETTINGS = _declared(NodeSettings)
 NEURON_SETTINGS = _declared(NeuronSettings, ("neuron",))
 NEURON_DEFAULTS = {d.path[-1]: d.neuron_default for d in SETTINGS if d.neuron_default is not None}
 NEURON_GROUP = "neuron engine (engine=neuron only)"
-NEURON_GROUP_DOC = ("`FLOTILLA_ENGINE=neuron` only (read and checked only with that engine; the stacks set "
-                    "the model and compile-cache URIs and the instance type):")
+NEURON_GROUP_DOC = (
+    "`FLOTILLA_ENGINE=neuron` only (read and checked only with that engine; the stacks set "
+    "the model and compile-cache URIs and the instance type):"
+)
 
 
 # -- flags, environment, validation ------------------------------------------------------------------
@@ -402,7 +566,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p = p or argparse.ArgumentParser(
         prog="flotilla-node",
         description="Run one member (leader or follower) of a flotilla unit. Every flag can also be "
-        "given as the environment variable named in its help.")
+        "given as the environment variable named in its help.",
+    )
     # Every flag is read as a string and checked by the model, so that a bad value gets the same
     # one-line error whether it came from a flag or a variable (argparse's type= would exit itself).
     for d in SETTINGS:
@@ -429,7 +594,7 @@ def load_settings(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
 def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> NodeSettings:
     """Flags (parsed by build_parser) over environment variables over defaults, validated."""
     env = os.environ if env is None else env
-    given: dict[tuple[str, ...], tuple[str, str]] = {}      # path -> (the flag or variable, its value)
+    given: dict[tuple[str, ...], tuple[str, str]] = {}  # path -> (the flag or variable, its value)
     for d in SETTINGS + NEURON_SETTINGS:
         flag = getattr(ns, d.dest, None)
         if flag is not None:
@@ -457,20 +622,27 @@ def _one_line(e: ValidationError, given: Mapping[tuple[str, ...], tuple[str, str
     cause = (err.get("ctx") or {}).get("error")
     loc = tuple(str(x) for x in err["loc"])
     declared = {d.path: d for d in SETTINGS + NEURON_SETTINGS}
-    path = cause.at if isinstance(cause, Misplaced) else \
-        next((loc[:n] for n in range(len(loc), 0, -1) if loc[:n] in declared), loc)
+    path = (
+        cause.at
+        if isinstance(cause, Misplaced)
+        else next((loc[:n] for n in range(len(loc), 0, -1) if loc[:n] in declared), loc)
+    )
     d = declared.get(path)
     if d is None:
-        raise e     # a rule about no declared setting is a bug here, not the operator's mistake
+        raise e  # a rule about no declared setting is a bug here, not the operator's mistake
     if isinstance(cause, ValueError):
         why = str(cause)
     else:
-        why = {"int_parsing": f"is not an integer: give a whole number{d.allowed()}",
-               "float_parsing": f"is not a number: give a number{d.allowed()}",
-               "finite_number": f"is not a finite number: give a number{d.allowed()}",
-               }.get(err["type"], f"is out of range: give a value{d.allowed()}"
-                     if err["type"] in ("greater_than_equal", "less_than_equal") else
-                     f"is not allowed: {str(err['msg']).splitlines()[0]}")
+        why = {
+            "int_parsing": f"is not an integer: give a whole number{d.allowed()}",
+            "float_parsing": f"is not a number: give a number{d.allowed()}",
+            "finite_number": f"is not a finite number: give a number{d.allowed()}",
+        }.get(
+            err["type"],
+            f"is out of range: give a value{d.allowed()}"
+            if err["type"] in ("greater_than_equal", "less_than_equal")
+            else f"is not allowed: {str(err['msg']).splitlines()[0]}",
+        )
     if path not in given:
         return f"{d.env} (or {d.flag}) {why}"
     label, raw = given[path]
@@ -484,8 +656,9 @@ def parse_peers(raw: str) -> tuple[Peer, ...]:
     for item in [s.strip() for s in raw.split(",")]:
         host, sep, port = item.rpartition(":")
         if not item or not sep or not host:
-            raise ValueError(f"has {item!r}, which is not host:port: "
-                             "list every member as host:port, comma-separated, in rank order")
+            raise ValueError(
+                f"has {item!r}, which is not host:port: list every member as host:port, comma-separated, in rank order"
+            )
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"has port {port!r} in {item!r}: give a port in 1..65535")
         peers.append(Peer(host=host, port=int(port)))
@@ -497,7 +670,7 @@ def parse_peers(raw: str) -> tuple[Peer, ...]:
 def _s3_uri(raw: str) -> str:
     uri = raw.strip()
     try:
-        parse_s3_uri(uri)   # the same rule fetch and publish apply
+        parse_s3_uri(uri)  # the same rule fetch and publish apply
     except ManifestError:
         raise ValueError("is not an S3 URI: give s3://bucket/prefix") from None
     return uri
@@ -506,10 +679,12 @@ def _s3_uri(raw: str) -> str:
 # -- docs/node.md ------------------------------------------------------------------------------------
 def settings_markdown() -> str:
     """docs/node.md's settings tables, rendered from the declarations."""
+
     def table(settings: Sequence[Declared]) -> list[str]:
         rows = ["| environment variable | flag | default | meaning |", "|---|---|---|---|"]
         rows += [f"| `{d.env}` | `{d.flag}` | {d.default_text()} | {d.meaning()} |" for d in settings]
         return rows
+
     return "\n".join([*table(SETTINGS), "", NEURON_GROUP_DOC, "", *table(NEURON_SETTINGS)])
 
 
@@ -523,8 +698,10 @@ def docs_with_settings(doc: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m runtime.node.settings",
-                                description="Print the node's settings tables, or rewrite them in docs/node.md.")
+    p = argparse.ArgumentParser(
+        prog="python -m runtime.node.settings",
+        description="Print the node's settings tables, or rewrite them in docs/node.md.",
+    )
     p.add_argument("--write-docs", action="store_true", help=f"rewrite the tables in {DOCS}")
     if p.parse_args(argv).write_docs:
         DOCS.write_text(docs_with_settings(DOCS.read_text()))

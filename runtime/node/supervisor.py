@@ -68,11 +68,11 @@ class UnitSupervisor:
         self.membership: Membership | None = None
         self.engine: EngineProcess | None = None
         self.formation: str | None = None
-        self.offer: Offer | None = None                # leader: the formation on offer
-        self.unit_load = LoadReport()                  # followers: the leader's load, relayed
+        self.offer: Offer | None = None  # leader: the formation on offer
+        self.unit_load = LoadReport()  # followers: the leader's load, relayed
         self.leader_ready = False
         self.draining = False
-        self.unit_draining: str | None = None         # leader: why the unit drains for a follower
+        self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
         self.not_ready_since = time.monotonic()
         self._restarts: collections.deque[float] = collections.deque()
@@ -122,23 +122,40 @@ class UnitSupervisor:
         ld = self.load()
         # role and cell: the router routes to leaders only and counts ready units per cell
         # (docs/discovery.md: ECS registers members in Cloud Map without either).
-        return {"ready": self.ready(), "state": self.effective_state(), "unit": self.s.unit_id,
-                "revision": self.s.revision, "rank": self.rank, "world_size": self.s.world_size,
-                "role": Role.LEADER if self.is_leader else Role.FOLLOWER, "cell": self.s.cell_id,
-                "load": Load(queue_depth=int(ld.queue_depth), running=int(ld.running),
-                             max_running=int(ld.max_running), kv_cache_used=float(ld.kv_cache_used))}
+        return {
+            "ready": self.ready(),
+            "state": self.effective_state(),
+            "unit": self.s.unit_id,
+            "revision": self.s.revision,
+            "rank": self.rank,
+            "world_size": self.s.world_size,
+            "role": Role.LEADER if self.is_leader else Role.FOLLOWER,
+            "cell": self.s.cell_id,
+            "load": Load(
+                queue_depth=int(ld.queue_depth),
+                running=int(ld.running),
+                max_running=int(ld.max_running),
+                kv_cache_used=float(ld.kv_cache_used),
+            ),
+        }
 
     def ready_body(self) -> ReadyBody:
         return ReadyBody(**self._ready_fields())
 
     def status_body(self) -> MemberStatus:
-        return MemberStatus(**self._ready_fields(), boot_id=self.boot_id, formation=self.formation, offer=self.offer,
-                            draining=self.draining, engine_alive=bool(self.engine and self.engine.alive),
-                            engine_ready=bool(self.engine and self.engine.ready.is_set()))
+        return MemberStatus(
+            **self._ready_fields(),
+            boot_id=self.boot_id,
+            formation=self.formation,
+            offer=self.offer,
+            draining=self.draining,
+            engine_alive=bool(self.engine and self.engine.alive),
+            engine_ready=bool(self.engine and self.engine.ready.is_set()),
+        )
 
     def _set_state(self, state: UnitState, **why: Any) -> None:
         if self.draining and state not in (UnitState.DRAINING, UnitState.STOPPED, UnitState.BROKEN):
-            return   # once told to drain, a member never reports itself forming or ready again
+            return  # once told to drain, a member never reports itself forming or ready again
         if state is not self.state:
             jlog("unit_state", unit=self.s.unit_id, rank=self.rank, old=self.state, new=state, **why)
             if state is not UnitState.READY and self.state is UnitState.READY:
@@ -178,8 +195,9 @@ class UnitSupervisor:
         self._set_state(UnitState.FORMING)
         join = asyncio.ensure_future(self.rendezvous.join())
         stop = asyncio.ensure_future(self._stop.wait())
-        done, _ = await asyncio.wait({join, stop}, timeout=self.s.rendezvous_timeout_s,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {join, stop}, timeout=self.s.rendezvous_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
         stop.cancel()
         if join not in done:
             join.cancel()
@@ -203,14 +221,27 @@ class UnitSupervisor:
         n = len(self._restarts)
         if n > self.s.max_restarts:
             self._set_state(UnitState.BROKEN, reason=reason)
-            jlog("restart_budget_exhausted", logging.ERROR, unit=self.s.unit_id, rank=self.rank,
-                 restarts=n, window_s=self.s.restart_window_s,
-                 fix="see earlier unit_reform events; the orchestrator will replace this member")
+            jlog(
+                "restart_budget_exhausted",
+                logging.ERROR,
+                unit=self.s.unit_id,
+                rank=self.rank,
+                restarts=n,
+                window_s=self.s.restart_window_s,
+                fix="see earlier unit_reform events; the orchestrator will replace this member",
+            )
             return False
         delay = min(self.s.backoff_max_s, self.s.backoff_initial_s * 2 ** max(0, n - 1))
         self._set_state(UnitState.FORMING, reason=reason)
-        jlog("unit_reform", logging.WARNING, unit=self.s.unit_id, rank=self.rank, reason=reason,
-             restarts_in_window=n, backoff_s=delay)
+        jlog(
+            "unit_reform",
+            logging.WARNING,
+            unit=self.s.unit_id,
+            rank=self.rank,
+            reason=reason,
+            restarts_in_window=n,
+            backoff_s=delay,
+        )
         try:
             await asyncio.wait_for(self._stop.wait(), delay)
         except asyncio.TimeoutError:
@@ -229,13 +260,22 @@ class UnitSupervisor:
 
     def _engine_config(self) -> dict[str, Any]:
         s = self.s
-        return {"engine": s.engine, "model": s.model, "model_name": s.model_name,
-                "prefill_strategy": s.prefill_strategy, "decode_strategy": s.decode_strategy,
-                "cache_dir": s.cache_dir, "form_timeout_s": s.form_timeout_s, "torch_threads": s.torch_threads,
-                "kv_budget_tokens": s.kv_budget_tokens, "max_running": s.max_running,
-                "collective_timeout_s": s.collective_timeout_s,
-                "unit_id": s.unit_id, "revision": s.revision,
-                "neuron": s.neuron.model_dump() if s.neuron else None}
+        return {
+            "engine": s.engine,
+            "model": s.model,
+            "model_name": s.model_name,
+            "prefill_strategy": s.prefill_strategy,
+            "decode_strategy": s.decode_strategy,
+            "cache_dir": s.cache_dir,
+            "form_timeout_s": s.form_timeout_s,
+            "torch_threads": s.torch_threads,
+            "kv_budget_tokens": s.kv_budget_tokens,
+            "max_running": s.max_running,
+            "collective_timeout_s": s.collective_timeout_s,
+            "unit_id": s.unit_id,
+            "revision": s.revision,
+            "neuron": s.neuron.model_dump() if s.neuron else None,
+        }
 
     async def _status(self, member: Member) -> MemberStatus | None:
         """The member's handshake status, or None when it does not answer (or not in this shape)."""
@@ -252,8 +292,12 @@ class UnitSupervisor:
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(x) for x in first["loc"]) or "body"
-            self._complain(member, f"answers {STATUS_PATH} in another shape ({where}: {first['msg']})",
-                           unit=self.s.unit_id, rank=self.rank)
+            self._complain(
+                member,
+                f"answers {STATUS_PATH} in another shape ({where}: {first['msg']})",
+                unit=self.s.unit_id,
+                rank=self.rank,
+            )
             return None
 
     def _compatible(self, st: MemberStatus, member: Member, m: Membership) -> bool:
@@ -262,7 +306,7 @@ class UnitSupervisor:
         elif st.revision != m.revision:
             problem = f"runs revision {st.revision!r}, this unit is {m.revision!r}"
         elif st.rank != member.rank or st.world_size != m.world_size:
-            return False   # not joined yet, or its view of the unit is a step behind: ask again later
+            return False  # not joined yet, or its view of the unit is a step behind: ask again later
         else:
             return True
         self._complain(member, problem, unit=m.unit_id, rank=m.rank)
@@ -273,9 +317,16 @@ class UnitSupervisor:
         key = f"{member.host}:{member.api_port}:{problem}"
         if time.monotonic() - self._complained.get(key, -1e9) > 10:
             self._complained[key] = time.monotonic()
-            jlog("refusing_member", logging.ERROR, unit=unit, rank=rank,
-                 member=f"{member.host}:{member.api_port}", expected_rank=member.rank, problem=problem,
-                 fix="every member of a unit must run the same revision and rendezvous settings")
+            jlog(
+                "refusing_member",
+                logging.ERROR,
+                unit=unit,
+                rank=rank,
+                member=f"{member.host}:{member.api_port}",
+                expected_rank=member.rank,
+                problem=problem,
+                fix="every member of a unit must run the same revision and rendezvous settings",
+            )
 
     async def _watch_rendezvous(self, m: Membership, last: list[float]) -> None:
         if time.monotonic() - last[0] >= self.s.rendezvous_watch_s:
@@ -296,7 +347,7 @@ class UnitSupervisor:
         followers = m.members[1:]
         boot_ids: dict[int, str] = {}
         last_rdv = [time.monotonic()]
-        while len(boot_ids) < len(followers):          # every follower alive, compatible and waiting
+        while len(boot_ids) < len(followers):  # every follower alive, compatible and waiting
             boot_ids = {}
             for f in followers:
                 st = await self._status(f)
@@ -332,8 +383,13 @@ class UnitSupervisor:
                 if st and st.draining and not self.unit_draining and not self.draining:
                     self.unit_draining = f"follower rank {f.rank} is draining"
                     drain_until = time.monotonic() + self.s.drain_timeout_s
-                    jlog("unit_drain_started", unit=m.unit_id, reason=self.unit_draining,
-                         in_flight=self.in_flight, timeout_s=self.s.drain_timeout_s)
+                    jlog(
+                        "unit_drain_started",
+                        unit=m.unit_id,
+                        reason=self.unit_draining,
+                        in_flight=self.in_flight,
+                        timeout_s=self.s.drain_timeout_s,
+                    )
                 if st and st.boot_id == boot_ids[f.rank] and st.formation == formation:
                     last_ok[f.rank] = time.monotonic()
                 elif st and st.boot_id != boot_ids[f.rank]:
@@ -349,7 +405,7 @@ class UnitSupervisor:
     async def _follow(self, m: Membership) -> None:
         leader = m.members[0]
         last_rdv = [time.monotonic()]
-        while True:                                     # wait for an offer naming this boot
+        while True:  # wait for an offer naming this boot
             st = await self._status(leader)
             offer = st.offer if st and self._compatible(st, leader, m) else None
             if offer and offer.boot_ids.get(m.rank) == self.boot_id and offer.formation not in self._joined:
@@ -357,7 +413,7 @@ class UnitSupervisor:
             await self._watch_rendezvous(m, last_rdv)
             await self._tick()
         formation = offer.formation
-        self._joined.add(formation)      # a formation is joined once: a new attempt needs a new offer
+        self._joined.add(formation)  # a formation is joined once: a new attempt needs a new offer
         self.formation = formation
         m = replace(m, dist_port=offer.dist_port)
         jlog("formation_joined", unit=m.unit_id, rank=m.rank, formation=formation)
@@ -374,10 +430,19 @@ class UnitSupervisor:
                     raise FormationEnded("the leader ended the formation")
                 last_seen = time.monotonic()
                 self.leader_ready = st.ready
-                self.unit_load = LoadReport(queue_depth=st.load.queue_depth, running=st.load.running,
-                                            max_running=st.load.max_running, kv_cache_used=st.load.kv_cache_used)
-                unit_state = UnitState.READY if self.leader_ready else \
-                    UnitState.DRAINING if st.state is UnitState.DRAINING else UnitState.FORMING
+                self.unit_load = LoadReport(
+                    queue_depth=st.load.queue_depth,
+                    running=st.load.running,
+                    max_running=st.load.max_running,
+                    kv_cache_used=st.load.kv_cache_used,
+                )
+                unit_state = (
+                    UnitState.READY
+                    if self.leader_ready
+                    else UnitState.DRAINING
+                    if st.state is UnitState.DRAINING
+                    else UnitState.FORMING
+                )
                 self._set_state(unit_state, formation=formation)
             elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
                 raise FormationEnded(f"leader {leader.host}:{leader.api_port} is gone")
@@ -391,10 +456,15 @@ class UnitSupervisor:
     def begin_drain(self) -> None:
         if not self.draining:
             self.draining = True
-            self.offer = None            # no new member joins a unit that is going away
+            self.offer = None  # no new member joins a unit that is going away
             self._set_state(UnitState.DRAINING)
-            jlog("drain_started", unit=self.s.unit_id, rank=self.rank, in_flight=self.in_flight,
-                 timeout_s=self.s.drain_timeout_s)
+            jlog(
+                "drain_started",
+                unit=self.s.unit_id,
+                rank=self.rank,
+                in_flight=self.in_flight,
+                timeout_s=self.s.drain_timeout_s,
+            )
             self._stop.set()
 
     def request_finished(self) -> None:
@@ -412,7 +482,7 @@ class UnitSupervisor:
                     break
             left = self.in_flight
             if self.engine is not None:
-                await self.engine.stop(grace_s=10.0)   # in-flight stragglers end with an error
+                await self.engine.stop(grace_s=10.0)  # in-flight stragglers end with an error
         else:
             # A follower keeps its shard serving while its leader finishes in-flight work, and stops
             # as soon as the leader has released it (or is gone, or moved on to another formation).

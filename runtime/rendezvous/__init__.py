@@ -41,19 +41,32 @@ def order_candidates(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=rank_order_key)
 
 
-def build_membership(*, unit_id: str, revision: str, ordered: Sequence[Candidate], me: Candidate,
-                     dist_port: int) -> Membership:
+def build_membership(
+    *, unit_id: str, revision: str, ordered: Sequence[Candidate], me: Candidate, dist_port: int
+) -> Membership:
     """Assign ranks in the given order; `me` must be one of `ordered`."""
     if me not in ordered:
         raise RendezvousError(f"this member ({me.host}:{me.api_port}) is not among the unit's members")
     members = tuple(
-        Member(rank=i, host=c.host, api_port=c.api_port, instance_id=c.instance_id,
-               task_arn=c.task_arn, network_nodes=tuple(c.network_nodes))
+        Member(
+            rank=i,
+            host=c.host,
+            api_port=c.api_port,
+            instance_id=c.instance_id,
+            task_arn=c.task_arn,
+            network_nodes=tuple(c.network_nodes),
+        )
         for i, c in enumerate(ordered)
     )
-    return Membership(unit_id=unit_id, revision=revision, rank=list(ordered).index(me),
-                      world_size=len(members), dist_host=members[0].host, dist_port=dist_port,
-                      members=members)
+    return Membership(
+        unit_id=unit_id,
+        revision=revision,
+        rank=list(ordered).index(me),
+        world_size=len(members),
+        dist_host=members[0].host,
+        dist_port=dist_port,
+        members=members,
+    )
 
 
 class Rendezvous(Protocol):

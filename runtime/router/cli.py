@@ -27,8 +27,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def make_discovery(settings: RouterSettings):
     if settings.discovery == "cloudmap":
-        return CloudMapDiscovery(namespace=settings.cloudmap_namespace,
-                                 service=settings.cloudmap_service, region=settings.cloudmap_region)
+        return CloudMapDiscovery(
+            namespace=settings.cloudmap_namespace, service=settings.cloudmap_service, region=settings.cloudmap_region
+        )
     return StaticDiscovery(units=settings.units, units_file=settings.units_file)
 
 
@@ -62,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if settings.event_loop in ("auto", "uvloop"):
         try:
             import uvloop
+
             loop_factory = uvloop.new_event_loop
         except ImportError:
             if settings.event_loop == "uvloop":
-                print("router: --event-loop uvloop needs the uvloop package (pip install uvloop)",
-                      file=sys.stderr)
+                print("router: --event-loop uvloop needs the uvloop package (pip install uvloop)", file=sys.stderr)
                 return 2
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(serve(settings))

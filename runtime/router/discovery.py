@@ -18,8 +18,8 @@ log = logging.getLogger("flotilla.router.discovery")
 
 @dataclass(frozen=True)
 class UnitEndpoint:
-    url: str                       # the member's base URL, e.g. http://10.0.1.5:8000
-    unit: str = ""                 # provisional unit name (Cloud Map: the ECS service), "" if unknown
+    url: str  # the member's base URL, e.g. http://10.0.1.5:8000
+    unit: str = ""  # provisional unit name (Cloud Map: the ECS service), "" if unknown
 
 
 class DiscoveryError(RuntimeError):
@@ -86,18 +86,18 @@ class CloudMapDiscovery:
         try:
             # HealthStatus=ALL: the router's own polling decides routability, not Route 53 checks
             resp = self._client.discover_instances(
-                NamespaceName=self._namespace, ServiceName=self._service,
-                HealthStatus="ALL", MaxResults=1000)
+                NamespaceName=self._namespace, ServiceName=self._service, HealthStatus="ALL", MaxResults=1000
+            )
         except Exception as exc:  # botocore errors and endpoint failures alike: keep the last list
-            raise DiscoveryError(
-                f"DiscoverInstances({self._namespace}/{self._service}) failed: {exc}") from exc
+            raise DiscoveryError(f"DiscoverInstances({self._namespace}/{self._service}) failed: {exc}") from exc
         endpoints: dict[str, UnitEndpoint] = {}
         for inst in resp.get("Instances", []):
             attrs = inst.get("Attributes", {})
             ip = attrs.get(contract.CLOUDMAP_ATTR_IPV4)
             if not ip:
-                log.warning("Cloud Map instance %s has no %s; skipped",
-                            inst.get("InstanceId"), contract.CLOUDMAP_ATTR_IPV4)
+                log.warning(
+                    "Cloud Map instance %s has no %s; skipped", inst.get("InstanceId"), contract.CLOUDMAP_ATTR_IPV4
+                )
                 continue
             port = attrs.get(contract.CLOUDMAP_ATTR_PORT) or str(contract.NODE_API_PORT)
             url = f"http://{ip}:{port}"

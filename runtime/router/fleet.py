@@ -35,24 +35,39 @@ class Unit:
     """One discovered unit member as the router sees it (routable only if it leads). Mutated only
     on the event loop."""
 
-    __slots__ = ("url", "unit", "revision", "state", "ready", "queue_depth", "running",
-                 "kv_cache_used", "outstanding", "removed", "session", "poll_task", "cell", "role", "rank")
+    __slots__ = (
+        "url",
+        "unit",
+        "revision",
+        "state",
+        "ready",
+        "queue_depth",
+        "running",
+        "kv_cache_used",
+        "outstanding",
+        "removed",
+        "session",
+        "poll_task",
+        "cell",
+        "role",
+        "rank",
+    )
 
     def __init__(self, endpoint: UnitEndpoint) -> None:
         self.url = endpoint.url
         self.unit = endpoint.unit or endpoint.url
-        self.revision = ""              # from the ready body (contract.ATTR_REVISION)
-        self.state = "unknown"          # as the unit reports it, or "unreachable"
+        self.revision = ""  # from the ready body (contract.ATTR_REVISION)
+        self.state = "unknown"  # as the unit reports it, or "unreachable"
         self.ready = False
         self.queue_depth = 0
         self.running = 0
         self.kv_cache_used = 0.0
-        self.outstanding = 0            # requests this router has in flight to the unit
-        self.removed = False            # gone from discovery; closes once idle
+        self.outstanding = 0  # requests this router has in flight to the unit
+        self.removed = False  # gone from discovery; closes once idle
         self.session: aiohttp.ClientSession | None = None
         self.poll_task: asyncio.Task | None = None
-        self.cell = ""                  # from the ready body (contract.ATTR_CELL); "" locally
-        self.role = "unknown"           # leader | follower, from the ready body
+        self.cell = ""  # from the ready body (contract.ATTR_CELL); "" locally
+        self.role = "unknown"  # leader | follower, from the ready body
         self.rank = -1
 
     @property
@@ -75,16 +90,21 @@ class Unit:
         role = body.get(contract.ATTR_ROLE)
         leads = role == "leader" if role is not None else self.rank == 0
         if not leads and self.role != "follower":
-            log.info("member %s is rank %d of unit %s, a follower: polled, never routed to",
-                     self.url, self.rank, body.get(contract.ATTR_UNIT) or self.unit)
+            log.info(
+                "member %s is rank %d of unit %s, a follower: polled, never routed to",
+                self.url,
+                self.rank,
+                body.get(contract.ATTR_UNIT) or self.unit,
+            )
         self.role = "leader" if leads else "follower"
         self.cell = str(body.get(contract.ATTR_CELL) or self.cell)
         self.unit = str(body.get(contract.ATTR_UNIT) or self.unit)
         self.revision = str(body.get(contract.ATTR_REVISION) or self.revision)
         if not leads:
             if self.ready:
-                log.warning("member %s of unit %s no longer leads (rank %d); not routable",
-                            self.url, self.unit, self.rank)
+                log.warning(
+                    "member %s of unit %s no longer leads (rank %d); not routable", self.url, self.unit, self.rank
+                )
             self.ready = False
             self.state = "follower"
             return
@@ -105,7 +125,7 @@ class Unit:
 @dataclass(frozen=True)
 class Pick:
     unit: Unit | None
-    reason: str         # "ok" | "saturated" | "no_unit"
+    reason: str  # "ok" | "saturated" | "no_unit"
 
 
 class Fleet:
@@ -115,7 +135,7 @@ class Fleet:
         self._settings = settings
         self._discovery = discovery
         self.units: dict[str, Unit] = {}
-        self.cells: set[str] = set()    # every cell a member ever reported: a cell whose members
+        self.cells: set[str] = set()  # every cell a member ever reported: a cell whose members
         #                                 all vanished still reports ReadyUnits 0, never silence
         self._ready_units_task: asyncio.Task | None = None
         self._poll_session: aiohttp.ClientSession | None = None
@@ -129,14 +149,17 @@ class Fleet:
         self._poll_session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
             timeout=aiohttp.ClientTimeout(total=s.poll_timeout_s, sock_connect=s.connect_timeout_s),
-            auto_decompress=False)
+            auto_decompress=False,
+        )
         await self.refresh_discovery()
         self._discovery_task = asyncio.create_task(self._discovery_loop(), name="discovery")
         self._ready_units_task = asyncio.create_task(self._ready_units_loop(), name="ready units")
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [t for t in [self._discovery_task, self._ready_units_task] + [u.poll_task for u in self.units.values()] if t]
+        tasks = [
+            t for t in [self._discovery_task, self._ready_units_task] + [u.poll_task for u in self.units.values()] if t
+        ]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -192,11 +215,15 @@ class Fleet:
         s = self._settings
         # One keep-alive pool per unit; its size is the per-unit outstanding cap, so the pool
         # never makes a request wait for a connection (shedding happens before, at the balancer).
-        connector = aiohttp.TCPConnector(limit=s.max_outstanding_per_unit, limit_per_host=0,
-                                         ttl_dns_cache=60, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(
+            limit=s.max_outstanding_per_unit, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30
+        )
         return aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s))
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s),
+        )
 
     async def _discovery_loop(self) -> None:
         while True:
@@ -234,8 +261,7 @@ class Fleet:
             return
         except ValueError as exc:
             unit.mark_unready("bad_health_body")
-            log.warning("unit at %s answered %s with an unreadable body: %s",
-                        unit.url, contract.NODE_READY_PATH, exc)
+            log.warning("unit at %s answered %s with an unreadable body: %s", unit.url, contract.NODE_READY_PATH, exc)
             return
         unit.apply_report(status, body)
         if unit.cell:
@@ -261,8 +287,7 @@ class Fleet:
             any_routable = True
             if self.saturated(unit):
                 continue
-            key = (unit.queue_depth + unit.running + unit.outstanding, unit.kv_cache_used,
-                   random.random())
+            key = (unit.queue_depth + unit.running + unit.outstanding, unit.kv_cache_used, random.random())
             if best_key is None or key < best_key:
                 best, best_key = unit, key
         if best is not None:

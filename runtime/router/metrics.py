@@ -11,8 +11,24 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Added latency is sub-millisecond when healthy; buckets resolve 50 us .. 1 s.
-ADDED_LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003,
-                         0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+ADDED_LATENCY_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
 
 
 class _FleetCollector(Collector):
@@ -21,19 +37,24 @@ class _FleetCollector(Collector):
 
     def collect(self):
         labels = ["unit_url", "unit", "revision"]
-        routable = GaugeMetricFamily("flotilla_router_unit_routable",
-                                     "1 when the unit is ready and not draining", labels=labels)
-        state = GaugeMetricFamily("flotilla_router_unit_state",
-                                  "1 for the state the unit last reported (unreachable if the poll failed)",
-                                  labels=labels + ["state"])
-        outstanding = GaugeMetricFamily("flotilla_router_unit_outstanding",
-                                        "requests this router has in flight to the unit", labels=labels)
-        queue = GaugeMetricFamily("flotilla_router_unit_queue_depth",
-                                  "queue depth the unit reported", labels=labels)
-        running = GaugeMetricFamily("flotilla_router_unit_running",
-                                    "running sequences the unit reported", labels=labels)
-        kv = GaugeMetricFamily("flotilla_router_unit_kv_cache_used",
-                               "KV-cache fraction in use the unit reported", labels=labels)
+        routable = GaugeMetricFamily(
+            "flotilla_router_unit_routable", "1 when the unit is ready and not draining", labels=labels
+        )
+        state = GaugeMetricFamily(
+            "flotilla_router_unit_state",
+            "1 for the state the unit last reported (unreachable if the poll failed)",
+            labels=labels + ["state"],
+        )
+        outstanding = GaugeMetricFamily(
+            "flotilla_router_unit_outstanding", "requests this router has in flight to the unit", labels=labels
+        )
+        queue = GaugeMetricFamily("flotilla_router_unit_queue_depth", "queue depth the unit reported", labels=labels)
+        running = GaugeMetricFamily(
+            "flotilla_router_unit_running", "running sequences the unit reported", labels=labels
+        )
+        kv = GaugeMetricFamily(
+            "flotilla_router_unit_kv_cache_used", "KV-cache fraction in use the unit reported", labels=labels
+        )
         for u in list(self._fleet.units.values()):
             lv = [u.url, u.unit, u.revision]
             routable.add_metric(lv, 1.0 if u.routable else 0.0)
@@ -42,8 +63,7 @@ class _FleetCollector(Collector):
             queue.add_metric(lv, u.queue_depth)
             running.add_metric(lv, u.running)
             kv.add_metric(lv, u.kv_cache_used)
-        routable_units = GaugeMetricFamily("flotilla_router_routable_units",
-                                           "units currently routable")
+        routable_units = GaugeMetricFamily("flotilla_router_routable_units", "units currently routable")
         routable_units.add_metric([], self._fleet.routable_count())
         yield from (routable, state, outstanding, queue, running, kv, routable_units)
 
@@ -53,23 +73,29 @@ class RouterMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_FleetCollector(fleet))
         r = self.registry
-        self.routed = Counter("flotilla_router_requests", "requests answered by a unit",
-                              ["unit", "code"], registry=r)
-        self.retries = Counter("flotilla_router_retries",
-                               "attempts moved to another unit before anything reached the client",
-                               ["reason"], registry=r)
-        self.shed = Counter("flotilla_router_shed", "requests refused by the router",
-                            ["reason"], registry=r)   # saturated (429) | no_unit (503) | draining
+        self.routed = Counter("flotilla_router_requests", "requests answered by a unit", ["unit", "code"], registry=r)
+        self.retries = Counter(
+            "flotilla_router_retries",
+            "attempts moved to another unit before anything reached the client",
+            ["reason"],
+            registry=r,
+        )
+        self.shed = Counter(
+            "flotilla_router_shed", "requests refused by the router", ["reason"], registry=r
+        )  # saturated (429) | no_unit (503) | draining
         self.upstream_errors = Counter(
             "flotilla_router_upstream_errors",
             "requests that failed at a unit after the response had started (stream broken, idle)",
-            ["reason"], registry=r)
+            ["reason"],
+            registry=r,
+        )
         self.added_latency = Histogram(
             "flotilla_router_added_latency_seconds",
-            "time the router adds before the first byte: its own work, excluding the unit's time to "
-            "first byte", buckets=ADDED_LATENCY_BUCKETS, registry=r)
-        self.inflight = Gauge("flotilla_router_inflight", "requests in flight through the router",
-                              registry=r)
+            "time the router adds before the first byte: its own work, excluding the unit's time to first byte",
+            buckets=ADDED_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge("flotilla_router_inflight", "requests in flight through the router", registry=r)
         self.draining = Gauge("flotilla_router_draining", "1 after SIGTERM", registry=r)
         self._routed_children: dict[tuple[str, int], object] = {}
 

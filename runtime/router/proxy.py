@@ -31,13 +31,26 @@ from runtime.router.settings import RouterSettings
 log = logging.getLogger("flotilla.router")
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus the ones aiohttp recomputes.
-_HOP_BY_HOP = frozenset(h.lower() for h in (
-    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-    "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length"))
+_HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
 _REQUEST_ID_RE = re.compile(contract.REQUEST_ID_PATTERN)
 _SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 _REFUSAL_BODY_LIMIT = 64 * 1024
-_WHOLE_BODY_LIMIT = 1024 * 1024     # bodies of known length up to this are relayed in one piece
+_WHOLE_BODY_LIMIT = 1024 * 1024  # bodies of known length up to this are relayed in one piece
 perf_counter = time.perf_counter
 
 
@@ -60,7 +73,7 @@ class SseFramer:
             if at >= 0:
                 cut = max(cut, at + len(boundary))
         if cut == 0 and len(data) > self._max_hold:
-            cut = len(data)   # not SSE after all: never hold more than max_hold back
+            cut = len(data)  # not SSE after all: never hold more than max_hold back
         self._pending = data[cut:]
         return data[:cut]
 
@@ -113,9 +126,16 @@ class _Retry(Exception):
         self.refusal = refusal
 
 
-def error_response(status: int, message: str, *, code: str, err_type: str,
-                   request_id: str, retry_after: int | None = None,
-                   close: bool = False) -> web.Response:
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str,
+    err_type: str,
+    request_id: str,
+    retry_after: int | None = None,
+    close: bool = False,
+) -> web.Response:
     """An error in OpenAI's shape, so SDK clients surface the message."""
     headers = {contract.REQUEST_ID_HEADER: request_id}
     if retry_after is not None:
@@ -123,8 +143,7 @@ def error_response(status: int, message: str, *, code: str, err_type: str,
     if close:
         headers["Connection"] = "close"
     body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    return web.Response(status=status, headers=headers, body=json.dumps(body).encode(),
-                        content_type="application/json")
+    return web.Response(status=status, headers=headers, body=json.dumps(body).encode(), content_type="application/json")
 
 
 def sse_error_event(message: str, *, code: str) -> bytes:
@@ -141,8 +160,8 @@ class Router:
         self.metrics = RouterMetrics(self.fleet)
         self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
         self.access_log = AccessLog()
-        self.healthy = True           # /health answer; False from the moment a drain starts
-        self.refusing = False         # after the drain grace: new requests get 503 + close
+        self.healthy = True  # /health answer; False from the moment a drain starts
+        self.refusing = False  # after the drain grace: new requests get 503 + close
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -162,16 +181,16 @@ class Router:
         await self.fleet.start()
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET,
-                             socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.settings.host, self.settings.port))
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         site = web.SockSite(self._runner, sock, backlog=1024)
         await site.start()
-        log.info("router listening on %s:%d with %d unit(s) discovered",
-                 self.settings.host, self.port, len(self.fleet.units))
+        log.info(
+            "router listening on %s:%d with %d unit(s) discovered", self.settings.host, self.port, len(self.fleet.units)
+        )
 
     async def drain(self) -> bool:
         """SIGTERM: /health fails at once, keep serving for the grace period so the load balancer
@@ -186,8 +205,11 @@ class Router:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=self.settings.drain_timeout_s)
         except asyncio.TimeoutError:
-            log.error("drain timeout (%.0f s) with %d request(s) still in flight",
-                      self.settings.drain_timeout_s, self.inflight)
+            log.error(
+                "drain timeout (%.0f s) with %d request(s) still in flight",
+                self.settings.drain_timeout_s,
+                self.inflight,
+            )
             return False
         log.info("drained: no request in flight")
         return True
@@ -218,14 +240,24 @@ class Router:
             request_id = uuid.uuid4().hex
         elif not _REQUEST_ID_RE.match(request_id):
             return error_response(
-                400, f"{contract.REQUEST_ID_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+                400,
+                f"{contract.REQUEST_ID_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : - "
                 f"(got {request_id[:40]!r}); send a valid id or none and the router makes one",
-                code="invalid_request_id", err_type="invalid_request_error", request_id=request_id[:128])
+                code="invalid_request_id",
+                err_type="invalid_request_error",
+                request_id=request_id[:128],
+            )
         if self.refusing:
             self.metrics.shed.labels("draining").inc()
-            return error_response(503, "this router is shutting down; retry", code="router_draining",
-                                  err_type="service_unavailable", request_id=request_id,
-                                  retry_after=self.settings.retry_after_s, close=True)
+            return error_response(
+                503,
+                "this router is shutting down; retry",
+                code="router_draining",
+                err_type="service_unavailable",
+                request_id=request_id,
+                retry_after=self.settings.retry_after_s,
+                close=True,
+            )
         arrival = time.time()
         body = await request.read()
         self.inflight += 1
@@ -242,23 +274,36 @@ class Router:
             if self.settings.access_log and not trace.shed:
                 self._access_log(request, request_id, resp, trace, arrival, t0)
 
-    def _access_log(self, request: web.Request, request_id: str, resp: web.StreamResponse | None,
-                    trace: _Trace, arrival: float, t0: float) -> None:
+    def _access_log(
+        self,
+        request: web.Request,
+        request_id: str,
+        resp: web.StreamResponse | None,
+        trace: _Trace,
+        arrival: float,
+        t0: float,
+    ) -> None:
         """One JSON line per routed request (sheds are only counted: an overload must not flood
         the logs). Same shape as the node's request lines, so one query follows a request id."""
         first = trace.first_byte
         rec = logs.record(
-            "router_request", request_id=request_id, method=request.method, path=request.path,
+            "router_request",
+            request_id=request_id,
+            method=request.method,
+            path=request.path,
             status=resp.status if resp is not None else 499,
             unit=resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
             revision=resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
-            attempts=trace.attempts, arrival=round(arrival, 6),
+            attempts=trace.attempts,
+            arrival=round(arrival, 6),
             first_byte_ms=round(1000 * (first - t0), 3) if first else None,
-            duration_ms=round(1000 * (perf_counter() - t0), 3))
+            duration_ms=round(1000 * (perf_counter() - t0), 3),
+        )
         self.access_log.write(rec)
 
-    async def _route(self, request: web.Request, body: bytes, request_id: str,
-                     t0: float, trace: _Trace) -> web.StreamResponse:
+    async def _route(
+        self, request: web.Request, body: bytes, request_id: str, t0: float, trace: _Trace
+    ) -> web.StreamResponse:
         headers = self._upstream_headers(request, request_id)
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
@@ -267,7 +312,7 @@ class Router:
             unit = pick.unit
             if unit is None:
                 if refusal is not None:
-                    return refusal   # every unit we could try refused: pass the last answer on
+                    return refusal  # every unit we could try refused: pass the last answer on
                 trace.shed = True
                 return self._shed(pick.reason, request_id)
             unit.outstanding += 1
@@ -290,13 +335,21 @@ class Router:
         self.metrics.shed.labels(reason).inc()
         if reason == "saturated":
             return error_response(
-                429, "every unit is at capacity; retry after the Retry-After delay",
-                code="overloaded", err_type="rate_limit_error", request_id=request_id,
-                retry_after=self.settings.retry_after_s)
+                429,
+                "every unit is at capacity; retry after the Retry-After delay",
+                code="overloaded",
+                err_type="rate_limit_error",
+                request_id=request_id,
+                retry_after=self.settings.retry_after_s,
+            )
         return error_response(
-            503, "no unit is ready to serve; retry after the Retry-After delay",
-            code="no_unit_ready", err_type="service_unavailable", request_id=request_id,
-            retry_after=self.settings.retry_after_s)
+            503,
+            "no unit is ready to serve; retry after the Retry-After delay",
+            code="no_unit_ready",
+            err_type="service_unavailable",
+            request_id=request_id,
+            retry_after=self.settings.retry_after_s,
+        )
 
     @staticmethod
     def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
@@ -308,9 +361,16 @@ class Router:
             headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
         return headers
 
-    async def _attempt(self, unit: Unit, request: web.Request, body: bytes,
-                       headers: dict[str, str], request_id: str, t0: float,
-                       trace: _Trace) -> web.StreamResponse:
+    async def _attempt(
+        self,
+        unit: Unit,
+        request: web.Request,
+        body: bytes,
+        headers: dict[str, str],
+        request_id: str,
+        t0: float,
+        trace: _Trace,
+    ) -> web.StreamResponse:
         s = self.settings
         session = unit.session
         if session is None or session.closed:
@@ -319,12 +379,21 @@ class Router:
         try:
             async with asyncio.timeout(s.first_byte_timeout_s):
                 upstream = await session.request(
-                    request.method, unit.url + request.rel_url.raw_path_qs,
-                    headers=headers, data=body if body else None, allow_redirects=False)
+                    request.method,
+                    unit.url + request.rel_url.raw_path_qs,
+                    headers=headers,
+                    data=body if body else None,
+                    allow_redirects=False,
+                )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             unit.mark_unready("unreachable")
-            log.warning("request %s: cannot connect to unit %s (%s): %s; trying another unit",
-                        request_id, unit.unit, unit.url, exc)
+            log.warning(
+                "request %s: cannot connect to unit %s (%s): %s; trying another unit",
+                request_id,
+                unit.unit,
+                unit.url,
+                exc,
+            )
             raise _Retry("connect") from exc
         except aiohttp.ServerDisconnectedError as exc:
             # The unit closed the connection before answering (it died, or a keep-alive race):
@@ -334,20 +403,28 @@ class Router:
             unit.mark_unready("unreachable")
             raise _Retry("connect") from exc
         except TimeoutError:
-            log.error("request %s: unit %s sent no response within %.1f s",
-                      request_id, unit.unit, s.first_byte_timeout_s)
+            log.error(
+                "request %s: unit %s sent no response within %.1f s", request_id, unit.unit, s.first_byte_timeout_s
+            )
             self.metrics.upstream_errors.labels("first_byte_timeout").inc()
             return error_response(
-                504, f"unit {unit.unit} did not answer within {s.first_byte_timeout_s:g} s",
-                code="unit_timeout", err_type="upstream_error", request_id=request_id)
+                504,
+                f"unit {unit.unit} did not answer within {s.first_byte_timeout_s:g} s",
+                code="unit_timeout",
+                err_type="upstream_error",
+                request_id=request_id,
+            )
         t_first = perf_counter()
         status = upstream.status
         if status == 503 or status == 429:
             await self._refused(unit, upstream, request_id)
         length = upstream.content_length
         try:
-            if (length is not None and length <= _WHOLE_BODY_LIMIT
-                    and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")):
+            if (
+                length is not None
+                and length <= _WHOLE_BODY_LIMIT
+                and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            ):
                 resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first)
                 trace.first_byte = perf_counter()
             else:
@@ -357,8 +434,9 @@ class Router:
         self.metrics.count_routed(unit.unit, status)
         return resp
 
-    async def _relay_whole(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str,
-                           before_send: float, t_first: float) -> web.Response:
+    async def _relay_whole(
+        self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str, before_send: float, t_first: float
+    ) -> web.Response:
         """A small body of known length (a non-streamed completion): read it, then answer at once.
 
         One write to the client instead of three, and a unit that dies before the body is complete
@@ -371,16 +449,22 @@ class Router:
             upstream.close()
             self.metrics.upstream_errors.labels("idle_timeout").inc()
             return error_response(
-                504, f"unit {unit.unit} stopped sending its response for "
-                f"{self.settings.idle_stream_timeout_s:g} s", code="idle_timeout",
-                err_type="upstream_error", request_id=request_id)
+                504,
+                f"unit {unit.unit} stopped sending its response for {self.settings.idle_stream_timeout_s:g} s",
+                code="idle_timeout",
+                err_type="upstream_error",
+                request_id=request_id,
+            )
         except (aiohttp.ClientError, OSError) as exc:
             upstream.close()
-            log.warning("request %s: unit %s failed before its response was complete (%s); "
-                        "trying another unit", request_id, unit.unit, exc.__class__.__name__)
+            log.warning(
+                "request %s: unit %s failed before its response was complete (%s); trying another unit",
+                request_id,
+                unit.unit,
+                exc.__class__.__name__,
+            )
             raise _Retry("broken_before_client") from exc
-        headers = CIMultiDict((k, v) for k, v in upstream.headers.items()
-                              if k.lower() not in _HOP_BY_HOP)
+        headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP)
         headers[contract.REQUEST_ID_HEADER] = request_id
         self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
@@ -398,18 +482,26 @@ class Router:
         status = upstream.status
         if status == 503:
             unit.mark_unready("refused")  # draining or not ready: the next poll tells which
-        refusal_headers = {contract.REQUEST_ID_HEADER: request_id,
-                           "Retry-After": upstream.headers.get("Retry-After",
-                                                              str(self.settings.retry_after_s))}
+        refusal_headers = {
+            contract.REQUEST_ID_HEADER: request_id,
+            "Retry-After": upstream.headers.get("Retry-After", str(self.settings.retry_after_s)),
+        }
         ctype = upstream.headers.get("Content-Type")
         if ctype:
             refusal_headers["Content-Type"] = ctype
         refusal = web.Response(status=status, body=raw, headers=refusal_headers)
         raise _Retry(f"unit_{status}", refusal)
 
-    async def _relay(self, unit: Unit, request: web.Request, upstream: aiohttp.ClientResponse,
-                     request_id: str, before_send: float, t_first: float,
-                     trace: _Trace) -> web.StreamResponse:
+    async def _relay(
+        self,
+        unit: Unit,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        request_id: str,
+        before_send: float,
+        t_first: float,
+        trace: _Trace,
+    ) -> web.StreamResponse:
         """Stream the body through as it arrives (SSE, chunked or large bodies)."""
         s = self.settings
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -432,15 +524,28 @@ class Router:
                 async with asyncio.timeout(s.idle_stream_timeout_s):
                     chunk = await content.readany()
             except TimeoutError:
-                return await self._broken(request, resp, upstream, is_sse, request_id, unit,
-                                          "idle_timeout",
-                                          f"unit {unit.unit} sent nothing for "
-                                          f"{s.idle_stream_timeout_s:g} s")
+                return await self._broken(
+                    request,
+                    resp,
+                    upstream,
+                    is_sse,
+                    request_id,
+                    unit,
+                    "idle_timeout",
+                    f"unit {unit.unit} sent nothing for {s.idle_stream_timeout_s:g} s",
+                )
             except (aiohttp.ClientError, OSError) as exc:
-                return await self._broken(request, resp, upstream, is_sse, request_id, unit,
-                                          "stream_broken",
-                                          f"unit {unit.unit} failed mid-response ({exc.__class__.__name__}); "
-                                          f"the partial output above is incomplete")
+                return await self._broken(
+                    request,
+                    resp,
+                    upstream,
+                    is_sse,
+                    request_id,
+                    unit,
+                    "stream_broken",
+                    f"unit {unit.unit} failed mid-response ({exc.__class__.__name__}); "
+                    f"the partial output above is incomplete",
+                )
             if not chunk:
                 break
             if framer is not None:
@@ -459,12 +564,20 @@ class Router:
                 await resp.write(rest)
             await resp.write_eof()
         except (ConnectionError, aiohttp.ClientConnectionResetError):
-            pass   # the client left just as the response ended
+            pass  # the client left just as the response ended
         return resp
 
-    async def _broken(self, request: web.Request, resp: web.StreamResponse,
-                      upstream: aiohttp.ClientResponse, is_sse: bool, request_id: str, unit: Unit,
-                      reason: str, message: str) -> web.StreamResponse:
+    async def _broken(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        is_sse: bool,
+        request_id: str,
+        unit: Unit,
+        reason: str,
+        message: str,
+    ) -> web.StreamResponse:
         """The response already started, so it cannot move to another unit: end it visibly."""
         upstream.close()
         self.metrics.upstream_errors.labels(reason).inc()

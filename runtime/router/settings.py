@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 import contract
 
-_BAD = "router_setting"                  # the error type of every check below: its message is the line
+_BAD = "router_setting"  # the error type of every check below: its message is the line
 
 
 class SettingsError(ValueError):
@@ -34,17 +34,18 @@ class SettingsError(ValueError):
 
     def __init__(self, message: str, *, problems: list[Any] | None = None) -> None:
         super().__init__(message)
-        self.problems = problems or []      # pydantic's error dicts, to name where each value came from
+        self.problems = problems or []  # pydantic's error dicts, to name where each value came from
 
 
 @dataclass(frozen=True)
 class Option:
     """How a setting is given on the command line and in the environment."""
+
     flag: str
     help: str
     env: str | None = None
-    choices: tuple[str, ...] | None = None   # the words the flag takes, when not the field's Literal values
-    default: str | None = None               # the default as the help shows it, when not the field's
+    choices: tuple[str, ...] | None = None  # the words the flag takes, when not the field's Literal values
+    default: str | None = None  # the default as the help shows it, when not the field's
 
 
 def _bad(message: str) -> PydanticCustomError:
@@ -53,6 +54,7 @@ def _bad(message: str) -> PydanticCustomError:
 
 def within(low: float, high: float) -> WrapValidator:
     """The value (or its text, from a flag or the environment) must be a number in low..high."""
+
     def validate(value: Any, handler: Any, info: ValidationInfo) -> Any:
         try:
             number = handler(value)
@@ -62,11 +64,12 @@ def within(low: float, high: float) -> WrapValidator:
         if not low <= number <= high:
             raise _bad(f"{info.field_name}={number} is out of range: allowed {low}..{high}")
         return number
+
     return WrapValidator(validate)
 
 
 def _units(value: Any) -> Any:
-    if isinstance(value, str):         # a flag or FLOTILLA_UNITS: comma-separated
+    if isinstance(value, str):  # a flag or FLOTILLA_UNITS: comma-separated
         return tuple(u.strip() for u in value.split(",") if u.strip())
     return value
 
@@ -74,8 +77,10 @@ def _units(value: Any) -> Any:
 def _base_urls(units: tuple[str, ...]) -> tuple[str, ...]:
     for url in units:
         if not url.startswith(("http://", "https://")) or url.count(":") < 2:
-            raise _bad(f"unit {url!r} is not a base URL: write it as http://host:port (e.g. "
-                       f"http://127.0.0.1:{contract.NODE_API_PORT})")
+            raise _bad(
+                f"unit {url!r} is not a base URL: write it as http://host:port (e.g. "
+                f"http://127.0.0.1:{contract.NODE_API_PORT})"
+            )
     return units
 
 
@@ -96,70 +101,143 @@ def _upper(value: Any) -> Any:
 
 class RouterSettings(BaseModel):
     """One validated object built once at start-up and passed down. Every default suits a small fleet."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: Annotated[str, Option("--host", "address to listen on")] = "0.0.0.0"
-    port: Annotated[int, within(0, 65535), Option(
-        "--port", "listen port; 0 = any free port", env=contract.ENV_PORT)] = contract.ROUTER_PORT
+    port: Annotated[
+        int, within(0, 65535), Option("--port", "listen port; 0 = any free port", env=contract.ENV_PORT)
+    ] = contract.ROUTER_PORT
     # discovery: "static" (units and/or units_file) or "cloudmap" (namespace + service)
-    discovery: Annotated[Literal["static", "cloudmap"], Option(
-        "--discovery", "how units are found: static (--units, --units-file) or cloudmap",
-        env=contract.ENV_DISCOVERY)] = "static"
-    units: Annotated[tuple[str, ...], AfterValidator(_base_urls), BeforeValidator(_units), Option(
-        "--units", "comma-separated leader base URLs, e.g. http://10.0.1.5:8000, for static discovery",
-        env=contract.ENV_UNITS, default="none")] = ()
-    units_file: Annotated[str | None, Option(
-        "--units-file", "file with one leader URL per line, re-read every discovery pass, for static discovery")] = None
-    cloudmap_namespace: Annotated[str | None, Option(
-        "--cloudmap-namespace", "Cloud Map namespace the units register in, for cloudmap discovery",
-        env=contract.ENV_CLOUDMAP_NAMESPACE)] = None
-    cloudmap_service: Annotated[str | None, Option(
-        "--cloudmap-service", "Cloud Map service the units register as, for cloudmap discovery",
-        env=contract.ENV_CLOUDMAP_SERVICE)] = None
-    cloudmap_region: str | None = None           # None: boto3's default region resolution
-    discovery_interval_s: Annotated[float, within(0.05, 3600), Option(
-        "--discovery-interval", "seconds between discovery passes")] = 2.0
+    discovery: Annotated[
+        Literal["static", "cloudmap"],
+        Option(
+            "--discovery", "how units are found: static (--units, --units-file) or cloudmap", env=contract.ENV_DISCOVERY
+        ),
+    ] = "static"
+    units: Annotated[
+        tuple[str, ...],
+        AfterValidator(_base_urls),
+        BeforeValidator(_units),
+        Option(
+            "--units",
+            "comma-separated leader base URLs, e.g. http://10.0.1.5:8000, for static discovery",
+            env=contract.ENV_UNITS,
+            default="none",
+        ),
+    ] = ()
+    units_file: Annotated[
+        str | None,
+        Option("--units-file", "file with one leader URL per line, re-read every discovery pass, for static discovery"),
+    ] = None
+    cloudmap_namespace: Annotated[
+        str | None,
+        Option(
+            "--cloudmap-namespace",
+            "Cloud Map namespace the units register in, for cloudmap discovery",
+            env=contract.ENV_CLOUDMAP_NAMESPACE,
+        ),
+    ] = None
+    cloudmap_service: Annotated[
+        str | None,
+        Option(
+            "--cloudmap-service",
+            "Cloud Map service the units register as, for cloudmap discovery",
+            env=contract.ENV_CLOUDMAP_SERVICE,
+        ),
+    ] = None
+    cloudmap_region: str | None = None  # None: boto3's default region resolution
+    discovery_interval_s: Annotated[
+        float, within(0.05, 3600), Option("--discovery-interval", "seconds between discovery passes")
+    ] = 2.0
     # health and load polling of every unit
-    poll_interval_s: Annotated[float, within(0.01, 60), Option(
-        "--poll-interval", "seconds between health polls of a unit", env=contract.ENV_POLL_INTERVAL)] = 0.25
-    poll_timeout_s: Annotated[float, within(0.01, 60), Option(
-        "--poll-timeout", "seconds a health poll may take before the unit counts as unreachable",
-        default="max(1, 2 x poll interval)")] = 1.0
+    poll_interval_s: Annotated[
+        float,
+        within(0.01, 60),
+        Option("--poll-interval", "seconds between health polls of a unit", env=contract.ENV_POLL_INTERVAL),
+    ] = 0.25
+    poll_timeout_s: Annotated[
+        float,
+        within(0.01, 60),
+        Option(
+            "--poll-timeout",
+            "seconds a health poll may take before the unit counts as unreachable",
+            default="max(1, 2 x poll interval)",
+        ),
+    ] = 1.0
     # proxying
     connect_timeout_s: Annotated[float, within(0.01, 60)] = 1.0
-    first_byte_timeout_s: Annotated[float, within(0.01, 3600), Option(
-        "--first-byte-timeout", "seconds to wait for a unit's first byte: the prefill of a long prompt on "
-        "a busy unit")] = 60.0
-    idle_stream_timeout_s: Annotated[float, within(0.01, 3600), Option(
-        "--idle-stream-timeout", "longest silence in seconds between two chunks of a response")] = 30.0
-    max_attempts: Annotated[int, within(1, 16)] = 3      # units tried per request while nothing reached the client
+    first_byte_timeout_s: Annotated[
+        float,
+        within(0.01, 3600),
+        Option(
+            "--first-byte-timeout",
+            "seconds to wait for a unit's first byte: the prefill of a long prompt on a busy unit",
+        ),
+    ] = 60.0
+    idle_stream_timeout_s: Annotated[
+        float,
+        within(0.01, 3600),
+        Option("--idle-stream-timeout", "longest silence in seconds between two chunks of a response"),
+    ] = 30.0
+    max_attempts: Annotated[int, within(1, 16)] = 3  # units tried per request while nothing reached the client
     max_body_bytes: Annotated[int, within(1024, 1 << 30)] = 4 * 1024 * 1024
     # shedding: a unit is saturated when either bound is reached
-    max_outstanding_per_unit: Annotated[int, within(1, 100_000), Option(
-        "--max-outstanding-per-unit", "requests this router keeps in flight to one unit before it counts "
-        "as saturated")] = 64
-    max_queue_depth: Annotated[int, within(1, 100_000), Option(
-        "--max-queue-depth", "a unit reporting this queue depth is saturated")] = 32
+    max_outstanding_per_unit: Annotated[
+        int,
+        within(1, 100_000),
+        Option(
+            "--max-outstanding-per-unit",
+            "requests this router keeps in flight to one unit before it counts as saturated",
+        ),
+    ] = 64
+    max_queue_depth: Annotated[
+        int, within(1, 100_000), Option("--max-queue-depth", "a unit reporting this queue depth is saturated")
+    ] = 32
     retry_after_s: Annotated[int, within(1, 3600)] = 1
-    access_log: Annotated[bool, BeforeValidator(_access_log_word), Option(
-        "--access-log", "one JSON line per routed request on stderr (json) or none (off)",
-        choices=tuple(ACCESS_LOG_WORDS), default="json")] = True
-    ready_units_interval_s: Annotated[float, within(0.05, 3600), Option(
-        "--ready-units-interval", "seconds between ReadyUnits metric lines on stdout: CloudWatch EMF, "
-        "docs/observability.md")] = 60.0
+    access_log: Annotated[
+        bool,
+        BeforeValidator(_access_log_word),
+        Option(
+            "--access-log",
+            "one JSON line per routed request on stderr (json) or none (off)",
+            choices=tuple(ACCESS_LOG_WORDS),
+            default="json",
+        ),
+    ] = True
+    ready_units_interval_s: Annotated[
+        float,
+        within(0.05, 3600),
+        Option(
+            "--ready-units-interval",
+            "seconds between ReadyUnits metric lines on stdout: CloudWatch EMF, docs/observability.md",
+        ),
+    ] = 60.0
     # SIGTERM drain
-    drain_grace_s: Annotated[float, within(0, 3600), Option(
-        "--drain-grace", "seconds to keep serving after /health turns 503 on SIGTERM, so the ALB "
-        "notices")] = 5.0
-    drain_timeout_s: Annotated[float, within(0, 86400), Option(
-        "--drain-timeout", "seconds to wait for in-flight requests after SIGTERM",
-        env=contract.ENV_DRAIN_TIMEOUT)] = 120.0
+    drain_grace_s: Annotated[
+        float,
+        within(0, 3600),
+        Option("--drain-grace", "seconds to keep serving after /health turns 503 on SIGTERM, so the ALB notices"),
+    ] = 5.0
+    drain_timeout_s: Annotated[
+        float,
+        within(0, 86400),
+        Option(
+            "--drain-timeout", "seconds to wait for in-flight requests after SIGTERM", env=contract.ENV_DRAIN_TIMEOUT
+        ),
+    ] = 120.0
     # the process
-    event_loop: Annotated[Literal["auto", "asyncio", "uvloop"], Option(
-        "--event-loop", "auto = uvloop when installed, else asyncio; uvloop measured faster in "
-        "docs/benchmarks.md")] = "auto"
-    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(_upper),
-                         Option("--log-level", "least severe log level written")] = "INFO"
+    event_loop: Annotated[
+        Literal["auto", "asyncio", "uvloop"],
+        Option(
+            "--event-loop", "auto = uvloop when installed, else asyncio; uvloop measured faster in docs/benchmarks.md"
+        ),
+    ] = "auto"
+    log_level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        BeforeValidator(_upper),
+        Option("--log-level", "least severe log level written"),
+    ] = "INFO"
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -176,18 +254,22 @@ class RouterSettings(BaseModel):
             try:
                 poll = float(values.get("poll_interval_s", 0.25))
             except (TypeError, ValueError):
-                return values                   # poll_interval_s gets its own error
+                return values  # poll_interval_s gets its own error
             values = {**values, "poll_timeout_s": max(1.0, 2 * poll)}
         return values
 
     @model_validator(mode="after")
     def _discovery_has_what_it_needs(self) -> RouterSettings:
         if self.discovery == "static" and not self.units and not self.units_file:
-            raise _bad(f"static discovery needs units: pass --units http://host:port[,...] or set "
-                       f"{contract.ENV_UNITS}, or pass --units-file")
+            raise _bad(
+                f"static discovery needs units: pass --units http://host:port[,...] or set "
+                f"{contract.ENV_UNITS}, or pass --units-file"
+            )
         if self.discovery == "cloudmap" and not (self.cloudmap_namespace and self.cloudmap_service):
-            raise _bad(f"cloudmap discovery needs {contract.ENV_CLOUDMAP_NAMESPACE} and "
-                       f"{contract.ENV_CLOUDMAP_SERVICE} (or --cloudmap-namespace/--cloudmap-service)")
+            raise _bad(
+                f"cloudmap discovery needs {contract.ENV_CLOUDMAP_NAMESPACE} and "
+                f"{contract.ENV_CLOUDMAP_SERVICE} (or --cloudmap-namespace/--cloudmap-service)"
+            )
         return self
 
     @classmethod
@@ -196,13 +278,15 @@ class RouterSettings(BaseModel):
         given from one left out (and fall back to the environment, then the declared default)."""
         for name, option in _options().items():
             field = cls.model_fields[name]
-            choices = option.choices or (get_args(field.annotation) if get_origin(field.annotation) is Literal
-                                         else None)
+            choices = option.choices or (
+                get_args(field.annotation) if get_origin(field.annotation) is Literal else None
+            )
             shown = option.default or ("none" if field.default is None else field.default)
             where = f"; env {option.env}" if option.env else ""
             metavar = "{" + ",".join(choices) + "}" if choices else option.flag.lstrip("-").upper().replace("-", "_")
-            parser.add_argument(option.flag, dest=name, default=None, metavar=metavar,
-                                help=f"{option.help} (default: {shown}{where})")
+            parser.add_argument(
+                option.flag, dest=name, default=None, metavar=metavar, help=f"{option.help} (default: {shown}{where})"
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> RouterSettings:

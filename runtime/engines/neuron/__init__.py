@@ -4,10 +4,24 @@
 tested here); `worker` is the follower loop that runs inside the Neuron container only.
 """
 
+from runtime.engines.neuron.launch import (
+    NeuronOptions,
+    NeuronPlanError,
+    NeuronUnitPlan,
+    RankPlan,
+    plan_member,
+    plan_unit,
+)
 from runtime.engines.neuron.model import ModelConfigError, ModelShape, load_model_shape
-from runtime.engines.neuron.launch import (NeuronOptions, NeuronPlanError, NeuronUnitPlan, RankPlan,
-                                         plan_member, plan_unit)
 
-__all__ = ["ModelConfigError", "ModelShape", "NeuronOptions",
-           "NeuronPlanError", "NeuronUnitPlan", "RankPlan", "load_model_shape", "plan_member",
-           "plan_unit"]
+__all__ = [
+    "ModelConfigError",
+    "ModelShape",
+    "NeuronOptions",
+    "NeuronPlanError",
+    "NeuronUnitPlan",
+    "RankPlan",
+    "load_model_shape",
+    "plan_member",
+    "plan_unit",
+]

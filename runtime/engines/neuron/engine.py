@@ -19,8 +19,16 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import contract
-from runtime.engines.base import (EngineBroken, EngineError, EngineHealth, EngineLoad, EngineState,
-                                  GenerationRequest, RequestRejected, TokenEvent)
+from runtime.engines.base import (
+    EngineBroken,
+    EngineError,
+    EngineHealth,
+    EngineLoad,
+    EngineState,
+    GenerationRequest,
+    RequestRejected,
+    TokenEvent,
+)
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan
 from runtime.membership import Membership
 
@@ -28,7 +36,7 @@ log = logging.getLogger("flotilla.neuron")
 HEALTH_POLL_S = 0.5
 PROGRESS_EVERY_S = 30.0
 METRICS_EVERY_S = 2.0
-UNHEALTHY_AFTER_S = 20.0     # vLLM alive but its /health failing this long: the unit re-forms
+UNHEALTHY_AFTER_S = 20.0  # vLLM alive but its /health failing this long: the unit re-forms
 STOP_GRACE_S = 10.0
 
 
@@ -39,7 +47,7 @@ class NeuronEngineSettings:
     instance_type: str
     options: NeuronOptions
     compile_cache_uri: str | None = None
-    launcher: str | None = None      # replaces `python3 -m <module>`: a test stand-in for vLLM
+    launcher: str | None = None  # replaces `python3 -m <module>`: a test stand-in for vLLM
 
 
 def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) -> tuple[list[str], dict[str, str]]:
@@ -55,21 +63,28 @@ def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) ->
 
 def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any):
     """prepare_rank with every expected failure turned into one EngineError line."""
-    from runtime.engines.neuron.model import ModelConfigError  # noqa: PLC0415
     from runtime.engines.neuron.launch import NeuronPlanError  # noqa: PLC0415
+    from runtime.engines.neuron.model import ModelConfigError  # noqa: PLC0415
     from runtime.engines.neuron.prepare import prepare_rank  # noqa: PLC0415
 
     try:
-        return prepare_rank(membership, model_uri=s.model_uri, model_dir=s.model_dir,
-                            instance_type=s.instance_type, options=s.options, s3=s3,
-                            compile_cache_uri=s.compile_cache_uri)
+        return prepare_rank(
+            membership,
+            model_uri=s.model_uri,
+            model_dir=s.model_dir,
+            instance_type=s.instance_type,
+            options=s.options,
+            s3=s3,
+            compile_cache_uri=s.compile_cache_uri,
+        )
     except (NeuronPlanError, ModelConfigError) as e:
         raise EngineError(f"neuron layout refused before fetching weights: {e}") from e
     except (ValueError, OSError) as e:
         raise EngineError(f"neuron rank {membership.rank}: preparing {s.model_uri} failed: {e}") from e
     except Exception as e:  # botocore errors: no credentials, no bucket, access denied
-        raise EngineError(f"neuron rank {membership.rank}: preparing {s.model_uri} failed: "
-                          f"{type(e).__name__}: {e}") from e
+        raise EngineError(
+            f"neuron rank {membership.rank}: preparing {s.model_uri} failed: {type(e).__name__}: {e}"
+        ) from e
 
 
 def _s3_client() -> Any:
@@ -81,9 +96,16 @@ def _s3_client() -> Any:
 class NeuronEngine:
     """Lives in the leader's engine process; vLLM runs as its child, bound to 127.0.0.1."""
 
-    def __init__(self, membership: Membership, *, settings: NeuronEngineSettings, model_name: str,
-                 start_timeout_s: float, s3: Any = None,
-                 unhealthy_after_s: float = UNHEALTHY_AFTER_S) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        *,
+        settings: NeuronEngineSettings,
+        model_name: str,
+        start_timeout_s: float,
+        s3: Any = None,
+        unhealthy_after_s: float = UNHEALTHY_AFTER_S,
+    ) -> None:
         self.membership = membership
         self.s = settings
         self.model_name = model_name
@@ -97,7 +119,7 @@ class NeuronEngine:
         self._session: Any = None
         self._state = EngineState.STARTING
         self._detail = ""
-        self._running: dict[str, Any] = {}       # request id -> upstream response (closed on cancel)
+        self._running: dict[str, Any] = {}  # request id -> upstream response (closed on cancel)
         self._cancelled: set[str] = set()
         self._vllm_load: EngineLoad | None = None
         self._tasks: list[asyncio.Task] = []
@@ -111,16 +133,27 @@ class NeuronEngine:
         from runtime.models.tokenizers import HFTokenizer  # noqa: PLC0415
 
         s3 = self._s3 or await asyncio.to_thread(_s3_client)
-        log.info(json.dumps({"event": "neuron_prepare", "model_uri": self.s.model_uri,
-                             "rank": self.membership.rank, "world_size": self.membership.world_size}))
+        log.info(
+            json.dumps(
+                {
+                    "event": "neuron_prepare",
+                    "model_uri": self.s.model_uri,
+                    "rank": self.membership.rank,
+                    "world_size": self.membership.world_size,
+                }
+            )
+        )
         self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3)
         try:
             self.tokenizer = HFTokenizer(self.s.model_dir)
         except (OSError, ValueError) as e:
             raise EngineError(f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}") from e
         argv, env = rank_argv(self.prepared.plan, dict(os.environ), self.s.launcher)
-        log.info(json.dumps({"event": "neuron_engine_spawn", "argv": argv[:4],
-                             "compile_cache_hit": self.prepared.compile_cache_hit}))
+        log.info(
+            json.dumps(
+                {"event": "neuron_engine_spawn", "argv": argv[:4], "compile_cache_hit": self.prepared.compile_cache_hit}
+            )
+        )
         # Same process group as this engine process: the supervisor's killpg takes vLLM down too.
         self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
@@ -131,16 +164,20 @@ class NeuronEngine:
             raise
         if self.s.compile_cache_uri:
             try:
-                stored = await asyncio.to_thread(store_compiled, self.prepared,
-                                                 compile_cache_uri=self.s.compile_cache_uri,
-                                                 compiled_dir=self.s.options.compiled_artifacts_dir, s3=s3)
-                log.info(json.dumps({"event": "neuron_compile_cache", "stored": stored,
-                                     "key": self.prepared.compile_key}))
+                stored = await asyncio.to_thread(
+                    store_compiled,
+                    self.prepared,
+                    compile_cache_uri=self.s.compile_cache_uri,
+                    compiled_dir=self.s.options.compiled_artifacts_dir,
+                    s3=s3,
+                )
+                log.info(
+                    json.dumps({"event": "neuron_compile_cache", "stored": stored, "key": self.prepared.compile_key})
+                )
             except Exception as e:  # a cache upload failure costs the next start time, not this one
                 log.warning(json.dumps({"event": "neuron_compile_cache_store_failed", "error": str(e)}))
         self._state = EngineState.READY
-        self._tasks = [asyncio.create_task(self._watch_process()),
-                       asyncio.create_task(self._poll_server())]
+        self._tasks = [asyncio.create_task(self._watch_process()), asyncio.create_task(self._poll_server())]
 
     async def _wait_healthy(self) -> None:
         import aiohttp  # noqa: PLC0415
@@ -149,26 +186,40 @@ class NeuronEngine:
         started = last_progress = time.monotonic()
         while True:
             if self._proc.returncode is not None:
-                raise EngineError(f"neuron: the vLLM server exited with code {self._proc.returncode} "
-                                  "before it became healthy; see its output above in this container's log")
+                raise EngineError(
+                    f"neuron: the vLLM server exited with code {self._proc.returncode} "
+                    "before it became healthy; see its output above in this container's log"
+                )
             try:
-                async with self._session.get(self.url + "/health",
-                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
+                async with self._session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status == 200:
-                        log.info(json.dumps({"event": "neuron_engine_healthy",
-                                             "after_s": round(time.monotonic() - started, 1)}))
+                        log.info(
+                            json.dumps(
+                                {"event": "neuron_engine_healthy", "after_s": round(time.monotonic() - started, 1)}
+                            )
+                        )
                         return
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass
             waited = time.monotonic() - started
             if waited > self._start_timeout_s:
-                raise EngineError(f"neuron: the vLLM server at {self.url} was not healthy after "
-                                  f"{self._start_timeout_s:.0f}s; raise FLOTILLA_FORM_TIMEOUT_S if it is "
-                                  "still compiling")
+                raise EngineError(
+                    f"neuron: the vLLM server at {self.url} was not healthy after "
+                    f"{self._start_timeout_s:.0f}s; raise FLOTILLA_FORM_TIMEOUT_S if it is "
+                    "still compiling"
+                )
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
-                log.info(json.dumps({"event": "neuron_engine_waiting", "waited_s": round(waited),
-                                     "timeout_s": self._start_timeout_s, "url": self.url + "/health"}))
+                log.info(
+                    json.dumps(
+                        {
+                            "event": "neuron_engine_waiting",
+                            "waited_s": round(waited),
+                            "timeout_s": self._start_timeout_s,
+                            "url": self.url + "/health",
+                        }
+                    )
+                )
             try:
                 await asyncio.wait_for(self._proc.wait(), HEALTH_POLL_S)
             except asyncio.TimeoutError:
@@ -186,7 +237,7 @@ class NeuronEngine:
         self._detail = detail
         log.error(json.dumps({"event": "neuron_engine_broken", "detail": detail}))
         for resp in list(self._running.values()):
-            resp.close()   # every open stream ends now, not when TCP notices
+            resp.close()  # every open stream ends now, not when TCP notices
 
     async def _poll_server(self) -> None:
         """Every 2 s: vLLM's /health (failing for unhealthy_after_s breaks the engine: a wedged
@@ -201,8 +252,9 @@ class NeuronEngine:
                     if r.status == 200:
                         healthy_at = time.monotonic()
                 async with self._session.get(self.url + "/metrics", timeout=quick) as r:
-                    self._vllm_load = (_parse_vllm_metrics(await r.text(), self.s.options.batch_size)
-                                       if r.status == 200 else None)
+                    self._vllm_load = (
+                        _parse_vllm_metrics(await r.text(), self.s.options.batch_size) if r.status == 200 else None
+                    )
             except Exception:  # noqa: BLE001 - load falls back to our own counters
                 self._vllm_load = None
             if time.monotonic() - healthy_at > self._unhealthy_after_s:
@@ -218,9 +270,14 @@ class NeuronEngine:
             raise EngineBroken(f"the neuron engine is {self._state.value}: {self._detail}")
         sp = request.sampling
         body: dict[str, Any] = {
-            "model": self.model_name, "prompt": list(request.prompt_token_ids), "stream": True,
-            "max_tokens": sp.max_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
-            "ignore_eos": sp.ignore_eos, "return_token_ids": True,
+            "model": self.model_name,
+            "prompt": list(request.prompt_token_ids),
+            "stream": True,
+            "max_tokens": sp.max_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "ignore_eos": sp.ignore_eos,
+            "return_token_ids": True,
         }
         if sp.stop:
             body["stop"] = list(sp.stop)
@@ -229,8 +286,9 @@ class NeuronEngine:
         rid = request.request_id
         finished = False
         try:
-            async with self._session.post(self.url + "/v1/completions", json=body,
-                                          headers={contract.REQUEST_ID_HEADER: rid}) as resp:
+            async with self._session.post(
+                self.url + "/v1/completions", json=body, headers={contract.REQUEST_ID_HEADER: rid}
+            ) as resp:
                 self._running[rid] = resp
                 if resp.status != 200:
                     text = (await resp.text())[:500]
@@ -253,14 +311,17 @@ class NeuronEngine:
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
             if rid in self._cancelled:
                 return
-            raise EngineBroken(f"the vLLM server dropped the stream ({self._detail or type(e).__name__}); "
-                               "retry on a healthy unit") from e
+            raise EngineBroken(
+                f"the vLLM server dropped the stream ({self._detail or type(e).__name__}); retry on a healthy unit"
+            ) from e
         finally:
             self._running.pop(rid, None)
             self._cancelled.discard(rid)
         if not finished and rid not in self._cancelled:
-            raise EngineBroken(f"the vLLM server ended the stream without a finish reason "
-                               f"({self._detail or 'server still running'}); retry on a healthy unit")
+            raise EngineBroken(
+                f"the vLLM server ended the stream without a finish reason "
+                f"({self._detail or 'server still running'}); retry on a healthy unit"
+            )
 
     def _events(self, chunk: dict[str, Any]) -> list[TokenEvent]:
         choice = (chunk.get("choices") or [{}])[0]
@@ -275,15 +336,20 @@ class NeuronEngine:
             # (the node's API does not count it in usage).
             return [TokenEvent(token_id=-1, text=text, finish_reason=finish)] if finish or text else []
         # One event per token; the chunk's text rides on its last token.
-        return [TokenEvent(token_id=int(t), text=text if i == len(ids) - 1 else "",
-                           finish_reason=finish if i == len(ids) - 1 else None)
-                for i, t in enumerate(ids)]
+        return [
+            TokenEvent(
+                token_id=int(t),
+                text=text if i == len(ids) - 1 else "",
+                finish_reason=finish if i == len(ids) - 1 else None,
+            )
+            for i, t in enumerate(ids)
+        ]
 
     def cancel(self, request_id: str) -> None:
         resp = self._running.get(request_id)
         if resp is not None:
             self._cancelled.add(request_id)
-            resp.close()   # vLLM aborts a request whose client went away
+            resp.close()  # vLLM aborts a request whose client went away
 
     def health(self) -> EngineHealth:
         return EngineHealth(state=self._state, detail=self._detail)
@@ -294,12 +360,13 @@ class NeuronEngine:
         # Without vLLM's gauges: our own count of open upstream streams; vLLM queues the rest.
         running = len(self._running)
         batch = self.s.options.batch_size
-        return EngineLoad(queue_depth=max(0, running - batch), running=min(running, batch),
-                          max_running=batch, kv_cache_used=0.0)
+        return EngineLoad(
+            queue_depth=max(0, running - batch), running=min(running, batch), max_running=batch, kv_cache_used=0.0
+        )
 
     async def shutdown(self) -> None:
         if self._state is not EngineState.BROKEN:
-            self._state = EngineState.STOPPED     # before the process exits: not a failure
+            self._state = EngineState.STOPPED  # before the process exits: not a failure
         await self._close()
 
     async def _close(self) -> None:
@@ -346,9 +413,12 @@ def _parse_vllm_metrics(text: str, batch_size: int) -> EngineLoad | None:
     if "vllm:num_requests_running" not in values:
         return None
     kv = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
-    return EngineLoad(queue_depth=int(values.get("vllm:num_requests_waiting", 0)),
-                      running=int(values["vllm:num_requests_running"]), max_running=batch_size,
-                      kv_cache_used=min(1.0, max(0.0, kv)))
+    return EngineLoad(
+        queue_depth=int(values.get("vllm:num_requests_waiting", 0)),
+        running=int(values["vllm:num_requests_running"]),
+        max_running=batch_size,
+        kv_cache_used=min(1.0, max(0.0, kv)),
+    )
 
 
 def run_follower(membership: Membership, *, settings: NeuronEngineSettings, s3: Any = None) -> None:

@@ -27,24 +27,31 @@ class ModelShape:
     max_position_embeddings: int
 
 
-_REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
-             "vocab_size", "max_position_embeddings")
+_REQUIRED = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
 
 
 def load_model_shape(checkpoint_dir: str | Path) -> ModelShape:
     """Read `<checkpoint_dir>/config.json`; every error names the file, the field and the fix."""
     path = Path(checkpoint_dir) / "config.json"
     if not Path(checkpoint_dir).is_dir():
-        raise ModelConfigError(f"--model {checkpoint_dir}: not a directory; pass a checkpoint "
-                               "directory that holds config.json")
+        raise ModelConfigError(
+            f"--model {checkpoint_dir}: not a directory; pass a checkpoint directory that holds config.json"
+        )
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ModelConfigError(f"{path}: not found; a checkpoint directory must hold the "
-                               "Hugging Face config.json of the model") from None
+        raise ModelConfigError(
+            f"{path}: not found; a checkpoint directory must hold the Hugging Face config.json of the model"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc}); restore the file from the "
-                               "checkpoint") from None
+        raise ModelConfigError(f"{path}: not valid JSON ({exc}); restore the file from the checkpoint") from None
     return parse_model_shape(raw, source=str(path))
 
 
@@ -55,8 +62,10 @@ def parse_model_shape(raw: object, *, source: str) -> ModelShape:
         raise ModelConfigError(f"{path}: expected a JSON object at top level")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
-        raise ModelConfigError(f"{path}: missing {', '.join(missing)}; the neuron engine serves "
-                               "Llama-family decoder checkpoints, whose config.json has them")
+        raise ModelConfigError(
+            f"{path}: missing {', '.join(missing)}; the neuron engine serves "
+            "Llama-family decoder checkpoints, whose config.json has them"
+        )
     values: dict[str, int] = {}
     for key in _REQUIRED + ("num_key_value_heads",):
         value = raw.get(key, raw["num_attention_heads"] if key == "num_key_value_heads" else None)
@@ -66,9 +75,13 @@ def parse_model_shape(raw: object, *, source: str) -> ModelShape:
     archs = raw.get("architectures") or ["LlamaForCausalLM"]
     shape = ModelShape(architecture=str(archs[0]), **values)
     if shape.hidden_size % shape.num_attention_heads:
-        raise ModelConfigError(f"{path}: hidden_size={shape.hidden_size} is not a multiple of "
-                               f"num_attention_heads={shape.num_attention_heads}")
+        raise ModelConfigError(
+            f"{path}: hidden_size={shape.hidden_size} is not a multiple of "
+            f"num_attention_heads={shape.num_attention_heads}"
+        )
     if shape.num_attention_heads % shape.num_key_value_heads:
-        raise ModelConfigError(f"{path}: num_attention_heads={shape.num_attention_heads} is not a "
-                               f"multiple of num_key_value_heads={shape.num_key_value_heads}")
+        raise ModelConfigError(
+            f"{path}: num_attention_heads={shape.num_attention_heads} is not a "
+            f"multiple of num_key_value_heads={shape.num_key_value_heads}"
+        )
     return shape

@@ -15,8 +15,8 @@ from pathlib import Path
 import contract
 from runtime.artifacts import CompileCache, Manifest, compile_cache_key, fetch, parse_s3_uri
 from runtime.artifacts.fetch import read_manifest
-from runtime.engines.neuron.model import parse_model_shape
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan, plan_member
+from runtime.engines.neuron.model import parse_model_shape
 from runtime.membership import Membership
 
 log = logging.getLogger("flotilla.neuron")
@@ -27,36 +27,39 @@ class PreparedRank:
     plan: RankPlan
     model_manifest: Manifest
     compile_key: str
-    compile_cache_hit: bool     # False: the engine compiles on start; call store_compiled after
+    compile_cache_hit: bool  # False: the engine compiles on start; call store_compiled after
 
 
-def prepare_rank(membership: Membership, *, model_uri: str, model_dir: str | Path,
-                 instance_type: str, options: NeuronOptions, s3,
-                 compile_cache_uri: str | None = None,
-                 neuron_sdk_version: str | None = None) -> PreparedRank:
+def prepare_rank(
+    membership: Membership,
+    *,
+    model_uri: str,
+    model_dir: str | Path,
+    instance_type: str,
+    options: NeuronOptions,
+    s3,
+    compile_cache_uri: str | None = None,
+    neuron_sdk_version: str | None = None,
+) -> PreparedRank:
     sdk = neuron_sdk_version or os.environ.get(contract.ENV_NEURON_SDK_VERSION, "")
     manifest = read_manifest(model_uri, s3=s3)
     if "config.json" not in {f.path for f in manifest.files}:
-        raise ValueError(f"{model_uri}: the published model has no config.json; publish the "
-                         "whole Hugging Face checkpoint directory")
+        raise ValueError(
+            f"{model_uri}: the published model has no config.json; publish the whole Hugging Face checkpoint directory"
+        )
     bucket, prefix = parse_s3_uri(model_uri)
     raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "config.json")["Body"].read())
     shape = parse_model_shape(raw, source=f"{model_uri.rstrip('/')}/config.json")
-    plan = plan_member(membership, instance_type=instance_type, model=shape,
-                       model_dir=str(model_dir), options=options)
+    plan = plan_member(membership, instance_type=instance_type, model=shape, model_dir=str(model_dir), options=options)
     manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest)
-    key = compile_cache_key(model_digest=manifest.digest, nxdi_config=plan.nxdi_config,
-                            neuron_sdk_version=sdk)
+    key = compile_cache_key(model_digest=manifest.digest, nxdi_config=plan.nxdi_config, neuron_sdk_version=sdk)
     hit = False
     if compile_cache_uri:
-        hit = CompileCache(uri=compile_cache_uri, s3=s3).fetch(key,
-                                                               options.compiled_artifacts_dir)
-    return PreparedRank(plan=plan, model_manifest=manifest, compile_key=key,
-                        compile_cache_hit=hit)
+        hit = CompileCache(uri=compile_cache_uri, s3=s3).fetch(key, options.compiled_artifacts_dir)
+    return PreparedRank(plan=plan, model_manifest=manifest, compile_key=key, compile_cache_hit=hit)
 
 
-def store_compiled(prepared: PreparedRank, *, compile_cache_uri: str, compiled_dir: str | Path,
-                   s3) -> bool:
+def store_compiled(prepared: PreparedRank, *, compile_cache_uri: str, compiled_dir: str | Path, s3) -> bool:
     """After the engine is ready: upload what it compiled, unless it came from the cache."""
     if prepared.compile_cache_hit:
         return False

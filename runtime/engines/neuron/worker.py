@@ -14,17 +14,22 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("NEURON_RANK_ID", "")
     if not rank.isdigit() or int(rank) == 0:
-        print(f"error: NEURON_RANK_ID={rank!r}: the follower loop runs on ranks 1..N-1; rank 0 "
-              "runs the vLLM API server (see `python -m runtime plan --engine neuron`)",
-              file=sys.stderr)
+        print(
+            f"error: NEURON_RANK_ID={rank!r}: the follower loop runs on ranks 1..N-1; rank 0 "
+            "runs the vLLM API server (see `python -m runtime plan --engine neuron`)",
+            file=sys.stderr,
+        )
         return 2
     try:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.engine.llm_engine import LLMEngine
         from vllm.utils import FlexibleArgumentParser
     except ImportError as exc:
-        print(f"error: vLLM is not importable ({exc}); the follower loop runs inside the Neuron "
-              "image built from runtime/Dockerfile.neuron", file=sys.stderr)
+        print(
+            f"error: vLLM is not importable ({exc}); the follower loop runs inside the Neuron "
+            "image built from runtime/Dockerfile.neuron",
+            file=sys.stderr,
+        )
         return 2
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="neuron-follower"))
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(parser.parse_args(argv)))

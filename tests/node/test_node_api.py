@@ -12,7 +12,7 @@ import openai
 import pytest
 
 import contract
-from node_harness import get_json, wait_for
+from nodeproc import get_json, wait_for
 
 
 PROMPTS = [f"prompt number {i}: the quick brown fox" + " jumps" * i for i in range(8)]

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import time
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,9 +19,6 @@ from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
 from runtime.node.settings import SettingsError, load_settings
 from standin_model import STANDIN_LAUNCHER, make_checkpoint, word_ids
 from testnet import free_port
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
-from node_harness import Unit  # noqa: E402
 
 S3_SITE = Path(__file__).resolve().parent / "s3_site"
 MODEL_URI = "s3://flotilla-models/llama/v1"
@@ -73,11 +69,10 @@ def _post(url: str, body: dict, timeout: float = 30.0):
 
 
 @pytest.fixture
-def neuron_unit(tmp_path, request):
-    """start(**env) -> (a started one-member neuron unit, the stand-in's request log)."""
+def neuron_unit(tmp_path, request, new_unit):
+    """start(world_size=1, **env) -> (a started neuron unit, the stand-in's request log)."""
     src = make_checkpoint(tmp_path / "published", getattr(request, "param", LLAMA_3_8B))
     log = tmp_path / "standin.jsonl"
-    (tmp_path / "logs").mkdir()
     env = {contract.ENV_MODEL_URI: MODEL_URI, contract.ENV_MODEL_NAME: "llama",
            "FLOTILLA_NEURON_SEQ_LEN": "256", "FLOTILLA_NEURON_BATCH_SIZE": "4",
            "FLOTILLA_NEURON_MODEL_DIR": str(tmp_path / "model"),
@@ -86,17 +81,11 @@ def neuron_unit(tmp_path, request):
            "FLOTILLA_NEURON_SDK_VERSION": "2.31.1", "FLOTILLA_FORM_TIMEOUT_S": "90",
            "STANDIN_S3_SEED_DIR": str(src), "STANDIN_S3_SEED_URI": MODEL_URI, "STANDIN_LOG": str(log),
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    units = []
 
     def start(world_size: int = 1, **extra: str):
-        unit = Unit(tmp_path / "logs", world_size=world_size, engine="neuron", **{**env, **extra})
-        for m in unit.members:
-            m.start(PYTHONPATH=str(S3_SITE))
-        units.append(unit)
-        return unit, log
-    yield start
-    for u in units:
-        u.stop()
+        unit = new_unit(world_size=world_size, engine="neuron", PYTHONPATH=str(S3_SITE), **{**env, **extra})
+        return unit.start(), log
+    return start
 
 
 def _sse(resp) -> list:
@@ -112,10 +101,7 @@ def _sse(resp) -> list:
 
 def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron_unit):
     unit, log = neuron_unit()
-    try:
-        unit.wait_ready(timeout=90)
-    except AssertionError:
-        raise AssertionError(unit.dump_logs()) from None
+    unit.wait_ready(timeout=90)
     with _post(unit.url + "/completions", {"model": "llama", "prompt": "hello flotilla", "max_tokens": 3,
                                           "stream": True, "temperature": 0}) as r:
         events = _sse(r)
@@ -141,10 +127,7 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
 
 def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_unit):
     unit, _log = neuron_unit(STANDIN_DIE_AFTER="2")
-    try:
-        unit.wait_ready(timeout=90)
-    except AssertionError:
-        raise AssertionError(unit.dump_logs()) from None
+    unit.wait_ready(timeout=90)
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 50,
                                           "stream": True}, timeout=20) as r:
         events = _sse(r)
@@ -152,10 +135,7 @@ def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_
     assert "[DONE]" not in events and "error" in events[-1]
     assert unit.leader.ready()[0] != 200                   # not ready before the client could retry here
     # One fresh engine process (and stand-in) per formation: the unit serves again.
-    try:
-        unit.wait_ready(timeout=90)
-    except AssertionError:
-        raise AssertionError(unit.dump_logs()) from None
+    unit.wait_ready(timeout=90)
     reform = unit.leader.log_events("unit_reform")
     assert reform and "vLLM" in json.dumps(reform[0]), unit.dump_logs()
     assert len(unit.leader.log_events("formation_offered")) == 2
@@ -172,10 +152,7 @@ def _alive(pid: int) -> bool:
 def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it_dies(neuron_unit):
     # 2 x trn1.32xlarge: tp_degree 64; Llama-3-8B's 32 heads need cp_degree 2 (auto).
     unit, log = neuron_unit(world_size=2)
-    try:
-        unit.wait_ready(timeout=120)
-    except AssertionError:
-        raise AssertionError(unit.dump_logs()) from None
+    unit.wait_ready(timeout=120)
 
     def entries(key):
         return [e for e in map(json.loads, log.read_text().splitlines()) if key in e]
@@ -195,10 +172,7 @@ def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it
     while unit.leader.ready()[0] == 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert unit.leader.ready()[0] != 200
-    try:
-        unit.wait_ready(timeout=120)
-    except AssertionError:
-        raise AssertionError(unit.dump_logs()) from None
+    unit.wait_ready(timeout=120)
     assert len(entries("follower")) == 2 and len(entries("server")) == 2   # fresh processes per formation
     assert not _alive(server["pid"])                    # the old formation's vLLM stand-in is gone
     new_pids = [e["pid"] for e in entries("follower")[1:] + entries("server")[1:]]

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from nodeproc import Unit
 
 import contract
-
-from node_harness import Unit
 
 
 @pytest.fixture(scope="session")
 def shared_unit(tmp_path_factory):
-    unit = Unit(tmp_path_factory.mktemp("shared-unit"), **{contract.ENV_CELL_ID: "cell-t"}).start()
+    unit = Unit(tmp_path_factory.mktemp("shared-unit"), **{contract.ENV_CELL_ID: "cell-t"})
     try:
-        unit.wait_ready(timeout=180)
-    except AssertionError:
-        logs = unit.dump_logs()
+        yield unit.start().wait_ready(timeout=180)
+    finally:
         unit.stop()
-        raise AssertionError("the shared unit did not become ready:\n" + logs) from None
-    yield unit
-    unit.stop()

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.request
 
 import openai
 import pytest
 
 import contract
-from node_harness import get_json, wait_for
+from nodeproc import get_json, wait_for
 
 
 PROMPTS = [f"prompt number {i}: the quick brown fox" + " jumps" * i for i in range(8)]

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 import contract
-from node_harness import wait_for
+from nodeproc import wait_for
 from runtime import emf
 
 SERVICE, CELL = contract.METRIC_DIM_SERVICE, contract.METRIC_DIM_CELL

@@ -10,7 +10,7 @@ from runtime.membership import Member, Membership
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import load_settings
 from runtime.node.supervisor import UnitSupervisor
-from node_harness import free_port
+from testnet import free_port
 
 
 class FlippingRendezvous:

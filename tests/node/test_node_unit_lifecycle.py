@@ -12,8 +12,7 @@ import urllib.request
 import pytest
 
 import contract
-from node_harness import Unit, get_json, wait_for
-
+from nodeproc import Unit, get_json, wait_for
 
 
 def stream_under_way(unit: Unit, *, max_tokens: int, request_id: str) -> tuple[list[str], threading.Thread]:
@@ -52,10 +51,8 @@ def completion(unit: Unit, **kw) -> tuple[int, dict, dict]:
 
 
 @pytest.fixture
-def unit(tmp_path):
-    u = Unit(tmp_path)
-    yield u
-    u.stop()
+def unit(new_unit) -> Unit:
+    return new_unit()
 
 
 def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_unit_reforms(unit):
@@ -69,7 +66,7 @@ def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_uni
     wait_for(lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 2,
              timeout=20, what="both requests to be running")
     killed_at = time.monotonic()
-    follower.kill9()
+    follower.sigkill()
     reader.join(timeout=15)
     assert not reader.is_alive(), "the stream did not end within 15 s of the follower's death"
     waiter.join(timeout=15)
@@ -117,8 +114,7 @@ def test_sigterm_lets_the_long_generation_finish_refuses_new_work_and_exits_0(un
 def test_members_of_different_revisions_never_form_a_unit(unit):
     unit.members[0].start()
     unit.members[1].start(**{contract.ENV_REVISION: "r2"})
-    wait_for(lambda: unit.leader.log_events("refusing_member"), timeout=60, what="the leader to refuse rank 1")
-    refusal = unit.leader.log_events("refusing_member")[0]
+    refusal = unit.leader.wait_for_event("refusing_member", timeout=60)[0]
     assert "revision" in refusal["problem"] and "r2" in refusal["problem"]
     for m in unit.members:
         status, body = m.ready()
@@ -131,7 +127,7 @@ def test_an_exhausted_restart_budget_fails_liveness_and_exits_1(unit):
     unit.members[0].start(FLOTILLA_MAX_RESTARTS="0")
     unit.members[1].start()
     unit.wait_ready()
-    unit.members[1].kill9()
+    unit.members[1].sigkill()
     assert unit.leader.wait(timeout=30) == 1
     assert unit.leader.log_events("restart_budget_exhausted")
 
@@ -139,7 +135,7 @@ def test_an_exhausted_restart_budget_fails_liveness_and_exits_1(unit):
 def test_when_the_leader_dies_followers_turn_unready_stay_alive_and_rejoin_its_replacement(unit):
     unit.start().wait_ready()
     follower = unit.members[1]
-    unit.leader.kill9()
+    unit.leader.sigkill()
     wait_for(lambda: follower.ready()[0] == 503, timeout=15, what="the follower to report the unit unready")
     assert follower.live()[0] == 200
     unit.leader.start()

@@ -1,5 +1,5 @@
-"""Real processes for the router's acceptance tests: units (`python -m runtime node`, reference engine,
-tiny model, two members each), routers (`python -m runtime router`) and a steady client load.
+"""Real processes for the router's acceptance tests: routers (`python -m runtime router`) and a
+steady client load. The units behind them are tests/nodeproc.py's.
 
 Every wait is bounded; every process is stopped by its own handle.
 """
@@ -19,87 +19,8 @@ from pathlib import Path
 import aiohttp
 
 import contract
-from testnet import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class UnitProcesses:
-    """world_size members of one unit on 127.0.0.1; rank 0 leads and serves the API."""
-
-    def __init__(self, log_dir: Path, *, name: str, revision: str, world_size: int = 2) -> None:
-        self.name, self.revision = name, revision
-        self.ports = [free_port() for _ in range(world_size)]
-        self.log_dir = log_dir
-        self.env = {
-            contract.ENV_PEERS: ",".join(f"127.0.0.1:{p}" for p in self.ports),
-            contract.ENV_UNIT_ID: name, contract.ENV_REVISION: revision,
-            contract.ENV_ENGINE: "reference", contract.ENV_MODEL: "tiny",
-            "FLOTILLA_DIST_PORT": str(free_port()), "FLOTILLA_BIND_HOST": "127.0.0.1",
-            "FLOTILLA_PEER_DEAD_AFTER_S": "2", "FLOTILLA_TORCH_THREADS": "1",
-            "FLOTILLA_COLLECTIVE_TIMEOUT_S": "10", contract.ENV_DRAIN_TIMEOUT: "30",
-            "PYTHONPATH": str(REPO)}
-        self.procs: list[subprocess.Popen | None] = [None] * world_size
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.ports[0]}"
-
-    def start_member(self, rank: int) -> None:
-        log = open(self.log_dir / f"{self.name}-rank{rank}.log", "ab")
-        self.procs[rank] = subprocess.Popen(
-            [sys.executable, "-m", "runtime", "node"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env, contract.ENV_RANK: str(rank)})
-        log.close()
-
-    def start(self) -> "UnitProcesses":
-        for rank in range(len(self.ports)):
-            self.start_member(rank)
-        return self
-
-    async def wait_ready(self, timeout: float = 180.0) -> None:
-        async with aiohttp.ClientSession() as s:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    async with s.get(self.url + contract.NODE_READY_PATH,
-                                     timeout=aiohttp.ClientTimeout(total=2)) as r:
-                        if r.status == 200:
-                            return
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"unit {self.name} not ready after {timeout} s:\n{self.logs()}")
-                await asyncio.sleep(0.1)
-
-    def kill9(self, rank: int) -> None:
-        proc = self.procs[rank]
-        assert proc is not None
-        proc.kill()
-        proc.wait(timeout=10)
-
-    def sigterm(self) -> None:
-        for proc in self.procs:
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-
-    def exited(self) -> bool:
-        return all(p is None or p.poll() is not None for p in self.procs)
-
-    def stop(self) -> None:
-        self.sigterm()
-        for proc in self.procs:
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.log_dir.glob(f"{self.name}-rank*.log")))
 
 
 class RouterProcess:

@@ -15,7 +15,8 @@ import aiohttp
 import pytest
 
 import contract
-from router_real_units import Load, RouterProcess, UnitProcesses
+from nodeproc import Unit
+from router_real_units import Load, RouterProcess
 from router_testkit import rss_kib, run, wait_for
 
 
@@ -52,6 +53,11 @@ async def first_unready(url: str, *, timeout: float) -> float:
     raise AssertionError(f"{url} stayed ready for {timeout} s after its follower was killed")
 
 
+async def ready(*units: Unit, timeout: float = 180.0) -> None:
+    """Until every member of each unit is ready, without blocking the event loop the load runs on."""
+    await asyncio.gather(*(asyncio.to_thread(u.wait_ready, timeout) for u in units))
+
+
 def describe(outcomes) -> str:
     bad = [o for o in outcomes if not o.ok]
     return f"{len(outcomes)} requests, {len(bad)} failed: " + "; ".join(
@@ -59,9 +65,9 @@ def describe(outcomes) -> str:
 
 
 def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path, procs):
-    a = UnitProcesses(tmp_path, name="unit-a", revision="1")
-    b = UnitProcesses(tmp_path, name="unit-b", revision="1")
-    router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.url},{b.url}",
+    a = Unit(tmp_path, name="unit-a", revision="1")
+    b = Unit(tmp_path, name="unit-b", revision="1")
+    router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.leader.url},{b.leader.url}",
                                                      "--poll-interval", str(POLL_S), "--drain-grace", "0"])
     for proc in (a, b, router):
         procs(proc)
@@ -70,7 +76,7 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     async def scenario():
         a.start()
         b.start()
-        await asyncio.gather(a.wait_ready(), b.wait_ready())
+        await ready(a, b)
         await router.start()
         await router.wait_routable(2)
         load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=24, ignore_eos=True)
@@ -82,17 +88,17 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
             await wait_for(lambda: load.live_streams.get("unit-a", 0) > 0, timeout=60,
                              what="a stream in progress on unit-a", interval=0.001)
             marks["streams_in_progress"] = load.live_streams["unit-a"]
-            watch = asyncio.create_task(first_unready(a.url, timeout=30))
+            watch = asyncio.create_task(first_unready(a.leader.url, timeout=30))
             await asyncio.sleep(0.05)
-            a.kill9(1)
+            a.members[1].sigkill()
             marks["killed"] = time.monotonic()
             marks["unready"] = await watch
             # Leave the unit broken long enough that "the router stopped sending to it" is a window
             # of whole seconds, not a scheduling accident.
             await asyncio.sleep(BROKEN_FOR_S)
             marks["replaced"] = time.monotonic()
-            a.start_member(1)           # the replacement follower: the unit re-forms
-            await a.wait_ready(timeout=120)
+            a.members[1].start()        # the replacement follower: the unit re-forms
+            await ready(a, timeout=120)
             marks["reformed"] = time.monotonic()
 
         def enough(outs) -> bool:
@@ -135,10 +141,10 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
 
 
 def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path, procs):
-    a = UnitProcesses(tmp_path, name="unit-a", revision="1")
-    b = UnitProcesses(tmp_path, name="unit-b", revision="2")
+    a = Unit(tmp_path, name="unit-a", revision="1")
+    b = Unit(tmp_path, name="unit-b", revision="2")
     units_file = tmp_path / "units.txt"
-    units_file.write_text(a.url + "\n")
+    units_file.write_text(a.leader.url + "\n")
     router = RouterProcess(tmp_path, name="r", args=["--units-file", str(units_file),
                                                      "--poll-interval", str(POLL_S),
                                                      "--discovery-interval", "0.2", "--drain-grace", "0"])
@@ -148,7 +154,7 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
 
     async def scenario():
         a.start()
-        await a.wait_ready()
+        await ready(a)
         await router.start()
         await router.wait_routable(1)
         load = Load(pick_url=lambda: router.url, clients=8)
@@ -156,8 +162,8 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
         async def controller():
             await wait_for(lambda: len(load.outcomes) >= 30, timeout=60, what="30 requests on A")
             b.start()
-            await b.wait_ready()
-            units_file.write_text(f"{a.url}\n{b.url}\n")   # B registers, as in Cloud Map
+            await ready(b)
+            units_file.write_text(f"{a.leader.url}\n{b.leader.url}\n")   # B registers, as in Cloud Map
             await router.wait_routable(2)
             marks["b_routable"] = time.monotonic()
             a.sigterm()                                     # ECS stops A's tasks: it drains
@@ -214,8 +220,8 @@ class RoundRobinFront:
 
 
 def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_request(tmp_path: Path, procs):
-    unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
-    args = ["--units", unit.url, "--poll-interval", str(POLL_S), "--drain-grace", "1.0"]
+    unit = Unit(tmp_path, name="unit-a", revision="1")
+    args = ["--units", unit.leader.url, "--poll-interval", str(POLL_S), "--drain-grace", "1.0"]
     r1 = RouterProcess(tmp_path, name="blue", args=args)
     r2 = RouterProcess(tmp_path, name="green", args=args)
     for proc in (unit, r1, r2):
@@ -224,7 +230,7 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
 
     async def scenario():
         unit.start()
-        await unit.wait_ready()
+        await ready(unit)
         await asyncio.gather(r1.start(), r2.start())
         await asyncio.gather(r1.wait_routable(1), r2.wait_routable(1))
         front = RoundRobinFront([r1.url, r2.url])
@@ -254,8 +260,8 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
 
 
 def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path, procs):
-    unit = UnitProcesses(tmp_path, name="unit-a", revision="1")
-    router = RouterProcess(tmp_path, name="r", args=["--units", unit.url, "--poll-interval", str(POLL_S),
+    unit = Unit(tmp_path, name="unit-a", revision="1")
+    router = RouterProcess(tmp_path, name="r", args=["--units", unit.leader.url, "--poll-interval", str(POLL_S),
                                                      # a busy 2-core machine may answer a poll late:
                                                      # that must not read as "unit gone" (503)
                                                      "--poll-timeout", "30",
@@ -265,7 +271,7 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
 
     async def scenario():
         unit.start()
-        await unit.wait_ready()
+        await ready(unit)
         await router.start()
         await router.wait_routable(1)
         # long enough that the flood's refusals come back while it runs, even on a loaded machine

@@ -1,7 +1,8 @@
 """Shared fixtures for the stack tests: each deployment is synthesized once per session.
 
-Other stack tests (Front, Observability) reuse `default_synth` and the helpers in
-synth_helpers.py / moto_cfn.py (importable because pytest puts this directory on sys.path).
+`deployment_synth` is the deployment both ways its front door can be configured, for the
+deployment-wide checks (cfn-lint, cdk-nag, moto). Helpers live in synth_helpers.py / moto_cfn.py
+(importable because pytest puts this directory on sys.path).
 """
 
 from __future__ import annotations
@@ -15,13 +16,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from synth_helpers import config_with, default_config, synthesize  # noqa: E402
+from synth_helpers import FRONT_DOORS, config_with, default_config, synthesize  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def default_synth(tmp_path_factory):
     """The default deployment (cdk.json): Network + Cell-0 with one unit of 2 trn1.32xlarge."""
     return synthesize(default_config(), tmp_path_factory.mktemp("cdk-default"))
+
+
+@pytest.fixture(scope="session", params=list(FRONT_DOORS))
+def deployment_synth(request, default_synth, tmp_path_factory):
+    """The default deployment with each front door: "http-only" is cdk.json as shipped (no
+    certificate, no alarm e-mail); "https" adds a certificate (443, with 80 redirecting to it)
+    and an alarm e-mail."""
+    if not FRONT_DOORS[request.param]:
+        return default_synth
+    return synthesize(config_with(**FRONT_DOORS[request.param]),
+                      tmp_path_factory.mktemp(f"cdk-{request.param}"))
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,9 @@ from stacks.front import FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
 from stacks.router import RouterStack
-from synth_helpers import cdk_json_context
+from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
-CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"
 NAMESPACE = "flotilla.internal"
 UNITS_PER_CELL = {"cell0": 2, "cell1": 1}
 
@@ -41,7 +40,8 @@ def synthesizer() -> cdk.DefaultStackSynthesizer:
 
 
 def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue") -> FrontApp:
-    # The built-in CloudFormation validation costs ~6 s per app; cfn-lint covers it (test_front_lint).
+    # The built-in CloudFormation validation costs ~6 s per app; cfn-lint covers the same templates
+    # as the deployment builds them (test_cfn_lint.py).
     app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context())
     network = NetworkStack(app, "Network", availability_zones=(),
                            log_retention=logs.RetentionDays.ONE_MONTH, synthesizer=synthesizer())

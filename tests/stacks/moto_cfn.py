@@ -381,6 +381,7 @@ class MotoCloudFormation:
         self._mock = mock_aws()
         self._patch = None
         self.ami_id: str | None = None
+        self.certificate_arn: str | None = None  # the one deploy() issued in moto's ACM
         self.stack_ids: dict[str, str] = {}     # stack name -> stack id
 
     def __enter__(self) -> "MotoCloudFormation":
@@ -414,9 +415,22 @@ class MotoCloudFormation:
                             aws_secret_access_key="testing")
 
     def deploy(self, synth) -> None:
-        """Create every stack of a synth_helpers.Synthesized in dependency order."""
+        """Create every stack of a synth_helpers.Synthesized in dependency order.
+
+        A configured certificate_arn is first issued in moto's ACM and that ARN put in its place:
+        moto's ELB, like AWS, refuses an HTTPS listener whose certificate ACM does not hold
+        (moto 5.2.5: moto/elbv2/models.py:1431 create_listener -> moto/elb/models.py:728
+        register_certificate raises CertificateNotFoundException), and moto
+        chooses the ARN of a certificate it issues."""
+        configured = synth.deployment.config.certificate_arn
+        if configured:
+            self.certificate_arn = self.client("acm").request_certificate(
+                DomainName="llm.example.com")["CertificateArn"]
         for stack in synth.stacks:
-            self.create_stack(stack.stack_name, synth.template(stack.node.id))
+            template = synth.template(stack.node.id)
+            if configured:
+                template = json.loads(json.dumps(template).replace(configured, self.certificate_arn))
+            self.create_stack(stack.stack_name, template)
 
     def create_stack(self, stack_name: str, template: dict) -> None:
         cfn = self.client("cloudformation")

@@ -16,6 +16,17 @@ from stacks.config import FlotillaConfig, load_config
 from stacks.deployment import Deployment, build_deployment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555"
+
+# The front door's two shapes, as config overrides of cdk.json: the deployment-wide checks
+# (cfn-lint, cdk-nag, moto) run on each, since the certificate decides which listeners, security
+# group rules and acknowledgements exist. "http-only" is cdk.json as shipped; "https" also sets an
+# alarm e-mail, so the SNS e-mail subscription is checked too.
+FRONT_DOORS: dict[str, dict] = {
+    "http-only": {},
+    "https": {"certificate_arn": CERTIFICATE_ARN, "alarm_email": "oncall@example.com"},
+}
+PREBUILT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
 
 
 def cdk_json_context() -> dict:

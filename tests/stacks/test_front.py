@@ -1,7 +1,7 @@
 """Front door, router service and discovery: what the synthesized templates must say.
 
-Layer 1 of 4 (assertions). The same templates go through moto, cfn-lint and cdk-nag in
-test_front_moto.py, test_front_lint.py and test_front_nag.py.
+The deployment's front-door stacks, with and without a certificate, also go through moto,
+cfn-lint and cdk-nag in test_moto_deploy.py, test_cfn_lint.py and test_cdk_nag.py.
 """
 
 from __future__ import annotations

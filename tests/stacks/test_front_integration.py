@@ -1,8 +1,8 @@
 """The front door wired into the real deployment (app.py's build_deployment): stack set and order,
-unit rollout settings and update ordering, discovery registration, and lint of the wired templates.
+unit rollout settings and update ordering, discovery registration.
 
-cdk-nag and moto cover the wired stacks through test_cdk_nag.py and test_moto_deploy.py, which
-check every stack of the deployment.
+cfn-lint, cdk-nag and moto cover the wired stacks through test_cfn_lint.py, test_cdk_nag.py and
+test_moto_deploy.py, which check every stack of the deployment.
 """
 
 from __future__ import annotations
@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from cfnlint.api import ManualArgs, lint
 
 import contract
 from synth_helpers import config_with, synthesize
-
-WIRED = ["Discovery", "Front", "Observability", "Router"]
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +123,3 @@ def test_router_settings_come_from_the_config(tmp_path):
         weights = {tg["TargetGroupArn"]["Ref"][:4]: tg["Weight"]
                    for tg in rule["Properties"]["Actions"][0]["ForwardConfig"]["TargetGroups"]}
         assert weights == {"Blue": 0, "Gree": 100}
-
-
-@pytest.mark.parametrize("stack_id", WIRED)
-def test_wired_templates_lint_clean(default_synth, stack_id):
-    matches = lint(json.dumps(default_synth.template(stack_id)),
-                   config=ManualArgs(regions=["us-east-1", "us-west-2"]))
-    assert [f"{m.rule.id} {m.message}" for m in matches] == []

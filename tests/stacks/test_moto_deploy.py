@@ -1,20 +1,27 @@
-"""Every stack of the default deployment is created in moto's CloudFormation with every resource,
-then read back with boto3: what AWS would actually hold, not just what the template says."""
+"""Every stack of the default deployment, with and without a certificate, is created in moto's
+CloudFormation with every resource, then read back with boto3: what AWS would actually hold, not
+just what the template says.
+
+moto lacks CloudFormation models for Cloud Map, some SG/SNS/S3 policy types, metric-math alarms and
+Application Auto Scaling; moto_cfn's stand-ins create them, calling moto's backends where moto has
+one, so boto3 reads them back.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 import contract
-
 from moto_cfn import MotoCloudFormation
+from stacks.discovery import HTTP_PORT, HTTPS_PORT
+from stacks.network import VPC_CIDR
 
 
 @pytest.fixture(scope="module")
-def deployed(default_synth):
+def deployed(deployment_synth):
     with MotoCloudFormation() as cfn:
-        cfn.deploy(default_synth)
-        yield cfn, default_synth
+        cfn.deploy(deployment_synth)
+        yield cfn, deployment_synth
 
 
 def logical_of(synth, stack_id: str, type_: str) -> str:
@@ -115,3 +122,112 @@ def test_cluster_reads_back_with_the_unit_capacity_provider_bound_to_its_asg(dep
     services = ecs.describe_services(cluster=cluster_name, services=ecs.list_services(
         cluster=cluster_name)["serviceArns"])["services"]
     assert [s["desiredCount"] for s in services] == [2]
+
+
+# --- the front door: ALB, target groups, router service, Cloud Map, alarms ------------------------
+
+def client_ports(synth) -> tuple[int, ...]:
+    """The ALB's public ports: 443 and 80 (redirecting) with a certificate, 80 alone without."""
+    return (HTTPS_PORT, HTTP_PORT) if synth.deployment.config.certificate_arn else (HTTP_PORT,)
+
+
+def test_target_groups_read_back_with_the_router_health_check(deployed):
+    cfn, _ = deployed
+    groups = cfn.client("elbv2").describe_target_groups()["TargetGroups"]
+    assert len(groups) == 2
+    for g in groups:
+        assert (g["Port"], g["TargetType"], g["HealthCheckPath"]) == (
+            contract.ROUTER_PORT, "ip", contract.ROUTER_HEALTH_PATH)
+        assert (g["HealthCheckIntervalSeconds"], g["HealthCheckTimeoutSeconds"]) == (10, 5)
+        assert (g["HealthyThresholdCount"], g["UnhealthyThresholdCount"]) == (2, 3)
+        # moto 5.2.5 drops TargetGroupAttributes from CloudFormation (it reports the 300 s
+        # default); the 60 s deregistration delay is asserted on the template in test_front.py.
+
+
+def test_listeners_and_weighted_rules_read_back(deployed):
+    cfn, synth = deployed
+    elbv2 = cfn.client("elbv2")
+    (alb,) = elbv2.describe_load_balancers()["LoadBalancers"]
+    assert alb["Scheme"] == "internet-facing"
+    listeners = {lst["Port"]: lst for lst in elbv2.describe_listeners(
+        LoadBalancerArn=alb["LoadBalancerArn"])["Listeners"]}
+    assert set(listeners) == {*client_ports(synth), contract.ROUTER_TEST_PORT}
+    production = client_ports(synth)[0]
+    if production == HTTPS_PORT:
+        assert listeners[HTTPS_PORT]["Protocol"] == "HTTPS"
+        assert listeners[HTTPS_PORT]["Certificates"] == [{"CertificateArn": cfn.certificate_arn}]
+        (redirect,) = listeners[HTTP_PORT]["DefaultActions"]
+        assert redirect["Type"] == "redirect"
+        assert (redirect["RedirectConfig"]["Protocol"], redirect["RedirectConfig"]["Port"]) == (
+            "HTTPS", str(HTTPS_PORT))
+    else:
+        assert listeners[HTTP_PORT]["Protocol"] == "HTTP"
+    groups = {g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]}
+    for port in (production, contract.ROUTER_TEST_PORT):
+        (rule,) = [r for r in elbv2.describe_rules(ListenerArn=listeners[port]["ListenerArn"])["Rules"]
+                   if not r["IsDefault"]]
+        forward = rule["Actions"][0]["ForwardConfig"]["TargetGroups"]
+        assert sorted(tg["Weight"] for tg in forward) == [0, 100]
+        assert {tg["TargetGroupArn"] for tg in forward} == groups
+
+
+def test_front_door_security_groups_read_back_with_exactly_the_request_path_rules(deployed):
+    cfn, synth = deployed
+    ec2 = cfn.client("ec2")
+    groups = {g["GroupId"]: g for g in ec2.describe_security_groups()["SecurityGroups"]}
+    by_desc = {g["Description"].split(":")[0]: g for g in groups.values()}
+    alb, router = by_desc["flotilla ALB"], by_desc["flotilla router tasks"]
+
+    def rules(perms):
+        out = set()
+        for p in perms:
+            if p["IpProtocol"] == "-1":
+                # moto ignores a template's inline SecurityGroupEgress and keeps EC2's default
+                # allow-all egress, so egress (all inline here) is asserted on the template only.
+                continue
+            for r in p.get("IpRanges", []):
+                out.add((p["FromPort"], r["CidrIp"]))
+            for r in p.get("UserIdGroupPairs", []):
+                out.add((p["FromPort"], groups[r["GroupId"]]["Description"].split(":")[0]))
+        return out
+
+    assert rules(alb["IpPermissions"]) == {*((port, "0.0.0.0/0") for port in client_ports(synth)),
+                                           (contract.ROUTER_TEST_PORT, VPC_CIDR)}
+    assert rules(router["IpPermissions"]) == {(contract.ROUTER_PORT, "flotilla ALB")}
+
+
+def test_router_service_and_task_definition_read_back(deployed):
+    cfn, synth = deployed
+    ecs = cfn.client("ecs")
+    cluster = cfn.physical_id(synth.deployment.router.stack_name, logical_of(synth, "Router", "AWS::ECS::Cluster"))
+    (service_arn,) = ecs.list_services(cluster=cluster)["serviceArns"]
+    (service,) = ecs.describe_services(cluster=cluster, services=[service_arn])["services"]
+    assert service["desiredCount"] == 2
+    task = ecs.describe_task_definition(taskDefinition=service["taskDefinition"])["taskDefinition"]
+    (container,) = task["containerDefinitions"]
+    assert container["command"] == contract.ROUTER_COMMAND
+    env = {e["name"]: e["value"] for e in container["environment"]}
+    assert env[contract.ENV_DISCOVERY] == "cloudmap"
+    assert env[contract.ENV_CLOUDMAP_NAMESPACE] == "flotilla.internal"
+    # (moto keeps neither NetworkMode nor RequiresCompatibilities from CloudFormation: the
+    # template tests assert awsvpc/Fargate.)
+
+
+def test_cloud_map_namespace_and_units_service_read_back(deployed):
+    cfn, _ = deployed
+    sd = cfn.client("servicediscovery")
+    (ns,) = sd.list_namespaces()["Namespaces"]
+    assert (ns["Name"], ns["Type"]) == ("flotilla.internal", "HTTP")
+    (svc,) = sd.list_services()["Services"]
+    assert svc["Name"] == "units"
+    assert sd.get_service(Id=svc["Id"])["Service"]["NamespaceId"] == ns["Id"]
+
+
+def test_alarms_read_back_with_sns_actions(deployed):
+    cfn, synth = deployed
+    alarms = cfn.client("cloudwatch").describe_alarms()["MetricAlarms"]
+    # four for the front door, and one ready-units alarm per cell
+    assert len(alarms) == 4 + len(synth.deployment.cells)
+    (topic,) = cfn.client("sns").list_topics()["Topics"]
+    for alarm in alarms:
+        assert alarm["AlarmActions"] == [topic["TopicArn"]]

@@ -130,7 +130,7 @@ def between(lo: int, hi: int, why: str = "") -> Rule:
     )
 
 
-def one_of(choices: tuple) -> Rule:
+def one_of(choices: tuple[Any, ...]) -> Rule:
     schema: core_schema.CoreSchema = core_schema.literal_schema(list(choices))
     if all(isinstance(c, int) for c in choices):
         # A literal 1 also takes True (True == 1): demand a real int first.
@@ -138,7 +138,7 @@ def one_of(choices: tuple) -> Rule:
     return Rule(schema, "one of " + ", ".join(map(str, choices)))
 
 
-def matches(pattern: re.Pattern, allowed: str, *, optional: bool = False) -> Rule:
+def matches(pattern: re.Pattern[str], allowed: str, *, optional: bool = False) -> Rule:
     """A string matching pattern; with optional, None (the key left out) too."""
     # pydantic-core matches with Rust's regex crate (ConfigDict.regex_engine defaults to
     # 'rust-regex', docs.pydantic.dev/latest/api/config/): the patterns above mean the same there,
@@ -392,8 +392,9 @@ def _config_error(exc: ValidationError) -> ConfigError:
     # A misspelt key explains the errors it causes, so it goes first.
     err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     ctx = err.get("ctx") or {}
-    if isinstance(ctx.get("error"), ConfigError):  # raised by a model validator as is
-        return ctx["error"]
+    raised = ctx.get("error")
+    if isinstance(raised, ConfigError):  # raised by a model validator as is
+        return raised
     path = tuple(part for part in err["loc"] if isinstance(part, str))  # list indexes dropped
     key = ".".join(path) or "flotilla"
     if err["type"] == _REFUSED:
@@ -415,7 +416,7 @@ def parse_config(raw: Mapping[str, Any]) -> FlotillaConfig:
         raise _config_error(exc) from None
 
 
-def _deep_merge(base: dict, over: Mapping) -> dict:
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
         out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
@@ -424,7 +425,7 @@ def _deep_merge(base: dict, over: Mapping) -> dict:
 
 def load_config(context: Mapping[str, Any] | None, config_path: str | None) -> FlotillaConfig:
     """The cdk.json `flotilla` context, overridden by the YAML file at config_path (if any)."""
-    raw: dict = {}
+    raw: dict[str, Any] = {}
     if context is not None:
         if not isinstance(context, Mapping):
             raise ConfigError("flotilla", context, "a mapping of flotilla settings (cdk.json context key `flotilla`)")

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testnet import free_port
 
 import contract
-from testnet import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 READY_BANNER = "Ctrl-C stops everything"
@@ -27,10 +27,24 @@ class LocalMode:
         self.port = free_port()
         self.state = tmp_path / "state"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.local", *args, "--model", "tiny",
-             "--state-dir", str(self.state), "--drain-timeout", "10"],
-            cwd=str(REPO), env={**os.environ, contract.ENV_PORT: str(self.port), "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "runtime.local",
+                *args,
+                "--model",
+                "tiny",
+                "--state-dir",
+                str(self.state),
+                "--drain-timeout",
+                "10",
+            ],
+            cwd=str(REPO),
+            env={**os.environ, contract.ENV_PORT: str(self.port), "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.out: list[str] = []
         threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True).start()
 

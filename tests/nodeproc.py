@@ -77,11 +77,20 @@ class Member:
         assert not self.running, f"{self.unit.name} rank {self.rank} is already running"
         settings = {**self.unit.env, **env}
         extra_path = [settings.pop("PYTHONPATH")] if settings.get("PYTHONPATH") else []
-        full_env = {**os.environ, **settings, contract.ENV_RANK: str(self.rank),
-                    "PYTHONPATH": os.pathsep.join([str(REPO), *extra_path])}
+        full_env = {
+            **os.environ,
+            **settings,
+            contract.ENV_RANK: str(self.rank),
+            "PYTHONPATH": os.pathsep.join([str(REPO), *extra_path]),
+        }
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "runtime", "node"], env=full_env,
-                                         cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runtime", "node"],
+                env=full_env,
+                cwd=str(REPO),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
     def ready(self) -> tuple[int, Any]:
@@ -139,8 +148,9 @@ class Member:
 
     def wait_for_event(self, event: str, *, timeout: float) -> list[dict]:
         """The lines of `event`, once there is at least one (at most `timeout` s)."""
-        return wait_for(lambda: self.log_events(event), timeout=timeout,
-                        what=f"{self.unit.name} rank {self.rank} to log {event!r}")
+        return wait_for(
+            lambda: self.log_events(event), timeout=timeout, what=f"{self.unit.name} rank {self.rank} to log {event!r}"
+        )
 
     def emf_lines(self) -> list[dict]:
         """The CloudWatch EMF lines this member wrote to stdout."""
@@ -154,18 +164,36 @@ class Unit:
     quick to form and quick to notice a dead peer on a busy 2-core machine. `unit.env` may be
     changed before a member starts."""
 
-    def __init__(self, log_dir: Path, *, name: str = "unit-t", world_size: int = 2,
-                 engine: str = "reference", model: str = "tiny", revision: str = "r1", **env: str) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        name: str = "unit-t",
+        world_size: int = 2,
+        engine: str = "reference",
+        model: str = "tiny",
+        revision: str = "r1",
+        **env: str,
+    ) -> None:
         self.name, self.log_dir = name, Path(log_dir)
         self.members = [Member(self, rank) for rank in range(world_size)]
         clash = [m.log_path.name for m in self.members if m.log_path.exists()]
         assert not clash, f"another unit named {name!r} already logs to {log_dir}: {clash}"
-        self.env = {contract.ENV_PEERS: ",".join(f"127.0.0.1:{m.port}" for m in self.members),
-                    contract.ENV_RENDEZVOUS: "static", contract.ENV_UNIT_ID: name,
-                    contract.ENV_REVISION: revision, contract.ENV_ENGINE: engine, contract.ENV_MODEL: model,
-                    "FLOTILLA_DIST_PORT": str(free_port()), "FLOTILLA_BIND_HOST": "127.0.0.1",
-                    "FLOTILLA_PEER_DEAD_AFTER_S": "2", "FLOTILLA_TORCH_THREADS": "1",
-                    "FLOTILLA_COLLECTIVE_TIMEOUT_S": "10", "FLOTILLA_MAX_TOKENS_LIMIT": "2048", **env}
+        self.env = {
+            contract.ENV_PEERS: ",".join(f"127.0.0.1:{m.port}" for m in self.members),
+            contract.ENV_RENDEZVOUS: "static",
+            contract.ENV_UNIT_ID: name,
+            contract.ENV_REVISION: revision,
+            contract.ENV_ENGINE: engine,
+            contract.ENV_MODEL: model,
+            "FLOTILLA_DIST_PORT": str(free_port()),
+            "FLOTILLA_BIND_HOST": "127.0.0.1",
+            "FLOTILLA_PEER_DEAD_AFTER_S": "2",
+            "FLOTILLA_TORCH_THREADS": "1",
+            "FLOTILLA_COLLECTIVE_TIMEOUT_S": "10",
+            "FLOTILLA_MAX_TOKENS_LIMIT": "2048",
+            **env,
+        }
 
     @property
     def leader(self) -> Member:
@@ -188,13 +216,15 @@ class Unit:
         for m in self.members:
             while True:
                 if not m.running:
-                    raise AssertionError(f"{self.name} rank {m.rank} is not running "
-                                         f"(exit status {m.proc and m.proc.returncode}):\n{self.dump_logs()}")
+                    raise AssertionError(
+                        f"{self.name} rank {m.rank} is not running "
+                        f"(exit status {m.proc and m.proc.returncode}):\n{self.dump_logs()}"
+                    )
                 try:
                     if m.ready()[0] == 200:
                         break
                 except OSError:
-                    pass                     # not listening yet
+                    pass  # not listening yet
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{self.name} not ready after {timeout}s:\n{self.dump_logs()}")
                 time.sleep(0.1)
@@ -217,5 +247,8 @@ class Unit:
 
     def dump_logs(self, chars: int = 4000) -> str:
         """The end of every member's log, for a failure message."""
-        return "\n".join(f"--- {m.log_path.name} ---\n" + m.log_path.read_text(errors="replace")[-chars:]
-                         for m in self.members if m.log_path.exists())
+        return "\n".join(
+            f"--- {m.log_path.name} ---\n" + m.log_path.read_text(errors="replace")[-chars:]
+            for m in self.members
+            if m.log_path.exists()
+        )

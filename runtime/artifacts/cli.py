@@ -38,7 +38,7 @@ def run_artifacts(args: argparse.Namespace, out=None, err=None, s3=None) -> int:
             out.write(build_manifest(args.source).to_json().decode())
             return 0
         if s3 is None:
-            import boto3  # only the S3 commands need it
+            import boto3  # noqa: PLC0415 - only the S3 commands need it
 
             s3 = boto3.client("s3")
         if args.artifacts_command == "publish":

@@ -32,8 +32,9 @@ Followers (rank > 0), blocking, in a thread of their own or the main thread::
                collective_timeout_s=30.0, start_timeout_s=300.0, threads=None)
 
 run_worker returns normally when the leader shuts the unit down, and raises base.EngineBroken
-when the leader or another peer dies or a collective times out. `tokenizer` and `max_context` are set by start() (the model is resolved there, which converts
-`smollm2` on first use). The leader checks at start-up that
+when the leader or another peer dies or a collective times out. `tokenizer` and `max_context` are
+set by start() (the model is resolved there, which converts `smollm2` on first use). The leader
+checks at start-up that
 every follower runs the same model and strategies (a mismatch fails start() and run_worker with a
 message naming both). world_size=1 needs no followers and no process group.
 

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="reference (default): layer ranges and tensor slices; neuron: the trn1 "
         "environment, command and NxD Inference config of every rank",
     )
-    from runtime.engines.neuron.cli import add_neuron_plan_arguments
+    from runtime.engines.neuron.cli import add_neuron_plan_arguments  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     add_neuron_plan_arguments(p)
     p.set_defaults(func=run)
@@ -34,12 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.engine == "neuron":
-        from runtime.engines.neuron.cli import run_neuron_plan
+        from runtime.engines.neuron.cli import run_neuron_plan  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return run_neuron_plan(args)
-    from runtime.engines.layout import make_plan
-    from runtime.models.registry import TINY_SHAPE, LlamaShape
-    from runtime.models.smollm2 import smollm2_shape
+    from runtime.engines.layout import make_plan  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
+    from runtime.models.registry import TINY_SHAPE, LlamaShape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
+    from runtime.models.smollm2 import smollm2_shape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     # The plan needs only the shape: never convert weights just to print it.
     if args.model == "tiny":

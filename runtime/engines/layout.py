@@ -152,22 +152,22 @@ def _balanced_stages(s: LlamaShape, world_size: int) -> list[tuple[int, int]]:
     L, P, c = s.num_layers, world_size, s.layer_params
     head = _head_cost(s)
     inf = float("inf")
-    # best[p][l]: minimal max-cost putting layers [0, l) on stages [0, p)
+    # best[p][n]: minimal max-cost putting layers [0, n) on stages [0, p)
     best = [[inf] * (L + 1) for _ in range(P + 1)]
     cut = [[0] * (L + 1) for _ in range(P + 1)]
     best[0][0] = 0
     for p in range(1, P + 1):
-        for l in range(p, L - (P - p) + 1):
-            for k in range(p - 1, l):
-                cost = (l - k) * c + (head if p == 1 else 0)
+        for n in range(p, L - (P - p) + 1):
+            for k in range(p - 1, n):
+                cost = (n - k) * c + (head if p == 1 else 0)
                 val = max(best[p - 1][k], cost)
-                if val < best[p][l]:
-                    best[p][l], cut[p][l] = val, k
-    ranges, l = [], L
+                if val < best[p][n]:
+                    best[p][n], cut[p][n] = val, k
+    ranges, n = [], L
     for p in range(P, 0, -1):
-        k = cut[p][l]
-        ranges.append((k, l))
-        l = k
+        k = cut[p][n]
+        ranges.append((k, n))
+        n = k
     return ranges[::-1]
 
 

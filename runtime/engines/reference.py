@@ -85,7 +85,7 @@ def _release_process_group() -> None:
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
-        except Exception as e:  # after a peer died teardown may complain; the group is gone anyway
+        except Exception as e:  # noqa: BLE001 - after a peer died teardown may complain; the group is gone anyway
             log.warning("destroying the process group: %s", e)
 
 

@@ -104,7 +104,7 @@ class SafetensorsWeights:
     """A checkpoint directory's *.safetensors, read lazily with safe_open (slices via get_slice)."""
 
     def __init__(self, model_dir: Path) -> None:
-        from safetensors import safe_open
+        from safetensors import safe_open  # noqa: PLC0415 - weights libraries load only when a model is read
 
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:
@@ -213,7 +213,7 @@ def resolve_model(model: str, *, progress: Callable[[str], None] | None = None) 
             name="tiny", shape=TINY_SHAPE, weights=SeededWeights(TINY_SHAPE, TINY_SEED), make_tokenizer=ByteTokenizer
         )
     if model == "smollm2":
-        from runtime.models.smollm2 import ensure_smollm2
+        from runtime.models.smollm2 import ensure_smollm2  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return _from_dir("smollm2", ensure_smollm2(progress=progress))
     path = Path(model)

@@ -68,11 +68,11 @@ def ensure_smollm2(*, progress: Callable[[str], None] | None = None) -> Path:
 
 
 def _convert(gguf: Path, out: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # noqa: PLC0415 - torch loads only when a model is converted
+    from safetensors.torch import save_file  # noqa: PLC0415 - weights libraries load only when a model is read
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - transformers loads only when a tokenizer is built
 
-    from runtime.models.registry import LlamaShape
+    from runtime.models.registry import LlamaShape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -97,7 +97,7 @@ def _convert(gguf: Path, out: Path) -> None:
 
 def smollm2_shape():
     """SmolLM2-135M's shape without converting (the converted config.json agrees; a test checks)."""
-    from runtime.models.registry import LlamaShape
+    from runtime.models.registry import LlamaShape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     # rms_norm_eps is the GGUF's float32 1e-5, widened to float64.
     return LlamaShape(

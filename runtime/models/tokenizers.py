@@ -46,7 +46,7 @@ class HFTokenizer:
     """A checkpoint directory's tokenizer.json (+ tokenizer_config.json for EOS and chat template)."""
 
     def __init__(self, model_dir: str | Path) -> None:
-        from transformers import PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - transformers loads only when a tokenizer is built
 
         model_dir = Path(model_dir)
         if not (model_dir / "tokenizer.json").is_file():

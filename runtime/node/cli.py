@@ -23,7 +23,7 @@ from runtime.rendezvous import Rendezvous, RendezvousError
 
 def make_rendezvous(s: NodeSettings) -> Rendezvous:
     if s.rendezvous == "static":
-        from runtime.rendezvous.static import StaticRendezvous
+        from runtime.rendezvous.static import StaticRendezvous  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         assert s.rank is not None
         return StaticRendezvous(
@@ -35,7 +35,7 @@ def make_rendezvous(s: NodeSettings) -> Rendezvous:
         )
     import boto3  # noqa: PLC0415 - only the ecs backend needs AWS clients
 
-    from runtime.rendezvous.ecs import EcsRendezvous, read_task_metadata
+    from runtime.rendezvous.ecs import EcsRendezvous, read_task_metadata  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     md = read_task_metadata()
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or md["AvailabilityZone"][:-1]

@@ -73,7 +73,7 @@ def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
             m, settings=_neuron_settings(cfg), model_name=cfg["model_name"], start_timeout_s=cfg["form_timeout_s"]
         )
     if cfg["engine"] == "echo":
-        from runtime.engines.echo import EchoEngine
+        from runtime.engines.echo import EchoEngine  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return EchoEngine(membership=m, model_name=cfg["model_name"], form_timeout_s=cfg["form_timeout_s"])
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
@@ -99,7 +99,7 @@ def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
         run_follower(m, settings=_neuron_settings(cfg))
         return
     if cfg["engine"] == "echo":
-        from runtime.engines.echo import run_echo_worker
+        from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
         return

@@ -358,7 +358,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         metrics.ready.set(1 if sup.ready() else 0)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def not_leader(request: web.Request) -> web.Response:
+    async def not_leader(_request: web.Request) -> web.Response:
         return web.json_response(
             ApiError(
                 421,

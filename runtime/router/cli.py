@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     loop_factory = None
     if settings.event_loop in ("auto", "uvloop"):
         try:
-            import uvloop
+            import uvloop  # noqa: PLC0415 - optional; the asyncio loop is the fallback
 
             loop_factory = uvloop.new_event_loop
         except ImportError:

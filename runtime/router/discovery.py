@@ -75,7 +75,7 @@ class CloudMapDiscovery:
 
     def __init__(self, *, namespace: str, service: str, client=None, region: str | None = None) -> None:
         if client is None:
-            import boto3  # imported here so static runs do not pay boto3's import time
+            import boto3  # noqa: PLC0415 - imported here so static runs do not pay boto3's import time
 
             client = boto3.client("servicediscovery", region_name=region)
         self._client = client

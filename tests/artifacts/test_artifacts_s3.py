@@ -10,13 +10,21 @@ import os
 import re
 
 import pytest
+from s3_fixture import BUCKET, URI
 
-from runtime.artifacts import (MANIFEST_NAME, ArtifactError, ChecksumMismatch, CompileCache,
-                               Manifest, build_manifest, compile_cache_key, fetch, publish)
+from runtime.artifacts import (
+    MANIFEST_NAME,
+    ArtifactError,
+    ChecksumMismatch,
+    CompileCache,
+    Manifest,
+    build_manifest,
+    compile_cache_key,
+    fetch,
+    publish,
+)
 from runtime.artifacts.cli import run_artifacts
 from runtime.artifacts.manifest import ManifestError
-
-from s3_fixture import BUCKET, URI
 
 
 class RecordingS3:
@@ -45,9 +53,9 @@ def source(tmp_path):
 
 def _same_tree(a, b):
     files = sorted(p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file())
-    return files == sorted(p.relative_to(b).as_posix() for p in b.rglob("*")
-                           if p.is_file() and p.name != MANIFEST_NAME) and \
-        all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+    return files == sorted(
+        p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
+    ) and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
 
 
 def test_manifest_lists_every_file_with_its_size_and_sha256(source):
@@ -55,8 +63,7 @@ def test_manifest_lists_every_file_with_its_size_and_sha256(source):
     entry = {f.path: f for f in manifest.files}["shards/model-00001.safetensors"]
     data = (source / "shards" / "model-00001.safetensors").read_bytes()
     assert (entry.size, entry.sha256) == (len(data), hashlib.sha256(data).hexdigest())
-    assert [f.path for f in manifest.files] == ["config.json", "shards/model-00001.safetensors",
-                                               "tokenizer.json"]
+    assert [f.path for f in manifest.files] == ["config.json", "shards/model-00001.safetensors", "tokenizer.json"]
     assert Manifest.from_json(manifest.to_json(), source="x") == manifest
 
 
@@ -79,16 +86,18 @@ def test_a_corrupted_object_fails_the_checksum_and_leaves_no_file_behind(s3, sou
     # Same size, different bytes: only the checksum can catch it.
     s3.put_object(Bucket=BUCKET, Key="llama/v1/tokenizer.json", Body=os.urandom(1000))
     dest = tmp_path / "dest"
-    with pytest.raises(ChecksumMismatch, match=r"tokenizer.json: downloaded 1000 bytes with "
-                                               r"sha256 .* the download was discarded.*republish"):
+    with pytest.raises(
+        ChecksumMismatch,
+        match=r"tokenizer.json: downloaded 1000 bytes with "
+        r"sha256 .* the download was discarded.*republish",
+    ):
         fetch(URI, dest, s3=s3)
     assert not (dest / "tokenizer.json").exists()
     assert not (dest / ".partial" / "tokenizer.json.part").exists()
     assert not (dest / MANIFEST_NAME).exists()
 
 
-def test_an_interrupted_download_resumes_with_a_range_get_from_the_partial_size(
-        s3, source, tmp_path):
+def test_an_interrupted_download_resumes_with_a_range_get_from_the_partial_size(s3, source, tmp_path):
     publish(source, URI, s3=s3)
     dest = tmp_path / "dest"
     data = (source / "shards" / "model-00001.safetensors").read_bytes()
@@ -98,8 +107,9 @@ def test_an_interrupted_download_resumes_with_a_range_get_from_the_partial_size(
     recording = RecordingS3(s3)
     fetch(URI, dest, s3=recording)
     shard_gets = [g for g in recording.gets if g["Key"].endswith(".safetensors")]
-    assert shard_gets == [{"Bucket": BUCKET, "Key": "llama/v1/shards/model-00001.safetensors",
-                           "Range": "bytes=120000-"}]
+    assert shard_gets == [
+        {"Bucket": BUCKET, "Key": "llama/v1/shards/model-00001.safetensors", "Range": "bytes=120000-"}
+    ]
     assert (dest / "shards" / "model-00001.safetensors").read_bytes() == data
 
 
@@ -126,16 +136,22 @@ def test_files_already_present_and_verified_are_not_downloaded_again(s3, source,
 
 
 def test_fetching_where_nothing_was_published_says_how_to_publish(s3, tmp_path):
-    with pytest.raises(ArtifactError, match=r"flotilla-manifest.json not found.*"
-                                            r"python -m runtime artifacts publish"):
+    with pytest.raises(
+        ArtifactError,
+        match=r"flotilla-manifest.json not found.*"
+        r"python -m runtime artifacts publish",
+    ):
         fetch(URI, tmp_path / "dest", s3=s3)
 
 
 def test_an_object_missing_from_the_bucket_is_named_before_any_download(s3, source, tmp_path):
     publish(source, URI, s3=s3)
     s3.delete_object(Bucket=BUCKET, Key="llama/v1/config.json")
-    with pytest.raises(ArtifactError, match=r"s3://flotilla-models/llama/v1/config.json is "
-                                            r"listed in the manifest but missing"):
+    with pytest.raises(
+        ArtifactError,
+        match=r"s3://flotilla-models/llama/v1/config.json is "
+        r"listed in the manifest but missing",
+    ):
         fetch(URI, tmp_path / "dest", s3=s3)
 
 
@@ -151,8 +167,7 @@ def test_compile_cache_miss_then_store_then_hit_on_a_restarted_node(s3, tmp_path
     (compiled / "model.pt").write_bytes(os.urandom(5000))
     (compiled / "neuron_config.json").write_text("{}")
     cache = CompileCache(uri=f"s3://{BUCKET}/compiled", s3=s3)
-    key = compile_cache_key(model_digest="a" * 64, nxdi_config={"tp_degree": 64},
-                            neuron_sdk_version="2.31.1")
+    key = compile_cache_key(model_digest="a" * 64, nxdi_config={"tp_degree": 64}, neuron_sdk_version="2.31.1")
     assert cache.fetch(key, tmp_path / "first-node") is False
     cache.store(key, compiled)
     restarted = tmp_path / "restarted-node"
@@ -161,12 +176,17 @@ def test_compile_cache_miss_then_store_then_hit_on_a_restarted_node(s3, tmp_path
 
 
 def test_compile_cache_key_changes_with_model_config_and_sdk_version():
-    base = {"model_digest": "a" * 64, "nxdi_config": {"tp_degree": 64, "start_rank_id": 0},
-            "neuron_sdk_version": "2.31.1"}
-    keys = {compile_cache_key(**base),
-            compile_cache_key(**{**base, "model_digest": "b" * 64}),
-            compile_cache_key(**{**base, "nxdi_config": {"tp_degree": 64, "start_rank_id": 32}}),
-            compile_cache_key(**{**base, "neuron_sdk_version": "2.32.0"})}
+    base = {
+        "model_digest": "a" * 64,
+        "nxdi_config": {"tp_degree": 64, "start_rank_id": 0},
+        "neuron_sdk_version": "2.31.1",
+    }
+    keys = {
+        compile_cache_key(**base),
+        compile_cache_key(**{**base, "model_digest": "b" * 64}),
+        compile_cache_key(**{**base, "nxdi_config": {"tp_degree": 64, "start_rank_id": 32}}),
+        compile_cache_key(**{**base, "neuron_sdk_version": "2.32.0"}),
+    }
     assert len(keys) == 4
     reordered = {"start_rank_id": 0, "tp_degree": 64}
     assert compile_cache_key(**{**base, "nxdi_config": reordered}) == compile_cache_key(**base)
@@ -176,20 +196,39 @@ def test_artifacts_cli_publishes_and_fetches_printing_the_digest(s3, source, tmp
     import argparse
 
     from runtime.artifacts import cli as artifacts_cli
+
     parser = argparse.ArgumentParser()
     artifacts_cli.add_parser(parser.add_subparsers(dest="command", required=True))
     out = io.StringIO()
-    assert run_artifacts(parser.parse_args(["artifacts", "publish", "--source", str(source),
-                                            "--uri", URI]), out=out, err=io.StringIO(),
-                         s3=s3) == 0
+    assert (
+        run_artifacts(
+            parser.parse_args(["artifacts", "publish", "--source", str(source), "--uri", URI]),
+            out=out,
+            err=io.StringIO(),
+            s3=s3,
+        )
+        == 0
+    )
     digest = out.getvalue().strip()
     out = io.StringIO()
-    assert run_artifacts(parser.parse_args(["artifacts", "fetch", "--uri", URI, "--dest",
-                                            str(tmp_path / "d")]), out=out, err=io.StringIO(),
-                         s3=s3) == 0
+    assert (
+        run_artifacts(
+            parser.parse_args(["artifacts", "fetch", "--uri", URI, "--dest", str(tmp_path / "d")]),
+            out=out,
+            err=io.StringIO(),
+            s3=s3,
+        )
+        == 0
+    )
     assert out.getvalue().strip() == digest == build_manifest(source).digest
     err = io.StringIO()
-    assert run_artifacts(parser.parse_args(["artifacts", "fetch", "--uri", f"{URI}-missing",
-                                            "--dest", str(tmp_path / "e")]), out=io.StringIO(),
-                         err=err, s3=s3) == 2
+    assert (
+        run_artifacts(
+            parser.parse_args(["artifacts", "fetch", "--uri", f"{URI}-missing", "--dest", str(tmp_path / "e")]),
+            out=io.StringIO(),
+            err=err,
+            s3=s3,
+        )
+        == 2
+    )
     assert err.getvalue().startswith("error: s3://flotilla-models/llama/v1-missing/")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +25,13 @@ def smollm2_dir():
 
 def start_rank(job: str, rank: int, port: int, spec_file: Path, out: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(HARNESS), job, str(rank), str(port), str(spec_file),
-                             str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(HARNESS), job, str(rank), str(port), str(spec_file), str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run_job(job: str, spec: dict, tmp_path: Path, *, timeout: float = 240, ports: int = 4):

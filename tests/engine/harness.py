@@ -20,8 +20,8 @@ import torch.distributed as dist  # noqa: E402
 
 from runtime.engines.base import EngineBroken, GenerationRequest, SamplingParams  # noqa: E402
 from runtime.engines.executor import OP_SHUTDOWN, ShardExecutor, StepCommand  # noqa: E402
-from runtime.engines.llama import UnsplitLlama  # noqa: E402
 from runtime.engines.layout import make_plan  # noqa: E402
+from runtime.engines.llama import UnsplitLlama  # noqa: E402
 from runtime.membership import Membership  # noqa: E402
 from runtime.models import resolve_model  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
@@ -61,8 +61,9 @@ def unsplit_reference(model: str, prompts: list[list[int]], steps: int) -> dict:
 
 def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
     """For each (boundary, prefill, decode): prefill logits and teacher-forced decode logits."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
+    )
     src = resolve_model(spec["model"])
     prompts, steps = spec["prompts"], spec["steps"]
     ref = unsplit_reference(spec["model"], prompts, steps) if rank == 0 else None
@@ -76,8 +77,7 @@ def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
         # One prompt per prefill step, as the unsplit reference ran them.
         prefill_logits, decode_logits = [], []
         for i, p in enumerate(prompts):
-            r = ex.leader_step(StepCommand(prefill=[(i, len(p), len(p) + steps + 1)],
-                                           prefill_tokens=[p]))
+            r = ex.leader_step(StepCommand(prefill=[(i, len(p), len(p) + steps + 1)], prefill_tokens=[p]))
             prefill_logits.append(r.prefill_logits[0])
         # Teacher forcing: feed the reference's greedy tokens, one sequence per step.
         for i in range(len(prompts)):
@@ -88,8 +88,7 @@ def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
             decode_logits.append(torch.stack(per_step))
         ex.leader_step(StepCommand(free=list(range(len(prompts)))))
         ex.leader_signal(OP_SHUTDOWN)
-        results.append({"config": (boundary, prefill, decode), "prefill": prefill_logits,
-                        "decode": decode_logits})
+        results.append({"config": (boundary, prefill, decode), "prefill": prefill_logits, "decode": decode_logits})
     dist.destroy_process_group()
     if rank == 0:
         torch.save({"reference": ref, "results": results}, out_path)
@@ -116,8 +115,7 @@ def _handoff_port(out_path: str, n: int, rank: int, *, first: int) -> int:
 
 async def _generate(engine, rid: str, prompt: list[int], **sampling) -> list[int]:
     toks = []
-    req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt),
-                            sampling=SamplingParams(**sampling))
+    req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt), sampling=SamplingParams(**sampling))
     async for ev in engine.generate(req):
         toks.append(ev.token_id)
     return toks
@@ -132,30 +130,49 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
     for n, (prefill, decode) in enumerate(spec["combos"]):
         # A fresh port per unit, picked just before use and handed to rank 1 through a file:
         # ports reserved up front could be taken by other processes on a busy machine meanwhile.
-        m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
-                       dist_port=_handoff_port(out_path, n, rank, first=port))
+        m = Membership(
+            unit_id="t",
+            revision="1",
+            rank=rank,
+            world_size=2,
+            dist_host="127.0.0.1",
+            dist_port=_handoff_port(out_path, n, rank, first=port),
+        )
         if rank != 0:
-            run_worker(m, model=spec["model"], prefill=prefill, decode=decode,
-                       collective_timeout_s=30, start_timeout_s=60)
+            run_worker(
+                m, model=spec["model"], prefill=prefill, decode=decode, collective_timeout_s=30, start_timeout_s=60
+            )
             continue
 
         async def run() -> dict:
-            engine = ReferenceEngine(m, model=spec["model"], prefill=prefill, decode=decode,
-                                     collective_timeout_s=30, start_timeout_s=60, max_running=8)
+            engine = ReferenceEngine(
+                m,
+                model=spec["model"],
+                prefill=prefill,
+                decode=decode,
+                collective_timeout_s=30,
+                start_timeout_s=60,
+                max_running=8,
+            )
             say(phase="starting")
             await engine.start()
             say(phase="started")
             prompts, k = spec["prompts"], spec["max_tokens"]
-            together = await asyncio.gather(*[_generate(engine, f"t{i}", p, max_tokens=k)
-                                              for i, p in enumerate(prompts)])
+            together = await asyncio.gather(
+                *[_generate(engine, f"t{i}", p, max_tokens=k) for i, p in enumerate(prompts)]
+            )
             alone = [await _generate(engine, f"a{i}", p, max_tokens=k) for i, p in enumerate(prompts)]
             load = engine.load()
             say(phase="generated")
             await engine.shutdown()
             say(phase="shut down")
-            return {"combo": (prefill, decode), "together": together, "alone": alone,
-                    "load_after": (load.running, load.queue_depth, load.kv_cache_used),
-                    "state": engine.health().state.value}
+            return {
+                "combo": (prefill, decode),
+                "together": together,
+                "alone": alone,
+                "load_after": (load.running, load.queue_depth, load.kv_cache_used),
+                "state": engine.health().state.value,
+            }
 
         found.append(asyncio.run(run()))
         say(combo=[prefill, decode], done=True)
@@ -168,8 +185,14 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
     forms a fresh unit in the same process with a new follower (port + 1)."""
     from runtime.engines.reference import ReferenceEngine, run_worker
 
-    m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
-                   dist_port=port + (spec.get("generation", 0)))
+    m = Membership(
+        unit_id="t",
+        revision="1",
+        rank=rank,
+        world_size=2,
+        dist_host="127.0.0.1",
+        dist_port=port + (spec.get("generation", 0)),
+    )
     if rank != 0:
         say(rank=rank, pid=os.getpid())
         try:
@@ -179,20 +202,24 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
         return
 
     async def run() -> dict:
-        engine = ReferenceEngine(m, model="tiny", collective_timeout_s=spec["timeout"],
-                                 start_timeout_s=60, heartbeat_s=0.5)
+        engine = ReferenceEngine(
+            m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60, heartbeat_s=0.5
+        )
         await engine.start()
         outcomes: dict[str, str] = {}
 
         async def one(i: int) -> None:
             n = 0
             try:
-                req = GenerationRequest(request_id=f"r{i}", prompt_token_ids=(1, 2, 3),
-                                        sampling=SamplingParams(max_tokens=1900, ignore_eos=True))
+                req = GenerationRequest(
+                    request_id=f"r{i}",
+                    prompt_token_ids=(1, 2, 3),
+                    sampling=SamplingParams(max_tokens=1900, ignore_eos=True),
+                )
                 async for _ in engine.generate(req):
                     n += 1
                     if n == 5 and i == 0:
-                        say(streaming=True)      # the test kills rank 1 now
+                        say(streaming=True)  # the test kills rank 1 now
                 outcomes[f"r{i}"] = "finished"
             except EngineBroken as e:
                 outcomes[f"r{i}"] = f"EngineBroken: {e}"
@@ -208,15 +235,18 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
         await engine.shutdown()
         say(broken=True)
         # Re-form: a fresh process group in this same process, with a new follower.
-        m2 = Membership(unit_id="t", revision="1", rank=0, world_size=2, dist_host="127.0.0.1",
-                        dist_port=port + 1)
-        engine2 = ReferenceEngine(m2, model="tiny", collective_timeout_s=spec["timeout"],
-                                  start_timeout_s=60)
+        m2 = Membership(unit_id="t", revision="1", rank=0, world_size=2, dist_host="127.0.0.1", dist_port=port + 1)
+        engine2 = ReferenceEngine(m2, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60)
         await engine2.start()
         toks = await _generate(engine2, "after", [1, 2, 3], max_tokens=4)
         await engine2.shutdown()
-        return {"outcomes": outcomes, "health": (health.state.value, health.detail),
-                "requests_ended_after_broken_s": ended_after, "broken_wall": broken_wall, "reformed_tokens": toks}
+        return {
+            "outcomes": outcomes,
+            "health": (health.state.value, health.detail),
+            "requests_ended_after_broken_s": ended_after,
+            "broken_wall": broken_wall,
+            "reformed_tokens": toks,
+        }
 
     torch.save(asyncio.run(run()), out_path)
 
@@ -226,23 +256,25 @@ def job_mismatch(rank: int, port: int, spec: dict, out_path: str) -> None:
     from runtime.engines.base import EngineError
     from runtime.engines.reference import ReferenceEngine, run_worker
 
-    m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1",
-                   dist_port=port)
+    m = Membership(unit_id="t", revision="1", rank=rank, world_size=2, dist_host="127.0.0.1", dist_port=port)
     try:
         if rank:
-            run_worker(m, model="tiny", decode=spec.get("decode", "tensor"),
-                       collective_timeout_s=spec["timeout"], start_timeout_s=60)
+            run_worker(
+                m,
+                model="tiny",
+                decode=spec.get("decode", "tensor"),
+                collective_timeout_s=spec["timeout"],
+                start_timeout_s=60,
+            )
         else:
-            engine = ReferenceEngine(m, model="tiny", collective_timeout_s=spec["timeout"],
-                                     start_timeout_s=60)
+            engine = ReferenceEngine(m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60)
             asyncio.run(engine.start())
         say(refused="")
     except EngineError as e:
         say(refused=str(e))
 
 
-JOBS = {"exactness": job_exactness, "engine": job_engine, "failure": job_failure,
-        "mismatch": job_mismatch}
+JOBS = {"exactness": job_exactness, "engine": job_engine, "failure": job_failure, "mismatch": job_mismatch}
 
 if __name__ == "__main__":
     job, rank, port, spec_path, out = sys.argv[1:6]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-COMBOS = [("pipeline", "tensor"), ("pipeline", "pipeline"), ("tensor", "tensor"),
-          ("tensor", "pipeline")]
+COMBOS = [("pipeline", "tensor"), ("pipeline", "pipeline"), ("tensor", "tensor"), ("tensor", "pipeline")]
 PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356], [504, 3458, 282], [1, 4093, 198, 6004, 2, 198, 1, 520]]
 MAX_TOKENS = 6
 

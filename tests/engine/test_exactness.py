@@ -9,15 +9,25 @@ import torch
 TOLERANCE = {"tiny": 1e-5, "smollm2": 2e-4}
 CONFIGS = {
     # (first layer of rank 1, prefill, decode)
-    "tiny": [(1, "pipeline", "tensor"), (2, "pipeline", "pipeline"), (3, "pipeline", "tensor"),
-             (2, "tensor", "pipeline"), (1, "tensor", "tensor")],
-    "smollm2": [(5, "pipeline", "pipeline"), (11, "pipeline", "tensor"), (24, "pipeline", "tensor"),
-                (15, "tensor", "pipeline")],
+    "tiny": [
+        (1, "pipeline", "tensor"),
+        (2, "pipeline", "pipeline"),
+        (3, "pipeline", "tensor"),
+        (2, "tensor", "pipeline"),
+        (1, "tensor", "tensor"),
+    ],
+    "smollm2": [
+        (5, "pipeline", "pipeline"),
+        (11, "pipeline", "tensor"),
+        (24, "pipeline", "tensor"),
+        (15, "tensor", "pipeline"),
+    ],
 }
 # tiny's third prompt is long enough for the pipeline to cut it into overlapping chunks.
-PROMPTS = {"tiny": [[256, 72, 105, 33], [7, 8, 9, 10, 11, 12, 13, 14, 15],
-                    [(7 * i) % 256 for i in range(300)]],
-           "smollm2": [[1, 9690, 198, 2683, 359, 253], [504, 3458, 282, 4649, 314]]}
+PROMPTS = {
+    "tiny": [[256, 72, 105, 33], [7, 8, 9, 10, 11, 12, 13, 14, 15], [(7 * i) % 256 for i in range(300)]],
+    "smollm2": [[1, 9690, 198, 2683, 359, 253], [504, 3458, 282, 4649, 314]],
+}
 
 
 @pytest.fixture(scope="module", params=["tiny", "smollm2"])
@@ -70,7 +80,7 @@ def test_tensor_parallel_logits_within_tolerance_step_by_step(exactness):
             continue
         for got, want in zip(res["prefill"], found["reference"]["prefill"]):
             assert (got - want).abs().max() <= tol, f"{model} {res['config']} prefill"
-    for res in found["results"]:    # chunked pipeline prefill vs the one-shot unsplit prefill
+    for res in found["results"]:  # chunked pipeline prefill vs the one-shot unsplit prefill
         for got, want in zip(res["prefill"], found["reference"]["prefill"]):
             assert (got - want).abs().max() <= tol, f"{model} {res['config']} prefill"
         for got, want in zip(res["decode"], found["reference"]["decode"]):

@@ -25,19 +25,23 @@ def streaming_pair(tmp_path, launch_rank, free_ports):
     return leader, follower, port, out
 
 
-@pytest.mark.parametrize("how, bound_s", [
-    ("kill", COLLECTIVE_TIMEOUT_S),           # closed connection: noticed at the next collective
-    ("stop", 2 * COLLECTIVE_TIMEOUT_S),       # silent peer: noticed by the collective timeout
-])
+@pytest.mark.parametrize(
+    "how, bound_s",
+    [
+        ("kill", COLLECTIVE_TIMEOUT_S),  # closed connection: noticed at the next collective
+        ("stop", 2 * COLLECTIVE_TIMEOUT_S),  # silent peer: noticed by the collective timeout
+    ],
+)
 def test_follower_failure_fails_pending_requests_and_the_leader_can_reform(
-        how, bound_s, tmp_path, launch_rank, free_ports):
+    how, bound_s, tmp_path, launch_rank, free_ports
+):
     leader, follower, port, out = streaming_pair(tmp_path, launch_rank, free_ports)
     failed_at = time.time()
     follower.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     leader.wait_for("broken", timeout=bound_s + 30)
     spec2 = tmp_path / "failure2.json"
     spec2.write_text(json.dumps({"timeout": COLLECTIVE_TIMEOUT_S, "generation": 1}))
-    launch_rank("failure", 1, port, spec2, tmp_path / "unused.pt")   # the replacement follower
+    launch_rank("failure", 1, port, spec2, tmp_path / "unused.pt")  # the replacement follower
     assert leader.proc.wait(timeout=120) == 0
 
     found = torch.load(out, weights_only=False)

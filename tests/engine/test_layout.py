@@ -52,12 +52,15 @@ def test_tiny_splits_query_heads_with_their_kv_group():
     assert [t.q_heads for t in plan.tensor_slices] == [(0, 2), (2, 4)]
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"world_size": 0}, "at least 1"),
-    ({"world_size": 31}, "fewer nodes"),
-    ({"world_size": 2, "prefill": "sideways"}, "pipeline, tensor"),
-    ({"world_size": 2, "boundaries": (40,)}, "increasing layer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"world_size": 0}, "at least 1"),
+        ({"world_size": 31}, "fewer nodes"),
+        ({"world_size": 2, "prefill": "sideways"}, "pipeline, tensor"),
+        ({"world_size": 2, "boundaries": (40,)}, "increasing layer"),
+    ],
+)
 def test_bad_plan_inputs_are_rejected_with_the_fix(kwargs, words):
     with pytest.raises(ValueError, match=words):
         make_plan(smollm2_shape(), **kwargs)
@@ -65,9 +68,15 @@ def test_bad_plan_inputs_are_rejected_with_the_fix(kwargs, words):
 
 def test_plan_command_prints_the_smollm2_plan_without_converting_weights(tmp_path):
     env = {"FLOTILLA_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "runtime", "plan", "--model", "smollm2", "--nodes", "2"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "plan", "--model", "smollm2", "--nodes", "2"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "rank 0: layers 0-10" in out.stdout and "rank 1: layers 11-29" in out.stdout
     assert "REPLICATED" in out.stdout
-    assert not list(tmp_path.iterdir())   # nothing converted just to print a plan
+    assert not list(tmp_path.iterdir())  # nothing converted just to print a plan

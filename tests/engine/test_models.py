@@ -52,20 +52,20 @@ def _compare_with_transformers(model: str, prompt: list[int], steps: int) -> flo
 
 
 def test_tiny_weights_are_identical_in_every_process():
-    code = ("import sys; sys.path.insert(0, '.'); from runtime.models import resolve_model; "
-            "w = resolve_model('tiny').weights; "
-            "print(float(w.get('model.layers.2.mlp.down_proj.weight').sum()))")
+    code = (
+        "import sys; sys.path.insert(0, '.'); from runtime.models import resolve_model; "
+        "w = resolve_model('tiny').weights; "
+        "print(float(w.get('model.layers.2.mlp.down_proj.weight').sum()))"
+    )
     here = float(resolve_model("tiny").weights.get("model.layers.2.mlp.down_proj.weight").sum())
-    other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                           timeout=120)
+    other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert float(other.stdout) == here
 
 
 def test_tiny_slices_equal_the_slice_of_the_full_tensor():
     w = resolve_model("tiny").weights
     full = w.get("model.layers.1.self_attn.o_proj.weight")
-    assert torch.equal(w.get("model.layers.1.self_attn.o_proj.weight", dim=1, start=16, stop=48),
-                       full[:, 16:48])
+    assert torch.equal(w.get("model.layers.1.self_attn.o_proj.weight", dim=1, start=16, stop=48), full[:, 16:48])
 
 
 def test_unsplit_tiny_matches_transformers():
@@ -104,17 +104,23 @@ def test_byte_tokenizer_round_trips_text_and_marks_roles():
 
 
 def test_two_processes_racing_to_convert_smollm2_both_get_one_complete_checkpoint(tmp_path):
-    code = ("import sys; sys.path.insert(0, '.'); from runtime.models.smollm2 import ensure_smollm2; "
-            "print(ensure_smollm2())")
+    code = (
+        "import sys; sys.path.insert(0, '.'); from runtime.models.smollm2 import ensure_smollm2; "
+        "print(ensure_smollm2())"
+    )
     env = dict(os.environ, FLOTILLA_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
     paths = {o[0].strip() for o in outs}
     assert len(paths) == 1
     converted = [o[1] for o in outs if "converting SmolLM2" in o[1]]
-    assert len(converted) == 1                      # the lock made the second one wait and reuse
+    assert len(converted) == 1  # the lock made the second one wait and reuse
     entries = sorted(p.name for p in tmp_path.iterdir())
     assert entries == ["smollm2-135m-instruct-fp32", "smollm2-135m-instruct-fp32.lock"]
     assert (Path(paths.pop()) / "model.safetensors").stat().st_size > 500e6

@@ -40,7 +40,7 @@ def test_a_possible_stop_prefix_is_held_back_then_released_when_it_diverges():
     tracker = TextTracker(ByteTokenizer(), ("wor",))
     deltas, stopped = _feed(tracker, "a wow")
     assert not stopped
-    assert deltas[2] == "" and "".join(deltas) == "a wo"      # trailing "w" could still be "wor"
+    assert deltas[2] == "" and "".join(deltas) == "a wo"  # trailing "w" could still be "wor"
     assert tracker.flush() == "w"
 
 

@@ -7,8 +7,7 @@ import asyncio
 
 import pytest
 
-from runtime.engines.base import (EngineError, EngineState, GenerationRequest, RequestRejected,
-                                  SamplingParams)
+from runtime.engines.base import EngineError, EngineState, GenerationRequest, RequestRejected, SamplingParams
 from runtime.engines.reference import ReferenceEngine
 from runtime.membership import Membership
 
@@ -27,8 +26,7 @@ async def _engine(**kw) -> ReferenceEngine:
 
 
 async def _collect(engine, rid="r", prompt=PROMPT, **sampling):
-    req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt),
-                            sampling=SamplingParams(**sampling))
+    req = GenerationRequest(request_id=rid, prompt_token_ids=tuple(prompt), sampling=SamplingParams(**sampling))
     return [ev async for ev in engine.generate(req)]
 
 
@@ -38,6 +36,7 @@ def test_greedy_generation_stops_at_max_tokens_with_reason_length():
         events = await _collect(engine, max_tokens=7, ignore_eos=True)
         await engine.shutdown()
         return events
+
     events = run(go())
     assert len(events) == 7 and events[-1].finish_reason == "length"
     assert all(e.finish_reason is None for e in events[:-1])
@@ -51,6 +50,7 @@ def test_seeded_sampling_is_reproducible_and_differs_across_seeds():
         c = await _collect(engine, "c", max_tokens=12, temperature=1.0, top_p=0.9, seed=8, ignore_eos=True)
         await engine.shutdown()
         return [[e.token_id for e in x] for x in (a, b, c)]
+
     a, b, c = run(go())
     assert a == b and a != c
 
@@ -64,9 +64,10 @@ def test_stop_string_ends_generation_and_is_not_emitted():
         stopped = await _collect(engine, "stop", max_tokens=24, ignore_eos=True, stop=(stop,))
         await engine.shutdown()
         return text, stop, stopped
+
     text, stop, stopped = run(go())
     assert stopped[-1].finish_reason == "stop"
-    assert "".join(e.text for e in stopped) == text[:text.index(stop)]
+    assert "".join(e.text for e in stopped) == text[: text.index(stop)]
 
 
 def test_request_that_can_never_fit_the_kv_budget_is_rejected_with_the_fix():
@@ -81,17 +82,18 @@ def test_request_that_can_never_fit_the_kv_budget_is_rejected_with_the_fix():
                 await _collect(engine, prompt=(999999,))
         finally:
             await engine.shutdown()
+
     run(go())
 
 
 def test_requests_wait_for_budget_then_run_and_all_finish():
     async def go():
-        engine = await _engine(kv_budget_tokens=30)     # room for one request of 4 + 20 at a time
-        results = await asyncio.gather(*[_collect(engine, f"r{i}", max_tokens=20, ignore_eos=True)
-                                         for i in range(3)])
+        engine = await _engine(kv_budget_tokens=30)  # room for one request of 4 + 20 at a time
+        results = await asyncio.gather(*[_collect(engine, f"r{i}", max_tokens=20, ignore_eos=True) for i in range(3)])
         load = engine.load()
         await engine.shutdown()
         return results, load
+
     results, load = run(go())
     assert [len(r) for r in results] == [20, 20, 20]
     assert [e.token_id for e in results[0]] == [e.token_id for e in results[2]]
@@ -105,8 +107,9 @@ def test_cancel_frees_the_slot_and_budget_while_others_keep_running():
 
         async def long_one():
             n = 0
-            req = GenerationRequest(request_id="long", prompt_token_ids=PROMPT,
-                                    sampling=SamplingParams(max_tokens=1500, ignore_eos=True))
+            req = GenerationRequest(
+                request_id="long", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=1500, ignore_eos=True)
+            )
             async for _ in engine.generate(req):
                 n += 1
                 if n == 3:
@@ -122,6 +125,7 @@ def test_cancel_frees_the_slot_and_budget_while_others_keep_running():
         after = engine.load()
         await engine.shutdown()
         return during, n, other, after
+
     during, n, other, after = run(go())
     assert during.running == 1 and during.kv_cache_used > 0
     assert 3 <= n < 1500
@@ -136,8 +140,9 @@ def test_a_late_request_joins_the_running_batch_between_decode_steps():
         order = []
 
         async def first():
-            req = GenerationRequest(request_id="first", prompt_token_ids=PROMPT,
-                                    sampling=SamplingParams(max_tokens=200, ignore_eos=True))
+            req = GenerationRequest(
+                request_id="first", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=200, ignore_eos=True)
+            )
             async for ev in engine.generate(req):
                 order.append("first")
                 first_started.set()
@@ -149,8 +154,9 @@ def test_a_late_request_joins_the_running_batch_between_decode_steps():
         await task
         await engine.shutdown()
         return late, done_first
+
     late, done_first = run(go())
-    assert len(late) == 5 and not done_first     # the late one finished while the first still ran
+    assert len(late) == 5 and not done_first  # the late one finished while the first still ran
 
 
 def test_health_goes_ready_then_stopped_and_generate_refuses_after_shutdown():
@@ -161,18 +167,20 @@ def test_health_goes_ready_then_stopped_and_generate_refuses_after_shutdown():
         with pytest.raises(EngineError, match="not ready"):
             await _collect(engine)
         return ready, engine.health().state
+
     assert run(go()) == (EngineState.READY, EngineState.STOPPED)
 
 
 def test_a_consumer_that_stops_reading_frees_its_slot():
     async def go():
         engine = await _engine()
-        req = GenerationRequest(request_id="gone", prompt_token_ids=PROMPT,
-                                sampling=SamplingParams(max_tokens=1500, ignore_eos=True))
+        req = GenerationRequest(
+            request_id="gone", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=1500, ignore_eos=True)
+        )
         stream = engine.generate(req)
         async for _ in stream:
             break
-        await stream.aclose()             # what an HTTP server does when the client disconnects
+        await stream.aclose()  # what an HTTP server does when the client disconnects
         for _ in range(500):
             if engine.load().running == 0:
                 break
@@ -180,13 +188,14 @@ def test_a_consumer_that_stops_reading_frees_its_slot():
         load = engine.load()
         await engine.shutdown()
         return load
+
     load = run(go())
     assert (load.running, load.kv_cache_used) == (0, 0.0)
 
 
 def test_cancelling_a_queued_request_ends_its_stream_without_running_it():
     async def go():
-        engine = await _engine(kv_budget_tokens=2000)   # the first request holds nearly all of it
+        engine = await _engine(kv_budget_tokens=2000)  # the first request holds nearly all of it
         first = asyncio.create_task(_collect(engine, "first", max_tokens=1990, ignore_eos=True))
         await asyncio.sleep(0)
         second = asyncio.create_task(_collect(engine, "queued", max_tokens=25, ignore_eos=True))
@@ -202,28 +211,29 @@ def test_cancelling_a_queued_request_ends_its_stream_without_running_it():
         await first
         await engine.shutdown()
         return events
+
     assert run(go()) == []
 
 
 def test_a_burst_larger_than_the_prefill_cap_is_admitted_over_several_steps_with_same_tokens():
     async def go():
-        engine = await _engine(max_prefill_tokens=len(PROMPT))   # one prompt per iteration
-        burst = await asyncio.gather(*[_collect(engine, f"b{i}", max_tokens=6, ignore_eos=True)
-                                       for i in range(4)])
+        engine = await _engine(max_prefill_tokens=len(PROMPT))  # one prompt per iteration
+        burst = await asyncio.gather(*[_collect(engine, f"b{i}", max_tokens=6, ignore_eos=True) for i in range(4)])
         await engine.shutdown()
         return [[e.token_id for e in r] for r in burst]
+
     burst = run(go())
     assert all(r == burst[0] for r in burst) and len(burst[0]) == 6
 
 
 def test_start_gives_up_with_a_clear_error_when_followers_never_join(free_ports):
-    lonely = Membership(unit_id="u", revision="1", rank=0, world_size=2, dist_host="127.0.0.1",
-                        dist_port=free_ports(1))
+    lonely = Membership(unit_id="u", revision="1", rank=0, world_size=2, dist_host="127.0.0.1", dist_port=free_ports(1))
 
     async def go():
         engine = ReferenceEngine(lonely, model="tiny", start_timeout_s=2, collective_timeout_s=5)
         with pytest.raises(EngineError, match="failed to start"):
             await engine.start()
         return engine.health()
+
     health = run(go())
     assert health.state is EngineState.BROKEN and health.detail

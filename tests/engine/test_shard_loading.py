@@ -63,6 +63,5 @@ def test_a_stage_that_also_runs_tensor_parallel_reads_each_of_its_layers_once():
     plan, reads = _reads(1, "pipeline", "tensor")
     names = [name for name, *_ in reads]
     assert len(names) == len(set(names))
-    own = [r for r in reads if r[0].startswith("model.layers.")
-           and int(r[0].split(".")[2]) in plan.stage(1).layers]
+    own = [r for r in reads if r[0].startswith("model.layers.") and int(r[0].split(".")[2]) in plan.stage(1).layers]
     assert own and all(dim is None for _, dim, _, _ in own)

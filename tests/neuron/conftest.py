@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from llama_shapes import LLAMA_3_8B, LLAMA_31_70B, LLAMA_31_405B, SHAPES, SMOLLM2_135M  # noqa: F401
 
 
@@ -21,4 +20,5 @@ def checkpoint(tmp_path):
         (path / "config.json").write_text(json.dumps(raw))
         made.append(path)
         return path
+
     return make

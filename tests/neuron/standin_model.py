@@ -24,8 +24,9 @@ def make_checkpoint(root: Path, config: dict, *, weights_bytes: int = 200_000) -
     tok = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tok.pre_tokenizer = Whitespace()
     tok.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     (root / WEIGHTS).write_bytes(os.urandom(weights_bytes))
     return root
 

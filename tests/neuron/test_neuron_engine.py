@@ -9,17 +9,16 @@ import time
 
 import boto3
 import pytest
-from moto import mock_aws
-
 from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
+from moto import mock_aws
+from standin_model import STANDIN_LAUNCHER, WEIGHTS, make_checkpoint, word_ids
+from testnet import free_port
+
 from runtime.artifacts import publish
-from runtime.engines.base import (EngineBroken, EngineError, EngineState, GenerationRequest,
-                                  SamplingParams)
+from runtime.engines.base import EngineBroken, EngineError, EngineState, GenerationRequest, SamplingParams
 from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings
 from runtime.engines.neuron.launch import NeuronOptions
 from runtime.membership import Member, Membership
-from standin_model import STANDIN_LAUNCHER, WEIGHTS, make_checkpoint, word_ids
-from testnet import free_port
 
 BUCKET = "flotilla-models"
 MODEL_URI = f"s3://{BUCKET}/llama/v1"
@@ -33,7 +32,7 @@ def s3(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("FLOTILLA_NEURON_SDK_VERSION", "2.31.1")   # Dockerfile.neuron sets it
+    monkeypatch.setenv("FLOTILLA_NEURON_SDK_VERSION", "2.31.1")  # Dockerfile.neuron sets it
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
@@ -42,25 +41,43 @@ def s3(monkeypatch):
 
 def one_node() -> Membership:
     port = free_port()
-    return Membership(unit_id="u0", revision="r1", rank=0, world_size=1,
-                      members=(Member(rank=0, host="127.0.0.1", api_port=port),),
-                      dist_host="127.0.0.1", dist_port=free_port())
+    return Membership(
+        unit_id="u0",
+        revision="r1",
+        rank=0,
+        world_size=1,
+        members=(Member(rank=0, host="127.0.0.1", api_port=port),),
+        dist_host="127.0.0.1",
+        dist_port=free_port(),
+    )
 
 
 def engine_for(tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, **kw) -> NeuronEngine:
-    options = NeuronOptions(seq_len=256, batch_size=4, served_model_name="llama",
-                            compiled_artifacts_dir=str(tmp_path / "compiled"),
-                            engine_port=free_port())
-    settings = NeuronEngineSettings(model_uri=MODEL_URI, model_dir=str(tmp_path / "model"),
-                                    instance_type="trn1.32xlarge", options=options,
-                                    compile_cache_uri=compile_cache_uri, launcher=STANDIN_LAUNCHER)
-    return NeuronEngine(one_node(), settings=settings, model_name="llama",
-                        start_timeout_s=start_timeout_s, s3=s3, **kw)
+    options = NeuronOptions(
+        seq_len=256,
+        batch_size=4,
+        served_model_name="llama",
+        compiled_artifacts_dir=str(tmp_path / "compiled"),
+        engine_port=free_port(),
+    )
+    settings = NeuronEngineSettings(
+        model_uri=MODEL_URI,
+        model_dir=str(tmp_path / "model"),
+        instance_type="trn1.32xlarge",
+        options=options,
+        compile_cache_uri=compile_cache_uri,
+        launcher=STANDIN_LAUNCHER,
+    )
+    return NeuronEngine(one_node(), settings=settings, model_name="llama", start_timeout_s=start_timeout_s, s3=s3, **kw)
 
 
 async def collect(engine, rid, ids, **sampling):
-    return [ev async for ev in engine.generate(GenerationRequest(
-        request_id=rid, prompt_token_ids=tuple(ids), sampling=SamplingParams(**sampling)))]
+    return [
+        ev
+        async for ev in engine.generate(
+            GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=SamplingParams(**sampling))
+        )
+    ]
 
 
 def test_start_refuses_an_impossible_layout_before_fetching_any_weights(tmp_path, s3, monkeypatch):
@@ -73,9 +90,9 @@ def test_start_refuses_an_impossible_layout_before_fetching_any_weights(tmp_path
         asyncio.run(engine.start())
     msg = str(e.value)
     assert "refused before fetching weights" in msg and "num_attention_heads=9" in msg
-    assert "use fewer nodes" in msg or "--" in msg                     # the planner's fix
+    assert "use fewer nodes" in msg or "--" in msg  # the planner's fix
     assert not (tmp_path / "model" / WEIGHTS).exists()
-    assert not log.exists() and engine._proc is None                # no server was started
+    assert not log.exists() and engine._proc is None  # no server was started
 
 
 def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_healthy(tmp_path, s3, monkeypatch):
@@ -92,18 +109,29 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
             assert engine.health().state is EngineState.READY
             assert engine.prepared.compile_cache_hit is False
             cached = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"compile-cache/{engine.prepared.compile_key}/")
-            assert [o["Key"].rsplit("/", 1)[-1] for o in cached.get("Contents", [])] == ["compiled.neff", "flotilla-manifest.json"]
+            assert [o["Key"].rsplit("/", 1)[-1] for o in cached.get("Contents", [])] == [
+                "compiled.neff",
+                "flotilla-manifest.json",
+            ]
             ids = word_ids("hello flotilla")
-            evs = await collect(engine, "req-1", ids, max_tokens=3, temperature=0.5, top_p=0.9, seed=7,
-                                stop=("units",))
+            evs = await collect(engine, "req-1", ids, max_tokens=3, temperature=0.5, top_p=0.9, seed=7, stop=("units",))
             assert [e.token_id for e in evs] == [ids[-1] + 1, ids[-1] + 2, ids[-1] + 3]
             assert [e.text for e in evs] == [f"[{t}]" for t in (ids[-1] + 1, ids[-1] + 2, ids[-1] + 3)]
             assert [e.finish_reason for e in evs] == [None, None, "length"]
             sent = json.loads(log.read_text().splitlines()[-1])
             assert sent["request_id"] == "req-1"
-            assert sent["body"] == {"model": "llama", "prompt": ids, "stream": True, "max_tokens": 3,
-                                    "temperature": 0.5, "top_p": 0.9, "ignore_eos": False,
-                                    "return_token_ids": True, "stop": ["units"], "seed": 7}
+            assert sent["body"] == {
+                "model": "llama",
+                "prompt": ids,
+                "stream": True,
+                "max_tokens": 3,
+                "temperature": 0.5,
+                "top_p": 0.9,
+                "ignore_eos": False,
+                "return_token_ids": True,
+                "stop": ["units"],
+                "seed": 7,
+            }
             # A request vLLM refuses as too long is the client's error, not a broken unit.
             with pytest.raises(EngineError) as e:
                 await collect(engine, "req-2", ids, max_tokens=1000)
@@ -134,8 +162,11 @@ def test_server_dying_mid_stream_fails_the_stream_and_breaks_the_engine(tmp_path
         try:
             with pytest.raises(EngineBroken, match="dropped the stream|without a finish reason"):
                 async with asyncio.timeout(20):
-                    async for ev in engine.generate(GenerationRequest(
-                            request_id="r", prompt_token_ids=(2, 3), sampling=SamplingParams(max_tokens=10))):
+                    async for ev in engine.generate(
+                        GenerationRequest(
+                            request_id="r", prompt_token_ids=(2, 3), sampling=SamplingParams(max_tokens=10)
+                        )
+                    ):
                         got.append(ev.token_id)
             assert got == [4, 5]
             deadline = time.monotonic() + 10
@@ -170,12 +201,13 @@ def test_cancel_closes_the_upstream_request_and_load_comes_from_vllm_metrics(tmp
         try:
             got = []
             async with asyncio.timeout(20):
-                async for ev in engine.generate(GenerationRequest(
-                        request_id="c", prompt_token_ids=(2,), sampling=SamplingParams(max_tokens=200))):
+                async for ev in engine.generate(
+                    GenerationRequest(request_id="c", prompt_token_ids=(2,), sampling=SamplingParams(max_tokens=200))
+                ):
                     got.append(ev.token_id)
                     if len(got) == 2:
                         engine.cancel("c")
-            assert got == [3, 4]                        # ended quietly at the cancel, no error
+            assert got == [3, 4]  # ended quietly at the cancel, no error
             assert engine.health().state is EngineState.READY and not engine._running
             deadline = time.monotonic() + 10
             while {"aborted": "c"} not in map(json.loads, log.read_text().splitlines()):
@@ -203,8 +235,11 @@ def test_a_server_whose_health_keeps_failing_breaks_the_engine_and_its_open_stre
         try:
             with pytest.raises(EngineBroken, match="/health has failed"):
                 async with asyncio.timeout(30):
-                    async for _ in engine.generate(GenerationRequest(        # 250 tokens: 25 s
-                            request_id="long", prompt_token_ids=(2,), sampling=SamplingParams(max_tokens=250))):
+                    async for _ in engine.generate(
+                        GenerationRequest(  # 250 tokens: 25 s
+                            request_id="long", prompt_token_ids=(2,), sampling=SamplingParams(max_tokens=250)
+                        )
+                    ):
                         pass
             assert engine.health().state is EngineState.BROKEN
         finally:

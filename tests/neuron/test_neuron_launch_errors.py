@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.engines.neuron import (ModelConfigError, NeuronOptions, NeuronPlanError,
-                                    load_model_shape, plan_unit)
+from runtime.engines.neuron import ModelConfigError, NeuronOptions, NeuronPlanError, load_model_shape, plan_unit
 
 
-def _plan(checkpoint, shape="llama-3.1-70b", *, nodes=2, instance_type="trn1.32xlarge",
-          **options):
+def _plan(checkpoint, shape="llama-3.1-70b", *, nodes=2, instance_type="trn1.32xlarge", **options):
     model_dir = str(checkpoint(shape))
-    return plan_unit(leader_host="10.1.0.10", nodes=nodes, instance_type=instance_type,
-                     model=load_model_shape(model_dir), model_dir=model_dir,
-                     options=NeuronOptions(**options))
+    return plan_unit(
+        leader_host="10.1.0.10",
+        nodes=nodes,
+        instance_type=instance_type,
+        model=load_model_shape(model_dir),
+        model_dir=model_dir,
+        options=NeuronOptions(**options),
+    )
 
 
 @pytest.mark.parametrize("instance_type", ["trn1.2xlarge", "trn2.48xlarge", "p5.48xlarge"])
 def test_instance_types_without_32_trn1_cores_are_refused(checkpoint, instance_type):
-    with pytest.raises(NeuronPlanError,
-                       match=rf"instance_type='{instance_type}'.*use one of trn1.32xlarge, "
-                             r"trn1n.32xlarge"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=rf"instance_type='{instance_type}'.*use one of trn1.32xlarge, "
+        r"trn1n.32xlarge",
+    ):
         _plan(checkpoint, instance_type=instance_type)
 
 
@@ -30,15 +35,21 @@ def test_zero_nodes_is_refused(checkpoint):
 
 
 def test_sequence_longer_than_the_models_positions_is_refused(checkpoint):
-    with pytest.raises(NeuronPlanError, match=r"seq_len=8193 exceeds the model's "
-                                              r"max_position_embeddings=8192; lower --seq-len "
-                                              r"to at most 8192"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"seq_len=8193 exceeds the model's "
+        r"max_position_embeddings=8192; lower --seq-len "
+        r"to at most 8192",
+    ):
         _plan(checkpoint, "llama-3-8b", seq_len=8193)
 
 
 def test_cp_degree_must_divide_the_global_tp_degree(checkpoint):
-    with pytest.raises(NeuronPlanError, match=r"cp_degree=3 must divide tp_degree=64 on "
-                                              r"2 x trn1.32xlarge"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"cp_degree=3 must divide tp_degree=64 on "
+        r"2 x trn1.32xlarge",
+    ):
         _plan(checkpoint, cp_degree=3)
 
 
@@ -48,8 +59,11 @@ def test_attention_dp_degree_must_divide_the_global_tp_degree(checkpoint):
 
 
 def test_batch_must_split_evenly_over_attention_dp_groups(checkpoint):
-    with pytest.raises(NeuronPlanError, match=r"batch_size=3 must be a multiple of "
-                                              r"attention_dp_degree=2.*raise --batch-size to 4"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"batch_size=3 must be a multiple of "
+        r"attention_dp_degree=2.*raise --batch-size to 4",
+    ):
         _plan(checkpoint, nodes=4, cp_degree=2, attention_dp_degree=2, batch_size=3)
 
 
@@ -59,42 +73,60 @@ def test_attention_dp_degree_must_divide_cp_degree_when_both_are_used(checkpoint
 
 
 def test_sequence_must_split_evenly_over_context_parallel_ranks(checkpoint):
-    with pytest.raises(NeuronPlanError, match=r"seq_len=4095 must be a multiple of cp_degree=2.*"
-                                              r"--seq-len 4094"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"seq_len=4095 must be a multiple of cp_degree=2.*"
+        r"--seq-len 4094",
+    ):
         _plan(checkpoint, nodes=4, cp_degree=2, attention_dp_degree=2, seq_len=4095)
 
 
 def test_prefill_attention_over_more_ranks_than_heads_names_the_cp_degrees_that_fit(checkpoint):
     # 70B on 4 nodes: 128 ranks for 64 query heads would pad every other rank's head.
     # Groups of 64, 32, ... ranks fit: cp_degree 2, 4, 8, 16, 32, 64, 128.
-    with pytest.raises(NeuronPlanError,
-                       match=r"cp_degree=1 leaves 128 ranks to share prefill attention.*"
-                             r"num_attention_heads=64 / num_key_value_heads=8.*"
-                             r"use --cp-degree one of \[2, 4, 8, 16, 32, 64, 128\]"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"cp_degree=1 leaves 128 ranks to share prefill attention.*"
+        r"num_attention_heads=64 / num_key_value_heads=8.*"
+        r"use --cp-degree one of \[2, 4, 8, 16, 32, 64, 128\]",
+    ):
         _plan(checkpoint, nodes=4, cp_degree=1, attention_dp_degree=2)
 
 
 def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_fit(checkpoint):
     # 70B on 8 nodes: groups of 64 or 32 ranks fit the heads; batch 8 rules out degree 16 and up.
-    with pytest.raises(NeuronPlanError,
-                       match=r"attention_dp_degree=1 leaves 256 ranks to share decode attention"
-                             r".*use --attention-dp-degree one of \[4, 8\]"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"attention_dp_degree=1 leaves 256 ranks to share decode attention"
+        r".*use --attention-dp-degree one of \[4, 8\]",
+    ):
         _plan(checkpoint, nodes=8, cp_degree=4, attention_dp_degree=1)
 
 
 def test_auto_dp_that_needs_a_bigger_batch_says_so(checkpoint):
     # SmolLM2: 9 query / 3 KV heads. On tp 64 only groups of 1 rank fit -> degree 64 > batch 8.
-    with pytest.raises(NeuronPlanError, match=r"no attention_dp_degree .* batch_size=8; raise "
-                                              r"--batch-size to a multiple of 64"):
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"no attention_dp_degree .* batch_size=8; raise "
+        r"--batch-size to a multiple of 64",
+    ):
         _plan(checkpoint, "smollm2-135m")
 
 
 def test_mlp_that_does_not_split_over_tp_is_refused(checkpoint):
     model_dir = str(checkpoint("llama-3.1-70b", intermediate_size=28000))
-    with pytest.raises(NeuronPlanError, match=r"intermediate_size=28000 does not split over "
-                                              r"tp_degree=64"):
-        plan_unit(leader_host="h", nodes=2, instance_type="trn1.32xlarge",
-                  model=load_model_shape(model_dir), model_dir=model_dir)
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"intermediate_size=28000 does not split over "
+        r"tp_degree=64",
+    ):
+        plan_unit(
+            leader_host="h",
+            nodes=2,
+            instance_type="trn1.32xlarge",
+            model=load_model_shape(model_dir),
+            model_dir=model_dir,
+        )
 
 
 @pytest.mark.parametrize("value", [0, -2, "two", True])
@@ -104,20 +136,34 @@ def test_degrees_must_be_positive_integers_or_auto(checkpoint, value):
 
 
 def test_a_directory_without_config_json_is_named_with_the_fix(tmp_path):
-    with pytest.raises(ModelConfigError, match=r"config.json: not found; a checkpoint directory "
-                                               r"must hold"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"config.json: not found; a checkpoint directory "
+        r"must hold",
+    ):
         load_model_shape(tmp_path)
 
 
 def test_a_config_missing_shape_fields_names_them(checkpoint):
     model_dir = checkpoint({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64})
-    with pytest.raises(ModelConfigError, match=r"missing intermediate_size, vocab_size, "
-                                               r"max_position_embeddings"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"missing intermediate_size, vocab_size, "
+        r"max_position_embeddings",
+    ):
         load_model_shape(model_dir)
 
 
 def test_kv_heads_default_to_attention_heads_for_mha_checkpoints(checkpoint):
-    raw = {k: v for k, v in {"num_hidden_layers": 2, "num_attention_heads": 32,
-                             "hidden_size": 4096, "intermediate_size": 11008,
-                             "vocab_size": 32000, "max_position_embeddings": 4096}.items()}
+    raw = {
+        k: v
+        for k, v in {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 32,
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+        }.items()
+    }
     assert load_model_shape(checkpoint(raw)).num_key_value_heads == 32

@@ -13,12 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-import contract
 from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
-from runtime.node.settings import SettingsError, load_settings
 from standin_model import STANDIN_LAUNCHER, make_checkpoint, word_ids
 from testnet import free_port
+
+import contract
+from runtime.node.settings import SettingsError, load_settings
 
 S3_SITE = Path(__file__).resolve().parent / "s3_site"
 MODEL_URI = "s3://flotilla-models/llama/v1"
@@ -27,9 +27,17 @@ NEURON = {**STATIC, contract.ENV_ENGINE: "neuron", contract.ENV_MODEL_URI: MODEL
 
 
 def test_neuron_settings_come_from_the_environment_with_neuron_timeouts():
-    s = load_settings([], {**NEURON, contract.ENV_COMPILE_CACHE_URI: "s3://cache/prefix/",
-                           contract.ENV_INSTANCE_TYPE: "trn1n.32xlarge", "FLOTILLA_NEURON_SEQ_LEN": "8192",
-                           "FLOTILLA_NEURON_CP_DEGREE": "4", contract.ENV_MODEL_NAME: "llama"})
+    s = load_settings(
+        [],
+        {
+            **NEURON,
+            contract.ENV_COMPILE_CACHE_URI: "s3://cache/prefix/",
+            contract.ENV_INSTANCE_TYPE: "trn1n.32xlarge",
+            "FLOTILLA_NEURON_SEQ_LEN": "8192",
+            "FLOTILLA_NEURON_CP_DEGREE": "4",
+            contract.ENV_MODEL_NAME: "llama",
+        },
+    )
     n = s.neuron
     assert (n.model_uri, n.compile_cache_uri, n.instance_type) == (MODEL_URI, "s3://cache/prefix/", "trn1n.32xlarge")
     assert (n.seq_len, n.batch_size, n.cp_degree, n.attention_dp_degree) == (8192, 8, 4, "auto")
@@ -39,18 +47,21 @@ def test_neuron_settings_come_from_the_environment_with_neuron_timeouts():
     assert load_settings([], STATIC).neuron is None and load_settings([], STATIC).form_timeout_s == 600.0
 
 
-@pytest.mark.parametrize("env, names", [
-    ({contract.ENV_MODEL_URI: ""}, [contract.ENV_MODEL_URI, "required with engine=neuron", "artifacts publish"]),
-    ({contract.ENV_MODEL_URI: "/models/llama"}, [contract.ENV_MODEL_URI, "not an S3 URI", "s3://bucket/prefix"]),
-    ({contract.ENV_COMPILE_CACHE_URI: "s3://"}, [contract.ENV_COMPILE_CACHE_URI, "not an S3 URI"]),
-    ({contract.ENV_INSTANCE_TYPE: "p4d.24xlarge"}, [contract.ENV_INSTANCE_TYPE, "trn1.32xlarge, trn1n.32xlarge"]),
-    ({"FLOTILLA_NEURON_SEQ_LEN": "0"}, ["FLOTILLA_NEURON_SEQ_LEN", ">= 1"]),
-    ({"FLOTILLA_NEURON_BATCH_SIZE": "eight"}, ["FLOTILLA_NEURON_BATCH_SIZE", "whole number"]),
-    ({"FLOTILLA_NEURON_CP_DEGREE": "half"}, ["FLOTILLA_NEURON_CP_DEGREE", "or auto"]),
-    ({"FLOTILLA_NEURON_ATTENTION_DP_DEGREE": "0"}, ["FLOTILLA_NEURON_ATTENTION_DP_DEGREE", "or auto"]),
-    ({"FLOTILLA_NEURON_ENGINE_PORT": "18000"}, ["FLOTILLA_NEURON_ENGINE_PORT", "equals the HTTP port"]),
-    ({"FLOTILLA_NEURON_MODEL_DIR": "model"}, ["FLOTILLA_NEURON_MODEL_DIR", "absolute path"]),
-])
+@pytest.mark.parametrize(
+    "env, names",
+    [
+        ({contract.ENV_MODEL_URI: ""}, [contract.ENV_MODEL_URI, "required with engine=neuron", "artifacts publish"]),
+        ({contract.ENV_MODEL_URI: "/models/llama"}, [contract.ENV_MODEL_URI, "not an S3 URI", "s3://bucket/prefix"]),
+        ({contract.ENV_COMPILE_CACHE_URI: "s3://"}, [contract.ENV_COMPILE_CACHE_URI, "not an S3 URI"]),
+        ({contract.ENV_INSTANCE_TYPE: "p4d.24xlarge"}, [contract.ENV_INSTANCE_TYPE, "trn1.32xlarge, trn1n.32xlarge"]),
+        ({"FLOTILLA_NEURON_SEQ_LEN": "0"}, ["FLOTILLA_NEURON_SEQ_LEN", ">= 1"]),
+        ({"FLOTILLA_NEURON_BATCH_SIZE": "eight"}, ["FLOTILLA_NEURON_BATCH_SIZE", "whole number"]),
+        ({"FLOTILLA_NEURON_CP_DEGREE": "half"}, ["FLOTILLA_NEURON_CP_DEGREE", "or auto"]),
+        ({"FLOTILLA_NEURON_ATTENTION_DP_DEGREE": "0"}, ["FLOTILLA_NEURON_ATTENTION_DP_DEGREE", "or auto"]),
+        ({"FLOTILLA_NEURON_ENGINE_PORT": "18000"}, ["FLOTILLA_NEURON_ENGINE_PORT", "equals the HTTP port"]),
+        ({"FLOTILLA_NEURON_MODEL_DIR": "model"}, ["FLOTILLA_NEURON_MODEL_DIR", "absolute path"]),
+    ],
+)
 def test_bad_neuron_settings_name_the_setting_and_the_fix(env, names):
     with pytest.raises(SettingsError) as e:
         load_settings([], {**NEURON, **env})
@@ -73,18 +84,29 @@ def neuron_unit(tmp_path, request, new_unit):
     """start(world_size=1, **env) -> (a started neuron unit, the stand-in's request log)."""
     src = make_checkpoint(tmp_path / "published", getattr(request, "param", LLAMA_3_8B))
     log = tmp_path / "standin.jsonl"
-    env = {contract.ENV_MODEL_URI: MODEL_URI, contract.ENV_MODEL_NAME: "llama",
-           "FLOTILLA_NEURON_SEQ_LEN": "256", "FLOTILLA_NEURON_BATCH_SIZE": "4",
-           "FLOTILLA_NEURON_MODEL_DIR": str(tmp_path / "model"),
-           "FLOTILLA_NEURON_COMPILED_DIR": str(tmp_path / "compiled"),
-           "FLOTILLA_NEURON_ENGINE_PORT": str(free_port()), "FLOTILLA_NEURON_LAUNCHER": STANDIN_LAUNCHER,
-           "FLOTILLA_NEURON_SDK_VERSION": "2.31.1", "FLOTILLA_FORM_TIMEOUT_S": "90",
-           "STANDIN_S3_SEED_DIR": str(src), "STANDIN_S3_SEED_URI": MODEL_URI, "STANDIN_LOG": str(log),
-           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        contract.ENV_MODEL_URI: MODEL_URI,
+        contract.ENV_MODEL_NAME: "llama",
+        "FLOTILLA_NEURON_SEQ_LEN": "256",
+        "FLOTILLA_NEURON_BATCH_SIZE": "4",
+        "FLOTILLA_NEURON_MODEL_DIR": str(tmp_path / "model"),
+        "FLOTILLA_NEURON_COMPILED_DIR": str(tmp_path / "compiled"),
+        "FLOTILLA_NEURON_ENGINE_PORT": str(free_port()),
+        "FLOTILLA_NEURON_LAUNCHER": STANDIN_LAUNCHER,
+        "FLOTILLA_NEURON_SDK_VERSION": "2.31.1",
+        "FLOTILLA_FORM_TIMEOUT_S": "90",
+        "STANDIN_S3_SEED_DIR": str(src),
+        "STANDIN_S3_SEED_URI": MODEL_URI,
+        "STANDIN_LOG": str(log),
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
 
     def start(world_size: int = 1, **extra: str):
         unit = new_unit(world_size=world_size, engine="neuron", PYTHONPATH=str(S3_SITE), **{**env, **extra})
         return unit.start(), log
+
     return start
 
 
@@ -102,8 +124,10 @@ def _sse(resp) -> list:
 def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron_unit):
     unit, log = neuron_unit()
     unit.wait_ready(timeout=90)
-    with _post(unit.url + "/completions", {"model": "llama", "prompt": "hello flotilla", "max_tokens": 3,
-                                          "stream": True, "temperature": 0}) as r:
+    with _post(
+        unit.url + "/completions",
+        {"model": "llama", "prompt": "hello flotilla", "max_tokens": 3, "stream": True, "temperature": 0},
+    ) as r:
         events = _sse(r)
     ids = word_ids("hello flotilla")
     expected = [f"[{ids[-1] + i}]" for i in (1, 2, 3)]
@@ -128,12 +152,13 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
 def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_unit):
     unit, _log = neuron_unit(STANDIN_DIE_AFTER="2")
     unit.wait_ready(timeout=90)
-    with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 50,
-                                          "stream": True}, timeout=20) as r:
+    with _post(
+        unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 50, "stream": True}, timeout=20
+    ) as r:
         events = _sse(r)
     assert [e["choices"][0]["text"] for e in events if isinstance(e, dict) and e.get("choices")] == ["[4]", "[5]"]
     assert "[DONE]" not in events and "error" in events[-1]
-    assert unit.leader.ready()[0] != 200                   # not ready before the client could retry here
+    assert unit.leader.ready()[0] != 200  # not ready before the client could retry here
     # One fresh engine process (and stand-in) per formation: the unit serves again.
     unit.wait_ready(timeout=90)
     reform = unit.leader.log_events("unit_reform")
@@ -156,6 +181,7 @@ def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it
 
     def entries(key):
         return [e for e in map(json.loads, log.read_text().splitlines()) if key in e]
+
     (worker,) = entries("follower")
     assert worker["follower"] == 1
     assert worker["env"]["NEURON_RANK_ID"] == "1" and worker["env"]["WORLD_SIZE"] == "2"
@@ -167,20 +193,20 @@ def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
         assert json.load(r)["choices"][0]["text"] == "[4][5]"
 
-    os.kill(worker["pid"], signal.SIGKILL)             # the follower's worker dies
+    os.kill(worker["pid"], signal.SIGKILL)  # the follower's worker dies
     deadline = time.monotonic() + 30
     while unit.leader.ready()[0] == 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert unit.leader.ready()[0] != 200
     unit.wait_ready(timeout=120)
-    assert len(entries("follower")) == 2 and len(entries("server")) == 2   # fresh processes per formation
-    assert not _alive(server["pid"])                    # the old formation's vLLM stand-in is gone
+    assert len(entries("follower")) == 2 and len(entries("server")) == 2  # fresh processes per formation
+    assert not _alive(server["pid"])  # the old formation's vLLM stand-in is gone
     new_pids = [e["pid"] for e in entries("follower")[1:] + entries("server")[1:]]
     unit.stop()
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in new_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in new_pids)          # stopping the unit leaves no engine behind
+    assert not any(_alive(p) for p in new_pids)  # stopping the unit leaves no engine behind
 
 
 @pytest.mark.parametrize("neuron_unit", [SMOLLM2_135M], indirect=True)
@@ -190,7 +216,7 @@ def test_a_node_with_an_impossible_layout_says_why_and_never_fetches_the_weights
     assert unit.leader.wait(timeout=60) == 1, unit.dump_logs()
     (broken,) = [e for e in unit.leader.log_events("unit_state") if e["new"] == "broken"]
     assert "refused before fetching weights" in broken["reason"] and "num_attention_heads=9" in broken["reason"]
-    assert "raise --batch-size" in broken["reason"]      # the planner's fix, in the node's own flag names
+    assert "raise --batch-size" in broken["reason"]  # the planner's fix, in the node's own flag names
     assert unit.leader.log_events("restart_budget_exhausted")
     assert unit.leader.log_events("node_listening")[0]["model"] == MODEL_URI
     assert not (tmp_path / "model" / "model.safetensors").exists() and not log.exists()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from runtime.artifacts import publish
 from s3_fixture import BUCKET, URI
 
+from runtime.artifacts import publish
 
-def test_prepare_rank_plans_from_config_then_fetches_and_a_restart_hits_the_compile_cache(
-        s3, tmp_path, checkpoint):
+
+def test_prepare_rank_plans_from_config_then_fetches_and_a_restart_hits_the_compile_cache(s3, tmp_path, checkpoint):
     from runtime.engines.neuron import NeuronOptions
     from runtime.engines.neuron.prepare import prepare_rank, store_compiled
     from runtime.membership import Membership
@@ -19,21 +18,28 @@ def test_prepare_rank_plans_from_config_then_fetches_and_a_restart_hits_the_comp
     model_src = checkpoint("llama-3.1-70b")
     (model_src / "model.safetensors").write_bytes(os.urandom(2000))
     publish(model_src, URI, s3=s3)
-    membership = Membership(unit_id="u", revision="r", rank=1, world_size=2,
-                            dist_host="10.1.0.10", dist_port=29500)
+    membership = Membership(unit_id="u", revision="r", rank=1, world_size=2, dist_host="10.1.0.10", dist_port=29500)
     cache_uri = f"s3://{BUCKET}/compiled"
 
     def prepare(node: str):
         options = NeuronOptions(compiled_artifacts_dir=str(tmp_path / node / "compiled"))
-        return prepare_rank(membership, model_uri=URI, model_dir=tmp_path / node / "model",
-                            instance_type="trn1.32xlarge", options=options, s3=s3,
-                            compile_cache_uri=cache_uri, neuron_sdk_version="2.31.1")
+        return prepare_rank(
+            membership,
+            model_uri=URI,
+            model_dir=tmp_path / node / "model",
+            instance_type="trn1.32xlarge",
+            options=options,
+            s3=s3,
+            compile_cache_uri=cache_uri,
+            neuron_sdk_version="2.31.1",
+        )
 
     first = prepare("node-a")
     assert first.plan.start_rank_id == 32 and first.compile_cache_hit is False
-    assert (tmp_path / "node-a" / "model" / "model.safetensors").read_bytes() == \
-        (model_src / "model.safetensors").read_bytes()
-    compiled = tmp_path / "node-a" / "compiled"   # what NxD Inference would have written
+    assert (tmp_path / "node-a" / "model" / "model.safetensors").read_bytes() == (
+        model_src / "model.safetensors"
+    ).read_bytes()
+    compiled = tmp_path / "node-a" / "compiled"  # what NxD Inference would have written
     compiled.mkdir(parents=True)
     (compiled / "model.pt").write_bytes(b"neff")
     assert store_compiled(first, compile_cache_uri=cache_uri, compiled_dir=compiled, s3=s3)
@@ -44,8 +50,7 @@ def test_prepare_rank_plans_from_config_then_fetches_and_a_restart_hits_the_comp
     assert not store_compiled(restarted, compile_cache_uri=cache_uri, compiled_dir=compiled, s3=s3)
 
 
-def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, tmp_path,
-                                                                          checkpoint):
+def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, tmp_path, checkpoint):
     from runtime.engines.neuron import NeuronOptions, NeuronPlanError
     from runtime.engines.neuron.prepare import prepare_rank
     from runtime.membership import Membership
@@ -53,10 +58,14 @@ def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, t
     model_src = checkpoint("llama-3.1-70b")
     (model_src / "model.safetensors").write_bytes(os.urandom(2000))
     publish(model_src, URI, s3=s3)
-    membership = Membership(unit_id="u", revision="r", rank=0, world_size=4,
-                            dist_host="10.1.0.10", dist_port=29500)
+    membership = Membership(unit_id="u", revision="r", rank=0, world_size=4, dist_host="10.1.0.10", dist_port=29500)
     with pytest.raises(NeuronPlanError, match=r"cp_degree=1 leaves 128 ranks"):
-        prepare_rank(membership, model_uri=URI, model_dir=tmp_path / "model",
-                     instance_type="trn1.32xlarge",
-                     options=NeuronOptions(cp_degree=1, attention_dp_degree=2), s3=s3)
+        prepare_rank(
+            membership,
+            model_uri=URI,
+            model_dir=tmp_path / "model",
+            instance_type="trn1.32xlarge",
+            options=NeuronOptions(cp_degree=1, attention_dp_degree=2),
+            s3=s3,
+        )
     assert not (tmp_path / "model").exists()

@@ -21,6 +21,7 @@ def test_follower_loop_without_vllm_names_the_neuron_image(monkeypatch, capsys):
         if name.startswith("vllm"):
             raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
+
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     assert worker.main([]) == 2
     assert "runtime/Dockerfile.neuron" in capsys.readouterr().err

@@ -28,9 +28,17 @@ def follower() -> None:
     """Follower rank (NEURON_RANK_ID > 0, the plan's worker command): log, then wait to be killed."""
     if os.environ.get("STANDIN_LOG"):
         with open(os.environ["STANDIN_LOG"], "a") as f:
-            f.write(json.dumps({"follower": int(os.environ["NEURON_RANK_ID"]), "pid": os.getpid(),
-                                "argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
-                                                              if k.startswith(("NEURON_", "MASTER_", "WORLD_"))}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "follower": int(os.environ["NEURON_RANK_ID"]),
+                        "pid": os.getpid(),
+                        "argv": sys.argv[1:],
+                        "env": {k: v for k, v in os.environ.items() if k.startswith(("NEURON_", "MASTER_", "WORLD_"))},
+                    }
+                )
+                + "\n"
+            )
     while True:
         time.sleep(60)
 
@@ -64,26 +72,30 @@ def main() -> None:
         return web.Response(status=200 if ok else 503)
 
     async def metrics(_r: web.Request) -> web.Response:
-        return web.Response(text=f"vllm:num_requests_running{{model_name=\"{args.served_model_name}\"}} {running[0]}.0\n"
-                                 f"vllm:num_requests_waiting{{model_name=\"{args.served_model_name}\"}} 0.0\n"
-                                 f"vllm:kv_cache_usage_perc{{model_name=\"{args.served_model_name}\"}} 0.25\n")
+        return web.Response(
+            text=f'vllm:num_requests_running{{model_name="{args.served_model_name}"}} {running[0]}.0\n'
+            f'vllm:num_requests_waiting{{model_name="{args.served_model_name}"}} 0.0\n'
+            f'vllm:kv_cache_usage_perc{{model_name="{args.served_model_name}"}} 0.25\n'
+        )
 
     async def completions(r: web.Request) -> web.StreamResponse:
         body = await r.json()
         if os.environ.get("STANDIN_LOG"):
             with open(os.environ["STANDIN_LOG"], "a") as f:
-                f.write(json.dumps({"body": body, "request_id": r.headers.get("X-Request-Id"),
-                                    "pid": os.getpid()}) + "\n")
+                f.write(
+                    json.dumps({"body": body, "request_id": r.headers.get("X-Request-Id"), "pid": os.getpid()}) + "\n"
+                )
         prompt = body.get("prompt")
         if body.get("model") != args.served_model_name:
-            return web.json_response({"error": {"message": f"model {body.get('model')!r} does not exist"}},
-                                     status=404)
+            return web.json_response({"error": {"message": f"model {body.get('model')!r} does not exist"}}, status=404)
         if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
             return web.json_response({"error": {"message": "stand-in expects token ids"}}, status=400)
         n = int(body.get("max_tokens") or 16)
         if len(prompt) + n > args.max_model_len:
-            return web.json_response({"error": {"message": "This model's maximum context length is "
-                                                f"{args.max_model_len} tokens"}}, status=400)
+            return web.json_response(
+                {"error": {"message": f"This model's maximum context length is {args.max_model_len} tokens"}},
+                status=400,
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         running[0] += 1
@@ -93,13 +105,23 @@ def main() -> None:
                     sys.stderr.flush()
                     os._exit(1)
                 tid = prompt[-1] + 1 + i
-                chunk = {"id": "cmpl-standin", "object": "text_completion", "model": args.served_model_name,
-                         "choices": [{"index": 0, "text": f"[{tid}]", "token_ids": [tid],
-                                      "finish_reason": "length" if i == n - 1 else None}]}
+                chunk = {
+                    "id": "cmpl-standin",
+                    "object": "text_completion",
+                    "model": args.served_model_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": f"[{tid}]",
+                            "token_ids": [tid],
+                            "finish_reason": "length" if i == n - 1 else None,
+                        }
+                    ],
+                }
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(float(os.environ.get("STANDIN_TOKEN_DELAY", "0.02")))
             await resp.write(b"data: [DONE]\n\n")
-        except ConnectionError:   # the client closed the request: vLLM aborts it the same way
+        except ConnectionError:  # the client closed the request: vLLM aborts it the same way
             if os.environ.get("STANDIN_LOG"):
                 with open(os.environ["STANDIN_LOG"], "a") as f:
                     f.write(json.dumps({"aborted": r.headers.get("X-Request-Id")}) + "\n")

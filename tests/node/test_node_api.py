@@ -9,10 +9,9 @@ import urllib.request
 
 import openai
 import pytest
-
-import contract
 from nodeproc import get_json, wait_for
 
+import contract
 
 PROMPTS = [f"prompt number {i}: the quick brown fox" + " jumps" * i for i in range(8)]
 
@@ -28,8 +27,12 @@ def test_models_lists_the_served_model(shared_unit):
 
 def test_chat_completion_keeps_the_client_request_id_in_header_and_body(shared_unit):
     raw = client(shared_unit).chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=12, temperature=0,
-        extra_headers={contract.REQUEST_ID_HEADER: "client-chosen-id-1"})
+        model="tiny",
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=12,
+        temperature=0,
+        extra_headers={contract.REQUEST_ID_HEADER: "client-chosen-id-1"},
+    )
     c = raw.parse()
     assert raw.headers[contract.REQUEST_ID_HEADER] == "client-chosen-id-1" == c.id
     assert raw.headers[contract.UNIT_HEADER] == "unit-t" and raw.headers[contract.REVISION_HEADER] == "r1"
@@ -49,11 +52,20 @@ def test_a_request_without_an_id_gets_a_generated_one(shared_unit):
 def test_streamed_chat_equals_the_non_streamed_greedy_answer(shared_unit):
     cl = client(shared_unit)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "name a colour"}]
-    full = cl.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0,
-                                      extra_body={"ignore_eos": True})
-    chunks = list(cl.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True}))
+    full = cl.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
+    chunks = list(
+        cl.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == full.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == 24 == full.usage.completion_tokens
@@ -63,10 +75,19 @@ def test_streamed_chat_equals_the_non_streamed_greedy_answer(shared_unit):
 
 def test_streamed_completion_equals_the_non_streamed_greedy_answer(shared_unit):
     cl = client(shared_unit)
-    full = cl.completions.create(model="tiny", prompt="once upon a time", max_tokens=20, temperature=0,
-                                 extra_body={"ignore_eos": True})
-    chunks = list(cl.completions.create(model="tiny", prompt="once upon a time", max_tokens=20, temperature=0,
-                                        stream=True, extra_body={"ignore_eos": True}))
+    full = cl.completions.create(
+        model="tiny", prompt="once upon a time", max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+    )
+    chunks = list(
+        cl.completions.create(
+            model="tiny",
+            prompt="once upon a time",
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(ch.choices[0].text for ch in chunks) == full.choices[0].text
     assert full.usage.completion_tokens == 20 and full.choices[0].finish_reason == "length"
 
@@ -78,8 +99,15 @@ def _engine_alone(prompts: list[str], max_tokens: int) -> list[str]:
     from runtime.membership import Member, Membership
 
     async def run() -> list[str]:
-        m = Membership(unit_id="alone", revision="x", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1,
-                       members=(Member(rank=0, host="127.0.0.1", api_port=1),))
+        m = Membership(
+            unit_id="alone",
+            revision="x",
+            rank=0,
+            world_size=1,
+            dist_host="127.0.0.1",
+            dist_port=1,
+            members=(Member(rank=0, host="127.0.0.1", api_port=1),),
+        )
         eng = ReferenceEngine(m, model="tiny", threads=1)
         await eng.start()
         out = []
@@ -97,9 +125,14 @@ def _engine_alone(prompts: list[str], max_tokens: int) -> list[str]:
 
 def test_eight_concurrent_streams_give_the_engine_alone_greedy_tokens(shared_unit):
     async def one(cl: openai.AsyncOpenAI, p: str) -> str:
-        stream = await cl.chat.completions.create(model="tiny", messages=[{"role": "user", "content": p}],
-                                                  max_tokens=16, temperature=0, stream=True,
-                                                  extra_body={"ignore_eos": True})
+        stream = await cl.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": p}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         return "".join([ch.choices[0].delta.content or "" async for ch in stream])
 
     async def all_at_once() -> list[str]:
@@ -115,16 +148,25 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
         status, body = m.ready()
         assert status == 200
         assert set(body) == {"ready", "state", "unit", "revision", "rank", "world_size", "role", "cell", "load"}
-        assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) \
-            == (True, "ready", "unit-t", "r1", m.rank, 2)
+        assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) == (
+            True,
+            "ready",
+            "unit-t",
+            "r1",
+            m.rank,
+            2,
+        )
         assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
         assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used"}
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
 
 
 def test_followers_refuse_api_requests_and_point_at_the_leader(shared_unit):
-    req = urllib.request.Request(shared_unit.members[1].url + "/v1/completions", method="POST",
-                                 data=json.dumps({"model": "tiny", "prompt": "x"}).encode())
+    req = urllib.request.Request(
+        shared_unit.members[1].url + "/v1/completions",
+        method="POST",
+        data=json.dumps({"model": "tiny", "prompt": "x"}).encode(),
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 421 and "leader" in json.load(e.value)["error"]["message"]
@@ -132,32 +174,56 @@ def test_followers_refuse_api_requests_and_point_at_the_leader(shared_unit):
 
 def test_metrics_and_logs_record_arrival_first_token_and_finish(shared_unit):
     cl = client(shared_unit)
-    cl.completions.create(model="tiny", prompt="metrics please", max_tokens=4,
-                          extra_headers={contract.REQUEST_ID_HEADER: "metrics-probe-1"})
+    cl.completions.create(
+        model="tiny",
+        prompt="metrics please",
+        max_tokens=4,
+        extra_headers={contract.REQUEST_ID_HEADER: "metrics-probe-1"},
+    )
     with urllib.request.urlopen(shared_unit.leader.url + contract.METRICS_PATH, timeout=5) as r:
         text = r.read().decode()
-    for name in ("flotilla_requests_total", "flotilla_time_to_first_token_seconds_bucket",
-                 "flotilla_time_per_output_token_seconds_bucket", "flotilla_queue_depth",
-                 "flotilla_running_sequences", "flotilla_kv_cache_used_ratio", "flotilla_request_errors_total"):
+    for name in (
+        "flotilla_requests_total",
+        "flotilla_time_to_first_token_seconds_bucket",
+        "flotilla_time_per_output_token_seconds_bucket",
+        "flotilla_queue_depth",
+        "flotilla_running_sequences",
+        "flotilla_kv_cache_used_ratio",
+        "flotilla_request_errors_total",
+    ):
         assert name in text
     assert 'flotilla_requests_total{endpoint="/v1/completions",status="200"}' in text
-    rec = wait_for(lambda: [e for e in shared_unit.leader.log_events("request")
-                            if e["request_id"] == "metrics-probe-1"], timeout=10, what="the request log line")[0]
+    rec = wait_for(
+        lambda: [e for e in shared_unit.leader.log_events("request") if e["request_id"] == "metrics-probe-1"],
+        timeout=10,
+        what="the request log line",
+    )[0]
     assert rec["arrival"] <= rec["first_token"] <= rec["finish"]
     assert (rec["status"], rec["completion_tokens"], rec["unit"], rec["revision"]) == (200, 4, "unit-t", "r1")
 
 
 def test_a_client_that_disconnects_cancels_its_request(shared_unit):
     cl = client(shared_unit)
-    stream = cl.completions.create(model="tiny", prompt="a long one", max_tokens=2000, stream=True,
-                                   extra_body={"ignore_eos": True},
-                                   extra_headers={contract.REQUEST_ID_HEADER: "walks-away-1"})
+    stream = cl.completions.create(
+        model="tiny",
+        prompt="a long one",
+        max_tokens=2000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        extra_headers={contract.REQUEST_ID_HEADER: "walks-away-1"},
+    )
     for i, _ in enumerate(stream):
         if i == 2:
             break
     stream.close()
-    rec = wait_for(lambda: [e for e in shared_unit.leader.log_events("request")
-                            if e["request_id"] == "walks-away-1"], timeout=20, what="the cancelled request")[0]
+    rec = wait_for(
+        lambda: [e for e in shared_unit.leader.log_events("request") if e["request_id"] == "walks-away-1"],
+        timeout=20,
+        what="the cancelled request",
+    )[0]
     assert rec["error_kind"] == "client_disconnected" and rec["completion_tokens"] < 2000
-    wait_for(lambda: get_json(shared_unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 0,
-             timeout=20, what="the cancelled sequence to leave the batch")
+    wait_for(
+        lambda: get_json(shared_unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 0,
+        timeout=20,
+        what="the cancelled sequence to leave the batch",
+    )

@@ -18,8 +18,9 @@ OK_MSGS = [{"role": "user", "content": "hi"}]
 
 def post(unit, path: str, body, *, raw: bytes | None = None, timeout: float = 30.0) -> tuple[int, dict]:
     data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(unit.url + path, data=data, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        unit.url + path, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null") if "json" in r.headers.get("Content-Type", "") else {}
@@ -93,13 +94,28 @@ def test_bad_input_gets_an_openai_error_naming_the_parameter(shared_unit, path, 
     assert len(err["error"]["message"]) > 10 and "\n" not in err["error"]["message"]
 
 
-@pytest.mark.parametrize("path, body", [
-    (CHAT, chat(frobnicate=1, messages=[{"role": "user", "content": "hi", "name": "ann"}])),
-    (COMP, comp(frobnicate={"a": 1})),
-    (CHAT, chat(stream=None, temperature=None, top_p=None, stop=None, presence_penalty=None, tools=[],
-                tool_choice="none", logprobs=False, response_format={"type": "text"})),
-    (COMP, comp(prompt=[[5, 6, 7]], echo=False, suffix="", best_of=1, n=1)),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (CHAT, chat(frobnicate=1, messages=[{"role": "user", "content": "hi", "name": "ann"}])),
+        (COMP, comp(frobnicate={"a": 1})),
+        (
+            CHAT,
+            chat(
+                stream=None,
+                temperature=None,
+                top_p=None,
+                stop=None,
+                presence_penalty=None,
+                tools=[],
+                tool_choice="none",
+                logprobs=False,
+                response_format={"type": "text"},
+            ),
+        ),
+        (COMP, comp(prompt=[[5, 6, 7]], echo=False, suffix="", best_of=1, n=1)),
+    ],
+)
 def test_unknown_fields_and_neutral_values_of_unsupported_ones_are_accepted(shared_unit, path, body):
     got, out = post(shared_unit, path, body)
     assert got == 200, out
@@ -125,20 +141,48 @@ def test_an_oversized_body_gets_a_413(shared_unit):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False) | st.text(max_size=30),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=30),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
-FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
-          "stream", "stop", "seed", "stream_options", "ignore_eos", "logprobs", "tools", "echo", "user"]
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stop",
+    "seed",
+    "stream_options",
+    "ignore_eos",
+    "logprobs",
+    "tools",
+    "echo",
+    "user",
+]
 
 
 def bodies(base):
     field_values = {
         "model": st.sampled_from(["tiny", "other", ""]) | json_values,
-        "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot"]) | json_values,
-                                                     "content": st.text(max_size=40) | json_values}), max_size=3)
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "system", "bot"]) | json_values,
+                    "content": st.text(max_size=40) | json_values,
+                }
+            ),
+            max_size=3,
+        )
         | json_values,
         "prompt": st.text(max_size=40) | st.lists(st.integers(min_value=-5, max_value=400), max_size=6) | json_values,
         "max_tokens": st.integers(min_value=-2, max_value=6) | json_values,
@@ -146,7 +190,9 @@ def bodies(base):
     }
     return st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6).flatmap(
         lambda extra: st.fixed_dictionaries({k: field_values.get(k, json_values) for k in ("model", "max_tokens")}).map(
-            lambda fixed: {**base, **extra, **fixed}))
+            lambda fixed: {**base, **extra, **fixed}
+        )
+    )
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -154,7 +200,7 @@ def bodies(base):
 def test_fuzzed_request_bodies_never_get_a_500_or_hang(shared_unit, body, path):
     body.setdefault("max_tokens", 4)
     if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
-        body["max_tokens"] = min(body["max_tokens"], 8)   # keep valid generations short
+        body["max_tokens"] = min(body["max_tokens"], 8)  # keep valid generations short
     body.pop("max_completion_tokens", None)
     status, out = post(shared_unit, path, body, timeout=30)
     assert status < 500, (body, out)

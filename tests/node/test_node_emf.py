@@ -7,9 +7,9 @@ import json
 
 import openai
 import pytest
+from nodeproc import wait_for
 
 import contract
-from nodeproc import wait_for
 from runtime import emf
 
 SERVICE, CELL = contract.METRIC_DIM_SERVICE, contract.METRIC_DIM_CELL
@@ -21,9 +21,12 @@ def client(unit) -> openai.OpenAI:
 
 
 def the_line_of(unit, request_id: str) -> dict:
-    lines = wait_for(lambda: [x for x in unit.leader.emf_lines() if x.get("request_id") == request_id],
-                     timeout=10, what=f"the EMF line of {request_id}")
-    assert len(lines) == 1, lines   # exactly one line per request
+    lines = wait_for(
+        lambda: [x for x in unit.leader.emf_lines() if x.get("request_id") == request_id],
+        timeout=10,
+        what=f"the EMF line of {request_id}",
+    )
+    assert len(lines) == 1, lines  # exactly one line per request
     return lines[0]
 
 
@@ -38,8 +41,13 @@ def assert_request_line_shape(line: dict, *, cell: str) -> None:
 
 def test_a_completion_writes_one_emf_line_with_its_time_to_first_token_and_output_tokens(shared_unit):
     raw = client(shared_unit).chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "count to seven"}], max_tokens=7, temperature=0,
-        extra_body={"ignore_eos": True}, extra_headers={contract.REQUEST_ID_HEADER: "emf-plain-1"})
+        model="tiny",
+        messages=[{"role": "user", "content": "count to seven"}],
+        max_tokens=7,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        extra_headers={contract.REQUEST_ID_HEADER: "emf-plain-1"},
+    )
     usage = raw.parse().usage
     line = the_line_of(shared_unit, "emf-plain-1")
     assert_request_line_shape(line, cell="cell-t")
@@ -52,10 +60,18 @@ def test_a_completion_writes_one_emf_line_with_its_time_to_first_token_and_outpu
 
 
 def test_a_streamed_completion_writes_its_line_at_the_end(shared_unit):
-    chunks = list(client(shared_unit).completions.create(
-        model="tiny", prompt="stream and count", max_tokens=5, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        extra_headers={contract.REQUEST_ID_HEADER: "emf-stream-1"}))
+    chunks = list(
+        client(shared_unit).completions.create(
+            model="tiny",
+            prompt="stream and count",
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            extra_headers={contract.REQUEST_ID_HEADER: "emf-stream-1"},
+        )
+    )
     line = the_line_of(shared_unit, "emf-stream-1")
     assert_request_line_shape(line, cell="cell-t")
     assert line[TOKENS] == chunks[-1].usage.completion_tokens == 5
@@ -63,17 +79,25 @@ def test_a_streamed_completion_writes_its_line_at_the_end(shared_unit):
 
 
 def test_followers_write_no_metric_lines(shared_unit):
-    client(shared_unit).completions.create(model="tiny", prompt="x", max_tokens=2,
-                                           extra_headers={contract.REQUEST_ID_HEADER: "emf-follower-1"})
+    client(shared_unit).completions.create(
+        model="tiny", prompt="x", max_tokens=2, extra_headers={contract.REQUEST_ID_HEADER: "emf-follower-1"}
+    )
     the_line_of(shared_unit, "emf-follower-1")
     assert shared_unit.members[1].emf_lines() == []
 
 
 def test_without_a_cell_a_line_carries_only_the_fleet_wide_dimension_set():
     line = json.loads(emf.request_line(request_id="r", cell="", output_tokens=3, ttft_ms=12.5, timestamp_s=1.5))
-    assert line["_aws"] == {"Timestamp": 1500, "CloudWatchMetrics": [{
-        "Namespace": "Flotilla", "Dimensions": [["Service"]],
-        "Metrics": [{"Name": TTFT, "Unit": "Milliseconds"}, {"Name": TOKENS, "Unit": "Count"}]}]}
+    assert line["_aws"] == {
+        "Timestamp": 1500,
+        "CloudWatchMetrics": [
+            {
+                "Namespace": "Flotilla",
+                "Dimensions": [["Service"]],
+                "Metrics": [{"Name": TTFT, "Unit": "Milliseconds"}, {"Name": TOKENS, "Unit": "Count"}],
+            }
+        ],
+    }
     assert CELL not in line and (line[TTFT], line[TOKENS], line["request_id"]) == (12.5, 3, "r")
 
 
@@ -83,11 +107,14 @@ def test_a_request_without_a_token_reports_output_tokens_only():
     assert TTFT not in line and line[TOKENS] == 0
 
 
-@pytest.mark.parametrize("metrics, message", [
-    ({"X": (float("nan"), "Count")}, "finite"),
-    ({"X": (1, "Seconds")}, "Milliseconds"),
-    ({}, "at least one metric"),
-])
+@pytest.mark.parametrize(
+    "metrics, message",
+    [
+        ({"X": (float("nan"), "Count")}, "finite"),
+        ({"X": (1, "Seconds")}, "Milliseconds"),
+        ({}, "at least one metric"),
+    ],
+)
 def test_a_bad_metric_is_refused_by_name(metrics, message):
     with pytest.raises(ValueError, match=message):
         emf.emf_line(metrics)

@@ -20,9 +20,17 @@ DOC = (Path(__file__).resolve().parents[2] / "docs" / "node.md").read_text()
 
 
 def ready_body(**over) -> ReadyBody:
-    fields = {"ready": True, "state": UnitState.READY, "unit": "cell0-unit0", "revision": "7", "rank": 0,
-              "world_size": 2, "role": Role.LEADER, "cell": "cell0",
-              "load": Load(queue_depth=1, running=2, max_running=16, kv_cache_used=0.25)}
+    fields = {
+        "ready": True,
+        "state": UnitState.READY,
+        "unit": "cell0-unit0",
+        "revision": "7",
+        "rank": 0,
+        "world_size": 2,
+        "role": Role.LEADER,
+        "cell": "cell0",
+        "load": Load(queue_depth=1, running=2, max_running=16, kv_cache_used=0.25),
+    }
     return ReadyBody(**{**fields, **over})
 
 
@@ -35,9 +43,17 @@ def test_the_states_and_roles_are_the_strings_docs_node_md_promises():
 
 def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
     wire = json.loads(json.dumps(ready_body(state=UnitState.DRAINING, role=Role.FOLLOWER, rank=1).to_dict()))
-    assert wire == {"ready": True, "state": "draining", "unit": "cell0-unit0", "revision": "7", "rank": 1,
-                    "world_size": 2, "role": "follower", "cell": "cell0",
-                    "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25}}
+    assert wire == {
+        "ready": True,
+        "state": "draining",
+        "unit": "cell0-unit0",
+        "revision": "7",
+        "rank": 1,
+        "world_size": 2,
+        "role": "follower",
+        "cell": "cell0",
+        "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25},
+    }
     assert {contract.ATTR_UNIT, contract.ATTR_REVISION, contract.ATTR_ROLE, contract.ATTR_CELL} <= set(wire)
 
 
@@ -50,25 +66,52 @@ def test_an_offer_names_follower_ranks_as_json_object_keys_and_reads_back():
 
 def test_a_member_status_is_the_ready_body_plus_the_handshake_and_reads_back():
     offer = Offer(formation="f1", dist_port=29500, boot_ids={1: "boot-a"})
-    st = MemberStatus(**dict(ready_body()), boot_id="boot-l", formation="f1", offer=offer, draining=False,
-                      engine_alive=True, engine_ready=True)
+    st = MemberStatus(
+        **dict(ready_body()),
+        boot_id="boot-l",
+        formation="f1",
+        offer=offer,
+        draining=False,
+        engine_alive=True,
+        engine_ready=True,
+    )
     wire = json.loads(json.dumps(st.to_dict()))
-    assert set(wire) == set(ready_body().to_dict()) | {"boot_id", "formation", "offer", "draining",
-                                                       "engine_alive", "engine_ready"}
+    assert set(wire) == set(ready_body().to_dict()) | {
+        "boot_id",
+        "formation",
+        "offer",
+        "draining",
+        "engine_alive",
+        "engine_ready",
+    }
     back = MemberStatus.from_dict(wire)
     assert back == st and back.state is UnitState.READY and back.role is Role.LEADER
 
 
 def test_a_status_from_a_newer_member_with_more_keys_still_reads():
-    st = MemberStatus(**dict(ready_body()), boot_id="b", formation=None, offer=None, draining=False,
-                      engine_alive=False, engine_ready=False)
+    st = MemberStatus(
+        **dict(ready_body()),
+        boot_id="b",
+        formation=None,
+        offer=None,
+        draining=False,
+        engine_alive=False,
+        engine_ready=False,
+    )
     assert MemberStatus.from_dict({**st.to_dict(), "added_later": {"x": 1}}) == st
 
 
 @pytest.mark.parametrize("change", [{"boot_id": None}, {"state": "sleeping"}, {"offer": {"formation": "f"}}])
 def test_a_status_in_another_shape_is_refused_with_a_value_error(change):
-    st = MemberStatus(**dict(ready_body()), boot_id="b", formation=None, offer=None, draining=False,
-                      engine_alive=False, engine_ready=False)
+    st = MemberStatus(
+        **dict(ready_body()),
+        boot_id="b",
+        formation=None,
+        offer=None,
+        draining=False,
+        engine_alive=False,
+        engine_ready=False,
+    )
     with pytest.raises(ValueError):
         MemberStatus.from_dict({**st.to_dict(), **change})
 
@@ -82,14 +125,29 @@ class _NeverJoins:
 
 
 def test_a_fresh_member_reports_forming_as_a_follower_until_ranked():
-    s = load_settings(["--peers", "127.0.0.1:18000,127.0.0.1:18001", "--rank", "1", "--unit", "u",
-                       "--revision", "r", "--cell", "c"], {})
+    s = load_settings(
+        ["--peers", "127.0.0.1:18000,127.0.0.1:18001", "--rank", "1", "--unit", "u", "--revision", "r", "--cell", "c"],
+        {},
+    )
     sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
     body = sup.ready_body().to_dict()
-    assert (body["ready"], body["state"], body["role"], body["rank"], body["world_size"], body["cell"]) == \
-        (False, "forming", "follower", 1, 2, "c")
+    assert (body["ready"], body["state"], body["role"], body["rank"], body["world_size"], body["cell"]) == (
+        False,
+        "forming",
+        "follower",
+        1,
+        2,
+        "c",
+    )
     status = sup.status_body().to_dict()
     assert (status["formation"], status["offer"], status["draining"]) == (None, None, False)
-    sup.membership = Membership(unit_id="u", revision="r", rank=0, world_size=1, dist_host="127.0.0.1",
-                                dist_port=29500, members=(Member(rank=0, host="127.0.0.1", api_port=18000),))
+    sup.membership = Membership(
+        unit_id="u",
+        revision="r",
+        rank=0,
+        world_size=1,
+        dist_host="127.0.0.1",
+        dist_port=29500,
+        members=(Member(rank=0, host="127.0.0.1", api_port=18000),),
+    )
     assert sup.ready_body().role is Role.LEADER

@@ -14,8 +14,18 @@ import contract
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "runtime" / "Dockerfile").read_text()
 # import name -> the runtime/requirements.txt package that provides it
-PROVIDED = {"torch", "transformers", "safetensors", "tokenizers", "aiohttp", "prometheus_client", "boto3",
-            "botocore", "numpy", "pydantic"}
+PROVIDED = {
+    "torch",
+    "transformers",
+    "safetensors",
+    "tokenizers",
+    "aiohttp",
+    "prometheus_client",
+    "boto3",
+    "botocore",
+    "numpy",
+    "pydantic",
+}
 
 
 def instructions(name: str) -> list[str]:
@@ -32,8 +42,9 @@ def in_context(path: str) -> bool:
         neg = pat.startswith("!")
         pat = pat.lstrip("!").rstrip("/")
         parts = Path(path).parts
-        hit = any(fnmatch.fnmatch("/".join(parts[:i]), pat) for i in range(1, len(parts) + 1)) \
-            or fnmatch.fnmatch(path, pat)
+        hit = any(fnmatch.fnmatch("/".join(parts[:i]), pat) for i in range(1, len(parts) + 1)) or fnmatch.fnmatch(
+            path, pat
+        )
         if hit:
             keep = neg
     return keep
@@ -48,8 +59,15 @@ def test_every_copied_path_exists_and_is_in_the_build_context():
 
 
 def test_virtualenvs_model_caches_and_cdk_output_stay_out_of_the_context():
-    for path in (".venv/lib/x.py", "node_modules/a.js", "cdk.out/t.json", ".flotilla/local.json", "tests/node/a.py",
-                 ".cache/flotilla/smollm2/model.safetensors", "runtime/__pycache__/x.pyc"):
+    for path in (
+        ".venv/lib/x.py",
+        "node_modules/a.js",
+        "cdk.out/t.json",
+        ".flotilla/local.json",
+        "tests/node/a.py",
+        ".cache/flotilla/smollm2/model.safetensors",
+        "runtime/__pycache__/x.pyc",
+    ):
         assert not in_context(path), path
 
 
@@ -66,16 +84,25 @@ def test_the_image_command_is_the_node_by_default():
 
 
 def test_node_modules_import_only_the_standard_library_and_runtime_requirements():
-    mine = [*(REPO / "runtime" / "node").glob("*.py"), *(REPO / "runtime" / "rendezvous").glob("*.py"),
-            REPO / "runtime" / "local.py"]
+    mine = [
+        *(REPO / "runtime" / "node").glob("*.py"),
+        *(REPO / "runtime" / "rendezvous").glob("*.py"),
+        REPO / "runtime" / "local.py",
+    ]
     reqs = (REPO / "runtime" / "requirements.txt").read_text()
     for name in PROVIDED - {"botocore"}:
         assert name.replace("_", "-") in reqs.replace("_", "-"), name
     for path in mine:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                else []
+            )
             for n in names:
                 top = n.split(".")[0]
-                assert top in sys.stdlib_module_names or top in PROVIDED or top in ("runtime", "contract"), \
+                assert top in sys.stdlib_module_names or top in PROVIDED or top in ("runtime", "contract"), (
                     f"{path.relative_to(REPO)} imports {n}, which the image does not install"
+                )

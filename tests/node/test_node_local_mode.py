@@ -18,13 +18,17 @@ def test_local_mode_serves_lists_its_processes_and_stops_cleanly_on_ctrl_c(tmp_p
         assert f"{local.url}/v1" in text and "curl -N" in text
         procs = local.processes()
         assert [(p["unit"], p["rank"], p["role"]) for p in procs] == [
-            ("local-unit0", 0, "leader"), ("local-unit0", 1, "follower"), (None, None, "router")]
+            ("local-unit0", 0, "leader"),
+            ("local-unit0", 1, "follower"),
+            (None, None, "router"),
+        ]
         assert procs[2]["ports"]["http"] == local.port and procs[0]["ports"]["api"] != local.port
         for p in procs:
-            os.kill(p["pid"], 0)                         # every listed pid is a live process
+            os.kill(p["pid"], 0)  # every listed pid is a live process
         body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
-        req = urllib.request.Request(f"{local.url}/v1/chat/completions", data=body.encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{local.url}/v1/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200 and json.load(r)["object"] == "chat.completion"
         local.ctrl_c(procs)
@@ -35,8 +39,9 @@ def test_local_mode_serves_lists_its_processes_and_stops_cleanly_on_ctrl_c(tmp_p
 
 def test_local_mode_gives_every_process_its_own_ports(tmp_path):
     from runtime.local import parse_args, plan_processes
+
     a = parse_args(["--model", "tiny", "--units", "3", "--port", "18080"])
     procs = plan_processes(a, tmp_path)
     ports = [p for proc in procs for p in proc.ports.values()]
     assert len(ports) == len(set(ports)) and 18080 in ports
-    assert [p for p in ports if p == 18080] == [procs[-1].ports["http"]]   # only the router is public
+    assert [p for p in ports if p == 18080] == [procs[-1].ports["http"]]  # only the router is public

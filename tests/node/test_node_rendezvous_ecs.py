@@ -25,8 +25,9 @@ class World:
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.ecs = boto3.client("ecs", region_name=REGION)
         ami = self.ec2.describe_images()["Images"][0]["ImageId"]
-        res = self.ec2.run_instances(ImageId=ami, MinCount=n_instances, MaxCount=n_instances,
-                                     InstanceType="trn1.32xlarge")
+        res = self.ec2.run_instances(
+            ImageId=ami, MinCount=n_instances, MaxCount=n_instances, InstanceType="trn1.32xlarge"
+        )
         self.instances = [i["InstanceId"] for i in res["Instances"]]
         self.ip = {i["InstanceId"]: i["PrivateIpAddress"] for i in res["Instances"]}
         self.cluster = self.ecs.create_cluster(clusterName="cell0")["cluster"]["clusterArn"]
@@ -35,19 +36,27 @@ class World:
         self.ci = {}
         for iid in self.instances:
             ci = self.ecs.register_container_instance(
-                cluster="cell0", instanceIdentityDocument=f'{{"instanceId": "{iid}"}}')["containerInstance"]
+                cluster="cell0", instanceIdentityDocument=f'{{"instanceId": "{iid}"}}'
+            )["containerInstance"]
             self.ci[iid] = ci["containerInstanceArn"]
 
     def register(self, family: str) -> str:
         return self.ecs.register_task_definition(
-            family=family, networkMode="host",
+            family=family,
+            networkMode="host",
             containerDefinitions=[{"name": "node", "image": "flotilla", "memory": 512}],
         )["taskDefinition"]["taskDefinitionArn"]
 
-    def start(self, iid: str, *, started_by: str = DEPLOYMENT, group: str = "service:unit0",
-              taskdef: str | None = None) -> str:
-        t = self.ecs.start_task(cluster="cell0", taskDefinition=taskdef or self.taskdef,
-                                containerInstances=[self.ci[iid]], startedBy=started_by, group=group)
+    def start(
+        self, iid: str, *, started_by: str = DEPLOYMENT, group: str = "service:unit0", taskdef: str | None = None
+    ) -> str:
+        t = self.ecs.start_task(
+            cluster="cell0",
+            taskDefinition=taskdef or self.taskdef,
+            containerInstances=[self.ci[iid]],
+            startedBy=started_by,
+            group=group,
+        )
         return t["tasks"][0]["taskArn"]
 
     def stop(self, task_arn: str) -> None:
@@ -61,26 +70,42 @@ def topology_client(paths: dict[str, list[str]], calls: int) -> InstanceTopology
     for _ in range(calls):
         stub.add_response(
             "describe_instance_topology",
-            {"Instances": [{"InstanceId": iid, "NetworkNodes": nodes, "InstanceType": "trn1.32xlarge"}
-                           for iid, nodes in sorted(paths.items())]},
+            {
+                "Instances": [
+                    {"InstanceId": iid, "NetworkNodes": nodes, "InstanceType": "trn1.32xlarge"}
+                    for iid, nodes in sorted(paths.items())
+                ]
+            },
         )
     stub.activate()
     return InstanceTopology(client)
 
 
-def rendezvous(w: World, task_arn: str, topology: InstanceTopology, *, world_size: int,
-               timeout_s: float = 5.0) -> EcsRendezvous:
-    return EcsRendezvous(unit_id="cell0-unit0", revision="r1", world_size=world_size, api_port=8000,
-                         dist_port=29500, ecs_client=w.ecs, ec2_client=w.ec2, topology=topology,
-                         metadata=lambda: {"Cluster": w.cluster, "TaskARN": task_arn,
-                                           "AvailabilityZone": "us-east-1a"},
-                         timeout_s=timeout_s, poll_s=0.05)
+def rendezvous(
+    w: World, task_arn: str, topology: InstanceTopology, *, world_size: int, timeout_s: float = 5.0
+) -> EcsRendezvous:
+    return EcsRendezvous(
+        unit_id="cell0-unit0",
+        revision="r1",
+        world_size=world_size,
+        api_port=8000,
+        dist_port=29500,
+        ecs_client=w.ecs,
+        ec2_client=w.ec2,
+        topology=topology,
+        metadata=lambda: {"Cluster": w.cluster, "TaskARN": task_arn, "AvailabilityZone": "us-east-1a"},
+        timeout_s=timeout_s,
+        poll_s=0.05,
+    )
 
 
 @pytest.fixture
 def aws(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
         monkeypatch.setenv(k, v)
     with mock_aws():
         # moto advances a task from RUNNING on every read; keep tasks RUNNING until stop_task.
@@ -95,10 +120,14 @@ def test_ranks_follow_topology_network_nodes_then_instance_id_on_every_member(aw
     w = World(4)
     a, b, c, d = w.instances
     # c and b sit under spine-1; a and d under spine-2 on the same lower nodes (tie on the path)
-    paths = {a: ["spine-2", "l2-b", "l3-x"], b: ["spine-1", "l2-a", "l3-z"],
-             c: ["spine-1", "l2-a", "l3-y"], d: ["spine-2", "l2-b", "l3-x"]}
+    paths = {
+        a: ["spine-2", "l2-b", "l3-x"],
+        b: ["spine-1", "l2-a", "l3-z"],
+        c: ["spine-1", "l2-a", "l3-y"],
+        d: ["spine-2", "l2-b", "l3-x"],
+    }
     tasks = {iid: w.start(iid) for iid in w.instances}
-    expected_order = [c, b] + sorted([a, d])   # by path, then instance id for the a/d tie
+    expected_order = [c, b] + sorted([a, d])  # by path, then instance id for the a/d tie
     seen = []
     for iid, arn in tasks.items():
         m = asyncio.run(rendezvous(w, arn, topology_client(paths, 1), world_size=4).join())
@@ -121,10 +150,10 @@ def test_other_deployments_task_definitions_services_and_stopped_tasks_are_not_m
     w = World(6)
     i0, i1, i2, i3, i4, i5 = w.instances
     mine = [w.start(i0), w.start(i1)]
-    w.start(i2, started_by="ecs-svc/2222222222222222222")          # the previous deployment
-    w.start(i3, taskdef=w.register("unit0"))                        # another revision of the task def
-    w.start(i4, group="service:unit1")                              # another unit's service
-    w.stop(w.start(i5))                                             # a dead member
+    w.start(i2, started_by="ecs-svc/2222222222222222222")  # the previous deployment
+    w.start(i3, taskdef=w.register("unit0"))  # another revision of the task def
+    w.start(i4, group="service:unit1")  # another unit's service
+    w.stop(w.start(i5))  # a dead member
     r = rendezvous(w, mine[0], topology_client({}, 1), world_size=2)
     m = asyncio.run(r.join())
     assert sorted(x.task_arn for x in m.members) == sorted(mine)
@@ -172,7 +201,7 @@ def test_a_dead_member_and_its_replacement_are_each_a_membership_change(aws):
 def test_a_surplus_member_waits_as_a_spare(aws):
     w = World(3)
     arns = {iid: w.start(iid) for iid in w.instances}
-    spare = arns[sorted(w.instances)[-1]]          # last in rank order
+    spare = arns[sorted(w.instances)[-1]]  # last in rank order
     r = rendezvous(w, spare, topology_client({}, 1), world_size=2)
     member, present = r.try_form()
     assert member is None and present == 3
@@ -190,11 +219,14 @@ def test_topology_lookups_are_batched_by_100_instances():
     client = boto3.client("ec2", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
     ids = [f"i-{n:017x}" for n in range(150)]
     stub = Stubber(client)
-    stub.add_response("describe_instance_topology",
-                      {"Instances": [{"InstanceId": ids[0], "NetworkNodes": ["s1", "s2", "s3"]}]},
-                      expected_params={"InstanceIds": sorted(ids)[:100]})
-    stub.add_response("describe_instance_topology", {"Instances": []},
-                      expected_params={"InstanceIds": sorted(ids)[100:]})
+    stub.add_response(
+        "describe_instance_topology",
+        {"Instances": [{"InstanceId": ids[0], "NetworkNodes": ["s1", "s2", "s3"]}]},
+        expected_params={"InstanceIds": sorted(ids)[:100]},
+    )
+    stub.add_response(
+        "describe_instance_topology", {"Instances": []}, expected_params={"InstanceIds": sorted(ids)[100:]}
+    )
     with stub:
         paths = InstanceTopology(client).network_nodes(ids)
     stub.assert_no_pending_responses()
@@ -204,7 +236,7 @@ def test_topology_lookups_are_batched_by_100_instances():
 def test_topology_and_addresses_are_looked_up_once_per_instance(aws):
     w = World(2)
     tasks = [w.start(iid) for iid in w.instances]
-    r = rendezvous(w, tasks[0], topology_client({}, 1), world_size=2)   # a second lookup would fail
+    r = rendezvous(w, tasks[0], topology_client({}, 1), world_size=2)  # a second lookup would fail
     first, _ = r.try_form()
     again, _ = r.try_form()
     assert first == again

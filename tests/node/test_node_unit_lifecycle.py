@@ -10,18 +10,28 @@ import urllib.error
 import urllib.request
 
 import pytest
+from nodeproc import Unit, get_json, wait_for
 
 import contract
-from nodeproc import Unit, get_json, wait_for
 
 
 def stream_under_way(unit: Unit, *, max_tokens: int, request_id: str) -> tuple[list[str], threading.Thread]:
     """Open a streamed completion and read its SSE data payloads on a thread until the server closes
     the stream; return once the first payload has arrived (at most 30 s)."""
-    body = {"model": "tiny", "prompt": "tell me everything", "max_tokens": max_tokens, "stream": True,
-            "temperature": 0, "ignore_eos": True}
-    req = urllib.request.Request(unit.url + "/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", contract.REQUEST_ID_HEADER: request_id})
+    body = {
+        "model": "tiny",
+        "prompt": "tell me everything",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    req = urllib.request.Request(
+        unit.url + "/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", contract.REQUEST_ID_HEADER: request_id},
+    )
     resp = urllib.request.urlopen(req, timeout=60)
     events: list[str] = []
     first = threading.Event()
@@ -41,8 +51,12 @@ def stream_under_way(unit: Unit, *, max_tokens: int, request_id: str) -> tuple[l
 
 def completion(unit: Unit, **kw) -> tuple[int, dict, dict]:
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, **kw}
-    req = urllib.request.Request(unit.url + "/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        unit.url + "/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, dict(r.headers), json.load(r)
@@ -60,11 +74,15 @@ def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_uni
     follower = unit.members[1]
     events, reader = stream_under_way(unit, max_tokens=2000, request_id="doomed-1")
     unary: list = []
-    waiter = threading.Thread(target=lambda: unary.append(completion(unit, max_tokens=2000, ignore_eos=True)),
-                              daemon=True)
+    waiter = threading.Thread(
+        target=lambda: unary.append(completion(unit, max_tokens=2000, ignore_eos=True)), daemon=True
+    )
     waiter.start()
-    wait_for(lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 2,
-             timeout=20, what="both requests to be running")
+    wait_for(
+        lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 2,
+        timeout=20,
+        what="both requests to be running",
+    )
     killed_at = time.monotonic()
     follower.sigkill()
     reader.join(timeout=15)
@@ -154,7 +172,7 @@ def test_a_draining_follower_drains_the_whole_unit_then_the_unit_reforms_with_it
     status, headers, body = completion(unit)
     assert status == 503 and headers.get("Retry-After")
     reader.join(timeout=120)
-    assert events[-1] == "[DONE]" and len(events) == 301      # the in-flight request finished whole
+    assert events[-1] == "[DONE]" and len(events) == 301  # the in-flight request finished whole
     assert follower.wait(timeout=30) == 0
     follower.start()
     unit.wait_ready(timeout=120)

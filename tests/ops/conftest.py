@@ -13,11 +13,11 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 from moto.moto_api import state_manager
+from ops_fakes import HealthServer, ready_body
 
 import contract
 import ops.aws
 from ops.aws import Aws
-from ops_fakes import HealthServer, ready_body
 
 REGION = "us-east-1"
 # One botocore session for every test: it caches the parsed service models (~0.2 s per client).
@@ -29,7 +29,7 @@ class FakeNode:
     instance_id: str
     task_arn: str
     container_instance_arn: str
-    server: HealthServer | None      # None when a real node process answers instead
+    server: HealthServer | None  # None when a real node process answers instead
 
 
 @dataclass
@@ -42,7 +42,7 @@ class FakeUnit:
     asg_name: str
     family: str
     task_definition_arn: str
-    nodes: list[FakeNode] = field(default_factory=list)   # in rank order
+    nodes: list[FakeNode] = field(default_factory=list)  # in rank order
 
 
 class FakeDeployment:
@@ -51,12 +51,13 @@ class FakeDeployment:
         self.units: list[FakeUnit] = []
         self.servers: list[HealthServer] = []
         vpc = aws.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        self.subnet = aws.ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20",
-                                            AvailabilityZone=f"{REGION}a")["Subnet"]["SubnetId"]
+        self.subnet = aws.ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone=f"{REGION}a")[
+            "Subnet"
+        ]["SubnetId"]
         self.launch_template = aws.ec2.create_launch_template(
-            LaunchTemplateName="flotilla-node", LaunchTemplateData={"ImageId": "ami-12c6146b",
-                                                                    "InstanceType": "trn1.32xlarge"})[
-            "LaunchTemplate"]["LaunchTemplateId"]
+            LaunchTemplateName="flotilla-node",
+            LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "trn1.32xlarge"},
+        )["LaunchTemplate"]["LaunchTemplateId"]
         sd = aws.servicediscovery
         sd.create_http_namespace(Name=f"{deployment}.internal")
         ns = next(n for n in sd.list_namespaces()["Namespaces"] if n["Name"] == f"{deployment}.internal")
@@ -68,12 +69,23 @@ class FakeDeployment:
             # stacks/cell.py: cluster <deployment>-cell<n>, tagged with the deployment and the cell
             self.clusters[cell] = self.aws.ecs.create_cluster(
                 clusterName=f"{self.deployment}-cell{cell}",
-                tags=[{"key": "flotilla:deployment", "value": self.deployment},
-                      {"key": "flotilla:cell", "value": f"cell{cell}"}])["cluster"]["clusterArn"]
+                tags=[
+                    {"key": "flotilla:deployment", "value": self.deployment},
+                    {"key": "flotilla:cell", "value": f"cell{cell}"},
+                ],
+            )["cluster"]["clusterArn"]
         return self.clusters[cell]
 
-    def add_unit(self, *, cell: int, index: int, nodes: int = 2, revision: str = "1",
-                 register: bool = True, ports: list[int] | None = None) -> FakeUnit:
+    def add_unit(
+        self,
+        *,
+        cell: int,
+        index: int,
+        nodes: int = 2,
+        revision: str = "1",
+        register: bool = True,
+        ports: list[int] | None = None,
+    ) -> FakeUnit:
         """A unit of `nodes` members in rank order. Each gets a HealthServer, unless `ports` names
         real node processes on 127.0.0.1 to register in Cloud Map instead."""
         aws = self.aws
@@ -81,24 +93,51 @@ class FakeDeployment:
         cluster = self.cluster(cell)
         asg_name = f"{self.deployment}-Cell-{cell}-Unit{index}Asg"
         aws.autoscaling.create_auto_scaling_group(
-            AutoScalingGroupName=asg_name, MinSize=nodes, MaxSize=nodes, DesiredCapacity=nodes,
+            AutoScalingGroupName=asg_name,
+            MinSize=nodes,
+            MaxSize=nodes,
+            DesiredCapacity=nodes,
             LaunchTemplate={"LaunchTemplateId": self.launch_template, "Version": "$Latest"},
-            VPCZoneIdentifier=self.subnet)
-        instances = sorted(i["InstanceId"] for i in aws.autoscaling.describe_auto_scaling_groups(
-            AutoScalingGroupNames=[asg_name])["AutoScalingGroups"][0]["Instances"])
-        family = f"{self.deployment}-{unit_id}"   # stacks/cell.py's task family
+            VPCZoneIdentifier=self.subnet,
+        )
+        instances = sorted(
+            i["InstanceId"]
+            for i in aws.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[asg_name])[
+                "AutoScalingGroups"
+            ][0]["Instances"]
+        )
+        family = f"{self.deployment}-{unit_id}"  # stacks/cell.py's task family
         td = self.register_revision(family=family, unit_id=unit_id, cell_id=cell_id, nodes=nodes, revision=revision)
         service = f"{self.deployment}-Cell-{cell}-Unit{index}Service-{index:04d}"
-        svc = aws.ecs.create_service(cluster=cluster, serviceName=service, taskDefinition=td, desiredCount=nodes,
-                                     tags=[{"key": "flotilla:unit", "value": unit_id}])["service"]
-        unit = FakeUnit(cell_id=cell_id, unit_id=unit_id, cluster_arn=cluster, service_name=service,
-                        service_arn=svc["serviceArn"], asg_name=asg_name, family=family, task_definition_arn=td)
+        svc = aws.ecs.create_service(
+            cluster=cluster,
+            serviceName=service,
+            taskDefinition=td,
+            desiredCount=nodes,
+            tags=[{"key": "flotilla:unit", "value": unit_id}],
+        )["service"]
+        unit = FakeUnit(
+            cell_id=cell_id,
+            unit_id=unit_id,
+            cluster_arn=cluster,
+            service_name=service,
+            service_arn=svc["serviceArn"],
+            asg_name=asg_name,
+            family=family,
+            task_definition_arn=td,
+        )
         for rank, iid in enumerate(instances):
             doc = json.dumps({"instanceId": iid, "region": REGION, "availabilityZone": f"{REGION}a"})
             ci = aws.ecs.register_container_instance(cluster=cluster, instanceIdentityDocument=doc)[
-                "containerInstance"]["containerInstanceArn"]
-            task = aws.ecs.start_task(cluster=cluster, taskDefinition=td, containerInstances=[ci],
-                                      startedBy="ecs-svc/1234", group=f"service:{service}")["tasks"][0]
+                "containerInstance"
+            ]["containerInstanceArn"]
+            task = aws.ecs.start_task(
+                cluster=cluster,
+                taskDefinition=td,
+                containerInstances=[ci],
+                startedBy="ecs-svc/1234",
+                group=f"service:{service}",
+            )["tasks"][0]
             server = None
             if ports is None:
                 server = HealthServer(ready_body(unit=unit_id, rank=rank, world_size=nodes, revision=revision))
@@ -106,36 +145,65 @@ class FakeDeployment:
             port = ports[rank] if ports is not None else server.port
             if register:
                 aws.servicediscovery.register_instance(
-                    ServiceId=self.cloudmap_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
-                    Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(port),
-                                "ECS_SERVICE_NAME": service})
-            unit.nodes.append(FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci,
-                                       server=server))
+                    ServiceId=self.cloudmap_service,
+                    InstanceId=task["taskArn"].rsplit("/", 1)[-1],
+                    Attributes={
+                        "AWS_INSTANCE_IPV4": "127.0.0.1",
+                        "AWS_INSTANCE_PORT": str(port),
+                        "ECS_SERVICE_NAME": service,
+                    },
+                )
+            unit.nodes.append(
+                FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci, server=server)
+            )
         self.units.append(unit)
         self.set_deployment(unit, "COMPLETED")
         return unit
 
-    def add_formation(self, unit: FakeUnit, *, task_definition: str, started_by: str, revision: str,
-                      ready: bool) -> list[FakeNode]:
+    def add_formation(
+        self, unit: FakeUnit, *, task_definition: str, started_by: str, revision: str, ready: bool
+    ) -> list[FakeNode]:
         """Start a second formation of the unit on fresh instances, as a surge rollout does."""
         aws, n = self.aws, len(unit.nodes)
-        ids = [i["InstanceId"] for i in aws.ec2.run_instances(
-            ImageId="ami-12c6146b", MinCount=n, MaxCount=n, InstanceType="trn1.32xlarge",
-            SubnetId=self.subnet)["Instances"]]
+        ids = [
+            i["InstanceId"]
+            for i in aws.ec2.run_instances(
+                ImageId="ami-12c6146b", MinCount=n, MaxCount=n, InstanceType="trn1.32xlarge", SubnetId=self.subnet
+            )["Instances"]
+        ]
         out = []
         for rank, iid in enumerate(sorted(ids)):
             doc = json.dumps({"instanceId": iid, "region": REGION, "availabilityZone": f"{REGION}a"})
             ci = aws.ecs.register_container_instance(cluster=unit.cluster_arn, instanceIdentityDocument=doc)[
-                "containerInstance"]["containerInstanceArn"]
-            task = aws.ecs.start_task(cluster=unit.cluster_arn, taskDefinition=task_definition, containerInstances=[ci],
-                                      startedBy=started_by, group=f"service:{unit.service_name}")["tasks"][0]
-            server = HealthServer(ready_body(unit=unit.unit_id, rank=rank, world_size=n, revision=revision,
-                                             ready=ready, state="ready" if ready else "forming"))
+                "containerInstance"
+            ]["containerInstanceArn"]
+            task = aws.ecs.start_task(
+                cluster=unit.cluster_arn,
+                taskDefinition=task_definition,
+                containerInstances=[ci],
+                startedBy=started_by,
+                group=f"service:{unit.service_name}",
+            )["tasks"][0]
+            server = HealthServer(
+                ready_body(
+                    unit=unit.unit_id,
+                    rank=rank,
+                    world_size=n,
+                    revision=revision,
+                    ready=ready,
+                    state="ready" if ready else "forming",
+                )
+            )
             self.servers.append(server)
             aws.servicediscovery.register_instance(
-                ServiceId=self.cloudmap_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
-                Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port),
-                            "ECS_SERVICE_NAME": unit.service_name})
+                ServiceId=self.cloudmap_service,
+                InstanceId=task["taskArn"].rsplit("/", 1)[-1],
+                Attributes={
+                    "AWS_INSTANCE_IPV4": "127.0.0.1",
+                    "AWS_INSTANCE_PORT": str(server.port),
+                    "ECS_SERVICE_NAME": unit.service_name,
+                },
+            )
             out.append(FakeNode(instance_id=iid, task_arn=task["taskArn"], container_instance_arn=ci, server=server))
         return out
 
@@ -150,17 +218,33 @@ class FakeDeployment:
         running = len(unit.nodes) if rollout_state == "COMPLETED" else 0
         service.running_count, service.pending_count = running, 0
         for d in service.deployments:
-            d.update(rolloutState=rollout_state, runningCount=running, pendingCount=0,
-                     rolloutStateReason=reason or f"ECS deployment {d['id']} {rollout_state.lower()}.",
-                     taskDefinition=service.task_definition)
+            d.update(
+                rolloutState=rollout_state,
+                runningCount=running,
+                pendingCount=0,
+                rolloutStateReason=reason or f"ECS deployment {d['id']} {rollout_state.lower()}.",
+                taskDefinition=service.task_definition,
+            )
 
     def register_revision(self, *, family: str, unit_id: str, cell_id: str, nodes: int, revision: str) -> str:
-        env = {contract.ENV_UNIT_ID: unit_id, contract.ENV_CELL_ID: cell_id, contract.ENV_REVISION: revision,
-               contract.ENV_NODES_PER_UNIT: str(nodes), contract.ENV_ROLE: "node"}
+        env = {
+            contract.ENV_UNIT_ID: unit_id,
+            contract.ENV_CELL_ID: cell_id,
+            contract.ENV_REVISION: revision,
+            contract.ENV_NODES_PER_UNIT: str(nodes),
+            contract.ENV_ROLE: "node",
+        }
         return self.aws.ecs.register_task_definition(
-            family=family, networkMode="host",
-            containerDefinitions=[{"name": "node", "image": "flotilla:latest", "memory": 1024,
-                                   "environment": [{"name": k, "value": v} for k, v in env.items()]}],
+            family=family,
+            networkMode="host",
+            containerDefinitions=[
+                {
+                    "name": "node",
+                    "image": "flotilla:latest",
+                    "memory": 1024,
+                    "environment": [{"name": k, "value": v} for k, v in env.items()],
+                }
+            ],
         )["taskDefinition"]["taskDefinitionArn"]
 
     def close(self) -> None:
@@ -193,16 +277,19 @@ def aws(monkeypatch):
         # Tasks stay RUNNING (by default moto walks them towards STOPPED a step per describe call).
         state_manager.set_transition(model_name="ecs::task", transition={"progression": "manual", "times": 10**9})
         session = boto3.Session(region_name=REGION, botocore_session=_BOTOCORE)
-        clients = Aws(ecs=session.client("ecs"), ec2=session.client("ec2"),
-                      autoscaling=session.client("autoscaling"),
-                      servicediscovery=session.client("servicediscovery"),
-                      # moto has no DescribeInstanceTopology: tests queue its answers on this Stubber
-                      topology=session.client("ec2"))
+        clients = Aws(
+            ecs=session.client("ecs"),
+            ec2=session.client("ec2"),
+            autoscaling=session.client("autoscaling"),
+            servicediscovery=session.client("servicediscovery"),
+            # moto has no DescribeInstanceTopology: tests queue its answers on this Stubber
+            topology=session.client("ec2"),
+        )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:
             yield clients
         finally:
-            state_manager.unset_transition(model_name="ecs::task")   # global in moto: leave it as found
+            state_manager.unset_transition(model_name="ecs::task")  # global in moto: leave it as found
 
 
 @pytest.fixture

@@ -48,10 +48,33 @@ class HealthServer:
             self.httpd.server_close()
 
 
-def ready_body(*, unit: str, rank: int, world_size: int, revision: str = "1", ready: bool = True,
-               state: str = "ready", queue_depth: int = 0, running: int = 1, max_running: int = 16,
-               kv_cache_used: float = 0.25, cell: str = "cell0") -> dict:
-    return {"ready": ready, "state": state, "unit": unit, "revision": revision, "rank": rank,
-            "world_size": world_size, "role": "leader" if rank == 0 else "follower", "cell": cell,
-            "load": {"queue_depth": queue_depth, "running": running,
-                                               "max_running": max_running, "kv_cache_used": kv_cache_used}}
+def ready_body(
+    *,
+    unit: str,
+    rank: int,
+    world_size: int,
+    revision: str = "1",
+    ready: bool = True,
+    state: str = "ready",
+    queue_depth: int = 0,
+    running: int = 1,
+    max_running: int = 16,
+    kv_cache_used: float = 0.25,
+    cell: str = "cell0",
+) -> dict:
+    return {
+        "ready": ready,
+        "state": state,
+        "unit": unit,
+        "revision": revision,
+        "rank": rank,
+        "world_size": world_size,
+        "role": "leader" if rank == 0 else "follower",
+        "cell": cell,
+        "load": {
+            "queue_depth": queue_depth,
+            "running": running,
+            "max_running": max_running,
+            "kv_cache_used": kv_cache_used,
+        },
+    }

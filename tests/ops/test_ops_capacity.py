@@ -22,13 +22,31 @@ EFA_TRN1 = 1e11
 
 
 def llama70b(**kw) -> ModelShape:
-    return ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=128256,
-                      context_length=8192, name="llama-70b", **kw)
+    return ModelShape(
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        intermediate=28672,
+        vocab=128256,
+        context_length=8192,
+        name="llama-70b",
+        **kw,
+    )
 
 
 def llama405b(**kw) -> ModelShape:
-    return ModelShape(layers=126, hidden=16384, heads=128, kv_heads=8, intermediate=53248, vocab=128256,
-                      context_length=131072, name="llama-405b", **kw)
+    return ModelShape(
+        layers=126,
+        hidden=16384,
+        heads=128,
+        kv_heads=8,
+        intermediate=53248,
+        vocab=128256,
+        context_length=131072,
+        name="llama-405b",
+        **kw,
+    )
 
 
 def test_parameter_count_from_shape_matches_llama_3_70b():
@@ -107,8 +125,11 @@ def test_405b_needs_two_nodes_and_pays_efa_for_all_reduce_pipeline_and_kv_reshar
 
 def test_trn1n_halves_the_efa_time_of_the_same_unit():
     # Same 405B unit on trn1n.32xlarge: 1600 Gbps = 2e11 B/s -> 33,030,144 / 2e11 = 0.16515 ms.
-    p = plan(llama405b(), Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512),
-             PlanSettings(batch=4, instance_type="trn1n.32xlarge"))
+    p = plan(
+        llama405b(),
+        Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512),
+        PlanSettings(batch=4, instance_type="trn1n.32xlarge"),
+    )
     assert p.decode_efa_s == pytest.approx(33_030_144 / 2e11)
 
 
@@ -125,8 +146,11 @@ def test_node_counts_whose_tp_degree_does_not_divide_the_heads_are_skipped():
 def test_efficiency_derates_units_and_cells_follow_units_per_cell():
     # 70B case at efficiency 0.5: 1.5079 req/s per unit -> 100 / 1.5079 = 66.3 -> 67 units;
     # 20 units per cell -> 4 cells; 67 nodes.
-    p = plan(llama70b(), Traffic(requests_per_s=100, prompt_tokens=1000, output_tokens=200),
-             PlanSettings(batch=8, efficiency=0.5))
+    p = plan(
+        llama70b(),
+        Traffic(requests_per_s=100, prompt_tokens=1000, output_tokens=200),
+        PlanSettings(batch=8, efficiency=0.5),
+    )
     assert p.units == 67
     assert p.cells == 4
     assert p.total_nodes == 67
@@ -145,8 +169,11 @@ def test_smollm2_heads_cannot_be_split_over_32_cores_without_padding():
 def test_a_model_too_large_for_max_nodes_names_the_memory_it_needs_and_the_fixes():
     with pytest.raises(PlanError, match=r"no unit of 1\.\.2 trn1\.32xlarge nodes.*GiB per NeuronCore.*--max-nodes"):
         # 2 nodes: 13,607,762,432 B of weights + 64 * 5000 * 64,512 = 20,643,840,000 B of KV cache
-        plan(llama405b(), Traffic(requests_per_s=1, prompt_tokens=4000, output_tokens=1000),
-             PlanSettings(max_nodes=2, batch=64))
+        plan(
+            llama405b(),
+            Traffic(requests_per_s=1, prompt_tokens=4000, output_tokens=1000),
+            PlanSettings(max_nodes=2, batch=64),
+        )
 
 
 def test_requests_longer_than_the_context_are_refused():
@@ -156,12 +183,15 @@ def test_requests_longer_than_the_context_are_refused():
         plan(llama70b(), Traffic(requests_per_s=1, prompt_tokens=100, output_tokens=100), PlanSettings(seq_len=10000))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(layers=0), "--layers must be a positive number"),
-    (dict(heads=64, kv_heads=7), "--heads 64 is not a multiple of --kv-heads 7"),
-    (dict(hidden=8200, heads=64, kv_heads=8), "--hidden 8200 is not divisible by --heads 64"),
-    (dict(dtype="bf17"), "--dtype 'bf17' is not known"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(layers=0), "--layers must be a positive number"),
+        (dict(heads=64, kv_heads=7), "--heads 64 is not a multiple of --kv-heads 7"),
+        (dict(hidden=8200, heads=64, kv_heads=8), "--hidden 8200 is not divisible by --heads 64"),
+        (dict(dtype="bf17"), "--dtype 'bf17' is not known"),
+    ],
+)
 def test_inconsistent_model_shapes_are_refused_with_the_flag_to_fix(kwargs, message):
     base = dict(layers=80, hidden=8192, heads=64, kv_heads=8, context_length=8192, params=70_000_000_000)
     with pytest.raises(PlanError, match=message):
@@ -173,21 +203,32 @@ def test_unknown_parameter_count_asks_for_params_or_the_mlp_and_vocab():
         ModelShape(layers=2, hidden=64, heads=4, kv_heads=4, context_length=128)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(units_per_cell=21), "--units-per-cell must be 1..20"),
-    (dict(efficiency=0), "--efficiency must be in"),
-    (dict(instance_type="trn1.2xlarge"), "trn1.2xlarge.*not supported.*EFA"),
-    (dict(batch=0), "--batch must be a positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(units_per_cell=21), "--units-per-cell must be 1..20"),
+        (dict(efficiency=0), "--efficiency must be in"),
+        (dict(instance_type="trn1.2xlarge"), "trn1.2xlarge.*not supported.*EFA"),
+        (dict(batch=0), "--batch must be a positive"),
+    ],
+)
 def test_impossible_settings_are_refused(kwargs, message):
     with pytest.raises(Exception, match=message):
         PlanSettings(**kwargs)
 
 
 def test_config_json_of_a_llama_checkpoint_gives_the_same_plan_as_flags(tmp_path):
-    cfg = {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
-           "intermediate_size": 28672, "vocab_size": 128256, "max_position_embeddings": 8192,
-           "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    cfg = {
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 28672,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "llama-70b").mkdir()
     path = tmp_path / "llama-70b" / "config.json"
     path.write_text(json.dumps(cfg))

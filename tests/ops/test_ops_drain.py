@@ -10,8 +10,9 @@ from ops.fleet import DRAINED_TAG
 
 
 def _service(aws, unit):
-    return aws.ecs.describe_services(cluster=unit.cluster_arn, services=[unit.service_name],
-                                     include=["TAGS"])["services"][0]
+    return aws.ecs.describe_services(cluster=unit.cluster_arn, services=[unit.service_name], include=["TAGS"])[
+        "services"
+    ][0]
 
 
 def test_dry_run_says_what_would_happen_and_changes_nothing(aws, fleet, run_cli):
@@ -45,7 +46,7 @@ def test_drain_with_yes_scales_to_zero_and_status_shows_it_drained(aws, fleet, r
     assert svc["desiredCount"] == 0
     assert {"key": DRAINED_TAG, "value": "2"} in svc["tags"]
     code, out = run_cli("status")
-    assert code == 0, out            # drained on purpose: not a failure
+    assert code == 0, out  # drained on purpose: not a failure
     assert "DRAINED" in out and "1/2 units ready, 1 drained" in out
 
 

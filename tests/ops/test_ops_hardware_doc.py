@@ -15,8 +15,12 @@ from contract.trainium import GIB, INSTANCES, TrainiumInstance
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "hardware.md").read_text()
 # "| figure | value | source |" rows, keyed by the figure cell.
-ROWS = {cells[0]: cells[1:] for line in DOC.splitlines() if line.startswith("| ")
-        for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
+ROWS = {
+    cells[0]: cells[1:]
+    for line in DOC.splitlines()
+    if line.startswith("| ")
+    for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]
+}
 # "[label]: url" link definitions at the end of the page.
 LINKS = dict(re.findall(r"^\[([\w-]+)\]: (\S+)$", DOC, flags=re.MULTILINE))
 BOTH = "trn1.32xlarge / trn1n.32xlarge"
@@ -26,17 +30,18 @@ def _doc_rows(spec: TrainiumInstance) -> dict[str, tuple[str, str]]:
     """Each figure of the table -> (its row in the doc, the value that row must state)."""
     return {
         "chips": (f"Trainium chips per {BOTH}", f"{spec.chips}"),
-        "neuron_cores_per_chip": ("NeuronCores per chip",
-                                  f"{spec.neuron_cores_per_chip} (NeuronCore-v2)"),
+        "neuron_cores_per_chip": ("NeuronCores per chip", f"{spec.neuron_cores_per_chip} (NeuronCore-v2)"),
         "hbm_bytes_per_chip": ("HBM (device memory) per chip", f"{spec.hbm_bytes_per_chip // GIB} GiB"),
-        "hbm_bytes_per_s_per_chip": ("HBM bandwidth per chip",
-                                     f"{spec.hbm_bytes_per_s_per_chip / GIB:.0f} GiB/s"),
-        "bf16_flops_per_chip": ("dense BF16/FP16 per chip",
-                                f"{spec.bf16_flops_per_chip / 1e12:.0f} TFLOPS"),
-        "efa_interfaces": (f"EFA bandwidth, {spec.instance_type}",
-                           f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)"),
-        "efa_gbps": (f"EFA bandwidth, {spec.instance_type}",
-                     f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)"),
+        "hbm_bytes_per_s_per_chip": ("HBM bandwidth per chip", f"{spec.hbm_bytes_per_s_per_chip / GIB:.0f} GiB/s"),
+        "bf16_flops_per_chip": ("dense BF16/FP16 per chip", f"{spec.bf16_flops_per_chip / 1e12:.0f} TFLOPS"),
+        "efa_interfaces": (
+            f"EFA bandwidth, {spec.instance_type}",
+            f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)",
+        ),
+        "efa_gbps": (
+            f"EFA bandwidth, {spec.instance_type}",
+            f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)",
+        ),
         "vcpus": (f"vCPUs per {BOTH}", f"{spec.vcpus}"),
         "memory_gib": (f"host memory per {BOTH}", f"{spec.memory_gib} GiB"),
     }
@@ -67,9 +72,15 @@ def test_contract_imports_only_the_standard_library():
     # stacks/ (no torch), runtime/ (no aws-cdk-lib) and ops/ all import the table.
     for path in sorted((REPO / "contract").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
-                assert top in sys.stdlib_module_names or top in ("contract", "__future__"), \
+                assert top in sys.stdlib_module_names or top in ("contract", "__future__"), (
                     f"{path.name} imports {name}"
+                )

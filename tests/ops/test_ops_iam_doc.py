@@ -7,8 +7,13 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PREFIX = {"ecs": "ecs", "ec2": "ec2", "topology": "ec2", "autoscaling": "autoscaling",
-          "servicediscovery": "servicediscovery"}
+PREFIX = {
+    "ecs": "ecs",
+    "ec2": "ec2",
+    "topology": "ec2",
+    "autoscaling": "autoscaling",
+    "servicediscovery": "servicediscovery",
+}
 
 
 def _camel(name: str) -> str:

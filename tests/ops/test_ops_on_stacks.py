@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from moto.moto_api import state_manager
+from ops_fakes import HealthServer, ready_body
 
 import ops.aws
 from ops.aws import Aws
-from ops_fakes import HealthServer, ready_body
 
 STACK_TESTS = Path(__file__).resolve().parents[1] / "stacks"
 
@@ -41,13 +41,18 @@ def deployed(default_synth, monkeypatch):
     with MotoCloudFormation() as cfn:
         cfn.deploy(default_synth)
         state_manager.set_transition(model_name="ecs::task", transition={"progression": "manual", "times": 10**9})
-        aws = Aws(ecs=cfn.client("ecs"), ec2=cfn.client("ec2"), autoscaling=cfn.client("autoscaling"),
-                  servicediscovery=cfn.client("servicediscovery"), topology=cfn.client("ec2"))
+        aws = Aws(
+            ecs=cfn.client("ecs"),
+            ec2=cfn.client("ec2"),
+            autoscaling=cfn.client("autoscaling"),
+            servicediscovery=cfn.client("servicediscovery"),
+            topology=cfn.client("ec2"),
+        )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: aws)
         try:
             yield aws, default_synth, servers
         finally:
-            state_manager.unset_transition(model_name="ecs::task")   # global in moto: leave it as found
+            state_manager.unset_transition(model_name="ecs::task")  # global in moto: leave it as found
             for s in servers:
                 s.close()
 
@@ -71,21 +76,30 @@ def start_members(aws: Aws, servers: list[HealthServer]) -> tuple[str, list[str]
     (cluster,) = [c for c in aws.ecs.list_clusters()["clusterArns"] if c.endswith("/flotilla-cell0")]
     (service_arn,) = aws.ecs.list_services(cluster=cluster)["serviceArns"]
     service = aws.ecs.describe_services(cluster=cluster, services=[service_arn])["services"][0]
-    (asg,) = [g for g in aws.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
-              if g["AutoScalingGroupName"].startswith("flotilla-Cell-0-")]
+    (asg,) = [
+        g
+        for g in aws.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+        if g["AutoScalingGroupName"].startswith("flotilla-Cell-0-")
+    ]
     instances = sorted(i["InstanceId"] for i in asg["Instances"])
     cm_service = units_cloudmap_service(aws)
     for rank, iid in enumerate(instances):
         doc = json.dumps({"instanceId": iid, "region": "us-east-1", "availabilityZone": "us-east-1a"})
         ci = aws.ecs.register_container_instance(cluster=cluster, instanceIdentityDocument=doc)["containerInstance"]
-        task = aws.ecs.start_task(cluster=cluster, taskDefinition=service["taskDefinition"],
-                                  containerInstances=[ci["containerInstanceArn"]], startedBy="ecs-svc/1",
-                                  group=f"service:{service['serviceName']}")["tasks"][0]
+        task = aws.ecs.start_task(
+            cluster=cluster,
+            taskDefinition=service["taskDefinition"],
+            containerInstances=[ci["containerInstanceArn"]],
+            startedBy="ecs-svc/1",
+            group=f"service:{service['serviceName']}",
+        )["tasks"][0]
         server = HealthServer(ready_body(unit="cell0-unit0", rank=rank, world_size=len(instances)))
         servers.append(server)
         aws.servicediscovery.register_instance(
-            ServiceId=cm_service, InstanceId=task["taskArn"].rsplit("/", 1)[-1],
-            Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port)})
+            ServiceId=cm_service,
+            InstanceId=task["taskArn"].rsplit("/", 1)[-1],
+            Attributes={"AWS_INSTANCE_IPV4": "127.0.0.1", "AWS_INSTANCE_PORT": str(server.port)},
+        )
     return cluster, instances
 
 

@@ -11,9 +11,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_importing_every_command_pulls_in_neither_torch_nor_cdk_nor_the_runtime():
-    code = ("import sys, ops.cli; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'aws_cdk', 'runtime', 'stacks')); "
-            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, ops.cli; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'aws_cdk', 'runtime', 'stacks')); "
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"ops imports {proc.stdout.strip()} {proc.stderr[-500:]}"
 
@@ -22,12 +24,12 @@ def test_the_console_script_is_flotilla_pointing_at_ops_cli_main():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["flotilla"] == "ops.cli:main"
     from ops.cli import main
+
     assert callable(main)
 
 
 def test_python_dash_m_ops_runs_the_cli():
-    proc = subprocess.run([sys.executable, "-m", "ops", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "ops", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     for cmd in ("status", "topology", "drain-unit", "restore-unit", "replace-node", "rollout", "rollback", "plan"):
         assert cmd in proc.stdout

@@ -7,21 +7,41 @@ import json
 
 import yaml
 
-LLAMA_70B = ["--layers", "80", "--hidden", "8192", "--heads", "64", "--kv-heads", "8", "--intermediate", "28672",
-             "--vocab", "128256", "--context-length", "8192"]
+LLAMA_70B = [
+    "--layers",
+    "80",
+    "--hidden",
+    "8192",
+    "--heads",
+    "64",
+    "--kv-heads",
+    "8",
+    "--intermediate",
+    "28672",
+    "--vocab",
+    "128256",
+    "--context-length",
+    "8192",
+]
 TRAFFIC = ["--rps", "10", "--prompt-tokens", "1000", "--output-tokens", "200", "--batch", "8"]
 
 
 def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cli, tmp_path):
     out_path = tmp_path / "flotilla.yaml"
-    code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--availability-zones", "us-east-1a,us-east-1b",
-                        "--write", str(out_path))
+    code, out = run_cli(
+        "plan", *LLAMA_70B, *TRAFFIC, "--availability-zones", "us-east-1a,us-east-1b", "--write", str(out_path)
+    )
     assert code == 0, out
     assert "nodes per unit" in out and "Memory per NeuronCore" in out and "decode step" in out
-    assert "4.34 GiB" in out          # 4,661,264,896 B of weights per core (see test_ops_capacity)
+    assert "4.34 GiB" in out  # 4,661,264,896 B of weights per core (see test_ops_capacity)
     cfg = yaml.safe_load(out_path.read_text())
-    assert cfg == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4, "units_per_cell": 4,
-                   "availability_zones": ["us-east-1a", "us-east-1b"]}
+    assert cfg == {
+        "instance_type": "trn1.32xlarge",
+        "nodes_per_unit": 1,
+        "units": 4,
+        "units_per_cell": 4,
+        "availability_zones": ["us-east-1a", "us-east-1b"],
+    }
     assert out_path.read_text().startswith("# flotilla config from `flotilla plan`")
 
 
@@ -36,9 +56,20 @@ def test_plan_json_carries_every_figure(run_cli):
 
 def test_plan_from_a_config_json(run_cli, tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
-                                "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
-                                "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}))
+    path.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 80,
+                "hidden_size": 8192,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "intermediate_size": 28672,
+                "vocab_size": 128256,
+                "max_position_embeddings": 8192,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     code, out = run_cli("plan", "--config-json", str(path), *TRAFFIC, "--json")
     assert code == 0
     assert json.loads(out)["units"] == 4
@@ -51,8 +82,22 @@ def test_plan_without_a_model_exits_two_naming_the_missing_flags(run_cli):
 
 
 def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
-    code, out = run_cli("plan", "--params", "20e12", "--layers", "200", "--hidden", "32768", "--heads", "256",
-                        "--kv-heads", "16", "--context-length", "8192", *TRAFFIC)
+    code, out = run_cli(
+        "plan",
+        "--params",
+        "20e12",
+        "--layers",
+        "200",
+        "--hidden",
+        "32768",
+        "--heads",
+        "256",
+        "--kv-heads",
+        "16",
+        "--context-length",
+        "8192",
+        *TRAFFIC,
+    )
     assert code == 2
     assert "no unit of 1..8 trn1.32xlarge nodes fits" in out and "--max-nodes" in out
 
@@ -68,8 +113,22 @@ def test_the_written_config_is_accepted_by_the_cdk_apps_config_loader(run_cli, t
 
     config = pytest.importorskip("stacks.config", reason="stacks/config.py (infra issue) is not in this checkout")
     out_path = tmp_path / "flotilla.yaml"
-    code, _ = run_cli("plan", *LLAMA_70B, "--rps", "100", "--prompt-tokens", "1000", "--output-tokens", "200",
-                      "--batch", "8", "--availability-zones", "us-east-1a,us-east-1b", "--write", str(out_path))
+    code, _ = run_cli(
+        "plan",
+        *LLAMA_70B,
+        "--rps",
+        "100",
+        "--prompt-tokens",
+        "1000",
+        "--output-tokens",
+        "200",
+        "--batch",
+        "8",
+        "--availability-zones",
+        "us-east-1a,us-east-1b",
+        "--write",
+        str(out_path),
+    )
     assert code == 0
     cfg = config.load_config(None, str(out_path))
     # 70B at batch 8: 3.0158 req/s per unit -> 100 / 3.0158 = 33.2 -> 34 units over 2 cells of 20

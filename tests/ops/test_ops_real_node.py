@@ -23,11 +23,13 @@ def test_status_reads_real_members_and_exits_one_once_a_follower_dies(fleet, rea
     assert code == 0, out
     nodes = json.loads(out)[0]["nodes"]
     assert [(n["rank"], n["role"], n["ready"], n["state"]) for n in nodes] == [
-        (0, "leader", True, "ready"), (1, "follower", True, "ready")]
+        (0, "leader", True, "ready"),
+        (1, "follower", True, "ready"),
+    ]
     assert nodes[0]["instance_id"] == unit.nodes[0].instance_id
     assert set(nodes[0]["health"]["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used"}
 
-    real_unit.members[1].sigkill()      # the follower dies: the leader must stop reporting ready
+    real_unit.members[1].sigkill()  # the follower dies: the leader must stop reporting ready
     wait_for(lambda: real_unit.leader.ready()[0] != 200, timeout=30, what="the leader to report the unit unready")
     code, out = run_cli("status", "--health-timeout", "1")
     assert code == 1

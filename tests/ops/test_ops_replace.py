@@ -5,8 +5,9 @@ from __future__ import annotations
 
 
 def _state(aws, unit, node) -> tuple[str, str]:
-    ci = aws.ecs.describe_container_instances(cluster=unit.cluster_arn,
-                                              containerInstances=[node.container_instance_arn])["containerInstances"][0]
+    ci = aws.ecs.describe_container_instances(
+        cluster=unit.cluster_arn, containerInstances=[node.container_instance_arn]
+    )["containerInstances"][0]
     asg = aws.autoscaling.describe_auto_scaling_instances(InstanceIds=[node.instance_id])["AutoScalingInstances"][0]
     return ci["status"], asg["HealthStatus"]
 

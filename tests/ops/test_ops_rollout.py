@@ -9,14 +9,16 @@ from ops.fleet import Node, Unit
 
 def _task_definition(aws, unit) -> str:
     return aws.ecs.describe_services(cluster=unit.cluster_arn, services=[unit.service_name])["services"][0][
-        "taskDefinition"]
+        "taskDefinition"
+    ]
 
 
 def _upgrade(aws, fleet, unit, revision: str) -> str:
     """Register the unit's next task definition (a new FLOTILLA_REVISION) and point the service at it,
     as `cdk deploy` of a new revision does; the members then report the new revision."""
-    td = fleet.register_revision(family=unit.family, unit_id=unit.unit_id, cell_id=unit.cell_id,
-                                 nodes=len(unit.nodes), revision=revision)
+    td = fleet.register_revision(
+        family=unit.family, unit_id=unit.unit_id, cell_id=unit.cell_id, nodes=len(unit.nodes), revision=revision
+    )
     aws.ecs.update_service(cluster=unit.cluster_arn, service=unit.service_name, taskDefinition=td)
     for n in unit.nodes:
         n.server.set(revision=revision)
@@ -46,6 +48,7 @@ def test_rollout_status_wait_gives_up_with_exit_one_when_the_budget_runs_out(aws
     unit = fleet.add_unit(cell=0, index=0)
     unit.nodes[0].server.set(revision="2")
     import ops.commands.common as common
+
     monkeypatch.setattr(common.time, "sleep", lambda s: None)
     code, out = run_cli("rollout", "status", "--wait", "0.01")
     assert code == 1
@@ -53,10 +56,25 @@ def test_rollout_status_wait_gives_up_with_exit_one_when_the_budget_runs_out(aws
 
 
 def test_a_failed_ecs_deployment_marks_the_unit_failed_and_not_ready():
-    unit = Unit(cell_id="cell0", unit_id="cell0-unit0", cluster_arn="c", service_name="s", service_arn="a",
-                desired=2, task_definition_arn="arn:td/f:2", revision="2", nodes_per_unit=2,
-                deployments=[{"id": "ecs-svc/1", "status": "PRIMARY", "rolloutState": "FAILED",
-                              "rolloutStateReason": "circuit breaker tripped"}])
+    unit = Unit(
+        cell_id="cell0",
+        unit_id="cell0-unit0",
+        cluster_arn="c",
+        service_name="s",
+        service_arn="a",
+        desired=2,
+        task_definition_arn="arn:td/f:2",
+        revision="2",
+        nodes_per_unit=2,
+        deployments=[
+            {
+                "id": "ecs-svc/1",
+                "status": "PRIMARY",
+                "rolloutState": "FAILED",
+                "rolloutStateReason": "circuit breaker tripped",
+            }
+        ],
+    )
     assert rollout_state(unit) == FAILED
     assert any("FAILED: circuit breaker tripped" in p for p in unit.problems())
     unit.deployments = [{"status": "PRIMARY", "rolloutState": "IN_PROGRESS"}, {"status": "ACTIVE"}]
@@ -101,7 +119,7 @@ def test_rollback_with_wait_checks_each_cell_before_the_next(aws, fleet, run_cli
     c = fleet.add_unit(cell=1, index=0)
     for u in (a, c):
         _upgrade(aws, fleet, u, "2")
-    for u in (a, c):   # the members come back on revision 1 as soon as ECS replaces them
+    for u in (a, c):  # the members come back on revision 1 as soon as ECS replaces them
         for n in u.nodes:
             n.server.set(revision="1")
     code, out = run_cli("rollback", "--all", "--yes", "--wait", "30")
@@ -134,8 +152,9 @@ def test_during_a_surge_rollout_the_old_formation_keeps_the_unit_ready(aws, flee
     keeps serving until the new one is ready. status stays 0; rollout status says in progress."""
     unit = fleet.add_unit(cell=0, index=0)
     fleet.add_unit(cell=0, index=1)
-    new_td = fleet.register_revision(family=unit.family, unit_id=unit.unit_id, cell_id=unit.cell_id, nodes=2,
-                                     revision="2")
+    new_td = fleet.register_revision(
+        family=unit.family, unit_id=unit.unit_id, cell_id=unit.cell_id, nodes=2, revision="2"
+    )
     aws.ecs.update_service(cluster=unit.cluster_arn, service=unit.service_name, taskDefinition=new_td)
     new = fleet.add_formation(unit, task_definition=new_td, started_by="ecs-svc/5678", revision="2", ready=False)
     code, out = run_cli("status", "--unit", "cell0-unit0")
@@ -155,16 +174,21 @@ def test_during_a_surge_rollout_the_old_formation_keeps_the_unit_ready(aws, flee
 def test_rollout_status_shows_the_router_deployments_and_fails_on_a_failed_one(aws, fleet, run_cli):
     fleet.add_unit(cell=0, index=0)
     cluster = aws.ecs.create_cluster(clusterName="flotilla-Router-ClusterEB0386A7-abcd")["cluster"]["clusterArn"]
-    td = aws.ecs.register_task_definition(family="flotillaRouterTask", containerDefinitions=[
-        {"name": "router", "image": "flotilla:latest", "memory": 512}])["taskDefinition"]["taskDefinitionArn"]
+    td = aws.ecs.register_task_definition(
+        family="flotillaRouterTask",
+        containerDefinitions=[{"name": "router", "image": "flotilla:latest", "memory": 512}],
+    )["taskDefinition"]["taskDefinitionArn"]
     aws.ecs.create_service(cluster=cluster, serviceName="flotilla-Router-Service", taskDefinition=td, desiredCount=2)
     code, out = run_cli("rollout", "status")
     assert "router" in out and "flotilla-Router-Service" in out and "flotillaRouterTask:1" in out
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.ecs.models import ecs_backends
-    svc = ecs_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].services["flotilla-Router-ClusterEB0386A7-abcd:flotilla-Router-Service"]
+
+    svc = ecs_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].services[
+        "flotilla-Router-ClusterEB0386A7-abcd:flotilla-Router-Service"
+    ]
     svc.deployments[0]["rolloutState"] = "FAILED"
     code, out = run_cli("rollout", "status")
     assert code == 1
     code, out = run_cli("status")
-    assert code == 0 and "flotilla-Router" not in out   # the router is not a unit
+    assert code == 0 and "flotilla-Router" not in out  # the router is not a unit

@@ -13,8 +13,15 @@ from ops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks"
-MINE = ["scale-for-peak.md", "unit-not-ready.md", "node-replacement.md", "model-update.md", "rollback-units.md",
-        "certificate-rotation.md", "incident-triage.md"]
+MINE = [
+    "scale-for-peak.md",
+    "unit-not-ready.md",
+    "node-replacement.md",
+    "model-update.md",
+    "rollback-units.md",
+    "certificate-rotation.md",
+    "incident-triage.md",
+]
 SHELL_BREAKS = {">", ">>", "<", "|", "&&", "||", ";", "2>&1"}
 
 
@@ -63,10 +70,12 @@ def test_runbook_command_parses_with_the_cli(runbook, line):
 
 
 def test_every_subcommand_the_runbooks_use_is_run_by_a_cli_test():
-    tests = "\n".join(p.read_text() for p in Path(__file__).parent.glob("test_ops_*.py")
-                      if p.name != Path(__file__).name)
-    used = {tuple(argv_of(line)[:2]) if argv_of(line)[0] == "rollout" else (argv_of(line)[0],)
-            for _, line in all_commands()}
+    tests = "\n".join(
+        p.read_text() for p in Path(__file__).parent.glob("test_ops_*.py") if p.name != Path(__file__).name
+    )
+    used = {
+        tuple(argv_of(line)[:2]) if argv_of(line)[0] == "rollout" else (argv_of(line)[0],) for _, line in all_commands()
+    }
     for cmd in sorted(used):
-        call = 'run_cli(' + ", ".join(f'"{w}"' for w in cmd)
+        call = "run_cli(" + ", ".join(f'"{w}"' for w in cmd)
         assert re.search(re.escape(call) + r"[,)]", tests), f"no test runs `flotilla {' '.join(cmd)}`"

@@ -30,7 +30,9 @@ def test_status_json_reports_rank_role_revision_and_load(fleet, run_cli):
     assert [u["unit"] for u in doc] == ["cell0-unit0"]
     nodes = doc[0]["nodes"]
     assert [(n["rank"], n["role"], n["instance_id"]) for n in nodes] == [
-        (0, "leader", unit.nodes[0].instance_id), (1, "follower", unit.nodes[1].instance_id)]
+        (0, "leader", unit.nodes[0].instance_id),
+        (1, "follower", unit.nodes[1].instance_id),
+    ]
     assert nodes[0]["health"]["load"]["queue_depth"] == 3
     assert all(n["registered"] for n in nodes)
     assert doc[0]["state"] == "READY"
@@ -95,15 +97,18 @@ def test_the_deployments_own_cloud_map_namespace_wins_when_several_have_a_units_
     code, out = run_cli("status")
     assert code == 0, out
     code, out = run_cli("status", "--cloudmap-namespace", "staging.internal", "--health-timeout", "0.2")
-    assert code == 1   # nothing registered there: the leader is not in Cloud Map, private IPs answer nothing
+    assert code == 1  # nothing registered there: the leader is not in Cloud Map, private IPs answer nothing
 
 
 def test_an_aws_error_is_one_line_naming_the_call_not_a_traceback(aws, run_cli):
     from botocore.stub import Stubber
 
     with Stubber(aws.ecs) as stub:
-        stub.add_client_error("list_clusters", service_error_code="AccessDeniedException",
-                              service_message="User is not authorized to perform: ecs:ListClusters")
+        stub.add_client_error(
+            "list_clusters",
+            service_error_code="AccessDeniedException",
+            service_message="User is not authorized to perform: ecs:ListClusters",
+        )
         code, out = run_cli("status")
     assert code == 1
     assert "error: AWS:" in out and "ecs:ListClusters" in out
@@ -126,14 +131,19 @@ def test_no_health_judges_by_ecs_and_cloud_map_only(fleet, run_cli):
 def test_cells_are_found_by_their_tags_whatever_the_cluster_is_called(aws, fleet, run_cli):
     fleet.add_unit(cell=0, index=0)
     # another deployment's cell, and an untagged cluster that only looks like one: both ignored
-    aws.ecs.create_cluster(clusterName="staging-cell0", tags=[{"key": "flotilla:deployment", "value": "staging"},
-                                                              {"key": "flotilla:cell", "value": "cell0"}])
+    aws.ecs.create_cluster(
+        clusterName="staging-cell0",
+        tags=[{"key": "flotilla:deployment", "value": "staging"}, {"key": "flotilla:cell", "value": "cell0"}],
+    )
     aws.ecs.create_cluster(clusterName="flotilla-cells-archive")
-    renamed = aws.ecs.create_cluster(clusterName="legacy-name", tags=[
-        {"key": "flotilla:deployment", "value": "flotilla"}, {"key": "flotilla:cell", "value": "cell7"}])
+    renamed = aws.ecs.create_cluster(
+        clusterName="legacy-name",
+        tags=[{"key": "flotilla:deployment", "value": "flotilla"}, {"key": "flotilla:cell", "value": "cell7"}],
+    )
     assert renamed["cluster"]["clusterName"] == "legacy-name"
     from ops.aws import make_clients
     from ops.fleet import _cell_clusters
+
     names = sorted(c["clusterName"] for c in _cell_clusters(make_clients(), "flotilla"))
     assert names == ["flotilla-cell0", "legacy-name"]
     code, out = run_cli("status")
@@ -143,6 +153,7 @@ def test_cells_are_found_by_their_tags_whatever_the_cluster_is_called(aws, fleet
 def test_discovery_limited_to_some_clusters_finds_their_units_exactly_as_a_full_discovery_does(aws, fleet):
     """The --wait loops of replace-node and rollback discover only the cells they watch."""
     from ops.fleet import discover
+
     fleet.add_unit(cell=0, index=0)
     watched = fleet.add_unit(cell=1, index=0, nodes=3)
     fleet.add_unit(cell=1, index=1)

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 
 def _topology(unit, paths: dict[str, list[str]]) -> dict:
-    return {"Instances": [{"InstanceId": iid, "InstanceType": "trn1.32xlarge", "NetworkNodes": nodes,
-                           "AvailabilityZone": "us-east-1a", "ZoneId": "use1-az1"} for iid, nodes in paths.items()]}
+    return {
+        "Instances": [
+            {
+                "InstanceId": iid,
+                "InstanceType": "trn1.32xlarge",
+                "NetworkNodes": nodes,
+                "AvailabilityZone": "us-east-1a",
+                "ZoneId": "use1-az1",
+            }
+            for iid, nodes in paths.items()
+        ]
+    }
 
 
 def test_ranks_in_topology_order_pass(fleet, topology_stub, run_cli):
     unit = fleet.add_unit(cell=0, index=0)
-    a, b = (n.instance_id for n in unit.nodes)   # rank 0, rank 1
-    topology_stub.add_response("describe_instance_topology",
-                               _topology(unit, {a: ["nn-spine", "nn-agg", "nn-leaf-1"],
-                                                b: ["nn-spine", "nn-agg", "nn-leaf-2"]}),
-                               {"InstanceIds": sorted([a, b])})
+    a, b = (n.instance_id for n in unit.nodes)  # rank 0, rank 1
+    topology_stub.add_response(
+        "describe_instance_topology",
+        _topology(unit, {a: ["nn-spine", "nn-agg", "nn-leaf-1"], b: ["nn-spine", "nn-agg", "nn-leaf-2"]}),
+        {"InstanceIds": sorted([a, b])},
+    )
     code, out = run_cli("topology")
     assert code == 0, out
     assert "nn-spine > nn-agg > nn-leaf-1" in out
@@ -26,10 +37,11 @@ def test_ranks_out_of_topology_order_exit_one_and_show_both_orders(fleet, topolo
     unit = fleet.add_unit(cell=0, index=0)
     a, b = (n.instance_id for n in unit.nodes)
     # rank 0 (a) sits under leaf-2, rank 1 (b) under leaf-1: rendezvous would have put b first
-    topology_stub.add_response("describe_instance_topology",
-                               _topology(unit, {a: ["nn-spine", "nn-agg", "nn-leaf-2"],
-                                                b: ["nn-spine", "nn-agg", "nn-leaf-1"]}),
-                               {"InstanceIds": sorted([a, b])})
+    topology_stub.add_response(
+        "describe_instance_topology",
+        _topology(unit, {a: ["nn-spine", "nn-agg", "nn-leaf-2"], b: ["nn-spine", "nn-agg", "nn-leaf-1"]}),
+        {"InstanceIds": sorted([a, b])},
+    )
     code, out = run_cli("topology", "--unit", "cell0-unit0")
     assert code == 1
     assert f"rank order ['{a}', '{b}'] does not follow topology order ['{b}', '{a}']" in out
@@ -38,10 +50,11 @@ def test_ranks_out_of_topology_order_exit_one_and_show_both_orders(fleet, topolo
 def test_nodes_under_different_spines_are_reported(fleet, topology_stub, run_cli):
     unit = fleet.add_unit(cell=0, index=0)
     a, b = (n.instance_id for n in unit.nodes)
-    topology_stub.add_response("describe_instance_topology",
-                               _topology(unit, {a: ["nn-spine-1", "nn-agg-1", "nn-leaf-1"],
-                                                b: ["nn-spine-2", "nn-agg-2", "nn-leaf-2"]}),
-                               {"InstanceIds": sorted([a, b])})
+    topology_stub.add_response(
+        "describe_instance_topology",
+        _topology(unit, {a: ["nn-spine-1", "nn-agg-1", "nn-leaf-1"], b: ["nn-spine-2", "nn-agg-2", "nn-leaf-2"]}),
+        {"InstanceIds": sorted([a, b])},
+    )
     code, out = run_cli("topology")
     assert code == 1
     assert "2 different top-layer network nodes" in out

@@ -35,7 +35,11 @@ class RouterProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1", "--port", "0", *self.args],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)})
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         log.close()
         line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 30)
         if not line.startswith(b"router listening on "):
@@ -85,6 +89,7 @@ class RouterProcess:
 @dataclass
 class Outcome:
     """One client request as the client saw it."""
+
     sent: float
     done: float
     stream: bool
@@ -100,20 +105,21 @@ class Outcome:
 @dataclass
 class Load:
     """Closed-loop clients: each sends its next request when the previous one ends."""
-    pick_url: object                     # () -> base URL of the router to use
+
+    pick_url: object  # () -> base URL of the router to use
     clients: int = 8
     max_tokens: int = 6
-    ignore_eos: bool = False             # generate max_tokens even if the tiny model emits EOS
+    ignore_eos: bool = False  # generate max_tokens even if the tiny model emits EOS
     stream_max_tokens: int | None = None  # longer streams, so a failure can catch one mid-way
     outcomes: list[Outcome] = field(default_factory=list)
-    live_streams: dict[str, int] = field(default_factory=dict)   # unit -> streams past their first event
+    live_streams: dict[str, int] = field(default_factory=dict)  # unit -> streams past their first event
     _stop: bool = False
 
     async def run(self, until) -> list[Outcome]:
         """Run until until(outcomes) is true; bounded by the caller's timeout."""
         connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector,
-                                         timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+
             async def client(i: int) -> None:
                 n = 0
                 while not self._stop:
@@ -129,8 +135,13 @@ class Load:
         base = self.pick_url()
         out = Outcome(sent=time.monotonic(), done=0.0, stream=stream, via=base)
         max_tokens = self.stream_max_tokens if stream and self.stream_max_tokens else self.max_tokens
-        payload = {"model": "tiny", "prompt": "the router test", "max_tokens": max_tokens,
-                   "stream": stream, "ignore_eos": self.ignore_eos}
+        payload = {
+            "model": "tiny",
+            "prompt": "the router test",
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "ignore_eos": self.ignore_eos,
+        }
         try:
             async with session.post(base + "/v1/completions", json=payload) as r:
                 out.status = r.status
@@ -143,7 +154,7 @@ class Load:
                         async for piece in r.content.iter_any():
                             body += piece
                             if not live and b"data: " in body:
-                                live = True      # this stream is now visibly in progress
+                                live = True  # this stream is now visibly in progress
                                 self.live_streams[out.unit] = self.live_streams.get(out.unit, 0) + 1
                     finally:
                         if live:
@@ -153,9 +164,10 @@ class Load:
             if out.status != 200:
                 out.error = body.decode(errors="replace")[:300]
             elif stream:
-                events = [e[len(b"data: "):] for e in body.split(b"\n\n") if e.startswith(b"data: ")]
-                errors = [json.loads(e)["error"]["message"] for e in events
-                          if e != b"[DONE]" and "error" in json.loads(e)]
+                events = [e[len(b"data: ") :] for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+                errors = [
+                    json.loads(e)["error"]["message"] for e in events if e != b"[DONE]" and "error" in json.loads(e)
+                ]
                 if errors:
                     out.error = errors[0]
                 elif events and events[-1] == b"[DONE]":

@@ -24,8 +24,9 @@ class StandInUnit:
     rank / cell / report_role: the member's identity in its ready body (rank 0 leads; without
     report_role the body carries only the rank, and the router must decide from that)."""
 
-    def __init__(self, *, name: str, revision: str = "1", rank: int = 0, cell: str = "",
-                 report_role: bool = True) -> None:
+    def __init__(
+        self, *, name: str, revision: str = "1", rank: int = 0, cell: str = "", report_role: bool = True
+    ) -> None:
         self.name = name
         self.revision = revision
         self.rank = rank
@@ -41,12 +42,12 @@ class StandInUnit:
         self.chunk_delay_s = 0.0
         self.break_after: int | None = None
         self.first_byte_delay_s = 0.0
-        self.chunked_plain = False             # plain (non-SSE) bodies without Content-Length
+        self.chunked_plain = False  # plain (non-SSE) bodies without Content-Length
         self.gate: asyncio.Event | None = None
-        self.received: list[str] = []          # request ids, in arrival order
+        self.received: list[str] = []  # request ids, in arrival order
         self.active = 0
         self.max_active = 0
-        self.disconnects = 0                   # streams the client (router) abandoned
+        self.disconnects = 0  # streams the client (router) abandoned
         self.polls = 0
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -77,23 +78,38 @@ class StandInUnit:
 
     # --- handlers ----------------------------------------------------------------------------
     def _headers(self, request: web.Request) -> dict[str, str]:
-        return {contract.REQUEST_ID_HEADER: request.headers.get(contract.REQUEST_ID_HEADER, "none"),
-                contract.UNIT_HEADER: self.name, contract.REVISION_HEADER: self.revision}
+        return {
+            contract.REQUEST_ID_HEADER: request.headers.get(contract.REQUEST_ID_HEADER, "none"),
+            contract.UNIT_HEADER: self.name,
+            contract.REVISION_HEADER: self.revision,
+        }
 
     async def _ready(self, request: web.Request) -> web.Response:
         self.polls += 1
         ready = self.state == "ready"
-        body = {"ready": ready, "state": self.state, "unit": self.name, "revision": self.revision,
-                "rank": self.rank, "world_size": 2, contract.ATTR_CELL: self.cell,
-                "load": {"queue_depth": self.queue_depth, "running": self.running,
-                         "max_running": self.max_running, "kv_cache_used": self.kv_cache_used}}
+        body = {
+            "ready": ready,
+            "state": self.state,
+            "unit": self.name,
+            "revision": self.revision,
+            "rank": self.rank,
+            "world_size": 2,
+            contract.ATTR_CELL: self.cell,
+            "load": {
+                "queue_depth": self.queue_depth,
+                "running": self.running,
+                "max_running": self.max_running,
+                "kv_cache_used": self.kv_cache_used,
+            },
+        }
         if self.report_role:
             body[contract.ATTR_ROLE] = "leader" if self.rank == 0 else "follower"
         return web.json_response(body, status=200 if ready else 503)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]},
-                                 headers=self._headers(request))
+        return web.json_response(
+            {"object": "list", "data": [{"id": "tiny", "object": "model"}]}, headers=self._headers(request)
+        )
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
@@ -101,7 +117,9 @@ class StandInUnit:
         if self.refuse is not None:
             return web.json_response(
                 {"error": {"message": f"unit {self.name} refuses", "type": "x", "code": self.refuse}},
-                status=self.refuse, headers={**self._headers(request), "Retry-After": "2"})
+                status=self.refuse,
+                headers={**self._headers(request), "Retry-After": "2"},
+            )
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
@@ -124,25 +142,36 @@ class StandInUnit:
                 request.transport.abort()
                 return resp
             return web.json_response(
-                {"id": "cmpl-1", "object": "text_completion", "created": int(time.time()),
-                 "model": "tiny", "unit": self.name,
-                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}]},
-                headers=self._headers(request))
+                {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": "tiny",
+                    "unit": self.name,
+                    "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                },
+                headers=self._headers(request),
+            )
         finally:
             self.active -= 1
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={**self._headers(request), "Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={**self._headers(request), "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         try:
             for i in range(self.chunks):
                 if self.break_after is not None and i == self.break_after:
-                    request.transport.abort()   # the unit dies mid-stream
+                    request.transport.abort()  # the unit dies mid-stream
                     return resp
-                event = {"id": "cmpl-s", "object": "text_completion", "model": "tiny",
-                         "unit": self.name,
-                         "choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}]}
+                event = {
+                    "id": "cmpl-s",
+                    "object": "text_completion",
+                    "model": "tiny",
+                    "unit": self.name,
+                    "choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}],
+                }
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 if i == 0 and self.gate is not None:
                     await self.gate.wait()

@@ -21,15 +21,26 @@ SCENARIO_TIMEOUT_S = 60
 
 def run(coro, timeout: float = SCENARIO_TIMEOUT_S):
     """Run one async scenario, bounded so a bug cannot hang the suite."""
+
     async def bounded():
         return await asyncio.wait_for(coro, timeout)
+
     return asyncio.run(bounded())
 
 
 def fast_settings(**overrides) -> RouterSettings:
-    base = dict(host="127.0.0.1", port=0, units=("http://127.0.0.1:1",), poll_interval_s=0.05,
-                poll_timeout_s=0.5, discovery_interval_s=0.1, drain_grace_s=0.0,
-                connect_timeout_s=0.5, first_byte_timeout_s=5.0, idle_stream_timeout_s=5.0)
+    base = dict(
+        host="127.0.0.1",
+        port=0,
+        units=("http://127.0.0.1:1",),
+        poll_interval_s=0.05,
+        poll_timeout_s=0.5,
+        discovery_interval_s=0.1,
+        drain_grace_s=0.0,
+        connect_timeout_s=0.5,
+        first_byte_timeout_s=5.0,
+        idle_stream_timeout_s=5.0,
+    )
     base.update(overrides)
     return RouterSettings(**base)
 
@@ -48,8 +59,7 @@ async def router_over(units, discovery=None, **overrides):
         await router.close()
 
 
-async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01,
-                   what: str = "the condition") -> None:
+async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "the condition") -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
@@ -69,8 +79,13 @@ def base_url(router: Router) -> str:
     return f"http://127.0.0.1:{router.port}"
 
 
-async def post(session: aiohttp.ClientSession, router: Router, payload: dict | None = None,
-               headers: dict | None = None, path: str = "/v1/completions"):
+async def post(
+    session: aiohttp.ClientSession,
+    router: Router,
+    payload: dict | None = None,
+    headers: dict | None = None,
+    path: str = "/v1/completions",
+):
     payload = payload or {"model": "tiny", "prompt": "hi", "max_tokens": 3}
     async with session.post(base_url(router) + path, json=payload, headers=headers) as resp:
         return resp.status, resp.headers.copy(), await resp.read()

@@ -13,17 +13,16 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-import contract
 from nodeproc import Unit
 from router_real_units import Load, RouterProcess
 from router_testkit import rss_kib, run, wait_for
 
+import contract
 
 pytestmark = pytest.mark.timeout(300)
 
 POLL_S = 0.2
-BROKEN_FOR_S = 3.0   # how long the failover test leaves a unit without its follower
+BROKEN_FOR_S = 3.0  # how long the failover test leaves a unit without its follower
 
 
 @pytest.fixture
@@ -34,7 +33,7 @@ def procs():
     for proc in reversed(started):
         try:
             proc.stop()
-        except Exception as exc:  # keep stopping the others; the failure is reported below
+        except Exception as exc:  # noqa: BLE001 - keep stopping the others; the failure is reported below
             print(f"could not stop {proc}: {exc!r}")
 
 
@@ -61,14 +60,18 @@ async def ready(*units: Unit, timeout: float = 180.0) -> None:
 def describe(outcomes) -> str:
     bad = [o for o in outcomes if not o.ok]
     return f"{len(outcomes)} requests, {len(bad)} failed: " + "; ".join(
-        f"[{o.status} {o.unit} stream={o.stream}] {o.error[:120]}" for o in bad[:8])
+        f"[{o.status} {o.unit} stream={o.stream}] {o.error[:120]}" for o in bad[:8]
+    )
 
 
 def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path, procs):
     a = Unit(tmp_path, name="unit-a", revision="1")
     b = Unit(tmp_path, name="unit-b", revision="1")
-    router = RouterProcess(tmp_path, name="r", args=["--units", f"{a.leader.url},{b.leader.url}",
-                                                     "--poll-interval", str(POLL_S), "--drain-grace", "0"])
+    router = RouterProcess(
+        tmp_path,
+        name="r",
+        args=["--units", f"{a.leader.url},{b.leader.url}", "--poll-interval", str(POLL_S), "--drain-grace", "0"],
+    )
     for proc in (a, b, router):
         procs(proc)
     marks: dict[str, float] = {}
@@ -82,11 +85,16 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=24, ignore_eos=True)
 
         async def controller():
-            await wait_for(lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10,
-                             timeout=60, what="traffic on unit-a")
+            await wait_for(
+                lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10, timeout=60, what="traffic on unit-a"
+            )
             # Kill while a stream from unit-a is visibly under way, so that case is exercised.
-            await wait_for(lambda: load.live_streams.get("unit-a", 0) > 0, timeout=60,
-                             what="a stream in progress on unit-a", interval=0.001)
+            await wait_for(
+                lambda: load.live_streams.get("unit-a", 0) > 0,
+                timeout=60,
+                what="a stream in progress on unit-a",
+                interval=0.001,
+            )
             marks["streams_in_progress"] = load.live_streams["unit-a"]
             watch = asyncio.create_task(first_unready(a.leader.url, timeout=30))
             await asyncio.sleep(0.05)
@@ -97,13 +105,16 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
             # of whole seconds, not a scheduling accident.
             await asyncio.sleep(BROKEN_FOR_S)
             marks["replaced"] = time.monotonic()
-            a.members[1].start()        # the replacement follower: the unit re-forms
+            a.members[1].start()  # the replacement follower: the unit re-forms
             await ready(a, timeout=120)
             marks["reformed"] = time.monotonic()
 
         def enough(outs) -> bool:
-            return ("reformed" in marks and len(outs) >= 200
-                    and sum(o.unit == "unit-a" and o.sent > marks["reformed"] for o in outs) >= 5)
+            return (
+                "reformed" in marks
+                and len(outs) >= 200
+                and sum(o.unit == "unit-a" and o.sent > marks["reformed"] for o in outs) >= 5
+            )
 
         await asyncio.gather(controller(), load.run(enough))
         return load.outcomes, await router.metrics()
@@ -111,12 +122,15 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     outcomes, metrics = run(scenario(), timeout=240.0)
     router_code = router.stop()
     failed = [o for o in outcomes if not o.ok]
-    last_on_a = max((o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["replaced"]),
-                    default=marks["unready"])
-    print(f"failover: {len(outcomes)} requests, {len(failed)} failed (streams running on unit-a at the "
-          f"kill), last request sent to unit-a {last_on_a - marks['unready']:+.3f} s after it turned "
-          f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill; "
-          f"stream error: {failed[0].error if failed else None!r}")
+    last_on_a = max(
+        (o.sent for o in outcomes if o.unit == "unit-a" and o.sent < marks["replaced"]), default=marks["unready"]
+    )
+    print(
+        f"failover: {len(outcomes)} requests, {len(failed)} failed (streams running on unit-a at the "
+        f"kill), last request sent to unit-a {last_on_a - marks['unready']:+.3f} s after it turned "
+        f"unready, unit unready {marks['unready'] - marks['killed']:.3f} s after the kill; "
+        f"stream error: {failed[0].error if failed else None!r}"
+    )
     assert len(outcomes) >= 200
     assert failed, "no stream was cut by the kill: the broken-stream path was not exercised"
     # Only streams already running on the broken unit may fail, and they fail with a clear error.
@@ -130,10 +144,13 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     # polled from a busy event loop), and requests the router rightly sends to the re-formed unit in
     # between must not count as late. Requests sent after the replacement starts are still covered
     # above: none of them may fail.
-    late = [o for o in outcomes if o.unit == "unit-a"
-            and marks["unready"] + 2 * POLL_S + 0.5 < o.sent < marks["replaced"]]
-    assert late == [], (f"{len(late)} requests sent to unit-a while it was broken, at "
-                        f"{[round(o.sent - marks['unready'], 3) for o in late]} s after it turned unready")
+    late = [
+        o for o in outcomes if o.unit == "unit-a" and marks["unready"] + 2 * POLL_S + 0.5 < o.sent < marks["replaced"]
+    ]
+    assert late == [], (
+        f"{len(late)} requests sent to unit-a while it was broken, at "
+        f"{[round(o.sent - marks['unready'], 3) for o in late]} s after it turned unready"
+    )
     # Re-formed, it takes traffic again.
     assert sum(o.unit == "unit-a" and o.ok and o.sent > marks["reformed"] for o in outcomes) >= 5
     assert 'flotilla_router_unit_routable{revision="1",unit="unit-a"' in metrics
@@ -145,9 +162,20 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
     b = Unit(tmp_path, name="unit-b", revision="2")
     units_file = tmp_path / "units.txt"
     units_file.write_text(a.leader.url + "\n")
-    router = RouterProcess(tmp_path, name="r", args=["--units-file", str(units_file),
-                                                     "--poll-interval", str(POLL_S),
-                                                     "--discovery-interval", "0.2", "--drain-grace", "0"])
+    router = RouterProcess(
+        tmp_path,
+        name="r",
+        args=[
+            "--units-file",
+            str(units_file),
+            "--poll-interval",
+            str(POLL_S),
+            "--discovery-interval",
+            "0.2",
+            "--drain-grace",
+            "0",
+        ],
+    )
     for proc in (a, b, router):
         procs(proc)
     marks: dict[str, float] = {}
@@ -163,10 +191,10 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
             await wait_for(lambda: len(load.outcomes) >= 30, timeout=60, what="30 requests on A")
             b.start()
             await ready(b)
-            units_file.write_text(f"{a.leader.url}\n{b.leader.url}\n")   # B registers, as in Cloud Map
+            units_file.write_text(f"{a.leader.url}\n{b.leader.url}\n")  # B registers, as in Cloud Map
             await router.wait_routable(2)
             marks["b_routable"] = time.monotonic()
-            a.sigterm()                                     # ECS stops A's tasks: it drains
+            a.sigterm()  # ECS stops A's tasks: it drains
             await wait_for(a.exited, timeout=90, what="unit A to drain and exit")
             marks["a_gone"] = time.monotonic()
 
@@ -261,11 +289,24 @@ def test_router_replacement_draining_one_of_two_routers_under_load_loses_no_requ
 
 def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays_flat(tmp_path: Path, procs):
     unit = Unit(tmp_path, name="unit-a", revision="1")
-    router = RouterProcess(tmp_path, name="r", args=["--units", unit.leader.url, "--poll-interval", str(POLL_S),
-                                                     # a busy 2-core machine may answer a poll late:
-                                                     # that must not read as "unit gone" (503)
-                                                     "--poll-timeout", "30",
-                                                     "--max-outstanding-per-unit", "4", "--drain-grace", "0"])
+    router = RouterProcess(
+        tmp_path,
+        name="r",
+        args=[
+            "--units",
+            unit.leader.url,
+            "--poll-interval",
+            str(POLL_S),
+            # a busy 2-core machine may answer a poll late:
+            # that must not read as "unit gone" (503)
+            "--poll-timeout",
+            "30",
+            "--max-outstanding-per-unit",
+            "4",
+            "--drain-grace",
+            "0",
+        ],
+    )
     procs(unit)
     procs(router)
 
@@ -279,7 +320,7 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
         flood_load = Load(pick_url=lambda: router.url)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             admitted = [asyncio.create_task(admitted_load.one(s, stream=True)) for _ in range(4)]
-            metrics_line = "flotilla_router_unit_outstanding{revision=\"1\",unit=\"unit-a\""
+            metrics_line = 'flotilla_router_unit_outstanding{revision="1",unit="unit-a"'
             deadline = time.monotonic() + 30
             while True:
                 text = await router.metrics()
@@ -299,8 +340,11 @@ def test_overload_gets_429_before_admitted_work_finishes_and_router_memory_stays
     done, floods, rss = run(scenario(), timeout=240.0)
     assert all(o.ok for o in done), describe(done)
     assert [o.status for o in floods] == [429] * len(floods)
-    print(f"overload: {len(floods)} refused with 429 in {max(o.done for o in floods) - min(o.sent for o in floods):.2f} s "
-          f"while 4 admitted generations ran; router RSS {rss} KiB")
+    window = max(o.done for o in floods) - min(o.sent for o in floods)
+    print(
+        f"overload: {len(floods)} refused with 429 in {window:.2f} s "
+        f"while 4 admitted generations ran; router RSS {rss} KiB"
+    )
     # "Quickly": every refusal came back while the admitted generations were still running.
     assert max(o.done for o in floods) < min(o.done for o in done)
     assert rss[-1] - rss[1] < 8 * 1024, rss

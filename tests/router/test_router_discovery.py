@@ -7,10 +7,10 @@ import aiohttp
 import boto3
 import pytest
 from moto import mock_aws
+from router_standins import StandInUnit
+from router_testkit import base_url, post, router_over, run, wait_for
 
 import contract
-from router_testkit import base_url, post, router_over, run, wait_for
-from router_standins import StandInUnit
 from runtime.router.discovery import CloudMapDiscovery, DiscoveryError, StaticDiscovery
 from runtime.router.settings import RouterSettings, SettingsError
 
@@ -29,6 +29,7 @@ def test_units_file_changes_add_and_remove_units_without_a_restart(tmp_path):
             await wait_for(lambda: set(router.fleet.units) == {b.url})
         await a.stop()
         await b.stop()
+
     run(scenario())
 
 
@@ -43,6 +44,7 @@ def test_unreadable_units_file_keeps_the_last_known_units(tmp_path):
             await wait_for(lambda: router.fleet.discovery_errors > errors)
             assert router.fleet.routable_count() == 1
         await a.stop()
+
     run(scenario())
 
 
@@ -76,8 +78,10 @@ def test_cloudmap_discovery_returns_every_member_ecs_registered_at_its_ip_and_po
     found = CloudMapDiscovery(namespace="flotilla", service="units", client=sd).discover()
     port = contract.NODE_API_PORT
     assert sorted((e.url, e.unit) for e in found) == [
-        (f"http://10.0.1.5:{port}", "cell0-unit0"), (f"http://10.0.1.6:{port}", "cell0-unit0"),
-        ("http://10.0.2.7:8123", "cell0-unit1")]
+        (f"http://10.0.1.5:{port}", "cell0-unit0"),
+        (f"http://10.0.1.6:{port}", "cell0-unit0"),
+        ("http://10.0.2.7:8123", "cell0-unit1"),
+    ]
     sd.deregister_instance(ServiceId=svc_id, InstanceId="t-0")
     again = CloudMapDiscovery(namespace="flotilla", service="units", client=sd).discover()
     assert sorted(e.url for e in again) == [f"http://10.0.1.6:{port}", "http://10.0.2.7:8123"]
@@ -87,9 +91,13 @@ def test_router_over_cloudmap_routes_only_to_the_members_that_lead():
     """Two units of two members each, registered as ECS does (no role attribute): the router polls
     all four, and only rank 0 of each takes requests; one unit's members report a role, the other's
     only their rank."""
+
     async def scenario():
-        members = [await StandInUnit(name=f"cell0-unit{u}", rank=r, cell="cell0", report_role=(u == 0)).start()
-                   for u in (0, 1) for r in (0, 1)]
+        members = [
+            await StandInUnit(name=f"cell0-unit{u}", rank=r, cell="cell0", report_role=(u == 0)).start()
+            for u in (0, 1)
+            for r in (0, 1)
+        ]
         leaders = [m for m in members if m.rank == 0]
         with mock_aws():
             sd = boto3.client("servicediscovery", region_name="us-east-1")
@@ -101,8 +109,10 @@ def test_router_over_cloudmap_routes_only_to_the_members_that_lead():
                 assert set(router.fleet.units) == {m.url for m in members}
                 await wait_for(lambda: all(m.polls for m in members))
                 states = {u.url: (u.role, u.state, u.routable) for u in router.fleet.units.values()}
-                assert states == {m.url: ("leader", "ready", True) if m.rank == 0 else ("follower", "follower", False)
-                                  for m in members}
+                assert states == {
+                    m.url: ("leader", "ready", True) if m.rank == 0 else ("follower", "follower", False)
+                    for m in members
+                }
                 async with aiohttp.ClientSession() as session:
                     answers = [await post(session, router) for _ in range(8)]
                     async with session.get(base_url(router) + contract.METRICS_PATH) as r:
@@ -113,6 +123,7 @@ def test_router_over_cloudmap_routes_only_to_the_members_that_lead():
                 assert metrics.count('state="follower"') == 2
         for m in members:
             await m.stop()
+
     run(scenario())
 
 
@@ -123,11 +134,12 @@ def test_when_leadership_moves_to_another_member_the_router_follows_it():
         async with router_over([a], discovery=StaticDiscovery(units=(a.url, b.url))) as router:
             routable = lambda: {u.url for u in router.fleet.units.values() if u.routable}  # noqa: E731
             assert routable() == {a.url}
-            a.rank, b.rank = 1, 0          # the unit re-formed with the other member as rank 0
+            a.rank, b.rank = 1, 0  # the unit re-formed with the other member as rank 0
             await wait_for(lambda: routable() == {b.url})
             assert router.fleet.units[a.url].state == "follower"
         await a.stop()
         await b.stop()
+
     run(scenario())
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-import contract
 from router_standins import StandInUnit
 from router_testkit import router_over, run, wait_for
+
+import contract
 from runtime.router.discovery import StaticDiscovery
 
 SERVICE, CELL, READY = contract.METRIC_DIM_SERVICE, contract.METRIC_DIM_CELL, contract.METRIC_READY_UNITS
@@ -59,15 +60,16 @@ def test_ready_units_are_written_per_cell_and_fleet_wide(capsys):
             await wait_for(lambda: out.rounds() and out.rounds()[-1] == {"cell0": 2, "cell1": 1, "": 3})
             for line in out.lines:
                 assert_ready_units_shape(line)
-            b0.state = "forming"              # cell1's only unit reloads its model
+            b0.state = "forming"  # cell1's only unit reloads its model
             await wait_for(lambda: out.rounds()[-1] == {"cell0": 2, "cell1": 0, "": 2})
-            await b0.stop()                   # and then is gone altogether: cell1 still reports 0
+            await b0.stop()  # and then is gone altogether: cell1 still reports 0
             await wait_for(lambda: router.fleet.units[b0.url].state == "unreachable")
             seen = len(out.rounds())
             await wait_for(lambda: len(out.rounds()) > seen + 1)
             assert out.rounds()[-1] == {"cell0": 2, "cell1": 0, "": 2}
         for m in (a0, a0_follower, a1):
             await m.stop()
+
     run(scenario())
 
 
@@ -80,4 +82,5 @@ def test_without_cells_only_the_fleet_wide_line_is_written(capsys):
         assert all(set(r) == {""} for r in out.rounds())
         assert all(line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [[SERVICE]] for line in out.lines)
         await a.stop()
+
     run(scenario())

@@ -7,9 +7,9 @@ import json
 import urllib.request
 
 import pytest
+from localmode import LocalMode
 
 import contract
-from localmode import LocalMode
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,15 +20,20 @@ def test_local_mode_with_two_units_routes_to_both_behind_the_router_and_stops_on
         local.wait_ready(timeout=180)
         procs = local.processes()
         assert sorted((p["unit"] or "", p["role"]) for p in procs) == [
-            ("", "router"), ("local-unit0", "follower"), ("local-unit0", "leader"),
-            ("local-unit1", "follower"), ("local-unit1", "leader")]
+            ("", "router"),
+            ("local-unit0", "follower"),
+            ("local-unit0", "leader"),
+            ("local-unit1", "follower"),
+            ("local-unit1", "leader"),
+        ]
         router = next(p for p in procs if p["role"] == "router")
         assert router["ports"]["http"] == local.port
         served = set()
         body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 3}).encode()
         for _ in range(40):
-            req = urllib.request.Request(f"{local.url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{local.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200
                 served.add(r.headers[contract.UNIT_HEADER])

@@ -10,18 +10,31 @@ import sys
 from pathlib import Path
 
 import aiohttp
-
-from router_testkit import rss_kib, run, wait_for
 from router_standins import StandInUnit
+from router_testkit import rss_kib, run, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 async def start_router_process(*args: str) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1", "--port", "0",
-        "--poll-interval", "0.05", "--log-level", "WARNING", *args,
-        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "runtime",
+        "router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--poll-interval",
+        "0.05",
+        "--log-level",
+        "WARNING",
+        *args,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     line = await asyncio.wait_for(proc.stdout.readline(), 20)
     if not line.startswith(b"router listening on "):
         proc.kill()
@@ -33,6 +46,7 @@ async def wait_routable(session: aiohttp.ClientSession, url: str, count: int) ->
     async def routable() -> int:
         async with session.get(url + "/health") as r:
             return (await r.json())["routable_units"]
+
     for _ in range(1000):
         if await routable() == count:
             return
@@ -52,7 +66,7 @@ def test_sigterm_fails_health_at_once_finishes_in_flight_streams_and_exits_0():
                 first = await resp.content.readuntil(b"\n\n")
                 proc.send_signal(signal.SIGTERM)
                 health = None
-                for _ in range(200):    # /health must turn 503 before the drain grace ends
+                for _ in range(200):  # /health must turn 503 before the drain grace ends
                     async with s.get(url + "/health") as h:
                         if h.status == 503:
                             health = h.status
@@ -69,17 +83,27 @@ def test_sigterm_fails_health_at_once_finishes_in_flight_streams_and_exits_0():
         assert health == 503
         assert b"tok0" in first and rest.endswith(b"data: [DONE]\n\n")
         assert code == 0
+
     run(scenario())
 
 
 def test_router_process_rejects_bad_settings_with_a_message_naming_them():
     async def scenario():
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime", "router", "--units", "10.0.0.1:8000", cwd=REPO,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "FLOTILLA_UNITS": ""})
+            sys.executable,
+            "-m",
+            "runtime",
+            "router",
+            "--units",
+            "10.0.0.1:8000",
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "FLOTILLA_UNITS": ""},
+        )
         _, err = await asyncio.wait_for(proc.communicate(), 20)
         return proc.returncode, err.decode()
+
     code, err = run(scenario())
     assert code == 2 and "10.0.0.1:8000" in err and "http://host:port" in err
 
@@ -87,10 +111,11 @@ def test_router_process_rejects_bad_settings_with_a_message_naming_them():
 def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
     async def scenario():
         a = await StandInUnit(name="a").start()
-        a.gate = asyncio.Event()      # the unit holds every request it accepts
+        a.gate = asyncio.Event()  # the unit holds every request it accepts
         # The stand-in shares this loop with 400 concurrent clients: give its health answer time.
-        proc, url = await start_router_process("--units", a.url, "--max-outstanding-per-unit", "4",
-                                               "--poll-timeout", "10")
+        proc, url = await start_router_process(
+            "--units", a.url, "--max-outstanding-per-unit", "4", "--poll-timeout", "10"
+        )
         try:
             connector = aiohttp.TCPConnector(limit=200)
             async with aiohttp.ClientSession(connector=connector) as s:
@@ -120,4 +145,5 @@ def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
         assert held_statuses == [200] * 4 and a.max_active == 4
         # 1,600 more refused requests must not grow the router: nothing is queued.
         assert rss_after_all - rss_after_first < 8 * 1024, (rss_after_first, rss_after_all)
+
     run(scenario())

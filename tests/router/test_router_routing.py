@@ -7,10 +7,10 @@ import json
 
 import aiohttp
 import openai
+from router_standins import StandInUnit
+from router_testkit import base_url, post, router_over, run, wait_for
 
 import contract
-from router_testkit import base_url, post, router_over, run, wait_for
-from router_standins import StandInUnit
 
 
 async def units(*names: str) -> list[StandInUnit]:
@@ -33,6 +33,7 @@ def test_request_reaches_a_ready_unit_and_keeps_the_client_request_id():
         assert headers[contract.UNIT_HEADER] == "a"
         assert a.received == ["req-42"]
         assert json.loads(body)["unit"] == "a"
+
     run(scenario())
 
 
@@ -44,6 +45,7 @@ def test_router_generates_a_request_id_when_the_client_sends_none():
         await stop_all(us)
         rid = headers[contract.REQUEST_ID_HEADER]
         assert len(rid) == 32 and a.received == [rid]
+
     run(scenario())
 
 
@@ -56,6 +58,7 @@ def test_malformed_request_id_gets_400_naming_the_header():
         assert status == 400
         assert contract.REQUEST_ID_HEADER in json.loads(body)["error"]["message"]
         assert us[0].received == []
+
     run(scenario())
 
 
@@ -73,6 +76,7 @@ def test_openai_client_works_through_the_router_streaming_and_not():
         assert done.choices[0].text == "tok0 tok1 tok2"
         assert pieces == ["tok0 ", "tok1 ", "tok2 "]
         assert [m.id for m in models.data] == ["tiny"]
+
     run(scenario())
 
 
@@ -87,6 +91,7 @@ def test_least_loaded_unit_by_reported_load_receives_the_request():
                 await post(s, router)
         await stop_all(us)
         assert len(b.received) == 5 and a.received == []
+
     run(scenario())
 
 
@@ -100,6 +105,7 @@ def test_router_outstanding_count_spreads_a_burst_between_idle_units():
         await stop_all(us)
         # Reported load stays 0 (no poll in between); only the live outstanding count spreads it.
         assert len(a.received) == 5 and len(b.received) == 5
+
     run(scenario())
 
 
@@ -113,6 +119,7 @@ def test_unit_that_is_not_ready_or_draining_gets_no_traffic():
                 await post(s, router)
         await stop_all(us)
         assert len(a.received) == 6 and b.received == [] and c.received == []
+
     run(scenario())
 
 
@@ -125,6 +132,7 @@ def test_a_failed_poll_marks_the_unit_unready_at_once():
             await router.fleet.poll_once(unit)
             assert not unit.routable and unit.state == "unreachable"
         await stop_all(us)
+
     run(scenario())
 
 
@@ -139,18 +147,18 @@ def test_unit_that_reforms_receives_traffic_again():
             assert a.received == []
             a.state = "ready"
             b.queue_depth = 10
-            await wait_for(lambda: router.fleet.units[a.url].routable
-                           and router.fleet.units[b.url].queue_depth == 10)
+            await wait_for(lambda: router.fleet.units[a.url].routable and router.fleet.units[b.url].queue_depth == 10)
             await post(s, router)
         await stop_all(us)
         assert len(a.received) == 1
+
     run(scenario())
 
 
 def test_connect_failure_moves_the_request_to_another_unit():
     async def scenario():
         a, b = us = await units("a", "b")
-        b.queue_depth = 3   # a is preferred
+        b.queue_depth = 3  # a is preferred
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             await a.stop()  # the router does not know yet: no poll for 30 s
             status, headers, _ = await post(s, router)
@@ -159,6 +167,7 @@ def test_connect_failure_moves_the_request_to_another_unit():
         await stop_all(us)
         assert status == 200 and headers[contract.UNIT_HEADER] == "b"
         assert 'flotilla_router_retries_total{reason="connect"} 1.0' in text
+
     run(scenario())
 
 
@@ -172,6 +181,7 @@ def test_503_before_the_first_byte_moves_the_request_to_another_unit():
         await stop_all(us)
         assert status == 200 and headers[contract.UNIT_HEADER] == "b"
         assert a.received == ["r1"] and b.received == ["r1"]
+
     run(scenario())
 
 
@@ -184,6 +194,7 @@ def test_when_every_unit_refuses_the_last_refusal_reaches_the_client():
         await stop_all(us)
         assert status == 429 and headers["Retry-After"] == "2"
         assert "refuses" in json.loads(body)["error"]["message"]
+
     run(scenario())
 
 
@@ -205,7 +216,8 @@ def test_stream_broken_midway_ends_with_an_sse_error_and_is_never_replayed():
         await stop_all(us)
         assert pieces == ["tok0 ", "tok1 "]
         assert error is not None and "failed mid-response" in error.message
-        assert b.received == []   # nothing was replayed on another unit
+        assert b.received == []  # nothing was replayed on another unit
+
     run(scenario())
 
 
@@ -213,12 +225,13 @@ def test_unit_that_dies_before_a_plain_body_is_complete_is_retried_on_another_un
     async def scenario():
         a, b = us = await units("a", "b")
         b.queue_depth = 3
-        a.break_after = 0   # announces a Content-Length, sends part of the body, dies
+        a.break_after = 0  # announces a Content-Length, sends part of the body, dies
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             status, headers, body = await post(s, router, headers={contract.REQUEST_ID_HEADER: "r2"})
         await stop_all(us)
         assert status == 200 and headers[contract.UNIT_HEADER] == "b"
         assert json.loads(body)["unit"] == "b" and a.received == ["r2"] == b.received
+
     run(scenario())
 
 
@@ -226,7 +239,7 @@ def test_chunked_plain_body_cut_short_is_an_error_at_the_client_not_a_short_succ
     async def scenario():
         a, b = us = await units("a", "b")
         b.queue_depth = 3
-        a.break_after, a.chunked_plain = 0, True   # body of unknown length: relayed as it comes
+        a.break_after, a.chunked_plain = 0, True  # body of unknown length: relayed as it comes
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             failed = False
             try:
@@ -235,6 +248,7 @@ def test_chunked_plain_body_cut_short_is_an_error_at_the_client_not_a_short_succ
                 failed = True
         await stop_all(us)
         assert failed and b.received == []
+
     run(scenario())
 
 
@@ -243,13 +257,13 @@ def test_stream_chunks_reach_the_client_before_the_unit_sends_the_next():
         (a,) = us = await units("a")
         a.gate = asyncio.Event()
         async with router_over(us) as router, aiohttp.ClientSession() as s:
-            async with s.post(base_url(router) + "/v1/completions",
-                              json={"prompt": "hi", "stream": True}) as resp:
+            async with s.post(base_url(router) + "/v1/completions", json={"prompt": "hi", "stream": True}) as resp:
                 first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
-                a.gate.set()    # the unit sends the rest only after the client saw the first event
+                a.gate.set()  # the unit sends the rest only after the client saw the first event
                 rest = await resp.read()
         await stop_all(us)
         assert b"tok0" in first and b"tok1" in rest and rest.endswith(b"data: [DONE]\n\n")
+
     run(scenario())
 
 
@@ -261,22 +275,23 @@ def test_unit_silent_past_the_first_byte_timeout_gets_504():
             status, _, body = await post(s, router)
         await stop_all(us)
         assert status == 504 and json.loads(body)["error"]["code"] == "unit_timeout"
+
     run(scenario())
 
 
 def test_stream_silent_past_the_idle_timeout_ends_with_an_sse_error():
     async def scenario():
         (a,) = us = await units("a")
-        a.gate = asyncio.Event()    # the stream stalls after its first event until the end
+        a.gate = asyncio.Event()  # the stream stalls after its first event until the end
         async with router_over(us, idle_stream_timeout_s=0.3) as router, aiohttp.ClientSession() as s:
-            async with s.post(base_url(router) + "/v1/completions",
-                              json={"prompt": "hi", "stream": True}) as resp:
+            async with s.post(base_url(router) + "/v1/completions", json={"prompt": "hi", "stream": True}) as resp:
                 body = await resp.read()
             a.gate.set()
         await stop_all(us)
         events = [e for e in body.split(b"\n\n") if e]
         assert b"tok0" in events[0]
-        assert json.loads(events[-1][len(b"data: "):])["error"]["code"] == "idle_timeout"
+        assert json.loads(events[-1][len(b"data: ") :])["error"]["code"] == "idle_timeout"
+
     run(scenario())
 
 
@@ -287,10 +302,11 @@ def test_client_that_goes_away_releases_the_unit_stream():
         async with router_over(us) as router, aiohttp.ClientSession() as s:
             resp = await s.post(base_url(router) + "/v1/completions", json={"prompt": "x", "stream": True})
             await resp.content.readuntil(b"\n\n")
-            resp.close()   # the client hangs up mid-stream
+            resp.close()  # the client hangs up mid-stream
             await wait_for(lambda: a.disconnects == 1 and router.inflight == 0, timeout=5)
             assert router.fleet.units[a.url].outstanding == 0
         await stop_all(us)
+
     run(scenario())
 
 
@@ -305,6 +321,7 @@ def test_kv_cache_use_breaks_a_tie_in_reported_load():
                 await post(s, router)
         await stop_all(us)
         assert len(b.received) == 4 and a.received == []
+
     run(scenario())
 
 
@@ -320,9 +337,8 @@ def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsy
             status, _, _ = await post(s, router, headers={contract.REQUEST_ID_HEADER: "shed-1"})
         await stop_all(us)
         assert status == 503
+
     run(scenario())
-    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()
-             if line.startswith('{"ts"')]
-    assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [
-        ("logged-1", 200, "b", 2)]
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
+    assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [("logged-1", 200, "b", 2)]
     assert lines[0]["event"] == "router_request" and lines[0]["duration_ms"] > 0

@@ -44,14 +44,28 @@ def test_poll_timeout_defaults_to_twice_the_poll_interval_and_at_least_a_second(
     assert from_cli(["--units", UNIT, "--poll-interval", "2", "--poll-timeout", "3"]).poll_timeout_s == 3.0
 
 
-@pytest.mark.parametrize("argv, env, expected", [
-    (["--poll-interval", "x"], {}, "poll_interval_s='x' is not a number: allowed 0.01..60 (from --poll-interval)"),
-    ([], {contract.ENV_PORT: "http"}, f"port='http' is not a whole number: allowed 0..65535 (from {contract.ENV_PORT})"),
-    (["--max-queue-depth", "0"], {}, "max_queue_depth=0 is out of range: allowed 1..100000 (from --max-queue-depth)"),
-    ([], {contract.ENV_DISCOVERY: "dns"}, (f"discovery='dns' is not supported: use 'static' or 'cloudmap' "
-                                           f"(from {contract.ENV_DISCOVERY})")),
-    (["--access-log", "yes"], {}, "access_log='yes' is not supported: use json or off (from --access-log)"),
-])
+@pytest.mark.parametrize(
+    "argv, env, expected",
+    [
+        (["--poll-interval", "x"], {}, "poll_interval_s='x' is not a number: allowed 0.01..60 (from --poll-interval)"),
+        (
+            [],
+            {contract.ENV_PORT: "http"},
+            f"port='http' is not a whole number: allowed 0..65535 (from {contract.ENV_PORT})",
+        ),
+        (
+            ["--max-queue-depth", "0"],
+            {},
+            "max_queue_depth=0 is out of range: allowed 1..100000 (from --max-queue-depth)",
+        ),
+        (
+            [],
+            {contract.ENV_DISCOVERY: "dns"},
+            (f"discovery='dns' is not supported: use 'static' or 'cloudmap' (from {contract.ENV_DISCOVERY})"),
+        ),
+        (["--access-log", "yes"], {}, "access_log='yes' is not supported: use json or off (from --access-log)"),
+    ],
+)
 def test_a_bad_value_gets_one_line_naming_the_setting_the_allowed_values_and_the_source(argv, env, expected):
     with pytest.raises(SettingsError) as exc:
         from_cli(["--units", UNIT, *argv], env)
@@ -75,8 +89,9 @@ def test_the_command_exits_2_with_the_message_on_stderr(capsys, monkeypatch):
     monkeypatch.setenv(contract.ENV_DRAIN_TIMEOUT, "soon")
     assert main(["router"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"router: drain_timeout_s='soon' is not a number: allowed 0..86400 "
-                   f"(from {contract.ENV_DRAIN_TIMEOUT})\n")
+    assert err == (
+        f"router: drain_timeout_s='soon' is not a number: allowed 0..86400 (from {contract.ENV_DRAIN_TIMEOUT})\n"
+    )
 
 
 def test_every_flag_and_environment_variable_of_the_router_is_declared():
@@ -84,15 +99,36 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
     RouterSettings.add_arguments(parser)
     flags = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings[0] != "-h"}
     assert set(flags) == {
-        "--host", "--port", "--discovery", "--units", "--units-file", "--cloudmap-namespace",
-        "--cloudmap-service", "--poll-interval", "--poll-timeout", "--discovery-interval",
-        "--max-outstanding-per-unit", "--max-queue-depth", "--drain-grace", "--drain-timeout",
-        "--first-byte-timeout", "--idle-stream-timeout", "--event-loop", "--access-log",
-        "--ready-units-interval", "--log-level"}
-    envs = {"--port": contract.ENV_PORT, "--discovery": contract.ENV_DISCOVERY, "--units": contract.ENV_UNITS,
-            "--cloudmap-namespace": contract.ENV_CLOUDMAP_NAMESPACE,
-            "--cloudmap-service": contract.ENV_CLOUDMAP_SERVICE,
-            "--poll-interval": contract.ENV_POLL_INTERVAL, "--drain-timeout": contract.ENV_DRAIN_TIMEOUT}
+        "--host",
+        "--port",
+        "--discovery",
+        "--units",
+        "--units-file",
+        "--cloudmap-namespace",
+        "--cloudmap-service",
+        "--poll-interval",
+        "--poll-timeout",
+        "--discovery-interval",
+        "--max-outstanding-per-unit",
+        "--max-queue-depth",
+        "--drain-grace",
+        "--drain-timeout",
+        "--first-byte-timeout",
+        "--idle-stream-timeout",
+        "--event-loop",
+        "--access-log",
+        "--ready-units-interval",
+        "--log-level",
+    }
+    envs = {
+        "--port": contract.ENV_PORT,
+        "--discovery": contract.ENV_DISCOVERY,
+        "--units": contract.ENV_UNITS,
+        "--cloudmap-namespace": contract.ENV_CLOUDMAP_NAMESPACE,
+        "--cloudmap-service": contract.ENV_CLOUDMAP_SERVICE,
+        "--poll-interval": contract.ENV_POLL_INTERVAL,
+        "--drain-timeout": contract.ENV_DRAIN_TIMEOUT,
+    }
     for flag, help_text in flags.items():
         assert "(default: " in help_text, flag
         assert (f"env {envs[flag]})" in help_text) if flag in envs else ("env " not in help_text), flag

@@ -6,9 +6,8 @@ import asyncio
 import json
 
 import aiohttp
-
-from router_testkit import base_url, post, router_over, run, wait_for
 from router_standins import StandInUnit
+from router_testkit import base_url, post, router_over, run, wait_for
 
 
 def test_every_unit_saturated_by_reported_queue_gets_429_with_retry_after():
@@ -22,6 +21,7 @@ def test_every_unit_saturated_by_reported_queue_gets_429_with_retry_after():
         assert status == 429 and headers["Retry-After"] == "1"
         assert json.loads(body)["error"]["code"] == "overloaded"
         assert a.received == []
+
     run(scenario())
 
 
@@ -30,10 +30,11 @@ def test_router_never_has_more_than_its_cap_in_flight_to_a_unit_and_sheds_the_re
         a = await StandInUnit(name="a").start()
         a.gate = asyncio.Event()
         async with router_over([a], max_outstanding_per_unit=3) as router, aiohttp.ClientSession() as s:
+
             async def stream():
-                async with s.post(base_url(router) + "/v1/completions",
-                                  json={"prompt": "x", "stream": True}) as resp:
+                async with s.post(base_url(router) + "/v1/completions", json={"prompt": "x", "stream": True}) as resp:
                     return resp.status, await resp.read()
+
             streams = [asyncio.create_task(stream()) for _ in range(3)]
             await wait_for(lambda: a.active == 3)
             extra = await asyncio.gather(*(post(s, router) for _ in range(20)))
@@ -43,6 +44,7 @@ def test_router_never_has_more_than_its_cap_in_flight_to_a_unit_and_sheds_the_re
         assert [status for status, _, _ in extra] == [429] * 20
         assert all(status == 200 and body.endswith(b"[DONE]\n\n") for status, body in done)
         assert a.max_active == 3 and len(a.received) == 3
+
     run(scenario())
 
 
@@ -55,6 +57,7 @@ def test_no_ready_unit_gets_503_with_retry_after():
         await a.stop()
         assert status == 503 and headers["Retry-After"] == "1"
         assert json.loads(body)["error"]["code"] == "no_unit_ready"
+
     run(scenario())
 
 
@@ -67,6 +70,7 @@ def test_router_health_is_ok_even_when_no_unit_is_ready():
                 status, body = resp.status, await resp.json()
         await a.stop()
         assert status == 200 and body == {"status": "ok", "routable_units": 0}
+
     run(scenario())
 
 
@@ -78,12 +82,13 @@ def test_router_health_turns_503_the_moment_a_drain_starts():
             await asyncio.sleep(0)
             async with s.get(base_url(router) + "/health") as resp:
                 health = resp.status
-            status, _, _ = await post(s, router)   # still served during the grace period
+            status, _, _ = await post(s, router)  # still served during the grace period
             assert await drain is True
             late, headers, _ = await post(s, router)
         await a.stop()
         assert health == 503 and status == 200
         assert late == 503 and headers["Connection"] == "close"
+
     run(scenario())
 
 
@@ -106,4 +111,5 @@ def test_metrics_show_unit_state_routed_retries_shed_and_added_latency():
         assert 'flotilla_router_shed_total{reason="saturated"} 1.0' in text
         assert "flotilla_router_added_latency_seconds_count 1.0" in text
         assert "flotilla_router_routable_units 1.0" in text
+
     run(scenario())

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from runtime.router.proxy import SseFramer
 
-events = st.lists(st.binary(max_size=40).map(lambda b: b"data: " + b.replace(b"\n", b" ") + b"\n\n"),
-                  min_size=1, max_size=12)
+events = st.lists(
+    st.binary(max_size=40).map(lambda b: b"data: " + b.replace(b"\n", b" ") + b"\n\n"), min_size=1, max_size=12
+)
 
 
 def fragments(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -28,7 +29,7 @@ def test_output_is_the_input_and_every_forwarded_piece_ends_on_an_event_boundary
 @given(events, st.lists(st.integers(min_value=0), max_size=20), st.integers(min_value=0))
 def test_a_stream_cut_anywhere_forwards_only_complete_events(evs, cuts, cut_at):
     stream = b"".join(evs)
-    broken = stream[:cut_at % (len(stream) + 1)]
+    broken = stream[: cut_at % (len(stream) + 1)]
     framer = SseFramer(max_hold=1 << 20)
     sent = b"".join(framer.feed(f) for f in fragments(broken, cuts))
     assert sent == b"" or sent.endswith(b"\n\n")

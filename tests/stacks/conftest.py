@@ -32,22 +32,21 @@ def deployment_synth(request, default_synth, tmp_path_factory):
     and an alarm e-mail."""
     if not FRONT_DOORS[request.param]:
         return default_synth
-    return synthesize(config_with(**FRONT_DOORS[request.param]),
-                      tmp_path_factory.mktemp(f"cdk-{request.param}"))
+    return synthesize(config_with(**FRONT_DOORS[request.param]), tmp_path_factory.mktemp(f"cdk-{request.param}"))
 
 
 @pytest.fixture(scope="session")
 def trn1n_synth(tmp_path_factory):
     """One unit of 2 trn1n.32xlarge: 16 EFA interfaces per instance."""
-    return synthesize(config_with(instance_type="trn1n.32xlarge"),
-                      tmp_path_factory.mktemp("cdk-trn1n"))
+    return synthesize(config_with(instance_type="trn1n.32xlarge"), tmp_path_factory.mktemp("cdk-trn1n"))
 
 
 @pytest.fixture(scope="session")
 def fleet_synth(tmp_path_factory):
     """The 20,480-chip example: 160 units of 8 trn1.32xlarge in 8 cells."""
-    from stacks.config import load_config
     from synth_helpers import cdk_json_context
-    config = load_config(cdk_json_context()["flotilla"],
-                         str(REPO_ROOT / "examples" / "fleet-20k-chips.yaml"))
+
+    from stacks.config import load_config
+
+    config = load_config(cdk_json_context()["flotilla"], str(REPO_ROOT / "examples" / "fleet-20k-chips.yaml"))
     return synthesize(config, tmp_path_factory.mktemp("cdk-fleet"))

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
+from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
 from stacks.router import RouterStack
-from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
 NAMESPACE = "flotilla.internal"
@@ -43,29 +43,51 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
     # The built-in CloudFormation validation costs ~6 s per app; cfn-lint covers the same templates
     # as the deployment builds them (test_cfn_lint.py).
     app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context())
-    network = NetworkStack(app, "Network", availability_zones=(),
-                           log_retention=logs.RetentionDays.ONE_MONTH, synthesizer=synthesizer())
+    network = NetworkStack(
+        app, "Network", availability_zones=(), log_retention=logs.RetentionDays.ONE_MONTH, synthesizer=synthesizer()
+    )
     vpc = network.vpc
-    discovery = DiscoveryStack(app, "Discovery", vpc=vpc,
-                               router_security_group=network.router_security_group,
-                               namespace_name=NAMESPACE,
-                               https=certificate_arn is not None, synthesizer=synthesizer())
-    front = FrontStack(app, "Front", vpc=vpc, alb_security_group=discovery.alb_security_group,
-                       certificate_arn=certificate_arn, live_target_group=live_target_group,
-                       synthesizer=synthesizer())
+    discovery = DiscoveryStack(
+        app,
+        "Discovery",
+        vpc=vpc,
+        router_security_group=network.router_security_group,
+        namespace_name=NAMESPACE,
+        https=certificate_arn is not None,
+        synthesizer=synthesizer(),
+    )
+    front = FrontStack(
+        app,
+        "Front",
+        vpc=vpc,
+        alb_security_group=discovery.alb_security_group,
+        certificate_arn=certificate_arn,
+        live_target_group=live_target_group,
+        synthesizer=synthesizer(),
+    )
     observability = ObservabilityStack(
-        app, "Observability", load_balancer=front.load_balancer,
+        app,
+        "Observability",
+        load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell=UNITS_PER_CELL, alarm_email="oncall@example.com", synthesizer=synthesizer(),
+        units_per_cell=UNITS_PER_CELL,
+        alarm_email="oncall@example.com",
+        synthesizer=synthesizer(),
     )
     router = RouterStack(
-        app, "Router", vpc=vpc, router_security_group=network.router_security_group,
+        app,
+        "Router",
+        vpc=vpc,
+        router_security_group=network.router_security_group,
         image_uri=ROUTER_IMAGE,
-        blue_target_group=front.blue_target_group, green_target_group=front.green_target_group,
-        production_rule=front.production_rule, test_rule=front.test_rule,
+        blue_target_group=front.blue_target_group,
+        green_target_group=front.green_target_group,
+        production_rule=front.production_rule,
+        test_rule=front.test_rule,
         deployment_alarms=observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_name=discovery.service_name, synthesizer=synthesizer(),
+        cloudmap_service_name=discovery.service_name,
+        synthesizer=synthesizer(),
     )
     return FrontApp(app, network, discovery, front, observability, router)
 
@@ -78,6 +100,11 @@ def front_app(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_grou
 @functools.lru_cache(maxsize=None)
 def template(stack_name: str, **kwargs) -> dict:
     fa = front_app(**kwargs)
-    stack = {"Network": fa.network, "Discovery": fa.discovery, "Front": fa.front,
-             "Observability": fa.observability, "Router": fa.router}[stack_name]
+    stack = {
+        "Network": fa.network,
+        "Discovery": fa.discovery,
+        "Front": fa.front,
+        "Observability": fa.observability,
+        "Router": fa.router,
+    }[stack_name]
     return fa.app.synth().get_stack_by_name(stack.stack_name).template

@@ -31,7 +31,7 @@ import boto3
 from moto import mock_aws
 from moto.cloudformation import parsing
 
-REGION = "us-east-1"      # moto's Fn::GetAZs always yields us-east-1 zones
+REGION = "us-east-1"  # moto's Fn::GetAZs always yields us-east-1 zones
 ACCOUNT = "123456789012"  # moto's default account
 BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
 NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
@@ -48,10 +48,9 @@ class StandIn:
     TYPE: ClassVar[str] = ""
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     ATTRIBUTES: ClassVar[tuple[str, ...]] = ()
-    created: ClassVar[list["StandIn"]] = []   # every stand-in created, for tests to inspect
+    created: ClassVar[list["StandIn"]] = []  # every stand-in created, for tests to inspect
 
-    def __init__(self, *, name: str, logical_id: str, properties: dict, account_id: str,
-                 region_name: str):
+    def __init__(self, *, name: str, logical_id: str, properties: dict, account_id: str, region_name: str):
         self.name, self.logical_id = name, logical_id
         self.properties, self.account_id, self.region_name = properties, account_id, region_name
         self.id = f"{self.TYPE.split('::')[-1].lower()}-{uuid.uuid4().hex[:17]}"
@@ -70,30 +69,38 @@ class StandIn:
         return attr in cls.ATTRIBUTES
 
     @classmethod
-    def create_from_cloudformation_json(cls, resource_name: str, cloudformation_json: dict,
-                                        account_id: str, region_name: str, **kwargs: Any):
+    def create_from_cloudformation_json(
+        cls, resource_name: str, cloudformation_json: dict, account_id: str, region_name: str, **kwargs: Any
+    ):
         props = cloudformation_json.get("Properties", {})
         missing = [k for k in cls.REQUIRED if props.get(k) in (None, "", [])]
         if missing:
-            raise ValueError(f"stand-in {cls.TYPE} {kwargs.get('LogicalId')}: required "
-                             f"properties {missing} resolved to nothing (a Ref to a skipped "
-                             "resource?)")
-        inst = cls(name=resource_name, logical_id=kwargs.get("LogicalId", resource_name),
-                   properties=props, account_id=account_id, region_name=region_name)
+            raise ValueError(
+                f"stand-in {cls.TYPE} {kwargs.get('LogicalId')}: required "
+                f"properties {missing} resolved to nothing (a Ref to a skipped "
+                "resource?)"
+            )
+        inst = cls(
+            name=resource_name,
+            logical_id=kwargs.get("LogicalId", resource_name),
+            properties=props,
+            account_id=account_id,
+            region_name=region_name,
+        )
         inst.create()
         StandIn.created.append(inst)
         return inst
 
     @classmethod
-    def update_from_cloudformation_json(cls, original_resource, new_resource_name,
-                                        cloudformation_json, account_id, region_name):
-        return cls.create_from_cloudformation_json(new_resource_name, cloudformation_json,
-                                                   account_id, region_name,
-                                                   LogicalId=original_resource.logical_id)
+    def update_from_cloudformation_json(
+        cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name
+    ):
+        return cls.create_from_cloudformation_json(
+            new_resource_name, cloudformation_json, account_id, region_name, LogicalId=original_resource.logical_id
+        )
 
     @classmethod
-    def delete_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id,
-                                        region_name):
+    def delete_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name):
         return None
 
     def is_created(self) -> bool:
@@ -125,6 +132,7 @@ class StandIn:
 
 def _ecs_backend(account_id: str, region_name: str):
     from moto.ecs.models import ecs_backends
+
     return ecs_backends[account_id][region_name]
 
 
@@ -149,21 +157,20 @@ class CapacityProvider(StandIn):
 
     def create(self) -> None:
         from moto.autoscaling.models import autoscaling_backends
+
         asg_provider = dict(self.properties["AutoScalingGroupProvider"])
         asg_name = asg_provider["AutoScalingGroupArn"]
         groups = autoscaling_backends[self.account_id][self.region_name].autoscaling_groups
-        if asg_name not in groups:   # CloudFormation's Ref to an ASG is its name
+        if asg_name not in groups:  # CloudFormation's Ref to an ASG is its name
             raise ValueError(f"capacity provider {self.logical_id}: no ASG {asg_name!r}")
         asg_provider["AutoScalingGroupArn"] = groups[asg_name].arn
         self.name = self.properties.get("Name") or self.name
         asg_details = {
             "autoScalingGroupArn": asg_provider["AutoScalingGroupArn"],
-            "managedScaling": {k[0].lower() + k[1:]: v for k, v in
-                               asg_provider.get("ManagedScaling", {}).items()},
+            "managedScaling": {k[0].lower() + k[1:]: v for k, v in asg_provider.get("ManagedScaling", {}).items()},
             "managedTerminationProtection": asg_provider.get("ManagedTerminationProtection"),
         }
-        _ecs_backend(self.account_id, self.region_name).create_capacity_provider(
-            self.name, asg_details, tags=None)
+        _ecs_backend(self.account_id, self.region_name).create_capacity_provider(self.name, asg_details, tags=None)
 
 
 class ClusterCapacityProviderAssociations(StandIn):
@@ -177,10 +184,13 @@ class ClusterCapacityProviderAssociations(StandIn):
         for name in self.properties["CapacityProviders"]:
             if name not in ("FARGATE", "FARGATE_SPOT") and name not in backend.capacity_providers:
                 raise ValueError(f"association {self.logical_id}: unknown provider {name!r}")
-        strategy = [{k[0].lower() + k[1:]: v for k, v in s.items()}
-                    for s in self.properties.get("DefaultCapacityProviderStrategy", [])]
-        backend.put_cluster_capacity_providers(self.properties["Cluster"],
-                                               self.properties["CapacityProviders"], strategy)
+        strategy = [
+            {k[0].lower() + k[1:]: v for k, v in s.items()}
+            for s in self.properties.get("DefaultCapacityProviderStrategy", [])
+        ]
+        backend.put_cluster_capacity_providers(
+            self.properties["Cluster"], self.properties["CapacityProviders"], strategy
+        )
 
 
 class CloudWatchAlarm(StandIn):
@@ -192,39 +202,59 @@ class CloudWatchAlarm(StandIn):
     ATTRIBUTES = ("Arn",)
 
     def create(self) -> None:
-        from moto.cloudwatch.models import (Dimension, Metric, MetricDataQuery, MetricStat,
-                                            cloudwatch_backends)
+        from moto.cloudwatch.models import Dimension, Metric, MetricDataQuery, MetricStat, cloudwatch_backends
+
         p = self.properties
 
         def query(q: dict) -> MetricDataQuery:
             stat = q.get("MetricStat")
             return MetricDataQuery(
-                query_id=q["Id"], label=q.get("Label"), period=None,
-                return_data=q.get("ReturnData", True), expression=q.get("Expression"),
+                query_id=q["Id"],
+                label=q.get("Label"),
+                period=None,
+                return_data=q.get("ReturnData", True),
+                expression=q.get("Expression"),
                 metric_stat=MetricStat(
-                    metric=Metric(stat["Metric"]["MetricName"], stat["Metric"]["Namespace"],
-                                  [Dimension(d["Name"], d["Value"])
-                                   for d in stat["Metric"].get("Dimensions", [])]),
-                    period=stat["Period"], stat=stat["Stat"], unit=None) if stat else None)
+                    metric=Metric(
+                        stat["Metric"]["MetricName"],
+                        stat["Metric"]["Namespace"],
+                        [Dimension(d["Name"], d["Value"]) for d in stat["Metric"].get("Dimensions", [])],
+                    ),
+                    period=stat["Period"],
+                    stat=stat["Stat"],
+                    unit=None,
+                )
+                if stat
+                else None,
+            )
 
         self.name = p.get("AlarmName") or self.name
         alarm = cloudwatch_backends[self.account_id][self.region_name].put_metric_alarm(
-            name=self.name, namespace=p.get("Namespace"), metric_name=p.get("MetricName"),
+            name=self.name,
+            namespace=p.get("Namespace"),
+            metric_name=p.get("MetricName"),
             metric_data_queries=[query(q) for q in p.get("Metrics", [])] or None,
             comparison_operator=p["ComparisonOperator"],
             evaluation_periods=int(p["EvaluationPeriods"]),
-            datapoints_to_alarm=p.get("DatapointsToAlarm"), period=p.get("Period"),
-            threshold=p["Threshold"], statistic=p.get("Statistic"),
+            datapoints_to_alarm=p.get("DatapointsToAlarm"),
+            period=p.get("Period"),
+            threshold=p["Threshold"],
+            statistic=p.get("Statistic"),
             extended_statistic=p.get("ExtendedStatistic"),
             description=p.get("AlarmDescription"),
             # moto's backend takes CloudFormation-shaped {"Name", "Value"} dimensions.
             dimensions=p.get("Dimensions", []),
-            alarm_actions=p.get("AlarmActions", []), ok_actions=p.get("OKActions", []),
+            alarm_actions=p.get("AlarmActions", []),
+            ok_actions=p.get("OKActions", []),
             insufficient_data_actions=p.get("InsufficientDataActions", []),
-            unit=p.get("Unit"), actions_enabled=p.get("ActionsEnabled", True),
+            unit=p.get("Unit"),
+            actions_enabled=p.get("ActionsEnabled", True),
             treat_missing_data=p.get("TreatMissingData"),
-            evaluate_low_sample_count_percentile=None, threshold_metric_id=None,
-            rule=None, tags=[])
+            evaluate_low_sample_count_percentile=None,
+            threshold_metric_id=None,
+            rule=None,
+            tags=[],
+        )
         self._arn = alarm.alarm_arn
 
     def attribute(self, attr: str) -> Any:
@@ -233,6 +263,7 @@ class CloudWatchAlarm(StandIn):
 
 def _servicediscovery(account_id: str, region_name: str):
     from moto.servicediscovery.models import servicediscovery_backends
+
     return servicediscovery_backends[account_id][region_name]
 
 
@@ -245,10 +276,13 @@ class HttpNamespace(StandIn):
 
     def create(self) -> None:
         backend = _servicediscovery(self.account_id, self.region_name)
-        backend.create_http_namespace(name=self.properties["Name"], creator_request_id=self.name,
-                                      description=self.properties.get("Description", ""), tags=[])
-        (self.namespace,) = [n for n in backend.list_namespaces()
-                             if n.name == self.properties["Name"]]
+        backend.create_http_namespace(
+            name=self.properties["Name"],
+            creator_request_id=self.name,
+            description=self.properties.get("Description", ""),
+            tags=[],
+        )
+        (self.namespace,) = [n for n in backend.list_namespaces() if n.name == self.properties["Name"]]
 
     @property
     def physical_resource_id(self) -> str:
@@ -268,14 +302,19 @@ class CloudMapService(StandIn):
     def create(self) -> None:
         p = self.properties
         backend = _servicediscovery(self.account_id, self.region_name)
-        backend.get_namespace(p["NamespaceId"])   # raises if the namespace does not exist
+        backend.get_namespace(p["NamespaceId"])  # raises if the namespace does not exist
         custom = p.get("HealthCheckCustomConfig")
         self.service = backend.create_service(
-            name=p["Name"], namespace_id=p["NamespaceId"], creator_request_id=self.name,
-            description=p.get("Description", ""), dns_config=p.get("DnsConfig"),
+            name=p["Name"],
+            namespace_id=p["NamespaceId"],
+            creator_request_id=self.name,
+            description=p.get("Description", ""),
+            dns_config=p.get("DnsConfig"),
             health_check_config=p.get("HealthCheckConfig"),
             health_check_custom_config=dict(custom) if custom else None,
-            tags=[], service_type="HTTP" if "DnsConfig" not in p else "DNS_HTTP")
+            tags=[],
+            service_type="HTTP" if "DnsConfig" not in p else "DNS_HTTP",
+        )
 
     @property
     def physical_resource_id(self) -> str:
@@ -293,20 +332,18 @@ class SecurityGroupEgress(StandIn):
 
     def create(self) -> None:
         p = self.properties
-        permission = {"IpProtocol": p["IpProtocol"], "FromPort": p["FromPort"],
-                      "ToPort": p["ToPort"]}
+        permission = {"IpProtocol": p["IpProtocol"], "FromPort": p["FromPort"], "ToPort": p["ToPort"]}
         if "DestinationSecurityGroupId" in p:
             permission["UserIdGroupPairs"] = [{"GroupId": p["DestinationSecurityGroupId"]}]
         else:
             permission["IpRanges"] = [{"CidrIp": p["CidrIp"]}]
-        boto3.client("ec2", region_name=self.region_name, aws_access_key_id="testing",
-                     aws_secret_access_key="testing").authorize_security_group_egress(
-            GroupId=p["GroupId"], IpPermissions=[permission])
+        boto3.client(
+            "ec2", region_name=self.region_name, aws_access_key_id="testing", aws_secret_access_key="testing"
+        ).authorize_security_group_egress(GroupId=p["GroupId"], IpPermissions=[permission])
 
 
 def _generic(type_: str, attributes: tuple[str, ...] = (), required: tuple[str, ...] = ()):
-    return type(type_.replace("::", ""), (StandIn,),
-                {"TYPE": type_, "ATTRIBUTES": attributes, "REQUIRED": required})
+    return type(type_.replace("::", ""), (StandIn,), {"TYPE": type_, "ATTRIBUTES": attributes, "REQUIRED": required})
 
 
 STAND_INS: list[type[StandIn]] = [
@@ -314,16 +351,18 @@ STAND_INS: list[type[StandIn]] = [
     CapacityProvider,
     ClusterCapacityProviderAssociations,
     CloudWatchAlarm,
-    _generic("AWS::ServiceDiscovery::PrivateDnsNamespace", ("Id", "Arn", "HostedZoneId"),
-             ("Name",)),
+    _generic("AWS::ServiceDiscovery::PrivateDnsNamespace", ("Id", "Arn", "HostedZoneId"), ("Name",)),
     HttpNamespace,
     CloudMapService,
     SecurityGroupEgress,
     _generic("AWS::S3::BucketPolicy", (), ("Bucket", "PolicyDocument")),
     _generic("AWS::SNS::TopicPolicy", (), ("Topics", "PolicyDocument")),
     _generic("AWS::SNS::Subscription", (), ("TopicArn", "Protocol", "Endpoint")),
-    _generic("AWS::ApplicationAutoScaling::ScalableTarget", ("Id",),
-             ("MaxCapacity", "MinCapacity", "ResourceId", "ScalableDimension")),
+    _generic(
+        "AWS::ApplicationAutoScaling::ScalableTarget",
+        ("Id",),
+        ("MaxCapacity", "MinCapacity", "ResourceId", "ScalableDimension"),
+    ),
     _generic("AWS::ApplicationAutoScaling::ScalingPolicy", ("Arn",), ("PolicyName",)),
     _generic("AWS::CodeDeploy::Application", ("Name",)),
     _generic("AWS::CodeDeploy::DeploymentGroup", ("Name",), ("ApplicationName",)),
@@ -346,30 +385,34 @@ def _model_fixes() -> list:
         return lb_get(self, name)
 
     def tg_attribute(self, name):
-        return {"TargetGroupFullName": "targetgroup/" + self.arn.split(":targetgroup/", 1)[1],
-                "TargetGroupName": self.name, "TargetGroupArn": self.arn}[name]
+        return {
+            "TargetGroupFullName": "targetgroup/" + self.arn.split(":targetgroup/", 1)[1],
+            "TargetGroupName": self.name,
+            "TargetGroupArn": self.arn,
+        }[name]
 
     tg_attrs = ("TargetGroupFullName", "TargetGroupName", "TargetGroupArn")
 
     # moto's KMS key model hands CloudFormation's {"Key", "Value"} tags to a tagger that expects
     # {"TagKey", "TagValue"}: the key silently fails to create and every GetAtt on it fails.
     from moto.kms.models import Key
+
     key_create = Key.create_from_cloudformation_json.__func__
 
-    def key_from_cloudformation(cls, resource_name, cloudformation_json, account_id, region_name,
-                                **kwargs):
+    def key_from_cloudformation(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs):
         props = dict(cloudformation_json.get("Properties", {}))
         props["Tags"] = [{"TagKey": t["Key"], "TagValue": t["Value"]} for t in props.get("Tags", [])]
-        return key_create(cls, resource_name, {**cloudformation_json, "Properties": props},
-                          account_id, region_name, **kwargs)
+        return key_create(
+            cls, resource_name, {**cloudformation_json, "Properties": props}, account_id, region_name, **kwargs
+        )
 
     return [
-        mock.patch.object(Key, "create_from_cloudformation_json",
-                          classmethod(key_from_cloudformation)),
+        mock.patch.object(Key, "create_from_cloudformation_json", classmethod(key_from_cloudformation)),
         mock.patch.object(FakeLoadBalancer, "get_cfn_attribute", lb_attribute),
         mock.patch.object(FakeTargetGroup, "get_cfn_attribute", tg_attribute, create=True),
-        mock.patch.object(FakeTargetGroup, "has_cfn_attr",
-                          classmethod(lambda cls, attr: attr in tg_attrs), create=True),
+        mock.patch.object(
+            FakeTargetGroup, "has_cfn_attr", classmethod(lambda cls, attr: attr in tg_attrs), create=True
+        ),
     ]
 
 
@@ -382,15 +425,14 @@ class MotoCloudFormation:
         self._patch = None
         self.ami_id: str | None = None
         self.certificate_arn: str | None = None  # the one deploy() issued in moto's ACM
-        self.stack_ids: dict[str, str] = {}     # stack name -> stack id
+        self.stack_ids: dict[str, str] = {}  # stack name -> stack id
 
     def __enter__(self) -> "MotoCloudFormation":
         self._mock.start()
         original = parsing.get_model_map
         # Only types moto lacks: never shadow a real moto model.
         missing = {t: m for t, m in self._stand_ins.items() if t not in original()}
-        self._patch = mock.patch.object(parsing, "get_model_map",
-                                        lambda: {**original(), **missing})
+        self._patch = mock.patch.object(parsing, "get_model_map", lambda: {**original(), **missing})
         self._patch.start()
         self._elbv2_patches = _model_fixes()
         for patch in self._elbv2_patches:
@@ -411,8 +453,7 @@ class MotoCloudFormation:
         self._mock.stop()
 
     def client(self, service: str):
-        return boto3.client(service, region_name=REGION, aws_access_key_id="testing",
-                            aws_secret_access_key="testing")
+        return boto3.client(service, region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
 
     def deploy(self, synth) -> None:
         """Create every stack of a synth_helpers.Synthesized in dependency order.
@@ -424,8 +465,9 @@ class MotoCloudFormation:
         chooses the ARN of a certificate it issues."""
         configured = synth.deployment.config.certificate_arn
         if configured:
-            self.certificate_arn = self.client("acm").request_certificate(
-                DomainName="llm.example.com")["CertificateArn"]
+            self.certificate_arn = self.client("acm").request_certificate(DomainName="llm.example.com")[
+                "CertificateArn"
+            ]
         for stack in synth.stacks:
             template = synth.template(stack.node.id)
             if configured:
@@ -436,13 +478,14 @@ class MotoCloudFormation:
         cfn = self.client("cloudformation")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            stack_id = cfn.create_stack(StackName=stack_name, TemplateBody=json.dumps(template),
-                                        Capabilities=["CAPABILITY_IAM",
-                                                      "CAPABILITY_NAMED_IAM"])["StackId"]
+            stack_id = cfn.create_stack(
+                StackName=stack_name,
+                TemplateBody=json.dumps(template),
+                Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"],
+            )["StackId"]
         skipped = [str(w.message) for w in caught if "not supported by moto" in str(w.message)]
         if skipped:
-            raise AssertionError(f"{stack_name}: moto skipped resources (add a stand-in): "
-                                 f"{skipped}")
+            raise AssertionError(f"{stack_name}: moto skipped resources (add a stand-in): {skipped}")
         status = cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"]
         if status != "CREATE_COMPLETE":
             raise AssertionError(f"{stack_name}: {status}")
@@ -465,8 +508,7 @@ class MotoCloudFormation:
             assert status == "CREATE_COMPLETE", (stack.stack_name, status)
             template = synth.template(stack.node.id)["Resources"]
             created = self.created_resources(stack.stack_name)
-            assert set(created) == set(template), (
-                stack.stack_name, sorted(set(template) - set(created)))
+            assert set(created) == set(template), (stack.stack_name, sorted(set(template) - set(created)))
             for logical_id, summary in created.items():
                 assert summary["ResourceType"] == template[logical_id]["Type"], logical_id
 

@@ -41,6 +41,7 @@ def default_config() -> FlotillaConfig:
 def config_with(**overrides) -> FlotillaConfig:
     """The cdk.json default with some keys replaced (nested sections merged)."""
     from stacks.config import _deep_merge, parse_config
+
     return parse_config(_deep_merge(cdk_json_context()["flotilla"], overrides))
 
 
@@ -49,7 +50,7 @@ class Synthesized:
     app: cdk.App
     deployment: Deployment
     assembly: cdk.cx_api.CloudAssembly
-    templates: dict[str, dict]          # stack id -> template
+    templates: dict[str, dict]  # stack id -> template
     outdir: Path
 
     @property
@@ -82,8 +83,7 @@ def synthesize(config: FlotillaConfig, outdir: Path, *, plugins=()) -> Synthesiz
 
     plugins: CDK policy-validation plugins (e.g. cdk-nag's AwsSolutionsChecks) added to the app.
     """
-    app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context(),
-                  outdir=str(outdir))
+    app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context(), outdir=str(outdir))
     deployment = build_deployment(app, config)
     if plugins:
         cdk.Validations.of(app).add_plugins(*plugins)
@@ -91,5 +91,4 @@ def synthesize(config: FlotillaConfig, outdir: Path, *, plugins=()) -> Synthesiz
     # Every stack in the app, so stacks added later to build_deployment are covered too.
     stacks = [c for c in app.node.children if isinstance(c, cdk.Stack)]
     templates = {s.node.id: assembly.get_stack_by_name(s.stack_name).template for s in stacks}
-    return Synthesized(app=app, deployment=deployment, assembly=assembly, templates=templates,
-                       outdir=Path(outdir))
+    return Synthesized(app=app, deployment=deployment, assembly=assembly, templates=templates, outdir=Path(outdir))

@@ -10,7 +10,6 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from cdk_nag import AwsSolutionsChecks
-
 from synth_helpers import FRONT_DOORS, PREBUILT_IMAGE, config_with, synthesize
 
 # The front door's acknowledgements (rule, construct path), each explained where it is made; the
@@ -19,14 +18,19 @@ FRONT_DOOR_ACKNOWLEDGEMENTS = {
     ("AwsSolutions-EC23", "Discovery/AlbSecurityGroup/Resource"),
     ("AwsSolutions-S1", "Front/AccessLogs/Resource"),
     ("AwsSolutions-IAM5[Resource::*]", "Router/TaskDefinition/TaskRole/DefaultPolicy/Resource"),
-    ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-     "AmazonECSInfrastructureRolePolicyForLoadBalancers]", "Router/Service/GreenTargetRole/Resource"),
+    (
+        "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+        "AmazonECSInfrastructureRolePolicyForLoadBalancers]",
+        "Router/Service/GreenTargetRole/Resource",
+    ),
     ("AwsSolutions-ECS2", "Router/TaskDefinition/Resource"),
 }
 # Only when the router's image is built from this repository (no `image` configured): CDK then
 # grants the ECR token, which has no resource-level permissions.
 BUILT_IMAGE_ACKNOWLEDGEMENT = (
-    "AwsSolutions-IAM5[Resource::*]", "Router/TaskDefinition/ExecutionRole/DefaultPolicy/Resource")
+    "AwsSolutions-IAM5[Resource::*]",
+    "Router/TaskDefinition/ExecutionRole/DefaultPolicy/Resource",
+)
 FRONT_DOOR_STACKS = ("Discovery/", "Front/", "Observability/", "Router/")
 
 
@@ -39,15 +43,18 @@ def nag(config, outdir):
 
 
 def front_door_acknowledgements(plugin) -> set[tuple[str, str]]:
-    return {(f["ruleName"], c["constructPath"]) for f in plugin["suppressedViolations"]
-            for c in f["violatingConstructs"] if c["constructPath"].startswith(FRONT_DOOR_STACKS)}
+    return {
+        (f["ruleName"], c["constructPath"])
+        for f in plugin["suppressedViolations"]
+        for c in f["violatingConstructs"]
+        if c["constructPath"].startswith(FRONT_DOOR_STACKS)
+    }
 
 
 @pytest.fixture(scope="module", params=list(FRONT_DOORS))
 def nagged(request, tmp_path_factory):
     """Two cells (3 units) so per-cell and per-unit acknowledgements are both exercised."""
-    return nag(config_with(units=3, units_per_cell=2, **FRONT_DOORS[request.param]),
-               tmp_path_factory.mktemp("cdk-nag"))
+    return nag(config_with(units=3, units_per_cell=2, **FRONT_DOORS[request.param]), tmp_path_factory.mktemp("cdk-nag"))
 
 
 def test_aws_solutions_has_no_unacknowledged_findings(nagged):
@@ -84,8 +91,7 @@ def test_every_acknowledgement_matches_a_real_finding(nagged):
     for construct in synth.app.node.find_all():
         for entry in construct.node.metadata:
             if entry.type == cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY:
-                declared |= {(construct.node.path, rule) for rule in entry.data
-                             if rule.startswith("AwsSolutions::")}
+                declared |= {(construct.node.path, rule) for rule in entry.data if rule.startswith("AwsSolutions::")}
     assert declared == used, sorted(declared ^ used)
 
 
@@ -93,9 +99,14 @@ def test_nag_fails_synth_on_an_unacknowledged_finding(tmp_path):
     """The check has teeth: SSH open to the world is a finding that fails synth."""
     app = cdk.App(outdir=str(tmp_path), builtin_cloud_formation_validation=False)
     stack = cdk.Stack(app, "Open")
-    vpc = ec2.Vpc(stack, "Vpc", max_azs=1, nat_gateways=0, restrict_default_security_group=False,
-                  subnet_configuration=[ec2.SubnetConfiguration(
-                      name="p", subnet_type=ec2.SubnetType.PUBLIC)])
+    vpc = ec2.Vpc(
+        stack,
+        "Vpc",
+        max_azs=1,
+        nat_gateways=0,
+        restrict_default_security_group=False,
+        subnet_configuration=[ec2.SubnetConfiguration(name="p", subnet_type=ec2.SubnetType.PUBLIC)],
+    )
     sg = ec2.SecurityGroup(stack, "Sg", vpc=vpc)
     sg.add_ingress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(22))
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks())

@@ -1,4 +1,4 @@
-"""Cell-<n> stacks: what each Trainium unit must get (issue 2, architecture §3), asserted on the
+"""Cell-<n> stacks: what each Trainium unit must get (placement, EFA, devices, capacity), asserted on the
 synthesized templates of the default deployment, a trn1n deployment and the 20,480-chip fleet."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 import contract
-from stacks.config import (CELL_FIXED_RESOURCES, MAX_RESOURCES_PER_STACK, UNIT_RESOURCES,
-                           estimate_cell_resources)
+from stacks.config import CELL_FIXED_RESOURCES, MAX_RESOURCES_PER_STACK, UNIT_RESOURCES, estimate_cell_resources
 
 NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
 
@@ -24,8 +23,7 @@ def only(resources: dict) -> dict:
 
 
 def launch_template_data(synth, stack_id="Cell-0") -> dict:
-    return only(synth.resources(stack_id, "AWS::EC2::LaunchTemplate"))["Properties"][
-        "LaunchTemplateData"]
+    return only(synth.resources(stack_id, "AWS::EC2::LaunchTemplate"))["Properties"]["LaunchTemplateData"]
 
 
 def node_container(synth, stack_id="Cell-0") -> dict:
@@ -40,7 +38,7 @@ def test_each_unit_gets_a_cluster_placement_group(cell):
 
 def test_launch_template_places_instances_in_the_unit_placement_group(default_synth):
     data = launch_template_data(default_synth)
-    (pg_logical, _), = default_synth.resources("Cell-0", "AWS::EC2::PlacementGroup").items()
+    ((pg_logical, _),) = default_synth.resources("Cell-0", "AWS::EC2::PlacementGroup").items()
     assert data["Placement"] == {"GroupName": {"Ref": pg_logical}}
 
 
@@ -49,28 +47,53 @@ def test_launch_template_uses_the_neuron_ecs_ami_ssm_parameter(default_synth):
     param = data["ImageId"]["Ref"]
     parameters = default_synth.template("Cell-0")["Parameters"]
     assert parameters[param] == {
-        "Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>", "Default": NEURON_AMI_PARAMETER}
+        "Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
+        "Default": NEURON_AMI_PARAMETER,
+    }
 
 
 def test_launch_template_requires_imdsv2_with_hop_limit_one(cell):
-    cell.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": Match.object_like(
-        {"MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}})})
+    cell.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {
+            "LaunchTemplateData": Match.object_like(
+                {"MetadataOptions": {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}}
+            )
+        },
+    )
 
 
 def test_launch_template_root_volume_is_encrypted_gp3(cell):
-    cell.has_resource_properties("AWS::EC2::LaunchTemplate", {"LaunchTemplateData": Match.object_like(
-        {"BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
-            "Encrypted": True, "VolumeType": "gp3", "VolumeSize": 512,
-            "DeleteOnTermination": True}}]})})
+    cell.has_resource_properties(
+        "AWS::EC2::LaunchTemplate",
+        {
+            "LaunchTemplateData": Match.object_like(
+                {
+                    "BlockDeviceMappings": [
+                        {
+                            "DeviceName": "/dev/xvda",
+                            "Ebs": {
+                                "Encrypted": True,
+                                "VolumeType": "gp3",
+                                "VolumeSize": 512,
+                                "DeleteOnTermination": True,
+                            },
+                        }
+                    ]
+                }
+            )
+        },
+    )
 
 
-@pytest.mark.parametrize("synth_fixture,instance_type,efa_count", [
-    ("default_synth", "trn1.32xlarge", 8), ("trn1n_synth", "trn1n.32xlarge", 16)])
-def test_launch_template_has_one_efa_interface_per_efa_card(request, synth_fixture, instance_type,
-                                                            efa_count):
+@pytest.mark.parametrize(
+    "synth_fixture,instance_type,efa_count",
+    [("default_synth", "trn1.32xlarge", 8), ("trn1n_synth", "trn1n.32xlarge", 16)],
+)
+def test_launch_template_has_one_efa_interface_per_efa_card(request, synth_fixture, instance_type, efa_count):
     synth = request.getfixturevalue(synth_fixture)
     data = launch_template_data(synth)
-    (sg_logical, _), = synth.resources("Cell-0", "AWS::EC2::SecurityGroup").items()
+    ((sg_logical, _),) = synth.resources("Cell-0", "AWS::EC2::SecurityGroup").items()
     assert data["InstanceType"] == instance_type
     interfaces = data["NetworkInterfaces"]
     assert [i["NetworkCardIndex"] for i in interfaces] == list(range(efa_count))
@@ -86,23 +109,30 @@ def test_launch_template_has_one_efa_interface_per_efa_card(request, synth_fixtu
 
 def test_unit_security_group_admits_itself_fully_and_the_router_on_the_node_port(default_synth):
     sgs = default_synth.resources("Cell-0", "AWS::EC2::SecurityGroup")
-    (sg_logical, sg), = sgs.items()
+    ((sg_logical, sg),) = sgs.items()
     assert "SecurityGroupIngress" not in sg["Properties"]
     network = default_synth.deployment.network
     router_sg = network.get_logical_id(network.router_security_group.node.default_child)
-    ingress = sorted((i["Properties"] for i in default_synth.resources(
-        "Cell-0", "AWS::EC2::SecurityGroupIngress").values()), key=lambda p: p["IpProtocol"])
-    assert ingress == [{
-        "Description": "EFA requires all traffic from members of the same security group",
-        "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}, "IpProtocol": "-1",
-        "SourceSecurityGroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]},
-    }, {
-        "Description": "Router to the node API (requests, health, load)",
-        "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]}, "IpProtocol": "tcp",
-        "FromPort": contract.NODE_API_PORT, "ToPort": contract.NODE_API_PORT,
-        "SourceSecurityGroupId": {"Fn::ImportValue": ingress[1]["SourceSecurityGroupId"][
-            "Fn::ImportValue"]},
-    }]
+    ingress = sorted(
+        (i["Properties"] for i in default_synth.resources("Cell-0", "AWS::EC2::SecurityGroupIngress").values()),
+        key=lambda p: p["IpProtocol"],
+    )
+    assert ingress == [
+        {
+            "Description": "EFA requires all traffic from members of the same security group",
+            "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]},
+            "IpProtocol": "-1",
+            "SourceSecurityGroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]},
+        },
+        {
+            "Description": "Router to the node API (requests, health, load)",
+            "GroupId": {"Fn::GetAtt": [sg_logical, "GroupId"]},
+            "IpProtocol": "tcp",
+            "FromPort": contract.NODE_API_PORT,
+            "ToPort": contract.NODE_API_PORT,
+            "SourceSecurityGroupId": {"Fn::ImportValue": ingress[1]["SourceSecurityGroupId"]["Fn::ImportValue"]},
+        },
+    ]
     assert router_sg in ingress[1]["SourceSecurityGroupId"]["Fn::ImportValue"]
 
 
@@ -110,10 +140,10 @@ def test_asg_spans_exactly_one_private_subnet_and_holds_nodes_per_unit(default_s
     asg = only(default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
     assert len(asg["VPCZoneIdentifier"]) == 1
     export = asg["VPCZoneIdentifier"][0]["Fn::ImportValue"]
-    assert "PrivateSubnet1" in export     # unit 0 -> AZ slot 0
+    assert "PrivateSubnet1" in export  # unit 0 -> AZ slot 0
     # surge (default): room for the new revision's nodes beside the old ones during a rollout.
     assert (asg["MinSize"], asg["MaxSize"]) == ("2", "4")
-    assert "DesiredCapacity" not in asg   # owned by the capacity provider's managed scaling
+    assert "DesiredCapacity" not in asg  # owned by the capacity provider's managed scaling
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
 
@@ -127,6 +157,7 @@ def test_units_rotate_over_the_three_private_subnets(fleet_synth):
 
 def test_replace_rollout_keeps_the_asg_at_nodes_and_stops_the_old_tasks_first(tmp_path):
     from synth_helpers import config_with, synthesize
+
     synth = synthesize(config_with(unit_rollout="replace"), tmp_path)
     asg = only(synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
     assert (asg["MinSize"], asg["MaxSize"]) == ("2", "2")
@@ -138,26 +169,26 @@ def test_replace_rollout_keeps_the_asg_at_nodes_and_stops_the_old_tasks_first(tm
 
 def test_capacity_provider_uses_managed_scaling_and_is_associated_with_the_cluster(default_synth):
     cps = default_synth.resources("Cell-0", "AWS::ECS::CapacityProvider")
-    (cp_logical, cp), = cps.items()
-    (asg_logical, _), = default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup").items()
+    ((cp_logical, cp),) = cps.items()
+    ((asg_logical, _),) = default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup").items()
     assert cp["Properties"]["AutoScalingGroupProvider"] == {
-        "AutoScalingGroupArn": {"Ref": asg_logical}, "ManagedDraining": "ENABLED",
+        "AutoScalingGroupArn": {"Ref": asg_logical},
+        "ManagedDraining": "ENABLED",
         "ManagedScaling": {"Status": "ENABLED", "TargetCapacity": 100, "InstanceWarmupPeriod": 600},
-        "ManagedTerminationProtection": "ENABLED"}
+        "ManagedTerminationProtection": "ENABLED",
+    }
     assoc = only(default_synth.resources("Cell-0", "AWS::ECS::ClusterCapacityProviderAssociations"))
     assert assoc["Properties"]["CapacityProviders"] == [{"Ref": cp_logical}]
 
 
 def test_service_runs_one_task_per_node_on_distinct_instances_via_the_capacity_provider(default_synth):
     services = default_synth.resources("Cell-0", "AWS::ECS::Service")
-    (_, service), = services.items()
+    ((_, service),) = services.items()
     props = service["Properties"]
     cp_logical = next(iter(default_synth.resources("Cell-0", "AWS::ECS::CapacityProvider")))
-    assoc_logical = next(iter(default_synth.resources(
-        "Cell-0", "AWS::ECS::ClusterCapacityProviderAssociations")))
+    assoc_logical = next(iter(default_synth.resources("Cell-0", "AWS::ECS::ClusterCapacityProviderAssociations")))
     assert props["DesiredCount"] == 2
-    assert props["CapacityProviderStrategy"] == [{"CapacityProvider": {"Ref": cp_logical},
-                                                  "Weight": 1}]
+    assert props["CapacityProviderStrategy"] == [{"CapacityProvider": {"Ref": cp_logical}, "Weight": 1}]
     assert "LaunchType" not in props
     assert props["PlacementConstraints"] == [{"Type": "distinctInstance"}]
     # The association must exist before a service may use its capacity provider.
@@ -165,20 +196,19 @@ def test_service_runs_one_task_per_node_on_distinct_instances_via_the_capacity_p
     # surge rollout (default): the new revision forms beside the old one, then the old drains.
     assert props["DeploymentConfiguration"]["MinimumHealthyPercent"] == 100
     assert props["DeploymentConfiguration"]["MaximumPercent"] == 200
-    assert props["DeploymentConfiguration"]["DeploymentCircuitBreaker"] == {
-        "Enable": True, "Rollback": True}
+    assert props["DeploymentConfiguration"]["DeploymentCircuitBreaker"] == {"Enable": True, "Rollback": True}
 
 
 def test_task_definition_uses_host_networking_on_ec2(cell):
-    cell.has_resource_properties("AWS::ECS::TaskDefinition", {
-        "NetworkMode": "host", "RequiresCompatibilities": ["EC2"]})
+    cell.has_resource_properties(
+        "AWS::ECS::TaskDefinition", {"NetworkMode": "host", "RequiresCompatibilities": ["EC2"]}
+    )
 
 
 def test_task_maps_all_sixteen_neuron_devices_and_the_efa_verbs_devices(default_synth):
     devices = node_container(default_synth)["LinuxParameters"]["Devices"]
     paths = [d["HostPath"] for d in devices]
-    assert paths == [f"/dev/neuron{i}" for i in range(16)] + \
-        [f"/dev/infiniband/uverbs{i}" for i in range(8)]
+    assert paths == [f"/dev/neuron{i}" for i in range(16)] + [f"/dev/infiniband/uverbs{i}" for i in range(8)]
     assert all(d["ContainerPath"] == d["HostPath"] for d in devices)
     assert all(d["Permissions"] == ["read", "write"] for d in devices)
 
@@ -196,8 +226,7 @@ def test_container_health_check_means_alive_not_ready(default_synth):
     url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_LIVE_PATH}"
     assert url in check["Command"][1]
     assert contract.NODE_READY_PATH not in check["Command"][1]
-    assert (check["Interval"], check["Timeout"], check["Retries"], check["StartPeriod"]) == \
-        (30, 5, 3, 300)
+    assert (check["Interval"], check["Timeout"], check["Retries"], check["StartPeriod"]) == (30, 5, 3, 300)
 
 
 def test_container_runs_the_node_command_with_its_unit_identity(default_synth):
@@ -219,7 +248,7 @@ def test_container_runs_the_node_command_with_its_unit_identity(default_synth):
 def test_container_logs_to_cloudwatch_with_retention(default_synth):
     container = node_container(default_synth)
     groups = default_synth.resources("Cell-0", "AWS::Logs::LogGroup")
-    (group_logical, group), = groups.items()
+    ((group_logical, group),) = groups.items()
     assert group["Properties"]["RetentionInDays"] == 30
     assert container["LogConfiguration"]["LogDriver"] == "awslogs"
     assert container["LogConfiguration"]["Options"]["awslogs-group"] == {"Ref": group_logical}
@@ -232,22 +261,26 @@ def test_task_role_reads_only_the_model_prefix_and_its_own_cluster(default_synth
     statements = {s["Sid"]: s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]}
     # ReadWriteCompileCache / ListCompileCache: the neuron engine's compile cache, asserted in
     # test_neuron_unit.py.
-    assert set(statements) == {"ReadModelArtifacts", "ListModelArtifacts", "ListClusterTasks",
-                               "DescribeClusterTasks", "ReadInstancesAndTopology",
-                               "ReadWriteCompileCache", "ListCompileCache"}
+    assert set(statements) == {
+        "ReadModelArtifacts",
+        "ListModelArtifacts",
+        "ListClusterTasks",
+        "DescribeClusterTasks",
+        "ReadInstancesAndTopology",
+        "ReadWriteCompileCache",
+        "ListCompileCache",
+    }
     assert statements["ReadModelArtifacts"]["Action"] == "s3:GetObject"
-    assert statements["ReadModelArtifacts"]["Resource"]["Fn::Join"][1][-1] == \
-        ":s3:::flotilla-models-example/llama-3.1-8b-instruct/*"
-    assert statements["ListModelArtifacts"]["Condition"] == {
-        "StringLike": {"s3:prefix": ["llama-3.1-8b-instruct/*"]}}
+    assert (
+        statements["ReadModelArtifacts"]["Resource"]["Fn::Join"][1][-1]
+        == ":s3:::flotilla-models-example/llama-3.1-8b-instruct/*"
+    )
+    assert statements["ListModelArtifacts"]["Condition"] == {"StringLike": {"s3:prefix": ["llama-3.1-8b-instruct/*"]}}
     cluster_logical = next(iter(default_synth.resources("Cell-0", "AWS::ECS::Cluster")))
     for sid in ("ListClusterTasks", "DescribeClusterTasks"):
-        assert statements[sid]["Condition"] == {
-            "ArnEquals": {"ecs:cluster": {"Fn::GetAtt": [cluster_logical, "Arn"]}}}
-    assert statements["DescribeClusterTasks"]["Action"] == [
-        "ecs:DescribeContainerInstances", "ecs:DescribeTasks"]
-    assert statements["ReadInstancesAndTopology"]["Action"] == [
-        "ec2:DescribeInstanceTopology", "ec2:DescribeInstances"]
+        assert statements[sid]["Condition"] == {"ArnEquals": {"ecs:cluster": {"Fn::GetAtt": [cluster_logical, "Arn"]}}}
+    assert statements["DescribeClusterTasks"]["Action"] == ["ecs:DescribeContainerInstances", "ecs:DescribeTasks"]
+    assert statements["ReadInstancesAndTopology"]["Action"] == ["ec2:DescribeInstanceTopology", "ec2:DescribeInstances"]
 
 
 def test_instance_role_has_only_the_ecs_agent_essentials(default_synth):
@@ -256,17 +289,23 @@ def test_instance_role_has_only_the_ecs_agent_essentials(default_synth):
     actions = set()
     for s in instance_policy["Properties"]["PolicyDocument"]["Statement"]:
         actions |= set([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
-    assert actions == {"ecs:DeregisterContainerInstance", "ecs:RegisterContainerInstance",
-                       "ecs:Submit*", "ecs:Poll", "ecs:StartTelemetrySession",
-                       "ecs:DiscoverPollEndpoint", "ecr:GetAuthorizationToken",
-                       "logs:CreateLogStream", "logs:PutLogEvents"}
+    assert actions == {
+        "ecs:DeregisterContainerInstance",
+        "ecs:RegisterContainerInstance",
+        "ecs:Submit*",
+        "ecs:Poll",
+        "ecs:StartTelemetrySession",
+        "ecs:DiscoverPollEndpoint",
+        "ecr:GetAuthorizationToken",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+    }
     roles = default_synth.resources("Cell-0", "AWS::IAM::Role")
     assert not any("ManagedPolicyArns" in r["Properties"] for r in roles.values())
 
 
 def test_resource_estimate_matches_what_cells_synthesize(default_synth, fleet_synth):
-    assert len(default_synth.resources("Cell-0")) == estimate_cell_resources(1) == \
-        CELL_FIXED_RESOURCES + UNIT_RESOURCES
+    assert len(default_synth.resources("Cell-0")) == estimate_cell_resources(1) == CELL_FIXED_RESOURCES + UNIT_RESOURCES
     for stack_id, template in fleet_synth.templates.items():
         if stack_id.startswith("Cell-"):
             assert len(template["Resources"]) == estimate_cell_resources(20)
@@ -284,15 +323,16 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_syn
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
         # Discovery: the Cloud Map service the unit tasks register in.
-        assert deps == ({"Network", "Discovery"} if i == 0
-                        else {"Network", "Discovery", f"Cell-{i - 1}"})
+        assert deps == ({"Network", "Discovery"} if i == 0 else {"Network", "Discovery", f"Cell-{i - 1}"})
 
 
 def test_unit_resources_and_instances_carry_deployment_cell_and_unit_tags(default_synth):
     asg = only(default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
     assert {(t["Key"], t["Value"], t["PropagateAtLaunch"]) for t in asg["Properties"]["Tags"]} >= {
-        ("flotilla:deployment", "flotilla", True), ("flotilla:cell", "cell0", True),
-        ("flotilla:unit", "cell0-unit0", True)}
+        ("flotilla:deployment", "flotilla", True),
+        ("flotilla:cell", "cell0", True),
+        ("flotilla:unit", "cell0-unit0", True),
+    }
     service = only(default_synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
     assert service["PropagateTags"] == "SERVICE" and service["EnableECSManagedTags"] is True
     assert {"Key": "flotilla:unit", "Value": "cell0-unit0"} in service["Tags"]
@@ -308,12 +348,12 @@ def test_task_role_grants_exactly_the_aws_calls_ecs_rendezvous_makes(default_syn
     """Read runtime/rendezvous/ecs.py as text (stacks never import runtime) and compare its
     boto3 calls with the task role's ECS/EC2 actions: nothing missing, nothing extra."""
     import re
+
     from synth_helpers import REPO_ROOT
+
     source = (REPO_ROOT / "runtime" / "rendezvous" / "ecs.py").read_text()
-    calls = {(svc, op) for svc, op in re.findall(r"self\._(ecs|ec2)\.(\w+)\(", source)
-             if op != "get_paginator"}
-    calls |= {(svc, op) for svc, op in re.findall(
-        r"self\._(ecs|ec2)\.get_paginator\(\"(\w+)\"\)", source)}
+    calls = {(svc, op) for svc, op in re.findall(r"self\._(ecs|ec2)\.(\w+)\(", source) if op != "get_paginator"}
+    calls |= {(svc, op) for svc, op in re.findall(r"self\._(ecs|ec2)\.get_paginator\(\"(\w+)\"\)", source)}
     called = {f"{svc}:{''.join(w.capitalize() for w in op.split('_'))}" for svc, op in calls}
     policies = default_synth.resources("Cell-0", "AWS::IAM::Policy")
     task_policy = next(p for k, p in policies.items() if k.startswith("TaskRole"))
@@ -327,11 +367,18 @@ def test_task_role_grants_exactly_the_aws_calls_ecs_rendezvous_makes(default_syn
 def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_path):
     """The container's settings parser (runtime/node/settings.py) takes the task's environment
     as is: ECS rendezvous, the unit's id, size and revision, the node API port."""
-    from runtime.node.settings import load_settings
     from synth_helpers import config_with, synthesize
+
+    from runtime.node.settings import load_settings
+
     synth = synthesize(config_with(node={"engine": "reference"}, revision="7"), tmp_path)
     env = {e["Name"]: e["Value"] for e in node_container(synth)["Environment"]}
     settings = load_settings(argv=[], env=env)
-    assert (settings.rendezvous, settings.unit_id, settings.revision, settings.world_size,
-            settings.api_port, settings.engine) == (
-        "ecs", "cell0-unit0", "7", 2, contract.NODE_API_PORT, "reference")
+    assert (
+        settings.rendezvous,
+        settings.unit_id,
+        settings.revision,
+        settings.world_size,
+        settings.api_port,
+        settings.engine,
+    ) == ("ecs", "cell0-unit0", "7", 2, contract.NODE_API_PORT, "reference")

@@ -6,78 +6,99 @@ import subprocess
 import sys
 
 import pytest
-
-from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 from synth_helpers import REPO_ROOT, cdk_json_context, config_with
 
+from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
+
 REJECTED = [
-    ({"instance_type": "trn2.48xlarge"},
-     "invalid flotilla config: instance_type='trn2.48xlarge': one of trn1.32xlarge, trn1n.32xlarge"),
-    ({"nodes_per_unit": 0},
-     "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 64"),
-    ({"nodes_per_unit": "2"},
-     "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 64"),
+    (
+        {"instance_type": "trn2.48xlarge"},
+        "invalid flotilla config: instance_type='trn2.48xlarge': one of trn1.32xlarge, trn1n.32xlarge",
+    ),
+    ({"nodes_per_unit": 0}, "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 64"),
+    ({"nodes_per_unit": "2"}, "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 64"),
     ({"units": 0}, "invalid flotilla config: units=0: an integer from 1 to 10000"),
-    ({"units_per_cell": 21},
-     "invalid flotilla config: units_per_cell=21: an integer from 1 to 20 (ECS allows 20 "
-     "capacity providers per cluster, one per unit)"),
-    ({"availability_zones": ["us-east-1a"]},
-     "invalid flotilla config: availability_zones=['us-east-1a']: a list of 2 to 6 AZ names like "
-     "[us-east-1a, us-east-1b], or [] for the region's first three"),
-    ({"availability_zones": ["us-east-1a", "use1-az6"]},
-     "invalid flotilla config: availability_zones='use1-az6': AZ names like us-east-1a"),
-    ({"availability_zones": ["us-east-1a", "us-east-1a"]},
-     "invalid flotilla config: availability_zones=['us-east-1a', 'us-east-1a']: each AZ at most once"),
-    ({"availability_zones": ["us-east-1a", "us-west-2a"]},
-     "invalid flotilla config: availability_zones=['us-east-1a', 'us-west-2a']: AZs of one region"),
-    ({"region": "us-west-2", "availability_zones": ["us-east-1a", "us-east-1b"]},
-     "invalid flotilla config: availability_zones=['us-east-1a', 'us-east-1b']: AZs of region us-west-2"),
-    ({"region": "mars-1"},
-     "invalid flotilla config: region='mars-1': a region like us-east-1 (or omit it)"),
-    ({"account": "1234"},
-     "invalid flotilla config: account='1234': a 12-digit account id (or omit it)"),
-    ({"model": {"s3_uri": "https://example.com/model"}},
-     "invalid flotilla config: model.s3_uri='https://example.com/model': an S3 URI like "
-     "s3://bucket/prefix/"),
-    ({"model": {"name": ""}},
-     "invalid flotilla config: model.name='': 1-128 characters: letters, digits, . _ : / -"),
-    ({"model": {"weights": "x"}},
-     "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name, "
-     "compile_cache_uri"),
-    ({"image": "flotilla"},
-     "invalid flotilla config: image='flotilla': an image URI with a tag or digest, like "
-     "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0 (or omit it)"),
-    ({"certificate_arn": "arn:aws:iam::123456789012:server-certificate/x"},
-     "invalid flotilla config: certificate_arn='arn:aws:iam::123456789012:server-certificate/x': "
-     "an ACM certificate ARN (or omit it)"),
-    ({"alarm_email": "oncall"},
-     "invalid flotilla config: alarm_email='oncall': an e-mail address (or omit it)"),
-    ({"unit_rollout": "bluegreen"},
-     "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
-    ({"node": {"engine": "cuda"}},
-     "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
-    ({"node": {"decode_strategy": "expert"}},
-     "invalid flotilla config: node.decode_strategy='expert': one of pipeline, tensor"),
-    ({"node": {"drain_timeout_s": 300}},
-     "invalid flotilla config: node.drain_timeout_s=300: an integer from 1 to 115 (ECS sends "
-     "SIGKILL 120 s after SIGTERM)"),
-    ({"node": {"log_retention_days": 10}},
-     "invalid flotilla config: node.log_retention_days=10: one of 1, 3, 5, 7, 14, 30, 60, 90, 120, "
-     "150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653"),
-    ({"router": {"cpu": 300}},
-     "invalid flotilla config: router.cpu=300: one of 256, 512, 1024, 2048, 4096"),
-    ({"nodes_per_units": 2},
-     "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
-     "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
-     "model, image, certificate_arn, alarm_email, revision, unit_rollout, node, router"),
-    ({"deployment_name": "9lives"},
-     "invalid flotilla config: deployment_name='9lives': 1-24 characters: a letter, then letters, "
-     "digits or -"),
+    (
+        {"units_per_cell": 21},
+        "invalid flotilla config: units_per_cell=21: an integer from 1 to 20 (ECS allows 20 "
+        "capacity providers per cluster, one per unit)",
+    ),
+    (
+        {"availability_zones": ["us-east-1a"]},
+        "invalid flotilla config: availability_zones=['us-east-1a']: a list of 2 to 6 AZ names like "
+        "[us-east-1a, us-east-1b], or [] for the region's first three",
+    ),
+    (
+        {"availability_zones": ["us-east-1a", "use1-az6"]},
+        "invalid flotilla config: availability_zones='use1-az6': AZ names like us-east-1a",
+    ),
+    (
+        {"availability_zones": ["us-east-1a", "us-east-1a"]},
+        "invalid flotilla config: availability_zones=['us-east-1a', 'us-east-1a']: each AZ at most once",
+    ),
+    (
+        {"availability_zones": ["us-east-1a", "us-west-2a"]},
+        "invalid flotilla config: availability_zones=['us-east-1a', 'us-west-2a']: AZs of one region",
+    ),
+    (
+        {"region": "us-west-2", "availability_zones": ["us-east-1a", "us-east-1b"]},
+        "invalid flotilla config: availability_zones=['us-east-1a', 'us-east-1b']: AZs of region us-west-2",
+    ),
+    ({"region": "mars-1"}, "invalid flotilla config: region='mars-1': a region like us-east-1 (or omit it)"),
+    ({"account": "1234"}, "invalid flotilla config: account='1234': a 12-digit account id (or omit it)"),
+    (
+        {"model": {"s3_uri": "https://example.com/model"}},
+        "invalid flotilla config: model.s3_uri='https://example.com/model': an S3 URI like s3://bucket/prefix/",
+    ),
+    ({"model": {"name": ""}}, "invalid flotilla config: model.name='': 1-128 characters: letters, digits, . _ : / -"),
+    (
+        {"model": {"weights": "x"}},
+        "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name, compile_cache_uri",
+    ),
+    (
+        {"image": "flotilla"},
+        "invalid flotilla config: image='flotilla': an image URI with a tag or digest, like "
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0 (or omit it)",
+    ),
+    (
+        {"certificate_arn": "arn:aws:iam::123456789012:server-certificate/x"},
+        "invalid flotilla config: certificate_arn='arn:aws:iam::123456789012:server-certificate/x': "
+        "an ACM certificate ARN (or omit it)",
+    ),
+    ({"alarm_email": "oncall"}, "invalid flotilla config: alarm_email='oncall': an e-mail address (or omit it)"),
+    ({"unit_rollout": "bluegreen"}, "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
+    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
+    (
+        {"node": {"decode_strategy": "expert"}},
+        "invalid flotilla config: node.decode_strategy='expert': one of pipeline, tensor",
+    ),
+    (
+        {"node": {"drain_timeout_s": 300}},
+        "invalid flotilla config: node.drain_timeout_s=300: an integer from 1 to 115 (ECS sends "
+        "SIGKILL 120 s after SIGTERM)",
+    ),
+    (
+        {"node": {"log_retention_days": 10}},
+        "invalid flotilla config: node.log_retention_days=10: one of 1, 3, 5, 7, 14, 30, 60, 90, 120, "
+        "150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653",
+    ),
+    ({"router": {"cpu": 300}}, "invalid flotilla config: router.cpu=300: one of 256, 512, 1024, 2048, 4096"),
+    (
+        {"nodes_per_units": 2},
+        "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
+        "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
+        "model, image, certificate_arn, alarm_email, revision, unit_rollout, node, router",
+    ),
+    (
+        {"deployment_name": "9lives"},
+        "invalid flotilla config: deployment_name='9lives': 1-24 characters: a letter, then letters, digits or -",
+    ),
 ]
 
 
-@pytest.mark.parametrize("overrides,message", REJECTED,
-                         ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(REJECTED)])
+@pytest.mark.parametrize(
+    "overrides,message", REJECTED, ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(REJECTED)]
+)
 def test_invalid_value_is_rejected_with_one_line_naming_key_value_and_allowed(overrides, message):
     with pytest.raises(ConfigError) as err:
         config_with(**overrides)
@@ -87,6 +108,7 @@ def test_invalid_value_is_rejected_with_one_line_naming_key_value_and_allowed(ov
 
 def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch):
     import stacks.config as config_module
+
     # With today's ranges a cell holds at most 20 x 64 x 2 = 2,560 instances (limit 5,000); a
     # lower limit shows the check and its message.
     monkeypatch.setattr(config_module, "MAX_CONTAINER_INSTANCES_PER_CLUSTER", 2000)
@@ -95,34 +117,36 @@ def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch
         config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge")
     assert str(err.value) == (
         "invalid flotilla config: units_per_cell=20: at most 15 with 128 instances per unit "
-        "(ECS allows 2000 container instances per cluster)")
+        "(ECS allows 2000 container instances per cluster)"
+    )
 
 
 def test_more_efa_addresses_than_a_private_subnet_holds_is_rejected():
     # 3 AZs x /18: 16,379 usable addresses each; trn1n uses 16 per node.
     with pytest.raises(ConfigError) as err:
-        config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60,
-                    unit_rollout="replace")
+        config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60, unit_rollout="replace")
     assert str(err.value) == (
         "invalid flotilla config: units=60: at most 45 over 3 AZs (20480 EFA addresses would be "
-        "needed in one /18 private subnet; add AZs or reduce units)")
+        "needed in one /18 private subnet; add AZs or reduce units)"
+    )
 
 
 def test_resource_estimate_guards_the_500_resource_stack_limit(monkeypatch):
     import stacks.config as config_module
+
     # If a unit ever grew to 30 resources, 20 units per cell would no longer fit in one stack.
     monkeypatch.setattr(config_module, "UNIT_RESOURCES", 30)
     with pytest.raises(ConfigError) as err:
         config_with(units=40, units_per_cell=20)
     assert str(err.value) == (
         "invalid flotilla config: units_per_cell=20: at most 16 (a cell stack would hold 610 "
-        "resources; CloudFormation allows 500)")
+        "resources; CloudFormation allows 500)"
+    )
 
 
 def test_defaults_are_one_cell_with_one_unit_of_two_trn1_nodes():
     config = load_config(cdk_json_context()["flotilla"], None)
-    assert (config.instance_type, config.nodes_per_unit, config.units, config.cells) == \
-        ("trn1.32xlarge", 2, 1, 1)
+    assert (config.instance_type, config.nodes_per_unit, config.units, config.cells) == ("trn1.32xlarge", 2, 1, 1)
     assert parse_config({}) == FlotillaConfig()
 
 
@@ -139,14 +163,20 @@ def test_units_are_spread_round_robin_over_the_availability_zones():
     config = config_with(units=5, units_per_cell=2, availability_zones=["us-east-1a", "us-east-1b"])
     placements = [p for c in range(config.cells) for p in config.units_in_cell(c)]
     assert [(p.cell, p.index, p.az_index) for p in placements] == [
-        (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 1), (2, 0, 0)]
+        (0, 0, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 1, 1),
+        (2, 0, 0),
+    ]
 
 
 def test_missing_config_file_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config({}, str(tmp_path / "nope.yaml"))
-    assert str(err.value) == (f"invalid flotilla config: config='{tmp_path / 'nope.yaml'}': "
-                              "path to an existing YAML file")
+    assert str(err.value) == (
+        f"invalid flotilla config: config='{tmp_path / 'nope.yaml'}': path to an existing YAML file"
+    )
 
 
 def test_config_file_that_is_not_a_mapping_is_rejected(tmp_path):
@@ -162,13 +192,24 @@ def test_synth_with_invalid_config_exits_nonzero_with_one_error_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("units_per_cell: 25\n")
     proc = subprocess.run(
-        [sys.executable, "app.py"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-        env={"CDK_CONTEXT_JSON": '{"config": "%s"}' % path, "PATH": "/usr/bin:/bin",
-             "CDK_OUTDIR": str(tmp_path / "out"), "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"})
+        [sys.executable, "app.py"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "CDK_CONTEXT_JSON": '{"config": "%s"}' % path,
+            "PATH": "/usr/bin:/bin",
+            "CDK_OUTDIR": str(tmp_path / "out"),
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        },
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: invalid flotilla config: units_per_cell=25: an integer from 1 to 20 "
-                      "(ECS allows 20 capacity providers per cluster, one per unit)"]
+    assert errors == [
+        "error: invalid flotilla config: units_per_cell=25: an integer from 1 to 20 "
+        "(ECS allows 20 capacity providers per cluster, one per unit)"
+    ]
     assert "Traceback" not in proc.stderr
 
 
@@ -180,8 +221,7 @@ from hypothesis import strategies as st  # noqa: E402
 @given(units=st.integers(1, 400), per_cell=st.integers(1, 20), azs=st.integers(2, 6))
 def test_layout_partitions_units_into_cells_and_rotates_azs(units, per_cell, azs):
     zones = [f"us-east-1{chr(ord('a') + i)}" for i in range(azs)]
-    config = config_with(units=units, units_per_cell=per_cell, availability_zones=zones,
-                         nodes_per_unit=1)
+    config = config_with(units=units, units_per_cell=per_cell, availability_zones=zones, nodes_per_unit=1)
     placements = [p for c in range(config.cells) for p in config.units_in_cell(c)]
     assert [p.global_index for p in placements] == list(range(units))
     assert all(len(config.units_in_cell(c)) <= per_cell for c in range(config.cells))
@@ -196,12 +236,14 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
     for path in examples:
         load_config(cdk_json_context()["flotilla"], str(path))
     # examples/default.yaml claims to be the cdk.json defaults, every key written out.
-    assert load_config({}, str(REPO_ROOT / "examples" / "default.yaml")) == \
-        load_config(cdk_json_context()["flotilla"], None)
+    assert load_config({}, str(REPO_ROOT / "examples" / "default.yaml")) == load_config(
+        cdk_json_context()["flotilla"], None
+    )
 
 
 def test_default_yaml_and_readme_document_every_config_key():
     from stacks.config import ModelConfig, NodeConfig, RouterConfig
+
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     readme = (REPO_ROOT / "README.md").read_text()
     sections = ("model", "node", "router")

@@ -14,9 +14,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_servicediscovery as cloudmap
 from aws_cdk.assertions import Annotations, Match, Template
+from front_app import CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, template
 
 import contract
-from front_app import CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, template
 from stacks.discovery import register_unit_members
 from stacks.front import FrontStack
 from stacks.network import VPC_CIDR
@@ -44,6 +44,7 @@ def router_service() -> dict:
 
 # --- router service: ECS native blue/green -----------------------------------------------------
 
+
 def test_router_service_deploys_blue_green_with_bake_time_and_circuit_breaker_rollback():
     config = router_service()["DeploymentConfiguration"]
     assert config["Strategy"] == "BLUE_GREEN"
@@ -58,8 +59,10 @@ def test_router_service_rolls_back_on_every_observability_deployment_alarm():
     alarms = router_service()["DeploymentConfiguration"]["Alarms"]
     assert alarms["Enable"] is True and alarms["Rollback"] is True
     imported = sorted(a["Fn::ImportValue"] for a in alarms["AlarmNames"])
-    expected_ids = [logical_id("Observability", "AWS::CloudWatch::Alarm", p)
-                    for p in ("FiveXxRate", "P99Latency", "UnhealthyRouterTargets", "FleetReadyUnits")]
+    expected_ids = [
+        logical_id("Observability", "AWS::CloudWatch::Alarm", p)
+        for p in ("FiveXxRate", "P99Latency", "UnhealthyRouterTargets", "FleetReadyUnits")
+    ]
     assert len(imported) == 4
     for logical in expected_ids:
         assert any(f"ExportsOutputRef{logical}" in name for name in imported), logical
@@ -79,7 +82,8 @@ def test_router_service_targets_blue_with_green_as_alternate_on_production_and_t
     assert f"Ref{test}" in advanced["TestListenerRule"]["Fn::ImportValue"]
     role = resources("Router", "AWS::IAM::Role")[advanced["RoleArn"]["Fn::GetAtt"][0]]
     assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
-        "Service": "ecs.amazonaws.com"}
+        "Service": "ecs.amazonaws.com"
+    }
 
 
 def test_router_runs_in_private_subnets_without_public_ip_in_the_router_security_group():
@@ -87,7 +91,7 @@ def test_router_runs_in_private_subnets_without_public_ip_in_the_router_security
     assert network["AssignPublicIp"] == "DISABLED"
     assert all("PrivateSubnet" in s["Fn::ImportValue"] for s in network["Subnets"])
     (sg,) = network["SecurityGroups"]
-    assert "GetAttRouterSg" in sg["Fn::ImportValue"]     # Network's router security group
+    assert "GetAttRouterSg" in sg["Fn::ImportValue"]  # Network's router security group
     assert router_service()["LaunchType"] == "FARGATE"
 
 
@@ -107,36 +111,47 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
     check = container["HealthCheck"]
     assert check["Command"][:2] == ["CMD", "python3"]
     assert f"127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}" in check["Command"][-1]
-    assert container["StopTimeout"] == 70          # drain (60 s) + 10 s before SIGKILL
+    assert container["StopTimeout"] == 70  # drain (60 s) + 10 s before SIGKILL
     assert container["LogConfiguration"]["LogDriver"] == "awslogs"
     assert container["ReadonlyRootFilesystem"] is True
-    assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False,
-                                         "SourceVolume": "tmp"}]
+    assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False, "SourceVolume": "tmp"}]
 
 
 def test_router_task_role_may_only_discover_instances_of_its_namespace_and_service():
     task_role = logical_id("Router", "AWS::IAM::Role", "TaskDefinitionTaskRole")
-    policies = [p["Properties"] for p in resources("Router", "AWS::IAM::Policy").values()
-                if {"Ref": task_role} in p["Properties"]["Roles"]]
+    policies = [
+        p["Properties"]
+        for p in resources("Router", "AWS::IAM::Policy").values()
+        if {"Ref": task_role} in p["Properties"]["Roles"]
+    ]
     (policy,) = policies
-    assert policy["PolicyDocument"]["Statement"] == [{
-        "Action": "servicediscovery:DiscoverInstances",
-        "Condition": {"StringEquals": {"servicediscovery:NamespaceName": NAMESPACE,
-                                       "servicediscovery:ServiceName": "units"}},
-        "Effect": "Allow",
-        "Resource": "*",
-        "Sid": "DiscoverUnitMembers",
-    }]
+    assert policy["PolicyDocument"]["Statement"] == [
+        {
+            "Action": "servicediscovery:DiscoverInstances",
+            "Condition": {
+                "StringEquals": {"servicediscovery:NamespaceName": NAMESPACE, "servicediscovery:ServiceName": "units"}
+            },
+            "Effect": "Allow",
+            "Resource": "*",
+            "Sid": "DiscoverUnitMembers",
+        }
+    ]
     role = resources("Router", "AWS::IAM::Role")[task_role]["Properties"]
     assert "ManagedPolicyArns" not in role
 
 
 def test_router_execution_role_only_writes_its_own_log_group():
     execution_role = logical_id("Router", "AWS::IAM::Role", "TaskDefinitionExecutionRole")
-    (policy,) = [p["Properties"] for p in resources("Router", "AWS::IAM::Policy").values()
-                 if {"Ref": execution_role} in p["Properties"]["Roles"]]
-    actions = {a for s in policy["PolicyDocument"]["Statement"]
-               for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    (policy,) = [
+        p["Properties"]
+        for p in resources("Router", "AWS::IAM::Policy").values()
+        if {"Ref": execution_role} in p["Properties"]["Roles"]
+    ]
+    actions = {
+        a
+        for s in policy["PolicyDocument"]["Statement"]
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
     # A public registry image needs no ECR permissions; an asset image adds the ECR pull actions.
     assert actions == {"logs:CreateLogStream", "logs:PutLogEvents"}
 
@@ -158,6 +173,7 @@ def test_router_autoscaling_tracks_requests_per_healthy_target_over_both_target_
 
 # --- Front: ALB, listeners, target groups -------------------------------------------------------
 
+
 def test_alb_is_internet_facing_in_public_subnets_and_logs_to_an_ssl_only_encrypted_bucket():
     alb = only("Front", "AWS::ElasticLoadBalancingV2::LoadBalancer")["Properties"]
     assert alb["Scheme"] == "internet-facing"
@@ -167,45 +183,72 @@ def test_alb_is_internet_facing_in_public_subnets_and_logs_to_an_ssl_only_encryp
     assert attributes["access_logs.s3.prefix"] == "alb"
     assert attributes["routing.http.drop_invalid_header_fields.enabled"] == "true"
     t = Template.from_json(template("Front"))
-    t.has_resource_properties("AWS::S3::Bucket", {
-        "BucketEncryption": {"ServerSideEncryptionConfiguration": [
-            {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
-        "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
-                                           "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
-    })
-    t.has_resource_properties("AWS::S3::BucketPolicy", {"PolicyDocument": {"Statement": Match.array_with([
-        Match.object_like({"Effect": "Deny", "Action": "s3:*",
-                           "Condition": {"Bool": {"aws:SecureTransport": "false"}}}),
-    ])}})
+    t.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "BucketEncryption": {
+                "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+            },
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            },
+        },
+    )
+    t.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Action": "s3:*",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        ),
+                    ]
+                )
+            }
+        },
+    )
 
 
 def test_https_listener_uses_the_certificate_and_http_redirects_to_it():
-    listeners = {v["Properties"]["Port"]: v["Properties"]
-                 for v in resources("Front", "AWS::ElasticLoadBalancingV2::Listener").values()}
+    listeners = {
+        v["Properties"]["Port"]: v["Properties"]
+        for v in resources("Front", "AWS::ElasticLoadBalancingV2::Listener").values()
+    }
     assert set(listeners) == {443, 80, contract.ROUTER_TEST_PORT}
     https = listeners[443]
     assert https["Protocol"] == "HTTPS"
     assert https["Certificates"] == [{"CertificateArn": CERTIFICATE_ARN}]
     assert https["SslPolicy"].startswith("ELBSecurityPolicy-TLS13")
-    assert listeners[80]["DefaultActions"] == [{"Type": "redirect", "RedirectConfig": {
-        "Port": "443", "Protocol": "HTTPS", "StatusCode": "HTTP_301"}}]
+    assert listeners[80]["DefaultActions"] == [
+        {"Type": "redirect", "RedirectConfig": {"Port": "443", "Protocol": "HTTPS", "StatusCode": "HTTP_301"}}
+    ]
     assert listeners[contract.ROUTER_TEST_PORT]["Protocol"] == "HTTP"
 
 
 def test_without_certificate_the_alb_serves_http_only_and_synth_warns():
     fa = front_app(certificate_arn=None)
-    listeners = {v["Properties"]["Port"]: v["Properties"]
-                 for v in template("Front", certificate_arn=None)["Resources"].values()
-                 if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"}
+    listeners = {
+        v["Properties"]["Port"]: v["Properties"]
+        for v in template("Front", certificate_arn=None)["Resources"].values()
+        if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"
+    }
     assert set(listeners) == {80, contract.ROUTER_TEST_PORT}
     assert listeners[80]["Protocol"] == "HTTP"
     Annotations.from_stack(fa.front).has_warning(
-        "/Front", Match.string_like_regexp("No certificate_arn configured: the ALB serves plain HTTP"))
+        "/Front", Match.string_like_regexp("No certificate_arn configured: the ALB serves plain HTTP")
+    )
 
 
 def test_with_a_certificate_synth_does_not_warn_about_plain_http():
-    Annotations.from_stack(front_app().front).has_no_warning(
-        "*", Match.string_like_regexp("No certificate_arn"))
+    Annotations.from_stack(front_app().front).has_no_warning("*", Match.string_like_regexp("No certificate_arn"))
 
 
 def test_target_groups_health_check_the_router_and_deregister_quickly():
@@ -229,8 +272,10 @@ def _rule_weights(stack_template: dict) -> dict[str, dict[str, int]]:
         if res["Type"] != "AWS::ElasticLoadBalancingV2::ListenerRule":
             continue
         (action,) = res["Properties"]["Actions"]
-        out[logical] = {tg["TargetGroupArn"]["Ref"].split("TargetGroup")[0]: tg["Weight"]
-                        for tg in action["ForwardConfig"]["TargetGroups"]}
+        out[logical] = {
+            tg["TargetGroupArn"]["Ref"].split("TargetGroup")[0]: tg["Weight"]
+            for tg in action["ForwardConfig"]["TargetGroups"]
+        }
     return out
 
 
@@ -240,10 +285,9 @@ def test_production_and_test_rules_forward_everything_to_the_live_target_group()
     assert all(w == {"Blue": 100, "Green": 0} for w in weights.values())
     rules = resources("Front", "AWS::ElasticLoadBalancingV2::ListenerRule").values()
     listeners = {r["Properties"]["ListenerArn"]["Ref"] for r in rules}
-    assert {l.rstrip("0123456789ABCDEF") for l in listeners} == {"AlbHttps", "AlbTest"}
+    assert {name.rstrip("0123456789ABCDEF") for name in listeners} == {"AlbHttps", "AlbTest"}
     for rule in rules:
-        assert rule["Properties"]["Conditions"] == [
-            {"Field": "path-pattern", "PathPatternConfig": {"Values": ["/*"]}}]
+        assert rule["Properties"]["Conditions"] == [{"Field": "path-pattern", "PathPatternConfig": {"Values": ["/*"]}}]
 
 
 def test_live_target_group_green_makes_the_template_match_traffic_after_a_swap():
@@ -256,17 +300,17 @@ def test_unknown_live_target_group_is_rejected_with_the_allowed_values():
     vpc = ec2.Vpc(cdk.Stack(app, "V"), "Vpc", max_azs=2)
     sg = ec2.SecurityGroup(cdk.Stack(app, "S"), "Sg", vpc=vpc)
     with pytest.raises(ValueError, match=r"live_target_group='purple'.*blue.*green"):
-        FrontStack(app, "F", vpc=vpc, alb_security_group=sg, certificate_arn=None,
-                   live_target_group="purple")
+        FrontStack(app, "F", vpc=vpc, alb_security_group=sg, certificate_arn=None, live_target_group="purple")
 
 
 # --- security groups: exactly the request path ---------------------------------------------------
+
 
 def _sg_name(value: dict) -> str:
     """The construct name of a security group referenced by GetAtt or by a cross-stack import."""
     if "Fn::GetAtt" in value:
         return value["Fn::GetAtt"][0][:-8]
-    export = value["Fn::ImportValue"]          # e.g. Network:ExportsOutputFnGetAttRouterSg...GroupId...
+    export = value["Fn::ImportValue"]  # e.g. Network:ExportsOutputFnGetAttRouterSg...GroupId...
     for name in ("RouterSg", "AlbSecurityGroup"):
         if f"GetAtt{name}" in export:
             return name
@@ -293,11 +337,11 @@ def _rules(stack: str) -> set[tuple]:
         if res["Type"] == "AWS::EC2::SecurityGroup":
             name = logical[:-8]
             for r in p.get("SecurityGroupIngress", []):
-                out.add(("in", name, cidr(r["CidrIp"]) if "CidrIp" in r else peer(r),
-                         r["FromPort"], r["ToPort"]))
+                out.add(("in", name, cidr(r["CidrIp"]) if "CidrIp" in r else peer(r), r["FromPort"], r["ToPort"]))
             for r in p.get("SecurityGroupEgress", []):
-                out.add(("out", name, cidr(r["CidrIp"]) if "CidrIp" in r else peer(r),
-                         r.get("FromPort"), r.get("ToPort")))
+                out.add(
+                    ("out", name, cidr(r["CidrIp"]) if "CidrIp" in r else peer(r), r.get("FromPort"), r.get("ToPort"))
+                )
         elif res["Type"] in ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress"):
             group = "sg:" + _sg_name(p["GroupId"])
             direction = "in" if res["Type"].endswith("Ingress") else "out"
@@ -324,22 +368,25 @@ def test_security_groups_allow_exactly_the_request_path_and_nothing_wider():
 
 def test_without_certificate_clients_reach_the_alb_on_port_80_only():
     t = template("Discovery", certificate_arn=None)["Resources"]
-    alb = next(v for k, v in t.items() if k.startswith("AlbSecurityGroup")
-               and v["Type"] == "AWS::EC2::SecurityGroup")
-    public = sorted(r["FromPort"] for r in alb["Properties"]["SecurityGroupIngress"]
-                    if r["CidrIp"] == "0.0.0.0/0")
+    alb = next(v for k, v in t.items() if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup")
+    public = sorted(r["FromPort"] for r in alb["Properties"]["SecurityGroupIngress"] if r["CidrIp"] == "0.0.0.0/0")
     assert public == [80]
 
 
 # --- discovery --------------------------------------------------------------------------------
 
+
 def test_cloud_map_http_namespace_holds_one_units_service_with_ecs_reported_health():
     t = Template.from_json(template("Discovery"))
     t.has_resource_properties("AWS::ServiceDiscovery::HttpNamespace", {"Name": NAMESPACE})
-    t.has_resource_properties("AWS::ServiceDiscovery::Service", {
-        "Name": "units", "HealthCheckCustomConfig": {"FailureThreshold": 1},
-        "NamespaceId": {"Fn::GetAtt": [Match.string_like_regexp("Namespace"), "Id"]},
-    })
+    t.has_resource_properties(
+        "AWS::ServiceDiscovery::Service",
+        {
+            "Name": "units",
+            "HealthCheckCustomConfig": {"FailureThreshold": 1},
+            "NamespaceId": {"Fn::GetAtt": [Match.string_like_regexp("Namespace"), "Id"]},
+        },
+    )
 
 
 def test_register_unit_members_associates_the_unit_service_with_the_units_registry():
@@ -349,15 +396,22 @@ def test_register_unit_members_associates_the_unit_service_with_the_units_regist
     cluster = ecs.Cluster(cell, "Cluster", vpc=ec2.Vpc(cell, "Vpc", max_azs=2))
     cluster.add_capacity("Hosts", instance_type=ec2.InstanceType("t3.small"), max_capacity=1)
     task = ecs.Ec2TaskDefinition(cell, "Task", network_mode=ecs.NetworkMode.HOST)
-    task.add_container("node", image=ecs.ContainerImage.from_registry("x"), memory_limit_mib=512,
-                       port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)])
+    task.add_container(
+        "node",
+        image=ecs.ContainerImage.from_registry("x"),
+        memory_limit_mib=512,
+        port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)],
+    )
     service = ecs.Ec2Service(cell, "Unit", cluster=cluster, task_definition=task)
     register_unit_members(service, units_service=units)
-    Template.from_stack(cell).has_resource_properties("AWS::ECS::Service", {"ServiceRegistries": [{
-        "RegistryArn": {"Fn::GetAtt": [Match.string_like_regexp("NsUnits"), "Arn"]}}]})
+    Template.from_stack(cell).has_resource_properties(
+        "AWS::ECS::Service",
+        {"ServiceRegistries": [{"RegistryArn": {"Fn::GetAtt": [Match.string_like_regexp("NsUnits"), "Arn"]}}]},
+    )
 
 
 # --- ordering ------------------------------------------------------------------------------------
+
 
 def test_alarms_exist_before_the_router_service_and_after_the_alb():
     fa = front_app()

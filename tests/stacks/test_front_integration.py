@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from synth_helpers import config_with, synthesize
 
 import contract
-from synth_helpers import config_with, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -105,21 +105,28 @@ def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):
 
 def test_ready_unit_alarms_cover_every_cell_with_its_unit_count(two_cells):
     alarms = two_cells.resources("Observability", "AWS::CloudWatch::Alarm").values()
-    per_cell = {d["Value"]: a["Properties"]["Threshold"] for a in alarms
-                for d in a["Properties"].get("Dimensions", []) if d["Name"] == contract.METRIC_DIM_CELL}
+    per_cell = {
+        d["Value"]: a["Properties"]["Threshold"]
+        for a in alarms
+        for d in a["Properties"].get("Dimensions", [])
+        if d["Name"] == contract.METRIC_DIM_CELL
+    }
     assert per_cell == {"cell0": 2, "cell1": 1}
 
 
 def test_router_settings_come_from_the_config(tmp_path):
-    synth = synthesize(config_with(router={"desired_count": 3, "max_count": 7,
-                                           "bake_time_minutes": 20,
-                                           "live_target_group": "green"}), tmp_path)
+    synth = synthesize(
+        config_with(router={"desired_count": 3, "max_count": 7, "bake_time_minutes": 20, "live_target_group": "green"}),
+        tmp_path,
+    )
     (service,) = synth.resources("Router", "AWS::ECS::Service").values()
     assert service["Properties"]["DesiredCount"] == 3
     assert service["Properties"]["DeploymentConfiguration"]["BakeTimeInMinutes"] == 20
     (target,) = synth.resources("Router", "AWS::ApplicationAutoScaling::ScalableTarget").values()
     assert (target["Properties"]["MinCapacity"], target["Properties"]["MaxCapacity"]) == (3, 7)
     for rule in synth.resources("Front", "AWS::ElasticLoadBalancingV2::ListenerRule").values():
-        weights = {tg["TargetGroupArn"]["Ref"][:4]: tg["Weight"]
-                   for tg in rule["Properties"]["Actions"][0]["ForwardConfig"]["TargetGroups"]}
+        weights = {
+            tg["TargetGroupArn"]["Ref"][:4]: tg["Weight"]
+            for tg in rule["Properties"]["Actions"][0]["ForwardConfig"]["TargetGroups"]
+        }
         assert weights == {"Blue": 0, "Gree": 100}

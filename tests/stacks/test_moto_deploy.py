@@ -10,9 +10,9 @@ one, so boto3 reads them back.
 from __future__ import annotations
 
 import pytest
+from moto_cfn import MotoCloudFormation
 
 import contract
-from moto_cfn import MotoCloudFormation
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.network import VPC_CIDR
 
@@ -25,7 +25,7 @@ def deployed(deployment_synth):
 
 
 def logical_of(synth, stack_id: str, type_: str) -> str:
-    (logical_id, _), = synth.resources(stack_id, type_).items()
+    ((logical_id, _),) = synth.resources(stack_id, type_).items()
     return logical_id
 
 
@@ -41,16 +41,18 @@ def test_launch_template_reads_back_with_efa_interfaces_placement_and_imdsv2(dep
     pg_name = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::EC2::PlacementGroup"))
     sg_id = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::EC2::SecurityGroup"))
     ec2 = cfn.client("ec2")
-    data = ec2.describe_launch_template_versions(LaunchTemplateId=lt_id)[
-        "LaunchTemplateVersions"][-1]["LaunchTemplateData"]
+    data = ec2.describe_launch_template_versions(LaunchTemplateId=lt_id)["LaunchTemplateVersions"][-1][
+        "LaunchTemplateData"
+    ]
     interfaces = data["NetworkInterfaces"]
-    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == \
-        [(0, 0, "efa")] + [(card, 1, "efa") for card in range(1, 8)]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == [(0, 0, "efa")] + [
+        (card, 1, "efa") for card in range(1, 8)
+    ]
     assert all(i["Groups"] == [sg_id] for i in interfaces)
     assert "SecurityGroupIds" not in data
     assert data["Placement"] == {"GroupName": pg_name}
     assert data["MetadataOptions"]["HttpTokens"] == "required"
-    assert data["ImageId"] == cfn.ami_id     # resolved from the Neuron AMI SSM parameter
+    assert data["ImageId"] == cfn.ami_id  # resolved from the Neuron AMI SSM parameter
     assert data["InstanceType"] == "trn1.32xlarge"
     root = data["BlockDeviceMappings"][0]["Ebs"]
     assert (root["Encrypted"], root["VolumeType"]) == (True, "gp3")
@@ -60,23 +62,33 @@ def test_unit_security_group_reads_back_self_referencing_plus_router_on_node_por
     cfn, synth = deployed
     cell, network = synth.deployment.cells[0], synth.deployment.network
     sg_id = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::EC2::SecurityGroup"))
-    router_sg_id = cfn.physical_id(network.stack_name, network.get_logical_id(
-        network.router_security_group.node.default_child))
+    router_sg_id = cfn.physical_id(
+        network.stack_name, network.get_logical_id(network.router_security_group.node.default_child)
+    )
     sg = cfn.client("ec2").describe_security_groups(GroupIds=[sg_id])["SecurityGroups"][0]
-    rules = sorted((p["IpProtocol"], p.get("FromPort"), p.get("ToPort"),
-                    [g["GroupId"] for g in p["UserIdGroupPairs"]], p["IpRanges"])
-                   for p in sg["IpPermissions"])
-    assert rules == [("-1", None, None, [sg_id], []),
-                     ("tcp", contract.NODE_API_PORT, contract.NODE_API_PORT, [router_sg_id], [])]
+    rules = sorted(
+        (
+            p["IpProtocol"],
+            p.get("FromPort"),
+            p.get("ToPort"),
+            [g["GroupId"] for g in p["UserIdGroupPairs"]],
+            p["IpRanges"],
+        )
+        for p in sg["IpPermissions"]
+    )
+    assert rules == [
+        ("-1", None, None, [sg_id], []),
+        ("tcp", contract.NODE_API_PORT, contract.NODE_API_PORT, [router_sg_id], []),
+    ]
 
 
 def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):
     cfn, synth = deployed
     cell = synth.deployment.cells[0]
-    asg_name = cfn.physical_id(cell.stack_name,
-                               logical_of(synth, "Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
-    asg = cfn.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[asg_name])["AutoScalingGroups"][0]
+    asg_name = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
+    asg = cfn.client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[asg_name])["AutoScalingGroups"][
+        0
+    ]
     subnet_ids = asg["VPCZoneIdentifier"].split(",")
     assert len(subnet_ids) == 1
     network = synth.deployment.network
@@ -98,8 +110,7 @@ def test_task_definition_reads_back_with_devices_memlock_and_ipc_lock(deployed):
     task = cfn.client("ecs").describe_task_definition(taskDefinition=arn)["taskDefinition"]
     (container,) = task["containerDefinitions"]
     devices = [d["hostPath"] for d in container["linuxParameters"]["devices"]]
-    assert devices == [f"/dev/neuron{i}" for i in range(16)] + \
-        [f"/dev/infiniband/uverbs{i}" for i in range(8)]
+    assert devices == [f"/dev/neuron{i}" for i in range(16)] + [f"/dev/infiniband/uverbs{i}" for i in range(8)]
     assert container["linuxParameters"]["capabilities"]["add"] == ["IPC_LOCK"]
     assert container["ulimits"] == [{"name": "memlock", "softLimit": -1, "hardLimit": -1}]
     assert container["command"] == ["node"]
@@ -110,21 +121,20 @@ def test_cluster_reads_back_with_the_unit_capacity_provider_bound_to_its_asg(dep
     cell = synth.deployment.cells[0]
     ecs = cfn.client("ecs")
     cluster_name = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::ECS::Cluster"))
-    cp_name = cfn.physical_id(cell.stack_name,
-                              logical_of(synth, "Cell-0", "AWS::ECS::CapacityProvider"))
+    cp_name = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::ECS::CapacityProvider"))
     cluster = ecs.describe_clusters(clusters=[cluster_name])["clusters"][0]
     assert cluster["capacityProviders"] == [cp_name]
     (provider,) = ecs.describe_capacity_providers(capacityProviders=[cp_name])["capacityProviders"]
-    asg_name = cfn.physical_id(cell.stack_name,
-                               logical_of(synth, "Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
-    assert provider["autoScalingGroupProvider"]["autoScalingGroupArn"].endswith(
-        f"autoScalingGroupName/{asg_name}")
-    services = ecs.describe_services(cluster=cluster_name, services=ecs.list_services(
-        cluster=cluster_name)["serviceArns"])["services"]
+    asg_name = cfn.physical_id(cell.stack_name, logical_of(synth, "Cell-0", "AWS::AutoScaling::AutoScalingGroup"))
+    assert provider["autoScalingGroupProvider"]["autoScalingGroupArn"].endswith(f"autoScalingGroupName/{asg_name}")
+    services = ecs.describe_services(
+        cluster=cluster_name, services=ecs.list_services(cluster=cluster_name)["serviceArns"]
+    )["services"]
     assert [s["desiredCount"] for s in services] == [2]
 
 
 # --- the front door: ALB, target groups, router service, Cloud Map, alarms ------------------------
+
 
 def client_ports(synth) -> tuple[int, ...]:
     """The ALB's public ports: 443 and 80 (redirecting) with a certificate, 80 alone without."""
@@ -137,7 +147,10 @@ def test_target_groups_read_back_with_the_router_health_check(deployed):
     assert len(groups) == 2
     for g in groups:
         assert (g["Port"], g["TargetType"], g["HealthCheckPath"]) == (
-            contract.ROUTER_PORT, "ip", contract.ROUTER_HEALTH_PATH)
+            contract.ROUTER_PORT,
+            "ip",
+            contract.ROUTER_HEALTH_PATH,
+        )
         assert (g["HealthCheckIntervalSeconds"], g["HealthCheckTimeoutSeconds"]) == (10, 5)
         assert (g["HealthyThresholdCount"], g["UnhealthyThresholdCount"]) == (2, 3)
         # moto 5.2.5 drops TargetGroupAttributes from CloudFormation (it reports the 300 s
@@ -149,8 +162,9 @@ def test_listeners_and_weighted_rules_read_back(deployed):
     elbv2 = cfn.client("elbv2")
     (alb,) = elbv2.describe_load_balancers()["LoadBalancers"]
     assert alb["Scheme"] == "internet-facing"
-    listeners = {lst["Port"]: lst for lst in elbv2.describe_listeners(
-        LoadBalancerArn=alb["LoadBalancerArn"])["Listeners"]}
+    listeners = {
+        lst["Port"]: lst for lst in elbv2.describe_listeners(LoadBalancerArn=alb["LoadBalancerArn"])["Listeners"]
+    }
     assert set(listeners) == {*client_ports(synth), contract.ROUTER_TEST_PORT}
     production = client_ports(synth)[0]
     if production == HTTPS_PORT:
@@ -159,13 +173,16 @@ def test_listeners_and_weighted_rules_read_back(deployed):
         (redirect,) = listeners[HTTP_PORT]["DefaultActions"]
         assert redirect["Type"] == "redirect"
         assert (redirect["RedirectConfig"]["Protocol"], redirect["RedirectConfig"]["Port"]) == (
-            "HTTPS", str(HTTPS_PORT))
+            "HTTPS",
+            str(HTTPS_PORT),
+        )
     else:
         assert listeners[HTTP_PORT]["Protocol"] == "HTTP"
     groups = {g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]}
     for port in (production, contract.ROUTER_TEST_PORT):
-        (rule,) = [r for r in elbv2.describe_rules(ListenerArn=listeners[port]["ListenerArn"])["Rules"]
-                   if not r["IsDefault"]]
+        (rule,) = [
+            r for r in elbv2.describe_rules(ListenerArn=listeners[port]["ListenerArn"])["Rules"] if not r["IsDefault"]
+        ]
         forward = rule["Actions"][0]["ForwardConfig"]["TargetGroups"]
         assert sorted(tg["Weight"] for tg in forward) == [0, 100]
         assert {tg["TargetGroupArn"] for tg in forward} == groups
@@ -191,8 +208,10 @@ def test_front_door_security_groups_read_back_with_exactly_the_request_path_rule
                 out.add((p["FromPort"], groups[r["GroupId"]]["Description"].split(":")[0]))
         return out
 
-    assert rules(alb["IpPermissions"]) == {*((port, "0.0.0.0/0") for port in client_ports(synth)),
-                                           (contract.ROUTER_TEST_PORT, VPC_CIDR)}
+    assert rules(alb["IpPermissions"]) == {
+        *((port, "0.0.0.0/0") for port in client_ports(synth)),
+        (contract.ROUTER_TEST_PORT, VPC_CIDR),
+    }
     assert rules(router["IpPermissions"]) == {(contract.ROUTER_PORT, "flotilla ALB")}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from moto_cfn import MotoCloudFormation
 
 
@@ -20,22 +19,27 @@ def test_stand_in_with_unresolved_required_property_fails_the_stack():
 
 
 def test_stand_in_answers_ref_and_getatt_for_dependent_resources():
-    template = {"Resources": {
-        "Pg": {"Type": "AWS::EC2::PlacementGroup", "Properties": {"Strategy": "cluster"}},
-        "Lt": {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {
-            "Placement": {"GroupName": {"Ref": "Pg"}}}}},
-        "Sg": {"Type": "AWS::EC2::SecurityGroup", "Properties": {
-            "GroupDescription": {"Fn::GetAtt": ["Pg", "GroupId"]}}},
-    }}
+    template = {
+        "Resources": {
+            "Pg": {"Type": "AWS::EC2::PlacementGroup", "Properties": {"Strategy": "cluster"}},
+            "Lt": {
+                "Type": "AWS::EC2::LaunchTemplate",
+                "Properties": {"LaunchTemplateData": {"Placement": {"GroupName": {"Ref": "Pg"}}}},
+            },
+            "Sg": {
+                "Type": "AWS::EC2::SecurityGroup",
+                "Properties": {"GroupDescription": {"Fn::GetAtt": ["Pg", "GroupId"]}},
+            },
+        }
+    }
     with MotoCloudFormation() as cfn:
         cfn.create_stack("pg-refs", template)
         created = cfn.created_resources("pg-refs")
         assert set(created) == {"Pg", "Lt", "Sg"}
         ec2 = cfn.client("ec2")
-        data = ec2.describe_launch_template_versions(
-            LaunchTemplateId=created["Lt"]["PhysicalResourceId"])["LaunchTemplateVersions"][0][
-            "LaunchTemplateData"]
+        data = ec2.describe_launch_template_versions(LaunchTemplateId=created["Lt"]["PhysicalResourceId"])[
+            "LaunchTemplateVersions"
+        ][0]["LaunchTemplateData"]
         assert data["Placement"] == {"GroupName": created["Pg"]["PhysicalResourceId"]}
-        sg = ec2.describe_security_groups(GroupIds=[created["Sg"]["PhysicalResourceId"]])[
-            "SecurityGroups"][0]
+        sg = ec2.describe_security_groups(GroupIds=[created["Sg"]["PhysicalResourceId"]])["SecurityGroups"][0]
         assert sg["Description"].startswith("placementgroup-")

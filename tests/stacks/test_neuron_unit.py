@@ -1,4 +1,4 @@
-"""Trainium units on the neuron engine (issue 7): the Neuron image asset, Neuron and EFA devices
+"""Trainium units on the neuron engine: the Neuron image asset, Neuron and EFA devices
 beside each other, host networking, engine ports reachable only inside the unit's own security
 group, and a compile cache nodes may write (and nothing else)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from synth_helpers import config_with, synthesize
 
 import contract
-from synth_helpers import config_with, synthesize
 
 
 def _docker_images(synth, stack_id="Cell-0") -> dict:
@@ -29,8 +29,7 @@ def _node_container(synth) -> dict:
 
 @pytest.fixture(scope="module")
 def reference_synth(tmp_path_factory):
-    return synthesize(config_with(node={"engine": "reference"}),
-                      tmp_path_factory.mktemp("cdk-reference"))
+    return synthesize(config_with(node={"engine": "reference"}), tmp_path_factory.mktemp("cdk-reference"))
 
 
 @pytest.mark.parametrize("synth_name", ["default_synth", "trn1n_synth"])
@@ -56,25 +55,22 @@ def test_a_configured_image_uri_wins_over_both_assets(tmp_path):
 
 
 @pytest.mark.parametrize("synth_name, efa", [("default_synth", 8), ("trn1n_synth", 16)])
-def test_efa_verbs_devices_sit_beside_every_neuron_device_on_host_networking(
-        request, synth_name, efa):
+def test_efa_verbs_devices_sit_beside_every_neuron_device_on_host_networking(request, synth_name, efa):
     synth = request.getfixturevalue(synth_name)
     assert _task(synth)["NetworkMode"] == "host"
     linux = _node_container(synth)["LinuxParameters"]
     paths = [d["HostPath"] for d in linux["Devices"]]
-    assert sorted(p for p in paths if p.startswith("/dev/neuron")) == \
-        sorted(f"/dev/neuron{i}" for i in range(16))
-    assert sorted(p for p in paths if p.startswith("/dev/infiniband/")) == \
-        sorted(f"/dev/infiniband/uverbs{i}" for i in range(efa))
+    assert sorted(p for p in paths if p.startswith("/dev/neuron")) == sorted(f"/dev/neuron{i}" for i in range(16))
+    assert sorted(p for p in paths if p.startswith("/dev/infiniband/")) == sorted(
+        f"/dev/infiniband/uverbs{i}" for i in range(efa)
+    )
     assert linux["Capabilities"] == {"Add": ["IPC_LOCK"]}
-    assert {"Name": "memlock", "SoftLimit": -1, "HardLimit": -1} in \
-        _node_container(synth)["Ulimits"]
+    assert {"Name": "memlock", "SoftLimit": -1, "HardLimit": -1} in _node_container(synth)["Ulimits"]
 
 
 def _ingress_rules(synth) -> list[dict]:
     template = synth.template("Cell-0")
-    rules = [r["Properties"] for r in template["Resources"].values()
-             if r["Type"] == "AWS::EC2::SecurityGroupIngress"]
+    rules = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::EC2::SecurityGroupIngress"]
     for res in template["Resources"].values():
         if res["Type"] == "AWS::EC2::SecurityGroup":
             rules += res["Properties"].get("SecurityGroupIngress", [])
@@ -88,13 +84,15 @@ def _covers(rule: dict, port: int) -> bool:
 
 
 def _unit_sg(synth) -> str:
-    (sg_id,) = [k for k, v in synth.resources("Cell-0", "AWS::EC2::SecurityGroup").items()
-                if "EFA" in v["Properties"]["GroupDescription"]]
+    (sg_id,) = [
+        k
+        for k, v in synth.resources("Cell-0", "AWS::EC2::SecurityGroup").items()
+        if "EFA" in v["Properties"]["GroupDescription"]
+    ]
     return sg_id
 
 
-@pytest.mark.parametrize("port", [contract.DIST_PORT, contract.NEURON_RT_ROOT_COMM_PORT,
-                                  contract.NEURON_ENGINE_PORT])
+@pytest.mark.parametrize("port", [contract.DIST_PORT, contract.NEURON_RT_ROOT_COMM_PORT, contract.NEURON_ENGINE_PORT])
 def test_engine_ports_are_reachable_only_from_the_units_own_security_group(default_synth, port):
     unit_sg = _unit_sg(default_synth)
     covering = [r for r in _ingress_rules(default_synth) if _covers(r, port)]
@@ -111,9 +109,12 @@ def test_engine_ports_sit_inside_the_units_internal_port_range():
 
 
 def _task_policy_statements(synth) -> list[dict]:
-    return [s for p in synth.resources("Cell-0", "AWS::IAM::Policy").values()
-            for s in p["Properties"]["PolicyDocument"]["Statement"]
-            if s.get("Sid") in ("ReadModelArtifacts", "ReadWriteCompileCache", "ListCompileCache")]
+    return [
+        s
+        for p in synth.resources("Cell-0", "AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+        if s.get("Sid") in ("ReadModelArtifacts", "ReadWriteCompileCache", "ListCompileCache")
+    ]
 
 
 def test_nodes_write_only_the_compile_cache_and_only_read_the_model(default_synth):
@@ -121,17 +122,17 @@ def test_nodes_write_only_the_compile_cache_and_only_read_the_model(default_synt
     assert by_sid["ReadModelArtifacts"]["Action"] == "s3:GetObject"
     cache = by_sid["ReadWriteCompileCache"]
     assert cache["Action"] == ["s3:GetObject", "s3:PutObject"]
-    assert cache["Resource"] == {"Fn::Join": ["", [
-        "arn:", {"Ref": "AWS::Partition"}, ":s3:::flotilla-models-example/neuron-compile-cache/*"]]}
-    assert by_sid["ListCompileCache"]["Condition"] == {
-        "StringLike": {"s3:prefix": ["neuron-compile-cache/*"]}}
+    assert cache["Resource"] == {
+        "Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, ":s3:::flotilla-models-example/neuron-compile-cache/*"]]
+    }
+    assert by_sid["ListCompileCache"]["Condition"] == {"StringLike": {"s3:prefix": ["neuron-compile-cache/*"]}}
 
 
 def test_nodes_are_told_where_the_compile_cache_is(default_synth):
     env = {e["Name"]: e["Value"] for e in _node_container(default_synth)["Environment"]}
     assert env[contract.ENV_COMPILE_CACHE_URI] == "s3://flotilla-models-example/neuron-compile-cache/"
     assert env[contract.ENV_ENGINE] == "neuron"
-    assert env[contract.ENV_INSTANCE_TYPE] == "trn1.32xlarge"   # the node plans its layout for it
+    assert env[contract.ENV_INSTANCE_TYPE] == "trn1.32xlarge"  # the node plans its layout for it
 
 
 def test_reference_engine_units_get_no_compile_cache_access(reference_synth):
@@ -142,8 +143,8 @@ def test_reference_engine_units_get_no_compile_cache_access(reference_synth):
 
 def test_a_configured_compile_cache_uri_is_validated_and_used(tmp_path):
     from stacks.config import ConfigError
+
     with pytest.raises(ConfigError, match="model.compile_cache_uri"):
         config_with(model={"compile_cache_uri": "not-s3"})
     config = config_with(model={"compile_cache_uri": "s3://my-cache/neuron/"})
-    assert (config.model.compile_cache_bucket, config.model.compile_cache_prefix) == \
-        ("my-cache", "neuron/")
+    assert (config.model.compile_cache_bucket, config.model.compile_cache_prefix) == ("my-cache", "neuron/")

@@ -9,27 +9,33 @@ import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk.assertions import Match, Template
+from front_app import UNITS_PER_CELL, template
 
 import contract
-from front_app import UNITS_PER_CELL, template
 from stacks.observability import ObservabilityStack
 
 
 def alarms() -> dict[str, dict]:
-    return {k[:-8]: v["Properties"]  # logical id = construct id + 8-hex hash
-            for k, v in template("Observability")["Resources"].items()
-            if v["Type"] == "AWS::CloudWatch::Alarm"}
+    return {
+        k[:-8]: v["Properties"]  # logical id = construct id + 8-hex hash
+        for k, v in template("Observability")["Resources"].items()
+        if v["Type"] == "AWS::CloudWatch::Alarm"
+    }
 
 
 def topic_ref() -> dict:
-    (logical,) = [k for k, v in template("Observability")["Resources"].items()
-                  if v["Type"] == "AWS::SNS::Topic"]
+    (logical,) = [k for k, v in template("Observability")["Resources"].items() if v["Type"] == "AWS::SNS::Topic"]
     return {"Ref": logical}
 
 
 def test_every_alarm_pages_the_topic_on_alarm_and_on_recovery():
-    assert set(alarms()) == {"FiveXxRate", "P99Latency", "UnhealthyRouterTargets", "FleetReadyUnits",
-                             *(f"ReadyUnits{c.capitalize()}" for c in UNITS_PER_CELL)}
+    assert set(alarms()) == {
+        "FiveXxRate",
+        "P99Latency",
+        "UnhealthyRouterTargets",
+        "FleetReadyUnits",
+        *(f"ReadyUnits{c.capitalize()}" for c in UNITS_PER_CELL),
+    }
     for name, alarm in alarms().items():
         assert alarm["AlarmActions"] == [topic_ref()], name
         assert alarm["OKActions"] == [topic_ref()], name
@@ -42,16 +48,17 @@ def test_five_xx_alarm_fires_above_five_percent_of_requests_for_three_minutes():
     assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 5)
     assert (alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == (3, 3)
     queries = {q["Id"]: q for q in alarm["Metrics"]}
-    assert "100 * (FILL(e5, 0) + FILL(t5, 0)) / req" in queries[
-        next(i for i in queries if "Expression" in queries[i])]["Expression"]
+    assert (
+        "100 * (FILL(e5, 0) + FILL(t5, 0)) / req"
+        in queries[next(i for i in queries if "Expression" in queries[i])]["Expression"]
+    )
     names = {q["MetricStat"]["Metric"]["MetricName"] for q in queries.values() if "MetricStat" in q}
     assert names == {"RequestCount", "HTTPCode_ELB_5XX_Count", "HTTPCode_Target_5XX_Count"}
 
 
 def test_latency_alarm_watches_p99_target_response_time():
     alarm = alarms()["P99Latency"]
-    assert (alarm["MetricName"], alarm["ExtendedStatistic"], alarm["Threshold"]) == (
-        "TargetResponseTime", "p99", 10)
+    assert (alarm["MetricName"], alarm["ExtendedStatistic"], alarm["Threshold"]) == ("TargetResponseTime", "p99", 10)
     assert alarm["Namespace"] == "AWS/ApplicationELB"
 
 
@@ -67,9 +74,11 @@ def test_unhealthy_target_alarm_sums_both_router_target_groups():
 def test_ready_unit_alarms_read_the_runtime_emf_metric_fleet_wide_and_per_cell():
     fleet = alarms()["FleetReadyUnits"]
     assert (fleet["Namespace"], fleet["MetricName"], fleet["Statistic"]) == (
-        contract.METRICS_NAMESPACE, contract.METRIC_READY_UNITS, "Minimum")
-    assert fleet["Dimensions"] == [{"Name": contract.METRIC_DIM_SERVICE,
-                                    "Value": contract.METRIC_SERVICE_VALUE}]
+        contract.METRICS_NAMESPACE,
+        contract.METRIC_READY_UNITS,
+        "Minimum",
+    )
+    assert fleet["Dimensions"] == [{"Name": contract.METRIC_DIM_SERVICE, "Value": contract.METRIC_SERVICE_VALUE}]
     assert (fleet["ComparisonOperator"], fleet["Threshold"]) == ("LessThanThreshold", 1)
     for cell, units in UNITS_PER_CELL.items():
         alarm = alarms()[f"ReadyUnits{cell.capitalize()}"]
@@ -79,31 +88,65 @@ def test_ready_unit_alarms_read_the_runtime_emf_metric_fleet_wide_and_per_cell()
 
 def test_alarm_topic_is_kms_encrypted_ssl_only_and_mails_the_configured_address():
     t = Template.from_json(template("Observability"))
-    t.has_resource_properties("AWS::SNS::Topic", {
-        "KmsMasterKeyId": {"Fn::GetAtt": [Match.string_like_regexp("AlarmTopicKey"), "Arn"]}})
+    t.has_resource_properties(
+        "AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [Match.string_like_regexp("AlarmTopicKey"), "Arn"]}}
+    )
     t.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
-    t.has_resource_properties("AWS::SNS::Subscription", {
-        "Protocol": "email", "Endpoint": "oncall@example.com"})
-    t.has_resource_properties("AWS::SNS::TopicPolicy", {"PolicyDocument": {"Statement": Match.array_with([
-        Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})])}})
-    t.has_resource_properties("AWS::KMS::Key", {"KeyPolicy": {"Statement": Match.array_with([
-        Match.object_like({"Principal": {"Service": "cloudwatch.amazonaws.com"},
-                           "Action": ["kms:Decrypt", "kms:GenerateDataKey*"]})])}})
+    t.has_resource_properties("AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "oncall@example.com"})
+    t.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                )
+            }
+        },
+    )
+    t.has_resource_properties(
+        "AWS::KMS::Key",
+        {
+            "KeyPolicy": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Principal": {"Service": "cloudwatch.amazonaws.com"},
+                                "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
 
 
 def _dashboard_body() -> str:
-    (dash,) = [v for v in template("Observability")["Resources"].values()
-               if v["Type"] == "AWS::CloudWatch::Dashboard"]
+    (dash,) = [v for v in template("Observability")["Resources"].values() if v["Type"] == "AWS::CloudWatch::Dashboard"]
     return json.dumps(dash["Properties"]["DashboardBody"])
 
 
-@pytest.mark.parametrize("needle", [
-    "RequestCount", "HTTPCode_ELB_4XX_Count", "HTTPCode_Target_4XX_Count",
-    "HTTPCode_ELB_5XX_Count", "HTTPCode_Target_5XX_Count", "TargetResponseTime",
-    "p50", "p99", contract.METRIC_TIME_TO_FIRST_TOKEN, contract.METRIC_OUTPUT_TOKENS,
-    "PERIOD(tok)", contract.METRIC_READY_UNITS, "HealthyHostCount", "UnHealthyHostCount",
-    *UNITS_PER_CELL,
-])
+@pytest.mark.parametrize(
+    "needle",
+    [
+        "RequestCount",
+        "HTTPCode_ELB_4XX_Count",
+        "HTTPCode_Target_4XX_Count",
+        "HTTPCode_ELB_5XX_Count",
+        "HTTPCode_Target_5XX_Count",
+        "TargetResponseTime",
+        "p50",
+        "p99",
+        contract.METRIC_TIME_TO_FIRST_TOKEN,
+        contract.METRIC_OUTPUT_TOKENS,
+        "PERIOD(tok)",
+        contract.METRIC_READY_UNITS,
+        "HealthyHostCount",
+        "UnHealthyHostCount",
+        *UNITS_PER_CELL,
+    ],
+)
 def test_dashboard_shows(needle):
     assert needle in _dashboard_body()
 
@@ -115,17 +158,21 @@ def test_without_alarm_email_there_is_no_subscription():
     alb = elbv2.ApplicationLoadBalancer(stack, "Alb", vpc=vpc)
     tg = elbv2.ApplicationTargetGroup(stack, "Tg", vpc=vpc, port=80)
     alb.add_listener("L", port=80).add_target_groups("T", target_groups=[tg])
-    obs = ObservabilityStack(app, "O", load_balancer=alb, target_groups=[tg],
-                             units_per_cell={"cell0": 1}, alarm_email=None)
+    obs = ObservabilityStack(
+        app, "O", load_balancer=alb, target_groups=[tg], units_per_cell={"cell0": 1}, alarm_email=None
+    )
     Template.from_stack(obs).resource_count_is("AWS::SNS::Subscription", 0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_5xx_percent": 0}, "max_5xx_percent=0"),
-    ({"min_ready_units": 0}, "min_ready_units=0"),
-    ({"units_per_cell": {}}, "units_per_cell"),
-    ({"units_per_cell": {"cell0": 0}}, "units_per_cell"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_5xx_percent": 0}, "max_5xx_percent=0"),
+        ({"min_ready_units": 0}, "min_ready_units=0"),
+        ({"units_per_cell": {}}, "units_per_cell"),
+        ({"units_per_cell": {"cell0": 0}}, "units_per_cell"),
+    ],
+)
 def test_bad_thresholds_are_rejected_naming_the_setting(kwargs, message):
     app = cdk.App(builtin_cloud_formation_validation=False)
     stack = cdk.Stack(app, "Lb")

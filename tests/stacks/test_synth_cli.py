@@ -8,35 +8,49 @@ import os
 import subprocess
 
 import yaml
-
 from synth_helpers import REPO_ROOT
 
 
 def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({
-        "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{env['PATH']}",
-        "CDK_HOME": str(tmp_path / "cdk-home"), "CDK_DISABLE_CLI_TELEMETRY": "true",
-        "npm_config_update_notifier": "false",
-        # Any attempt to reach the network (notices, telemetry, lookups) hits a dead proxy.
-        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    })
+    env.update(
+        {
+            "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{env['PATH']}",
+            "CDK_HOME": str(tmp_path / "cdk-home"),
+            "CDK_DISABLE_CLI_TELEMETRY": "true",
+            "npm_config_update_notifier": "false",
+            # Any attempt to reach the network (notices, telemetry, lookups) hits a dead proxy.
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
     out = tmp_path / "cdk.out"
-    proc = subprocess.run([str(REPO_ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--quiet",
-                           "-o", str(out)], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [str(REPO_ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--quiet", "-o", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
-    stacks = {a["displayName"]: a["properties"]["stackName"]
-              for a in manifest["artifacts"].values() if a["type"] == "aws:cloudformation:stack"}
-    assert stacks == {name: f"flotilla-{name}" for name in
-                      ("Network", "Discovery", "Cell-0", "Front", "Observability", "Router")}
+    stacks = {
+        a["displayName"]: a["properties"]["stackName"]
+        for a in manifest["artifacts"].values()
+        if a["type"] == "aws:cloudformation:stack"
+    }
+    assert stacks == {
+        name: f"flotilla-{name}" for name in ("Network", "Discovery", "Cell-0", "Front", "Observability", "Router")
+    }
     assert "NOTICES" not in proc.stdout + proc.stderr
     # Environment-agnostic: no account or region was looked up.
-    assert all(a.get("environment", "aws://unknown-account/unknown-region") ==
-               "aws://unknown-account/unknown-region" for a in manifest["artifacts"].values()
-               if a["type"] == "aws:cloudformation:stack")
+    assert all(
+        a.get("environment", "aws://unknown-account/unknown-region") == "aws://unknown-account/unknown-region"
+        for a in manifest["artifacts"].values()
+        if a["type"] == "aws:cloudformation:stack"
+    )
 
 
 def test_cdk_json_turns_off_notices_telemetry_and_version_reporting():
@@ -52,8 +66,7 @@ def test_image_assets_stage_only_runtime_contract_and_the_lock_file(default_synt
     assert len(assets) == 2
     for asset in assets:
         # (CDK always stages the .dockerignore itself, so `docker build` applies the same rules.)
-        assert sorted(p.name for p in asset.iterdir()) == [
-            ".dockerignore", "constraints.txt", "contract", "runtime"]
+        assert sorted(p.name for p in asset.iterdir()) == [".dockerignore", "constraints.txt", "contract", "runtime"]
         staged = [p.relative_to(asset).as_posix() for p in asset.rglob("*")]
         assert {"runtime/Dockerfile", "runtime/Dockerfile.neuron"} <= set(staged)
         assert not [p for p in staged if "__pycache__" in p or p.endswith(".pyc")]

@@ -174,7 +174,7 @@ class NeuronEngine:
                 log.info(
                     json.dumps({"event": "neuron_compile_cache", "stored": stored, "key": self.prepared.compile_key})
                 )
-            except Exception as e:  # a cache upload failure costs the next start time, not this one
+            except Exception as e:  # noqa: BLE001 - a cache upload failure costs the next start time, not this one
                 log.warning(json.dumps({"event": "neuron_compile_cache_store_failed", "error": str(e)}))
         self._state = EngineState.READY
         self._tasks = [asyncio.create_task(self._watch_process()), asyncio.create_task(self._poll_server())]

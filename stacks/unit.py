@@ -220,7 +220,7 @@ class TrainiumUnit(Construct):
                 for i in range(shape.efa_interfaces)
             ]
         )
-        health_url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_CONTAINER_HEALTH_PATH}"
+        url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_CONTAINER_HEALTH_PATH}"
         self.container = self.task_definition.add_container(
             "node",
             image=image,
@@ -241,7 +241,7 @@ class TrainiumUnit(Construct):
             health_check=ecs.HealthCheck(
                 command=[
                     "CMD-SHELL",
-                    f"python3 -c \"import urllib.request; urllib.request.urlopen('{health_url}', timeout=4)\" || exit 1",
+                    f"python3 -c \"import urllib.request; urllib.request.urlopen('{url}', timeout=4)\" || exit 1",
                 ],
                 interval=Duration.seconds(30),
                 timeout=Duration.seconds(5),

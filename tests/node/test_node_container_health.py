@@ -63,8 +63,6 @@ def test_a_started_member_stays_healthy_while_its_unit_reforms_after_a_follower_
 def test_a_member_whose_unit_never_gets_ready_never_passes(new_unit):
     unit = new_unit(engine="echo", FLOTILLA_ECHO_LOAD_S="600", FLOTILLA_READY_SETTLE_S=SETTLE_S).start()
     wait_for(lambda: all(m.live()[0] == 200 for m in unit.members), timeout=60, what="both members alive")
-    wait_for(
-        lambda: unit.leader.log_events("formation_offered"), timeout=60, what="the leader to start loading"
-    )
+    wait_for(lambda: unit.leader.log_events("formation_offered"), timeout=60, what="the leader to start loading")
     polls = [(m.live()[0], container(m)) for _ in range(10) for m in unit.members]
     assert polls == [(200, 503)] * 20

@@ -305,3 +305,30 @@ def recommend_wave(
         "this one sheds the fewest",
         table,
     )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a rehearsal measured of the steps this model times by ECS's timers (emulated seconds)."""
+
+    handovers: int  # surge units whose new formation entered rotation before the old one left
+    check_phase_s: tuple[float, ...]  # per handover: old left - new entered - settle
+    interval_s: float  # the templates' health-check interval the phase is drawn from
+
+    @property
+    def mean_check_phase_s(self) -> float:
+        return sum(self.check_phase_s) / len(self.check_phase_s) if self.check_phase_s else 0.0
+
+
+def calibrate(rotation: list[tuple[float, int]], *, settle_s: float, interval_s: float) -> Calibration:
+    """From a rehearsal's rotation timeline (emulated s, units in rotation per change) of a surge
+    rollout one unit at a time: each rise (the new unit ready) followed by a fall (ECS stopped the
+    old unit after the new one's first passing check). The model draws that delay as settle +
+    uniform(0, interval); the measured phases (delay - settle) should lie in [0, interval] with a
+    mean near interval / 2. settle_s: the rehearsal's settle in emulated seconds (real / scale)."""
+    phases = [
+        t_down - t_up - settle_s
+        for (_, before), (t_up, up), (t_down, down) in zip(rotation, rotation[1:], rotation[2:])
+        if up == before + 1 and down == up - 1
+    ]
+    return Calibration(handovers=len(phases), check_phase_s=tuple(phases), interval_s=interval_s)

@@ -40,8 +40,8 @@ class UnitSurge:
     replace: ECS stops the unit's tasks, then starts the new ones on the same instances; the unit
     leaves the router's rotation while it re-forms. surge: the ASG may hold twice the nodes
     (FlotillaConfig.max_nodes_per_unit), so the new revision forms on fresh instances beside the
-    old one before the old tasks drain. The Front stack's rollout logic (cell by cell) builds on
-    this hook.
+    old one; the old tasks drain once the new ones pass their container health check, which they
+    do only after their unit has been ready. Waves of units are CellStack's (config.wave_plan).
     """
 
     min_healthy_percent: int

@@ -61,6 +61,11 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--revision", metavar="LABEL", help="the revision rolled to; default <template revision>-next")
     p.add_argument("--keep-logs", metavar="DIR", help="keep every process's log here (default: a temporary dir)")
+    p.add_argument(
+        "--waves",
+        action="store_true",
+        help="only print the rollout waves the templates define and the cdk deploy command that runs them",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run)
     return p
@@ -105,6 +110,28 @@ def _describe(fleet: Any, scale: float, console: Console) -> None:
             ", ".join(d for d in s.depends_on) or "-",
         )
     console.print(t)
+
+
+def print_waves(fleet: Any, console: Console) -> int:
+    """The waves as CloudFormation and `cdk deploy` will run them, from the synthesized templates."""
+    from ops.rehearsal.cloudformation import stacks_at_once, static_waves  # noqa: PLC0415 - see run()
+
+    lanes = stacks_at_once(fleet)
+    waves = static_waves(fleet, lanes)
+    serial = static_waves(fleet, 1)
+    console.print(
+        f"{len(fleet.services)} units in {len(fleet.stacks)} cell stack(s): {len(waves)} sequential waves, "
+        f"at most {max(len(w) for w in waves)} units at once, {lanes} cell stack(s) at once."
+    )
+    for i, wave in enumerate(waves):
+        console.print(f"  wave {i + 1}: {', '.join(wave)}", markup=False)
+    # One more than the cell lanes: the Front -> Observability -> Router chain may deploy alongside.
+    console.print(
+        f"deploy with: node_modules/.bin/cdk deploy --all --concurrency {lanes + 1}"
+        + (f"   (with --concurrency 1: {len(serial)} sequential waves)" if len(serial) != len(waves) else ""),
+        markup=False,
+    )
+    return 0
 
 
 def render(report: Any, console: Console) -> None:
@@ -156,6 +183,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         fleet = read_fleet(Path(args.cdk_out))
     except TemplateError as err:
         raise UsageError(str(err)) from None
+    if args.waves:
+        return print_waves(fleet, console)
     if not args.json:
         _describe(fleet, args.time_scale, console)
     options = Options(

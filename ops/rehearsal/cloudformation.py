@@ -149,3 +149,21 @@ def static_waves(fleet: Fleet, concurrency: int) -> list[list[str]]:
     for unit, step_no in step_of.items():
         waves[step_no].append(unit)
     return waves
+
+
+def stacks_at_once(fleet: Fleet) -> int:
+    """The most unit stacks the dependency order lets update at the same time: the `cdk deploy
+    --concurrency` at which the waves run as planned (lower still works, in more sequential waves)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for stack in fleet.stacks:
+        begin = max((spans[d][1] for d in stack.depends_on), default=0)
+        depth: dict[str, int] = {}
+
+        def level(logical: str, stack: CellStack = stack, depth: dict[str, int] = depth) -> int:
+            if logical not in depth:
+                spec = next(s for s in stack.services if s.logical_id == logical)
+                depth[logical] = max([0] + [level(d) + 1 for d in spec.depends_on])
+            return depth[logical]
+
+        spans[stack.name] = (begin, begin + max(level(s.logical_id) for s in stack.services) + 1)
+    return max(sum(1 for b, e in spans.values() if b <= t < e) for t in range(max(e for _, e in spans.values())))

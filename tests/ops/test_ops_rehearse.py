@@ -43,3 +43,15 @@ def test_a_replace_rollout_takes_one_unit_out_at_a_time_and_the_other_serves_eve
     assert report["min_in_rotation"] == 1, report["rotation"]
     assert report["failures"] == []
     assert report["served"] > 40
+
+
+def test_rehearse_waves_prints_the_waves_of_the_templates_and_the_deploy_command(run_cli, tmp_path):
+    out = tmp_path / "cdk.out"
+    synthesize(config_with(units=6, units_per_cell=2, units_per_wave=4), out)
+    code, text = run_cli("rehearse", "--cdk-out", str(out), "--waves")
+    assert code == 0
+    assert "6 units in 3 cell stack(s): 2 sequential waves, at most 4 units at once, 2 cell stack(s) at once" in text
+    assert "wave 1: cell0-unit0, cell0-unit1, cell1-unit0, cell1-unit1" in text
+    assert "wave 2: cell2-unit0, cell2-unit1" in text
+    assert "cdk deploy --all --concurrency 3" in text
+    assert "with --concurrency 1: 3 sequential waves" in text

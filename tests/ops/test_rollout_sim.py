@@ -90,3 +90,14 @@ def test_summaries_report_the_worst_seed():
     s = summarize(replace(FLEET, rollout="replace", node_failures_per_node_day=0.05), seeds=range(3))
     worst = max(simulate(s.model, seed=i).shed_requests for i in range(3))
     assert s.shed_requests == worst and s.runs == 3
+
+
+def test_calibration_reads_each_surge_handover_from_a_rotation_timeline():
+    from ops.rollout_sim import calibrate
+
+    # 3 units; each rollout: the new unit enters (4), then the old one leaves (3)
+    rotation = [(0.0, 3), (100.0, 4), (160.0, 3), (400.0, 4), (470.0, 3), (700.0, 4), (752.0, 3)]
+    cal = calibrate(rotation, settle_s=50.0, interval_s=30.0)
+    assert cal.handovers == 3
+    assert cal.check_phase_s == (10.0, 20.0, 2.0)
+    assert cal.mean_check_phase_s == pytest.approx(32 / 3)

@@ -80,8 +80,10 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             **common(f"Cell-{cell}"),
         )
         # Cells roll in lanes: Cell-n waits for Cell-(n - parallel_cells), so `cdk deploy
-        # --concurrency parallel_cells` rolls that many cells side by side within the wave budget,
-        # and a bad revision stops each lane at the first cell it breaks (config.wave_plan).
+        # --concurrency parallel_cells` ("Maximum number of simultaneous deployments (dependency
+        # permitting)", cdk deploy --help, CLI 2.1148.1) rolls that many cells side by side within
+        # the wave budget; after a failed stack the CLI starts no other (its WorkGraph skips the
+        # rest), so a bad revision stops at the first cell it breaks (config.wave_plan).
         after = config.wave_plan.cell_after(cell)
         if after is not None:
             stack.add_stack_dependency(deployment.cells[after])

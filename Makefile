@@ -88,3 +88,12 @@ local: $(VENV)/.dev-deps
 .PHONY: bench-router
 bench-router: dev-deps
 	$(PY) bench/router/run.py $(BENCH_ARGS)
+
+# ECS rehearsal: the synthesized units (cdk.out, from `make synth`) as local node processes behind the
+# router, rolled to a new revision under load by an emulator of ECS's rolling-update rules
+# (ops/rehearsal/, docs/runbooks/rehearse-a-rollout.md). REHEARSE_ARGS passes flags, e.g.
+# REHEARSE_ARGS="--never-ready" or "--time-scale 0.02 --load-seconds 3".
+.PHONY: rehearse
+rehearse: $(VENV)/.dev-deps
+	@test -f cdk.out/manifest.json || { echo "no cdk.out/manifest.json: run make synth (e.g. make synth CONFIG=examples/rehearsal.yaml) first" >&2; exit 2; }
+	$(PY) -m ops rehearse --cdk-out cdk.out $(REHEARSE_ARGS)

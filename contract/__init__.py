@@ -15,7 +15,10 @@ DIST_PORT = 29500  # torch.distributed / collectives bootstrap on the leader
 UNIT_INTERNAL_PORT_RANGE = (29500, 29600)
 
 # --- Health paths ------------------------------------------------------------------------------
-NODE_LIVE_PATH = "/health/live"  # alive: the process answers and is not wedged (container check)
+NODE_LIVE_PATH = "/health/live"  # alive: the process answers and is not wedged
+# The ECS container health check: fails until the unit has been ready once in this member's life,
+# then means alive (docs/node.md "Health"); a rolling update stops old tasks once new ones pass it.
+NODE_CONTAINER_HEALTH_PATH = "/health/container"
 NODE_READY_PATH = "/health/ready"  # ready: unit formed, engine warm, not draining (router reads it)
 ROUTER_HEALTH_PATH = "/health"  # the ALB's target-group health check on the router
 METRICS_PATH = "/metrics"

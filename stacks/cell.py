@@ -1,7 +1,8 @@
 """A Cell-<n> stack: one ECS cluster holding up to 20 Trainium units (one capacity provider each).
 
-Cells are the blast radius of a deployment: they deploy one after another, so a rollout moves
-cell by cell. Roles and the log group are shared by the cell's units to keep the stack small.
+Cells are the blast radius of a deployment: a cell waits for the cell `parallel_cells` before it
+(contract/rollout.py), so a rollout moves a few cells at a time and stops at the first cell it
+breaks. Roles and the log group are shared by the cell's units to keep the stack small.
 """
 
 from __future__ import annotations
@@ -143,11 +144,20 @@ class CellStack(Stack):
                     health_check_grace=Duration.seconds(config.node.health_check_grace_s),
                 )
             )
-        # Units roll one after another: CloudFormation updates a service only after the one it
-        # depends on reached a steady state, and stops (rolling the cell back) at the first unit
-        # whose deployment fails. A fleet never loses more than one unit's capacity to a rollout.
-        for previous, unit in zip(self.units, self.units[1:]):
-            unit.service.node.add_dependency(previous.service)
+        # Units roll in waves (config.wave_plan): every service of in-cell wave k DependsOn every
+        # service of wave k-1, and services without a DependsOn between them are updated (and
+        # created) in parallel. CloudFormation finishes a service update when its ECS deployment
+        # reaches a steady state, which needs every new task HEALTHY (aws/containers-roadmap#897),
+        # and stops at the first unit whose deployment fails (the circuit breaker), rolling the
+        # cell back. README "Rollouts" has the whole sequence.
+        plan = config.wave_plan
+        waves: dict[int, list[TrainiumUnit]] = {}
+        for index, unit in enumerate(self.units):
+            waves.setdefault(plan.wave_of(index), []).append(unit)
+        for wave, members in waves.items():
+            for unit in members:
+                for previous in waves.get(wave - 1, []):
+                    unit.service.node.add_dependency(previous.service)
         Aspects.of(self.cluster).add(
             _ServicesAfterCapacityProviderAssociation(self.cluster, [u.service for u in self.units])
         )

@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
@@ -294,6 +295,15 @@ class FlotillaConfig(_Section):
     # a unit's tasks are stopped, then started on the same instances (the unit is out of rotation
     # while it re-forms; the router routes around it): for fleets without spare Trainium capacity.
     unit_rollout: Annotated[str, one_of(UNIT_ROLLOUTS)] = "surge"
+    # How many units roll at once, fleet-wide (contract/rollout.py lays it out on cells); omitted:
+    # about 10 % of units, at least 1. First creation uses the same waves.
+    units_per_wave: Annotated[
+        int | None,
+        Rule(
+            core_schema.nullable_schema(core_schema.int_schema(ge=1, le=10000, strict=True)),
+            "an integer from 1 to 10000 (units that roll at once), or omit it for about 10 % of units",
+        ),
+    ] = None
     node: NodeConfig = Field(default_factory=NodeConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
 
@@ -306,6 +316,8 @@ class FlotillaConfig(_Section):
             raise ConfigError("availability_zones", azs, "AZs of one region")
         if self.region and azs and azs[0][:-1] != self.region:
             raise ConfigError("availability_zones", azs, f"AZs of region {self.region}")
+        if self.units_per_wave is not None and self.units_per_wave > self.units:
+            raise ConfigError("units_per_wave", self.units_per_wave, f"at most units ({self.units})")
         check_quotas(self)
         return self
 
@@ -325,6 +337,15 @@ class FlotillaConfig(_Section):
     @property
     def chips(self) -> int:
         return self.units * self.nodes_per_unit * self.shape.chips
+
+    @property
+    def wave_plan(self) -> WavePlan:
+        """How the rollout budget (units_per_wave) splits into units per cell and cells at once."""
+        return plan_waves(self.units, self.units_per_cell, self.units_per_wave)
+
+    @property
+    def effective_units_per_wave(self) -> int:
+        return self.units_per_wave if self.units_per_wave is not None else default_units_per_wave(self.units)
 
     @property
     def max_nodes_per_unit(self) -> int:

@@ -1,6 +1,7 @@
 """Builds every flotilla stack for one FlotillaConfig, in deployment order.
 
-Network -> Discovery -> Cell-0 -> ... -> Cell-n, and Discovery -> Front -> Observability -> Router.
+Network -> Discovery -> Cell-0 ... Cell-n (in lanes of cells, config.wave_plan), and Discovery ->
+Front -> Observability -> Router.
 app.py calls build_deployment once; tests call it too, so what they check is what `make synth`
 emits.
 """
@@ -78,9 +79,14 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             discovery=discovery,
             **common(f"Cell-{cell}"),
         )
-        # Deploy cell after cell: a bad revision stops at the first cell it breaks.
-        if deployment.cells:
-            stack.add_stack_dependency(deployment.cells[-1])
+        # Cells roll in lanes: Cell-n waits for Cell-(n - parallel_cells), so `cdk deploy
+        # --concurrency parallel_cells` ("Maximum number of simultaneous deployments (dependency
+        # permitting)", cdk deploy --help, CLI 2.1148.1) rolls that many cells side by side within
+        # the wave budget; after a failed stack the CLI starts no other (its WorkGraph skips the
+        # rest), so a bad revision stops at the first cell it breaks (config.wave_plan).
+        after = config.wave_plan.cell_after(cell)
+        if after is not None:
+            stack.add_stack_dependency(deployment.cells[after])
         deployment.cells.append(stack)
 
     router = config.router

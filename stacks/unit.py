@@ -27,8 +27,9 @@ MEMORY_RESERVATION_MIB = 64 * 1024
 STOP_TIMEOUT = Duration.seconds(120)
 # Neuron runtime and vLLM workers exchange tensors through /dev/shm.
 SHARED_MEMORY_MIB = 64 * 1024
-# Loading a sharded model can take minutes; the live check only needs the HTTP server, which the
-# node starts first, so ECS's maximum start period (300 s) is generous.
+# Failures inside the start period do not count towards the retries ("If a health check succeeds
+# within the startPeriod, then the container is considered healthy", API_HealthCheck.html); 300 s is
+# ECS's maximum. Loading takes longer: the service's health-check grace period covers the rest.
 HEALTH_START_PERIOD = Duration.seconds(300)
 
 
@@ -39,8 +40,8 @@ class UnitSurge:
     replace: ECS stops the unit's tasks, then starts the new ones on the same instances; the unit
     leaves the router's rotation while it re-forms. surge: the ASG may hold twice the nodes
     (FlotillaConfig.max_nodes_per_unit), so the new revision forms on fresh instances beside the
-    old one before the old tasks drain. The Front stack's rollout logic (cell by cell) builds on
-    this hook.
+    old one; the old tasks drain once the new ones pass their container health check, which they
+    do only after their unit has been ready. Waves of units are CellStack's (config.wave_plan).
     """
 
     min_healthy_percent: int
@@ -219,7 +220,7 @@ class TrainiumUnit(Construct):
                 for i in range(shape.efa_interfaces)
             ]
         )
-        live_url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_LIVE_PATH}"
+        url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_CONTAINER_HEALTH_PATH}"
         self.container = self.task_definition.add_container(
             "node",
             image=image,
@@ -231,12 +232,16 @@ class TrainiumUnit(Construct):
             port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)],
             logging=ecs.LogDrivers.aws_logs(stream_prefix=unit_id, log_group=log_group),
             stop_timeout=STOP_TIMEOUT,
-            # The liveness path, not readiness: a unit re-forming after a member died must not
-            # have its other members killed by ECS.
+            # Started, then alive (docs/node.md "Health"). ECS counts a task towards the minimum
+            # healthy percent once its container health check passes ("A task is considered healthy
+            # when all essential containers within the task have passed their health checks",
+            # API_DeploymentConfiguration.html), so the check fails until the unit has served: a
+            # rollout never stops the old revision early. After that it means alive, not ready: a
+            # unit re-forming after a member died must not have its other members killed by ECS.
             health_check=ecs.HealthCheck(
                 command=[
                     "CMD-SHELL",
-                    f"python3 -c \"import urllib.request; urllib.request.urlopen('{live_url}', timeout=4)\" || exit 1",
+                    f"python3 -c \"import urllib.request; urllib.request.urlopen('{url}', timeout=4)\" || exit 1",
                 ],
                 interval=Duration.seconds(30),
                 timeout=Duration.seconds(5),

@@ -19,6 +19,7 @@ from contract.trainium import GIB, INSTANCES
 from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
 from ops.commands import Subparsers
 from ops.errors import UsageError
+from ops.rollout_sim import ROLLOUTS, FleetModel, Recommendation, recommend_wave
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -78,6 +79,26 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="allow head counts tp_degree does not divide (NeuronCores get padded heads)",
     )
+    r = p.add_argument_group("rollout (a simulated fleet rollout recommends units_per_wave; ops/rollout_sim.py)")
+    r.add_argument(
+        "--rollout", choices=ROLLOUTS, default="surge", help="unit_rollout of the config; default %(default)s"
+    )
+    r.add_argument(
+        "--load-minutes", type=float, default=10.0, help="how long a unit takes to load the model; default %(default)s"
+    )
+    r.add_argument(
+        "--spare-nodes",
+        type=int,
+        metavar="N",
+        help="surge: Trainium instances available beyond the fleet (a rolling unit needs nodes_per_unit more)",
+    )
+    r.add_argument(
+        "--node-failures-per-day",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="failures per node per day to simulate during the rollout; default %(default)s",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--write", metavar="PATH", help="write the flotilla config YAML here")
     o.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -128,15 +149,55 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     )
 
 
-def config_yaml(p: Plan) -> str:
+def config_yaml(p: Plan, rollout: dict[str, Any] | None = None) -> str:
     header = (
         f"# flotilla config from `flotilla plan` for {p.model.name}: {p.traffic.requests_per_s:g} req/s, "
         f"{p.traffic.prompt_tokens} prompt + {p.traffic.output_tokens} output tokens.\n"
         "# Units are a roofline minimum at --efficiency "
         f"{p.settings.efficiency:g}; add headroom for failures and rollouts.\n"
     )
-    body: str = yaml.safe_dump(p.config(), sort_keys=False)
+    body: str = yaml.safe_dump({**p.config(), **(rollout or {})}, sort_keys=False)
     return header + body
+
+
+def rollout_recommendation(p: Plan, args: argparse.Namespace) -> Recommendation:
+    """Simulate the planned fleet rolling at candidate wave sizes; the traffic level is the planned
+    rps against the units' capacity (so a fleet sized without headroom cannot roll with `replace`)."""
+    if (
+        args.load_minutes < 0
+        or args.node_failures_per_day < 0
+        or (args.spare_nodes is not None and args.spare_nodes < 0)
+    ):
+        raise PlanError("--load-minutes, --node-failures-per-day and --spare-nodes must not be negative")
+    capacity = p.units * p.requests_per_s_per_unit
+    model = FleetModel(
+        units=p.units,
+        nodes_per_unit=p.nodes_per_unit,
+        units_per_cell=min(p.settings.units_per_cell, p.units),
+        rollout=args.rollout,
+        load_s=args.load_minutes * 60.0,
+        node_failures_per_node_day=args.node_failures_per_day,
+        traffic=p.traffic.requests_per_s / capacity if capacity > 0 else 1.0,
+        unit_rps=p.requests_per_s_per_unit,
+    )
+    return recommend_wave(model, spare_nodes=args.spare_nodes, seeds=range(3))
+
+
+def render_rollout(rec: Recommendation, console: Console) -> None:
+    t = Table(title="Rollout (simulated, ops/rollout_sim.py; worst of 3 seeds)")
+    for col in ("units per wave", "rollout", "min units in rotation", "below floor", "requests shed"):
+        t.add_column(col, justify="right")
+    for s in rec.table:
+        mark = " *" if s.units_per_wave == rec.units_per_wave else ""
+        t.add_row(
+            f"{s.units_per_wave}{mark}",
+            f"{s.duration_s / 3600:.1f} h",
+            str(s.min_in_rotation),
+            f"{s.below_floor_s / 60:.0f} min",
+            f"{s.shed_share:.2%}",
+        )
+    console.print(t)
+    console.print(f"units_per_wave {rec.units_per_wave} (*): {rec.why}")
 
 
 def plan_dict(p: Plan) -> dict[str, Any]:
@@ -178,6 +239,23 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "total_nodes": p.total_nodes,
         "skipped": list(p.skipped),
         "config": p.config(),
+    }
+
+
+def rollout_dict(rec: Recommendation) -> dict[str, Any]:
+    return {
+        "units_per_wave": rec.units_per_wave,
+        "why": rec.why,
+        "simulated": [
+            {
+                "units_per_wave": s.units_per_wave,
+                "duration_s": s.duration_s,
+                "min_in_rotation": s.min_in_rotation,
+                "below_floor_s": s.below_floor_s,
+                "shed_share": s.shed_share,
+            }
+            for s in rec.table
+        ],
     }
 
 
@@ -231,13 +309,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
             Traffic(requests_per_s=args.rps, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens),
             settings_from_args(args),
         )
+        rec = rollout_recommendation(result, args)
     except PlanError as err:
         raise UsageError(str(err)) from None
-    text = config_yaml(result)
+    rollout = {"unit_rollout": args.rollout, "units_per_wave": rec.units_per_wave}
+    text = config_yaml(result, rollout)
     if args.json:
-        console.print_json(json.dumps(plan_dict(result)))
+        doc = plan_dict(result)
+        doc["config"].update(rollout)
+        doc["rollout"] = rollout_dict(rec)
+        console.print_json(json.dumps(doc))
     else:
         render(result, console)
+        render_rollout(rec, console)
         console.print("flotilla config:", style="bold")
         console.print(text, markup=False, highlight=False)
     if args.write:

@@ -51,6 +51,7 @@ class EchoEngine:
         max_running: int = 8,
         step_s: float = 0.01,
         form_timeout_s: float = 60.0,
+        load_s: float = 0.0,
     ) -> None:
         self.model_name = model_name
         self.max_context = max_context
@@ -59,6 +60,7 @@ class EchoEngine:
         self._max_running = max_running
         self._step_s = step_s
         self._form_timeout_s = form_timeout_s
+        self._load_s = load_s  # a stand-in for loading a model: the engine is STARTING this long
         self._state = EngineState.STARTING
         self._detail = ""
         self._slots = asyncio.Semaphore(max_running)
@@ -96,6 +98,8 @@ class EchoEngine:
         except asyncio.TimeoutError:
             self._fail(f"only {len(self._followers)} of {need} followers joined in {self._form_timeout_s}s")
             raise EngineBroken(self._detail) from None
+        if self._load_s > 0:
+            await asyncio.sleep(self._load_s)
         for w in self._followers.values():
             w.write(b'{"op": "go"}\n')
         self._state = EngineState.READY

@@ -75,7 +75,12 @@ def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
     if cfg["engine"] == "echo":
         from runtime.engines.echo import EchoEngine  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
-        return EchoEngine(membership=m, model_name=cfg["model_name"], form_timeout_s=cfg["form_timeout_s"])
+        return EchoEngine(
+            membership=m,
+            model_name=cfg["model_name"],
+            form_timeout_s=cfg["form_timeout_s"],
+            load_s=cfg.get("echo_load_s", 0.0),
+        )
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
 
     return ReferenceEngine(

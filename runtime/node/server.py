@@ -342,6 +342,13 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
             {"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank}, status=200 if ok else 503
         )
 
+    async def container(_: web.Request) -> web.Response:
+        ok = sup.container_healthy()
+        return web.json_response(
+            {"healthy": ok, "started": sup.started, "alive": sup.live(), "state": sup.state, "unit": sup.s.unit_id},
+            status=200 if ok else 503,
+        )
+
     async def ready(_: web.Request) -> web.Response:
         body = sup.ready_body()
         return web.json_response(body.to_dict(), status=200 if body.ready else 503)
@@ -369,6 +376,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         )
 
     app.router.add_get(contract.NODE_LIVE_PATH, live)
+    app.router.add_get(contract.NODE_CONTAINER_HEALTH_PATH, container)
     app.router.add_get(contract.NODE_READY_PATH, ready)
     app.router.add_get(STATUS_PATH, status)
     app.router.add_get(contract.METRICS_PATH, prom)

@@ -334,6 +334,17 @@ class NodeSettings(_Settings):
         ge=1.0,
         allow_inf_nan=False,
     )
+    # The container health check (/health/container) first passes once the unit has been ready
+    # this long: every router (polling every 0.25 s) has seen the new unit ready before ECS, which
+    # stops an old task as soon as a new one is healthy, takes the old unit out of rotation.
+    ready_settle_s: float = setting(
+        2.0,
+        "--ready-settle",
+        "FLOTILLA_READY_SETTLE_S",
+        "seconds the unit must have been ready before /health/container first answers 200",
+        ge=0.0,
+        allow_inf_nan=False,
+    )
     max_restarts: int = setting(
         10, "--max-restarts", "FLOTILLA_MAX_RESTARTS", "re-forms allowed per restart window", ge=0
     )
@@ -380,6 +391,15 @@ class NodeSettings(_Settings):
         "FLOTILLA_ENGINE_STALL_S",
         "seconds of silence after which a ready engine process counts as wedged",
         ge=0.5,
+        allow_inf_nan=False,
+    )
+
+    echo_load_s: float = setting(
+        0.0,
+        "--echo-load",
+        "FLOTILLA_ECHO_LOAD_S",
+        "engine=echo only: seconds the engine takes to start, standing in for loading a model (rehearsals, tests)",
+        ge=0.0,
         allow_inf_nan=False,
     )
 

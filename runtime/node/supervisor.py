@@ -75,6 +75,8 @@ class UnitSupervisor:
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
         self.not_ready_since = time.monotonic()
+        self.ready_since: float | None = None  # when the unit last became ready (None: not ready now)
+        self.started = False  # the unit has been ready (for ready_settle_s) once in this process's life
         self._restarts: collections.deque[float] = collections.deque()
         self._drained = asyncio.Event()
         self._stop = asyncio.Event()
@@ -104,6 +106,24 @@ class UnitSupervisor:
         if self.state is UnitState.FORMING and time.monotonic() - self.not_ready_since > self.s.live_budget_s:
             return False
         return True
+
+    def container_healthy(self) -> bool:
+        """What the ECS container health check asks (/health/container), in two phases: false until
+        the unit has been ready for ready_settle_s once in this member's life (so a rolling update
+        never stops the old revision before the new one serves; the service's health-check grace
+        period bounds loading), then the same as live() (a unit re-forming after a member died
+        stays healthy for live_budget_s instead of being killed member by member)."""
+        self._note_started()
+        return self.started and self.live()
+
+    def _note_started(self) -> None:
+        if (
+            not self.started
+            and self.ready_since is not None
+            and time.monotonic() - self.ready_since >= self.s.ready_settle_s
+        ):
+            self.started = True
+            jlog("unit_started", unit=self.s.unit_id, rank=self.rank, settle_s=self.s.ready_settle_s)
 
     def load(self) -> LoadReport:
         if self.is_leader:
@@ -159,7 +179,11 @@ class UnitSupervisor:
         if state is not self.state:
             jlog("unit_state", unit=self.s.unit_id, rank=self.rank, old=self.state, new=state, **why)
             if state is not UnitState.READY and self.state is UnitState.READY:
+                self._note_started()  # ready long enough before this change counts too
                 self.not_ready_since = time.monotonic()
+                self.ready_since = None
+            elif state is UnitState.READY:
+                self.ready_since = time.monotonic()
             self.state = state
         self.metrics.ready.set(1 if self.ready() else 0)
 
@@ -272,6 +296,7 @@ class UnitSupervisor:
             "kv_budget_tokens": s.kv_budget_tokens,
             "max_running": s.max_running,
             "collective_timeout_s": s.collective_timeout_s,
+            "echo_load_s": s.echo_load_s,
             "unit_id": s.unit_id,
             "revision": s.revision,
             "neuron": s.neuron.model_dump() if s.neuron else None,

@@ -31,5 +31,15 @@ def test_the_console_script_is_flotilla_pointing_at_ops_cli_main():
 def test_python_dash_m_ops_runs_the_cli():
     proc = subprocess.run([sys.executable, "-m", "ops", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
-    for cmd in ("status", "topology", "drain-unit", "restore-unit", "replace-node", "rollout", "rollback", "plan"):
+    for cmd in (
+        "status",
+        "topology",
+        "drain-unit",
+        "restore-unit",
+        "replace-node",
+        "rollout",
+        "rollback",
+        "plan",
+        "rehearse",
+    ):
         assert cmd in proc.stdout

@@ -41,8 +41,31 @@ def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cl
         "units": 4,
         "units_per_cell": 4,
         "availability_zones": ["us-east-1a", "us-east-1b"],
+        # from the simulated rollout: 4 units roll one at a time (10 %, at least 1)
+        "unit_rollout": "surge",
+        "units_per_wave": 1,
     }
     assert out_path.read_text().startswith("# flotilla config from `flotilla plan`")
+    assert "Rollout (simulated" in out and "units_per_wave 1 (*)" in out
+
+
+def test_plan_recommends_a_wave_from_the_simulated_rollout(run_cli):
+    code, out = run_cli("plan", *LLAMA_70B, "--rps", "400", *TRAFFIC[2:], "--load-minutes", "30", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    units = doc["units"]
+    rollout = doc["rollout"]
+    assert units >= 100
+    # surge keeps every unit in rotation: the default wave (10 %) sheds nothing
+    assert rollout["units_per_wave"] == doc["config"]["units_per_wave"] == -(-units // 10)
+    simulated = {s["units_per_wave"]: s for s in rollout["simulated"]}
+    assert simulated[1]["duration_s"] > 5 * simulated[rollout["units_per_wave"]]["duration_s"]
+
+
+def test_plan_with_replace_and_no_headroom_says_to_add_units(run_cli):
+    code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--rollout", "replace")
+    assert code == 0
+    assert "add units" in out
 
 
 def test_plan_json_carries_every_figure(run_cli):

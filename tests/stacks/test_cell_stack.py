@@ -220,12 +220,15 @@ def test_task_has_unlimited_memlock_and_ipc_lock(default_synth):
     assert "Privileged" not in container
 
 
-def test_container_health_check_means_alive_not_ready(default_synth):
+def test_container_health_check_asks_started_then_alive_never_ready(default_synth):
     check = node_container(default_synth)["HealthCheck"]
     assert check["Command"][0] == "CMD-SHELL"
-    url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_LIVE_PATH}"
+    # /health/container: fails until the unit was ready once (a rollout must not count a loading
+    # task as healthy), then alive. Never /health/ready: a re-forming unit's members must survive.
+    url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_CONTAINER_HEALTH_PATH}"
     assert url in check["Command"][1]
     assert contract.NODE_READY_PATH not in check["Command"][1]
+    assert contract.NODE_LIVE_PATH not in check["Command"][1]
     assert (check["Interval"], check["Timeout"], check["Retries"], check["StartPeriod"]) == (30, 5, 3, 300)
 
 
@@ -311,7 +314,7 @@ def test_resource_estimate_matches_what_cells_synthesize(default_synth, fleet_sy
             assert len(template["Resources"]) == estimate_cell_resources(20)
 
 
-def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_synth):
+def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_cells_in_four_lanes(fleet_synth):
     cells = fleet_synth.deployment.cells
     assert fleet_synth.deployment.config.chips == 20480
     assert [c.node.id for c in cells] == [f"Cell-{i}" for i in range(8)]
@@ -322,8 +325,9 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_ordered_cells(fleet_syn
         assert len(cps) == 20
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
-        # Discovery: the Cloud Map service the unit tasks register in.
-        assert deps == ({"Network", "Discovery"} if i == 0 else {"Network", "Discovery", f"Cell-{i - 1}"})
+        # Discovery: the Cloud Map service the unit tasks register in. 16 units roll at once (10 %
+        # of 160) as 4 units in each of 4 cells: Cell-n waits for Cell-(n-4).
+        assert deps == ({"Network", "Discovery"} if i < 4 else {"Network", "Discovery", f"Cell-{i - 4}"})
 
 
 def test_unit_resources_and_instances_carry_deployment_cell_and_unit_tags(default_synth):

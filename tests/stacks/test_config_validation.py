@@ -87,7 +87,7 @@ REJECTED = [
         {"nodes_per_units": 2},
         "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
-        "model, image, certificate_arn, alarm_email, revision, unit_rollout, node, router",
+        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router",
     ),
     (
         {"deployment_name": "9lives"},
@@ -253,3 +253,27 @@ def test_default_yaml_and_readme_document_every_config_key():
     for key in keys:
         assert f"{key.split('.')[-1]}:" in text, f"examples/default.yaml lacks {key}"
         assert f"`{key}`" in readme, f"README's configuration reference lacks {key}"
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        (
+            0,
+            "units_per_wave=0: an integer from 1 to 10000 (units that roll at once), or omit it for about 10 %",
+        ),
+        (True, "units_per_wave=True: an integer from 1 to 10000"),
+        ("4", "units_per_wave='4': an integer from 1 to 10000"),
+        (4, "units_per_wave=4: at most units (3)"),
+    ],
+)
+def test_units_per_wave_is_refused_outside_1_to_units(value, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"units": 3, "units_per_wave": value})
+    assert message in str(err.value)
+
+
+def test_units_per_wave_defaults_to_about_ten_percent_laid_out_on_cells():
+    plan = parse_config({"units": 160, "units_per_cell": 20}).wave_plan
+    assert (plan.units_per_wave, plan.wave_in_cell, plan.parallel_cells, plan.sequential_waves) == (16, 4, 4, 10)
+    assert parse_config({"units": 160, "units_per_cell": 20, "units_per_wave": 1}).wave_plan.sequential_waves == 160

@@ -46,7 +46,7 @@ FORK_SERVER_MODULE = "vllm.entrypoints.api_server"
 WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
 # launch_script.py:12 `NEURON_RT_ROOT_COMM_ID_PORT = 63423`: the Neuron runtime's collectives
 # bootstrap on the leader. The unit's security group admits all traffic between members.
-FORK_RT_ROOT_COMM_PORT = 63423
+FORK_RT_ROOT_COMM_PORT = contract.NEURON_RT_ROOT_COMM_PORT
 NXDI_CONFIG = "aws-neuron/neuronx-distributed-inference@fcb5a8688d237e1af429d6e72445db17277d630a"  # v0.7.14366
 
 _FORK_EX = f"{FORK_2_24}:examples/neuron/multi_node"

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import contract
 from runtime.engines.base import (
@@ -314,10 +314,13 @@ class NeuronEngine:
             raise EngineBroken(f"the neuron engine is {self._state.value}: {self._detail}")
         self._last_request = time.monotonic()
         stream = self._generate_fork(request) if self.api == "generate" else self._generate_openai(request)
-        async for ev in stream:
-            yield ev
+        try:
+            async for ev in stream:
+                yield ev
+        finally:
+            await stream.aclose()  # a consumer that stops early closes the upstream request now
 
-    async def _generate_openai(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    async def _generate_openai(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         import aiohttp  # noqa: PLC0415
 
         sp = request.sampling
@@ -391,7 +394,7 @@ class NeuronEngine:
             ids = ids[len(added) :]
         return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    async def _generate_fork(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    async def _generate_fork(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         """The fork's /generate (api_server.py:41-91): text in; newline-delimited JSON out, one line per
         engine step, each `{"text": [prompt + all output text so far]}`; no token ids, no finish reason.
 

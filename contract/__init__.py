@@ -85,10 +85,12 @@ CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"  # may be absent (host networking): use
 CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
 
 # --- Neuron engine -----------------------------------------------------------------------------
-# Both ports sit inside UNIT_INTERNAL_PORT_RANGE so the unit security group's self-referencing
-# rule covers them; nothing outside the unit may reach either.
-NEURON_RT_ROOT_COMM_PORT = 29501  # Neuron runtime collectives bootstrap on the leader
-NEURON_ENGINE_PORT = 8001  # vLLM's OpenAI server on the leader, bound to 127.0.0.1 only
+# Multi-node units use the fork's fixed port (aws-neuron/upstreaming-to-vllm@490ab20f
+# examples/neuron/multi_node/launch_script.py:12), outside UNIT_INTERNAL_PORT_RANGE: the unit security
+# group's self-referencing rule admits all traffic (EFA needs it), so it covers it; nothing outside
+# the unit may reach it.
+NEURON_RT_ROOT_COMM_PORT = 63423  # Neuron runtime collectives bootstrap on the leader
+NEURON_ENGINE_PORT = 8001  # the leader's vLLM server, bound to 127.0.0.1 only
 ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"  # set by Dockerfile.neuron; compile-cache key
 ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"  # s3://bucket/prefix for compiled artifacts
 ENV_INSTANCE_TYPE = "FLOTILLA_INSTANCE_TYPE"  # neuron engine: the node's instance type (plan layout)

@@ -19,6 +19,19 @@ MULTI_NODE_SETUP = (
     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/"
     "setup-trn1-multi-node-execution.html"
 )
+TRN2_ARCH = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn2-arch.html"
+TRAINIUM2_ARCH = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trainium2.html"
+LNC_CONFIG = (
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-features/"
+    "logical-neuroncore-config.html"
+)
+# The Neuron team's trn2 node-group template (linked from the Neuron EKS setup page): one EFA interface
+# on each of network cards 0..15 (aws-neuron/aws-neuron-eks-samples@cecff9eb, commit ec8953f "Adding 8
+# more efa devices for trn2"). EC2's own instance-type pages were not available to check it against.
+TRN2_EFA_TEMPLATE = (
+    "https://github.com/aws-neuron/aws-neuron-eks-samples/blob/cecff9eb48a91df0be2b277fb812827ba6092fbc/"
+    "dp_bert_hf_pretrain/cfn/eks_trn2_ng_stack_al2023.yaml#L302-L415"
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +40,9 @@ class TrainiumInstance:
 
     instance_type: str
     chips: int  # Trainium chips = Neuron devices, /dev/neuron0..chips-1
-    neuron_cores_per_chip: int  # NeuronCore-v2 per Trainium chip
+    # NeuronCores per chip as the Neuron runtime presents them: physical NeuronCore-v2 on trn1, logical
+    # NeuronCores on trn2 (8 physical NeuronCore-v3 per chip, grouped in pairs at the default LNC=2).
+    neuron_cores_per_chip: int
     hbm_bytes_per_chip: int  # device memory per chip
     hbm_bytes_per_s_per_chip: float  # device memory bandwidth per chip
     bf16_flops_per_chip: float  # dense FP16/BF16 peak per chip
@@ -96,11 +111,43 @@ def _trn1(instance_type: str, *, efa_interfaces: int, efa_gbps: int) -> Trainium
     )
 
 
+def _trn2() -> TrainiumInstance:
+    # trn2-arch instance table (trn2.48xlarge column): 16 Trainium2 chips, 192 vCPUs, 2,048 GiB host
+    # memory, 10.7 BF16 PFLOPS, 1,536 GiB device memory at 46.4 TB/s, EFAv3 3,200 Gbps. The Trainium2
+    # page, per chip: eight NeuronCore-v3, 667 BF16 TFLOPS, 96 GiB at 2.9 TB/sec (TB, not TiB:
+    # 16 x 2.9 = 46.4 in the instance table). LNC page: LNC=2 is the default and "a Trn2.48xlarge
+    # instance presents 64 available NeuronCores"; AWS's 405B-on-one-trn2 tutorial uses TP 64.
+    return TrainiumInstance(
+        instance_type="trn2.48xlarge",
+        chips=16,
+        neuron_cores_per_chip=4,
+        hbm_bytes_per_chip=96 * GIB,
+        hbm_bytes_per_s_per_chip=2.9e12,
+        bf16_flops_per_chip=667e12,
+        efa_interfaces=16,
+        efa_gbps=3200,
+        vcpus=192,
+        memory_gib=2048,
+        sources={
+            "chips": TRN2_ARCH,
+            "neuron_cores_per_chip": LNC_CONFIG,
+            "hbm_bytes_per_chip": TRAINIUM2_ARCH,
+            "hbm_bytes_per_s_per_chip": TRAINIUM2_ARCH,
+            "bf16_flops_per_chip": TRAINIUM2_ARCH,
+            "efa_interfaces": TRN2_EFA_TEMPLATE,
+            "efa_gbps": TRN2_ARCH,
+            "vcpus": TRN2_ARCH,
+            "memory_gib": TRN2_ARCH,
+        },
+    )
+
+
 # Only the sizes with EFA: a unit spans nodes, and trn1.2xlarge has no EFA (multi-node setup page:
 # "EFA is currently not available on the smaller instances sizes").
 INSTANCES: Mapping[str, TrainiumInstance] = MappingProxyType(
     {
         "trn1.32xlarge": _trn1("trn1.32xlarge", efa_interfaces=8, efa_gbps=800),
         "trn1n.32xlarge": _trn1("trn1n.32xlarge", efa_interfaces=16, efa_gbps=1600),
+        "trn2.48xlarge": _trn2(),
     }
 )

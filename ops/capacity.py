@@ -1,8 +1,10 @@
 """Capacity planner: from a model's shape and a traffic target to nodes per unit, parallel degrees,
-memory per NeuronCore, units needed and the flotilla config that deploys them.
+memory per NeuronCore, units needed, the Neuron image the unit runs, and the flotilla config.
 
 Every figure is a roofline bound (HBM bandwidth, peak FLOPS, EFA bandwidth; docs/hardware.md), so
 latencies are lower bounds and unit counts are minimums; `efficiency` derates them to measurements.
+A unit is one node whenever the model and its KV cache fit one; only then does it span nodes,
+which only the V0 fork image can run (contract/neuron.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contract.neuron import NeuronImage, image_for, mode_for
+from contract.sizing import CoreMemory, LlamaDims, core_memory, llama_params
 from contract.trainium import GIB, TrainiumInstance
 from ops.hardware import instance_spec
 
@@ -103,22 +107,16 @@ class ModelShape:
             return self.params
         # __post_init__ refuses a shape that has neither params nor these two.
         assert self.intermediate is not None and self.vocab is not None
-        hd = self.resolved_head_dim
-        per_layer = (
-            self.hidden * self.heads * hd  # q_proj
-            + 2 * self.hidden * self.kv_heads * hd  # k_proj, v_proj
-            + self.heads * hd * self.hidden  # o_proj
-            + 3 * self.hidden * self.intermediate  # gate, up, down
-            + 2 * self.hidden  # two RMSNorms
+        return llama_params(
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.resolved_head_dim,
+            intermediate=self.intermediate,
+            vocab=self.vocab,
+            tied=self.tied_embeddings,
         )
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embeddings + self.hidden  # + final norm
-
-    @property
-    def kv_projection_params(self) -> int:
-        """k_proj + v_proj over all layers: the weights tensor parallelism replicates, not shards,
-        once there are more NeuronCores than KV heads."""
-        return self.layers * 2 * self.hidden * self.kv_heads * self.resolved_head_dim
 
     @classmethod
     def from_config_json(cls, path: str | Path, **overrides: Any) -> ModelShape:
@@ -237,6 +235,37 @@ class Plan:
     skipped: tuple[str, ...] = field(default=())  # node counts tried and why they do not work
 
     @property
+    def mode(self) -> str:
+        """single-node or multi-node: which Neuron image (contract/neuron.py) the unit runs."""
+        return mode_for(self.nodes_per_unit)
+
+    @property
+    def image(self) -> NeuronImage:
+        return image_for(self.nodes_per_unit)
+
+    @property
+    def why(self) -> str:
+        """Why this unit size and image, in one sentence an operator can check."""
+        m = self.memory
+        need = (
+            f"{m.total / GIB:.2f} GiB per NeuronCore (weights {m.weights / GIB:.2f} + KV cache "
+            f"{m.kv_cache / GIB:.2f} for {self.settings.batch} x {self.seq_len} tokens) <= {m.usable / GIB:.2f} "
+            "GiB usable"
+        )
+        if self.nodes_per_unit == 1:
+            return (
+                f"fits one {self.instance.instance_type}: {need}; single-node units run {self.image.base_image} "
+                f"({self.image.vllm}) with the OpenAI server"
+            )
+        return (
+            f"does not fit one {self.instance.instance_type} ({self.skipped[0].split(': ', 1)[1]}); "
+            f"{self.nodes_per_unit} nodes: {need} if the weights shard over all {self.tp_degree} NeuronCores. "
+            f"Only {self.image.base_image} ({self.image.vllm}; AWS ended vLLM V0 support from Neuron 2.28) "
+            "runs a unit across nodes, and its example gives NxD Inference tp_degree = one node's cores: "
+            "whether that shards over the unit is settled only on hardware (docs/runbooks/trainium-smoke-test.md)"
+        )
+
+    @property
     def decode_step_s(self) -> float:
         # Each layer's all-reduce gates the next layer, so the two bounds add up.
         return self.decode_hbm_s + self.decode_efa_s
@@ -289,6 +318,10 @@ class Plan:
         return cfg
 
 
+def _per_core(m: CoreMemory) -> MemoryPerCore:
+    return MemoryPerCore(weights=m.weights, kv_cache=m.kv_cache, usable=m.usable, hbm=m.hbm)
+
+
 def _stage_layers(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
     base, extra = divmod(layers, stages)
     out, start = [], 0
@@ -320,6 +353,16 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
     params = model.total_params
     hd = model.resolved_head_dim
     usable = inst.hbm_bytes_per_core * (1 - settings.hbm_reserve)
+    dims = LlamaDims(
+        params=params,
+        layers=model.layers,
+        hidden=model.hidden,
+        heads=model.heads,
+        kv_heads=model.kv_heads,
+        head_dim=hd,
+        weight_bytes=w_bytes,
+        kv_bytes=kv_bytes,
+    )
     skipped: list[str] = []
     smallest_need: MemoryPerCore | None = None
 
@@ -336,14 +379,17 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
             continue
         q_per_core = math.ceil(model.heads / tp)
         kv_per_core = math.ceil(model.kv_heads / tp)
-        sharded = params - model.kv_projection_params
-        weight_params = math.ceil(sharded / tp) + model.layers * 2 * model.hidden * hd * kv_per_core
         kv_per_token = model.layers * 2 * kv_per_core * hd * kv_bytes
-        memory = MemoryPerCore(
-            weights=weight_params * w_bytes,
-            kv_cache=settings.batch * seq_len * kv_per_token,
-            usable=usable,
-            hbm=inst.hbm_bytes_per_core,
+        # The one rule the runtime's planner uses too (contract/sizing.py).
+        memory = _per_core(
+            core_memory(
+                dims,
+                inst,
+                nodes=nodes,
+                batch=settings.batch,
+                seq_len=seq_len,
+                hbm_reserve=settings.hbm_reserve,
+            )
         )
         if smallest_need is None or memory.total < smallest_need.total:
             smallest_need = memory

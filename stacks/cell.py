@@ -96,7 +96,9 @@ class CellStack(Stack):
         )
         self._grant_node_permissions(config)
 
-        image = unit_image(self, image_uri=config.image, instance_type=config.instance_type, engine=config.node.engine)
+        image = unit_image(
+            self, image_uri=config.image, engine=config.node.engine, nodes_per_unit=config.nodes_per_unit
+        )
         surge = UnitSurge.for_rollout(config.unit_rollout)
         self.units: list[TrainiumUnit] = []
         for placement in config.units_in_cell(cell):

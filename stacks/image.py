@@ -1,7 +1,8 @@
 """The container images flotilla tasks run: a prebuilt URI from the config, or an asset built at
-`cdk deploy` (synth only copies and hashes): runtime/Dockerfile for the router and CPU engines,
-runtime/Dockerfile.neuron (AWS's vLLM Neuron container plus our runtime) for trn1 units on the
-`neuron` engine."""
+`cdk deploy` (synth only copies and hashes): runtime/Dockerfile for the router and CPU engines; for
+units on the `neuron` engine, the Dockerfile of their mode (contract/neuron.py): one node, AWS's vLLM
+V1 Neuron container (runtime/Dockerfile.neuron); several, AWS's V0 vLLM fork container
+(runtime/Dockerfile.neuron-multinode)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from constructs import Construct
 
+from contract.neuron import image_for
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "runtime/Dockerfile"
-NEURON_DOCKERFILE = "runtime/Dockerfile.neuron"
 # The build context is the repository root (the image needs runtime/, contract/ and the lock
 # file), so the asset excludes everything else: synth copies this directory into cdk.out on every
 # run, and a stray .venv or model cache would make that slow and the image hash unstable. Same
@@ -52,17 +54,25 @@ def node_image(scope: Construct, *, image_uri: str | None) -> ecs.ContainerImage
     return _asset(scope, "RuntimeImage", DOCKERFILE)
 
 
-def unit_dockerfile(*, instance_type: str, engine: str) -> str:
-    """trn1 units serving with the `neuron` engine need AWS's Neuron vLLM image; the `reference`
-    engine needs our CPU image (the Neuron image's transformers is not the one it is tested with)."""
-    if instance_type.startswith("trn1") and engine == "neuron":
-        return NEURON_DOCKERFILE
+def unit_dockerfile(*, engine: str, nodes_per_unit: int) -> str:
+    """Units on the `neuron` engine need the AWS Neuron vLLM image of their size's mode; the
+    `reference` and `echo` engines need our CPU image (the Neuron images' transformers is not the
+    one they are tested with)."""
+    if engine == "neuron":
+        return image_for(nodes_per_unit).dockerfile
     return DOCKERFILE
 
 
-def unit_image(scope: Construct, *, image_uri: str | None, instance_type: str, engine: str) -> ecs.ContainerImage:
+# One construct id per Dockerfile, so a stack never builds the same image twice.
+_ASSET_IDS = {
+    image_for(1).dockerfile: "NeuronRuntimeImage",
+    image_for(2).dockerfile: "NeuronMultiNodeRuntimeImage",
+}
+
+
+def unit_image(scope: Construct, *, image_uri: str | None, engine: str, nodes_per_unit: int) -> ecs.ContainerImage:
     """The image a unit's node containers run: the configured URI, else the matching asset."""
-    dockerfile = unit_dockerfile(instance_type=instance_type, engine=engine)
+    dockerfile = unit_dockerfile(engine=engine, nodes_per_unit=nodes_per_unit)
     if image_uri or dockerfile == DOCKERFILE:
         return node_image(scope, image_uri=image_uri)
-    return _asset(scope, "NeuronRuntimeImage", dockerfile)
+    return _asset(scope, _ASSET_IDS[dockerfile], dockerfile)

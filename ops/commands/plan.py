@@ -1,7 +1,8 @@
 """`flotilla plan`: size a unit and the fleet for a model and a traffic target, write the config.
 
 Needs no AWS access: it is arithmetic on the model's shape and the hardware figures in
-docs/hardware.md. Every latency it prints is a lower bound, every count a minimum.
+docs/hardware.md. Every latency it prints is a lower bound, every count a minimum. It says which
+Neuron image the unit runs (one node: the V1 plugin; more: the V0 fork) and why.
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def config_yaml(p: Plan, rollout: dict[str, Any] | None = None) -> str:
         f"{p.traffic.prompt_tokens} prompt + {p.traffic.output_tokens} output tokens.\n"
         "# Units are a roofline minimum at --efficiency "
         f"{p.settings.efficiency:g}; add headroom for failures and rollouts.\n"
+        f"# {p.mode} units: with node.engine neuron the image is built from {p.image.dockerfile} "
+        f"(FROM {p.image.base_image}).\n"
     )
     body: str = yaml.safe_dump({**p.config(), **(rollout or {})}, sort_keys=False)
     return header + body
@@ -213,6 +216,14 @@ def plan_dict(p: Plan) -> dict[str, Any]:
             "dtype": p.model.dtype,
         },
         "nodes_per_unit": p.nodes_per_unit,
+        "mode": p.mode,
+        "image": {
+            "dockerfile": p.image.dockerfile,
+            "base_image": p.image.base_image,
+            "vllm": p.image.vllm,
+            "server": p.image.server,
+        },
+        "why": p.why,
         "tp_degree": p.tp_degree,
         "pp_degree": p.pp_degree,
         "stage_layers": [list(r) for r in p.stage_layers],
@@ -265,7 +276,9 @@ def _ms(seconds: float) -> str:
 
 def render(p: Plan, console: Console) -> None:
     unit = Table(title=f"Unit for {p.model.name} on {p.instance.instance_type}", show_header=False)
-    unit.add_row("nodes per unit", str(p.nodes_per_unit))
+    unit.add_row("nodes per unit", f"{p.nodes_per_unit} ({p.mode})")
+    unit.add_row("image", f"{p.image.dockerfile} (FROM {p.image.base_image})")
+    unit.add_row("why", p.why)
     unit.add_row("decode tp_degree", f"{p.tp_degree} (= {p.instance.neuron_cores} NeuronCores x {p.nodes_per_unit})")
     unit.add_row("prefill pp_degree", f"{p.pp_degree} (one pipeline stage per node)")
     unit.add_row("stage layers", ", ".join(f"{a}..{b}" for a, b in p.stage_layers))

@@ -133,7 +133,7 @@ class NeuronSettings(_Settings):
         "trn1.32xlarge",
         "--instance-type",
         contract.ENV_INSTANCE_TYPE,
-        "the node's instance type (32 NeuronCores per node)",
+        "the node's instance type (its NeuronCores are the plan's tensor-parallel degree per node)",
         choices=sorted(INSTANCES),
     )
     model_dir: str = setting(
@@ -183,8 +183,8 @@ class NeuronSettings(_Settings):
         None,
         "--neuron-launcher",
         "FLOTILLA_NEURON_LAUNCHER",
-        "**tests only**: a program that replaces `python3 -m <module>` of the rank's command (the tests "
-        "point it at a stand-in vLLM server); never set it in a deployment",
+        "**tests only**: a program that replaces the interpreter (`python`/`python3`) of the rank's command "
+        "(the tests point it at a Python whose path holds a stand-in vLLM); never set it in a deployment",
     )
 
     @field_validator("model_uri", mode="before")
@@ -275,7 +275,7 @@ class NodeSettings(_Settings):
         "reference",
         "--engine",
         contract.ENV_ENGINE,
-        "the engine that runs the model (neuron: vLLM + NxD Inference on trn1)",
+        "the engine that runs the model (neuron: vLLM + NxD Inference on Trainium)",
         choices=ENGINES,
     )
     neuron: NeuronSettings | None = None  # engine=neuron only: the settings further down

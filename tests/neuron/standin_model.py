@@ -1,5 +1,6 @@
 """A publishable stand-in checkpoint for the neuron engine tests: a real Llama shape in config.json,
-a small word-level tokenizer.json, and random bytes where the weights would be."""
+a small word-level tokenizer.json, and random bytes where the weights would be; and where the two
+stand-in vLLM packages live (tests/neuron/standins/, one per pinned image)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from tokenizers.pre_tokenizers import Whitespace
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["<unk>", "</s>", "hello", "world", "flotilla", "serves", "trainium", "units"]
-STANDIN_LAUNCHER = f"{sys.executable} {REPO / 'tests' / 'neuron' / 'vllm_standin.py'}"
+# The plan's interpreter (`python`/`python3`) is replaced by this one; PYTHONPATH picks the stand-in.
+STANDIN_LAUNCHER = sys.executable
+STANDINS = REPO / "tests" / "neuron" / "standins"
+VLLM_0_13_0 = str(STANDINS / "vllm_0_13_0")  # single-node image: vLLM 0.13.0 + vllm-neuron (OpenAI server)
+VLLM_FORK_0_7_2 = str(STANDINS / "vllm_fork_0_7_2")  # multi-node image: the V0 fork (demo server, follower loop)
 WEIGHTS = "model.safetensors"
 
 

@@ -1,5 +1,6 @@
-"""The leader's neuron engine against a stand-in vLLM server (tests/neuron/vllm_standin.py, NOT vLLM)
-launched through launch_spec, with the model and compile cache on moto S3."""
+"""The leader's single-node neuron engine against the stand-in of the image's vLLM 0.13.0 OpenAI server
+(tests/neuron/standins/vllm_0_13_0, NOT vLLM) launched through launch_spec, with the model and
+compile cache on moto S3."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import boto3
 import pytest
 from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
 from moto import mock_aws
-from standin_model import STANDIN_LAUNCHER, WEIGHTS, make_checkpoint, word_ids
+from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, WEIGHTS, make_checkpoint, word_ids
 from testnet import free_port
 
 from runtime.artifacts import publish
@@ -32,7 +33,8 @@ def s3(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("FLOTILLA_NEURON_SDK_VERSION", "2.31.1")  # Dockerfile.neuron sets it
+    monkeypatch.setenv("FLOTILLA_NEURON_SDK_VERSION", "2.28.0")  # Dockerfile.neuron sets it
+    monkeypatch.setenv("PYTHONPATH", VLLM_0_13_0)  # the launched server imports the stand-in `vllm`
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)

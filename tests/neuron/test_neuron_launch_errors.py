@@ -19,12 +19,11 @@ def _plan(checkpoint, shape="llama-3.1-70b", *, nodes=2, instance_type="trn1.32x
     )
 
 
-@pytest.mark.parametrize("instance_type", ["trn1.2xlarge", "trn2.48xlarge", "p5.48xlarge"])
-def test_instance_types_without_32_trn1_cores_are_refused(checkpoint, instance_type):
+@pytest.mark.parametrize("instance_type", ["trn1.2xlarge", "trn2.3xlarge", "p5.48xlarge"])
+def test_instance_types_outside_the_table_are_refused(checkpoint, instance_type):
     with pytest.raises(
         NeuronPlanError,
-        match=rf"instance_type='{instance_type}'.*use one of trn1.32xlarge, "
-        r"trn1n.32xlarge",
+        match=rf"instance_type='{instance_type}'.*use one of trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
     ):
         _plan(checkpoint, instance_type=instance_type)
 
@@ -44,82 +43,117 @@ def test_sequence_longer_than_the_models_positions_is_refused(checkpoint):
         _plan(checkpoint, "llama-3-8b", seq_len=8193)
 
 
-def test_cp_degree_must_divide_the_global_tp_degree(checkpoint):
-    with pytest.raises(
-        NeuronPlanError,
-        match=r"cp_degree=3 must divide tp_degree=64 on "
-        r"2 x trn1.32xlarge",
-    ):
-        _plan(checkpoint, cp_degree=3)
+# cp_degree / attention_dp_degree reach NxD Inference only on single-node units (the fork's
+# multi-node launch passes neither), so their checks run on one trn2.48xlarge: 64 NeuronCores.
+TRN2 = {"nodes": 1, "instance_type": "trn2.48xlarge"}
 
 
-def test_attention_dp_degree_must_divide_the_global_tp_degree(checkpoint):
-    with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=6 must divide tp_degree=128"):
-        _plan(checkpoint, nodes=4, attention_dp_degree=6)
+def test_multi_node_units_refuse_cp_and_dp_degrees_the_forks_launch_cannot_pass(checkpoint):
+    with pytest.raises(NeuronPlanError, match=r"cp_degree=2 applies to single-node units only.*launch_script.py"):
+        _plan(checkpoint, nodes=2, cp_degree=2)
+    with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=4 applies to single-node units only"):
+        _plan(checkpoint, nodes=4, attention_dp_degree=4)
+    assert _plan(checkpoint, nodes=2, cp_degree=1, attention_dp_degree=1).cp_degree == 1
+
+
+def test_cp_degree_must_divide_the_tp_degree(checkpoint):
+    with pytest.raises(NeuronPlanError, match=r"cp_degree=3 must divide tp_degree=64 on 1 x trn2.48xlarge"):
+        _plan(checkpoint, cp_degree=3, **TRN2)
+
+
+def test_attention_dp_degree_must_divide_the_tp_degree(checkpoint):
+    with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=6 must divide tp_degree=64"):
+        _plan(checkpoint, attention_dp_degree=6, **TRN2)
 
 
 def test_batch_must_split_evenly_over_attention_dp_groups(checkpoint):
     with pytest.raises(
         NeuronPlanError,
-        match=r"batch_size=3 must be a multiple of "
-        r"attention_dp_degree=2.*raise --batch-size to 4",
+        match=r"batch_size=3 must be a multiple of attention_dp_degree=2.*raise --batch-size to 4",
     ):
-        _plan(checkpoint, nodes=4, cp_degree=2, attention_dp_degree=2, batch_size=3)
+        _plan(checkpoint, "llama-3-8b", cp_degree=2, attention_dp_degree=2, batch_size=3, **TRN2)
 
 
 def test_attention_dp_degree_must_divide_cp_degree_when_both_are_used(checkpoint):
     with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=8 must divide cp_degree=4"):
-        _plan(checkpoint, nodes=4, cp_degree=4, attention_dp_degree=8)
+        _plan(checkpoint, "llama-3-8b", cp_degree=4, attention_dp_degree=8, **TRN2)
 
 
 def test_sequence_must_split_evenly_over_context_parallel_ranks(checkpoint):
     with pytest.raises(
         NeuronPlanError,
-        match=r"seq_len=4095 must be a multiple of cp_degree=2.*"
-        r"--seq-len 4094",
+        match=r"seq_len=4095 must be a multiple of cp_degree=2.*--seq-len 4094",
     ):
-        _plan(checkpoint, nodes=4, cp_degree=2, attention_dp_degree=2, seq_len=4095)
+        _plan(checkpoint, "llama-3-8b", cp_degree=2, attention_dp_degree=2, seq_len=4095, **TRN2)
 
 
 def test_prefill_attention_over_more_ranks_than_heads_names_the_cp_degrees_that_fit(checkpoint):
-    # 70B on 4 nodes: 128 ranks for 64 query heads would pad every other rank's head.
-    # Groups of 64, 32, ... ranks fit: cp_degree 2, 4, 8, 16, 32, 64, 128.
+    # Llama-3-8B on trn2: 64 ranks for 32 query heads would pad every other rank's head.
+    # Groups of 32, 16, ... ranks fit: cp_degree 2, 4, 8, 16, 32, 64.
     with pytest.raises(
         NeuronPlanError,
-        match=r"cp_degree=1 leaves 128 ranks to share prefill attention.*"
-        r"num_attention_heads=64 / num_key_value_heads=8.*"
-        r"use --cp-degree one of \[2, 4, 8, 16, 32, 64, 128\]",
+        match=r"cp_degree=1 leaves 64 ranks to share prefill attention.*"
+        r"num_attention_heads=32 / num_key_value_heads=8.*"
+        r"use --cp-degree one of \[2, 4, 8, 16, 32, 64\]",
     ):
-        _plan(checkpoint, nodes=4, cp_degree=1, attention_dp_degree=2)
+        _plan(checkpoint, "llama-3-8b", cp_degree=1, attention_dp_degree=2, **TRN2)
 
 
 def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_fit(checkpoint):
-    # 70B on 8 nodes: groups of 64 or 32 ranks fit the heads; batch 8 rules out degree 16 and up.
+    # Llama-3-8B on trn2: groups of 32 or fewer ranks fit the heads; batch 8 rules out 16 and up,
+    # and cp_degree 4 allows only its divisors.
     with pytest.raises(
         NeuronPlanError,
-        match=r"attention_dp_degree=1 leaves 256 ranks to share decode attention"
-        r".*use --attention-dp-degree one of \[4, 8\]",
+        match=r"attention_dp_degree=1 leaves 64 ranks to share decode attention"
+        r".*use --attention-dp-degree one of \[2, 4, 8\]",
     ):
-        _plan(checkpoint, nodes=8, cp_degree=4, attention_dp_degree=1)
+        _plan(checkpoint, "llama-3-8b", cp_degree=4, attention_dp_degree=1, **TRN2)
+
+
+@pytest.mark.parametrize(
+    "config, instance_type, cp, dp",
+    [
+        # 64 query heads fit 32 (trn1) and 64 (trn2) cores as they are.
+        ("llama-3.1-70b", "trn1.32xlarge", 1, 1),
+        ("llama-3.1-70b", "trn2.48xlarge", 1, 1),
+        # 32 query heads: groups of at most 32 ranks, so degree 2 on trn2's 64 cores.
+        ("llama-3-8b", "trn1.32xlarge", 1, 1),
+        ("llama-3-8b", "trn2.48xlarge", 2, 2),
+        # 405B's 128 heads: two per rank on trn2.
+        ("llama-3.1-405b", "trn2.48xlarge", 1, 1),
+    ],
+)
+def test_auto_degrees_are_the_smallest_that_split_heads_evenly(checkpoint, config, instance_type, cp, dp):
+    plan = _plan(checkpoint, config, nodes=1, instance_type=instance_type)
+    assert (plan.cp_degree, plan.attention_dp_degree) == (cp, dp)
+    layout = plan.to_dict()["parallelism"]
+    heads = load_model_shape(plan.model_dir).num_attention_heads
+    assert layout["prefill"]["q_heads_per_rank"] == heads * cp // plan.tp_degree
+    assert layout["prefill"]["kv_heads_per_rank"] == 1  # 8 KV heads replicated over >= 8 ranks
 
 
 def test_auto_dp_that_needs_a_bigger_batch_says_so(checkpoint):
-    # SmolLM2: 9 query / 3 KV heads. On tp 64 only groups of 1 rank fit -> degree 64 > batch 8.
+    # SmolLM2: 9 query / 3 KV heads. On 32 cores only groups of 1 rank fit -> degree 32 > batch 8.
     with pytest.raises(
         NeuronPlanError,
-        match=r"no attention_dp_degree .* batch_size=8; raise "
-        r"--batch-size to a multiple of 64",
+        match=r"no attention_dp_degree .* batch_size=8; raise --batch-size to a multiple of 32",
     ):
-        _plan(checkpoint, "smollm2-135m")
+        _plan(checkpoint, "smollm2-135m", nodes=1)
+
+
+def test_a_model_whose_heads_do_not_split_over_one_node_is_refused_for_a_multi_node_unit_too(checkpoint):
+    # The fork gives NxD Inference tp_degree = one node's 32 cores: 9 heads cannot split over them.
+    with pytest.raises(
+        NeuronPlanError,
+        match=r"cp_degree=1 leaves 32 ranks to share prefill attention.*2 x trn1.32xlarge.*"
+        r"do not split over 32 NeuronCores",
+    ):
+        _plan(checkpoint, "smollm2-135m", nodes=2)
 
 
 def test_mlp_that_does_not_split_over_tp_is_refused(checkpoint):
-    model_dir = str(checkpoint("llama-3.1-70b", intermediate_size=28000))
-    with pytest.raises(
-        NeuronPlanError,
-        match=r"intermediate_size=28000 does not split over "
-        r"tp_degree=64",
-    ):
+    model_dir = str(checkpoint("llama-3.1-70b", intermediate_size=28004))
+    with pytest.raises(NeuronPlanError, match=r"intermediate_size=28004 does not split over tp_degree=32"):
         plan_unit(
             leader_host="h",
             nodes=2,

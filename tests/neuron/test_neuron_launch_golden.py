@@ -1,88 +1,84 @@
-"""Golden tests: every rank's environment, command and NxD Inference config, computed by hand.
+"""Golden tests: every rank's environment and command, with expected values transcribed from the files
+AWS publishes for each pinned image, not from our planner's rules.
 
-The expected values below are written out by hand from the Neuron multi-node conventions: local TP
-32 per trn1 node, global tp_degree = 32 x nodes, start_rank_id = rank x 32, NEURON_RT_ROOT_COMM_ID
-at the leader, gloo (torch env://) at the leader for the input broadcast, EFA variables.
+Multi-node (V0 fork image): aws-neuron/upstreaming-to-vllm@490ab20f, branch neuron-2.24-vllm-v0.7.2,
+examples/neuron/multi_node/launch_script.py and multi_node_launcher.sh. Single-node (V1 plugin
+image): aws-neuron/aws-neuron-sdk@v2.28.0 libraries/nxd-inference/vllm/quickstart-vllm-online-serving.rst
+and vllm-project/vllm-neuron@release-0.4.1 README.md. Each value below names its line.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from contract.neuron import MULTI_NODE_IMAGE, SINGLE_NODE_IMAGE
 from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_member, plan_unit
 from runtime.membership import Member, Membership
 
 LEADER = "10.1.0.10"
-
-# (model, nodes, cp_degree, attention_dp_degree): chosen by hand so heads split evenly.
-LAYOUTS = [
-    pytest.param("llama-3.1-70b", 2, 1, 1, id="70b-2-nodes-tp64"),
-    pytest.param("llama-3.1-70b", 4, 2, 2, id="70b-4-nodes-tp128-cp2-dp2"),
-    pytest.param("llama-3.1-405b", 8, 4, 2, id="405b-8-nodes-tp256-cp4-dp2"),
-]
+REPO = Path(__file__).resolve().parents[2]
+WORKER = str(REPO / "runtime" / "engines" / "neuron" / "worker.py")
 
 
-def _expected_nxdi(nodes: int, rank: int, cp: int, dp: int) -> dict:
-    return {
-        "tp_degree": 32 * nodes,
-        "world_size": 32 * nodes,
-        "local_ranks_size": 32,
-        "start_rank_id": 32 * rank,
-        "cp_degree": cp,
-        "attention_dp_degree": dp,
-        "seq_len": 4096,
-        "max_context_length": 4096,
-        "batch_size": 8,
-        "ctx_batch_size": 1,
-        "tkg_batch_size": 8,
-        "is_continuous_batching": True,
-        "torch_dtype": "bfloat16",
+def _launch_script_rank(*, model: str, nodes: int, rank: int, max_num_seqs: int, max_model_len: int, port: int):
+    """launch_script.py run by mpirun on MPI rank `rank` of `nodes`, for `--model M --world-size W
+    --max-num-seqs B --max-model-len S --compiled-model-path C` (defaults: --local-ranks-size 32)."""
+    local_ranks_size = 32  # :45-48 default
+    world_size = 32 * nodes  # the --world-size flotilla passes (the file leaves its unit open; see launch.py)
+    override = {  # make_override_config, :72-81, same key order
+        "world_size": world_size,
+        "tp_degree": local_ranks_size,
+        "local_ranks_size": local_ranks_size,
+        "start_rank_id": rank * local_ranks_size,
     }
-
-
-def _expected_env(nodes: int, rank: int) -> dict:
-    return {
-        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
-        "NEURON_COMPILED_ARTIFACTS": "/var/cache/flotilla/neuron-compiled",
-        "ENABLE_NEURON_MULTI_NODE": "true",
-        "NEURON_RANK_ID": str(rank),
-        "NEURON_LOCAL_TP": "32",
-        "NEURON_RT_ROOT_COMM_ID": "10.1.0.10:29501",
-        "WORLD_SIZE": str(nodes),
-        "MASTER_ADDR": "10.1.0.10",
-        "MASTER_PORT": "29500",
+    env = {
+        # multi_node_launcher.sh:41-43, 47 (mpirun -x)
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "FI_EFA_FORK_SAFE": "1",
+        "MASTER_ADDR": LEADER,
+        "MASTER_PORT": "29500",
+        # launch_script.py:103-113
+        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
+        "NEURON_COMPILED_ARTIFACTS": "/var/cache/flotilla/neuron-compiled",
+        "ENABLE_NEURON_MULTI_NODE": "true",
+        "WORLD_SIZE": str(nodes),  # OMPI_COMM_WORLD_SIZE: one process per node
+        "NEURON_RT_ROOT_COMM_ID": f"{LEADER}:63423",  # :12 NEURON_RT_ROOT_COMM_ID_PORT = 63423
+        "NEURON_LOCAL_TP": "32",
+        "NEURON_RANK_ID": str(rank),
     }
-
-
-def _engine_args(model_dir: str, nodes: int, rank: int, cp: int, dp: int) -> list[str]:
-    return [
-        "--model",
-        model_dir,
-        "--tensor-parallel-size",
-        str(32 * nodes),
-        "--max-num-seqs",
-        "8",
-        "--max-model-len",
-        "4096",
-        "--dtype",
-        "bfloat16",
-        "--additional-config",
-        json.dumps(
-            {"override_neuron_config": _expected_nxdi(nodes, rank, cp, dp)}, sort_keys=True, separators=(",", ":")
-        ),
-    ]
+    if rank == 0:  # :118-124, plus our --host (api_server.py:146) binding it to loopback
+        cmd = [
+            "python",
+            "-m",
+            "vllm.entrypoints.api_server",
+            f"--model={model}",
+            f"--port={port}",
+            "--device=neuron",
+            f"--max-num-seqs={max_num_seqs}",
+            f"--max-model-len={max_model_len}",
+            f"--override-neuron-config={json.dumps(override)}",
+            "--host=127.0.0.1",
+        ]
+    else:  # :134-139, our copy of worker.py in place of the example's
+        cmd = [
+            "python",
+            WORKER,
+            f"--model={model}",
+            "--device=neuron",
+            f"--max-num-seqs={max_num_seqs}",
+            f"--max-model-len={max_model_len}",
+            f"--override-neuron-config={json.dumps(override)}",
+        ]
+    return env, cmd, override
 
 
 @pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge"])
-@pytest.mark.parametrize("config, nodes, cp, dp", LAYOUTS)
-def test_every_rank_gets_the_hand_computed_env_command_and_nxdi_config(
-    checkpoint, config, nodes, cp, dp, instance_type
-):
+@pytest.mark.parametrize("config, nodes", [("llama-3.1-70b", 2), ("llama-3.1-70b", 4), ("llama-3.1-405b", 4)])
+def test_multi_node_ranks_get_exactly_what_the_forks_launch_script_computes(checkpoint, config, nodes, instance_type):
     model_dir = str(checkpoint(config))
     plan = plan_unit(
         leader_host=LEADER,
@@ -90,38 +86,130 @@ def test_every_rank_gets_the_hand_computed_env_command_and_nxdi_config(
         instance_type=instance_type,
         model=load_model_shape(model_dir),
         model_dir=model_dir,
-        options=NeuronOptions(
-            seq_len=4096, batch_size=8, cp_degree=cp, attention_dp_degree=dp, served_model_name="llama"
-        ),
+        options=NeuronOptions(seq_len=4096, batch_size=8),
     )
-    assert plan.tp_degree == 32 * nodes
-    assert [r.rank for r in plan.ranks] == list(range(nodes))
+    assert plan.mode == "multi-node" and plan.image is MULTI_NODE_IMAGE
+    assert [r.role for r in plan.ranks] == ["leader"] + ["follower"] * (nodes - 1)
     for rank, got in enumerate(plan.ranks):
+        env, cmd, override = _launch_script_rank(
+            model=model_dir, nodes=nodes, rank=rank, max_num_seqs=8, max_model_len=4096, port=8001
+        )
+        assert dict(got.env) == env
+        assert list(got.command) == cmd
+        assert dict(got.override_neuron_config) == override
         assert got.start_rank_id == 32 * rank
-        assert dict(got.env) == _expected_env(nodes, rank)
-        assert dict(got.nxdi_config) == _expected_nxdi(nodes, rank, cp, dp)
-        if rank == 0:
-            assert got.role == "leader"
-            assert list(got.command) == [
-                "python3",
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                *_engine_args(model_dir, nodes, rank, cp, dp),
-                "--served-model-name",
-                "llama",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "8001",
-            ]
-        else:
-            assert got.role == "follower"
-            assert list(got.command) == [
-                "python3",
-                "-m",
-                "runtime.engines.neuron.worker",
-                *_engine_args(model_dir, nodes, rank, cp, dp),
-            ]
+
+
+def test_a_4_node_trn1_plan_for_70b_names_the_multi_node_image_and_its_launch(checkpoint):
+    model_dir = str(checkpoint("llama-3.1-70b"))
+    doc = plan_unit(
+        leader_host=LEADER,
+        nodes=4,
+        instance_type="trn1.32xlarge",
+        model=load_model_shape(model_dir),
+        model_dir=model_dir,
+    ).to_dict()
+    assert doc["mode"] == "multi-node"
+    # aws-neuron/deep-learning-containers@2.28.0:README.md:83
+    assert doc["image"]["base_image"] == (
+        "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04"
+    )
+    assert doc["image"]["dockerfile"] == "runtime/Dockerfile.neuron-multinode"
+    assert doc["image"]["server"] == "vllm.entrypoints.api_server" and doc["image"]["api"] == "generate"
+    assert [r["command"][:3] for r in doc["ranks"]] == [["python", "-m", "vllm.entrypoints.api_server"]] + [
+        ["python", WORKER, f"--model={model_dir}"]
+    ] * 3
+
+
+@pytest.mark.parametrize(
+    "instance_type, cores",
+    # quickstart-vllm-online-serving.rst:74 "--tensor-parallel-size: Matches the number of Neuron cores";
+    # trn1: 16 chips x 2 NeuronCore-v2; trn2: 64 NeuronCores at LNC=2 (logical-neuroncore-config.rst:53-56).
+    [("trn1.32xlarge", 32), ("trn1n.32xlarge", 32), ("trn2.48xlarge", 64)],
+)
+def test_a_single_node_rank_is_started_as_the_plugins_online_serving_quickstart_does(checkpoint, instance_type, cores):
+    model_dir = str(checkpoint("llama-3.1-70b"))
+    plan = plan_unit(
+        leader_host=LEADER,
+        nodes=1,
+        instance_type=instance_type,
+        model=load_model_shape(model_dir),
+        model_dir=model_dir,
+        options=NeuronOptions(seq_len=4096, batch_size=8, served_model_name="llama"),
+    )
+    assert plan.mode == "single-node" and plan.image is SINGLE_NODE_IMAGE
+    (leader,) = plan.ranks
+    assert leader.role == "leader" and leader.start_rank_id == 0
+    assert dict(leader.env) == {
+        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",  # quickstart :57
+        "NEURON_COMPILED_ARTIFACTS": "/var/cache/flotilla/neuron-compiled",  # quickstart :156
+    }
+    assert list(leader.command) == [
+        "python3",  # vllm-neuron release-0.4.1 README.md:226
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",  # quickstart :60
+        model_dir,
+        "--tensor-parallel-size",  # :61
+        str(cores),
+        "--max-model-len",  # :62
+        "4096",
+        "--max-num-seqs",  # :63
+        "8",
+        "--no-enable-prefix-caching",  # :64
+        "--num-gpu-blocks-override",  # README.md:288-291: exactly max_num_seqs without prefix caching
+        "8",
+        "--served-model-name",
+        "llama",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8001",
+    ]
+    assert dict(leader.override_neuron_config) == {}  # 64 heads split over 32 or 64 cores as they are
+
+
+def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(checkpoint):
+    # Llama-3-8B's 32 query heads over trn2's 64 NeuronCores: groups of 32 ranks, degree 2 each. The
+    # keys are NxD Inference's (neuronx-distributed-inference@v0.7.14366 models/config.py:334,336),
+    # passed under override_neuron_config in --additional-config (quickstart :66-70).
+    model_dir = str(checkpoint("llama-3-8b"))
+    plan = plan_unit(
+        leader_host=LEADER,
+        nodes=1,
+        instance_type="trn2.48xlarge",
+        model=load_model_shape(model_dir),
+        model_dir=model_dir,
+    )
+    (leader,) = plan.ranks
+    flag = list(leader.command).index("--additional-config")
+    assert json.loads(leader.command[flag + 1]) == {
+        "override_neuron_config": {"cp_degree": 2, "attention_dp_degree": 2}
+    }
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_every_variable_and_flag_a_plan_emits_names_its_source(checkpoint, nodes):
+    model_dir = str(checkpoint("llama-3-8b"))
+    doc = plan_unit(
+        leader_host=LEADER,
+        nodes=nodes,
+        instance_type="trn2.48xlarge" if nodes == 1 else "trn1.32xlarge",
+        model=load_model_shape(model_dir),
+        model_dir=model_dir,
+    ).to_dict()
+    sources = doc["sources"]
+    assert "command" in sources
+    for rank in doc["ranks"]:
+        for name in rank["env"]:
+            assert name in sources, f"{name} has no source"
+        for arg in rank["command"]:
+            if arg.startswith("--"):
+                assert arg.split("=", 1)[0] in sources, f"{arg} has no source"
+        for key in rank["override_neuron_config"]:
+            assert f"override_neuron_config.{key}" in sources, f"override_neuron_config.{key} has no source"
+    for claim in ("base_image", "vllm", "server"):
+        assert doc["image"]["sources"][claim]
 
 
 def test_trn1n_differs_from_trn1_only_in_efa_interface_count(checkpoint):
@@ -134,39 +222,6 @@ def test_trn1n_differs_from_trn1_only_in_efa_interface_count(checkpoint):
     assert (a.instance.efa_interfaces, b.instance.efa_interfaces) == (8, 16)
     assert (a.instance.chips, b.instance.chips) == (16, 16)
     assert a.ranks == b.ranks
-
-
-@pytest.mark.parametrize(
-    "config, nodes, cp, dp, prefill_heads, decode_heads",
-    [
-        # 70B: 64 query heads. tp 64 fits with no split; tp 128 needs groups of 64 (degree 2);
-        # tp 256 needs degree 4.
-        ("llama-3.1-70b", 2, 1, 1, 1, 1),
-        ("llama-3.1-70b", 4, 2, 2, 1, 1),
-        ("llama-3.1-70b", 8, 4, 4, 1, 1),
-        # 8B: 32 query heads: groups of at most 32 ranks, so degree = tp / 32 = nodes.
-        ("llama-3-8b", 2, 2, 2, 1, 1),
-        ("llama-3-8b", 8, 8, 8, 1, 1),
-        # 405B: 128 query heads: tp 64 gives two heads per rank.
-        ("llama-3.1-405b", 2, 1, 1, 2, 2),
-    ],
-)
-def test_auto_degrees_are_the_smallest_that_split_heads_evenly(
-    checkpoint, config, nodes, cp, dp, prefill_heads, decode_heads
-):
-    model_dir = str(checkpoint(config))
-    plan = plan_unit(
-        leader_host=LEADER,
-        nodes=nodes,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-    )
-    assert (plan.cp_degree, plan.attention_dp_degree) == (cp, dp)
-    layout = plan.to_dict()["parallelism"]
-    assert layout["prefill"]["q_heads_per_rank"] == prefill_heads
-    assert layout["decode"]["q_heads_per_rank"] == decode_heads
-    assert layout["prefill"]["kv_heads_per_rank"] == 1  # 8 KV heads replicated over >= 8 ranks
 
 
 def test_a_member_gets_its_own_rank_of_the_unit_plan_with_the_rendezvous_leader(checkpoint):
@@ -184,27 +239,9 @@ def test_a_member_gets_its_own_rank_of_the_unit_plan_with_the_rendezvous_leader(
     got = plan_member(membership, instance_type="trn1.32xlarge", model=load_model_shape(model_dir), model_dir=model_dir)
     assert got.rank == 2 and got.role == "follower" and got.start_rank_id == 64
     assert got.env["NEURON_RANK_ID"] == "2"
-    assert got.env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.10:29501"
+    assert got.env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.10:63423"
     assert got.env["MASTER_ADDR"] == "10.1.0.10"
-    assert got.nxdi_config["tp_degree"] == 128
-
-
-def test_single_node_unit_has_no_multi_node_wiring(checkpoint):
-    model_dir = str(checkpoint("llama-3-8b"))
-    plan = plan_unit(
-        leader_host=LEADER,
-        nodes=1,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-    )
-    (leader,) = plan.ranks
-    assert dict(leader.env) == {
-        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
-        "NEURON_COMPILED_ARTIFACTS": "/var/cache/flotilla/neuron-compiled",
-    }
-    assert leader.nxdi_config["tp_degree"] == 32
-    assert leader.nxdi_config["start_rank_id"] == 0
+    assert got.override_neuron_config["start_rank_id"] == 64
 
 
 def test_the_gloo_port_comes_from_rendezvous(checkpoint):
@@ -214,8 +251,28 @@ def test_the_gloo_port_comes_from_rendezvous(checkpoint):
     assert (got.env["MASTER_ADDR"], got.env["MASTER_PORT"]) == ("10.1.0.10", "29555")
 
 
+def test_the_compile_cache_key_input_changes_with_what_nxd_inference_compiles(checkpoint):
+    model_dir = str(checkpoint("llama-3.1-70b"))
+    shape = load_model_shape(model_dir)
+
+    def cfg(nodes, rank=0, **options):
+        unit = plan_unit(
+            leader_host=LEADER,
+            nodes=nodes,
+            instance_type="trn1.32xlarge",
+            model=shape,
+            model_dir=model_dir,
+            options=NeuronOptions(**options),
+        )
+        return dict(unit.ranks[rank].nxdi_config)
+
+    assert cfg(1) != cfg(1, seq_len=2048) != cfg(1, batch_size=4)
+    assert cfg(2, rank=0) != cfg(2, rank=1)  # start_rank_id: each node compiles for its own cores
+    assert cfg(1)["tp_degree"] == 32 and cfg(2)["tp_degree"] == 32 and cfg(2)["world_size"] == 64
+
+
 def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoint):
-    from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings
+    from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings, rank_argv
     from runtime.engines.neuron.prepare import launch_spec
 
     model_dir = str(checkpoint("llama-3.1-70b"))
@@ -229,6 +286,9 @@ def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoin
     argv, env = launch_spec(plan.ranks[1], {"PATH": "/usr/bin", "NEURON_RANK_ID": "7"})
     assert argv == list(plan.ranks[1].command)
     assert env["PATH"] == "/usr/bin" and env["NEURON_RANK_ID"] == "1"
+    # A launcher replaces only the interpreter: the same script and flags run under it.
+    argv, _ = rank_argv(plan.ranks[1], {}, "/opt/py/bin/python -X dev")
+    assert argv == ["/opt/py/bin/python", "-X", "dev", *plan.ranks[1].command[1:]]
     # Where the leader's own API reaches vLLM (bound to loopback by the leader command above).
     leader = NeuronEngine(
         Membership(unit_id="u", revision="r", rank=0, world_size=2, dist_host=LEADER, dist_port=29500),

@@ -1,6 +1,7 @@
-"""`python -m runtime node` with FLOTILLA_ENGINE=neuron: settings, and a one-node unit whose leader
-serves our OpenAI API from a STAND-IN vLLM server (tests/neuron/vllm_standin.py, not vLLM) started
-through launch_spec via the test-only FLOTILLA_NEURON_LAUNCHER."""
+"""`python -m runtime node` with FLOTILLA_ENGINE=neuron: settings, a one-node unit whose leader serves
+our OpenAI API from the stand-in of the single-node image's vLLM 0.13.0 OpenAI server, and a two-node
+unit on the stand-in of the multi-node image's V0 fork (tests/neuron/standins/, NOT vLLM), each
+started through launch_spec under the test-only FLOTILLA_NEURON_LAUNCHER."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
-from standin_model import STANDIN_LAUNCHER, make_checkpoint, word_ids
+from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, VLLM_FORK_0_7_2, make_checkpoint, word_ids
 from testnet import free_port
 
 import contract
@@ -93,7 +94,7 @@ def neuron_unit(tmp_path, request, new_unit):
         "FLOTILLA_NEURON_COMPILED_DIR": str(tmp_path / "compiled"),
         "FLOTILLA_NEURON_ENGINE_PORT": str(free_port()),
         "FLOTILLA_NEURON_LAUNCHER": STANDIN_LAUNCHER,
-        "FLOTILLA_NEURON_SDK_VERSION": "2.31.1",
+        "FLOTILLA_NEURON_SDK_VERSION": "2.28.0",
         "FLOTILLA_FORM_TIMEOUT_S": "90",
         "STANDIN_S3_SEED_DIR": str(src),
         "STANDIN_S3_SEED_URI": MODEL_URI,
@@ -104,7 +105,10 @@ def neuron_unit(tmp_path, request, new_unit):
     }
 
     def start(world_size: int = 1, **extra: str):
-        unit = new_unit(world_size=world_size, engine="neuron", PYTHONPATH=str(S3_SITE), **{**env, **extra})
+        # One node: the single-node image's vLLM; more: the fork's (contract/neuron.py).
+        standin = VLLM_0_13_0 if world_size == 1 else VLLM_FORK_0_7_2
+        path = os.pathsep.join([str(S3_SITE), standin])
+        unit = new_unit(world_size=world_size, engine="neuron", PYTHONPATH=path, **{**env, **extra})
         return unit.start(), log
 
     return start
@@ -174,33 +178,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_two_node_unit_runs_the_plans_worker_on_the_follower_and_reforms_when_it_dies(neuron_unit):
-    # 2 x trn1.32xlarge: tp_degree 64; Llama-3-8B's 32 heads need cp_degree 2 (auto).
+def test_two_node_unit_runs_the_forks_launch_and_reforms_when_the_follower_loop_dies(neuron_unit):
+    # 2 x trn1.32xlarge: the multi-node image's fork, launched as its example does.
     unit, log = neuron_unit(world_size=2)
     unit.wait_ready(timeout=120)
 
     def entries(key):
         return [e for e in map(json.loads, log.read_text().splitlines()) if key in e]
 
-    (worker,) = entries("follower")
+    (worker,) = entries("follower")  # the real worker.py, against the fork stand-in
     assert worker["follower"] == 1
     assert worker["env"]["NEURON_RANK_ID"] == "1" and worker["env"]["WORLD_SIZE"] == "2"
     assert worker["env"]["MASTER_ADDR"] == "127.0.0.1" and worker["env"]["NEURON_LOCAL_TP"] == "32"
-    config = json.loads(worker["argv"][worker["argv"].index("--additional-config") + 1])
-    assert config["override_neuron_config"]["start_rank_id"] == 32
-    assert config["override_neuron_config"]["cp_degree"] == 2
+    assert worker["override_neuron_config"] == {
+        "world_size": 64,
+        "tp_degree": 32,
+        "local_ranks_size": 32,
+        "start_rank_id": 32,
+    }
+    assert worker["script"].endswith("runtime/engines/neuron/worker.py")
     (server,) = entries("server")
+    assert server["override_neuron_config"]["start_rank_id"] == 0
+    # Token ids in, text back: the leader sent the fork text and counted one token per step.
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
-        assert json.load(r)["choices"][0]["text"] == "[4][5]"
+        body = json.load(r)
+    assert body["choices"][0]["text"] == "flotilla serves" and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert entries("body")[-1]["body"]["prompt"] == "hello world"
+    steps = [e["follower_step"] for e in entries("follower_step")]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2  # the follower ran every step
 
-    os.kill(worker["pid"], signal.SIGKILL)  # the follower's worker dies
+    os.kill(worker["pid"], signal.SIGKILL)  # the follower's loop dies
     deadline = time.monotonic() + 30
     while unit.leader.ready()[0] == 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert unit.leader.ready()[0] != 200
     unit.wait_ready(timeout=120)
     assert len(entries("follower")) == 2 and len(entries("server")) == 2  # fresh processes per formation
-    assert not _alive(server["pid"])  # the old formation's vLLM stand-in is gone
+    assert not _alive(server["pid"])  # the old formation's fork server is gone
     new_pids = [e["pid"] for e in entries("follower")[1:] + entries("server")[1:]]
     unit.stop()
     deadline = time.monotonic() + 15

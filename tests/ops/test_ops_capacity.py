@@ -246,3 +246,46 @@ def test_config_json_without_the_layer_count_names_the_key_and_the_flag(tmp_path
         ModelShape.from_config_json(path)
     with pytest.raises(PlanError, match="no such file"):
         ModelShape.from_config_json(tmp_path / "missing.json")
+
+
+def test_a_unit_that_fits_one_node_is_single_node_on_the_v1_plugin_image_and_says_why():
+    # Same 70B case as above: 5,054,480,896 B = 4.71 GiB per core <= 14.40 GiB usable on one node.
+    p = plan(llama70b(), Traffic(requests_per_s=10, prompt_tokens=1000, output_tokens=200), PlanSettings(batch=8))
+    assert (p.nodes_per_unit, p.mode) == (1, "single-node")
+    assert p.image.dockerfile == "runtime/Dockerfile.neuron"
+    # deep-learning-containers@2.28.0 README.md:78; SDK 2.28 is the last whose NxD Inference runs on trn1.
+    assert p.image.base_image.endswith(":0.13.0-neuronx-py312-sdk2.28.0-ubuntu24.04")
+    assert p.why.startswith("fits one trn1.32xlarge: 4.71 GiB per NeuronCore (weights 4.34 + KV cache 0.37")
+
+
+def test_a_unit_that_must_span_nodes_names_the_v0_fork_image_and_why():
+    # Same 405B case as above: one node needs 26,158,560,256 B of weights + 528,482,304 B of KV cache
+    # = 26,687,042,560 B = 24.85 GiB per core > 14.40 GiB usable.
+    p = plan(llama405b(), Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512), PlanSettings(batch=4))
+    assert (p.nodes_per_unit, p.mode) == (2, "multi-node")
+    assert p.image.dockerfile == "runtime/Dockerfile.neuron-multinode"
+    # deep-learning-containers@2.28.0 README.md:83: the fork DLC with the multi-node example.
+    assert p.image.base_image.endswith(":0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04")
+    assert p.why.startswith("does not fit one trn1.32xlarge (24.85 GiB per NeuronCore > 14.40 GiB usable)")
+    assert "AWS ended vLLM V0 support from Neuron 2.28" in p.why and "settled only on hardware" in p.why
+
+
+def test_405b_fits_one_trn2_48xlarge_as_aws_serves_it():
+    """AWS's tutorial serves Llama 3.1 405B on one trn2.48xlarge with vLLM: tensor_parallel_size=64,
+    max_num_seqs=1, max_model_len=2048 (aws-neuron-sdk libraries/nxd-inference/tutorials/
+    trn2-llama3.1-405b-tutorial.rst:6-13, 161-205).
+
+    trn2.48xlarge (trn2-arch, trainium2, LNC pages): 16 chips x 4 logical NeuronCores = 64 cores;
+    96 GiB per chip -> 24 GiB per core, 21.6 GiB usable. 405B over tp 64: 6,803,881,216 params =
+    13,607,762,432 B of weights (as in the 2-node trn1 case, same tp); KV 1 * 2048 * 64,512 =
+    132,120,576 B; total 13,739,883,008 B = 12.80 GiB <= 21.6 GiB.
+    """
+    p = plan(
+        llama405b(),
+        Traffic(requests_per_s=0.1, prompt_tokens=1024, output_tokens=1024),
+        PlanSettings(instance_type="trn2.48xlarge", batch=1, seq_len=2048),
+    )
+    assert (p.nodes_per_unit, p.tp_degree, p.mode) == (1, 64, "single-node")
+    assert p.memory.weights == 13_607_762_432 and p.memory.kv_cache == 132_120_576
+    assert p.memory.usable == pytest.approx(24 * 2**30 * 0.9)
+    assert p.why.startswith("fits one trn2.48xlarge: 12.80 GiB per NeuronCore")

@@ -14,37 +14,42 @@ from contract.trainium import GIB, INSTANCES, TrainiumInstance
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "hardware.md").read_text()
-# "| figure | value | source |" rows, keyed by the figure cell.
+# "| figure | trn1.32xlarge | trn1n.32xlarge | trn2.48xlarge | source |" rows, keyed by the figure cell.
 ROWS = {
     cells[0]: cells[1:]
     for line in DOC.splitlines()
     if line.startswith("| ")
     for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]
 }
+HEADER = ROWS["figure"]
 # "[label]: url" link definitions at the end of the page.
 LINKS = dict(re.findall(r"^\[([\w-]+)\]: (\S+)$", DOC, flags=re.MULTILINE))
-BOTH = "trn1.32xlarge / trn1n.32xlarge"
+
+
+def _cell(row: str, instance_type: str) -> str:
+    return ROWS[row][HEADER.index(instance_type)]
 
 
 def _doc_rows(spec: TrainiumInstance) -> dict[str, tuple[str, str]]:
-    """Each figure of the table -> (its row in the doc, the value that row must state)."""
+    """Each figure of the table -> (its row in the doc, the value that row must state for spec)."""
     return {
-        "chips": (f"Trainium chips per {BOTH}", f"{spec.chips}"),
-        "neuron_cores_per_chip": ("NeuronCores per chip", f"{spec.neuron_cores_per_chip} (NeuronCore-v2)"),
+        "chips": ("Trainium chips (= Neuron devices `/dev/neuron0..15`)", f"{spec.chips}"),
+        "neuron_cores_per_chip": ("NeuronCores per chip", f"{spec.neuron_cores_per_chip}"),
         "hbm_bytes_per_chip": ("HBM (device memory) per chip", f"{spec.hbm_bytes_per_chip // GIB} GiB"),
         "hbm_bytes_per_s_per_chip": ("HBM bandwidth per chip", f"{spec.hbm_bytes_per_s_per_chip / GIB:.0f} GiB/s"),
         "bf16_flops_per_chip": ("dense BF16/FP16 per chip", f"{spec.bf16_flops_per_chip / 1e12:.0f} TFLOPS"),
         "efa_interfaces": (
-            f"EFA bandwidth, {spec.instance_type}",
-            f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)",
+            "EFA interfaces (one per network card, `/dev/infiniband/uverbs0..N-1`)",
+            f"{spec.efa_interfaces}",
         ),
-        "efa_gbps": (
-            f"EFA bandwidth, {spec.instance_type}",
-            f"{spec.efa_gbps} Gbps ({spec.efa_interfaces} EFA interfaces)",
-        ),
-        "vcpus": (f"vCPUs per {BOTH}", f"{spec.vcpus}"),
-        "memory_gib": (f"host memory per {BOTH}", f"{spec.memory_gib} GiB"),
+        "efa_gbps": ("EFA bandwidth", f"{spec.efa_gbps} Gbps"),
+        "vcpus": ("vCPUs", f"{spec.vcpus}"),
+        "memory_gib": ("host memory", f"{spec.memory_gib} GiB"),
     }
+
+
+def test_the_doc_has_a_column_for_every_instance_type():
+    assert HEADER[:-1] == sorted(INSTANCES) and HEADER[-1] == "source"
 
 
 @pytest.mark.parametrize("instance_type", sorted(INSTANCES))
@@ -55,17 +60,17 @@ def test_every_figure_of_the_table_is_in_the_doc_with_its_source(instance_type):
     assert set(rows) == figures, "a figure of contract/trainium.py has no row in docs/hardware.md"
     assert set(spec.sources) == figures, "every figure names the page it comes from"
     for figure, (row, value) in rows.items():
-        assert ROWS[row][0] == value, f"docs/hardware.md, row {row!r}"
-        cited = {LINKS[label] for label in re.findall(r"\[([\w-]+)\]", ROWS[row][1])}
+        assert _cell(row, instance_type) == value, f"docs/hardware.md, row {row!r}, column {instance_type}"
+        cited = {LINKS[label] for label in re.findall(r"\[([\w-]+)\]", ROWS[row][-1])}
         assert spec.sources[figure] in cited, f"row {row!r} does not cite {spec.sources[figure]}"
 
 
 @pytest.mark.parametrize("instance_type", sorted(INSTANCES))
 def test_figures_the_planner_derives_are_in_the_doc(instance_type):
     spec = INSTANCES[instance_type]
-    assert ROWS["NeuronCores per instance"][0] == f"{spec.neuron_cores}"
-    assert ROWS["HBM per NeuronCore"][0] == f"{spec.hbm_bytes_per_core // GIB} GiB"
-    assert ROWS["HBM bandwidth per NeuronCore"][0] == f"{spec.hbm_bytes_per_s_per_core / GIB:.0f} GiB/s"
+    assert _cell("NeuronCores per instance", instance_type) == f"{spec.neuron_cores}"
+    assert _cell("HBM per NeuronCore", instance_type) == f"{spec.hbm_bytes_per_core // GIB} GiB"
+    assert _cell("HBM bandwidth per NeuronCore", instance_type) == f"{spec.hbm_bytes_per_s_per_core / GIB:.0f} GiB/s"
 
 
 def test_contract_imports_only_the_standard_library():

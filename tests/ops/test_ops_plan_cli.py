@@ -47,6 +47,11 @@ def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cl
     }
     assert out_path.read_text().startswith("# flotilla config from `flotilla plan`")
     assert "Rollout (simulated" in out and "units_per_wave 1 (*)" in out
+    # The unit's image and why: one node, the V1 plugin image (contract/neuron.py).
+    assert "single-node units: with node.engine neuron the image is built from runtime/Dockerfile.neuron" in (
+        out_path.read_text()
+    )
+    assert "1 (single-node)" in out and "fits one trn1.32xlarge" in " ".join(out.split())
 
 
 def test_plan_recommends_a_wave_from_the_simulated_rollout(run_cli):
@@ -75,6 +80,9 @@ def test_plan_json_carries_every_figure(run_cli):
     assert doc["tp_degree"] == 32 and doc["units"] == 4
     assert doc["memory_per_core_bytes"]["weights"] == 4_661_264_896
     assert doc["config"]["nodes_per_unit"] == 1
+    assert doc["mode"] == "single-node" and doc["image"]["dockerfile"] == "runtime/Dockerfile.neuron"
+    assert doc["image"]["server"] == "vllm.entrypoints.openai.api_server"
+    assert doc["why"].startswith("fits one trn1.32xlarge")
 
 
 def test_plan_from_a_config_json(run_cli, tmp_path):

@@ -12,8 +12,8 @@ from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 
 REJECTED = [
     (
-        {"instance_type": "trn2.48xlarge"},
-        "invalid flotilla config: instance_type='trn2.48xlarge': one of trn1.32xlarge, trn1n.32xlarge",
+        {"instance_type": "trn2u.48xlarge"},
+        "invalid flotilla config: instance_type='trn2u.48xlarge': one of trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
     ),
     ({"nodes_per_unit": 0}, "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 64"),
     ({"nodes_per_unit": "2"}, "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 64"),

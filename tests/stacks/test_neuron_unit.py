@@ -32,11 +32,26 @@ def reference_synth(tmp_path_factory):
     return synthesize(config_with(node={"engine": "reference"}), tmp_path_factory.mktemp("cdk-reference"))
 
 
-@pytest.mark.parametrize("synth_name", ["default_synth", "trn1n_synth"])
-def test_neuron_units_build_their_image_from_dockerfile_neuron(request, synth_name):
+@pytest.fixture(scope="module")
+def trn2_single_node_synth(tmp_path_factory):
+    """One unit of one trn2.48xlarge: the single-node image, 16 Neuron devices, 16 EFA interfaces."""
+    return synthesize(config_with(instance_type="trn2.48xlarge", nodes_per_unit=1), tmp_path_factory.mktemp("cdk-trn2"))
+
+
+@pytest.mark.parametrize(
+    "synth_name, dockerfile",
+    [
+        # nodes_per_unit 2 (the default): the V0 fork image, the only one that spans nodes.
+        ("default_synth", "runtime/Dockerfile.neuron-multinode"),
+        ("trn1n_synth", "runtime/Dockerfile.neuron-multinode"),
+        # one node: the supported V1 plugin image.
+        ("trn2_single_node_synth", "runtime/Dockerfile.neuron"),
+    ],
+)
+def test_neuron_units_build_the_image_of_their_size(request, synth_name, dockerfile):
     synth = request.getfixturevalue(synth_name)
     images = _docker_images(synth)
-    assert [img["source"]["dockerFile"] for img in images.values()] == ["runtime/Dockerfile.neuron"]
+    assert [img["source"]["dockerFile"] for img in images.values()] == [dockerfile]
     (asset_hash,) = images
     image = json.dumps(_node_container(synth)["Image"])
     assert asset_hash in image
@@ -54,7 +69,7 @@ def test_a_configured_image_uri_wins_over_both_assets(tmp_path):
     assert _node_container(synth)["Image"] == uri
 
 
-@pytest.mark.parametrize("synth_name, efa", [("default_synth", 8), ("trn1n_synth", 16)])
+@pytest.mark.parametrize("synth_name, efa", [("default_synth", 8), ("trn1n_synth", 16), ("trn2_single_node_synth", 16)])
 def test_efa_verbs_devices_sit_beside_every_neuron_device_on_host_networking(request, synth_name, efa):
     synth = request.getfixturevalue(synth_name)
     assert _task(synth)["NetworkMode"] == "host"
@@ -102,10 +117,19 @@ def test_engine_ports_are_reachable_only_from_the_units_own_security_group(defau
         assert rule["SourceSecurityGroupId"] == {"Fn::GetAtt": [unit_sg, "GroupId"]}, rule
 
 
-def test_engine_ports_sit_inside_the_units_internal_port_range():
+def test_the_gloo_port_sits_in_the_internal_range_and_the_forks_fixed_port_is_admitted_too(default_synth):
     low, high = contract.UNIT_INTERNAL_PORT_RANGE
     assert low <= contract.DIST_PORT <= high
-    assert low <= contract.NEURON_RT_ROOT_COMM_PORT <= high
+    # launch_script.py:12 fixes the Neuron runtime's port at 63423, outside the range: only an
+    # all-traffic self-referencing rule admits it, and that rule must stay (EFA needs it too).
+    assert contract.NEURON_RT_ROOT_COMM_PORT == 63423 and not low <= 63423 <= high
+    unit_sg = _unit_sg(default_synth)
+    self_rules = [
+        r
+        for r in _ingress_rules(default_synth)
+        if r.get("SourceSecurityGroupId") == {"Fn::GetAtt": [unit_sg, "GroupId"]}
+    ]
+    assert [r["IpProtocol"] for r in self_rules] == ["-1"]
 
 
 def _task_policy_statements(synth) -> list[dict]:

@@ -61,14 +61,15 @@ def test_cdk_json_turns_off_notices_telemetry_and_version_reporting():
 
 
 def test_image_assets_stage_only_runtime_contract_and_the_lock_file(default_synth):
-    # Two images: the CPU runtime image (router) and the Neuron image (trn1 units, neuron engine).
+    # Two images: the CPU runtime image (router) and the multi-node Neuron image (the default unit
+    # spans 2 nodes on the neuron engine).
     assets = [p for p in default_synth.outdir.iterdir() if p.name.startswith("asset.")]
     assert len(assets) == 2
     for asset in assets:
         # (CDK always stages the .dockerignore itself, so `docker build` applies the same rules.)
         assert sorted(p.name for p in asset.iterdir()) == [".dockerignore", "constraints.txt", "contract", "runtime"]
         staged = [p.relative_to(asset).as_posix() for p in asset.rglob("*")]
-        assert {"runtime/Dockerfile", "runtime/Dockerfile.neuron"} <= set(staged)
+        assert {"runtime/Dockerfile", "runtime/Dockerfile.neuron", "runtime/Dockerfile.neuron-multinode"} <= set(staged)
         assert not [p for p in staged if "__pycache__" in p or p.endswith(".pyc")]
 
 

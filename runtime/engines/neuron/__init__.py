@@ -1,7 +1,7 @@
-"""The `neuron` engine: vLLM + NxD Inference on trn1, wired for multi-node units.
+"""The `neuron` engine: vLLM + NxD Inference on Trainium, one image per unit size.
 
 `plan` computes each rank's exact environment, command and NxD Inference config (pure Python,
-tested here); `worker` is the follower loop that runs inside the Neuron container only.
+tested here); `worker` is the follower loop that runs inside the multi-node Neuron image only.
 """
 
 from runtime.engines.neuron.launch import (
@@ -9,8 +9,10 @@ from runtime.engines.neuron.launch import (
     NeuronPlanError,
     NeuronUnitPlan,
     RankPlan,
+    Recommendation,
     plan_member,
     plan_unit,
+    recommend,
 )
 from runtime.engines.neuron.model import ModelConfigError, ModelShape, load_model_shape
 
@@ -21,7 +23,9 @@ __all__ = [
     "NeuronPlanError",
     "NeuronUnitPlan",
     "RankPlan",
+    "Recommendation",
     "load_model_shape",
     "plan_member",
     "plan_unit",
+    "recommend",
 ]

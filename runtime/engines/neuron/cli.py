@@ -1,7 +1,8 @@
 """`python -m runtime plan --engine neuron ...`: print every rank's environment, command and config.
 
 The `plan` subcommand's dispatcher owns --engine, --model and --nodes; this module adds the
-Neuron-only flags and renders the plan as JSON (one document, stable key order).
+Neuron-only flags and renders the plan as JSON (one document, stable key order), with the unit size
+the planner recommends for the model at this batch and sequence length, and why.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ import json
 import sys
 
 from contract.trainium import INSTANCES
-from runtime.engines.neuron.launch import AUTO, DEFAULT_COMPILED_DIR, NeuronOptions, NeuronPlanError, plan_unit
+from runtime.engines.neuron.launch import (
+    AUTO,
+    DEFAULT_COMPILED_DIR,
+    NeuronOptions,
+    NeuronPlanError,
+    Recommendation,
+    plan_unit,
+    recommend,
+)
 from runtime.engines.neuron.model import ModelConfigError, load_model_shape
 
 
@@ -91,6 +100,31 @@ def run_neuron_plan(args: argparse.Namespace, out=None, err=None) -> int:
     except (ModelConfigError, NeuronPlanError) as exc:
         print(f"error: {exc}", file=err)
         return 2
-    json.dump(plan.to_dict(), out, indent=2)
+    rec = recommend(shape, args.instance_type, seq_len=args.seq_len, batch_size=args.batch_size)
+    doc = plan.to_dict()
+    doc["recommendation"] = recommendation_dict(rec)
+    json.dump(doc, out, indent=2)
     out.write("\n")
+    if rec.nodes != args.nodes:
+        print(f"note: --nodes {args.nodes}: the planner recommends {_nodes(rec)}: {rec.why}", file=err)
     return 0
+
+
+def _nodes(rec: Recommendation) -> str:
+    return f"--nodes {rec.nodes} ({rec.mode})" if rec.nodes else "no unit size"
+
+
+def recommendation_dict(rec: Recommendation) -> dict:
+    gib = 2**30
+    return {
+        "nodes": rec.nodes,
+        "mode": rec.mode,
+        "base_image": rec.image.base_image if rec.image else None,
+        "dockerfile": rec.image.dockerfile if rec.image else None,
+        "memory_per_core_gib": {
+            "weights": round(rec.memory.weights / gib, 2),
+            "kv_cache": round(rec.memory.kv_cache / gib, 2),
+            "usable": round(rec.memory.usable / gib, 2),
+        },
+        "why": rec.why,
+    }

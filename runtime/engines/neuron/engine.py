@@ -1,8 +1,10 @@
-"""The leader's `neuron` engine: drives vLLM's OpenAI server (started from launch_spec) as an Engine.
+"""The leader's `neuron` engine: drives the vLLM server the plan starts (launch_spec) as an Engine.
 
 start() prepares the rank (plan checked before any weights move), spawns the server, waits for its
-/health and stores the compile cache; generate() streams /v1/completions with prompt token ids.
-Followers run the plan's worker command instead (run_follower). Nothing here imports vLLM.
+/health and stores the compile cache. generate() speaks what the unit's image serves: single-node,
+vLLM's OpenAI /v1/completions with prompt token ids and `return_token_ids`; multi-node, the V0
+fork's demo /generate, which takes text and streams text only (see `_generate_fork`). Followers run
+the plan's worker command instead (run_follower). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import contract
 from runtime.engines.base import (
@@ -38,6 +40,12 @@ PROGRESS_EVERY_S = 30.0
 METRICS_EVERY_S = 2.0
 UNHEALTHY_AFTER_S = 20.0  # vLLM alive but its /health failing this long: the unit re-forms
 STOP_GRACE_S = 10.0
+# Multi-node: the fork's followers wait for each step in a gloo broadcast that the fork creates with
+# torch's default timeout (vllm/distributed/parallel_state.py:974-978 at 490ab20f, no timeout passed),
+# 30 minutes (torch/distributed/constants.py: default_pg_timeout). An idle unit would lose its
+# followers after that, so the leader runs a one-token request when it has been idle this long.
+FORK_KEEPALIVE_S = 600.0
+FORK_KEEPALIVE_PROMPT = "ping"
 
 
 @dataclass(frozen=True)
@@ -51,13 +59,14 @@ class NeuronEngineSettings:
 
 
 def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) -> tuple[list[str], dict[str, str]]:
-    """launch_spec's argv and env, with `python3 -m <module>` swapped for the launcher if given."""
+    """launch_spec's argv and env, with the interpreter (`python`/`python3`) swapped for the launcher
+    if given: tests run the same module or script under a Python whose path holds a stand-in vLLM."""
     from runtime.engines.neuron.prepare import launch_spec  # noqa: PLC0415
 
     argv, env = launch_spec(plan, base_env)
     if launcher:
-        assert argv[1] == "-m", argv
-        argv = [*shlex.split(launcher), *argv[3:]]
+        assert argv[0] in ("python", "python3"), argv
+        argv = [*shlex.split(launcher), *argv[1:]]
     return argv, env
 
 
@@ -105,6 +114,7 @@ class NeuronEngine:
         start_timeout_s: float,
         s3: Any = None,
         unhealthy_after_s: float = UNHEALTHY_AFTER_S,
+        keepalive_s: float = FORK_KEEPALIVE_S,
     ) -> None:
         self.membership = membership
         self.s = settings
@@ -114,6 +124,10 @@ class NeuronEngine:
         self.url = f"http://127.0.0.1:{settings.options.engine_port}"
         self._start_timeout_s = start_timeout_s
         self._unhealthy_after_s = unhealthy_after_s
+        self._keepalive_s = keepalive_s
+        self._last_request = time.monotonic()
+        self.keepalives = 0  # one-token requests sent to keep an idle multi-node unit's followers
+        self._server_tok: Any = None  # multi-node: the tokenizer as the fork's server uses it
         self._s3 = s3
         self._proc: asyncio.subprocess.Process | None = None
         self._session: Any = None
@@ -146,6 +160,10 @@ class NeuronEngine:
         self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3)
         try:
             self.tokenizer = HFTokenizer(self.s.model_dir)
+            if self.api == "generate":
+                from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - loads only with a tokenizer
+
+                self._server_tok = PreTrainedTokenizerFast.from_pretrained(self.s.model_dir)
         except (OSError, ValueError) as e:
             raise EngineError(f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}") from e
         argv, env = rank_argv(self.prepared.plan, dict(os.environ), self.s.launcher)
@@ -177,7 +195,15 @@ class NeuronEngine:
             except Exception as e:  # noqa: BLE001 - a cache upload failure costs the next start time, not this one
                 log.warning(json.dumps({"event": "neuron_compile_cache_store_failed", "error": str(e)}))
         self._state = EngineState.READY
+        self._last_request = time.monotonic()
         self._tasks = [asyncio.create_task(self._watch_process()), asyncio.create_task(self._poll_server())]
+        if self.api == "generate":
+            self._tasks.append(asyncio.create_task(self._keep_followers()))
+
+    @property
+    def api(self) -> str:
+        """'openai' (single-node image) or 'generate' (the fork's demo server, multi-node image)."""
+        return self.prepared.plan.api if self.prepared is not None else "openai"
 
     async def _wait_healthy(self) -> None:
         import aiohttp  # noqa: PLC0415
@@ -251,10 +277,12 @@ class NeuronEngine:
                 async with self._session.get(self.url + "/health", timeout=quick) as r:
                     if r.status == 200:
                         healthy_at = time.monotonic()
-                async with self._session.get(self.url + "/metrics", timeout=quick) as r:
-                    self._vllm_load = (
-                        _parse_vllm_metrics(await r.text(), self.s.options.batch_size) if r.status == 200 else None
-                    )
+                # The fork's demo server has no /metrics (api_server.py:35-91): our own counters then.
+                if self.api == "openai":
+                    async with self._session.get(self.url + "/metrics", timeout=quick) as r:
+                        self._vllm_load = (
+                            _parse_vllm_metrics(await r.text(), self.s.options.batch_size) if r.status == 200 else None
+                        )
             except Exception:  # noqa: BLE001 - load falls back to our own counters
                 self._vllm_load = None
             if time.monotonic() - healthy_at > self._unhealthy_after_s:
@@ -262,12 +290,39 @@ class NeuronEngine:
                 return
             await asyncio.sleep(METRICS_EVERY_S)
 
+    async def _keep_followers(self) -> None:
+        """While idle, a one-token request every keepalive_s: each step's broadcast resets the wait
+        of every follower's gloo receive, which would otherwise time out (see FORK_KEEPALIVE_S)."""
+        while self._state is EngineState.READY:
+            idle = time.monotonic() - self._last_request
+            if self._running or idle < self._keepalive_s:
+                await asyncio.sleep(max(0.05, self._keepalive_s - idle))
+                continue
+            self._last_request = time.monotonic()
+            body = {"prompt": FORK_KEEPALIVE_PROMPT, "max_tokens": 1, "temperature": 0.0}
+            try:
+                async with self._session.post(self.url + "/generate", json=body) as r:
+                    await r.read()
+                    self.keepalives += 1
+                    log.info(json.dumps({"event": "neuron_keepalive", "status": r.status}))
+            except Exception as e:  # noqa: BLE001 - a dead server is the watcher's to report
+                log.warning(json.dumps({"event": "neuron_keepalive_failed", "error": str(e)}))
+
     # -- serve ------------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        import aiohttp  # noqa: PLC0415
-
         if self._state is not EngineState.READY:
             raise EngineBroken(f"the neuron engine is {self._state.value}: {self._detail}")
+        self._last_request = time.monotonic()
+        stream = self._generate_fork(request) if self.api == "generate" else self._generate_openai(request)
+        try:
+            async for ev in stream:
+                yield ev
+        finally:
+            await stream.aclose()  # a consumer that stops early closes the upstream request now
+
+    async def _generate_openai(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        import aiohttp  # noqa: PLC0415
+
         sp = request.sampling
         body: dict[str, Any] = {
             "model": self.model_name,
@@ -322,6 +377,93 @@ class NeuronEngine:
                 f"the vLLM server ended the stream without a finish reason "
                 f"({self._detail or 'server still running'}); retry on a healthy unit"
             )
+
+    def fork_prompt_text(self, token_ids: tuple[int, ...] | list[int]) -> str:
+        """The text to send the fork's /generate for these prompt ids.
+
+        /generate takes text only: a token prompt has no `prompt` text and trips the server's
+        `assert prompt is not None` (api_server.py:62-68; inputs/preprocess.py:339-344 builds token
+        inputs without text). The server re-tokenizes the text with the tokenizer's defaults, special
+        tokens added (inputs/preprocess.py:190-206), so a leading BOS our ids already carry is dropped
+        here instead of doubled there. Special tokens inside (chat markers) are kept as text.
+        """
+        tok = self._server_tok
+        added = list(tok("", add_special_tokens=True)["input_ids"])
+        ids = list(token_ids)
+        if added and ids[: len(added)] == added:
+            ids = ids[len(added) :]
+        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    async def _generate_fork(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        """The fork's /generate (api_server.py:41-91): text in; newline-delimited JSON out, one line per
+        engine step, each `{"text": [prompt + all output text so far]}`; no token ids, no finish reason.
+
+        What that costs, and how each is recovered:
+        - token counts: V0 queues one RequestOutput per engine step and the server writes one line per
+          output, one token each, so completion tokens = lines. Exact while every step adds one token.
+        - token ids: re-encoded from each step's new text (may differ from what the model chose;
+          a step with no text, an EOS, carries the tokenizer's EOS id).
+        - finish reason: "length" when the steps reach max_tokens, else "stop" (a stop string, EOS).
+          Stop strings are applied by vLLM itself (SamplingParams.stop), cut from the text.
+        - the prompt is re-tokenized by the server from text (fork_prompt_text).
+        """
+        import aiohttp  # noqa: PLC0415
+
+        sp = request.sampling
+        prompt = self.fork_prompt_text(request.prompt_token_ids)
+        # Only fields of the fork's SamplingParams: the server passes every other key to
+        # SamplingParams(**request_dict) (api_server.py:56-58), which refuses unknown ones.
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "stream": True,
+            "max_tokens": sp.max_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "ignore_eos": sp.ignore_eos,
+        }
+        if sp.stop:
+            body["stop"] = list(sp.stop)
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        rid = request.request_id
+        steps, sent = 0, ""
+        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        try:
+            async with self._session.post(
+                self.url + "/generate", json=body, headers={contract.REQUEST_ID_HEADER: rid}
+            ) as resp:
+                self._running[rid] = resp
+                if resp.status != 200:
+                    text = (await resp.text())[:500]
+                    raise EngineError(f"the fork's /generate answered HTTP {resp.status}: {_vllm_message(text)}")
+                async for line in resp.content:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    full = json.loads(line)["text"][0]
+                    if not full.startswith(prompt):
+                        raise EngineError("the fork's /generate answered text that does not start with the prompt")
+                    output = full[len(prompt) :]
+                    delta, sent = output[len(sent) :], output
+                    steps += 1
+                    ids = self.tokenizer.encode(delta) if delta else []
+                    token_id = ids[0] if ids else (eos if eos is not None else 0)
+                    yield TokenEvent(token_id=int(token_id), text=delta, finish_reason=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            if rid in self._cancelled:
+                return
+            raise EngineBroken(
+                f"the fork's /generate dropped the stream ({self._detail or type(e).__name__}); retry on a healthy unit"
+            ) from e
+        finally:
+            self._running.pop(rid, None)
+            cancelled = rid in self._cancelled
+            self._cancelled.discard(rid)
+            self._last_request = time.monotonic()
+        if cancelled:
+            return
+        # token_id -1: the finish reason only, not a token (the node's API does not count it).
+        yield TokenEvent(token_id=-1, text="", finish_reason="length" if steps >= sp.max_tokens else "stop")
 
     def _events(self, chunk: dict[str, Any]) -> list[TokenEvent]:
         choice = (chunk.get("choices") or [{}])[0]

@@ -1,7 +1,9 @@
 """Turn a unit's membership and a model's shape into every rank's Neuron environment and command.
 
-Pure Python: nothing here imports vLLM, NxD Inference or torch, so the exact contract the trn1
-container receives is computed, validated and tested on any machine, Neuron devices or not.
+Two modes (contract/neuron.py): a one-node unit runs vLLM's OpenAI server on the supported V1
+`vllm-neuron` plugin; a unit spanning nodes runs AWS's V0 vLLM fork exactly as the fork's own
+multi-node example launches it. Every variable and flag carries the file and line it follows
+(`SOURCES`, printed with the plan). Pure Python: nothing here imports vLLM, NxD Inference or torch.
 """
 
 from __future__ import annotations
@@ -9,9 +11,23 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 import contract
+from contract.neuron import (
+    FORK_2_24,
+    IMAGES,
+    MULTI_NODE,
+    PLUGIN_0_4_1,
+    SDK_DOCS_2_28_0,
+    SINGLE_NODE,
+    VLLM_0_13_0,
+    NeuronImage,
+    image_for,
+    mode_for,
+)
+from contract.sizing import CoreMemory, LlamaDims, core_memory, llama_params
 from contract.trainium import INSTANCES, TrainiumInstance
 from runtime.engines.neuron.model import ModelShape
 from runtime.membership import Membership
@@ -22,19 +38,87 @@ class NeuronPlanError(ValueError):
 
 
 AUTO = "auto"
-VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-FOLLOWER_MODULE = "runtime.engines.neuron.worker"
 DEFAULT_COMPILED_DIR = "/var/cache/flotilla/neuron-compiled"
+OPENAI_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+FORK_SERVER_MODULE = "vllm.entrypoints.api_server"
+# The follower runs this file as a script, as the fork's launcher runs its worker.py: the image's
+# Python (the one that has vLLM) never imports the flotilla package.
+WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
+# launch_script.py:12 `NEURON_RT_ROOT_COMM_ID_PORT = 63423`: the Neuron runtime's collectives
+# bootstrap on the leader. The unit's security group admits all traffic between members.
+FORK_RT_ROOT_COMM_PORT = contract.NEURON_RT_ROOT_COMM_PORT
+NXDI_CONFIG = "aws-neuron/neuronx-distributed-inference@fcb5a8688d237e1af429d6e72445db17277d630a"  # v0.7.14366
+
+_FORK_EX = f"{FORK_2_24}:examples/neuron/multi_node"
+_QUICKSTART = f"{SDK_DOCS_2_28_0}:libraries/nxd-inference/vllm/quickstart-vllm-online-serving.rst"
+_LOADER = f"{PLUGIN_0_4_1}:vllm_neuron/worker/neuronx_distributed_model_loader.py"
+
+# Where every variable and flag of a single-node rank comes from.
+SINGLE_NODE_SOURCES: Mapping[str, str] = {
+    "command": f"{PLUGIN_0_4_1}:README.md:226-233 (python3 -m vllm.entrypoints.openai.api_server)",
+    "VLLM_NEURON_FRAMEWORK": f"{_QUICKSTART}:57",
+    "NEURON_COMPILED_ARTIFACTS": f"{_QUICKSTART}:156; {_LOADER}:221-223 (load from it, else compile into it)",
+    "--model": f"{PLUGIN_0_4_1}:README.md:227",
+    "--tensor-parallel-size": f"{_QUICKSTART}:61; {_LOADER}:1090 (NxD Inference tp_degree = tensor_parallel_size); "
+    f"{PLUGIN_0_4_1}:README.md:215 (the instance's NeuronCore count)",
+    "--max-model-len": f"{_QUICKSTART}:62",
+    "--max-num-seqs": f"{_QUICKSTART}:63",
+    "--no-enable-prefix-caching": f"{_QUICKSTART}:64; {VLLM_0_13_0}:vllm/engine/arg_utils.py:287-288,897-902",
+    "--num-gpu-blocks-override": f"{PLUGIN_0_4_1}:README.md:288-291 (required; exactly max_num_seqs without "
+    f"prefix caching); {VLLM_0_13_0}:vllm/engine/arg_utils.py:894-896",
+    "--additional-config": f"{_QUICKSTART}:66-70 (override_neuron_config); {_LOADER}:1014",
+    "--served-model-name": f"{VLLM_0_13_0}:vllm/engine/arg_utils.py:662",
+    "--host": f"{VLLM_0_13_0}:vllm/entrypoints/openai/cli_args.py:76 (ours: 127.0.0.1, only our leader API calls it)",
+    "--port": f"{VLLM_0_13_0}:vllm/entrypoints/openai/cli_args.py:78",
+    "override_neuron_config.cp_degree": f"{NXDI_CONFIG}:src/neuronx_distributed_inference/models/config.py:334,342",
+    "override_neuron_config.attention_dp_degree": f"{NXDI_CONFIG}:src/neuronx_distributed_inference/models/"
+    "config.py:336,576-583",
+}
+
+# Where every variable and flag of a multi-node rank comes from: the fork's example, line by line.
+MULTI_NODE_SOURCES: Mapping[str, str] = {
+    "command": f"{_FORK_EX}/launch_script.py:118-124 (rank 0: python -m vllm.entrypoints.api_server), 134-139 "
+    "(rank >= 1: python <dir>/worker.py; flotilla's runtime/engines/neuron/worker.py does what "
+    "examples/neuron/multi_node/worker.py:13-39 does)",
+    "FI_PROVIDER": f"{_FORK_EX}/multi_node_launcher.sh:41",
+    "FI_EFA_USE_DEVICE_RDMA": f"{_FORK_EX}/multi_node_launcher.sh:42",
+    "FI_EFA_FORK_SAFE": f"{_FORK_EX}/multi_node_launcher.sh:43",
+    "MASTER_ADDR": f"{_FORK_EX}/multi_node_launcher.sh:47; launch_script.py:101 (rendezvous gives the leader)",
+    "MASTER_PORT": f"{_FORK_EX}/multi_node_launcher.sh:47 (the user's choice there; rendezvous gives it here)",
+    "VLLM_NEURON_FRAMEWORK": f"{_FORK_EX}/launch_script.py:103",
+    "NEURON_COMPILED_ARTIFACTS": f"{_FORK_EX}/launch_script.py:104-105",
+    "ENABLE_NEURON_MULTI_NODE": f"{_FORK_EX}/launch_script.py:107; "
+    f"read at {FORK_2_24}:vllm/worker/neuron_worker.py:50-52",
+    "WORLD_SIZE": f"{_FORK_EX}/launch_script.py:108 (the number of processes, one per node); "
+    f"{FORK_2_24}:vllm/worker/neuron_worker.py:54",
+    "NEURON_RT_ROOT_COMM_ID": f"{_FORK_EX}/launch_script.py:12,109-110 (<leader>:63423)",
+    "NEURON_LOCAL_TP": f"{_FORK_EX}/launch_script.py:111 (read by neither the fork nor NxD Inference)",
+    "NEURON_RANK_ID": f"{_FORK_EX}/launch_script.py:112; {FORK_2_24}:vllm/worker/neuron_worker.py:56-60",
+    "--model": f"{_FORK_EX}/launch_script.py:120,135",
+    "--port": f"{_FORK_EX}/launch_script.py:120 (value: ours)",
+    "--device": f"{_FORK_EX}/launch_script.py:120,136; {FORK_2_24}:vllm/engine/arg_utils.py:688-692",
+    "--max-num-seqs": f"{_FORK_EX}/launch_script.py:121,136",
+    "--max-model-len": f"{_FORK_EX}/launch_script.py:122,137",
+    "--override-neuron-config": f"{_FORK_EX}/launch_script.py:123,138 (json.dumps); "
+    f"{FORK_2_24}:vllm/engine/arg_utils.py:916-921",
+    "--host": f"{FORK_2_24}:vllm/entrypoints/api_server.py:146 (ours: 127.0.0.1; the example leaves it unset)",
+    "override_neuron_config.world_size": f"{_FORK_EX}/launch_script.py:26-29,77 (required --world-size, 'World size "
+    "for distributed inference'); flotilla passes the unit's NeuronCore count, NxD Inference's unit "
+    "(neuronx-distributed-inference@v0.4.7422:src/neuronx_distributed_inference/models/config.py:277-279): "
+    "UNVERIFIED until a real run",
+    "override_neuron_config.tp_degree": f"{_FORK_EX}/launch_script.py:78 (= --local-ranks-size: the node's cores)",
+    "override_neuron_config.local_ranks_size": f"{_FORK_EX}/launch_script.py:45-48,79",
+    "override_neuron_config.start_rank_id": f"{_FORK_EX}/launch_script.py:75,80 (rank x local_ranks_size)",
+}
 
 
 @dataclass(frozen=True)
 class NeuronOptions:
     seq_len: int = 4096  # prompt + generated tokens, vLLM --max-model-len
     batch_size: int = 8  # sequences decoded together, vLLM --max-num-seqs
-    cp_degree: int | str = AUTO  # context parallel (prefill); "auto": smallest that fits
-    attention_dp_degree: int | str = AUTO  # attention data parallel (decode); "auto" likewise
+    cp_degree: int | str = AUTO  # single-node: context parallel (prefill); "auto": smallest that fits
+    attention_dp_degree: int | str = AUTO  # single-node: attention data parallel (decode); "auto" likewise
     served_model_name: str | None = None
-    dtype: str = "bfloat16"
     compiled_artifacts_dir: str = DEFAULT_COMPILED_DIR
     engine_port: int = contract.NEURON_ENGINE_PORT  # leader's vLLM server, on 127.0.0.1 only
 
@@ -43,10 +127,17 @@ class NeuronOptions:
 class RankPlan:
     rank: int
     role: str  # leader | follower
+    mode: str  # single-node | multi-node (contract/neuron.py)
     start_rank_id: int  # first global NeuronCore rank on this node
     env: Mapping[str, str]
     command: tuple[str, ...]
-    nxdi_config: Mapping[str, object]  # override_neuron_config this rank passes to NxD Inference
+    override_neuron_config: Mapping[str, object]  # exactly what the command passes to NxD Inference
+    nxdi_config: Mapping[str, object]  # what NxD Inference compiles for (vLLM flags + override): cache key
+
+    @property
+    def api(self) -> str:
+        """What the leader's server speaks: 'openai' (/v1/completions) or 'generate' (the fork's /generate)."""
+        return IMAGES[self.mode].api
 
 
 @dataclass(frozen=True)
@@ -54,8 +145,9 @@ class NeuronUnitPlan:
     instance: TrainiumInstance
     nodes: int
     leader_host: str
-    dist_port: int  # leader's gloo port (torch env://) for the input broadcast
-    tp_degree: int
+    dist_port: int  # leader's gloo port (torch env://): the fork broadcasts each step's inputs over it
+    tp_degree: int  # what NxD Inference gets as tp_degree
+    world_size: int  # NeuronCore ranks over the unit
     cp_degree: int
     attention_dp_degree: int
     seq_len: int
@@ -63,6 +155,14 @@ class NeuronUnitPlan:
     model: ModelShape
     model_dir: str
     ranks: tuple[RankPlan, ...] = field(default_factory=tuple)
+
+    @property
+    def mode(self) -> str:
+        return mode_for(self.nodes)
+
+    @property
+    def image(self) -> NeuronImage:
+        return image_for(self.nodes)
 
     @property
     def prefill_attention_tp(self) -> int:
@@ -76,8 +176,19 @@ class NeuronUnitPlan:
 
     def to_dict(self) -> dict:
         shape = self.model
+        image = self.image
         return {
             "engine": "neuron",
+            "mode": self.mode,
+            "image": {
+                "dockerfile": image.dockerfile,
+                "base_image": image.base_image,
+                "neuron_sdk": image.neuron_sdk,
+                "vllm": image.vllm,
+                "server": image.server,
+                "api": image.api,
+                "sources": dict(image.sources),
+            },
             "instance_type": self.instance.instance_type,
             "nodes": self.nodes,
             "leader_host": self.leader_host,
@@ -86,13 +197,12 @@ class NeuronUnitPlan:
             "parallelism": {
                 "local_tp": self.instance.neuron_cores,
                 "tp_degree": self.tp_degree,
+                "world_size": self.world_size,
                 "cp_degree": self.cp_degree,
                 "attention_dp_degree": self.attention_dp_degree,
                 "prefill": _head_layout(shape, self.prefill_attention_tp),
                 "decode": _head_layout(shape, self.decode_attention_tp),
-                "layers_per_rank": shape.num_hidden_layers,
                 "intermediate_per_rank": shape.intermediate_size // self.tp_degree,
-                "vocab_per_rank": -(-shape.vocab_size // self.tp_degree),
             },
             "seq_len": self.seq_len,
             "batch_size": self.batch_size,
@@ -104,10 +214,12 @@ class NeuronUnitPlan:
                     "global_core_ranks": [r.start_rank_id, r.start_rank_id + self.instance.neuron_cores - 1],
                     "env": dict(r.env),
                     "command": list(r.command),
+                    "override_neuron_config": dict(r.override_neuron_config),
                     "nxdi_config": dict(r.nxdi_config),
                 }
                 for r in self.ranks
             ],
+            "sources": dict(SINGLE_NODE_SOURCES if self.mode == SINGLE_NODE else MULTI_NODE_SOURCES),
         }
 
 
@@ -168,11 +280,10 @@ def plan_unit(
     instance = INSTANCES.get(instance_type)
     if instance is None:
         raise NeuronPlanError(
-            f"instance_type={instance_type!r} cannot host a multi-node Neuron unit; use one of "
-            f"{', '.join(sorted(INSTANCES))} (32 NeuronCores per node)"
+            f"instance_type={instance_type!r} cannot host a Neuron unit; use one of {', '.join(sorted(INSTANCES))}"
         )
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise NeuronPlanError(f"nodes={nodes!r} must be a positive integer (trn1 nodes per unit)")
+        raise NeuronPlanError(f"nodes={nodes!r} must be a positive integer (Trainium nodes per unit)")
     if not leader_host:
         raise NeuronPlanError("leader_host is empty; rendezvous must name the leader's address")
     o = options
@@ -190,31 +301,33 @@ def plan_unit(
     dp = _check_degree("attention_dp_degree", o.attention_dp_degree)
 
     local_tp = instance.neuron_cores
-    tp = local_tp * nodes
-    where = f"{nodes} x {instance_type} (tp_degree={tp})"
+    if nodes == 1:
+        tp = local_tp
+        where = f"1 x {instance_type} (tp_degree={tp})"
+        cp, dp = _auto_degrees(model, tp, cp, dp, o, where)
+    else:
+        # The fork's example gives NxD Inference tp_degree = the node's cores (launch_script.py:78),
+        # not the unit's, and passes no cp/attention-dp degree (launch_script.py:76-91).
+        tp = local_tp
+        where = f"{nodes} x {instance_type} (the fork's tp_degree={tp} per node)"
+        for name, value in (("cp_degree", cp), ("attention_dp_degree", dp)):
+            if value not in (AUTO, 1):
+                raise NeuronPlanError(
+                    f"{name}={value} applies to single-node units only: the fork's multi-node launch "
+                    f"(examples/neuron/multi_node/launch_script.py) passes no {name}; leave it auto or use 1 node"
+                )
+        cp, dp = 1, 1
 
-    if cp == AUTO:
-        fits = _fitting_degrees(model, tp, seq_len=o.seq_len)
-        if not fits:
-            raise NeuronPlanError(
-                f"no cp_degree lets prefill attention split num_attention_heads="
-                f"{model.num_attention_heads} (num_key_value_heads={model.num_key_value_heads}) "
-                f"evenly on {where} with seq_len={o.seq_len}; use fewer nodes"
-            )
-        cp = fits[0]
-    if dp == AUTO:
-        fits = [d for d in _fitting_degrees(model, tp, batch_size=o.batch_size) if cp == 1 or d == 1 or cp % d == 0]
-        if not fits:
-            needed = [d for d in _fitting_degrees(model, tp) if cp == 1 or d == 1 or cp % d == 0]
-            fix = f"raise --batch-size to a multiple of {needed[0]}" if needed else "use fewer nodes"
-            raise NeuronPlanError(
-                f"no attention_dp_degree lets decode attention split num_attention_heads="
-                f"{model.num_attention_heads} evenly on {where} with batch_size={o.batch_size}; "
-                f"{fix}"
-            )
-        dp = fits[0]
-
-    _validate_degrees(model, tp=tp, cp=cp, dp=dp, seq_len=o.seq_len, batch_size=o.batch_size, where=where)
+    _validate_degrees(
+        model,
+        tp=tp,
+        cp=int(cp),
+        dp=int(dp),
+        seq_len=o.seq_len,
+        batch_size=o.batch_size,
+        where=where,
+        tunable=nodes == 1,
+    )
 
     plan = NeuronUnitPlan(
         instance=instance,
@@ -222,21 +335,51 @@ def plan_unit(
         leader_host=leader_host,
         dist_port=dist_port,
         tp_degree=tp,
-        cp_degree=cp,
-        attention_dp_degree=dp,
+        world_size=local_tp * nodes,
+        cp_degree=int(cp),
+        attention_dp_degree=int(dp),
         seq_len=o.seq_len,
         batch_size=o.batch_size,
         model=model,
         model_dir=model_dir,
     )
-    ranks = tuple(_rank_plan(plan, rank, o) for rank in range(nodes))
+    build = _single_node_rank if nodes == 1 else _multi_node_rank
+    ranks = tuple(build(plan, rank, o) for rank in range(nodes))
     return dataclasses.replace(plan, ranks=ranks)
 
 
+def _auto_degrees(
+    model: ModelShape, tp: int, cp: int | str, dp: int | str, o: NeuronOptions, where: str
+) -> tuple[int | str, int | str]:
+    if cp == AUTO:
+        fits = _fitting_degrees(model, tp, seq_len=o.seq_len)
+        if not fits:
+            raise NeuronPlanError(
+                f"no cp_degree lets prefill attention split num_attention_heads="
+                f"{model.num_attention_heads} (num_key_value_heads={model.num_key_value_heads}) "
+                f"evenly on {where} with seq_len={o.seq_len}"
+            )
+        cp = fits[0]
+    if dp == AUTO:
+        fits = [d for d in _fitting_degrees(model, tp, batch_size=o.batch_size) if cp == 1 or d == 1 or cp % d == 0]
+        if not fits:
+            needed = [d for d in _fitting_degrees(model, tp) if cp == 1 or d == 1 or cp % d == 0]
+            fix = f"raise --batch-size to a multiple of {needed[0]}" if needed else "use another instance type"
+            raise NeuronPlanError(
+                f"no attention_dp_degree lets decode attention split num_attention_heads="
+                f"{model.num_attention_heads} evenly on {where} with batch_size={o.batch_size}; "
+                f"{fix}"
+            )
+        dp = fits[0]
+    return cp, dp
+
+
 def _validate_degrees(
-    model: ModelShape, *, tp: int, cp: int, dp: int, seq_len: int, batch_size: int, where: str
+    model: ModelShape, *, tp: int, cp: int, dp: int, seq_len: int, batch_size: int, where: str, tunable: bool
 ) -> None:
-    # The first four mirror NxD Inference's own NeuronConfig checks, caught here with a fix.
+    """tunable: cp/attention-dp degrees can be changed (single-node); the fork's launch has neither."""
+    # The first four mirror NxD Inference's own NeuronConfig checks (config.py:342, 576-583 at
+    # v0.7.14366), caught here with a fix.
     if tp % cp:
         raise NeuronPlanError(f"cp_degree={cp} must divide tp_degree={tp} on {where}; use one of {_divisors(tp)}")
     if tp % dp:
@@ -273,7 +416,12 @@ def _validate_degrees(
                 batch_size=batch_size if phase == "decode" else None,
                 seq_len=seq_len if phase == "prefill" else None,
             )
-            hint = f"use --{flag.replace('_', '-')} one of {good}" if good else "use fewer nodes"
+            hint = (
+                f"use --{flag.replace('_', '-')} one of {good}"
+                if good and tunable
+                else f"this model's heads do not split over {tp} NeuronCores: use another instance type"
+                + ("" if tunable else " or a one-node unit")
+            )
             raise NeuronPlanError(
                 f"{flag}={degree} leaves {attention_tp} ranks to share {phase} attention, which "
                 f"does not split num_attention_heads={model.num_attention_heads} / "
@@ -283,85 +431,137 @@ def _validate_degrees(
     if model.intermediate_size % tp:
         raise NeuronPlanError(
             f"intermediate_size={model.intermediate_size} does not split over tp_degree={tp} "
-            f"on {where}; use a node count whose 32 x nodes divides {model.intermediate_size}"
+            f"on {where}; this model's MLP does not shard over this instance's NeuronCores"
         )
 
 
-def _rank_plan(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
-    local_tp = plan.instance.neuron_cores
-    start_rank_id = rank * local_tp
-    nxdi = {
-        "tp_degree": plan.tp_degree,
-        "world_size": plan.tp_degree,
-        "local_ranks_size": local_tp,
-        "start_rank_id": start_rank_id,
-        "cp_degree": plan.cp_degree,
-        "attention_dp_degree": plan.attention_dp_degree,
-        "seq_len": plan.seq_len,
-        "max_context_length": plan.seq_len,
-        "batch_size": plan.batch_size,
-        "ctx_batch_size": 1,
-        "tkg_batch_size": plan.batch_size,
-        "is_continuous_batching": plan.batch_size > 1,
-        "torch_dtype": o.dtype,
-    }
+def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
+    """vLLM's OpenAI server on the V1 plugin, as AWS's online-serving quickstart starts it."""
+    override: dict[str, object] = {}
+    # NxD Inference defaults both to 1; pass them only when the heads need them.
+    if plan.cp_degree > 1:
+        override["cp_degree"] = plan.cp_degree
+    if plan.attention_dp_degree > 1:
+        override["attention_dp_degree"] = plan.attention_dp_degree
     env = {
         "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
         "NEURON_COMPILED_ARTIFACTS": o.compiled_artifacts_dir,
     }
-    if plan.nodes > 1:
-        env.update(
-            {
-                "ENABLE_NEURON_MULTI_NODE": "true",
-                "NEURON_RANK_ID": str(rank),
-                "NEURON_LOCAL_TP": str(local_tp),
-                "NEURON_RT_ROOT_COMM_ID": f"{plan.leader_host}:{contract.NEURON_RT_ROOT_COMM_PORT}",
-                # torch.distributed env:// (gloo): one process per node; the leader broadcasts
-                # each step's inputs to the followers over it.
-                "WORLD_SIZE": str(plan.nodes),
-                "MASTER_ADDR": plan.leader_host,
-                "MASTER_PORT": str(plan.dist_port),
-                "FI_PROVIDER": "efa",
-                "FI_EFA_USE_DEVICE_RDMA": "1",
-                "FI_EFA_FORK_SAFE": "1",
-            }
-        )
-    engine_args = [
+    command = [
+        "python3",
+        "-m",
+        OPENAI_SERVER_MODULE,
         "--model",
         plan.model_dir,
         "--tensor-parallel-size",
         str(plan.tp_degree),
-        "--max-num-seqs",
-        str(plan.batch_size),
         "--max-model-len",
         str(plan.seq_len),
-        "--dtype",
-        o.dtype,
-        "--additional-config",
-        json.dumps({"override_neuron_config": nxdi}, sort_keys=True, separators=(",", ":")),
+        "--max-num-seqs",
+        str(plan.batch_size),
+        "--no-enable-prefix-caching",
+        "--num-gpu-blocks-override",
+        str(plan.batch_size),
+    ]
+    if override:
+        command += ["--additional-config", json.dumps({"override_neuron_config": override})]
+    command += [
+        "--served-model-name",
+        o.served_model_name or plan.model_dir,
+        # Only our leader API (same host) talks to vLLM; it never faces the network.
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(o.engine_port),
+    ]
+    # The plugin's default NxD Inference config from these flags (loader.py:1078-1109 at release-0.4.1;
+    # without prefix caching the platform sets block_size = max_model_len, platform.py:299-304).
+    nxdi = {
+        "tp_degree": plan.tp_degree,
+        "batch_size": plan.batch_size,
+        "max_context_length": plan.seq_len,
+        "seq_len": plan.seq_len,
+        "pa_num_blocks": plan.batch_size,
+        "pa_block_size": plan.seq_len,
+        "is_prefix_caching": False,
+        **override,
+    }
+    return RankPlan(
+        rank=rank,
+        role="leader",
+        mode=SINGLE_NODE,
+        start_rank_id=0,
+        env=env,
+        command=tuple(command),
+        override_neuron_config=override,
+        nxdi_config=nxdi,
+    )
+
+
+def _multi_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
+    """What launch_script.py computes for MPI rank `rank`, with rendezvous in mpirun's place."""
+    local_ranks_size = plan.instance.neuron_cores
+    start_rank_id = rank * local_ranks_size
+    # Same keys, same order as make_override_config (launch_script.py:76-81).
+    override = {
+        "world_size": plan.world_size,
+        "tp_degree": local_ranks_size,
+        "local_ranks_size": local_ranks_size,
+        "start_rank_id": start_rank_id,
+    }
+    env = {
+        # mpirun -x (multi_node_launcher.sh:41-47); LD_LIBRARY_PATH is set by Dockerfile.neuron-multinode.
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "FI_EFA_FORK_SAFE": "1",
+        "MASTER_ADDR": plan.leader_host,
+        "MASTER_PORT": str(plan.dist_port),
+        # launch_script.py:103-113
+        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
+        "NEURON_COMPILED_ARTIFACTS": o.compiled_artifacts_dir,
+        "ENABLE_NEURON_MULTI_NODE": "true",
+        "WORLD_SIZE": str(plan.nodes),
+        "NEURON_RT_ROOT_COMM_ID": f"{plan.leader_host}:{FORK_RT_ROOT_COMM_PORT}",
+        "NEURON_LOCAL_TP": str(local_ranks_size),
+        "NEURON_RANK_ID": str(rank),
+    }
+    # launch_script.py:119-123 / 135-138 use `json.dumps(override_config)`: default separators.
+    engine_args = [
+        f"--model={plan.model_dir}",
+        "--device=neuron",
+        f"--max-num-seqs={plan.batch_size}",
+        f"--max-model-len={plan.seq_len}",
+        f"--override-neuron-config={json.dumps(override)}",
     ]
     if rank == 0:
         command = (
-            "python3",
+            "python",
             "-m",
-            VLLM_SERVER_MODULE,
-            *engine_args,
-            "--served-model-name",
-            o.served_model_name or plan.model_dir,
-            # Only our leader API (same host) talks to vLLM; it never faces the network.
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(o.engine_port),
+            FORK_SERVER_MODULE,
+            engine_args[0],
+            f"--port={o.engine_port}",
+            *engine_args[1:],
+            # Ours: only our leader API (same host) talks to the demo server.
+            "--host=127.0.0.1",
         )
     else:
-        command = ("python3", "-m", FOLLOWER_MODULE, *engine_args)
+        command = ("python", WORKER_SCRIPT, *engine_args)
+    # The fork's default NxD Inference config from these flags (neuronx_distributed.py:619-648), then
+    # the override (:694-703).
+    nxdi = {
+        "batch_size": plan.batch_size,
+        "max_context_length": plan.seq_len,
+        "seq_len": plan.seq_len,
+        **override,
+    }
     return RankPlan(
         rank=rank,
         role="leader" if rank == 0 else "follower",
+        mode=MULTI_NODE,
         start_rank_id=start_rank_id,
         env=env,
         command=command,
+        override_neuron_config=override,
         nxdi_config=nxdi,
     )
 
@@ -385,3 +585,87 @@ def plan_member(
         dist_port=membership.dist_port,
     )
     return unit.ranks[membership.rank]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The smallest unit whose NeuronCores hold the model and its KV cache, and the image it needs."""
+
+    nodes: int | None  # None: no unit up to max_nodes fits
+    mode: str | None
+    image: NeuronImage | None
+    memory: CoreMemory  # at `nodes`, or at the largest unit tried when nothing fits
+    why: str
+
+
+def model_dims(model: ModelShape) -> LlamaDims:
+    params = llama_params(
+        layers=model.num_hidden_layers,
+        hidden=model.hidden_size,
+        heads=model.num_attention_heads,
+        kv_heads=model.num_key_value_heads,
+        head_dim=model.head_dim,
+        intermediate=model.intermediate_size,
+        vocab=model.vocab_size,
+        tied=model.tie_word_embeddings,
+    )
+    return LlamaDims(
+        params=params,
+        layers=model.num_hidden_layers,
+        hidden=model.hidden_size,
+        heads=model.num_attention_heads,
+        kv_heads=model.num_key_value_heads,
+        head_dim=model.head_dim,
+    )
+
+
+def recommend(
+    model: ModelShape, instance_type: str, *, seq_len: int, batch_size: int, max_nodes: int = 8
+) -> Recommendation:
+    """One node whenever the weights and the KV cache for batch_size x seq_len fit it; more only if not.
+
+    Memory per NeuronCore follows contract/sizing.py (docs/hardware.md), the rule `flotilla plan` uses.
+    """
+    instance = INSTANCES[instance_type]
+    dims = model_dims(model)
+    gib = 2**30
+    one = core_memory(dims, instance, nodes=1, batch=batch_size, seq_len=seq_len)
+    need = (
+        f"{one.total / gib:.2f} GiB per NeuronCore (weights {one.weights / gib:.2f} + KV cache "
+        f"{one.kv_cache / gib:.2f} for {batch_size} x {seq_len} tokens)"
+    )
+    if one.fits:
+        image = image_for(1)
+        return Recommendation(
+            nodes=1,
+            mode=SINGLE_NODE,
+            image=image,
+            memory=one,
+            why=f"fits one {instance_type}: {need} <= {one.usable / gib:.2f} GiB usable; "
+            f"single-node units run {image.base_image} ({image.vllm}) with the OpenAI server",
+        )
+    memory = one
+    for nodes in range(2, max_nodes + 1):
+        memory = core_memory(dims, instance, nodes=nodes, batch=batch_size, seq_len=seq_len)
+        if memory.fits:
+            image = image_for(nodes)
+            return Recommendation(
+                nodes=nodes,
+                mode=MULTI_NODE,
+                image=image,
+                memory=memory,
+                why=f"does not fit one {instance_type}: {need} > {one.usable / gib:.2f} GiB usable; "
+                f"{nodes} nodes hold {memory.total / gib:.2f} GiB per NeuronCore if the weights shard over "
+                f"all {memory.tp_degree} NeuronCores, and only {image.base_image} ({image.vllm}; AWS ended "
+                "vLLM V0 support from Neuron 2.28) runs a unit across nodes. Its example gives NxD Inference "
+                "tp_degree = one node's cores: whether that shards over the unit is settled only on hardware "
+                "(docs/runbooks/trainium-smoke-test.md)",
+            )
+    return Recommendation(
+        nodes=None,
+        mode=None,
+        image=None,
+        memory=memory,
+        why=f"no unit of 1..{max_nodes} {instance_type} fits: {need} on one node, "
+        f"{memory.total / gib:.2f} GiB per NeuronCore on {max_nodes}; lower --batch-size or --seq-len",
+    )

@@ -25,6 +25,12 @@ class ModelShape:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
+    head_dim: int = 0  # hidden_size / num_attention_heads unless config.json names it
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
 
 
 _REQUIRED = (
@@ -73,7 +79,15 @@ def parse_model_shape(raw: object, *, source: str) -> ModelShape:
             raise ModelConfigError(f"{path}: {key}={value!r} must be a positive integer")
         values[key] = value
     archs = raw.get("architectures") or ["LlamaForCausalLM"]
-    shape = ModelShape(architecture=str(archs[0]), **values)
+    head_dim = raw.get("head_dim")
+    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0):
+        raise ModelConfigError(f"{path}: head_dim={head_dim!r} must be a positive integer")
+    shape = ModelShape(
+        architecture=str(archs[0]),
+        **values,
+        head_dim=head_dim or 0,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    )
     if shape.hidden_size % shape.num_attention_heads:
         raise ModelConfigError(
             f"{path}: hidden_size={shape.hidden_size} is not a multiple of "

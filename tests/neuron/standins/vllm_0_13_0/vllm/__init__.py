@@ -1,0 +1,21 @@
+"""A STAND-IN for vLLM 0.13.0 with the vllm-neuron plugin (NOT vLLM), for the single-node tests.
+
+Models the OpenAI server as AWS's 0.13.0 Neuron image runs it (`python3 -m
+vllm.entrypoints.openai.api_server`), from the vllm==0.13.0 wheel and vllm-project/vllm-neuron
+release-0.4.1 (4fac6b7b): the engine flags flotilla passes, each with its 0.13.0 name (unknown flags,
+e.g. the fork's --device or --override-neuron-config, exit 2 like argparse); the plugin's rule that
+`--num-gpu-blocks-override` must be given, exactly max_num_seqs without prefix caching (README.md:
+288-291); /health, /metrics (vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc,
+v1/metrics/loggers.py:415,425,461) and a streamed /v1/completions whose prompt is token ids, with
+`token_ids` in each chunk only when the request asks `return_token_ids` (entrypoints/openai/
+protocol.py:1107; serving_completion.py:387,597). Each output token id is prompt[-1] + 1 + i, its
+text "[id]". Test knobs (environment):
+  STANDIN_LOG          append one JSON line per request body received
+  STANDIN_DIE_AFTER    exit(1) after sending this many tokens of a stream (a crashed server)
+  STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)
+  STANDIN_SICK_AFTER   seconds after which /health answers 503 for good (a wedged server)
+  STANDIN_TOKEN_DELAY  seconds between streamed tokens (default 0.02)
+  STANDIN_COMPILE_TO   write compiled.neff into NEURON_COMPILED_ARTIFACTS (what a compile leaves)
+"""
+
+__version__ = "0.13.0+standin"

@@ -107,5 +107,20 @@ def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.I
     ECS writes AWS_INSTANCE_IPV4 (the host's address: host networking) and ECS_SERVICE_NAME, and
     deregisters the task when it stops, so crashed members never linger. A draining member stays
     listed until it exits; the router learns of the drain from /health/ready (not ready).
+
+    Under host (and bridge) networking CreateService requires the registry to name a container
+    and port of the task definition: "If the task definition that your service task specifies uses
+    the bridge or host network mode, you must specify a containerName and containerPort
+    combination from the task definition." (ECS API reference, ServiceRegistry,
+    https://docs.aws.amazon.com/AmazonECS/latest/APIReference/API_ServiceRegistry.html). CDK
+    2.275 fills them only for SRV records and drops them for an HTTP-namespace service even when
+    passed (aws/aws-cdk#29245), so they are written into the template directly.
     """
-    service.associate_cloud_map_service(service=units_service)
+    container = service.task_definition.default_container
+    if container is None or not container.port_mappings:
+        raise ValueError(f"{service.node.path}: the unit's task definition needs a container with a port mapping")
+    port = container.port_mappings[0].container_port
+    service.associate_cloud_map_service(service=units_service, container=container, container_port=port)
+    registry = service.node.default_child
+    registry.add_property_override("ServiceRegistries.0.ContainerName", container.container_name)
+    registry.add_property_override("ServiceRegistries.0.ContainerPort", port)

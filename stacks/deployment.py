@@ -64,7 +64,6 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         vpc=network.vpc,
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
-        https=config.certificate_arn is not None,
         **common("Discovery"),
     )
     deployment = Deployment(config=config, network=network, discovery=discovery)

@@ -141,6 +141,10 @@ class CellStack(Stack):
                     environment=environment,
                     units_service=discovery.units_service,
                     health_check_grace=Duration.seconds(config.node.health_check_grace_s),
+                    instance_store=config.node.instance_store,
+                    capacity_reservation_id=config.capacity.reservation_id,
+                    capacity_reservation_group_arn=config.capacity.reservation_group_arn,
+                    market_type=config.capacity.market,
                 )
             )
         # Units roll one after another: CloudFormation updates a service only after the one it

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import aws_cdk as cdk
 
 from stacks.cell import CellStack
-from stacks.config import FlotillaConfig
+from stacks.config import FlotillaConfig, quota_notices
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
@@ -66,6 +66,14 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         namespace_name=f"{config.deployment_name}.internal",
         **common("Discovery"),
     )
+    # Adjustable quotas: a warning with the number to request when AWS's default is too small,
+    # otherwise what to check (hard limits fail in stacks/config.py instead).
+    for notice in quota_notices(config):
+        annotations = cdk.Annotations.of(network)
+        if notice.exceeds_default:
+            annotations.add_warning_v2(f"flotilla:quota:{notice.key}", notice.message())
+        else:
+            annotations.add_info(notice.message())
     deployment = Deployment(config=config, network=network, discovery=discovery)
     for cell in range(config.cells):
         stack = CellStack(

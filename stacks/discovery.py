@@ -144,5 +144,7 @@ def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.I
     port = container.port_mappings[0].container_port
     service.associate_cloud_map_service(service=units_service, container=container, container_port=port)
     registry = service.node.default_child
+    if not isinstance(registry, ecs.CfnService):
+        raise TypeError(f"{service.node.path}: expected an AWS::ECS::Service under the service construct")
     registry.add_property_override("ServiceRegistries.0.ContainerName", container.container_name)
     registry.add_property_override("ServiceRegistries.0.ContainerPort", port)

@@ -129,7 +129,8 @@ def _imports_of(template: Any) -> set[str]:
 
 def deployment_stacks(aws: Aws, deployment: str) -> dict[str, Stack]:
     """The deployment's live CloudFormation stacks (<deployment>-<id>), with exports and imports."""
-    pattern = re.compile(rf"^{re.escape(deployment)}-(Network|Discovery|Cell-\d+|Front|Observability|Router)$")
+    ids = "|".join(r"Cell-\d+" if kind == "Cell" else kind for kind in DEPLOY_ORDER)
+    pattern = re.compile(rf"^{re.escape(deployment)}-({ids})$")
     out: dict[str, Stack] = {}
     for page in aws.cloudformation.get_paginator("list_stacks").paginate():
         for summary in page.get("StackSummaries", []):
@@ -247,9 +248,13 @@ def plan_release(aws: Aws, deployment: str, units: Sequence[Unit], stacks: Itera
     groups: dict[str, dict[str, Any]] = {}
     for u in units:
         groups.update({g["AutoScalingGroupName"]: g for g in unit_groups(aws, deployment, u.unit_id)})
+    clusters = {u.cluster_arn for u in units}
     for stack in stacks:
         groups.update({g["AutoScalingGroupName"]: g for g in stack_groups(aws, stack.name)})
-    clusters = {u.cluster_arn for u in units}
+        if stack.kind(deployment) == "Cell":
+            # stacks/cell.py names the cell's cluster <deployment>-cell<n>: its instances are
+            # checked for tasks too, even those of units no longer listed as services.
+            clusters.add(f"{deployment}-cell{stack.name.rsplit('-', 1)[1]}")
     return Release(units=list(units), clusters=clusters, groups=groups)
 
 

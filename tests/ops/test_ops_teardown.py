@@ -299,3 +299,23 @@ def test_shrink_to_what_is_deployed_does_nothing(aws, deployment, run_cli):
 def test_shrink_to_no_units_points_at_teardown(aws, deployment, run_cli, value):
     code, out = run_cli("shrink", "--units", value, "--dry-run")
     assert code == 2 and "flotilla teardown" in out
+
+
+def test_an_instance_still_running_another_task_is_not_released(aws, deployment, rules, run_cli):
+    """The check right before unprotecting: a task of any other service (here a sidecar started on a
+    unit's node) keeps the instance, and the command stops before touching any group."""
+    units = _three_units_in_two_cells(deployment)
+    node = units[0].nodes[0]
+    aws.ecs.start_task(
+        cluster=units[0].cluster_arn,
+        taskDefinition=units[0].task_definition_arn,
+        containerInstances=[node.container_instance_arn],
+        startedBy="someone",
+        group="service:sidecar",
+    )
+    code, out = run_cli("teardown", "--yes", "--wait", "60")
+    assert code == 1
+    assert f"refusing to release instances that still run tasks: {node.instance_id} runs" in out
+    for u in units:
+        assert len(_instances(aws, u)) == 2 and all(i["ProtectedFromScaleIn"] for i in _instances(aws, u))
+    assert rules.deleted == []

@@ -148,12 +148,13 @@ def stack_messages(synth, stack) -> list[tuple[str, str]]:
 
 
 def test_synth_warns_with_the_quota_to_request_and_reports_the_trn_vcpus(tmp_path):
-    # 320 units x 2 trn1 nodes x 8 EFA interfaces = 5,120 (+32 router/endpoint/NAT) > 5,000.
-    synth = synthesize(config_with(units=320, nodes_per_unit=2, unit_rollout="replace"), tmp_path)
+    # 40 units x 8 trn1n nodes x 16 EFA interfaces = 5,120 (+32 router/endpoint/NAT) > 5,000.
+    config = config_with(instance_type="trn1n.32xlarge", units=40, nodes_per_unit=8, unit_rollout="replace")
+    synth = synthesize(config, tmp_path)
     quota = {level: text for level, text in stack_messages(synth, synth.deployment.network) if "Service Quotas" in text}
     assert set(quota) == {"warning", "info"}
     assert "Network interfaces per Region" in quota["warning"] and "Request at least 5,152" in quota["warning"]
-    assert "Running On-Demand Trn instances" in quota["info"] and "81,920" in quota["info"]
+    assert "Running On-Demand Trn instances" in quota["info"] and "40,960" in quota["info"]
 
 
 def test_a_small_fleet_gets_no_quota_warning(default_synth):

@@ -534,6 +534,11 @@ class QuotaNotice:
     def exceeds_default(self) -> bool:
         return self.default is not None and self.peak > self.default
 
+    @property
+    def worth_a_warning(self) -> bool:
+        """Above AWS's default, or a default set per account (often 0 for Trainium): say so at synth."""
+        return self.default is None or self.exceeds_default
+
     def message(self) -> str:
         default = f"default {self.default:,}" if self.default is not None else "its value is set per account"
         text = (
@@ -543,7 +548,7 @@ class QuotaNotice:
         text += f", up to {self.peak:,} while units roll out with surge." if self.peak > self.needed else "."
         if self.exceeds_default:
             return text + f" Request at least {self.peak:,} in the deployment region before deploying."
-        return text + f" Check the quota in the deployment region covers {self.peak:,}."
+        return text + f" Check that the quota in the deployment region covers {self.peak:,}; request that if not."
 
 
 # "Network interfaces per Region": 5,000 by default, adjustable (Amazon VPC quotas,

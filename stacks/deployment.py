@@ -66,11 +66,11 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         namespace_name=f"{config.deployment_name}.internal",
         **common("Discovery"),
     )
-    # Adjustable quotas: a warning with the number to request when AWS's default is too small,
-    # otherwise what to check (hard limits fail in stacks/config.py instead).
+    # Adjustable quotas: a synth warning with the number to request when AWS's default is too
+    # small or set per account (hard limits fail in stacks/config.py instead); info otherwise.
     for notice in quota_notices(config):
         annotations = cdk.Annotations.of(network)
-        if notice.exceeds_default:
+        if notice.worth_a_warning:
             annotations.add_warning_v2(f"flotilla:quota:{notice.key}", notice.message())
         else:
             annotations.add_info(notice.message())

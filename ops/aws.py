@@ -28,6 +28,7 @@ class Aws:
     autoscaling: Any
     servicediscovery: Any
     topology: Any  # EC2 client used only for describe_instance_topology
+    cloudformation: Any = None  # teardown / shrink only
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -45,6 +46,7 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         autoscaling=session.client("autoscaling"),
         servicediscovery=session.client("servicediscovery"),
         topology=session.client("ec2"),
+        cloudformation=session.client("cloudformation"),
     )
 
 

@@ -144,6 +144,10 @@ class CellStack(Stack):
                     environment=environment,
                     units_service=discovery.units_service,
                     health_check_grace=Duration.seconds(config.node.health_check_grace_s),
+                    instance_store=config.node.instance_store,
+                    capacity_reservation_id=config.capacity.reservation_id,
+                    capacity_reservation_group_arn=config.capacity.reservation_group_arn,
+                    market_type=config.capacity.market,
                 )
             )
         # Units roll in waves (config.wave_plan): every service of in-cell wave k DependsOn every
@@ -163,7 +167,7 @@ class CellStack(Stack):
         Aspects.of(self.cluster).add(
             _ServicesAfterCapacityProviderAssociation(self.cluster, [u.service for u in self.units])
         )
-        self._acknowledge_nag_findings(config, instance_role)
+        self._acknowledge_nag_findings(config, instance_role, image)
 
     def _grant_node_permissions(self, config: FlotillaConfig) -> None:
         """Task role: read the model artifacts, see its own cluster's tasks, read peer instances."""
@@ -233,7 +237,9 @@ class CellStack(Stack):
             )
         )
 
-    def _acknowledge_nag_findings(self, config: FlotillaConfig, instance_role: iam.Role) -> None:
+    def _acknowledge_nag_findings(
+        self, config: FlotillaConfig, instance_role: iam.Role, image: ecs.ContainerImage
+    ) -> None:
         """cdk-nag findings that are deliberate, each on its own resource with its reason."""
         cluster = f"<{self.get_logical_id(self.cluster.node.default_child)}>"
         instance_policy = instance_role.node.find_child("DefaultPolicy").node.default_child
@@ -258,16 +264,19 @@ class CellStack(Stack):
                 "essentials (AmazonEC2ContainerServiceforEC2Role)."
             ),
         )
-        execution_policy = self.execution_role.node.find_child("DefaultPolicy").node.default_child
-        acknowledge(
-            execution_policy,
-            "IAM5",
-            applies_to="Resource::*",
-            reason=(
-                "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are scoped "
-                "to the image's repository and log writes to this cell's log group."
-            ),
-        )
+        if not isinstance(image, ecs.RepositoryImage):
+            # Only an image asset (ECR) makes CDK grant ecr:GetAuthorizationToken on "*"; with a
+            # configured `image` the execution role writes logs only and has no such finding.
+            execution_policy = self.execution_role.node.find_child("DefaultPolicy").node.default_child
+            acknowledge(
+                execution_policy,
+                "IAM5",
+                applies_to="Resource::*",
+                reason=(
+                    "ecr:GetAuthorizationToken has no resource-level permissions; image pulls are scoped "
+                    "to the image's repository and log writes to this cell's log group."
+                ),
+            )
         task_policy = self.task_role.node.find_child("DefaultPolicy").node.default_child
         acknowledge(
             task_policy,

@@ -69,6 +69,15 @@ LOG_RETENTION_DAYS = (
     3653,
 )
 UNIT_ROLLOUTS = ("replace", "surge")
+# LaunchTemplateInstanceMarketOptionsRequest.MarketType values flotilla uses: on-demand capacity
+# (optionally from a Capacity Reservation) or an EC2 Capacity Block for ML.
+MARKETS = ("on-demand", "capacity-block")
+# ECS: "The name can't be prefixed with "aws", "ecs", or "fargate"." (CreateCapacityProvider,
+# https://docs.aws.amazon.com/AmazonECS/latest/APIReference/API_CreateCapacityProvider.html).
+# CloudFormation names each unit's capacity provider after its stack, <deployment_name>-Cell-<n>;
+# CDK renames only lowercase matches (aws/aws-cdk#29151, still open for `Ecs...`/`AWS...`:
+# aws/aws-cdk#36584), so the config refuses the prefixes in any case.
+RESERVED_NAME_PREFIXES = ("aws", "ecs", "fargate")
 LIVE_TARGET_GROUPS = ("blue", "green")
 ENGINES = ("neuron", "reference", "echo")
 STRATEGIES = ("pipeline", "tensor")
@@ -84,6 +93,10 @@ _CERT_RE = re.compile(r"^arn:aws(-[a-z]+)*:acm:[a-z0-9-]+:\d{12}:certificate/[0-
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,23}$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_RESOURCE_GROUP_ARN_RE = re.compile(
+    r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
+)
 _S3_URI_ALLOWED = "an S3 URI like s3://bucket/prefix/"
 
 
@@ -156,6 +169,12 @@ def _az_list(value: Any) -> Any:
     raise _refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three")
 
 
+def _unit_az_list(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and len(value) <= 6:
+        return value
+    raise _refuse("a list of up to 6 AZ names from availability_zones, or [] for all of them")
+
+
 def _split_s3_uri(uri: str) -> tuple[str, str]:
     """s3://bucket/some/prefix/ -> ("bucket", "some/prefix/"); the prefix is '' for a bare bucket."""
     bucket, _, prefix = uri[len("s3://") :].partition("/")
@@ -214,7 +233,10 @@ class NodeConfig(_Section):
     # ECS ignores failed health checks of a new task this long: loading (and on Neuron, compiling)
     # a sharded model takes minutes, and the container's start period stops at 300 s.
     health_check_grace_s: Annotated[int, between(0, 86400, "time a unit may take to load its model")] = 1800
-    root_volume_gib: Annotated[int, between(64, 16384)] = 512
+    # The root volume holds the OS and the container images; with instance_store the model and the
+    # compile cache live on the instance's NVMe instance store instead (docs/infrastructure.md).
+    root_volume_gib: Annotated[int, between(64, 16384)] = 128
+    instance_store: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
 
 
@@ -238,6 +260,30 @@ class RouterConfig(_Section):
                 "router.max_count", self.max_count, f"at least router.desired_count ({self.desired_count})"
             )
         return self
+
+
+class CapacityConfig(_Section):
+    """Where the units' instances come from: On-Demand capacity (optionally a Capacity
+    Reservation or a group of them) or an EC2 Capacity Block, and in which AZs."""
+
+    # Units go only to these AZs (each one of availability_zones); the VPC and the ALB still span
+    # all of availability_zones. [] = every AZ of the VPC.
+    availability_zones: Annotated[
+        tuple[Annotated[str, matches(_AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_unit_az_list)
+    ] = ()
+    reservation_id: Annotated[
+        str | None,
+        matches(_CAPACITY_RESERVATION_RE, "a Capacity Reservation id like cr-0123456789abcdef0", optional=True),
+    ] = None
+    reservation_group_arn: Annotated[
+        str | None,
+        matches(
+            _RESOURCE_GROUP_ARN_RE,
+            "a Capacity Reservation resource group ARN like arn:aws:resource-groups:us-east-1:123456789012:group/trn1",
+            optional=True,
+        ),
+    ] = None
+    market: Annotated[str, one_of(MARKETS)] = "on-demand"
 
 
 @dataclass(frozen=True)
@@ -306,6 +352,7 @@ class FlotillaConfig(_Section):
     ] = None
     node: NodeConfig = Field(default_factory=NodeConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:
@@ -318,6 +365,14 @@ class FlotillaConfig(_Section):
             raise ConfigError("availability_zones", azs, f"AZs of region {self.region}")
         if self.units_per_wave is not None and self.units_per_wave > self.units:
             raise ConfigError("units_per_wave", self.units_per_wave, f"at most units ({self.units})")
+        if self.deployment_name.lower().startswith(RESERVED_NAME_PREFIXES):
+            raise ConfigError(
+                "deployment_name",
+                self.deployment_name,
+                "a name not starting with aws, ecs or fargate in any case (ECS refuses capacity-provider "
+                "names with those prefixes, and each unit's is named after its stack)",
+            )
+        check_capacity(self)
         check_quotas(self)
         return self
 
@@ -329,6 +384,13 @@ class FlotillaConfig(_Section):
     @property
     def az_count(self) -> int:
         return len(self.availability_zones) or 3
+
+    @property
+    def unit_az_indexes(self) -> tuple[int, ...]:
+        """Indexes into the VPC's AZs (its private subnets) that units go to, in order."""
+        if self.capacity.availability_zones:
+            return tuple(self.availability_zones.index(az) for az in self.capacity.availability_zones)
+        return tuple(range(self.az_count))
 
     @property
     def cells(self) -> int:
@@ -353,12 +415,84 @@ class FlotillaConfig(_Section):
         return self.nodes_per_unit * (2 if self.unit_rollout == "surge" else 1)
 
     def units_in_cell(self, cell: int) -> list[UnitPlacement]:
+        azs = self.unit_az_indexes
         first = cell * self.units_per_cell
         last = min(self.units, first + self.units_per_cell)
         return [
-            UnitPlacement(cell=cell, index=g - first, global_index=g, az_index=g % self.az_count)
+            UnitPlacement(cell=cell, index=g - first, global_index=g, az_index=azs[g % len(azs)])
             for g in range(first, last)
         ]
+
+
+# Trainium types EC2 sells as Capacity Blocks for ML: "trn1.32xlarge -- US East (N. Virginia) |
+# Asia Pacific (Melbourne)"; trn1n.32xlarge is not listed
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html; the list grows:
+# add a type here when AWS does).
+CAPACITY_BLOCK_INSTANCE_TYPES = ("trn1.32xlarge",)
+
+
+def check_capacity(cfg: FlotillaConfig) -> None:
+    """Refuse capacity settings EC2 would reject at launch, before anything is built.
+
+    Sources: "You can specify only one option at a time" (a preference or a target) --
+    LaunchTemplateCapacityReservationSpecificationRequest, EC2 API reference; a Capacity Block
+    needs "The value MarketType of InstanceMarketOptions must be set to capacity-block" and "A
+    CapacityReservationSpecification with a valid CapacityReservationId"
+    (https://docs.aws.amazon.com/pcs/latest/userguide/capacity-blocks-configure-cng.html); "Capacity
+    Blocks are delivered as targeted capacity reservations in a single Availability Zone"
+    (https://docs.aws.amazon.com/autoscaling/ec2/userguide/launch-template-capacity-blocks.html),
+    and an On-Demand Capacity Reservation too holds capacity in one AZ (CreateCapacityReservation
+    takes one AvailabilityZone).
+    """
+    cap = cfg.capacity
+    unit_azs = list(cap.availability_zones)
+    if unit_azs:
+        if not cfg.availability_zones:
+            raise ConfigError(
+                "capacity.availability_zones",
+                unit_azs,
+                "needs availability_zones set explicitly (units can only be pinned to AZs the VPC names)",
+            )
+        if len(set(unit_azs)) != len(unit_azs):
+            raise ConfigError("capacity.availability_zones", unit_azs, "each AZ at most once")
+        outside = [az for az in unit_azs if az not in cfg.availability_zones]
+        if outside:
+            raise ConfigError(
+                "capacity.availability_zones",
+                unit_azs,
+                f"AZs from availability_zones {list(cfg.availability_zones)} ({', '.join(outside)} is not one)",
+            )
+    if cap.reservation_id and cap.reservation_group_arn:
+        raise ConfigError(
+            "capacity.reservation_group_arn",
+            cap.reservation_group_arn,
+            "unset when capacity.reservation_id is set (a launch targets one reservation or one group)",
+        )
+    if cap.reservation_group_arn and cfg.region and f":{cfg.region}:" not in cap.reservation_group_arn:
+        raise ConfigError(
+            "capacity.reservation_group_arn", cap.reservation_group_arn, f"a group in region {cfg.region}"
+        )
+    if cap.market == "capacity-block":
+        if not cap.reservation_id:
+            raise ConfigError(
+                "capacity.market",
+                cap.market,
+                "capacity-block only with capacity.reservation_id set to the Capacity Block's reservation id",
+            )
+        if cfg.instance_type not in CAPACITY_BLOCK_INSTANCE_TYPES:
+            raise ConfigError(
+                "instance_type",
+                cfg.instance_type,
+                f"one of {', '.join(CAPACITY_BLOCK_INSTANCE_TYPES)} with capacity.market capacity-block "
+                "(the Trainium types EC2 offers as Capacity Blocks)",
+            )
+    if cap.reservation_id and len(unit_azs) != 1:
+        raise ConfigError(
+            "capacity.availability_zones",
+            unit_azs,
+            "exactly one AZ, the one capacity.reservation_id holds capacity in (a Capacity Reservation "
+            "or Capacity Block is in a single AZ)",
+        )
 
 
 def estimate_cell_resources(units_in_cell: int) -> int:
@@ -387,16 +521,96 @@ def check_quotas(cfg: FlotillaConfig) -> None:
             f"{MAX_RESOURCES_PER_STACK})",
         )
     # Every EFA interface takes an address of the unit's private subnet.
-    units_in_busiest_az = math.ceil(cfg.units / cfg.az_count)
+    unit_azs = len(cfg.unit_az_indexes)
+    units_in_busiest_az = math.ceil(cfg.units / unit_azs)
     ips = units_in_busiest_az * cfg.max_nodes_per_unit * cfg.shape.efa_interfaces
     if ips > USABLE_IPS_PER_PRIVATE_SUBNET:
         per_az = USABLE_IPS_PER_PRIVATE_SUBNET // (cfg.max_nodes_per_unit * cfg.shape.efa_interfaces)
         raise ConfigError(
             "units",
             cfg.units,
-            f"at most {per_az * cfg.az_count} over {cfg.az_count} AZs ({ips} EFA addresses would "
+            f"at most {per_az * unit_azs} over {unit_azs} AZs ({ips} EFA addresses would "
             f"be needed in one /{PRIVATE_SUBNET_MASK} private subnet; add AZs or reduce units)",
         )
+
+
+# --- adjustable quotas: synth warns with the number to request ---------------------------------
+@dataclass(frozen=True)
+class QuotaNotice:
+    """An adjustable Service Quotas quota and what this config needs of it.
+
+    `default` is AWS's default value (None when AWS sets it per account); `needed` counts steady
+    state, `peak` what the ASG maxima allow while units roll out with surge.
+    """
+
+    key: str  # short id for the synth annotation
+    quota: str  # the quota's name in Service Quotas
+    code: str
+    default: int | None
+    needed: int
+    peak: int
+    counted: str  # what the number counts
+
+    @property
+    def exceeds_default(self) -> bool:
+        return self.default is not None and self.peak > self.default
+
+    @property
+    def worth_a_warning(self) -> bool:
+        """Above AWS's default, or a default set per account (often 0 for Trainium): say so at synth."""
+        return self.default is None or self.exceeds_default
+
+    def message(self) -> str:
+        default = f"default {self.default:,}" if self.default is not None else "its value is set per account"
+        text = (
+            f'Service Quotas "{self.quota}" ({self.code}, adjustable; {default}): this config needs '
+            f"{self.needed:,} ({self.counted})"
+        )
+        text += f", up to {self.peak:,} while units roll out with surge." if self.peak > self.needed else "."
+        if self.exceeds_default:
+            return text + f" Request at least {self.peak:,} in the deployment region before deploying."
+        return text + f" Check that the quota in the deployment region covers {self.peak:,}; request that if not."
+
+
+# "Network interfaces per Region": 5,000 by default, adjustable (Amazon VPC quotas,
+# https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html, "Network interfaces"
+# table; the default as listed by third-party quota tables, the AWS row itself was not read). Every
+# EFA interface is a network interface (InterfaceType efa in the launch template), as is each
+# awsvpc task (the router on Fargate), each interface-endpoint subnet and each NAT gateway.
+ENI_QUOTA = ("Network interfaces per Region", "L-DF5E4CA3", 5000)
+# "Running On-Demand Trn instances", counted in vCPUs, adjustable, per-account default
+# (https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html).
+TRN_VCPU_QUOTA = ("Running On-Demand Trn instances", "L-2C3B7624")
+INTERFACE_ENDPOINT_SERVICES = 3  # ECR API, ECR Docker, CloudWatch Logs (stacks/network.py)
+
+
+def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
+    """The adjustable quotas this config leans on, with the numbers to request (see QuotaNotice)."""
+    nodes, peak_nodes = cfg.units * cfg.nodes_per_unit, cfg.units * cfg.max_nodes_per_unit
+    efa = cfg.shape.efa_interfaces
+    # Router tasks: up to max_count, twice that during a blue/green deployment.
+    fixed = 2 * cfg.router.max_count + (INTERFACE_ENDPOINT_SERVICES + 1) * cfg.az_count
+    name, code, default = ENI_QUOTA
+    enis = QuotaNotice(
+        key="network-interfaces",
+        quota=name,
+        code=code,
+        default=default,
+        needed=nodes * efa + fixed,
+        peak=peak_nodes * efa + fixed,
+        counted=f"{efa} EFA interfaces on each of {nodes:,} nodes, plus router tasks, endpoints and NAT gateways",
+    )
+    name, code = TRN_VCPU_QUOTA
+    vcpus = QuotaNotice(
+        key="trn-vcpus",
+        quota=name,
+        code=code,
+        default=None,
+        needed=nodes * cfg.shape.vcpus,
+        peak=peak_nodes * cfg.shape.vcpus,
+        counted=f"{nodes:,} x {cfg.instance_type} at {cfg.shape.vcpus} vCPUs",
+    )
+    return [enis, vcpus]
 
 
 # --- parsing -----------------------------------------------------------------------------------

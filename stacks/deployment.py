@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import aws_cdk as cdk
 
 from stacks.cell import CellStack
-from stacks.config import FlotillaConfig
+from stacks.config import FlotillaConfig, quota_notices
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
@@ -65,9 +65,16 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         vpc=network.vpc,
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
-        https=config.certificate_arn is not None,
         **common("Discovery"),
     )
+    # Adjustable quotas: a synth warning with the number to request when AWS's default is too
+    # small or set per account (hard limits fail in stacks/config.py instead); info otherwise.
+    for notice in quota_notices(config):
+        annotations = cdk.Annotations.of(network)
+        if notice.worth_a_warning:
+            annotations.add_warning_v2(f"flotilla:quota:{notice.key}", notice.message())
+        else:
+            annotations.add_info(notice.message())
     deployment = Deployment(config=config, network=network, discovery=discovery)
     for cell in range(config.cells):
         stack = CellStack(

@@ -25,9 +25,9 @@ HTTP_PORT = 80
 class DiscoveryStack(cdk.Stack):
     """Cloud Map namespace + `units` service; the ALB security group with exact rules.
 
-    internet -> ALB on the client ports (443 and 80 with a certificate, 80 without); VPC -> ALB on
-    the test port; ALB -> router on the router port. (The router SG's own egress, node serving port
-    in the VPC and HTTPS, is set in Network; each unit SG admits the router SG on the serving port.)
+    internet -> ALB on the client ports (443 and 80); the VPC's NAT gateways -> ALB on the test
+    port; ALB -> router on the router port. (The router SG's own egress, node serving port in the
+    VPC and HTTPS, is set in Network; each unit SG admits the router SG on the serving port.)
     """
 
     def __init__(
@@ -38,7 +38,6 @@ class DiscoveryStack(cdk.Stack):
         vpc: ec2.IVpc,
         router_security_group: ec2.ISecurityGroup,
         namespace_name: str,
-        https: bool,
         service_name: str = "units",
         **kwargs,
     ) -> None:
@@ -66,13 +65,22 @@ class DiscoveryStack(cdk.Stack):
             allow_all_outbound=False,
             description="flotilla ALB: clients in, router port out",
         )
-        for port in (HTTPS_PORT, HTTP_PORT) if https else (HTTP_PORT,):
+        # Both client ports whether or not a certificate is configured: the listeners on them
+        # change with certificate_arn (Front), this group does not, so removing a certificate
+        # never closes 443 before the production listener has left it (Discovery deploys first).
+        for port in (HTTPS_PORT, HTTP_PORT):
             self.alb_security_group.add_ingress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"clients on {port}")
-        self.alb_security_group.add_ingress_rule(
-            ec2.Peer.ipv4(vpc.vpc_cidr_block),
-            ec2.Port.tcp(contract.ROUTER_TEST_PORT),
-            "blue/green test listener, from inside the VPC only",
-        )
+        # The ALB is internet-facing: its DNS name resolves to public addresses ("The nodes of an
+        # Internet-facing load balancer have public IP addresses", ELBv2 CreateLoadBalancer,
+        # Scheme), so a caller in a private subnet reaches the test listener through its AZ's NAT
+        # gateway and arrives from the NAT's Elastic IP, never from the VPC CIDR
+        # (aws-samples/ecs-refarch-cloudformation#45). Admit exactly those addresses.
+        for az, nat_ip in enumerate(nat_public_ips(vpc)):
+            self.alb_security_group.add_ingress_rule(
+                ec2.Peer.ipv4(f"{nat_ip}/32"),
+                ec2.Port.tcp(contract.ROUTER_TEST_PORT),
+                f"blue/green test listener, from the VPC through NAT gateway {az + 1}",
+            )
         # Both rules of the ALB -> router hop are written here, explicitly. Front and Router attach
         # the groups as immutable imports, so CDK's automatic target-group rules add nothing (and
         # cannot land in Network, which would make Network depend on this stack).
@@ -95,10 +103,24 @@ class DiscoveryStack(cdk.Stack):
             self.alb_security_group.node.default_child,
             "EC23",
             "The ALB is the public entry point: clients anywhere reach it on the client ports only "
-            "(443/80); the test port is restricted to the VPC CIDR.",
+            "(443/80); the test port admits only the VPC's own NAT gateway addresses.",
         )
         cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
         cdk.CfnOutput(self, "CloudMapService", value=service_name)
+
+
+def nat_public_ips(vpc: ec2.IVpc) -> list[str]:
+    """The Elastic IP of each NAT gateway of the VPC (one per public subnet, stacks/network.py)."""
+    ips = []
+    for subnet in vpc.public_subnets:
+        eip = subnet.node.try_find_child("EIP")
+        if isinstance(eip, ec2.CfnEIP):
+            # Ref of an AWS::EC2::EIP is its address (CloudFormation resource reference, EIP
+            # return values).
+            ips.append(eip.ref)
+    if not ips:
+        raise ValueError(f"{vpc.node.path}: no NAT gateway Elastic IPs found in the public subnets")
+    return ips
 
 
 def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.IService) -> None:
@@ -107,5 +129,22 @@ def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.I
     ECS writes AWS_INSTANCE_IPV4 (the host's address: host networking) and ECS_SERVICE_NAME, and
     deregisters the task when it stops, so crashed members never linger. A draining member stays
     listed until it exits; the router learns of the drain from /health/ready (not ready).
+
+    Under host (and bridge) networking CreateService requires the registry to name a container
+    and port of the task definition: "If the task definition that your service task specifies uses
+    the bridge or host network mode, you must specify a containerName and containerPort
+    combination from the task definition." (ECS API reference, ServiceRegistry,
+    https://docs.aws.amazon.com/AmazonECS/latest/APIReference/API_ServiceRegistry.html). CDK
+    2.275 fills them only for SRV records and drops them for an HTTP-namespace service even when
+    passed (aws/aws-cdk#29245), so they are written into the template directly.
     """
-    service.associate_cloud_map_service(service=units_service)
+    container = service.task_definition.default_container
+    if container is None or not container.port_mappings:
+        raise ValueError(f"{service.node.path}: the unit's task definition needs a container with a port mapping")
+    port = container.port_mappings[0].container_port
+    service.associate_cloud_map_service(service=units_service, container=container, container_port=port)
+    registry = service.node.default_child
+    if not isinstance(registry, ecs.CfnService):
+        raise TypeError(f"{service.node.path}: expected an AWS::ECS::Service under the service construct")
+    registry.add_property_override("ServiceRegistries.0.ContainerName", container.container_name)
+    registry.add_property_override("ServiceRegistries.0.ContainerPort", port)

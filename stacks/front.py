@@ -22,6 +22,11 @@ from stacks.config import LIVE_TARGET_GROUPS
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
 
+# Without a certificate the redirect listener waits here, a port the ALB security group does not
+# admit, so that adding or removing certificate_arn moves listeners between ports in place (see
+# FrontStack._listeners) instead of replacing the production listener and its rules.
+PARKED_PORT = 8081
+
 
 class FrontStack(cdk.Stack):
     """ALB in public subnets; production listener (HTTPS, or HTTP with a warning); internal test
@@ -124,37 +129,14 @@ class FrontStack(cdk.Stack):
         self.green_target_group = target_group("green")
 
         not_found = elbv2.ListenerAction.fixed_response(404, content_type="text/plain", message_body="no route")
-        if self.https:
-            self.production_listener = self.load_balancer.add_listener(
-                "Https",
-                port=HTTPS_PORT,
-                protocol=elbv2.ApplicationProtocol.HTTPS,
-                open=False,
-                certificates=[elbv2.ListenerCertificate.from_arn(certificate_arn)],
-                ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS,
-                default_action=not_found,
-            )
-            self.load_balancer.add_listener(
-                "HttpRedirect",
-                port=HTTP_PORT,
-                protocol=elbv2.ApplicationProtocol.HTTP,
-                open=False,
-                default_action=elbv2.ListenerAction.redirect(protocol="HTTPS", port=str(HTTPS_PORT), permanent=True),
-            )
-        else:
+        if not self.https:
             cdk.Annotations.of(self).add_warning_v2(
                 "flotilla:front:no-certificate",
                 "No certificate_arn configured: the ALB serves plain HTTP on port 80, so prompts and "
                 "completions cross the internet unencrypted. Set certificate_arn (an ACM certificate "
                 "in this region) to serve HTTPS on 443 with HTTP redirected to it.",
             )
-            self.production_listener = self.load_balancer.add_listener(
-                "Http",
-                port=HTTP_PORT,
-                protocol=elbv2.ApplicationProtocol.HTTP,
-                open=False,
-                default_action=not_found,
-            )
+        self.production_listener, self.redirect_listener = self._listeners(certificate_arn, not_found)
         # The test listener carries ECS's pre-shift test traffic to the green tasks: VPC only.
         self.test_listener = self.load_balancer.add_listener(
             "Test",
@@ -203,24 +185,91 @@ class FrontStack(cdk.Stack):
             "recurse and to another bucket would only move the finding.",
         )
 
-    def _log_access(self, *, prefix: str) -> None:
-        """Access logs without knowing the region at synth time (environment-agnostic app).
+    def _listeners(
+        self, certificate_arn: str | None, not_found: elbv2.ListenerAction
+    ) -> tuple[elbv2.ApplicationListener, elbv2.ApplicationListener]:
+        """The production listener and the redirect listener, the same two resources with or
+        without a certificate, so that adding certificate_arn (and removing it) is an update.
 
-        `log_access_logs()` needs a concrete region to pick the ELB log-delivery account; here the
-        account comes from CDK's region fact table (a CfnMapping keyed by AWS::Region), and the
-        log-delivery service principal covers regions opened after August 2022.
+        A listener's LoadBalancerArn is its only create-only property and a listener rule's
+        ListenerArn is its (cfn-lint 1.58 resource schemas, createOnlyProperties): a production
+        listener that changes port and protocol in place keeps its rules, and the Router stack's
+        imports of the listener and of the production rule stay valid (CloudFormation refuses to
+        change or delete an export another stack imports,
+        https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/intrinsic-function-reference-importvalue.html).
+
+        Two listeners of a load balancer cannot hold one port at once (ELB: DuplicateListener, "A
+        listener with the specified port already exists.", CreateListener/ModifyListener errors,
+        Elastic Load Balancing API reference), so port 80 changes hands in order: CloudFormation
+        updates a resource only after those it depends on, using the new template's dependencies.
+        With a certificate the redirect listener (taking 80) depends on the production listener
+        (leaving 80 for 443); without one the production listener (taking 80) depends on the
+        redirect listener (leaving 80 for PARKED_PORT).
+        """
+        if certificate_arn is not None:
+            production = self.load_balancer.add_listener(
+                "Production",
+                port=HTTPS_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTPS,
+                open=False,
+                certificates=[elbv2.ListenerCertificate.from_arn(certificate_arn)],
+                ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS,
+                default_action=not_found,
+            )
+            redirect = self.load_balancer.add_listener(
+                "Redirect",
+                port=HTTP_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTP,
+                open=False,
+                default_action=elbv2.ListenerAction.redirect(protocol="HTTPS", port=str(HTTPS_PORT), permanent=True),
+            )
+            redirect.node.add_dependency(production)
+        else:
+            production = self.load_balancer.add_listener(
+                "Production",
+                port=HTTP_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTP,
+                open=False,
+                default_action=not_found,
+            )
+            # Unreachable (the ALB security group does not admit PARKED_PORT): kept so that the
+            # way back from HTTPS is an update too.
+            redirect = self.load_balancer.add_listener(
+                "Redirect",
+                port=PARKED_PORT,
+                protocol=elbv2.ApplicationProtocol.HTTP,
+                open=False,
+                default_action=not_found,
+            )
+            production.node.add_dependency(redirect)
+        return production, redirect
+
+    def _log_access(self, *, prefix: str) -> None:
+        """Access logs in every region, with or without a region known at synth.
+
+        Regions older than August 2022 deliver logs as a per-region ELB account, newer ones as the
+        log-delivery service principal (ELB user guide, "Enable access logs", step 2). CDK knows
+        the account of 31 regions only; its regional_fact() emits Fn::FindInMap over them, and
+        CloudFormation fails the stack in any other region ("Fn::FindInMap will always raise an
+        error if it can't find the mapping", aws-cloudformation/aws-cloudformation-templates#271,
+        even inside an Fn::If branch not taken). So: with a configured region, the account
+        statement exists only where CDK knows the account; environment-agnostic, it lists one
+        Fn::If per known region that yields the region's ELB account or AWS::NoValue (removed), plus
+        this stack's own account (which owns the bucket anyway), so it is valid in every region.
+        The Fn::Ifs sit side by side, not nested: checks that follow both branches of each stay linear.
         """
         bucket = self.access_log_bucket
         objects = bucket.arn_for_objects(f"{prefix}/AWSLogs/{self.account}/*")
-        elb_account = self.regional_fact(region_info.FactName.ELBV2_ACCOUNT)
-        bucket.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="ElbLogDeliveryAccount",
-                actions=["s3:PutObject"],
-                resources=[objects],
-                principals=[iam.AccountPrincipal(elb_account)],
+        principals = self._elb_log_principals()
+        if principals:
+            bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid="ElbLogDeliveryAccount",
+                    actions=["s3:PutObject"],
+                    resources=[objects],
+                    principals=principals,
+                )
             )
-        )
         bucket.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="ElbLogDeliveryService",
@@ -234,3 +283,26 @@ class FrontStack(cdk.Stack):
         self.load_balancer.set_attribute("access_logs.s3.prefix", prefix)
         # The ALB checks it may write before it enables logging.
         self.load_balancer.node.add_dependency(bucket.policy)
+
+    def _elb_log_principals(self) -> list[iam.IPrincipal]:
+        """The ELB log-delivery account principal(s) for this stack's region (see _log_access)."""
+        if not cdk.Token.is_unresolved(self.region):
+            account = region_info.Fact.find(self.region, region_info.FactName.ELBV2_ACCOUNT)
+            return [iam.AccountPrincipal(account)] if account else []
+        known = sorted(
+            (r.name, account)
+            for r in region_info.RegionInfo.regions
+            if (account := region_info.Fact.find(r.name, region_info.FactName.ELBV2_ACCOUNT))
+        )
+        principals: list[iam.IPrincipal] = []
+        for region, account in known:
+            condition = cdk.CfnCondition(
+                self,
+                "ElbLogAccountIn" + "".join(part.capitalize() for part in region.split("-")),
+                expression=cdk.Fn.condition_equals(cdk.Aws.REGION, region),
+            )
+            arn = cdk.Fn.condition_if(
+                condition.logical_id, f"arn:{self.partition}:iam::{account}:root", cdk.Aws.NO_VALUE
+            ).to_string()
+            principals.append(iam.ArnPrincipal(arn))
+        return [*principals, iam.AccountRootPrincipal()]

@@ -41,8 +41,10 @@ def runtime_metric(name: str, *, statistic: str, cell: str | None = None, period
 class ObservabilityStack(cdk.Stack):
     """Dashboard + alarms + encrypted SNS topic.
 
-    `deployment_alarms` (5xx rate, p99 latency, unhealthy router targets, fleet ready units) are the
-    ones the router's blue/green deployment watches; the per-cell ready-unit alarms only page.
+    `deployment_alarms` (5xx rate, p99 latency, unhealthy router targets) are the ones the router's
+    blue/green deployment watches: what a router revision can break. The ready-unit alarms (fleet
+    and per cell) only page: units still loading on a first deploy, or rolling to a new revision,
+    would otherwise roll back a healthy router.
     """
 
     def __init__(
@@ -175,11 +177,13 @@ class ObservabilityStack(cdk.Stack):
             description=f"Some router saw fewer than {min_ready_units} ready units for 3 minutes "
             "(Minimum across routers: a new router that cannot discover units fires it).",
         )
+        # ECS rolls a deployment back when any of its alarms is in ALARM during it
+        # (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/deployment-alarm-failure.html),
+        # whatever the cause: only alarms a router revision can set off belong here.
         self.deployment_alarms: list[cw.Alarm] = [
             self.five_xx_alarm,
             self.latency_alarm,
             self.unhealthy_targets_alarm,
-            self.ready_units_alarm,
         ]
         # A unit reloading its model after a rollout is briefly not ready; page only when a cell
         # stays short for 10 minutes.
@@ -237,7 +241,9 @@ class ObservabilityStack(cdk.Stack):
         )
         self.dashboard.add_widgets(
             cw.AlarmStatusWidget(
-                title="Alarms", width=24, alarms=[*self.deployment_alarms, *self.cell_ready_alarms.values()]
+                title="Alarms",
+                width=24,
+                alarms=[*self.deployment_alarms, self.ready_units_alarm, *self.cell_ready_alarms.values()],
             ),
         )
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.topic.topic_arn)

@@ -31,6 +31,49 @@ SHARED_MEMORY_MIB = 64 * 1024
 # within the startPeriod, then the container is considered healthy", API_HealthCheck.html); 300 s is
 # ECS's maximum. Loading takes longer: the service's health-check grace period covers the rest.
 HEALTH_START_PERIOD = Duration.seconds(300)
+# Model artifacts and the compile cache: where the node container writes them (the image's
+# FLOTILLA_CACHE_DIR and the parent of the node's default model and compiled-artifact directories,
+# runtime/node/settings.py) and the host directory the instance store is mounted at.
+SCRATCH_CONTAINER_PATH = "/var/cache/flotilla"
+SCRATCH_HOST_PATH = "/mnt/flotilla"
+
+# User data: stripe the instance's NVMe instance-store volumes into one RAID0 XFS file system at
+# SCRATCH_HOST_PATH. EC2 exposes them without a block device mapping ("NVMe instance store volumes
+# are automatically enumerated and assigned a device name. Including them in your block device
+# mapping has no effect." -- EC2 API reference, BlockDeviceMapping.VirtualName) under the NVMe
+# model name "Amazon EC2 NVMe Instance Storage", which udev links as
+# /dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_* (the EKS AMI finds them the same way:
+# awslabs/amazon-eks-ami@029ecebc:templates/shared/runtime/bin/setup-local-disks). User data runs
+# before the ECS agent starts (the agent reads the /etc/ecs/ecs.config it writes,
+# https://docs.aws.amazon.com/AmazonECS/latest/developerguide/bootstrap_container_instance.html),
+# so no task starts before the mount. The fstab entry (by UUID, nofail) brings it back after a
+# reboot; without instance-store volumes the directory stays on the root volume.
+SCRATCH_SETUP = f"""\
+scratch={SCRATCH_HOST_PATH}
+by_id=/dev/disk/by-id
+mkdir -p "$scratch"
+if ! mountpoint -q "$scratch"; then
+  mapfile -t disks < <(for link in "$by_id"/*NVMe_Instance_Storage_*; do
+    [ -e "$link" ] && readlink -f "$link"
+  done | sort -u)
+  device=""
+  if [ "${{#disks[@]}}" -gt 1 ]; then
+    command -v mdadm >/dev/null || dnf install -y mdadm
+    mdadm --create /dev/md/flotilla --level=0 --raid-devices="${{#disks[@]}}" --run "${{disks[@]}}"
+    device=/dev/md/flotilla
+  elif [ "${{#disks[@]}}" -eq 1 ]; then
+    device="${{disks[0]}}"
+  fi
+  if [ -n "$device" ]; then
+    mkfs.xfs -f "$device"
+    echo "UUID=$(blkid -s UUID -o value "$device") $scratch xfs defaults,noatime,nofail 0 2" >> /etc/fstab
+    mount "$scratch"
+  else
+    echo "flotilla: no NVMe instance store found; $scratch stays on the root volume" >&2
+  fi
+fi
+mkdir -p "$scratch/model" "$scratch/neuron-compiled"
+"""
 
 
 @dataclass(frozen=True)
@@ -102,6 +145,10 @@ class TrainiumUnit(Construct):
         environment: dict[str, str],
         units_service: cloudmap.IService,
         health_check_grace: Duration,
+        instance_store: bool = False,
+        capacity_reservation_id: str | None = None,
+        capacity_reservation_group_arn: str | None = None,
+        market_type: str = "on-demand",
     ) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
@@ -131,6 +178,8 @@ class TrainiumUnit(Construct):
         )
 
         user_data = ec2.UserData.for_linux()
+        if instance_store:
+            user_data.add_commands(SCRATCH_SETUP)
         # Host-network tasks only get their task role credentials when the agent allows it.
         user_data.add_commands("echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> /etc/ecs/ecs.config")
         self.launch_template = ec2.LaunchTemplate(
@@ -165,6 +214,22 @@ class TrainiumUnit(Construct):
         )
         # Security groups live on the interfaces; EC2 rejects both at once.
         cfn_lt.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
+        # A targeted reservation: one target, no preference ("You can specify only one option at a
+        # time", LaunchTemplateCapacityReservationSpecificationRequest, EC2 API reference). A
+        # Capacity Block is a targeted reservation launched with MarketType capacity-block
+        # (https://docs.aws.amazon.com/autoscaling/ec2/userguide/launch-template-capacity-blocks.html).
+        # stacks/config.py check_capacity refuses the combinations EC2 would.
+        target = {}
+        if capacity_reservation_id:
+            target = {"CapacityReservationId": capacity_reservation_id}
+        elif capacity_reservation_group_arn:
+            target = {"CapacityReservationResourceGroupArn": capacity_reservation_group_arn}
+        if target:
+            cfn_lt.add_property_override(
+                "LaunchTemplateData.CapacityReservationSpecification", {"CapacityReservationTarget": target}
+            )
+        if market_type != "on-demand":
+            cfn_lt.add_property_override("LaunchTemplateData.InstanceMarketOptions", {"MarketType": market_type})
 
         self.auto_scaling_group = autoscaling.AutoScalingGroup(
             self,
@@ -250,6 +315,13 @@ class TrainiumUnit(Construct):
             ),
         )
         self.container.add_ulimits(ecs.Ulimit(name=ecs.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1))
+        if instance_store:
+            # The node fetches the model and the compiled artifacts here: the instance store, not
+            # the container's writable layer on the root volume.
+            self.task_definition.add_volume(name="scratch", host=ecs.Host(source_path=SCRATCH_HOST_PATH))
+            self.container.add_mount_points(
+                ecs.MountPoint(container_path=SCRATCH_CONTAINER_PATH, source_volume="scratch", read_only=False)
+            )
 
         self.service = ecs.Ec2Service(
             self,

@@ -13,6 +13,7 @@ PREFIX = {
     "topology": "ec2",
     "autoscaling": "autoscaling",
     "servicediscovery": "servicediscovery",
+    "cloudformation": "cloudformation",
 }
 
 

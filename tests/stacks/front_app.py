@@ -53,7 +53,6 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         vpc=vpc,
         router_security_group=network.router_security_group,
         namespace_name=NAMESPACE,
-        https=certificate_arn is not None,
         synthesizer=synthesizer(),
     )
     front = FrontStack(

@@ -21,12 +21,13 @@ CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-
 # The front door's two shapes, as config overrides of cdk.json: the deployment-wide checks
 # (cfn-lint, cdk-nag, moto) run on each, since the certificate decides which listeners, security
 # group rules and acknowledgements exist. "http-only" is cdk.json as shipped; "https" also sets an
-# alarm e-mail, so the SNS e-mail subscription is checked too.
+# alarm e-mail, so the SNS e-mail subscription is checked too, and a prebuilt image, so the stacks
+# without image assets (no ECR token grants) are checked too.
+PREBUILT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
 FRONT_DOORS: dict[str, dict] = {
     "http-only": {},
-    "https": {"certificate_arn": CERTIFICATE_ARN, "alarm_email": "oncall@example.com"},
+    "https": {"certificate_arn": CERTIFICATE_ARN, "alarm_email": "oncall@example.com", "image": PREBUILT_IMAGE},
 }
-PREBUILT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
 
 
 def cdk_json_context() -> dict:

@@ -75,7 +75,7 @@ def test_launch_template_root_volume_is_encrypted_gp3(cell):
                             "Ebs": {
                                 "Encrypted": True,
                                 "VolumeType": "gp3",
-                                "VolumeSize": 512,
+                                "VolumeSize": 128,  # OS and images; models on the instance store
                                 "DeleteOnTermination": True,
                             },
                         }

@@ -18,7 +18,7 @@ from front_app import CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, templa
 
 import contract
 from stacks.discovery import register_unit_members
-from stacks.front import FrontStack
+from stacks.front import PARKED_PORT, FrontStack
 from stacks.network import VPC_CIDR
 
 
@@ -59,11 +59,13 @@ def test_router_service_rolls_back_on_every_observability_deployment_alarm():
     alarms = router_service()["DeploymentConfiguration"]["Alarms"]
     assert alarms["Enable"] is True and alarms["Rollback"] is True
     imported = sorted(a["Fn::ImportValue"] for a in alarms["AlarmNames"])
+    # Not FleetReadyUnits: units loading on a first deploy or rolling out would roll back a
+    # healthy router (test_aws_rules.py checks what each deployment alarm measures).
     expected_ids = [
         logical_id("Observability", "AWS::CloudWatch::Alarm", p)
-        for p in ("FiveXxRate", "P99Latency", "UnhealthyRouterTargets", "FleetReadyUnits")
+        for p in ("FiveXxRate", "P99Latency", "UnhealthyRouterTargets")
     ]
-    assert len(imported) == 4
+    assert len(imported) == 3
     for logical in expected_ids:
         assert any(f"ExportsOutputRef{logical}" in name for name in imported), logical
 
@@ -240,8 +242,11 @@ def test_without_certificate_the_alb_serves_http_only_and_synth_warns():
         for v in template("Front", certificate_arn=None)["Resources"].values()
         if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"
     }
-    assert set(listeners) == {80, contract.ROUTER_TEST_PORT}
+    assert set(listeners) == {80, PARKED_PORT, contract.ROUTER_TEST_PORT}
     assert listeners[80]["Protocol"] == "HTTP"
+    # The redirect listener waits on a port the ALB security group does not admit (it exists so
+    # that adding and removing a certificate are updates: test_aws_rules.py, test_updates.py).
+    assert listeners[PARKED_PORT]["DefaultActions"][0]["Type"] == "fixed-response"
     Annotations.from_stack(fa.front).has_warning(
         "/Front", Match.string_like_regexp("No certificate_arn configured: the ALB serves plain HTTP")
     )
@@ -285,7 +290,7 @@ def test_production_and_test_rules_forward_everything_to_the_live_target_group()
     assert all(w == {"Blue": 100, "Green": 0} for w in weights.values())
     rules = resources("Front", "AWS::ElasticLoadBalancingV2::ListenerRule").values()
     listeners = {r["Properties"]["ListenerArn"]["Ref"] for r in rules}
-    assert {name.rstrip("0123456789ABCDEF") for name in listeners} == {"AlbHttps", "AlbTest"}
+    assert {name.rstrip("0123456789ABCDEF") for name in listeners} == {"AlbProduction", "AlbTest"}
     for rule in rules:
         assert rule["Properties"]["Conditions"] == [{"Field": "path-pattern", "PathPatternConfig": {"Values": ["/*"]}}]
 
@@ -329,7 +334,9 @@ def _rules(stack: str) -> set[tuple]:
         raise AssertionError(rule)
 
     def cidr(value) -> str:
-        return "vpc-cidr" if isinstance(value, dict) else value
+        if isinstance(value, dict):
+            return "nat-eip" if "EIP" in json.dumps(value) else "vpc-cidr"
+        return value
 
     out = set()
     for logical, res in t.items():
@@ -353,7 +360,7 @@ def test_security_groups_allow_exactly_the_request_path_and_nothing_wider():
     assert _rules("Discovery") == {
         ("in", "AlbSecurityGroup", "0.0.0.0/0", 443, 443),
         ("in", "AlbSecurityGroup", "0.0.0.0/0", 80, 80),
-        ("in", "AlbSecurityGroup", "vpc-cidr", contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
+        ("in", "AlbSecurityGroup", "nat-eip", contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
         ("out", "AlbSecurityGroup", "sg:RouterSg", contract.ROUTER_PORT, contract.ROUTER_PORT),
         ("in", "RouterSg", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
     }
@@ -366,11 +373,20 @@ def test_security_groups_allow_exactly_the_request_path_and_nothing_wider():
         assert _rules(stack) == set(), f"{stack} must not add security-group rules"
 
 
-def test_without_certificate_clients_reach_the_alb_on_port_80_only():
+def test_without_certificate_clients_may_reach_both_client_ports_but_only_80_listens():
+    """The security group does not change with the certificate (removing one must not close 443
+    before Front moves the production listener back to 80, test_aws_rules.py); nothing listens on
+    443 without a certificate."""
     t = template("Discovery", certificate_arn=None)["Resources"]
     alb = next(v for k, v in t.items() if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup")
     public = sorted(r["FromPort"] for r in alb["Properties"]["SecurityGroupIngress"] if r["CidrIp"] == "0.0.0.0/0")
-    assert public == [80]
+    assert public == [80, 443]
+    ports = {
+        v["Properties"]["Port"]
+        for v in template("Front", certificate_arn=None)["Resources"].values()
+        if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"
+    }
+    assert 443 not in ports
 
 
 # --- discovery --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from moto_cfn import MotoCloudFormation
 
 import contract
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
-from stacks.network import VPC_CIDR
+from stacks.front import PARKED_PORT
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +136,10 @@ def test_cluster_reads_back_with_the_unit_capacity_provider_bound_to_its_asg(dep
 # --- the front door: ALB, target groups, router service, Cloud Map, alarms ------------------------
 
 
-def client_ports(synth) -> tuple[int, ...]:
-    """The ALB's public ports: 443 and 80 (redirecting) with a certificate, 80 alone without."""
-    return (HTTPS_PORT, HTTP_PORT) if synth.deployment.config.certificate_arn else (HTTP_PORT,)
+def listener_ports(synth) -> tuple[int, ...]:
+    """Production listener first, then the redirect listener: 443 and 80 (redirecting) with a
+    certificate, 80 and the parked port (unreachable) without."""
+    return (HTTPS_PORT, HTTP_PORT) if synth.deployment.config.certificate_arn else (HTTP_PORT, PARKED_PORT)
 
 
 def test_target_groups_read_back_with_the_router_health_check(deployed):
@@ -165,8 +166,8 @@ def test_listeners_and_weighted_rules_read_back(deployed):
     listeners = {
         lst["Port"]: lst for lst in elbv2.describe_listeners(LoadBalancerArn=alb["LoadBalancerArn"])["Listeners"]
     }
-    assert set(listeners) == {*client_ports(synth), contract.ROUTER_TEST_PORT}
-    production = client_ports(synth)[0]
+    assert set(listeners) == {*listener_ports(synth), contract.ROUTER_TEST_PORT}
+    production = listener_ports(synth)[0]
     if production == HTTPS_PORT:
         assert listeners[HTTPS_PORT]["Protocol"] == "HTTPS"
         assert listeners[HTTPS_PORT]["Certificates"] == [{"CertificateArn": cfn.certificate_arn}]
@@ -208,9 +209,13 @@ def test_front_door_security_groups_read_back_with_exactly_the_request_path_rule
                 out.add((p["FromPort"], groups[r["GroupId"]]["Description"].split(":")[0]))
         return out
 
+    # The test port admits each NAT gateway's Elastic IP (callers in the VPC arrive from there).
+    nat_ips = {a["PublicIp"] for a in ec2.describe_addresses()["Addresses"]}
+    assert len(nat_ips) == 3
     assert rules(alb["IpPermissions"]) == {
-        *((port, "0.0.0.0/0") for port in client_ports(synth)),
-        (contract.ROUTER_TEST_PORT, VPC_CIDR),
+        # Both client ports with or without a certificate (test_aws_rules.py says why).
+        *((port, "0.0.0.0/0") for port in (HTTPS_PORT, HTTP_PORT)),
+        *((contract.ROUTER_TEST_PORT, f"{ip}/32") for ip in nat_ips),
     }
     assert rules(router["IpPermissions"]) == {(contract.ROUTER_PORT, "flotilla ALB")}
 

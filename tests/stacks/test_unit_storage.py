@@ -1,0 +1,123 @@
+"""Model artifacts and the compile cache live on the instance store, not on the gp3 root volume:
+the boot script that builds the RAID0 (run here under bash with stand-in disk tools), the task's
+bind mount, and the directories the node writes to."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from synth_helpers import config_with, synthesize
+
+from stacks.unit import SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, SCRATCH_SETUP
+
+TOOLS = ("mountpoint", "mdadm", "mkfs.xfs", "blkid", "mount", "dnf")
+
+
+def run_setup(tmp_path: Path, devices: list[str]) -> tuple[list[str], Path, Path]:
+    """Run SCRATCH_SETUP with /dev/disk/by-id, the mount point and /etc/fstab moved under tmp_path
+    and the disk tools replaced by stand-ins that log their arguments. -> (tool calls, scratch, fstab)"""
+    by_id, dev, bin_dir = tmp_path / "by-id", tmp_path / "dev", tmp_path / "bin"
+    for d in (by_id, dev, bin_dir):
+        d.mkdir()
+    for name in devices:
+        (dev / name).touch()
+        # udev links each instance-store volume twice (model+serial, and with a namespace suffix)
+        serial = f"nvme-Amazon_EC2_NVMe_Instance_Storage_AWS{name}"
+        (by_id / serial).symlink_to(dev / name)
+        (by_id / f"{serial}_1").symlink_to(dev / name)
+    (by_id / "nvme-Amazon_Elastic_Block_Store_vol0123").symlink_to(dev / "root")  # never the EBS root
+    log = tmp_path / "calls.log"
+    for tool in TOOLS:
+        body = f'echo "{tool} $*" >> {log}\n'
+        if tool == "mountpoint":
+            body += "exit 1\n"  # nothing mounted yet
+        if tool == "blkid":
+            body += "echo 0d5c-uuid\n"
+        (bin_dir / tool).write_text("#!/bin/bash\n" + body)
+        (bin_dir / tool).chmod(0o755)
+    scratch, fstab = tmp_path / "mnt-flotilla", tmp_path / "fstab"
+    script = (
+        SCRATCH_SETUP.replace(SCRATCH_HOST_PATH, str(scratch))
+        .replace("/dev/disk/by-id", str(by_id))
+        .replace("/etc/fstab", str(fstab))
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines() if log.exists() else []
+    return calls, scratch, fstab
+
+
+def test_four_nvme_volumes_become_one_raid0_xfs_mounted_at_boot_and_after_reboots(tmp_path):
+    calls, scratch, fstab = run_setup(tmp_path, ["nvme1n1", "nvme2n1", "nvme3n1", "nvme4n1"])
+    dev = tmp_path / "dev"
+    raid = [c for c in calls if c.startswith("mdadm")]
+    assert raid == [
+        "mdadm --create /dev/md/flotilla --level=0 --raid-devices=4 --run "
+        + " ".join(str(dev / f"nvme{i}n1") for i in range(1, 5))
+    ]
+    assert "mkfs.xfs -f /dev/md/flotilla" in calls
+    assert f"mount {scratch}" in calls
+    assert fstab.read_text() == f"UUID=0d5c-uuid {scratch} xfs defaults,noatime,nofail 0 2\n"
+    assert (scratch / "model").is_dir() and (scratch / "neuron-compiled").is_dir()
+
+
+def test_a_single_volume_is_formatted_without_raid(tmp_path):
+    calls, scratch, _ = run_setup(tmp_path, ["nvme1n1"])
+    assert not [c for c in calls if c.startswith("mdadm")]
+    assert f"mkfs.xfs -f {tmp_path / 'dev' / 'nvme1n1'}" in calls
+
+
+def test_without_instance_store_the_directory_stays_on_the_root_volume(tmp_path):
+    calls, scratch, fstab = run_setup(tmp_path, [])
+    assert not [c for c in calls if c.split()[0] in ("mdadm", "mkfs.xfs", "mount")]
+    assert not fstab.exists()
+    assert (scratch / "model").is_dir()
+
+
+@pytest.fixture(scope="module")
+def synths(default_synth, tmp_path_factory):
+    return default_synth, synthesize(config_with(node={"instance_store": False}), tmp_path_factory.mktemp("no-store"))
+
+
+def _task_and_user_data(synth) -> tuple[dict, str]:
+    (task,) = synth.resources("Cell-0", "AWS::ECS::TaskDefinition").values()
+    (lt,) = synth.resources("Cell-0", "AWS::EC2::LaunchTemplate").values()
+    parts = lt["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+    text = parts if isinstance(parts, str) else "".join(p for p in parts["Fn::Join"][1] if isinstance(p, str))
+    return task["Properties"], text
+
+
+def test_the_node_container_writes_model_and_compile_cache_to_the_instance_store(synths):
+    task, user_data = _task_and_user_data(synths[0])
+    assert SCRATCH_SETUP.strip() in user_data
+    # The RAID is ready before the ECS agent reads its config (and so before any task starts).
+    assert user_data.index(SCRATCH_SETUP.strip()) < user_data.index("/etc/ecs/ecs.config")
+    assert task["Volumes"] == [{"Name": "scratch", "Host": {"SourcePath": SCRATCH_HOST_PATH}}]
+    (container,) = task["ContainerDefinitions"]
+    assert container["MountPoints"] == [
+        {"ContainerPath": SCRATCH_CONTAINER_PATH, "SourceVolume": "scratch", "ReadOnly": False}
+    ]
+
+
+def test_the_mount_covers_every_directory_the_node_writes_model_bytes_to():
+    """stacks/ may not import runtime/; the test reads the runtime's defaults and checks each sits
+    under the mounted path (and both images point FLOTILLA_CACHE_DIR there)."""
+    from runtime.node.settings import NeuronSettings
+
+    defaults = NeuronSettings.model_fields
+    for name in ("model_dir", "compiled_dir"):
+        assert Path(defaults[name].default).parent == Path(SCRATCH_CONTAINER_PATH), name
+    root = Path(__file__).resolve().parents[2]
+    for dockerfile in ("runtime/Dockerfile", "runtime/Dockerfile.neuron"):
+        assert f"FLOTILLA_CACHE_DIR={SCRATCH_CONTAINER_PATH}" in (root / dockerfile).read_text(), dockerfile
+
+
+def test_instance_store_false_keeps_everything_on_the_root_volume(synths):
+    task, user_data = _task_and_user_data(synths[1])
+    assert "NVMe_Instance_Storage" not in user_data
+    assert "Volumes" not in task or task["Volumes"] == []
+    assert "MountPoints" not in task["ContainerDefinitions"][0] or not task["ContainerDefinitions"][0]["MountPoints"]

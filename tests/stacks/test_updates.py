@@ -1,0 +1,296 @@
+"""Updates, not just creates: every change operators make to a deployed config, diffed the way
+CloudFormation will apply it.
+
+For each change in CHANGES both configs are synthesized once, and the pinned CDK CLI compares
+each stack that changed, offline: `cdk diff --app <after assembly> --exclusively --template
+<before.json> <stack>` (CLI 2.1148.1: `--template` "The path to the CloudFormation template to
+compare with"; `--exclusively` "Only diff requested stacks, don't include dependencies"; comparing
+to a fixed template needs one stack and makes no AWS call, lib/cli/cdk-toolkit.js:276-290). Every
+replacement or deletion it reports must be on ALLOWED with its reason; the ALB, its listeners,
+target groups, clusters and the Cloud Map namespace are never replaced; and no export another stack
+imports may disappear or change, which CloudFormation refuses ("After another stack imports an
+output value, you can't delete the stack that is exporting the output value or modify the exported
+output value", Fn::ImportValue, CloudFormation user guide).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, config_with, synthesize
+
+IMAGE_A = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
+IMAGE_B = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.1"
+# Three units in two cells (2 + 1) with a prebuilt image: every change below has a cell to act on.
+BASE = {"units": 3, "units_per_cell": 2, "image": IMAGE_A}
+VARIANTS: dict[str, dict] = {
+    "base": BASE,
+    "revision": {**BASE, "revision": "2"},
+    "image": {**BASE, "image": IMAGE_B},
+    "units-4": {**BASE, "units": 4},  # Cell-1 gains its second unit
+    "units-5": {**BASE, "units": 5},  # a third cell
+    "https": {**BASE, "certificate_arn": CERTIFICATE_ARN},
+    "alarm-email": {**BASE, "alarm_email": "oncall@example.com"},
+    "router": {**BASE, "router": {"desired_count": 3, "max_count": 12}},
+    "drain": {**BASE, "node": {"drain_timeout_s": 60}},
+    "replace": {**BASE, "unit_rollout": "replace"},
+}
+# change -> (before variant, after variant)
+CHANGES: dict[str, tuple[str, str]] = {
+    "bump revision": ("base", "revision"),
+    "change image": ("base", "image"),
+    "units +1 inside a cell": ("base", "units-4"),
+    "units -1 inside a cell": ("units-4", "base"),
+    "units +1 across a cell boundary": ("units-4", "units-5"),
+    "units -1 across a cell boundary": ("units-5", "units-4"),
+    "add certificate_arn": ("base", "https"),
+    "remove certificate_arn": ("https", "base"),
+    "add alarm_email": ("base", "alarm-email"),
+    "change router counts": ("base", "router"),
+    "change node.drain_timeout_s": ("base", "drain"),
+    "switch unit_rollout": ("base", "replace"),
+}
+
+TASK_DEFINITION_REASON = (
+    "every property of an ECS task definition is create-only (cfn-lint 1.58 schema of "
+    "AWS::ECS::TaskDefinition), so a changed container (image, environment) is a new revision: that "
+    "is how ECS rolls the service, and the service itself is only updated"
+)
+UNIT_GONE_REASON = (
+    "the unit left the config: `flotilla shrink` drained its tasks and released its instances "
+    "before this deploy (docs/runbooks/scale-for-peak.md), so deleting its resources neither hangs "
+    "on scale-in protection nor stops a task"
+)
+# (change, stack, resource type, logical id prefix, impact) -> reason
+ALLOWED: dict[tuple[str, str, str, str, str], str] = {
+    ("bump revision", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    ("bump revision", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    ("change image", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    ("change image", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    ("change image", "Router", "AWS::ECS::TaskDefinition", "TaskDefinition", "replace"): TASK_DEFINITION_REASON,
+    ("change node.drain_timeout_s", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    ("change node.drain_timeout_s", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    **{
+        ("units -1 inside a cell", "Cell-1", type_, "Unit1", "destroy"): UNIT_GONE_REASON
+        for type_ in (
+            "AWS::EC2::PlacementGroup",
+            "AWS::EC2::SecurityGroup",
+            "AWS::EC2::SecurityGroupIngress",
+            "AWS::EC2::LaunchTemplate",
+            "AWS::AutoScaling::AutoScalingGroup",
+            "AWS::ECS::CapacityProvider",
+            "AWS::ECS::TaskDefinition",
+            "AWS::ECS::Service",
+        )
+    },
+    ("units -1 across a cell boundary", "Observability", "AWS::CloudWatch::Alarm", "ReadyUnitsCell2", "destroy"): (
+        "the ready-units alarm of Cell-2, which left the config (its stack is deleted by `flotilla shrink`)"
+    ),
+}
+# Stacks that leave the app: CloudFormation never deletes them on `cdk deploy` (aws/aws-cdk#13676).
+STACKS_LEAVING: dict[tuple[str, str], str] = {
+    ("units -1 across a cell boundary", "Cell-2"): "`flotilla shrink` drains and deletes it before the deploy",
+}
+NEVER_REPLACED = (
+    "AWS::ElasticLoadBalancingV2::LoadBalancer",
+    "AWS::ElasticLoadBalancingV2::Listener",
+    "AWS::ElasticLoadBalancingV2::TargetGroup",
+    "AWS::ECS::Cluster",
+    "AWS::ServiceDiscovery::HttpNamespace",
+)
+
+# `cdk diff` resource lines: "[~] AWS::Type path LogicalId replace". Impact words from CLI
+# 2.1148.1 lib/index.js:98598-98613 (formatImpact): "may be replaced", "replace", "destroy", "orphan".
+_RESOURCE_LINE = re.compile(r"^\[([-+~])\] (AWS::\S+|Custom::\S+) (.*?)(?: (replace|may be replaced|destroy|orphan))?$")
+
+
+@dataclass(frozen=True)
+class Finding:
+    stack: str
+    type_: str
+    logical_id: str
+    impact: str  # replace | may be replaced | destroy | orphan
+
+
+def parse_diff(stack: str, output: str) -> list[Finding]:
+    findings = []
+    for line in output.splitlines():
+        m = _RESOURCE_LINE.match(line.strip())
+        if m and m.group(4):
+            logical_id = m.group(3).split()[-1]
+            findings.append(Finding(stack, m.group(2), logical_id, m.group(4)))
+    return findings
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        {
+            "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{env['PATH']}",
+            "CDK_HOME": str(home),
+            "CDK_DISABLE_CLI_TELEMETRY": "true",
+            "npm_config_update_notifier": "false",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+            "FORCE_COLOR": "0",
+            # Offline: anything reaching for the network hits a dead proxy.
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+    return env
+
+
+def cdk_diff(after_outdir: Path, stack: str, before_template: dict, workdir: Path) -> str:
+    before = workdir / f"{stack}.before.json"
+    before.write_text(json.dumps(before_template))
+    proc = subprocess.run(
+        [
+            str(REPO_ROOT / "node_modules" / ".bin" / "cdk"),
+            "diff",
+            "--app",
+            str(after_outdir),
+            "--exclusively",
+            "--template",
+            str(before),
+            stack,
+            "-o",
+            str(workdir / "cdk.out"),
+        ],
+        cwd=REPO_ROOT,
+        env=cli_env(workdir / "cdk-home"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert f"Stack {stack}" in output, output[-2000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def synths(tmp_path_factory):
+    """Each variant synthesized once for the whole module."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = synthesize(config_with(**VARIANTS[name]), tmp_path_factory.mktemp(f"update-{name}"))
+        return cache[name]
+
+    return get
+
+
+def imported_exports(synth) -> set[str]:
+    names: set[str] = set()
+    for template in synth.templates.values():
+        names |= set(re.findall(r'"Fn::ImportValue": "([^"]+)"', json.dumps(template)))
+    return names
+
+
+def export_problems(before, after, replaced: set[tuple[str, str]]) -> list[str]:
+    """Exports another stack imports (before the deploy) that the update removes or changes."""
+    problems = []
+    in_use = imported_exports(before)
+    for stack_id, template in before.templates.items():
+        after_outputs = {
+            o["Export"]["Name"]: o["Value"]
+            for o in after.templates.get(stack_id, {}).get("Outputs", {}).values()
+            if "Export" in o
+        }
+        for output in template.get("Outputs", {}).values():
+            name = output.get("Export", {}).get("Name")
+            if name not in in_use:
+                continue
+            if name not in after_outputs:
+                problems.append(f"{stack_id}: export {name} removed while imported")
+            elif after_outputs[name] != output["Value"]:
+                problems.append(f"{stack_id}: export {name} changes value while imported")
+            else:
+                refs = set(re.findall(r'"(?:Ref|Fn::GetAtt)": \[?"([A-Za-z0-9]+)"', json.dumps(output["Value"])))
+                for logical in refs:
+                    if (stack_id, logical) in replaced:
+                        problems.append(f"{stack_id}: export {name} points at {logical}, which is replaced")
+    return problems
+
+
+def review(change: str, before, after, workdir: Path) -> tuple[list[str], set]:
+    """(problems, allow-list keys used) of one change."""
+    problems: list[str] = []
+    used: set = set()
+    findings: list[Finding] = []
+    for stack_id, template in before.templates.items():
+        if stack_id not in after.templates:
+            if (change, stack_id) in STACKS_LEAVING:
+                used.add((change, stack_id))
+            else:
+                problems.append(f"stack {stack_id} leaves the app (cdk deploy would leave it running)")
+            continue
+        if template == after.templates[stack_id]:
+            continue
+        findings += parse_diff(stack_id, cdk_diff(after.outdir, stack_id, template, workdir))
+    for f in findings:
+        if f.type_ in NEVER_REPLACED:
+            problems.append(f"{f.stack}: {f.type_} {f.logical_id}: {f.impact} (never allowed)")
+            continue
+        key = next(
+            (
+                k
+                for k in ALLOWED
+                if k[0] == change
+                and k[1:3] == (f.stack, f.type_)
+                and f.logical_id.startswith(k[3])
+                and k[4] == f.impact
+            ),
+            None,
+        )
+        if key is None:
+            problems.append(f"{f.stack}: {f.type_} {f.logical_id}: {f.impact} (not on the allow-list)")
+        else:
+            used.add(key)
+    replaced = {(f.stack, f.logical_id) for f in findings if f.impact in ("replace", "may be replaced")}
+    problems += export_problems(before, after, replaced)
+    return problems, used
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_operator_change_updates_in_place_except_what_the_allow_list_explains(change, synths, tmp_path):
+    before, after = (synths(v) for v in CHANGES[change])
+    problems, used = review(change, before, after, tmp_path)
+    assert problems == []
+    # Every allow-list entry for this change is still needed (a stale entry would hide a new one).
+    expected = {k for k in ALLOWED if k[0] == change} | {k for k in STACKS_LEAVING if k[0] == change}
+    assert used == expected
+
+
+def test_the_review_catches_a_replaced_listener_rule_and_a_removed_export_in_use(synths, tmp_path):
+    """Teeth: the Front template as an earlier design emitted it (production listener named after
+    its protocol, so adding a certificate replaced it with another listener) fails the review."""
+    before, after = synths("base"), synths("https")
+    old_front = json.loads(json.dumps(before.templates["Front"]).replace("AlbProduction", "AlbHttp"))
+    before.templates["Front"], saved = old_front, before.templates["Front"]
+    try:
+        # Keep the importers consistent with the old export names.
+        router, before.templates["Router"] = (
+            before.templates["Router"],
+            json.loads(json.dumps(before.templates["Router"]).replace("AlbProduction", "AlbHttp")),
+        )
+        problems, _ = review("add certificate_arn", before, after, tmp_path)
+    finally:
+        before.templates["Front"], before.templates["Router"] = saved, router
+    assert any("ListenerRule ProductionRule" in p and "replace" in p for p in problems), problems
+    assert any("Listener AlbHttp" in p and "destroy" in p for p in problems), problems
+    assert any("export" in p and "AlbHttp" in p and "removed while imported" in p for p in problems), problems
+
+
+def test_every_allow_list_entry_names_a_change_of_the_table_and_gives_a_reason():
+    for key, reason in {**ALLOWED, **STACKS_LEAVING}.items():
+        assert key[0] in CHANGES, key
+        assert len(reason) > 40, key

@@ -316,3 +316,17 @@ def run_cli(capsys):
         return code, capsys.readouterr().out
 
     return run
+
+
+@pytest.fixture
+def world(aws, monkeypatch):
+    """A deployment on the ECS model (ecs_world.py): deployments, task lifecycles and capacity as ECS
+    and Auto Scaling have them, instead of moto's instant counts. Waits poll without sleeping."""
+    from ecs_world import build_world
+
+    import ops.commands.common as common
+
+    monkeypatch.setattr(common.time, "sleep", lambda s: None)
+    w = build_world(aws)
+    yield w
+    w.close()

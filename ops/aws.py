@@ -28,6 +28,8 @@ class Aws:
     autoscaling: Any
     servicediscovery: Any
     topology: Any  # EC2 client used only for describe_instance_topology
+    cloudwatch: Any = None  # the FleetReadyUnits alarm's threshold (status)
+    ssm: Any = None  # the router's admission parameter (shed), node health through Run Command
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -45,6 +47,8 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         autoscaling=session.client("autoscaling"),
         servicediscovery=session.client("servicediscovery"),
         topology=session.client("ec2"),
+        cloudwatch=session.client("cloudwatch"),
+        ssm=session.client("ssm"),
     )
 
 

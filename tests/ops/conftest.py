@@ -284,6 +284,8 @@ def aws(monkeypatch):
             servicediscovery=session.client("servicediscovery"),
             # moto has no DescribeInstanceTopology: tests queue its answers on this Stubber
             topology=session.client("ec2"),
+            cloudwatch=session.client("cloudwatch"),
+            ssm=session.client("ssm"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:

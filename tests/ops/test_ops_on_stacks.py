@@ -47,6 +47,8 @@ def deployed(default_synth, monkeypatch):
             autoscaling=cfn.client("autoscaling"),
             servicediscovery=cfn.client("servicediscovery"),
             topology=cfn.client("ec2"),
+            cloudwatch=cfn.client("cloudwatch"),
+            ssm=cfn.client("ssm"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: aws)
         try:

@@ -21,17 +21,18 @@ EVENTS, STOPPED_TASKS, ACTIVITIES = 3, 3, 3
 # InsufficientInstanceCapacity (Auto Scaling LaunchInstancesError.ErrorCode), text "We currently do
 # not have sufficient <type> capacity in the Availability Zone you requested (<az>)" (the EC2 message
 # quoted in hashicorp/terraform#8857). Auto Scaling activities carry the text in StatusMessage.
-_NO_CAPACITY = re.compile(r"InsufficientInstanceCapacity|do not have sufficient (\S+) capacity", re.IGNORECASE)
+_NO_CAPACITY = re.compile(r"InsufficientInstanceCapacity|do not have sufficient \S+ capacity", re.IGNORECASE)
+_TYPE = re.compile(r"do not have sufficient (\S+) capacity", re.IGNORECASE)
 _AZ = re.compile(r"Availability Zone you requested \(([a-z0-9-]+)\)")
 CAPACITY_RUNBOOK = "docs/runbooks/capacity-shortage.md"
 
 
 def capacity_message(text: str) -> str | None:
     """A one-line explanation when `text` is EC2 refusing for lack of capacity, else None."""
-    m = _NO_CAPACITY.search(text)
-    if m is None:
+    if _NO_CAPACITY.search(text) is None:
         return None
-    itype = m.group(1) if m.group(1) else "this instance type"
+    m = _TYPE.search(text)
+    itype = m.group(1) if m else "this instance type"
     az = _AZ.search(text)
     where = f" in {az.group(1)}" if az else ""
     return (

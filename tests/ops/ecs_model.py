@@ -222,10 +222,12 @@ class Service:
 
 class EcsModel:
     """The ECS API (the calls flotilla makes) over an in-memory account. `tick()` is one step of the
-    service scheduler and of every task's lifecycle; the model ticks on each DescribeServices call
-    (what every wait loop polls), and tests may tick or settle() it directly."""
+    service scheduler and of every task's lifecycle. ECS moves on whether or not anyone looks; here
+    time passes when a wait loop looks (each call in `TICK_ON`), and tests may tick or settle() it."""
 
-    def __init__(self, *, tick_on_describe_services: bool = True) -> None:
+    TICK_ON = frozenset({"DescribeServices", "DescribeTasks", "ListContainerInstances"})
+
+    def __init__(self) -> None:
         self.clusters: dict[str, dict[str, Any]] = {}  # arn -> {name, tags}
         self.task_defs: dict[str, TaskDef] = {}  # arn -> TaskDef
         self.deleted_task_defs: set[str] = set()
@@ -234,7 +236,6 @@ class EcsModel:
         self.instances: dict[str, ContainerInstance] = {}
         self.now = EPOCH
         self.ticks = 0
-        self.tick_on_describe_services = tick_on_describe_services
         self.failing_task_definitions: set[str] = set()  # their tasks exit right after RUNNING
         self.calls: list[tuple[str, dict[str, Any]]] = []  # every request, in order
         self.log: list[tuple[int, str, str]] = []  # (tick, what, service): starts, completions
@@ -256,6 +257,8 @@ class EcsModel:
         if report.has_errors():
             raise ParamValidationError(report=report.generate_report())
         self.calls.append((op, params))
+        if op in self.TICK_ON:
+            self.tick()
 
     def _next_id(self) -> str:
         return f"{next(self._ids):032x}"
@@ -493,8 +496,6 @@ class EcsModel:
 
     def describe_services(self, **kw: Any) -> dict[str, Any]:
         self._request("DescribeServices", kw)
-        if self.tick_on_describe_services:
-            self.tick()
         cluster = self._cluster_arn(kw.get("cluster"))
         out = []
         for ref in kw["services"]:
@@ -555,10 +556,14 @@ class EcsModel:
         cluster = self._cluster_arn(kw.get("cluster"))
         desired = kw.get("desiredStatus", "RUNNING")
         group = f"service:{kw['serviceName']}" if "serviceName" in kw else None
+        on = kw.get("containerInstance")
         arns = [
             t.arn
             for t in self.tasks.values()
-            if t.cluster == cluster and t.desired_status == desired and (group is None or t.group == group)
+            if t.cluster == cluster
+            and t.desired_status == desired
+            and (group is None or t.group == group)
+            and (on is None or t.container_instance == on)
         ]
         return {"taskArns": arns}
 

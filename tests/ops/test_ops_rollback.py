@@ -133,7 +133,11 @@ def test_a_failed_wave_stops_the_rollback_and_says_how_to_go_on(world, run_cli):
     flat = " ".join(out.split())  # the console wraps long lines
     assert "flotilla rollback --unit cell0-unit0 --unit cell0-unit1 --unit cell0-unit2 --to-revision 1" in flat
     assert [world.revision_of(u) for u in units[1:]] == ["2", "2"]
-    updated = [kw["service"] for op, kw in world.model.calls if op == "UpdateService" and kw.get("taskDefinition") in (old1, old2)]
+    updated = [
+        kw["service"]
+        for op, kw in world.model.calls
+        if op == "UpdateService" and kw.get("taskDefinition") in (old1, old2)
+    ]
     assert updated == []
 
 

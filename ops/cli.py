@@ -15,7 +15,7 @@ import botocore.exceptions
 from rich.console import Console
 
 from ops import __doc__ as _package_doc
-from ops.commands import drain, plan, replace, rollback, rollout, status, topology
+from ops.commands import drain, plan, replace, rollback, rollout, shed, status, topology
 from ops.errors import EXIT_OK, EXIT_UNKNOWN, OpsError
 from ops.fleet import UNITS_CLOUDMAP_SERVICE
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flotilla", description=_package_doc.strip().splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
-    for module in (status, topology, drain, replace, rollout, rollback):
+    for module in (status, topology, drain, replace, rollout, rollback, shed):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser

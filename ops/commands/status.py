@@ -20,6 +20,7 @@ from rich.table import Table
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select
+from ops.commands.shed import admission_note
 from ops.diagnose import Diagnosis, diagnose
 from ops.errors import EXIT_CRITICAL, EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN
 from ops.fleet import DRAINED_TAG, Node, Unit
@@ -190,6 +191,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         render_diagnoses(diagnoses, console)
     for warning in drain_warnings(units):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    note = admission_note(aws, args.deployment)
+    if note and not args.json:
+        console.print(f"[yellow]{note}[/]", highlight=False)
     code, summary = verdict(units, fleet_units=fleet.units, threshold=threshold)
     if not args.json:
         if unreadable:

@@ -29,7 +29,8 @@ class Aws:
     servicediscovery: Any
     topology: Any  # EC2 client used only for describe_instance_topology
     cloudwatch: Any = None  # the FleetReadyUnits alarm's threshold (status)
-    ssm: Any = None  # the router's admission parameter (shed), node health through Run Command
+    ssm: Any = None  # the router's admission parameter (shed)
+    logs: Any = None  # the routers' unit states (status --health-via router-logs)
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -49,6 +50,7 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         topology=session.client("ec2"),
         cloudwatch=session.client("cloudwatch"),
         ssm=session.client("ssm"),
+        logs=session.client("logs"),
     )
 
 

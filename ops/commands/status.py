@@ -24,6 +24,7 @@ from ops.commands.shed import admission_note
 from ops.diagnose import Diagnosis, diagnose
 from ops.errors import EXIT_CRITICAL, EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN
 from ops.fleet import DRAINED_TAG, Node, Unit
+from ops.health_logs import MAX_AGE_S, read_unit_states
 
 # The Observability stack's FleetReadyUnits alarm: CloudFormation names an alarm
 # <stack name>-<logical id>-<suffix>; its threshold is stacks/observability.py's min_ready_units.
@@ -49,6 +50,14 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         "only; a unit ECS sees no fault in is then UNKNOWN (exit 4), never READY",
     )
     p.add_argument(
+        "--health-via",
+        choices=("nodes", "router-logs"),
+        default="nodes",
+        help="nodes (default): ask each node's /health/ready, which works only inside the VPC; "
+        "router-logs: read the unit states the routers write to CloudWatch Logs every minute, from "
+        "anywhere with logs:FilterLogEvents (per unit, not per node)",
+    )
+    p.add_argument(
         "--min-ready-units",
         type=int,
         metavar="N",
@@ -64,8 +73,13 @@ def unit_state(u: Unit) -> str:
         return "DRAINED"
     if not u.ready:
         return "NOT READY"
-    # No fault ECS or Cloud Map can see, but nobody read the members' /health/ready.
-    return "READY" if u.probed else "UNKNOWN"
+    if u.probed:
+        return "READY"
+    # No fault ECS or Cloud Map can see, and nobody read the members' /health/ready: only a recent
+    # router report can tell.
+    if u.router_view is None:
+        return "UNKNOWN"
+    return "READY" if u.router_view.get("routable") else "NOT READY"
 
 
 def _load(n: Node) -> tuple[str, str, str]:
@@ -164,7 +178,12 @@ def as_json(units: list[Unit]) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
-    fleet = fleet_from_args(args, aws, health=not args.no_health)
+    via_routers = args.health_via == "router-logs" and not args.no_health
+    fleet = fleet_from_args(args, aws, health=not args.no_health and not via_routers)
+    if via_routers:
+        source = apply_router_view(aws, fleet.units, args.deployment)
+        if not args.json:
+            console.print(source, highlight=False)
     units = select(fleet, cell=args.cell, unit=args.unit)
     if not units:
         where = f" in cell {args.cell}" if args.cell else ""
@@ -174,7 +193,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "--deployment/--region right?)"
         )
         return EXIT_UNKNOWN
-    unreadable = health_unreadable(fleet.units, requested=not args.no_health)
+    unreadable = health_unreadable(fleet.units, requested=not args.no_health and not via_routers)
     if unreadable:
         for u in fleet.units:
             u.probed = False  # judge by ECS and Cloud Map only, as --no-health does
@@ -188,6 +207,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print_json(json.dumps(doc, default=str))
     else:
         render(units, console)
+        for line in router_view_problems(units):
+            console.print(f"[red]{line}[/]", highlight=False)
         render_diagnoses(diagnoses, console)
     for warning in drain_warnings(units):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
@@ -199,12 +220,31 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if unreadable:
             console.print(
                 f"[yellow]no node answered /health/ready ({unreadable}): readiness is UNKNOWN. The nodes "
-                "admit their port only from inside the VPC: run status there, or read health through "
-                "Systems Manager (docs/runbooks/README.md, 'Where to run flotilla').[/]",
+                "admit their port only from inside the VPC: run status there, or read the routers' view "
+                "with --health-via router-logs (docs/runbooks/README.md, 'Where to run flotilla').[/]",
                 highlight=False,
             )
         console.print(f"{summary} (threshold {threshold} ready units: {source})", highlight=False)
     return code
+
+
+def apply_router_view(aws: Aws, units: list[Unit], deployment: str) -> str:
+    """Each unit's latest state as a router reported it (ops/health_logs.py); says where it read."""
+    states, group = read_unit_states(aws, deployment)
+    for u in units:
+        u.router_view = states.get(u.unit_id)
+    return f"health from the routers' reports in {group} (last {MAX_AGE_S}s): {len(states)} unit(s) reported"
+
+
+def router_view_problems(units: list[Unit]) -> list[str]:
+    out = []
+    for u in units:
+        v = u.router_view
+        if v is not None and not v.get("routable") and u.ready and not u.probed:
+            out.append(
+                f"{u.unit_id}: the routers see it {v.get('state', '?')}, not routable ({v.get('age_s', '?')}s ago)"
+            )
+    return out
 
 
 def health_unreadable(units: list[Unit], *, requested: bool) -> str | None:

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
 from runtime import logs
+from runtime.router import unit_report
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
@@ -162,6 +163,7 @@ class Router:
         self.fleet = Fleet(settings=settings, discovery=discovery)
         self.admission = admission
         self.fleet.admission = admission
+        self._unit_report: asyncio.Task | None = None
         self.metrics = RouterMetrics(self.fleet)
         self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
         self.access_log = AccessLog()
@@ -186,6 +188,9 @@ class Router:
         if self.admission is not None:
             await self.admission.start()
         await self.fleet.start()
+        self._unit_report = asyncio.create_task(
+            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
+        )
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -224,6 +229,9 @@ class Router:
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._unit_report is not None:
+            self._unit_report.cancel()
+            await asyncio.gather(self._unit_report, return_exceptions=True)
         await self.fleet.close()
         if self.admission is not None:
             await self.admission.close()

@@ -286,6 +286,7 @@ def aws(monkeypatch):
             topology=session.client("ec2"),
             cloudwatch=session.client("cloudwatch"),
             ssm=session.client("ssm"),
+            logs=session.client("logs"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:

@@ -145,7 +145,7 @@ def test_status_that_reaches_no_node_says_unknown_and_where_to_run_it(fleet, run
     code, out = run_cli("status", "--health-timeout", "0.2")
     assert code == 4, out
     assert "0/3 units ready, 3 UNKNOWN" in out
-    assert "no node answered /health/ready" in out and "Systems Manager" in out
+    assert "no node answered /health/ready" in out and "--health-via router-logs" in " ".join(out.split())
 
 
 def test_exit_status_by_severity(fleet, run_cli):
@@ -275,3 +275,68 @@ def test_a_drain_undone_by_a_deploy_is_warned_about(world, run_cli):
         "warning: cell0-unit0 was drained (tag flotilla:drained-desired-count) but its desired count is 2 again" in flat
     )
     assert "flotilla drain-unit cell0-unit0" in flat and "flotilla restore-unit cell0-unit0" in flat
+
+
+def _router_log(aws, lines_by_age: list[tuple[int, dict]]) -> None:
+    """The Router stack's log group as the routers fill it: unit_states lines among access log lines."""
+    import time as _time
+
+    group = "flotilla-Router-LogsA1B2C3D4-abcdef123456"
+    aws.logs.create_log_group(logGroupName=group)
+    aws.logs.create_log_stream(logGroupName=group, logStreamName="router/router/task1")
+    now = _time.time()
+    events = [
+        {"timestamp": int((now - age) * 1000), "message": json.dumps({"ts": now - age, **line})}
+        for age, line in sorted(lines_by_age, key=lambda x: -x[0])
+    ]
+    aws.logs.put_log_events(logGroupName=group, logStreamName="router/router/task1", logEvents=events)
+
+
+def test_health_via_router_logs_reads_the_routers_view_from_outside_the_vpc(aws, fleet, run_cli):
+    units = [fleet.add_unit(cell=0, index=i) for i in range(4)]
+    for u in units:
+        for n in u.nodes:
+            n.server.close()  # outside the VPC: no node answers
+    state = {"state": "ready", "revision": "1", "queue_depth": 0, "running": 1}
+    _router_log(
+        aws,
+        [
+            (400, {"event": "unit_states", "cell": "cell0", "units": {"cell0-unit3": {**state, "routable": True}}}),
+            (30, {"event": "router_request", "request_id": "r1", "unit": "cell0-unit2", "status": 200}),
+            (
+                20,
+                {
+                    "event": "unit_states",
+                    "cell": "cell0",
+                    "units": {
+                        "cell0-unit0": {**state, "routable": True},
+                        "cell0-unit1": {**state, "state": "forming", "routable": False},
+                        "cell0-unit2": {**state, "routable": True},
+                    },
+                },
+            ),
+            (
+                5,
+                {
+                    "event": "unit_states",
+                    "cell": "cell0",
+                    "units": {"cell0-unit2": {**state, "routable": False, "state": "draining"}},
+                },
+            ),
+        ],
+    )
+    code, out = run_cli("status", "--health-via", "router-logs")
+    flat = " ".join(out.split())
+    assert code == 4, out  # cell0-unit3's only report is too old to count: UNKNOWN
+    assert "1/4 units ready, 1 UNKNOWN, 2 not ready" in flat
+    assert "cell0-unit1: the routers see it forming, not routable" in flat
+    assert "cell0-unit2: the routers see it draining, not routable" in flat  # the newest report wins
+    assert "no node answered" not in flat
+    code, out = run_cli("status", "--health-via", "router-logs", "--json")
+    assert [u["state"] for u in json.loads(out)] == ["READY", "NOT READY", "NOT READY", "UNKNOWN"]
+
+
+def test_health_via_router_logs_without_the_router_log_group_says_where_it_looked(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    code, out = run_cli("status", "--health-via", "router-logs")
+    assert code == 1 and "no log group named flotilla-Router-Logs*" in out

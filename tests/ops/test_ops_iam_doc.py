@@ -13,6 +13,9 @@ PREFIX = {
     "topology": "ec2",
     "autoscaling": "autoscaling",
     "servicediscovery": "servicediscovery",
+    "cloudwatch": "cloudwatch",
+    "ssm": "ssm",
+    "logs": "logs",
 }
 
 

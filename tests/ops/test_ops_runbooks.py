@@ -292,3 +292,35 @@ def test_the_aws_and_cdk_line_check_catches_what_it_should():
     assert ("aws", ["ecs", "list-tasks"]) in tool_invocations('T=$(aws ecs list-tasks) && echo "$T"')
     lines = [argv for _, _, tool, argv in all_tool_lines() if tool in ("aws", "cdk")]
     assert len(lines) > 20  # the runbooks are actually scanned
+
+
+INCIDENT_RUNBOOKS = [
+    "capacity-shortage.md",
+    "stuck-ecs-deployment.md",
+    "stuck-cell-stack.md",
+    "update-rollback-failed.md",
+    "emergency-stop.md",
+    "teardown.md",
+]
+
+
+def test_every_runbook_is_in_the_index_and_the_incident_runbooks_exist():
+    index = (RUNBOOKS / "README.md").read_text()
+    for name in INCIDENT_RUNBOOKS:
+        assert (RUNBOOKS / name).is_file(), f"missing runbook {name}"
+    for path in sorted(RUNBOOKS.glob("*.md")):
+        if path.name != "README.md":
+            assert f"]({path.name})" in index, f"docs/runbooks/README.md does not list {path.name}"
+
+
+def test_the_update_rollback_failed_runbook_skips_resources_and_checks_afterwards():
+    lines = [argv for name, _, tool, argv in all_tool_lines() if name == "update-rollback-failed.md" and tool == "aws"]
+    commands = [tuple(a[:2]) for a in lines]
+    skip = next(
+        a for a in lines if a[:2] == ["cloudformation", "continue-update-rollback"] and "--resources-to-skip" in a
+    )
+    after = commands[lines.index(skip) + 1 :]
+    assert ("cloudformation", "detect-stack-drift") in after and (
+        "cloudformation",
+        "describe-stack-resource-drifts",
+    ) in after

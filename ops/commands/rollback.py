@@ -23,7 +23,8 @@ from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
-from ops.errors import OpsError, UsageError
+from ops.commands.status import health_unreadable
+from ops.errors import CannotTell, OpsError, UsageError
 from ops.fleet import Fleet, Unit, arn_name, container_env
 
 # How far below the current revision to look for the one to go back to (each look is one
@@ -265,6 +266,14 @@ def run_rollback(args: argparse.Namespace, console: Console) -> int:
     )
     if not confirmed(args, console, f"roll back {len(todo)} unit(s)"):
         return 0
+    # Each wave waits for readiness, which only the nodes' /health/ready can show: from where none
+    # answers (outside the VPC) every wave would only run out of time after changing its units.
+    unreadable = health_unreadable(fleet_from_args(args, aws).units, requested=True)
+    if unreadable:
+        raise CannotTell(
+            f"no node answers /health/ready from here ({unreadable}), so no wave could be seen ready: "
+            "nothing was changed; run the rollback inside the VPC (docs/runbooks/README.md, 'Where to run')"
+        )
     done: list[str] = []
     for number, wave in enumerate(plan, start=1):
         targets = {s.unit.unit_id: apply_step(aws, s, console) for s in wave}

@@ -214,3 +214,18 @@ def test_a_rollback_survives_the_next_cdk_deploy_only_when_the_template_changes_
     assert world.revision_of(units[0]) == "3"
     env = world.model.task_defs[_td(world, units[0])].env()
     assert env[contract.ENV_REVISION] == "3"
+
+
+def test_rollback_from_where_no_node_answers_changes_nothing_and_says_where_to_run(world, run_cli, monkeypatch):
+    """Outside the VPC no wave could ever be seen ready: refuse before the first UpdateService."""
+    import ops.fleet
+
+    units = _fleet(world, per_cell=2)
+    _deploy(world, units)
+    monkeypatch.setattr(ops.fleet, "fetch_health", lambda address, timeout_s: (None, f"http://{address}: timed out"))
+    code, out = run_cli("rollback", "--all", "--yes")
+    assert code == 4
+    assert "no node answers /health/ready from here" in out and "nothing was changed" in " ".join(out.split())
+    assert all(world.revision_of(u) == "2" for u in units)
+    code, out = run_cli("rollback", "--all", "--dry-run")  # planning still works from anywhere
+    assert code == 0 and "2 unit(s) in 2 wave(s)" in out

@@ -54,6 +54,7 @@ ENV_UNITS = "FLOTILLA_UNITS"  # router, static discovery: comma-separated leader
 ENV_CLOUDMAP_NAMESPACE = "FLOTILLA_CLOUDMAP_NAMESPACE"
 ENV_CLOUDMAP_SERVICE = "FLOTILLA_CLOUDMAP_SERVICE"
 ENV_POLL_INTERVAL = "FLOTILLA_POLL_INTERVAL_S"
+ENV_ADMISSION_PARAMETER = "FLOTILLA_ADMISSION_PARAMETER"  # router: SSM parameter of the admission limit
 ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"  # model conversion / download cache
 
 # --- Image commands ------------------------------------------------------------------------------

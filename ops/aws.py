@@ -29,6 +29,9 @@ class Aws:
     servicediscovery: Any
     topology: Any  # EC2 client used only for describe_instance_topology
     cloudformation: Any = None  # teardown / shrink only
+    cloudwatch: Any = None  # the FleetReadyUnits alarm's threshold (status)
+    ssm: Any = None  # the router's admission parameter (shed)
+    logs: Any = None  # the routers' unit states (status --health-via router-logs)
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -47,6 +50,9 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         servicediscovery=session.client("servicediscovery"),
         topology=session.client("ec2"),
         cloudformation=session.client("cloudformation"),
+        cloudwatch=session.client("cloudwatch"),
+        ssm=session.client("ssm"),
+        logs=session.client("logs"),
     )
 
 

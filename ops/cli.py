@@ -1,7 +1,9 @@
 """The `flotilla` console script: one subcommand per question an operator asks at peak.
 
-Exit status: 0 all good, 1 something is unhealthy / failed / refused, 2 bad input (argparse uses 2
-as well). Destructive subcommands are dry runs unless --yes is given or a TTY user confirms.
+Exit status: 0 all good, 1 failed / refused (status: degraded), 2 bad input (argparse uses 2 as
+well), 3 status: below the FleetReadyUnits threshold, 4 cannot tell (AWS refused or failed:
+credentials, permissions, throttling; status: health unreadable). Destructive subcommands are dry
+runs unless --yes is given or a TTY user confirms.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ import botocore.exceptions
 from rich.console import Console
 
 from ops import __doc__ as _package_doc
-from ops.commands import drain, plan, rehearse, replace, rollout, status, teardown, topology
-from ops.errors import OpsError
+from ops.commands import drain, plan, rehearse, replace, rollback, rollout, shed, status, teardown, topology
+from ops.errors import EXIT_OK, EXIT_UNKNOWN, OpsError
 from ops.fleet import UNITS_CLOUDMAP_SERVICE
-
-EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 
 
 def _add_aws_options(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
     rehearse.add_parser(sub)
-    for module in (status, topology, drain, replace, rollout, teardown):
+    for module in (status, topology, drain, replace, rollout, rollback, shed, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser
@@ -71,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
         return err.exit_code
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
-        # Credentials, permissions, throttling: the operator needs the AWS message, not a traceback.
+        # Credentials, permissions, throttling: the operator needs the AWS message, not a traceback,
+        # and a script must tell "AWS would not answer" from "the fleet is unhealthy".
         console.print(f"[bold red]error:[/] AWS: {err}", markup=True, highlight=False)
-        return EXIT_UNHEALTHY
+        return EXIT_UNKNOWN
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

@@ -100,6 +100,7 @@ class Unit:
     tags: dict[str, str] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
     probed: bool = True  # False: nobody asked the nodes (--no-health); judge by ECS only
+    router_view: dict[str, Any] | None = None  # the routers' latest report on it (status --health-via router-logs)
 
     @property
     def drained(self) -> bool:

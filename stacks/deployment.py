@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import aws_cdk as cdk
 
+from contract import admission
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, quota_notices
 from stacks.discovery import DiscoveryStack
@@ -131,6 +132,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         deployment_alarms=deployment.observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_name=discovery.service_name,
+        admission_parameter_name=admission.parameter_name(config.deployment_name),
         min_tasks=router.desired_count,
         max_tasks=router.max_count,
         cpu=router.cpu,

@@ -45,6 +45,7 @@ class RouterStack(cdk.Stack):
         deployment_alarms: Sequence[cw.IAlarm],
         cloudmap_namespace_name: str,
         cloudmap_service_name: str,
+        admission_parameter_name: str,
         min_tasks: int = 2,
         max_tasks: int = 10,
         cpu: int = 1024,
@@ -104,6 +105,20 @@ class RouterStack(cdk.Stack):
                 },
             )
         )
+        # The fleet-wide admission limit `flotilla shed` writes (contract/admission.py): read only, this
+        # one parameter. The stacks do not create it, so a deploy never resets an incident's limit;
+        # a missing parameter means no limit.
+        self.task_definition.add_to_task_role_policy(
+            iam.PolicyStatement(
+                sid="ReadAdmissionLimit",
+                actions=["ssm:GetParameter"],
+                resources=[
+                    self.format_arn(
+                        service="ssm", resource="parameter", resource_name=admission_parameter_name.lstrip("/")
+                    )
+                ],
+            )
+        )
         log_group = logs.LogGroup(self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
         health_url = f"http://127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}"
         # The node image (same image, command `router`): a registry URI, else the runtime/ asset.
@@ -119,6 +134,7 @@ class RouterStack(cdk.Stack):
                 contract.ENV_CLOUDMAP_NAMESPACE: cloudmap_namespace_name,
                 contract.ENV_CLOUDMAP_SERVICE: cloudmap_service_name,
                 contract.ENV_DRAIN_TIMEOUT: str(drain_s),
+                contract.ENV_ADMISSION_PARAMETER: admission_parameter_name,
             },
             port_mappings=[ecs.PortMapping(container_port=contract.ROUTER_PORT, protocol=ecs.Protocol.TCP)],
             health_check=ecs.HealthCheck(
@@ -265,7 +281,8 @@ class RouterStack(cdk.Stack):
             "ECS2",
             reason=(
                 "The router's environment holds only non-secret settings (role, port, Cloud Map "
-                "namespace and service names, drain timeout); it has no secrets to inject."
+                "namespace and service names, drain timeout, admission parameter name); it has no "
+                "secrets to inject."
             ),
         )
         task_policy = self.task_definition.task_role.node.find_child("DefaultPolicy")

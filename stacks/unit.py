@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import Duration, Tags
+from aws_cdk import Duration, RemovalPolicy, Tags
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
@@ -267,6 +267,14 @@ class TrainiumUnit(Construct):
             task_role=task_role,
             execution_role=execution_role,
         )
+        # A task definition is replaced on every revision (its container definitions are
+        # create-only), and by default CloudFormation deregisters the replaced one once the update
+        # completes (aws/aws-cdk#24372), which `flotilla rollback` cannot then use ("you can't update
+        # an existing service to reference an INACTIVE task definition", ECS DeregisterTaskDefinition).
+        # Retain keeps previous revisions ACTIVE. DeletionPolicy goes with it (cfn-lint W3011): a
+        # teardown leaves the unit's revisions registered too. Revisions cost nothing; clean-up in
+        # docs/runbooks/rollback-units.md and teardown.md.
+        self.task_definition.apply_removal_policy(RemovalPolicy.RETAIN)
         linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
         rw = [ecs.DevicePermission.READ, ecs.DevicePermission.WRITE]

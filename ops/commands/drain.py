@@ -12,7 +12,7 @@ import argparse
 
 from rich.console import Console
 
-from ops.aws import Aws, clients_for
+from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import Refused
@@ -33,7 +33,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         type=float,
         default=0,
         metavar="SECONDS",
-        help="wait up to this long for the members to stop (default: don't wait)",
+        help="wait up to this long for every member to finish its in-flight requests and stop (default: don't wait)",
     )
     add_confirm_options(d)
     d.set_defaults(handler=run_drain)
@@ -63,6 +63,38 @@ def wait_for_running(aws: Aws, *, cluster: str, service: str, want: int, timeout
         return svc.get("runningCount", 0) == want, f"running {svc.get('runningCount', 0)}"
 
     wait_until(check, timeout_s=timeout_s, description=f"{service}: running -> {want}", console=console)
+
+
+def stopping_tasks(aws: Aws, *, cluster: str, service: str) -> int:
+    """Tasks of the service that ECS is stopping but that have not STOPPED yet. ECS sends SIGTERM in
+    the STOPPING state and counts only RUNNING tasks in runningCount, so runningCount reaches 0 while
+    the members are still finishing their in-flight requests (ECS task lifecycle,
+    https://docs.aws.amazon.com/AmazonECS/latest/developerguide/task-lifecycle-explanation.html).
+    ListTasks lists tasks by *desired* status (RUNNING unless asked for STOPPED), so both lists."""
+    arns: list[str] = []
+    for desired in ("RUNNING", "STOPPED"):
+        for page in aws.ecs.get_paginator("list_tasks").paginate(
+            cluster=cluster, serviceName=service, desiredStatus=desired
+        ):
+            arns.extend(page.get("taskArns", []))
+    busy = 0
+    for batch in chunks(arns, 100):
+        busy += sum(
+            1 for t in aws.ecs.describe_tasks(cluster=cluster, tasks=batch)["tasks"] if t.get("lastStatus") != "STOPPED"
+        )
+    return busy
+
+
+def wait_for_stopped(aws: Aws, *, cluster: str, service: str, timeout_s: float, console: Console) -> None:
+    """Poll until no task of the service is left that has not STOPPED: every member has drained and exited."""
+
+    def check() -> tuple[bool, str]:
+        svc = aws.ecs.describe_services(cluster=cluster, services=[service])["services"][0]
+        busy = stopping_tasks(aws, cluster=cluster, service=service)
+        running = svc.get("runningCount", 0)
+        return running == 0 and busy == 0, f"running {running}, {busy} not stopped yet (draining)"
+
+    wait_until(check, timeout_s=timeout_s, description=f"{service}: members stopping", console=console)
 
 
 def run_drain(args: argparse.Namespace, console: Console) -> int:
@@ -95,10 +127,8 @@ def run_drain(args: argparse.Namespace, console: Console) -> int:
     aws.ecs.update_service(cluster=unit.cluster_arn, service=unit.service_name, desiredCount=0)
     console.print(f"{unit.unit_id}: desired count 0; members are draining")
     if args.wait:
-        wait_for_running(
-            aws, cluster=unit.cluster_arn, service=unit.service_name, want=0, timeout_s=args.wait, console=console
-        )
-        console.print(f"{unit.unit_id}: drained")
+        wait_for_stopped(aws, cluster=unit.cluster_arn, service=unit.service_name, timeout_s=args.wait, console=console)
+        console.print(f"{unit.unit_id}: drained (every member finished its in-flight requests and stopped)")
     return 0
 
 

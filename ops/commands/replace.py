@@ -1,74 +1,150 @@
-"""`flotilla replace-node`: swap a sick Trainium node for a fresh one.
+"""`flotilla replace-node`: swap a sick Trainium node for a fresh one, replacement first.
 
-ECS drains the node's container instance (its task gets SIGTERM and drains), then Auto Scaling
-marks the instance unhealthy, which terminates it and launches a replacement in the unit's
-placement group (health replacement goes ahead despite scale-in protection). The unit is not ready
-from the first step until the replacement has joined and the unit has re-formed.
+The replacement is launched into the unit's Auto Scaling group (same placement group, subnet and
+AZ) with the synchronous LaunchInstances API, so a capacity shortage is known before anything is
+touched: then the old node stays and the command says why. Only once the new instance has
+registered with ECS is the old node's container instance drained (its task finishes in-flight work
+and ECS starts the unit's task on the new instance) and the old instance terminated.
 """
 
 from __future__ import annotations
 
 import argparse
+import uuid
+from typing import Any
 
 from rich.console import Console
 
-from ops.aws import clients_for
+from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
+from ops.diagnose import capacity_message
 from ops.errors import OpsError, Refused
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p = sub.add_parser(
         "replace-node",
-        help="drain a node's task and have Auto Scaling replace its instance",
-        description="Replace one node (EC2 instance) of a unit: drain its ECS container instance, "
-        "then mark it unhealthy so its Auto Scaling group launches a replacement. "
-        "Dry run unless confirmed.",
+        help="launch a replacement for a node, then drain and terminate the node",
+        description="Replace one node (EC2 instance) of a unit: launch a replacement in its Auto "
+        "Scaling group and wait for it to join the ECS cluster, then drain the node's container "
+        "instance and terminate it. If EC2 has no capacity the node is kept. Dry run unless confirmed.",
     )
     p.add_argument("instance_id", help="EC2 instance id of the node, e.g. i-0123456789abcdef0")
     p.add_argument("--force", action="store_true", help="replace even if its unit is the last ready one")
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="how long the replacement may take to join the cluster, and the node to drain (default %(default)s)",
+    )
     p.add_argument(
         "--wait",
         type=float,
         default=0,
         metavar="SECONDS",
-        help="wait up to this long for the unit to be ready again (default: don't wait)",
+        help="then wait up to this long for the unit to be ready again (default: don't wait)",
     )
     add_confirm_options(p)
     p.set_defaults(handler=run)
     return [p]
 
 
+def _group(aws: Aws, instance_id: str) -> dict[str, Any]:
+    found = aws.autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id])["AutoScalingInstances"]
+    if not found:
+        raise OpsError(
+            f"instance {instance_id} is in no Auto Scaling group: nothing would replace it; "
+            "replace it by hand or check the unit's capacity provider"
+        )
+    name = found[0]["AutoScalingGroupName"]
+    (group,) = aws.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    return dict(group)
+
+
+def launch_replacement(aws: Aws, group: dict[str, Any], az: str) -> str:
+    """One instance into the group, now or not at all (RetryStrategy none: no asynchronous retry
+    that would add a node later). The instance ID, or OpsError naming why EC2 would not launch."""
+    name = group["AutoScalingGroupName"]
+    resp = aws.autoscaling.launch_instances(
+        AutoScalingGroupName=name,
+        RequestedCapacity=1,
+        ClientToken=uuid.uuid4().hex,
+        AvailabilityZones=[az],
+        RetryStrategy="none",
+    )
+    ids = [i for batch in resp.get("Instances", []) for i in batch.get("InstanceIds", [])]
+    if ids:
+        return str(ids[0])
+    errors = resp.get("Errors", [])
+    text = "; ".join(f"{e.get('ErrorCode', '?')}: {e.get('ErrorMessage', '')}" for e in errors) or "no instance"
+    explained = capacity_message(text)
+    raise OpsError(
+        f"no replacement could be launched in {name} ({explained or text}); the node was not touched "
+        "and keeps its place in the unit"
+    )
+
+
+def registered_container_instance(aws: Aws, cluster: str, instance_id: str) -> str | None:
+    """The ACTIVE ECS container instance on `instance_id`, once its agent has registered it."""
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_container_instances").paginate(cluster=cluster, status="ACTIVE"):
+        arns.extend(page.get("containerInstanceArns", []))
+    for batch in chunks(arns, 100):
+        for ci in aws.ecs.describe_container_instances(cluster=cluster, containerInstances=batch)["containerInstances"]:
+            if ci.get("ec2InstanceId") == instance_id:
+                return str(ci["containerInstanceArn"])
+    return None
+
+
+def tasks_not_stopped(aws: Aws, cluster: str, container_instance: str) -> int:
+    """Tasks on the container instance that have not STOPPED (draining ones included: SIGTERM comes
+    in STOPPING, and a stopping task is listed under desiredStatus STOPPED)."""
+    arns: list[str] = []
+    for desired in ("RUNNING", "STOPPED"):
+        for page in aws.ecs.get_paginator("list_tasks").paginate(
+            cluster=cluster, containerInstance=container_instance, desiredStatus=desired
+        ):
+            arns.extend(page.get("taskArns", []))
+    busy = 0
+    for batch in chunks(arns, 100):
+        busy += sum(
+            1 for t in aws.ecs.describe_tasks(cluster=cluster, tasks=batch)["tasks"] if t.get("lastStatus") != "STOPPED"
+        )
+    return busy
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws)
     unit, node = fleet.node(args.instance_id)
-    asg = aws.autoscaling.describe_auto_scaling_instances(InstanceIds=[args.instance_id])["AutoScalingInstances"]
-    if not asg:
-        raise OpsError(
-            f"instance {args.instance_id} is in no Auto Scaling group: nothing would replace it; "
-            "replace it by hand or check the unit's capacity provider"
-        )
-    group = asg[0]["AutoScalingGroupName"]
+    group = _group(aws, args.instance_id)
+    name = group["AutoScalingGroupName"]
+    az = node.availability_zone or group["AvailabilityZones"][0]
     others = [u for u in fleet.units if u.unit_id != unit.unit_id and u.ready]
+    raise_max = group["DesiredCapacity"] + 1 > group["MaxSize"]
 
     console.print(
         f"replace-node {args.instance_id}: rank {node.rank if node.rank is not None else '?'} "
-        f"({node.role}) of {unit.unit_id}, {node.availability_zone or '?'}, node state {node.state}"
+        f"({node.role}) of {unit.unit_id}, {az}, node state {node.state}"
+    )
+    if raise_max:
+        console.print(
+            f"  0. Auto Scaling group {name}: max size {group['MaxSize']} -> {group['MaxSize'] + 1} for the "
+            "replacement (set back at the end)"
+        )
+    console.print(
+        f"  1. Auto Scaling group {name}: launch one replacement in {az} (the unit's placement group and "
+        "subnet) and wait for it to join the ECS cluster; if EC2 has no capacity, stop here and keep the node"
     )
     console.print(
-        f"  1. ECS: container instance -> DRAINING; the task gets SIGTERM and drains; "
-        f"{unit.unit_id} stops being ready and the router routes around it "
-        f"({len(others)} other ready unit(s))"
+        f"  2. ECS: container instance of {args.instance_id} -> DRAINING; its task gets SIGTERM, finishes "
+        f"in-flight requests and stops, and ECS starts the unit's task on the replacement; {unit.unit_id} "
+        f"re-forms while the router routes around it ({len(others)} other ready unit(s))"
     )
     console.print(
-        f"  2. Auto Scaling group {group}: instance -> Unhealthy; it is terminated and a replacement "
-        "launches in the unit's placement group and subnet"
-    )
-    console.print(
-        f"  3. ECS starts the unit's missing task on the new instance; the {unit.nodes_per_unit} members "
-        "rendezvous again (ranks by topology) and the unit becomes ready"
+        f"  3. once its task has stopped, terminate {args.instance_id} (the group's desired capacity goes back down)"
     )
     if not others and not args.force:
         raise Refused(
@@ -77,14 +153,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
     if not confirmed(args, console, f"replace {args.instance_id}"):
         return 0
-    if node.container_instance_arn:
-        aws.ecs.update_container_instances_state(
-            cluster=unit.cluster_arn, containerInstances=[node.container_instance_arn], status="DRAINING"
+    if raise_max:
+        aws.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MaxSize=group["MaxSize"] + 1)
+    try:
+        replace_node(
+            args, aws, console, unit_cluster=unit.cluster_arn, group=group, az=az, old=node.container_instance_arn
         )
-    aws.autoscaling.set_instance_health(
-        InstanceId=args.instance_id, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
-    )
-    console.print(f"{args.instance_id}: draining and marked Unhealthy; Auto Scaling replaces it")
+    finally:
+        if raise_max:
+            aws.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MaxSize=group["MaxSize"])
+            console.print(f"{name}: max size back to {group['MaxSize']}")
     if args.wait:
 
         def check() -> tuple[bool, str]:
@@ -96,3 +174,49 @@ def run(args: argparse.Namespace, console: Console) -> int:
         wait_until(check, timeout_s=args.wait, description=f"{unit.unit_id}: re-forming", console=console, poll_s=10.0)
         console.print(f"{unit.unit_id}: ready again without {args.instance_id}")
     return 0
+
+
+def replace_node(
+    args: argparse.Namespace,
+    aws: Aws,
+    console: Console,
+    *,
+    unit_cluster: str,
+    group: dict[str, Any],
+    az: str,
+    old: str | None,
+) -> None:
+    name = group["AutoScalingGroupName"]
+    new = launch_replacement(aws, group, az)
+    console.print(f"{name}: launched {new}; waiting for it to join the cluster")
+
+    def joined() -> tuple[bool, str]:
+        ci = registered_container_instance(aws, unit_cluster, new)
+        return ci is not None, ("registered" if ci else "booting")
+
+    try:
+        wait_until(joined, timeout_s=args.step_timeout, description=f"{new}: joining", console=console, poll_s=10.0)
+    except OpsError:
+        # Keep the unit as it was: the node still serves (or limps); the replacement goes.
+        aws.autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=new, ShouldDecrementDesiredCapacity=True)
+        raise OpsError(
+            f"the replacement {new} did not join the ECS cluster within {args.step_timeout:.0f}s and was "
+            f"terminated; {args.instance_id} was not touched (check the instance's console output and "
+            "the ECS agent)"
+        ) from None
+    if old is not None:
+        aws.ecs.update_container_instances_state(cluster=unit_cluster, containerInstances=[old], status="DRAINING")
+        console.print(f"{args.instance_id}: draining")
+
+        def drained() -> tuple[bool, str]:
+            busy = tasks_not_stopped(aws, unit_cluster, old)
+            return busy == 0, f"{busy} task(s) not stopped yet"
+
+        wait_until(drained, timeout_s=args.step_timeout, description=f"{args.instance_id}: draining", console=console)
+    # Scale-in protection does not stop this call ("Instance scale-in protection does not protect
+    # Auto Scaling instances from ... Manual termination through the terminate-instance-in-auto-scaling-group
+    # command" — Auto Scaling user guide, ec2-auto-scaling-instance-protection.html).
+    aws.autoscaling.terminate_instance_in_auto_scaling_group(
+        InstanceId=args.instance_id, ShouldDecrementDesiredCapacity=True
+    )
+    console.print(f"{args.instance_id}: terminating; {new} takes its place")

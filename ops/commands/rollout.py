@@ -1,5 +1,4 @@
-"""`flotilla rollout status` and `flotilla rollback`: where a unit rollout stands, and how to take
-units back to their previous task definition, cell by cell.
+"""`flotilla rollout status`: where a unit rollout stands (rollback is ops/commands/rollback.py).
 
 A rollout moves cell by cell (CloudFormation deploys Cell-0, then Cell-1, ...). Within a unit the
 ECS deployment replaces every member; a unit never mixes revisions, so members that report two
@@ -10,18 +9,16 @@ revisions mean the unit is mid-rollout. The router's own blue/green rollback is 
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 import contract
-from ops.aws import Aws, clients_for
+from ops.aws import clients_for
 from ops.commands import Subparsers
-from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, select, wait_until
-from ops.errors import OpsError
-from ops.fleet import Fleet, Unit, arn_name, container_env, router_services
+from ops.commands.common import fleet_from_args, select, wait_until
+from ops.fleet import Fleet, Unit, arn_name, router_services
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
@@ -41,27 +38,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     s.set_defaults(handler=run_status)
 
-    b = sub.add_parser(
-        "rollback",
-        help="put units back on their previous task definition, cell by cell",
-        description="Update each selected unit's ECS service to the previous revision of its task "
-        "definition family, one cell at a time. Dry run unless confirmed.",
-    )
-    which = b.add_mutually_exclusive_group(required=True)
-    which.add_argument("--unit", action="append", metavar="UNIT", help="a unit (repeatable)")
-    which.add_argument("--cell", action="append", metavar="CELL", help="every unit of a cell (repeatable)")
-    which.add_argument("--all", action="store_true", help="every unit of the deployment")
-    b.add_argument(
-        "--wait",
-        type=float,
-        default=0,
-        metavar="SECONDS",
-        help="after each cell, wait up to this long for its units to be ready before the next "
-        "(default: don't wait; cells are then updated back to back)",
-    )
-    add_confirm_options(b)
-    b.set_defaults(handler=run_rollback)
-    return [s, b]
+    return [s]
 
 
 # --- rollout status -------------------------------------------------------------------------------
@@ -165,94 +142,3 @@ def render_router(services: list[dict[str, Any]], console: Console) -> bool:
             )
     console.print(t)
     return failed
-
-
-# --- rollback -------------------------------------------------------------------------------------
-def previous_task_definition(aws: Aws, arn: str) -> str | None:
-    """The highest ACTIVE revision of the same family below the current one."""
-    family, _, rev = arn_name(arn).rpartition(":")
-    current = int(rev)
-    arns: list[str] = []
-    for page in aws.ecs.get_paginator("list_task_definitions").paginate(familyPrefix=family, status="ACTIVE"):
-        arns.extend(page.get("taskDefinitionArns", []))
-    older = []
-    for a in arns:
-        fam, _, r = arn_name(a).rpartition(":")
-        if fam == family and re.fullmatch(r"\d+", r) and int(r) < current:
-            older.append((int(r), a))
-    return max(older)[1] if older else None
-
-
-def select_units(fleet: Fleet, args: argparse.Namespace) -> list[Unit]:
-    if args.all:
-        return list(fleet.units)
-    if args.unit:
-        return [fleet.unit(u) for u in args.unit]
-    known = set(fleet.cells)
-    for c in args.cell:
-        if c not in known:
-            raise OpsError(
-                f"cell {c!r} not found in deployment {fleet.deployment!r} (cells: {', '.join(fleet.cells) or 'none'})"
-            )
-    return [u for u in fleet.units if u.cell_id in args.cell]
-
-
-def run_rollback(args: argparse.Namespace, console: Console) -> int:
-    aws = clients_for(args)
-    fleet = fleet_from_args(args, aws, health=False)
-    units = select_units(fleet, args)
-    if not units:
-        raise OpsError(f"no units selected in deployment {args.deployment!r}")
-    steps: list[tuple[Unit, str, str]] = []
-    missing = []
-    for u in units:
-        prev = previous_task_definition(aws, u.task_definition_arn)
-        if prev is None:
-            missing.append(u.unit_id)
-        else:
-            env = container_env(aws.ecs.describe_task_definition(taskDefinition=prev)["taskDefinition"])
-            steps.append((u, prev, env.get(contract.ENV_REVISION, "?")))
-    if missing:
-        raise OpsError(
-            f"no earlier ACTIVE task definition to roll back to for {', '.join(missing)}: "
-            "deploy the previous revision with `cdk deploy` instead"
-        )
-    t = Table(title="rollback", title_justify="left")
-    for col in ("cell", "unit", "from", "to"):
-        t.add_column(col)
-    for u, prev, prev_rev in steps:
-        t.add_row(
-            u.cell_id,
-            u.unit_id,
-            f"{arn_name(u.task_definition_arn)} (revision {u.revision})",
-            f"{arn_name(prev)} (revision {prev_rev})",
-        )
-    console.print(t)
-    cells = [c for c in fleet.cells if any(u.cell_id == c for u, _, _ in steps)]
-    console.print(
-        f"cell by cell ({' -> '.join(cells)}): each unit's members drain and the unit re-forms on "
-        "the old revision; the router routes around units while they re-form. A later `cdk deploy` "
-        "puts the template's revision back: revert the config or image in git too."
-    )
-    if not confirmed(args, console, f"roll back {len(steps)} unit(s)"):
-        return 0
-    for cell in cells:
-        in_cell = [(u, prev) for u, prev, _ in steps if u.cell_id == cell]
-        for u, prev in in_cell:
-            aws.ecs.update_service(cluster=u.cluster_arn, service=u.service_name, taskDefinition=prev)
-            console.print(f"{u.unit_id}: -> {arn_name(prev)}")
-        if args.wait:
-            ids = {u.unit_id for u, _ in in_cell}
-            clusters = {u.cluster_arn for u, _ in in_cell}
-
-            def check() -> tuple[bool, str]:
-                now = [u for u in fleet_from_args(args, aws, clusters=clusters).units if u.unit_id in ids]
-                states = [rollout_state(u) for u in now]
-                if FAILED in states:
-                    raise OpsError(f"{cell}: a rollback deployment FAILED; stopping before the next cell")
-                ready = sum(1 for u in now if u.ready and rollout_state(u) == COMPLETED)
-                return ready == len(ids), f"{ready}/{len(ids)} units ready"
-
-            wait_until(check, timeout_s=args.wait, description=f"{cell}: rolling back", console=console, poll_s=10.0)
-    console.print(f"rolled back {len(steps)} unit(s); follow with `flotilla rollout status`")
-    return 0

@@ -1,7 +1,10 @@
 """`flotilla status`: every cell, unit and node with rank, role, revision, readiness and load.
 
-Exit status 1 when any unit is not ready (drained units excepted) or no unit is found, so a
-script or an alarm runbook can branch on it.
+The exit status says how bad it is, so a script or an alarm runbook can branch on it: 0 every unit
+ready (drained ones excepted), 1 degraded (ready units still at or above the FleetReadyUnits
+alarm's threshold), 3 below that threshold, 4 cannot tell (no unit found, AWS refused, or the units'
+health could not be read: then a unit ECS sees no fault in is UNKNOWN, never READY). For each unit
+that is not ready it shows what ECS and Auto Scaling last said about it.
 """
 
 from __future__ import annotations
@@ -10,12 +13,24 @@ import argparse
 import json
 from typing import Any
 
+import botocore.exceptions
 from rich.console import Console
 from rich.table import Table
 
+from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select
-from ops.fleet import Node, Unit
+from ops.commands.shed import admission_note
+from ops.diagnose import Diagnosis, diagnose
+from ops.errors import EXIT_CRITICAL, EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN
+from ops.fleet import DRAINED_TAG, Node, Unit
+from ops.health_logs import MAX_AGE_S, read_unit_states
+
+# The Observability stack's FleetReadyUnits alarm: CloudFormation names an alarm
+# <stack name>-<logical id>-<suffix>; its threshold is stacks/observability.py's min_ready_units.
+READY_ALARM = "FleetReadyUnits"
+DEFAULT_MIN_READY_UNITS = 1  # ObservabilityStack(min_ready_units=1), what the stacks deploy
+MAX_DIAGNOSED = 10  # not-ready units whose ECS / Auto Scaling history is fetched (3-4 calls each)
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -32,7 +47,22 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         "--no-health",
         action="store_true",
         help="do not call the nodes' /health/ready (from outside the VPC): judge by ECS and Cloud Map "
-        "only; rank, role, readiness and load are then unknown",
+        "only; a unit ECS sees no fault in is then UNKNOWN (exit 4), never READY",
+    )
+    p.add_argument(
+        "--health-via",
+        choices=("nodes", "router-logs"),
+        default="nodes",
+        help="nodes (default): ask each node's /health/ready, which works only inside the VPC; "
+        "router-logs: read the unit states the routers write to CloudWatch Logs every minute, from "
+        "anywhere with logs:FilterLogEvents (per unit, not per node)",
+    )
+    p.add_argument(
+        "--min-ready-units",
+        type=int,
+        metavar="N",
+        help="the ready-unit count below which the fleet is critical (exit 3); default: the threshold of "
+        f"the deployment's {READY_ALARM} alarm, or {DEFAULT_MIN_READY_UNITS} when it cannot be read",
     )
     p.set_defaults(handler=run)
     return [p]
@@ -41,7 +71,15 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
 def unit_state(u: Unit) -> str:
     if u.drained:
         return "DRAINED"
-    return "READY" if u.ready else "NOT READY"
+    if not u.ready:
+        return "NOT READY"
+    if u.probed:
+        return "READY"
+    # No fault ECS or Cloud Map can see, and nobody read the members' /health/ready: only a recent
+    # router report can tell.
+    if u.router_view is None:
+        return "UNKNOWN"
+    return "READY" if u.router_view.get("routable") else "NOT READY"
 
 
 def _load(n: Node) -> tuple[str, str, str]:
@@ -60,7 +98,8 @@ def render(units: list[Unit], console: Console) -> None:
     cells = list(dict.fromkeys(u.cell_id for u in units))  # units come sorted by cell, then unit
     for cell in cells:
         in_cell = [u for u in units if u.cell_id == cell]
-        t = Table(title=f"{cell}: {sum(u.ready for u in in_cell)}/{len(in_cell)} units ready", title_justify="left")
+        ready = sum(unit_state(u) == "READY" for u in in_cell)
+        t = Table(title=f"{cell}: {ready}/{len(in_cell)} units ready", title_justify="left")
         for col in (
             "unit",
             "state",
@@ -79,7 +118,7 @@ def render(units: list[Unit], console: Console) -> None:
             t.add_column(col)
         for u in in_cell:
             state = unit_state(u)
-            style = {"READY": "green", "NOT READY": "red", "DRAINED": "yellow"}[state]
+            style = {"READY": "green", "NOT READY": "red", "DRAINED": "yellow", "UNKNOWN": "yellow"}[state]
             if not u.nodes:
                 t.add_row(u.unit_id, f"[{style}]{state}[/]", u.revision, *["-"] * 10)
             for i, n in enumerate(u.nodes):
@@ -94,7 +133,7 @@ def render(units: list[Unit], console: Console) -> None:
                     n.instance_id or "-",
                     n.availability_zone or "-",
                     n.state,
-                    "yes" if n.ready else "no",
+                    "yes" if n.ready else ("no" if u.probed else "?"),
                     queue,
                     running,
                     kv,
@@ -138,12 +177,14 @@ def as_json(units: list[Unit]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    fleet = fleet_from_args(args, health=not args.no_health)
+    aws = clients_for(args)
+    via_routers = args.health_via == "router-logs" and not args.no_health
+    fleet = fleet_from_args(args, aws, health=not args.no_health and not via_routers)
+    if via_routers:
+        source = apply_router_view(aws, fleet.units, args.deployment)
+        if not args.json:
+            console.print(source, highlight=False)
     units = select(fleet, cell=args.cell, unit=args.unit)
-    if args.json:
-        console.print_json(json.dumps(as_json(units)))
-    elif units:
-        render(units, console)
     if not units:
         where = f" in cell {args.cell}" if args.cell else ""
         console.print(
@@ -151,14 +192,146 @@ def run(args: argparse.Namespace, console: Console) -> int:
             f"flotilla:deployment={args.deployment}, named {args.deployment}-cell<n>; is "
             "--deployment/--region right?)"
         )
-        return 1
-    bad = [u for u in units if u.problems()]
-    ready = sum(1 for u in units if u.ready)
-    drained = sum(1 for u in units if u.drained)
+        return EXIT_UNKNOWN
+    unreadable = health_unreadable(fleet.units, requested=not args.no_health and not via_routers)
+    if unreadable:
+        for u in fleet.units:
+            u.probed = False  # judge by ECS and Cloud Map only, as --no-health does
+    threshold, source = ready_threshold(aws, args)
+    diagnoses = diagnose_not_ready(aws, units, deployment=args.deployment)
+    if args.json:
+        doc = as_json(units)
+        for entry in doc:
+            d = diagnoses.get(entry["unit"])
+            entry["diagnosis"] = d.lines() if d else []
+        console.print_json(json.dumps(doc, default=str))
+    else:
+        render(units, console)
+        for line in router_view_problems(units):
+            console.print(f"[red]{line}[/]", highlight=False)
+        render_diagnoses(diagnoses, console)
+    for warning in drain_warnings(units):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    note = admission_note(aws, args.deployment)
+    if note and not args.json:
+        console.print(f"[yellow]{note}[/]", highlight=False)
+    code, summary = verdict(units, fleet_units=fleet.units, threshold=threshold)
     if not args.json:
-        console.print(
-            f"{ready}/{len(units)} units ready"
-            + (f", {drained} drained" if drained else "")
-            + (f", [red]{len(bad)} not ready[/]" if bad else "")
+        if unreadable:
+            console.print(
+                f"[yellow]no node answered /health/ready ({unreadable}): readiness is UNKNOWN. The nodes "
+                "admit their port only from inside the VPC: run status there, or read the routers' view "
+                "with --health-via router-logs (docs/runbooks/README.md, 'Where to run flotilla').[/]",
+                highlight=False,
+            )
+        console.print(f"{summary} (threshold {threshold} ready units: {source})", highlight=False)
+    return code
+
+
+def apply_router_view(aws: Aws, units: list[Unit], deployment: str) -> str:
+    """Each unit's latest state as a router reported it (ops/health_logs.py); says where it read."""
+    states, group = read_unit_states(aws, deployment)
+    for u in units:
+        u.router_view = states.get(u.unit_id)
+    return f"health from the routers' reports in {group} (last {MAX_AGE_S}s): {len(states)} unit(s) reported"
+
+
+def router_view_problems(units: list[Unit]) -> list[str]:
+    out = []
+    for u in units:
+        v = u.router_view
+        if v is not None and not v.get("routable") and u.ready and not u.probed:
+            out.append(
+                f"{u.unit_id}: the routers see it {v.get('state', '?')}, not routable ({v.get('age_s', '?')}s ago)"
+            )
+    return out
+
+
+def health_unreadable(units: list[Unit], *, requested: bool) -> str | None:
+    """Why nobody's health could be read, or None. Not one node of the selection answered although
+    some were asked: the port is closed to us (outside the VPC, wrong security group), which says
+    nothing about the units. A fleet whose members all fail to answer from inside the VPC looks the
+    same from here, so the verdict is "cannot tell" (exit 4), never "ready"."""
+    if not requested:
+        return None
+    asked = [n for u in units for n in u.nodes if n.last_status == "RUNNING" and n.address]
+    if not asked or any(n.health is not None for n in asked):
+        return None
+    return asked[0].health_error or "no answer"
+
+
+def ready_threshold(aws: Aws, args: argparse.Namespace) -> tuple[int, str]:
+    """The FleetReadyUnits alarm's threshold (CloudWatch DescribeAlarms), the flag, or the stack default."""
+    if args.min_ready_units is not None:
+        return args.min_ready_units, "--min-ready-units"
+    prefix = f"{args.deployment}-Observability-{READY_ALARM}"
+    if aws.cloudwatch is None:
+        return DEFAULT_MIN_READY_UNITS, "the stacks' default; no CloudWatch client"
+    try:
+        alarms = aws.cloudwatch.describe_alarms(AlarmNamePrefix=prefix, AlarmTypes=["MetricAlarm"])["MetricAlarms"]
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+        return DEFAULT_MIN_READY_UNITS, f"the stacks' default; the {READY_ALARM} alarm could not be read: {err}"
+    if not alarms:
+        return DEFAULT_MIN_READY_UNITS, f"the stacks' default; no alarm named {prefix}*"
+    return int(alarms[0]["Threshold"]), f"alarm {alarms[0]['AlarmName']}"
+
+
+def verdict(units: list[Unit], *, fleet_units: list[Unit], threshold: int) -> tuple[int, str]:
+    """The exit status and the summary line for the selected `units`. The threshold is fleet-wide
+    (FleetReadyUnits counts every unit), so "critical" is judged on `fleet_units`; the rest on the
+    selection. Drained units count as neither ready nor failing. UNKNOWN units decide the verdict
+    only when they could: if even all of them being ready would leave the fleet below the
+    threshold, it is critical; otherwise it cannot be told."""
+
+    def count(us: list[Unit]) -> dict[str, int]:
+        states = [unit_state(u) for u in us]
+        return {k: states.count(k) for k in ("READY", "UNKNOWN", "NOT READY", "DRAINED")}
+
+    c, f = count(units), count(fleet_units)
+    parts = [f"{c['READY']}/{len(units)} units ready"]
+    if c["DRAINED"]:
+        parts.append(f"{c['DRAINED']} drained")
+    if c["UNKNOWN"]:
+        parts.append(f"{c['UNKNOWN']} UNKNOWN")
+    if c["NOT READY"]:
+        parts.append(f"[red]{c['NOT READY']} not ready[/]")
+    if len(units) != len(fleet_units):
+        parts.append(f"fleet: {f['READY']}/{len(fleet_units)} ready")
+    text = ", ".join(parts)
+    if f["READY"] + f["UNKNOWN"] < threshold:
+        return (
+            EXIT_CRITICAL,
+            f"{text}: [red]CRITICAL[/], the fleet is below the ready-unit threshold (exit {EXIT_CRITICAL})",
         )
-    return 1 if bad else 0
+    if c["UNKNOWN"] or (f["UNKNOWN"] and f["READY"] < threshold):
+        return EXIT_UNKNOWN, f"{text}: [yellow]UNKNOWN[/], readiness could not be read (exit {EXIT_UNKNOWN})"
+    if c["NOT READY"]:
+        return EXIT_FAILED, f"{text}: [yellow]DEGRADED[/], the fleet is at or above the threshold (exit {EXIT_FAILED})"
+    return EXIT_OK, f"{text}: OK"
+
+
+def diagnose_not_ready(aws: Aws, units: list[Unit], *, deployment: str) -> dict[str, Diagnosis]:
+    """ECS events, stopped-task reasons and failed Auto Scaling activities of the first not-ready units."""
+    sick = [u for u in units if unit_state(u) == "NOT READY"]
+    return {u.unit_id: diagnose(aws, u, deployment=deployment) for u in sick[:MAX_DIAGNOSED]}
+
+
+def render_diagnoses(diagnoses: dict[str, Diagnosis], console: Console) -> None:
+    for unit_id, d in diagnoses.items():
+        for line in d.lines():
+            console.print(f"[red]{unit_id}[/]: {line}", highlight=False)
+
+
+def drain_warnings(units: list[Unit]) -> list[str]:
+    """Units drained with drain-unit whose desired count is back above 0: CloudFormation sets the
+    service's DesiredCount from the template whenever it updates the service, so a deploy undoes a
+    drain (docs/runbooks/unit-not-ready.md step 4)."""
+    out = []
+    for u in units:
+        if DRAINED_TAG in u.tags and u.desired > 0:
+            out.append(
+                f"{u.unit_id} was drained (tag {DRAINED_TAG}) but its desired count is {u.desired} again: a "
+                f"deploy (or someone) undid the drain. Drain it again (flotilla drain-unit {u.unit_id}) or, "
+                f"if it should serve, clear the tag (flotilla restore-unit {u.unit_id})"
+            )
+    return out

@@ -13,6 +13,7 @@ import signal
 import sys
 
 from runtime.logs import setup_logging
+from runtime.router.admission import AdmissionControl, ParameterSource
 from runtime.router.discovery import CloudMapDiscovery, StaticDiscovery
 from runtime.router.proxy import Router
 from runtime.router.settings import RouterSettings, SettingsError
@@ -33,8 +34,15 @@ def make_discovery(settings: RouterSettings):
     return StaticDiscovery(units=settings.units, units_file=settings.units_file)
 
 
+def make_admission(settings: RouterSettings) -> AdmissionControl | None:
+    if not settings.admission_parameter:
+        return None
+    source = ParameterSource(settings.admission_parameter, region=settings.cloudmap_region)
+    return AdmissionControl(source.read, interval_s=settings.admission_interval_s, name=source.name)
+
+
 async def serve(settings: RouterSettings) -> int:
-    router = Router(settings=settings, discovery=make_discovery(settings))
+    router = Router(settings=settings, discovery=make_discovery(settings), admission=make_admission(settings))
     await router.start()
     # Start-up objects (imports, boto3 models) never die: keep them out of every later full
     # collection, which would otherwise walk them all and show up as tail latency.

@@ -19,6 +19,7 @@ import aiohttp
 
 import contract
 from runtime import emf
+from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
 from runtime.router.settings import RouterSettings
 
@@ -142,6 +143,7 @@ class Fleet:
         self._discovery_task: asyncio.Task | None = None
         self._closing = False
         self.discovery_errors = 0
+        self.admission: AdmissionControl | None = None  # an operator's fleet-wide limit (flotilla shed)
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -270,7 +272,10 @@ class Fleet:
     # --- balancing ---------------------------------------------------------------------------
     def saturated(self, unit: Unit) -> bool:
         s = self._settings
-        return unit.outstanding >= s.max_outstanding_per_unit or unit.queue_depth >= s.max_queue_depth
+        max_outstanding, max_queue = s.max_outstanding_per_unit, s.max_queue_depth
+        if self.admission is not None:
+            max_outstanding, max_queue = self.admission.caps(max_outstanding, max_queue)
+        return unit.outstanding >= max_outstanding or unit.queue_depth >= max_queue
 
     def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
         """The least-loaded routable unit: reported queue + running plus this router's outstanding.

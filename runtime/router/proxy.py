@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
 from runtime import logs
+from runtime.router import unit_report
+from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
 from runtime.router.metrics import RouterMetrics
@@ -154,9 +156,14 @@ def sse_error_event(message: str, *, code: str) -> bytes:
 class Router:
     """The proxy: owns the fleet view, the metrics and the aiohttp server."""
 
-    def __init__(self, *, settings: RouterSettings, discovery: Discovery) -> None:
+    def __init__(
+        self, *, settings: RouterSettings, discovery: Discovery, admission: AdmissionControl | None = None
+    ) -> None:
         self.settings = settings
         self.fleet = Fleet(settings=settings, discovery=discovery)
+        self.admission = admission
+        self.fleet.admission = admission
+        self._unit_report: asyncio.Task | None = None
         self.metrics = RouterMetrics(self.fleet)
         self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
         self.access_log = AccessLog()
@@ -178,7 +185,12 @@ class Router:
         return app
 
     async def start(self) -> None:
+        if self.admission is not None:
+            await self.admission.start()
         await self.fleet.start()
+        self._unit_report = asyncio.create_task(
+            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
+        )
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -217,7 +229,12 @@ class Router:
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._unit_report is not None:
+            self._unit_report.cancel()
+            await asyncio.gather(self._unit_report, return_exceptions=True)
         await self.fleet.close()
+        if self.admission is not None:
+            await self.admission.close()
         self.access_log.flush()
 
     # --- local endpoints ---------------------------------------------------------------------
@@ -304,6 +321,9 @@ class Router:
     async def _route(
         self, request: web.Request, body: bytes, request_id: str, t0: float, trace: _Trace
     ) -> web.StreamResponse:
+        if self.admission is not None and not self.admission.admits():
+            trace.shed = True
+            return self._shed("admission", request_id)
         headers = self._upstream_headers(request, request_id)
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
@@ -333,6 +353,15 @@ class Router:
 
     def _shed(self, reason: str, request_id: str) -> web.Response:
         self.metrics.shed.labels(reason).inc()
+        if reason == "admission":
+            return error_response(
+                429,
+                "the service is shedding load during an incident; retry after the Retry-After delay",
+                code="load_shed",
+                err_type="rate_limit_error",
+                request_id=request_id,
+                retry_after=self.settings.retry_after_s,
+            )
         if reason == "saturated":
             return error_response(
                 429,

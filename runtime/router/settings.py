@@ -213,6 +213,20 @@ class RouterSettings(BaseModel):
             "seconds between ReadyUnits metric lines on stdout: CloudWatch EMF, docs/observability.md",
         ),
     ] = 60.0
+    # incident lever: the fleet-wide admission limit `flotilla shed` sets (runtime/router/admission.py)
+    admission_parameter: Annotated[
+        str | None,
+        Option(
+            "--admission-parameter",
+            "SSM parameter holding the fleet-wide admission limit (`flotilla shed`); unset: no limit is read",
+            env=contract.ENV_ADMISSION_PARAMETER,
+        ),
+    ] = None
+    admission_interval_s: Annotated[
+        float,
+        within(1, 3600),
+        Option("--admission-interval", "seconds between reads of the admission parameter"),
+    ] = 10.0
     # SIGTERM drain
     drain_grace_s: Annotated[
         float,

@@ -284,6 +284,9 @@ def aws(monkeypatch):
             servicediscovery=session.client("servicediscovery"),
             # moto has no DescribeInstanceTopology: tests queue its answers on this Stubber
             topology=session.client("ec2"),
+            cloudwatch=session.client("cloudwatch"),
+            ssm=session.client("ssm"),
+            logs=session.client("logs"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:
@@ -316,3 +319,17 @@ def run_cli(capsys):
         return code, capsys.readouterr().out
 
     return run
+
+
+@pytest.fixture
+def world(aws, monkeypatch):
+    """A deployment on the ECS model (ecs_world.py): deployments, task lifecycles and capacity as ECS
+    and Auto Scaling have them, instead of moto's instant counts. Waits poll without sleeping."""
+    from ecs_world import build_world
+
+    import ops.commands.common as common
+
+    monkeypatch.setattr(common.time, "sleep", lambda s: None)
+    w = build_world(aws)
+    yield w
+    w.close()

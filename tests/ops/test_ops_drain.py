@@ -1,5 +1,5 @@
 """`flotilla drain-unit` / `restore-unit`: dry run by default, refusal without confirmation when
-stdin is not a terminal, and the ECS changes when confirmed."""
+stdin is not a terminal, and the ECS changes when confirmed; the waits against the ECS model."""
 
 from __future__ import annotations
 
@@ -36,18 +36,34 @@ def test_without_yes_and_without_a_terminal_drain_is_refused(aws, fleet, run_cli
     assert _service(aws, unit)["desiredCount"] == 2
 
 
-def test_drain_with_yes_scales_to_zero_and_status_shows_it_drained(aws, fleet, run_cli):
-    unit = fleet.add_unit(cell=0, index=0)
-    fleet.add_unit(cell=0, index=1)
-    code, out = run_cli("drain-unit", "cell0-unit0", "--yes", "--wait", "5")
+def test_drain_with_yes_scales_to_zero_and_status_shows_it_drained(world, run_cli):
+    unit = world.add_unit(cell=0, index=0)
+    world.add_unit(cell=0, index=1)
+    code, out = run_cli("drain-unit", "cell0-unit0", "--yes", "--wait", "600")
     assert code == 0, out
     assert "cell0-unit0: drained" in out
-    svc = _service(aws, unit)
+    svc = world.service(unit)
     assert svc["desiredCount"] == 0
     assert {"key": DRAINED_TAG, "value": "2"} in svc["tags"]
     code, out = run_cli("status")
     assert code == 0, out  # drained on purpose: not a failure
     assert "DRAINED" in out and "1/2 units ready, 1 drained" in out
+
+
+def test_drain_wait_returns_only_once_every_member_has_stopped(world, run_cli):
+    """ECS counts a task as running only in RUNNING: runningCount is 0 as soon as the members are
+    STOPPING, i.e. while they finish their in-flight requests after SIGTERM. "drained" must wait for
+    STOPPED (ECS task lifecycle)."""
+    unit = world.add_unit(cell=0, index=0)
+    world.add_unit(cell=0, index=1)
+    seen: list[str] = []
+    world.model.on_task_change.append(lambda t: seen.append(t.last_status) if t.group.endswith(unit.service) else None)
+    code, out = run_cli("drain-unit", "cell0-unit0", "--yes", "--wait", "600")
+    assert code == 0, out
+    tasks = [t for t in world.model.tasks.values() if t.group == f"service:{unit.service}"]
+    assert tasks and all(t.last_status == "STOPPED" for t in tasks)
+    assert {"DEACTIVATING", "STOPPING", "DEPROVISIONING", "STOPPED"} <= set(seen)
+    assert world.running_instances(unit) == []
 
 
 def test_draining_the_last_ready_unit_needs_force(aws, fleet, run_cli):
@@ -75,18 +91,23 @@ def test_a_terminal_user_is_asked_and_no_means_nothing_changes(aws, fleet, run_c
     assert _service(aws, unit)["desiredCount"] == 0
 
 
-def test_restore_brings_a_drained_unit_back_to_nodes_per_unit(aws, fleet, run_cli):
-    unit = fleet.add_unit(cell=0, index=0)
-    fleet.add_unit(cell=0, index=1)
-    assert run_cli("drain-unit", "cell0-unit0", "--yes")[0] == 0
+def test_restore_brings_a_drained_unit_back_to_nodes_per_unit(world, run_cli):
+    unit = world.add_unit(cell=0, index=0)
+    world.add_unit(cell=0, index=1)
+    assert run_cli("drain-unit", "cell0-unit0", "--yes", "--wait", "600")[0] == 0
     code, out = run_cli("restore-unit", "cell0-unit0", "--dry-run")
     assert code == 0 and "set desired count 0 -> 2" in out
-    assert _service(aws, unit)["desiredCount"] == 0
-    code, out = run_cli("restore-unit", "cell0-unit0", "--yes", "--wait", "5")
+    assert world.service(unit)["desiredCount"] == 0
+    ticks = world.model.ticks
+    code, out = run_cli("restore-unit", "cell0-unit0", "--yes", "--wait", "600")
     assert code == 0, out
-    svc = _service(aws, unit)
-    assert svc["desiredCount"] == 2
+    assert world.model.ticks - ticks >= 4  # PROVISIONING -> PENDING -> ACTIVATING -> RUNNING
+    svc = world.service(unit)
+    assert svc["desiredCount"] == 2 and svc["runningCount"] == 2
     assert DRAINED_TAG not in {t["key"] for t in svc.get("tags", [])}
+    assert len(world.running_instances(unit)) == 2
+    code, out = run_cli("status", "--unit", "cell0-unit0")
+    assert code == 0 and "READY" in out
 
 
 def test_draining_an_unknown_unit_names_the_known_ones(aws, fleet, run_cli):

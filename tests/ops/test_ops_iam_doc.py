@@ -14,6 +14,9 @@ PREFIX = {
     "autoscaling": "autoscaling",
     "servicediscovery": "servicediscovery",
     "cloudformation": "cloudformation",
+    "cloudwatch": "cloudwatch",
+    "ssm": "ssm",
+    "logs": "logs",
 }
 
 

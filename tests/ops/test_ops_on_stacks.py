@@ -47,6 +47,8 @@ def deployed(default_synth, monkeypatch):
             autoscaling=cfn.client("autoscaling"),
             servicediscovery=cfn.client("servicediscovery"),
             topology=cfn.client("ec2"),
+            cloudwatch=cfn.client("cloudwatch"),
+            ssm=cfn.client("ssm"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: aws)
         try:
@@ -107,8 +109,8 @@ def test_status_finds_the_deployed_cell_unit_and_members(deployed, run_cli):
     aws, synth, servers = deployed
     code, out = run_cli("status", "--json")
     (unit,) = json.loads(out)
-    # before ECS has started anything the unit exists but is not ready
-    assert (unit["cell"], unit["unit"], unit["state"], code) == ("cell0", "cell0-unit0", "NOT READY", 1)
+    # before ECS has started anything the unit exists but is not ready: no ready unit is critical
+    assert (unit["cell"], unit["unit"], unit["state"], code) == ("cell0", "cell0-unit0", "NOT READY", 3)
     _, instances = start_members(aws, servers)
     code, out = run_cli("status", "--json")
     assert code == 0, out
@@ -126,3 +128,19 @@ def test_replace_node_finds_the_units_auto_scaling_group_from_the_stack(deployed
     assert asg["AutoScalingGroupName"].startswith("flotilla-Cell-0-")
     assert f"Auto Scaling group {asg['AutoScalingGroupName']}" in out
     assert "rank 1 (follower) of cell0-unit0" in out
+
+
+def test_rollback_works_after_a_cdk_deploy_of_the_cell_template_as_synthesized(default_synth, world, run_cli):
+    """The update-replace policy the Cell stack really carries, applied by the CloudFormation part of
+    the ECS model to a deploy of a new revision: the rollback then goes back to the very revision
+    that ran before (still registered), with no re-registration."""
+    (task,) = default_synth.resources("Cell-0", "AWS::ECS::TaskDefinition").values()
+    policy = task.get("UpdateReplacePolicy", "Delete")
+    unit = world.add_unit(cell=0, index=0)
+    world.add_unit(cell=0, index=1)
+    (old,) = world.cdk_deploy([unit], revision="2", update_replace_policy=policy)
+    assert world.model.task_defs[old].status == "ACTIVE"
+    code, out = run_cli("rollback", "--unit", unit.unit_id, "--yes", "--wait", "600")
+    assert code == 0, out
+    assert world.service(unit)["taskDefinition"] == old
+    assert "registered again" not in out

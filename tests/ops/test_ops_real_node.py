@@ -17,7 +17,7 @@ def real_unit(new_unit):
     return unit.start().wait_ready(timeout=90)
 
 
-def test_status_reads_real_members_and_exits_one_once_a_follower_dies(fleet, real_unit, run_cli):
+def test_status_reads_real_members_and_exits_critical_once_a_follower_dies(fleet, real_unit, run_cli):
     unit = fleet.add_unit(cell=0, index=0, ports=[m.port for m in real_unit.members])
     code, out = run_cli("status", "--json")
     assert code == 0, out
@@ -32,5 +32,5 @@ def test_status_reads_real_members_and_exits_one_once_a_follower_dies(fleet, rea
     real_unit.members[1].sigkill()  # the follower dies: the leader must stop reporting ready
     wait_for(lambda: real_unit.leader.ready()[0] != 200, timeout=30, what="the leader to report the unit unready")
     code, out = run_cli("status", "--health-timeout", "1")
-    assert code == 1
+    assert code == 3  # the fleet's only unit is down: below the FleetReadyUnits threshold of 1
     assert f"node {unit.nodes[1].instance_id} unreachable" in out

@@ -118,6 +118,8 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--event-loop",
         "--access-log",
         "--ready-units-interval",
+        "--admission-parameter",
+        "--admission-interval",
         "--log-level",
     }
     envs = {
@@ -128,6 +130,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--cloudmap-service": contract.ENV_CLOUDMAP_SERVICE,
         "--poll-interval": contract.ENV_POLL_INTERVAL,
         "--drain-timeout": contract.ENV_DRAIN_TIMEOUT,
+        "--admission-parameter": contract.ENV_ADMISSION_PARAMETER,
     }
     for flag, help_text in flags.items():
         assert "(default: " in help_text, flag

@@ -14,6 +14,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
 from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 
+from contract.admission import parameter_name
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
@@ -22,6 +23,7 @@ from stacks.router import RouterStack
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
 NAMESPACE = "flotilla.internal"
+ADMISSION_PARAMETER = parameter_name("flotilla")
 UNITS_PER_CELL = {"cell0": 2, "cell1": 1}
 
 
@@ -86,6 +88,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         deployment_alarms=observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_name=discovery.service_name,
+        admission_parameter_name=ADMISSION_PARAMETER,
         synthesizer=synthesizer(),
     )
     return FrontApp(app, network, discovery, front, observability, router)

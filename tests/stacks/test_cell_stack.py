@@ -386,3 +386,13 @@ def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_p
         settings.api_port,
         settings.engine,
     ) == ("ecs", "cell0-unit0", "7", 2, contract.NODE_API_PORT, "reference")
+
+
+def test_replaced_task_definitions_stay_registered_for_rollback(default_synth):
+    """A new revision replaces the task definition; CloudFormation's default is to delete (deregister)
+    the replaced one once the update completes (aws/aws-cdk#24372), and ECS refuses to update a
+    service to an INACTIVE task definition, so `flotilla rollback` would have nothing to go back to.
+    UpdateReplacePolicy Retain keeps it (and DeletionPolicy with it, cfn-lint W3011)."""
+    (task,) = default_synth.resources("Cell-0", "AWS::ECS::TaskDefinition").values()
+    assert task.get("UpdateReplacePolicy") == "Retain"
+    assert task.get("DeletionPolicy") == "Retain"

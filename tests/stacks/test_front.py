@@ -14,7 +14,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_servicediscovery as cloudmap
 from aws_cdk.assertions import Annotations, Match, Template
-from front_app import CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, template
+from front_app import ADMISSION_PARAMETER, CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, template
 
 import contract
 from stacks.discovery import register_unit_members
@@ -108,6 +108,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
         contract.ENV_CLOUDMAP_NAMESPACE: NAMESPACE,
         contract.ENV_CLOUDMAP_SERVICE: "units",
         contract.ENV_DRAIN_TIMEOUT: "60",
+        contract.ENV_ADMISSION_PARAMETER: ADMISSION_PARAMETER,
     }
     assert container["PortMappings"] == [{"ContainerPort": contract.ROUTER_PORT, "Protocol": "tcp"}]
     check = container["HealthCheck"]
@@ -119,7 +120,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
     assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False, "SourceVolume": "tmp"}]
 
 
-def test_router_task_role_may_only_discover_instances_of_its_namespace_and_service():
+def test_router_task_role_may_only_discover_instances_and_read_the_admission_limit():
     task_role = logical_id("Router", "AWS::IAM::Role", "TaskDefinitionTaskRole")
     policies = [
         p["Properties"]
@@ -136,7 +137,27 @@ def test_router_task_role_may_only_discover_instances_of_its_namespace_and_servi
             "Effect": "Allow",
             "Resource": "*",
             "Sid": "DiscoverUnitMembers",
-        }
+        },
+        {
+            # `flotilla shed`'s parameter, exactly: GetParameter only, no wildcard, no path.
+            "Action": "ssm:GetParameter",
+            "Effect": "Allow",
+            "Resource": {
+                "Fn::Join": [
+                    "",
+                    [
+                        "arn:",
+                        {"Ref": "AWS::Partition"},
+                        ":ssm:",
+                        {"Ref": "AWS::Region"},
+                        ":",
+                        {"Ref": "AWS::AccountId"},
+                        ":parameter/flotilla/flotilla/admission",
+                    ],
+                ]
+            },
+            "Sid": "ReadAdmissionLimit",
+        },
     ]
     role = resources("Router", "AWS::IAM::Role")[task_role]["Properties"]
     assert "ManagedPolicyArns" not in role

@@ -1,0 +1,47 @@
+"""Each unit's state as this router sees it, as JSON lines on stdout (one per cell, every
+ready-units interval), so `flotilla status --health-via router-logs` can read unit health from
+CloudWatch Logs where the nodes' port cannot be reached (outside the VPC), with no new network path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from runtime import emf, logs
+from runtime.router.fleet import Fleet
+
+log = logging.getLogger("flotilla.router.unit_report")
+EVENT = "unit_states"
+
+
+def report(fleet: Fleet) -> list[dict]:
+    """One record per cell: {unit: {routable, state, revision, queue_depth, running}}. A unit is
+    routable when a member leading it is; a unit whose members answer but none leads is reported
+    with the leaderless state, so "not routable" and "not seen" stay different things."""
+    cells: dict[str, dict[str, dict]] = {}
+    for member in fleet.units.values():
+        if member.removed:
+            continue
+        units = cells.setdefault(member.cell or "", {})
+        seen = units.get(member.unit)
+        if member.role == "leader":
+            units[member.unit] = {
+                "routable": member.routable,
+                "state": member.state,
+                "revision": member.revision,
+                "queue_depth": member.queue_depth,
+                "running": member.running,
+            }
+        elif seen is None:
+            units[member.unit] = {"routable": False, "state": "no leader", "revision": member.revision}
+    return [logs.record(EVENT, cell=cell, units=units) for cell, units in sorted(cells.items())]
+
+
+async def report_loop(fleet: Fleet, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            emf.write_lines(logs.dumps(r) for r in report(fleet))
+        except (OSError, ValueError):  # stdout gone: reporting must never stop routing
+            log.exception("writing the unit states failed")

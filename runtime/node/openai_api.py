@@ -55,6 +55,47 @@ class ApiError(Exception):
         ).model_dump()
 
 
+# -- the body: JSON of any shape is parsed within bounds, or refused as the client's error ---------------
+
+MAX_BODY_DEPTH = 32  # arrays/objects inside each other; a chat request needs 5 (body, messages, message, content, part)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The request body as JSON (RFC 8259: UTF-8, no NaN/Infinity), nested at most MAX_BODY_DEPTH deep.
+
+    Its size is bounded before this (the server's client_max_size). The charset a client names in
+    Content-Type is not trusted: an unknown one must not turn a body into a server error."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON: send a JSON object") from None
+    except RecursionError:  # the parser's own stack: far deeper than MAX_BODY_DEPTH
+        raise _too_deep() from None
+    # Depth, walked without recursion (the validators and error messages below recurse).
+    level = [body]
+    for _ in range(MAX_BODY_DEPTH):
+        level = [
+            child
+            for node in level
+            if isinstance(node, (list, dict))
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (list, dict))
+        ]
+        if not level:
+            return body
+    raise _too_deep()
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        400, f"the request body is nested more than {MAX_BODY_DEPTH} arrays/objects deep: send a flatter JSON object"
+    )
+
+
 # -- rules: each turns a field's bad value into one line naming the field and the fix -------------------
 
 

@@ -342,3 +342,20 @@ def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsy
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
     assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [("logged-1", 200, "b", 2)]
     assert lines[0]["event"] == "router_request" and lines[0]["duration_ms"] > 0
+
+
+def test_two_requests_with_one_client_id_are_forwarded_with_it_and_logged_under_their_own_ids(capsys):
+    async def scenario():
+        (a,) = us = await units("a")
+        a.chunks = 2
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            same = {contract.REQUEST_ID_HEADER: "shared-by-two"}
+            answers = await asyncio.gather(post(s, router, headers=same), post(s, router, headers=same))
+        await stop_all(us)
+        assert [(st, h[contract.REQUEST_ID_HEADER]) for st, h, _ in answers] == [(200, "shared-by-two")] * 2
+        assert a.received == ["shared-by-two", "shared-by-two"]  # the correlation id travels on
+
+    run(scenario())
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
+    assert [r["request_id"] for r in lines] == ["shared-by-two"] * 2
+    assert len({r["id"] for r in lines}) == 2 and all(len(r["id"]) == 32 for r in lines)

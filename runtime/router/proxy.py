@@ -182,7 +182,11 @@ class Router:
 
     async def start(self) -> None:
         await self.fleet.start()
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # handler_cancellation: a client that hangs up before a plain (non-streamed) answer cancels
+        # its handler, which closes the unit connection, so the unit cancels the work and frees its
+        # batch slot. Off by default, opt-in since aiohttp 3.9 (aio-libs/aiohttp#7056):
+        # https://docs.aiohttp.org/en/stable/web_advanced.html#web-handler-cancellation
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -25,12 +25,20 @@ from runtime import emf
 from runtime.logs import jlog
 from runtime.node.handshake import STATUS_PATH
 from runtime.node.metrics import NodeMetrics
-from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion, parse_json_body
+from runtime.node.openai_api import (
+    ApiError,
+    ParsedRequest,
+    decode_body,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
+MAX_BODY_BYTES = 4 * 1024 * 1024  # as sent (client_max_size, else 413) and once decompressed
 BODY_READ_TIMEOUT_S = 30.0  # a body that trickles in slower than this is the client's problem (408)
 CLIENT_STALL_S = 60.0  # a client that accepts no bytes for this long counts as gone: its request is cancelled
 
@@ -155,6 +163,11 @@ class LeaderApi:
             raise ApiError(
                 408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s: send it whole"
             ) from None
+        except web.RequestPayloadError:
+            raise ApiError(
+                400, "the request body could not be read (broken chunked framing?): send it with a Content-Length"
+            ) from None
+        raw = decode_body(raw, request.headers.get("Content-Encoding", ""), limit=MAX_BODY_BYTES)
         body = parse_json_body(raw)
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, served_model=self.sup.s.model_name, max_tokens_limit=self.sup.s.max_tokens_limit)
@@ -382,7 +395,7 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 
 
 def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=4 * 1024 * 1024)
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
     api = LeaderApi(sup=sup, metrics=metrics)
 
     async def live(_: web.Request) -> web.Response:

@@ -186,7 +186,11 @@ class Router:
         # its handler, which closes the unit connection, so the unit cancels the work and frees its
         # batch slot. Off by default, opt-in since aiohttp 3.9 (aio-libs/aiohttp#7056):
         # https://docs.aiohttp.org/en/stable/web_advanced.html#web-handler-cancellation
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, handler_cancellation=True)
+        # auto_decompress=False: a compressed request body goes to the unit as it came, with its
+        # Content-Encoding; decoding it here and forwarding that header made the unit decode twice.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, handler_cancellation=True, auto_decompress=False
+        )
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -275,6 +279,15 @@ class Router:
                 408,
                 f"the request body did not arrive within {self.settings.idle_stream_timeout_s:g} s: send it whole",
                 code="body_timeout",
+                err_type="invalid_request_error",
+                request_id=request_id,
+                close=True,
+            )
+        except web.RequestPayloadError:
+            return error_response(
+                400,
+                "the request body could not be read (broken chunked framing?): send it with a Content-Length",
+                code="unreadable_body",
                 err_type="invalid_request_error",
                 request_id=request_id,
                 close=True,

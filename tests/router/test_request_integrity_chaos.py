@@ -223,12 +223,13 @@ def violations(seen: Seen, expected: dict[tuple[int, bool, int], str]) -> list[s
         return bad
     if 400 <= seen.status < 500 and seen.status != 429:  # 429: the router shed it, a retry later works
         bad.append(f"{tag}: a valid request was refused as the client's error: {seen.status} {seen.body}")
+    if seen.ending == "error" and seen.status != 200:  # refused before anything streamed
+        body = seen.body or {}
+        if not isinstance(body.get("error", {}).get("message"), str) or seen.status < 400:
+            bad.append(f"{tag}: status {seen.status} without an error body: {str(body)[:200]}")
+        return bad
     if not p.stream:
         body = seen.body or {}
-        if seen.ending == "error":
-            if not isinstance(body.get("error", {}).get("message"), str) or seen.status < 400:
-                bad.append(f"{tag}: status {seen.status} without an error body: {str(body)[:200]}")
-            return bad
         choice = body["choices"][0]
         got = choice.get("text") if "text" in choice else choice["message"]["content"]
         if got != want or choice["finish_reason"] != "length" or body["usage"]["completion_tokens"] != p.max_tokens:

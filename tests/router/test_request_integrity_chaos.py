@@ -3,10 +3,12 @@
 Two real units (two `runtime node` members each, reference engine, `tiny`) behind a real router on
 127.0.0.1 take a seeded mix of requests (streamed or not, chat or completion, greedy; some sharing
 one X-Request-Id, some abandoned by their client) while members are SIGTERMed (1 s drain) or
-SIGKILLed and started again, one unit at a time. Then every request is checked: it completed with
-exactly the text an unsplit run of the same prompt gives (one rank, in this process), or it ended
-with an explicit error (an HTTP error status with an error body, or an SSE error event and no
-[DONE]) after a prefix of that text; none hung past its bound; none shows another request's id.
+SIGKILLed and started again (a unit is hit only while the other serves). Then every request is
+checked: it completed with exactly the text an unsplit run of the same prompt gives (one rank, in
+this process), or it ended with an explicit error (a 5xx or 429 with an error body, or an SSE error
+event and no [DONE]) after a prefix of that text; none hung past its bound; none was refused as the
+client's fault; no completion id appears twice. Afterwards no unit holds a request: the abandoned
+ones gave their batch slots back.
 
 FLOTILLA_CHAOS_SEED=<n> replays a run (the seed is in every failure message); `--long` (or
 FLOTILLA_CHAOS_LONG=1) runs thousands of requests and dozens of member kills instead of a few

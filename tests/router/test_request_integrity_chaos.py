@@ -273,10 +273,21 @@ def completion_ids(seen: Seen) -> list[str]:
     return [seen.body["id"]]
 
 
-async def chaos(units: list[Unit], rng: random.Random, kills: int, stop: asyncio.Event, log: list[str]) -> None:
+async def routable(router: RouterProcess, unit: Unit) -> bool:
+    """The router itself routes to `unit` now (its own poll saw it ready), not just the unit says so."""
+    mine = f'unit_url="{unit.leader.url}"'
+    return any(
+        line.startswith("flotilla_router_unit_routable{") and mine in line and line.endswith(" 1.0")
+        for line in (await router.metrics()).splitlines()
+    )
+
+
+async def chaos(
+    units: list[Unit], router: RouterProcess, rng: random.Random, kills: int, stop: asyncio.Event, log: list[str]
+) -> None:
     """Stop a member (SIGTERM with a 1 s drain, or SIGKILL) and start it again, `kills` times or
-    until the load ends. A unit may be hit again while it still re-forms, but only while the other
-    unit serves, so the fleet is never down as a whole."""
+    until the load ends. A unit may be hit again while it still re-forms, but only while the router
+    routes to the other unit, so the fleet is never down as a whole."""
     t0 = time.monotonic()
     for _ in range(kills):
         try:
@@ -289,6 +300,10 @@ async def chaos(units: list[Unit], rng: random.Random, kills: int, stop: asyncio
         how = rng.choice(("sigterm", "sigkill"))
         other = next(u for u in units if u is not unit)
         await asyncio.to_thread(other.wait_ready, 120)
+        for _ in range(600):  # bounded: 30 s
+            if await routable(router, other):
+                break
+            await asyncio.sleep(0.05)
         if stop.is_set():
             return
         log.append(f"{time.monotonic() - t0:.1f}s {how} {unit.name} rank {member.rank}")
@@ -361,7 +376,9 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
             await router.start()
             await router.wait_routable(2)
             stop = asyncio.Event()
-            blower = asyncio.create_task(chaos(units, random.Random(seed + 1), size["member_kills"], stop, blows))
+            blower = asyncio.create_task(
+                chaos(units, router, random.Random(seed + 1), size["member_kills"], stop, blows)
+            )
             t0 = time.monotonic()
             try:
                 return await load(router.url, planned, size["clients"])

@@ -25,7 +25,11 @@ METRICS_PATH = "/metrics"
 
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
-REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"  # a client's id is kept if it matches (node and router)
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"  # a client's id is kept (as correlation id) if it matches
+# The leader's own id of a request (the response body's `id`): generated, unique in the unit, the only
+# key the node files a request under. X-Request-Id is the client's correlation id: logged, returned,
+# forwarded, never a key (two clients may send the same one).
+COMPLETION_ID_HEADER = "X-Flotilla-Completion-Id"
 ARRIVAL_HEADER = "X-Flotilla-Arrival"  # unix seconds, float, when the leader took the request
 FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token (non-streamed responses)
 FINISH_HEADER = "X-Flotilla-Finish"  # unix seconds of the last token (non-streamed responses)

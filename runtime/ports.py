@@ -11,7 +11,14 @@ from typing import Collection
 
 
 def port_free(port: int) -> bool:
+    """True when a server could bind `port` on 127.0.0.1 now.
+
+    The probe binds as flotilla's servers do, with SO_REUSEADDR (runtime/node/cli.py, the router):
+    connections that closed a moment ago linger in TIME_WAIT for a minute and make a plain bind fail,
+    though a server's bind succeeds (on Linux SO_REUSEADDR still refuses a port someone listens on,
+    https://man7.org/linux/man-pages/man7/socket.7.html, SO_REUSEADDR)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

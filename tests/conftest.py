@@ -8,6 +8,14 @@ from nodeproc import Unit
 from s3_fixture import s3  # noqa: F401 - registers the moto bucket fixture for every suite
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="run the long form of soak tests (the chaos test: thousands of requests; also FLOTILLA_CHAOS_LONG=1)",
+    )
+
+
 @pytest.fixture
 def new_unit(tmp_path):
     """new_unit(**settings) -> a nodeproc.Unit, not yet started, logging under tmp_path. Every unit

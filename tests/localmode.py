@@ -23,8 +23,8 @@ READY_BANNER = "Ctrl-C stops everything"
 
 
 class LocalMode:
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.port = free_port()
+    def __init__(self, tmp_path: Path, *args: str, port: int | None = None) -> None:
+        self.port = port if port is not None else free_port()
         self.state = tmp_path / "state"
         self.proc = subprocess.Popen(
             [

@@ -29,6 +29,11 @@ class EngineBroken(EngineError):
     """
 
 
+class EngineUnavailable(EngineError):
+    """The engine is not serving (still starting, or shut down): the request was not finished, and
+    another unit (or this one, later) may take it. The API maps it to a 503 with Retry-After."""
+
+
 class EngineState(str, enum.Enum):
     STARTING = "starting"  # loading weights / forming the process group / warming up
     READY = "ready"

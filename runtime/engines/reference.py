@@ -37,6 +37,7 @@ from runtime.engines.base import (
     EngineHealth,
     EngineLoad,
     EngineState,
+    EngineUnavailable,
     GenerationRequest,
     RequestRejected,
     TokenEvent,
@@ -240,8 +241,9 @@ class ReferenceEngine:
             self._lock.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, self.collective_timeout_s + 5)
-        if self._state is not EngineState.BROKEN:
-            self._state, self._detail = EngineState.STOPPED, "shut down"
+        with self._lock:
+            if self._state is not EngineState.BROKEN:
+                self._state, self._detail = EngineState.STOPPED, "shut down"
 
     def health(self) -> EngineHealth:
         return EngineHealth(state=self._state, detail=self._detail)
@@ -278,11 +280,16 @@ class ReferenceEngine:
             )
         return need
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    def _refuse_unless_ready(self) -> None:
+        if self._state is EngineState.BROKEN:
+            raise EngineBroken(f"engine is broken: {self._detail}")
+        if self._stopping:
+            raise EngineUnavailable("the engine is shutting down, not ready")
         if self._state is not EngineState.READY:
-            if self._state is EngineState.BROKEN:
-                raise EngineBroken(f"engine is broken: {self._detail}")
-            raise EngineError(f"engine is {self._state.value}, not ready")
+            raise EngineUnavailable(f"engine is {self._state.value}, not ready")
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        self._refuse_unless_ready()  # a cheap early answer; the check that counts is under the lock
         need = self._validate(request)
         st = _Request(
             request=request,
@@ -293,6 +300,10 @@ class ReferenceEngine:
             need=need,
         )
         with self._lock:
+            # State check and enqueue under the lock _end_all holds while it changes the state and
+            # empties the queues: a request is either failed by it or seen by the scheduler, never
+            # left in an inbox nobody reads.
+            self._refuse_unless_ready()
             if request.request_id in self._by_id:
                 raise RequestRejected(f"request id {request.request_id!r} is already in flight")
             self._by_id[request.request_id] = st
@@ -345,17 +356,14 @@ class ReferenceEngine:
             self._loop(executor)
             executor.leader_signal(OP_SHUTDOWN)
         except Exception as e:  # noqa: BLE001 - every failure must reach the waiting requests
-            self._state = EngineState.BROKEN
-            self._detail = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
-            log.error("engine broken: %s", self._detail)
-            error = e if isinstance(e, EngineBroken) else EngineBroken(self._detail)
-            self._fail_all(error)
+            detail = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+            log.error("engine broken: %s", detail)
+            self._end_all(EngineState.BROKEN, detail, e if isinstance(e, EngineBroken) else EngineBroken(detail))
         finally:
             self._ready.set()
             _release_process_group()
             if self._state is not EngineState.BROKEN:
-                self._state, self._detail = EngineState.STOPPED, "shut down"
-                self._fail_all(EngineError("the engine shut down"))
+                self._end_all(EngineState.STOPPED, "shut down", EngineUnavailable("the engine shut down"))
 
     def _warm_up(self, executor: ShardExecutor) -> None:
         seq = next(self._seq_ids)
@@ -364,8 +372,11 @@ class ReferenceEngine:
         executor.leader_step(StepCommand(decode=[seq], decode_tokens=[token]))
         executor.leader_step(StepCommand(free=[seq]))
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _end_all(self, state: EngineState, detail: str, error: BaseException) -> None:
+        """The engine stops serving: the new state and the end of every request it holds, in one
+        step under the lock that generate() enqueues under."""
         with self._lock:
+            self._state, self._detail = state, detail
             pending = list(self._waiting) + list(self._running.values()) + list(self._inbox)
             self._waiting.clear(), self._running.clear(), self._inbox.clear()
             self._by_id.clear(), self._cancels.clear()

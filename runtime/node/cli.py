@@ -62,7 +62,11 @@ async def serve(s: NodeSettings) -> int:
     sup = UnitSupervisor(settings=s, rendezvous=rendezvous, metrics=metrics)
     from runtime.node.server import build_app  # noqa: PLC0415
 
-    runner = web.AppRunner(build_app(sup=sup, metrics=metrics), handler_cancellation=True, access_log=None)
+    # auto_decompress=False: the API decodes a compressed body itself, within its size bound, and
+    # answers a coding it does not support in OpenAI's error shape (runtime/node/openai_api.py).
+    runner = web.AppRunner(
+        build_app(sup=sup, metrics=metrics), handler_cancellation=True, access_log=None, auto_decompress=False
+    )
     await runner.setup()
     site = web.TCPSite(runner, host=s.bind_host, port=s.api_port, reuse_address=True)
     await site.start()

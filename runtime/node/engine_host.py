@@ -21,11 +21,12 @@ from runtime.engines.base import (
     EngineBroken,
     EngineError,
     EngineState,
+    EngineUnavailable,
     GenerationRequest,
     RequestRejected,
     SamplingParams,
 )
-from runtime.logs import setup_logging
+from runtime.logs import jlog, setup_logging
 from runtime.membership import Member, Membership
 
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
@@ -152,9 +153,22 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
     out.send(op="ready", model_name=engine.model_name, max_context=int(engine.max_context))
     tasks: dict[str, asyncio.Task] = {}
     stop = asyncio.Event()
+    stop_reason = ["the unit shut down before this request finished; retry"]
+
+    def end(rid: str, cmd: dict[str, Any], ending: str, generated: int, **event: Any) -> None:
+        """The request's one last event (done or error) and the engine's own account of it."""
+        out.send(id=rid, **event)
+        jlog(
+            "engine_request_end",
+            id=rid,
+            request_id=cmd.get("correlation_id", ""),
+            ending=ending,
+            generated=generated,
+        )
 
     async def run(cmd: dict[str, Any]) -> None:
         rid = cmd["id"]
+        generated, finish = 0, None
         try:
             try:
                 ids = _prompt_ids(engine, cmd)
@@ -194,20 +208,42 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
             async for ev in engine.generate(
                 GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
             ):
+                generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
+                finish = ev.finish_reason or finish
                 out.send(op="token", id=rid, token_id=ev.token_id, text=ev.text, finish_reason=ev.finish_reason)
-            out.send(op="done", id=rid)
+            if finish is None:
+                # The engine's stream ended without saying why: the answer may be cut short, and a
+                # client must never take a short answer for a whole one.
+                end(
+                    rid,
+                    cmd,
+                    "incomplete",
+                    generated,
+                    op="error",
+                    kind="incomplete",
+                    message="the engine ended the request without a finish reason; retry",
+                )
+            else:
+                end(rid, cmd, finish, generated, op="done", finish_reason=finish)
         except asyncio.CancelledError:
             engine.cancel(rid)
-            out.send(op="done", id=rid)
+            if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
+                end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=stop_reason[0])
+            else:  # the supervisor cancelled it: its client went away
+                end(
+                    rid, cmd, "cancelled", generated, op="error", kind="cancelled", message="cancelled: the client left"
+                )
         except RequestRejected as e:
-            out.send(op="error", id=rid, kind="rejected", message=str(e))
+            end(rid, cmd, "rejected", generated, op="error", kind="rejected", message=str(e))
         except EngineBroken as e:
-            out.send(op="error", id=rid, kind="broken", message=str(e))
+            end(rid, cmd, "broken", generated, op="error", kind="broken", message=str(e))
+        except EngineUnavailable as e:
+            end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=f"{e}; retry")
         except EngineError as e:
-            out.send(op="error", id=rid, kind="engine", message=str(e))
+            end(rid, cmd, "engine", generated, op="error", kind="engine", message=str(e))
         except Exception as e:  # a bug: report it on the request and in the log, keep serving others
             logging.exception("request %s failed", rid)
-            out.send(op="error", id=rid, kind="internal", message=f"{type(e).__name__}: {e}")
+            end(rid, cmd, "internal", generated, op="error", kind="internal", message=f"{type(e).__name__}: {e}")
         finally:
             tasks.pop(rid, None)
 
@@ -226,12 +262,20 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
         cmd = json.loads(line)
         op = cmd["op"]
         if op == "submit":
+            if cmd["id"] in tasks:
+                # Ids are generated unique by the supervisor (engine_process): a repeat is a bug.
+                # Fail both loudly rather than let two requests share one stream.
+                logging.error("request id %s submitted twice; failing it", cmd["id"])
+                tasks[cmd["id"]].cancel()
+                out.send(op="error", id=cmd["id"], kind="internal", message="request id submitted twice (bug)")
+                continue
             tasks[cmd["id"]] = asyncio.create_task(run(cmd))
         elif op == "cancel":
             t = tasks.get(cmd["id"])
             if t is not None:
                 t.cancel()
         elif op == "shutdown":
+            stop_reason[0] = cmd.get("reason") or stop_reason[0]
             break
     stop.set()
     for t in list(tasks.values()):

@@ -139,6 +139,11 @@ class EngineProcess:
             return False
 
     def submit(self, request_id: str, **payload: Any) -> RequestStream:
+        """Relay one request; its events arrive on the returned stream. `request_id` keys the stream
+        and must be unique among the requests in flight (the server generates it; a client's
+        X-Request-Id travels in the payload as `correlation_id`, for the logs only)."""
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight: ids must be generated unique")
         s = RequestStream(request_id)
         self._streams[request_id] = s
         if not self._send(op="submit", id=request_id, **payload):
@@ -164,12 +169,13 @@ class EngineProcess:
             if ev["op"] in ("done", "error"):
                 return
 
-    async def stop(self, *, grace_s: float = 10.0) -> int | None:
-        """Ask the engine to shut down cleanly; kill it if it has not exited after grace_s."""
+    async def stop(self, *, grace_s: float = 10.0, reason: str = "") -> int | None:
+        """Ask the engine to shut down cleanly; kill it if it has not exited after grace_s. Requests
+        still in flight end with an `unavailable` error carrying `reason`."""
         if self.proc is None:
             return None
         if self.alive:
-            self._send(op="shutdown")
+            self._send(op="shutdown", reason=reason)
             if self.proc.stdin is not None:
                 try:
                     self.proc.stdin.close()

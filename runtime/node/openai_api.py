@@ -8,6 +8,7 @@ line that says how to fix it). Nothing here touches the engine.
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -53,6 +54,79 @@ class ApiError(Exception):
         return ErrorResponse(
             error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
         ).model_dump()
+
+
+# -- the body: JSON of any shape is parsed within bounds, or refused as the client's error ---------------
+
+MAX_BODY_DEPTH = 32  # arrays/objects inside each other; a chat request needs 5 (body, messages, message, content, part)
+# Content codings a client may compress its body with (RFC 9110 §8.4.1: gzip, and deflate = the zlib
+# format of RFC 1950; raw deflate is accepted too, as browsers and aiohttp do).
+BODY_ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
+
+
+def decode_body(raw: bytes, content_encoding: str, *, limit: int) -> bytes:
+    """The body with its Content-Encoding undone (the last coding applied is undone first, RFC 9110
+    §8.4), never more than `limit` bytes decoded: a small compressed body may expand without bound."""
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        if coding not in BODY_ENCODINGS:
+            raise ApiError(
+                415,
+                f"Content-Encoding {coding[:40]!r} is not supported: send the body plain, gzip or deflate",
+            )
+        tries = (16 + zlib.MAX_WBITS,) if coding in ("gzip", "x-gzip") else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+        for wbits in tries:
+            inflate = zlib.decompressobj(wbits)
+            try:
+                out = inflate.decompress(raw, limit + 1)
+            except zlib.error:
+                continue
+            if len(out) > limit or inflate.unconsumed_tail:
+                raise ApiError(413, f"the request body is larger than {limit} bytes once decompressed: shorten it")
+            if inflate.eof:
+                raw = out
+                break
+        else:
+            raise ApiError(400, f"the request body is not complete {coding} data: compress it whole, or send it plain")
+    return raw
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The request body as JSON (RFC 8259: UTF-8, no NaN/Infinity), nested at most MAX_BODY_DEPTH deep.
+
+    Its size is bounded before this (the server's client_max_size). The charset a client names in
+    Content-Type is not trusted: an unknown one must not turn a body into a server error."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON: send a JSON object") from None
+    except RecursionError:  # the parser's own stack: far deeper than MAX_BODY_DEPTH
+        raise _too_deep() from None
+    # Depth, walked without recursion (the validators and error messages below recurse).
+    level = [body]
+    for _ in range(MAX_BODY_DEPTH):
+        level = [
+            child
+            for node in level
+            if isinstance(node, (list, dict))
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (list, dict))
+        ]
+        if not level:
+            return body
+    raise _too_deep()
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        400, f"the request body is nested more than {MAX_BODY_DEPTH} arrays/objects deep: send a flatter JSON object"
+    )
 
 
 # -- rules: each turns a field's bad value into one line naming the field and the fix -------------------

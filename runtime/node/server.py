@@ -1,12 +1,14 @@
 """A unit member's HTTP server: health on every rank, the OpenAI-compatible API on the leader.
 
-Each request gets an id (kept from X-Request-Id), arrival / first-token / finish timestamps in one
-structured log line and in /metrics, one CloudWatch EMF line on stdout (runtime/emf.py), and the
-unit and revision in response headers.
+Each request gets its own id (generated, unique in the unit; the client's X-Request-Id is kept only
+as a correlation id), arrival / first-token / finish timestamps in one structured log line and in
+/metrics, one CloudWatch EMF line on stdout (runtime/emf.py), and the unit and revision in response
+headers. A request ends whole (finish_reason from the engine) or with an error (docs/node.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -23,12 +25,43 @@ from runtime import emf
 from runtime.logs import jlog
 from runtime.node.handshake import STATUS_PATH
 from runtime.node.metrics import NodeMetrics
-from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_completion
+from runtime.node.openai_api import (
+    ApiError,
+    ParsedRequest,
+    decode_body,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
+MAX_BODY_BYTES = 4 * 1024 * 1024  # as sent (client_max_size, else 413) and once decompressed
+BODY_READ_TIMEOUT_S = 30.0  # a body that trickles in slower than this is the client's problem (408)
+CLIENT_STALL_S = 60.0  # a client that accepts no bytes for this long counts as gone: its request is cancelled
+
+# How a request the engine ended with an error reaches the client (docs/node.md, "How a request
+# ends"): the error kind from engine_host -> (HTTP status, OpenAI error type, code). 503s carry
+# Retry-After: another unit (or this one, re-formed) can serve the request.
+ENDINGS: dict[str, tuple[int, str, str | None]] = {
+    "rejected": (400, "invalid_request_error", None),
+    "broken": (503, "service_unavailable", "unit_broken"),
+    "unavailable": (503, "service_unavailable", "unit_unavailable"),
+    "cancelled": (503, "service_unavailable", "cancelled"),
+    "incomplete": (500, "server_error", "incomplete"),
+    "engine": (500, "server_error", "engine_error"),
+    "internal": (500, "server_error", "internal_error"),
+}
+
+
+# What the server makes of an engine stream that ended without a finish reason.
+_INCOMPLETE = {
+    "op": "error",
+    "kind": "incomplete",
+    "message": "the engine ended the request without a finish reason; retry",
+}
 
 
 def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
@@ -41,9 +74,10 @@ class LeaderApi:
         self.m = metrics
 
     # -- plumbing -----------------------------------------------------------------------------------
-    def _headers(self, request_id: str, arrival: float) -> dict[str, str]:
+    def _headers(self, correlation_id: str, rid: str, arrival: float) -> dict[str, str]:
         return {
-            contract.REQUEST_ID_HEADER: request_id,
+            contract.REQUEST_ID_HEADER: correlation_id,
+            contract.COMPLETION_ID_HEADER: rid,
             contract.ARRIVAL_HEADER: f"{arrival:.6f}",
             contract.UNIT_HEADER: self.sup.s.unit_id,
             contract.REVISION_HEADER: self.sup.s.revision,
@@ -74,11 +108,15 @@ class LeaderApi:
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
         arrival = time.time()
         endpoint = request.path
+        # The request's own id keys everything (engine streams, the engine's batch); the client's
+        # X-Request-Id is only carried along: two clients may well send the same one.
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         given = request.headers.get(contract.REQUEST_ID_HEADER, "")
-        rid = given if _REQUEST_ID_OK.match(given) else f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        headers = self._headers(rid, arrival)
+        correlation_id = given if _REQUEST_ID_OK.match(given) else rid
+        headers = self._headers(correlation_id, rid, arrival)
         rec: dict[str, Any] = {
-            "request_id": rid,
+            "request_id": correlation_id,
+            "id": rid,
             "endpoint": endpoint,
             "kind": kind,
             "arrival": round(arrival, 6),
@@ -96,6 +134,9 @@ class LeaderApi:
             status = e.status
             rec.update(error=e.message)
             return _error(e, headers)
+        except web.HTTPException as e:  # e.g. 413 from reading the body; openai_errors words it
+            status = e.status
+            raise
         finally:
             self.sup.in_flight -= 1
             self.m.in_flight.dec()
@@ -116,9 +157,18 @@ class LeaderApi:
             rec["error_kind"] = "draining"
             return self._unavailable("this unit is draining for shutdown; retry on another unit", headers)
         try:
-            body = await request.json(loads=json.loads)
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON: send a JSON object") from None
+            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+                raw = await request.read()  # at most client_max_size bytes, else 413
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s: send it whole"
+            ) from None
+        except web.RequestPayloadError:
+            raise ApiError(
+                400, "the request body could not be read (broken chunked framing?): send it with a Content-Length"
+            ) from None
+        raw = decode_body(raw, request.headers.get("Content-Encoding", ""), limit=MAX_BODY_BYTES)
+        body = parse_json_body(raw)
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, served_model=self.sup.s.model_name, max_tokens_limit=self.sup.s.max_tokens_limit)
         engine = self.sup.engine
@@ -127,7 +177,9 @@ class LeaderApi:
             return self._unavailable(
                 f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
             )
-        stream = engine.submit(rid, **req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind]))
+        stream = engine.submit(
+            rid, correlation_id=rec["request_id"], **req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
+        )
         events = engine.events(stream)
         done = False
         try:
@@ -151,22 +203,26 @@ class LeaderApi:
                 rec.setdefault("error", "client disconnected")
                 rec.setdefault("status", 499)
 
-    def _engine_error(self, ev: dict, headers: dict[str, str], rec: dict[str, Any]) -> web.Response:
-        rec["error_kind"] = ev["kind"]
-        rec["error"] = ev["message"]
+    @staticmethod
+    def _ending(ev: dict, rec: dict[str, Any]) -> ApiError:
+        """The error a client sees for an engine `error` event (ENDINGS); recorded in the log line."""
+        rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
+        status, type_, code = ENDINGS.get(ev["kind"], ENDINGS["internal"])
         if ev["kind"] == "rejected":
-            return _error(
-                ApiError(
-                    400,
-                    ev["message"],
-                    param="messages" if rec["kind"] == "chat" else "prompt",
-                    code="context_length_exceeded" if "context" in ev["message"] else None,
-                ),
-                headers,
+            return ApiError(
+                status,
+                ev["message"],
+                param="messages" if rec["kind"] == "chat" else "prompt",
+                code="context_length_exceeded" if "context" in ev["message"] else None,
             )
-        if ev["kind"] == "broken":
-            return self._unavailable(ev["message"], headers)
-        return _error(ApiError(500, f"the engine failed: {ev['message']}", type_="server_error"), headers)
+        message = ev["message"] if status != 500 else f"the engine failed: {ev['message']}"
+        return ApiError(status, message, type_=type_, code=code)
+
+    def _engine_error(self, ev: dict, headers: dict[str, str], rec: dict[str, Any]) -> web.Response:
+        err = self._ending(ev, rec)
+        if err.status == 503:
+            headers = {**headers, "Retry-After": RETRY_AFTER_S}
+        return _error(err, headers)
 
     def _timing(self, rec: dict[str, Any], arrival: float, first_token: float | None, n: int) -> None:
         """The request's generation ended (done, failed or the client left): record its timing in
@@ -218,6 +274,8 @@ class LeaderApi:
                 self._timing(rec, arrival, first_token, n)
                 return self._engine_error(ev, headers, rec)
         self._timing(rec, arrival, first_token, n)
+        if finish_reason is None:  # only the engine says an answer is whole: never assume it
+            return self._engine_error(_INCOMPLETE, headers, rec)
         rec["status"] = 200
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
@@ -226,7 +284,7 @@ class LeaderApi:
             rid=rid,
             created=int(arrival),
             text="".join(text),
-            finish_reason=finish_reason or "stop",
+            finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=n,
         )
@@ -256,12 +314,22 @@ class LeaderApi:
         await resp.prepare(request)
         created = int(arrival)
 
+        async def write(data: bytes) -> None:
+            # Bounded: a client that stops reading must not hold its batch slot for ever.
+            try:
+                async with asyncio.timeout(CLIENT_STALL_S):
+                    await resp.write(data)
+            except TimeoutError:
+                if request.transport is not None:
+                    request.transport.abort()
+                raise ConnectionError(f"the client accepted nothing for {CLIENT_STALL_S:g} s") from None
+
         async def send(payload: BaseModel | dict) -> None:
             body = payload.model_dump() if isinstance(payload, BaseModel) else payload
-            await resp.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
+            await write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
-        n, first_token = 0, None
-        ev: dict = {"op": "done"}
+        n, first_token, finish_reason = 0, None, None
+        ev: dict = _INCOMPLETE
         try:
             if kind == "chat":
                 await send(req.chunk(rid=rid, created=created, text="", finish_reason=None, first=True))
@@ -271,6 +339,7 @@ class LeaderApi:
                         first_token = time.time()
                     n += ev.get("token_id", 0) >= 0  # -1: a finish-only event, not a token
                     rec["completion_tokens"] = n
+                    finish_reason = ev.get("finish_reason") or finish_reason
                     await send(
                         req.chunk(rid=rid, created=created, text=ev["text"], finish_reason=ev.get("finish_reason"))
                     )
@@ -280,31 +349,24 @@ class LeaderApi:
             rec["client_gone"] = True
             self._timing(rec, arrival, first_token, n)
             return resp
-        if ev["op"] == "error":
-            self._timing(rec, arrival, first_token, n)
-            rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
-            rec["status"] = 200
-            err = ApiError(
-                503 if ev["kind"] == "broken" else 500,
-                ev["message"],
-                type_="service_unavailable" if ev["kind"] == "broken" else "server_error",
-            )
-            # The status line is already sent: an `error` event, then close (no [DONE]).
+        self._timing(rec, arrival, first_token, n)
+        rec["status"] = 200  # the status line went out with the first event
+        if ev["op"] == "error" or finish_reason is None:
+            err = self._ending(ev if ev["op"] == "error" else _INCOMPLETE, rec)
+            # An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
             try:
                 await send(err.body())
                 await resp.write_eof()
             except ConnectionError:
                 pass
             return resp
-        self._timing(rec, arrival, first_token, n)
         try:
             if req.include_usage:
                 await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n))
-            await resp.write(b"data: [DONE]\n\n")
+            await write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:
             pass
-        rec["status"] = 200
         return resp
 
 
@@ -333,7 +395,7 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 
 
 def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=4 * 1024 * 1024)
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
     api = LeaderApi(sup=sup, metrics=metrics)
 
     async def live(_: web.Request) -> web.Response:

@@ -22,6 +22,7 @@ import collections
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -45,6 +46,9 @@ from runtime.node.settings import NodeSettings
 from runtime.rendezvous import Rendezvous, RendezvousError
 
 log = logging.getLogger("flotilla.node")
+# One deadline for all of a tick's status polls (they run at once): a member slower than this counts
+# as not answering for that tick.
+STATUS_DEADLINE_S = 1.0
 
 
 class FormationEnded(Exception):
@@ -190,7 +194,7 @@ class UnitSupervisor:
     # -- lifecycle ------------------------------------------------------------------------------------
     async def run(self) -> int:
         """Run until drained (returns 0) or the restart budget is exhausted (returns 1)."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATUS_DEADLINE_S))
         try:
             while not self.draining:
                 try:
@@ -325,6 +329,18 @@ class UnitSupervisor:
             )
             return None
 
+    async def _statuses(self, members: Sequence[Member]) -> list[MemberStatus | None]:
+        """Every member's status, asked all at once under one deadline: a slow member costs the tick
+        at most STATUS_DEADLINE_S, however many members the unit has (None: no answer in time)."""
+        polls = [asyncio.ensure_future(self._status(f)) for f in members]
+        if not polls:
+            return []
+        _, late = await asyncio.wait(polls, timeout=STATUS_DEADLINE_S)
+        for p in late:
+            p.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        return [None if p in late else p.result() for p in polls]
+
     def _compatible(self, st: MemberStatus, member: Member, m: Membership) -> bool:
         if st.unit != m.unit_id:
             problem = f"belongs to unit {st.unit!r}"
@@ -374,8 +390,7 @@ class UnitSupervisor:
         last_rdv = [time.monotonic()]
         while len(boot_ids) < len(followers):  # every follower alive, compatible and waiting
             boot_ids = {}
-            for f in followers:
-                st = await self._status(f)
+            for f, st in zip(followers, await self._statuses(followers)):
                 if st and self._compatible(st, f, m) and st.formation is None and not st.draining:
                     boot_ids[f.rank] = st.boot_id
             if len(boot_ids) < len(followers):
@@ -403,8 +418,7 @@ class UnitSupervisor:
                 self._set_state(UnitState.READY, formation=formation)
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
-            for f in followers:
-                st = await self._status(f)
+            for f, st in zip(followers, await self._statuses(followers)):
                 if st and st.draining and not self.unit_draining and not self.draining:
                     self.unit_draining = f"follower rank {f.rank} is draining"
                     drain_until = time.monotonic() + self.s.drain_timeout_s
@@ -507,7 +521,13 @@ class UnitSupervisor:
                     break
             left = self.in_flight
             if self.engine is not None:
-                await self.engine.stop(grace_s=10.0)  # in-flight stragglers end with an error
+                # In-flight stragglers end with a 503 (an SSE error event once streaming), never as
+                # a short answer that looks whole.
+                await self.engine.stop(
+                    grace_s=10.0,
+                    reason="the unit drained for shutdown and this request did not finish within the "
+                    f"drain timeout ({self.s.drain_timeout_s:g} s); retry on another unit",
+                )
         else:
             # A follower keeps its shard serving while its leader finishes in-flight work, and stops
             # as soon as the leader has released it (or is gone, or moved on to another formation).

@@ -109,11 +109,14 @@ class AccessLog:
 
 
 class _Trace:
-    """What the access log needs to know about one request, filled in along the way."""
+    """What the access log needs to know about one request, filled in along the way. `id` is the
+    router's own id of the request: the client's X-Request-Id is a correlation id that two clients
+    may share, so nothing the router keeps is filed under it."""
 
-    __slots__ = ("attempts", "first_byte", "shed")
+    __slots__ = ("id", "attempts", "first_byte", "shed")
 
     def __init__(self) -> None:
+        self.id = uuid.uuid4().hex
         self.attempts = 0
         self.first_byte = 0.0
         self.shed = False
@@ -191,7 +194,15 @@ class Router:
         self._unit_report = asyncio.create_task(
             unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
         )
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # handler_cancellation: a client that hangs up before a plain (non-streamed) answer cancels
+        # its handler, which closes the unit connection, so the unit cancels the work and frees its
+        # batch slot. Off by default, opt-in since aiohttp 3.9 (aio-libs/aiohttp#7056):
+        # https://docs.aiohttp.org/en/stable/web_advanced.html#web-handler-cancellation
+        # auto_decompress=False: a compressed request body goes to the unit as it came, with its
+        # Content-Encoding; decoding it here and forwarding that header made the unit decode twice.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, handler_cancellation=True, auto_decompress=False
+        )
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -276,7 +287,28 @@ class Router:
                 close=True,
             )
         arrival = time.time()
-        body = await request.read()
+        try:
+            # Bounded: a client that trickles its body in must not hold a request open for ever.
+            async with asyncio.timeout(self.settings.idle_stream_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            return error_response(
+                408,
+                f"the request body did not arrive within {self.settings.idle_stream_timeout_s:g} s: send it whole",
+                code="body_timeout",
+                err_type="invalid_request_error",
+                request_id=request_id,
+                close=True,
+            )
+        except web.RequestPayloadError:
+            return error_response(
+                400,
+                "the request body could not be read (broken chunked framing?): send it with a Content-Length",
+                code="unreadable_body",
+                err_type="invalid_request_error",
+                request_id=request_id,
+                close=True,
+            )
         self.inflight += 1
         self._idle.clear()
         resp: web.StreamResponse | None = None
@@ -311,6 +343,8 @@ class Router:
             status=resp.status if resp is not None else 499,
             unit=resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
             revision=resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
+            id=trace.id,
+            completion_id=resp.headers.get(contract.COMPLETION_ID_HEADER, "") if resp is not None else "",
             attempts=trace.attempts,
             arrival=round(arrival, 6),
             first_byte_ms=round(1000 * (first - t0), 3) if first else None,
@@ -582,10 +616,14 @@ class Router:
                 if not chunk:
                     continue
             try:
-                await resp.write(chunk)
-            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                # Bounded like the unit's side: a client that accepts nothing counts as gone.
+                async with asyncio.timeout(s.idle_stream_timeout_s):
+                    await resp.write(chunk)
+            except (ConnectionError, aiohttp.ClientConnectionResetError, TimeoutError):
                 # The client went away: drop the unit connection so the unit cancels the work.
                 upstream.close()
+                if request.transport is not None:
+                    request.transport.abort()
                 return resp
         try:
             rest = framer.flush() if framer is not None else b""

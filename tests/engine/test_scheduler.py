@@ -237,3 +237,85 @@ def test_start_gives_up_with_a_clear_error_when_followers_never_join(free_ports)
 
     health = run(go())
     assert health.state is EngineState.BROKEN and health.detail
+
+
+def test_a_request_that_arrives_as_the_engine_breaks_ends_with_engine_broken_not_a_silent_wait(monkeypatch):
+    """The scheduler fails every request it knows of when a collective breaks; a request checked in
+    just before that must not be queued just after it, where nobody would ever answer it."""
+    from runtime.engines import reference
+    from runtime.engines.base import EngineBroken
+
+    peer_died = False
+    real_signal = reference.ShardExecutor.leader_signal
+
+    def heartbeat(self, op):
+        if peer_died:
+            raise EngineBroken("a follower is gone (heartbeat failed): injected")
+        return real_signal(self, op)
+
+    monkeypatch.setattr(reference.ShardExecutor, "leader_signal", heartbeat)
+
+    async def go():
+        engine = await _engine(heartbeat_s=0.05, collective_timeout_s=5)
+        real_validate = engine._validate
+
+        def validate_while_the_unit_breaks(request):
+            # The request is past its first look at the engine's state; now the unit breaks.
+            nonlocal peer_died
+            peer_died = True
+            for _ in range(500):
+                if engine.health().state is EngineState.BROKEN:
+                    break
+                import time
+
+                time.sleep(0.01)
+            assert engine.health().state is EngineState.BROKEN
+            return real_validate(request)
+
+        engine._validate = validate_while_the_unit_breaks
+        try:
+            with pytest.raises(EngineBroken):
+                await asyncio.wait_for(_collect(engine, "late", max_tokens=3), timeout=10)
+        finally:
+            await engine.shutdown()
+
+    run(go())
+
+
+def test_cancel_ends_a_running_request_within_one_step_and_its_slot_goes_to_the_next():
+    async def go():
+        engine = await _engine(max_running=1)
+        produced_at_cancel = None
+        seen = asyncio.Event()
+
+        async def long_one():
+            n = 0
+            req = GenerationRequest(
+                request_id="long", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=1500, ignore_eos=True)
+            )
+            async for _ in engine.generate(req):
+                n += 1
+                if n == 3:
+                    seen.set()
+            return n
+
+        task = asyncio.create_task(long_one())
+        await seen.wait()
+        queued = asyncio.create_task(_collect(engine, "next", max_tokens=3, ignore_eos=True))
+        for _ in range(1000):
+            if engine.load().queue_depth == 1:
+                break
+            await asyncio.sleep(0.01)
+        waiting = engine.load()
+        with engine._lock:  # how many tokens the scheduler had made when the cancel arrived
+            produced_at_cancel = engine._by_id["long"].generated
+            engine.cancel("long")
+        received = await task
+        nxt = await queued
+        await engine.shutdown()
+        return waiting, produced_at_cancel, received, nxt
+
+    waiting, produced, received, nxt = run(go())
+    assert (waiting.running, waiting.queue_depth) == (1, 1)  # the next one waited for the only slot
+    assert received <= produced + 1  # at most the step already under way
+    assert len(nxt) == 3 and nxt[-1].finish_reason == "length"

@@ -25,7 +25,7 @@ def test_models_lists_the_served_model(shared_unit):
     assert [m.id for m in models.data] == ["tiny"]
 
 
-def test_chat_completion_keeps_the_client_request_id_in_header_and_body(shared_unit):
+def test_chat_completion_returns_the_client_request_id_and_its_own_completion_id(shared_unit):
     raw = client(shared_unit).chat.completions.with_raw_response.create(
         model="tiny",
         messages=[{"role": "user", "content": "hello there"}],
@@ -34,7 +34,9 @@ def test_chat_completion_keeps_the_client_request_id_in_header_and_body(shared_u
         extra_headers={contract.REQUEST_ID_HEADER: "client-chosen-id-1"},
     )
     c = raw.parse()
-    assert raw.headers[contract.REQUEST_ID_HEADER] == "client-chosen-id-1" == c.id
+    # The client's id comes back as sent; the completion's own id (the body's) is the leader's.
+    assert raw.headers[contract.REQUEST_ID_HEADER] == "client-chosen-id-1"
+    assert raw.headers[contract.COMPLETION_ID_HEADER] == c.id and c.id.startswith("chatcmpl-")
     assert raw.headers[contract.UNIT_HEADER] == "unit-t" and raw.headers[contract.REVISION_HEADER] == "r1"
     arrival = float(raw.headers[contract.ARRIVAL_HEADER])
     assert arrival <= float(raw.headers[contract.FIRST_TOKEN_HEADER]) <= float(raw.headers[contract.FINISH_HEADER])

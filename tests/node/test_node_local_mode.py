@@ -45,3 +45,27 @@ def test_local_mode_gives_every_process_its_own_ports(tmp_path):
     ports = [p for proc in procs for p in proc.ports.values()]
     assert len(ports) == len(set(ports)) and 18080 in ports
     assert [p for p in ports if p == 18080] == [procs[-1].ports["http"]]  # only the router is public
+
+
+def test_local_mode_starts_again_at_once_on_the_port_it_just_left(tmp_path):
+    """Ctrl-C leaves the public port's closed connections in TIME_WAIT for a minute; the servers bind
+    over them with SO_REUSEADDR, so the launcher's check that the port is free must do the same."""
+    import http.client
+
+    first = LocalMode(tmp_path / "first")
+    second = None
+    try:
+        first.wait_ready(timeout=120)
+        conn = http.client.HTTPConnection("127.0.0.1", first.port, timeout=30)
+        conn.request("GET", "/health")  # a keep-alive connection the router closes when it stops
+        assert conn.getresponse().read()
+        first.ctrl_c(first.processes())
+        conn.close()
+        second = LocalMode(tmp_path / "second", port=first.port)
+        second.wait_ready(timeout=120)
+        assert "is busy" not in "".join(second.out)
+        second.ctrl_c(second.processes())
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

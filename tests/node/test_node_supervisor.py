@@ -122,3 +122,104 @@ def test_a_wedged_engine_process_is_detected_and_the_unit_reforms():
         assert await asyncio.wait_for(run, 30) == 0
 
     asyncio.run(scenario())
+
+
+class StandInFollowers:
+    """HTTP servers answering the handshake's status path as waiting followers would; a `slow` one
+    never answers. Records, in order, each poll's arrival and each poll the leader gave up on."""
+
+    def __init__(self, ranks: list[int], slow: set[int], world_size: int) -> None:
+        self.ranks, self.slow, self.world_size = ranks, slow, world_size
+        self.ports = {r: free_port() for r in ranks}
+        self.log: list[tuple[str, int]] = []
+        self._runners = []
+
+    def _status(self, rank: int):
+        from aiohttp import web
+
+        from runtime.node.handshake import Load, MemberStatus
+
+        async def handle(_request):
+            self.log.append(("poll", rank))
+            if rank in self.slow:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    self.log.append(("gave_up", rank))
+                    raise
+            body = MemberStatus(
+                ready=False,
+                state="forming",
+                unit="u",
+                revision="r",
+                rank=rank,
+                world_size=self.world_size,
+                role="follower",
+                cell="",
+                load=Load(),
+                boot_id=f"boot-{rank}",
+                formation=None,
+                offer=None,
+                draining=False,
+                engine_alive=False,
+                engine_ready=False,
+            )
+            return web.json_response(body.to_dict())
+
+        return handle
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        from runtime.node.handshake import STATUS_PATH
+
+        for r in self.ranks:
+            app = web.Application()
+            app.router.add_get(STATUS_PATH, self._status(r))
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.ports[r]).start()
+            self._runners.append(runner)
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+
+
+def test_the_leader_polls_its_followers_at_once_and_a_slow_one_delays_no_other():
+    async def scenario():
+        followers = StandInFollowers([1, 2, 3], slow={1, 2}, world_size=4)
+        await followers.start()
+        port = free_port()
+        members = (Member(rank=0, host="127.0.0.1", api_port=port),) + tuple(
+            Member(rank=r, host="127.0.0.1", api_port=p) for r, p in followers.ports.items()
+        )
+        peers = ",".join(f"127.0.0.1:{m.api_port}" for m in members)
+        s = load_settings(["--engine", "echo", "--peers", peers, "--rank", "0", "--unit", "u", "--revision", "r"], {})
+        rdv = FlippingRendezvous(port)
+        rdv.m = Membership(
+            unit_id="u",
+            revision="r",
+            rank=0,
+            world_size=4,
+            dist_host="127.0.0.1",
+            dist_port=free_port(),
+            members=members,
+        )
+        sup = UnitSupervisor(settings=s, rendezvous=rdv, metrics=NodeMetrics())
+        run = asyncio.create_task(sup.run())
+        try:
+            await wait_until(lambda: sum(1 for e in followers.log if e == ("poll", 3)) >= 2)
+        finally:
+            sup.begin_drain()
+            assert await asyncio.wait_for(run, 30) == 0
+            await followers.stop()
+        return followers.log
+
+    log = asyncio.run(scenario())
+    first_give_up = log.index(next(e for e in log if e[0] == "gave_up"))
+    second_tick = [i for i, e in enumerate(log) if e == ("poll", 3)][1]
+    # Every follower was asked before the leader gave up on any: the polls run at once.
+    assert {e for e in log[:first_give_up]} == {("poll", 1), ("poll", 2), ("poll", 3)}, log
+    # Both slow polls end at the tick's one deadline, before the next tick asks again.
+    assert {("gave_up", 1), ("gave_up", 2)} <= set(log[:second_tick]), log

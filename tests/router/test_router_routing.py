@@ -342,3 +342,64 @@ def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsy
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
     assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [("logged-1", 200, "b", 2)]
     assert lines[0]["event"] == "router_request" and lines[0]["duration_ms"] > 0
+
+
+def test_two_requests_with_one_client_id_are_forwarded_with_it_and_logged_under_their_own_ids(capsys):
+    async def scenario():
+        (a,) = us = await units("a")
+        a.chunks = 2
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            same = {contract.REQUEST_ID_HEADER: "shared-by-two"}
+            answers = await asyncio.gather(post(s, router, headers=same), post(s, router, headers=same))
+        await stop_all(us)
+        assert [(st, h[contract.REQUEST_ID_HEADER]) for st, h, _ in answers] == [(200, "shared-by-two")] * 2
+        assert a.received == ["shared-by-two", "shared-by-two"]  # the correlation id travels on
+
+    run(scenario())
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
+    assert [r["request_id"] for r in lines] == ["shared-by-two"] * 2
+    assert len({r["id"] for r in lines}) == 2 and all(len(r["id"]) == 32 for r in lines)
+
+
+class _UnitThatNoticesHangUps(StandInUnit):
+    """A stand-in whose completions never answer, and which counts the requests the router gave up on
+    (the node runtime cancels a request whose connection closes: handler_cancellation)."""
+
+    hung_up = 0
+
+    async def start(self, port: int = 0) -> "_UnitThatNoticesHangUps":
+        from aiohttp import web
+
+        async def never(request: web.Request) -> web.Response:
+            self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.hung_up += 1
+                raise
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_get(contract.NODE_READY_PATH, self._ready)
+        app.router.add_post("/v1/completions", never)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self
+
+
+def test_a_client_that_hangs_up_before_a_plain_answer_releases_the_unit_request():
+    async def scenario():
+        unit = await _UnitThatNoticesHangUps(name="a").start()
+        # The router's own give-up (first-byte timeout) is far off: only the hang-up can end it.
+        async with router_over([unit], first_byte_timeout_s=60.0) as router, aiohttp.ClientSession() as s:
+            call = asyncio.create_task(post(s, router))
+            await wait_for(lambda: len(unit.received) == 1, what="the request to reach the unit")
+            call.cancel()  # the client hangs up while the unit is still working
+            await wait_for(lambda: unit.hung_up == 1 and router.inflight == 0, what="the unit to be released")
+            assert router.fleet.units[unit.url].outstanding == 0
+        await unit.stop()
+
+    run(scenario())

@@ -1,0 +1,159 @@
+"""Request integrity on a real leader: a client's X-Request-Id never keys anything, a request the
+unit cannot finish ends with an error (never a short answer that looks complete), a body of any
+shape is the client's error, and a client that leaves gives its batch slot back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from nodeproc import wait_for
+
+import contract
+
+
+def sse_payloads(body: bytes) -> list[str]:
+    return [e[len(b"data: ") :].decode() for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+
+
+async def _complete(session: aiohttp.ClientSession, url: str, body: dict, headers: dict | None = None):
+    async with session.post(url + "/completions", json=body, headers=headers or {}) as r:
+        return r.status, r.headers.copy(), await r.read()
+
+
+def test_two_requests_with_one_client_request_id_each_get_only_their_own_tokens(new_unit):
+    # echo generates the prompt's own bytes, so a token of the other request would show at once
+    unit = new_unit(engine="echo", world_size=1).start().wait_ready()
+    shared = {contract.REQUEST_ID_HEADER: "same-id-from-two-clients"}
+
+    async def both():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+            return await asyncio.gather(
+                *(
+                    _complete(
+                        s, unit.url, {"model": "tiny", "prompt": ch * 8, "max_tokens": 60, "stream": stream}, shared
+                    )
+                    for ch, stream in (("a", True), ("b", True), ("c", False), ("d", False))
+                )
+            )
+
+    results = asyncio.run(both())
+    ids = set()
+    for (status, headers, raw), ch, stream in zip(results, "abcd", (True, True, False, False)):
+        assert status == 200 and headers[contract.REQUEST_ID_HEADER] == "same-id-from-two-clients"
+        if stream:
+            events = sse_payloads(raw)
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            text = "".join(c["choices"][0]["text"] for c in chunks)
+            reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+            assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
+            ids |= {c["id"] for c in chunks}
+        else:
+            body = json.loads(raw)
+            text, reason = body["choices"][0]["text"], body["choices"][0]["finish_reason"]
+            assert reason == "length"
+            ids.add(body["id"])
+        assert text == ch * 60, f"request {ch} got {text!r}"
+    assert len(ids) == 4  # each completion has its own id, whatever the client called it
+
+
+def _drain_cut(new_unit, *, stream: bool):
+    """A leader SIGTERMed with a 1 s drain while a 1,500-token request runs: what the client gets."""
+    unit = new_unit(engine="echo", world_size=1, FLOTILLA_DRAIN_TIMEOUT_S="1").start().wait_ready()
+    body = {"model": "tiny", "prompt": "abc", "max_tokens": 1500, "stream": stream}
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+            task = asyncio.create_task(_complete(s, unit.url, body))
+            await asyncio.to_thread(
+                wait_for,
+                lambda: unit.leader.ready()[1]["load"]["running"] == 1,
+                timeout=20,
+                what="the long request to be running",
+            )
+            unit.leader.sigterm()
+            return await task
+
+    out = asyncio.run(scenario())
+    assert unit.leader.wait(timeout=30) == 0
+    return out
+
+
+def test_a_drain_that_times_out_ends_a_stream_with_an_error_event_and_no_done(new_unit):
+    status, _, raw = _drain_cut(new_unit, stream=True)
+    assert status == 200  # the status line went out with the first token
+    events = sse_payloads(raw)
+    assert "[DONE]" not in events, events[-3:]
+    last = json.loads(events[-1])
+    assert last["error"]["type"] == "service_unavailable" and "drain" in last["error"]["message"], last
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert 0 < len(chunks) < 1500 and {c["choices"][0]["finish_reason"] for c in chunks} == {None}
+
+
+def test_a_drain_that_times_out_answers_a_non_streamed_request_503_with_retry_after(new_unit):
+    status, headers, raw = _drain_cut(new_unit, stream=False)
+    body = json.loads(raw)
+    assert status == 503 and headers.get("Retry-After"), body
+    assert body["error"]["type"] == "service_unavailable" and "drain" in body["error"]["message"]
+
+
+def _post_raw(url: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    async def go():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            async with s.post(url + "/chat/completions", data=data, headers={"Content-Type": content_type}) as r:
+                return r.status, await r.json(content_type=None)
+
+    return asyncio.run(go())
+
+
+def test_a_body_nested_five_thousand_arrays_deep_gets_a_400_naming_the_limit(shared_unit):
+    status, err = _post_raw(shared_unit.url, b"[" * 5000 + b"]" * 5000)
+    assert status == 400 and err["error"]["type"] == "invalid_request_error", err
+    assert "nested" in err["error"]["message"]
+    deep_field = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 200
+    status, err = _post_raw(shared_unit.url, deep_field + b"]" * 200 + b"}")
+    assert status == 400 and "nested" in err["error"]["message"], err
+
+
+def test_a_body_in_an_unknown_charset_is_read_as_utf8_json_not_a_500(shared_unit):
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    status, out = _post_raw(shared_unit.url, body, "application/json; charset=no-such-charset")
+    assert status == 200, out
+
+
+def test_a_client_that_disconnects_gives_its_batch_slot_to_a_queued_request(new_unit):
+    unit = new_unit(FLOTILLA_MAX_RUNNING="1").start().wait_ready()
+    long = {"model": "tiny", "prompt": "walk away", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    short = {"model": "tiny", "prompt": "next", "max_tokens": 4, "ignore_eos": True}
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            r = await s.post(unit.url + "/completions", json=long, headers={contract.REQUEST_ID_HEADER: "leaves"})
+            for _ in range(3):
+                await r.content.readuntil(b"\n\n")
+            queued = asyncio.create_task(_complete(s, unit.url, short, {contract.REQUEST_ID_HEADER: "waits"}))
+            await asyncio.to_thread(
+                wait_for,
+                lambda: unit.leader.ready()[1]["load"]["queue_depth"] == 1,
+                timeout=20,
+                what="the short request to wait for the only slot",
+            )
+            r.close()  # the client goes away
+            return await queued
+
+    status, _, raw = asyncio.run(scenario())
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
+    ends = {
+        e["request_id"]: e
+        for e in wait_for(
+            lambda: (
+                len(unit.leader.log_events("engine_request_end")) >= 2 and unit.leader.log_events("engine_request_end")
+            ),
+            timeout=20,
+            what="the engine's account of both requests",
+        )
+    }
+    assert ends["leaves"]["ending"] == "cancelled" and ends["leaves"]["generated"] < 1500
+    assert (ends["waits"]["ending"], ends["waits"]["generated"]) == ("length", 4)

@@ -85,10 +85,14 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
             "AWS::EC2::LaunchTemplate",
             "AWS::AutoScaling::AutoScalingGroup",
             "AWS::ECS::CapacityProvider",
-            "AWS::ECS::TaskDefinition",
             "AWS::ECS::Service",
         )
     },
+    ("units -1 inside a cell", "Cell-1", "AWS::ECS::TaskDefinition", "Unit1", "orphan"): (
+        "unit task definitions carry DeletionPolicy/UpdateReplacePolicy Retain so `flotilla rollback` "
+        "finds earlier revisions (CloudFormation would deregister them, aws/aws-cdk#24372); a retained "
+        "revision costs nothing and docs/runbooks/teardown.md deregisters it"
+    ),
     ("units -1 across a cell boundary", "Observability", "AWS::CloudWatch::Alarm", "ReadyUnitsCell2", "destroy"): (
         "the ready-units alarm of Cell-2, which left the config (its stack is deleted by `flotilla shrink`)"
     ),

@@ -47,6 +47,17 @@ class Load(_Wire):
     kv_cache_used: float = 0.0
 
 
+class MemberReport(_Wire):
+    """A follower as its leader last saw it over STATUS_PATH: the router and `flotilla status` read
+    followers through their leader instead of asking every follower themselves."""
+
+    rank: int
+    address: str  # host:port of the follower's HTTP server, as rendezvous gave it
+    state: str  # a UnitState value, or "unreachable" when the leader's last ask got no answer
+    ready: bool
+    revision: str  # "" while unreachable
+
+
 class ReadyBody(_Wire):
     """/health/ready's body; the router routes to members whose role is leader (docs/node.md)."""
 
@@ -59,6 +70,10 @@ class ReadyBody(_Wire):
     role: Role  # contract.ATTR_ROLE
     cell: str  # contract.ATTR_CELL: FLOTILLA_CELL_ID, "" locally
     load: Load
+    # contract.ATTR_MEMBERS: the leader's followers (empty on a follower and before rendezvous);
+    # contract.ATTR_LEADER: a ranked follower's leader as host:port ("" on the leader).
+    members: list[MemberReport] = []
+    leader: str = ""
 
 
 class Offer(_Wire):

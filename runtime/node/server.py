@@ -7,6 +7,7 @@ unit and revision in response headers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -27,6 +28,9 @@ from runtime.node.openai_api import ApiError, ParsedRequest, parse_chat, parse_c
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
+# /health/watch: the interval a watcher may ask for (?interval=seconds), and the default.
+WATCH_INTERVAL_RANGE_S = (0.05, 10.0)
+WATCH_INTERVAL_DEFAULT_S = 0.25
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
 
@@ -349,6 +353,43 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
     async def status(_: web.Request) -> web.Response:
         return web.json_response(sup.status_body().to_dict())
 
+    shutting_down = asyncio.Event()
+
+    async def stop_watches(_: web.Application) -> None:
+        shutting_down.set()  # ends every watch, so the server's shutdown does not wait on them
+
+    app.on_shutdown.append(stop_watches)
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        """The ready body as a stream: one JSON line now, then every `interval` seconds the body
+        again if it changed or an empty line if not (a heartbeat: the watcher counts silence as
+        death). A router holds one such stream per leader instead of polling /health/ready."""
+        raw = request.query.get("interval", str(WATCH_INTERVAL_DEFAULT_S))
+        low, high = WATCH_INTERVAL_RANGE_S
+        try:
+            interval = float(raw)
+        except ValueError:
+            interval = -1.0
+        if not low <= interval <= high:
+            return web.json_response(
+                {"error": f"interval={raw!r}: give seconds between watch lines, {low} to {high}"}, status=400
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        last = b""
+        try:
+            while not shutting_down.is_set():
+                line = json.dumps(sup.ready_body().to_dict(), separators=(",", ":")).encode()
+                await resp.write(line + b"\n" if line != last else b"\n")
+                last = line
+                try:
+                    await asyncio.wait_for(shutting_down.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
+        except ConnectionError:
+            pass  # the watcher went away
+        return resp
+
     async def prom(_: web.Request) -> web.Response:
         ld = sup.load()
         metrics.queue_depth.set(ld.queue_depth)
@@ -370,6 +411,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
 
     app.router.add_get(contract.NODE_LIVE_PATH, live)
     app.router.add_get(contract.NODE_READY_PATH, ready)
+    app.router.add_get(contract.NODE_WATCH_PATH, watch)
     app.router.add_get(STATUS_PATH, status)
     app.router.add_get(contract.METRICS_PATH, prom)
 

@@ -1,0 +1,72 @@
+"""/health/watch on the node's real HTTP app: the router's watch client reads it, and an open watch
+never holds up the node's shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from runtime.membership import Membership
+from runtime.node.metrics import NodeMetrics
+from runtime.node.server import build_app
+from runtime.node.settings import load_settings
+from runtime.node.supervisor import UnitSupervisor
+from runtime.router.discovery import StaticDiscovery
+from runtime.router.fleet import Fleet
+from runtime.router.settings import RouterSettings
+
+
+class _NeverJoins:
+    async def join(self) -> Membership:
+        raise AssertionError("not called")
+
+    async def changed(self, current: Membership) -> bool:
+        return False
+
+
+async def _serve_forming_leader() -> tuple[web.AppRunner, int, UnitSupervisor]:
+    s = load_settings(["--peers", "127.0.0.1:18000", "--rank", "0", "--unit", "u7", "--cell", "cell3"], {})
+    sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
+    runner = web.AppRunner(build_app(sup=sup, metrics=NodeMetrics()), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host="127.0.0.1", port=0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, port, sup
+
+
+def test_the_router_watches_a_node_and_the_open_watch_does_not_hold_up_its_shutdown():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        url = f"http://127.0.0.1:{port}"
+        settings = RouterSettings(units=(url,), poll_interval_s=0.05, stale_after_s=5.0)
+        fleet = Fleet(settings=settings, discovery=StaticDiscovery(units=(url,)))
+        await fleet.start()
+        try:
+            for _ in range(500):
+                if fleet.watch_lines >= 5:
+                    break
+                await asyncio.sleep(0.01)
+            unit = fleet.units[url]
+            assert fleet.watch_lines >= 5 and unit.watch is not None
+            # A rank-0 member that is still forming: watched as a leader, not routable.
+            assert (unit.role, unit.state, unit.routable, unit.unit, unit.cell) == (
+                "leader",
+                "forming",
+                False,
+                "u7",
+                "cell3",
+            )
+            assert fleet.polls["follower"] == 0
+            # aiohttp waits up to 60 s for running handlers at shutdown; the watch ends at once.
+            await asyncio.wait_for(runner.cleanup(), 10)
+            for _ in range(500):
+                if unit.watch is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert unit.watch is None and unit.state == "unreachable"
+        finally:
+            await fleet.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -139,7 +139,7 @@ class CellStack(Stack):
                     execution_role=self.execution_role,
                     log_group=self.log_group,
                     environment=environment,
-                    units_service=discovery.units_service,
+                    units_service=discovery.cell_services[cell_id],
                     health_check_grace=Duration.seconds(config.node.health_check_grace_s),
                 )
             )

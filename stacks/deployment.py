@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import aws_cdk as cdk
 
 from stacks.cell import CellStack
-from stacks.config import FlotillaConfig
+from stacks.config import FlotillaConfig, cloudmap_quota_warnings
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
@@ -65,8 +65,11 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
         https=config.certificate_arn is not None,
+        cells=[f"cell{c}" for c in range(config.cells)],
         **common("Discovery"),
     )
+    for n, warning in enumerate(cloudmap_quota_warnings(config)):
+        cdk.Annotations.of(discovery).add_warning_v2(f"flotilla:cloudmap-quota-{n}", warning)
     deployment = Deployment(config=config, network=network, discovery=discovery)
     for cell in range(config.cells):
         stack = CellStack(
@@ -117,7 +120,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         test_rule=front.test_rule,
         deployment_alarms=deployment.observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_name=discovery.service_name,
+        cloudmap_service_names=discovery.service_names,
         min_tasks=router.desired_count,
         max_tasks=router.max_count,
         cpu=router.cpu,

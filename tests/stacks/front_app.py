@@ -54,6 +54,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         router_security_group=network.router_security_group,
         namespace_name=NAMESPACE,
         https=certificate_arn is not None,
+        cells=tuple(UNITS_PER_CELL),
         synthesizer=synthesizer(),
     )
     front = FrontStack(
@@ -86,7 +87,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         test_rule=front.test_rule,
         deployment_alarms=observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_name=discovery.service_name,
+        cloudmap_service_names=discovery.service_names,
         synthesizer=synthesizer(),
     )
     return FrontApp(app, network, discovery, front, observability, router)

@@ -104,7 +104,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
         contract.ENV_PORT: str(contract.ROUTER_PORT),
         contract.ENV_DISCOVERY: "cloudmap",
         contract.ENV_CLOUDMAP_NAMESPACE: NAMESPACE,
-        contract.ENV_CLOUDMAP_SERVICE: "units",
+        contract.ENV_CLOUDMAP_SERVICE: "units-cell0,units-cell1",
         contract.ENV_DRAIN_TIMEOUT: "60",
     }
     assert container["PortMappings"] == [{"ContainerPort": contract.ROUTER_PORT, "Protocol": "tcp"}]
@@ -117,7 +117,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
     assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False, "SourceVolume": "tmp"}]
 
 
-def test_router_task_role_may_only_discover_instances_of_its_namespace_and_service():
+def test_router_task_role_may_only_discover_instances_of_its_namespace_and_cell_services():
     task_role = logical_id("Router", "AWS::IAM::Role", "TaskDefinitionTaskRole")
     policies = [
         p["Properties"]
@@ -127,9 +127,10 @@ def test_router_task_role_may_only_discover_instances_of_its_namespace_and_servi
     (policy,) = policies
     assert policy["PolicyDocument"]["Statement"] == [
         {
-            "Action": "servicediscovery:DiscoverInstances",
+            "Action": ["servicediscovery:DiscoverInstances", "servicediscovery:DiscoverInstancesRevision"],
             "Condition": {
-                "StringEquals": {"servicediscovery:NamespaceName": NAMESPACE, "servicediscovery:ServiceName": "units"}
+                "StringEquals": {"servicediscovery:NamespaceName": NAMESPACE},
+                "StringLike": {"servicediscovery:ServiceName": "units-*"},
             },
             "Effect": "Allow",
             "Resource": "*",
@@ -376,17 +377,15 @@ def test_without_certificate_clients_reach_the_alb_on_port_80_only():
 # --- discovery --------------------------------------------------------------------------------
 
 
-def test_cloud_map_http_namespace_holds_one_units_service_with_ecs_reported_health():
+def test_cloud_map_http_namespace_holds_one_service_per_cell_with_ecs_reported_health():
     t = Template.from_json(template("Discovery"))
     t.has_resource_properties("AWS::ServiceDiscovery::HttpNamespace", {"Name": NAMESPACE})
-    t.has_resource_properties(
-        "AWS::ServiceDiscovery::Service",
-        {
-            "Name": "units",
-            "HealthCheckCustomConfig": {"FailureThreshold": 1},
-            "NamespaceId": {"Fn::GetAtt": [Match.string_like_regexp("Namespace"), "Id"]},
-        },
-    )
+    services = t.find_resources("AWS::ServiceDiscovery::Service")
+    assert sorted(s["Properties"]["Name"] for s in services.values()) == ["units-cell0", "units-cell1"]
+    for service in services.values():
+        assert service["Properties"]["HealthCheckCustomConfig"] == {"FailureThreshold": 1}
+        ref, attr = service["Properties"]["NamespaceId"]["Fn::GetAtt"]
+        assert ref.startswith("Namespace") and attr == "Id"
 
 
 def test_register_unit_members_associates_the_unit_service_with_the_units_registry():

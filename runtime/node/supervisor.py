@@ -259,6 +259,7 @@ class UnitSupervisor:
     async def _end_formation(self) -> None:
         self.offer = None
         self.formation = None
+        self.followers = {}  # no longer current: the next formation's handshake asks them again
         self.leader_ready = False
         self.unit_draining = None
         if self.engine is not None:

@@ -200,3 +200,15 @@ def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names
     )
     follower = sup.ready_body().to_dict()
     assert (follower["members"], follower["leader"]) == ([], "127.0.0.1:18000")
+
+
+def test_a_leader_whose_formation_ended_reports_no_followers_until_it_asks_them_again():
+    import asyncio
+
+    s = load_settings(["--peers", "127.0.0.1:18000,127.0.0.1:18001", "--rank", "0", "--unit", "u"], {})
+    sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
+    sup._note_follower(Member(rank=1, host="127.0.0.1", api_port=18001), None)
+    assert len(sup.ready_body().members) == 1
+    asyncio.run(sup._end_formation())
+    # The last word on a follower of an ended formation (e.g. "ready" just before it died) is stale.
+    assert sup.ready_body().members == []

@@ -45,6 +45,9 @@ class Load(_Wire):
     running: int = 0
     max_running: int = 0
     kv_cache_used: float = 0.0
+    # Leader: API requests accepted and not finished, counted as they arrive and end (the engine's
+    # queue_depth and running come ten times a second); what routers balance on. 0 on followers.
+    in_flight: int = 0
 
 
 class MemberReport(_Wire):

@@ -29,7 +29,7 @@ from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
 # /health/watch: the interval a watcher may ask for (?interval=seconds), and the default.
-WATCH_INTERVAL_RANGE_S = (0.05, 10.0)
+WATCH_INTERVAL_RANGE_S = (0.01, 10.0)
 WATCH_INTERVAL_DEFAULT_S = 0.25
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
@@ -360,30 +360,45 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
 
     app.on_shutdown.append(stop_watches)
 
-    async def watch(request: web.Request) -> web.StreamResponse:
-        """The ready body as a stream: one JSON line now, then every `interval` seconds the body
-        again if it changed or an empty line if not (a heartbeat: the watcher counts silence as
-        death). A router holds one such stream per leader instead of polling /health/ready."""
-        raw = request.query.get("interval", str(WATCH_INTERVAL_DEFAULT_S))
+    def seconds(request: web.Request, name: str, default: float) -> float | str:
+        """A query parameter in seconds, or the one-line refusal naming it."""
+        raw = request.query.get(name, str(default))
         low, high = WATCH_INTERVAL_RANGE_S
         try:
-            interval = float(raw)
+            value = float(raw)
         except ValueError:
-            interval = -1.0
-        if not low <= interval <= high:
-            return web.json_response(
-                {"error": f"interval={raw!r}: give seconds between watch lines, {low} to {high}"}, status=400
-            )
+            value = -1.0
+        return value if low <= value <= high else f"{name}={raw!r}: give seconds, {low} to {high}"
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        """The ready body as a stream, so a router holds one connection per leader instead of
+        polling: one JSON line now; then, checked every `changes` seconds, the body as soon as the
+        unit's state or requests in flight changed; and at least every `interval` seconds the body
+        if anything else changed, else an empty line (a heartbeat: the watcher counts silence as
+        death). Balancing many routers needs load that is fresh to tens of milliseconds
+        (docs/benchmarks.md, Fleet); a line per change costs about what the heartbeats do."""
+        interval = seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
+        changes = seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
+        for bad in (interval, changes):
+            if isinstance(bad, str):
+                return web.json_response({"error": bad}, status=400)
+        assert isinstance(interval, float) and isinstance(changes, float)
+        tick = min(interval, changes)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        last = b""
+        last_line, last_sent, last_signature = b"", -1e9, None
+        loop = asyncio.get_running_loop()
         try:
             while not shutting_down.is_set():
-                line = json.dumps(sup.ready_body().to_dict(), separators=(",", ":")).encode()
-                await resp.write(line + b"\n" if line != last else b"\n")
-                last = line
+                ld = sup.load()
+                signature = (sup.state, sup.ready(), sup.in_flight, ld.queue_depth, ld.running)
+                now = loop.time()
+                if signature != last_signature or now - last_sent >= interval - tick / 2:
+                    line = json.dumps(sup.ready_body().to_dict(), separators=(",", ":")).encode()
+                    await resp.write(line + b"\n" if line != last_line else b"\n")
+                    last_line, last_sent, last_signature = line, now, signature
                 try:
-                    await asyncio.wait_for(shutting_down.wait(), interval)
+                    await asyncio.wait_for(shutting_down.wait(), tick)
                 except asyncio.TimeoutError:
                     pass
         except ConnectionError:

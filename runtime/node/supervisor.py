@@ -142,6 +142,7 @@ class UnitSupervisor:
                 running=int(ld.running),
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
+                in_flight=self.in_flight if self.is_leader else 0,
             ),
             "members": members,
             "leader": leader,

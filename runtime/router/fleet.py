@@ -1,11 +1,12 @@
 """The router's view of every unit: discovered members, their health and load, live outstanding counts.
 
 The router watches leaders only: one long-lived /health/watch stream per leader brings its ready body
-every poll interval (an empty line when nothing changed), and that body lists the leader's followers
+within change_report_s of a change of its load, and at least every poll interval (an empty line when
+nothing changed); that body lists the leader's followers
 as the leader sees them, so followers are not asked at all while their leader vouches for them. A
 member is asked once (GET /health/ready) when discovered, and again only while no live leader lists
 it. A leader that falls silent for stale_after_s, closes its stream, or turns unready stops taking
-new requests at once. The balancer picks among routable leaders by the power of two choices
+new requests at once. The balancer picks among routable leaders by the power of d choices
 (runtime/router/balance.py). Every ready_units_interval_s the fleet writes the ReadyUnits EMF lines.
 """
 
@@ -59,6 +60,7 @@ class Unit:
         "revision",
         "state",
         "_ready",
+        "in_flight",
         "queue_depth",
         "running",
         "max_running",
@@ -87,6 +89,7 @@ class Unit:
         self.revision = ""  # from the ready body (contract.ATTR_REVISION)
         self.state = "unknown"  # as the unit reports it, or "unreachable" / "silent"
         self._ready = False
+        self.in_flight = -1  # reported by leaders of this revision on; -1: use queue_depth + running
         self.queue_depth = 0
         self.running = 0
         self.max_running = 0
@@ -169,6 +172,7 @@ class Unit:
             self.state = "follower"
             return
         load = body.get("load") or {}
+        self.in_flight = int(load.get("in_flight", -1))
         self.queue_depth = int(load.get("queue_depth", 0))
         self.running = int(load.get("running", 0))
         self.max_running = int(load.get("max_running", 0))
@@ -271,9 +275,9 @@ class Fleet:
         # What health costs: polls by the member's role at the time, watch lines received.
         self.polls = {"leader": 0, "follower": 0, "unknown": 0}
         self.watch_lines = 0
-        interval = settings.poll_interval_s
+        interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
         self._watch_request = (
-            f"GET {contract.NODE_WATCH_PATH}?interval={interval:g} HTTP/1.0\r\n"
+            f"GET {contract.NODE_WATCH_PATH}?interval={interval:g}&changes={changes:g} HTTP/1.0\r\n"
             f"User-Agent: flotilla-router\r\nAccept: application/x-ndjson\r\n\r\n"
         ).encode()
 
@@ -581,7 +585,7 @@ class Fleet:
         return index.units
 
     def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
-        """A routable, unsaturated leader by the power of two choices on estimated load
+        """A routable, unsaturated leader by the power of d choices on estimated load
         (runtime/router/balance.py); a full scan when sampling finds none, which also tells
         "every unit saturated" (429) from "no unit routable" (503)."""
         units = self._routable()
@@ -591,7 +595,7 @@ class Fleet:
         def usable(u: Unit) -> bool:
             return u not in exclude and u.routable and not self.saturated(u)
 
-        best = balance.two_choices(units, usable, self._rng)
+        best = balance.sample_choices(units, usable, self._rng)
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:

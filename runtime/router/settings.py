@@ -178,6 +178,15 @@ class RouterSettings(BaseModel):
             default="max(1, 2 x poll interval)",
         ),
     ] = 1.0
+    change_report_s: Annotated[
+        float,
+        within(0.01, 10),
+        Option(
+            "--change-report",
+            "a leader reports a change of its load within this many seconds (watch); many routers "
+            "balance well only on fresh load (docs/benchmarks.md, Fleet)",
+        ),
+    ] = 0.05
     stale_after_s: Annotated[
         float,
         within(0.02, 600),

@@ -52,7 +52,7 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
         "world_size": 2,
         "role": "follower",
         "cell": "cell0",
-        "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25},
+        "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25, "in_flight": 0},
         "members": [],
         "leader": "",
     }

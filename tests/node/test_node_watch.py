@@ -4,6 +4,7 @@ never holds up the node's shutdown."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from aiohttp import web
 
@@ -68,5 +69,25 @@ def test_the_router_watches_a_node_and_the_open_watch_does_not_hold_up_its_shutd
             assert unit.watch is None and unit.state == "unreachable"
         finally:
             await fleet.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_change_of_requests_in_flight_is_sent_at_once_not_at_the_next_heartbeat():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            # Heartbeats every 10 s, changes checked every 20 ms.
+            writer.write(b"GET /health/watch?interval=10&changes=0.02 HTTP/1.0\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            first = json.loads(await reader.readline())
+            assert first["load"]["in_flight"] == 0
+            sup.in_flight = 3  # three requests arrived at the leader's API
+            second = json.loads(await asyncio.wait_for(reader.readline(), 5))
+            assert second["load"]["in_flight"] == 3
+            writer.close()
+        finally:
+            await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -123,6 +123,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--poll-interval",
         "--poll-timeout",
         "--stale-after",
+        "--change-report",
         "--discovery-interval",
         "--max-outstanding-per-unit",
         "--max-queue-depth",

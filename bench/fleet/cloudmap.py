@@ -1,5 +1,6 @@
 """Cloud Map as its documentation says it behaves, laid over moto's: quotas, DiscoverInstances' cap and
-order, and revisions that move on every registration. Used by the tests and the fleet benchmark.
+order, and revisions that move on every registration. Used by the tests and the fleet benchmark, which
+also serves it over HTTP on 127.0.0.1 to a real router process (serve_http).
 
 moto 5.2.5 (moto/servicediscovery) registers without limits, returns every instance in registration
 order with no default cap, appends a second copy when an instance id is registered again, and sums
@@ -23,11 +24,15 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from unittest import mock
 
+from botocore.awsrequest import AWSPreparedRequest, HTTPHeaders
 from moto.core.exceptions import JsonRESTError
+from moto.core.models import botocore_stubber
 from moto.servicediscovery.models import ServiceDiscoveryBackend, ServiceInstance
 from moto.servicediscovery.responses import ServiceDiscoveryResponse
 
@@ -165,3 +170,44 @@ def ecs_attributes(
     if port is not None:
         attrs["AWS_INSTANCE_PORT"] = str(port)
     return attrs
+
+
+# The router's client sends here when started with AWS_ENDPOINT_URL_SERVICEDISCOVERY=http://127.0.0.1:PORT
+# and AWS_DISABLE_HOST_PREFIX_INJECTION=true (DiscoverInstances otherwise goes to "data-<host>", the
+# API's endpoint host prefix: botocore/data/servicediscovery/2017-03-14/service-2.json).
+AWS_URL = "https://servicediscovery.us-east-1.amazonaws.com/"
+
+
+def serve_http(port: int = 0) -> tuple[ThreadingHTTPServer, int]:
+    """Serve moto's Cloud Map (as patched by documented_cloud_map, within mock_aws) on 127.0.0.1 in a
+    thread: each POST is handed to moto as the same request to the real endpoint would be."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            headers = HTTPHeaders()
+            for k, v in self.headers.items():
+                headers[k] = v
+            request = AWSPreparedRequest(method="POST", url=AWS_URL, headers=headers, body=body, stream_output=False)
+            answer = botocore_stubber.process_request(request)
+            if answer is None:
+                status, out_headers, out = 500, {}, b'{"message": "not a Cloud Map request"}'
+            else:
+                status, out_headers, out = answer
+            data = out if isinstance(out, bytes) else str(out).encode()
+            self.send_response(status)
+            for k, v in out_headers.items():
+                if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(k, str(v))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    return server, server.server_address[1]

@@ -218,8 +218,11 @@ class _WatchProtocol(asyncio.Protocol):
                 return
             status = buf[: buf.find(b"\r\n")].split(b" ", 2)
             code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
+            streams = b"application/x-ndjson" in bytes(buf[:end]).lower()
             del buf[: end + 4]
-            if code == 404:  # a member of an older revision: no watch there, poll it instead
+            if code == 404 or (code == 200 and not streams):
+                # A member of an older revision (no watch there), or a server that answered with a
+                # plain document: poll it instead.
                 self.close("unsupported")
                 return
             if code != 200:
@@ -265,6 +268,7 @@ class Fleet:
         self.cells: set[str] = set()  # every cell a member ever reported: a cell whose members
         #                                 all vanished still reports ReadyUnits 0, never silence
         self._index = _RoutingIndex()
+        self._watching: set[Unit] = set()  # units with an open watch stream
         self._rng = random.Random()
         self._ready_units_task: asyncio.Task | None = None
         self._stale_task: asyncio.Task | None = None
@@ -439,9 +443,12 @@ class Fleet:
             log.debug("watch of %s failed: %r", unit.url, exc)
             return "lost"
         unit.watch = proto
+        unit.reported_at = max(unit.reported_at, time.monotonic())  # the silence clock starts now
+        self._watching.add(unit)
         try:
             outcome = await proto.ended
         finally:
+            self._watching.discard(unit)
             unit.watch = None
             proto.close(proto.outcome)
         if outcome == "unsupported":
@@ -552,7 +559,7 @@ class Fleet:
     async def _stale_loop(self) -> None:
         """A leader whose reports stopped (a hung host sends no FIN) stops taking new requests once
         its last report is stale_after_s old, found within a fifth of that more; its watch is dropped
-        and dialled again.
+        and dialled again (polled members: their next failed poll says the same).
 
         Only here, never in pick(): after the router's own loop stalled (a long GC pause, a busy
         core) every leader's lines wait unread in their sockets and all would look silent at once.
@@ -569,8 +576,11 @@ class Fleet:
             for unit in list(self._routable()):
                 if unit.reported_at < limit:
                     unit.mark_unready("silent")
-                    if unit.watch is not None:
-                        unit.watch.close("lost")
+            # Also a stream that connected but never spoke (a hung host accepts, then says nothing).
+            for unit in list(self._watching):
+                if unit.reported_at < limit and unit.watch is not None:
+                    unit.mark_unready("silent")
+                    unit.watch.close("lost")
 
     # --- balancing ---------------------------------------------------------------------------
     def saturated(self, unit: Unit) -> bool:

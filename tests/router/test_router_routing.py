@@ -346,3 +346,38 @@ def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsy
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
     assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [("logged-1", 200, "b", 2)]
     assert lines[0]["event"] == "router_request" and lines[0]["duration_ms"] > 0
+
+
+def test_a_leader_whose_watch_falls_silent_stops_taking_requests():
+    """A hung host sends no FIN: its stream simply goes quiet, and stale_after_s decides."""
+
+    async def scenario():
+        a, b = us = await units("a", "b")
+        async with router_over(us, stale_after_s=0.5) as router, aiohttp.ClientSession() as s:
+            a.hang = True
+            await wait_for(lambda: router.fleet.units[a.url].state == "silent", what="a to be found silent")
+            before = len(a.received)
+            for _ in range(6):
+                await post(s, router)
+            assert len(a.received) == before and len(b.received) >= 6
+            a.hang = False  # it answers again: the next watch brings it back
+            await wait_for(lambda: router.fleet.units[a.url].routable, what="a to come back")
+        await stop_all(us)
+
+    run(scenario())
+
+
+def test_a_member_of_an_older_revision_without_the_watch_is_polled_and_routed_to():
+    async def scenario():
+        old = await StandInUnit(name="old", watch=False).start()
+        async with router_over([old]) as router, aiohttp.ClientSession() as s:
+            unit = router.fleet.units[old.url]
+            await wait_for(lambda: unit.watchable is False, what="the watch to be found missing (404)")
+            assert unit.routable
+            polls = old.polls
+            await wait_for(lambda: old.polls > polls + 2, what="more polls")
+            status, _, _ = await post(s, router)
+        await stop_all([old])
+        assert status == 200 and len(old.received) == 1
+
+    run(scenario())

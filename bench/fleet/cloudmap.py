@@ -192,10 +192,7 @@ def serve_http(port: int = 0) -> tuple[ThreadingHTTPServer, int]:
                 headers[k] = v
             request = AWSPreparedRequest(method="POST", url=AWS_URL, headers=headers, body=body, stream_output=False)
             answer = botocore_stubber.process_request(request)
-            if answer is None:
-                status, out_headers, out = 500, {}, b'{"message": "not a Cloud Map request"}'
-            else:
-                status, out_headers, out = answer
+            status, out_headers, out = answer or (500, {}, b'{"message": "not a Cloud Map request"}')
             data = out if isinstance(out, bytes) else str(out).encode()
             self.send_response(status)
             for k, v in out_headers.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -356,7 +357,7 @@ async def traffic_and_failover(
         if mode == "leave":  # still alive and ready; ECS deregisters it (its task is being stopped)
             for service, instance in registered[unit]:
                 await loop.run_in_executor(
-                    None, lambda s=service, i=instance: sd.deregister_instance(ServiceId=s, InstanceId=i)
+                    None, functools.partial(sd.deregister_instance, ServiceId=service, InstanceId=instance)
                 )
         events.append((unit, mode))
     await asyncio.sleep(args.event_gap + 2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import socket
@@ -156,7 +157,7 @@ class Fleet:
                 sock = socket.socket()
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("127.0.0.1", m.port))
-                m.server = await loop.create_server(lambda u=unit: _Tombstone(u), sock=sock, backlog=512)
+                m.server = await loop.create_server(functools.partial(_Tombstone, unit), sock=sock, backlog=512)
         return unit.event_at
 
     async def ticker(self, tick: float) -> None:

@@ -435,7 +435,7 @@ class Fleet:
         proto = _WatchProtocol(self, unit, self._watch_request)
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: proto, parts.hostname, parts.port or 80), s.connect_timeout_s
+                loop.create_connection(lambda: proto, parts.hostname or "", parts.port or 80), s.connect_timeout_s
             )
         except (OSError, asyncio.TimeoutError) as exc:
             unit.mark_unready("unreachable")

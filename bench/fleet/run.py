@@ -228,7 +228,9 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
     record: dict = {"units": units, "members": units * args.nodes, "nodes_per_unit": args.nodes}
     try:
         assert fleet.stdout is not None
-        json.loads(fleet.stdout.readline())  # listening
+        ready = fleet.stdout.readline()  # a JSON line once every member listens
+        if not ready:
+            raise RuntimeError(f"the stand-in fleet exited ({fleet.wait()}) before listening")
         members = get_json(f"http://127.0.0.1:{control}/control/members")
         assert isinstance(members, list)
         t0 = time.monotonic()
@@ -280,7 +282,9 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         deadline = t0 + args.startup_timeout
         while routable_units(port) < units:
             if time.monotonic() > deadline or router.poll() is not None:
-                raise RuntimeError(f"router did not see {units} routable units (saw {routable_units(port)})")
+                router_log.seek(0)
+                tail = router_log.read().decode(errors="replace")[-3000:]
+                raise RuntimeError(f"router did not see {units} routable units (saw {routable_units(port)}):\n{tail}")
             time.sleep(0.2)
         record["startup_s"] = round(time.monotonic() - t0, 1)
         time.sleep(args.settle)

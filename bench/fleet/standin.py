@@ -113,9 +113,17 @@ class Watcher:
     transport: asyncio.Transport
     interval: float
     changes: float
-    last_line: bytes = b""
+    last_rest: bytes = b""
+    last_load: bytes = b""
     last_sent: float = -1e9
     last_signature: tuple | None = None
+
+
+def _split(body: dict) -> tuple[bytes, bytes]:
+    """A ready body as (everything but the load, the load), each as compact JSON."""
+    body = dict(body)
+    load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
+    return json.dumps(body, separators=(",", ":")).encode(), load
 
 
 class Fleet:
@@ -176,17 +184,24 @@ class Fleet:
                 if not unit.watchers:
                     continue
                 sig = unit.signature()
-                body: bytes | None = None
+                parts: tuple[bytes, bytes] | None = None
                 for w in list(unit.watchers):
                     if w.transport.is_closing():
                         unit.watchers.remove(w)
                         continue
                     if sig == w.last_signature and now - w.last_sent < w.interval - tick / 2:
                         continue
-                    if body is None:
-                        body = json.dumps(unit.body(unit.members[0]), separators=(",", ":")).encode()
-                    w.transport.write(body + b"\n" if body != w.last_line else b"\n")
-                    w.last_line, w.last_sent, w.last_signature = body, now, sig
+                    if parts is None:
+                        parts = _split(unit.body(unit.members[0]))
+                    rest, load = parts
+                    # as the node's watch: the whole body, a load-only line, or a heartbeat
+                    if rest != w.last_rest:
+                        w.transport.write(rest[:-1] + b',"load":' + load + b"}\n")
+                    elif load != w.last_load:
+                        w.transport.write(b'{"load":' + load + b"}\n")
+                    else:
+                        w.transport.write(b"\n")
+                    w.last_rest, w.last_load, w.last_sent, w.last_signature = rest, load, now, sig
                     self.watch_lines += 1
 
     # --- the report ------------------------------------------------------------------------
@@ -298,15 +313,16 @@ class _Http(asyncio.Protocol):
             changes = float(query.get("changes", [str(interval)])[0])
             self.watching = True
             self.transport.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n")
-            line = json.dumps(unit.body(member), separators=(",", ":")).encode()
-            self.transport.write(line + b"\n")
+            rest, load = _split(unit.body(member))
+            self.transport.write(rest[:-1] + b',"load":' + load + b"}\n")
             if member.rank == 0:
                 unit.watchers.append(
                     Watcher(
                         self.transport,
                         interval,
                         min(interval, changes),
-                        line,
+                        rest,
+                        load,
                         asyncio.get_running_loop().time(),
                         unit.signature(),
                     )
@@ -399,22 +415,11 @@ async def close_fleet(fleet: Fleet, ticker: asyncio.Task[None]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    fleet, _ = await start_fleet(
-        units=args.units,
-        nodes=args.nodes,
-        units_per_cell=args.units_per_cell,
-        decoys=args.decoys,
-        max_running=args.max_running,
-        latency_ms=args.latency_ms,
-        latency_cv=args.latency_cv,
-        ready_over=args.ready_over,
-        tick=args.tick,
-        seed=args.seed,
-    )
-    fleet.changes_per_s = args.load_changes
-    by_name = {u.name: u for u in fleet.units}
+    # The control port first: thousands of member ports bound from the ephemeral range could take it.
+    holder: dict[str, Fleet] = {}
 
     async def members(_: web.Request) -> web.Response:
+        fleet = holder["fleet"]
         return web.json_response(
             [
                 {
@@ -432,15 +437,16 @@ async def main_async(args: argparse.Namespace) -> None:
 
     async def kill(request: web.Request) -> web.Response:
         doc = await request.json()
-        at = await fleet.kill(by_name[doc["unit"]], doc["mode"])
-        return web.json_response({"at": at})
+        fleet = holder["fleet"]
+        unit = next(u for u in fleet.units if u.name == doc["unit"])
+        return web.json_response({"at": await fleet.kill(unit, doc["mode"])})
 
     async def load(request: web.Request) -> web.Response:
-        fleet.changes_per_s = float((await request.json())["changes_per_s"])
-        return web.json_response({"changes_per_s": fleet.changes_per_s})
+        holder["fleet"].changes_per_s = float((await request.json())["changes_per_s"])
+        return web.json_response({"changes_per_s": holder["fleet"].changes_per_s})
 
     async def stats(_: web.Request) -> web.Response:
-        return web.json_response(fleet.stats())
+        return web.json_response(holder["fleet"].stats())
 
     app = web.Application()
     app.router.add_get("/control/members", members)
@@ -451,6 +457,20 @@ async def main_async(args: argparse.Namespace) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.control_port)
     await site.start()
+    fleet, _ = await start_fleet(
+        units=args.units,
+        nodes=args.nodes,
+        units_per_cell=args.units_per_cell,
+        decoys=args.decoys,
+        max_running=args.max_running,
+        latency_ms=args.latency_ms,
+        latency_cv=args.latency_cv,
+        ready_over=args.ready_over,
+        tick=args.tick,
+        seed=args.seed,
+    )
+    fleet.changes_per_s = args.load_changes
+    holder["fleet"] = fleet
     print(json.dumps({"control_port": args.control_port, "members": sum(len(u.members) for u in fleet.units)}))
     sys.stdout.flush()
     await asyncio.Event().wait()

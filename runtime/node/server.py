@@ -372,11 +372,12 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
 
     async def watch(request: web.Request) -> web.StreamResponse:
         """The ready body as a stream, so a router holds one connection per leader instead of
-        polling: one JSON line now; then, checked every `changes` seconds, the body as soon as the
-        unit's state or requests in flight changed; and at least every `interval` seconds the body
-        if anything else changed, else an empty line (a heartbeat: the watcher counts silence as
-        death). Balancing many routers needs load that is fresh to tens of milliseconds
-        (docs/benchmarks.md, Fleet); a line per change costs about what the heartbeats do."""
+        polling: the body now; then, checked every `changes` seconds, a line as soon as the unit's
+        state or requests in flight changed, and at least one every `interval` seconds. A line is
+        the whole body when anything beyond its load changed, {"load": {...}} when only the load
+        did, or empty when nothing did (a heartbeat: the watcher counts silence as death).
+        Balancing many routers needs load that is fresh to tens of milliseconds (docs/benchmarks.md,
+        Fleet); most lines are then load-only, so they are kept short."""
         interval = seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
         changes = seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
         for bad in (interval, changes):
@@ -386,7 +387,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         tick = min(interval, changes)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        last_line, last_sent, last_signature = b"", -1e9, None
+        last_rest, last_load, last_sent, last_signature = b"", b"", -1e9, None
         loop = asyncio.get_running_loop()
         try:
             while not shutting_down.is_set():
@@ -394,9 +395,17 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                 signature = (sup.state, sup.ready(), sup.in_flight, ld.queue_depth, ld.running)
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
-                    line = json.dumps(sup.ready_body().to_dict(), separators=(",", ":")).encode()
-                    await resp.write(line + b"\n" if line != last_line else b"\n")
-                    last_line, last_sent, last_signature = line, now, signature
+                    body = sup.ready_body().to_dict()
+                    load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
+                    rest = json.dumps(body, separators=(",", ":")).encode()
+                    if rest != last_rest:  # the whole body: something beyond the load changed
+                        line = rest[:-1] + b',"load":' + load + b"}\n"
+                    elif load != last_load:  # only the load: a short line, which is most of them
+                        line = b'{"load":' + load + b"}\n"
+                    else:
+                        line = b"\n"
+                    await resp.write(line)
+                    last_rest, last_load, last_sent, last_signature = rest, load, now, signature
                 try:
                     await asyncio.wait_for(shutting_down.wait(), tick)
                 except asyncio.TimeoutError:

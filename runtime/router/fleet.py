@@ -37,6 +37,10 @@ log = logging.getLogger("flotilla.router.fleet")
 FOLLOWER_POLL_FACTOR = 4
 # A watch response head larger than this is not a flotilla member's.
 _WATCH_HEAD_LIMIT = 16 * 1024
+# Polls (and watch dials) in flight at once. A router that starts in front of 5,000 members would
+# otherwise open 5,000 connections at once, time most of them out on its own CPU, and retry them
+# all a second later: a storm that never settles.
+_CONCURRENT_ASKS = 64
 
 
 class _RoutingIndex:
@@ -269,6 +273,7 @@ class Fleet:
         #                                 all vanished still reports ReadyUnits 0, never silence
         self._index = _RoutingIndex()
         self._watching: set[Unit] = set()  # units with an open watch stream
+        self._asks = asyncio.Semaphore(_CONCURRENT_ASKS)
         self._rng = random.Random()
         self._ready_units_task: asyncio.Task | None = None
         self._stale_task: asyncio.Task | None = None
@@ -434,9 +439,10 @@ class Fleet:
         loop = asyncio.get_running_loop()
         proto = _WatchProtocol(self, unit, self._watch_request)
         try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: proto, parts.hostname or "", parts.port or 80), s.connect_timeout_s
-            )
+            async with self._asks:
+                await asyncio.wait_for(
+                    loop.create_connection(lambda: proto, parts.hostname or "", parts.port or 80), s.connect_timeout_s
+                )
         except (OSError, asyncio.TimeoutError) as exc:
             unit.mark_unready("unreachable")
             self._release_followers(unit)
@@ -471,9 +477,19 @@ class Fleet:
             body = json.loads(line)
             if not isinstance(body, dict):
                 raise ValueError("a watch line is not a JSON object")
-        except ValueError as exc:
+            if "state" not in body:  # only the load changed: the rest of the last body holds
+                load = body["load"]
+                unit.in_flight = int(load.get("in_flight", -1))
+                unit.queue_depth = int(load.get("queue_depth", 0))
+                unit.running = int(load.get("running", 0))
+                unit.max_running = int(load.get("max_running", 0))
+                unit.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+                unit.reported_at = time.monotonic()
+                unit.outstanding_at_report = unit.outstanding
+                return True
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             unit.mark_unready("bad_health_body")
-            log.warning("unit at %s sent an unreadable %s line: %s", unit.url, contract.NODE_WATCH_PATH, exc)
+            log.warning("unit at %s sent an unreadable %s line: %r", unit.url, contract.NODE_WATCH_PATH, exc)
             return False
         self._take_report(unit, 200 if body.get("ready") else 503, body)
         return unit.role == "leader"
@@ -484,7 +500,7 @@ class Fleet:
         assert self._poll_session is not None
         self.polls[unit.role if unit.role in self.polls else "unknown"] += 1
         try:
-            async with self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
+            async with self._asks, self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
                 raw = await resp.read()
                 status = resp.status
             body = json.loads(raw) if raw else {}

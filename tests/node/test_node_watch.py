@@ -91,3 +91,39 @@ def test_a_change_of_requests_in_flight_is_sent_at_once_not_at_the_next_heartbea
             await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_line_for_a_load_change_carries_the_load_only_and_the_router_takes_it():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        url = f"http://127.0.0.1:{port}"
+        fleet = Fleet(
+            settings=RouterSettings(units=(url,), poll_interval_s=0.05, stale_after_s=5.0),
+            discovery=StaticDiscovery(units=(url,)),
+        )
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /health/watch?interval=10&changes=0.02 HTTP/1.0\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readline()  # the whole body
+            sup.in_flight = 2
+            line = await asyncio.wait_for(reader.readline(), 5)
+            assert set(json.loads(line)) == {"load"}
+            writer.close()
+            await fleet.start()
+            unit = fleet.units[url]
+            for _ in range(500):
+                if unit.watch is not None and unit.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            sup.in_flight = 5
+            for _ in range(500):
+                if unit.in_flight == 5:
+                    break
+                await asyncio.sleep(0.01)
+            assert (unit.in_flight, unit.unit, unit.state) == (5, "u7", "forming")
+        finally:
+            await fleet.close()
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -632,6 +632,10 @@ class Fleet:
     def routable_count(self) -> int:
         return len(self._routable())
 
+    @property
+    def watching(self) -> set[Unit]:
+        return self._watching
+
     # --- ReadyUnits (EMF) --------------------------------------------------------------------
     def ready_units(self) -> tuple[dict[str, int], int]:
         """Routable units per cell (every cell ever seen, 0 included) and fleet-wide."""

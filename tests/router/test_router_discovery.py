@@ -278,3 +278,22 @@ def test_settings_require_cloudmap_namespace_and_service():
 def test_settings_reject_an_out_of_range_poll_interval():
     with pytest.raises(SettingsError, match="poll_interval_s=0.0"):
         RouterSettings(units=("http://127.0.0.1:8000",), poll_interval_s=0.0)
+
+
+def test_metrics_show_what_health_costs_watched_leaders_lines_and_polls_by_role():
+    async def scenario():
+        leader = await StandInUnit(name="u", rank=0).start()
+        follower = await StandInUnit(name="u", rank=1).start()
+        leader.members = [{"rank": 1, "address": f"127.0.0.1:{follower.port}", "state": "ready", "ready": True}]
+        async with router_over([leader], discovery=StaticDiscovery(units=(leader.url, follower.url))) as router:
+            await wait_for(lambda: router.fleet.units[follower.url].vouched_by is not None, what="vouched")
+            async with aiohttp.ClientSession() as session:
+                async with session.get(base_url(router) + contract.METRICS_PATH) as r:
+                    text = await r.text()
+        await leader.stop()
+        await follower.stop()
+        assert "flotilla_router_watched_leaders 1.0" in text
+        assert 'flotilla_router_health_polls_total{role="unknown"} 2.0' in text  # each member asked once
+        assert "flotilla_router_watch_lines_total" in text
+
+    run(scenario())

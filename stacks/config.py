@@ -52,9 +52,10 @@ CLOUDMAP_INSTANCES_PER_SERVICE = 1000  # not adjustable; DiscoverInstances also 
 CLOUDMAP_INSTANCES_PER_NAMESPACE = 2000  # default, adjustable
 CLOUDMAP_DISCOVER_INSTANCES_PER_S = 1000  # DiscoverInstances, per account, steady rate; adjustable
 CLOUDMAP_DISCOVER_REVISION_PER_S = 3000  # DiscoverInstancesRevision, per account; adjustable
-# Seconds between the router's discovery passes (runtime/router/settings.py, discovery_interval_s):
-# each pass asks every cell's service for its revision and reads again the services that moved.
-ROUTER_DISCOVERY_INTERVAL_S = 2.0
+# Seconds between the router's discovery passes with Cloud Map (runtime/router/settings.py,
+# discovery_interval_s): each pass asks every cell's service for its revision and reads again the
+# services that moved.
+ROUTER_DISCOVERY_INTERVAL_S = 5.0
 
 LOG_RETENTION_DAYS = (
     1,

@@ -157,7 +157,13 @@ class RouterSettings(BaseModel):
     ] = ()
     cloudmap_region: str | None = None  # None: boto3's default region resolution
     discovery_interval_s: Annotated[
-        float, within(0.05, 3600), Option("--discovery-interval", "seconds between discovery passes")
+        float,
+        within(0.05, 3600),
+        Option(
+            "--discovery-interval",
+            "seconds between discovery passes",
+            default="2 (static), 5 (cloudmap: each pass costs a Cloud Map call per cell)",
+        ),
     ] = 2.0
     # health and load: leaders are watched (a report every poll interval), others asked when needed
     poll_interval_s: Annotated[
@@ -287,6 +293,18 @@ class RouterSettings(BaseModel):
             except (TypeError, ValueError):
                 return values  # poll_interval_s gets its own error
             values = {**values, "poll_timeout_s": max(1.0, 2 * poll)}
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _discovery_interval_follows_discovery(cls, values: Any) -> Any:
+        # Unset: a units file is cheap to re-read every 2 s; a Cloud Map pass is a
+        # DiscoverInstancesRevision call per cell (~1.5-2 ms of router CPU each, docs/benchmarks.md,
+        # Fleet), and units take minutes to form while a stopping one turns unready on its watch at
+        # once, so every 5 s is soon enough.
+        if isinstance(values, dict) and values.get("discovery_interval_s") is None:
+            cloudmap = values.get("discovery") == "cloudmap"
+            values = {**values, "discovery_interval_s": 5.0 if cloudmap else 2.0}
         return values
 
     @model_validator(mode="before")

@@ -148,3 +148,10 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
     for flag, help_text in flags.items():
         assert "(default: " in help_text, flag
         assert (f"env {envs[flag]})" in help_text) if flag in envs else ("env " not in help_text), flag
+
+
+def test_discovery_passes_are_every_2_s_from_a_file_and_every_5_s_from_cloud_map():
+    assert from_cli(["--units", UNIT]).discovery_interval_s == 2.0
+    cloudmap = ["--discovery", "cloudmap", "--cloudmap-namespace", "ns", "--cloudmap-service", "units-cell0"]
+    assert from_cli(cloudmap).discovery_interval_s == 5.0
+    assert from_cli([*cloudmap, "--discovery-interval", "1"]).discovery_interval_s == 1.0

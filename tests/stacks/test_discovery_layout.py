@@ -91,11 +91,14 @@ def test_a_fleet_past_the_default_namespace_quota_warns_with_the_number_to_reque
 
 
 def test_many_routers_over_many_cells_warn_about_the_discovery_call_rates():
-    config = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 100})
-    # 100 routers / 2 s x 100 cells = 5,000 calls/s: past both account rates
+    config = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 200})
+    # 200 routers / 5 s x 100 cells = 4,000 calls/s: past both account rates
     warnings = cloudmap_quota_warnings(config)
-    assert any("5,000 DiscoverInstancesRevision calls/s" in w for w in warnings)
-    assert any("5,000 DiscoverInstances calls/s" in w for w in warnings)
+    assert any("4,000 DiscoverInstancesRevision calls/s" in w for w in warnings)
+    assert any("4,000 DiscoverInstances calls/s" in w for w in warnings)
+    fewer = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 100})
+    # 2,000 calls/s: past DiscoverInstances' 1,000 (if every cell changed at once), not the revisions' 3,000
+    assert [w for w in cloudmap_quota_warnings(fewer) if "calls/s" in w and "Revision" in w] == []
 
 
 def test_synth_prints_the_quota_warnings_on_the_discovery_stack(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ NODE_LIVE_PATH = "/health/live"  # alive: the process answers and is not wedged
 # then means alive (docs/node.md "Health"); a rolling update stops old tasks once new ones pass it.
 NODE_CONTAINER_HEALTH_PATH = "/health/container"
 NODE_READY_PATH = "/health/ready"  # ready: unit formed, engine warm, not draining (router reads it)
+NODE_WATCH_PATH = "/health/watch"  # the ready body as a stream, one line per interval: the router watches leaders
 ROUTER_HEALTH_PATH = "/health"  # the ALB's target-group health check on the router
 METRICS_PATH = "/metrics"
 
@@ -70,6 +71,8 @@ ATTR_UNIT = "unit"
 ATTR_ROLE = "role"  # leader | follower
 ATTR_REVISION = "revision"
 ATTR_CELL = "cell"  # the unit's cell (FLOTILLA_CELL_ID); the router emits ReadyUnits per cell
+ATTR_MEMBERS = "members"  # leader: its followers as it last saw them, so nobody else has to poll them
+ATTR_LEADER = "leader"  # follower: its leader's host:port, so a router that asks a follower finds the leader
 
 # --- Metrics: CloudWatch embedded metric format (EMF) lines on stdout ------------------------------
 # The awslogs driver ships stdout to CloudWatch Logs, which turns EMF JSON lines into metrics; the
@@ -88,6 +91,9 @@ METRIC_READY_UNITS = "ReadyUnits"  # Count; each router, every 60 s, per cell an
 CLOUDMAP_ATTR_IPV4 = "AWS_INSTANCE_IPV4"
 CLOUDMAP_ATTR_PORT = "AWS_INSTANCE_PORT"  # may be absent (host networking): use NODE_API_PORT
 CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
+# One Cloud Map service per cell, named this prefix + the cell id ("units-cell0"): a service holds at
+# most 1,000 instances and DiscoverInstances returns at most 1,000 (docs/discovery.md).
+CLOUDMAP_UNITS_SERVICE_PREFIX = "units-"
 
 # --- Neuron engine -----------------------------------------------------------------------------
 # Multi-node units use the fork's fixed port (aws-neuron/upstreaming-to-vllm@490ab20f

@@ -34,7 +34,10 @@ def _add_aws_options(p: argparse.ArgumentParser) -> None:
         help="Cloud Map namespace of the units' service (needed only when several namespaces have one)",
     )
     g.add_argument(
-        "--cloudmap-service", default=UNITS_CLOUDMAP_SERVICE, help="Cloud Map service the unit members register in"
+        "--cloudmap-service",
+        default=UNITS_CLOUDMAP_SERVICE,
+        help="Cloud Map service(s) the unit members register in: a name or a pattern; default: %(default)s "
+        "(units-cell<n>, one per cell)",
     )
     g.add_argument(
         "--health-timeout",

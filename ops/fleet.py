@@ -8,6 +8,7 @@ FLOTILLA_UNIT_ID. Nothing here changes anything.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import urllib.error
@@ -24,7 +25,9 @@ from ops.errors import OpsError
 # The service tag drain-unit leaves: the unit is drained on purpose (value: its desired count before),
 # so status does not count it as failing and restore-unit knows to bring it back.
 DRAINED_TAG = "flotilla:drained-desired-count"
-UNITS_CLOUDMAP_SERVICE = "units"
+# The units' Cloud Map services: one per cell, units-cell<n> (stacks/discovery.py); the pattern also
+# matches the single `units` service of deployments made before the per-cell layout.
+UNITS_CLOUDMAP_SERVICE = "units*"
 # Tags the stacks put on every resource (stacks/deployment.py, stacks/cell.py, stacks/unit.py).
 DEPLOYMENT_TAG, CELL_TAG, UNIT_TAG = "flotilla:deployment", "flotilla:cell", "flotilla:unit"
 STACK_NAME_TAG = "aws:cloudformation:stack-name"
@@ -58,6 +61,7 @@ class Node:
     address: str | None = None  # host:port of its HTTP server
     health: dict[str, Any] | None = None
     health_error: str | None = None
+    reported_by: str | None = None  # host:port of the leader whose ready body gave `health`
     ecs_health: str = "UNKNOWN"  # the container health check (alive): HEALTHY | UNHEALTHY | UNKNOWN
 
     @property
@@ -350,7 +354,8 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
 
 
 def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None, service: str) -> list[dict[str, Any]] | None:
-    """Instances of the units' Cloud Map service, or None when there is no such service."""
+    """Instances of the units' Cloud Map services (`service` is a name or a pattern like units*),
+    or None when there is no such service."""
     namespaces: dict[str, str] = {}
     for page in aws.servicediscovery.get_paginator("list_namespaces").paginate():
         for ns in page.get("Namespaces", []):
@@ -358,7 +363,7 @@ def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None, servic
     candidates = []
     for page in aws.servicediscovery.get_paginator("list_services").paginate():
         for s in page.get("Services", []):
-            if s["Name"] != service:
+            if not fnmatch.fnmatchcase(s["Name"], service):
                 continue
             # ListServices summaries carry no namespace id; GetService does.
             ns_id = aws.servicediscovery.get_service(Id=s["Id"])["Service"].get("NamespaceId", "")
@@ -367,18 +372,19 @@ def _cloudmap_instances(aws: Aws, deployment: str, namespace: str | None, servic
                 candidates.append((ns_name, s))
     if not candidates:
         return None
-    if len(candidates) > 1 and namespace is None:
+    if len({n for n, _ in candidates}) > 1 and namespace is None:
         # The Discovery stack names the namespace <deployment_name>.internal.
         ours = [c for c in candidates if c[0] == f"{deployment}.internal"]
         candidates = ours or candidates
-    if len(candidates) > 1:
-        names = ", ".join(sorted(n for n, _ in candidates))
+    if len({n for n, _ in candidates}) > 1:
+        names = ", ".join(sorted({n for n, _ in candidates}))
         raise OpsError(
             f"Cloud Map service {service!r} exists in several namespaces ({names}): pass --cloudmap-namespace"
         )
     out: list[dict[str, Any]] = []
-    for page in aws.servicediscovery.get_paginator("list_instances").paginate(ServiceId=candidates[0][1]["Id"]):
-        out.extend(page.get("Instances", []))
+    for _, svc in candidates:
+        for page in aws.servicediscovery.get_paginator("list_instances").paginate(ServiceId=svc["Id"]):
+            out.extend(page.get("Instances", []))
     return out
 
 
@@ -418,14 +424,68 @@ def fetch_health(address: str, *, timeout_s: float) -> tuple[dict[str, Any] | No
     return doc, None
 
 
-def probe_health(units: list[Unit], *, timeout_s: float) -> None:
-    nodes = [n for u in units for n in u.nodes if n.address and n.last_status == "RUNNING"]
+def _ask(nodes: list[Node], *, timeout_s: float) -> None:
     if not nodes:
         return
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        results = list(pool.map(lambda n: fetch_health(n.address, timeout_s=timeout_s), nodes))
+        results = list(pool.map(lambda n: fetch_health(n.address or "", timeout_s=timeout_s), nodes))
     for n, (doc, err) in zip(nodes, results):
         n.health, n.health_error = doc, err
+
+
+def _through_leader(leader: Node, by_address: dict[str, Node]) -> list[Node]:
+    """Fill in the followers a leader's ready body reports (contract.ATTR_MEMBERS) as if they had
+    answered themselves; the leader asks them every quarter second anyway. Returns the ones to ask
+    directly: those it could not reach, and all of them when the leader is not ready (its last word
+    on a follower may predate what broke the unit, and the operator needs each member's own)."""
+    body = leader.health or {}
+    direct: list[Node] = []
+    for m in body.get(contract.ATTR_MEMBERS) or []:
+        n = by_address.get(str(m.get("address"))) if isinstance(m, dict) else None
+        if n is None or n is leader or n.health is not None:
+            continue
+        if m.get("state") == "unreachable" or body.get("ready") is not True:
+            direct.append(n)
+            continue
+        n.health = {
+            "ready": bool(m.get("ready")),
+            "state": m.get("state"),
+            contract.ATTR_UNIT: body.get(contract.ATTR_UNIT),
+            contract.ATTR_REVISION: m.get("revision"),
+            "rank": m.get("rank"),
+            "world_size": body.get("world_size"),
+            contract.ATTR_ROLE: "follower",
+            contract.ATTR_CELL: body.get(contract.ATTR_CELL),
+            "load": body.get("load"),  # a follower reports its leader's load too
+            contract.ATTR_LEADER: leader.address,
+        }
+        n.health_error, n.reported_by = None, leader.address
+    return direct
+
+
+def probe_health(units: list[Unit], *, timeout_s: float) -> None:
+    """Each formation's leader answers for its followers: ask one member of each formation, then its
+    leader if that member was a follower (its body names the leader), take the followers from the
+    leader's body, and ask directly only the members no leader reported (members of an older
+    revision, a leader that is down, a follower its leader cannot reach)."""
+    nodes = [n for u in units for n in u.nodes if n.address and n.last_status == "RUNNING"]
+    by_address = {n.address: n for n in nodes if n.address}
+    first = [f[0] for u in units for f in u.formations() if f[0].address]
+    _ask(first, timeout_s=timeout_s)
+    leaders = [
+        by_address[str(n.health[contract.ATTR_LEADER])]
+        for n in first
+        if n.health and n.health.get(contract.ATTR_LEADER) in by_address
+    ]
+    _ask([n for n in dict.fromkeys(leaders) if n.health is None and n.health_error is None], timeout_s=timeout_s)
+    again: list[Node] = []
+    for n in nodes:
+        if n.health is not None and n.health.get(contract.ATTR_ROLE) == "leader" and n.reported_by is None:
+            again.extend(_through_leader(n, by_address))
+    _ask(
+        again + [n for n in nodes if n.health is None and n.health_error is None and n not in again],
+        timeout_s=timeout_s,
+    )
     for u in units:
         for n in u.nodes:
             if n.last_status == "RUNNING" and not n.address:

@@ -142,7 +142,7 @@ class CellStack(Stack):
                     execution_role=self.execution_role,
                     log_group=self.log_group,
                     environment=environment,
-                    units_service=discovery.units_service,
+                    units_service=discovery.cell_services[cell_id],
                     health_check_grace=Duration.seconds(config.node.health_check_grace_s),
                     instance_store=config.node.instance_store,
                     capacity_reservation_id=config.capacity.reservation_id,

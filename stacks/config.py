@@ -43,6 +43,20 @@ USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
 # so the quota check below can run before anything is built.
 CELL_FIXED_RESOURCES = 10
 UNIT_RESOURCES = 9
+# The Discovery stack: the namespace, the ALB security group and its ALB -> router ingress rule, plus
+# one Cloud Map service per cell (stacks/discovery.py).
+DISCOVERY_FIXED_RESOURCES = 3
+
+# Cloud Map quotas (https://docs.aws.amazon.com/cloud-map/latest/dg/cloud-map-limits.html) and the
+# router's use of them (docs/discovery.md). Every unit member is one instance in its cell's service.
+CLOUDMAP_INSTANCES_PER_SERVICE = 1000  # not adjustable; DiscoverInstances also returns at most 1,000
+CLOUDMAP_INSTANCES_PER_NAMESPACE = 2000  # default, adjustable
+CLOUDMAP_DISCOVER_INSTANCES_PER_S = 1000  # DiscoverInstances, per account, steady rate; adjustable
+CLOUDMAP_DISCOVER_REVISION_PER_S = 3000  # DiscoverInstancesRevision, per account; adjustable
+# Seconds between the router's discovery passes with Cloud Map (runtime/router/settings.py,
+# discovery_interval_s): each pass asks every cell's service for its revision and reads again the
+# services that moved.
+ROUTER_DISCOVERY_INTERVAL_S = 5.0
 
 LOG_RETENTION_DAYS = (
     1,
@@ -499,6 +513,40 @@ def estimate_cell_resources(units_in_cell: int) -> int:
     return CELL_FIXED_RESOURCES + UNIT_RESOURCES * units_in_cell
 
 
+def estimate_discovery_resources(cells: int) -> int:
+    return DISCOVERY_FIXED_RESOURCES + cells
+
+
+def cloudmap_quota_warnings(cfg: FlotillaConfig) -> list[str]:
+    """The adjustable Cloud Map quotas this layout needs raised, each with the number to request.
+    (The hard ones, instances per service and stack size, refuse the config in check_quotas.)"""
+    out: list[str] = []
+    members = cfg.units * cfg.max_nodes_per_unit
+    if members > CLOUDMAP_INSTANCES_PER_NAMESPACE:
+        during = f" during a {cfg.unit_rollout} rollout" if cfg.unit_rollout == "surge" else ""
+        out.append(
+            f"Cloud Map 'Instances per namespace' is {CLOUDMAP_INSTANCES_PER_NAMESPACE:,} by default and this "
+            f"fleet registers up to {members:,} unit members{during}: request at least {members:,} in "
+            "Service Quotas (AWS Cloud Map) before deploying, or ECS cannot register the rest"
+        )
+    passes_per_s = cfg.router.max_count / ROUTER_DISCOVERY_INTERVAL_S
+    revisions = math.ceil(passes_per_s * cfg.cells)
+    if revisions > CLOUDMAP_DISCOVER_REVISION_PER_S:
+        out.append(
+            f"{cfg.router.max_count} routers asking {cfg.cells} cell services every "
+            f"{ROUTER_DISCOVERY_INTERVAL_S:g} s make {revisions:,} DiscoverInstancesRevision calls/s; the "
+            f"account quota is {CLOUDMAP_DISCOVER_REVISION_PER_S:,}: request at least {revisions:,}"
+        )
+    if revisions > CLOUDMAP_DISCOVER_INSTANCES_PER_S:
+        out.append(
+            f"while every cell changes at once (a fleet-wide rollout) {cfg.router.max_count} routers read "
+            f"{cfg.cells} cell services every {ROUTER_DISCOVERY_INTERVAL_S:g} s: up to {revisions:,} "
+            f"DiscoverInstances calls/s against an account quota of {CLOUDMAP_DISCOVER_INSTANCES_PER_S:,} "
+            f"(throttled routers keep their last view): request at least {revisions:,}"
+        )
+    return out
+
+
 def check_quotas(cfg: FlotillaConfig) -> None:
     """Refuse a layout that would break an AWS limit at deploy time."""
     biggest_cell = min(cfg.units, cfg.units_per_cell)
@@ -531,6 +579,28 @@ def check_quotas(cfg: FlotillaConfig) -> None:
             cfg.units,
             f"at most {per_az * unit_azs} over {unit_azs} AZs ({ips} EFA addresses would "
             f"be needed in one /{PRIVATE_SUBNET_MASK} private subnet; add AZs or reduce units)",
+        )
+    # One Cloud Map service per cell holds every member of the cell's units, twice over while a
+    # surge rollout runs both revisions (docs/discovery.md).
+    per_service = biggest_cell * cfg.max_nodes_per_unit
+    if per_service > CLOUDMAP_INSTANCES_PER_SERVICE:
+        during = " during a surge rollout" if cfg.unit_rollout == "surge" else ""
+        raise ConfigError(
+            "units_per_cell",
+            cfg.units_per_cell,
+            f"at most {CLOUDMAP_INSTANCES_PER_SERVICE // cfg.max_nodes_per_unit} with "
+            f"{cfg.max_nodes_per_unit} members per unit{during}"
+            f" (a cell's Cloud Map service would hold {per_service:,} instances; Cloud Map allows "
+            f"{CLOUDMAP_INSTANCES_PER_SERVICE:,} per service, not adjustable)",
+        )
+    discovery = estimate_discovery_resources(cfg.cells)
+    if discovery > MAX_RESOURCES_PER_STACK:
+        raise ConfigError(
+            "units",
+            cfg.units,
+            f"at most {(MAX_RESOURCES_PER_STACK - DISCOVERY_FIXED_RESOURCES) * cfg.units_per_cell} with "
+            f"units_per_cell {cfg.units_per_cell} (the Discovery stack would hold {discovery} resources, "
+            f"one Cloud Map service per cell; CloudFormation allows {MAX_RESOURCES_PER_STACK})",
         )
 
 

@@ -14,7 +14,7 @@ import aws_cdk as cdk
 
 from contract import admission
 from stacks.cell import CellStack
-from stacks.config import FlotillaConfig, quota_notices
+from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
@@ -66,6 +66,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         vpc=network.vpc,
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
+        cells=[f"cell{c}" for c in range(config.cells)],
         **common("Discovery"),
     )
     # Adjustable quotas: a synth warning with the number to request when AWS's default is too
@@ -76,6 +77,8 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             annotations.add_warning_v2(f"flotilla:quota:{notice.key}", notice.message())
         else:
             annotations.add_info(notice.message())
+    for n, warning in enumerate(cloudmap_quota_warnings(config)):
+        cdk.Annotations.of(discovery).add_warning_v2(f"flotilla:cloudmap-quota-{n}", warning)
     deployment = Deployment(config=config, network=network, discovery=discovery)
     for cell in range(config.cells):
         stack = CellStack(
@@ -131,7 +134,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         test_rule=front.test_rule,
         deployment_alarms=deployment.observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_name=discovery.service_name,
+        cloudmap_service_names=discovery.service_names,
         admission_parameter_name=admission.parameter_name(config.deployment_name),
         min_tasks=router.desired_count,
         max_tasks=router.max_count,

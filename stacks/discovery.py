@@ -1,13 +1,17 @@
 """Discovery: how the router finds the unit members, and who may talk to whom on the way.
 
-A Cloud Map HTTP namespace with one `units` service that every unit's ECS service registers its
-tasks in (ECS registers and deregisters them; see docs/discovery.md), and the ALB's security group
-with the ALB <-> router rules. The router SG itself lives in Network (the cells admit it); both
+A Cloud Map HTTP namespace with one service per cell (`units-cell<n>`) that each unit's ECS service
+registers its tasks in (ECS registers and deregisters them; see docs/discovery.md): a service holds
+at most 1,000 instances and DiscoverInstances returns at most 1,000, so one service for the whole
+fleet would hide members past the thousandth. Also the ALB's security group with the ALB <-> router
+rules. The router SG itself lives in Network (the cells admit it); both
 path SGs sit below Front and Router, so every SG-to-SG rule of the path is in this one template
 and no stack references a later one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
@@ -22,8 +26,13 @@ HTTPS_PORT = 443
 HTTP_PORT = 80
 
 
+def units_service_name(cell_id: str) -> str:
+    """The Cloud Map service a cell's unit members register in, e.g. units-cell0."""
+    return f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}{cell_id}"
+
+
 class DiscoveryStack(cdk.Stack):
-    """Cloud Map namespace + `units` service; the ALB security group with exact rules.
+    """Cloud Map namespace + one service per cell; the ALB security group with exact rules.
 
     internet -> ALB on the client ports (443 and 80); the VPC's NAT gateways -> ALB on the test
     port; ALB -> router on the router port. (The router SG's own egress, node serving port in the
@@ -38,7 +47,7 @@ class DiscoveryStack(cdk.Stack):
         vpc: ec2.IVpc,
         router_security_group: ec2.ISecurityGroup,
         namespace_name: str,
-        service_name: str = "units",
+        cells: Sequence[str] = ("cell0",),
         **kwargs,
     ) -> None:
         super().__init__(scope, id_, **kwargs)
@@ -48,15 +57,20 @@ class DiscoveryStack(cdk.Stack):
             name=namespace_name,
             description="flotilla: unit members, registered by ECS, discovered by the router",
         )
-        self.units_service = self.namespace.create_service(
-            "Units",
-            name=service_name,
-            description="every unit member (leader and followers) of every cell",
-            # ECS reports task health to Cloud Map; the router still polls /health/ready itself.
-            custom_health_check=cloudmap.HealthCheckCustomConfig(failure_threshold=1),
-        )
+        # One service per cell: stacks/config.py checks that a cell's members, twice over during a
+        # surge rollout, stay within Cloud Map's 1,000 instances per service.
+        self.cell_services: dict[str, cloudmap.Service] = {
+            cell: self.namespace.create_service(
+                f"Units{cell.capitalize()}",
+                name=units_service_name(cell),
+                description=f"every unit member (leader and followers) of {cell}",
+                # ECS reports task health to Cloud Map; the router judges readiness itself.
+                custom_health_check=cloudmap.HealthCheckCustomConfig(failure_threshold=1),
+            )
+            for cell in cells
+        }
         self.namespace_name = namespace_name
-        self.service_name = service_name
+        self.service_names = tuple(units_service_name(cell) for cell in cells)
 
         self.alb_security_group = ec2.SecurityGroup(
             self,
@@ -106,7 +120,8 @@ class DiscoveryStack(cdk.Stack):
             "(443/80); the test port admits only the VPC's own NAT gateway addresses.",
         )
         cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
-        cdk.CfnOutput(self, "CloudMapService", value=service_name)
+        cdk.CfnOutput(self, "CloudMapServicePrefix", value=contract.CLOUDMAP_UNITS_SERVICE_PREFIX)
+        cdk.CfnOutput(self, "CloudMapServiceCount", value=str(len(cells)))
 
 
 def nat_public_ips(vpc: ec2.IVpc) -> list[str]:
@@ -124,7 +139,7 @@ def nat_public_ips(vpc: ec2.IVpc) -> list[str]:
 
 
 def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.IService) -> None:
-    """Make ECS register every task of a unit's ECS service in the shared Cloud Map service.
+    """Make ECS register every task of a unit's ECS service in its cell's Cloud Map service.
 
     ECS writes AWS_INSTANCE_IPV4 (the host's address: host networking) and ECS_SERVICE_NAME, and
     deregisters the task when it stops, so crashed members never linger. A draining member stays

@@ -44,7 +44,7 @@ class RouterStack(cdk.Stack):
         test_rule: elbv2.ApplicationListenerRule,
         deployment_alarms: Sequence[cw.IAlarm],
         cloudmap_namespace_name: str,
-        cloudmap_service_name: str,
+        cloudmap_service_names: Sequence[str],
         admission_parameter_name: str,
         min_tasks: int = 2,
         max_tasks: int = 10,
@@ -90,18 +90,18 @@ class RouterStack(cdk.Stack):
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
-        # DiscoverInstances supports no resource-level permissions (Resource must be "*"); the
-        # condition keys pin it to our namespace and service.
+        # DiscoverInstances and DiscoverInstancesRevision support no resource-level permissions
+        # (Resource must be "*"; AWS's AWSCloudMapDiscoverInstanceAccess grants both on "*"); the
+        # condition keys pin them to our namespace and the cells' services, by prefix so the policy
+        # stays one line long however many cells there are.
         self.task_definition.add_to_task_role_policy(
             iam.PolicyStatement(
                 sid="DiscoverUnitMembers",
-                actions=["servicediscovery:DiscoverInstances"],
+                actions=["servicediscovery:DiscoverInstances", "servicediscovery:DiscoverInstancesRevision"],
                 resources=["*"],
                 conditions={
-                    "StringEquals": {
-                        "servicediscovery:NamespaceName": cloudmap_namespace_name,
-                        "servicediscovery:ServiceName": cloudmap_service_name,
-                    }
+                    "StringEquals": {"servicediscovery:NamespaceName": cloudmap_namespace_name},
+                    "StringLike": {"servicediscovery:ServiceName": f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}*"},
                 },
             )
         )
@@ -132,7 +132,7 @@ class RouterStack(cdk.Stack):
                 contract.ENV_PORT: str(contract.ROUTER_PORT),
                 contract.ENV_DISCOVERY: "cloudmap",
                 contract.ENV_CLOUDMAP_NAMESPACE: cloudmap_namespace_name,
-                contract.ENV_CLOUDMAP_SERVICE: cloudmap_service_name,
+                contract.ENV_CLOUDMAP_SERVICE: ",".join(cloudmap_service_names),
                 contract.ENV_DRAIN_TIMEOUT: str(drain_s),
                 contract.ENV_ADMISSION_PARAMETER: admission_parameter_name,
             },
@@ -291,10 +291,10 @@ class RouterStack(cdk.Stack):
             "IAM5",
             applies_to="Resource::*",
             reason=(
-                "servicediscovery:DiscoverInstances supports no resource-level permissions (AWS's own "
-                "AWSCloudMapDiscoverInstanceAccess policy uses Resource *); the statement is pinned to "
-                "flotilla's namespace and service by the servicediscovery:NamespaceName and "
-                "ServiceName condition keys."
+                "servicediscovery:DiscoverInstances and DiscoverInstancesRevision support no "
+                "resource-level permissions (AWS's own AWSCloudMapDiscoverInstanceAccess policy uses "
+                "Resource *); the statement is pinned to flotilla's namespace and its per-cell "
+                "services by the servicediscovery:NamespaceName and ServiceName condition keys."
             ),
         )
         if not isinstance(image, ecs.RepositoryImage):

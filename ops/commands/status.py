@@ -168,6 +168,7 @@ def as_json(units: list[Unit]) -> list[dict[str, Any]]:
                     "ready": n.ready,
                     "health": n.health,
                     "error": n.health_error,
+                    "reported_by": n.reported_by,
                 }
                 for n in u.nodes
             ],

@@ -45,6 +45,20 @@ class Load(_Wire):
     running: int = 0
     max_running: int = 0
     kv_cache_used: float = 0.0
+    # Leader: API requests accepted and not finished, counted as they arrive and end (the engine's
+    # queue_depth and running come ten times a second); what routers balance on. 0 on followers.
+    in_flight: int = 0
+
+
+class MemberReport(_Wire):
+    """A follower as its leader last saw it over STATUS_PATH: the router and `flotilla status` read
+    followers through their leader instead of asking every follower themselves."""
+
+    rank: int
+    address: str  # host:port of the follower's HTTP server, as rendezvous gave it
+    state: str  # a UnitState value, or "unreachable" when the leader's last ask got no answer
+    ready: bool
+    revision: str  # "" while unreachable
 
 
 class ReadyBody(_Wire):
@@ -59,6 +73,10 @@ class ReadyBody(_Wire):
     role: Role  # contract.ATTR_ROLE
     cell: str  # contract.ATTR_CELL: FLOTILLA_CELL_ID, "" locally
     load: Load
+    # contract.ATTR_MEMBERS: the leader's followers (empty on a follower and before rendezvous);
+    # contract.ATTR_LEADER: a ranked follower's leader as host:port ("" on the leader).
+    members: list[MemberReport] = []
+    leader: str = ""
 
 
 class Offer(_Wire):

@@ -36,6 +36,9 @@ from runtime.node.openai_api import (
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
+# /health/watch: the interval a watcher may ask for (?interval=seconds), and the default.
+WATCH_INTERVAL_RANGE_S = (0.01, 10.0)
+WATCH_INTERVAL_DEFAULT_S = 0.25
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
 MAX_BODY_BYTES = 4 * 1024 * 1024  # as sent (client_max_size, else 413) and once decompressed
@@ -418,6 +421,67 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
     async def status(_: web.Request) -> web.Response:
         return web.json_response(sup.status_body().to_dict())
 
+    shutting_down = asyncio.Event()
+
+    async def stop_watches(_: web.Application) -> None:
+        shutting_down.set()  # ends every watch, so the server's shutdown does not wait on them
+
+    app.on_shutdown.append(stop_watches)
+
+    def seconds(request: web.Request, name: str, default: float) -> float | str:
+        """A query parameter in seconds, or the one-line refusal naming it."""
+        raw = request.query.get(name, str(default))
+        low, high = WATCH_INTERVAL_RANGE_S
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        return value if low <= value <= high else f"{name}={raw!r}: give seconds, {low} to {high}"
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        """The ready body as a stream, so a router holds one connection per leader instead of
+        polling: the body now; then, checked every `changes` seconds, a line as soon as the unit's
+        state or requests in flight changed, and at least one every `interval` seconds. A line is
+        the whole body when anything beyond its load changed, {"load": {...}} when only the load
+        did, or empty when nothing did (a heartbeat: the watcher counts silence as death).
+        Balancing many routers needs load that is fresh to tens of milliseconds (docs/benchmarks.md,
+        Fleet); most lines are then load-only, so they are kept short."""
+        interval = seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
+        changes = seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
+        for bad in (interval, changes):
+            if isinstance(bad, str):
+                return web.json_response({"error": bad}, status=400)
+        assert isinstance(interval, float) and isinstance(changes, float)
+        tick = min(interval, changes)
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        last_rest, last_load, last_sent, last_signature = b"", b"", -1e9, None
+        loop = asyncio.get_running_loop()
+        try:
+            while not shutting_down.is_set():
+                ld = sup.load()
+                signature = (sup.state, sup.ready(), sup.in_flight, ld.queue_depth, ld.running)
+                now = loop.time()
+                if signature != last_signature or now - last_sent >= interval - tick / 2:
+                    body = sup.ready_body().to_dict()
+                    load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
+                    rest = json.dumps(body, separators=(",", ":")).encode()
+                    if rest != last_rest:  # the whole body: something beyond the load changed
+                        line = rest[:-1] + b',"load":' + load + b"}\n"
+                    elif load != last_load:  # only the load: a short line, which is most of them
+                        line = b'{"load":' + load + b"}\n"
+                    else:
+                        line = b"\n"
+                    await resp.write(line)
+                    last_rest, last_load, last_sent, last_signature = rest, load, now, signature
+                try:
+                    await asyncio.wait_for(shutting_down.wait(), tick)
+                except asyncio.TimeoutError:
+                    pass
+        except ConnectionError:
+            pass  # the watcher went away
+        return resp
+
     async def prom(_: web.Request) -> web.Response:
         ld = sup.load()
         metrics.queue_depth.set(ld.queue_depth)
@@ -440,6 +504,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
     app.router.add_get(contract.NODE_LIVE_PATH, live)
     app.router.add_get(contract.NODE_CONTAINER_HEALTH_PATH, container)
     app.router.add_get(contract.NODE_READY_PATH, ready)
+    app.router.add_get(contract.NODE_WATCH_PATH, watch)
     app.router.add_get(STATUS_PATH, status)
     app.router.add_get(contract.METRICS_PATH, prom)
 

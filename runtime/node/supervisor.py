@@ -36,6 +36,7 @@ from runtime.node.engine_process import EngineProcess, LoadReport
 from runtime.node.handshake import (
     STATUS_PATH,
     Load,
+    MemberReport,
     MemberStatus,
     Offer,
     ReadyBody,
@@ -87,6 +88,7 @@ class UnitSupervisor:
         self._session: aiohttp.ClientSession | None = None
         self._complained: dict[str, float] = {}
         self._joined: set[str] = set()
+        self.followers: dict[int, MemberReport] = {}  # leader: each follower as last asked
 
     # -- what the HTTP server reports ---------------------------------------------------------------
     @property
@@ -144,8 +146,12 @@ class UnitSupervisor:
 
     def _ready_fields(self) -> dict[str, Any]:
         ld = self.load()
+        m = self.membership
         # role and cell: the router routes to leaders only and counts ready units per cell
-        # (docs/discovery.md: ECS registers members in Cloud Map without either).
+        # (docs/discovery.md: ECS registers members in Cloud Map without either). members and
+        # leader: the router watches leaders only and learns the followers from them.
+        members = [self.followers[r] for r in sorted(self.followers)] if self.is_leader else []
+        leader = f"{m.members[0].host}:{m.members[0].api_port}" if m and m.members and not self.is_leader else ""
         return {
             "ready": self.ready(),
             "state": self.effective_state(),
@@ -160,7 +166,10 @@ class UnitSupervisor:
                 running=int(ld.running),
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
+                in_flight=self.in_flight if self.is_leader else 0,
             ),
+            "members": members,
+            "leader": leader,
         }
 
     def ready_body(self) -> ReadyBody:
@@ -279,6 +288,7 @@ class UnitSupervisor:
     async def _end_formation(self) -> None:
         self.offer = None
         self.formation = None
+        self.followers = {}  # no longer current: the next formation's handshake asks them again
         self.leader_ready = False
         self.unit_draining = None
         if self.engine is not None:
@@ -341,6 +351,16 @@ class UnitSupervisor:
         await asyncio.gather(*late, return_exceptions=True)
         return [None if p in late else p.result() for p in polls]
 
+    def _note_follower(self, member: Member, st: MemberStatus | None) -> None:
+        """Keep the leader's last word on a follower for its ready body (router, `flotilla status`)."""
+        self.followers[member.rank] = MemberReport(
+            rank=member.rank,
+            address=f"{member.host}:{member.api_port}",
+            state=st.state.value if st else "unreachable",
+            ready=bool(st and st.ready),
+            revision=st.revision if st else "",
+        )
+
     def _compatible(self, st: MemberStatus, member: Member, m: Membership) -> bool:
         if st.unit != m.unit_id:
             problem = f"belongs to unit {st.unit!r}"
@@ -386,11 +406,13 @@ class UnitSupervisor:
     # -- leader -----------------------------------------------------------------------------------
     async def _lead(self, m: Membership) -> None:
         followers = m.members[1:]
+        self.followers = {}
         boot_ids: dict[int, str] = {}
         last_rdv = [time.monotonic()]
         while len(boot_ids) < len(followers):  # every follower alive, compatible and waiting
             boot_ids = {}
             for f, st in zip(followers, await self._statuses(followers)):
+                self._note_follower(f, st)
                 if st and self._compatible(st, f, m) and st.formation is None and not st.draining:
                     boot_ids[f.rank] = st.boot_id
             if len(boot_ids) < len(followers):
@@ -419,6 +441,7 @@ class UnitSupervisor:
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
             for f, st in zip(followers, await self._statuses(followers)):
+                self._note_follower(f, st)
                 if st and st.draining and not self.unit_draining and not self.draining:
                     self.unit_draining = f"follower rank {f.rank} is draining"
                     drain_until = time.monotonic() + self.s.drain_timeout_s

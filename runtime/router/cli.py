@@ -29,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def make_discovery(settings: RouterSettings):
     if settings.discovery == "cloudmap":
         return CloudMapDiscovery(
-            namespace=settings.cloudmap_namespace, service=settings.cloudmap_service, region=settings.cloudmap_region
+            namespace=settings.cloudmap_namespace, services=settings.cloudmap_services, region=settings.cloudmap_region
         )
     return StaticDiscovery(units=settings.units, units_file=settings.units_file)
 

@@ -64,34 +64,100 @@ class StaticDiscovery:
         return list(seen.values())
 
 
+# DiscoverInstances returns at most this many instances and has no pagination (Cloud Map API reference,
+# DiscoverInstances: MaxResults 1..1000, response members Instances and InstancesRevision only). The
+# stacks keep every service below it (one service per cell, stacks/config.py checks the arithmetic).
+DISCOVER_MAX_RESULTS = 1000
+
+
 class CloudMapDiscovery:
-    """Every unit member ECS registered in a Cloud Map service; no role filter (docs/discovery.md).
+    """Every unit member ECS registered in the cells' Cloud Map services; no role filter (docs/discovery.md).
 
     ECS registers each task with only its address (contract.CLOUDMAP_ATTR_IPV4, maybe
     CLOUDMAP_ATTR_PORT) and its ECS service (one per unit): a member's role is known only after
-    rendezvous, so the router learns it from the member's /health/ready and routes to leaders only
+    rendezvous, so the router learns it from the member itself and routes to leaders only
     (fleet.Unit.apply_report). A port-less instance serves on contract.NODE_API_PORT.
+
+    One service per cell: each pass asks DiscoverInstancesRevision per service (its own, higher
+    account quota) and reads a service's instances again only when its revision moved, which
+    registering or deregistering an instance does (API reference, DiscoverInstancesRevision).
     """
 
-    def __init__(self, *, namespace: str, service: str, client=None, region: str | None = None) -> None:
+    def __init__(
+        self, *, namespace: str, services: tuple[str, ...] | str, client=None, region: str | None = None
+    ) -> None:
         if client is None:
             import boto3  # noqa: PLC0415 - imported here so static runs do not pay boto3's import time
 
             client = boto3.client("servicediscovery", region_name=region)
         self._client = client
         self._namespace = namespace
-        self._service = service
+        self._services = (services,) if isinstance(services, str) else tuple(services)
+        # per service: (revision, endpoints) of the last full read
+        self._seen: dict[str, tuple[int | None, list[UnitEndpoint]]] = {}
+        self._revision_refused = False  # the role may lack DiscoverInstancesRevision: read in full
+        self.calls = {"DiscoverInstancesRevision": 0, "DiscoverInstances": 0}
 
     def discover(self) -> list[UnitEndpoint]:
+        endpoints: dict[str, UnitEndpoint] = {}
+        failed: list[str] = []
+        for service in self._services:
+            try:
+                found = self._service(service)
+            except DiscoveryError as exc:
+                if service not in self._seen:
+                    failed.append(str(exc))
+                    continue
+                log.warning("%s; keeping the last %d members of %s", exc, len(self._seen[service][1]), service)
+                found = self._seen[service][1]
+            for e in found:
+                endpoints.setdefault(e.url, e)
+        if failed and len(failed) == len(self._services):
+            raise DiscoveryError("; ".join(failed))
+        for message in failed:
+            log.warning("%s; its members stay unknown until it answers", message)
+        return list(endpoints.values())
+
+    def _service(self, service: str) -> list[UnitEndpoint]:
+        where = f"{self._namespace}/{service}"
+        revision: int | None = None
+        if not self._revision_refused:
+            try:
+                self.calls["DiscoverInstancesRevision"] += 1
+                revision = self._client.discover_instances_revision(NamespaceName=self._namespace, ServiceName=service)[
+                    "InstancesRevision"
+                ]
+            except Exception as exc:  # botocore errors and endpoint failures alike
+                if "AccessDenied" in str(exc):
+                    log.warning("DiscoverInstancesRevision(%s) refused; reading instances in full every pass", where)
+                    self._revision_refused = True
+                else:
+                    raise DiscoveryError(f"DiscoverInstancesRevision({where}) failed: {exc}") from exc
+            seen = self._seen.get(service)
+            if seen is not None and revision is not None and seen[0] == revision:
+                return seen[1]
         try:
-            # HealthStatus=ALL: the router's own polling decides routability, not Route 53 checks
+            self.calls["DiscoverInstances"] += 1
+            # HealthStatus=ALL: ECS's custom health status follows the container check, which
+            # passes only after a unit has been ready once; the router judges readiness itself.
             resp = self._client.discover_instances(
-                NamespaceName=self._namespace, ServiceName=self._service, HealthStatus="ALL", MaxResults=1000
+                NamespaceName=self._namespace,
+                ServiceName=service,
+                HealthStatus="ALL",
+                MaxResults=DISCOVER_MAX_RESULTS,
             )
         except Exception as exc:  # botocore errors and endpoint failures alike: keep the last list
-            raise DiscoveryError(f"DiscoverInstances({self._namespace}/{self._service}) failed: {exc}") from exc
-        endpoints: dict[str, UnitEndpoint] = {}
-        for inst in resp.get("Instances", []):
+            raise DiscoveryError(f"DiscoverInstances({where}) failed: {exc}") from exc
+        instances = resp.get("Instances", [])
+        if len(instances) >= DISCOVER_MAX_RESULTS:
+            log.error(
+                "Cloud Map service %s returned %d instances, the most DiscoverInstances returns: members beyond "
+                "them are invisible to the router (keep each cell under the limit, docs/discovery.md)",
+                where,
+                len(instances),
+            )
+        found: dict[str, UnitEndpoint] = {}
+        for inst in instances:
             attrs = inst.get("Attributes", {})
             ip = attrs.get(contract.CLOUDMAP_ATTR_IPV4)
             if not ip:
@@ -101,6 +167,11 @@ class CloudMapDiscovery:
                 continue
             port = attrs.get(contract.CLOUDMAP_ATTR_PORT) or str(contract.NODE_API_PORT)
             url = f"http://{ip}:{port}"
-            # The ECS service names the unit until the member's own /health/ready says which it is.
-            endpoints[url] = UnitEndpoint(url=url, unit=attrs.get(contract.CLOUDMAP_ATTR_ECS_SERVICE, ""))
-        return list(endpoints.values())
+            # The ECS service names the unit until the member's own report says which it is.
+            found[url] = UnitEndpoint(url=url, unit=attrs.get(contract.CLOUDMAP_ATTR_ECS_SERVICE, ""))
+        # A revision read before the instances: if one changed in between, the next pass reads again.
+        self._seen[service] = (
+            revision if revision is not None else resp.get("InstancesRevision"),
+            list(found.values()),
+        )
+        return self._seen[service][1]

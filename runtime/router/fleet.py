@@ -1,9 +1,13 @@
-"""The router's view of every unit: discovered endpoints, polled health and load, live outstanding counts.
+"""The router's view of every unit: discovered members, their health and load, live outstanding counts.
 
-One poll loop per discovered member reads its /health/ready; a failed poll marks it unready at once.
-The balancer picks the least-loaded routable unit; a member is routable only when it leads its unit
-(rank 0 / role leader), is ready and not draining. Every ready_units_interval_s the fleet writes the
-ReadyUnits EMF lines (per cell and fleet-wide, runtime/emf.py).
+The router watches leaders only: one long-lived /health/watch stream per leader brings its ready body
+within change_report_s of a change of its load, and at least every poll interval (an empty line when
+nothing changed); that body lists the leader's followers
+as the leader sees them, so followers are not asked at all while their leader vouches for them. A
+member is asked once (GET /health/ready) when discovered, and again only while no live leader lists
+it. A leader that falls silent for stale_after_s, closes its stream, or turns unready stops taking
+new requests at once. The balancer picks among routable leaders by the power of d choices
+(runtime/router/balance.py). Every ready_units_interval_s the fleet writes the ReadyUnits EMF lines.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
 import contract
 from runtime import emf
+from runtime.router import balance
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
 from runtime.router.settings import RouterSettings
@@ -26,10 +32,27 @@ from runtime.router.settings import RouterSettings
 log = logging.getLogger("flotilla.router.fleet")
 
 
-# Followers are polled this many times less often than leaders: the router needs only their cell and
-# a change of leadership from them (a unit that re-forms may elect another rank 0, which is not ready
-# before its model loads anyway).
+# A member no live leader vouches for (new, re-forming, or whose leader is gone) is asked this many
+# times less often than a leader reports: the router needs from it only its role and, from a
+# follower, where its leader is.
 FOLLOWER_POLL_FACTOR = 4
+# A watch response head larger than this is not a flotilla member's.
+_WATCH_HEAD_LIMIT = 16 * 1024
+# Polls (and watch dials) in flight at once. A router that starts in front of 5,000 members would
+# otherwise open 5,000 connections at once, time most of them out on its own CPU, and retry them
+# all a second later: a storm that never settles.
+_CONCURRENT_ASKS = 64
+
+
+class _RoutingIndex:
+    """The routable units as a list the balancer samples from; rebuilt only after a unit's routability
+    changed (load reports, which arrive thousands of times a second, do not touch it)."""
+
+    __slots__ = ("dirty", "units")
+
+    def __init__(self) -> None:
+        self.dirty = True
+        self.units: list[Unit] = []
 
 
 class Unit:
@@ -41,49 +64,93 @@ class Unit:
         "unit",
         "revision",
         "state",
-        "ready",
+        "_ready",
+        "in_flight",
         "queue_depth",
         "running",
+        "max_running",
         "kv_cache_used",
         "outstanding",
-        "removed",
+        "outstanding_at_report",
+        "reported_at",
+        "_removed",
         "session",
         "poll_task",
         "cell",
         "role",
         "rank",
+        "watchable",
+        "watch",
+        "vouched_by",
+        "followers",
+        "members_seen",
+        "wake",
+        "_index",
     )
 
-    def __init__(self, endpoint: UnitEndpoint) -> None:
+    def __init__(self, endpoint: UnitEndpoint, index: _RoutingIndex | None = None) -> None:
         self.url = endpoint.url
         self.unit = endpoint.unit or endpoint.url
         self.revision = ""  # from the ready body (contract.ATTR_REVISION)
-        self.state = "unknown"  # as the unit reports it, or "unreachable"
-        self.ready = False
+        self.state = "unknown"  # as the unit reports it, or "unreachable" / "silent"
+        self._ready = False
+        self.in_flight = -1  # reported by leaders of this revision on; -1: use queue_depth + running
         self.queue_depth = 0
         self.running = 0
+        self.max_running = 0
         self.kv_cache_used = 0.0
         self.outstanding = 0  # requests this router has in flight to the unit
-        self.removed = False  # gone from discovery; closes once idle
-        self.session: aiohttp.ClientSession | None = None
-        self.poll_task: asyncio.Task | None = None
+        self.outstanding_at_report = 0  # the same count when the last report arrived
+        self.reported_at = 0.0  # time.monotonic() of the last report (watch line or poll)
+        self._removed = False  # gone from discovery; closes once idle
+        self.session: aiohttp.ClientSession | None = None  # for requests; leaders only
+        self.poll_task: asyncio.Task | None = None  # the member's health loop
         self.cell = ""  # from the ready body (contract.ATTR_CELL); "" locally
         self.role = "unknown"  # leader | follower, from the ready body
         self.rank = -1
+        self.watchable = True  # False: the member has no /health/watch (an older revision): poll it
+        self.watch: _WatchProtocol | None = None
+        self.vouched_by: Unit | None = None  # follower: the live leader whose report lists it
+        self.followers: set[str] = set()  # leader: URLs of the members its last report listed
+        self.members_seen: object = None  # leader: the last `members` value, to skip unchanged ones
+        self.wake = asyncio.Event()  # cuts a follower's wait short (its leader went away)
+        self._index = index
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        if value != self._ready:
+            self._ready = value
+            if self._index is not None:
+                self._index.dirty = True
+
+    @property
+    def removed(self) -> bool:
+        return self._removed
+
+    @removed.setter
+    def removed(self, value: bool) -> None:
+        if value != self._removed:
+            self._removed = value
+            if self._index is not None:
+                self._index.dirty = True
 
     @property
     def routable(self) -> bool:
-        return self.ready and not self.removed
+        return self._ready and not self._removed
 
     def mark_unready(self, state: str) -> None:
-        if self.ready:
+        if self._ready:
             log.warning("unit %s (%s) is no longer routable: %s", self.unit, self.url, state)
         self.ready = False
         self.state = state
 
     def apply_report(self, status: int, body: dict) -> None:
-        """Take a /health/ready answer: routable means it leads (role leader, or rank 0 when the
-        body has no role), answered 200 with ready=true and state=ready.
+        """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
+        or rank 0 when the body has no role), answered 200 with ready=true and state=ready.
 
         A follower is never routable; its state reads "follower" (expected, not an error)."""
         rank = body.get("rank")
@@ -91,8 +158,8 @@ class Unit:
         role = body.get(contract.ATTR_ROLE)
         leads = role == "leader" if role is not None else self.rank == 0
         if not leads and self.role != "follower":
-            log.info(
-                "member %s is rank %d of unit %s, a follower: polled, never routed to",
+            log.debug(
+                "member %s is rank %d of unit %s, a follower: never routed to",
                 self.url,
                 self.rank,
                 body.get(contract.ATTR_UNIT) or self.unit,
@@ -102,7 +169,7 @@ class Unit:
         self.unit = str(body.get(contract.ATTR_UNIT) or self.unit)
         self.revision = str(body.get(contract.ATTR_REVISION) or self.revision)
         if not leads:
-            if self.ready:
+            if self._ready:
                 log.warning(
                     "member %s of unit %s no longer leads (rank %d); not routable", self.url, self.unit, self.rank
                 )
@@ -110,17 +177,84 @@ class Unit:
             self.state = "follower"
             return
         load = body.get("load") or {}
+        self.in_flight = int(load.get("in_flight", -1))
         self.queue_depth = int(load.get("queue_depth", 0))
         self.running = int(load.get("running", 0))
+        self.max_running = int(load.get("max_running", 0))
         self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
         state = str(body.get("state", "unknown"))
         ready = status == 200 and bool(body.get("ready")) and state == "ready"
-        if ready and not self.ready:
+        if ready and not self._ready:
             log.info("unit %s (%s, revision %s) is routable", self.unit, self.url, self.revision)
         if not ready:
             self.mark_unready(state)
         self.ready = ready
         self.state = state
+
+
+class _WatchProtocol(asyncio.Protocol):
+    """One leader's /health/watch stream, read without an HTTP client library: this is the router's
+    steady cost per leader (a line per poll interval), so it is kept to a buffer scan and a JSON
+    parse. Asked as HTTP/1.0, the member ends the body by closing the connection (no chunking)."""
+
+    def __init__(self, fleet: Fleet, unit: Unit, request: bytes) -> None:
+        self._fleet = fleet
+        self._unit = unit
+        self._request = request
+        self._buf = bytearray()
+        self._head = True
+        self.transport: asyncio.Transport | None = None
+        self.outcome = "lost"  # lost | follower | unsupported
+        self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(self._request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        if self._head:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _WATCH_HEAD_LIMIT:
+                    self.close("lost")
+                return
+            status = buf[: buf.find(b"\r\n")].split(b" ", 2)
+            code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
+            streams = b"application/x-ndjson" in bytes(buf[:end]).lower()
+            del buf[: end + 4]
+            if code == 404 or (code == 200 and not streams):
+                # A member of an older revision (no watch there), or a server that answered with a
+                # plain document: poll it instead.
+                self.close("unsupported")
+                return
+            if code != 200:
+                self.close("lost")
+                return
+            self._head = False
+        start = 0
+        while True:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            line = bytes(buf[start:nl])
+            start = nl + 1
+            if not self._fleet.on_watch_line(self._unit, line):
+                self.close("follower")
+                return
+        if start:
+            del buf[:start]
+
+    def close(self, outcome: str) -> None:
+        self.outcome = outcome
+        if self.transport is not None:
+            self.transport.abort()  # no lingering FIN dance: the member may be dead
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(self.outcome)
 
 
 @dataclass(frozen=True)
@@ -130,7 +264,7 @@ class Pick:
 
 
 class Fleet:
-    """All known units, kept in step with discovery, each polled on its own loop."""
+    """All known members, kept in step with discovery; leaders watched, followers learned from them."""
 
     def __init__(self, *, settings: RouterSettings, discovery: Discovery) -> None:
         self._settings = settings
@@ -138,12 +272,25 @@ class Fleet:
         self.units: dict[str, Unit] = {}
         self.cells: set[str] = set()  # every cell a member ever reported: a cell whose members
         #                                 all vanished still reports ReadyUnits 0, never silence
+        self._index = _RoutingIndex()
+        self._watching: set[Unit] = set()  # units with an open watch stream
+        self._asks = asyncio.Semaphore(_CONCURRENT_ASKS)
+        self._rng = random.Random()
         self._ready_units_task: asyncio.Task | None = None
+        self._stale_task: asyncio.Task | None = None
         self._poll_session: aiohttp.ClientSession | None = None
         self._discovery_task: asyncio.Task | None = None
         self._closing = False
         self.discovery_errors = 0
         self.admission: AdmissionControl | None = None  # an operator's fleet-wide limit (flotilla shed)
+        # What health costs: polls by the member's role at the time, watch lines received.
+        self.polls = {"leader": 0, "follower": 0, "unknown": 0}
+        self.watch_lines = 0
+        interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
+        self._watch_request = (
+            f"GET {contract.NODE_WATCH_PATH}?interval={interval:g}&changes={changes:g} HTTP/1.0\r\n"
+            f"User-Agent: flotilla-router\r\nAccept: application/x-ndjson\r\n\r\n"
+        ).encode()
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,11 +303,15 @@ class Fleet:
         await self.refresh_discovery()
         self._discovery_task = asyncio.create_task(self._discovery_loop(), name="discovery")
         self._ready_units_task = asyncio.create_task(self._ready_units_loop(), name="ready units")
+        self._stale_task = asyncio.create_task(self._stale_loop(), name="stale reports")
 
     async def close(self) -> None:
         self._closing = True
         tasks = [
-            t for t in [self._discovery_task, self._ready_units_task] + [u.poll_task for u in self.units.values()] if t
+            t
+            for t in [self._discovery_task, self._ready_units_task, self._stale_task]
+            + [u.poll_task for u in self.units.values()]
+            if t
         ]
         for t in tasks:
             t.cancel()
@@ -177,38 +328,46 @@ class Fleet:
             endpoints = await asyncio.to_thread(self._discovery.discover)
         except DiscoveryError as exc:
             self.discovery_errors += 1
-            log.warning("%s; keeping the last %d known units", exc, len(self.units))
+            log.warning("%s; keeping the last %d known members", exc, len(self.units))
             return
         self.apply_endpoints(endpoints)
 
     def apply_endpoints(self, endpoints: list[UnitEndpoint]) -> None:
         wanted = {e.url: e for e in endpoints}
+        added = False
         for url, endpoint in wanted.items():
             unit = self.units.get(url)
             if unit is None:
-                unit = Unit(endpoint)
-                unit.session = self._new_unit_session()
+                unit = Unit(endpoint, self._index)
                 self.units[url] = unit
-                log.info("discovered unit %s at %s", unit.unit, url)
-                unit.poll_task = asyncio.create_task(self._poll_loop(unit), name=f"poll {url}")
+                added = True
+                log.debug("discovered member %s of %s", url, unit.unit)
+                unit.poll_task = asyncio.create_task(self._member_loop(unit), name=f"health {url}")
             elif unit.removed:
                 unit.removed = False  # came back before its old session was closed
                 log.info("unit at %s is back in discovery", url)
         for url, unit in list(self.units.items()):
             if url not in wanted and not unit.removed:
-                log.info("unit %s at %s left discovery; no new requests go there", unit.unit, url)
+                log.info("member %s of %s left discovery; no new requests go there", url, unit.unit)
                 unit.removed = True
                 self.retire_if_idle(unit)
+        if added:  # a leader's next report may now vouch for members discovery had not shown yet
+            for unit in self.units.values():
+                unit.members_seen = None
 
     def retire_if_idle(self, unit: Unit) -> None:
-        """A unit gone from discovery is closed once its last in-flight request ends."""
+        """A member gone from discovery is closed once its last in-flight request ends."""
         if not unit.removed or unit.outstanding or self._closing:
             return
         if unit.poll_task is not None:
-            unit.poll_task.cancel()
+            unit.poll_task.cancel()  # its finally closes the watch and releases the followers
             unit.poll_task = None
         if self.units.get(unit.url) is unit:
             del self.units[unit.url]
+        self._release_followers(unit)
+        if unit.vouched_by is not None:
+            unit.vouched_by.followers.discard(unit.url)
+            unit.vouched_by = None
         session, unit.session = unit.session, None
         if session is not None:
             asyncio.get_running_loop().create_task(session.close())
@@ -237,19 +396,113 @@ class Fleet:
             except Exception:  # a bug in discovery must not stop routing to known units
                 log.exception("discovery pass failed")
 
-    # --- polling -----------------------------------------------------------------------------
-    async def _poll_loop(self, unit: Unit) -> None:
-        base = self._settings.poll_interval_s
-        while True:  # cancelled by retire_if_idle or close
-            started = time.monotonic()
-            await self.poll_once(unit)
-            interval = base * FOLLOWER_POLL_FACTOR if unit.role == "follower" else base
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+    # --- health ------------------------------------------------------------------------------
+    async def _member_loop(self, unit: Unit) -> None:
+        """Watch a leader; leave a vouched follower alone; ask anyone else now and then."""
+        s = self._settings
+        retry = s.poll_interval_s
+        try:
+            while True:  # cancelled by retire_if_idle or close
+                if unit.role == "leader" and unit.watchable:
+                    outcome = await self._watch(unit)
+                    if outcome == "lost":  # dead, silent or refused: try again, backing off to 1 s
+                        await self._pause(unit, retry)
+                        retry = min(retry * 2, s.poll_interval_s * FOLLOWER_POLL_FACTOR)
+                    else:
+                        retry = s.poll_interval_s
+                    continue
+                if unit.vouched_by is not None:
+                    unit.wake.clear()
+                    await unit.wake.wait()  # until its leader stops listing it or goes away
+                    continue
+                started = time.monotonic()
+                await self.poll_once(unit)
+                if unit.role == "leader" and unit.watchable:
+                    continue  # learned it leads: watch it from now on
+                interval = s.poll_interval_s if unit.role == "leader" else s.poll_interval_s * FOLLOWER_POLL_FACTOR
+                await self._pause(unit, interval - (time.monotonic() - started))
+        finally:
+            if unit.watch is not None:
+                unit.watch.close("lost")
+            self._release_followers(unit)
+
+    @staticmethod
+    async def _pause(unit: Unit, seconds: float) -> None:
+        unit.wake.clear()
+        try:
+            await asyncio.wait_for(unit.wake.wait(), max(0.0, seconds))
+        except asyncio.TimeoutError:
+            pass
+
+    async def _watch(self, unit: Unit) -> str:
+        """Hold the leader's watch stream until it ends; returns why: lost | follower | unsupported."""
+        s = self._settings
+        parts = urlsplit(unit.url)
+        loop = asyncio.get_running_loop()
+        proto = _WatchProtocol(self, unit, self._watch_request)
+        try:
+            async with self._asks:
+                await asyncio.wait_for(
+                    loop.create_connection(lambda: proto, parts.hostname or "", parts.port or 80), s.connect_timeout_s
+                )
+        except (OSError, asyncio.TimeoutError) as exc:
+            unit.mark_unready("unreachable")
+            self._release_followers(unit)
+            log.debug("watch of %s failed: %r", unit.url, exc)
+            return "lost"
+        unit.watch = proto
+        unit.reported_at = max(unit.reported_at, time.monotonic())  # the silence clock starts now
+        self._watching.add(unit)
+        try:
+            outcome = await proto.ended
+        finally:
+            self._watching.discard(unit)
+            unit.watch = None
+            proto.close(proto.outcome)
+        if outcome == "unsupported":
+            log.info("member %s has no %s (an older revision): polling it", unit.url, contract.NODE_WATCH_PATH)
+            unit.watchable = False
+        elif outcome == "lost":
+            unit.mark_unready("unreachable")
+        self._release_followers(unit)
+        return outcome
+
+    def on_watch_line(self, unit: Unit, line: bytes) -> bool:
+        """One line of a leader's watch: its ready body, or empty when nothing changed since the last.
+        False when the member no longer leads (the stream is then closed)."""
+        self.watch_lines += 1
+        if not line.strip():
+            unit.reported_at = time.monotonic()
+            unit.outstanding_at_report = unit.outstanding
+            return True
+        try:
+            body = json.loads(line)
+            if not isinstance(body, dict):
+                raise ValueError("a watch line is not a JSON object")
+            if "state" not in body:  # only the load changed: the rest of the last body holds
+                load = body["load"]
+                unit.in_flight = int(load.get("in_flight", -1))
+                unit.queue_depth = int(load.get("queue_depth", 0))
+                unit.running = int(load.get("running", 0))
+                unit.max_running = int(load.get("max_running", 0))
+                unit.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+                unit.reported_at = time.monotonic()
+                unit.outstanding_at_report = unit.outstanding
+                return True
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            unit.mark_unready("bad_health_body")
+            log.warning("unit at %s sent an unreadable %s line: %r", unit.url, contract.NODE_WATCH_PATH, exc)
+            return False
+        self._take_report(unit, 200 if body.get("ready") else 503, body)
+        return unit.role == "leader"
 
     async def poll_once(self, unit: Unit) -> None:
+        """Ask a member's /health/ready once (a new member, one no leader vouches for, or a leader
+        of an older revision without the watch)."""
         assert self._poll_session is not None
+        self.polls[unit.role if unit.role in self.polls else "unknown"] += 1
         try:
-            async with self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
+            async with self._asks, self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
                 raw = await resp.read()
                 status = resp.status
             body = json.loads(raw) if raw else {}
@@ -265,9 +518,87 @@ class Fleet:
             unit.mark_unready("bad_health_body")
             log.warning("unit at %s answered %s with an unreadable body: %s", unit.url, contract.NODE_READY_PATH, exc)
             return
+        self._take_report(unit, status, body)
+
+    def _take_report(self, unit: Unit, status: int, body: dict) -> None:
         unit.apply_report(status, body)
+        unit.reported_at = time.monotonic()
+        unit.outstanding_at_report = unit.outstanding
         if unit.cell:
             self.cells.add(unit.cell)
+        if unit.role == "leader":
+            if unit.session is None:
+                unit.session = self._new_unit_session()
+            members = body.get(contract.ATTR_MEMBERS)
+            if members != unit.members_seen:
+                self._vouch(unit, members)
+        else:
+            self._release_followers(unit)
+            hint = body.get(contract.ATTR_LEADER)
+            leader = self.units.get(f"http://{hint}") if isinstance(hint, str) and hint else None
+            if leader is not None and leader is not unit and leader.role != "leader":
+                leader.wake.set()  # ask the member its follower names as leader now, not in a second
+
+    def _vouch(self, leader: Unit, members: object) -> None:
+        """The leader's report lists its followers: they need no asking while it stays live."""
+        leader.members_seen = members
+        listed: set[str] = set()
+        for m in members if isinstance(members, list) else []:
+            if not isinstance(m, dict):
+                continue
+            f = self.units.get(f"http://{m.get('address')}")
+            if f is None or f is leader or (f.role == "leader" and f.watch is not None):
+                continue  # unknown to discovery, or leading a formation of its own (its word wins)
+            listed.add(f.url)
+            f.vouched_by = leader
+            f.role, f.state = "follower", "follower"
+            f.ready = False
+            rank = m.get("rank")
+            f.rank = rank if isinstance(rank, int) else f.rank
+            f.unit, f.cell = leader.unit, leader.cell
+            f.revision = str(m.get("revision") or f.revision)
+        for url in leader.followers - listed:
+            f = self.units.get(url)
+            if f is not None and f.vouched_by is leader:
+                f.vouched_by = None
+                f.wake.set()
+        leader.followers = listed
+
+    def _release_followers(self, leader: Unit) -> None:
+        """The leader went away or stopped leading: its followers must be asked again."""
+        leader.members_seen = None
+        for url in leader.followers:
+            f = self.units.get(url)
+            if f is not None and f.vouched_by is leader:
+                f.vouched_by = None
+                f.wake.set()
+        leader.followers = set()
+
+    async def _stale_loop(self) -> None:
+        """A leader whose reports stopped (a hung host sends no FIN) stops taking new requests once
+        its last report is stale_after_s old, found within a fifth of that more; its watch is dropped
+        and dialled again (polled members: their next failed poll says the same).
+
+        Only here, never in pick(): after the router's own loop stalled (a long GC pause, a busy
+        core) every leader's lines wait unread in their sockets and all would look silent at once.
+        A sweep that itself woke late skips its turn: the queued lines are read before the next."""
+        stale_after = self._settings.stale_after_s
+        period = stale_after / 5
+        while True:
+            due = time.monotonic() + period
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            if now - due > period:
+                continue
+            limit = now - stale_after
+            for unit in list(self._routable()):
+                if unit.reported_at < limit:
+                    unit.mark_unready("silent")
+            # Also a stream that connected but never spoke (a hung host accepts, then says nothing).
+            for unit in list(self._watching):
+                if unit.reported_at < limit and unit.watch is not None:
+                    unit.mark_unready("silent")
+                    unit.watch.close("lost")
 
     # --- balancing ---------------------------------------------------------------------------
     def saturated(self, unit: Unit) -> bool:
@@ -277,39 +608,48 @@ class Fleet:
             max_outstanding, max_queue = self.admission.caps(max_outstanding, max_queue)
         return unit.outstanding >= max_outstanding or unit.queue_depth >= max_queue
 
-    def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
-        """The least-loaded routable unit: reported queue + running plus this router's outstanding.
+    def _routable(self) -> list[Unit]:
+        index = self._index
+        if index.dirty:
+            index.units = [u for u in self.units.values() if u.routable]
+            index.dirty = False
+        return index.units
 
-        KV-cache use breaks ties, then chance (so idle units share a burst instead of the first one
-        in the table taking it all before the next poll).
-        """
-        best: Unit | None = None
-        best_key: tuple[float, float, float] | None = None
-        any_routable = False
-        for unit in self.units.values():
-            if not unit.ready or unit.removed or unit in exclude:
-                continue
-            any_routable = True
-            if self.saturated(unit):
-                continue
-            key = (unit.queue_depth + unit.running + unit.outstanding, unit.kv_cache_used, random.random())
-            if best_key is None or key < best_key:
-                best, best_key = unit, key
+    def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
+        """A routable, unsaturated leader by the power of d choices on estimated load
+        (runtime/router/balance.py); a full scan when sampling finds none, which also tells
+        "every unit saturated" (429) from "no unit routable" (503)."""
+        units = self._routable()
+        if not units:
+            return Pick(None, "no_unit")
+
+        def usable(u: Unit) -> bool:
+            return u not in exclude and u.routable and not self.saturated(u)
+
+        best = balance.sample_choices(units, usable, self._rng)
+        if best is None:
+            best = balance.least_loaded(units, usable, self._rng)
         if best is not None:
             return Pick(best, "ok")
-        return Pick(None, "saturated" if any_routable else "no_unit")
+        routable = any(u.routable and u not in exclude for u in units)
+        return Pick(None, "saturated" if routable else "no_unit")
 
     def routable_count(self) -> int:
-        return sum(1 for u in self.units.values() if u.routable)
+        return len(self._routable())
+
+    @property
+    def watching(self) -> set[Unit]:
+        return self._watching
 
     # --- ReadyUnits (EMF) --------------------------------------------------------------------
     def ready_units(self) -> tuple[dict[str, int], int]:
         """Routable units per cell (every cell ever seen, 0 included) and fleet-wide."""
         per_cell = dict.fromkeys(self.cells, 0)
-        for u in self.units.values():
-            if u.routable and u.cell:
+        routable = self._routable()
+        for u in routable:
+            if u.cell:
                 per_cell[u.cell] = per_cell.get(u.cell, 0) + 1
-        return per_cell, self.routable_count()
+        return per_cell, len(routable)
 
     def write_ready_units(self) -> None:
         per_cell, fleet = self.ready_units()

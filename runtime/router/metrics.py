@@ -7,7 +7,7 @@ metrics too. Each Router owns its registry (tests run several routers in one pro
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Added latency is sub-millisecond when healthy; buckets resolve 50 us .. 1 s.
@@ -65,7 +65,18 @@ class _FleetCollector(Collector):
             kv.add_metric(lv, u.kv_cache_used)
         routable_units = GaugeMetricFamily("flotilla_router_routable_units", "units currently routable")
         routable_units.add_metric([], self._fleet.routable_count())
-        yield from (routable, state, outstanding, queue, running, kv, routable_units)
+        # What health costs this router: lines from the leaders it watches, and the members it had to
+        # ask (followers only while no live leader vouches for them; docs/discovery.md).
+        watched = GaugeMetricFamily("flotilla_router_watched_leaders", "leaders whose /health/watch is open")
+        watched.add_metric([], len(self._fleet.watching))
+        lines = CounterMetricFamily("flotilla_router_watch_lines", "watch lines received from leaders")
+        lines.add_metric([], self._fleet.watch_lines)
+        polls = CounterMetricFamily(
+            "flotilla_router_health_polls", "GET /health/ready sent, by the member's role at the time", labels=["role"]
+        )
+        for role, n in self._fleet.polls.items():
+            polls.add_metric([role], n)
+        yield from (routable, state, outstanding, queue, running, kv, routable_units, watched, lines, polls)
 
 
 class RouterMetrics:

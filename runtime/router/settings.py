@@ -74,6 +74,12 @@ def _units(value: Any) -> Any:
     return value
 
 
+def _names(value: Any) -> Any:
+    if isinstance(value, str):  # a flag or FLOTILLA_CLOUDMAP_SERVICE: comma-separated
+        return tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    return value
+
+
 def _base_urls(units: tuple[str, ...]) -> tuple[str, ...]:
     for url in units:
         if not url.startswith(("http://", "https://")) or url.count(":") < 2:
@@ -138,23 +144,36 @@ class RouterSettings(BaseModel):
             env=contract.ENV_CLOUDMAP_NAMESPACE,
         ),
     ] = None
-    cloudmap_service: Annotated[
-        str | None,
+    cloudmap_services: Annotated[
+        tuple[str, ...],
+        BeforeValidator(_names),
         Option(
             "--cloudmap-service",
-            "Cloud Map service the units register as, for cloudmap discovery",
+            "comma-separated Cloud Map services the unit members register in (one per cell, "
+            "docs/discovery.md), for cloudmap discovery",
             env=contract.ENV_CLOUDMAP_SERVICE,
+            default="none",
         ),
-    ] = None
+    ] = ()
     cloudmap_region: str | None = None  # None: boto3's default region resolution
     discovery_interval_s: Annotated[
-        float, within(0.05, 3600), Option("--discovery-interval", "seconds between discovery passes")
+        float,
+        within(0.05, 3600),
+        Option(
+            "--discovery-interval",
+            "seconds between discovery passes",
+            default="2 (static), 5 (cloudmap: each pass costs a Cloud Map call per cell)",
+        ),
     ] = 2.0
-    # health and load polling of every unit
+    # health and load: leaders are watched (a report every poll interval), others asked when needed
     poll_interval_s: Annotated[
         float,
         within(0.01, 60),
-        Option("--poll-interval", "seconds between health polls of a unit", env=contract.ENV_POLL_INTERVAL),
+        Option(
+            "--poll-interval",
+            "seconds between health reports of a leader (watch lines, or polls of a member without the watch)",
+            env=contract.ENV_POLL_INTERVAL,
+        ),
     ] = 0.25
     poll_timeout_s: Annotated[
         float,
@@ -165,6 +184,24 @@ class RouterSettings(BaseModel):
             default="max(1, 2 x poll interval)",
         ),
     ] = 1.0
+    change_report_s: Annotated[
+        float,
+        within(0.01, 10),
+        Option(
+            "--change-report",
+            "a leader reports a change of its load within this many seconds (watch); many routers "
+            "balance well only on fresh load (docs/benchmarks.md, Fleet)",
+        ),
+    ] = 0.05
+    stale_after_s: Annotated[
+        float,
+        within(0.02, 600),
+        Option(
+            "--stale-after",
+            "seconds without a health report (watch line or poll) after which a unit takes no new requests",
+            default="3 x poll interval",
+        ),
+    ] = 0.75
     # proxying
     connect_timeout_s: Annotated[float, within(0.01, 60)] = 1.0
     first_byte_timeout_s: Annotated[
@@ -272,6 +309,40 @@ class RouterSettings(BaseModel):
             values = {**values, "poll_timeout_s": max(1.0, 2 * poll)}
         return values
 
+    @model_validator(mode="before")
+    @classmethod
+    def _discovery_interval_follows_discovery(cls, values: Any) -> Any:
+        # Unset: a units file is cheap to re-read every 2 s; a Cloud Map pass is a
+        # DiscoverInstancesRevision call per cell (~1.5-2 ms of router CPU each, docs/benchmarks.md,
+        # Fleet), and units take minutes to form while a stopping one turns unready on its watch at
+        # once, so every 5 s is soon enough.
+        if isinstance(values, dict) and values.get("discovery_interval_s") is None:
+            cloudmap = values.get("discovery") == "cloudmap"
+            values = {**values, "discovery_interval_s": 5.0 if cloudmap else 2.0}
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stale_after_follows_poll_interval(cls, values: Any) -> Any:
+        # Unset, three reports may go missing before a unit counts as silent: a leader reports every
+        # poll interval, so a silent one stops taking requests within 3 intervals (0.75 s by default).
+        if isinstance(values, dict) and values.get("stale_after_s") is None:
+            try:
+                poll = float(values.get("poll_interval_s", 0.25))
+            except (TypeError, ValueError):
+                return values
+            values = {**values, "stale_after_s": 3 * poll}
+        return values
+
+    @model_validator(mode="after")
+    def _stale_after_exceeds_the_report_interval(self) -> RouterSettings:
+        if self.stale_after_s <= self.poll_interval_s:
+            raise _bad(
+                f"stale_after_s={self.stale_after_s} must be longer than poll_interval_s={self.poll_interval_s}: "
+                f"a leader reports once per poll interval (default: 3 x poll interval)"
+            )
+        return self
+
     @model_validator(mode="after")
     def _discovery_has_what_it_needs(self) -> RouterSettings:
         if self.discovery == "static" and not self.units and not self.units_file:
@@ -279,7 +350,7 @@ class RouterSettings(BaseModel):
                 f"static discovery needs units: pass --units http://host:port[,...] or set "
                 f"{contract.ENV_UNITS}, or pass --units-file"
             )
-        if self.discovery == "cloudmap" and not (self.cloudmap_namespace and self.cloudmap_service):
+        if self.discovery == "cloudmap" and not (self.cloudmap_namespace and self.cloudmap_services):
             raise _bad(
                 f"cloudmap discovery needs {contract.ENV_CLOUDMAP_NAMESPACE} and "
                 f"{contract.ENV_CLOUDMAP_SERVICE} (or --cloudmap-namespace/--cloudmap-service)"

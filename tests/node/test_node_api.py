@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.request
 
 import openai
@@ -149,7 +150,19 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
     for m in shared_unit.members:
         status, body = m.ready()
         assert status == 200
-        assert set(body) == {"ready", "state", "unit", "revision", "rank", "world_size", "role", "cell", "load"}
+        assert set(body) == {
+            "ready",
+            "state",
+            "unit",
+            "revision",
+            "rank",
+            "world_size",
+            "role",
+            "cell",
+            "load",
+            "members",
+            "leader",
+        }
         assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) == (
             True,
             "ready",
@@ -159,8 +172,49 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             2,
         )
         assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
-        assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used"}
+        assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used", "in_flight"}
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
+
+
+def _leader_reports_follower_ready(leader) -> dict:
+    # The leader's word on a follower is at most one handshake round (0.25 s) behind the follower.
+    return wait_for(
+        lambda: (lambda b: b if b["members"] and b["members"][0]["ready"] else None)(leader.ready()[1]),
+        timeout=10,
+        what="the leader to report its follower ready",
+    )
+
+
+def test_the_leader_reports_its_follower_and_the_follower_names_its_leader(shared_unit):
+    leader, follower = shared_unit.members
+    body = _leader_reports_follower_ready(leader)
+    assert body["members"] == [
+        {"rank": 1, "address": f"127.0.0.1:{follower.port}", "state": "ready", "ready": True, "revision": "r1"}
+    ]
+    _, fbody = follower.ready()
+    assert (fbody["members"], fbody["leader"]) == ([], f"127.0.0.1:{leader.port}")
+
+
+def test_the_watch_streams_the_ready_body_then_empty_lines_while_nothing_changes(shared_unit):
+    leader = shared_unit.members[0]
+    _leader_reports_follower_ready(leader)
+    with socket.create_connection(("127.0.0.1", leader.port), timeout=10) as sock:
+        sock.sendall(f"GET {contract.NODE_WATCH_PATH}?interval=0.05 HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while data.count(b"\n") < 40:  # the head, then the first line and some heartbeats
+            data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"transfer-encoding" not in head.lower()
+    first, *rest = body.split(b"\n")
+    now = leader.ready()[1]  # a moment later: same shape and identity, the values may have moved
+    line = json.loads(first)
+    assert set(line) == set(now) and (line["unit"], line["rank"], line["role"]) == (now["unit"], 0, "leader")
+    assert rest[:3] == [b"", b"", b""]  # idle: nothing changed
+
+
+def test_the_watch_refuses_an_interval_out_of_range(shared_unit):
+    status, body = get_json(shared_unit.members[0].url + contract.NODE_WATCH_PATH + "?interval=0")
+    assert status == 400 and "interval" in body["error"]
 
 
 def test_followers_refuse_api_requests_and_point_at_the_leader(shared_unit):

@@ -52,9 +52,24 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
         "world_size": 2,
         "role": "follower",
         "cell": "cell0",
-        "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25},
+        "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25, "in_flight": 0},
+        "members": [],
+        "leader": "",
     }
-    assert {contract.ATTR_UNIT, contract.ATTR_REVISION, contract.ATTR_ROLE, contract.ATTR_CELL} <= set(wire)
+    assert {
+        contract.ATTR_UNIT,
+        contract.ATTR_REVISION,
+        contract.ATTR_ROLE,
+        contract.ATTR_CELL,
+        contract.ATTR_MEMBERS,
+        contract.ATTR_LEADER,
+    } <= set(wire)
+
+
+def test_a_ready_body_of_an_older_member_without_members_or_leader_still_reads():
+    wire = ready_body().to_dict()
+    del wire["members"], wire["leader"]
+    assert ReadyBody.from_dict(wire) == ready_body()
 
 
 def test_an_offer_names_follower_ranks_as_json_object_keys_and_reads_back():
@@ -151,3 +166,49 @@ def test_a_fresh_member_reports_forming_as_a_follower_until_ranked():
         members=(Member(rank=0, host="127.0.0.1", api_port=18000),),
     )
     assert sup.ready_body().role is Role.LEADER
+
+
+def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names_its_leader():
+    s = load_settings(
+        ["--peers", "127.0.0.1:18000,127.0.0.1:18001,127.0.0.1:18002", "--rank", "0", "--unit", "u"],
+        {},
+    )
+    members = tuple(Member(rank=r, host="127.0.0.1", api_port=18000 + r) for r in range(3))
+    sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
+    sup.membership = Membership(
+        unit_id="u", revision="dev", rank=0, world_size=3, dist_host="127.0.0.1", dist_port=29500, members=members
+    )
+    answered = MemberStatus(
+        **dict(ready_body(rank=1, role=Role.FOLLOWER, state=UnitState.FORMING, ready=False, revision="dev")),
+        boot_id="b1",
+        formation=None,
+        offer=None,
+        draining=False,
+        engine_alive=False,
+        engine_ready=False,
+    )
+    sup._note_follower(members[1], answered)
+    sup._note_follower(members[2], None)
+    body = sup.ready_body().to_dict()
+    assert body["members"] == [
+        {"rank": 1, "address": "127.0.0.1:18001", "state": "forming", "ready": False, "revision": "dev"},
+        {"rank": 2, "address": "127.0.0.1:18002", "state": "unreachable", "ready": False, "revision": ""},
+    ]
+    assert body["leader"] == ""
+    sup.membership = Membership(
+        unit_id="u", revision="dev", rank=2, world_size=3, dist_host="127.0.0.1", dist_port=29500, members=members
+    )
+    follower = sup.ready_body().to_dict()
+    assert (follower["members"], follower["leader"]) == ([], "127.0.0.1:18000")
+
+
+def test_a_leader_whose_formation_ended_reports_no_followers_until_it_asks_them_again():
+    import asyncio
+
+    s = load_settings(["--peers", "127.0.0.1:18000,127.0.0.1:18001", "--rank", "0", "--unit", "u"], {})
+    sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
+    sup._note_follower(Member(rank=1, host="127.0.0.1", api_port=18001), None)
+    assert len(sup.ready_body().members) == 1
+    asyncio.run(sup._end_formation())
+    # The last word on a follower of an ended formation (e.g. "ready" just before it died) is stale.
+    assert sup.ready_body().members == []

@@ -16,6 +16,7 @@ class HealthServer:
 
     def __init__(self, body: dict, status: int = 200) -> None:
         self.body, self.status = body, status
+        self.hits = 0  # /health/ready requests answered
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -24,6 +25,7 @@ class HealthServer:
                     self.send_response(404)
                     self.end_headers()
                     return
+                server.hits += 1
                 data = json.dumps(server.body).encode()
                 self.send_response(server.status)
                 self.send_header("Content-Type", "application/json")

@@ -27,7 +27,7 @@ def test_status_reads_real_members_and_exits_critical_once_a_follower_dies(fleet
         (1, "follower", True, "ready"),
     ]
     assert nodes[0]["instance_id"] == unit.nodes[0].instance_id
-    assert set(nodes[0]["health"]["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used"}
+    assert set(nodes[0]["health"]["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used", "in_flight"}
 
     real_unit.members[1].sigkill()  # the follower dies: the leader must stop reporting ready
     wait_for(lambda: real_unit.leader.ready()[0] != 200, timeout=30, what="the leader to report the unit unready")

@@ -22,16 +22,31 @@ class StandInUnit:
     break_after (cut the connection after N chunks), first_byte_delay_s, gate (an asyncio.Event a
     stream waits on after its first chunk, a plain completion before answering).
     rank / cell / report_role: the member's identity in its ready body (rank 0 leads; without
-    report_role the body carries only the rank, and the router must decide from that)."""
+    report_role the body carries only the rank, and the router must decide from that).
+    members / leader: a leader's followers as it reports them, a follower's leader (host:port).
+    watch: serve /health/watch as the node does (False: a member of an older revision, 404)."""
 
     def __init__(
-        self, *, name: str, revision: str = "1", rank: int = 0, cell: str = "", report_role: bool = True
+        self,
+        *,
+        name: str,
+        revision: str = "1",
+        rank: int = 0,
+        cell: str = "",
+        report_role: bool = True,
+        watch: bool = True,
     ) -> None:
         self.name = name
         self.revision = revision
         self.rank = rank
         self.cell = cell
         self.report_role = report_role
+        self.watch = watch
+        self.members: list[dict] = []
+        self.leader = ""
+        self.watchers = 0  # open watch streams
+        self.hang = False  # accept and keep watch streams open but send nothing (a hung host)
+        self._stopping = asyncio.Event()
         self.state = "ready"
         self.queue_depth = 0
         self.running = 0
@@ -59,9 +74,12 @@ class StandInUnit:
     async def start(self, port: int = 0) -> "StandInUnit":
         app = web.Application()
         app.router.add_get(contract.NODE_READY_PATH, self._ready)
+        if self.watch:
+            app.router.add_get(contract.NODE_WATCH_PATH, self._watch)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
+        self._stopping = asyncio.Event()
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         sock = socket.socket()
@@ -73,8 +91,9 @@ class StandInUnit:
 
     async def stop(self) -> None:
         if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+            runner, self._runner = self._runner, None
+            self._stopping.set()  # ends the watch loops, which cleanup would wait for
+            await runner.cleanup()
 
     # --- handlers ----------------------------------------------------------------------------
     def _headers(self, request: web.Request) -> dict[str, str]:
@@ -84,8 +103,7 @@ class StandInUnit:
             contract.REVISION_HEADER: self.revision,
         }
 
-    async def _ready(self, request: web.Request) -> web.Response:
-        self.polls += 1
+    def ready_body(self) -> dict:
         ready = self.state == "ready"
         body = {
             "ready": ready,
@@ -104,7 +122,39 @@ class StandInUnit:
         }
         if self.report_role:
             body[contract.ATTR_ROLE] = "leader" if self.rank == 0 else "follower"
-        return web.json_response(body, status=200 if ready else 503)
+        if self.members:
+            body[contract.ATTR_MEMBERS] = self.members
+        if self.leader:
+            body[contract.ATTR_LEADER] = self.leader
+        return body
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        self.polls += 1
+        body = self.ready_body()
+        return web.json_response(body, status=200 if body["ready"] else 503)
+
+    async def _watch(self, request: web.Request) -> web.StreamResponse:
+        """The node's watch: a line now, then every `interval` the body if changed, else an empty line."""
+        interval = float(request.query.get("interval", "0.25"))
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        self.watchers += 1
+        last = b""
+        try:
+            while not self._stopping.is_set():
+                if not self.hang:
+                    line = json.dumps(self.ready_body()).encode()
+                    await resp.write(line + b"\n" if line != last else b"\n")
+                    last = line
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.watchers -= 1
+        return resp
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -157,7 +157,11 @@ def test_unit_that_reforms_receives_traffic_again():
 
 def test_connect_failure_moves_the_request_to_another_unit():
     async def scenario():
-        a, b = us = await units("a", "b")
+        # a has no watch (a member of an older revision): polled every 30 s, so when it dies the
+        # router does not know yet and meets a refused connection.
+        a = await StandInUnit(name="a", watch=False).start()
+        b = await StandInUnit(name="b").start()
+        us = [a, b]
         b.queue_depth = 3  # a is preferred
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             await a.stop()  # the router does not know yet: no poll for 30 s
@@ -401,5 +405,38 @@ def test_a_client_that_hangs_up_before_a_plain_answer_releases_the_unit_request(
             await wait_for(lambda: unit.hung_up == 1 and router.inflight == 0, what="the unit to be released")
             assert router.fleet.units[unit.url].outstanding == 0
         await unit.stop()
+
+
+def test_a_leader_whose_watch_falls_silent_stops_taking_requests():
+    """A hung host sends no FIN: its stream simply goes quiet, and stale_after_s decides."""
+
+    async def scenario():
+        a, b = us = await units("a", "b")
+        async with router_over(us, stale_after_s=0.5) as router, aiohttp.ClientSession() as s:
+            a.hang = True
+            await wait_for(lambda: router.fleet.units[a.url].state == "silent", what="a to be found silent")
+            before = len(a.received)
+            for _ in range(6):
+                await post(s, router)
+            assert len(a.received) == before and len(b.received) >= 6
+            a.hang = False  # it answers again: the next watch brings it back
+            await wait_for(lambda: router.fleet.units[a.url].routable, what="a to come back")
+        await stop_all(us)
+
+    run(scenario())
+
+
+def test_a_member_of_an_older_revision_without_the_watch_is_polled_and_routed_to():
+    async def scenario():
+        old = await StandInUnit(name="old", watch=False).start()
+        async with router_over([old]) as router, aiohttp.ClientSession() as s:
+            unit = router.fleet.units[old.url]
+            await wait_for(lambda: unit.watchable is False, what="the watch to be found missing (404)")
+            assert unit.routable
+            polls = old.polls
+            await wait_for(lambda: old.polls > polls + 2, what="more polls")
+            status, _, _ = await post(s, router)
+        await stop_all([old])
+        assert status == 200 and len(old.received) == 1
 
     run(scenario())

@@ -38,6 +38,20 @@ def test_units_are_comma_separated_and_flag_words_map_to_settings():
     assert s.access_log is False and s.log_level == "DEBUG"
 
 
+def test_stale_after_defaults_to_three_poll_intervals_and_must_exceed_one():
+    assert from_cli(["--units", UNIT]).stale_after_s == 0.75
+    assert from_cli(["--units", UNIT, "--poll-interval", "1"]).stale_after_s == 3.0
+    with pytest.raises(SettingsError, match="stale_after_s=0.2 must be longer than poll_interval_s=0.25"):
+        from_cli(["--units", UNIT, "--stale-after", "0.2"])
+
+
+def test_cloudmap_services_are_comma_separated_names():
+    s = from_cli(
+        ["--discovery", "cloudmap", "--cloudmap-namespace", "ns", "--cloudmap-service", "units-cell0, units-cell1,"]
+    )
+    assert s.cloudmap_services == ("units-cell0", "units-cell1")
+
+
 def test_poll_timeout_defaults_to_twice_the_poll_interval_and_at_least_a_second():
     assert from_cli(["--units", UNIT, "--poll-interval", "2"]).poll_timeout_s == 4.0
     assert from_cli(["--units", UNIT, "--poll-interval", "0.1"]).poll_timeout_s == 1.0
@@ -108,6 +122,8 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--cloudmap-service",
         "--poll-interval",
         "--poll-timeout",
+        "--stale-after",
+        "--change-report",
         "--discovery-interval",
         "--max-outstanding-per-unit",
         "--max-queue-depth",
@@ -135,3 +151,10 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
     for flag, help_text in flags.items():
         assert "(default: " in help_text, flag
         assert (f"env {envs[flag]})" in help_text) if flag in envs else ("env " not in help_text), flag
+
+
+def test_discovery_passes_are_every_2_s_from_a_file_and_every_5_s_from_cloud_map():
+    assert from_cli(["--units", UNIT]).discovery_interval_s == 2.0
+    cloudmap = ["--discovery", "cloudmap", "--cloudmap-namespace", "ns", "--cloudmap-service", "units-cell0"]
+    assert from_cli(cloudmap).discovery_interval_s == 5.0
+    assert from_cli([*cloudmap, "--discovery-interval", "1"]).discovery_interval_s == 1.0

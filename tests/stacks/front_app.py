@@ -55,6 +55,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         vpc=vpc,
         router_security_group=network.router_security_group,
         namespace_name=NAMESPACE,
+        cells=tuple(UNITS_PER_CELL),
         synthesizer=synthesizer(),
     )
     front = FrontStack(
@@ -87,7 +88,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         test_rule=front.test_rule,
         deployment_alarms=observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_name=discovery.service_name,
+        cloudmap_service_names=discovery.service_names,
         admission_parameter_name=ADMISSION_PARAMETER,
         synthesizer=synthesizer(),
     )

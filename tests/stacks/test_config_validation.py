@@ -112,6 +112,8 @@ def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch
     # With today's ranges a cell holds at most 20 x 64 x 2 = 2,560 instances (limit 5,000); a
     # lower limit shows the check and its message.
     monkeypatch.setattr(config_module, "MAX_CONTAINER_INSTANCES_PER_CLUSTER", 2000)
+    # (20 x 64 members would also overfill a cell's Cloud Map service: not what this test is about.)
+    monkeypatch.setattr(config_module, "CLOUDMAP_INSTANCES_PER_SERVICE", 10_000)
     config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="replace")
     with pytest.raises(ConfigError) as err:
         config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge")

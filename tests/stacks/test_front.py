@@ -106,7 +106,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
         contract.ENV_PORT: str(contract.ROUTER_PORT),
         contract.ENV_DISCOVERY: "cloudmap",
         contract.ENV_CLOUDMAP_NAMESPACE: NAMESPACE,
-        contract.ENV_CLOUDMAP_SERVICE: "units",
+        contract.ENV_CLOUDMAP_SERVICE: "units-cell0,units-cell1",
         contract.ENV_DRAIN_TIMEOUT: "60",
         contract.ENV_ADMISSION_PARAMETER: ADMISSION_PARAMETER,
     }
@@ -120,7 +120,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
     assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False, "SourceVolume": "tmp"}]
 
 
-def test_router_task_role_may_only_discover_instances_and_read_the_admission_limit():
+def test_router_task_role_may_only_discover_its_cell_services_and_read_the_admission_limit():
     task_role = logical_id("Router", "AWS::IAM::Role", "TaskDefinitionTaskRole")
     policies = [
         p["Properties"]
@@ -130,9 +130,10 @@ def test_router_task_role_may_only_discover_instances_and_read_the_admission_lim
     (policy,) = policies
     assert policy["PolicyDocument"]["Statement"] == [
         {
-            "Action": "servicediscovery:DiscoverInstances",
+            "Action": ["servicediscovery:DiscoverInstances", "servicediscovery:DiscoverInstancesRevision"],
             "Condition": {
-                "StringEquals": {"servicediscovery:NamespaceName": NAMESPACE, "servicediscovery:ServiceName": "units"}
+                "StringEquals": {"servicediscovery:NamespaceName": NAMESPACE},
+                "StringLike": {"servicediscovery:ServiceName": "units-*"},
             },
             "Effect": "Allow",
             "Resource": "*",
@@ -413,17 +414,15 @@ def test_without_certificate_clients_may_reach_both_client_ports_but_only_80_lis
 # --- discovery --------------------------------------------------------------------------------
 
 
-def test_cloud_map_http_namespace_holds_one_units_service_with_ecs_reported_health():
+def test_cloud_map_http_namespace_holds_one_service_per_cell_with_ecs_reported_health():
     t = Template.from_json(template("Discovery"))
     t.has_resource_properties("AWS::ServiceDiscovery::HttpNamespace", {"Name": NAMESPACE})
-    t.has_resource_properties(
-        "AWS::ServiceDiscovery::Service",
-        {
-            "Name": "units",
-            "HealthCheckCustomConfig": {"FailureThreshold": 1},
-            "NamespaceId": {"Fn::GetAtt": [Match.string_like_regexp("Namespace"), "Id"]},
-        },
-    )
+    services = t.find_resources("AWS::ServiceDiscovery::Service")
+    assert sorted(s["Properties"]["Name"] for s in services.values()) == ["units-cell0", "units-cell1"]
+    for service in services.values():
+        assert service["Properties"]["HealthCheckCustomConfig"] == {"FailureThreshold": 1}
+        ref, attr = service["Properties"]["NamespaceId"]["Fn::GetAtt"]
+        assert ref.startswith("Namespace") and attr == "Id"
 
 
 def test_register_unit_members_associates_the_unit_service_with_the_units_registry():

@@ -62,12 +62,17 @@ def test_node_stop_timeout_leaves_room_for_the_drain_timeout(two_cells):
         assert int(env[contract.ENV_DRAIN_TIMEOUT]) < container["StopTimeout"] <= 120
 
 
-def test_unit_tasks_register_in_the_units_cloud_map_service(two_cells):
-    units = next(k for k in two_cells.resources("Discovery", "AWS::ServiceDiscovery::Service"))
-    for cell in ("Cell-0", "Cell-1"):
+def test_unit_tasks_register_in_their_own_cells_cloud_map_service(two_cells):
+    services = two_cells.resources("Discovery", "AWS::ServiceDiscovery::Service")
+    logical = {s["Properties"]["Name"]: lid for lid, s in services.items()}
+    assert set(logical) == {
+        f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}cell0",
+        f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}cell1",
+    }
+    for n, cell in enumerate(("Cell-0", "Cell-1")):
         for _, service in unit_services(two_cells, cell):
             (registry,) = service["Properties"]["ServiceRegistries"]
-            assert f"GetAtt{units}Arn" in registry["RegistryArn"]["Fn::ImportValue"]
+            assert f"GetAtt{logical[f'units-cell{n}']}Arn" in registry["RegistryArn"]["Fn::ImportValue"]
 
 
 def container_image(synth, stack: str) -> str:

@@ -243,7 +243,7 @@ def test_cloud_map_namespace_and_units_service_read_back(deployed):
     (ns,) = sd.list_namespaces()["Namespaces"]
     assert (ns["Name"], ns["Type"]) == ("flotilla.internal", "HTTP")
     (svc,) = sd.list_services()["Services"]
-    assert svc["Name"] == "units"
+    assert svc["Name"] == "units-cell0"  # one service per cell; the default deployment has one cell
     assert sd.get_service(Id=svc["Id"])["Service"]["NamespaceId"] == ns["Id"]
 
 

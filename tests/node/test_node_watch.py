@@ -1,0 +1,129 @@
+"""/health/watch on the node's real HTTP app: the router's watch client reads it, and an open watch
+never holds up the node's shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from runtime.membership import Membership
+from runtime.node.metrics import NodeMetrics
+from runtime.node.server import build_app
+from runtime.node.settings import load_settings
+from runtime.node.supervisor import UnitSupervisor
+from runtime.router.discovery import StaticDiscovery
+from runtime.router.fleet import Fleet
+from runtime.router.settings import RouterSettings
+
+
+class _NeverJoins:
+    async def join(self) -> Membership:
+        raise AssertionError("not called")
+
+    async def changed(self, current: Membership) -> bool:
+        return False
+
+
+async def _serve_forming_leader() -> tuple[web.AppRunner, int, UnitSupervisor]:
+    s = load_settings(["--peers", "127.0.0.1:18000", "--rank", "0", "--unit", "u7", "--cell", "cell3"], {})
+    sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
+    runner = web.AppRunner(build_app(sup=sup, metrics=NodeMetrics()), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host="127.0.0.1", port=0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, port, sup
+
+
+def test_the_router_watches_a_node_and_the_open_watch_does_not_hold_up_its_shutdown():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        url = f"http://127.0.0.1:{port}"
+        settings = RouterSettings(units=(url,), poll_interval_s=0.05, stale_after_s=5.0)
+        fleet = Fleet(settings=settings, discovery=StaticDiscovery(units=(url,)))
+        await fleet.start()
+        try:
+            for _ in range(500):
+                if fleet.watch_lines >= 5:
+                    break
+                await asyncio.sleep(0.01)
+            unit = fleet.units[url]
+            assert fleet.watch_lines >= 5 and unit.watch is not None
+            # A rank-0 member that is still forming: watched as a leader, not routable.
+            assert (unit.role, unit.state, unit.routable, unit.unit, unit.cell) == (
+                "leader",
+                "forming",
+                False,
+                "u7",
+                "cell3",
+            )
+            assert fleet.polls["follower"] == 0
+            # aiohttp waits up to 60 s for running handlers at shutdown; the watch ends at once.
+            await asyncio.wait_for(runner.cleanup(), 10)
+            for _ in range(500):
+                if unit.watch is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert unit.watch is None and unit.state == "unreachable"
+        finally:
+            await fleet.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_change_of_requests_in_flight_is_sent_at_once_not_at_the_next_heartbeat():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            # Heartbeats every 10 s, changes checked every 20 ms.
+            writer.write(b"GET /health/watch?interval=10&changes=0.02 HTTP/1.0\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            first = json.loads(await reader.readline())
+            assert first["load"]["in_flight"] == 0
+            sup.in_flight = 3  # three requests arrived at the leader's API
+            second = json.loads(await asyncio.wait_for(reader.readline(), 5))
+            assert second["load"]["in_flight"] == 3
+            writer.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_line_for_a_load_change_carries_the_load_only_and_the_router_takes_it():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        url = f"http://127.0.0.1:{port}"
+        fleet = Fleet(
+            settings=RouterSettings(units=(url,), poll_interval_s=0.05, stale_after_s=5.0),
+            discovery=StaticDiscovery(units=(url,)),
+        )
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /health/watch?interval=10&changes=0.02 HTTP/1.0\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readline()  # the whole body
+            sup.in_flight = 2
+            line = await asyncio.wait_for(reader.readline(), 5)
+            assert set(json.loads(line)) == {"load"}
+            writer.close()
+            await fleet.start()
+            unit = fleet.units[url]
+            for _ in range(500):
+                if unit.watch is not None and unit.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            sup.in_flight = 5
+            for _ in range(500):
+                if unit.in_flight == 5:
+                    break
+                await asyncio.sleep(0.01)
+            assert (unit.in_flight, unit.unit, unit.state) == (5, "u7", "forming")
+        finally:
+            await fleet.close()
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -1,0 +1,121 @@
+"""A router over a fleet: 200 stand-in units of 2 members (bench/fleet/standin.py) registered in moto's
+Cloud Map as ECS registers them (bench/fleet/cloudmap.py), plus ready units that are not registered.
+
+What a fleet needs of the router: it finds every unit through the per-cell services, watches leaders
+only and never asks a follower once its leader vouches for it, spreads requests over the units,
+sends nothing to followers or to units outside the fleet, and stops sending to a unit that dies or
+turns unready."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import boto3
+from moto import mock_aws
+from router_testkit import base_url, fast_settings, run, wait_for
+
+import contract
+from bench.fleet.cloudmap import documented_cloud_map, ecs_attributes
+from bench.fleet.standin import close_fleet, start_fleet
+from runtime.router.discovery import CloudMapDiscovery
+from runtime.router.proxy import Router
+
+UNITS, NODES, PER_CELL = 200, 2, 20
+
+
+def register(sd, fleet) -> tuple[str, ...]:
+    sd.create_http_namespace(Name="flotilla.internal")
+    ns = sd.list_namespaces()["Namespaces"][0]["Id"]
+    services: dict[str, str] = {}
+    for unit in fleet.units:
+        if unit.decoy:
+            continue
+        name = f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}{unit.cell}"
+        if name not in services:
+            services[name] = sd.create_service(Name=name, NamespaceId=ns)["Service"]["Id"]
+        for m in unit.members:
+            sd.register_instance(
+                ServiceId=services[name],
+                InstanceId=f"task-{unit.name}-{m.rank}",
+                Attributes=ecs_attributes(
+                    ip="127.0.0.1",
+                    port=m.port,
+                    ecs_service=unit.ecs_service,
+                    cluster=f"flotilla-{unit.cell}",
+                    task_family=f"flotilla-{unit.name}",
+                    instance_id=f"i-{unit.name}-{m.rank}",
+                    az="us-east-1a",
+                ),
+            )
+    return tuple(services)
+
+
+def test_a_router_routes_across_200_units_it_found_in_cloud_map_and_never_to_anything_else():
+    async def scenario():
+        fleet, ticker = await start_fleet(units=UNITS, nodes=NODES, units_per_cell=PER_CELL, decoys=3, latency_ms=2)
+        by_name = {u.name: u for u in fleet.units}
+        try:
+            with mock_aws(), documented_cloud_map(seed=5):
+                sd = boto3.client("servicediscovery", region_name="us-east-1")
+                services = register(sd, fleet)
+                assert len(services) == 10
+                settings = fast_settings(poll_interval_s=0.25, stale_after_s=2.0, discovery_interval_s=0.5)
+                discovery = CloudMapDiscovery(namespace="flotilla.internal", services=services, client=sd)
+                router = Router(settings=settings, discovery=discovery)
+                await router.start()
+                try:
+                    assert len(router.fleet.units) == UNITS * NODES
+                    await wait_for(lambda: router.fleet.routable_count() == UNITS, timeout=30, what="200 routable")
+                    # Once every leader vouches for its follower nobody asks the followers again.
+                    followers = [u for u in router.fleet.units.values() if u.role != "leader"]
+                    await wait_for(
+                        lambda: all(u.vouched_by is not None for u in followers),
+                        timeout=10,
+                        what="every follower vouched for",
+                    )
+                    polls = dict(router.fleet.polls)
+                    follower_polls = sum(m.polls for u in fleet.units for m in u.members[1:])
+
+                    async with aiohttp.ClientSession() as s:
+
+                        async def one() -> int:
+                            async with s.post(base_url(router) + "/v1/completions", json={"prompt": "x"}) as r:
+                                await r.read()
+                                return r.status
+
+                        statuses = []
+                        for _ in range(40):
+                            statuses += await asyncio.gather(*(one() for _ in range(20)))
+                        assert statuses == [200] * 800
+                        served = {u.name for u in fleet.units if u.arrivals}
+                        assert len(served) >= 150  # spread, not herded onto a few
+                        assert not any(u.arrivals for u in fleet.units if u.decoy)
+                        assert sum(m.api_requests for u in fleet.units for m in u.members[1:]) == 0
+                        assert router.fleet.polls["follower"] == polls["follower"]
+                        assert sum(m.polls for u in fleet.units for m in u.members[1:]) == follower_polls
+
+                        # One unit's process dies, another turns unready: once the router has seen
+                        # each (a closed stream, a watch line), no new request reaches either.
+                        dead, sick = by_name["cell3-unit4"], by_name["cell7-unit11"]
+                        await fleet.kill(dead, "exit")
+                        await fleet.kill(sick, "unready")
+                        urls = {u.unit: u for u in router.fleet.units.values() if u.role == "leader"}
+                        await wait_for(
+                            lambda: not urls[dead.name].routable and not urls[sick.name].routable,
+                            timeout=10,
+                            what="the router to stop routing to both",
+                        )
+                        seen = len(sick.arrivals)
+                        statuses = []
+                        for _ in range(20):
+                            statuses += await asyncio.gather(*(one() for _ in range(20)))
+                        assert statuses == [200] * 400
+                        assert len(sick.arrivals) == seen
+                        assert [kind for _, kind in dead.tombstone if kind == "api"] == []
+                finally:
+                    await router.close()
+        finally:
+            await close_fleet(fleet, ticker)
+
+    run(scenario(), timeout=120)

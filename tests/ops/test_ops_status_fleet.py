@@ -63,7 +63,7 @@ def test_a_follower_its_leader_reports_forming_makes_the_unit_not_ready(aws, fle
     per_cell_layout(aws, fleet, unit)
     lead(unit, state="forming", ready=False)
     code, out = run_cli("status")
-    assert code == 1
+    assert code == 3  # the only unit is not ready: below the FleetReadyUnits threshold
     assert f"node {unit.nodes[1].instance_id} (rank 1) is forming, not ready" in out
 
 
@@ -75,7 +75,7 @@ def test_when_the_leader_is_not_ready_each_follower_is_asked_for_its_own_word(aw
     unit.nodes[0].server.status = 503
     unit.nodes[1].server.close()  # ... but it has died since
     code, out = run_cli("status", "--json", "--health-timeout", "1")
-    assert code == 1
+    assert code == 3  # the only unit is not ready: below the FleetReadyUnits threshold
     follower = json.loads(out)[0]["nodes"][1]
     assert (follower["reported_by"], follower["health"], follower["state"]) == (None, None, "unreachable")
 
@@ -86,5 +86,5 @@ def test_a_follower_its_leader_cannot_reach_is_asked_directly(aws, fleet, run_cl
     lead(unit, state="unreachable", ready=False, revision="")
     unit.nodes[1].server.close()
     code, out = run_cli("status", "--health-timeout", "1")
-    assert code == 1
+    assert code == 3  # the only unit is not ready: below the FleetReadyUnits threshold
     assert f"node {unit.nodes[1].instance_id} unreachable" in out

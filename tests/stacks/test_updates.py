@@ -93,6 +93,23 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
         "finds earlier revisions (CloudFormation would deregister them, aws/aws-cdk#24372); a retained "
         "revision costs nothing and docs/runbooks/teardown.md deregisters it"
     ),
+    **{
+        (change, "Router", "AWS::ECS::TaskDefinition", "TaskDefinition", "replace"): (
+            "the router's environment names every cell's Cloud Map service, so a cell that comes or goes "
+            "is a new router task definition, which the Router service rolls out blue/green"
+        )
+        for change in ("units +1 across a cell boundary", "units -1 across a cell boundary")
+    },
+    (
+        "units -1 across a cell boundary",
+        "Discovery",
+        "AWS::ServiceDiscovery::Service",
+        "NamespaceUnitsCell2",
+        "destroy",
+    ): (
+        "the Cloud Map service of Cell-2, which left the config: `flotilla shrink` deleted Cell-2 (its only "
+        "importer, whose tasks registered there) before this deploy, so the service is empty"
+    ),
     ("units -1 across a cell boundary", "Observability", "AWS::CloudWatch::Alarm", "ReadyUnitsCell2", "destroy"): (
         "the ready-units alarm of Cell-2, which left the config (its stack is deleted by `flotilla shrink`)"
     ),
@@ -192,17 +209,21 @@ def synths(tmp_path_factory):
     return get
 
 
-def imported_exports(synth) -> set[str]:
+def imported_exports(synth, gone: frozenset[str] = frozenset()) -> set[str]:
+    """Export names the stacks import, leaving out the stacks in `gone` (deleted before the deploy)."""
     names: set[str] = set()
-    for template in synth.templates.values():
+    for stack_id, template in synth.templates.items():
+        if stack_id in gone:
+            continue
         names |= set(re.findall(r'"Fn::ImportValue": "([^"]+)"', json.dumps(template)))
     return names
 
 
-def export_problems(before, after, replaced: set[tuple[str, str]]) -> list[str]:
-    """Exports another stack imports (before the deploy) that the update removes or changes."""
+def export_problems(before, after, replaced: set[tuple[str, str]], gone: frozenset[str] = frozenset()) -> list[str]:
+    """Exports another stack imports (before the deploy) that the update removes or changes. A stack
+    in `gone` (STACKS_LEAVING: `flotilla shrink` deletes it first) no longer imports anything."""
     problems = []
-    in_use = imported_exports(before)
+    in_use = imported_exports(before, gone)
     for stack_id, template in before.templates.items():
         after_outputs = {
             o["Export"]["Name"]: o["Value"]
@@ -260,7 +281,8 @@ def review(change: str, before, after, workdir: Path) -> tuple[list[str], set]:
         else:
             used.add(key)
     replaced = {(f.stack, f.logical_id) for f in findings if f.impact in ("replace", "may be replaced")}
-    problems += export_problems(before, after, replaced)
+    gone = frozenset(stack for (c, stack) in STACKS_LEAVING if c == change)
+    problems += export_problems(before, after, replaced, gone)
     return problems, used
 
 

@@ -24,6 +24,8 @@ from runtime.engines.base import (
     GenerationRequest,
     RequestRejected,
     SamplingParams,
+    StructuredOutput,
+    TokenEvent,
 )
 from runtime.logs import setup_logging
 from runtime.membership import Member, Membership
@@ -132,8 +134,26 @@ async def _stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
+def token_fields(tokenizer: Any, ev: TokenEvent) -> dict[str, Any]:
+    """A token event as the API layer gets it; logprobs with each token already turned into text
+    (the API process has no tokenizer)."""
+    fields: dict[str, Any] = {"token_id": ev.token_id, "text": ev.text, "finish_reason": ev.finish_reason}
+    if ev.index:
+        fields["index"] = ev.index
+    if ev.logprob is not None:
+        text = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
+        fields["logprobs"] = {
+            "token": text(ev.token_id),
+            "logprob": ev.logprob.logprob,
+            "top": [[text(t), lp] for t, lp in ev.logprob.top],
+        }
+    return fields
+
+
 def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
     if "messages" in cmd:
+        if cmd.get("tools"):
+            return list(engine.tokenizer.apply_chat_template(cmd["messages"], tools=cmd["tools"]))
         return list(engine.tokenizer.apply_chat_template(cmd["messages"]))
     if "prompt_ids" in cmd:
         return list(cmd["prompt_ids"])
@@ -151,6 +171,12 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
     async def run(cmd: dict[str, Any]) -> None:
         rid = cmd["id"]
         try:
+            if cmd.get("tools") and not getattr(engine.tokenizer, "supports_tools", False):
+                raise RequestRejected(
+                    f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
+                    "format; leave 'tools' out, or serve a model whose chat template renders tools",
+                    param="tools",
+                )
             try:
                 ids = _prompt_ids(engine, cmd)
             except (ValueError, KeyError, TypeError) as e:
@@ -184,18 +210,23 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 seed=cmd.get("seed"),
                 stop=tuple(cmd.get("stop", ())),
                 ignore_eos=bool(cmd.get("ignore_eos", False)),
+                n=int(cmd.get("n") or 1),
+                logprobs=cmd.get("logprobs"),
+                presence_penalty=float(cmd.get("presence_penalty") or 0.0),
+                frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
+                structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
             )
             out.send(op="accepted", id=rid, prompt_tokens=len(ids))
             async for ev in engine.generate(
                 GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
             ):
-                out.send(op="token", id=rid, token_id=ev.token_id, text=ev.text, finish_reason=ev.finish_reason)
+                out.send(op="token", id=rid, **token_fields(engine.tokenizer, ev))
             out.send(op="done", id=rid)
         except asyncio.CancelledError:
             engine.cancel(rid)
             out.send(op="done", id=rid)
         except RequestRejected as e:
-            out.send(op="error", id=rid, kind="rejected", message=str(e))
+            out.send(op="error", id=rid, kind="rejected", message=str(e), **({"param": e.param} if e.param else {}))
         except EngineBroken as e:
             out.send(op="error", id=rid, kind="broken", message=str(e))
         except EngineError as e:

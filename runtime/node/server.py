@@ -159,7 +159,7 @@ class LeaderApi:
                 ApiError(
                     400,
                     ev["message"],
-                    param="messages" if rec["kind"] == "chat" else "prompt",
+                    param=ev.get("param") or ("messages" if rec["kind"] == "chat" else "prompt"),
                     code="context_length_exceeded" if "context" in ev["message"] else None,
                 ),
                 headers,
@@ -205,15 +205,15 @@ class LeaderApi:
         arrival: float,
         prompt_tokens: int,
     ) -> web.Response:
-        text, n, finish_reason, first_token = [], 0, None, None
+        n, first_token = 0, None
+        collected = req.collector()
         async for ev in events:
             if ev["op"] == "token":
                 if first_token is None:
                     first_token = time.time()
-                n += ev.get("token_id", 0) >= 0  # -1: a finish-only event (neuron engine), not a token
+                collected.add(ev)
+                n = collected.completion_tokens  # every choice's tokens
                 rec["completion_tokens"] = n
-                text.append(ev["text"])
-                finish_reason = ev.get("finish_reason") or finish_reason
             elif ev["op"] == "error":
                 self._timing(rec, arrival, first_token, n)
                 return self._engine_error(ev, headers, rec)
@@ -222,14 +222,7 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(
-            rid=rid,
-            created=int(arrival),
-            text="".join(text),
-            finish_reason=finish_reason or "stop",
-            prompt_tokens=prompt_tokens,
-            completion_tokens=n,
-        )
+        body = req.response(rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens)
         return web.json_response(body.model_dump(), headers=headers)
 
     async def _stream(
@@ -261,19 +254,19 @@ class LeaderApi:
             await resp.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
         n, first_token = 0, None
+        collected = req.collector()
         ev: dict = {"op": "done"}
         try:
-            if kind == "chat":
-                await send(req.chunk(rid=rid, created=created, text="", finish_reason=None, first=True))
+            for chunk in req.opening(rid=rid, created=created):
+                await send(chunk)
             async for ev in events:
                 if ev["op"] == "token":
                     if first_token is None:
                         first_token = time.time()
-                    n += ev.get("token_id", 0) >= 0  # -1: a finish-only event, not a token
+                    for chunk in req.chunks(rid=rid, created=created, ev=ev, collected=collected):
+                        await send(chunk)
+                    n = collected.completion_tokens  # every choice's tokens
                     rec["completion_tokens"] = n
-                    await send(
-                        req.chunk(rid=rid, created=created, text=ev["text"], finish_reason=ev.get("finish_reason"))
-                    )
                 elif ev["op"] == "error":
                     break
         except ConnectionError:  # the client went away mid-stream

@@ -310,6 +310,12 @@ class ReferenceEngine:
             raise RequestRejected(f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}")
         return need
 
+    async def check(self, request: GenerationRequest) -> None:
+        """Raise RequestRejected now for a request generate() would refuse (before any output)."""
+        self._validate(request)
+        if request.sampling.structured is not None:
+            await asyncio.to_thread(self._grammars.grammar, request.sampling.structured)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self._state is not EngineState.READY:
             if self._state is EngineState.BROKEN:

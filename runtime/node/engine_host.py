@@ -56,6 +56,7 @@ def _neuron_settings(cfg: dict[str, Any]) -> Any:
         served_model_name=cfg["model_name"],
         compiled_artifacts_dir=n["compiled_dir"],
         engine_port=n["engine_port"],
+        sampling=n.get("sampling", "device"),
     )
     return NeuronEngineSettings(
         model_uri=n["model_uri"],
@@ -216,10 +217,12 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
                 structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
             )
+            request = GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
+            check = getattr(engine, "check", None)
+            if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
+                await check(request)
             out.send(op="accepted", id=rid, prompt_tokens=len(ids))
-            async for ev in engine.generate(
-                GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
-            ):
+            async for ev in engine.generate(request):
                 out.send(op="token", id=rid, **token_fields(engine.tokenizer, ev))
             out.send(op="done", id=rid)
         except asyncio.CancelledError:

@@ -798,8 +798,9 @@ def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str
     for e in entries:
         out["tokens"].append(e["token"])
         out["token_logprobs"].append(_lp(e["logprob"]))
-        top = {t: _lp(lp) for t, lp in e["top"]}
-        top.setdefault(e["token"], _lp(e["logprob"]))
+        top: dict[str, float] = {}
+        for t, lp in [*e["top"], (e["token"], e["logprob"])]:
+            top.setdefault(t, _lp(lp))  # tokens that render alike (partial UTF-8): the likelier one stays
         out["top_logprobs"].append(top)
         out["text_offset"].append(offset)
         offset += len(e["token"])

@@ -179,6 +179,14 @@ class NeuronSettings(_Settings):
         ge=1,
         le=65535,
     )
+    sampling: str = setting(
+        "device",
+        "--neuron-sampling",
+        "FLOTILLA_NEURON_SAMPLING",
+        "where tokens are sampled: `device` (NxD Inference on-device sampling: temperature, top_p only) or "
+        "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, seed, penalties)",
+        choices=("device", "cpu"),
+    )
     launcher: str | None = setting(
         None,
         "--neuron-launcher",

@@ -52,13 +52,16 @@ def one_node() -> Membership:
     )
 
 
-def engine_for(tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, **kw) -> NeuronEngine:
+def engine_for(
+    tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, sampling="device", **kw
+) -> NeuronEngine:
     options = NeuronOptions(
         seq_len=256,
         batch_size=4,
         served_model_name="llama",
         compiled_artifacts_dir=str(tmp_path / "compiled"),
         engine_port=free_port(),
+        sampling=sampling,
     )
     settings = NeuronEngineSettings(
         model_uri=MODEL_URI,
@@ -103,7 +106,8 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
     monkeypatch.setenv("STANDIN_COMPILE_TO", "1")
 
     async def scenario():
-        engine = engine_for(tmp_path, s3)
+        # cpu sampling: the mode whose vLLM sampler honours the seed passed through below
+        engine = engine_for(tmp_path, s3, sampling="cpu")
         await engine.start()
         try:
             assert engine.health().state is EngineState.READY

@@ -37,6 +37,10 @@ class NeuronOptions:
     dtype: str = "bfloat16"
     compiled_artifacts_dir: str = DEFAULT_COMPILED_DIR
     engine_port: int = contract.NEURON_ENGINE_PORT  # leader's vLLM server, on 127.0.0.1 only
+    # "device": NxD Inference's on-device sampling (the default; applies only temperature, top_k, top_p);
+    # "cpu": vLLM's sampler on the host, which also applies logprobs, structured output, seed and
+    # penalties (see runtime/engines/neuron/requests.py).
+    sampling: str = "device"
 
 
 @dataclass(frozen=True)
@@ -305,6 +309,11 @@ def _rank_plan(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
         "is_continuous_batching": plan.batch_size > 1,
         "torch_dtype": o.dtype,
     }
+    if o.sampling == "cpu":
+        # vllm-neuron samples on the host only when on_device_sampling_config is None (vllm-project/vllm-neuron
+        # 0.5.0: vllm_neuron/worker/neuronx_distributed_model_runner.py:557-592); the override is a plain
+        # dict.update (neuronx_distributed_model_loader.py:1217-1221).
+        nxdi["on_device_sampling_config"] = None
     env = {
         "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
         "NEURON_COMPILED_ARTIFACTS": o.compiled_artifacts_dir,

@@ -299,15 +299,18 @@ class ReferenceEngine:
             )
         if p.n < 1 or p.n > self.max_running:
             raise RequestRejected(
-                f"n {p.n} must be between 1 and {self.max_running} (the sequences this unit runs at once)"
+                f"n {p.n} must be between 1 and {self.max_running} (the sequences this unit runs at once)", param="n"
             )
         if p.n * need > self.kv_budget_tokens:
             raise RequestRejected(
                 f"n {p.n} choices of {need} tokens each (prompt {n} + max_tokens {p.max_tokens}) need "
-                f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens"
+                f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens",
+                param="n",
             )
         if p.logprobs is not None and not 0 <= p.logprobs <= self._vocab:
-            raise RequestRejected(f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}")
+            raise RequestRejected(
+                f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}", param="logprobs"
+            )
         return need
 
     async def check(self, request: GenerationRequest) -> None:

@@ -81,6 +81,14 @@ def check(sp: SamplingParams, s: Serves) -> None:
 
     if sp.n > 1 and not s.n:
         raise refuse("n", "leave it out or set it to 1, and send one request per completion")
+    if sp.n > 1 and sp.temperature < 1e-5:
+        # vLLM treats temperature below 1e-5 as greedy and refuses n > 1 there
+        # (vllm==0.16.0: vllm/sampling_params.py:367-372, 479-481).
+        raise RequestRejected(
+            f"n {sp.n} with temperature 0 is refused by vLLM (greedy sampling allows one choice): "
+            "set a temperature above 0 or n to 1",
+            param="n",
+        )
     if sp.logprobs is not None and not s.logprobs:
         raise refuse("logprobs", "it returns no log-probabilities; leave 'logprobs' out")
     if sp.logprobs is not None and sp.logprobs > VLLM_MAX_LOGPROBS:

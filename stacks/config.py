@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract import NEURON_SAMPLING_MODES
 from contract.trainium import INSTANCES, TrainiumInstance
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
@@ -215,6 +216,9 @@ class NodeConfig(_Section):
     health_check_grace_s: Annotated[int, between(0, 86400, "time a unit may take to load its model")] = 1800
     root_volume_gib: Annotated[int, between(64, 16384)] = 512
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
+    # neuron engine: "device" samples on the NeuronCores (temperature/top_p only); "cpu" runs vLLM's
+    # sampler on the host, which also serves logprobs, structured output, seeds and penalties.
+    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "device"
 
 
 class RouterConfig(_Section):

@@ -182,10 +182,10 @@ class NeuronSettings(_Settings):
     sampling: str = setting(
         "device",
         "--neuron-sampling",
-        "FLOTILLA_NEURON_SAMPLING",
+        contract.ENV_NEURON_SAMPLING,
         "where tokens are sampled: `device` (NxD Inference on-device sampling: temperature, top_p only) or "
         "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, seed, penalties)",
-        choices=("device", "cpu"),
+        choices=contract.NEURON_SAMPLING_MODES,
     )
     launcher: str | None = setting(
         None,

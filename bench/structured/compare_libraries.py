@@ -92,7 +92,7 @@ def llguidance_lib(tok: PreTrainedTokenizerFast) -> Lib:
 
 
 def xgrammar_lib(tok: PreTrainedTokenizerFast) -> Lib:
-    import xgrammar as xgr  # noqa: PLC0415 - each candidate library is imported only when measured
+    import xgrammar as xgr  # type: ignore[import-not-found]  # noqa: PLC0415 - each candidate library is imported only when measured
 
     lib = Lib()
     vocab = len(tok)
@@ -130,9 +130,9 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def outlines_lib(tok: PreTrainedTokenizerFast) -> Lib:
-    from outlines_core import Guide, Index, Vocabulary  # noqa: PLC0415 - each candidate library is imported only when measured
-    from outlines_core.json_schema import build_regex_from_schema  # noqa: PLC0415 - each candidate library is imported only when measured
-    from outlines_core.kernels.torch import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask  # noqa: PLC0415 - each candidate library is imported only when measured
+    from outlines_core import Guide, Index, Vocabulary  # type: ignore[import-not-found]  # noqa: PLC0415 - each candidate library is imported only when measured
+    from outlines_core.json_schema import build_regex_from_schema  # type: ignore[import-not-found]  # noqa: PLC0415 - each candidate library is imported only when measured
+    from outlines_core.kernels.torch import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask  # type: ignore[import-not-found]  # noqa: PLC0415 - each candidate library is imported only when measured
 
     lib = Lib()
     vocab = len(tok)

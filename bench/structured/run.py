@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -56,7 +57,7 @@ REPEATS = int(os.environ.get("REPEATS", "3"))
 
 def measure(model: str, batch: int) -> dict:
     source = resolve_model(model)
-    tok = source.make_tokenizer()
+    tok: Any = source.make_tokenizer()
     vocab = source.shape.vocab_size
     grammars = Grammars(tok, vocab)
     spec = StructuredOutput("json_schema", json.dumps(SCHEMA))

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from runtime.engines.base import RequestRejected, StructuredOutput
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # Compact JSON (no free whitespace between tokens): a model may otherwise pad a document with
 # whitespace until max_tokens cuts it. vLLM's guidance backend passes the same option, flexible by
 # default and compact with --structured-outputs-config.disable_any_whitespace
 # (vllm==0.16.0: vllm/v1/structured_output/backend_guidance.py:215-241).
-_DEFAULTS = {"whitespace_flexible": False}
+_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 # json_object is "any JSON object", as vLLM builds it (same file, :235-241).
 _ANY_OBJECT = '{"type": "object"}'
 _SHIFTS = torch.arange(32, dtype=torch.int32)

@@ -415,7 +415,7 @@ class _Sampling(_Request):
     ] = ()
 
     def _sampling(self, max_tokens: int | None, default_max_tokens: int) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "max_tokens": max_tokens,
             "default_max_tokens": default_max_tokens,
             "temperature": self.temperature,

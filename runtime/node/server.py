@@ -263,10 +263,11 @@ class LeaderApi:
                 if ev["op"] == "token":
                     if first_token is None:
                         first_token = time.time()
-                    for chunk in req.chunks(rid=rid, created=created, ev=ev, collected=collected):
-                        await send(chunk)
-                    n = collected.completion_tokens  # every choice's tokens
+                    chunks = req.chunks(rid=rid, created=created, ev=ev, collected=collected)
+                    n = collected.completion_tokens  # every choice's tokens, counted before the write may fail
                     rec["completion_tokens"] = n
+                    for chunk in chunks:
+                        await send(chunk)
                 elif ev["op"] == "error":
                     break
         except ConnectionError:  # the client went away mid-stream

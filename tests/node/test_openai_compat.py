@@ -367,3 +367,47 @@ def smollm2_dir():
     from runtime.models.smollm2 import ensure_smollm2
 
     return ensure_smollm2()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_every_field_at_once_streams_the_same_choices_as_the_whole_response(shared_unit, endpoint):
+    c = client(shared_unit)
+    common = {
+        "model": "tiny",
+        "n": 2,
+        "temperature": 0.9,
+        "seed": 21,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "stop": ["\n\n\n"],
+    }
+    if endpoint == "chat":
+        kw = {**common, "messages": MSGS, "max_completion_tokens": 200, "response_format": SCHEMA_FORMAT}
+        whole = c.chat.completions.create(logprobs=True, top_logprobs=1, **kw)
+        text, finish, logprobs, usage = stream_chat(c, logprobs=True, top_logprobs=1, **kw)
+        assert text == {ch.index: ch.message.content for ch in whole.choices}
+        assert {i: [e.token for e in v] for i, v in logprobs.items()} == {
+            ch.index: [e.token for e in ch.logprobs.content] for ch in whole.choices
+        }
+    else:
+        kw = {
+            **common,
+            "prompt": "p",
+            "max_tokens": 200,
+            "logprobs": 1,
+            "extra_body": {"response_format": SCHEMA_FORMAT},
+        }
+        whole = c.completions.create(**kw)
+        text, finish, usage = {}, {}, None
+        for chunk in c.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+            usage = chunk.usage or usage
+            for ch in chunk.choices:
+                text[ch.index] = text.get(ch.index, "") + ch.text
+                if ch.finish_reason:
+                    finish[ch.index] = ch.finish_reason
+        assert text == {ch.index: ch.text for ch in whole.choices}
+    assert finish == {ch.index: ch.finish_reason for ch in whole.choices}
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    for t in text.values():
+        jsonschema.validate(json.loads(t), PRODUCT)

@@ -145,7 +145,7 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
             await engine.shutdown()
         assert engine._proc.returncode is not None and engine.health().state is EngineState.STOPPED
         # The next start finds the cache: nothing is uploaded again.
-        again = engine_for(tmp_path, s3)
+        again = engine_for(tmp_path, s3, sampling="cpu")  # same NxD Inference config, same cache key
         await again.start()
         try:
             assert again.prepared.compile_cache_hit is True

@@ -184,7 +184,7 @@ def test_json_schema_output_validates_for_every_seeded_prompt(shared_unit):
         )
         return r.choices[0].message.content, r.choices[0].finish_reason
 
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, range(32)))
     for text, finish in results:
         assert finish == "stop", text

@@ -153,7 +153,7 @@ class ShardExecutor:
                 self.final_norm = weights.get("model.norm.weight")
                 self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
         self.kv: dict[int, SeqKV] = {}
-        # The steady state is "decode the same batch again": then only the 4-int header travels.
+        # The steady state is "decode the same batch again": then only the header travels.
         self._last_decode: list[int] = []
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------

@@ -83,6 +83,11 @@ class HFTokenizer:
         return self._tok
 
     @property
+    def chat_template(self) -> str | None:
+        template = self._tok.chat_template
+        return template if isinstance(template, str) else None
+
+    @property
     def supports_tools(self) -> bool:
         """The chat template renders a `tools` list (a template without one would drop the tools)."""
         template = self._tok.chat_template

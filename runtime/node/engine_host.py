@@ -29,6 +29,7 @@ from runtime.engines.base import (
 )
 from runtime.logs import setup_logging
 from runtime.membership import Member, Membership
+from runtime.node.tool_calls import template_format
 
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
 LOAD_EVERY_S = 0.1
@@ -178,6 +179,17 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                     "format; leave 'tools' out, or serve a model whose chat template renders tools",
                     param="tools",
                 )
+            tool_parser = None
+            if cmd.get("tool_choice") == "auto":
+                tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
+                if tool_parser is None:
+                    raise RequestRejected(
+                        "tool_choice 'auto' (the default when 'tools' are given) needs to read tool calls in the "
+                        f"model's own format; the chat template of '{engine.model_name}' teaches none this unit "
+                        "parses (<tool_call> JSON as Hermes/Qwen, or Llama 3.1's JSON calls): set 'tool_choice' "
+                        'to "required", "none" or {"type": "function", "function": {"name": ...}}',
+                        param="tool_choice",
+                    )
             try:
                 ids = _prompt_ids(engine, cmd)
             except (ValueError, KeyError, TypeError) as e:
@@ -223,7 +235,10 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 await check(request)
             out.send(op="accepted", id=rid, prompt_tokens=len(ids))
             async for ev in engine.generate(request):
-                out.send(op="token", id=rid, **token_fields(engine.tokenizer, ev))
+                fields = token_fields(engine.tokenizer, ev)
+                if tool_parser:  # the API reads the calls in this format
+                    fields["tool_parser"] = tool_parser
+                out.send(op="token", id=rid, **fields)
             out.send(op="done", id=rid)
         except asyncio.CancelledError:
             engine.cancel(rid)

@@ -29,6 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runtime.node import tool_calls
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
 MAX_STOP = 4
@@ -503,13 +505,6 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
             raise _reject("'tool_choice' needs 'tools': give the functions the model may call", param="tool_choice")
         mode = self.tool_mode
-        if mode == "auto":
-            raise _reject(
-                "tool_choice 'auto' (the default when 'tools' are given) needs a parser for the model's own "
-                'tool-call format, which this unit does not have: set \'tool_choice\' to "required", "none" or '
-                '{"type": "function", "function": {"name": ...}}',
-                param="tool_choice",
-            )
         if isinstance(mode, NamedToolChoice) and mode.function.name not in {t.function.name for t in self.tools or ()}:
             raise _reject(
                 f"tool_choice names function '{mode.function.name[:64]}', which is not in 'tools'", param="tool_choice"
@@ -582,6 +577,8 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         structure = self._tool_structure()
         if structure is not None:
             out["structured"] = structure
+        if self.tool_mode == "auto":
+            out["tool_choice"] = "auto"  # the engine checks the model's template teaches a format we parse
         return out
 
     def _tool_calls(self, text: str) -> list[dict[str, Any]] | None:
@@ -598,22 +595,31 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
                 return None
         return None
 
+    def _split(self, text: str, collected: Collected) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """A finished choice's text as (content, tool calls)."""
+        if self.forced_tools:
+            calls = self._tool_calls(text)
+            return (None if calls else text), calls
+        if self.tool_mode == "auto" and collected.tool_parser:
+            content, found = tool_calls.parse(collected.tool_parser, text)
+            return content, [_tool_call(c["name"], c["arguments"]) for c in found] or None
+        return text, None
+
     def _finish(self, choice: _Choice, calls: list[dict[str, Any]] | None) -> str:
-        # OpenAI (and vLLM, chat_completion/serving.py:1680-1692): "tool_calls" when "required" made the
-        # call, "stop" for a named function.
-        if calls is not None and self.tool_mode == "required" and choice.finish_reason == "stop":
+        # OpenAI (and vLLM, chat_completion/serving.py:1680-1692): "tool_calls" when "auto" or "required"
+        # made calls, "stop" for a named function.
+        if calls and (self.tool_mode == "auto" or (self.tool_mode == "required" and choice.finish_reason == "stop")):
             return "tool_calls"
         return choice.finish_reason or "stop"
 
     def response(self, *, rid: str, created: int, collected: Collected, prompt_tokens: int) -> ChatCompletionResponse:
         choices = []
         for c in collected.choices:
-            text = "".join(c.text)
-            calls = self._tool_calls(text) if self.forced_tools else None
+            content, calls = self._split("".join(c.text), collected)
             choices.append(
                 ChatCompletionChoice(
                     index=c.index,
-                    message=AssistantMessage(content=None if calls else text, tool_calls=calls),
+                    message=AssistantMessage(content=content, tool_calls=calls),
                     finish_reason=self._finish(c, calls),
                     logprobs={"content": [_chat_logprob(e) for e in c.logprobs]} if self.logprobs else None,
                 )
@@ -660,6 +666,23 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
             )
             entry = [_chat_logprob(e) for e in choice.logprobs] if self.logprobs else []
             finish = self._finish(choice, calls)
+        elif self.tool_mode == "auto" and collected.tool_parser:
+            # Content streams until the text may be turning into a call; a call goes out whole at the end.
+            text = "".join(choice.text)
+            if finish:
+                content, calls = self._split(text, collected)
+                end = len(content or "") if calls else len(text)
+                delta = DeltaMessage(
+                    content=text[choice.sent : end] if end > choice.sent else None,
+                    tool_calls=[{"index": k, **call} for k, call in enumerate(calls)] if calls else None,
+                )
+                finish = self._finish(choice, calls)
+            else:
+                safe = tool_calls.streamable(collected.tool_parser, text)
+                if safe <= choice.sent and not entry:
+                    return []
+                delta = DeltaMessage(content=text[choice.sent : safe] if safe > choice.sent else None)
+                choice.sent = max(choice.sent, safe)
         else:
             delta = DeltaMessage(content=ev["text"])
         return [
@@ -815,6 +838,7 @@ class _Choice:
     finish_reason: str | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     offset: int = 0  # characters of this choice's tokens streamed so far (completions text_offset)
+    sent: int = 0  # characters of this choice's text streamed as content (tool_choice "auto")
 
 
 @dataclass
@@ -822,8 +846,10 @@ class Collected:
     """The choices of one request as their token events arrive (events carry their choice's index)."""
 
     choices: list[_Choice]
+    tool_parser: str | None = None  # the model's tool-call format, named by the engine's first event
 
     def add(self, ev: dict[str, Any]) -> _Choice:
+        self.tool_parser = ev.get("tool_parser", self.tool_parser)
         c = self.choices[ev.get("index", 0)]
         c.text.append(ev["text"])
         c.tokens += ev.get("token_id", 0) >= 0  # -1: a finish-only event (neuron engine), not a token

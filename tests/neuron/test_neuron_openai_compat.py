@@ -130,10 +130,11 @@ def test_stream_chunks_become_token_events_per_choice_with_logprob_ids():
 
 @pytest.fixture
 def unit_with(tmp_path, new_unit):
-    """unit_with(sampling) -> (a ready one-node neuron unit on the stand-in, its request log)."""
+    """unit_with(sampling, template=..., **env) -> (a ready one-node neuron unit on the stand-in, its
+    request log)."""
 
-    def start(sampling: str):
-        src = make_checkpoint(tmp_path / f"published-{sampling}", LLAMA_3_8B, chat_template=TEMPLATE)
+    def start(sampling: str, template: str = TEMPLATE, **extra: str):
+        src = make_checkpoint(tmp_path / f"published-{sampling}", LLAMA_3_8B, chat_template=template)
         log = tmp_path / f"standin-{sampling}.jsonl"
         env = {
             contract.ENV_MODEL_URI: MODEL_URI,
@@ -154,6 +155,7 @@ def unit_with(tmp_path, new_unit):
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
+            **extra,
         }
         unit = new_unit(name=f"unit-{sampling}", world_size=1, engine="neuron", PYTHONPATH=str(S3_SITE), **env)
         return unit.start().wait_ready(timeout=90), log
@@ -292,6 +294,35 @@ def test_on_device_sampling_unit_refuses_before_vllm_sees_the_request(unit_with)
     # n and stop are served on the device path: vLLM fans n out before sampling.
     r = c.chat.completions.create(model="llama", messages=MSGS, max_tokens=2, n=2, temperature=0.5, stop=["x"])
     assert len(r.choices) == 2 and r.usage.completion_tokens == 4
+    # Tools without tool_choice mean "auto": this template teaches no tool-call format to read.
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="llama", messages=MSGS, max_tokens=2, tools=[TOOL])
+    assert e.value.body["param"] == "tool_choice"
     # vLLM refuses n > 1 with greedy sampling; the unit says so up front.
     with pytest.raises(openai.BadRequestError, match="greedy"):
         c.chat.completions.create(model="llama", messages=MSGS, max_tokens=2, n=2, temperature=0)
+
+
+HERMES_TEMPLATE = (
+    "{% for t in tools %}<tool_call>{{ t.function.name }}</tool_call>{% endfor %}"
+    "{% for m in messages %}{{ m.content }} {% endfor %}"
+)
+
+
+def test_auto_tool_calls_are_read_in_the_templates_format_even_on_device_sampling(unit_with):
+    call = '<tool_call>{"name": "search", "arguments": {"query": "boots"}}</tool_call>'
+    unit, log = unit_with("device", template=HERMES_TEMPLATE, STANDIN_TEXT="Looking." + call)
+    c = client(unit)
+    kw = {"model": "llama", "messages": MSGS, "max_tokens": 40, "tools": [TOOL]}  # tool_choice: "auto"
+    r = c.chat.completions.create(**kw)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and msg.content == "Looking."
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in msg.tool_calls] == [
+        ("search", {"query": "boots"})
+    ]
+    assert "response_format" not in bodies(log)[-1]  # no grammar needed: the model wrote the call
+    chunks = [ch for chunk in c.chat.completions.create(stream=True, **kw) for ch in chunk.choices]
+    assert "".join(ch.delta.content or "" for ch in chunks) == "Looking."  # the call's text never streams
+    deltas = [d for ch in chunks for d in (ch.delta.tool_calls or [])]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == [("search", {"query": "boots"})]
+    assert chunks[-1].finish_reason == "tool_calls"

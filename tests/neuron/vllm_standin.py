@@ -16,6 +16,7 @@ output is a JSON document: a minimal instance of the schema. Test knobs (environ
   STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)
   STANDIN_SICK_AFTER   seconds after which /health answers 503 for good (a wedged server)
   STANDIN_TOKEN_DELAY  seconds between streamed tokens (default 0.02)
+  STANDIN_TEXT         answer every plain-text request with this text, 4 characters per token
   STANDIN_COMPILE_TO   write compiled.neff into NEURON_COMPILED_ARTIFACTS (what a compile leaves)
 """
 
@@ -172,7 +173,7 @@ def main() -> None:
         choices = int(body.get("n") or 1)
         k = body.get("logprobs")
         fmt = body.get("response_format") or {"type": "text"}
-        document = _document(fmt) if cpu_sampling and fmt["type"] != "text" else None
+        document = _document(fmt) if cpu_sampling and fmt["type"] != "text" else os.environ.get("STANDIN_TEXT")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         running[0] += 1

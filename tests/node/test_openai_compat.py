@@ -265,10 +265,10 @@ def test_tools_on_a_model_whose_template_has_no_tool_format_are_a_400(shared_uni
     assert e.value.body["param"] == "tools" and "chat template has no tool format" in e.value.message
 
 
-def test_tool_choice_auto_is_a_400_naming_the_choices_that_work(shared_unit):
+def test_tools_without_tool_choice_mean_auto_and_need_a_tool_format_too(shared_unit):
     with pytest.raises(openai.BadRequestError) as e:
         client(shared_unit).chat.completions.create(model="tiny", messages=MSGS, max_tokens=4, tools=[WEATHER])
-    assert e.value.body["param"] == "tool_choice" and '"required"' in e.value.message
+    assert e.value.body["param"] == "tools"
 
 
 # A tool-capable chat template in the format of Hermes-style models (the tools listed in the system
@@ -351,6 +351,20 @@ def test_required_tool_calls_streamed_and_not_and_a_follow_up_turn(tool_unit):
         tool_choice="none",
     )
     assert follow.choices[0].message.tool_calls is None and follow.usage.completion_tokens == 4
+
+
+def test_auto_on_a_hermes_template_answers_with_content_or_calls(tool_unit):
+    c = client(tool_unit)
+    kw = {"model": "smol-tools", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tools": [WEATHER]}
+    r = c.chat.completions.create(temperature=0, **kw)
+    msg = r.choices[0].message
+    assert (msg.tool_calls is None) == (r.choices[0].finish_reason != "tool_calls")
+    streamed = "".join(
+        ch.choices[0].delta.content or ""
+        for ch in c.chat.completions.create(stream=True, temperature=0, **kw)
+        if ch.choices
+    )
+    assert streamed == (msg.content or "")
 
 
 def test_the_tools_reach_the_prompt(tool_unit):

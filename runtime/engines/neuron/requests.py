@@ -14,10 +14,10 @@ from typing import Any
 from runtime.engines.base import GenerationRequest, RequestRejected, SamplingParams, TokenEvent, TokenLogprob
 
 # vLLM 0.16.0's /v1/completions request schema (vllm==0.16.0:
-# vllm/entrypoints/openai/completion/protocol.py): logprobs :51, max_tokens :52, n :53,
-# presence_penalty :54, seed :55, stop :56, frequency_penalty, response_format :92 (json_object /
-# json_schema become structured outputs, :275-290), return_tokens_as_token_ids :137,
-# return_token_ids :142. Its default max_logprobs is 20 (vllm/config/model.py:201).
+# vllm/entrypoints/openai/completion/protocol.py): frequency_penalty :49, logprobs :51, max_tokens :52,
+# n :53, presence_penalty :54, seed :55, stop :56, response_format :92 (json_object / json_schema
+# become structured outputs, :259-290), return_tokens_as_token_ids :134, return_token_ids :142.
+# Its default max_logprobs is 20 (vllm/config/model.py:201).
 VLLM_MAX_LOGPROBS = 20
 
 

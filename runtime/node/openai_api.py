@@ -499,7 +499,7 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
     @model_validator(mode="after")
     def _fields_agree(self) -> ChatCompletionRequest:
         # The rules of vLLM's ChatCompletionRequest (vllm==0.16.0:
-        # vllm/entrypoints/openai/chat_completion/protocol.py:534-545 check_logprobs, :597-640 check_tool_usage).
+        # vllm/entrypoints/openai/chat_completion/protocol.py:534-562 check_logprobs, :598-680 check_tool_usage).
         if self.top_logprobs and not self.logprobs:
             raise _reject("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
@@ -511,7 +511,9 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
             )
         if mode not in (None, "none") and self.response_format is not None and self.response_format.type != "text":
             raise _reject(
-                "'response_format' and a forced tool call cannot be combined: use one of them", param="response_format"
+                "'response_format' cannot be combined with tool calls (tool_choice auto, required or a named "
+                "function): use one of them, or tool_choice 'none'",
+                param="response_format",
             )
         return self
 

@@ -1,18 +1,19 @@
 """The OpenAI fields a neuron unit passes through to vLLM, spoken to by the official `openai` client,
-against the STAND-IN vLLM server (tests/neuron/vllm_standin.py, not vLLM), which answers each field as
-vLLM 0.16.0 with the vllm-neuron plugin does. What the unit's vLLM would silently ignore (on-device
+against the STAND-IN vLLM server (tests/neuron/standins/vllm_0_13_0, not vLLM), which answers each field
+as vLLM with the vllm-neuron plugin does. What the unit's vLLM would silently ignore (on-device
 sampling; the multi-node V0 fork) is a 400 before vLLM sees the request."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
 from llama_shapes import LLAMA_3_8B
-from standin_model import STANDIN_LAUNCHER, make_checkpoint, word_ids
+from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, make_checkpoint, word_ids
 from testnet import free_port
 
 import contract
@@ -157,7 +158,8 @@ def unit_with(tmp_path, new_unit):
             "AWS_DEFAULT_REGION": "us-east-1",
             **extra,
         }
-        unit = new_unit(name=f"unit-{sampling}", world_size=1, engine="neuron", PYTHONPATH=str(S3_SITE), **env)
+        path = os.pathsep.join([str(S3_SITE), VLLM_0_13_0])  # the launched server imports the stand-in `vllm`
+        unit = new_unit(name=f"unit-{sampling}", world_size=1, engine="neuron", PYTHONPATH=path, **env)
         return unit.start().wait_ready(timeout=90), log
 
     return start

@@ -73,6 +73,10 @@ SINGLE_NODE_SOURCES: Mapping[str, str] = {
     "override_neuron_config.cp_degree": f"{NXDI_CONFIG}:src/neuronx_distributed_inference/models/config.py:334,342",
     "override_neuron_config.attention_dp_degree": f"{NXDI_CONFIG}:src/neuronx_distributed_inference/models/"
     "config.py:336,576-583",
+    # Only with FLOTILLA_NEURON_SAMPLING=cpu: None makes the plugin sample on the host.
+    "override_neuron_config.on_device_sampling_config": "vllm-project/vllm-neuron 0.5.0:vllm_neuron/worker/"
+    "neuronx_distributed_model_runner.py:557-592 (host sampling only when None); "
+    "neuronx_distributed_model_loader.py:1217-1221 (the override is a plain dict.update)",
 }
 
 # Where every variable and flag of a multi-node rank comes from: the fork's example, line by line.

@@ -105,3 +105,5 @@ NEURON_ENGINE_PORT = 8001  # the leader's vLLM server, bound to 127.0.0.1 only
 ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"  # set by Dockerfile.neuron; compile-cache key
 ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"  # s3://bucket/prefix for compiled artifacts
 ENV_INSTANCE_TYPE = "FLOTILLA_INSTANCE_TYPE"  # neuron engine: the node's instance type (plan layout)
+NEURON_SAMPLING_MODES = ("device", "cpu")  # neuron engine: on-device sampling or vLLM's host sampler
+ENV_NEURON_SAMPLING = "FLOTILLA_NEURON_SAMPLING"  # which of them; decides the OpenAI fields it serves

@@ -120,6 +120,7 @@ class CellStack(Stack):
             if config.node.engine == "neuron":
                 environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
                 environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
+                environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
             self.units.append(
                 TrainiumUnit(
                     self,

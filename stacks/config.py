@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract import NEURON_SAMPLING_MODES
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
 
@@ -252,6 +253,9 @@ class NodeConfig(_Section):
     root_volume_gib: Annotated[int, between(64, 16384)] = 128
     instance_store: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
+    # neuron engine: "device" samples on the NeuronCores (temperature/top_p only); "cpu" runs vLLM's
+    # sampler on the host, which also serves logprobs, structured output, seeds and penalties.
+    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "device"
 
 
 class RouterConfig(_Section):

@@ -18,8 +18,13 @@ class EngineError(Exception):
 class RequestRejected(EngineError):
     """The request can never be served as asked (e.g. it cannot fit the KV-cache budget).
 
-    The message names the input and the fix; the API maps it to a 4xx.
+    The message names the input and the fix; the API maps it to a 4xx naming `param` (the request
+    field at fault) when given.
     """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class EngineBroken(EngineError):
@@ -42,6 +47,14 @@ class EngineState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """Constrain the generated text: any JSON object (json_object) or JSON matching a schema."""
+
+    kind: str  # "json_object" | "json_schema"
+    schema: str | None = None  # json_schema: the schema as JSON text
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 0.0  # 0.0 means greedy
@@ -49,6 +62,11 @@ class SamplingParams:
     seed: int | None = None  # seeded sampling is reproducible per request
     stop: tuple[str, ...] = ()  # stop strings; the matched string is not emitted
     ignore_eos: bool = False
+    n: int = 1  # completions of the same prompt (choices), sharing its prefill
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob and the k most likely
+    presence_penalty: float = 0.0  # OpenAI's penalties on tokens already generated
+    frequency_penalty: float = 0.0
+    structured: StructuredOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -59,10 +77,20 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The sampled token's log-probability and the top alternatives, as (token id, logprob) pairs."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     token_id: int
     text: str  # the text this token adds (stop strings already cut)
-    finish_reason: str | None = None  # None while generating; "stop" or "length" on the last event
+    finish_reason: str | None = None  # None while generating; "stop" or "length" on the choice's last event
+    index: int = 0  # which choice (0..n-1) this token belongs to
+    logprob: TokenLogprob | None = None  # with SamplingParams.logprobs only
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,21 @@ class EchoEngine:
             self._state, self._detail = EngineState.BROKEN, detail
             self._broken.set()
 
+    async def check(self, request: GenerationRequest) -> None:
+        """The echo engine samples nothing: fields that shape sampling are refused, not ignored."""
+        sp = request.sampling
+        for field, used in (
+            ("n", sp.n > 1),
+            ("logprobs", sp.logprobs is not None),
+            ("response_format", sp.structured is not None),
+            ("presence_penalty", bool(sp.presence_penalty)),
+            ("frequency_penalty", bool(sp.frequency_penalty)),
+        ):
+            if used:
+                raise RequestRejected(
+                    f"'{field}' is not served by the echo engine (it repeats the prompt); leave it out", param=field
+                )
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self._state is not EngineState.READY:
             raise EngineBroken(f"engine is {self._state.value}: {self._detail}")

@@ -35,6 +35,9 @@ OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
 _STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
 
 
+HEADER_LEN = 5  # op, then the counts of free / prefill / decode / fork entries
+
+
 @dataclass
 class StepCommand:
     """One scheduler iteration. Token ids are meaningful on rank 0 only."""
@@ -44,20 +47,38 @@ class StepCommand:
     prefill_tokens: list[Sequence[int]] = field(default_factory=list)
     decode: list[int] = field(default_factory=list)  # seq ids, one token each
     decode_tokens: list[int] = field(default_factory=list)
+    # (source seq_id, new seq_id): after prefill, the new sequence starts as a copy of the source's
+    # KV cache, so n completions of one prompt share its prefill.
+    fork: list[tuple[int, int]] = field(default_factory=list)
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
-        header = torch.tensor([OP_STEP, len(self.free), len(self.prefill), len(self.decode)], dtype=torch.int64)
-        flat = list(self.free) + [v for p in self.prefill for v in p] + list(self.decode)
+        header = torch.tensor(
+            [OP_STEP, len(self.free), len(self.prefill), len(self.decode), len(self.fork)], dtype=torch.int64
+        )
+        flat = (
+            list(self.free)
+            + [v for p in self.prefill for v in p]
+            + list(self.decode)
+            + [v for pair in self.fork for v in pair]
+        )
         return header, torch.tensor(flat, dtype=torch.int64)
+
+    @staticmethod
+    def payload_len(header: torch.Tensor) -> int:
+        return int(header[1]) + 3 * int(header[2]) + int(header[3]) + 2 * int(header[4])
 
     @classmethod
     def decode_payload(cls, header: torch.Tensor, payload: torch.Tensor) -> "StepCommand":
-        n_free, n_prefill, n_decode = (int(v) for v in header[1:4])
+        n_free, n_prefill, n_decode, n_fork = (int(v) for v in header[1:HEADER_LEN])
         vals = payload.tolist()
         free = vals[:n_free]
         pre = vals[n_free : n_free + 3 * n_prefill]
         prefill = [(pre[i], pre[i + 1], pre[i + 2]) for i in range(0, len(pre), 3)]
-        return cls(free=free, prefill=prefill, decode=vals[n_free + 3 * n_prefill :])
+        at = n_free + 3 * n_prefill
+        decode = vals[at : at + n_decode]
+        fk = vals[at + n_decode : at + n_decode + 2 * n_fork]
+        fork = [(fk[i], fk[i + 1]) for i in range(0, len(fk), 2)]
+        return cls(free=free, prefill=prefill, decode=decode, fork=fork)
 
 
 @dataclass
@@ -132,7 +153,7 @@ class ShardExecutor:
                 self.final_norm = weights.get("model.norm.weight")
                 self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
         self.kv: dict[int, SeqKV] = {}
-        # The steady state is "decode the same batch again": then only the 4-int header travels.
+        # The steady state is "decode the same batch again": then only the header travels.
         self._last_decode: list[int] = []
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
@@ -149,8 +170,8 @@ class ShardExecutor:
         """Rank 0: send the command to the followers, then run it."""
         try:
             if self.world_size > 1:
-                if not cmd.free and not cmd.prefill and cmd.decode and cmd.decode == self._last_decode:
-                    self._broadcast(torch.tensor([OP_REPEAT_DECODE, 0, 0, 0], dtype=torch.int64), 0)
+                if not (cmd.free or cmd.prefill or cmd.fork) and cmd.decode and cmd.decode == self._last_decode:
+                    self._broadcast(self._signal(OP_REPEAT_DECODE), 0)
                 else:
                     header, payload = cmd.encode()
                     self._broadcast(header, 0)
@@ -162,12 +183,16 @@ class ShardExecutor:
         except (RuntimeError, dist.DistError) as e:
             raise EngineBroken(f"a collective failed during a step (peer died or timed out): {e}") from e
 
+    @staticmethod
+    def _signal(op: int) -> torch.Tensor:
+        return torch.tensor([op] + [0] * (HEADER_LEN - 1), dtype=torch.int64)
+
     def leader_signal(self, op: int) -> None:
         """Rank 0: heartbeat (proves the followers are alive) or shutdown."""
         if self.world_size == 1:
             return
         try:
-            self._broadcast(torch.tensor([op, 0, 0, 0], dtype=torch.int64), 0)
+            self._broadcast(self._signal(op), 0)
         except (RuntimeError, dist.DistError) as e:
             raise EngineBroken(f"a follower is gone (heartbeat failed): {e}") from e
 
@@ -175,7 +200,7 @@ class ShardExecutor:
         """Rank > 0: run the leader's commands until it shuts down. Raises EngineBroken on failure."""
         try:
             while True:
-                header = self._broadcast(torch.empty(4, dtype=torch.int64), 0)
+                header = self._broadcast(torch.empty(HEADER_LEN, dtype=torch.int64), 0)
                 op = int(header[0])
                 if op == OP_SHUTDOWN:
                     return
@@ -186,7 +211,7 @@ class ShardExecutor:
                     continue
                 if op != OP_STEP:
                     raise EngineBroken(f"unknown op {op} from the leader (version skew?)")
-                n = int(header[1]) + 3 * int(header[2]) + int(header[3])
+                n = StepCommand.payload_len(header)
                 payload = torch.empty(n, dtype=torch.int64)
                 if n:
                     self._broadcast(payload, 0)
@@ -209,6 +234,8 @@ class ShardExecutor:
                 result.prefill_logits = self._prefill_tensor(cmd)
             if self.plan.needs_reshard():
                 self._reshard([p[0] for p in cmd.prefill])
+        for src, dst in cmd.fork:
+            self.kv[dst] = self.kv[src].copy()
         if cmd.decode:
             if self.plan.decode == "pipeline":
                 result.decode_logits = self._decode_pipeline(cmd)

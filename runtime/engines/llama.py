@@ -132,6 +132,14 @@ class SeqKV:
             )
         return cls(capacity=capacity, layers=kv)
 
+    def copy(self) -> "SeqKV":
+        """An independent cache with the same contents (a forked sequence continues from here)."""
+        return SeqKV(
+            capacity=self.capacity,
+            length=self.length,
+            layers={n: (k.clone(), v.clone()) for n, (k, v) in self.layers.items()},
+        )
+
 
 @dataclass(frozen=True)
 class Segment:

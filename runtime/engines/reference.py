@@ -43,8 +43,9 @@ from runtime.engines.base import (
     TokenEvent,
 )
 from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
+from runtime.engines.grammar import Grammars, Matcher
 from runtime.engines.layout import ParallelPlan, check_strategies, make_plan
-from runtime.engines.sampling import TextTracker, make_generator, sample
+from runtime.engines.sampling import TextTracker, choose, make_generator
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
 
@@ -138,17 +139,36 @@ def run_worker(
 
 
 @dataclass
-class _Request:
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+class _Seq:
+    """One choice of a request: its own KV cache (seq_id), sampler state and text."""
+
+    index: int
     tracker: TextTracker
     generator: torch.Generator | None
-    need: int  # KV tokens reserved: prompt + max_tokens
+    matcher: Matcher | None = None  # structured output only
+    counts: torch.Tensor | None = None  # penalties only: times each token was generated
     seq_id: int = -1
     generated: int = 0
     last_token: int = -1
     done: bool = False
+
+
+@dataclass
+class _Request:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    seqs: list[_Seq]
+    per_seq: int  # KV tokens one choice reserves: prompt + max_tokens
+    done: bool = False
+
+    @property
+    def need(self) -> int:  # KV tokens the request reserves while it runs: all its choices
+        return self.per_seq * len(self.seqs)
+
+    @property
+    def admitted(self) -> bool:
+        return self.seqs[0].seq_id >= 0
 
     def put(self, item) -> None:
         try:
@@ -206,7 +226,7 @@ class ReferenceEngine:
         self._cancels: set[str] = set()
         self._stopping = False
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._running: dict[int, _Request] = {}
+        self._running: dict[int, tuple[_Request, _Seq]] = {}  # by seq_id: every running choice
         self._by_id: dict[str, _Request] = {}
         self._reserved = 0
         self._seq_ids = itertools.count(1)
@@ -227,6 +247,7 @@ class ReferenceEngine:
         if self.model_name == self.model and source.name:
             self.model_name = source.name
         self._vocab = source.shape.vocab_size
+        self._grammars = Grammars(self.tokenizer, self._vocab)
         self._thread = threading.Thread(
             target=self._scheduler_main, args=(source,), name="flotilla-scheduler", daemon=True
         )
@@ -278,6 +299,20 @@ class ReferenceEngine:
                 f"(KV-cache budget {self.kv_budget_tokens}, model limit "
                 f"{self.plan.shape.max_position_embeddings}); lower max_tokens or shorten the prompt"
             )
+        if p.n < 1 or p.n > self.max_running:
+            raise RequestRejected(
+                f"n {p.n} must be between 1 and {self.max_running} (the sequences this unit runs at once)", param="n"
+            )
+        if p.n * need > self.kv_budget_tokens:
+            raise RequestRejected(
+                f"n {p.n} choices of {need} tokens each (prompt {n} + max_tokens {p.max_tokens}) need "
+                f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens",
+                param="n",
+            )
+        if p.logprobs is not None and not 0 <= p.logprobs <= self._vocab:
+            raise RequestRejected(
+                f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}", param="logprobs"
+            )
         return need
 
     def _refuse_unless_ready(self) -> None:
@@ -288,16 +323,33 @@ class ReferenceEngine:
         if self._state is not EngineState.READY:
             raise EngineUnavailable(f"engine is {self._state.value}, not ready")
 
+    async def check(self, request: GenerationRequest) -> None:
+        """Raise RequestRejected now for a request generate() would refuse (before any output)."""
+        self._validate(request)
+        if request.sampling.structured is not None:
+            await asyncio.to_thread(self._grammars.grammar, request.sampling.structured)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         self._refuse_unless_ready()  # a cheap early answer; the check that counts is under the lock
-        need = self._validate(request)
+        per_seq = self._validate(request)
+        p = request.sampling
+        grammar = None
+        if p.structured is not None:
+            # The first structured request builds llguidance's view of the vocabulary (~1 s): not on the loop.
+            grammar = await asyncio.to_thread(self._grammars.grammar, p.structured)
+        penalised = bool(p.presence_penalty or p.frequency_penalty)
+        seqs = [
+            _Seq(
+                index=i,
+                tracker=TextTracker(self.tokenizer, p.stop),
+                generator=make_generator(p, i),
+                matcher=self._grammars.matcher(grammar) if grammar is not None else None,
+                counts=torch.zeros(self._vocab) if penalised else None,
+            )
+            for i in range(p.n)
+        ]
         st = _Request(
-            request=request,
-            loop=asyncio.get_running_loop(),
-            queue=asyncio.Queue(),
-            tracker=TextTracker(self.tokenizer, request.sampling.stop),
-            generator=make_generator(request.sampling),
-            need=need,
+            request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(), seqs=seqs, per_seq=per_seq
         )
         with self._lock:
             # State check and enqueue under the lock _end_all holds while it changes the state and
@@ -310,6 +362,7 @@ class ReferenceEngine:
             self._inbox.append(st)
             self._lock.notify_all()
         finished = False
+        left = len(seqs)  # the stream ends when every choice has finished
         try:
             while True:
                 item = await st.queue.get()
@@ -320,7 +373,8 @@ class ReferenceEngine:
                     finished = True
                     raise item
                 if item.finish_reason is not None:
-                    finished = True
+                    left -= 1
+                    finished = left == 0
                 yield item
                 if finished:
                     return
@@ -377,7 +431,8 @@ class ReferenceEngine:
         step under the lock that generate() enqueues under."""
         with self._lock:
             self._state, self._detail = state, detail
-            pending = list(self._waiting) + list(self._running.values()) + list(self._inbox)
+            running = list({id(st): st for st, _ in self._running.values()}.values())
+            pending = list(self._waiting) + running + list(self._inbox)
             self._waiting.clear(), self._running.clear(), self._inbox.clear()
             self._by_id.clear(), self._cancels.clear()
             self._reserved = 0
@@ -386,14 +441,19 @@ class ReferenceEngine:
                 st.done = True
                 st.put(error)
 
-    def _finish(self, st: _Request, free: list[int]) -> None:
-        """Release a sequence's slot and budget now; its KV goes with the next command."""
-        st.done = True
-        if st.seq_id in self._running:
-            del self._running[st.seq_id]
-            free.append(st.seq_id)
-        self._reserved -= st.need
-        self._by_id.pop(st.request.request_id, None)
+    def _finish(self, st: _Request, seq: _Seq, free: list[int]) -> None:
+        """Release a choice's slot and budget now; its KV goes with the next command. The request
+        is done when its last choice is."""
+        if seq.done:
+            return
+        seq.done = True
+        if seq.seq_id in self._running:
+            del self._running[seq.seq_id]
+            free.append(seq.seq_id)
+        self._reserved -= st.per_seq
+        if all(s.done for s in st.seqs):
+            st.done = True
+            self._by_id.pop(st.request.request_id, None)
 
     def _loop(self, executor: ShardExecutor) -> None:
         free: list[int] = []
@@ -410,17 +470,18 @@ class ReferenceEngine:
                     st = self._by_id.get(rid)
                     if st is None or st.done:
                         continue
-                    if st.seq_id < 0:  # still queued: nothing reserved yet
+                    if not st.admitted:  # still queued: nothing reserved yet
                         self._waiting.remove(st)
                         st.done = True
                         self._by_id.pop(rid, None)
                     else:
-                        self._finish(st, free)
+                        for seq in st.seqs:
+                            self._finish(st, seq, free)
                     st.put(_END)
                 self._cancels.clear()
                 admitted: list[_Request] = []
-                prefill_tokens = 0
-                while self._waiting and len(self._running) + len(admitted) < self.max_running:
+                prefill_tokens = slots = 0
+                while self._waiting and len(self._running) + slots + len(self._waiting[0].seqs) <= self.max_running:
                     st = self._waiting[0]
                     if self._reserved + st.need > self.kv_budget_tokens:
                         break  # FIFO: the head waits for budget rather than being overtaken
@@ -428,52 +489,76 @@ class ReferenceEngine:
                     if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
                         break  # the rest joins at the next iteration
                     prefill_tokens += prompt
+                    slots += len(st.seqs)
                     self._waiting.popleft()
-                    st.seq_id = next(self._seq_ids)
+                    for seq in st.seqs:
+                        seq.seq_id = next(self._seq_ids)
                     self._reserved += st.need
                     admitted.append(st)
                 decoding = list(self._running.values())
                 for st in admitted:
-                    self._running[st.seq_id] = st
+                    for seq in st.seqs:
+                        self._running[seq.seq_id] = (st, seq)
             if not (admitted or decoding or free):
                 if time.monotonic() - last_traffic >= self.heartbeat_s:
                     executor.leader_signal(OP_HEARTBEAT)
                     last_traffic = time.monotonic()
                 continue
+            # A request's first choice is prefilled; the others start as copies of its KV cache,
+            # so n choices cost one prefill.
             cmd = StepCommand(
                 free=free,
-                prefill=[(st.seq_id, len(st.request.prompt_token_ids), st.need) for st in admitted],
+                prefill=[(st.seqs[0].seq_id, len(st.request.prompt_token_ids), st.per_seq) for st in admitted],
                 prefill_tokens=[st.request.prompt_token_ids for st in admitted],
-                decode=[st.seq_id for st in decoding],
-                decode_tokens=[st.last_token for st in decoding],
+                decode=[seq.seq_id for _, seq in decoding],
+                decode_tokens=[seq.last_token for _, seq in decoding],
+                fork=[(st.seqs[0].seq_id, seq.seq_id) for st in admitted for seq in st.seqs[1:]],
             )
             free = []
             result = executor.leader_step(cmd)
             last_traffic = time.monotonic()
             with self._lock:
                 for i, st in enumerate(admitted):
-                    self._advance(st, result.prefill_logits[i], free)
-                for i, st in enumerate(decoding):
-                    self._advance(st, result.decode_logits[i], free)
+                    for seq in st.seqs:  # every choice samples its first token from the shared prefill
+                        self._advance(st, seq, result.prefill_logits[i], free)
+                for i, (st, seq) in enumerate(decoding):
+                    self._advance(st, seq, result.decode_logits[i], free)
 
-    def _advance(self, st: _Request, logits: torch.Tensor, free: list[int]) -> None:
-        if st.done:  # cancelled while its step ran
+    def _advance(self, st: _Request, seq: _Seq, logits: torch.Tensor, free: list[int]) -> None:
+        if seq.done:  # cancelled while its step ran
             return
         p = st.request.sampling
-        token = sample(logits, p, st.generator)
-        st.generated += 1
-        st.last_token = token
-        eos = self.tokenizer.eos_token_id
-        if token == eos and not p.ignore_eos:
-            self._finish(st, free)
-            st.put(TokenEvent(token_id=token, text=st.tracker.flush(), finish_reason="stop"))
+        allowed = seq.matcher.allowed() if seq.matcher is not None else None
+        if allowed is not None and not bool(allowed.any()):
+            # The grammar admits nothing more (it should have ended with EOS): end the choice cleanly.
+            self._finish(st, seq, free)
+            st.put(TokenEvent(token_id=-1, text=seq.tracker.flush(), finish_reason="stop", index=seq.index))
             return
-        text, stopped = st.tracker.add(token)
-        if stopped:
-            self._finish(st, free)
-            st.put(TokenEvent(token_id=token, text=text, finish_reason="stop"))
-        elif st.generated >= p.max_tokens:
-            self._finish(st, free)
-            st.put(TokenEvent(token_id=token, text=text + st.tracker.flush(), finish_reason="length"))
+        token, logprob = choose(logits, p, seq.generator, allowed=allowed, counts=seq.counts)
+        seq.generated += 1
+        seq.last_token = token
+        if seq.counts is not None:
+            seq.counts[token] += 1
+        eos = self.tokenizer.eos_token_id
+        i = seq.index
+        if token == eos and (not p.ignore_eos or seq.matcher is not None):
+            self._finish(st, seq, free)
+            st.put(TokenEvent(token_id=token, text=seq.tracker.flush(), finish_reason="stop", index=i, logprob=logprob))
+            return
+        if seq.matcher is not None:
+            seq.matcher.consume(token)
+        text, stopped = seq.tracker.add(token)
+        if stopped or (seq.matcher is not None and seq.matcher.done):
+            self._finish(st, seq, free)
+            if not stopped:
+                text += seq.tracker.flush()
+            st.put(TokenEvent(token_id=token, text=text, finish_reason="stop", index=i, logprob=logprob))
+        elif seq.generated >= p.max_tokens:
+            self._finish(st, seq, free)
+            st.put(
+                TokenEvent(
+                    token_id=token, text=text + seq.tracker.flush(), finish_reason="length", index=i, logprob=logprob
+                )
+            )
         else:
-            st.put(TokenEvent(token_id=token, text=text))
+            st.put(TokenEvent(token_id=token, text=text, index=i, logprob=logprob))

@@ -1,5 +1,6 @@
-"""Token choice on rank 0 (greedy or seeded temperature/top-p) and incremental detokenization that
-cuts stop strings and holds back text that might still become one."""
+"""Token choice on rank 0 (greedy or seeded temperature/top-p, OpenAI's penalties, a grammar's token
+mask, logprobs) and incremental detokenization that cuts stop strings and holds back text that
+might still become one."""
 
 from __future__ import annotations
 
@@ -7,14 +8,55 @@ import os
 
 import torch
 
-from runtime.engines.base import SamplingParams
+from runtime.engines.base import SamplingParams, TokenLogprob
 
 
-def make_generator(params: SamplingParams) -> torch.Generator | None:
+def make_generator(params: SamplingParams, index: int = 0) -> torch.Generator | None:
+    """Choice `index` of a seeded request samples with seed + index, as vLLM seeds its n child
+    requests (vllm==0.16.0: vllm/v1/engine/parallel_sampling.py:80)."""
     if params.temperature == 0.0:
         return None
-    seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+    if params.seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    else:
+        seed = (params.seed + index) % 2**64  # manual_seed takes 0..2**64-1; OpenAI seeds may be negative
     return torch.Generator().manual_seed(seed)
+
+
+def choose(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    *,
+    allowed: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
+) -> tuple[int, TokenLogprob | None]:
+    """One token for one sequence, in vLLM's order: the grammar mask first (it shapes the logprobs),
+    then the logprobs of those logits ("raw_logprobs", vLLM's default), then penalties, temperature
+    and top-p (vllm==0.16.0: vllm/v1/worker/gpu_model_runner.py:3661 applies the grammar bitmask
+    before the sampler; vllm/v1/sample/sampler.py:81-82 takes raw logprobs, :299 penalties, :176
+    temperature; vllm/config/model.py:206 logprobs_mode default).
+
+    logits: [vocab]; allowed: bool [vocab] from the grammar; counts: [vocab] times each token was
+    generated so far (penalties only)."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logprob = None
+    if params.logprobs is not None:
+        lp = torch.log_softmax(logits.float(), dim=-1)
+    if counts is not None and (params.presence_penalty or params.frequency_penalty):
+        # OpenAI: mu[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty
+        # (https://platform.openai.com/docs/guides/text-generation, "Frequency and presence penalties")
+        logits = logits - counts * params.frequency_penalty - (counts > 0).to(logits.dtype) * params.presence_penalty
+    token = sample(logits, params, generator)
+    if params.logprobs is not None:
+        k = min(params.logprobs, lp.shape[0])
+        top = torch.topk(lp, k) if k else None
+        logprob = TokenLogprob(
+            logprob=float(lp[token]),
+            top=tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else (),
+        )
+    return token, logprob
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -28,7 +28,17 @@ class ByteTokenizer:
         data = bytes(t for t in token_ids if 0 <= t < 256)
         return data.decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+    supports_tools = False  # its chat template has no tool format
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text (logprobs): a special token by its name."""
+        if 0 <= token_id < 256:
+            return bytes([token_id]).decode("utf-8", errors="replace")
+        return BYTE_SPECIALS[token_id - 256] if token_id - 256 < len(BYTE_SPECIALS) else ""
+
+    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+        if tools:
+            raise ValueError("this model's chat template has no tool format")
         ids = [self.bos_token_id]
         for message in messages:
             role = message.get("role")
@@ -68,10 +78,38 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+    @property
+    def hf_tokenizer(self):  # noqa: ANN201 - transformers' tokenizer, for the grammar library
+        return self._tok
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self._tok.chat_template
+        return template if isinstance(template, str) else None
+
+    @property
+    def supports_tools(self) -> bool:
+        """The chat template renders a `tools` list (a template without one would drop the tools)."""
+        template = self._tok.chat_template
+        if not isinstance(template, str):
+            return False
+        import jinja2  # noqa: PLC0415 - transformers renders chat templates with it
+        from jinja2 import meta  # noqa: PLC0415
+
+        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, as vLLM shows it in logprobs: tokenizer.decode([token_id])
+        (vllm==0.16.0: vllm/entrypoints/openai/engine/serving.py:1315-1332)."""
+        return self._tok.decode([token_id])
+
+    def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
         if not self._tok.chat_template:
             raise ValueError("this checkpoint's tokenizer has no chat template; use /v1/completions")
-        out = self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if tools and not self.supports_tools:
+            raise ValueError("this model's chat template has no tool format")
+        kwargs = {"tools": list(tools)} if tools else {}
+        out = self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, **kwargs)
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         return list(out)

@@ -25,9 +25,12 @@ from runtime.engines.base import (
     GenerationRequest,
     RequestRejected,
     SamplingParams,
+    StructuredOutput,
+    TokenEvent,
 )
 from runtime.logs import jlog, setup_logging
 from runtime.membership import Member, Membership
+from runtime.node.tool_calls import template_format
 
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
 LOAD_EVERY_S = 0.1
@@ -55,6 +58,7 @@ def _neuron_settings(cfg: dict[str, Any]) -> Any:
         served_model_name=cfg["model_name"],
         compiled_artifacts_dir=n["compiled_dir"],
         engine_port=n["engine_port"],
+        sampling=n.get("sampling", "device"),
     )
     return NeuronEngineSettings(
         model_uri=n["model_uri"],
@@ -138,8 +142,26 @@ async def _stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
+def token_fields(tokenizer: Any, ev: TokenEvent) -> dict[str, Any]:
+    """A token event as the API layer gets it; logprobs with each token already turned into text
+    (the API process has no tokenizer)."""
+    fields: dict[str, Any] = {"token_id": ev.token_id, "text": ev.text, "finish_reason": ev.finish_reason}
+    if ev.index:
+        fields["index"] = ev.index
+    if ev.logprob is not None:
+        text = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
+        fields["logprobs"] = {
+            "token": text(ev.token_id),
+            "logprob": ev.logprob.logprob,
+            "top": [[text(t), lp] for t, lp in ev.logprob.top],
+        }
+    return fields
+
+
 def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
     if "messages" in cmd:
+        if cmd.get("tools"):
+            return list(engine.tokenizer.apply_chat_template(cmd["messages"], tools=cmd["tools"]))
         return list(engine.tokenizer.apply_chat_template(cmd["messages"]))
     if "prompt_ids" in cmd:
         return list(cmd["prompt_ids"])
@@ -170,6 +192,23 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
         rid = cmd["id"]
         generated, finish = 0, None
         try:
+            if cmd.get("tools") and not getattr(engine.tokenizer, "supports_tools", False):
+                raise RequestRejected(
+                    f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
+                    "format; leave 'tools' out, or serve a model whose chat template renders tools",
+                    param="tools",
+                )
+            tool_parser = None
+            if cmd.get("tool_choice") == "auto":
+                tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
+                if tool_parser is None:
+                    raise RequestRejected(
+                        "tool_choice 'auto' (the default when 'tools' are given) needs to read tool calls in the "
+                        f"model's own format; the chat template of '{engine.model_name}' teaches none this unit "
+                        "parses (<tool_call> JSON as Hermes/Qwen, or Llama 3.1's JSON calls): set 'tool_choice' "
+                        'to "required", "none" or {"type": "function", "function": {"name": ...}}',
+                        param="tool_choice",
+                    )
             try:
                 ids = _prompt_ids(engine, cmd)
             except (ValueError, KeyError, TypeError) as e:
@@ -203,17 +242,29 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 seed=cmd.get("seed"),
                 stop=tuple(cmd.get("stop", ())),
                 ignore_eos=bool(cmd.get("ignore_eos", False)),
+                n=int(cmd.get("n") or 1),
+                logprobs=cmd.get("logprobs"),
+                presence_penalty=float(cmd.get("presence_penalty") or 0.0),
+                frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
+                structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
             )
+            request = GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
+            check = getattr(engine, "check", None)
+            if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
+                await check(request)
             out.send(op="accepted", id=rid, prompt_tokens=len(ids))
-            async for ev in engine.generate(
-                GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
-            ):
+            finished: dict[int, str] = {}  # choice index -> the engine's finish reason
+            async for ev in engine.generate(request):
                 generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
-                finish = ev.finish_reason or finish
-                out.send(op="token", id=rid, token_id=ev.token_id, text=ev.text, finish_reason=ev.finish_reason)
-            if finish is None:
-                # The engine's stream ended without saying why: the answer may be cut short, and a
-                # client must never take a short answer for a whole one.
+                if ev.finish_reason:
+                    finished[ev.index] = ev.finish_reason
+                fields = token_fields(engine.tokenizer, ev)
+                if tool_parser:  # the API reads the calls in this format
+                    fields["tool_parser"] = tool_parser
+                out.send(op="token", id=rid, **fields)
+            if len(finished) < sp.n:
+                # The engine's stream ended without saying why for some choice: the answer may be cut
+                # short, and a client must never take a short answer for a whole one.
                 end(
                     rid,
                     cmd,
@@ -224,7 +275,8 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                     message="the engine ended the request without a finish reason; retry",
                 )
             else:
-                end(rid, cmd, finish, generated, op="done", finish_reason=finish)
+                finish = ",".join(finished[i] for i in sorted(finished))
+                end(rid, cmd, finish, generated, op="done")
         except asyncio.CancelledError:
             engine.cancel(rid)
             if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
@@ -234,7 +286,16 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                     rid, cmd, "cancelled", generated, op="error", kind="cancelled", message="cancelled: the client left"
                 )
         except RequestRejected as e:
-            end(rid, cmd, "rejected", generated, op="error", kind="rejected", message=str(e))
+            end(
+                rid,
+                cmd,
+                "rejected",
+                generated,
+                op="error",
+                kind="rejected",
+                message=str(e),
+                **({"param": e.param} if e.param else {}),
+            )
         except EngineBroken as e:
             end(rid, cmd, "broken", generated, op="error", kind="broken", message=str(e))
         except EngineUnavailable as e:

@@ -8,7 +8,9 @@ line that says how to fix it). Nothing here touches the engine.
 from __future__ import annotations
 
 import json
+import uuid
 import zlib
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -28,10 +30,16 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runtime.node import tool_calls
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
 MAX_STOP = 4
 MAX_STOP_LEN = 256
+MAX_N = 128  # OpenAI's bound on n (https://platform.openai.com/docs/api-reference/chat/create#chat-create-n)
+# vLLM's default max_logprobs (vllm==0.16.0: vllm/config/model.py:201): top_logprobs and the
+# completions `logprobs` count may not exceed it.
+MAX_LOGPROBS = 20
 
 _INVALID = "invalid_request"  # the error type every rule below raises
 _NOT_FOUND = "model_not_found"
@@ -252,11 +260,10 @@ Penalty = Annotated[
     Field(ge=-2.0, le=2.0),
     explain("'{field}' must be a number between -2.0 and 2.0"),
     null_is(0.0),
-    unsupported("'{field}' is not supported by this engine: leave it out or set it to 0", allowed=(0.0,)),
 ]
-_NO_LOGPROBS = "logprobs are not supported: leave 'logprobs' and 'top_logprobs' out"
 PlainTextOnly = Annotated[
-    Any, unsupported("'{field}' is not supported: this unit generates plain text", allowed=(None, [], "none"))
+    Any,
+    unsupported("'{field}' is not supported: use 'tools' and 'tool_choice'", allowed=(None, [], "none")),
 ]
 
 
@@ -272,6 +279,70 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: Annotated[bool, Strict()] = False
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: Annotated[str, Strict()] = "response"
+    description: Annotated[str | None, Strict()] = None
+    # "schema" clashes with a BaseModel attribute, hence the alias (vLLM does the same:
+    # vllm==0.16.0: vllm/entrypoints/openai/engine/protocol.py:115-122).
+    json_schema: Annotated[dict[str, Any], Strict()] = Field(alias="schema")
+    strict: Annotated[bool | None, Strict()] = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's response_format; vLLM's ResponseFormat takes the same three types
+    (vllm==0.16.0: vllm/entrypoints/openai/engine/protocol.py:149-152)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema missing")
+        return self
+
+    def structured(self) -> dict[str, Any] | None:
+        """What the engine constrains the output to (None: plain text)."""
+        if self.type == "json_object":
+            return {"kind": "json_object"}
+        if self.type == "json_schema" and self.json_schema is not None:
+            return {"kind": "json_schema", "schema": json.dumps(self.json_schema.json_schema)}
+        return None
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64)]
+    description: Annotated[str | None, Strict()] = None
+    parameters: Annotated[dict[str, Any] | None, Strict()] = None
+
+
+class Tool(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: Annotated[str, Strict()]
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class FunctionCallIn(OpenAIBaseModel):
+    name: Annotated[str, Strict()]
+    arguments: Annotated[str, Strict()]
+
+
+class ToolCallIn(OpenAIBaseModel):
+    """A tool call the assistant made earlier in the conversation."""
+
+    id: Annotated[str, Strict()] = ""
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class TextPart(OpenAIBaseModel):
     type: Literal["text"]
     text: Annotated[str, Strict()]
@@ -285,17 +356,54 @@ class ChatMessage(OpenAIBaseModel):
         ],
         BeforeValidator(_content_as_parts),
     ] = Field(None, validate_default=True)
+    tool_calls: Annotated[
+        tuple[ToolCallIn, ...] | None,
+        explain(
+            "'tool_calls' must be a list of "
+            '{"id": ..., "type": "function", "function": {"name": ..., "arguments": "..."}}'
+        ),
+    ] = None
+    tool_call_id: Annotated[str | None, Strict(), explain("'tool_call_id' must be a string")] = None
+    name: Annotated[str | None, Strict(), explain("'name' must be a string")] = None
 
     @model_validator(mode="before")
     @classmethod
     def _an_object(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             raise _reject("each message must be an object with 'role' and 'content'")
+        if data.get("content") is None and data.get("role") == "assistant" and data.get("tool_calls"):
+            return {**data, "content": ""}  # an assistant turn that only called tools
         return data
 
     @property
     def text(self) -> str:
         return "".join(part.text for part in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template reads it."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            # Templates index the arguments as a mapping; vLLM parses the JSON string for them too.
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _as_json(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _as_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 # Fields are declared in the order they are checked: a request with several bad fields gets the error
@@ -313,14 +421,17 @@ class _Request(OpenAIBaseModel):
         explain("'stream_options' must be an object like {\"include_usage\": true}"),
         AfterValidator(_stream_options_need_stream),
     ] = None
-    n: Annotated[
-        Int | None, Field(ge=1, le=1), explain("only 'n': 1 is supported: send one request per completion")
-    ] = None
+    n: Annotated[Int | None, Field(ge=1, le=MAX_N), explain(f"'n' must be an integer between 1 and {MAX_N}")] = None
     seed: Annotated[Int | None, Field(ge=-(2**63), lt=2**64), explain("'seed' must be a 64-bit integer")] = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logprobs: Annotated[Any, unsupported(_NO_LOGPROBS, allowed=(None, False), param="logprobs")] = None
-    top_logprobs: Annotated[Any, unsupported(_NO_LOGPROBS, param="logprobs")] = None
+    response_format: Annotated[
+        ResponseFormat | None,
+        explain(
+            '\'response_format\' must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}}'
+        ),
+    ] = None
     logit_bias: Annotated[Any, unsupported("'logit_bias' is not supported: leave it out", allowed=(None, {}))] = None
     user: Annotated[str | None, Strict(), explain("'user' must be a string")] = None
     # extension (as in vLLM): generate max_tokens regardless of EOS
@@ -380,7 +491,7 @@ class _Sampling(_Request):
     ] = ()
 
     def _sampling(self, max_tokens: int | None, default_max_tokens: int) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "max_tokens": max_tokens,
             "default_max_tokens": default_max_tokens,
             "temperature": self.temperature,
@@ -389,54 +500,283 @@ class _Sampling(_Request):
             "stop": [s for s in self.stop if s],
             "ignore_eos": self.ignore_eos,
         }
+        # New fields only when set: an engine that does not know them never sees them.
+        if self.choices != 1:
+            out["n"] = self.choices
+        if self.presence_penalty:
+            out["presence_penalty"] = self.presence_penalty
+        if self.frequency_penalty:
+            out["frequency_penalty"] = self.frequency_penalty
+        if self.logprobs_count is not None:
+            out["logprobs"] = self.logprobs_count
+        structured = self.response_format.structured() if self.response_format is not None else None
+        if structured is not None:
+            out["structured"] = structured
+        return out
+
+    @property
+    def choices(self) -> int:
+        return self.n if self.n is not None else 1
+
+    @property
+    def logprobs_count(self) -> int | None:
+        """How many alternatives per token the engine reports (None: no logprobs)."""
+        raise NotImplementedError
+
+    def collector(self) -> Collected:
+        return Collected([_Choice(i) for i in range(self.choices)])
+
+    def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> Any:
+        raise NotImplementedError
+
+
+def _tools_list(value: Any) -> Any:
+    if value is not None and not isinstance(value, list):
+        raise _reject(
+            '\'tools\' must be a list of {"type": "function", "function": {"name": ..., "parameters": {...}}}'
+        )
+    return value
 
 
 class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
-    tools: PlainTextOnly = None
-    functions: PlainTextOnly = None
-    tool_choice: PlainTextOnly = None
-    function_call: PlainTextOnly = None
-    response_format: Annotated[
-        Any, unsupported('only {"type": "text"} is supported as \'response_format\'', allowed=(None, {"type": "text"}))
+    logprobs: Annotated[bool | None, Strict(), explain("'logprobs' must be true or false")] = None
+    top_logprobs: Annotated[
+        Int | None,
+        Field(ge=0, le=MAX_LOGPROBS),
+        explain(f"'top_logprobs' must be an integer between 0 and {MAX_LOGPROBS}"),
     ] = None
+    tools: Annotated[
+        tuple[
+            Annotated[
+                Tool,
+                explain('each tool must be {"type": "function", "function": {"name": ..., "parameters": {...}}}'),
+            ],
+            ...,
+        ]
+        | None,
+        BeforeValidator(_tools_list),
+    ] = None
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | NamedToolChoice | None,
+        explain(
+            '\'tool_choice\' must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        ),
+    ] = None
+    parallel_tool_calls: Annotated[bool | None, Strict(), explain("'parallel_tool_calls' must be true or false")] = None
+    functions: PlainTextOnly = None
+    function_call: PlainTextOnly = None
     messages: Annotated[
         tuple[ChatMessage, ...],
         _non_empty_list('\'messages\' must be a non-empty list of {"role": ..., "content": ...} objects'),
     ] = Field(None, validate_default=True)
 
+    @model_validator(mode="after")
+    def _fields_agree(self) -> ChatCompletionRequest:
+        # The rules of vLLM's ChatCompletionRequest (vllm==0.16.0:
+        # vllm/entrypoints/openai/chat_completion/protocol.py:534-562 check_logprobs, :598-680 check_tool_usage).
+        if self.top_logprobs and not self.logprobs:
+            raise _reject("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
+            raise _reject("'tool_choice' needs 'tools': give the functions the model may call", param="tool_choice")
+        mode = self.tool_mode
+        if isinstance(mode, NamedToolChoice) and mode.function.name not in {t.function.name for t in self.tools or ()}:
+            raise _reject(
+                f"tool_choice names function '{mode.function.name[:64]}', which is not in 'tools'", param="tool_choice"
+            )
+        if mode not in (None, "none") and self.response_format is not None and self.response_format.type != "text":
+            raise _reject(
+                "'response_format' cannot be combined with tool calls (tool_choice auto, required or a named "
+                "function): use one of them, or tool_choice 'none'",
+                param="response_format",
+            )
+        return self
+
+    @property
+    def tool_mode(self) -> str | NamedToolChoice | None:
+        """None (no tools), "none", "auto", "required" or the named function, resolved as vLLM does:
+        tools without tool_choice mean "auto"; "required" with an empty list means "none"."""
+        if not self.tools:
+            return None if self.tool_choice in (None, "none", "required") else self.tool_choice
+        if self.tool_choice is None:
+            return "auto"
+        return self.tool_choice
+
+    @property
+    def forced_tools(self) -> bool:
+        return self.tool_mode == "required" or isinstance(self.tool_mode, NamedToolChoice)
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def _tool_structure(self) -> dict[str, Any] | None:
+        """A forced tool call is generated as JSON: the named function's arguments, or for "required" a
+        list of {"name", "parameters"} (the shape vLLM parses back: vllm==0.16.0:
+        vllm/entrypoints/openai/engine/serving.py:1262-1274)."""
+        mode = self.tool_mode
+        tools = self.tools or ()
+        if isinstance(mode, NamedToolChoice):
+            fn = next(t.function for t in tools if t.function.name == mode.function.name)
+            return {"kind": "json_schema", "schema": json.dumps(fn.parameters or {"type": "object"})}
+        if mode == "required":
+            calls: dict[str, Any] = {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string", "enum": [t.function.name]},
+                                "parameters": t.function.parameters or {"type": "object"},
+                            },
+                            "required": ["name", "parameters"],
+                            "additionalProperties": False,
+                        }
+                        for t in tools
+                    ]
+                },
+            }
+            if self.parallel_tool_calls is False:
+                calls["maxItems"] = 1
+            return {"kind": "json_schema", "schema": json.dumps(calls)}
+        return None
+
     def engine_payload(self, *, default_max_tokens: int) -> dict[str, Any]:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return {
+        out = {
             **self._sampling(max_tokens, default_max_tokens),
-            "messages": [{"role": m.role, "content": m.text} for m in self.messages],
+            "messages": [m.for_template() for m in self.messages],
         }
+        if self.tools:
+            out["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        structure = self._tool_structure()
+        if structure is not None:
+            out["structured"] = structure
+        if self.tool_mode == "auto":
+            out["tool_choice"] = "auto"  # the engine checks the model's template teaches a format we parse
+        return out
 
-    def response(
-        self, *, rid: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
-    ) -> ChatCompletionResponse:
+    def _tool_calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The forced tool call(s) in a choice's generated text (None when the text is not one, e.g. cut
+        off by max_tokens)."""
+        mode = self.tool_mode
+        if isinstance(mode, NamedToolChoice):
+            return [_tool_call(mode.function.name, text)]
+        if mode == "required":
+            try:
+                calls = json.loads(text)
+                return [_tool_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
+            except (ValueError, TypeError, KeyError):
+                return None
+        return None
+
+    def _split(self, text: str, collected: Collected) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """A finished choice's text as (content, tool calls)."""
+        if self.forced_tools:
+            calls = self._tool_calls(text)
+            return (None if calls else text), calls
+        if self.tool_mode == "auto" and collected.tool_parser:
+            content, found = tool_calls.parse(collected.tool_parser, text)
+            return content, [_tool_call(c["name"], c["arguments"]) for c in found] or None
+        return text, None
+
+    def _finish(self, choice: _Choice, calls: list[dict[str, Any]] | None) -> str:
+        # OpenAI (and vLLM, chat_completion/serving.py:1680-1692): "tool_calls" when "auto" or "required"
+        # made calls, "stop" for a named function.
+        if calls and (self.tool_mode == "auto" or (self.tool_mode == "required" and choice.finish_reason == "stop")):
+            return "tool_calls"
+        return choice.finish_reason or "stop"
+
+    def response(self, *, rid: str, created: int, collected: Collected, prompt_tokens: int) -> ChatCompletionResponse:
+        choices = []
+        for c in collected.choices:
+            content, calls = self._split("".join(c.text), collected)
+            choices.append(
+                ChatCompletionChoice(
+                    index=c.index,
+                    message=AssistantMessage(content=content, tool_calls=calls),
+                    finish_reason=self._finish(c, calls),
+                    logprobs={"content": [_chat_logprob(e) for e in c.logprobs]} if self.logprobs else None,
+                )
+            )
         return ChatCompletionResponse(
             id=rid,
             created=created,
             model=self.model,
-            choices=[ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)],
-            usage=self._usage(prompt_tokens, completion_tokens),
+            choices=choices,
+            usage=self._usage(prompt_tokens, collected.completion_tokens),
         )
 
-    def chunk(
-        self, *, rid: str, created: int, text: str | None, finish_reason: str | None, first: bool = False
-    ) -> ChatCompletionChunk:
-        """One streamed piece; the first carries the assistant role."""
-        return ChatCompletionChunk(
-            id=rid,
-            created=created,
-            model=self.model,
-            choices=[
-                ChatCompletionChunkChoice(
-                    delta=DeltaMessage(role="assistant" if first else None, content=text), finish_reason=finish_reason
+    def opening(self, *, rid: str, created: int) -> list[ChatCompletionChunk]:
+        """The first chunk of each choice carries the assistant role."""
+        return [
+            ChatCompletionChunk(
+                id=rid,
+                created=created,
+                model=self.model,
+                choices=[
+                    ChatCompletionChunkChoice(
+                        index=i, delta=DeltaMessage(role="assistant", content=""), finish_reason=None
+                    )
+                ],
+                **self._null_usage(),
+            )
+            for i in range(self.choices)
+        ]
+
+    def chunks(self, *, rid: str, created: int, ev: dict[str, Any], collected: Collected) -> list[ChatCompletionChunk]:
+        """What one token event adds to the stream. A forced tool call is sent whole with its choice's
+        finish (its JSON arguments are only a call once complete)."""
+        choice = collected.add(ev)
+        finish = ev.get("finish_reason")
+        entry = [_chat_logprob(ev["logprobs"])] if self.logprobs and "logprobs" in ev else []
+        if self.forced_tools:
+            if not finish:
+                return []
+            text = "".join(choice.text)
+            calls = self._tool_calls(text)
+            delta = DeltaMessage(
+                content=None if calls else text,
+                tool_calls=[{"index": k, **call} for k, call in enumerate(calls)] if calls else None,
+            )
+            entry = [_chat_logprob(e) for e in choice.logprobs] if self.logprobs else []
+            finish = self._finish(choice, calls)
+        elif self.tool_mode == "auto" and collected.tool_parser:
+            # Content streams until the text may be turning into a call; a call goes out whole at the end.
+            text = "".join(choice.text)
+            if finish:
+                content, calls = self._split(text, collected)
+                end = len(content or "") if calls else len(text)
+                delta = DeltaMessage(
+                    content=text[choice.sent : end] if end > choice.sent else None,
+                    tool_calls=[{"index": k, **call} for k, call in enumerate(calls)] if calls else None,
                 )
-            ],
-            **self._null_usage(),
-        )
+                finish = self._finish(choice, calls)
+            else:
+                safe = tool_calls.streamable(collected.tool_parser, text)
+                if safe <= choice.sent and not entry:
+                    return []
+                delta = DeltaMessage(content=text[choice.sent : safe] if safe > choice.sent else None)
+                choice.sent = max(choice.sent, safe)
+        else:
+            delta = DeltaMessage(content=ev["text"])
+        return [
+            ChatCompletionChunk(
+                id=rid,
+                created=created,
+                model=self.model,
+                choices=[
+                    ChatCompletionChunkChoice(
+                        index=choice.index,
+                        delta=delta,
+                        finish_reason=finish,
+                        logprobs={"content": entry} if self.logprobs else None,
+                    )
+                ],
+                **self._null_usage(),
+            )
+        ]
 
     def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -444,16 +784,51 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         )
 
 
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    # vLLM's random tool-call id format (vllm==0.16.0: make_tool_call_id, id_type "random").
+    return {
+        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _lp(value: float) -> float:
+    # -inf is not JSON: vLLM clamps to -9999.0 (vllm==0.16.0: chat_completion/serving.py:1804).
+    return max(value, -9999.0)
+
+
+def _chat_logprob(e: dict[str, Any]) -> dict[str, Any]:
+    """One token in the chat shape: token, logprob, UTF-8 bytes, top alternatives
+    (https://platform.openai.com/docs/api-reference/chat/object#chat/object-choices; bytes as vLLM
+    makes them, chat_completion/serving.py:1805)."""
+    return {
+        "token": e["token"],
+        "logprob": _lp(e["logprob"]),
+        "bytes": list(e["token"].encode("utf-8", errors="replace")),
+        "top_logprobs": [
+            {"token": t, "logprob": _lp(lp), "bytes": list(t.encode("utf-8", errors="replace"))} for t, lp in e["top"]
+        ],
+    }
+
+
 class CompletionRequest(_Sampling):
     echo: Annotated[Any, unsupported("'echo' is not supported: leave it out", allowed=(None, False))] = None
     suffix: Annotated[Any, unsupported("'suffix' is not supported: leave it out", allowed=(None, ""))] = None
     best_of: Annotated[Int | None, Field(ge=1, le=1), explain("only 'best_of': 1 is supported")] = None
+    logprobs: Annotated[
+        Int | None, Field(ge=0, le=MAX_LOGPROBS), explain(f"'logprobs' must be an integer between 0 and {MAX_LOGPROBS}")
+    ] = None
     prompt: Annotated[
         Annotated[str, StringConstraints(strict=True, min_length=1)]
         | Annotated[tuple[Annotated[Int, Field(ge=0)], ...], Field(min_length=1)],
         explain("'prompt' must be a non-empty string or a non-empty list of non-negative token ids"),
         BeforeValidator(_one_prompt),
     ] = Field(None, validate_default=True)
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     def engine_payload(self, *, default_max_tokens: int) -> dict[str, Any]:
         p = self._sampling(self.max_tokens, default_max_tokens)
@@ -463,32 +838,112 @@ class CompletionRequest(_Sampling):
             p["prompt_ids"] = list(self.prompt)
         return p
 
-    def response(
-        self, *, rid: str, created: int, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
-    ) -> CompletionResponse:
+    def response(self, *, rid: str, created: int, collected: Collected, prompt_tokens: int) -> CompletionResponse:
         return CompletionResponse(
             id=rid,
             created=created,
             model=self.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
-            usage=self._usage(prompt_tokens, completion_tokens),
+            choices=[
+                CompletionChoice(
+                    index=c.index,
+                    text="".join(c.text),
+                    finish_reason=c.finish_reason or "stop",
+                    logprobs=_completion_logprobs(c.logprobs, 0) if self.logprobs is not None else None,
+                )
+                for c in collected.choices
+            ],
+            usage=self._usage(prompt_tokens, collected.completion_tokens),
         )
 
-    def chunk(
-        self, *, rid: str, created: int, text: str | None, finish_reason: str | None, first: bool = False
-    ) -> CompletionChunk:
-        return CompletionChunk(
-            id=rid,
-            created=created,
-            model=self.model,
-            choices=[CompletionChoice(text=text or "", finish_reason=finish_reason)],
-            **self._null_usage(),
-        )
+    def opening(self, *, rid: str, created: int) -> list[CompletionChunk]:
+        return []
+
+    def chunks(self, *, rid: str, created: int, ev: dict[str, Any], collected: Collected) -> list[CompletionChunk]:
+        choice = collected.add(ev)
+        logprobs = None
+        if self.logprobs is not None:
+            entries = [ev["logprobs"]] if "logprobs" in ev else []
+            logprobs = _completion_logprobs(entries, choice.offset)
+            choice.offset += sum(len(e["token"]) for e in entries)
+        return [
+            CompletionChunk(
+                id=rid,
+                created=created,
+                model=self.model,
+                choices=[
+                    CompletionChoice(
+                        index=choice.index,
+                        text=ev["text"] or "",
+                        finish_reason=ev.get("finish_reason"),
+                        logprobs=logprobs,
+                    )
+                ],
+                **self._null_usage(),
+            )
+        ]
 
     def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> CompletionChunk:
         return CompletionChunk(
             id=rid, created=created, model=self.model, choices=[], usage=self._usage(prompt_tokens, completion_tokens)
         )
+
+
+def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """Tokens in the legacy completions shape: parallel lists, and per token a {token: logprob} map of
+    the top alternatives plus the sampled token, so up to logprobs + 1 entries
+    (https://platform.openai.com/docs/api-reference/completions/object; vLLM the same:
+    vllm==0.16.0: vllm/entrypoints/openai/completion/serving.py:615-705)."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        out["tokens"].append(e["token"])
+        out["token_logprobs"].append(_lp(e["logprob"]))
+        top: dict[str, float] = {}
+        for t, lp in [*e["top"], (e["token"], e["logprob"])]:
+            top.setdefault(t, _lp(lp))  # tokens that render alike (partial UTF-8): the likelier one stays
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(e["token"])
+    return out
+
+
+@dataclass
+class _Choice:
+    index: int
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    offset: int = 0  # characters of this choice's tokens streamed so far (completions text_offset)
+    sent: int = 0  # characters of this choice's text streamed as content (tool_choice "auto")
+
+
+@dataclass
+class Collected:
+    """The choices of one request as their token events arrive (events carry their choice's index)."""
+
+    choices: list[_Choice]
+    tool_parser: str | None = None  # the model's tool-call format, named by the engine's first event
+
+    def add(self, ev: dict[str, Any]) -> _Choice:
+        self.tool_parser = ev.get("tool_parser", self.tool_parser)
+        c = self.choices[ev.get("index", 0)]
+        c.text.append(ev["text"])
+        c.tokens += ev.get("token_id", 0) >= 0  # -1: a finish-only event (neuron engine), not a token
+        if ev.get("finish_reason"):
+            c.finish_reason = ev["finish_reason"]
+        if "logprobs" in ev:
+            c.logprobs.append(ev["logprobs"])
+        return c
+
+    @property
+    def whole(self) -> bool:
+        """Every choice has the engine's finish reason: only then is the answer complete."""
+        return all(c.finish_reason for c in self.choices)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Every choice's tokens: with n > 1 usage counts them all, as OpenAI bills them."""
+        return sum(c.tokens for c in self.choices)
 
 
 ParsedRequest = ChatCompletionRequest | CompletionRequest
@@ -535,14 +990,22 @@ class UsageInfo(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _tool_calls_only_when_made(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if self.tool_calls is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -557,18 +1020,20 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer
     def _only_what_changed(self) -> dict[str, Any]:
-        # A delta carries only what it adds: the role once, then text.
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        # A delta carries only what it adds: the role once, then text (or the tool calls).
+        fields = (("role", self.role), ("content", self.content), ("tool_calls", self.tool_calls))
+        return {k: v for k, v in fields if v is not None}
 
 
 class ChatCompletionChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class _Chunk(BaseModel):
@@ -593,7 +1058,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class CompletionResponse(BaseModel):

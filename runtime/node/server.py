@@ -215,7 +215,7 @@ class LeaderApi:
             return ApiError(
                 status,
                 ev["message"],
-                param="messages" if rec["kind"] == "chat" else "prompt",
+                param=ev.get("param") or ("messages" if rec["kind"] == "chat" else "prompt"),
                 code="context_length_exceeded" if "context" in ev["message"] else None,
             )
         message = ev["message"] if status != 500 else f"the engine failed: {ev['message']}"
@@ -264,33 +264,26 @@ class LeaderApi:
         arrival: float,
         prompt_tokens: int,
     ) -> web.Response:
-        text, n, finish_reason, first_token = [], 0, None, None
+        n, first_token = 0, None
+        collected = req.collector()
         async for ev in events:
             if ev["op"] == "token":
                 if first_token is None:
                     first_token = time.time()
-                n += ev.get("token_id", 0) >= 0  # -1: a finish-only event (neuron engine), not a token
+                collected.add(ev)
+                n = collected.completion_tokens  # every choice's tokens
                 rec["completion_tokens"] = n
-                text.append(ev["text"])
-                finish_reason = ev.get("finish_reason") or finish_reason
             elif ev["op"] == "error":
                 self._timing(rec, arrival, first_token, n)
                 return self._engine_error(ev, headers, rec)
         self._timing(rec, arrival, first_token, n)
-        if finish_reason is None:  # only the engine says an answer is whole: never assume it
+        if not collected.whole:  # only the engine says an answer is whole: never assume it
             return self._engine_error(_INCOMPLETE, headers, rec)
         rec["status"] = 200
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(
-            rid=rid,
-            created=int(arrival),
-            text="".join(text),
-            finish_reason=finish_reason,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=n,
-        )
+        body = req.response(rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens)
         return web.json_response(body.model_dump(), headers=headers)
 
     async def _stream(
@@ -331,21 +324,21 @@ class LeaderApi:
             body = payload.model_dump() if isinstance(payload, BaseModel) else payload
             await write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
 
-        n, first_token, finish_reason = 0, None, None
+        n, first_token = 0, None
+        collected = req.collector()
         ev: dict = _INCOMPLETE
         try:
-            if kind == "chat":
-                await send(req.chunk(rid=rid, created=created, text="", finish_reason=None, first=True))
+            for chunk in req.opening(rid=rid, created=created):
+                await send(chunk)
             async for ev in events:
                 if ev["op"] == "token":
                     if first_token is None:
                         first_token = time.time()
-                    n += ev.get("token_id", 0) >= 0  # -1: a finish-only event, not a token
+                    chunks = req.chunks(rid=rid, created=created, ev=ev, collected=collected)
+                    n = collected.completion_tokens  # every choice's tokens, counted before the write may fail
                     rec["completion_tokens"] = n
-                    finish_reason = ev.get("finish_reason") or finish_reason
-                    await send(
-                        req.chunk(rid=rid, created=created, text=ev["text"], finish_reason=ev.get("finish_reason"))
-                    )
+                    for chunk in chunks:
+                        await send(chunk)
                 elif ev["op"] == "error":
                     break
         except ConnectionError:  # the client went away mid-stream
@@ -354,7 +347,7 @@ class LeaderApi:
             return resp
         self._timing(rec, arrival, first_token, n)
         rec["status"] = 200  # the status line went out with the first event
-        if ev["op"] == "error" or finish_reason is None:
+        if ev["op"] == "error" or not collected.whole:
             err = self._ending(ev if ev["op"] == "error" else _INCOMPLETE, rec)
             # An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
             try:

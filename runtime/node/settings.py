@@ -179,6 +179,14 @@ class NeuronSettings(_Settings):
         ge=1,
         le=65535,
     )
+    sampling: str = setting(
+        "device",
+        "--neuron-sampling",
+        contract.ENV_NEURON_SAMPLING,
+        "where tokens are sampled: `device` (NxD Inference on-device sampling: temperature, top_p only) or "
+        "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, seed, penalties)",
+        choices=contract.NEURON_SAMPLING_MODES,
+    )
     launcher: str | None = setting(
         None,
         "--neuron-launcher",

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from runtime.engines.base import EngineBroken, GenerationRequest, SamplingParams  # noqa: E402
+from runtime.engines.base import EngineBroken, GenerationRequest, SamplingParams, StructuredOutput  # noqa: E402
 from runtime.engines.executor import OP_SHUTDOWN, ShardExecutor, StepCommand  # noqa: E402
 from runtime.engines.layout import make_plan  # noqa: E402
 from runtime.engines.llama import UnsplitLlama  # noqa: E402
@@ -162,6 +162,25 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                 *[_generate(engine, f"t{i}", p, max_tokens=k) for i, p in enumerate(prompts)]
             )
             alone = [await _generate(engine, f"a{i}", p, max_tokens=k) for i, p in enumerate(prompts)]
+            shaped = {}
+            if spec.get("structured"):
+                # n greedy choices from one shared prefill, under a JSON-schema mask, with logprobs.
+                req = GenerationRequest(
+                    request_id="s",
+                    prompt_token_ids=tuple(prompts[0]),
+                    sampling=SamplingParams(
+                        max_tokens=spec["structured"]["max_tokens"],
+                        n=2,
+                        logprobs=2,
+                        structured=StructuredOutput("json_schema", json.dumps(spec["structured"]["schema"])),
+                    ),
+                )
+                async for ev in engine.generate(req):
+                    c = shaped.setdefault(ev.index, {"tokens": [], "text": "", "top": [], "finish": None})
+                    c["tokens"].append(ev.token_id)
+                    c["text"] += ev.text
+                    c["top"].append([t for t, _ in ev.logprob.top])
+                    c["finish"] = ev.finish_reason or c["finish"]
             load = engine.load()
             say(phase="generated")
             await engine.shutdown()
@@ -170,6 +189,7 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                 "combo": (prefill, decode),
                 "together": together,
                 "alone": alone,
+                "structured": shaped,
                 "load_after": (load.running, load.queue_depth, load.kv_cache_used),
                 "state": engine.health().state.value,
             }

@@ -308,7 +308,7 @@ def test_cancel_ends_a_running_request_within_one_step_and_its_slot_goes_to_the_
             await asyncio.sleep(0.01)
         waiting = engine.load()
         with engine._lock:  # how many tokens the scheduler had made when the cancel arrived
-            produced_at_cancel = engine._by_id["long"].generated
+            produced_at_cancel = engine._by_id["long"].seqs[0].generated  # its only choice
             engine.cancel("long")
         received = await task
         nxt = await queued

@@ -23,14 +23,23 @@ VLLM_FORK_0_7_2 = str(STANDINS / "vllm_fork_0_7_2")  # multi-node image: the V0 
 WEIGHTS = "model.safetensors"
 
 
-def make_checkpoint(root: Path, config: dict, *, weights_bytes: int = 200_000) -> Path:
+def make_checkpoint(
+    root: Path, config: dict, *, weights_bytes: int = 200_000, chat_template: str | None = None
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(config))
     tok = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tok.pre_tokenizer = Whitespace()
     tok.save(str(root / "tokenizer.json"))
     (root / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"})
+        json.dumps(
+            {
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                **({"chat_template": chat_template} if chat_template else {}),
+            }
+        )
     )
     (root / WEIGHTS).write_bytes(os.urandom(weights_bytes))
     return root

@@ -54,13 +54,16 @@ def one_node() -> Membership:
     )
 
 
-def engine_for(tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, **kw) -> NeuronEngine:
+def engine_for(
+    tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, sampling="device", **kw
+) -> NeuronEngine:
     options = NeuronOptions(
         seq_len=256,
         batch_size=4,
         served_model_name="llama",
         compiled_artifacts_dir=str(tmp_path / "compiled"),
         engine_port=free_port(),
+        sampling=sampling,
     )
     settings = NeuronEngineSettings(
         model_uri=MODEL_URI,
@@ -105,7 +108,8 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
     monkeypatch.setenv("STANDIN_COMPILE_TO", "1")
 
     async def scenario():
-        engine = engine_for(tmp_path, s3)
+        # cpu sampling: the mode whose vLLM sampler honours the seed passed through below
+        engine = engine_for(tmp_path, s3, sampling="cpu")
         await engine.start()
         try:
             assert engine.health().state is EngineState.READY
@@ -143,7 +147,7 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
             await engine.shutdown()
         assert engine._proc.returncode is not None and engine.health().state is EngineState.STOPPED
         # The next start finds the cache: nothing is uploaded again.
-        again = engine_for(tmp_path, s3)
+        again = engine_for(tmp_path, s3, sampling="cpu")  # same NxD Inference config, same cache key
         await again.start()
         try:
             assert again.prepared.compile_cache_hit is True

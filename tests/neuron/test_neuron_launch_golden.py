@@ -188,8 +188,8 @@ def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(chec
     }
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 4])
-def test_every_variable_and_flag_a_plan_emits_names_its_source(checkpoint, nodes):
+@pytest.mark.parametrize("nodes, sampling", [(1, "device"), (1, "cpu"), (2, "device"), (2, "cpu"), (4, "device")])
+def test_every_variable_and_flag_a_plan_emits_names_its_source(checkpoint, nodes, sampling):
     model_dir = str(checkpoint("llama-3-8b"))
     doc = plan_unit(
         leader_host=LEADER,
@@ -197,6 +197,7 @@ def test_every_variable_and_flag_a_plan_emits_names_its_source(checkpoint, nodes
         instance_type="trn2.48xlarge" if nodes == 1 else "trn1.32xlarge",
         model=load_model_shape(model_dir),
         model_dir=model_dir,
+        options=NeuronOptions(sampling=sampling),
     ).to_dict()
     sources = doc["sources"]
     assert "command" in sources

@@ -309,6 +309,12 @@ class NeuronEngine:
                 log.warning(json.dumps({"event": "neuron_keepalive_failed", "error": str(e)}))
 
     # -- serve ------------------------------------------------------------------------------------
+    async def check(self, request: GenerationRequest) -> None:
+        """Raise RequestRejected now for a field the unit's vLLM would not honour."""
+        from runtime.engines.neuron.requests import check, serves  # noqa: PLC0415
+
+        check(request.sampling, serves(multi_node=self.membership.world_size > 1, sampling=self.s.options.sampling))
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self._state is not EngineState.READY:
             raise EngineBroken(f"the neuron engine is {self._state.value}: {self._detail}")
@@ -323,23 +329,14 @@ class NeuronEngine:
     async def _generate_openai(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         import aiohttp  # noqa: PLC0415
 
+        from runtime.engines.neuron.requests import check, chunk_events, completions_body, serves  # noqa: PLC0415
+
         sp = request.sampling
-        body: dict[str, Any] = {
-            "model": self.model_name,
-            "prompt": list(request.prompt_token_ids),
-            "stream": True,
-            "max_tokens": sp.max_tokens,
-            "temperature": sp.temperature,
-            "top_p": sp.top_p,
-            "ignore_eos": sp.ignore_eos,
-            "return_token_ids": True,
-        }
-        if sp.stop:
-            body["stop"] = list(sp.stop)
-        if sp.seed is not None:
-            body["seed"] = sp.seed
+        check(sp, serves(multi_node=self.membership.world_size > 1, sampling=self.s.options.sampling))
+        body = completions_body(request, self.model_name)
         rid = request.request_id
         finished = False
+        done: set[int] = set()  # choices that have finished: the request is done when all n have
         try:
             async with self._session.post(
                 self.url + "/v1/completions", json=body, headers={contract.REQUEST_ID_HEADER: rid}
@@ -360,8 +357,10 @@ class NeuronEngine:
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise EngineError(f"the vLLM server failed the request: {chunk['error']}")
-                    for ev in self._events(chunk):
-                        finished = finished or ev.finish_reason is not None
+                    for ev in chunk_events(chunk, self.tokenizer, sp.logprobs):
+                        if ev.finish_reason is not None:
+                            done.add(ev.index)
+                            finished = len(done) >= sp.n
                         yield ev
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
             if rid in self._cancelled:
@@ -464,28 +463,6 @@ class NeuronEngine:
             return
         # token_id -1: the finish reason only, not a token (the node's API does not count it).
         yield TokenEvent(token_id=-1, text="", finish_reason="length" if steps >= sp.max_tokens else "stop")
-
-    def _events(self, chunk: dict[str, Any]) -> list[TokenEvent]:
-        choice = (chunk.get("choices") or [{}])[0]
-        text = choice.get("text") or ""
-        finish = choice.get("finish_reason")
-        ids = choice.get("token_ids")
-        if ids is None:
-            # An older vLLM without return_token_ids: recover ids from the text (may merge tokens).
-            ids = self.tokenizer.encode(text) if text else []
-        if not ids:
-            # A final chunk may carry only the finish reason: token_id -1 marks it as no token
-            # (the node's API does not count it in usage).
-            return [TokenEvent(token_id=-1, text=text, finish_reason=finish)] if finish or text else []
-        # One event per token; the chunk's text rides on its last token.
-        return [
-            TokenEvent(
-                token_id=int(t),
-                text=text if i == len(ids) - 1 else "",
-                finish_reason=finish if i == len(ids) - 1 else None,
-            )
-            for i, t in enumerate(ids)
-        ]
 
     def cancel(self, request_id: str) -> None:
         resp = self._running.get(request_id)

@@ -57,4 +57,12 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 1:
+        # The collective's gloo threads are still alive; interpreter teardown destroys them joinable and
+        # the C++ runtime aborts ("terminate called without an active exception", SIGABRT), so the exit
+        # code would depend on a race. Leave without teardown: the node reads exit 1 as "the leader went away".
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.exit(code)

@@ -8,13 +8,22 @@ e.g. the fork's --device or --override-neuron-config, exit 2 like argparse); the
 288-291); /health, /metrics (vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc,
 v1/metrics/loggers.py:415,425,461) and a streamed /v1/completions whose prompt is token ids, with
 `token_ids` in each chunk only when the request asks `return_token_ids` (entrypoints/openai/
-protocol.py:1107; serving_completion.py:387,597). Each output token id is prompt[-1] + 1 + i, its
-text "[id]". Test knobs (environment):
+protocol.py:1107; serving_completion.py:387,597). Each output token id of choice c is
+prompt[-1] + 1 + i + 100 * c, its text "[id]".
+
+The request fields behave as vLLM's /v1/completions with the plugin (sources at each rule in
+entrypoints/openai/api_server.py): n choices (refused with temperature 0), logprobs up to 20 (tokens
+as "token_id:N" with return_tokens_as_token_ids), penalties in [-2, 2], response_format json_object /
+json_schema. With on-device sampling (the plan's default) logprobs come back null and response_format
+is ignored, as the plugin does; with `on_device_sampling_config: null` in --additional-config's
+override_neuron_config (cpu sampling) the output is a JSON document: a minimal instance of the
+schema. Test knobs (environment):
   STANDIN_LOG          append one JSON line per request body received
   STANDIN_DIE_AFTER    exit(1) after sending this many tokens of a stream (a crashed server)
   STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)
   STANDIN_SICK_AFTER   seconds after which /health answers 503 for good (a wedged server)
   STANDIN_TOKEN_DELAY  seconds between streamed tokens (default 0.02)
+  STANDIN_TEXT         answer every plain-text request with this text, 4 characters per token
   STANDIN_COMPILE_TO   write compiled.neff into NEURON_COMPILED_ARTIFACTS (what a compile leaves)
 """
 

@@ -29,6 +29,63 @@ def _parser():
     return p
 
 
+def _refusal(body):
+    """vLLM's 400s for the fields the leader forwards (messages as vLLM words them; lines checked at
+    vllm-project/vllm v0.16.0, the same rules as 0.13.0's sampling_params.py)."""
+    choices = body.get("n", 1)
+    if not isinstance(choices, int) or choices < 1:
+        return f"n must be at least 1, got {choices}."  # vllm/sampling_params.py:385-387
+    if choices > 1 and float(body.get("temperature", 1.0)) < 1e-5:
+        # Zero temperature is greedy, and greedy allows one choice (vllm/sampling_params.py:367-372, 479-481).
+        return f"n must be 1 when using greedy sampling, got {choices}."
+    k = body.get("logprobs")
+    if k is not None and k > 20:  # max_logprobs 20 (vllm/config/model.py:201; v1/engine/input_processor.py:108-120)
+        return f"Requested sample logprobs of {k}, which is greater than max allowed: 20"
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2.0 <= float(body.get(name, 0.0)) <= 2.0:  # vllm/sampling_params.py:388-395
+            return f"{name} must be in [-2, 2], got {body[name]}."
+    fmt = body.get("response_format")
+    if fmt is not None and (fmt.get("type") not in ("text", "json_object", "json_schema")):
+        return "response_format.type must be text, json_object or json_schema"
+    if fmt is not None and fmt.get("type") == "json_schema" and not (fmt.get("json_schema") or {}).get("schema"):
+        return "response_format.json_schema.schema is required"
+    return None
+
+
+def _instance(schema):
+    """A small value that satisfies a JSON schema (what a grammar-constrained model might produce)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return _instance(schema[key][0])
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        kind = kind[0]
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {name: _instance(props.get(name, {})) for name in schema.get("required", list(props))}
+    if kind == "array":
+        return [_instance(schema.get("items", {})) for _ in range(schema.get("minItems", 0))]
+    return {"string": "standin", "integer": 7, "number": 1.5, "boolean": True, "null": None}[kind]
+
+
+def _document(fmt):
+    if fmt["type"] == "json_object":
+        return json.dumps({"standin": True})
+    return json.dumps(_instance(fmt["json_schema"]["schema"]))
+
+
+def _logprobs(tid, k, offset, body):
+    """One token's completions-shaped logprobs: the sampled token is the most likely, then k - 1 others."""
+    name = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: f"[{t}]")
+    lp = -0.25
+    top = {name(tid + j * 7): lp - j for j in range(max(k, 1))}
+    return {"text_offset": [offset], "token_logprobs": [lp], "tokens": [name(tid)], "top_logprobs": [top]}
+
+
 def main():
     args = _parser().parse_args()  # an unknown flag exits 2, as vLLM's parser does
     if args.max_num_seqs is None or args.max_model_len is None:
@@ -43,6 +100,10 @@ def main():
             f"({args.num_gpu_blocks_override} != {args.max_num_seqs})"
         )
     served = (args.served_model_name or [args.model])[0]
+    overrides = args.additional_config.get("override_neuron_config", {})
+    # vllm-neuron samples on the host only when on_device_sampling_config is None (plugin 0.5.0:
+    # vllm_neuron/worker/neuronx_distributed_model_runner.py:557-592).
+    cpu_sampling = "on_device_sampling_config" in overrides and overrides["on_device_sampling_config"] is None
     started = time.monotonic()
     health_after = float(os.environ.get("STANDIN_HEALTH_AFTER", "0"))
     die_after = int(os.environ.get("STANDIN_DIE_AFTER", "-1"))
@@ -86,22 +147,54 @@ def main():
                 {"error": {"message": f"This model's maximum context length is {args.max_model_len} tokens"}},
                 status=400,
             )
+        refusal = _refusal(body)
+        if refusal:
+            return web.json_response(
+                {"error": {"message": refusal, "type": "BadRequestError", "code": 400}}, status=400
+            )
         with_ids = bool(body.get("return_token_ids"))
+        choices = int(body.get("n") or 1)
+        k = body.get("logprobs")
+        fmt = body.get("response_format") or {"type": "text"}
+        # On-device sampling ignores response_format: the grammar bitmask applies only on the CPU path
+        # (vllm-neuron 0.5.0 vllm_neuron/worker/neuronx_distributed_model_runner.py:229-260). On the
+        # host the output is a JSON document: a minimal instance of the schema.
+        document = _document(fmt) if cpu_sampling and fmt["type"] != "text" else os.environ.get("STANDIN_TEXT")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         running[0] += 1
+        sent = 0
         try:
             for i in range(n):
-                if i == die_after:
-                    sys.stderr.flush()
-                    os._exit(1)
-                tid = prompt[-1] + 1 + i
-                choice = {"index": 0, "text": f"[{tid}]", "finish_reason": "length" if i == n - 1 else None}
-                if with_ids:  # serving_completion.py:387,597: only when asked
-                    choice["token_ids"] = [tid]
-                    if i == 0:
-                        choice["prompt_token_ids"] = prompt
-                chunk = {"id": "cmpl-standin", "object": "text_completion", "model": served, "choices": [choice]}
+                out = []
+                for c in range(choices):
+                    if sent == die_after:
+                        sys.stderr.flush()
+                        os._exit(1)
+                    sent += 1
+                    if document is not None:
+                        piece = document[4 * i : 4 * i + 4]
+                        if not piece:
+                            continue
+                        tid, text = 2 + i % 6, piece
+                        end = "stop" if 4 * i + 4 >= len(document) else ("length" if i == n - 1 else None)
+                    else:
+                        tid = prompt[-1] + 1 + i + 100 * c
+                        text, end = f"[{tid}]", ("length" if i == n - 1 else None)
+                    choice = {"index": c, "text": text, "finish_reason": end}
+                    if with_ids:  # serving_completion.py:387,597: only when asked
+                        choice["token_ids"] = [tid]
+                        if i == 0:
+                            choice["prompt_token_ids"] = prompt
+                    if k is not None:
+                        # On-device sampling returns logprobs_tensors=None (vllm-neuron 0.5.0
+                        # vllm_neuron/worker/neuronx_distributed_model_loader.py:542-550); the CPU path
+                        # returns them (neuronx_distributed_model_runner.py:876-885).
+                        choice["logprobs"] = _logprobs(tid, int(k), i, body) if cpu_sampling else None
+                    out.append(choice)
+                if not out:
+                    break
+                chunk = {"id": "cmpl-standin", "object": "text_completion", "model": served, "choices": out}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(float(os.environ.get("STANDIN_TOKEN_DELAY", "0.02")))
             await resp.write(b"data: [DONE]\n\n")

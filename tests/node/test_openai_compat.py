@@ -1,0 +1,427 @@
+"""OpenAI compatibility of the leader API on the reference engine, spoken to by the official `openai`
+client: n, logprobs (chat and completions shapes), penalties, seed, stop, max_completion_tokens,
+response_format (json_object, json_schema) and forced tool calls, each streamed and not, with usage
+counting every choice's tokens."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+MSGS = [{"role": "user", "content": "describe a product"}]
+# Bounded on purpose: a random-weights model under a grammar fills strings to their limit, so every
+# document ends well inside max_tokens and "valid JSON" is a property of the mask, not of luck.
+PRODUCT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "category": {"enum": ["shoes", "books", "toys"]},
+        "price": {"type": "integer", "minimum": 0, "maximum": 9999},
+        "in_stock": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["name", "category", "price", "in_stock", "tags"],
+    "additionalProperties": False,
+}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "product", "schema": PRODUCT}}
+
+
+def client(unit) -> openai.OpenAI:
+    return openai.OpenAI(base_url=unit.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def stream_chat(c: openai.OpenAI, **kw) -> tuple[dict[int, str], dict[int, str], list, object]:
+    """(text per choice, finish per choice, logprob entries per choice, usage) of a streamed chat."""
+    text: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    logprobs: dict[int, list] = {}
+    usage = None
+    for chunk in c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            text[ch.index] = text.get(ch.index, "") + (ch.delta.content or "")
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+            if ch.logprobs is not None and ch.logprobs.content:
+                logprobs.setdefault(ch.index, []).extend(ch.logprobs.content)
+    return text, finish, logprobs, usage
+
+
+# -- n -----------------------------------------------------------------------------------------------
+
+
+def test_n_seeded_choices_differ_and_usage_counts_all_of_them(shared_unit):
+    c = client(shared_unit)
+    r = c.chat.completions.create(model="tiny", messages=MSGS, n=3, max_tokens=6, temperature=1.0, seed=11)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert len({ch.message.content for ch in r.choices}) > 1  # seed + index per choice, as vLLM seeds them
+    assert all(ch.finish_reason == "length" for ch in r.choices)
+    assert r.usage.completion_tokens == 3 * 6
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 18
+    again = c.chat.completions.create(model="tiny", messages=MSGS, n=3, max_tokens=6, temperature=1.0, seed=11)
+    assert [ch.message.content for ch in again.choices] == [ch.message.content for ch in r.choices]
+
+
+def test_n_greedy_choices_are_the_single_greedy_completion(shared_unit):
+    # Every choice continues from a copy of one prefill: identical to the lone request in every layout.
+    c = client(shared_unit)
+    one = c.completions.create(model="tiny", prompt="shared prefill", max_tokens=8, temperature=0)
+    many = c.completions.create(model="tiny", prompt="shared prefill", max_tokens=8, temperature=0, n=4)
+    assert [ch.text for ch in many.choices] == [one.choices[0].text] * 4
+    assert many.usage.completion_tokens == 4 * one.usage.completion_tokens
+
+
+def test_n_streamed_interleaves_choices_and_counts_every_token(shared_unit):
+    text, finish, _, usage = stream_chat(
+        client(shared_unit), model="tiny", messages=MSGS, n=2, max_tokens=5, temperature=0.8, seed=3
+    )
+    assert sorted(text) == [0, 1] and finish == {0: "length", 1: "length"}
+    assert usage.completion_tokens == 10
+
+
+def test_n_above_what_the_unit_runs_at_once_is_a_400(shared_unit):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(shared_unit).chat.completions.create(model="tiny", messages=MSGS, n=100, max_tokens=2)
+    assert "n 100" in e.value.message
+
+
+# -- logprobs ---------------------------------------------------------------------------------------
+
+
+def test_chat_logprobs_have_openais_shape(shared_unit):
+    r = client(shared_unit).chat.completions.create(
+        model="tiny", messages=MSGS, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 5
+    for entry in content:
+        assert entry.logprob <= 0 and entry.bytes == list(entry.token.encode("utf-8", errors="replace"))
+        assert len(entry.top_logprobs) == 3
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert entry.logprob == values[0]  # greedy takes the most likely token
+
+
+def test_chat_logprobs_without_top_logprobs_and_streamed(shared_unit):
+    _, _, logprobs, usage = stream_chat(
+        client(shared_unit), model="tiny", messages=MSGS, max_tokens=4, temperature=0, logprobs=True
+    )
+    assert len(logprobs[0]) == usage.completion_tokens == 4
+    assert all(e.top_logprobs == [] for e in logprobs[0])
+
+
+def test_completion_logprobs_have_the_legacy_shape_with_offsets(shared_unit):
+    c = client(shared_unit)
+    r = c.completions.create(model="tiny", prompt="abc", max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[token] == value and 1 <= len(top) <= 3  # top 2 plus the sampled token
+    streamed = list(
+        c.completions.create(model="tiny", prompt="abc", max_tokens=5, temperature=0, logprobs=2, stream=True)
+    )
+    tokens = [t for ch in streamed for c_ in ch.choices if c_.logprobs for t in c_.logprobs.tokens]
+    offsets = [o for ch in streamed for c_ in ch.choices if c_.logprobs for o in c_.logprobs.text_offset]
+    assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+def test_top_logprobs_needs_logprobs_and_stays_within_twenty(shared_unit):
+    c = client(shared_unit)
+    for kw, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, **kw)
+        assert e.value.body["param"] == param
+
+
+# -- penalties, seed, stop, max_completion_tokens -------------------------------------------------------
+
+
+def test_penalties_change_sampling_and_seed_makes_it_repeatable(shared_unit):
+    c = client(shared_unit)
+    greedy = {"model": "tiny", "prompt": "aaaa", "max_tokens": 24, "temperature": 0}
+    penalties = {"presence_penalty": 2.0, "frequency_penalty": 2.0}
+    plain = c.completions.create(**greedy).choices[0].text
+    # Greedy `tiny` repeats a token within 24; a penalised run must take another one there.
+    assert c.completions.create(**greedy, **penalties).choices[0].text != plain
+    seeded = {**greedy, "temperature": 1.0, "seed": 5, **penalties}
+    assert c.completions.create(**seeded).choices[0].text == c.completions.create(**seeded).choices[0].text
+
+
+def test_stop_and_max_completion_tokens_apply_to_every_choice(shared_unit):
+    c = client(shared_unit)
+    full = c.chat.completions.create(model="tiny", messages=MSGS, max_completion_tokens=12, temperature=0)
+    assert full.usage.completion_tokens == 12
+    text = full.choices[0].message.content
+    stop = next(ch for ch in text[3:] if ch.isprintable() and ch.strip())
+    cut = c.chat.completions.create(
+        model="tiny", messages=MSGS, max_completion_tokens=12, temperature=0, stop=[stop], n=2
+    )
+    assert [ch.message.content for ch in cut.choices] == [text[: text.index(stop)]] * 2
+    assert [ch.finish_reason for ch in cut.choices] == ["stop", "stop"]
+
+
+# -- structured output ---------------------------------------------------------------------------------
+
+
+def test_json_schema_output_validates_for_every_seeded_prompt(shared_unit):
+    c = client(shared_unit)
+
+    def one(i: int) -> tuple[str, str]:
+        r = c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": f"product {i}: " + "x" * i}],
+            max_tokens=200,
+            temperature=1.0,
+            seed=i,
+            response_format=SCHEMA_FORMAT,
+        )
+        return r.choices[0].message.content, r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(32)))
+    for text, finish in results:
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), PRODUCT)
+
+
+def test_json_object_streamed_and_not_is_one_json_object(shared_unit):
+    c = client(shared_unit)
+    fmt = {"type": "json_object"}
+    # Greedy: "any object" has no length bound, and sampled random weights may write one string forever.
+    r = c.chat.completions.create(model="tiny", messages=MSGS, max_tokens=300, temperature=0, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    text, finish, _, _ = stream_chat(c, model="tiny", messages=MSGS, max_tokens=300, temperature=0, response_format=fmt)
+    assert text[0] == r.choices[0].message.content and finish[0] == "stop"
+
+
+def test_json_schema_on_completions_with_n(shared_unit):
+    r = client(shared_unit).completions.create(
+        model="tiny",
+        prompt="{",
+        max_tokens=200,
+        temperature=1.0,
+        seed=9,
+        n=3,
+        extra_body={"response_format": SCHEMA_FORMAT},
+    )
+    for ch in r.choices:
+        jsonschema.validate(json.loads(ch.text), PRODUCT)
+
+
+def test_a_schema_the_grammar_cannot_use_is_a_400(shared_unit):
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}},
+    }
+    with pytest.raises(openai.BadRequestError):
+        client(shared_unit).chat.completions.create(model="tiny", messages=MSGS, max_tokens=4, response_format=bad)
+
+
+# -- tools -------------------------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "maxLength": 10}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_tools_on_a_model_whose_template_has_no_tool_format_are_a_400(shared_unit):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(shared_unit).chat.completions.create(
+            model="tiny", messages=MSGS, max_tokens=4, tools=[WEATHER], tool_choice="required"
+        )
+    assert e.value.body["param"] == "tools" and "chat template has no tool format" in e.value.message
+
+
+def test_tools_without_tool_choice_mean_auto_and_need_a_tool_format_too(shared_unit):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(shared_unit).chat.completions.create(model="tiny", messages=MSGS, max_tokens=4, tools=[WEATHER])
+    assert e.value.body["param"] == "tools"
+
+
+# A tool-capable chat template in the format of Hermes-style models (the tools listed in the system
+# turn, calls inside <tool_call> tags): enough to prove the tools reach the template.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these tools:\n{% for t in tools %}{{ t.function.name }}: "
+    "{{ t.function.parameters | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>"
+    "{{ c.function | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tool_unit(smollm2_dir, tmp_path_factory):
+    from nodeproc import Unit
+
+    root = tmp_path_factory.mktemp("tool-model")
+    model = root / "smollm2-tools"
+    model.mkdir()
+    for f in Path(smollm2_dir).iterdir():
+        if f.name not in ("tokenizer_config.json", "chat_template.jinja"):
+            (model / f.name).symlink_to(f)
+    config = json.loads((Path(smollm2_dir) / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOL_TEMPLATE}))
+    unit = Unit(root, world_size=1, model=str(model), FLOTILLA_MODEL_NAME="smol-tools")
+    try:
+        yield unit.start().wait_ready(timeout=180)
+    finally:
+        unit.stop()
+
+
+def test_a_named_tool_call_has_json_arguments_for_that_function(tool_unit):
+    r = client(tool_unit).chat.completions.create(
+        model="smol-tools",
+        messages=[{"role": "user", "content": "weather in Paris?"}],
+        max_tokens=60,
+        tools=[WEATHER, SEARCH],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    msg = r.choices[0].message
+    assert msg.content is None and r.choices[0].finish_reason == "stop"  # OpenAI: "stop" for a named call
+    (call,) = msg.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_required_tool_calls_streamed_and_not_and_a_follow_up_turn(tool_unit):
+    c = client(tool_unit)
+    kw = {
+        "model": "smol-tools",
+        "messages": [{"role": "user", "content": "find shoes"}],
+        "max_tokens": 120,
+        "tools": [WEATHER, SEARCH],
+        "tool_choice": "required",
+        "temperature": 0,
+        # One call: a greedy 135M model otherwise repeats the same call until max_tokens.
+        "parallel_tool_calls": False,
+    }
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls"
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(t.function.name in ("get_weather", "search") for t in calls)
+    streamed = [ch for chunk in c.chat.completions.create(stream=True, **kw) for ch in chunk.choices]
+    deltas = [d for ch in streamed for d in (ch.delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [
+        (t.function.name, t.function.arguments) for t in calls
+    ]
+    assert streamed[-1].finish_reason == "tool_calls"
+    # The call and its result go back in the next turn, rendered by the template.
+    follow = c.chat.completions.create(
+        model="smol-tools",
+        messages=[
+            *kw["messages"],
+            {"role": "assistant", "content": None, "tool_calls": [t.model_dump() for t in calls]},
+            {"role": "tool", "tool_call_id": calls[0].id, "content": "no shoes found"},
+        ],
+        max_tokens=4,
+        tools=[WEATHER, SEARCH],
+        tool_choice="none",
+    )
+    assert follow.choices[0].message.tool_calls is None and follow.usage.completion_tokens == 4
+
+
+def test_auto_on_a_hermes_template_answers_with_content_or_calls(tool_unit):
+    c = client(tool_unit)
+    kw = {"model": "smol-tools", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tools": [WEATHER]}
+    r = c.chat.completions.create(temperature=0, **kw)
+    msg = r.choices[0].message
+    assert (msg.tool_calls is None) == (r.choices[0].finish_reason != "tool_calls")
+    streamed = "".join(
+        ch.choices[0].delta.content or ""
+        for ch in c.chat.completions.create(stream=True, temperature=0, **kw)
+        if ch.choices
+    )
+    assert streamed == (msg.content or "")
+
+
+def test_the_tools_reach_the_prompt(tool_unit):
+    c = client(tool_unit)
+    plain = c.chat.completions.create(model="smol-tools", messages=MSGS, max_tokens=1)
+    with_tools = c.chat.completions.create(
+        model="smol-tools", messages=MSGS, max_tokens=1, tools=[WEATHER], tool_choice="none"
+    )
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 10
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir():
+    from runtime.models.smollm2 import ensure_smollm2
+
+    return ensure_smollm2()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_every_field_at_once_streams_the_same_choices_as_the_whole_response(shared_unit, endpoint):
+    c = client(shared_unit)
+    common = {
+        "model": "tiny",
+        "n": 2,
+        "temperature": 0.9,
+        "seed": 21,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "stop": ["\n\n\n"],
+    }
+    if endpoint == "chat":
+        kw = {**common, "messages": MSGS, "max_completion_tokens": 200, "response_format": SCHEMA_FORMAT}
+        whole = c.chat.completions.create(logprobs=True, top_logprobs=1, **kw)
+        text, finish, logprobs, usage = stream_chat(c, logprobs=True, top_logprobs=1, **kw)
+        assert text == {ch.index: ch.message.content for ch in whole.choices}
+        assert {i: [e.token for e in v] for i, v in logprobs.items()} == {
+            ch.index: [e.token for e in ch.logprobs.content] for ch in whole.choices
+        }
+    else:
+        kw = {
+            **common,
+            "prompt": "p",
+            "max_tokens": 200,
+            "logprobs": 1,
+            "extra_body": {"response_format": SCHEMA_FORMAT},
+        }
+        whole = c.completions.create(**kw)
+        text, finish, usage = {}, {}, None
+        for chunk in c.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+            usage = chunk.usage or usage
+            for ch in chunk.choices:
+                text[ch.index] = text.get(ch.index, "") + ch.text
+                if ch.finish_reason:
+                    finish[ch.index] = ch.finish_reason
+        assert text == {ch.index: ch.text for ch in whole.choices}
+    assert finish == {ch.index: ch.finish_reason for ch in whole.choices}
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    for t in text.values():
+        jsonschema.validate(json.loads(t), PRODUCT)

@@ -197,22 +197,6 @@ class PlanSettings:
 
 
 @dataclass(frozen=True)
-class MemoryPerCore:
-    weights: int
-    kv_cache: int
-    usable: float  # HBM per NeuronCore after the reserve
-    hbm: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv_cache
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.usable
-
-
-@dataclass(frozen=True)
 class Plan:
     model: ModelShape
     traffic: Traffic
@@ -225,7 +209,7 @@ class Plan:
     q_heads_per_core: int
     kv_heads_per_core: int  # 1 when KV heads are replicated (kv_heads < tp_degree)
     seq_len: int
-    memory: MemoryPerCore
+    memory: CoreMemory
     decode_hbm_s: float  # one decode step: bytes each NeuronCore reads / its HBM bandwidth
     decode_efa_s: float  # one decode step: inter-node all-reduce traffic / EFA bandwidth
     prefill_compute_s: float  # unit time one prompt costs at peak FLOPS over all nodes
@@ -318,10 +302,6 @@ class Plan:
         return cfg
 
 
-def _per_core(m: CoreMemory) -> MemoryPerCore:
-    return MemoryPerCore(weights=m.weights, kv_cache=m.kv_cache, usable=m.usable, hbm=m.hbm)
-
-
 def _stage_layers(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
     base, extra = divmod(layers, stages)
     out, start = [], 0
@@ -364,7 +344,7 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         kv_bytes=kv_bytes,
     )
     skipped: list[str] = []
-    smallest_need: MemoryPerCore | None = None
+    smallest_need: CoreMemory | None = None
 
     for nodes in range(1, settings.max_nodes + 1):
         tp = inst.neuron_cores * nodes
@@ -381,15 +361,13 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         kv_per_core = math.ceil(model.kv_heads / tp)
         kv_per_token = model.layers * 2 * kv_per_core * hd * kv_bytes
         # The one rule the runtime's planner uses too (contract/sizing.py).
-        memory = _per_core(
-            core_memory(
-                dims,
-                inst,
-                nodes=nodes,
-                batch=settings.batch,
-                seq_len=seq_len,
-                hbm_reserve=settings.hbm_reserve,
-            )
+        memory = core_memory(
+            dims,
+            inst,
+            nodes=nodes,
+            batch=settings.batch,
+            seq_len=seq_len,
+            hbm_reserve=settings.hbm_reserve,
         )
         if smallest_need is None or memory.total < smallest_need.total:
             smallest_need = memory

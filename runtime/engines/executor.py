@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from runtime.engines.base import EngineBroken
+from runtime.engines.collectives import Communicator, GlooCommunicator
 from runtime.engines.layout import ParallelPlan, split_even
 from runtime.engines.llama import (
     HeadWeights,
@@ -92,9 +93,18 @@ class ShardExecutor:
     """This rank's weights and KV caches, and the step that runs them in lock-step with peers."""
 
     def __init__(
-        self, *, plan: ParallelPlan, rank: int, weights: WeightSource, device: torch.device | str = "cpu"
+        self,
+        *,
+        plan: ParallelPlan,
+        rank: int,
+        weights: WeightSource,
+        device: torch.device | str = "cpu",
+        comm: Communicator | None = None,
     ) -> None:
         self.plan, self.rank, self.device = plan, rank, torch.device(device)
+        # Every exchange goes through comm (collectives.connect picks shared memory or gloo); the
+        # default is the process group as it is, for callers that formed one themselves.
+        self.comm = comm or GlooCommunicator(rank, plan.world_size)
         self.shape = s = plan.shape
         self.world_size = plan.world_size
         self.head = HeadWeights.load(weights, s) if rank == 0 else None
@@ -137,12 +147,10 @@ class ShardExecutor:
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t)
-        return t
+        return self.comm.all_reduce(t)
 
     def _broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
-        dist.broadcast(t, src=src)
-        return t
+        return self.comm.broadcast(t, src)
 
     # --- leader / follower entry points -------------------------------------------------------
     def leader_step(self, cmd: StepCommand) -> StepResult:
@@ -249,8 +257,7 @@ class ShardExecutor:
                 if r == 0:
                     x = self._embed(cmd.prefill_tokens[i][a:b])
                 else:
-                    x = torch.empty(b - a, H, device=self.device)
-                    dist.recv(x, src=r - 1)
+                    x = self.comm.recv(torch.empty(b - a, H, device=self.device), r - 1)
                 x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
                 kv.length = b
                 if W == 1:
@@ -259,18 +266,16 @@ class ShardExecutor:
                 elif r == last_rank:
                     if b == n:
                         # Only the last position returns to rank 0 (LM head + sampling live there).
-                        pending.append(dist.isend(x[-1:].contiguous(), dst=0))
+                        pending.append(self.comm.isend(x[-1:].contiguous(), 0))
                 else:
-                    pending.append(dist.isend(x.contiguous(), dst=r + 1))
+                    pending.append(self.comm.isend(x.contiguous(), r + 1))
         for work in pending:
             work.wait()
         if r != 0:
             return None
         if W > 1:
             for _ in cmd.prefill:
-                x = torch.empty(1, H, device=self.device)
-                dist.recv(x, src=last_rank)
-                lasts.append(x)
+                lasts.append(self.comm.recv(torch.empty(1, H, device=self.device), last_rank))
         return self._last_logits(lasts)
 
     def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
@@ -323,19 +328,17 @@ class ShardExecutor:
             if r == 0:
                 x = self._embed(cmd.decode_tokens[a:b])
             else:
-                x = torch.empty(b - a, H, device=self.device)
-                dist.recv(x, src=r - 1)
+                x = self.comm.recv(torch.empty(b - a, H, device=self.device), r - 1)
             x = self._run_layers(self.pp_layers, self.stage.layers, x, mb)
             for seg in mb:
                 seg.kv.length += 1
             if W == 1:
                 outs.append(self.head.logits(self.shape, x))
             else:
-                pending.append(dist.isend(x.contiguous(), dst=(r + 1) % W))
+                pending.append(self.comm.isend(x.contiguous(), (r + 1) % W))
         if r == 0 and W > 1:
             for a, b in bounds:
-                x = torch.empty(b - a, H, device=self.device)
-                dist.recv(x, src=W - 1)
+                x = self.comm.recv(torch.empty(b - a, H, device=self.device), W - 1)
                 outs.append(self.head.logits(self.shape, x))
         for work in pending:
             work.wait()
@@ -363,11 +366,9 @@ class ShardExecutor:
         widths = [t.vocab[1] - t.vocab[0] for t in self.plan.tensor_slices]
         if local.shape[1] < max(widths):  # gather needs equal sizes: pad, trim on rank 0
             local = F.pad(local, (0, max(widths) - local.shape[1]))
-        if self.rank != 0:
-            dist.gather(local.contiguous(), dst=0)
+        parts = self.comm.gather(local.contiguous(), 0)
+        if parts is None:
             return None
-        parts = [torch.empty(x.shape[0], max(widths), device=self.device) for _ in widths]
-        dist.gather(local.contiguous(), gather_list=parts, dst=0)
         return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=-1)
 
     # --- KV re-shard between layer-split (pipeline) and head-split (tensor) -------------------

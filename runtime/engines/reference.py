@@ -41,6 +41,7 @@ from runtime.engines.base import (
     RequestRejected,
     TokenEvent,
 )
+from runtime.engines.collectives import TRANSPORTS, Communicator, connect
 from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
 from runtime.engines.layout import ParallelPlan, check_strategies, make_plan
 from runtime.engines.sampling import TextTracker, make_generator, sample
@@ -113,6 +114,7 @@ def run_worker(
     collective_timeout_s: float = 30.0,
     start_timeout_s: float = 300.0,
     threads: int | None = None,
+    collectives: str = "auto",
 ) -> None:
     """Follower main loop. Returns when the leader shuts down; raises EngineBroken on peer loss."""
     if membership.is_leader:
@@ -122,9 +124,11 @@ def run_worker(
     source = resolve_model(model)
     plan = make_plan(source.shape, membership.world_size, prefill=prefill, decode=decode)
     _form_process_group(membership, collective_timeout_s=collective_timeout_s, start_timeout_s=start_timeout_s)
+    comm: Communicator | None = None
     try:
         _agree(source, plan, membership.rank)
-        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device())
+        comm = _connect(membership, collective_timeout_s, collectives)
+        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device(), comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
         executor.follower_loop()
@@ -133,7 +137,16 @@ def run_worker(
     except (RuntimeError, dist.DistError) as e:
         raise EngineBroken(f"rank {membership.rank}: the unit broke: {e}") from e
     finally:
+        if comm is not None:
+            comm.close()
         _release_process_group()
+
+
+def _connect(membership: Membership, collective_timeout_s: float, collectives: str) -> Communicator | None:
+    """The unit's transport (shared memory on one host, else gloo); CUDA keeps nccl."""
+    if torch.cuda.is_available():
+        return None
+    return connect(membership.rank, membership.world_size, timeout_s=collective_timeout_s, transport=collectives)
 
 
 @dataclass
@@ -174,10 +187,13 @@ class ReferenceEngine:
         threads: int | None = None,
         model_name: str | None = None,
         max_prefill_tokens: int = 2048,
+        collectives: str = "auto",
     ) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
         check_strategies(prefill, decode)
+        if collectives not in TRANSPORTS:
+            raise ValueError(f"collectives {collectives!r} is not one of {', '.join(TRANSPORTS)}")
         if kv_budget_tokens < 1 or max_running < 1:
             raise ValueError("kv_budget_tokens and max_running must be at least 1")
         if not 0 < heartbeat_s < collective_timeout_s:
@@ -195,6 +211,8 @@ class ReferenceEngine:
         # Prompt tokens prefilled per iteration: bounds how long running sequences wait for a
         # decode step while a burst of new requests is admitted (at least one prompt always goes).
         self.max_prefill_tokens = max_prefill_tokens
+        self.collectives = collectives
+        self.transport = "none"  # after start(): shm or gloo (the unit's ranks' transport)
         self.max_context = 0
         self.tokenizer = None
         self.plan: ParallelPlan | None = None
@@ -326,6 +344,7 @@ class ReferenceEngine:
     # --- scheduler thread (owns every collective) ---------------------------------------------
     def _scheduler_main(self, source: ModelSource) -> None:
         executor = None
+        comm: Communicator | None = None
         try:
             ws = self.membership.world_size
             if ws > 1:
@@ -336,7 +355,9 @@ class ReferenceEngine:
                     start_timeout_s=self.start_timeout_s,
                 )
                 _agree(source, self.plan, 0)
-            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device())
+                comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
+                self.transport = comm.transport if comm is not None else "nccl"
+            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm)
             if ws > 1:
                 dist.barrier()
             self._warm_up(executor)
@@ -352,6 +373,8 @@ class ReferenceEngine:
             self._fail_all(error)
         finally:
             self._ready.set()
+            if comm is not None:
+                comm.close()
             _release_process_group()
             if self._state is not EngineState.BROKEN:
                 self._state, self._detail = EngineState.STOPPED, "shut down"

@@ -23,12 +23,13 @@ from runtime.engines.layout import ParallelPlan, split_even
 from runtime.engines.llama import (
     HeadWeights,
     LayerWeights,
+    PackedLayer,
+    RopeTable,
     Segment,
     SeqKV,
     decoder_layer,
     positions_of,
     rms_norm,
-    rope_tables,
 )
 from runtime.models.registry import WeightSource
 
@@ -110,24 +111,24 @@ class ShardExecutor:
         self.head = HeadWeights.load(weights, s) if rank == 0 else None
         self.stage = plan.stage(rank)
         self.tslice = plan.tensor_slice(rank)
-        self.pp_layers: dict[int, LayerWeights] = {}
-        self.tp_layers: dict[int, LayerWeights] = {}
-        if plan.uses("pipeline") or self.world_size == 1:
-            for n in self.stage.layers:
-                self.pp_layers[n] = LayerWeights.load(weights, n, shape=s)
-        if plan.uses("tensor") and self.world_size > 1:
-            t = self.tslice
-            for n in range(s.num_layers):
-                if n in self.pp_layers:  # this stage's own layers: slice what is already loaded
-                    self.tp_layers[n] = self.pp_layers[n].tensor_slice(
-                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s
-                    )
+        self.pp_layers: dict[int, PackedLayer] = {}
+        self.tp_layers: dict[int, PackedLayer] = {}
+        pipeline = plan.uses("pipeline") or self.world_size == 1
+        tensor = plan.uses("tensor") and self.world_size > 1
+        t = self.tslice
+        for n in range(s.num_layers):
+            full = LayerWeights.load(weights, n, shape=s) if pipeline and n in self.stage.layers else None
+            if full is not None:
+                self.pp_layers[n] = PackedLayer.pack(full)
+            if tensor:
+                if full is not None:  # this stage's own layers: slice what is already loaded
+                    part = full.tensor_slice(q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s)
                 else:
-                    self.tp_layers[n] = LayerWeights.load(
-                        weights, n, shape=s, q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp
-                    )
-        elif self.world_size == 1:
+                    part = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp)
+                self.tp_layers[n] = PackedLayer.pack(part, owns_residual=rank == 0)
+        if self.world_size == 1:
             self.tp_layers = self.pp_layers  # one rank: the tensor "slice" is the whole layer
+        self.rope = RopeTable(s, self.device)
         # Vocab-parallel LM head for tensor-parallel phases: each rank turns the (replicated)
         # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
         # slowest rank of every step otherwise.
@@ -230,7 +231,7 @@ class ShardExecutor:
     def _run_layers(
         self, layers: dict[int, LayerWeights], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
     ) -> torch.Tensor:
-        cos, sin = rope_tables(self.shape, positions_of(segments, self.device))
+        cos, sin = self.rope(positions_of(segments, self.device), max(g.start + g.n for g in segments))
         for n in order:
             x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce)
         return x

@@ -128,6 +128,7 @@ def run_worker(
     try:
         _agree(source, plan, membership.rank)
         comm = _connect(membership, collective_timeout_s, collectives)
+        plan = _plan_for(source, membership.world_size, prefill, decode, comm)
         executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device(), comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
@@ -140,6 +141,14 @@ def run_worker(
         if comm is not None:
             comm.close()
         _release_process_group()
+
+
+def _plan_for(
+    source: ModelSource, world_size: int, prefill: str, decode: str, comm: Communicator | None
+) -> ParallelPlan:
+    """The plan once the transport is known: uneven head splits only pay over shared memory."""
+    shm = comm is not None and comm.transport == "shm"
+    return make_plan(source.shape, world_size, prefill=prefill, decode=decode, split_uneven_heads=shm)
 
 
 def _connect(membership: Membership, collective_timeout_s: float, collectives: str) -> Communicator | None:
@@ -357,6 +366,7 @@ class ReferenceEngine:
                 _agree(source, self.plan, 0)
                 comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
                 self.transport = comm.transport if comm is not None else "nccl"
+                self.plan = _plan_for(source, ws, self.prefill, self.decode, comm)
             executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm)
             if ws > 1:
                 dist.barrier()

@@ -71,7 +71,14 @@ def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
     comm = connect(rank, 2, timeout_s=60, transport=spec.get("collectives", "auto"))
     results = []
     for boundary, prefill, decode in spec["configs"]:
-        plan = make_plan(src.shape, 2, prefill=prefill, decode=decode, boundaries=(boundary,))
+        plan = make_plan(
+            src.shape,
+            2,
+            prefill=prefill,
+            decode=decode,
+            boundaries=(boundary,),
+            split_uneven_heads=comm.transport == "shm",
+        )
         ex = ShardExecutor(plan=plan, rank=rank, weights=src.weights, comm=comm)
         if rank != 0:
             ex.follower_loop()

@@ -36,8 +36,9 @@ SEGMENT_PREFIX = "flotilla-shm-"
 SLOT_BYTES = 1 << 20
 RING_SLOT_BYTES = 512 << 10
 RING_SLOTS = 4
-# A waiting rank first polls (the peer is usually a few microseconds away), then sleeps on a futex
-# so an idle follower costs no CPU; it wakes at least every _SLICE_S to check its peers' liveness.
+# A waiting rank first polls (the peer is usually a few microseconds away) for at most SPIN_S, less
+# while recent waits were longer than that, then sleeps on a futex, so an idle follower costs no
+# CPU; asleep, it wakes at least every _SLICE_S to check its peers' liveness.
 SPIN_S = 1e-3
 _SLICE_S = 0.02
 _MASK = 0xFFFFFFFF
@@ -218,6 +219,7 @@ class ShmCommunicator:
         self._pending: collections.deque[_Send] = collections.deque()
         self._typed: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
         self._last_check = 0.0
+        self._spin = SPIN_S  # current polling budget, adapted by _wait
         self.closed = False
 
     # -- counters ---------------------------------------------------------------------------------
@@ -239,10 +241,24 @@ class ShmCommunicator:
         if ready():
             return
         clock = time.perf_counter
-        spin_until = clock() + SPIN_S
+        started = clock()
+        spin_until = started + self._spin
         while clock() < spin_until:
             if ready():
+                self._spin = min(SPIN_S, max(2 * self._spin, 10e-6))
                 return
+        try:
+            self._sleep_until(ready, what, peers)
+        finally:
+            # Polling pays when peers arrive within SPIN_S; when they take longer (a busy host, an
+            # idle leader) it only burns the core the peer may need, and sleeping also earns the
+            # scheduler's wake-up preference. So the polling budget follows the recent waits.
+            if clock() - started <= SPIN_S:
+                self._spin = min(SPIN_S, max(2 * self._spin, 10e-6))
+            else:
+                self._spin /= 2
+
+    def _sleep_until(self, ready: Callable[[], bool], what: str, peers: Sequence[int]) -> None:
         deadline = time.monotonic() + self.timeout_s
         bell = self._idx(self.rank, _DOORBELL)
         addr = self._base + _HEADER + bell * 4

@@ -9,6 +9,7 @@ two differ, the prefilled KV cache is re-sharded between layer-split and head-sp
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -33,8 +34,9 @@ from runtime.engines.llama import (
 )
 from runtime.models.registry import WeightSource
 
-OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
-_STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
+OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE, OP_STRATEGIES = 1, 2, 3, 4, 5
+_STRATEGY_CODE = {"auto": 0, "pipeline": 1, "tensor": 2}
+_STRATEGY_NAME = {v: k for k, v in _STRATEGY_CODE.items()}
 
 
 @dataclass
@@ -80,13 +82,14 @@ def pipeline_prefill_chunks(n: int, world_size: int) -> list[tuple[int, int]]:
     return split_even(n, min(2 * world_size, n // PIPELINE_CHUNK_TOKENS))
 
 
-def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
-    """What every rank must agree on before serving: model, shape, world size, strategies."""
+def plan_fingerprint(model_id: str, plan: ParallelPlan, prefill: str, decode: str) -> list[int]:
+    """What every rank must agree on before serving: model, shape, world size, the strategies as
+    requested (auto included)."""
     return [
         zlib.crc32(f"{model_id}|{plan.shape!r}".encode()),
         plan.world_size,
-        _STRATEGY_CODE[plan.prefill],
-        _STRATEGY_CODE[plan.decode],
+        _STRATEGY_CODE[prefill],
+        _STRATEGY_CODE[decode],
     ]
 
 
@@ -171,6 +174,34 @@ class ShardExecutor:
         except (RuntimeError, dist.DistError) as e:
             raise EngineBroken(f"a collective failed during a step (peer died or timed out): {e}") from e
 
+    def leader_set_strategies(self, prefill: str, decode: str, *, final: bool = False) -> None:
+        """Rank 0: every rank switches to these strategies (the weights of both must be loaded);
+        final drops the weights the chosen pair does not use. Sequences must all be freed first:
+        their KV layout belongs to the old strategies."""
+        try:
+            if self.world_size > 1:
+                code = [OP_STRATEGIES, _STRATEGY_CODE[prefill], _STRATEGY_CODE[decode], int(final)]
+                self._broadcast(torch.tensor(code, dtype=torch.int64), 0)
+        except (RuntimeError, dist.DistError) as e:
+            raise EngineBroken(f"a follower is gone (switching strategies): {e}") from e
+        self.set_strategies(prefill, decode, final=final)
+
+    def set_strategies(self, prefill: str, decode: str, *, final: bool = False) -> None:
+        if self.kv:
+            raise RuntimeError("strategies change only between sequences (bug: KV caches are still held)")
+        plan = dataclasses.replace(self.plan, prefill=prefill, decode=decode)
+        for strategy in (prefill, decode):
+            if strategy == "pipeline" and self.world_size > 1 and not self.pp_layers:
+                raise RuntimeError("pipeline weights were not loaded (bug)")
+            if strategy == "tensor" and self.world_size > 1 and not self.tp_layers:
+                raise RuntimeError("tensor-parallel weights were not loaded (bug)")
+        self.plan = plan
+        if final and self.world_size > 1:
+            if not plan.uses("pipeline"):
+                self.pp_layers = {}
+            if not plan.uses("tensor"):
+                self.tp_layers, self.lm_head_slice, self.final_norm = {}, None, None
+
     def leader_signal(self, op: int) -> None:
         """Rank 0: heartbeat (proves the followers are alive) or shutdown."""
         if self.world_size == 1:
@@ -192,6 +223,10 @@ class ShardExecutor:
                     continue
                 if op == OP_REPEAT_DECODE:
                     self.run(StepCommand(decode=list(self._last_decode)))
+                    continue
+                if op == OP_STRATEGIES:
+                    codes = [int(v) for v in header[1:4]]
+                    self.set_strategies(_STRATEGY_NAME[codes[0]], _STRATEGY_NAME[codes[1]], final=bool(codes[2]))
                     continue
                 if op != OP_STEP:
                     raise EngineBroken(f"unknown op {op} from the leader (version skew?)")

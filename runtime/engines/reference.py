@@ -41,9 +41,10 @@ from runtime.engines.base import (
     RequestRejected,
     TokenEvent,
 )
+from runtime.engines.calibrate import AUTO, Calibration, calibrate, loading_pair
 from runtime.engines.collectives import TRANSPORTS, Communicator, connect
 from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
-from runtime.engines.layout import ParallelPlan, check_strategies, make_plan
+from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
 from runtime.engines.sampling import TextTracker, make_generator, sample
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
@@ -90,9 +91,9 @@ def _release_process_group() -> None:
             log.warning("destroying the process group: %s", e)
 
 
-def _agree(source: ModelSource, plan: ParallelPlan, rank: int) -> None:
+def _agree(source: ModelSource, plan: ParallelPlan, rank: int, prefill: str, decode: str) -> None:
     """Every rank checks it runs the leader's model and strategies before loading anything."""
-    mine = torch.tensor(plan_fingerprint(source.name, plan), dtype=torch.int64)
+    mine = torch.tensor(plan_fingerprint(source.name, plan, prefill, decode), dtype=torch.int64)
     leader = mine.clone()
     dist.broadcast(leader, 0)
     bad = torch.tensor([0 if torch.equal(mine, leader) else 1], dtype=torch.int64)
@@ -100,7 +101,7 @@ def _agree(source: ModelSource, plan: ParallelPlan, rank: int) -> None:
     if int(bad):
         raise EngineError(
             f"rank {rank} runs model={source.name} world_size={plan.world_size} "
-            f"prefill={plan.prefill} decode={plan.decode}, but the unit's members disagree "
+            f"prefill={prefill} decode={decode}, but the unit's members disagree "
             "(model, shape or strategies); start every member with the same model and strategies"
         )
 
@@ -121,14 +122,16 @@ def run_worker(
         raise ValueError("run_worker is for followers (rank > 0); rank 0 runs ReferenceEngine")
     if threads:
         torch.set_num_threads(threads)
+    check_requested(prefill, decode)
     source = resolve_model(model)
-    plan = make_plan(source.shape, membership.world_size, prefill=prefill, decode=decode)
+    loading = loading_pair(prefill, decode)
+    plan = make_plan(source.shape, membership.world_size, prefill=loading[0], decode=loading[1])
     _form_process_group(membership, collective_timeout_s=collective_timeout_s, start_timeout_s=start_timeout_s)
     comm: Communicator | None = None
     try:
-        _agree(source, plan, membership.rank)
+        _agree(source, plan, membership.rank, prefill, decode)
         comm = _connect(membership, collective_timeout_s, collectives)
-        plan = _plan_for(source, membership.world_size, prefill, decode, comm)
+        plan = _plan_for(source, membership.world_size, *loading, comm)
         executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device(), comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
@@ -141,6 +144,13 @@ def run_worker(
         if comm is not None:
             comm.close()
         _release_process_group()
+
+
+def check_requested(prefill: str, decode: str) -> None:
+    """A strategy as a unit may be given one: pipeline, tensor, or auto (calibrated at formation)."""
+    for phase, value in (("prefill", prefill), ("decode", decode)):
+        if value not in (*STRATEGIES, AUTO):
+            raise ValueError(f"{phase} strategy {value!r} is not one of {', '.join((*STRATEGIES, AUTO))}")
 
 
 def _plan_for(
@@ -200,7 +210,7 @@ class ReferenceEngine:
     ) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
-        check_strategies(prefill, decode)
+        check_requested(prefill, decode)
         if collectives not in TRANSPORTS:
             raise ValueError(f"collectives {collectives!r} is not one of {', '.join(TRANSPORTS)}")
         if kv_budget_tokens < 1 or max_running < 1:
@@ -225,6 +235,8 @@ class ReferenceEngine:
         self.max_context = 0
         self.tokenizer = None
         self.plan: ParallelPlan | None = None
+        # After start(): the strategies in use and how they were chosen (with the measurements).
+        self.calibration: Calibration | None = None
         self._state = EngineState.STARTING
         self._detail = "not started"
         self._lock = threading.Condition()
@@ -247,7 +259,8 @@ class ReferenceEngine:
             torch.set_num_threads(self.threads)
         self._detail = "loading model"
         source = await asyncio.to_thread(resolve_model, self.model)
-        self.plan = make_plan(source.shape, self.membership.world_size, prefill=self.prefill, decode=self.decode)
+        loading = loading_pair(self.prefill, self.decode)
+        self.plan = make_plan(source.shape, self.membership.world_size, prefill=loading[0], decode=loading[1])
         self.tokenizer = source.make_tokenizer()
         self.max_context = min(source.shape.max_position_embeddings, self.kv_budget_tokens)
         if self.model_name == self.model and source.name:
@@ -363,14 +376,16 @@ class ReferenceEngine:
                     collective_timeout_s=self.collective_timeout_s,
                     start_timeout_s=self.start_timeout_s,
                 )
-                _agree(source, self.plan, 0)
+                _agree(source, self.plan, 0, self.prefill, self.decode)
                 comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
                 self.transport = comm.transport if comm is not None else "nccl"
-                self.plan = _plan_for(source, ws, self.prefill, self.decode, comm)
+                self.plan = _plan_for(source, ws, self.plan.prefill, self.plan.decode, comm)
             executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm)
             if ws > 1:
                 dist.barrier()
             self._warm_up(executor)
+            self.calibration = self._choose_strategies(executor)
+            self.plan = executor.plan
             self._state, self._detail = EngineState.READY, ""
             self._ready.set()
             self._loop(executor)
@@ -396,6 +411,17 @@ class ReferenceEngine:
         token = int(result.prefill_logits[0].argmax())
         executor.leader_step(StepCommand(decode=[seq], decode_tokens=[token]))
         executor.leader_step(StepCommand(free=[seq]))
+
+    def _choose_strategies(self, executor: ShardExecutor) -> Calibration:
+        p, d = executor.plan.prefill, executor.plan.decode
+        if self.membership.world_size == 1:
+            return Calibration(prefill=p, decode=d, chosen_by="single rank", transport="none")
+        if AUTO not in (self.prefill, self.decode):
+            return Calibration(prefill=p, decode=d, chosen_by="setting", transport=self.transport)
+        self._detail = "calibrating the strategies"
+        return calibrate(
+            executor, prefill=self.prefill, decode=self.decode, seq_ids=self._seq_ids, transport=self.transport
+        )
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:

@@ -59,6 +59,9 @@ class ReadyBody(_Wire):
     role: Role  # contract.ATTR_ROLE
     cell: str  # contract.ATTR_CELL: FLOTILLA_CELL_ID, "" locally
     load: Load
+    # The leader's engine once ready: the prefill/decode strategies in use, how they were chosen
+    # and the formation's timings behind the choice (runtime.engines.calibrate); None otherwise.
+    strategies: dict[str, Any] | None = None
 
 
 class Offer(_Wire):

@@ -137,6 +137,7 @@ class UnitSupervisor:
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
             ),
+            "strategies": self.engine.strategies if self.is_leader and self.engine is not None else None,
         }
 
     def ready_body(self) -> ReadyBody:

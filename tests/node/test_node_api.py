@@ -147,7 +147,18 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
     for m in shared_unit.members:
         status, body = m.ready()
         assert status == 200
-        assert set(body) == {"ready", "state", "unit", "revision", "rank", "world_size", "role", "cell", "load"}
+        assert set(body) == {
+            "ready",
+            "state",
+            "unit",
+            "revision",
+            "rank",
+            "world_size",
+            "role",
+            "cell",
+            "load",
+            "strategies",
+        }
         assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) == (
             True,
             "ready",
@@ -159,6 +170,17 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
         assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
         assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used"}
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
+
+
+def test_the_leader_reports_strategies_timed_at_formation_and_followers_none(shared_unit):
+    leader, follower = (m.ready()[1] for m in shared_unit.members)
+    assert follower["strategies"] is None
+    got = leader["strategies"]
+    # The default is auto: every prefill/decode pair was timed and the lowest latency kept.
+    assert got["chosen_by"] == "calibration" and got["transport"] == "shm"
+    assert set(got["figures"]) == {"pipeline/pipeline", "pipeline/tensor", "tensor/pipeline", "tensor/tensor"}
+    fastest = min(got["figures"], key=lambda k: got["figures"][k]["latency_ms"])
+    assert fastest == f"{got['prefill']}/{got['decode']}"
 
 
 def test_followers_refuse_api_requests_and_point_at_the_leader(shared_unit):

@@ -53,6 +53,7 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
         "role": "follower",
         "cell": "cell0",
         "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25},
+        "strategies": None,
     }
     assert {contract.ATTR_UNIT, contract.ATTR_REVISION, contract.ATTR_ROLE, contract.ATTR_CELL} <= set(wire)
 

@@ -102,3 +102,18 @@ def test_over_shared_memory_smollm2_splits_attention_unevenly_and_balances_the_m
 def test_uneven_split_falls_back_to_replication_with_fewer_kv_heads_than_ranks():
     plan = make_plan(smollm2_shape(), 4, split_uneven_heads=True)
     assert plan.attention_replicated
+
+
+def test_plan_calibrate_forms_the_unit_here_and_prints_the_timed_pairs_and_the_choice(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "plan", "--model", "tiny", "--nodes", "2", "--calibrate"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(chosen by calibration; collectives over shm)" in out.stdout
+    rows = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ") and "/" in line.split()[0]]
+    assert sorted(rows) == ["pipeline/pipeline", "pipeline/tensor", "tensor/pipeline", "tensor/tensor"]
+    assert sum("<- chosen" in line for line in out.stdout.splitlines()) == 1

@@ -89,7 +89,7 @@ async def _stream(engine, rid: str, prompt: list[int], max_tokens: int) -> list[
 async def serve_and_measure(engine, prompts: list[list[int]], repeats: int, concurrency) -> dict:
     chats, long = prompts[:-1], prompts[-1]
     await _stream(engine, "warm", chats[0], 4)
-    found = {}
+    found: dict = {}
     counter = iter(range(10**9))
     for conc in concurrency:
         rates, ttfts, tpots = [], [], []

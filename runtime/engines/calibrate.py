@@ -108,12 +108,14 @@ def _time_pair(executor: ShardExecutor, seq_ids: Iterator[int], vocab: int) -> P
     t0 = clock()
     result = executor.leader_step(StepCommand(prefill=[(seq, PROMPT_TOKENS, capacity)], prefill_tokens=[prompt]))
     ttft = clock() - t0
+    assert result.prefill_logits is not None  # rank 0 always gets them
     token = int(result.prefill_logits[0].argmax())
     steps = []
     for _ in range(DECODE_STEPS):
         t0 = clock()
         result = executor.leader_step(StepCommand(decode=[seq], decode_tokens=[token]))
         steps.append(clock() - t0)
+        assert result.decode_logits is not None
         token = int(result.decode_logits[0].argmax())
     batch = [next(seq_ids) for _ in range(BATCH)]
     short = 16

@@ -454,7 +454,7 @@ def shm_unsupported(shm_dir: str = SHM_DIR) -> str:
 
 def sweep_stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
     """Remove segments whose creator died before unlinking them (it holds a lock until then)."""
-    removed = []
+    removed: list[str] = []
     try:
         names = [n for n in os.listdir(shm_dir) if n.startswith(SEGMENT_PREFIX)]
     except OSError:

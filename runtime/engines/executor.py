@@ -264,7 +264,7 @@ class ShardExecutor:
         return self.head.embed[torch.tensor(list(token_ids), device=self.device)]
 
     def _run_layers(
-        self, layers: dict[int, LayerWeights], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
+        self, layers: dict[int, PackedLayer], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
     ) -> torch.Tensor:
         cos, sin = self.rope(positions_of(segments, self.device), max(g.start + g.n for g in segments))
         for n in order:

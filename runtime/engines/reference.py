@@ -376,10 +376,12 @@ class ReferenceEngine:
                     collective_timeout_s=self.collective_timeout_s,
                     start_timeout_s=self.start_timeout_s,
                 )
-                _agree(source, self.plan, 0, self.prefill, self.decode)
+                loading = self.plan
+                assert loading is not None  # set by start()
+                _agree(source, loading, 0, self.prefill, self.decode)
                 comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
                 self.transport = comm.transport if comm is not None else "nccl"
-                self.plan = _plan_for(source, ws, self.plan.prefill, self.plan.decode, comm)
+                self.plan = _plan_for(source, ws, loading.prefill, loading.decode, comm)
             executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm)
             if ws > 1:
                 dist.barrier()

@@ -206,16 +206,28 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
     if rank != 0:
         say(rank=rank, pid=os.getpid())
         try:
-            run_worker(m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60)
+            run_worker(
+                m,
+                model="tiny",
+                collective_timeout_s=spec["timeout"],
+                start_timeout_s=60,
+                collectives=spec.get("collectives", "auto"),
+            )
         except EngineBroken as e:
             say(worker_broken=str(e))
         return
 
     async def run() -> dict:
         engine = ReferenceEngine(
-            m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60, heartbeat_s=0.5
+            m,
+            model="tiny",
+            collective_timeout_s=spec["timeout"],
+            start_timeout_s=60,
+            heartbeat_s=0.5,
+            collectives=spec.get("collectives", "auto"),
         )
         await engine.start()
+        say(transport=engine.transport)
         outcomes: dict[str, str] = {}
 
         async def one(i: int) -> None:

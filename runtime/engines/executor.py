@@ -29,7 +29,9 @@ from runtime.engines.llama import (
     Segment,
     SeqKV,
     decoder_layer,
+    linear,
     positions_of,
+    prepack,
     rms_norm,
 )
 from runtime.models.registry import WeightSource
@@ -136,6 +138,7 @@ class ShardExecutor:
         # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
         # slowest rank of every step otherwise.
         self.lm_head_slice: torch.Tensor | None = None
+        self.lm_head_packed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         if plan.uses("tensor") and self.world_size > 1:
             v0, v1 = self.tslice.vocab
@@ -145,6 +148,7 @@ class ShardExecutor:
                 name = "model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"
                 self.final_norm = weights.get("model.norm.weight")
                 self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
+            self.lm_head_packed = prepack(self.lm_head_slice)
         self.kv: dict[int, SeqKV] = {}
         # The steady state is "decode the same batch again": then only the 4-int header travels.
         self._last_decode: list[int] = []
@@ -201,6 +205,7 @@ class ShardExecutor:
                 self.pp_layers = {}
             if not plan.uses("tensor"):
                 self.tp_layers, self.lm_head_slice, self.final_norm = {}, None, None
+                self.lm_head_packed = None
 
     def leader_signal(self, op: int) -> None:
         """Rank 0: heartbeat (proves the followers are alive) or shutdown."""
@@ -398,7 +403,7 @@ class ShardExecutor:
 
     def _tp_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every rank: its vocab rows of the logits; rank 0 gathers them into [rows, vocab]."""
-        local = F.linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice)
+        local = linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice, self.lm_head_packed)
         widths = [t.vocab[1] - t.vocab[0] for t in self.plan.tensor_slices]
         if local.shape[1] < max(widths):  # gather needs equal sizes: pad, trim on rank 0
             local = F.pad(local, (0, max(widths) - local.shape[1]))

@@ -124,7 +124,7 @@ class ParallelPlan:
         for r in range(self.world_size):
             lines.append(
                 f"  rank {r} holds {self.params_held(r) / 1e6:.2f}M parameters "
-                f"({self.params_held(r) * 4 / 2**20:.0f} MiB fp32; on CPU the layers are held twice, "
+                f"({self.params_held(r) * 4 / 2**20:.0f} MiB fp32; on CPU the weights are held twice, "
                 "plain and oneDNN-packed)"
             )
         lines.extend(f"note: {n}" for n in self.notes)

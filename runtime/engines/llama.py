@@ -254,6 +254,18 @@ def _onednn_pack(w_out_in: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w_out_in.contiguous(), 16)
 
 
+def prepack(w_out_in: torch.Tensor) -> torch.Tensor | None:
+    """The oneDNN-packed copy of a [out, in] matrix, or None where oneDNN is not available."""
+    return _onednn_pack(w_out_in) if _ONEDNN and w_out_in.device.type == "cpu" else None
+
+
+def linear(a: torch.Tensor, w_out_in: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """a @ w_out_in.T (the LM head, stored [vocab, hidden] as the embedding it is tied to)."""
+    if packed is not None and a.shape[0] >= PREPACK_MIN_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    return F.linear(a, w_out_in)
+
+
 def _mm(a: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
     if packed is not None and a.shape[0] >= PREPACK_MIN_ROWS:
         return torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
@@ -345,15 +357,18 @@ class HeadWeights:
     embed: torch.Tensor
     final_norm: torch.Tensor
     lm_head: torch.Tensor
+    lm_head_packed: torch.Tensor | None = None  # oneDNN-packed copy for batches (see PREPACK_MIN_ROWS)
 
     @classmethod
     def load(cls, weights: WeightSource, shape: LlamaShape) -> "HeadWeights":
         embed = weights.get("model.embed_tokens.weight")
         lm_head = embed if shape.tie_word_embeddings else weights.get("lm_head.weight")
-        return cls(embed=embed, final_norm=weights.get("model.norm.weight"), lm_head=lm_head)
+        return cls(
+            embed=embed, final_norm=weights.get("model.norm.weight"), lm_head=lm_head, lm_head_packed=prepack(lm_head)
+        )
 
     def logits(self, shape: LlamaShape, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.final_norm, shape.rms_norm_eps), self.lm_head)
+        return linear(rms_norm(hidden, self.final_norm, shape.rms_norm_eps), self.lm_head, self.lm_head_packed)
 
 
 class UnsplitLlama:

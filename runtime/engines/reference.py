@@ -1,4 +1,4 @@
-"""The reference engine: PyTorch on CPU (gloo) or CUDA (nccl), sharded per the parallel plan.
+"""The reference engine: PyTorch on CPU (shared memory or gloo) or CUDA (nccl), sharded per the plan.
 
 Leader (rank 0): ReferenceEngine. One scheduler thread owns every collective call; it runs
 iteration-level (continuous) batching: each iteration frees finished/cancelled sequences, admits
@@ -6,10 +6,11 @@ waiting requests that fit the KV-cache budget and prefills them, then runs one d
 whole running batch. The asyncio side only enqueues requests and relays TokenEvents; it never
 waits on a tensor. Followers (rank > 0): run_worker, which executes the broadcast steps.
 
-Failure: a dead or wedged peer makes a collective raise (gloo reports a closed connection at once,
-a wedged peer after collective_timeout_s); every waiting and running request then ends with
-EngineBroken and health() is BROKEN. An idle leader sends a heartbeat every heartbeat_s, so a death
-is noticed without traffic and followers never time out on a healthy idle leader.
+Failure: a dead or wedged peer makes a collective raise (gloo reports a closed connection and the
+shared-memory transport a released lock at once, a wedged peer after collective_timeout_s); every
+waiting and running request then ends with EngineBroken and health() is BROKEN. An idle leader
+sends a heartbeat every heartbeat_s, so a death is noticed without traffic and followers never time
+out on a healthy idle leader.
 
 Re-forming: after BROKEN or shutdown(), the process group is destroyed; a new ReferenceEngine /
 run_worker in the same process forms a fresh group (tests/engine/test_failure.py proves it), so

@@ -237,3 +237,20 @@ def test_start_gives_up_with_a_clear_error_when_followers_never_join(free_ports)
 
     health = run(go())
     assert health.state is EngineState.BROKEN and health.detail
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prefill": "sideways"}, "prefill strategy 'sideways' is not one of pipeline, tensor, auto"),
+        ({"decode": "data"}, "decode strategy 'data' is not one of pipeline, tensor, auto"),
+        ({"collectives": "nccl"}, "collectives 'nccl' is not one of auto, shm, gloo"),
+    ],
+)
+def test_a_bad_strategy_or_transport_is_refused_with_the_choices(kwargs, message):
+    from runtime.engines.reference import ReferenceEngine
+    from runtime.membership import Membership
+
+    m = Membership(unit_id="u", revision="1", rank=0, world_size=2, dist_host="127.0.0.1", dist_port=1)
+    with pytest.raises(ValueError, match=message):
+        ReferenceEngine(m, model="tiny", **kwargs)

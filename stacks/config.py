@@ -95,7 +95,7 @@ MARKETS = ("on-demand", "capacity-block")
 RESERVED_NAME_PREFIXES = ("aws", "ecs", "fargate")
 LIVE_TARGET_GROUPS = ("blue", "green")
 ENGINES = ("neuron", "reference", "echo")
-STRATEGIES = ("pipeline", "tensor")
+STRATEGIES = ("auto", "pipeline", "tensor")  # auto: the reference engine times both at formation
 ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
@@ -240,8 +240,8 @@ class NodeConfig(_Section):
     """Settings of the unit members' container (the `node` command)."""
 
     engine: Annotated[str, one_of(ENGINES)] = "neuron"
-    prefill_strategy: Annotated[str, one_of(STRATEGIES)] = "pipeline"
-    decode_strategy: Annotated[str, one_of(STRATEGIES)] = "tensor"
+    prefill_strategy: Annotated[str, one_of(STRATEGIES)] = "auto"
+    decode_strategy: Annotated[str, one_of(STRATEGIES)] = "auto"
     # ECS (EC2 launch type) waits at most 120 s between SIGTERM and SIGKILL; the node must finish
     # draining inside that window.
     drain_timeout_s: Annotated[int, between(1, 115, "ECS sends SIGKILL 120 s after SIGTERM")] = 100

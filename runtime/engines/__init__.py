@@ -9,8 +9,8 @@ Leader (rank 0), inside the node's asyncio loop::
     engine = ReferenceEngine(
         membership,                   # runtime.membership.Membership (rank 0)
         model="smollm2",              # tiny | smollm2 | a Llama checkpoint directory
-        prefill="pipeline",           # pipeline | tensor
-        decode="tensor",              # pipeline | tensor
+        prefill="auto",               # auto (timed at formation, calibrate.py) | pipeline | tensor
+        decode="auto",                # auto | pipeline | tensor
         kv_budget_tokens=16384,       # KV-cache tokens over all running sequences (prompt+max_tokens each)
         max_running=16,               # batch slots
         collective_timeout_s=30.0,    # gloo timeout: a dead/wedged peer fails requests within this
@@ -19,8 +19,10 @@ Leader (rank 0), inside the node's asyncio loop::
         threads=None,                 # torch.set_num_threads for this process (None: leave as is)
         model_name=None,              # name reported as engine.model_name (default: the model's)
         max_prefill_tokens=2048,      # prompt tokens prefilled per iteration (bounds decode stalls)
+        collectives="auto",           # auto (shared memory on one host, else gloo) | shm | gloo
     )
-    await engine.start()              # forms the process group, loads rank 0's tensors, warms up
+    await engine.start()              # forms the process group, loads rank 0's tensors, warms up,
+                                      # times the strategies when one is auto (engine.calibration)
     async for event in engine.generate(request): ...   # base.TokenEvent stream
     engine.cancel(request_id); engine.health(); engine.load()
     await engine.shutdown()           # followers' run_worker returns; the process group is destroyed
@@ -28,8 +30,8 @@ Leader (rank 0), inside the node's asyncio loop::
 Followers (rank > 0), blocking, in a thread of their own or the main thread::
 
     from runtime.engines.reference import run_worker
-    run_worker(membership, model="smollm2", prefill="pipeline", decode="tensor",
-               collective_timeout_s=30.0, start_timeout_s=300.0, threads=None)
+    run_worker(membership, model="smollm2", prefill="auto", decode="auto",
+               collective_timeout_s=30.0, start_timeout_s=300.0, threads=None, collectives="auto")
 
 run_worker returns normally when the leader shuts the unit down, and raises base.EngineBroken
 when the leader or another peer dies or a collective times out. `tokenizer` and `max_context` are

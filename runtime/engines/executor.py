@@ -9,6 +9,7 @@ two differ, the prefilled KV cache is re-sharded between layer-split and head-sp
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -18,21 +19,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from runtime.engines.base import EngineBroken
+from runtime.engines.collectives import Communicator, GlooCommunicator
 from runtime.engines.layout import ParallelPlan, split_even
 from runtime.engines.llama import (
     HeadWeights,
     LayerWeights,
+    PackedLayer,
+    RopeTable,
     Segment,
     SeqKV,
     decoder_layer,
+    linear,
     positions_of,
+    prepack,
     rms_norm,
-    rope_tables,
 )
 from runtime.models.registry import WeightSource
 
-OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE = 1, 2, 3, 4
-_STRATEGY_CODE = {"pipeline": 1, "tensor": 2}
+OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE, OP_STRATEGIES = 1, 2, 3, 4, 5
+_STRATEGY_CODE = {"auto": 0, "pipeline": 1, "tensor": 2}
+_STRATEGY_NAME = {v: k for k, v in _STRATEGY_CODE.items()}
 
 
 HEADER_LEN = 5  # op, then the counts of free / prefill / decode / fork entries
@@ -99,13 +105,14 @@ def pipeline_prefill_chunks(n: int, world_size: int) -> list[tuple[int, int]]:
     return split_even(n, min(2 * world_size, n // PIPELINE_CHUNK_TOKENS))
 
 
-def plan_fingerprint(model_id: str, plan: ParallelPlan) -> list[int]:
-    """What every rank must agree on before serving: model, shape, world size, strategies."""
+def plan_fingerprint(model_id: str, plan: ParallelPlan, prefill: str, decode: str) -> list[int]:
+    """What every rank must agree on before serving: model, shape, world size, the strategies as
+    requested (auto included)."""
     return [
         zlib.crc32(f"{model_id}|{plan.shape!r}".encode()),
         plan.world_size,
-        _STRATEGY_CODE[plan.prefill],
-        _STRATEGY_CODE[plan.decode],
+        _STRATEGY_CODE[prefill],
+        _STRATEGY_CODE[decode],
     ]
 
 
@@ -113,36 +120,46 @@ class ShardExecutor:
     """This rank's weights and KV caches, and the step that runs them in lock-step with peers."""
 
     def __init__(
-        self, *, plan: ParallelPlan, rank: int, weights: WeightSource, device: torch.device | str = "cpu"
+        self,
+        *,
+        plan: ParallelPlan,
+        rank: int,
+        weights: WeightSource,
+        device: torch.device | str = "cpu",
+        comm: Communicator | None = None,
     ) -> None:
         self.plan, self.rank, self.device = plan, rank, torch.device(device)
+        # Every exchange goes through comm (collectives.connect picks shared memory or gloo); the
+        # default is the process group as it is, for callers that formed one themselves.
+        self.comm = comm or GlooCommunicator(rank, plan.world_size)
         self.shape = s = plan.shape
         self.world_size = plan.world_size
         self.head = HeadWeights.load(weights, s) if rank == 0 else None
         self.stage = plan.stage(rank)
         self.tslice = plan.tensor_slice(rank)
-        self.pp_layers: dict[int, LayerWeights] = {}
-        self.tp_layers: dict[int, LayerWeights] = {}
-        if plan.uses("pipeline") or self.world_size == 1:
-            for n in self.stage.layers:
-                self.pp_layers[n] = LayerWeights.load(weights, n, shape=s)
-        if plan.uses("tensor") and self.world_size > 1:
-            t = self.tslice
-            for n in range(s.num_layers):
-                if n in self.pp_layers:  # this stage's own layers: slice what is already loaded
-                    self.tp_layers[n] = self.pp_layers[n].tensor_slice(
-                        q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s
-                    )
+        self.pp_layers: dict[int, PackedLayer] = {}
+        self.tp_layers: dict[int, PackedLayer] = {}
+        pipeline = plan.uses("pipeline") or self.world_size == 1
+        tensor = plan.uses("tensor") and self.world_size > 1
+        t = self.tslice
+        for n in range(s.num_layers):
+            full = LayerWeights.load(weights, n, shape=s) if pipeline and n in self.stage.layers else None
+            if full is not None:
+                self.pp_layers[n] = PackedLayer.pack(full)
+            if tensor:
+                if full is not None:  # this stage's own layers: slice what is already loaded
+                    part = full.tensor_slice(q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp, shape=s)
                 else:
-                    self.tp_layers[n] = LayerWeights.load(
-                        weights, n, shape=s, q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp
-                    )
-        elif self.world_size == 1:
+                    part = LayerWeights.load(weights, n, shape=s, q_heads=t.q_heads, kv_heads=t.kv_heads, mlp=t.mlp)
+                self.tp_layers[n] = PackedLayer.pack(part, owns_residual=rank == 0)
+        if self.world_size == 1:
             self.tp_layers = self.pp_layers  # one rank: the tensor "slice" is the whole layer
+        self.rope = RopeTable(s, self.device)
         # Vocab-parallel LM head for tensor-parallel phases: each rank turns the (replicated)
         # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
         # slowest rank of every step otherwise.
         self.lm_head_slice: torch.Tensor | None = None
+        self.lm_head_packed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
         if plan.uses("tensor") and self.world_size > 1:
             v0, v1 = self.tslice.vocab
@@ -152,18 +169,17 @@ class ShardExecutor:
                 name = "model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"
                 self.final_norm = weights.get("model.norm.weight")
                 self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
+            self.lm_head_packed = prepack(self.lm_head_slice)
         self.kv: dict[int, SeqKV] = {}
         # The steady state is "decode the same batch again": then only the header travels.
         self._last_decode: list[int] = []
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t)
-        return t
+        return self.comm.all_reduce(t)
 
     def _broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
-        dist.broadcast(t, src=src)
-        return t
+        return self.comm.broadcast(t, src)
 
     # --- leader / follower entry points -------------------------------------------------------
     def leader_step(self, cmd: StepCommand) -> StepResult:
@@ -187,6 +203,36 @@ class ShardExecutor:
     def _signal(op: int) -> torch.Tensor:
         return torch.tensor([op] + [0] * (HEADER_LEN - 1), dtype=torch.int64)
 
+    def leader_set_strategies(self, prefill: str, decode: str, *, final: bool = False) -> None:
+        """Rank 0: every rank switches to these strategies (the weights of both must be loaded);
+        final drops the weights the chosen pair does not use. Sequences must all be freed first:
+        their KV layout belongs to the old strategies."""
+        try:
+            if self.world_size > 1:
+                header = self._signal(OP_STRATEGIES)
+                header[1:4] = torch.tensor([_STRATEGY_CODE[prefill], _STRATEGY_CODE[decode], int(final)])
+                self._broadcast(header, 0)
+        except (RuntimeError, dist.DistError) as e:
+            raise EngineBroken(f"a follower is gone (switching strategies): {e}") from e
+        self.set_strategies(prefill, decode, final=final)
+
+    def set_strategies(self, prefill: str, decode: str, *, final: bool = False) -> None:
+        if self.kv:
+            raise RuntimeError("strategies change only between sequences (bug: KV caches are still held)")
+        plan = dataclasses.replace(self.plan, prefill=prefill, decode=decode)
+        for strategy in (prefill, decode):
+            if strategy == "pipeline" and self.world_size > 1 and not self.pp_layers:
+                raise RuntimeError("pipeline weights were not loaded (bug)")
+            if strategy == "tensor" and self.world_size > 1 and not self.tp_layers:
+                raise RuntimeError("tensor-parallel weights were not loaded (bug)")
+        self.plan = plan
+        if final and self.world_size > 1:
+            if not plan.uses("pipeline"):
+                self.pp_layers = {}
+            if not plan.uses("tensor"):
+                self.tp_layers, self.lm_head_slice, self.final_norm = {}, None, None
+                self.lm_head_packed = None
+
     def leader_signal(self, op: int) -> None:
         """Rank 0: heartbeat (proves the followers are alive) or shutdown."""
         if self.world_size == 1:
@@ -208,6 +254,10 @@ class ShardExecutor:
                     continue
                 if op == OP_REPEAT_DECODE:
                     self.run(StepCommand(decode=list(self._last_decode)))
+                    continue
+                if op == OP_STRATEGIES:
+                    codes = [int(v) for v in header[1:4]]
+                    self.set_strategies(_STRATEGY_NAME[codes[0]], _STRATEGY_NAME[codes[1]], final=bool(codes[2]))
                     continue
                 if op != OP_STEP:
                     raise EngineBroken(f"unknown op {op} from the leader (version skew?)")
@@ -247,9 +297,9 @@ class ShardExecutor:
         return self.head.embed[torch.tensor(list(token_ids), device=self.device)]
 
     def _run_layers(
-        self, layers: dict[int, LayerWeights], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
+        self, layers: dict[int, PackedLayer], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
     ) -> torch.Tensor:
-        cos, sin = rope_tables(self.shape, positions_of(segments, self.device))
+        cos, sin = self.rope(positions_of(segments, self.device), max(g.start + g.n for g in segments))
         for n in order:
             x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce)
         return x
@@ -276,8 +326,7 @@ class ShardExecutor:
                 if r == 0:
                     x = self._embed(cmd.prefill_tokens[i][a:b])
                 else:
-                    x = torch.empty(b - a, H, device=self.device)
-                    dist.recv(x, src=r - 1)
+                    x = self.comm.recv(torch.empty(b - a, H, device=self.device), r - 1)
                 x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
                 kv.length = b
                 if W == 1:
@@ -286,18 +335,16 @@ class ShardExecutor:
                 elif r == last_rank:
                     if b == n:
                         # Only the last position returns to rank 0 (LM head + sampling live there).
-                        pending.append(dist.isend(x[-1:].contiguous(), dst=0))
+                        pending.append(self.comm.isend(x[-1:].contiguous(), 0))
                 else:
-                    pending.append(dist.isend(x.contiguous(), dst=r + 1))
+                    pending.append(self.comm.isend(x.contiguous(), r + 1))
         for work in pending:
             work.wait()
         if r != 0:
             return None
         if W > 1:
             for _ in cmd.prefill:
-                x = torch.empty(1, H, device=self.device)
-                dist.recv(x, src=last_rank)
-                lasts.append(x)
+                lasts.append(self.comm.recv(torch.empty(1, H, device=self.device), last_rank))
         return self._last_logits(lasts)
 
     def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
@@ -350,19 +397,17 @@ class ShardExecutor:
             if r == 0:
                 x = self._embed(cmd.decode_tokens[a:b])
             else:
-                x = torch.empty(b - a, H, device=self.device)
-                dist.recv(x, src=r - 1)
+                x = self.comm.recv(torch.empty(b - a, H, device=self.device), r - 1)
             x = self._run_layers(self.pp_layers, self.stage.layers, x, mb)
             for seg in mb:
                 seg.kv.length += 1
             if W == 1:
                 outs.append(self.head.logits(self.shape, x))
             else:
-                pending.append(dist.isend(x.contiguous(), dst=(r + 1) % W))
+                pending.append(self.comm.isend(x.contiguous(), (r + 1) % W))
         if r == 0 and W > 1:
             for a, b in bounds:
-                x = torch.empty(b - a, H, device=self.device)
-                dist.recv(x, src=W - 1)
+                x = self.comm.recv(torch.empty(b - a, H, device=self.device), W - 1)
                 outs.append(self.head.logits(self.shape, x))
         for work in pending:
             work.wait()
@@ -386,15 +431,13 @@ class ShardExecutor:
 
     def _tp_logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every rank: its vocab rows of the logits; rank 0 gathers them into [rows, vocab]."""
-        local = F.linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice)
+        local = linear(rms_norm(x, self.final_norm, self.shape.rms_norm_eps), self.lm_head_slice, self.lm_head_packed)
         widths = [t.vocab[1] - t.vocab[0] for t in self.plan.tensor_slices]
         if local.shape[1] < max(widths):  # gather needs equal sizes: pad, trim on rank 0
             local = F.pad(local, (0, max(widths) - local.shape[1]))
-        if self.rank != 0:
-            dist.gather(local.contiguous(), dst=0)
+        parts = self.comm.gather(local.contiguous(), 0)
+        if parts is None:
             return None
-        parts = [torch.empty(x.shape[0], max(widths), device=self.device) for _ in widths]
-        dist.gather(local.contiguous(), gather_list=parts, dst=0)
         return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=-1)
 
     # --- KV re-shard between layer-split (pipeline) and head-split (tensor) -------------------

@@ -124,7 +124,8 @@ class ParallelPlan:
         for r in range(self.world_size):
             lines.append(
                 f"  rank {r} holds {self.params_held(r) / 1e6:.2f}M parameters "
-                f"({self.params_held(r) * 4 / 2**20:.0f} MiB fp32)"
+                f"({self.params_held(r) * 4 / 2**20:.0f} MiB fp32; on CPU the weights are held twice, "
+                "plain and oneDNN-packed)"
             )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
@@ -171,6 +172,34 @@ def _balanced_stages(s: LlamaShape, world_size: int) -> list[tuple[int, int]]:
     return ranges[::-1]
 
 
+def _uneven_heads(n: int, parts: int) -> list[tuple[int, int]]:
+    """split_even, but the larger shares go to the last ranks (rank 0 has the most other work)."""
+    sizes = sorted(b - a for a, b in split_even(n, parts))
+    out, start = [], 0
+    for size in sizes:
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def _balanced_mlp(s: LlamaShape, kv_groups: list[int]) -> list[tuple[int, int]]:
+    """MLP column ranges that give every rank the same parameters per layer, given its KV groups."""
+    h, d = s.hidden_size, s.head_dim
+    group = s.num_heads // s.num_kv_heads
+    per_group = h * d * (2 * group + 2)  # q and o rows/columns of the group's query heads, k and v
+    per_column = 3 * h  # gate, up, down
+    target = (s.num_kv_heads * per_group + s.intermediate_size * per_column) / len(kv_groups)
+    cols = [max(1, round((target - g * per_group) / per_column)) for g in kv_groups]
+    cols[-1] = s.intermediate_size - sum(cols[:-1])
+    if cols[-1] < 1:
+        return split_even(s.intermediate_size, len(kv_groups))
+    out, start = [], 0
+    for c in cols:
+        out.append((start, start + c))
+        start += c
+    return out
+
+
 def check_strategies(prefill: str, decode: str) -> None:
     """Refuse a phase strategy that is not one of STRATEGIES (the plan and the engine both ask)."""
     for phase, value in (("prefill", prefill), ("decode", decode)):
@@ -185,8 +214,14 @@ def make_plan(
     prefill: str = "pipeline",
     decode: str = "tensor",
     boundaries: tuple[int, ...] | None = None,
+    split_uneven_heads: bool = False,
 ) -> ParallelPlan:
-    """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split."""
+    """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split.
+
+    split_uneven_heads: when the KV heads do not divide by world_size, give ranks unequal numbers of
+    KV-head groups and balance the MLP columns against them, instead of replicating attention.
+    That costs a second all-reduce per layer, worth it only on a fast transport (shared memory);
+    the engine asks for it when its ranks share a host."""
     check_strategies(prefill, decode)
     if world_size < 1:
         raise ValueError(f"world_size {world_size} must be at least 1")
@@ -217,13 +252,30 @@ def make_plan(
     group = shape.num_heads // shape.num_kv_heads
     mlp = split_even(shape.intermediate_size, world_size)
     vocab = split_even(shape.vocab_size, world_size)
-    if replicated:
+    uneven = replicated and split_uneven_heads and shape.num_kv_heads >= world_size
+    if uneven:
+        kv = _uneven_heads(shape.num_kv_heads, world_size)
+        mlp = _balanced_mlp(shape, [b - a for a, b in kv])
+        notes.append(
+            f"attention split UNEVENLY: {shape.num_kv_heads} KV heads over tp_degree {world_size} "
+            f"({', '.join(str(b - a) for a, b in kv)} per rank, the extra ones away from rank 0, which "
+            "also embeds and samples); MLP columns balanced against them so every rank multiplies "
+            "the same parameters per token; two all-reduces per layer (cheap over shared memory)"
+        )
+        slices = tuple(
+            TensorSlice(
+                rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group), kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r]
+            )
+            for r in range(world_size)
+        )
+        replicated = False
+    elif replicated:
         notes.append(
             f"attention REPLICATED on every rank: {shape.num_heads} query / {shape.num_kv_heads} KV "
             f"heads do not divide by tp_degree {world_size}; the MLP is still split, so tensor-"
             "parallel layers all-reduce once (after the MLP) instead of twice. An uneven split "
-            "of the KV groups would save the duplicated attention but add an all-reduce per "
-            "layer, which costs more than it saves on a latency-bound interconnect"
+            "of the KV groups saves the duplicated attention but adds an all-reduce per layer: "
+            "the engine uses it when its ranks share memory, not over a network"
         )
         slices = tuple(
             TensorSlice(
@@ -239,7 +291,7 @@ def make_plan(
             )
             for r in range(world_size)
         )
-    if shape.intermediate_size % world_size:
+    if not uneven and shape.intermediate_size % world_size:
         notes.append(
             f"MLP width {shape.intermediate_size} does not divide by {world_size}: slices differ by one column"
         )

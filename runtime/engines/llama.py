@@ -113,6 +113,51 @@ class LayerWeights:
 
 
 @dataclass
+class PackedLayer:
+    """A layer laid out for the step: q/k/v fused, gate/up fused, every matrix stored [in, out] so
+    a decode step is four matrix products that each stream their weights once. Built from
+    LayerWeights (whole or a tensor slice); the unpacked tensors can then be dropped."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor  # [hidden, (n_q + 2 n_kv) head_dim]
+    o: torch.Tensor  # [n_q head_dim, hidden]
+    gate_up: torch.Tensor  # [hidden, 2 mlp]
+    down: torch.Tensor  # [mlp, hidden]
+    n_q: int
+    n_kv: int
+    mlp: int
+    attention_partial: bool
+    mlp_partial: bool
+    owns_residual: bool  # this rank adds the residual into its partial sums (one rank of a tensor split)
+    # The same four matrices pre-packed for oneDNN, used from PREPACK_MIN_ROWS rows up (None: off).
+    packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def pack(cls, lw: LayerWeights, *, owns_residual: bool = True, prepack: bool = True) -> "PackedLayer":
+        qkv = torch.cat([lw.wq, lw.wk, lw.wv])
+        gate_up = torch.cat([lw.w_gate, lw.w_up])
+        packed = None
+        if prepack and _ONEDNN and qkv.device.type == "cpu":
+            packed = tuple(_onednn_pack(w) for w in (qkv, lw.wo, gate_up, lw.w_down))
+        return cls(
+            input_norm=lw.input_norm,
+            post_norm=lw.post_norm,
+            qkv=qkv.t().contiguous(),
+            o=lw.wo.t().contiguous(),
+            gate_up=gate_up.t().contiguous(),
+            down=lw.w_down.t().contiguous(),
+            packed=packed,
+            n_q=lw.n_q,
+            n_kv=lw.n_kv,
+            mlp=lw.w_gate.shape[0],
+            attention_partial=lw.attention_partial,
+            mlp_partial=lw.mlp_partial,
+            owns_residual=owns_residual,
+        )
+
+
+@dataclass
 class SeqKV:
     """One sequence's KV cache on this rank: per layer held, K and V of shape [n_kv, capacity, d]."""
 
@@ -151,39 +196,117 @@ class Segment:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same op order as transformers' LlamaRMSNorm (fp32 variance, weight applied last).
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    variance = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(variance + eps)
-    return weight * h.to(dtype)
+    # One fused op; the same arithmetic as transformers' LlamaRMSNorm for fp32 activations (fp32
+    # mean of squares, rsqrt, weight applied last).
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+class RopeTable:
+    """cos/sin of every position up to the longest seen so far, computed once and indexed per step.
+
+    Rows hold [cos, cos] and [-sin, sin] (each half head_dim wide) so rotary embedding is
+    x * cos + swap_halves(x) * sin, i.e. transformers' x * cos + rotate_half(x) * sin, bit for bit
+    (x2 * -s == -(x2 * s) exactly)."""
+
+    def __init__(self, shape: LlamaShape, device: torch.device | str = "cpu") -> None:
+        self.shape, self.device = shape, torch.device(device)
+        self.cos = self.sin = torch.empty(0, 2, shape.head_dim // 2, device=self.device)
+
+    def _grow(self, n: int) -> None:
+        n = min(max(n, 2 * self.cos.shape[0], 256), max(n, self.shape.max_position_embeddings))
+        dim = self.shape.head_dim
+        inv_freq = 1.0 / (self.shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        freqs = torch.arange(n, device=self.device)[:, None].float() * inv_freq.to(self.device)
+        cos, sin = freqs.cos(), freqs.sin()
+        self.cos = torch.stack([cos, cos], dim=1)  # [n, 2, half]
+        self.sin = torch.stack([-sin, sin], dim=1)
+
+    def __call__(self, positions: torch.Tensor, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for `positions` (the largest is stop - 1), shaped [tokens, 1, 2, half]."""
+        if stop > self.cos.shape[0]:
+            self._grow(stop)
+        return self.cos[positions][:, None], self.sin[positions][:, None]
 
 
 def rope_tables(shape: LlamaShape, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    dim = shape.head_dim
-    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    freqs = positions[..., None].float() * inv_freq.to(positions.device)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    """One-off tables for `positions` (RopeTable caches them across steps)."""
+    return RopeTable(shape, positions.device)(positions, int(positions.max()) + 1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [tokens, heads, head_dim] with tables [tokens, 1, 2, half]."""
+    T, nh, d = x.shape
+    halves = x.view(T, nh, 2, d // 2)
+    return (halves * cos + halves.flip(2) * sin).view(T, nh, d)
 
 
 def positions_of(segments: Sequence[Segment], device: torch.device | str = "cpu") -> torch.Tensor:
+    if len(segments) == 1:
+        s = segments[0]
+        return torch.arange(s.start, s.start + s.n, device=device)
     return torch.cat([torch.arange(s.start, s.start + s.n, device=device) for s in segments])
 
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
+# At batch 1 a product is a matrix-vector product that streams the weights once (MKL via torch.mm
+# is at the bandwidth floor); from a few rows on MKL's small-M GEMM re-packs the weights on every
+# call, and oneDNN with weights packed once (what vLLM's CPU backend does) was 20-25 % faster at 16
+# rows and 20-35 % slower at 1 row, so both layouts are kept and the row count picks one.
+PREPACK_MIN_ROWS = 3
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _onednn_pack(w_out_in: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(w_out_in.contiguous(), 16)
+
+
+def prepack(w_out_in: torch.Tensor) -> torch.Tensor | None:
+    """The oneDNN-packed copy of a [out, in] matrix, or None where oneDNN is not available."""
+    return _onednn_pack(w_out_in) if _ONEDNN and w_out_in.device.type == "cpu" else None
+
+
+def linear(a: torch.Tensor, w_out_in: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """a @ w_out_in.T (the LM head, stored [vocab, hidden] as the embedding it is tied to)."""
+    if packed is not None and a.shape[0] >= PREPACK_MIN_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    return F.linear(a, w_out_in)
+
+
+def _mm(a: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    if packed is not None and a.shape[0] >= PREPACK_MIN_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    return torch.mm(a, w)
+
+
+def _addmm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    if packed is not None and a.shape[0] >= PREPACK_MIN_ROWS:
+        return torch.ops.mkldnn._linear_pointwise.binary(a, x, packed, None, "add")
+    return torch.addmm(x, a, w)
+
+
+def _project(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    packed: torch.Tensor | None,
+    partial: bool,
+    owns_residual: bool,
+    all_reduce: AllReduce | None,
+) -> torch.Tensor:
+    """x + a @ w. A partial product is summed over the ranks; one of them adds the residual into
+    its part first, so the all-reduce also does the residual add."""
+    if not partial:
+        return _addmm(x, a, w, packed)
+    assert all_reduce is not None, "a tensor slice of a layer needs all_reduce to sum its output"
+    return all_reduce(_addmm(x, a, w, packed) if owns_residual else _mm(a, w, packed))
+
+
 def decoder_layer(
     shape: LlamaShape,
     layer: int,
-    lw: LayerWeights,
+    lw: PackedLayer,
     x: torch.Tensor,
     segments: Sequence[Segment],
     cos: torch.Tensor,
@@ -193,16 +316,15 @@ def decoder_layer(
     """x: [tokens, hidden] for the segments in order. Appends each segment's K/V to its cache."""
     d = shape.head_dim
     T = x.shape[0]
+    nq, nkv = lw.n_q, lw.n_kv
     h = rms_norm(x, lw.input_norm, shape.rms_norm_eps)
-    q = F.linear(h, lw.wq).view(T, lw.n_q, d)
-    k = F.linear(h, lw.wk).view(T, lw.n_kv, d)
-    v = F.linear(h, lw.wv).view(T, lw.n_kv, d)
-    c, s = cos[:, None, :], sin[:, None, :]
-    q = (q * c) + (_rotate_half(q) * s)
-    k = (k * c) + (_rotate_half(k) * s)
+    pq, po, pgu, pd = lw.packed or (None, None, None, None)
+    qkv = _mm(h, lw.qkv, pq).view(T, nq + 2 * nkv, d)
+    qk = _rotate(qkv[:, : nq + nkv], cos, sin)
+    q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv :]
     outs = []
     offset = 0
-    gqa = lw.n_q != lw.n_kv
+    gqa = nq != nkv
     for seg in segments:
         K, V = seg.kv.layers[layer]
         stop = seg.start + seg.n
@@ -211,9 +333,9 @@ def decoder_layer(
             K[:, seg.start] = k[offset]
             V[:, seg.start] = v[offset]
             o = F.scaled_dot_product_attention(
-                q[offset].view(1, lw.n_q, 1, d), K[None, :, :stop], V[None, :, :stop], enable_gqa=gqa
+                q[offset].view(1, nq, 1, d), K[None, :, :stop], V[None, :, :stop], enable_gqa=gqa
             )
-            outs.append(o.view(1, lw.n_q * d))
+            outs.append(o.view(1, nq * d))
             offset += 1
             continue
         K[:, seg.start : stop] = k[offset : offset + seg.n].transpose(0, 1)
@@ -226,19 +348,14 @@ def decoder_layer(
             pos_q = torch.arange(seg.start, stop, device=x.device)[:, None]
             mask, causal = torch.arange(stop, device=x.device)[None, :] <= pos_q, False
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
-        outs.append(o[0].transpose(0, 1).reshape(seg.n, lw.n_q * d))
+        outs.append(o[0].transpose(0, 1).reshape(seg.n, nq * d))
         offset += seg.n
-    attn = F.linear(torch.cat(outs) if len(outs) > 1 else outs[0], lw.wo)
-    if lw.attention_partial:
-        assert all_reduce is not None, "a head slice of the attention needs all_reduce to sum its output"
-        attn = all_reduce(attn)
-    x = x + attn
+    attn = torch.cat(outs) if len(outs) > 1 else outs[0]
+    x = _project(x, attn, lw.o, po, lw.attention_partial, lw.owns_residual, all_reduce)
     h = rms_norm(x, lw.post_norm, shape.rms_norm_eps)
-    mlp = F.linear(F.silu(F.linear(h, lw.w_gate)) * F.linear(h, lw.w_up), lw.w_down)
-    if lw.mlp_partial:
-        assert all_reduce is not None, "a slice of the MLP needs all_reduce to sum its output"
-        mlp = all_reduce(mlp)
-    return x + mlp
+    gate_up = _mm(h, lw.gate_up, pgu)
+    act = F.silu(gate_up[:, : lw.mlp]) * gate_up[:, lw.mlp :]
+    return _project(x, act, lw.down, pd, lw.mlp_partial, lw.owns_residual, all_reduce)
 
 
 @dataclass
@@ -248,15 +365,18 @@ class HeadWeights:
     embed: torch.Tensor
     final_norm: torch.Tensor
     lm_head: torch.Tensor
+    lm_head_packed: torch.Tensor | None = None  # oneDNN-packed copy for batches (see PREPACK_MIN_ROWS)
 
     @classmethod
     def load(cls, weights: WeightSource, shape: LlamaShape) -> "HeadWeights":
         embed = weights.get("model.embed_tokens.weight")
         lm_head = embed if shape.tie_word_embeddings else weights.get("lm_head.weight")
-        return cls(embed=embed, final_norm=weights.get("model.norm.weight"), lm_head=lm_head)
+        return cls(
+            embed=embed, final_norm=weights.get("model.norm.weight"), lm_head=lm_head, lm_head_packed=prepack(lm_head)
+        )
 
     def logits(self, shape: LlamaShape, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.final_norm, shape.rms_norm_eps), self.lm_head)
+        return linear(rms_norm(hidden, self.final_norm, shape.rms_norm_eps), self.lm_head, self.lm_head_packed)
 
 
 class UnsplitLlama:
@@ -266,7 +386,8 @@ class UnsplitLlama:
     def __init__(self, shape: LlamaShape, weights: WeightSource) -> None:
         self.shape = shape
         self.head = HeadWeights.load(weights, shape)
-        self.layers = {n: LayerWeights.load(weights, n, shape=shape) for n in range(shape.num_layers)}
+        self.layers = {n: PackedLayer.pack(LayerWeights.load(weights, n, shape=shape)) for n in range(shape.num_layers)}
+        self.rope = RopeTable(shape)
 
     def new_kv(self, capacity: int) -> SeqKV:
         return SeqKV.empty(range(self.shape.num_layers), self.shape.num_kv_heads, self.shape.head_dim, capacity)
@@ -275,7 +396,7 @@ class UnsplitLlama:
         """Logits of the last position ([vocab]) or all positions ([n, vocab]); extends the cache."""
         seg = Segment(kv=kv, start=kv.length, n=len(token_ids))
         x = self.head.embed[torch.tensor(list(token_ids))]
-        cos, sin = rope_tables(self.shape, positions_of([seg]))
+        cos, sin = self.rope(positions_of([seg]), seg.start + seg.n)
         for n in range(self.shape.num_layers):
             x = decoder_layer(self.shape, n, self.layers[n], x, [seg], cos, sin)
         kv.length += seg.n

@@ -1,4 +1,4 @@
-"""The reference engine: PyTorch on CPU (gloo) or CUDA (nccl), sharded per the parallel plan.
+"""The reference engine: PyTorch on CPU (shared memory or gloo) or CUDA (nccl), sharded per the plan.
 
 Leader (rank 0): ReferenceEngine. One scheduler thread owns every collective call; it runs
 iteration-level (continuous) batching: each iteration frees finished/cancelled sequences, admits
@@ -6,10 +6,11 @@ waiting requests that fit the KV-cache budget and prefills them, then runs one d
 whole running batch. The asyncio side only enqueues requests and relays TokenEvents; it never
 waits on a tensor. Followers (rank > 0): run_worker, which executes the broadcast steps.
 
-Failure: a dead or wedged peer makes a collective raise (gloo reports a closed connection at once,
-a wedged peer after collective_timeout_s); every waiting and running request then ends with
-EngineBroken and health() is BROKEN. An idle leader sends a heartbeat every heartbeat_s, so a death
-is noticed without traffic and followers never time out on a healthy idle leader.
+Failure: a dead or wedged peer makes a collective raise (gloo reports a closed connection and the
+shared-memory transport a released lock at once, a wedged peer after collective_timeout_s); every
+waiting and running request then ends with EngineBroken and health() is BROKEN. An idle leader
+sends a heartbeat every heartbeat_s, so a death is noticed without traffic and followers never time
+out on a healthy idle leader.
 
 Re-forming: after BROKEN or shutdown(), the process group is destroyed; a new ReferenceEngine /
 run_worker in the same process forms a fresh group (tests/engine/test_failure.py proves it), so
@@ -42,9 +43,11 @@ from runtime.engines.base import (
     RequestRejected,
     TokenEvent,
 )
+from runtime.engines.calibrate import AUTO, Calibration, calibrate, loading_pair
+from runtime.engines.collectives import TRANSPORTS, Communicator, connect
 from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
 from runtime.engines.grammar import Grammars, Matcher
-from runtime.engines.layout import ParallelPlan, check_strategies, make_plan
+from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
 from runtime.engines.sampling import TextTracker, choose, make_generator
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
@@ -91,9 +94,9 @@ def _release_process_group() -> None:
             log.warning("destroying the process group: %s", e)
 
 
-def _agree(source: ModelSource, plan: ParallelPlan, rank: int) -> None:
+def _agree(source: ModelSource, plan: ParallelPlan, rank: int, prefill: str, decode: str) -> None:
     """Every rank checks it runs the leader's model and strategies before loading anything."""
-    mine = torch.tensor(plan_fingerprint(source.name, plan), dtype=torch.int64)
+    mine = torch.tensor(plan_fingerprint(source.name, plan, prefill, decode), dtype=torch.int64)
     leader = mine.clone()
     dist.broadcast(leader, 0)
     bad = torch.tensor([0 if torch.equal(mine, leader) else 1], dtype=torch.int64)
@@ -101,7 +104,7 @@ def _agree(source: ModelSource, plan: ParallelPlan, rank: int) -> None:
     if int(bad):
         raise EngineError(
             f"rank {rank} runs model={source.name} world_size={plan.world_size} "
-            f"prefill={plan.prefill} decode={plan.decode}, but the unit's members disagree "
+            f"prefill={prefill} decode={decode}, but the unit's members disagree "
             "(model, shape or strategies); start every member with the same model and strategies"
         )
 
@@ -110,23 +113,29 @@ def run_worker(
     membership: Membership,
     *,
     model: str,
-    prefill: str = "pipeline",
-    decode: str = "tensor",
+    prefill: str = "auto",
+    decode: str = "auto",
     collective_timeout_s: float = 30.0,
     start_timeout_s: float = 300.0,
     threads: int | None = None,
+    collectives: str = "auto",
 ) -> None:
     """Follower main loop. Returns when the leader shuts down; raises EngineBroken on peer loss."""
     if membership.is_leader:
         raise ValueError("run_worker is for followers (rank > 0); rank 0 runs ReferenceEngine")
     if threads:
         torch.set_num_threads(threads)
+    check_requested(prefill, decode)
     source = resolve_model(model)
-    plan = make_plan(source.shape, membership.world_size, prefill=prefill, decode=decode)
+    loading = loading_pair(prefill, decode)
+    plan = make_plan(source.shape, membership.world_size, prefill=loading[0], decode=loading[1])
     _form_process_group(membership, collective_timeout_s=collective_timeout_s, start_timeout_s=start_timeout_s)
+    comm: Communicator | None = None
     try:
-        _agree(source, plan, membership.rank)
-        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device())
+        _agree(source, plan, membership.rank, prefill, decode)
+        comm = _connect(membership, collective_timeout_s, collectives)
+        plan = _plan_for(source, membership.world_size, *loading, comm)
+        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device(), comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
         executor.follower_loop()
@@ -135,7 +144,31 @@ def run_worker(
     except (RuntimeError, dist.DistError) as e:
         raise EngineBroken(f"rank {membership.rank}: the unit broke: {e}") from e
     finally:
+        if comm is not None:
+            comm.close()
         _release_process_group()
+
+
+def check_requested(prefill: str, decode: str) -> None:
+    """A strategy as a unit may be given one: pipeline, tensor, or auto (calibrated at formation)."""
+    for phase, value in (("prefill", prefill), ("decode", decode)):
+        if value not in (*STRATEGIES, AUTO):
+            raise ValueError(f"{phase} strategy {value!r} is not one of {', '.join((*STRATEGIES, AUTO))}")
+
+
+def _plan_for(
+    source: ModelSource, world_size: int, prefill: str, decode: str, comm: Communicator | None
+) -> ParallelPlan:
+    """The plan once the transport is known: uneven head splits only pay over shared memory."""
+    shm = comm is not None and comm.transport == "shm"
+    return make_plan(source.shape, world_size, prefill=prefill, decode=decode, split_uneven_heads=shm)
+
+
+def _connect(membership: Membership, collective_timeout_s: float, collectives: str) -> Communicator | None:
+    """The unit's transport (shared memory on one host, else gloo); CUDA keeps nccl."""
+    if torch.cuda.is_available():
+        return None
+    return connect(membership.rank, membership.world_size, timeout_s=collective_timeout_s, transport=collectives)
 
 
 @dataclass
@@ -185,8 +218,8 @@ class ReferenceEngine:
         membership: Membership,
         *,
         model: str,
-        prefill: str = "pipeline",
-        decode: str = "tensor",
+        prefill: str = "auto",
+        decode: str = "auto",
         kv_budget_tokens: int = 16384,
         max_running: int = 16,
         collective_timeout_s: float = 30.0,
@@ -195,10 +228,13 @@ class ReferenceEngine:
         threads: int | None = None,
         model_name: str | None = None,
         max_prefill_tokens: int = 2048,
+        collectives: str = "auto",
     ) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
-        check_strategies(prefill, decode)
+        check_requested(prefill, decode)
+        if collectives not in TRANSPORTS:
+            raise ValueError(f"collectives {collectives!r} is not one of {', '.join(TRANSPORTS)}")
         if kv_budget_tokens < 1 or max_running < 1:
             raise ValueError("kv_budget_tokens and max_running must be at least 1")
         if not 0 < heartbeat_s < collective_timeout_s:
@@ -216,9 +252,13 @@ class ReferenceEngine:
         # Prompt tokens prefilled per iteration: bounds how long running sequences wait for a
         # decode step while a burst of new requests is admitted (at least one prompt always goes).
         self.max_prefill_tokens = max_prefill_tokens
+        self.collectives = collectives
+        self.transport = "none"  # after start(): shm or gloo (the unit's ranks' transport)
         self.max_context = 0
         self.tokenizer = None
         self.plan: ParallelPlan | None = None
+        # After start(): the strategies in use and how they were chosen (with the measurements).
+        self.calibration: Calibration | None = None
         self._state = EngineState.STARTING
         self._detail = "not started"
         self._lock = threading.Condition()
@@ -241,7 +281,8 @@ class ReferenceEngine:
             torch.set_num_threads(self.threads)
         self._detail = "loading model"
         source = await asyncio.to_thread(resolve_model, self.model)
-        self.plan = make_plan(source.shape, self.membership.world_size, prefill=self.prefill, decode=self.decode)
+        loading = loading_pair(self.prefill, self.decode)
+        self.plan = make_plan(source.shape, self.membership.world_size, prefill=loading[0], decode=loading[1])
         self.tokenizer = source.make_tokenizer()
         self.max_context = min(source.shape.max_position_embeddings, self.kv_budget_tokens)
         if self.model_name == self.model and source.name:
@@ -391,6 +432,7 @@ class ReferenceEngine:
     # --- scheduler thread (owns every collective) ---------------------------------------------
     def _scheduler_main(self, source: ModelSource) -> None:
         executor = None
+        comm: Communicator | None = None
         try:
             ws = self.membership.world_size
             if ws > 1:
@@ -400,11 +442,18 @@ class ReferenceEngine:
                     collective_timeout_s=self.collective_timeout_s,
                     start_timeout_s=self.start_timeout_s,
                 )
-                _agree(source, self.plan, 0)
-            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device())
+                loading = self.plan
+                assert loading is not None  # set by start()
+                _agree(source, loading, 0, self.prefill, self.decode)
+                comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
+                self.transport = comm.transport if comm is not None else "nccl"
+                self.plan = _plan_for(source, ws, loading.prefill, loading.decode, comm)
+            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm)
             if ws > 1:
                 dist.barrier()
             self._warm_up(executor)
+            self.calibration = self._choose_strategies(executor)
+            self.plan = executor.plan
             self._state, self._detail = EngineState.READY, ""
             self._ready.set()
             self._loop(executor)
@@ -415,6 +464,8 @@ class ReferenceEngine:
             self._end_all(EngineState.BROKEN, detail, e if isinstance(e, EngineBroken) else EngineBroken(detail))
         finally:
             self._ready.set()
+            if comm is not None:
+                comm.close()
             _release_process_group()
             if self._state is not EngineState.BROKEN:
                 self._end_all(EngineState.STOPPED, "shut down", EngineUnavailable("the engine shut down"))
@@ -425,6 +476,17 @@ class ReferenceEngine:
         token = int(result.prefill_logits[0].argmax())
         executor.leader_step(StepCommand(decode=[seq], decode_tokens=[token]))
         executor.leader_step(StepCommand(free=[seq]))
+
+    def _choose_strategies(self, executor: ShardExecutor) -> Calibration:
+        p, d = executor.plan.prefill, executor.plan.decode
+        if self.membership.world_size == 1:
+            return Calibration(prefill=p, decode=d, chosen_by="single rank", transport="none")
+        if AUTO not in (self.prefill, self.decode):
+            return Calibration(prefill=p, decode=d, chosen_by="setting", transport=self.transport)
+        self._detail = "calibrating the strategies"
+        return calibrate(
+            executor, prefill=self.prefill, decode=self.decode, seq_ids=self._seq_ids, transport=self.transport
+        )
 
     def _end_all(self, state: EngineState, detail: str, error: BaseException) -> None:
         """The engine stops serving: the new state and the end of every request it holds, in one

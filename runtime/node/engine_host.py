@@ -172,7 +172,13 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
     engine = _build_leader_engine(cfg, m)
     out.send(op="starting")
     await engine.start()
-    out.send(op="ready", model_name=engine.model_name, max_context=int(engine.max_context))
+    calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
+    out.send(
+        op="ready",
+        model_name=engine.model_name,
+        max_context=int(engine.max_context),
+        strategies=calibration.as_dict() if calibration is not None else None,
+    )
     tasks: dict[str, asyncio.Task] = {}
     stop = asyncio.Event()
     stop_reason = ["the unit shut down before this request finished; retry"]

@@ -48,6 +48,7 @@ class EngineProcess:
         self._config = {**config, "membership": membership_to_dict(membership)}
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
+        self.strategies: dict[str, Any] | None = None  # from the ready event (reference engine)
         self.exited = asyncio.Event()
         self.load = LoadReport()
         self.failure: str = ""
@@ -88,6 +89,7 @@ class EngineProcess:
                 op = ev["op"]
                 self.last_report = time.monotonic()
                 if op == "ready":
+                    self.strategies = ev.get("strategies")
                     self.ready.set()
                 elif op == "load":
                     self.load = LoadReport(

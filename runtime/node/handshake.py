@@ -77,6 +77,9 @@ class ReadyBody(_Wire):
     # contract.ATTR_LEADER: a ranked follower's leader as host:port ("" on the leader).
     members: list[MemberReport] = []
     leader: str = ""
+    # The leader's engine once ready: the prefill/decode strategies in use, how they were chosen
+    # and the formation's timings behind the choice (runtime.engines.calibrate); None otherwise.
+    strategies: dict[str, Any] | None = None
 
 
 class Offer(_Wire):

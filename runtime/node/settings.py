@@ -35,7 +35,8 @@ from runtime.engines.neuron.launch import (
 
 ENGINES = ("reference", "echo", "neuron")
 RENDEZVOUS = ("static", "ecs")
-STRATEGIES = ("pipeline", "tensor")  # runtime.engines.layout.STRATEGIES (that module imports torch)
+# runtime.engines.layout.STRATEGIES (that module imports torch), or auto: measured at formation
+STRATEGIES = ("auto", "pipeline", "tensor")
 BUILTIN_MODELS = ("tiny", "smollm2")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "node.md"
 DOCS_BEGIN = (
@@ -296,14 +297,19 @@ class NodeSettings(_Settings):
         shown="the model's last path part",
     )
     prefill_strategy: str = setting(
-        "pipeline",
+        "auto",
         "--prefill",
         contract.ENV_PREFILL_STRATEGY,
-        "how prefill splits over the members",
+        "how prefill splits over the members; auto: the faster one, timed when the unit forms "
+        "(docs/engine.md), pipeline or tensor to pin it",
         choices=STRATEGIES,
     )
     decode_strategy: str = setting(
-        "tensor", "--decode", contract.ENV_DECODE_STRATEGY, "how decode splits over the members", choices=STRATEGIES
+        "auto",
+        "--decode",
+        contract.ENV_DECODE_STRATEGY,
+        "how decode splits over the members; auto, pipeline or tensor, as for prefill",
+        choices=STRATEGIES,
     )
     cache_dir: str | None = setting(None, "--cache-dir", contract.ENV_CACHE_DIR, "model conversion cache")
     drain_timeout_s: float = setting(

@@ -170,6 +170,7 @@ class UnitSupervisor:
             ),
             "members": members,
             "leader": leader,
+            "strategies": self.engine.strategies if self.is_leader and self.engine is not None else None,
         }
 
     def ready_body(self) -> ReadyBody:

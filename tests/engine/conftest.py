@@ -66,14 +66,17 @@ class RankProcess:
 
         self.proc = start_rank(job, rank, port, spec_file, out)
         self.lines: "queue.Queue[dict]" = queue.Queue()
+        self.seen: list[dict] = []  # every JSON line so far, for assertions on what was said
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
         for line in self.proc.stdout:
             try:
-                self.lines.put(json.loads(line))
+                msg = json.loads(line)
             except ValueError:
-                pass
+                continue
+            self.seen.append(msg)
+            self.lines.put(msg)
 
     def wait_for(self, key: str, timeout: float) -> dict:
         import queue

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from runtime.engines.base import EngineBroken, GenerationRequest, SamplingParams, StructuredOutput  # noqa: E402
+from runtime.engines.collectives import connect  # noqa: E402
 from runtime.engines.executor import OP_SHUTDOWN, ShardExecutor, StepCommand  # noqa: E402
 from runtime.engines.layout import make_plan  # noqa: E402
 from runtime.engines.llama import UnsplitLlama  # noqa: E402
@@ -67,10 +68,18 @@ def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
     src = resolve_model(spec["model"])
     prompts, steps = spec["prompts"], spec["steps"]
     ref = unsplit_reference(spec["model"], prompts, steps) if rank == 0 else None
+    comm = connect(rank, 2, timeout_s=60, transport=spec.get("collectives", "auto"))
     results = []
     for boundary, prefill, decode in spec["configs"]:
-        plan = make_plan(src.shape, 2, prefill=prefill, decode=decode, boundaries=(boundary,))
-        ex = ShardExecutor(plan=plan, rank=rank, weights=src.weights)
+        plan = make_plan(
+            src.shape,
+            2,
+            prefill=prefill,
+            decode=decode,
+            boundaries=(boundary,),
+            split_uneven_heads=comm.transport == "shm",
+        )
+        ex = ShardExecutor(plan=plan, rank=rank, weights=src.weights, comm=comm)
         if rank != 0:
             ex.follower_loop()
             continue
@@ -89,9 +98,10 @@ def job_exactness(rank: int, port: int, spec: dict, out_path: str) -> None:
         ex.leader_step(StepCommand(free=list(range(len(prompts)))))
         ex.leader_signal(OP_SHUTDOWN)
         results.append({"config": (boundary, prefill, decode), "prefill": prefill_logits, "decode": decode_logits})
+    comm.close()
     dist.destroy_process_group()
     if rank == 0:
-        torch.save({"reference": ref, "results": results}, out_path)
+        torch.save({"reference": ref, "results": results, "transport": comm.transport}, out_path)
 
 
 def _handoff_port(out_path: str, n: int, rank: int, *, first: int) -> int:
@@ -216,16 +226,28 @@ def job_failure(rank: int, port: int, spec: dict, out_path: str) -> None:
     if rank != 0:
         say(rank=rank, pid=os.getpid())
         try:
-            run_worker(m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60)
+            run_worker(
+                m,
+                model="tiny",
+                collective_timeout_s=spec["timeout"],
+                start_timeout_s=60,
+                collectives=spec.get("collectives", "auto"),
+            )
         except EngineBroken as e:
             say(worker_broken=str(e))
         return
 
     async def run() -> dict:
         engine = ReferenceEngine(
-            m, model="tiny", collective_timeout_s=spec["timeout"], start_timeout_s=60, heartbeat_s=0.5
+            m,
+            model="tiny",
+            collective_timeout_s=spec["timeout"],
+            start_timeout_s=60,
+            heartbeat_s=0.5,
+            collectives=spec.get("collectives", "auto"),
         )
         await engine.start()
+        say(transport=engine.transport)
         outcomes: dict[str, str] = {}
 
         async def one(i: int) -> None:
@@ -294,7 +316,75 @@ def job_mismatch(rank: int, port: int, spec: dict, out_path: str) -> None:
         say(refused=str(e))
 
 
-JOBS = {"exactness": job_exactness, "engine": job_engine, "failure": job_failure, "mismatch": job_mismatch}
+def job_collectives(rank: int, port: int, spec: dict, out_path: str) -> None:
+    """The transport on its own: spec["script"] is "ops" (every call, results saved per rank),
+    "die" (rank 1 stops answering mid-run; rank 0 reports how its collective ended)."""
+    import logging
+
+    from runtime.engines import collectives
+
+    class Say(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            say(log=record.getMessage())
+
+    logging.getLogger("flotilla.engine").addHandler(Say())
+    logging.getLogger("flotilla.engine").setLevel(logging.INFO)
+    if rank in spec.get("other_host_ranks", []):
+        collectives.host_identity = lambda: ("elsewhere", "another-boot")
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        comm = collectives.connect(
+            rank,
+            2,
+            timeout_s=spec["timeout"],
+            transport=spec.get("collectives", "auto"),
+            shm_dir=spec.get("shm_dir", collectives.SHM_DIR),
+        )
+    except collectives.CollectiveError as e:
+        say(connect_error=str(e))
+        sys.exit(3)
+    say(rank=rank, transport=comm.transport, segment=getattr(comm, "name", ""))
+    peer = 1 - rank
+    if spec["script"] == "ops":
+        found = {}
+        for n in spec["sizes"]:
+            base = torch.arange(n, dtype=torch.float32) / 7
+            found[f"all_reduce{n}"] = comm.all_reduce(base * (rank + 1) + rank).clone()
+            found[f"broadcast{n}"] = comm.broadcast(base.clone() if rank == 1 else torch.zeros(n), 1).clone()
+            ints = torch.arange(n, dtype=torch.int64) + 1000 * rank
+            found[f"gather{n}"] = comm.gather(ints, 0)
+            # Both directions at once, more in flight than the ring holds: sends must not block receives.
+            works = [comm.isend(base + 100 * rank + i, peer) for i in range(spec["in_flight"])]
+            found[f"recv{n}"] = [comm.recv(torch.empty(n), peer) for _ in range(spec["in_flight"])]
+            for w in works:
+                w.wait()
+        torch.save(found, out_path if rank == 0 else f"{out_path}.rank{rank}")
+    elif spec["script"] == "die":
+        x = torch.ones(4)
+        comm.all_reduce(x)
+        if rank == 1:
+            say(waiting=True)  # the test kills or stops this process now
+            time.sleep(600)
+            return
+        try:
+            while True:  # rank 1 no longer answers: this call must end with an error
+                comm.all_reduce(x)
+        except collectives.CollectiveError as e:
+            say(error=str(e))
+    comm.close()
+    dist.destroy_process_group()
+    say(closed=True)
+
+
+JOBS = {
+    "collectives": job_collectives,
+    "exactness": job_exactness,
+    "engine": job_engine,
+    "failure": job_failure,
+    "mismatch": job_mismatch,
+}
 
 if __name__ == "__main__":
     job, rank, port, spec_path, out = sys.argv[1:6]

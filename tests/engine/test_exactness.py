@@ -1,5 +1,6 @@
-"""Split execution vs the unsplit model, on 2 real ranks over gloo: pipeline splits are bit-identical,
-tensor-parallel splits stay within the stated tolerance (teacher-forced, step by step)."""
+"""Split execution vs the unsplit model, on 2 real ranks over shared memory and over gloo: pipeline
+splits are bit-identical, tensor-parallel splits stay within the stated tolerance (teacher-forced,
+step by step)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,21 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+@pytest.fixture(scope="module", params=[("tiny", "shm"), ("tiny", "gloo"), ("smollm2", "shm")], ids=str)
 def exactness(request, tmp_path_factory, two_rank_job):
-    model = request.param
+    model, transport = request.param
     if model == "smollm2":
         request.getfixturevalue("smollm2_dir")
-    spec = {"model": model, "prompts": PROMPTS[model], "steps": 4, "configs": CONFIGS[model]}
-    return model, two_rank_job("exactness", spec, tmp_path_factory.mktemp(model))
+    spec = {
+        "model": model,
+        "prompts": PROMPTS[model],
+        "steps": 4,
+        "configs": CONFIGS[model],
+        "collectives": transport,
+    }
+    found = two_rank_job("exactness", spec, tmp_path_factory.mktemp(model))
+    assert found["transport"] == transport
+    return model, found
 
 
 def test_pipeline_prefill_logits_are_bit_identical_to_unsplit_model(exactness):

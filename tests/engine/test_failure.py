@@ -14,28 +14,33 @@ import torch
 COLLECTIVE_TIMEOUT_S = 5
 
 
-def streaming_pair(tmp_path, launch_rank, free_ports):
+def streaming_pair(tmp_path, launch_rank, free_ports, collectives="auto"):
     """A leader and a follower of the `failure` job, returned once the leader's requests are streaming."""
     spec, out = tmp_path / "failure.json", tmp_path / "failure.pt"
-    spec.write_text(json.dumps({"timeout": COLLECTIVE_TIMEOUT_S}))
+    spec.write_text(json.dumps({"timeout": COLLECTIVE_TIMEOUT_S, "collectives": collectives}))
     port = free_ports(2)
     leader = launch_rank("failure", 0, port, spec, out)
     follower = launch_rank("failure", 1, port, spec, out)
+    transport = leader.wait_for("transport", timeout=120)["transport"]
+    assert transport == ("shm" if collectives == "auto" else collectives)  # ranks on one host share memory
     leader.wait_for("streaming", timeout=120)
     return leader, follower, port, out
 
 
 @pytest.mark.parametrize(
-    "how, bound_s",
+    "how, bound_s, collectives",
     [
-        ("kill", COLLECTIVE_TIMEOUT_S),  # closed connection: noticed at the next collective
-        ("stop", 2 * COLLECTIVE_TIMEOUT_S),  # silent peer: noticed by the collective timeout
+        # dead: its lock on the segment is released (shm) or its connection closes (gloo), noticed
+        # at the next collective
+        ("kill", COLLECTIVE_TIMEOUT_S, "auto"),
+        ("kill", COLLECTIVE_TIMEOUT_S, "gloo"),
+        ("stop", 2 * COLLECTIVE_TIMEOUT_S, "auto"),  # silent peer: noticed by the collective timeout
     ],
 )
 def test_follower_failure_fails_pending_requests_and_the_leader_can_reform(
-    how, bound_s, tmp_path, launch_rank, free_ports
+    how, bound_s, collectives, tmp_path, launch_rank, free_ports
 ):
-    leader, follower, port, out = streaming_pair(tmp_path, launch_rank, free_ports)
+    leader, follower, port, out = streaming_pair(tmp_path, launch_rank, free_ports, collectives)
     failed_at = time.time()
     follower.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     leader.wait_for("broken", timeout=bound_s + 30)

@@ -80,3 +80,40 @@ def test_plan_command_prints_the_smollm2_plan_without_converting_weights(tmp_pat
     assert "rank 0: layers 0-10" in out.stdout and "rank 1: layers 11-29" in out.stdout
     assert "REPLICATED" in out.stdout
     assert not list(tmp_path.iterdir())  # nothing converted just to print a plan
+
+
+def test_over_shared_memory_smollm2_splits_attention_unevenly_and_balances_the_mlp():
+    plan = make_plan(smollm2_shape(), 2, split_uneven_heads=True)
+    assert not plan.attention_replicated
+    # the extra KV group goes to rank 1: rank 0 also embeds and samples
+    assert [t.kv_heads for t in plan.tensor_slices] == [(0, 1), (1, 3)]
+    assert [t.q_heads for t in plan.tensor_slices] == [(0, 3), (3, 9)]
+    assert [t.mlp for t in plan.tensor_slices] == [(0, 853), (853, 1536)]
+    s = smollm2_shape()
+    per_layer = [
+        s.hidden_size * s.head_dim * (2 * (t.q_heads[1] - t.q_heads[0]) + 2 * (t.kv_heads[1] - t.kv_heads[0]))
+        + 3 * s.hidden_size * (t.mlp[1] - t.mlp[0])
+        for t in plan.tensor_slices
+    ]
+    assert abs(per_layer[0] - per_layer[1]) <= 3 * s.hidden_size  # within one MLP column
+    assert "split UNEVENLY" in plan.describe()
+
+
+def test_uneven_split_falls_back_to_replication_with_fewer_kv_heads_than_ranks():
+    plan = make_plan(smollm2_shape(), 4, split_uneven_heads=True)
+    assert plan.attention_replicated
+
+
+def test_plan_calibrate_forms_the_unit_here_and_prints_the_timed_pairs_and_the_choice(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "plan", "--model", "tiny", "--nodes", "2", "--calibrate"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(chosen by calibration; collectives over shm)" in out.stdout
+    rows = [line.split()[0] for line in out.stdout.splitlines() if line.startswith(("  pipeline/", "  tensor/"))]
+    assert sorted(rows) == ["pipeline/pipeline", "pipeline/tensor", "tensor/pipeline", "tensor/tensor"]
+    assert sum("<- chosen" in line for line in out.stdout.splitlines()) == 1

@@ -319,3 +319,20 @@ def test_cancel_ends_a_running_request_within_one_step_and_its_slot_goes_to_the_
     assert (waiting.running, waiting.queue_depth) == (1, 1)  # the next one waited for the only slot
     assert received <= produced + 1  # at most the step already under way
     assert len(nxt) == 3 and nxt[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prefill": "sideways"}, "prefill strategy 'sideways' is not one of pipeline, tensor, auto"),
+        ({"decode": "data"}, "decode strategy 'data' is not one of pipeline, tensor, auto"),
+        ({"collectives": "nccl"}, "collectives 'nccl' is not one of auto, shm, gloo"),
+    ],
+)
+def test_a_bad_strategy_or_transport_is_refused_with_the_choices(kwargs, message):
+    from runtime.engines.reference import ReferenceEngine
+    from runtime.membership import Membership
+
+    m = Membership(unit_id="u", revision="1", rank=0, world_size=2, dist_host="127.0.0.1", dist_port=1)
+    with pytest.raises(ValueError, match=message):
+        ReferenceEngine(m, model="tiny", **kwargs)

@@ -162,6 +162,7 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             "load",
             "members",
             "leader",
+            "strategies",
         }
         assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) == (
             True,
@@ -215,6 +216,17 @@ def test_the_watch_streams_the_ready_body_then_empty_lines_while_nothing_changes
 def test_the_watch_refuses_an_interval_out_of_range(shared_unit):
     status, body = get_json(shared_unit.members[0].url + contract.NODE_WATCH_PATH + "?interval=0")
     assert status == 400 and "interval" in body["error"]
+
+
+def test_the_leader_reports_strategies_timed_at_formation_and_followers_none(shared_unit):
+    leader, follower = (m.ready()[1] for m in shared_unit.members)
+    assert follower["strategies"] is None
+    got = leader["strategies"]
+    # The default is auto: every prefill/decode pair was timed and the lowest latency kept.
+    assert got["chosen_by"] == "calibration" and got["transport"] == "shm"
+    assert set(got["figures"]) == {"pipeline/pipeline", "pipeline/tensor", "tensor/pipeline", "tensor/tensor"}
+    fastest = min(got["figures"], key=lambda k: got["figures"][k]["latency_ms"])
+    assert fastest == f"{got['prefill']}/{got['decode']}"
 
 
 def test_followers_refuse_api_requests_and_point_at_the_leader(shared_unit):

@@ -55,6 +55,7 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
         "load": {"queue_depth": 1, "running": 2, "max_running": 16, "kv_cache_used": 0.25, "in_flight": 0},
         "members": [],
         "leader": "",
+        "strategies": None,
     }
     assert {
         contract.ATTR_UNIT,

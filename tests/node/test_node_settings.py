@@ -241,6 +241,7 @@ def test_static_world_size_is_the_peer_count_and_the_node_count_must_agree():
 
 
 def test_the_strategies_are_the_engines_strategies():
+    from runtime.engines.calibrate import AUTO
     from runtime.engines.layout import STRATEGIES as ENGINE_STRATEGIES
 
-    assert STRATEGIES == ENGINE_STRATEGIES
+    assert STRATEGIES == (AUTO, *ENGINE_STRATEGIES)

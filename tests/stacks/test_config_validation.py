@@ -70,7 +70,7 @@ REJECTED = [
     ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
     (
         {"node": {"decode_strategy": "expert"}},
-        "invalid flotilla config: node.decode_strategy='expert': one of pipeline, tensor",
+        "invalid flotilla config: node.decode_strategy='expert': one of auto, pipeline, tensor",
     ),
     (
         {"node": {"drain_timeout_s": 300}},

@@ -311,6 +311,39 @@ def _units_of_cluster(aws: Aws, cluster: dict[str, Any], taskdefs: dict[str, dic
     return units
 
 
+def live_tasks(aws: Aws, cluster: str, **list_filter: str) -> list[dict[str, Any]]:
+    """Tasks of a cluster (optionally of one service or container instance: ListTasks' serviceName,
+    containerInstance) that have not STOPPED yet, draining ones included.
+
+    Both desired statuses: ListTasks lists only desiredStatus RUNNING unless asked for STOPPED, and a
+    task ECS is stopping already has desiredStatus STOPPED. ECS sends SIGTERM in the STOPPING state
+    and counts only RUNNING tasks in runningCount, so runningCount reaches 0 while the members are
+    still finishing their in-flight requests (ECS task lifecycle,
+    https://docs.aws.amazon.com/AmazonECS/latest/developerguide/task-lifecycle-explanation.html).
+    """
+    arns: set[str] = set()
+    for desired in ("RUNNING", "STOPPED"):
+        for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster, desiredStatus=desired, **list_filter):
+            arns.update(page.get("taskArns", []))
+    tasks: list[dict[str, Any]] = []
+    for batch in chunks(sorted(arns), 100):
+        tasks.extend(aws.ecs.describe_tasks(cluster=cluster, tasks=list(batch))["tasks"])
+    return [t for t in tasks if t.get("lastStatus") != "STOPPED"]
+
+
+def container_instances(aws: Aws, cluster: str, **list_filter: str) -> list[dict[str, Any]]:
+    """The cluster's container instances, described (ListContainerInstances' filters, e.g. status)."""
+    arns: list[str] = []
+    for page in aws.ecs.get_paginator("list_container_instances").paginate(cluster=cluster, **list_filter):
+        arns.extend(page.get("containerInstanceArns", []))
+    out: list[dict[str, Any]] = []
+    for batch in chunks(arns, 100):
+        out.extend(
+            aws.ecs.describe_container_instances(cluster=cluster, containerInstances=list(batch))["containerInstances"]
+        )
+    return out
+
+
 def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
     arns: list[str] = []
     for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster_arn):

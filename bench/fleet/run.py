@@ -34,15 +34,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402 - after the path to this checkout is known
 from bench.fleet.cloudmap import documented_cloud_map, ecs_attributes, serve_http  # noqa: E402
+from bench.measure import append_run, cpu_seconds, pct, pin_self, pinned, start_router  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 NAMESPACE = "flotilla.internal"
 perf_counter = time.perf_counter
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -61,13 +57,6 @@ def get_json(url: str, data: dict | None = None, timeout: float = 30.0) -> objec
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - 127.0.0.1 only
         return json.loads(r.read())
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * q / 100))]
 
 
 class Client(asyncio.Protocol):
@@ -203,9 +192,7 @@ def metric_sum(text: str, name: str) -> float:
 def run_size(args: argparse.Namespace, units: int, sd) -> dict:
     control = free_port()
     fleet = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
+        pinned(
             args.load_cpu,
             sys.executable,
             str(Path(__file__).with_name("standin.py")),
@@ -219,7 +206,7 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
             str(control),
             "--latency-ms",
             str(args.latency_ms),
-        ],
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
@@ -248,34 +235,13 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
         router_log = tempfile.TemporaryFile()
-        router = subprocess.Popen(
-            [
-                "taskset",
-                "-c",
-                args.router_cpu,
-                sys.executable,
-                "-m",
-                "runtime",
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--discovery",
-                "cloudmap",
-                "--cloudmap-namespace",
-                NAMESPACE,
-                "--cloudmap-service",
-                services,
-                "--log-level",
-                "WARNING",
-                "--drain-grace",
-                "0",
-                *args.router_args.split(),
-            ],
+        router = start_router(
+            cpus=args.router_cpu,
+            port=port,
+            flags=["--discovery", "cloudmap", "--cloudmap-namespace", NAMESPACE, "--cloudmap-service", services],
+            router_args=args.router_args,
             cwd=REPO,
             env=env,
-            stdout=subprocess.DEVNULL,
             stderr=router_log,
         )
         t0 = time.monotonic()
@@ -413,7 +379,7 @@ def main() -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet.json"))
     args = ap.parse_args()
-    os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
+    pin_self(args.load_cpu)
     load_before = os.getloadavg()
     from moto import mock_aws  # noqa: PLC0415 - the benchmark's own dependency, not the router's
 
@@ -446,11 +412,7 @@ def main() -> int:
         "args": {k: v for k, v in vars(args).items() if k not in ("out",)},
         "results": results,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    runs = json.loads(out.read_text()) if out.exists() else []
-    runs.append(entry)
-    out.write_text(json.dumps(runs, indent=1) + "\n")
+    append_run(args.out, entry)
     return 0
 
 

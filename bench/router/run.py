@@ -21,7 +21,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from runtime.ports import free_port  # noqa: E402 - after the path to this checkout is known
+# Imported after the path to this checkout is known:
+from bench.measure import append_run, cpu_seconds, pct, pin_self, pinned, start_router  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
 
 perf_counter = time.perf_counter
 
@@ -92,12 +94,6 @@ class Client(asyncio.Protocol):
             self.done.set_exception(ConnectionError("connection lost"))
 
 
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a process: the router's cost, robust to a busy machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def closed_loop(
     port: int,
     *,
@@ -151,20 +147,13 @@ async def closed_loop(
         "rps": len(latencies) / elapsed,
         "errors": errors,
         "router_cpu_us_per_request": cpu_us,
-        "p50_ms": pct(latencies, 50),
-        "p99_ms": pct(latencies, 99),
-        "first_event_p50_ms": pct(first_events, 50) if stream else None,
-        "first_event_p99_ms": pct(first_events, 99) if stream else None,
-        "event_lag_p50_ms": pct(event_lags, 50) if paced else None,
-        "event_lag_p99_ms": pct(event_lags, 99) if paced else None,
+        "p50_ms": 1000 * pct(latencies, 50),
+        "p99_ms": 1000 * pct(latencies, 99),
+        "first_event_p50_ms": 1000 * pct(first_events, 50) if stream else None,
+        "first_event_p99_ms": 1000 * pct(first_events, 99) if stream else None,
+        "event_lag_p50_ms": 1000 * pct(event_lags, 50) if paced else None,
+        "event_lag_p99_ms": 1000 * pct(event_lags, 99) if paced else None,
     }
-
-
-def pct(values: list[float], q: int) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return 1000 * values[min(len(values) - 1, int(len(values) * q / 100))]
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:
@@ -195,16 +184,14 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
+    pin_self(args.load_cpu)
     backend_port = free_port()
     router_port = free_port(avoid={backend_port})
     # The router's access log is part of its cost: written to a file, as a container's stderr would be.
     router_log = tempfile.TemporaryFile()
     py = sys.executable
     backend = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
+        pinned(
             args.load_cpu,
             py,
             str(Path(__file__).with_name("backend.py")),
@@ -212,34 +199,15 @@ def main() -> int:
             str(backend_port),
             "--events",
             str(args.events),
-        ],
+        ),
         cwd=REPO,
     )
-    router = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
-            args.router_cpu,
-            py,
-            "-m",
-            "runtime",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(router_port),
-            "--log-level",
-            "WARNING",
-            "--units",
-            f"http://127.0.0.1:{backend_port}",
-            "--max-outstanding-per-unit",
-            "1024",
-            "--drain-grace",
-            "0",
-            *args.router_args.split(),
-        ],
+    router = start_router(
+        cpus=args.router_cpu,
+        port=router_port,
+        flags=["--units", f"http://127.0.0.1:{backend_port}", "--max-outstanding-per-unit", "1024"],
+        router_args=args.router_args,
         cwd=args.router_repo,
-        stdout=subprocess.DEVNULL,
         stderr=router_log,
     )
     results: dict[str, dict] = {}
@@ -324,11 +292,7 @@ def main() -> int:
         "results": results,
         "summary": summary,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    runs = json.loads(out.read_text()) if out.exists() else []
-    runs.append(record)
-    out.write_text(json.dumps(runs, indent=1) + "\n")
+    append_run(args.out, record)
     return 0
 
 

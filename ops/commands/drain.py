@@ -12,11 +12,11 @@ import argparse
 
 from rich.console import Console
 
-from ops.aws import Aws, chunks, clients_for
+from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import Refused
-from ops.fleet import DRAINED_TAG
+from ops.fleet import DRAINED_TAG, live_tasks
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -65,32 +65,13 @@ def wait_for_running(aws: Aws, *, cluster: str, service: str, want: int, timeout
     wait_until(check, timeout_s=timeout_s, description=f"{service}: running -> {want}", console=console)
 
 
-def stopping_tasks(aws: Aws, *, cluster: str, service: str) -> int:
-    """Tasks of the service that ECS is stopping but that have not STOPPED yet. ECS sends SIGTERM in
-    the STOPPING state and counts only RUNNING tasks in runningCount, so runningCount reaches 0 while
-    the members are still finishing their in-flight requests (ECS task lifecycle,
-    https://docs.aws.amazon.com/AmazonECS/latest/developerguide/task-lifecycle-explanation.html).
-    ListTasks lists tasks by *desired* status (RUNNING unless asked for STOPPED), so both lists."""
-    arns: list[str] = []
-    for desired in ("RUNNING", "STOPPED"):
-        for page in aws.ecs.get_paginator("list_tasks").paginate(
-            cluster=cluster, serviceName=service, desiredStatus=desired
-        ):
-            arns.extend(page.get("taskArns", []))
-    busy = 0
-    for batch in chunks(arns, 100):
-        busy += sum(
-            1 for t in aws.ecs.describe_tasks(cluster=cluster, tasks=batch)["tasks"] if t.get("lastStatus") != "STOPPED"
-        )
-    return busy
-
-
 def wait_for_stopped(aws: Aws, *, cluster: str, service: str, timeout_s: float, console: Console) -> None:
-    """Poll until no task of the service is left that has not STOPPED: every member has drained and exited."""
+    """Poll until no task of the service is left that has not STOPPED: every member has drained and
+    exited (runningCount alone reaches 0 while they still drain: live_tasks)."""
 
     def check() -> tuple[bool, str]:
         svc = aws.ecs.describe_services(cluster=cluster, services=[service])["services"][0]
-        busy = stopping_tasks(aws, cluster=cluster, service=service)
+        busy = len(live_tasks(aws, cluster, serviceName=service))
         running = svc.get("runningCount", 0)
         return running == 0 and busy == 0, f"running {running}, {busy} not stopped yet (draining)"
 

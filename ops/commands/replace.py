@@ -15,11 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
-from ops.aws import Aws, chunks, clients_for
+from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.diagnose import capacity_message
 from ops.errors import OpsError, Refused
+from ops.fleet import container_instances, live_tasks
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -88,31 +89,10 @@ def launch_replacement(aws: Aws, group: dict[str, Any], az: str) -> str:
 
 def registered_container_instance(aws: Aws, cluster: str, instance_id: str) -> str | None:
     """The ACTIVE ECS container instance on `instance_id`, once its agent has registered it."""
-    arns: list[str] = []
-    for page in aws.ecs.get_paginator("list_container_instances").paginate(cluster=cluster, status="ACTIVE"):
-        arns.extend(page.get("containerInstanceArns", []))
-    for batch in chunks(arns, 100):
-        for ci in aws.ecs.describe_container_instances(cluster=cluster, containerInstances=batch)["containerInstances"]:
-            if ci.get("ec2InstanceId") == instance_id:
-                return str(ci["containerInstanceArn"])
+    for ci in container_instances(aws, cluster, status="ACTIVE"):
+        if ci.get("ec2InstanceId") == instance_id:
+            return str(ci["containerInstanceArn"])
     return None
-
-
-def tasks_not_stopped(aws: Aws, cluster: str, container_instance: str) -> int:
-    """Tasks on the container instance that have not STOPPED (draining ones included: SIGTERM comes
-    in STOPPING, and a stopping task is listed under desiredStatus STOPPED)."""
-    arns: list[str] = []
-    for desired in ("RUNNING", "STOPPED"):
-        for page in aws.ecs.get_paginator("list_tasks").paginate(
-            cluster=cluster, containerInstance=container_instance, desiredStatus=desired
-        ):
-            arns.extend(page.get("taskArns", []))
-    busy = 0
-    for batch in chunks(arns, 100):
-        busy += sum(
-            1 for t in aws.ecs.describe_tasks(cluster=cluster, tasks=batch)["tasks"] if t.get("lastStatus") != "STOPPED"
-        )
-    return busy
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -209,7 +189,8 @@ def replace_node(
         console.print(f"{args.instance_id}: draining")
 
         def drained() -> tuple[bool, str]:
-            busy = tasks_not_stopped(aws, unit_cluster, old)
+            # Draining tasks included: SIGTERM comes in STOPPING (live_tasks).
+            busy = len(live_tasks(aws, unit_cluster, containerInstance=old))
             return busy == 0, f"{busy} task(s) not stopped yet"
 
         wait_until(drained, timeout_s=args.step_timeout, description=f"{args.instance_id}: draining", console=console)

@@ -38,7 +38,7 @@ from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import OpsError, UsageError
-from ops.fleet import DEPLOYMENT_TAG, DRAINED_TAG, STACK_NAME_TAG, UNIT_TAG, Unit
+from ops.fleet import DEPLOYMENT_TAG, DRAINED_TAG, STACK_NAME_TAG, UNIT_TAG, Unit, container_instances, live_tasks
 
 # Seconds between polls while waiting (tests set it to 0).
 POLL_S = 5.0
@@ -199,34 +199,6 @@ def _groups(aws: Aws, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for page in aws.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(Filters=filters):
         out.extend(page.get("AutoScalingGroups", []))
-    return out
-
-
-def live_tasks(aws: Aws, cluster: str, **list_filter: str) -> list[dict[str, Any]]:
-    """Tasks of a cluster (optionally of one service or container instance) not yet STOPPED.
-
-    Both desired statuses: ListTasks returns only desiredStatus RUNNING by default, and a task ECS
-    is stopping (SIGTERM sent, still draining) already has desiredStatus STOPPED (ECS ListTasks).
-    """
-    arns: set[str] = set()
-    for desired in ("RUNNING", "STOPPED"):
-        for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster, desiredStatus=desired, **list_filter):
-            arns.update(page.get("taskArns", []))
-    tasks: list[dict[str, Any]] = []
-    for batch in chunks(sorted(arns), 100):
-        tasks.extend(aws.ecs.describe_tasks(cluster=cluster, tasks=list(batch))["tasks"])
-    return [t for t in tasks if t.get("lastStatus") != "STOPPED"]
-
-
-def container_instances(aws: Aws, cluster: str) -> list[dict[str, Any]]:
-    arns: list[str] = []
-    for page in aws.ecs.get_paginator("list_container_instances").paginate(cluster=cluster):
-        arns.extend(page.get("containerInstanceArns", []))
-    out: list[dict[str, Any]] = []
-    for batch in chunks(arns, 100):
-        out.extend(
-            aws.ecs.describe_container_instances(cluster=cluster, containerInstances=list(batch))["containerInstances"]
-        )
     return out
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import json
 import sys
+import types
 from pathlib import Path
 
 from runtime.engines.neuron import worker
@@ -32,6 +34,54 @@ def test_follower_loop_without_vllm_names_the_multi_node_image(monkeypatch, caps
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     assert worker.main([]) == 2
     assert "runtime/Dockerfile.neuron-multinode" in capsys.readouterr().err
+
+
+def _fake_fork(monkeypatch, step_error: Exception) -> None:
+    """The three fork modules the script imports, with a driver worker whose step raises."""
+
+    class Worker:
+        def execute_model(self):
+            raise step_error
+
+    class AsyncEngineArgs:
+        @staticmethod
+        def add_cli_args(parser):
+            return parser
+
+        @staticmethod
+        def from_cli_args(args):
+            return args
+
+    class AsyncLLMEngine:
+        @staticmethod
+        def from_engine_args(args, usage_context):
+            return types.SimpleNamespace(
+                engine=types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=Worker()))
+            )
+
+    modules = {
+        "vllm": {},
+        "vllm.engine": {},
+        "vllm.engine.arg_utils": {"AsyncEngineArgs": AsyncEngineArgs},
+        "vllm.engine.async_llm_engine": {"AsyncLLMEngine": AsyncLLMEngine},
+        "vllm.usage": {},
+        "vllm.usage.usage_lib": {"UsageContext": types.SimpleNamespace(API_SERVER="api_server")},
+    }
+    for name, attrs in modules.items():
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
+
+
+def test_a_failed_step_exits_1_with_one_json_log_line_naming_the_reason(monkeypatch, capsys):
+    monkeypatch.setenv("NEURON_RANK_ID", "3")
+    closed = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"  # the leader died
+    _fake_fork(monkeypatch, RuntimeError(closed))
+    assert worker.main([]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    line = json.loads(last)
+    assert list(line)[:2] == ["ts", "event"]  # runtime/logs.py's order
+    assert line["event"] == "neuron_follower_exit" and line["level"] == "error"
+    assert line["rank"] == 3 and line["code"] == 1
+    assert line["reason"] == f"RuntimeError: {closed}"
 
 
 def test_the_script_parses_as_python_3_10():

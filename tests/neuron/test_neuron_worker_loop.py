@@ -68,6 +68,16 @@ def _entries(log, key):
     return [e for e in map(json.loads, log.read_text().splitlines()) if key in e]
 
 
+def _json_lines(text):
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # vLLM's own log lines are text
+    return out
+
+
 def _generate(url, **body):
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode())
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -98,7 +108,10 @@ def test_the_follower_joins_runs_every_broadcast_step_and_exits_1_when_the_leade
     assert follower.wait(timeout=30) == 1
     err = follower.stderr.read()
     assert "engine built, executing the leader's steps" in err
-    assert "error: neuron follower rank 1 stopped: RuntimeError" in err
+    # Its last word is one JSON log line with the reason, out before the os._exit that flushes nothing.
+    (exit_line,) = [e for e in _json_lines(err) if e.get("event") == "neuron_follower_exit"]
+    assert exit_line["rank"] == 1 and exit_line["code"] == 1 and exit_line["level"] == "error"
+    assert exit_line["reason"].startswith("RuntimeError") and isinstance(exit_line["ts"], float)
 
 
 def test_an_idle_follower_exits_when_the_gloo_timeout_passes_without_a_step(fork_unit):
@@ -107,7 +120,8 @@ def test_an_idle_follower_exits_when_the_gloo_timeout_passes_without_a_step(fork
     leader, follower, url, log = fork_unit(STANDIN_GLOO_TIMEOUT_S="2")
     _generate(url, prompt="hello", stream=True, max_tokens=1, temperature=0)
     assert follower.wait(timeout=60) == 1
-    assert "stopped: RuntimeError" in follower.stderr.read()
+    (exit_line,) = [e for e in _json_lines(follower.stderr.read()) if e.get("event") == "neuron_follower_exit"]
+    assert exit_line["reason"].startswith("RuntimeError")
     assert [e["follower_step"] for e in _entries(log, "follower_step")] == [1]
 
 

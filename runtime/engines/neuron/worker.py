@@ -9,15 +9,26 @@ neuron-2.24-vllm-v0.7.2) examples/neuron/multi_node/worker.py:13-39:
   leader's gloo group (vllm/worker/neuron_worker.py:50-60, 185-211) and loads this node's shard;
 - loop `engine.engine.model_executor.driver_worker.execute_model()` with no arguments: each call
   blocks in the leader's per-step broadcast and runs the step (vllm/worker/worker_base.py:356-391);
-- any exception (the leader went away and the collective raised) is logged and the process exits 1.
+- any exception (the leader went away and the collective raised) is logged and the process exits 1
+  (here: one JSON line, event neuron_follower_exit, with the exception as its reason).
 The fork never tells followers to stop (its uniproc executor's stop is a no-op,
 vllm/executor/executor_base.py:142-144): the node ends a formation by killing this process.
 Unlike the fork's worker, a rank of 0 (or none) is refused before anything loads, with exit code 2.
 """
 
 import argparse  # the fork's worker.py:2,14: plain argparse, not vLLM's FlexibleArgumentParser
+import json
 import os
 import sys
+import time
+
+
+def log_event(event, level, **fields):
+    """One JSON line on stderr, flushed, shaped as runtime/logs.py shapes them (ts, event, fields,
+    level): this script runs with the image's Python, outside the flotilla package, so it cannot
+    import runtime.logs."""
+    line = {"ts": round(time.time(), 6), "event": event, **fields, "level": level}
+    print(json.dumps(line, default=str), file=sys.stderr, flush=True)
 
 
 def main(argv=None):
@@ -52,7 +63,7 @@ def main(argv=None):
         while True:
             worker.execute_model()
     except Exception as exc:  # noqa: BLE001 - the fork's worker.py:36-39: any failure ends the follower
-        print(f"error: neuron follower rank {rank} stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        log_event("neuron_follower_exit", "error", rank=int(rank), code=1, reason=f"{type(exc).__name__}: {exc}")
         return 1
 
 
@@ -60,8 +71,11 @@ if __name__ == "__main__":
     code = main()
     if code == 1:
         # The collective's gloo threads are still alive; interpreter teardown destroys them joinable and
-        # the C++ runtime aborts ("terminate called without an active exception", SIGABRT), so the exit
-        # code would depend on a race. Leave without teardown: the node reads exit 1 as "the leader went away".
+        # the C++ runtime aborts ("terminate called without an active exception", SIGABRT): with a
+        # plain exit the follower-loop test (tests/neuron/test_neuron_worker_loop.py, a real torch gloo
+        # group on loopback) saw exit -6 instead of 1 in about half its runs. Leave without teardown,
+        # after flushing (os._exit flushes nothing; the exit's log line is already out): the node
+        # reads exit 1 as "the leader went away".
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

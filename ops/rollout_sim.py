@@ -277,13 +277,19 @@ class Recommendation:
 
 
 def recommend_wave(
-    model: FleetModel, *, spare_nodes: int | None = None, seeds: Iterable[int] = range(5)
+    model: FleetModel,
+    *,
+    spare_nodes: int | None = None,
+    seeds: Iterable[int] = range(5),
+    also: Iterable[int] = (),
 ) -> Recommendation:
     """The largest candidate wave (the fastest rollout) that sheds no request in any seed, keeps
     surge's extra instances within spare_nodes, and is no larger than the default (about 10 %):
-    a revision that serves wrong answers reaches one wave before anyone can stop it."""
+    a revision that serves wrong answers reaches one wave before anyone can stop it. `also`: wave
+    sizes simulated beside the candidates (a config's current setting), and eligible like them."""
     seeds = list(seeds)
-    table = tuple(summarize(replace(model, units_per_wave=w), seeds) for w in candidate_waves(model.units))
+    waves = sorted(set(candidate_waves(model.units)) | {w for w in also if 1 <= w <= model.units})
+    table = tuple(summarize(replace(model, units_per_wave=w), seeds) for w in waves)
     cap = default_units_per_wave(model.units)
     fits = [
         s

@@ -119,6 +119,9 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
         units_per_cell={f"cell{c}": len(config.units_in_cell(c)) for c in range(config.cells)},
+        # The per-cell ready-units alarms allow what a rollout of these settings takes out.
+        unit_rollout=config.unit_rollout,
+        wave_in_cell=config.wave_plan.wave_in_cell,
         alarm_email=config.alarm_email,
         **common("Observability"),
     )

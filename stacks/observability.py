@@ -20,8 +20,36 @@ from aws_cdk import aws_sns_subscriptions as subs
 from constructs import Construct
 
 import contract
+from stacks.config import UNIT_ROLLOUTS
 
 MINUTE = cdk.Duration.minutes(1)
+# Units of one cell a node failure may keep out of rotation before its ready-units alarm pages. The
+# failed node's unit re-forms by itself (the ASG replaces the instance, ECS starts the task, the
+# unit loads the model again): instance launch + task start + model load, about 15 minutes for a
+# 10-minute load (ops/rollout_sim.py's StepTimes), longer than the alarm's 10 minutes. Without this
+# allowance every node failure would page although nothing needs a person yet; two units of one cell
+# out at once, beyond what the rollout takes out, are not what a healthy fleet does.
+NODE_FAILURE_UNITS_TOLERATED = 1
+
+
+def cell_ready_threshold(units: int, *, unit_rollout: str, wave_in_cell: int) -> int:
+    """The fewest ready units a cell keeps while it works as designed: its ReadyUnits alarm's
+    threshold (it fires below it).
+
+    A correct rollout takes out of rotation: with `replace` (minimum healthy 0 %) one in-cell wave
+    (`wave_in_cell` units, contract/rollout.py; fewer if the cell is smaller) for the whole of
+    their drain, restart and model load, tens of minutes per wave; with `surge` (minimum healthy
+    100 %) none, because ECS stops a unit's old tasks only after the new ones pass their container
+    check, which they pass only once the new unit is ready (README "Rollouts", rehearsed). Beyond
+    that, NODE_FAILURE_UNITS_TOLERATED for a node failure recovering by itself. Never below 1: a
+    cell with no ready unit serves nothing, which pages even when a replace wave planned it.
+    """
+    if unit_rollout not in UNIT_ROLLOUTS:
+        raise ValueError(f"unit_rollout={unit_rollout!r}: use one of {', '.join(UNIT_ROLLOUTS)}")
+    if units < 1 or wave_in_cell < 1:
+        raise ValueError(f"units={units}, wave_in_cell={wave_in_cell}: both at least 1")
+    rolling_out = min(wave_in_cell, units) if unit_rollout == "replace" else 0
+    return max(1, units - rolling_out - NODE_FAILURE_UNITS_TOLERATED)
 
 
 def runtime_metric(name: str, *, statistic: str, cell: str | None = None, period: cdk.Duration = MINUTE) -> cw.Metric:
@@ -55,6 +83,8 @@ class ObservabilityStack(cdk.Stack):
         load_balancer: elbv2.ApplicationLoadBalancer,
         target_groups: Sequence[elbv2.ApplicationTargetGroup],
         units_per_cell: dict[str, int],
+        unit_rollout: str,
+        wave_in_cell: int,
         alarm_email: str | None = None,
         max_5xx_percent: float = 5.0,
         max_p99_latency: cdk.Duration = cdk.Duration.seconds(10),
@@ -68,6 +98,10 @@ class ObservabilityStack(cdk.Stack):
             raise ValueError(f"min_ready_units={min_ready_units}: at least one unit must be ready")
         if not units_per_cell or any(n < 1 for n in units_per_cell.values()):
             raise ValueError(f"units_per_cell={units_per_cell!r}: give every cell id its unit count (>= 1)")
+        ready_floor = {
+            cell: cell_ready_threshold(count, unit_rollout=unit_rollout, wave_in_cell=wave_in_cell)
+            for cell, count in units_per_cell.items()
+        }
 
         key = kms.Key(self, "AlarmTopicKey", enable_key_rotation=True, description="flotilla alarm topic encryption")
         # CloudWatch must be able to publish to the encrypted topic.
@@ -185,16 +219,34 @@ class ObservabilityStack(cdk.Stack):
             self.latency_alarm,
             self.unhealthy_targets_alarm,
         ]
-        # A unit reloading its model after a rollout is briefly not ready; page only when a cell
-        # stays short for 10 minutes.
+
+        # Per cell, below what the cell keeps during a correct rollout (cell_ready_threshold) for 10
+        # minutes: a rollout's own dip, or one node failure recovering, never pages.
+        def cell_description(cell: str, count: int) -> str:
+            floor = ready_floor[cell]
+            if unit_rollout == "replace":
+                rollout = (
+                    f"a replace rollout takes up to {min(wave_in_cell, count)} of its units out at once "
+                    "while they reload"
+                )
+            else:
+                rollout = "a surge rollout keeps every unit in rotation"
+            short = "no unit ready" if floor == 1 else f"fewer than {floor} units ready"
+            return (
+                f"Cell {cell} ({count} units): {short} for 10 minutes. Normal: {rollout}, "
+                f"and {NODE_FAILURE_UNITS_TOLERATED} more may be re-forming after a node failure; fewer ready "
+                "means units fail to come back or a rollout takes out more than its wave. Runbook: "
+                "docs/runbooks/unit-not-ready.md"
+            )
+
         self.cell_ready_alarms: dict[str, cw.Alarm] = {
             cell: alarm(
                 f"ReadyUnits{cell.capitalize()}",
                 runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=cell),
-                threshold=count,
+                threshold=ready_floor[cell],
                 operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
                 periods=10,
-                description=f"Cell {cell}: fewer than {count} ready units for 10 minutes.",
+                description=cell_description(cell, count),
             )
             for cell, count in units_per_cell.items()
         }

@@ -80,7 +80,10 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="allow head counts tp_degree does not divide (NeuronCores get padded heads)",
     )
-    r = p.add_argument_group("rollout (a simulated fleet rollout recommends units_per_wave; ops/rollout_sim.py)")
+    r = p.add_argument_group(
+        "rollout (a simulated fleet rollout recommends units_per_wave, ops/rollout_sim.py; for a config "
+        "you already have: flotilla rollout plan --config PATH)"
+    )
     r.add_argument(
         "--rollout", choices=ROLLOUTS, default="surge", help="unit_rollout of the config; default %(default)s"
     )

@@ -1,4 +1,5 @@
-"""`flotilla rollout status`: where a unit rollout stands (rollback is ops/commands/rollback.py).
+"""`flotilla rollout status`: where a unit rollout stands (rollback is ops/commands/rollback.py);
+`flotilla rollout plan`: the wave size a simulated rollout recommends for an existing config.
 
 A rollout moves cell by cell (CloudFormation deploys Cell-0, then Cell-1, ...). Within a unit the
 ECS deployment replaces every member; a unit never mixes revisions, so members that report two
@@ -9,7 +10,10 @@ revisions mean the unit is mid-rollout. The router's own blue/green rollback is 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -18,13 +22,19 @@ import contract
 from ops.aws import clients_for
 from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select, wait_until
+from ops.commands.plan import render_rollout, rollout_dict
+from ops.errors import UsageError
 from ops.fleet import Fleet, Unit, arn_name, router_services
+from ops.rollout_sim import FleetModel, Recommendation, Summary, recommend_wave
+
+if TYPE_CHECKING:
+    from stacks.config import FlotillaConfig
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
-    r = sub.add_parser("rollout", help="unit rollouts: `rollout status`")
+    r = sub.add_parser("rollout", help="unit rollouts: `rollout status`, `rollout plan` (a wave size for a config)")
     rsub = r.add_subparsers(dest="rollout_command", required=True, metavar="SUBCOMMAND")
     s = rsub.add_parser(
         "status",
@@ -37,6 +47,46 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         "--wait", type=float, default=0, metavar="SECONDS", help="wait up to this long for every rollout to finish"
     )
     s.set_defaults(handler=run_status)
+
+    # No AWS options: `rollout plan` reads a config file and simulates; it asks AWS nothing.
+    p = rsub.add_parser(
+        "plan",
+        help="recommend units_per_wave for a flotilla config (simulated fleet rollout; no AWS)",
+        description="Read a flotilla config as `cdk synth -c config=PATH` does (over the `flotilla` context "
+        "of ./cdk.json when there is one), simulate its fleet rolling (ops/rollout_sim.py) with its units, "
+        "nodes per unit, cells and unit_rollout at its current units_per_wave and at candidate wave sizes, "
+        "and print the recommended units_per_wave and the config line to change.",
+    )
+    p.add_argument("--config", required=True, metavar="PATH", help="the flotilla config YAML")
+    p.add_argument(
+        "--load-minutes",
+        type=float,
+        default=10.0,
+        metavar="MIN",
+        help="how long a unit takes to load the model; default %(default)s",
+    )
+    p.add_argument(
+        "--demand",
+        type=float,
+        default=0.8,
+        metavar="SHARE",
+        help="demand during the rollout as a share of the whole fleet's capacity (0-1]; default %(default)s",
+    )
+    p.add_argument(
+        "--spare-nodes",
+        type=int,
+        metavar="N",
+        help="surge: Trainium instances available beyond the fleet (a rolling unit needs nodes_per_unit more)",
+    )
+    p.add_argument(
+        "--node-failures-per-day",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="failures per node per day to simulate during the rollout; default %(default)s",
+    )
+    p.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    p.set_defaults(handler=run_plan)
 
     return [s]
 
@@ -142,3 +192,137 @@ def render_router(services: list[dict[str, Any]], console: Console) -> bool:
             )
     console.print(t)
     return failed
+
+
+# --- rollout plan ---------------------------------------------------------------------------------
+_WAVE_LINE = re.compile(r"^units_per_wave\s*:.*$", re.MULTILINE)  # the top-level key, not a nested one
+
+
+def _check_plan_flags(args: argparse.Namespace) -> None:
+    if not 0 < args.load_minutes <= 1440:
+        raise UsageError(f"--load-minutes {args.load_minutes:g}: allowed more than 0 and at most 1440 (a day)")
+    if not 0 < args.demand <= 1:
+        raise UsageError(
+            f"--demand {args.demand:g}: allowed more than 0 and at most 1 (a share of the whole fleet's capacity, "
+            "e.g. 0.8)"
+        )
+    if args.spare_nodes is not None and args.spare_nodes < 0:
+        raise UsageError(f"--spare-nodes {args.spare_nodes}: allowed 0 or more")
+    if not 0 <= args.node_failures_per_day <= 1:
+        raise UsageError(f"--node-failures-per-day {args.node_failures_per_day:g}: allowed 0 to 1 (per node per day)")
+
+
+def read_config(path: str) -> FlotillaConfig:
+    """The config the CDK app would build from `-c config=PATH` in this directory, validated by the
+    app's own loader (stacks/config.py, which imports no aws_cdk); its errors become exit status 2."""
+    try:
+        # Imported here: the operations CLI installs without stacks/ (pyproject's packages), and only
+        # this subcommand needs it.
+        from stacks.config import ConfigError, load_config  # noqa: PLC0415
+    except ImportError as err:
+        raise UsageError(
+            f"--config {path}: reading a flotilla config needs a flotilla checkout with its requirements "
+            f"(stacks/config.py): run from the repository root ({err})"
+        ) from None
+    context: Any = None
+    cdk_json = Path("cdk.json")
+    if cdk_json.is_file():
+        try:
+            context = json.loads(cdk_json.read_text()).get("context", {}).get("flotilla")
+        except (ValueError, AttributeError):
+            raise UsageError(f"{cdk_json.resolve()}: not a cdk.json (a JSON object with a `context` object)") from None
+    try:
+        return load_config(context, path)
+    except ConfigError as err:
+        raise UsageError(f"--config {path}: {err}") from None
+
+
+def config_change(path: str, current: int, recommended: int) -> tuple[int | None, str]:
+    """(line number or None, what to do) to set units_per_wave to `recommended` in the YAML at path,
+    where `current` is the wave size the config deploys today (its line, or the default)."""
+    text = Path(path).read_text()
+    m = _WAVE_LINE.search(text)
+    new = f"units_per_wave: {recommended}"
+    if m is None:
+        if recommended == current:
+            return None, f"no change: {path} leaves units_per_wave unset, which is {current} (about 10 % of units)"
+        return None, f"add the line `{new}` at top level of {path}"
+    line = text.count("\n", 0, m.start()) + 1
+    old = m.group(0).split("#")[0].strip()
+    if recommended == current:
+        return line, f"no change: keep {path} line {line} `{old}`"
+    return line, f"change {path} line {line}: `{old}` -> `{new}`"
+
+
+def _row(s: Summary, units: int) -> dict[str, Any]:
+    return {
+        "units_per_wave": s.units_per_wave,
+        "duration_s": s.duration_s,
+        "min_in_rotation": s.min_in_rotation,
+        "min_capacity_share": s.min_in_rotation / units,
+        "floor": s.model.floor,
+        "below_floor_s": s.below_floor_s,
+        "shed_share": s.shed_share,
+    }
+
+
+def run_plan(args: argparse.Namespace, console: Console) -> int:
+    _check_plan_flags(args)
+    cfg = read_config(args.config)
+    current = cfg.effective_units_per_wave
+    model = FleetModel(
+        units=cfg.units,
+        nodes_per_unit=cfg.nodes_per_unit,
+        units_per_cell=cfg.units_per_cell,
+        rollout=cfg.unit_rollout,
+        units_per_wave=current,
+        load_s=args.load_minutes * 60.0,
+        node_failures_per_node_day=args.node_failures_per_day,
+        traffic=args.demand,
+    )
+    rec: Recommendation = recommend_wave(model, spare_nodes=args.spare_nodes, seeds=range(3), also=[current])
+    by_wave = {s.units_per_wave: s for s in rec.table}
+    now, best = by_wave[current], by_wave[rec.units_per_wave]
+    line, change = config_change(args.config, current, rec.units_per_wave)
+    lanes = best.model.waves.parallel_cells
+    deploy = f"node_modules/.bin/cdk deploy --all --concurrency {lanes + 1} -c config={args.config}"
+    if args.json:
+        doc = {
+            "config": args.config,
+            "units": cfg.units,
+            "nodes_per_unit": cfg.nodes_per_unit,
+            "cells": cfg.cells,
+            "unit_rollout": cfg.unit_rollout,
+            "current": _row(now, cfg.units),
+            "recommended": _row(best, cfg.units),
+            "change": {"line": line, "to": f"units_per_wave: {rec.units_per_wave}", "what": change},
+            "deploy": deploy,
+            **rollout_dict(rec),
+        }
+        console.print_json(json.dumps(doc))
+        return 0
+    console.print(
+        f"{args.config}: {cfg.units} units x {cfg.nodes_per_unit} nodes in {cfg.cells} cell(s) of up to "
+        f"{cfg.units_per_cell}, unit_rollout {cfg.unit_rollout}, units_per_wave {current}"
+        + ("" if cfg.units_per_wave is not None else " (unset: about 10 %)")
+        + f"; simulated at {args.load_minutes:g} min of model load, demand {args.demand:.0%} of capacity",
+        markup=False,
+    )
+    t = Table(title="Current vs recommended (simulated, ops/rollout_sim.py; worst of 3 seeds)")
+    for col in ("", "units per wave", "rollout", "min units in rotation", "below floor", "requests shed"):
+        t.add_column(col, justify="right")
+    for label, s in (("current", now), ("recommended", best)):
+        t.add_row(
+            label,
+            str(s.units_per_wave),
+            f"{s.duration_s / 3600:.1f} h",
+            f"{s.min_in_rotation} of {cfg.units} ({s.min_in_rotation / cfg.units:.0%}; floor {s.model.floor})",
+            f"{s.below_floor_s / 60:.0f} min",
+            f"{s.shed_share:.2%}",
+        )
+    console.print(t)
+    render_rollout(rec, console)
+    console.print(f"recommended: units_per_wave {rec.units_per_wave}", style="bold")
+    console.print(change, markup=False)
+    console.print(f"then deploy with: {deploy}", markup=False)
+    return 0

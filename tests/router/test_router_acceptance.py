@@ -1,13 +1,15 @@
 """The router layer end to end on real processes: units of two `runtime node` members (reference engine,
 tiny model) behind `runtime router` processes on 127.0.0.1, under steady load from 8 concurrent clients.
 
-Failover (kill -9 of a follower), rolling update (revision 1 -> 2), router replacement (drain one of
-two routers), and overload (429 before admitted work finishes, router memory flat).
+Failover (kill -9 of a follower), rolling update (revision 1 -> 2, driven by the ECS rehearsal
+emulator with the echo engine), router replacement (drain one of two routers), and overload (429
+before admitted work finishes, router memory flat).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,12 @@ from router_real_units import Load, RouterProcess
 from router_testkit import rss_kib, run, wait_for
 
 import contract
+from ops.rehearsal import run as rehearsal_run
+from ops.rehearsal.template import read_fleet
+from ops.rehearsal.traffic import Traffic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks"))
+from synth_helpers import config_with, synthesize  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -157,58 +165,45 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
     assert router_code == 0
 
 
-def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path, procs):
-    a = Unit(tmp_path, name="unit-a", revision="1")
-    b = Unit(tmp_path, name="unit-b", revision="2")
-    units_file = tmp_path / "units.txt"
-    units_file.write_text(a.leader.url + "\n")
-    router = RouterProcess(
-        tmp_path,
-        name="r",
-        args=[
-            "--units-file",
-            str(units_file),
-            "--poll-interval",
-            str(POLL_S),
-            "--discovery-interval",
-            "0.2",
-            "--drain-grace",
-            "0",
-        ],
+def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path, monkeypatch):
+    """A unit rolls from revision 1 to 2 under load through the router, and ECS, not the test,
+    decides when its old tasks stop: the rehearsal emulator (ops/rehearsal/ecs.py) plays the
+    synthesized service's own rules (surge: minimum healthy 100 %, maximum 200 %; the old tasks stop
+    only once the new ones pass their container health check; Cloud Map deregistration, SIGTERM and
+    the stop timeout). tests/rehearsal/ checks those rules step by step; this checks what a client
+    sees."""
+    # Each answer's revision and emulated time: the rehearsal's report has only the totals.
+    answers: list[tuple[float, str]] = []
+
+    class TimedTraffic(Traffic):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            clock = self.clock
+
+            class Logged(dict):
+                def __setitem__(self, revision: str, count: int) -> None:
+                    answers.append((clock.now(), revision))
+                    super().__setitem__(revision, count)
+
+            self.revisions = Logged()
+
+    monkeypatch.setattr(rehearsal_run, "Traffic", TimedTraffic)
+    cdk_out = tmp_path / "cdk.out"
+    synthesize(config_with(units=1, nodes_per_unit=2, unit_rollout="surge", revision="1"), cdk_out)
+    report = asyncio.run(
+        rehearsal_run.rehearse(
+            read_fleet(cdk_out), rehearsal_run.Options(new_revision="2", clients=8, work_dir=tmp_path / "run")
+        )
     )
-    for proc in (a, b, router):
-        procs(proc)
-    marks: dict[str, float] = {}
-
-    async def scenario():
-        a.start()
-        await ready(a)
-        await router.start()
-        await router.wait_routable(1)
-        load = Load(pick_url=lambda: router.url, clients=8)
-
-        async def controller():
-            await wait_for(lambda: len(load.outcomes) >= 30, timeout=60, what="30 requests on A")
-            b.start()
-            await ready(b)
-            units_file.write_text(f"{a.leader.url}\n{b.leader.url}\n")  # B registers, as in Cloud Map
-            await router.wait_routable(2)
-            marks["b_routable"] = time.monotonic()
-            a.sigterm()  # ECS stops A's tasks: it drains
-            await wait_for(a.exited, timeout=90, what="unit A to drain and exit")
-            marks["a_gone"] = time.monotonic()
-
-        def enough(outs) -> bool:
-            return "a_gone" in marks and sum(o.sent > marks["a_gone"] for o in outs) >= 40
-
-        await asyncio.gather(controller(), load.run(enough))
-        return load.outcomes
-
-    outcomes = run(scenario(), timeout=240.0)
-    assert all(o.ok for o in outcomes), describe(outcomes)
-    assert any(o.revision == "1" for o in outcomes) and any(o.revision == "2" for o in outcomes)
-    after = [o for o in outcomes if o.sent > marks["a_gone"]]
-    assert len(after) >= 40 and all(o.unit == "unit-b" and o.revision == "2" for o in after)
+    assert report.rolled_out, report.rollout
+    assert report.failures == [], report.failures[:8]
+    assert report.revisions_served.get("1", 0) > 0 and report.revisions_served.get("2", 0) > 0
+    assert report.final_revisions == {"cell0-unit0": "2"}
+    # After CloudFormation saw the service steady (ECS had stopped the old tasks): only revision 2.
+    (begin,) = [e.at for e in report.events if e.who == "rehearsal" and e.text.startswith("rolling out")]
+    after = [revision for at, revision in answers if at > begin + report.rollout_s]
+    assert len(after) >= 20 and set(after) == {"2"}, after
+    assert len(answers) == report.served  # the log saw every answer
 
 
 class RoundRobinFront:

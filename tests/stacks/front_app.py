@@ -73,6 +73,8 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
         units_per_cell=UNITS_PER_CELL,
+        unit_rollout="surge",
+        wave_in_cell=1,
         alarm_email="oncall@example.com",
         synthesizer=synthesizer(),
     )

@@ -10,6 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk.assertions import Match, Template
 from front_app import UNITS_PER_CELL, template
+from synth_helpers import config_with, synthesize
 
 import contract
 from stacks.observability import ObservabilityStack
@@ -83,7 +84,61 @@ def test_ready_unit_alarms_read_the_runtime_emf_metric_fleet_wide_and_per_cell()
     for cell, units in UNITS_PER_CELL.items():
         alarm = alarms()[f"ReadyUnits{cell.capitalize()}"]
         assert {"Name": contract.METRIC_DIM_CELL, "Value": cell} in alarm["Dimensions"]
-        assert alarm["Threshold"] == units and alarm["EvaluationPeriods"] == 10
+        # surge takes no unit out; one may be re-forming after a node failure; never below 1
+        assert alarm["Threshold"] == max(1, units - 1) and alarm["EvaluationPeriods"] == 10
+
+
+# The rule, as the operator reads it: a cell pages below its units, minus the in-cell wave a
+# `replace` rollout takes out at once, minus one unit re-forming after a node failure; at least 1.
+# 10 units in 2 cells of 5; 4 units per wave lay out as 2 units in each of the 2 cells
+# (contract/rollout.py: 3 sequential waves, fewer than 1 x 2 lanes' 5 or 3/4 x 1 lane's 4).
+WAVE_FLEET = {"units": 10, "units_per_cell": 5, "units_per_wave": 4}
+
+
+@pytest.fixture(scope="module")
+def rollout_synths(tmp_path_factory):
+    return {
+        mode: synthesize(config_with(**WAVE_FLEET, unit_rollout=mode), tmp_path_factory.mktemp(f"obs-{mode}"))
+        for mode in ("surge", "replace")
+    }
+
+
+def cell_alarms(synth) -> dict[str, dict]:
+    return {
+        k[:-8]: v["Properties"]
+        for k, v in synth.resources("Observability", "AWS::CloudWatch::Alarm").items()
+        if k.startswith("ReadyUnitsCell")
+    }
+
+
+def test_surge_cells_page_below_all_their_units_but_one(rollout_synths):
+    synth = rollout_synths["surge"]
+    alarms_ = cell_alarms(synth)
+    assert set(alarms_) == {"ReadyUnitsCell0", "ReadyUnitsCell1"}
+    for alarm in alarms_.values():
+        assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 5 - 0 - 1)
+        assert "(5 units): fewer than 4 units ready for 10 minutes" in alarm["AlarmDescription"]
+        assert "surge rollout keeps every unit in rotation" in alarm["AlarmDescription"]
+
+
+def test_replace_cells_page_below_their_units_less_one_in_cell_wave_and_one_failure(rollout_synths):
+    synth = rollout_synths["replace"]
+    assert synth.deployment.config.wave_plan.wave_in_cell == 2  # the layout the rule reads
+    for alarm in cell_alarms(synth).values():
+        assert alarm["Threshold"] == 5 - 2 - 1
+        assert "(5 units): fewer than 2 units ready for 10 minutes" in alarm["AlarmDescription"]
+        assert "replace rollout takes up to 2 of its units out at once" in alarm["AlarmDescription"]
+        assert "docs/runbooks/unit-not-ready.md" in alarm["AlarmDescription"]
+
+
+def test_a_cell_whose_rollout_may_take_every_unit_out_still_pages_with_no_unit_ready():
+    # A replace wave as large as the cell, or a one-unit cell: the threshold stays 1.
+    from stacks.observability import cell_ready_threshold
+
+    assert cell_ready_threshold(3, unit_rollout="replace", wave_in_cell=4) == 1
+    assert cell_ready_threshold(1, unit_rollout="surge", wave_in_cell=1) == 1
+    with pytest.raises(ValueError, match="unit_rollout='blue'"):
+        cell_ready_threshold(3, unit_rollout="blue", wave_in_cell=1)
 
 
 def test_alarm_topic_is_kms_encrypted_ssl_only_and_mails_the_configured_address():
@@ -159,7 +214,14 @@ def test_without_alarm_email_there_is_no_subscription():
     tg = elbv2.ApplicationTargetGroup(stack, "Tg", vpc=vpc, port=80)
     alb.add_listener("L", port=80).add_target_groups("T", target_groups=[tg])
     obs = ObservabilityStack(
-        app, "O", load_balancer=alb, target_groups=[tg], units_per_cell={"cell0": 1}, alarm_email=None
+        app,
+        "O",
+        load_balancer=alb,
+        target_groups=[tg],
+        units_per_cell={"cell0": 1},
+        unit_rollout="surge",
+        wave_in_cell=1,
+        alarm_email=None,
     )
     Template.from_stack(obs).resource_count_is("AWS::SNS::Subscription", 0)
 
@@ -171,6 +233,8 @@ def test_without_alarm_email_there_is_no_subscription():
         ({"min_ready_units": 0}, "min_ready_units=0"),
         ({"units_per_cell": {}}, "units_per_cell"),
         ({"units_per_cell": {"cell0": 0}}, "units_per_cell"),
+        ({"unit_rollout": "rolling"}, "unit_rollout='rolling'"),
+        ({"wave_in_cell": 0}, "wave_in_cell=0"),
     ],
 )
 def test_bad_thresholds_are_rejected_naming_the_setting(kwargs, message):
@@ -178,6 +242,6 @@ def test_bad_thresholds_are_rejected_naming_the_setting(kwargs, message):
     stack = cdk.Stack(app, "Lb")
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     alb = elbv2.ApplicationLoadBalancer(stack, "Alb", vpc=vpc)
-    settings = {"units_per_cell": {"cell0": 1}, **kwargs}
+    settings = {"units_per_cell": {"cell0": 1}, "unit_rollout": "surge", "wave_in_cell": 1, **kwargs}
     with pytest.raises(ValueError, match=message):
         ObservabilityStack(app, "O", load_balancer=alb, target_groups=[], **settings)

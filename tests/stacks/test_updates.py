@@ -40,6 +40,10 @@ VARIANTS: dict[str, dict] = {
     "router": {**BASE, "router": {"desired_count": 3, "max_count": 12}},
     "drain": {**BASE, "node": {"drain_timeout_s": 60}},
     "replace": {**BASE, "unit_rollout": "replace"},
+    # One cell of 4 with `replace`: the wave size moves the cell's ready-units alarm threshold
+    # (4 - 1 - 1 = 2 with waves of 1, 4 - 2 - 1 = 1 with waves of 2) and the DependsOn chain.
+    "replace-cell-4": {**BASE, "units": 4, "units_per_cell": 4, "unit_rollout": "replace"},
+    "replace-cell-4-waves-2": {**BASE, "units": 4, "units_per_cell": 4, "unit_rollout": "replace", "units_per_wave": 2},
 }
 # change -> (before variant, after variant)
 CHANGES: dict[str, tuple[str, str]] = {
@@ -55,6 +59,7 @@ CHANGES: dict[str, tuple[str, str]] = {
     "change router counts": ("base", "router"),
     "change node.drain_timeout_s": ("base", "drain"),
     "switch unit_rollout": ("base", "replace"),
+    "change units_per_wave": ("replace-cell-4", "replace-cell-4-waves-2"),
 }
 
 TASK_DEFINITION_REASON = (

@@ -19,6 +19,13 @@ def real_unit(new_unit):
 
 def test_status_reads_real_members_and_exits_critical_once_a_follower_dies(fleet, real_unit, run_cli):
     unit = fleet.add_unit(cell=0, index=0, ports=[m.port for m in real_unit.members])
+    # status reads a follower through its leader, whose word on it trails the follower's own
+    # /health/ready by up to a handshake round (docs/node.md): wait for that word, not the follower.
+    wait_for(
+        lambda: (lambda b: b["members"] and all(m["ready"] for m in b["members"]))(real_unit.leader.ready()[1]),
+        timeout=30,
+        what="the leader to report its follower ready",
+    )
     code, out = run_cli("status", "--json")
     assert code == 0, out
     nodes = json.loads(out)[0]["nodes"]

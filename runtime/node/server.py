@@ -511,7 +511,8 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                         line = b'{"load":' + load + b"}\n"
                     else:
                         line = b"\n"
-                    await resp.write(line)
+                    async with asyncio.timeout(CLIENT_STALL_S):  # a watcher that reads nothing is gone
+                        await resp.write(line)
                     last_rest, last_load, last_sent, last_signature = rest, load, now, signature
                 try:
                     await asyncio.wait_for(shutting_down.wait(), tick)
@@ -519,6 +520,9 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     pass
         except ConnectionError:
             pass  # the watcher went away
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
         return resp
 
     async def prom(_: web.Request) -> web.Response:

@@ -287,10 +287,8 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
             engine.cancel(rid)
             if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
                 end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=stop_reason[0])
-            else:  # the supervisor cancelled it: its client went away
-                end(
-                    rid, cmd, "cancelled", generated, op="error", kind="cancelled", message="cancelled: the client left"
-                )
+            else:  # the server cancelled it: its client went away, or its queue or request timeout passed
+                end(rid, cmd, "cancelled", generated, op="error", kind="cancelled", message="cancelled by the server")
         except RequestRejected as e:
             end(
                 rid,

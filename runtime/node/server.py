@@ -14,7 +14,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -53,6 +53,8 @@ ENDINGS: dict[str, tuple[int, str, str | None]] = {
     "broken": (503, "service_unavailable", "unit_broken"),
     "unavailable": (503, "service_unavailable", "unit_unavailable"),
     "cancelled": (503, "service_unavailable", "cancelled"),
+    "queue_timeout": (503, "service_unavailable", "queue_timeout"),
+    "deadline": (504, "server_error", "deadline_exceeded"),
     "incomplete": (500, "server_error", "incomplete"),
     "engine": (500, "server_error", "engine_error"),
     "internal": (500, "server_error", "internal_error"),
@@ -156,6 +158,7 @@ class LeaderApi:
     async def _serve_inner(
         self, request: web.Request, kind: str, rid: str, arrival: float, headers: dict[str, str], rec: dict[str, Any]
     ) -> web.StreamResponse:
+        started = asyncio.get_running_loop().time()  # the request timeout counts from here
         if self.sup.draining:
             rec["error_kind"] = "draining"
             return self._unavailable("this unit is draining for shutdown; retry on another unit", headers)
@@ -183,7 +186,7 @@ class LeaderApi:
         stream = engine.submit(
             rid, correlation_id=rec["request_id"], **req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
         )
-        events = engine.events(stream)
+        events = self._bounded(engine, rid, engine.events(stream), started)
         done = False
         try:
             first = await events.__anext__()  # accepted, or a rejection before any output
@@ -205,6 +208,50 @@ class LeaderApi:
                 rec.setdefault("error_kind", "client_disconnected")
                 rec.setdefault("error", "client disconnected")
                 rec.setdefault("status", 499)
+
+    async def _bounded(self, engine: Any, rid: str, events: AsyncIterator[dict], started: float) -> AsyncIterator[dict]:
+        """The engine's events for one request, every wait for the next one bounded: until the first
+        token by the queue timeout (counted from now), in all by the request timeout (counted from
+        `started`, loop time). Past either, the request is cancelled in the engine, which frees its
+        batch slot at the next step, and the events end with an error: `queue_timeout` (503, the
+        request never started, so it may go elsewhere) or `deadline` (504; output already sent is
+        incomplete). The engine yields tokens, not admissions: the first token is the first sign the
+        request holds a slot (the reference engine prefills in the step that admits it)."""
+        s = self.sup.s
+        loop = asyncio.get_running_loop()
+        deadline = started + s.request_timeout_s
+        admit_by = min(loop.time() + s.queue_timeout_s, deadline)
+        admitted = False
+        while True:
+            until, kind = (deadline, "deadline") if admitted else (admit_by, "queue_timeout")
+            try:
+                if loop.time() >= until:
+                    # An event already waiting is taken without suspending, so the timeout below
+                    # would never fire for a client that reads slower than the engine writes.
+                    raise TimeoutError
+                async with asyncio.timeout_at(until):
+                    ev = await anext(events)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                engine.cancel(rid)
+                if kind == "queue_timeout":
+                    message = (
+                        f"no batch slot came free on unit {s.unit_id} within {s.queue_timeout_s:g} s (its queue "
+                        "timeout); retry after Retry-After, on another unit if you can"
+                    )
+                else:
+                    message = (
+                        f"the request ran past unit {s.unit_id}'s request timeout of {s.request_timeout_s:g} s and "
+                        "was stopped; output already sent is incomplete: retry, with a smaller max_tokens if "
+                        "it needs that long"
+                    )
+                yield {"op": "error", "kind": kind, "message": message}
+                return
+            admitted = admitted or ev["op"] == "token"
+            yield ev
+            if ev["op"] in ("done", "error"):
+                return
 
     @staticmethod
     def _ending(ev: dict, rec: dict[str, Any]) -> ApiError:
@@ -310,19 +357,20 @@ class LeaderApi:
         await resp.prepare(request)
         created = int(arrival)
 
-        async def write(data: bytes) -> None:
-            # Bounded: a client that stops reading must not hold its batch slot for ever.
+        async def write(data: bytes, *, last: bool = False) -> None:
+            # Bounded: a client that stops reading must not hold its batch slot for ever. The last
+            # write (write_eof) drains the buffer too, so it is bounded the same way.
             try:
                 async with asyncio.timeout(CLIENT_STALL_S):
-                    await resp.write(data)
+                    await (resp.write_eof(data) if last else resp.write(data))
             except TimeoutError:
                 if request.transport is not None:
                     request.transport.abort()
                 raise ConnectionError(f"the client accepted nothing for {CLIENT_STALL_S:g} s") from None
 
-        async def send(payload: BaseModel | dict) -> None:
+        async def send(payload: BaseModel | dict, *, last: bool = False) -> None:
             body = payload.model_dump() if isinstance(payload, BaseModel) else payload
-            await write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")
+            await write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n", last=last)
 
         n, first_token = 0, None
         collected = req.collector()
@@ -351,16 +399,14 @@ class LeaderApi:
             err = self._ending(ev if ev["op"] == "error" else _INCOMPLETE, rec)
             # An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
             try:
-                await send(err.body())
-                await resp.write_eof()
+                await send(err.body(), last=True)
             except ConnectionError:
                 pass
             return resp
         try:
             if req.include_usage:
                 await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n))
-            await write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+            await write(b"data: [DONE]\n\n", last=True)
         except ConnectionError:
             pass
         return resp
@@ -465,7 +511,8 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                         line = b'{"load":' + load + b"}\n"
                     else:
                         line = b"\n"
-                    await resp.write(line)
+                    async with asyncio.timeout(CLIENT_STALL_S):  # a watcher that reads nothing is gone
+                        await resp.write(line)
                     last_rest, last_load, last_sent, last_signature = rest, load, now, signature
                 try:
                     await asyncio.wait_for(shutting_down.wait(), tick)
@@ -473,6 +520,9 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     pass
         except ConnectionError:
             pass  # the watcher went away
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
         return resp
 
     async def prom(_: web.Request) -> web.Response:

@@ -384,6 +384,27 @@ class NodeSettings(_Settings):
     max_tokens_limit: int = setting(
         4096, "--max-tokens-limit", "FLOTILLA_MAX_TOKENS_LIMIT", "largest max_tokens a request may ask for", ge=1
     )
+    # The two bounds on one request (docs/node.md, "How a request ends"). With the router's defaults
+    # (runtime/router/settings.py: first byte 60 s, silence between chunks 30 s) the node's queue
+    # timeout fires first, so a request stuck in a queue ends with the unit's own 503, which the
+    # router may still move to another unit, rather than the router's 504 without a cause.
+    queue_timeout_s: float = setting(
+        25.0,
+        "--queue-timeout",
+        "FLOTILLA_QUEUE_TIMEOUT_S",
+        "seconds a request may wait for a batch slot (until its first token) before it ends 503 + Retry-After",
+        ge=0.01,
+        allow_inf_nan=False,
+    )
+    request_timeout_s: float = setting(
+        600.0,
+        "--request-timeout",
+        "FLOTILLA_REQUEST_TIMEOUT_S",
+        "seconds a request may take in all; past it the engine drops it and the client gets an error, "
+        "never a cut-short answer",
+        ge=0.01,
+        allow_inf_nan=False,
+    )
     torch_threads: int = setting(
         1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process", ge=1, le=256
     )
@@ -501,6 +522,18 @@ class NodeSettings(_Settings):
         if v not in BUILTIN_MODELS and not os.path.isdir(v):
             raise ValueError(
                 "is neither tiny, smollm2 nor an existing checkpoint directory: fix the path or pick a built-in model"
+            )
+        return v
+
+    @field_validator("request_timeout_s", mode="after")
+    @classmethod
+    def _queue_wait_within_the_deadline(cls, v: float, info: ValidationInfo) -> float:
+        queue = info.data.get("queue_timeout_s")
+        if queue is not None and queue > v:
+            raise Misplaced(
+                ("queue_timeout_s",),
+                f"is longer than FLOTILLA_REQUEST_TIMEOUT_S (or --request-timeout), {v:g} s: a request must get "
+                f"its batch slot before its deadline; give at most {v:g}, or a longer request timeout",
             )
         return v
 

@@ -8,6 +8,7 @@ the unit writes them; a stream that breaks half-way ends with an SSE error event
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -582,29 +583,15 @@ class Router:
         self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
         framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
         content = upstream.content
+        broken = functools.partial(self._broken, request, resp, upstream, is_sse, request_id, unit)
         while True:
             try:
                 async with asyncio.timeout(s.idle_stream_timeout_s):
                     chunk = await content.readany()
             except TimeoutError:
-                return await self._broken(
-                    request,
-                    resp,
-                    upstream,
-                    is_sse,
-                    request_id,
-                    unit,
-                    "idle_timeout",
-                    f"unit {unit.unit} sent nothing for {s.idle_stream_timeout_s:g} s",
-                )
+                return await broken("idle_timeout", f"unit {unit.unit} sent nothing for {s.idle_stream_timeout_s:g} s")
             except (aiohttp.ClientError, OSError) as exc:
-                return await self._broken(
-                    request,
-                    resp,
-                    upstream,
-                    is_sse,
-                    request_id,
-                    unit,
+                return await broken(
                     "stream_broken",
                     f"unit {unit.unit} failed mid-response ({exc.__class__.__name__}); "
                     f"the partial output above is incomplete",

@@ -202,7 +202,9 @@ class RouterSettings(BaseModel):
             default="3 x poll interval",
         ),
     ] = 0.75
-    # proxying
+    # proxying. A leader's own queue timeout (FLOTILLA_QUEUE_TIMEOUT_S, 25 s) is shorter than both
+    # timeouts below by default, so a request stuck in a unit's queue ends with the unit's 503 or
+    # error event, which names the cause, before the router's 504 (docs/node.md, "How a request ends").
     connect_timeout_s: Annotated[float, within(0.01, 60)] = 1.0
     first_byte_timeout_s: Annotated[
         float,

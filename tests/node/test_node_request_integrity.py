@@ -1,6 +1,7 @@
 """Request integrity on a real leader: a client's X-Request-Id never keys anything, a request the
 unit cannot finish ends with an error (never a short answer that looks complete), a body of any
-shape is the client's error, and a client that leaves gives its batch slot back."""
+shape is the client's error, a client that leaves gives its batch slot back, and a request that waits
+past the queue timeout or runs past the request timeout ends with an error and frees its slot."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncio
 import json
 
 import aiohttp
-from nodeproc import wait_for
+import pytest
+from nodeproc import Unit, wait_for
 
 import contract
 
@@ -157,3 +159,102 @@ def test_a_client_that_disconnects_gives_its_batch_slot_to_a_queued_request(new_
     }
     assert ends["leaves"]["ending"] == "cancelled" and ends["leaves"]["generated"] < 1500
     assert (ends["waits"]["ending"], ends["waits"]["generated"]) == ("length", 4)
+
+
+def _load(unit: Unit) -> dict:
+    return unit.leader.ready()[1]["load"]
+
+
+async def _until(unit: Unit, what: str, predicate) -> None:
+    await asyncio.to_thread(wait_for, lambda: predicate(_load(unit)), timeout=30, what=what)
+
+
+def _engine_end(unit: Unit, request_id: str) -> dict:
+    """The engine's own account of one request (its engine_request_end log line)."""
+    return wait_for(
+        lambda: next((e for e in unit.leader.log_events("engine_request_end") if e["request_id"] == request_id), None),
+        timeout=20,
+        what=f"the engine's account of {request_id}",
+    )
+
+
+def _served(status: int, raw: bytes) -> bool:
+    return status == 200 and json.loads(raw)["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.timeout(180)
+def test_a_request_that_gets_no_batch_slot_within_the_queue_timeout_ends_503_and_leaves_no_trace(new_unit):
+    unit = new_unit(engine="echo", world_size=1, FLOTILLA_QUEUE_TIMEOUT_S="1").start().wait_ready()
+    slots = _load(unit)["max_running"]
+    hold = {"model": "tiny", "prompt": "hold", "max_tokens": 2000, "stream": True}  # 20 s of echo steps
+    short = {"model": "tiny", "prompt": "next", "max_tokens": 4}
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as s:
+            holders = [await s.post(unit.url + "/completions", json=hold) for _ in range(slots)]
+            await _until(unit, "every batch slot to be taken", lambda ld: ld["running"] == slots)
+            plain = await _complete(s, unit.url, short, {contract.REQUEST_ID_HEADER: "queued-plain"})
+            streamed = await _complete(
+                s, unit.url, {**short, "stream": True}, {contract.REQUEST_ID_HEADER: "queued-streamed"}
+            )
+            # Gone from the engine's queue while the slots are still held: nothing waits for a slot.
+            await _until(unit, "the engine queue to empty", lambda ld: ld["queue_depth"] == 0)
+            still_running = _load(unit)["running"]
+            for r in holders:
+                r.close()
+            await _until(unit, "the holders to leave", lambda ld: ld["running"] == 0)
+            after = await _complete(s, unit.url, short)
+            return plain, streamed, still_running, after
+
+    (status, headers, raw), (s_status, _, s_raw), still_running, (a_status, _, a_raw) = asyncio.run(scenario())
+    err = json.loads(raw)["error"]
+    assert status == 503 and headers.get("Retry-After"), err
+    assert (err["type"], err["code"]) == ("service_unavailable", "queue_timeout") and "queue" in err["message"]
+    assert s_status == 200  # the status line went out before the wait
+    events = sse_payloads(s_raw)
+    assert "[DONE]" not in events and json.loads(events[-1])["error"]["code"] == "queue_timeout", events
+    assert still_running == slots
+    for rid in ("queued-plain", "queued-streamed"):
+        assert (_engine_end(unit, rid)["ending"], _engine_end(unit, rid)["generated"]) == ("cancelled", 0)
+    assert _served(a_status, a_raw), a_raw
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_requests_past_the_request_timeout_end_with_an_error_and_give_their_slots_back(new_unit, stream):
+    unit = (
+        new_unit(engine="echo", world_size=1, FLOTILLA_QUEUE_TIMEOUT_S="3", FLOTILLA_REQUEST_TIMEOUT_S="3")
+        .start()
+        .wait_ready()
+    )
+    slots = _load(unit)["max_running"]
+    long = {"model": "tiny", "prompt": "long", "max_tokens": 1500, "stream": stream}  # 15 s of echo steps
+    short = {"model": "tiny", "prompt": "next", "max_tokens": 4}
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as s:
+            cut = await asyncio.gather(
+                *(_complete(s, unit.url, long, {contract.REQUEST_ID_HEADER: f"long-{i}"}) for i in range(slots))
+            )
+            await _until(unit, "the engine to drop the stopped requests", lambda ld: ld["running"] == 0)
+            # Every slot was taken by a stopped request: only freed slots can serve these at once.
+            after = await asyncio.gather(*(_complete(s, unit.url, short) for _ in range(slots)))
+            return cut, after
+
+    cut, after = asyncio.run(scenario())
+    for status, headers, raw in cut:
+        if stream:
+            assert status == 200
+            events = sse_payloads(raw)
+            assert "[DONE]" not in events, events[-3:]
+            err = json.loads(events[-1])["error"]
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert chunks and {c["choices"][0]["finish_reason"] for c in chunks} == {None}
+        else:
+            assert status == 504, raw
+            err = json.loads(raw)["error"]
+        assert err["code"] == "deadline_exceeded" and "request timeout" in err["message"], err
+    for i in range(slots):
+        end = _engine_end(unit, f"long-{i}")
+        assert end["ending"] == "cancelled" and 0 < end["generated"] < 1500, end
+    assert all(_served(status, raw) for status, _, raw in after), after

@@ -105,6 +105,21 @@ def test_ecs_settings_need_the_node_count_and_default_the_port():
             [],
             [contract.ENV_REVISION, "empty"],
         ),
+        (
+            {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", "FLOTILLA_QUEUE_TIMEOUT_S": "0"},
+            [],
+            ["FLOTILLA_QUEUE_TIMEOUT_S=0", ">= 0.01"],
+        ),
+        (
+            {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", "FLOTILLA_REQUEST_TIMEOUT_S": "10"},
+            [],
+            ["FLOTILLA_QUEUE_TIMEOUT_S", "FLOTILLA_REQUEST_TIMEOUT_S", "at most 10"],
+        ),
+        (
+            {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0"},
+            ["--queue-timeout", "30", "--request-timeout", "20"],
+            ["--queue-timeout=30", "at most 20"],
+        ),
     ],
 )
 def test_bad_settings_name_the_setting_and_the_fix(env, argv, names):

@@ -108,7 +108,9 @@ def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):
     assert json.dumps(router_image) == json.dumps(node_image)
 
 
-def test_ready_unit_alarms_cover_every_cell_with_its_unit_count(two_cells):
+def test_ready_unit_alarms_cover_every_cell_at_its_units_less_one_recovering_unit(two_cells):
+    # surge (the default) takes no unit out of rotation while it rolls; one unit may be re-forming
+    # after a node failure without paging; a cell never alarms below 1 ready unit.
     alarms = two_cells.resources("Observability", "AWS::CloudWatch::Alarm").values()
     per_cell = {
         d["Value"]: a["Properties"]["Threshold"]
@@ -116,7 +118,7 @@ def test_ready_unit_alarms_cover_every_cell_with_its_unit_count(two_cells):
         for d in a["Properties"].get("Dimensions", [])
         if d["Name"] == contract.METRIC_DIM_CELL
     }
-    assert per_cell == {"cell0": 2, "cell1": 1}
+    assert per_cell == {"cell0": 2 - 1, "cell1": 1}
 
 
 def test_router_settings_come_from_the_config(tmp_path):

@@ -19,7 +19,7 @@ from runtime.engines.base import GenerationRequest, RequestRejected, SamplingPar
 # contract.neuron.PLUGIN_0_4_1); "runner" and "loader" are its vllm_neuron/worker/
 # neuronx_distributed_model_{runner,loader}.py.
 # vLLM 0.13.0's /v1/completions request schema (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py,
-# CompletionRequest :1010-1346): frequency_penalty :1016, logprobs :1018, max_tokens :1019, n :1020,
+# CompletionRequest :1010-1345): frequency_penalty :1016, logprobs :1018, max_tokens :1019, n :1020,
 # presence_penalty :1021, seed :1022, stop :1023, response_format :1057-1064 (json_object / json_schema
 # become structured outputs, :1213-1237), return_tokens_as_token_ids :1099, return_token_ids :1107.
 # Its default max_logprobs is 20 (vllm/config/model.py:188), checked per request
@@ -58,12 +58,12 @@ def serves(*, multi_node: bool, sampling: str) -> Serves:
         )
     if sampling == "cpu":
         # on_device_sampling_config None: the runner hands the logits to vLLM's own Sampler
-        # (runner:247-268), after the structured-output bitmask (:251-260); that sampler applies the
+        # (runner:247-268), after the structured-output bitmask (:252-260); that sampler applies the
         # penalties and computes logprobs, which the runner returns (:892-901).
         return Serves("cpu sampling", n=True, logprobs=True, structured=True, penalties=True, fix="")
     # On-device sampling is the plugin's default (loader:1067-1069, :1100). Only top_k, top_p and
-    # temperature reach the device (runner:1733-1764; plugin README.md:182-189), top_k capped at
-    # 256 (runner :109, :1739). It returns no logprobs (loader :542-550), which vLLM's stream
+    # temperature reach the device (runner:1733-1763; plugin README.md:182-189), top_k capped at
+    # 256 (runner :113, :1739). It returns no logprobs (loader :542-550), which vLLM's stream
     # asserts on (vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:428-429), and drops the
     # grammar bitmask with only a warning (runner :229-241). vLLM fans n out into n child requests
     # before sampling (vllm@v0.13.0:vllm/v1/engine/async_llm.py:319-336), so n still works.
@@ -103,9 +103,9 @@ def check(sp: SamplingParams, s: Serves) -> None:
         raise refuse("response_format", "it cannot constrain the output; leave it out (forced tool calls need it too)")
     if sp.seed is not None and sp.temperature > 0:
         # No neuron mode seeds a request. The plugin's runner builds every request with generator=None
-        # (runner:976-993) where vLLM's GPU runner seeds a torch.Generator from the request's seed
+        # (runner:986-997) where vLLM's GPU runner seeds a torch.Generator from the request's seed
         # (vllm@v0.13.0:vllm/v1/worker/gpu_model_runner.py:809-816), so its host sampler draws from the
-        # global RNG; the device sampler takes no seed at all (runner:1733-1764); the V0 fork's neither.
+        # global RNG; the device sampler takes no seed at all (runner:1733-1763); the V0 fork's neither.
         # vLLM would accept the seed and sample unseeded.
         raise RequestRejected(
             f"'seed' is not served by the neuron engine in {s.mode}: its sampler takes no per-request seed, "

@@ -190,9 +190,9 @@ def main():
         with_ids = bool(body.get("return_token_ids"))
         choices = int(body.get("n") or 1)
         k = body.get("logprobs")
-        # The seed is accepted and has no effect: the runner gives no request a generator (runner:976-993).
+        # The seed is accepted and has no effect: the runner gives no request a generator (runner:986-997).
         # On-device sampling drops the grammar bitmask with a warning (runner:229-241); the CPU path applies
-        # it (:251-260), so there the output is a JSON document: a minimal instance of the schema.
+        # it (:252-260), so there the output is a JSON document: a minimal instance of the schema.
         grammar = _grammar(fmt) if cpu_sampling else None
         document = _document(grammar) if grammar is not None else os.environ.get("STANDIN_TEXT")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

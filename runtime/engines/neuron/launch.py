@@ -487,8 +487,11 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         "--port",
         str(o.engine_port),
     ]
-    # The plugin's default NxD Inference config from these flags (loader.py:1078-1109 at release-0.4.1;
-    # without prefix caching the platform sets block_size = max_model_len, platform.py:299-304).
+    # The plugin's default NxD Inference config from these flags (vllm-project/vllm-neuron@4fac6b7b, branch
+    # release-0.4.1: vllm_neuron/worker/neuronx_distributed_model_loader.py:1071-1109, the dict at
+    # :1089-1109; without prefix caching the platform sets block_size = max_model_len, platform.py:299-304).
+    # That platform first adds 1 to --num-gpu-blocks-override for vLLM's null block (platform.py:239-253),
+    # so NxD Inference is given pa_num_blocks batch_size + 1; the key records the flag's value.
     nxdi = {
         "tp_degree": plan.tp_degree,
         "batch_size": plan.batch_size,

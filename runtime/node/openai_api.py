@@ -946,7 +946,7 @@ def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str
     """Tokens in the legacy completions shape: parallel lists, and per token a {token: logprob} map of
     the top alternatives plus the sampled token, so up to logprobs + 1 entries
     (https://platform.openai.com/docs/api-reference/completions/object; vLLM the same:
-    vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:633-713). Where two tokens render alike,
+    vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:633-715). Where two tokens render alike,
     vLLM's map keeps the one it meets last (its order: sampled token, then top 1..k); here the likelier."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:

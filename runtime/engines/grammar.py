@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 # Compact JSON (no free whitespace between tokens): a model may otherwise pad a document with
 # whitespace until max_tokens cuts it. vLLM's guidance backend passes the same option, flexible by
 # default and compact with --structured-outputs-config.disable_any_whitespace
-# (vllm==0.16.0: vllm/v1/structured_output/backend_guidance.py:215-241).
+# (vllm@v0.13.0:vllm/v1/structured_output/backend_guidance.py:189-216; the flag's default,
+# vllm/config/structured_outputs.py:30). A neuron unit's vLLM runs with the defaults (backend "auto":
+# xgrammar, else guidance, vllm/v1/engine/input_processor.py:329-352), so its JSON may carry whitespace.
 _DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
-# json_object is "any JSON object", as vLLM builds it (same file, :235-241).
+# json_object is "any JSON object", as vLLM builds it (same file, :208-215).
 _ANY_OBJECT = '{"type": "object"}'
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 

@@ -13,7 +13,7 @@ from runtime.engines.base import SamplingParams, TokenLogprob
 
 def make_generator(params: SamplingParams, index: int = 0) -> torch.Generator | None:
     """Choice `index` of a seeded request samples with seed + index, as vLLM seeds its n child
-    requests (vllm==0.16.0: vllm/v1/engine/parallel_sampling.py:80)."""
+    requests (vllm@v0.13.0:vllm/v1/engine/parallel_sampling.py:70-75)."""
     if params.temperature == 0.0:
         return None
     if params.seed is None:
@@ -33,9 +33,11 @@ def choose(
 ) -> tuple[int, TokenLogprob | None]:
     """One token for one sequence, in vLLM's order: the grammar mask first (it shapes the logprobs),
     then the logprobs of those logits ("raw_logprobs", vLLM's default), then penalties, temperature
-    and top-p (vllm==0.16.0: vllm/v1/worker/gpu_model_runner.py:3661 applies the grammar bitmask
-    before the sampler; vllm/v1/sample/sampler.py:81-82 takes raw logprobs, :299 penalties, :176
-    temperature; vllm/config/model.py:206 logprobs_mode default).
+    and top-p (vllm@v0.13.0:vllm/v1/worker/gpu_model_runner.py:3203-3210 applies the grammar bitmask
+    before the sampler; vllm/v1/sample/sampler.py:81-82 takes raw logprobs, :299 penalties, :177
+    temperature; vllm/config/model.py:193 logprobs_mode default). A neuron unit sampling on the host
+    keeps that order: the plugin's runner applies the bitmask, then calls vLLM's Sampler
+    (vllm-project/vllm-neuron@4fac6b7b:vllm_neuron/worker/neuronx_distributed_model_runner.py:247-268).
 
     logits: [vocab]; allowed: bool [vocab] from the grammar; counts: [vocab] times each token was
     generated so far (penalties only)."""
@@ -78,7 +80,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 class TextTracker:
     """Turns a growing list of token ids into text deltas; stops at the first stop string.
 
-    Decoding is incremental (a short window of tokens, as vLLM does), so a long generation costs
+    Decoding is incremental (a short window of tokens, as vLLM does: vllm@v0.13.0:
+    vllm/tokenizers/detokenizer_utils.py:56, 110 for slow tokenizers; fast ones use tokenizers'
+    DecodeStream, vllm/v1/engine/detokenizer.py:169-178), so a long generation costs
     O(tokens), and a token that ends inside a UTF-8 character releases nothing until it completes.
     """
 

@@ -100,7 +100,8 @@ class HFTokenizer:
 
     def token_text(self, token_id: int) -> str:
         """One token as text, as vLLM shows it in logprobs: tokenizer.decode([token_id])
-        (vllm==0.16.0: vllm/entrypoints/openai/engine/serving.py:1315-1332)."""
+        (vllm@v0.13.0:vllm/v1/engine/logprobs.py:90-95 via vllm/tokenizers/detokenizer_utils.py:97-104,
+        shown by vllm/entrypoints/openai/serving_engine.py:1505-1522)."""
         return self._tok.decode([token_id])
 
     def apply_chat_template(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:

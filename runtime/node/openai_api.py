@@ -1,5 +1,6 @@
 """The OpenAI schema of /v1/chat/completions and /v1/completions as pydantic models: requests, responses
-and stream chunks (shaped like vLLM's vllm/entrypoints/openai/protocol.py).
+and stream chunks (shaped like vLLM's vllm/entrypoints/openai/protocol.py). vLLM is cited at the
+version the neuron image pins, vllm@v0.13.0 (contract.neuron.VLLM_0_13_0; lines read from that wheel).
 
 Every bad input becomes an ApiError (OpenAI's error shape, a 4xx status, the offending `param` and one
 line that says how to fix it). Nothing here touches the engine.
@@ -37,8 +38,9 @@ ROLES: tuple[str, ...] = get_args(Role)
 MAX_STOP = 4
 MAX_STOP_LEN = 256
 MAX_N = 128  # OpenAI's bound on n (https://platform.openai.com/docs/api-reference/chat/create#chat-create-n)
-# vLLM's default max_logprobs (vllm==0.16.0: vllm/config/model.py:201): top_logprobs and the
-# completions `logprobs` count may not exceed it.
+# vLLM's default max_logprobs (vllm@v0.13.0:vllm/config/model.py:188, checked per request in
+# vllm/v1/engine/input_processor.py:68-85): top_logprobs and the completions `logprobs` count may not
+# exceed it.
 MAX_LOGPROBS = 20
 
 _INVALID = "invalid_request"  # the error type every rule below raises
@@ -283,14 +285,16 @@ class JsonSchemaFormat(OpenAIBaseModel):
     name: Annotated[str, Strict()] = "response"
     description: Annotated[str | None, Strict()] = None
     # "schema" clashes with a BaseModel attribute, hence the alias (vLLM does the same:
-    # vllm==0.16.0: vllm/entrypoints/openai/engine/protocol.py:115-122).
+    # vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:181-187). vLLM requires `name` and lets `schema`
+    # be missing (then no constraint at all); here `name` defaults and `schema` is required. The neuron
+    # engine always sends both (runtime/engines/neuron/requests.py).
     json_schema: Annotated[dict[str, Any], Strict()] = Field(alias="schema")
     strict: Annotated[bool | None, Strict()] = None
 
 
 class ResponseFormat(OpenAIBaseModel):
     """OpenAI's response_format; vLLM's ResponseFormat takes the same three types
-    (vllm==0.16.0: vllm/entrypoints/openai/engine/protocol.py:149-152)."""
+    (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:214-217)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -383,7 +387,9 @@ class ChatMessage(OpenAIBaseModel):
         """The message as a chat template reads it."""
         out: dict[str, Any] = {"role": self.role, "content": self.text}
         if self.tool_calls:
-            # Templates index the arguments as a mapping; vLLM parses the JSON string for them too.
+            # Templates index the arguments as a mapping; vLLM parses the JSON string for them too, and
+            # makes empty arguments {} (vllm@v0.13.0:vllm/entrypoints/chat_utils.py:1651-1657, run from
+            # :1717). It refuses arguments that are not JSON; here they reach the template as the string.
             out["tool_calls"] = [
                 {
                     "id": c.id,
@@ -400,6 +406,8 @@ class ChatMessage(OpenAIBaseModel):
 
 
 def _as_json(text: str) -> Any:
+    if not text:
+        return {}
     try:
         return json.loads(text)
     except ValueError:
@@ -434,7 +442,8 @@ class _Request(OpenAIBaseModel):
     ] = None
     logit_bias: Annotated[Any, unsupported("'logit_bias' is not supported: leave it out", allowed=(None, {}))] = None
     user: Annotated[str | None, Strict(), explain("'user' must be a string")] = None
-    # extension (as in vLLM): generate max_tokens regardless of EOS
+    # extension (as in vLLM, vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:572, 1039): generate max_tokens
+    # regardless of EOS
     ignore_eos: Annotated[bool, Strict(), explain("'ignore_eos' must be true or false")] = False
 
     @model_validator(mode="before")
@@ -572,8 +581,12 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
 
     @model_validator(mode="after")
     def _fields_agree(self) -> ChatCompletionRequest:
-        # The rules of vLLM's ChatCompletionRequest (vllm==0.16.0:
-        # vllm/entrypoints/openai/chat_completion/protocol.py:534-562 check_logprobs, :598-680 check_tool_usage).
+        # The rules of vLLM's ChatCompletionRequest (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:
+        # 857-877 check_logprobs, :911-986 check_tool_usage). vLLM has no rule against response_format
+        # with tools: for a forced call it sets the call's schema (vllm/tool_parsers/abstract_tool_parser.py:
+        # 58-69), then applies response_format to the same structured-output params (protocol.py:785-798),
+        # where a json_schema replaces the call's schema and a json_object is set beside it. Here the
+        # request is refused instead.
         if self.top_logprobs and not self.logprobs:
             raise _reject("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
@@ -583,6 +596,15 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
             raise _reject(
                 f"tool_choice names function '{mode.function.name[:64]}', which is not in 'tools'", param="tool_choice"
             )
+        if mode == "required":
+            try:
+                _lift_defs(self.tools or ())
+            except _DefsClash as e:
+                raise _reject(
+                    f"tools give the $defs entry '{str(e)[:64]}' different schemas, and tool_choice 'required' "
+                    "needs one: rename it in one tool's parameters",
+                    param="tools",
+                ) from None
         if mode not in (None, "none") and self.response_format is not None and self.response_format.type != "text":
             raise _reject(
                 "'response_format' cannot be combined with tool calls (tool_choice auto, required or a named "
@@ -594,7 +616,8 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
     @property
     def tool_mode(self) -> str | NamedToolChoice | None:
         """None (no tools), "none", "auto", "required" or the named function, resolved as vLLM does:
-        tools without tool_choice mean "auto"; "required" with an empty list means "none"."""
+        tools without tool_choice mean "auto"; "required" with an empty list means "none"
+        (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:914-917, 940-950)."""
         if not self.tools:
             return None if self.tool_choice in (None, "none", "required") else self.tool_choice
         if self.tool_choice is None:
@@ -611,14 +634,15 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
 
     def _tool_structure(self) -> dict[str, Any] | None:
         """A forced tool call is generated as JSON: the named function's arguments, or for "required" a
-        list of {"name", "parameters"} (the shape vLLM parses back: vllm==0.16.0:
-        vllm/entrypoints/openai/engine/serving.py:1262-1274)."""
+        list of {"name", "parameters"} (the shape vLLM builds and parses back:
+        vllm@v0.13.0:vllm/tool_parsers/utils.py:148-193, vllm/entrypoints/openai/serving_engine.py:1453-1465)."""
         mode = self.tool_mode
         tools = self.tools or ()
         if isinstance(mode, NamedToolChoice):
             fn = next(t.function for t in tools if t.function.name == mode.function.name)
             return {"kind": "json_schema", "schema": json.dumps(fn.parameters or {"type": "object"})}
         if mode == "required":
+            params, defs = _lift_defs(tools)
             calls: dict[str, Any] = {
                 "type": "array",
                 "minItems": 1,
@@ -628,15 +652,17 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
                             "type": "object",
                             "properties": {
                                 "name": {"type": "string", "enum": [t.function.name]},
-                                "parameters": t.function.parameters or {"type": "object"},
+                                "parameters": p,
                             },
                             "required": ["name", "parameters"],
                             "additionalProperties": False,
                         }
-                        for t in tools
+                        for t, p in zip(tools, params, strict=True)
                     ]
                 },
             }
+            if defs:
+                calls["$defs"] = defs
             if self.parallel_tool_calls is False:
                 calls["maxItems"] = 1
             return {"kind": "json_schema", "schema": json.dumps(calls)}
@@ -682,8 +708,8 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         return text, None
 
     def _finish(self, choice: _Choice, calls: list[dict[str, Any]] | None) -> str:
-        # OpenAI (and vLLM, chat_completion/serving.py:1680-1692): "tool_calls" when "auto" or "required"
-        # made calls, "stop" for a named function.
+        # OpenAI (and vLLM, vllm@v0.13.0:vllm/entrypoints/openai/serving_chat.py:1545-1561): "tool_calls"
+        # when "auto" or "required" made calls, "stop" for a named function.
         if calls and (self.tool_mode == "auto" or (self.tool_mode == "required" and choice.finish_reason == "stop")):
             return "tool_calls"
         return choice.finish_reason or "stop"
@@ -784,8 +810,31 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         )
 
 
+class _DefsClash(ValueError):
+    """Two tools define the same "$defs" name differently (the name is the message)."""
+
+
+def _lift_defs(tools: tuple[Tool, ...]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each tool's parameters without their "$defs", and those definitions gathered for the root of the
+    list-of-calls schema: a "#/$defs/..." reference resolves from the document's root, which the
+    parameters no longer are once nested in it. vLLM lifts them the same way and refuses a name two
+    tools define differently (vllm@v0.13.0:vllm/tool_parsers/utils.py:160-176, 190-192)."""
+    params: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    for t in tools:
+        p = dict(t.function.parameters or {"type": "object"})
+        if isinstance(p.get("$defs"), dict):
+            for name, schema in p.pop("$defs").items():
+                if defs.setdefault(name, schema) != schema:
+                    raise _DefsClash(name)
+        params.append(p)
+    return params, defs
+
+
 def _tool_call(name: str, arguments: str) -> dict[str, Any]:
-    # vLLM's random tool-call id format (vllm==0.16.0: make_tool_call_id, id_type "random").
+    # vLLM's random tool-call id shape, "chatcmpl-tool-" and hex (vllm@v0.13.0:vllm/entrypoints/chat_utils.py:
+    # 1898-1903); its random_uuid gives 16 hex digits (vllm/utils/__init__.py:41-42), these 32: clients
+    # treat the id as opaque and only echo it back.
     return {
         "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
         "type": "function",
@@ -794,14 +843,19 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
 
 
 def _lp(value: float) -> float:
-    # -inf is not JSON: vLLM clamps to -9999.0 (vllm==0.16.0: chat_completion/serving.py:1804).
+    # -inf is not JSON: vLLM clamps to -9999.0 (vllm@v0.13.0:vllm/entrypoints/openai/serving_chat.py:1672,
+    # 1726; serving_completion.py:680, 698).
     return max(value, -9999.0)
 
 
 def _chat_logprob(e: dict[str, Any]) -> dict[str, Any]:
     """One token in the chat shape: token, logprob, UTF-8 bytes, top alternatives
     (https://platform.openai.com/docs/api-reference/chat/object#chat/object-choices; bytes as vLLM
-    makes them, chat_completion/serving.py:1805)."""
+    makes them, vllm@v0.13.0:vllm/entrypoints/openai/serving_chat.py:1673, 1727-1731).
+
+    top_logprobs are the k likeliest tokens, best first, as OpenAI documents them. vLLM 0.13.0 differs:
+    it takes the first k of {sampled token, top 1, ..., top k} (serving_chat.py:1655-1677 over the
+    dict vllm/logprobs.py:189-205 builds), so a sampled token outside the top k displaces the k-th."""
     return {
         "token": e["token"],
         "logprob": _lp(e["logprob"]),
@@ -892,7 +946,8 @@ def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str
     """Tokens in the legacy completions shape: parallel lists, and per token a {token: logprob} map of
     the top alternatives plus the sampled token, so up to logprobs + 1 entries
     (https://platform.openai.com/docs/api-reference/completions/object; vLLM the same:
-    vllm==0.16.0: vllm/entrypoints/openai/completion/serving.py:615-705)."""
+    vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:633-715). Where two tokens render alike,
+    vLLM's map keeps the one it meets last (its order: sampled token, then top 1..k); here the likelier."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
         out["tokens"].append(e["token"])

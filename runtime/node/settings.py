@@ -185,7 +185,7 @@ class NeuronSettings(_Settings):
         "--neuron-sampling",
         contract.ENV_NEURON_SAMPLING,
         "where tokens are sampled: `device` (NxD Inference on-device sampling: temperature, top_p only) or "
-        "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, seed, penalties)",
+        "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, penalties)",
         choices=contract.NEURON_SAMPLING_MODES,
     )
     launcher: str | None = setting(

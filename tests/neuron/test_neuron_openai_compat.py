@@ -17,8 +17,8 @@ from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, make_checkpoint, word_i
 from testnet import free_port
 
 import contract
-from runtime.engines.base import SamplingParams, StructuredOutput
-from runtime.engines.neuron.requests import check, chunk_events, serves
+from runtime.engines.base import GenerationRequest, RequestRejected, SamplingParams, StructuredOutput
+from runtime.engines.neuron.requests import check, chunk_events, completions_body, serves
 
 S3_SITE = Path(__file__).resolve().parent / "s3_site"
 MODEL_URI = "s3://flotilla-models/llama/v1"
@@ -55,15 +55,15 @@ JSON = StructuredOutput("json_object")
     [
         (SamplingParams(logprobs=0), "logprobs"),
         (SamplingParams(structured=JSON), "response_format"),
-        (SamplingParams(temperature=0.7, seed=3), "seed"),
         (SamplingParams(presence_penalty=0.5), "presence_penalty"),
         (SamplingParams(frequency_penalty=-1.0), "frequency_penalty"),
     ],
 )
 def test_on_device_sampling_refuses_what_the_device_sampler_ignores(sp, param):
-    with pytest.raises(Exception) as e:
+    with pytest.raises(RequestRejected) as e:
         check(sp, DEVICE)
-    assert getattr(e.value, "param", None) == param and "FLOTILLA_NEURON_SAMPLING=cpu" in str(e.value)
+    assert e.value.param == param and "FLOTILLA_NEURON_SAMPLING=cpu" in str(e.value)
+    assert f"'{param}' is not served by the neuron engine in on-device sampling" in str(e.value)
 
 
 def test_on_device_sampling_passes_n_stop_and_greedy_seeds():
@@ -71,21 +71,47 @@ def test_on_device_sampling_passes_n_stop_and_greedy_seeds():
     check(SamplingParams(seed=3, temperature=0.0), DEVICE)
 
 
-def test_cpu_sampling_passes_every_field():
+def test_cpu_sampling_passes_n_logprobs_penalties_and_structured_output():
     check(
-        SamplingParams(
-            n=2, temperature=0.9, seed=1, logprobs=20, presence_penalty=1, frequency_penalty=1, structured=JSON
-        ),
-        CPU,
+        SamplingParams(n=2, temperature=0.9, logprobs=20, presence_penalty=1, frequency_penalty=1, structured=JSON), CPU
     )
 
 
+@pytest.mark.parametrize("mode", [DEVICE, CPU, MULTI], ids=["device", "cpu", "multi-node"])
+def test_no_neuron_mode_serves_a_seed_above_temperature_zero(mode):
+    # vllm-neuron 0.4.1 gives no request a generator, not even on the host sampler: vLLM would take the
+    # seed and sample unseeded. At temperature 0 the seed changes nothing and is accepted.
+    with pytest.raises(RequestRejected) as e:
+        check(SamplingParams(temperature=0.7, seed=3), mode)
+    assert e.value.param == "seed" and "neuron engine" in str(e.value) and "temperature 0" in str(e.value)
+    assert "FLOTILLA_NEURON_SAMPLING" not in str(e.value)  # no setting brings seeds back
+    check(SamplingParams(temperature=0.0, seed=3), mode)
+
+
+def test_no_seed_is_sent_to_vllm():
+    body = completions_body(GenerationRequest("r", (1, 2), SamplingParams(temperature=0.0, seed=3)), "llama")
+    assert "seed" not in body
+
+
 def test_greedy_n_and_more_than_twenty_logprobs_are_refused_as_vllm_would():
-    with pytest.raises(Exception, match="greedy") as e:
+    with pytest.raises(RequestRejected, match="greedy") as e:
         check(SamplingParams(n=2, temperature=0.0), CPU)
     assert e.value.param == "n"
-    with pytest.raises(Exception, match="limit of 20"):
+    with pytest.raises(RequestRejected, match="limit of 20"):
         check(SamplingParams(logprobs=21), CPU)
+
+
+def test_n_with_a_temperature_below_vllms_greedy_threshold_passes():
+    # vLLM raises any temperature in (0, 0.01) to 0.01 before its greedy test, so n > 1 is served.
+    check(SamplingParams(n=2, temperature=1e-6), CPU)
+    check(SamplingParams(n=2, temperature=1e-6), DEVICE)
+
+
+def test_a_json_schema_without_a_schema_is_sent_as_any_json():
+    # vLLM 0.13.0 would take a json_schema without "schema" as no constraint at all.
+    sp = SamplingParams(structured=StructuredOutput("json_schema", schema=None))
+    body = completions_body(GenerationRequest("r", (1, 2), sp), "llama")
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "response", "schema": {}}}
 
 
 @pytest.mark.parametrize(
@@ -97,7 +123,7 @@ def test_greedy_n_and_more_than_twenty_logprobs_are_refused_as_vllm_would():
     ],
 )
 def test_a_multi_node_unit_refuses_the_openai_only_fields(sp, param):
-    with pytest.raises(Exception) as e:
+    with pytest.raises(RequestRejected) as e:
         check(sp, MULTI)
     assert e.value.param == param and "/generate" in str(e.value)
 
@@ -178,14 +204,13 @@ def test_cpu_sampling_unit_passes_every_field_through(unit_with):
     c = client(unit)
     ids = word_ids("hello flotilla")
 
-    # n + logprobs + seed + penalties + stop + max_completion_tokens, not streamed
+    # n + logprobs + penalties + stop + max_completion_tokens, not streamed
     r = c.chat.completions.create(
         model="llama",
         messages=MSGS,
         n=2,
         max_completion_tokens=3,
         temperature=0.8,
-        seed=4,
         presence_penalty=0.5,
         frequency_penalty=0.25,
         stop=["never"],
@@ -200,15 +225,19 @@ def test_cpu_sampling_unit_passes_every_field_through(unit_with):
     entry = r.choices[0].logprobs.content[0]
     assert entry.logprob == -0.25 and len(entry.top_logprobs) == 2
     sent = bodies(log)[-1]
-    assert {k: sent[k] for k in ("n", "seed", "presence_penalty", "frequency_penalty", "stop", "max_tokens")} == {
+    assert {k: sent[k] for k in ("n", "presence_penalty", "frequency_penalty", "stop", "max_tokens")} == {
         "n": 2,
-        "seed": 4,
         "presence_penalty": 0.5,
         "frequency_penalty": 0.25,
         "stop": ["never"],
         "max_tokens": 3,
     }
-    assert sent["logprobs"] == 2 and sent["return_tokens_as_token_ids"] is True
+    assert sent["logprobs"] == 2 and sent["return_tokens_as_token_ids"] is True and "seed" not in sent
+    # A seed above temperature 0 would be ignored by the plugin's host sampler too: refused, never sent.
+    before = len(bodies(log))
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="llama", messages=MSGS, max_tokens=2, temperature=0.8, seed=4)
+    assert e.value.body["param"] == "seed" and len(bodies(log)) == before
 
     # the same streamed
     chunks = list(

@@ -74,9 +74,9 @@ SINGLE_NODE_SOURCES: Mapping[str, str] = {
     "override_neuron_config.attention_dp_degree": f"{NXDI_CONFIG}:src/neuronx_distributed_inference/models/"
     "config.py:336,576-583",
     # Only with FLOTILLA_NEURON_SAMPLING=cpu: None makes the plugin sample on the host.
-    "override_neuron_config.on_device_sampling_config": "vllm-project/vllm-neuron 0.5.0:vllm_neuron/worker/"
-    "neuronx_distributed_model_runner.py:557-592 (host sampling only when None); "
-    "neuronx_distributed_model_loader.py:1217-1221 (the override is a plain dict.update)",
+    "override_neuron_config.on_device_sampling_config": f"{PLUGIN_0_4_1}:vllm_neuron/worker/"
+    "neuronx_distributed_model_runner.py:229-268 (host sampling only when None); "
+    f"{_LOADER}:1213-1217 (the override is a plain dict.update)",
 }
 
 # Where every variable and flag of a multi-node rank comes from: the fork's example, line by line.
@@ -126,8 +126,8 @@ class NeuronOptions:
     compiled_artifacts_dir: str = DEFAULT_COMPILED_DIR
     engine_port: int = contract.NEURON_ENGINE_PORT  # leader's vLLM server, on 127.0.0.1 only
     # "device": NxD Inference's on-device sampling (the default; applies only temperature, top_k, top_p);
-    # "cpu": vLLM's sampler on the host, which also applies logprobs, structured output, seed and
-    # penalties (see runtime/engines/neuron/requests.py).
+    # "cpu": vLLM's sampler on the host, which also applies logprobs, structured output and penalties
+    # (see runtime/engines/neuron/requests.py; neither mode seeds a request).
     sampling: str = "device"
 
 
@@ -452,9 +452,9 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
     if plan.attention_dp_degree > 1:
         override["attention_dp_degree"] = plan.attention_dp_degree
     if o.sampling == "cpu":
-        # vllm-neuron samples on the host only when on_device_sampling_config is None (vllm-project/vllm-neuron
-        # 0.5.0: vllm_neuron/worker/neuronx_distributed_model_runner.py:557-592); the override is a plain
-        # dict.update (neuronx_distributed_model_loader.py:1217-1221).
+        # vllm-neuron samples on the host only when on_device_sampling_config is None (PLUGIN_0_4_1:
+        # vllm_neuron/worker/neuronx_distributed_model_runner.py:229-268); the override is a plain
+        # dict.update (neuronx_distributed_model_loader.py:1213-1217).
         override["on_device_sampling_config"] = None
     env = {
         "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
@@ -487,8 +487,11 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         "--port",
         str(o.engine_port),
     ]
-    # The plugin's default NxD Inference config from these flags (loader.py:1078-1109 at release-0.4.1;
-    # without prefix caching the platform sets block_size = max_model_len, platform.py:299-304).
+    # The plugin's default NxD Inference config from these flags (vllm-project/vllm-neuron@4fac6b7b, branch
+    # release-0.4.1: vllm_neuron/worker/neuronx_distributed_model_loader.py:1071-1109, the dict at
+    # :1089-1109; without prefix caching the platform sets block_size = max_model_len, platform.py:299-304).
+    # That platform first adds 1 to --num-gpu-blocks-override for vLLM's null block (platform.py:239-253),
+    # so NxD Inference is given pa_num_blocks batch_size + 1; the key records the flag's value.
     nxdi = {
         "tp_degree": plan.tp_degree,
         "batch_size": plan.batch_size,

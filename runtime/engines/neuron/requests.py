@@ -13,11 +13,17 @@ from typing import Any
 
 from runtime.engines.base import GenerationRequest, RequestRejected, SamplingParams, TokenEvent, TokenLogprob
 
-# vLLM 0.16.0's /v1/completions request schema (vllm==0.16.0:
-# vllm/entrypoints/openai/completion/protocol.py): frequency_penalty :49, logprobs :51, max_tokens :52,
-# n :53, presence_penalty :54, seed :55, stop :56, response_format :92 (json_object / json_schema
-# become structured outputs, :259-290), return_tokens_as_token_ids :134, return_token_ids :142.
-# Its default max_logprobs is 20 (vllm/config/model.py:201).
+# Every source below is at the revision the single-node image pins (contract/neuron.py): vLLM as
+# vllm-project/vllm@v0.13.0 (lines read from the pinned wheel, contract.neuron.VLLM_0_13_0, whose .py
+# files are the tag's) and the plugin as vllm-project/vllm-neuron@4fac6b7b (branch release-0.4.1,
+# contract.neuron.PLUGIN_0_4_1); "runner" and "loader" are its vllm_neuron/worker/
+# neuronx_distributed_model_{runner,loader}.py.
+# vLLM 0.13.0's /v1/completions request schema (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py,
+# CompletionRequest :1010-1345): frequency_penalty :1016, logprobs :1018, max_tokens :1019, n :1020,
+# presence_penalty :1021, seed :1022, stop :1023, response_format :1057-1064 (json_object / json_schema
+# become structured outputs, :1213-1237), return_tokens_as_token_ids :1099, return_token_ids :1107.
+# Its default max_logprobs is 20 (vllm/config/model.py:188), checked per request
+# (vllm/v1/engine/input_processor.py:68-85).
 VLLM_MAX_LOGPROBS = 20
 
 
@@ -29,7 +35,6 @@ class Serves:
     n: bool
     logprobs: bool
     structured: bool
-    seed: bool
     penalties: bool
     fix: str  # what the operator can change to get the refused fields
 
@@ -44,46 +49,47 @@ def serves(*, multi_node: bool, sampling: str) -> Serves:
         # of each logprob (vllm/model_executor/model_loader/neuronx_distributed.py:187-208). So the
         # leader sends one plain sequence per request and refuses the rest.
         return Serves(
-            mode="a multi-node neuron unit (vLLM V0 fork, /generate)",
+            mode="a multi-node unit (vLLM V0 fork, /generate)",
             n=False,
             logprobs=False,
             structured=False,
-            seed=False,
             penalties=False,
             fix="send it to a single-node unit",
         )
     if sampling == "cpu":
-        # vLLM's own sampler on the host: logprobs, the structured-output bitmask, seeds and penalties
-        # all apply (vllm-project/vllm-neuron 0.5.0: vllm_neuron/worker/neuronx_distributed_model_runner.py:
-        # 229-260 bitmask on the CPU path, :876-885 logprobs).
-        return Serves("cpu sampling", n=True, logprobs=True, structured=True, seed=True, penalties=True, fix="")
-    # On-device sampling (the plugin's default, loader :1071-1073, :1104) passes only top_k, top_p and
-    # temperature to the device (runner :1715-1745), returns no logprobs (loader :542-550) and drops
-    # the grammar bitmask with a warning (runner :229-260). vLLM itself fans n out into child requests
-    # before sampling (vllm==0.16.0: vllm/v1/engine/parallel_sampling.py), so n still works.
+        # on_device_sampling_config None: the runner hands the logits to vLLM's own Sampler
+        # (runner:247-268), after the structured-output bitmask (:252-260); that sampler applies the
+        # penalties and computes logprobs, which the runner returns (:892-901).
+        return Serves("cpu sampling", n=True, logprobs=True, structured=True, penalties=True, fix="")
+    # On-device sampling is the plugin's default (loader:1067-1069, :1100). Only top_k, top_p and
+    # temperature reach the device (runner:1733-1763; plugin README.md:182-189), top_k capped at
+    # 256 (runner :113, :1739). It returns no logprobs (loader :542-550), which vLLM's stream
+    # asserts on (vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:428-429), and drops the
+    # grammar bitmask with only a warning (runner :229-241). vLLM fans n out into n child requests
+    # before sampling (vllm@v0.13.0:vllm/v1/engine/async_llm.py:319-336), so n still works.
     return Serves(
-        mode="this unit's on-device sampling",
+        mode="on-device sampling",
         n=True,
         logprobs=False,
         structured=False,
-        seed=False,
         penalties=False,
         fix="set FLOTILLA_NEURON_SAMPLING=cpu on the unit",
     )
 
 
 def check(sp: SamplingParams, s: Serves) -> None:
-    """Refuse what the unit's vLLM would silently ignore: one line naming the field and the fix."""
+    """Refuse what the unit's vLLM would refuse or silently ignore: one line naming the field and the fix."""
 
     def refuse(field: str, what: str) -> RequestRejected:
         fix = f"; {s.fix}" if s.fix else ""
-        return RequestRejected(f"'{field}' is not served by {s.mode}: {what}{fix}", param=field)
+        return RequestRejected(f"'{field}' is not served by the neuron engine in {s.mode}: {what}{fix}", param=field)
 
     if sp.n > 1 and not s.n:
         raise refuse("n", "leave it out or set it to 1, and send one request per completion")
-    if sp.n > 1 and sp.temperature < 1e-5:
-        # vLLM treats temperature below 1e-5 as greedy and refuses n > 1 there
-        # (vllm==0.16.0: vllm/sampling_params.py:367-372, 479-481).
+    if sp.n > 1 and sp.temperature <= 0:
+        # vLLM samples greedily only at temperature 0 (it first raises any temperature in (0, 0.01) to
+        # 0.01, then treats what is below 1e-5 as greedy) and refuses n > 1 there
+        # (vllm@v0.13.0:vllm/sampling_params.py:316-324, 353-358, 449-451).
         raise RequestRejected(
             f"n {sp.n} with temperature 0 is refused by vLLM (greedy sampling allows one choice): "
             "set a temperature above 0 or n to 1",
@@ -95,15 +101,27 @@ def check(sp: SamplingParams, s: Serves) -> None:
         raise RequestRejected(f"logprobs {sp.logprobs} is above vLLM's limit of {VLLM_MAX_LOGPROBS}", param="logprobs")
     if sp.structured is not None and not s.structured:
         raise refuse("response_format", "it cannot constrain the output; leave it out (forced tool calls need it too)")
-    if sp.seed is not None and sp.temperature > 0 and not s.seed:
-        raise refuse("seed", "it does not seed its sampler; leave 'seed' out or use temperature 0")
+    if sp.seed is not None and sp.temperature > 0:
+        # No neuron mode seeds a request. The plugin's runner builds every request with generator=None
+        # (runner:986-997) where vLLM's GPU runner seeds a torch.Generator from the request's seed
+        # (vllm@v0.13.0:vllm/v1/worker/gpu_model_runner.py:809-816), so its host sampler draws from the
+        # global RNG; the device sampler takes no seed at all (runner:1733-1763); the V0 fork's neither.
+        # vLLM would accept the seed and sample unseeded.
+        raise RequestRejected(
+            f"'seed' is not served by the neuron engine in {s.mode}: its sampler takes no per-request seed, "
+            "so the output would not be reproducible; leave 'seed' out or use temperature 0",
+            param="seed",
+        )
     if (sp.presence_penalty or sp.frequency_penalty) and not s.penalties:
         field = "presence_penalty" if sp.presence_penalty else "frequency_penalty"
         raise refuse(field, "it does not apply penalties; leave it out or set it to 0")
 
 
 def completions_body(request: GenerationRequest, model_name: str) -> dict[str, Any]:
-    """The streamed /v1/completions request for vLLM 0.16.0's OpenAI server (prompt as token ids)."""
+    """The streamed /v1/completions request for vLLM 0.13.0's OpenAI server (prompt as token ids).
+
+    No seed: no neuron sampler applies one (check() refuses it where it would matter).
+    """
     sp = request.sampling
     body: dict[str, Any] = {
         "model": model_name,
@@ -117,8 +135,6 @@ def completions_body(request: GenerationRequest, model_name: str) -> dict[str, A
     }
     if sp.stop:
         body["stop"] = list(sp.stop)
-    if sp.seed is not None:
-        body["seed"] = sp.seed
     if sp.n > 1:
         body["n"] = sp.n
     if sp.logprobs is not None:
@@ -133,6 +149,9 @@ def completions_body(request: GenerationRequest, model_name: str) -> dict[str, A
         if sp.structured.kind == "json_object":
             body["response_format"] = {"type": "json_object"}
         else:
+            # Always with a schema: 0.13.0 turns a json_schema without one into no constraint at all
+            # (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:1223-1226 sets json=None, and
+            # vllm/v1/structured_output/request.py:30-35 then builds no grammar); "{}" is any JSON.
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "response", "schema": json.loads(sp.structured.schema or "{}")},
@@ -152,14 +171,19 @@ def _logprobs(lp: dict[str, Any] | None, k: int) -> list[TokenLogprob]:
         return []
     out = []
     for value, top in zip(lp.get("token_logprobs") or [], lp.get("top_logprobs") or []):
-        # The map holds the top k plus the sampled token (k + 1 entries when it is not among them).
+        # The map holds the top k plus the sampled token (k + 1 entries when it is not among them;
+        # vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:685-702).
         ranked = sorted(((_token_id(t), float(v)) for t, v in (top or {}).items()), key=lambda p: -p[1])[:k]
         out.append(TokenLogprob(logprob=float(value) if value is not None else float("-inf"), top=tuple(ranked)))
     return out
 
 
 def chunk_events(chunk: dict[str, Any], tokenizer: Any, logprobs_k: int | None) -> list[TokenEvent]:
-    """One streamed chunk's choices as TokenEvents, one per token; the text rides on each choice's last."""
+    """One streamed chunk's choices as TokenEvents, one per token; the text rides on each choice's last.
+
+    vLLM 0.13.0 sends one choice per chunk, its index running over all n
+    (vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:377, 448-466); any number is read.
+    """
     events: list[TokenEvent] = []
     for choice in chunk.get("choices") or []:
         index = int(choice.get("index") or 0)

@@ -8,16 +8,19 @@ e.g. the fork's --device or --override-neuron-config, exit 2 like argparse); the
 288-291); /health, /metrics (vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc,
 v1/metrics/loggers.py:415,425,461) and a streamed /v1/completions whose prompt is token ids, with
 `token_ids` in each chunk only when the request asks `return_token_ids` (entrypoints/openai/
-protocol.py:1107; serving_completion.py:387,597). Each output token id of choice c is
-prompt[-1] + 1 + i + 100 * c, its text "[id]".
+protocol.py:1107; serving_completion.py:416-418, 459-464), one choice per chunk (:448-466). Each
+output token id of choice c is prompt[-1] + 1 + i + 100 * c, its text "[id]".
 
-The request fields behave as vLLM's /v1/completions with the plugin (sources at each rule in
-entrypoints/openai/api_server.py): n choices (refused with temperature 0), logprobs up to 20 (tokens
-as "token_id:N" with return_tokens_as_token_ids), penalties in [-2, 2], response_format json_object /
-json_schema. With on-device sampling (the plan's default) logprobs come back null and response_format
-is ignored, as the plugin does; with `on_device_sampling_config: null` in --additional-config's
-override_neuron_config (cpu sampling) the output is a JSON document: a minimal instance of the
-schema. Test knobs (environment):
+The request fields behave as vLLM 0.13.0's /v1/completions with the plugin at release-0.4.1 (sources
+at each rule in entrypoints/openai/api_server.py): n choices (refused at temperature 0), logprobs up to
+20 (tokens as "token_id:N" with return_tokens_as_token_ids), penalties in [-2, 2], response_format
+json_object / json_schema (without a schema: no constraint), a seed accepted and ignored (the plugin
+gives no request a generator). With on-device sampling (the plan's default) a logprobs request streams
+vLLM's "Did not output logprobs" error chunk and response_format is ignored, as the plugin does; with
+`on_device_sampling_config: null` in --additional-config's override_neuron_config (cpu sampling)
+logprobs come back and the output is a JSON document: a minimal instance of the schema.
+
+Test knobs (environment):
   STANDIN_LOG          append one JSON line per request body received
   STANDIN_DIE_AFTER    exit(1) after sending this many tokens of a stream (a crashed server)
   STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)

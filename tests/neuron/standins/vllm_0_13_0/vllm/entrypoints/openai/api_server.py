@@ -29,26 +29,57 @@ def _parser():
     return p
 
 
+# Sources below: vllm-project/vllm@v0.13.0 (the pinned wheel) and vllm-project/vllm-neuron@4fac6b7b
+# (branch release-0.4.1); "runner" / "loader" are the plugin's vllm_neuron/worker/
+# neuronx_distributed_model_{runner,loader}.py.
+
+
+def _error(message, status=400):
+    """vLLM's error body: param is always null in 0.13.0 (entrypoints/openai/serving_engine.py:743-756);
+    a 500 is typed with the status phrase (api_server.py:991-1000)."""
+    kind = "BadRequestError" if status == 400 else "Internal Server Error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def _temperature(body):
+    """The temperature vLLM samples with: 1.0 when unset (protocol.py:1145-1151, 1190-1193), and anything in
+    (0, 0.01) raised to 0.01 (sampling_params.py:316-324)."""
+    t = body.get("temperature")
+    t = 1.0 if t is None else float(t)
+    return 0.01 if 0 < t < 0.01 else t
+
+
 def _refusal(body):
-    """vLLM's 400s for the fields the leader forwards (messages as vLLM words them; lines checked at
-    vllm-project/vllm v0.16.0, the same rules as 0.13.0's sampling_params.py)."""
+    """vLLM's 400s for the fields the leader forwards, worded as vLLM words them."""
     choices = body.get("n", 1)
     if not isinstance(choices, int) or choices < 1:
-        return f"n must be at least 1, got {choices}."  # vllm/sampling_params.py:385-387
-    if choices > 1 and float(body.get("temperature", 1.0)) < 1e-5:
-        # Zero temperature is greedy, and greedy allows one choice (vllm/sampling_params.py:367-372, 479-481).
+        return f"n must be at least 1, got {choices}."  # sampling_params.py:372-373
+    if choices > 1 and _temperature(body) < 1e-5:
+        # Below 1e-5 is greedy, and greedy allows one choice (sampling_params.py:353-358, 449-451).
         return f"n must be 1 when using greedy sampling, got {choices}."
     k = body.get("logprobs")
-    if k is not None and k > 20:  # max_logprobs 20 (vllm/config/model.py:201; v1/engine/input_processor.py:108-120)
+    if k is not None and k < 0:
+        return "`logprobs` must be a positive value."  # protocol.py:1305-1306
+    if k is not None and k > 20:  # max_logprobs 20 (config/model.py:188; v1/engine/input_processor.py:68-85)
         return f"Requested sample logprobs of {k}, which is greater than max allowed: 20"
     for name in ("presence_penalty", "frequency_penalty"):
-        if not -2.0 <= float(body.get(name, 0.0)) <= 2.0:  # vllm/sampling_params.py:388-395
+        if not -2.0 <= float(body.get(name, 0.0)) <= 2.0:  # sampling_params.py:374-381
             return f"{name} must be in [-2, 2], got {body[name]}."
     fmt = body.get("response_format")
-    if fmt is not None and (fmt.get("type") not in ("text", "json_object", "json_schema")):
-        return "response_format.type must be text, json_object or json_schema"
-    if fmt is not None and fmt.get("type") == "json_schema" and not (fmt.get("json_schema") or {}).get("schema"):
-        return "response_format.json_schema.schema is required"
+    if fmt is not None and fmt.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
+        # Any other type fails the request schema (protocol.py:190-221); pydantic's message is longer.
+        return f"response_format: input should be 'text', 'json_object' or 'json_schema', got {fmt.get('type')!r}"
+    return None
+
+
+def _grammar(fmt):
+    """What response_format constrains the output to, as to_sampling_params reads it (protocol.py:1213-1237):
+    json_schema without a schema sets json=None, which builds no grammar at all
+    (v1/structured_output/request.py:30-35); the stand-in models no structural_tag grammar."""
+    if fmt["type"] == "json_object":
+        return fmt
+    if fmt["type"] == "json_schema" and (fmt.get("json_schema") or {}).get("schema") is not None:
+        return fmt
     return None
 
 
@@ -101,8 +132,8 @@ def main():
         )
     served = (args.served_model_name or [args.model])[0]
     overrides = args.additional_config.get("override_neuron_config", {})
-    # vllm-neuron samples on the host only when on_device_sampling_config is None (plugin 0.5.0:
-    # vllm_neuron/worker/neuronx_distributed_model_runner.py:557-592).
+    # The plugin samples on the host only when on_device_sampling_config is None (runner:229-268); the
+    # override replaces the default with a plain dict.update (loader:1213-1217).
     cpu_sampling = "on_device_sampling_config" in overrides and overrides["on_device_sampling_config"] is None
     started = time.monotonic()
     health_after = float(os.environ.get("STANDIN_HEALTH_AFTER", "0"))
@@ -149,24 +180,34 @@ def main():
             )
         refusal = _refusal(body)
         if refusal:
-            return web.json_response(
-                {"error": {"message": refusal, "type": "BadRequestError", "code": 400}}, status=400
-            )
+            return web.json_response(_error(refusal), status=400)
+        fmt = body.get("response_format") or {"type": "text"}
+        if fmt["type"] == "json_schema" and fmt.get("json_schema") is None:
+            # to_sampling_params asserts json_schema is set (protocol.py:1224-1225), outside the handler's
+            # `except ValueError` (serving_completion.py:248-250): a 500 with an empty message
+            # (api_server.py:546-549).
+            return web.json_response(_error("", 500), status=500)
         with_ids = bool(body.get("return_token_ids"))
         choices = int(body.get("n") or 1)
         k = body.get("logprobs")
-        fmt = body.get("response_format") or {"type": "text"}
-        # On-device sampling ignores response_format: the grammar bitmask applies only on the CPU path
-        # (vllm-neuron 0.5.0 vllm_neuron/worker/neuronx_distributed_model_runner.py:229-260). On the
-        # host the output is a JSON document: a minimal instance of the schema.
-        document = _document(fmt) if cpu_sampling and fmt["type"] != "text" else os.environ.get("STANDIN_TEXT")
+        # The seed is accepted and has no effect: the runner gives no request a generator (runner:986-997).
+        # On-device sampling drops the grammar bitmask with a warning (runner:229-241); the CPU path applies
+        # it (:252-260), so there the output is a JSON document: a minimal instance of the schema.
+        grammar = _grammar(fmt) if cpu_sampling else None
+        document = _document(grammar) if grammar is not None else os.environ.get("STANDIN_TEXT")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         running[0] += 1
         sent = 0
         try:
-            for i in range(n):
-                out = []
+            if k is not None and not cpu_sampling:
+                # On-device sampling returns logprobs_tensors=None (loader:542-550); the stream generator
+                # asserts it has them (serving_completion.py:428-429) and sends the failure as an error
+                # chunk before [DONE] (:511-516).
+                await resp.write(f"data: {json.dumps(_error('Did not output logprobs'))}\n\n".encode())
+                choices = 0
+            for i in range(n if choices else 0):
+                wrote = False
                 for c in range(choices):
                     if sent == die_after:
                         sys.stderr.flush()
@@ -182,20 +223,19 @@ def main():
                         tid = prompt[-1] + 1 + i + 100 * c
                         text, end = f"[{tid}]", ("length" if i == n - 1 else None)
                     choice = {"index": c, "text": text, "finish_reason": end}
-                    if with_ids:  # serving_completion.py:387,597: only when asked
-                        choice["token_ids"] = [tid]
+                    if with_ids:  # only when asked: prompt ids in the first chunk, then each chunk's ids
+                        choice["token_ids"] = [tid]  # serving_completion.py:416-418, 459-464
                         if i == 0:
                             choice["prompt_token_ids"] = prompt
                     if k is not None:
-                        # On-device sampling returns logprobs_tensors=None (vllm-neuron 0.5.0
-                        # vllm_neuron/worker/neuronx_distributed_model_loader.py:542-550); the CPU path
-                        # returns them (neuronx_distributed_model_runner.py:876-885).
-                        choice["logprobs"] = _logprobs(tid, int(k), i, body) if cpu_sampling else None
-                    out.append(choice)
-                if not out:
+                        # The CPU path returns the sampler's logprobs (runner:892-901).
+                        choice["logprobs"] = _logprobs(tid, int(k), i, body)
+                    # One choice per chunk, as vLLM streams them (serving_completion.py:448-466).
+                    chunk = {"id": "cmpl-standin", "object": "text_completion", "model": served, "choices": [choice]}
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    wrote = True
+                if not wrote:
                     break
-                chunk = {"id": "cmpl-standin", "object": "text_completion", "model": served, "choices": out}
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(float(os.environ.get("STANDIN_TOKEN_DELAY", "0.02")))
             await resp.write(b"data: [DONE]\n\n")
         except ConnectionError:  # the client closed the request: vLLM aborts it the same way

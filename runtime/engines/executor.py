@@ -278,7 +278,10 @@ class ShardExecutor:
             self.kv.pop(seq_id, None)
         result = StepResult()
         if cmd.prefill:
-            if self.plan.prefill == "pipeline":
+            # One rank has no stages to overlap: its prompts go through the layers as one batch (the
+            # "tensor" path over the whole layer), 16 chat prompts in one pass instead of 16 passes
+            # of a few dozen rows each (about half the time, measured: docs/benchmarks.md).
+            if self.plan.prefill == "pipeline" and self.world_size > 1:
                 result.prefill_logits = self._prefill_pipeline(cmd)
             else:
                 result.prefill_logits = self._prefill_tensor(cmd)

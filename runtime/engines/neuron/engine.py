@@ -32,6 +32,7 @@ from runtime.engines.base import (
     TokenEvent,
 )
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan
+from runtime.logs import jlog
 from runtime.membership import Membership
 
 log = logging.getLogger("flotilla.neuron")
@@ -147,15 +148,13 @@ class NeuronEngine:
         from runtime.models.tokenizers import HFTokenizer  # noqa: PLC0415
 
         s3 = self._s3 or await asyncio.to_thread(_s3_client)
-        log.info(
-            json.dumps(
-                {
-                    "event": "neuron_prepare",
-                    "model_uri": self.s.model_uri,
-                    "rank": self.membership.rank,
-                    "world_size": self.membership.world_size,
-                }
-            )
+        jlog(
+            "neuron_prepare",
+            logging.INFO,
+            logger=log,
+            model_uri=self.s.model_uri,
+            rank=self.membership.rank,
+            world_size=self.membership.world_size,
         )
         self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3)
         try:
@@ -167,10 +166,12 @@ class NeuronEngine:
         except (OSError, ValueError) as e:
             raise EngineError(f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}") from e
         argv, env = rank_argv(self.prepared.plan, dict(os.environ), self.s.launcher)
-        log.info(
-            json.dumps(
-                {"event": "neuron_engine_spawn", "argv": argv[:4], "compile_cache_hit": self.prepared.compile_cache_hit}
-            )
+        jlog(
+            "neuron_engine_spawn",
+            logging.INFO,
+            logger=log,
+            argv=argv[:4],
+            compile_cache_hit=self.prepared.compile_cache_hit,
         )
         # Same process group as this engine process: the supervisor's killpg takes vLLM down too.
         self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
@@ -189,11 +190,9 @@ class NeuronEngine:
                     compiled_dir=self.s.options.compiled_artifacts_dir,
                     s3=s3,
                 )
-                log.info(
-                    json.dumps({"event": "neuron_compile_cache", "stored": stored, "key": self.prepared.compile_key})
-                )
+                jlog("neuron_compile_cache", logging.INFO, logger=log, stored=stored, key=self.prepared.compile_key)
             except Exception as e:  # noqa: BLE001 - a cache upload failure costs the next start time, not this one
-                log.warning(json.dumps({"event": "neuron_compile_cache_store_failed", "error": str(e)}))
+                jlog("neuron_compile_cache_store_failed", logging.WARNING, logger=log, error=str(e))
         self._state = EngineState.READY
         self._last_request = time.monotonic()
         self._tasks = [asyncio.create_task(self._watch_process()), asyncio.create_task(self._poll_server())]
@@ -219,10 +218,11 @@ class NeuronEngine:
             try:
                 async with self._session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status == 200:
-                        log.info(
-                            json.dumps(
-                                {"event": "neuron_engine_healthy", "after_s": round(time.monotonic() - started, 1)}
-                            )
+                        jlog(
+                            "neuron_engine_healthy",
+                            logging.INFO,
+                            logger=log,
+                            after_s=round(time.monotonic() - started, 1),
                         )
                         return
             except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -236,15 +236,13 @@ class NeuronEngine:
                 )
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
-                log.info(
-                    json.dumps(
-                        {
-                            "event": "neuron_engine_waiting",
-                            "waited_s": round(waited),
-                            "timeout_s": self._start_timeout_s,
-                            "url": self.url + "/health",
-                        }
-                    )
+                jlog(
+                    "neuron_engine_waiting",
+                    logging.INFO,
+                    logger=log,
+                    waited_s=round(waited),
+                    timeout_s=self._start_timeout_s,
+                    url=self.url + "/health",
                 )
             try:
                 await asyncio.wait_for(self._proc.wait(), HEALTH_POLL_S)
@@ -261,7 +259,7 @@ class NeuronEngine:
             return
         self._state = EngineState.BROKEN
         self._detail = detail
-        log.error(json.dumps({"event": "neuron_engine_broken", "detail": detail}))
+        jlog("neuron_engine_broken", logging.ERROR, logger=log, detail=detail)
         for resp in list(self._running.values()):
             resp.close()  # every open stream ends now, not when TCP notices
 
@@ -304,9 +302,9 @@ class NeuronEngine:
                 async with self._session.post(self.url + "/generate", json=body) as r:
                     await r.read()
                     self.keepalives += 1
-                    log.info(json.dumps({"event": "neuron_keepalive", "status": r.status}))
+                    jlog("neuron_keepalive", logging.INFO, logger=log, status=r.status)
             except Exception as e:  # noqa: BLE001 - a dead server is the watcher's to report
-                log.warning(json.dumps({"event": "neuron_keepalive_failed", "error": str(e)}))
+                jlog("neuron_keepalive_failed", logging.WARNING, logger=log, error=str(e))
 
     # -- serve ------------------------------------------------------------------------------------
     async def check(self, request: GenerationRequest) -> None:
@@ -548,7 +546,7 @@ def run_follower(membership: Membership, *, settings: NeuronEngineSettings, s3: 
     s3 = s3 or _s3_client()
     prepared = _prepare(membership, settings, s3)
     argv, env = rank_argv(prepared.plan, dict(os.environ), settings.launcher)
-    log.info(json.dumps({"event": "neuron_follower_spawn", "rank": membership.rank, "argv": argv[:4]}))
+    jlog("neuron_follower_spawn", logging.INFO, logger=log, rank=membership.rank, argv=argv[:4])
     rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False).returncode
     if rc != 0:
         raise EngineBroken(f"neuron follower rank {membership.rank}: the worker exited with code {rc}")

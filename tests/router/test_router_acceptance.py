@@ -90,13 +90,16 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         await ready(a, b)
         await router.start()
         await router.wait_routable(2)
-        load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=24, ignore_eos=True)
+        load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=48, ignore_eos=True)
 
         async def controller():
             await wait_for(
                 lambda: sum(o.unit == "unit-a" for o in load.outcomes) >= 10, timeout=60, what="traffic on unit-a"
             )
-            # Kill while a stream from unit-a is visibly under way, so that case is exercised.
+            watch = asyncio.create_task(first_unready(a.leader.url, timeout=60))
+            await asyncio.sleep(0.05)  # the watch is polling before the kill
+            # Kill the moment a stream from unit-a is under way (no pause in between: a short stream
+            # on a fast unit could end first), so the cut-stream case is exercised.
             await wait_for(
                 lambda: load.live_streams.get("unit-a", 0) > 0,
                 timeout=60,
@@ -104,8 +107,6 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
                 interval=0.001,
             )
             marks["streams_in_progress"] = load.live_streams["unit-a"]
-            watch = asyncio.create_task(first_unready(a.leader.url, timeout=30))
-            await asyncio.sleep(0.05)
             a.members[1].sigkill()
             marks["killed"] = time.monotonic()
             marks["unready"] = await watch

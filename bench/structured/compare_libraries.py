@@ -22,34 +22,12 @@ import time
 from typing import Any, Callable
 
 import torch
+from schema import SCHEMA  # bench/structured/schema.py, next to this script
 from transformers import PreTrainedTokenizerFast
 
 torch.set_num_threads(1)
 TOK = os.environ.get("TOK", os.path.expanduser("~/.cache/flotilla/smollm2-135m-instruct-fp32"))
 STEPS = int(os.environ.get("STEPS", "48"))
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "query": {"type": "string", "maxLength": 40},
-        "category": {"enum": ["shoes", "electronics", "books", "toys"]},
-        "max_price": {"type": "number"},
-        "in_stock": {"type": "boolean"},
-        "attributes": {
-            "type": "array",
-            "maxItems": 3,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "maxLength": 12},
-                    "value": {"type": "string", "maxLength": 12},
-                },
-                "required": ["name", "value"],
-            },
-        },
-    },
-    "required": ["query", "category", "max_price", "in_stock", "attributes"],
-    "additionalProperties": False,
-}
 
 
 class Lib:

@@ -22,35 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from schema import SCHEMA  # noqa: E402 - bench/structured/schema.py, next to this script
 
 from runtime.engines.base import SamplingParams, StructuredOutput  # noqa: E402
 from runtime.engines.grammar import Grammars  # noqa: E402
 from runtime.engines.sampling import choose, make_generator  # noqa: E402
 from runtime.models.registry import resolve_model  # noqa: E402
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "query": {"type": "string", "maxLength": 40},
-        "category": {"enum": ["shoes", "electronics", "books", "toys"]},
-        "max_price": {"type": "number"},
-        "in_stock": {"type": "boolean"},
-        "attributes": {
-            "type": "array",
-            "maxItems": 3,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "maxLength": 12},
-                    "value": {"type": "string", "maxLength": 12},
-                },
-                "required": ["name", "value"],
-            },
-        },
-    },
-    "required": ["query", "category", "max_price", "in_stock", "attributes"],
-    "additionalProperties": False,
-}
 STEPS = int(os.environ.get("STEPS", "64"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 

@@ -30,6 +30,19 @@ async def _collect(engine, rid="r", prompt=PROMPT, **sampling):
     return [ev async for ev in engine.generate(req)]
 
 
+async def _long_request(engine, seen: asyncio.Event) -> int:
+    """Request "long" (1,500 tokens): sets `seen` at its third token; returns how many it received."""
+    n = 0
+    req = GenerationRequest(
+        request_id="long", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=1500, ignore_eos=True)
+    )
+    async for _ in engine.generate(req):
+        n += 1
+        if n == 3:
+            seen.set()
+    return n
+
+
 def test_greedy_generation_stops_at_max_tokens_with_reason_length():
     async def go():
         engine = await _engine()
@@ -105,18 +118,7 @@ def test_cancel_frees_the_slot_and_budget_while_others_keep_running():
         engine = await _engine(max_running=2)
         seen = asyncio.Event()
 
-        async def long_one():
-            n = 0
-            req = GenerationRequest(
-                request_id="long", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=1500, ignore_eos=True)
-            )
-            async for _ in engine.generate(req):
-                n += 1
-                if n == 3:
-                    seen.set()
-            return n
-
-        task = asyncio.create_task(long_one())
+        task = asyncio.create_task(_long_request(engine, seen))
         await seen.wait()
         during = engine.load()
         engine.cancel("long")
@@ -288,18 +290,7 @@ def test_cancel_ends_a_running_request_within_one_step_and_its_slot_goes_to_the_
         produced_at_cancel = None
         seen = asyncio.Event()
 
-        async def long_one():
-            n = 0
-            req = GenerationRequest(
-                request_id="long", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=1500, ignore_eos=True)
-            )
-            async for _ in engine.generate(req):
-                n += 1
-                if n == 3:
-                    seen.set()
-            return n
-
-        task = asyncio.create_task(long_one())
+        task = asyncio.create_task(_long_request(engine, seen))
         await seen.wait()
         queued = asyncio.create_task(_collect(engine, "next", max_tokens=3, ignore_eos=True))
         for _ in range(1000):

@@ -19,11 +19,14 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from schema import SCHEMA  # bench/structured/schema.py, next to this script
 from transformers import PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for bench.structured.schema
+from bench.structured.schema import SCHEMA  # noqa: E402 - plain data, no project dependencies
 
 torch.set_num_threads(1)
 TOK = os.environ.get("TOK", os.path.expanduser("~/.cache/flotilla/smollm2-135m-instruct-fp32"))

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from schema import SCHEMA  # noqa: E402 - bench/structured/schema.py, next to this script
 
+from bench.structured.schema import SCHEMA  # noqa: E402
 from runtime.engines.base import SamplingParams, StructuredOutput  # noqa: E402
 from runtime.engines.grammar import Grammars  # noqa: E402
 from runtime.engines.sampling import choose, make_generator  # noqa: E402

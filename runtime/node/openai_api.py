@@ -737,19 +737,19 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
     def opening(self, *, rid: str, created: int) -> list[ChatCompletionChunk]:
         """The first chunk of each choice carries the assistant role."""
         return [
-            ChatCompletionChunk(
-                id=rid,
-                created=created,
-                model=self.model,
-                choices=[
-                    ChatCompletionChunkChoice(
-                        index=i, delta=DeltaMessage(role="assistant", content=""), finish_reason=None
-                    )
-                ],
-                **self._null_usage(),
+            self._chunk(
+                rid,
+                created,
+                ChatCompletionChunkChoice(
+                    index=i, delta=DeltaMessage(role="assistant", content=""), finish_reason=None
+                ),
             )
             for i in range(self.choices)
         ]
+
+    def _chunk(self, rid: str, created: int, choice: ChatCompletionChunkChoice) -> ChatCompletionChunk:
+        """A streamed chunk of one choice (vLLM streams each of the n choices in its own chunks)."""
+        return ChatCompletionChunk(id=rid, created=created, model=self.model, choices=[choice], **self._null_usage())
 
     def chunks(self, *, rid: str, created: int, ev: dict[str, Any], collected: Collected) -> list[ChatCompletionChunk]:
         """What one token event adds to the stream. A forced tool call is sent whole with its choice's
@@ -788,19 +788,15 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         else:
             delta = DeltaMessage(content=ev["text"])
         return [
-            ChatCompletionChunk(
-                id=rid,
-                created=created,
-                model=self.model,
-                choices=[
-                    ChatCompletionChunkChoice(
-                        index=choice.index,
-                        delta=delta,
-                        finish_reason=finish,
-                        logprobs={"content": entry} if self.logprobs else None,
-                    )
-                ],
-                **self._null_usage(),
+            self._chunk(
+                rid,
+                created,
+                ChatCompletionChunkChoice(
+                    index=choice.index,
+                    delta=delta,
+                    finish_reason=finish,
+                    logprobs={"content": entry} if self.logprobs else None,
+                ),
             )
         ]
 

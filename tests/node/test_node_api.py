@@ -10,6 +10,7 @@ import urllib.request
 
 import openai
 import pytest
+from engine_alone import greedy_texts
 from nodeproc import get_json, wait_for
 
 import contract
@@ -95,37 +96,6 @@ def test_streamed_completion_equals_the_non_streamed_greedy_answer(shared_unit):
     assert full.usage.completion_tokens == 20 and full.choices[0].finish_reason == "length"
 
 
-def _engine_alone(prompts: list[str], max_tokens: int) -> list[str]:
-    """The reference engine by itself (one rank, in this process), one request at a time."""
-    from runtime.engines.base import GenerationRequest, SamplingParams
-    from runtime.engines.reference import ReferenceEngine
-    from runtime.membership import Member, Membership
-
-    async def run() -> list[str]:
-        m = Membership(
-            unit_id="alone",
-            revision="x",
-            rank=0,
-            world_size=1,
-            dist_host="127.0.0.1",
-            dist_port=1,
-            members=(Member(rank=0, host="127.0.0.1", api_port=1),),
-        )
-        eng = ReferenceEngine(m, model="tiny", threads=1)
-        await eng.start()
-        out = []
-        try:
-            for i, p in enumerate(prompts):
-                ids = tuple(eng.tokenizer.apply_chat_template([{"role": "user", "content": p}]))
-                req = GenerationRequest(f"alone-{i}", ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-                out.append("".join([ev.text async for ev in eng.generate(req)]))
-        finally:
-            await eng.shutdown()
-        return out
-
-    return asyncio.run(run())
-
-
 def test_eight_concurrent_streams_give_the_engine_alone_greedy_tokens(shared_unit):
     async def one(cl: openai.AsyncOpenAI, p: str) -> str:
         stream = await cl.chat.completions.create(
@@ -143,7 +113,7 @@ def test_eight_concurrent_streams_give_the_engine_alone_greedy_tokens(shared_uni
             return await asyncio.gather(*(one(cl, p) for p in PROMPTS))
 
     got = asyncio.run(all_at_once())
-    assert got == _engine_alone(PROMPTS, 16)
+    assert got == greedy_texts([(p, True, 16) for p in PROMPTS])
 
 
 def test_ready_body_carries_the_load_the_router_reads(shared_unit):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from engine_alone import greedy_texts
 from nodeproc import Unit, get_json, wait_for
 from router_real_units import RouterProcess
 
@@ -102,38 +103,8 @@ def plan_requests(rng: random.Random, count: int) -> list[Planned]:
 
 def unsplit_outputs() -> dict[tuple[int, bool, int], str]:
     """What one rank of the same model generates for every (prompt, chat?, max_tokens), greedily."""
-    from runtime.engines.base import GenerationRequest, SamplingParams
-    from runtime.engines.reference import ReferenceEngine
-    from runtime.membership import Member, Membership
-
-    async def run() -> dict[tuple[int, bool, int], str]:
-        one = Membership(
-            unit_id="unsplit",
-            revision="x",
-            rank=0,
-            world_size=1,
-            dist_host="127.0.0.1",
-            dist_port=1,
-            members=(Member(rank=0, host="127.0.0.1", api_port=1),),
-        )
-        engine = ReferenceEngine(one, model="tiny", threads=1)
-        await engine.start()
-        out = {}
-        try:
-            for p, text in enumerate(PROMPTS):
-                for chat in (False, True):
-                    tok = engine.tokenizer
-                    ids = tok.apply_chat_template([{"role": "user", "content": text}]) if chat else tok.encode(text)
-                    for m in MAX_TOKENS:
-                        req = GenerationRequest(
-                            f"u-{p}-{chat}-{m}", tuple(ids), SamplingParams(max_tokens=m, ignore_eos=True)
-                        )
-                        out[(p, chat, m)] = "".join([ev.text async for ev in engine.generate(req)])
-        finally:
-            await engine.shutdown()
-        return out
-
-    return asyncio.run(run())
+    keys = [(p, chat, m) for p in range(len(PROMPTS)) for chat in (False, True) for m in MAX_TOKENS]
+    return dict(zip(keys, greedy_texts([(PROMPTS[p], chat, m) for p, chat, m in keys])))
 
 
 def _payload(p: Planned) -> tuple[str, dict]:

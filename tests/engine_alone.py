@@ -1,0 +1,41 @@
+"""The reference engine by itself: one rank, in this process, one request at a time, greedy. What a
+split unit must reproduce token for token, whatever happens around its requests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+
+def greedy_texts(jobs: Sequence[tuple[str, bool, int]], model: str = "tiny") -> list[str]:
+    """The text each (prompt, as a chat message?, max_tokens) generates, EOS ignored."""
+    from runtime.engines.base import GenerationRequest, SamplingParams
+    from runtime.engines.reference import ReferenceEngine
+    from runtime.membership import Member, Membership
+
+    async def run() -> list[str]:
+        one = Membership(
+            unit_id="alone",
+            revision="x",
+            rank=0,
+            world_size=1,
+            dist_host="127.0.0.1",
+            dist_port=1,
+            members=(Member(rank=0, host="127.0.0.1", api_port=1),),
+        )
+        engine = ReferenceEngine(one, model=model, threads=1)
+        await engine.start()
+        out = []
+        try:
+            for i, (text, chat, max_tokens) in enumerate(jobs):
+                tok = engine.tokenizer
+                ids = tok.apply_chat_template([{"role": "user", "content": text}]) if chat else tok.encode(text)
+                req = GenerationRequest(
+                    f"alone-{i}", tuple(ids), SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+                )
+                out.append("".join([ev.text async for ev in engine.generate(req)]))
+        finally:
+            await engine.shutdown()
+        return out
+
+    return asyncio.run(run())

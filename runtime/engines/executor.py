@@ -316,7 +316,8 @@ class ShardExecutor:
 
     def _prefill_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
         """Prompts, and chunks of long prompts, flow through the stages as micro-batches with
-        asynchronous sends: stage k works on micro-batch i while stage k+1 works on i-1."""
+        asynchronous sends: stage k works on micro-batch i while stage k+1 works on i-1. Two stages
+        or more (run() sends one rank's prompts through _prefill_tensor, in one pass)."""
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         last_rank = W - 1
         pending, lasts = [], []
@@ -332,10 +333,7 @@ class ShardExecutor:
                     x = self.comm.recv(torch.empty(b - a, H, device=self.device), r - 1)
                 x = self._run_layers(self.pp_layers, self.stage.layers, x, seg)
                 kv.length = b
-                if W == 1:
-                    if b == n:
-                        lasts.append(x[-1:])
-                elif r == last_rank:
+                if r == last_rank:
                     if b == n:
                         # Only the last position returns to rank 0 (LM head + sampling live there).
                         pending.append(self.comm.isend(x[-1:].contiguous(), 0))
@@ -345,9 +343,8 @@ class ShardExecutor:
             work.wait()
         if r != 0:
             return None
-        if W > 1:
-            for _ in cmd.prefill:
-                lasts.append(self.comm.recv(torch.empty(1, H, device=self.device), last_rank))
+        for _ in cmd.prefill:
+            lasts.append(self.comm.recv(torch.empty(1, H, device=self.device), last_rank))
         return self._last_logits(lasts)
 
     def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:

@@ -462,7 +462,9 @@ class Fleet:
         if outcome == "unsupported":
             log.info("member %s has no %s (an older revision): polling it", unit.url, contract.NODE_WATCH_PATH)
             unit.watchable = False
-        elif outcome == "lost":
+        elif outcome == "lost" and unit.state != "silent":
+            # A stream the silence sweep closed keeps that reason: the host still accepts connections
+            # (a hung host), which "unreachable" would misstate; a reconnect that fails says so itself.
             unit.mark_unready("unreachable")
         self._release_followers(unit)
         return outcome

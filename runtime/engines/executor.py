@@ -23,6 +23,7 @@ from runtime.engines.collectives import Communicator, GlooCommunicator
 from runtime.engines.layout import ParallelPlan, split_even
 from runtime.engines.llama import (
     HeadWeights,
+    KVAllocator,
     LayerWeights,
     PackedLayer,
     RopeTable,
@@ -30,6 +31,7 @@ from runtime.engines.llama import (
     SeqKV,
     decoder_layer,
     linear,
+    plan_decode,
     positions_of,
     prepack,
     rms_norm,
@@ -171,6 +173,9 @@ class ShardExecutor:
                 self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
             self.lm_head_packed = prepack(self.lm_head_slice)
         self.kv: dict[int, SeqKV] = {}
+        # KV caches by layout ("pipeline": this stage's layers, all KV heads; "tensor": every layer,
+        # this rank's KV heads), in slabs so a decode step attends per slab (llama.KVAllocator).
+        self._kv_alloc: dict[str, KVAllocator] = {}
         # The steady state is "decode the same batch again": then only the header travels.
         self._last_decode: list[int] = []
 
@@ -275,7 +280,7 @@ class ShardExecutor:
     def run(self, cmd: StepCommand) -> StepResult:
         self._last_decode = list(cmd.decode)
         for seq_id in cmd.free:
-            self.kv.pop(seq_id, None)
+            self._drop_kv(seq_id)
         result = StepResult()
         if cmd.prefill:
             # One rank has no stages to overlap: its prompts go through the layers as one batch (the
@@ -288,7 +293,8 @@ class ShardExecutor:
             if self.plan.needs_reshard():
                 self._reshard([p[0] for p in cmd.prefill])
         for src, dst in cmd.fork:
-            self.kv[dst] = self.kv[src].copy()
+            kv = self.kv[src]
+            self.kv[dst] = kv.copy_into(self._new_kv(self.plan.decode, kv.capacity))
         if cmd.decode:
             if self.plan.decode == "pipeline":
                 result.decode_logits = self._decode_pipeline(cmd)
@@ -303,16 +309,32 @@ class ShardExecutor:
         self, layers: dict[int, PackedLayer], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
     ) -> torch.Tensor:
         cos, sin = self.rope(positions_of(segments, self.device), max(g.start + g.n for g in segments))
+        decode = plan_decode(segments, self.device)
         for n in order:
-            x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce)
+            x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce, decode)
         return x
 
     def _new_kv(self, layout: str, capacity: int) -> SeqKV:
-        s = self.shape
-        if layout == "pipeline" or self.world_size == 1:
-            return SeqKV.empty(self.stage.layers, s.num_kv_heads, s.head_dim, capacity, self.device)
-        kv0, kv1 = self.tslice.kv_heads
-        return SeqKV.empty(range(s.num_layers), kv1 - kv0, s.head_dim, capacity, self.device)
+        if layout == "tensor" and self.world_size == 1:
+            layout = "pipeline"  # one rank: both layouts are the whole model
+        alloc = self._kv_alloc.get(layout)
+        if alloc is None:
+            s = self.shape
+            if layout == "pipeline":
+                alloc = KVAllocator(self.stage.layers, s.num_kv_heads, s.head_dim, self.device)
+            else:
+                kv0, kv1 = self.tslice.kv_heads
+                alloc = KVAllocator(range(s.num_layers), kv1 - kv0, s.head_dim, self.device)
+            self._kv_alloc[layout] = alloc
+        return alloc.new(capacity)
+
+    def _drop_kv(self, seq_id: int) -> None:
+        kv = self.kv.pop(seq_id, None)
+        if kv is not None:
+            kv.release()
+
+    def kv_slots_held(self) -> int:
+        return sum(a.held() for a in self._kv_alloc.values())
 
     def _prefill_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
         """Prompts, and chunks of long prompts, flow through the stages as micro-batches with
@@ -458,7 +480,9 @@ class ShardExecutor:
             for sid, kv in old.items():
                 for n in self.stage.layers:
                     K, V = kv.layers[n]
-                    new[sid].layers[n] = (K.clone(), V.clone())
+                    Kn, Vn = new[sid].layers[n]
+                    Kn[:, : kv.length] = K[:, : kv.length]
+                    Vn[:, : kv.length] = V[:, : kv.length]
         else:
             for src in range(W):
                 if to_tensor:
@@ -499,3 +523,4 @@ class ShardExecutor:
         for sid in seq_ids:
             new[sid].length = old[sid].length
             self.kv[sid] = new[sid]
+            old[sid].release()

@@ -12,6 +12,7 @@ of the all-reduce sum.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -159,11 +160,16 @@ class PackedLayer:
 
 @dataclass
 class SeqKV:
-    """One sequence's KV cache on this rank: per layer held, K and V of shape [n_kv, capacity, d]."""
+    """One sequence's KV cache on this rank: per layer held, K and V of shape [n_kv, capacity, d].
+
+    Either its own tensors, or views of one slot of a KVSlab (slab and slot set), which lets a
+    decode step attend for every sequence of the slab in one call."""
 
     capacity: int
     length: int = 0
     layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    slab: "KVSlab | None" = None
+    slot: int = -1
 
     @classmethod
     def empty(
@@ -177,13 +183,88 @@ class SeqKV:
             )
         return cls(capacity=capacity, layers=kv)
 
-    def copy(self) -> "SeqKV":
-        """An independent cache with the same contents (a forked sequence continues from here)."""
-        return SeqKV(
-            capacity=self.capacity,
-            length=self.length,
-            layers={n: (k.clone(), v.clone()) for n, (k, v) in self.layers.items()},
-        )
+    def release(self) -> None:
+        """Give a slab slot back to its allocator (nothing to do for a cache of its own)."""
+        if self.slab is not None:
+            self.slab.owner.release(self)
+
+    def copy_into(self, other: "SeqKV") -> "SeqKV":
+        """other (fresh, same layers, capacity at least this one's) with this cache's contents."""
+        L = self.length
+        for n, (k, v) in self.layers.items():
+            K, V = other.layers[n]
+            K[:, :L] = k[:, :L]
+            V[:, :L] = v[:, :L]
+        other.length = L
+        return other
+
+
+class KVSlab:
+    """The KV caches of up to `slots` sequences of up to `tokens` positions each, one
+    [slots, n_kv, tokens, d] tensor per layer for K and for V. A slot's SeqKV holds views of it."""
+
+    def __init__(
+        self, owner: "KVAllocator", n_kv: int, head_dim: int, slots: int, tokens: int, device: torch.device
+    ) -> None:
+        self.owner, self.tokens = owner, tokens
+        layers = owner.layers
+        # Zeroed, not empty: a batched attention call reads the masked positions too, and masking
+        # a NaN left in uninitialised memory still yields NaN. So a slab is resident in full from
+        # the start (at most SLAB_MAX_TOKENS positions of every layer held).
+        self.k = {n: torch.zeros(slots, n_kv, tokens, head_dim, device=device) for n in layers}
+        self.v = {n: torch.zeros(slots, n_kv, tokens, head_dim, device=device) for n in layers}
+        self.free = list(range(slots))  # a heap: the lowest free slot is taken first
+        self.slots = slots
+
+    def take(self, capacity: int) -> SeqKV:
+        slot = heapq.heappop(self.free)
+        layers = {n: (self.k[n][slot, :, :capacity], self.v[n][slot, :, :capacity]) for n in self.k}
+        return SeqKV(capacity=capacity, layers=layers, slab=self, slot=slot)
+
+
+# Slabs: a capacity rounds up to a power of two (at least 64 positions) and shares a slab with the
+# sequences of the same bucket: up to 16 of them, and no more than 4096 positions per slab, so a
+# long sequence gets a slab of its own (it then decodes alone, as a SeqKV of its own would).
+SLAB_MIN_TOKENS, SLAB_SLOTS, SLAB_MAX_TOKENS = 64, 16, 4096
+
+
+class KVAllocator:
+    """This rank's KV caches for one layout (its layers, its KV heads), grouped into slabs so that a
+    decode step runs one attention call per slab and layer instead of one per sequence."""
+
+    def __init__(self, layers: Sequence[int], n_kv: int, head_dim: int, device: torch.device | str = "cpu") -> None:
+        self.layers, self.n_kv, self.head_dim, self.device = list(layers), n_kv, head_dim, torch.device(device)
+        self.slabs: dict[int, list[KVSlab]] = {}  # by bucket (positions per slot)
+
+    def new(self, capacity: int) -> SeqKV:
+        bucket = max(SLAB_MIN_TOKENS, 1 << (capacity - 1).bit_length())
+        slots = min(SLAB_SLOTS, SLAB_MAX_TOKENS // bucket)
+        if slots < 2:
+            return SeqKV.empty(self.layers, self.n_kv, self.head_dim, capacity, self.device)
+        slabs = self.slabs.setdefault(bucket, [])
+        slab = next((s for s in slabs if s.free), None)
+        if slab is None:
+            slab = KVSlab(self, self.n_kv, self.head_dim, slots, bucket, self.device)
+            slabs.append(slab)
+        return slab.take(capacity)
+
+    def release(self, kv: SeqKV) -> None:
+        """Give kv's slot back (its views must not be used afterwards); a no-op for a cache of its own."""
+        slab = kv.slab
+        if slab is None:
+            return
+        assert slab.owner is self, "a slot goes back to the allocator it came from"
+        kv.slab, kv.layers = None, {}
+        heapq.heappush(slab.free, kv.slot)
+        if len(slab.free) == slab.slots:
+            # Keep one empty slab per bucket for the next burst; return the others' memory.
+            slabs = self.slabs[slab.tokens]
+            if sum(len(s.free) == s.slots for s in slabs) > 1:
+                slabs.remove(slab)
+
+    def held(self) -> int:
+        """Slots in use (tests: every freed sequence gives its slot back)."""
+        return sum(s.slots - len(s.free) for slabs in self.slabs.values() for s in slabs)
 
 
 @dataclass(frozen=True)
@@ -193,6 +274,76 @@ class Segment:
     kv: SeqKV
     start: int  # position of the first token (the cache length before it)
     n: int
+
+
+@dataclass
+class SlabRows:
+    """The rows of a decode step whose caches share a slab: their K/V writes and their attention are
+    one call per layer. Slots lo..hi-1 are attended; rows are the step's rows in slot order."""
+
+    slab: KVSlab
+    rows: torch.Tensor | None  # None: every row of the step, already in slot order
+    slots: torch.Tensor
+    pos: torch.Tensor  # the position each row writes (its cache length before the token)
+    lo: int
+    hi: int
+    at: torch.Tensor | None  # each row's index in lo..hi; None when the rows fill lo..hi
+    mask: torch.Tensor | None  # [hi - lo, 1, 1, L]: True where a slot attends; None: all of 0..L-1
+    L: int
+
+
+@dataclass
+class DecodePlan:
+    """How a step of single-token segments attends: a call per slab, and alone the rows whose cache
+    shares a slab with no other row of the step."""
+
+    groups: list[SlabRows]
+    alone: list[int]
+
+
+def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu") -> DecodePlan | None:
+    """None unless every segment is one token and at least two share a slab (then the per-sequence
+    path is just as good)."""
+    if any(g.n != 1 for g in segments):
+        return None
+    by_slab: dict[int, tuple[KVSlab, list[int]]] = {}
+    alone: list[int] = []
+    for i, seg in enumerate(segments):
+        if seg.kv.slab is None:
+            alone.append(i)
+        else:
+            by_slab.setdefault(id(seg.kv.slab), (seg.kv.slab, []))[1].append(i)
+    groups = []
+    for slab, rows in by_slab.values():
+        if len(rows) == 1:
+            alone += rows
+            continue
+        rows.sort(key=lambda i: segments[i].kv.slot)
+        slots = [segments[i].kv.slot for i in rows]
+        pos = [segments[i].start for i in rows]
+        lo, hi, L = slots[0], slots[-1] + 1, max(pos) + 1
+        # A slot in lo..hi that is not in the step attends to its position 0 (finite: slabs start
+        # zeroed) and its output is dropped.
+        lens = [1] * (hi - lo)
+        for slot, p in zip(slots, pos):
+            lens[slot - lo] = p + 1
+        mask = None
+        if any(n != L for n in lens):
+            mask = (torch.arange(L, device=device) < torch.tensor(lens, device=device)[:, None]).view(hi - lo, 1, 1, L)
+        groups.append(
+            SlabRows(
+                slab=slab,
+                rows=None if rows == list(range(len(segments))) else torch.tensor(rows, device=device),
+                slots=torch.tensor(slots, device=device),
+                pos=torch.tensor(pos, device=device),
+                lo=lo,
+                hi=hi,
+                at=None if hi - lo == len(rows) else torch.tensor([x - lo for x in slots], device=device),
+                mask=mask,
+                L=L,
+            )
+        )
+    return DecodePlan(groups=groups, alone=sorted(alone)) if groups else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -303,6 +454,86 @@ def _project(
     return all_reduce(_addmm(x, a, w, packed) if owns_residual else _mm(a, w, packed))
 
 
+def _attend_one(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, gqa: bool) -> torch.Tensor:
+    """One decoding sequence (q, k, v: its row [heads, d]): append K/V, attend over its cache."""
+    K, V = seg.kv.layers[layer]
+    K[:, seg.start] = k
+    V[:, seg.start] = v
+    stop = seg.start + 1
+    nq, d = q.shape
+    o = F.scaled_dot_product_attention(q.view(1, nq, 1, d), K[None, :, :stop], V[None, :, :stop], enable_gqa=gqa)
+    return o.view(1, nq * d)
+
+
+def _attend_segments(
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], gqa: bool
+) -> torch.Tensor:
+    """Attention of each segment over its own cache (prompts, chunks, caches of their own)."""
+    T, nq, d = q.shape
+    outs = []
+    offset = 0
+    for seg in segments:
+        if seg.n == 1:
+            outs.append(_attend_one(layer, q[offset], k[offset], v[offset], seg, gqa))
+            offset += 1
+            continue
+        K, V = seg.kv.layers[layer]
+        stop = seg.start + seg.n
+        K[:, seg.start : stop] = k[offset : offset + seg.n].transpose(0, 1)
+        V[:, seg.start : stop] = v[offset : offset + seg.n].transpose(0, 1)
+        qs = q[offset : offset + seg.n].transpose(0, 1).unsqueeze(0)  # [1, n_q, n, d]
+        ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)  # [1, n_kv, S, d]
+        if seg.start == 0:
+            mask, causal = None, True
+        else:  # a chunk after cached tokens: causal relative to absolute positions
+            pos_q = torch.arange(seg.start, stop, device=q.device)[:, None]
+            mask, causal = torch.arange(stop, device=q.device)[None, :] <= pos_q, False
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+        outs.append(o[0].transpose(0, 1).reshape(seg.n, nq * d))
+        offset += seg.n
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def _attend_decode(
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: Sequence[Segment],
+    plan: DecodePlan,
+    gqa: bool,
+) -> torch.Tensor:
+    """A decode step's attention: per slab, one write of K, one of V and one attention call for all
+    of its rows (the slab's slots padded to the longest and masked); the other rows alone."""
+    T, nq, d = q.shape
+    out = None
+    if len(plan.groups) > 1 or plan.alone:
+        out = q.new_empty(T, nq * d)
+    for g in plan.groups:
+        Kp, Vp = g.slab.k[layer], g.slab.v[layer]
+        qg, kg, vg = (q, k, v) if g.rows is None else (q[g.rows], k[g.rows], v[g.rows])
+        Kp[g.slots, :, g.pos] = kg
+        Vp[g.slots, :, g.pos] = vg
+        span = g.hi - g.lo
+        if g.at is None:
+            qs = qg.unsqueeze(2)  # [rows, n_q, 1, d]
+        else:
+            qs = qg.new_zeros(span, nq, 1, d)
+            qs[g.at] = qg.unsqueeze(2)
+        o = F.scaled_dot_product_attention(
+            qs, Kp[g.lo : g.hi, :, : g.L], Vp[g.lo : g.hi, :, : g.L], attn_mask=g.mask, enable_gqa=gqa
+        ).view(span, nq * d)
+        if g.at is not None:
+            o = o[g.at]
+        if out is None:
+            return o
+        out[g.rows if g.rows is not None else slice(None)] = o
+    assert out is not None
+    for i in plan.alone:
+        out[i] = _attend_one(layer, q[i], k[i], v[i], segments[i], gqa)[0]
+    return out
+
+
 def decoder_layer(
     shape: LlamaShape,
     layer: int,
@@ -312,8 +543,10 @@ def decoder_layer(
     cos: torch.Tensor,
     sin: torch.Tensor,
     all_reduce: AllReduce | None = None,
+    decode: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """x: [tokens, hidden] for the segments in order. Appends each segment's K/V to its cache."""
+    """x: [tokens, hidden] for the segments in order. Appends each segment's K/V to its cache;
+    decode (plan_decode of the segments) batches the attention of single-token steps per slab."""
     d = shape.head_dim
     T = x.shape[0]
     nq, nkv = lw.n_q, lw.n_kv
@@ -322,35 +555,11 @@ def decoder_layer(
     qkv = _mm(h, lw.qkv, pq).view(T, nq + 2 * nkv, d)
     qk = _rotate(qkv[:, : nq + nkv], cos, sin)
     q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv :]
-    outs = []
-    offset = 0
     gqa = nq != nkv
-    for seg in segments:
-        K, V = seg.kv.layers[layer]
-        stop = seg.start + seg.n
-        if seg.n == 1:
-            # Decode fast path (same values as the general path, fewer tensor ops per sequence).
-            K[:, seg.start] = k[offset]
-            V[:, seg.start] = v[offset]
-            o = F.scaled_dot_product_attention(
-                q[offset].view(1, nq, 1, d), K[None, :, :stop], V[None, :, :stop], enable_gqa=gqa
-            )
-            outs.append(o.view(1, nq * d))
-            offset += 1
-            continue
-        K[:, seg.start : stop] = k[offset : offset + seg.n].transpose(0, 1)
-        V[:, seg.start : stop] = v[offset : offset + seg.n].transpose(0, 1)
-        qs = q[offset : offset + seg.n].transpose(0, 1).unsqueeze(0)  # [1, n_q, n, d]
-        ks, vs = K[:, :stop].unsqueeze(0), V[:, :stop].unsqueeze(0)  # [1, n_kv, S, d]
-        if seg.start == 0:
-            mask, causal = None, True
-        else:  # a chunk after cached tokens: causal relative to absolute positions
-            pos_q = torch.arange(seg.start, stop, device=x.device)[:, None]
-            mask, causal = torch.arange(stop, device=x.device)[None, :] <= pos_q, False
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
-        outs.append(o[0].transpose(0, 1).reshape(seg.n, nq * d))
-        offset += seg.n
-    attn = torch.cat(outs) if len(outs) > 1 else outs[0]
+    if decode is not None:
+        attn = _attend_decode(layer, q, k, v, segments, decode, gqa)
+    else:
+        attn = _attend_segments(layer, q, k, v, segments, gqa)
     x = _project(x, attn, lw.o, po, lw.attention_partial, lw.owns_residual, all_reduce)
     h = rms_norm(x, lw.post_norm, shape.rms_norm_eps)
     gate_up = _mm(h, lw.gate_up, pgu)

@@ -1,0 +1,104 @@
+"""A decode step attends once per KV slab for all of the slab's sequences (padded to the longest and
+masked), and every sequence still gets the logits it gets decoding alone over a cache of its own:
+the per-sequence path, which tests/engine/test_models.py checks against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.engines import executor as executor_module
+from runtime.engines import llama
+from runtime.engines.executor import ShardExecutor, StepCommand
+from runtime.engines.layout import make_plan
+from runtime.engines.llama import UnsplitLlama
+from runtime.models.registry import resolve_model
+
+# Different lengths, so the batched call pads and masks every row but the longest.
+PROMPTS = [[1, 5, 9, 13, 2], [7, 7, 3], [4, 8, 15, 16, 23, 42, 11, 2, 9], [3, 1, 4, 1, 5, 9, 2], [6, 6]]
+NEW = [[3, 4, 5, 6], [9, 8, 7, 6], [1, 2, 3, 4], [5, 5, 5, 5], [2, 7, 1, 8]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return resolve_model("tiny")
+
+
+def _alone(src, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    """Logits of each decode step of one sequence run by itself, with a cache of its own."""
+    model = UnsplitLlama(src.shape, src.weights)
+    kv = model.new_kv(len(prompt) + len(tokens))
+    model.forward(prompt, kv)
+    return [model.forward([t], kv) for t in tokens]
+
+
+def _capture_plans(monkeypatch) -> list:
+    plans: list = []
+    real = executor_module.decoder_layer
+
+    def spy(shape, layer, lw, x, segments, cos, sin, all_reduce=None, decode=None):
+        if layer == 0:
+            plans.append(decode)
+        return real(shape, layer, lw, x, segments, cos, sin, all_reduce, decode)
+
+    monkeypatch.setattr(executor_module, "decoder_layer", spy)
+    return plans
+
+
+def test_a_decode_step_attends_per_slab_and_each_sequence_gets_its_logits_alone(tiny, monkeypatch):
+    # Slabs of at most 256 positions: capacity 200 rounds to 256 and gets a cache of its own.
+    monkeypatch.setattr(llama, "SLAB_MAX_TOKENS", 256)
+    ex = ShardExecutor(plan=make_plan(tiny.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=tiny.weights)
+    caps = [len(p) + 4 for p in PROMPTS]
+    caps[3] = 200  # the one with a cache of its own
+    ex.run(StepCommand(prefill=list(zip(range(5), map(len, PROMPTS), caps)), prefill_tokens=PROMPTS))
+    assert [ex.kv[i].slot for i in (0, 1, 2, 4)] == [0, 1, 2, 3] and ex.kv[3].slab is None
+    # Sequence 1 leaves: slot 1 becomes a gap between the rows that stay.
+    ex.run(StepCommand(free=[1]))
+    plans = _capture_plans(monkeypatch)
+    order = [4, 3, 0, 2]  # not slot order either
+    got = {i: [] for i in order}
+    for step in range(4):
+        out = ex.run(StepCommand(decode=order, decode_tokens=[NEW[i][step] for i in order])).decode_logits
+        for row, i in enumerate(order):
+            got[i].append(out[row])
+
+    plan = plans[0]
+    assert plan is not None and len(plan.groups) == 1 and plan.alone == [1]  # row 1 is sequence 3
+    g = plan.groups[0]
+    assert (g.lo, g.hi) == (0, 4) and g.slots.tolist() == [0, 2, 3] and g.at is not None and g.mask is not None
+    for i in order:
+        for step, (a, b) in enumerate(zip(_alone(tiny, PROMPTS[i], NEW[i]), got[i])):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=f"sequence {i}, step {step}")
+
+
+def test_rows_that_fill_their_slots_in_order_take_the_direct_path(tiny, monkeypatch):
+    ex = ShardExecutor(plan=make_plan(tiny.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=tiny.weights)
+    ex.run(
+        StepCommand(prefill=[(i, len(p), len(p) + 4) for i, p in enumerate(PROMPTS[:3])], prefill_tokens=PROMPTS[:3])
+    )
+    plans = _capture_plans(monkeypatch)
+    out = ex.run(StepCommand(decode=[0, 1, 2], decode_tokens=[NEW[i][0] for i in range(3)])).decode_logits
+    g = plans[0].groups[0]
+    assert g.rows is None and g.at is None and plans[0].alone == []
+    for i in range(3):
+        torch.testing.assert_close(out[i], _alone(tiny, PROMPTS[i], NEW[i][:1])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_slots_come_back_and_forks_decode_like_their_source(tiny):
+    ex = ShardExecutor(plan=make_plan(tiny.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=tiny.weights)
+    p = PROMPTS[2]
+    ex.run(StepCommand(prefill=[(0, len(p), len(p) + 4)], prefill_tokens=[p], fork=[(0, 1), (0, 2)]))
+    assert [ex.kv[i].slot for i in range(3)] == [0, 1, 2]
+    assert ex.kv[1].length == ex.kv[0].length == len(p)
+    out = ex.run(StepCommand(decode=[0, 1, 2], decode_tokens=[5, 5, 5])).decode_logits
+    expected = _alone(tiny, p, [5])[0]
+    for row in out:
+        torch.testing.assert_close(row, expected, rtol=1e-5, atol=1e-5)
+    ex.run(StepCommand(free=[1]))
+    assert ex.kv_slots_held() == 2
+    # The lowest free slot is taken first: the new sequence fills the gap.
+    ex.run(StepCommand(prefill=[(3, 3, 7)], prefill_tokens=[PROMPTS[1]]))
+    assert ex.kv[3].slot == 1
+    ex.run(StepCommand(free=[0, 2, 3]))
+    assert ex.kv_slots_held() == 0

@@ -182,24 +182,6 @@ def _uneven_heads(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _balanced_mlp(s: LlamaShape, kv_groups: list[int]) -> list[tuple[int, int]]:
-    """MLP column ranges that give every rank the same parameters per layer, given its KV groups."""
-    h, d = s.hidden_size, s.head_dim
-    group = s.num_heads // s.num_kv_heads
-    per_group = h * d * (2 * group + 2)  # q and o rows/columns of the group's query heads, k and v
-    per_column = 3 * h  # gate, up, down
-    target = (s.num_kv_heads * per_group + s.intermediate_size * per_column) / len(kv_groups)
-    cols = [max(1, round((target - g * per_group) / per_column)) for g in kv_groups]
-    cols[-1] = s.intermediate_size - sum(cols[:-1])
-    if cols[-1] < 1:
-        return split_even(s.intermediate_size, len(kv_groups))
-    out, start = [], 0
-    for c in cols:
-        out.append((start, start + c))
-        start += c
-    return out
-
-
 def check_strategies(prefill: str, decode: str) -> None:
     """Refuse a phase strategy that is not one of STRATEGIES (the plan and the engine both ask)."""
     for phase, value in (("prefill", prefill), ("decode", decode)):
@@ -218,8 +200,8 @@ def make_plan(
 ) -> ParallelPlan:
     """boundaries: explicit first layer of stages 1..world_size-1 instead of the balanced split.
 
-    split_uneven_heads: when the KV heads do not divide by world_size, give ranks unequal numbers of
-    KV-head groups and balance the MLP columns against them, instead of replicating attention.
+    split_uneven_heads: when the KV heads do not divide by world_size, split the query heads as evenly
+    as they go (a KV head read by two ranks is held by both) instead of replicating attention.
     That costs a second all-reduce per layer, worth it only on a fast transport (shared memory);
     the engine asks for it when its ranks share a host."""
     check_strategies(prefill, decode)
@@ -254,19 +236,22 @@ def make_plan(
     vocab = split_even(shape.vocab_size, world_size)
     uneven = replicated and split_uneven_heads and shape.num_kv_heads >= world_size
     if uneven:
-        kv = _uneven_heads(shape.num_kv_heads, world_size)
-        mlp = _balanced_mlp(shape, [b - a for a, b in kv])
+        # Query heads split as evenly as they go; a rank holds every KV head its query heads read, so
+        # a KV head whose group straddles two ranks is computed (and cached) on both. The two blocks
+        # between all-reduces (attention, MLP) are then each near-even, which is what the ranks wait
+        # on; whole KV groups per rank (SmolLM2: 3 and 6 query heads) left one rank idle in one block
+        # of every layer and the other in the next, whatever the MLP split.
+        q = _uneven_heads(shape.num_heads, world_size)
+        kv = [(a // group, -(-b // group)) for a, b in q]
         notes.append(
-            f"attention split UNEVENLY: {shape.num_kv_heads} KV heads over tp_degree {world_size} "
-            f"({', '.join(str(b - a) for a, b in kv)} per rank, the extra ones away from rank 0, which "
-            "also embeds and samples); MLP columns balanced against them so every rank multiplies "
-            "the same parameters per token; two all-reduces per layer (cheap over shared memory)"
+            f"attention split UNEVENLY: {shape.num_heads} query heads over tp_degree {world_size} "
+            f"({', '.join(str(b - a) for a, b in q)} per rank, the extra ones away from rank 0, which "
+            "also embeds and samples); a KV head shared by two ranks' query heads is held by both "
+            f"(KV heads {', '.join(f'{a}-{b - 1}' for a, b in kv)}); MLP split evenly; two all-reduces "
+            "per layer (cheap over shared memory)"
         )
         slices = tuple(
-            TensorSlice(
-                rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group), kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r]
-            )
-            for r in range(world_size)
+            TensorSlice(rank=r, q_heads=q[r], kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r]) for r in range(world_size)
         )
         replicated = False
     elif replicated:
@@ -291,7 +276,7 @@ def make_plan(
             )
             for r in range(world_size)
         )
-    if not uneven and shape.intermediate_size % world_size:
+    if shape.intermediate_size % world_size:
         notes.append(
             f"MLP width {shape.intermediate_size} does not divide by {world_size}: slices differ by one column"
         )

@@ -21,6 +21,18 @@ import torch.nn.functional as F
 
 from runtime.models.registry import LlamaShape, WeightSource
 
+# (before, after): query heads of zeros that make a slice's held query heads whole groups of its
+# held KV heads (a slice that cuts through a KV group); None when they already are.
+QueryPad = tuple[int, int] | None
+
+
+def query_pad(q_heads: tuple[int, int], kv_heads: tuple[int, int], shape: LlamaShape) -> QueryPad:
+    group = shape.num_heads // shape.num_kv_heads
+    (qa, qb), (ka, kb) = q_heads, kv_heads
+    if (qa, qb) == (ka * group, kb * group):
+        return None
+    return qa - ka * group, kb * group - qb
+
 
 @dataclass
 class LayerWeights:
@@ -39,6 +51,7 @@ class LayerWeights:
     n_kv: int
     attention_partial: bool  # o_proj output is a partial sum that needs an all-reduce
     mlp_partial: bool
+    q_pad: QueryPad = None
 
     @classmethod
     def load(
@@ -79,6 +92,7 @@ class LayerWeights:
             n_kv=kvh[1] - kvh[0],
             attention_partial=not full_attn,
             mlp_partial=not full_mlp,
+            q_pad=query_pad(qh, kvh, shape),
         )
 
     def tensor_slice(
@@ -110,6 +124,7 @@ class LayerWeights:
             n_kv=kv_heads[1] - kv_heads[0],
             attention_partial=not full_attn,
             mlp_partial=not full_mlp,
+            q_pad=query_pad(q_heads, kv_heads, shape),
         )
 
 
@@ -131,6 +146,7 @@ class PackedLayer:
     attention_partial: bool
     mlp_partial: bool
     owns_residual: bool  # this rank adds the residual into its partial sums (one rank of a tensor split)
+    q_pad: QueryPad = None
     # The same four matrices pre-packed for oneDNN, used from PREPACK_MIN_ROWS rows up (None: off).
     packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -155,6 +171,7 @@ class PackedLayer:
             attention_partial=lw.attention_partial,
             mlp_partial=lw.mlp_partial,
             owns_residual=owns_residual,
+            q_pad=lw.q_pad,
         )
 
 
@@ -454,19 +471,42 @@ def _project(
     return all_reduce(_addmm(x, a, w, packed) if owns_residual else _mm(a, w, packed))
 
 
-def _attend_one(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, gqa: bool) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    pad: QueryPad,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Attention of q [B, n_q, Lq, d] over K, V [B, n_kv, L, d] (grouped-query). When the held query
+    heads cut through a KV group, q is padded with heads of zeros to whole groups for the call and
+    their outputs dropped: one call still, where a call per KV head cost more than the padding."""
+    if pad is None:
+        gqa = q.shape[1] != K.shape[1]
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+    before, after = pad
+    o = F.scaled_dot_product_attention(
+        F.pad(q, (0, 0, 0, 0, before, after)), K, V, attn_mask=mask, is_causal=causal, enable_gqa=True
+    )
+    return o[:, before : before + q.shape[1]]
+
+
+def _attend_one(
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, pad: QueryPad
+) -> torch.Tensor:
     """One decoding sequence (q, k, v: its row [heads, d]): append K/V, attend over its cache."""
     K, V = seg.kv.layers[layer]
     K[:, seg.start] = k
     V[:, seg.start] = v
     stop = seg.start + 1
     nq, d = q.shape
-    o = F.scaled_dot_product_attention(q.view(1, nq, 1, d), K[None, :, :stop], V[None, :, :stop], enable_gqa=gqa)
-    return o.view(1, nq * d)
+    o = _sdpa(q.view(1, nq, 1, d), K[None, :, :stop], V[None, :, :stop], pad)
+    return o.reshape(1, nq * d)
 
 
 def _attend_segments(
-    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], gqa: bool
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], pad: QueryPad
 ) -> torch.Tensor:
     """Attention of each segment over its own cache (prompts, chunks, caches of their own)."""
     T, nq, d = q.shape
@@ -474,7 +514,7 @@ def _attend_segments(
     offset = 0
     for seg in segments:
         if seg.n == 1:
-            outs.append(_attend_one(layer, q[offset], k[offset], v[offset], seg, gqa))
+            outs.append(_attend_one(layer, q[offset], k[offset], v[offset], seg, pad))
             offset += 1
             continue
         K, V = seg.kv.layers[layer]
@@ -488,7 +528,7 @@ def _attend_segments(
         else:  # a chunk after cached tokens: causal relative to absolute positions
             pos_q = torch.arange(seg.start, stop, device=q.device)[:, None]
             mask, causal = torch.arange(stop, device=q.device)[None, :] <= pos_q, False
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+        o = _sdpa(qs, ks, vs, pad, mask, causal)
         outs.append(o[0].transpose(0, 1).reshape(seg.n, nq * d))
         offset += seg.n
     return torch.cat(outs) if len(outs) > 1 else outs[0]
@@ -501,7 +541,7 @@ def _attend_decode(
     v: torch.Tensor,
     segments: Sequence[Segment],
     plan: DecodePlan,
-    gqa: bool,
+    pad: QueryPad,
 ) -> torch.Tensor:
     """A decode step's attention: per slab, one write of K, one of V and one attention call for all
     of its rows (the slab's slots padded to the longest and masked); the other rows alone."""
@@ -520,9 +560,7 @@ def _attend_decode(
         else:
             qs = qg.new_zeros(span, nq, 1, d)
             qs[g.at] = qg.unsqueeze(2)
-        o = F.scaled_dot_product_attention(
-            qs, Kp[g.lo : g.hi, :, : g.L], Vp[g.lo : g.hi, :, : g.L], attn_mask=g.mask, enable_gqa=gqa
-        ).view(span, nq * d)
+        o = _sdpa(qs, Kp[g.lo : g.hi, :, : g.L], Vp[g.lo : g.hi, :, : g.L], pad, g.mask).reshape(span, nq * d)
         if g.at is not None:
             o = o[g.at]
         if out is None:
@@ -530,7 +568,7 @@ def _attend_decode(
         out[g.rows if g.rows is not None else slice(None)] = o
     assert out is not None
     for i in plan.alone:
-        out[i] = _attend_one(layer, q[i], k[i], v[i], segments[i], gqa)[0]
+        out[i] = _attend_one(layer, q[i], k[i], v[i], segments[i], pad)[0]
     return out
 
 
@@ -555,11 +593,10 @@ def decoder_layer(
     qkv = _mm(h, lw.qkv, pq).view(T, nq + 2 * nkv, d)
     qk = _rotate(qkv[:, : nq + nkv], cos, sin)
     q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv :]
-    gqa = nq != nkv
     if decode is not None:
-        attn = _attend_decode(layer, q, k, v, segments, decode, gqa)
+        attn = _attend_decode(layer, q, k, v, segments, decode, lw.q_pad)
     else:
-        attn = _attend_segments(layer, q, k, v, segments, gqa)
+        attn = _attend_segments(layer, q, k, v, segments, lw.q_pad)
     x = _project(x, attn, lw.o, po, lw.attention_partial, lw.owns_residual, all_reduce)
     h = rms_norm(x, lw.post_norm, shape.rms_norm_eps)
     gate_up = _mm(h, lw.gate_up, pgu)

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.engines.layout import make_plan
+from runtime.engines.llama import _sdpa, query_pad
 from runtime.models.registry import TINY_SHAPE
 from runtime.models.smollm2 import smollm2_shape
 
@@ -82,21 +84,43 @@ def test_plan_command_prints_the_smollm2_plan_without_converting_weights(tmp_pat
     assert not list(tmp_path.iterdir())  # nothing converted just to print a plan
 
 
-def test_over_shared_memory_smollm2_splits_attention_unevenly_and_balances_the_mlp():
+def test_over_shared_memory_smollm2_splits_the_query_heads_and_shares_the_straddled_kv_head():
     plan = make_plan(smollm2_shape(), 2, split_uneven_heads=True)
     assert not plan.attention_replicated
-    # the extra KV group goes to rank 1: rank 0 also embeds and samples
-    assert [t.kv_heads for t in plan.tensor_slices] == [(0, 1), (1, 3)]
-    assert [t.q_heads for t in plan.tensor_slices] == [(0, 3), (3, 9)]
-    assert [t.mlp for t in plan.tensor_slices] == [(0, 853), (853, 1536)]
+    # 9 query heads: 4 and 5, the extra one away from rank 0 (it also embeds and samples). Query
+    # heads 3-5 read KV head 1, so both ranks hold it.
+    assert [t.q_heads for t in plan.tensor_slices] == [(0, 4), (4, 9)]
+    assert [t.kv_heads for t in plan.tensor_slices] == [(0, 2), (1, 3)]
+    assert [t.mlp for t in plan.tensor_slices] == [(0, 768), (768, 1536)]
     s = smollm2_shape()
-    per_layer = [
+    # Ranks wait for each other at each of the two all-reduces of a layer, so each block must be
+    # near-even by itself (whole KV groups were 3 and 6 query heads: one rank idle in every
+    # attention block, whatever the MLP split did for the layer's total).
+    attention = [
         s.hidden_size * s.head_dim * (2 * (t.q_heads[1] - t.q_heads[0]) + 2 * (t.kv_heads[1] - t.kv_heads[0]))
-        + 3 * s.hidden_size * (t.mlp[1] - t.mlp[0])
         for t in plan.tensor_slices
     ]
-    assert abs(per_layer[0] - per_layer[1]) <= 3 * s.hidden_size  # within one MLP column
+    assert max(attention) / min(attention) < 1.2
     assert "split UNEVENLY" in plan.describe()
+    assert [query_pad(t.q_heads, t.kv_heads, s) for t in plan.tensor_slices] == [(0, 2), (1, 0)]
+
+
+def test_attention_of_query_heads_that_cut_through_a_kv_group():
+    # Held query heads 4-8 of 9 (groups of 3) read held KV heads 1-2: head 4 and 5 read KV head 1.
+    shape = smollm2_shape()
+    pad = query_pad((4, 9), (1, 3), shape)
+    torch.manual_seed(0)
+    B, L, d = 3, 7, shape.head_dim
+    q, K, V = torch.randn(B, 5, 1, d), torch.randn(B, 2, L, d), torch.randn(B, 2, L, d)
+    lens = torch.tensor([7, 4, 1])
+    mask = (torch.arange(L) < lens[:, None]).view(B, 1, 1, L)
+    got = _sdpa(q, K, V, pad, mask)
+    for b in range(B):
+        for h in range(5):
+            kv = (4 + h) // 3 - 1  # the global head's KV group, as held
+            n = int(lens[b])
+            w = torch.softmax(q[b, h, 0] @ K[b, kv, :n].T / d**0.5, dim=-1)
+            torch.testing.assert_close(got[b, h, 0], w @ V[b, kv, :n], rtol=1e-5, atol=1e-5)
 
 
 def test_uneven_split_falls_back_to_replication_with_fewer_kv_heads_than_ranks():

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from runtime.engines.base import EngineBroken
 from runtime.engines.collectives import Communicator, GlooCommunicator
+from runtime.engines.hugepages import on_huge_pages
 from runtime.engines.layout import ParallelPlan, split_even
 from runtime.engines.llama import (
     HeadWeights,
@@ -156,6 +157,7 @@ class ShardExecutor:
                 self.tp_layers[n] = PackedLayer.pack(part, owns_residual=rank == 0)
         if self.world_size == 1:
             self.tp_layers = self.pp_layers  # one rank: the tensor "slice" is the whole layer
+        self._weights_on_huge_pages()
         self.rope = RopeTable(s, self.device)
         # Vocab-parallel LM head for tensor-parallel phases: each rank turns the (replicated)
         # final hidden state into its rows of logits, rank 0 gathers; rank 0 alone would be the
@@ -170,7 +172,7 @@ class ShardExecutor:
             else:
                 name = "model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"
                 self.final_norm = weights.get("model.norm.weight")
-                self.lm_head_slice = weights.get(name, dim=0, start=v0, stop=v1)
+                (self.lm_head_slice,) = on_huge_pages([weights.get(name, dim=0, start=v0, stop=v1)])
             self.lm_head_packed = prepack(self.lm_head_slice)
         self.kv: dict[int, SeqKV] = {}
         # KV caches by layout ("pipeline": this stage's layers, all KV heads; "tensor": every layer,
@@ -178,6 +180,20 @@ class ShardExecutor:
         self._kv_alloc: dict[str, KVAllocator] = {}
         # The steady state is "decode the same batch again": then only the header travels.
         self._last_decode: list[int] = []
+
+    def _weights_on_huge_pages(self) -> None:
+        """The matrices a batch-1 step streams, copied onto huge pages (runtime/engines/hugepages.py):
+        one mapping per set of layers, so dropping a strategy's layers frees its mapping."""
+        for layers in {id(d): d for d in (self.pp_layers, self.tp_layers) if d}.values():
+            packed = list(layers.values())
+            moved = iter(on_huge_pages([w for p in packed for w in (p.qkv, p.o, p.gate_up, p.down)]))
+            for p in packed:
+                p.qkv, p.o, p.gate_up, p.down = next(moved), next(moved), next(moved), next(moved)
+        if self.head is not None:
+            tied = self.head.lm_head is self.head.embed
+            (self.head.lm_head,) = on_huge_pages([self.head.lm_head])
+            if tied:  # the embedding is the same matrix: keep one copy
+                self.head.embed = self.head.lm_head
 
     # --- collectives (every failure becomes EngineBroken) -----------------------------------
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:

@@ -131,11 +131,10 @@ class LayerWeights:
 @dataclass
 class PackedLayer:
     """A layer laid out for the step: q/k/v fused, gate/up fused, every matrix stored [in, out] so
-    a decode step is four matrix products that each stream their weights once. Built from
+    a decode step is four matrix products that each stream their weights once; the two RMSNorm
+    weights are folded into the rows of the products that follow them (normed_mm). Built from
     LayerWeights (whole or a tensor slice); the unpacked tensors can then be dropped."""
 
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
     qkv: torch.Tensor  # [hidden, (n_q + 2 n_kv) head_dim]
     o: torch.Tensor  # [n_q head_dim, hidden]
     gate_up: torch.Tensor  # [hidden, 2 mlp]
@@ -152,14 +151,13 @@ class PackedLayer:
 
     @classmethod
     def pack(cls, lw: LayerWeights, *, owns_residual: bool = True, prepack: bool = True) -> "PackedLayer":
-        qkv = torch.cat([lw.wq, lw.wk, lw.wv])
-        gate_up = torch.cat([lw.w_gate, lw.w_up])
+        # RMSNorm(x) @ W.T = (x * r) * g @ W.T = (x * r) @ (W * g).T: g scales W's input columns.
+        qkv = torch.cat([lw.wq, lw.wk, lw.wv]) * lw.input_norm
+        gate_up = torch.cat([lw.w_gate, lw.w_up]) * lw.post_norm
         packed = None
         if prepack and _ONEDNN and qkv.device.type == "cpu":
             packed = tuple(_onednn_pack(w) for w in (qkv, lw.wo, gate_up, lw.w_down))
         return cls(
-            input_norm=lw.input_norm,
-            post_norm=lw.post_norm,
             qkv=qkv.t().contiguous(),
             o=lw.wo.t().contiguous(),
             gate_up=gate_up.t().contiguous(),
@@ -448,6 +446,19 @@ def _mm(a: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.
     return torch.mm(a, w)
 
 
+def normed_mm(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """rms_norm(x, g) @ w where g is already folded into w's rows (PackedLayer.pack): each row of x
+    is scaled by rsqrt(mean(x^2) + eps), transformers' LlamaRMSNorm without its weight. One row
+    takes its scale from one dot product as a Python float: four tensor ops where F.rms_norm and
+    the product dispatch about ten, each costing microseconds once a product has flushed the caches
+    (measured at batch 1 on one thread: both norms with their products 27 us less per layer, about
+    0.8 ms a step)."""
+    if x.shape[0] == 1:
+        r = (float(torch.dot(x[0], x[0])) / x.shape[1] + eps) ** -0.5
+        return _mm(x * r, w, packed)
+    return _mm(x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps)), w, packed)
+
+
 def _addmm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
     if packed is not None and a.shape[0] >= PREPACK_MIN_ROWS:
         return torch.ops.mkldnn._linear_pointwise.binary(a, x, packed, None, "add")
@@ -588,9 +599,8 @@ def decoder_layer(
     d = shape.head_dim
     T = x.shape[0]
     nq, nkv = lw.n_q, lw.n_kv
-    h = rms_norm(x, lw.input_norm, shape.rms_norm_eps)
     pq, po, pgu, pd = lw.packed or (None, None, None, None)
-    qkv = _mm(h, lw.qkv, pq).view(T, nq + 2 * nkv, d)
+    qkv = normed_mm(x, lw.qkv, pq, shape.rms_norm_eps).view(T, nq + 2 * nkv, d)
     qk = _rotate(qkv[:, : nq + nkv], cos, sin)
     q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv :]
     if decode is not None:
@@ -598,8 +608,7 @@ def decoder_layer(
     else:
         attn = _attend_segments(layer, q, k, v, segments, lw.q_pad)
     x = _project(x, attn, lw.o, po, lw.attention_partial, lw.owns_residual, all_reduce)
-    h = rms_norm(x, lw.post_norm, shape.rms_norm_eps)
-    gate_up = _mm(h, lw.gate_up, pgu)
+    gate_up = normed_mm(x, lw.gate_up, pgu, shape.rms_norm_eps)
     act = F.silu(gate_up[:, : lw.mlp]) * gate_up[:, lw.mlp :]
     return _project(x, act, lw.down, pd, lw.mlp_partial, lw.owns_residual, all_reduce)
 

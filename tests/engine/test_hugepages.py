@@ -48,8 +48,9 @@ def test_an_executor_streams_its_layers_and_lm_head_from_huge_pages_and_keeps_ti
     ex = ShardExecutor(plan=make_plan(src.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=src.weights)
     assert ex.head.embed is ex.head.lm_head  # SmolLM2 ties them: still one matrix
     first = ex.tp_layers[0]
-    assert torch.equal(
-        first.qkv, torch.cat([src.weights.get(f"model.layers.0.self_attn.{n}_proj.weight") for n in "qkv"]).t()
-    )
+    w = src.weights.get
+    qkv = torch.cat([w(f"model.layers.0.self_attn.{n}_proj.weight") for n in "qkv"])
+    # stored [in, out], with the input RMSNorm's weight folded into its input rows
+    assert torch.equal(first.qkv, (qkv * w("model.layers.0.input_layernorm.weight")).t())
     if hugepages.available():
         assert _huge_kb(first.qkv.data_ptr()) > 0 and _huge_kb(ex.head.lm_head.data_ptr()) > 0

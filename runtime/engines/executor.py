@@ -247,6 +247,7 @@ class ShardExecutor:
             if strategy == "tensor" and self.world_size > 1 and not self.tp_layers:
                 raise RuntimeError("tensor-parallel weights were not loaded (bug)")
         self.plan = plan
+        self._kv_alloc = {}  # no cache is held: the slabs of the old layouts go with their memory
         if final and self.world_size > 1:
             if not plan.uses("pipeline"):
                 self.pp_layers = {}

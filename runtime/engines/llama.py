@@ -218,16 +218,14 @@ class KVSlab:
     """The KV caches of up to `slots` sequences of up to `tokens` positions each, one
     [slots, n_kv, tokens, d] tensor per layer for K and for V. A slot's SeqKV holds views of it."""
 
-    def __init__(
-        self, owner: "KVAllocator", n_kv: int, head_dim: int, slots: int, tokens: int, device: torch.device
-    ) -> None:
+    def __init__(self, owner: "KVAllocator", slots: int, tokens: int) -> None:
         self.owner, self.tokens = owner, tokens
-        layers = owner.layers
+        shape = (slots, owner.n_kv, tokens, owner.head_dim)
         # Zeroed, not empty: a batched attention call reads the masked positions too, and masking
         # a NaN left in uninitialised memory still yields NaN. So a slab is resident in full from
         # the start (at most SLAB_MAX_TOKENS positions of every layer held).
-        self.k = {n: torch.zeros(slots, n_kv, tokens, head_dim, device=device) for n in layers}
-        self.v = {n: torch.zeros(slots, n_kv, tokens, head_dim, device=device) for n in layers}
+        self.k = {n: torch.zeros(shape, device=owner.device) for n in owner.layers}
+        self.v = {n: torch.zeros(shape, device=owner.device) for n in owner.layers}
         self.free = list(range(slots))  # a heap: the lowest free slot is taken first
         self.slots = slots
 
@@ -262,7 +260,7 @@ class KVAllocator:
         slabs = self.slabs.setdefault(bucket, [])
         slab = next((s for s in slabs if s.free), None)
         if slab is None:
-            slab = KVSlab(self, self.n_kv, self.head_dim, slots, bucket, self.device)
+            slab = KVSlab(self, slots, bucket)
             slabs.append(slab)
         if slab is self.spare:
             self.spare = None
@@ -369,8 +367,9 @@ def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # One fused op; the same arithmetic as transformers' LlamaRMSNorm for fp32 activations (fp32
-    # mean of squares, rsqrt, weight applied last).
+    # One call (on CPU torch runs it as several ops); the same arithmetic as transformers'
+    # LlamaRMSNorm for fp32 activations (fp32 mean of squares, rsqrt, weight applied last). The
+    # layers fold their norms into their products instead (normed_mm); this is the final norm.
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
@@ -552,6 +551,26 @@ def _attend_segments(
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
+def _attend_slab(
+    layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: SlabRows, pad: QueryPad
+) -> torch.Tensor:
+    """One slab's rows of a decode step: one write of K, one of V and one attention call over the
+    slab's slots lo..hi-1, padded to the longest and masked. Rows come back in slot order."""
+    _, nq, d = q.shape
+    Kp, Vp = g.slab.k[layer], g.slab.v[layer]
+    qg, kg, vg = (q, k, v) if g.rows is None else (q[g.rows], k[g.rows], v[g.rows])
+    Kp[g.slots, :, g.pos] = kg
+    Vp[g.slots, :, g.pos] = vg
+    span = g.hi - g.lo
+    if g.at is None:
+        qs = qg.unsqueeze(2)  # [rows, n_q, 1, d]
+    else:
+        qs = qg.new_zeros(span, nq, 1, d)
+        qs[g.at] = qg.unsqueeze(2)
+    o = _sdpa(qs, Kp[g.lo : g.hi, :, : g.L], Vp[g.lo : g.hi, :, : g.L], pad, g.mask).reshape(span, nq * d)
+    return o if g.at is None else o[g.at]
+
+
 def _attend_decode(
     layer: int,
     q: torch.Tensor,
@@ -561,31 +580,15 @@ def _attend_decode(
     plan: DecodePlan,
     pad: QueryPad,
 ) -> torch.Tensor:
-    """A decode step's attention: per slab, one write of K, one of V and one attention call for all
-    of its rows (the slab's slots padded to the longest and masked); the other rows alone."""
+    """A decode step's attention: one call per slab for its rows (_attend_slab), the other rows
+    alone, all placed back in the step's order."""
+    first = plan.groups[0]
+    if first.rows is None:  # one slab holds every row of the step, in slot order
+        return _attend_slab(layer, q, k, v, first, pad)
     T, nq, d = q.shape
-    out = None
+    out = q.new_empty(T, nq * d)
     for g in plan.groups:
-        Kp, Vp = g.slab.k[layer], g.slab.v[layer]
-        qg, kg, vg = (q, k, v) if g.rows is None else (q[g.rows], k[g.rows], v[g.rows])
-        Kp[g.slots, :, g.pos] = kg
-        Vp[g.slots, :, g.pos] = vg
-        span = g.hi - g.lo
-        if g.at is None:
-            qs = qg.unsqueeze(2)  # [rows, n_q, 1, d]
-        else:
-            qs = qg.new_zeros(span, nq, 1, d)
-            qs[g.at] = qg.unsqueeze(2)
-        o = _sdpa(qs, Kp[g.lo : g.hi, :, : g.L], Vp[g.lo : g.hi, :, : g.L], pad, g.mask).reshape(span, nq * d)
-        if g.at is not None:
-            o = o[g.at]
-        if g.rows is None:  # every row of the step, in slot order: nothing else to place
-            return o
-        if out is None:
-            out = q.new_empty(T, nq * d)
-        out[g.rows] = o  # back in the step's order
-    if out is None:
-        out = q.new_empty(T, nq * d)
+        out[g.rows] = _attend_slab(layer, q, k, v, g, pad)
     for i in plan.alone:
         out[i] = _attend_one(layer, q[i], k[i], v[i], segments[i], pad)[0]
     return out

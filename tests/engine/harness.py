@@ -318,7 +318,8 @@ def job_mismatch(rank: int, port: int, spec: dict, out_path: str) -> None:
 
 def job_collectives(rank: int, port: int, spec: dict, out_path: str) -> None:
     """The transport on its own: spec["script"] is "ops" (every call, results saved per rank),
-    "die" (rank 1 stops answering mid-run; rank 0 reports how its collective ended)."""
+    "sleepy" (ranks that sleep and are woken, and ranks that poll), "die" (rank 1 stops answering
+    mid-run; rank 0 reports how its collective ended)."""
     import logging
 
     from runtime.engines import collectives
@@ -364,6 +365,33 @@ def job_collectives(rank: int, port: int, spec: dict, out_path: str) -> None:
             for w in works:
                 w.wait()
         torch.save(found, out_path if rank == 0 else f"{out_path}.rank{rank}")
+    elif spec["script"] == "sleepy":
+        # Each rank in turn arrives late, so the other goes to sleep on its doorbell; with the
+        # liveness slice an hour long, only the late rank's ring wakes it (a missed ring hangs).
+        # Then both ranks run back to back, polling: no ring is needed and none is made.
+        collectives._SLICE_S = 3600.0
+        counts = {"sleeps": 0, "rings": 0}
+        sleep, wake = comm._sleep, comm._futex.wake
+
+        def counted_sleep(*a):
+            counts["sleeps"] += 1
+            return sleep(*a)
+
+        def counted_wake(*a):
+            counts["rings"] += 1
+            return wake(*a)
+
+        comm._sleep, comm._futex.wake = counted_sleep, counted_wake
+        sums = []
+        for i in range(2 * spec["late"]):
+            if rank == i % 2:
+                time.sleep(0.05)  # far past SPIN_S: the peer stops polling and sleeps
+            sums.append(float(comm.all_reduce(torch.tensor([float(i + rank)]))[0]))
+        say(late_phase=counts.copy())
+        counts.update(sleeps=0, rings=0)
+        for i in range(spec["busy"]):
+            sums.append(float(comm.all_reduce(torch.tensor([float(i + rank)]))[0]))
+        say(sums=sums, busy_phase=counts)
     elif spec["script"] == "die":
         x = torch.ones(4)
         comm.all_reduce(x)

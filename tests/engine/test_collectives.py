@@ -105,6 +105,31 @@ def test_a_missing_shm_directory_falls_back_to_gloo_but_a_required_shm_fails(tmp
         assert r.proc.wait(timeout=60) == 3
 
 
+def test_a_sleeping_rank_is_woken_by_its_peer_and_a_polling_one_is_left_alone(tmp_path, launch_rank, free_ports):
+    # A rank that waits past SPIN_S sleeps on a futex and must be woken by the peer's arrival: the
+    # script stretches the liveness slice to an hour, so a lost wake-up would hang the test. A rank
+    # that is polling needs no wake-up system call, and none is made for it.
+    late, busy = 6, 300
+    ranks, _ = run_pair(tmp_path, launch_rank, free_ports, script="sleepy", late=late, busy=busy)
+    for r in ranks:
+        assert r.wait_for("transport", timeout=120)["transport"] == "shm"
+    late_phase = [r.wait_for("late_phase", timeout=120)["late_phase"] for r in ranks]
+    done = [r.wait_for("sums", timeout=120) for r in ranks]
+    want = [float(2 * i + 1) for i in range(2 * late)] + [float(2 * i + 1) for i in range(busy)]
+    assert [d["sums"] for d in done] == [want, want]
+    for rank in range(2):
+        # every other round the peer was 50 ms late: this rank slept then, and was rung awake
+        assert late_phase[rank]["sleeps"] >= late, late_phase
+        assert late_phase[1 - rank]["rings"] >= late, late_phase
+    for rank in range(2):
+        # Rings only for a peer that announced it was asleep: one for the round it sleeps in, and
+        # at most one more for the next round while it is being scheduled back in (its flag is
+        # still up, and the round after that needs its arrival). Ringing every round would be 300.
+        assert done[rank]["busy_phase"]["rings"] <= 2 * done[1 - rank]["busy_phase"]["sleeps"], done
+    for r in ranks:
+        assert r.proc.wait(timeout=60) == 0
+
+
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_a_peer_lost_mid_collective_ends_the_collective_with_a_clear_error(how, tmp_path, launch_rank, free_ports):
     # kill: the dead peer's lock is gone, reported long before the 60 s timeout; stop: the peer is

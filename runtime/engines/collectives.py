@@ -53,11 +53,12 @@ _ARRIVE, _DOORBELL, _SENT, _ACKED, _ASLEEP = 0, 1, 2, 3, 4
 _PER_RANK = 5 * _LINE
 
 # A full memory barrier between a rank's store of one word and its load of another (a store may
-# otherwise pass a later load: Intel SDM vol. 3A, 9.2.3.4). CPython 3.11 builds a Lock on POSIX
-# semaphores on Linux (Python/thread_pthread.h, USE_SEMAPHORES: acquire is sem_trywait, release
-# sem_post), and glibc changes a semaphore with atomic compare-and-exchange (nptl/sem_waitcommon.c,
-# nptl/sem_post.c), a lock-prefixed instruction on x86-64, which no load or store passes (SDM
-# 9.2.2). Uncontended, the pair costs about 0.1 us.
+# otherwise pass a later load: Intel SDM vol. 3A, 9.2.3.4, "Loads May Be Reordered with Earlier
+# Stores to Different Locations"). CPython 3.11 builds a Lock on POSIX semaphores on Linux
+# (Python/thread_pthread.h, USE_SEMAPHORES: acquire is sem_trywait, release sem_post), and glibc
+# changes a semaphore with an atomic compare-and-exchange (nptl/sem_waitcommon.c, nptl/sem_post.c),
+# a lock-prefixed instruction on x86-64, which no load or store passes (SDM 9.2.2). Uncontended,
+# the pair costs about 0.1 us.
 _BARRIER = threading.Lock()
 
 
@@ -215,10 +216,11 @@ class ShmCommunicator:
     about 6 us in the middle of a decode step, 60 times a step (measured: docs/benchmarks.md).
     Both sides store their word, pass a full barrier, then load the other's (the sleeper: ASLEEP,
     then the counter; the waker: the counter, then ASLEEP), so at least one of them sees the
-    other's store: either the sleeper finds the counter changed or the waker finds it asleep. While it sleeps a
-    rank checks its peers every _SLICE_S: each rank holds a lock on its own byte of the segment
-    file, released by the kernel when the process dies, so a dead peer is reported at once and a
-    wedged one after timeout_s.
+    other's store: the sleeper finds the counter changed, or the waker finds it asleep.
+
+    While it sleeps a rank checks its peers every _SLICE_S: each rank holds a lock on its own byte
+    of the segment file, released by the kernel when the process dies, so a dead peer is reported
+    at once and a wedged one after timeout_s.
     """
 
     transport = "shm"

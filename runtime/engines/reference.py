@@ -48,7 +48,7 @@ from runtime.engines.collectives import TRANSPORTS, Communicator, connect
 from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
 from runtime.engines.grammar import Grammars, Matcher
 from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
-from runtime.engines.sampling import TextTracker, choose, make_generator
+from runtime.engines.sampling import Draws, TextTracker, choose
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
 
@@ -177,7 +177,7 @@ class _Seq:
 
     index: int
     tracker: TextTracker
-    generator: torch.Generator | None
+    draws: Draws
     matcher: Matcher | None = None  # structured output only
     counts: torch.Tensor | None = None  # penalties only: times each token was generated
     seq_id: int = -1
@@ -196,6 +196,12 @@ class _Request:
     done: bool = False
 
     @property
+    def prefill_ids(self) -> tuple[int, ...]:
+        """What the first step prefills: the prompt, and a continuation's tokens after it."""
+        r = self.request
+        return r.prompt_token_ids + r.generated if r.generated else r.prompt_token_ids
+
+    @property
     def need(self) -> int:  # KV tokens the request reserves while it runs: all its choices
         return self.per_seq * len(self.seqs)
 
@@ -212,6 +218,8 @@ class _Request:
 
 class ReferenceEngine:
     """base.Engine for rank 0. Settings are keyword-only; see runtime/engines/__init__.py."""
+
+    resumes = True  # continues a request from tokens another unit generated (GenerationRequest.generated)
 
     def __init__(
         self,
@@ -350,11 +358,38 @@ class ReferenceEngine:
                 f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens",
                 param="n",
             )
+        if request.generated:
+            self._validate_continuation(request)
         if p.logprobs is not None and not 0 <= p.logprobs <= self._vocab:
             raise RequestRejected(
                 f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}", param="logprobs"
             )
         return need
+
+    def _validate_continuation(self, request: GenerationRequest) -> None:
+        p, done = request.sampling, len(request.generated)
+        if p.n != 1:
+            raise RequestRejected(f"a continuation carries one choice's tokens, but n is {p.n}", param="n")
+        if done >= p.max_tokens:
+            raise RequestRejected(f"the continuation already has {done} of max_tokens {p.max_tokens}: nothing is left")
+        bad = [t for t in request.generated if not 0 <= t < self._vocab]
+        if bad:
+            raise RequestRejected(f"continuation token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
+
+    def _replay(self, seq: _Seq, generated: tuple[int, ...]) -> None:
+        """Bring a choice to where another unit left it: its text (what the client already has),
+        grammar state, penalty counts and position, as if it had generated `generated` here."""
+        for token in generated:
+            if seq.matcher is not None:
+                seq.matcher.consume(token)
+            _, stopped = seq.tracker.add(token)
+            if stopped or (seq.matcher is not None and seq.matcher.done):
+                raise RequestRejected("the continuation's tokens already end the answer: nothing is left to generate")
+            if seq.counts is not None:
+                seq.counts[token] += 1
+        seq.generated = len(generated)
+        if generated:
+            seq.last_token = generated[-1]
 
     def _refuse_unless_ready(self) -> None:
         if self._state is EngineState.BROKEN:
@@ -383,12 +418,14 @@ class ReferenceEngine:
             _Seq(
                 index=i,
                 tracker=TextTracker(self.tokenizer, p.stop),
-                generator=make_generator(p, i),
+                draws=Draws(p, i),
                 matcher=self._grammars.matcher(grammar) if grammar is not None else None,
                 counts=torch.zeros(self._vocab) if penalised else None,
             )
             for i in range(p.n)
         ]
+        for seq in seqs:
+            self._replay(seq, request.generated)
         st = _Request(
             request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(), seqs=seqs, per_seq=per_seq
         )
@@ -547,7 +584,7 @@ class ReferenceEngine:
                     st = self._waiting[0]
                     if self._reserved + st.need > self.kv_budget_tokens:
                         break  # FIFO: the head waits for budget rather than being overtaken
-                    prompt = len(st.request.prompt_token_ids)
+                    prompt = len(st.prefill_ids)
                     if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
                         break  # the rest joins at the next iteration
                     prefill_tokens += prompt
@@ -570,8 +607,8 @@ class ReferenceEngine:
             # so n choices cost one prefill.
             cmd = StepCommand(
                 free=free,
-                prefill=[(st.seqs[0].seq_id, len(st.request.prompt_token_ids), st.per_seq) for st in admitted],
-                prefill_tokens=[st.request.prompt_token_ids for st in admitted],
+                prefill=[(st.seqs[0].seq_id, len(st.prefill_ids), st.per_seq) for st in admitted],
+                prefill_tokens=[st.prefill_ids for st in admitted],
                 decode=[seq.seq_id for _, seq in decoding],
                 decode_tokens=[seq.last_token for _, seq in decoding],
                 fork=[(st.seqs[0].seq_id, seq.seq_id) for st in admitted for seq in st.seqs[1:]],
@@ -596,7 +633,7 @@ class ReferenceEngine:
             self._finish(st, seq, free)
             st.put(TokenEvent(token_id=-1, text=seq.tracker.flush(), finish_reason="stop", index=seq.index))
             return
-        token, logprob = choose(logits, p, seq.generator, allowed=allowed, counts=seq.counts)
+        token, logprob = choose(logits, p, seq.draws.at(seq.generated), allowed=allowed, counts=seq.counts)
         seq.generated += 1
         seq.last_token = token
         if seq.counts is not None:

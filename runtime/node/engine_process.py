@@ -49,6 +49,7 @@ class EngineProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.strategies: dict[str, Any] | None = None  # from the ready event (reference engine)
+        self.resumes = False  # from the ready event: the engine continues requests other units started
         self.exited = asyncio.Event()
         self.load = LoadReport()
         self.failure: str = ""
@@ -90,6 +91,7 @@ class EngineProcess:
                 self.last_report = time.monotonic()
                 if op == "ready":
                     self.strategies = ev.get("strategies")
+                    self.resumes = bool(ev.get("resumes"))
                     self.ready.set()
                 elif op == "load":
                     self.load = LoadReport(

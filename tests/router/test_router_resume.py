@@ -1,0 +1,176 @@
+"""Resumable streams end to end: two real units (one `runtime node` member each, reference engine,
+`tiny`) behind a real router. A stream whose unit is killed, or drains, mid-answer continues on the
+other unit; its client sees one stream: the unsplit run's text, one id, usage over the whole answer,
+and none of the router's internal lines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+from engine_alone import greedy_texts
+from nodeproc import Unit
+from router_real_units import RouterProcess
+
+import contract
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPT = "rain on the harbour at night"
+MAX_TOKENS = 200
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.raw = b""
+        self.events: list[dict] = []
+        self.done = False
+        self.unit = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(e["choices"][0]["text"] for e in self.events if e.get("choices"))
+
+    @property
+    def errors(self) -> list[dict]:
+        return [e["error"] for e in self.events if "error" in e]
+
+
+async def stream(base: str, body: dict, *, on_event=None, headers=None) -> Stream:
+    out = Stream()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(base + "/v1/completions", json=body, headers=headers or {}) as r:
+            assert r.status == 200, await r.text()
+            out.unit = r.headers[contract.UNIT_HEADER]
+            buf = b""
+            async for piece in r.content.iter_any():
+                out.raw += piece
+                buf += piece
+                while b"\n\n" in buf:
+                    raw, buf = buf.split(b"\n\n", 1)
+                    if raw == b"data: [DONE]":
+                        out.done = True
+                    elif raw.startswith(b"data: "):
+                        out.events.append(json.loads(raw[len(b"data: ") :]))
+                        if on_event is not None:
+                            await on_event(out)
+    return out
+
+
+def _body(**extra) -> dict:
+    return {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+
+
+def _two_units(tmp_path: Path, **env: str) -> list[Unit]:
+    return [Unit(tmp_path, name=f"resume-{k}", world_size=1, **env) for k in range(2)]
+
+
+def _router(tmp_path: Path, units: list[Unit], *extra: str) -> RouterProcess:
+    args = ["--units", ",".join(u.leader.url for u in units), "--poll-interval", "0.2", "--drain-grace", "0"]
+    return RouterProcess(tmp_path, name="resume", args=[*args, *extra])
+
+
+def _check_whole(got: Stream, want: str) -> None:
+    assert not got.errors and got.done, got.errors
+    assert got.text == want
+    ids = {e["id"] for e in got.events}
+    assert len(ids) == 1, ids
+    usage = got.events[-1]["usage"]
+    assert usage["completion_tokens"] == MAX_TOKENS
+    assert usage["total_tokens"] == usage["prompt_tokens"] + MAX_TOKENS
+    assert b"flotilla" not in got.raw  # the internal channel never reaches the client
+
+
+def _leader_of(units: list[Unit], name: str) -> Unit:
+    return next(u for u in units if u.name == name)
+
+
+def _continued(unit: Unit) -> list[dict]:
+    return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
+
+
+def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units)
+    try:
+        for u in units:
+            u.start()
+
+        async def scenario() -> tuple[Stream, str]:
+            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
+            await router.start()
+            await router.wait_routable(2)
+            killed: list[str] = []
+
+            async def kill_mid_way(s: Stream) -> None:
+                if len(s.events) == 30 and not killed:
+                    killed.append(s.unit)
+                    await asyncio.to_thread(_leader_of(units, s.unit).leader.sigkill)
+
+            got = await stream(router.url, _body(), on_event=kill_mid_way)
+            return got, killed[0]
+
+        got, killed = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)
+        other = next(u for u in units if u.name != killed)
+        moved = _continued(other)
+        assert len(moved) == 1 and 30 <= moved[0]["continued_from"] < MAX_TOKENS, moved
+        metrics = asyncio.run(router.metrics())
+        assert 'flotilla_router_retries_total{reason="move_stream_broken"} 1.0' in metrics
+    finally:
+        router.stop()
+        for u in units:
+            u.stop()
+
+
+def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    # A drain timeout far longer than the answer: the drain must not wait for it.
+    units = _two_units(tmp_path, FLOTILLA_DRAIN_TIMEOUT_S="300")
+    router = _router(tmp_path, units)
+    try:
+        for u in units:
+            u.start()
+
+        async def scenario() -> tuple[Stream, str, int]:
+            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
+            await router.start()
+            await router.wait_routable(2)
+            drained: list[str] = []
+            exit_codes: list[int] = []
+
+            async def drain_mid_way(s: Stream) -> None:
+                if len(s.events) == 20 and not drained:
+                    drained.append(s.unit)
+                    _leader_of(units, s.unit).leader.sigterm()
+
+            got = await stream(router.url, _body(), on_event=drain_mid_way)
+            # The drained member exits once it handed its stream over (bounded wait, not a timing claim).
+            exit_codes.append(await asyncio.to_thread(_leader_of(units, drained[0]).leader.wait, 120))
+            return got, drained[0], exit_codes[0]
+
+        got, drained, code = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)
+        assert code == 0
+        gone = _leader_of(units, drained)
+        handed = [r for r in gone.leader.log_events("request") if r.get("error_kind") == "unavailable"]
+        assert len(handed) == 1 and handed[0]["completion_tokens"] < MAX_TOKENS, handed
+        other = next(u for u in units if u.name != drained)
+        assert len(_continued(other)) == 1
+    finally:
+        router.stop()
+        for u in units:
+            u.stop()

@@ -54,6 +54,8 @@ class EngineProcess:
         self.load = LoadReport()
         self.failure: str = ""
         self.last_report = time.monotonic()  # when the engine process last said anything
+        # When the engine last made progress: a token, or work arriving at an idle engine.
+        self.last_progress = time.monotonic()
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
 
@@ -100,6 +102,8 @@ class EngineProcess:
                 elif op == "failed":
                     self.failure = ev.get("message", "")
                 elif "id" in ev:
+                    if op == "token":
+                        self.last_progress = self.last_report
                     if op == "error" and ev.get("kind") == "broken":
                         # Mark the unit unready before the client hears of the failure.
                         self.load = LoadReport(state=EngineState.BROKEN, detail=ev.get("message", ""))
@@ -129,6 +133,11 @@ class EngineProcess:
             self._streams.clear()
             self.exited.set()
 
+    def stalled(self, after_s: float) -> bool:
+        """The engine holds running sequences but produced no token for `after_s` (a gray failure:
+        its process answers, its steps do not complete: a stopped member or a stuck collective)."""
+        return self.load.running > 0 and time.monotonic() - self.last_progress > after_s
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and not self.exited.is_set()
@@ -149,6 +158,8 @@ class EngineProcess:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight: ids must be generated unique")
         s = RequestStream(request_id)
+        if not self._streams:
+            self.last_progress = time.monotonic()  # an idle engine's clock starts with its first request
         self._streams[request_id] = s
         if not self._send(op="submit", id=request_id, **payload):
             self._streams.pop(request_id, None)

@@ -104,6 +104,8 @@ class UnitSupervisor:
             return False
         if self.engine.load.state == EngineState.BROKEN or self.unit_draining:
             return False
+        if self.is_leader and self.engine.stalled(self.s.progress_stall_s):
+            return False  # routers stop sending work here at once; its streams move (docs/node.md)
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
     def live(self) -> bool:

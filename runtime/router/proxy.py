@@ -600,8 +600,10 @@ class Router:
                 reason, message = await self._pipe(request, resp, upstream, unit, framer, ledger)
                 if reason is None:
                     return resp
-                if ledger is not None and ledger.reported and ledger.moves < s.max_moves:
-                    moved = await self._move_stream(ledger, unit, request, body, headers or {}, request_id, reason)
+                if ledger is not None and ledger.reported and s.max_moves:
+                    moved = None
+                    if ledger.moves < s.max_moves:
+                        moved = await self._move_stream(ledger, unit, request, body, headers or {}, request_id, reason)
                     if moved is not None:
                         if upstream is not first:
                             upstream.release()
@@ -609,7 +611,15 @@ class Router:
                         held.append(unit)
                         framer = SseFramer(_WHOLE_BODY_LIMIT)
                         continue
-                    message += f"; no other unit could continue it after {ledger.moves} move(s)"
+                    # The honest end of a stream that could not move: its own code, so a client (and
+                    # the chaos check) tells it from a unit's own error.
+                    if ledger.moves >= s.max_moves:
+                        reason, message = (
+                            "moves_exhausted",
+                            f"{message}; the stream already moved {ledger.moves} time(s), its limit",
+                        )
+                    else:
+                        reason, message = "no_unit_to_resume", f"{message}; no other unit could continue it"
                 return await self._broken(request, resp, upstream, is_sse, request_id, unit, reason, message)
         finally:
             if upstream is not first:

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from engine_alone import greedy_texts
-from nodeproc import Unit
+from nodeproc import Unit, wait_for
 from router_real_units import RouterProcess
 
 import contract
@@ -170,6 +170,106 @@ def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_pa
         assert len(handed) == 1 and handed[0]["completion_tokens"] < MAX_TOKENS, handed
         other = next(u for u in units if u.name != drained)
         assert len(_continued(other)) == 1
+    finally:
+        router.stop()
+        for u in units:
+            u.stop()
+
+
+def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = [Unit(tmp_path, name=f"gray-{k}", world_size=2) for k in range(2)]
+    router = _router(tmp_path, units, "--stream-stall", "2")
+    try:
+        for u in units:
+            u.start()
+
+        async def scenario() -> tuple[Stream, str]:
+            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
+            await router.start()
+            await router.wait_routable(2)
+            stopped: list[str] = []
+
+            async def stop_follower(s: Stream) -> None:
+                if len(s.events) == 20 and not stopped:
+                    stopped.append(s.unit)
+                    await asyncio.to_thread(_leader_of(units, s.unit).members[1].sigstop)
+
+            got = await stream(router.url, _body(), on_event=stop_follower)
+            return got, stopped[0]
+
+        got, stopped = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)
+        gray = _leader_of(units, stopped)
+        # Its leader still answers HTTP, but says it is not ready (its engine makes no progress).
+        wait_for(lambda: gray.leader.ready()[0] == 503, timeout=30, what=f"{gray.name} to report not ready")
+        other = next(u for u in units if u.name != stopped)
+        assert len(_continued(other)) == 1
+        gray.members[1].sigcont()
+        gray.wait_ready(timeout=180)  # it re-forms by the existing paths and serves again
+        asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
+    finally:
+        for u in units:
+            for m in u.members:
+                if m.running:
+                    m.sigcont()
+        router.stop()
+        for u in units:
+            u.stop()
+
+
+def test_a_stream_that_spent_its_moves_ends_with_an_explicit_error(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units, "--max-moves", "1")
+    try:
+        for u in units:
+            u.start()
+
+        async def scenario() -> Stream:
+            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
+            await router.start()
+            await router.wait_routable(2)
+            killed: list[str] = []
+
+            async def kill_each_unit(s: Stream) -> None:
+                # First the unit serving the stream, then the one it moved to.
+                if len(s.events) in (20, 60) and len(killed) < 2:
+                    serving = next(u for u in units if u.name not in killed) if killed else _leader_of(units, s.unit)
+                    killed.append(serving.name)
+                    await asyncio.to_thread(serving.leader.sigkill)
+
+            return await stream(router.url, _body(), on_event=kill_each_unit)
+
+        got = asyncio.run(asyncio.wait_for(scenario(), 300))
+        assert not got.done and [e["code"] for e in got.errors] == ["moves_exhausted"]
+        assert "error" in got.events[-1]
+        assert want.startswith(got.text) and len(got.text) < len(want)  # a true prefix, nothing crossed
+    finally:
+        router.stop()
+        for u in units:
+            u.stop()
+
+
+def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units)
+    try:
+        for u in units:
+            u.start()
+
+        async def scenario() -> Stream:
+            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
+            await router.start()
+            await router.wait_routable(2)
+            forged = {contract.CONTINUATION_FIELD: {"id": "cmpl-forged", "created": 1, "token_ids": [65] * 50}}
+            headers = {contract.CONTINUATION_HEADER: "1", contract.RESUME_HEADER: "1"}
+            return await stream(router.url, _body(**forged), headers=headers)
+
+        got = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)  # the router dropped the headers: the field meant nothing
+        assert got.events[0]["id"] != "cmpl-forged"
     finally:
         router.stop()
         for u in units:

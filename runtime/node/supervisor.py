@@ -43,6 +43,7 @@ from runtime.node.handshake import (
     UnitState,
 )
 from runtime.node.metrics import NodeMetrics
+from runtime.node.queue_wait import QueueWait
 from runtime.node.settings import NodeSettings
 from runtime.rendezvous import Rendezvous, RendezvousError
 
@@ -79,6 +80,7 @@ class UnitSupervisor:
         self.draining = False
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
+        self.queue_wait = QueueWait()  # leader: the API's requests, to tell the wait for a batch slot
         self.not_ready_since = time.monotonic()
         self.ready_since: float | None = None  # when the unit last became ready (None: not ready now)
         self.started = False  # the unit has been ready (for ready_settle_s) once in this process's life
@@ -138,6 +140,10 @@ class UnitSupervisor:
             return self.engine.load if self.engine is not None else LoadReport()
         return self.unit_load
 
+    def expected_wait(self) -> float | None:
+        """Seconds a request arriving now would wait for a batch slot (runtime/node/queue_wait.py)."""
+        return self.queue_wait.expected_wait(int(self.load().max_running), time.monotonic())
+
     def effective_state(self) -> UnitState:
         # Between an engine failure and the supervisor's next look, the unit is already broken.
         if self.state is UnitState.READY and self.unit_draining:
@@ -169,6 +175,9 @@ class UnitSupervisor:
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
                 in_flight=self.in_flight if self.is_leader else 0,
+                # Rounded: the watch sends a load line whenever these bytes change.
+                wait_s=round(self.expected_wait() or 0.0, 1) if self.is_leader else 0.0,
+                queue_timeout_s=self.s.queue_timeout_s if self.is_leader else 0.0,
             ),
             "members": members,
             "leader": leader,

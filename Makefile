@@ -91,6 +91,14 @@ local: $(VENV)/.dev-deps
 bench-router: dev-deps
 	$(PY) bench/router/run.py $(BENCH_ARGS)
 
+# Failover benchmark on `make local` (2 units of 2 nodes behind the router): kill -9 of a leader and of a
+# follower under 32 concurrent greedy streams, SIGSTOP of a follower, a drain with 1,500-token answers in
+# flight (docs/benchmarks.md, Failover). BENCH_ARGS="--short" runs a quick version on `tiny`. Not part
+# of `make test`; results are appended to bench/results/failover.json.
+.PHONY: bench-failover
+bench-failover: dev-deps
+	$(PY) bench/failover/run.py $(BENCH_ARGS)
+
 # ECS rehearsal: the synthesized units (cdk.out, from `make synth`) as local node processes behind the
 # router, rolled to a new revision under load by an emulator of ECS's rolling-update rules
 # (ops/rehearsal/, docs/runbooks/rehearse-a-rollout.md). REHEARSE_ARGS passes flags, e.g.

@@ -190,7 +190,9 @@ def summary(results: list[Result], reference: list[str] | None) -> dict:
         "requests": len(results),
         "failed": sum(not r.ok for r in results),
         "errors": sorted({r.error for r in results if r.error}),
-        "differ_from_before_the_blow": None if reference is None else sum(r.text != t for r, t in zip(results, reference)),
+        "differ_from_before_the_blow": (
+            None if reference is None else sum(r.text != t for r, t in zip(results, reference, strict=True))
+        ),
         "longest_pause_s_p99": round(p99, 3),
         "longest_pause_s_max": round(gaps[-1], 3) if gaps else 0.0,
     }

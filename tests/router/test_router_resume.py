@@ -157,9 +157,21 @@ def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_pa
                     drained.append(s.unit)
                     _leader_of(units, s.unit).leader.sigterm()
 
+            async def plain() -> dict:
+                # Whichever unit serves it, it comes back whole: one that drains answers 503 at its
+                # next token and the router retries it whole on the other unit.
+                body = {k: v for k, v in _body().items() if k not in ("stream", "stream_options")}
+                async with aiohttp.ClientSession() as s, s.post(router.url + "/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    return await r.json()
+
+            plain_task = asyncio.create_task(plain())
             got = await stream(router.url, _body(), on_event=drain_mid_way)
             # The drained member exits once it handed its stream over (bounded wait, not a timing claim).
             exit_codes.append(await asyncio.to_thread(_leader_of(units, drained[0]).leader.wait, 120))
+            whole = await plain_task
+            assert whole["choices"][0]["text"] == want  # a non-streamed answer is retried whole elsewhere
+            assert whole["usage"]["completion_tokens"] == MAX_TOKENS
             return got, drained[0], exit_codes[0]
 
         got, drained, code = asyncio.run(asyncio.wait_for(scenario(), 300))
@@ -167,7 +179,7 @@ def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_pa
         assert code == 0
         gone = _leader_of(units, drained)
         handed = [r for r in gone.leader.log_events("request") if r.get("error_kind") == "unavailable"]
-        assert len(handed) == 1 and handed[0]["completion_tokens"] < MAX_TOKENS, handed
+        assert handed and all(r["completion_tokens"] < MAX_TOKENS for r in handed), handed
         other = next(u for u in units if u.name != drained)
         assert len(_continued(other)) == 1
     finally:
@@ -274,3 +286,31 @@ def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
         router.stop()
         for u in units:
             u.stop()
+
+
+def test_a_leader_reports_tokens_only_when_asked_and_only_for_streams_it_can_move(tmp_path: Path):
+    unit = Unit(tmp_path, name="direct", world_size=1)
+    try:
+        unit.start()
+        unit.wait_ready(180)
+
+        async def raw(body: dict, headers: dict) -> bytes:
+            got = await stream(unit.leader.url, body, headers=headers)
+            assert got.done, got.errors
+            return got.raw
+
+        async def scenario() -> dict[str, bytes]:
+            asked = {contract.RESUME_HEADER: "1"}
+            return {
+                "asked": await raw(_body(max_tokens=8), asked),
+                "not asked": await raw(_body(max_tokens=8), {}),
+                "n=2": await raw(_body(max_tokens=8, n=2), asked),
+            }
+
+        seen = asyncio.run(asyncio.wait_for(scenario(), 120))
+        marker = contract.RESUME_COMMENT.encode()
+        assert seen["asked"].count(marker) == 1 + 8  # the opening, then one per token event
+        assert marker not in seen["not asked"]
+        assert marker not in seen["n=2"]  # two choices cannot move: nothing to report
+    finally:
+        unit.stop()

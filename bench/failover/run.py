@@ -272,11 +272,12 @@ async def scenario_drain(a, model_name: str) -> dict:
             timing["drain_s"] = None if gone is None else time.monotonic() - t0
 
         results = await load(fleet, model_name, a.streams, a.drain_tokens, blow)
+        drain_s = timing.get("drain_s")
         return {
             "scenario": f"drain with {a.drain_tokens}-token answers in flight",
             **summary(results, None),
             "moves": await fleet.moves(),
-            "drain_s": None if timing.get("drain_s") is None else round(timing["drain_s"], 2),
+            "drain_s": None if drain_s is None else round(drain_s, 2),
         }
     finally:
         fleet.stop()

@@ -265,3 +265,47 @@ def test_a_client_that_disconnects_cancels_its_request(shared_unit):
         timeout=20,
         what="the cancelled sequence to leave the batch",
     )
+
+
+def _cached_expected(history: list[list[int]], prompt: list[int], block: int = 16) -> int:
+    """From the token ids alone: the whole blocks of `prompt` some earlier prompt starts with,
+    leaving its last token to compute (docs/engine.md, Prefix caching)."""
+    best = 0
+    for before in history:
+        same = 0
+        while same < min(len(before), len(prompt)) and before[same] == prompt[same]:
+            same += 1
+        best = max(best, min(same, len(prompt) - 1) // block * block)
+    return best
+
+
+def test_usage_reports_the_prompt_tokens_served_from_the_prefix_cache_in_responses_and_the_usage_chunk(shared_unit):
+    from runtime.models.registry import resolve_model
+
+    tok = resolve_model("tiny").make_tokenizer()
+    system = {"role": "system", "content": "You help shoppers compare tents; answer in one line. " * 3}
+    turns = [
+        [system, {"role": "user", "content": "which tent for two?"}],
+        [system, {"role": "user", "content": "and for four people?"}],
+    ]
+    ids = [list(tok.apply_chat_template(m)) for m in turns]
+    cl = client(shared_unit)
+    first = cl.chat.completions.create(model="tiny", messages=turns[0], max_tokens=4, temperature=0)
+    second = cl.chat.completions.create(model="tiny", messages=turns[1], max_tokens=4, temperature=0)
+    chunks = list(
+        cl.chat.completions.create(
+            model="tiny",
+            messages=turns[1],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    want = [_cached_expected(ids[:i], p) for i, p in enumerate(ids)]
+    assert want[1] >= 3 * 16  # the system prompt alone fills several blocks
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == want[1]
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == len(ids[1])
+    assert usage.prompt_tokens_details.cached_tokens == _cached_expected(ids, ids[1])

@@ -540,6 +540,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         metrics.running.set(ld.running)
         metrics.max_running.set(ld.max_running)
         metrics.kv_cache_used.set(ld.kv_cache_used)
+        metrics.prefix_cache(ld.prefix_cache_queries, ld.prefix_cache_hits)
         metrics.ready.set(1 if sup.ready() else 0)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -167,6 +167,11 @@ class UnitSupervisor:
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
                 in_flight=self.in_flight if self.is_leader else 0,
+                prefix_cache_queries=int(ld.prefix_cache_queries),
+                prefix_cache_hits=int(ld.prefix_cache_hits),
+                prefix_cache_hit_rate=ld.prefix_cache_hits / ld.prefix_cache_queries
+                if ld.prefix_cache_queries
+                else 0.0,
             ),
             "members": members,
             "leader": leader,

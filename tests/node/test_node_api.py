@@ -309,3 +309,42 @@ def test_usage_reports_the_prompt_tokens_served_from_the_prefix_cache_in_respons
     usage = chunks[-1].usage
     assert usage.prompt_tokens == len(ids[1])
     assert usage.prompt_tokens_details.cached_tokens == _cached_expected(ids, ids[1])
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_the_ready_body_and_metrics_count_prefix_cache_queries_and_hits_in_prompt_tokens(shared_unit):
+    from runtime.models.registry import resolve_model
+
+    def counters():
+        _, body = shared_unit.leader.ready()
+        with urllib.request.urlopen(shared_unit.leader.url + contract.METRICS_PATH, timeout=5) as r:
+            text = r.read().decode()
+        load = body["load"]
+        return load, (
+            _metric(text, "flotilla_prefix_cache_queries_total"),
+            _metric(text, "flotilla_prefix_cache_hits_total"),
+        )
+
+    tok = resolve_model("tiny").make_tokenizer()
+    msgs = [
+        {"role": "system", "content": "Counters for the cache: " + "blocks " * 12},
+        {"role": "user", "content": "hi"},
+    ]
+    ids = list(tok.apply_chat_template(msgs))
+    before, _ = counters()
+    for _ in range(2):
+        client(shared_unit).chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    want_q = before["prefix_cache_queries"] + 2 * len(ids)
+    load = wait_for(
+        lambda: (ld := counters()[0])["prefix_cache_queries"] == want_q and ld,
+        timeout=10,
+        what="the engine's load report with both prompts counted",
+    )
+    hit = (len(ids) - 1) // 16 * 16  # the second ask reuses every whole block but the last token's
+    assert load["prefix_cache_hits"] == before["prefix_cache_hits"] + hit
+    assert load["prefix_cache_hit_rate"] == pytest.approx(load["prefix_cache_hits"] / load["prefix_cache_queries"])
+    load, scraped = counters()
+    assert scraped == (load["prefix_cache_queries"], load["prefix_cache_hits"])

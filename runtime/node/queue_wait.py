@@ -7,20 +7,26 @@ max_tokens, and when its tokens came. Continuous batching frees a slot when a se
 wait is found by playing the queue forward: each running sequence frees its slot after its expected
 remaining steps, each queued request then takes the earliest free slot and holds it for its expected
 length; the new request gets the slot after them. A step's time is measured (running sequences'
-token pace, else finished ones'); a request's expected length is max_tokens scaled by how much of
-max_tokens finished requests used. Prefill is not modelled (a small share of a long request).
+token pace, else finished ones'); a request's expected length is max_tokens scaled by the share of
+max_tokens that 9 in 10 recent finished requests stayed within: an estimate that errs long, so that a
+request let in rarely waits out the queue timeout after all (it would then be told late). Prefill
+is not modelled (a small share of a long request).
 bench/fleet/overload_sim.py runs this same class in the fleet model.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 
 import contract
 
-# How much one finished request moves the learned step time and length share (exponential average).
+# How much one finished request moves the learned step time (exponential average).
 _SMOOTHING = 0.2
+# The length share is this quantile of the last _SHARES_KEPT finished requests' shares of max_tokens.
+_SHARE_QUANTILE = 0.9
+_SHARES_KEPT = 200
 
 
 class _Held:
@@ -39,7 +45,8 @@ class QueueWait:
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}  # insertion order = arrival order = the engine's FIFO
         self.step_s: float | None = None  # learned from finished requests
-        self.length_share = 1.0  # learned: steps a finished request took / its max_tokens
+        self.length_share = 1.0  # learned: the share of max_tokens (steps) finished requests stayed within
+        self._shares: collections.deque[float] = collections.deque(maxlen=_SHARES_KEPT)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -67,7 +74,9 @@ class QueueWait:
         if n >= 2:
             pace = ((now if steps is not None else h.last) - h.first) / (n - 1)
             self.step_s = pace if self.step_s is None else self.step_s + _SMOOTHING * (pace - self.step_s)
-            self.length_share += _SMOOTHING * (min(1.0, n / h.max_steps) - self.length_share)
+            self._shares.append(min(1.0, n / h.max_steps))
+            ordered = sorted(self._shares)
+            self.length_share = ordered[min(len(ordered) - 1, int(len(ordered) * _SHARE_QUANTILE))]
 
     def _pace(self) -> float | None:
         """Seconds per decode step: the running sequences' pace now, else the learned one."""

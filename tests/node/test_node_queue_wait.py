@@ -58,12 +58,20 @@ def test_finished_requests_teach_the_pace_and_the_share_of_max_tokens_used():
         _run(q, f"r{i}", 100, first=100.0 * i, tokens=26, pace=0.2)
         q.finished(f"r{i}", 100.0 * i + 5.0)
     assert q.step_s == pytest.approx(0.2)
-    assert q.length_share == pytest.approx(0.26, abs=0.01)
+    assert q.length_share == pytest.approx(0.26)
     q.submitted("x", 100)
     q.token("x", 5000.0)  # runs alone in the one slot
-    # Expected length ceil(0.26 * 100) = 26 (27 while the learned share is still a little above 0.26),
-    # one step done: about 25 steps of 0.2 s left, far from the 99 that max_tokens alone would say.
-    assert q.expected_wait(slots=1, now=5000.0) == pytest.approx(25 * 0.2, abs=0.21)
+    # Expected length ceil(0.26 * 100) = 26, one step done: 25 steps of 0.2 s left, far from the 99
+    # that max_tokens alone would say.
+    assert q.expected_wait(slots=1, now=5000.0) == pytest.approx(25 * 0.2)
+
+
+def test_the_length_share_errs_long_the_one_nine_in_ten_requests_stayed_within():
+    q = QueueWait()
+    for i in range(100):  # shares 0.01 .. 1.00 of max_tokens 100
+        _run(q, f"r{i}", 100, first=1000.0 * i, tokens=i + 1, pace=0.1)
+        q.finished(f"r{i}", 1000.0 * i + 500.0)
+    assert q.length_share == pytest.approx(0.91)  # the 91st of 100 sorted shares, not the mean 0.5
 
 
 def test_retry_after_is_the_wait_in_whole_seconds_within_what_openai_clients_honour():

@@ -241,13 +241,15 @@ def test_a_full_unit_refuses_at_once_with_429_and_the_expected_wait_when_it_woul
             plain = await _complete(s, unit.url, short, {contract.REQUEST_ID_HEADER: "shed-plain"})
             streamed = await _complete(s, unit.url, {**short, "stream": True}, {contract.REQUEST_ID_HEADER: "shed-s"})
             queued = _load(unit)["queue_depth"]
+            async with s.get(unit.leader.url + contract.METRICS_PATH) as r:
+                metrics = await r.text()
             for r in holders:
                 r.close()
             await _until(unit, "the holders to leave", lambda ld: ld["running"] == 0)
             after = await _complete(s, unit.url, short)
-            return plain, streamed, queued, after
+            return plain, streamed, queued, metrics, after
 
-    plain, streamed, queued, (a_status, _, a_raw) = asyncio.run(scenario())
+    plain, streamed, queued, metrics, (a_status, _, a_raw) = asyncio.run(scenario())
     for status, headers, raw in (plain, streamed):  # the streamed one too: refused before its status line
         err = json.loads(raw)["error"]
         assert status == 429 and (err["type"], err["code"]) == ("rate_limit_error", contract.BUSY_CODE_SHED), raw
@@ -256,6 +258,9 @@ def test_a_full_unit_refuses_at_once_with_429_and_the_expected_wait_when_it_woul
     assert queued == 0  # refused before the engine's queue: nothing waits
     shed = [e for e in unit.leader.log_events("request") if e.get("error_kind") == "shed"]
     assert sorted(e["request_id"] for e in shed) == ["shed-plain", "shed-s"]
+    assert 'flotilla_request_errors_total{endpoint="/v1/completions",kind="shed"} 2.0' in metrics
+    wait = next(line for line in metrics.splitlines() if line.startswith("flotilla_expected_wait_seconds "))
+    assert float(wait.split()[1]) > 1  # what an operator sees: the wait past the queue timeout
     assert _served(a_status, a_raw), a_raw
 
 

@@ -151,6 +151,9 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             "in_flight",
             "wait_s",
             "queue_timeout_s",
+            "prefix_cache_queries",
+            "prefix_cache_hits",
+            "prefix_cache_hit_rate",
         }
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
 

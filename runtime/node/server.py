@@ -653,7 +653,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         try:
             while not shutting_down.is_set():
                 ld = sup.load()
-                signature = (sup.state, sup.ready(), sup.in_flight, ld.queue_depth, ld.running)
+                signature = (sup.state, sup.ready(), sup.stalled(), sup.in_flight, ld.queue_depth, ld.running)
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
                     body = sup.ready_body().to_dict()

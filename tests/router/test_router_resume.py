@@ -6,6 +6,7 @@ and none of the router's internal lines."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -93,6 +94,32 @@ def _check_whole(got: Stream, want: str) -> None:
     assert b"flotilla" not in got.raw  # the internal channel never reaches the client
 
 
+@contextlib.contextmanager
+def serving(units: list[Unit], router: RouterProcess):
+    """The units started and ready, the router routing to all of them; everything stopped after (a
+    member a test froze is let go first, or it would never stop)."""
+    try:
+        for u in units:
+            u.start()
+        for u in units:
+            u.wait_ready(180)
+
+        async def routing() -> None:
+            await router.start()
+            await router.wait_routable(len(units))
+
+        asyncio.run(asyncio.wait_for(routing(), 120))
+        yield
+    finally:
+        for u in units:
+            for m in u.members:
+                if m.running:
+                    m.sigcont()
+        router.stop()
+        for u in units:
+            u.stop()
+
+
 def _leader_of(units: list[Unit], name: str) -> Unit:
     return next(u for u in units if u.name == name)
 
@@ -105,14 +132,9 @@ def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(t
     want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
     units = _two_units(tmp_path)
     router = _router(tmp_path, units)
-    try:
-        for u in units:
-            u.start()
+    with serving(units, router):
 
         async def scenario() -> tuple[Stream, str]:
-            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
-            await router.start()
-            await router.wait_routable(2)
             killed: list[str] = []
 
             async def kill_mid_way(s: Stream) -> None:
@@ -130,10 +152,6 @@ def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(t
         assert len(moved) == 1 and 30 <= moved[0]["continued_from"] < MAX_TOKENS, moved
         metrics = asyncio.run(router.metrics())
         assert 'flotilla_router_retries_total{reason="move_stream_broken"} 1.0' in metrics
-    finally:
-        router.stop()
-        for u in units:
-            u.stop()
 
 
 def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_path: Path):
@@ -141,14 +159,9 @@ def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_pa
     # A drain timeout far longer than the answer: the drain must not wait for it.
     units = _two_units(tmp_path, FLOTILLA_DRAIN_TIMEOUT_S="300")
     router = _router(tmp_path, units)
-    try:
-        for u in units:
-            u.start()
+    with serving(units, router):
 
         async def scenario() -> tuple[Stream, str, int]:
-            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
-            await router.start()
-            await router.wait_routable(2)
             drained: list[str] = []
             exit_codes: list[int] = []
 
@@ -182,24 +195,15 @@ def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_pa
         assert handed and all(r["completion_tokens"] < MAX_TOKENS for r in handed), handed
         other = next(u for u in units if u.name != drained)
         assert len(_continued(other)) == 1
-    finally:
-        router.stop()
-        for u in units:
-            u.stop()
 
 
 def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(tmp_path: Path):
     want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
     units = [Unit(tmp_path, name=f"gray-{k}", world_size=2) for k in range(2)]
     router = _router(tmp_path, units, "--stream-stall", "2")
-    try:
-        for u in units:
-            u.start()
+    with serving(units, router):
 
         async def scenario() -> tuple[Stream, str]:
-            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
-            await router.start()
-            await router.wait_routable(2)
             stopped: list[str] = []
 
             async def stop_follower(s: Stream) -> None:
@@ -220,36 +224,23 @@ def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(t
         gray.members[1].sigcont()
         gray.wait_ready(timeout=180)  # it re-forms by the existing paths and serves again
         asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
-    finally:
-        for u in units:
-            for m in u.members:
-                if m.running:
-                    m.sigcont()
-        router.stop()
-        for u in units:
-            u.stop()
 
 
 def test_a_stream_that_spent_its_moves_ends_with_an_explicit_error(tmp_path: Path):
     want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
     units = _two_units(tmp_path)
     router = _router(tmp_path, units, "--max-moves", "1")
-    try:
-        for u in units:
-            u.start()
+    with serving(units, router):
 
         async def scenario() -> Stream:
-            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
-            await router.start()
-            await router.wait_routable(2)
             killed: list[str] = []
 
             async def kill_each_unit(s: Stream) -> None:
                 # First the unit serving the stream, then the one it moved to.
                 if len(s.events) in (20, 60) and len(killed) < 2:
-                    serving = next(u for u in units if u.name not in killed) if killed else _leader_of(units, s.unit)
-                    killed.append(serving.name)
-                    await asyncio.to_thread(serving.leader.sigkill)
+                    target = next(u for u in units if u.name not in killed) if killed else _leader_of(units, s.unit)
+                    killed.append(target.name)
+                    await asyncio.to_thread(target.leader.sigkill)
 
             return await stream(router.url, _body(), on_event=kill_each_unit)
 
@@ -257,24 +248,15 @@ def test_a_stream_that_spent_its_moves_ends_with_an_explicit_error(tmp_path: Pat
         assert not got.done and [e["code"] for e in got.errors] == ["moves_exhausted"]
         assert "error" in got.events[-1]
         assert want.startswith(got.text) and len(got.text) < len(want)  # a true prefix, nothing crossed
-    finally:
-        router.stop()
-        for u in units:
-            u.stop()
 
 
 def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
     want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
     units = _two_units(tmp_path)
     router = _router(tmp_path, units)
-    try:
-        for u in units:
-            u.start()
+    with serving(units, router):
 
         async def scenario() -> Stream:
-            await asyncio.gather(*(asyncio.to_thread(u.wait_ready, 180) for u in units))
-            await router.start()
-            await router.wait_routable(2)
             forged = {contract.CONTINUATION_FIELD: {"id": "cmpl-forged", "created": 1, "token_ids": [65] * 50}}
             headers = {contract.CONTINUATION_HEADER: "1", contract.RESUME_HEADER: "1"}
             return await stream(router.url, _body(**forged), headers=headers)
@@ -282,10 +264,6 @@ def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
         got = asyncio.run(asyncio.wait_for(scenario(), 300))
         _check_whole(got, want)  # the router dropped the headers: the field meant nothing
         assert got.events[0]["id"] != "cmpl-forged"
-    finally:
-        router.stop()
-        for u in units:
-            u.stop()
 
 
 def test_a_leader_reports_tokens_only_when_asked_and_only_for_streams_it_can_move(tmp_path: Path):

@@ -53,6 +53,12 @@ class Load(_Wire):
     # router sends nothing to a leader whose wait is past its timeout. 0.0 on followers.
     wait_s: float = 0.0
     queue_timeout_s: float = 0.0
+    # The engine's prefix cache since it started, in prompt tokens (vLLM's vllm:prefix_cache_queries
+    # and vllm:prefix_cache_hits): every admitted prompt token is queried, every token whose KV came
+    # from the cache is a hit. hit_rate = hits / queries (0 before any query).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
 
 class MemberReport(_Wire):

@@ -338,9 +338,11 @@ class LeaderApi:
         arrival: float,
         prompt_tokens: int,
     ) -> web.Response:
-        n, first_token = 0, None
+        n, first_token, cached = 0, None, 0
         collected = req.collector()
         async for ev in events:
+            if ev["op"] == "done":
+                cached = int(ev.get("cached_tokens", 0))
             if ev["op"] == "token":
                 if first_token is None:
                     first_token = time.time()
@@ -357,7 +359,9 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens)
+        body = req.response(
+            rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens, cached_tokens=cached
+        )
         return web.json_response(body.model_dump(), headers=headers)
 
     async def _stream(
@@ -432,7 +436,12 @@ class LeaderApi:
             return resp
         try:
             if req.include_usage:
-                await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n))
+                cached = int(ev.get("cached_tokens", 0))  # ev: the engine's `done`
+                await send(
+                    req.usage_chunk(
+                        rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n, cached_tokens=cached
+                    )
+                )
             await write(b"data: [DONE]\n\n", last=True)
         except ConnectionError:
             pass
@@ -559,6 +568,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         metrics.max_running.set(ld.max_running)
         metrics.kv_cache_used.set(ld.kv_cache_used)
         metrics.expected_wait.set(sup.reported_wait() if sup.is_leader else 0.0)
+        metrics.prefix_cache(ld.prefix_cache_queries, ld.prefix_cache_hits)
         metrics.ready.set(1 if sup.ready() else 0)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

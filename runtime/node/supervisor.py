@@ -186,6 +186,11 @@ class UnitSupervisor:
                 in_flight=self.in_flight if self.is_leader else 0,
                 wait_s=self.reported_wait() if self.is_leader else 0.0,
                 queue_timeout_s=self.s.queue_timeout_s if self.is_leader else 0.0,
+                prefix_cache_queries=int(ld.prefix_cache_queries),
+                prefix_cache_hits=int(ld.prefix_cache_hits),
+                prefix_cache_hit_rate=ld.prefix_cache_hits / ld.prefix_cache_queries
+                if ld.prefix_cache_queries
+                else 0.0,
             ),
             "members": members,
             "leader": leader,

@@ -292,7 +292,11 @@ class RouterSettings(BaseModel):
     api_keys_ttl_s: Annotated[
         float,
         within(1, 3600),
-        Option("--api-keys-ttl", "seconds between reads of the keys: a revoked key stops working within this"),
+        Option(
+            "--api-keys-ttl",
+            "seconds between reads of the keys: a revoked key stops working within this",
+            env=contract.ENV_API_KEYS_TTL,
+        ),
     ] = 30.0
     limit_routers: Annotated[
         int,

@@ -155,6 +155,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--admission-parameter": contract.ENV_ADMISSION_PARAMETER,
         "--api-keys-secret": contract.ENV_API_KEYS_SECRET,
         "--api-key": contract.ENV_API_KEY,
+        "--api-keys-ttl": contract.ENV_API_KEYS_TTL,
         "--limit-routers": contract.ENV_LIMIT_ROUTERS,
     }
     for flag, help_text in flags.items():

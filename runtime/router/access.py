@@ -250,9 +250,17 @@ class AccessControl:
         max_outstanding, max_queue = s.max_outstanding_per_unit, s.max_queue_depth
         if fleet.admission is not None:
             max_outstanding, max_queue = fleet.admission.caps(max_outstanding, max_queue)
-        out_cap, queue_cap = max_outstanding * self.batch_headroom, max_queue * self.batch_headroom
+        h = self.batch_headroom
+        out_cap, queue_cap = max_outstanding * h, max_queue * h
+
+        def room(u) -> bool:
+            # ... and, where the unit reports its expected wait, below that share of its queue timeout
+            # (a unit past the whole of it is full: runtime/router/overload.py)
+            waiting = u.queue_timeout_s > 0 and u.wait_s >= u.queue_timeout_s * h
+            return u.outstanding < out_cap and u.queue_depth < queue_cap and not waiting
+
         routable = [u for u in fleet.units.values() if u.routable]
-        return not routable or any(u.outstanding < out_cap and u.queue_depth < queue_cap for u in routable)
+        return not routable or any(room(u) for u in routable)
 
     def _count(self, kid: str, outcome: str) -> None:
         if self._outcomes is not None:

@@ -181,6 +181,27 @@ def test_batch_keys_are_shed_first_when_units_near_their_caps_while_interactive_
     assert busy_live[0] == 200
 
 
+def test_batch_keys_are_shed_when_the_units_reported_wait_nears_their_queue_timeout():
+    batch_id, batch_key, batch = issue("nightly", priority="batch")
+    live_id, live_key, live = issue("assistant")
+
+    async def scenario():
+        a = await StandInUnit(name="a").start()
+        a.queue_timeout_s = 20.0
+        access = AccessControl(read=Secret(KeySet({batch_id: batch, live_id: live})).read)
+        async with router_over([a], access=access) as router, aiohttp.ClientSession() as s:
+            a.wait_s = 16.0  # 80 % of the queue timeout: past the batch headroom (75 %), not full
+            await wait_for(lambda: router.fleet.units[a.url].wait_s == 16.0)
+            busy_batch = await post(s, router, headers=bearer(batch_key))
+            busy_live = await post(s, router, headers=bearer(live_key))
+        await a.stop()
+        return busy_batch, busy_live
+
+    busy_batch, busy_live = run(scenario())
+    assert busy_batch[0] == 429 and json.loads(busy_batch[2])["error"]["code"] == "batch_shed"
+    assert busy_live[0] == 200
+
+
 def test_a_revoked_key_stops_working_within_the_ttl_and_a_new_key_starts():
     kid, key, entry = issue("old")
     new_id, new_key_, new_entry = issue("new")

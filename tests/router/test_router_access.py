@@ -262,3 +262,28 @@ def test_a_malformed_key_set_is_refused_with_the_field_and_the_fix(doc, fragment
     with pytest.raises(KeySetError) as err:
         KeySet.loads(doc)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_settings_pick_the_key_source_and_a_keys_file_is_read_like_the_secret(tmp_path):
+    from runtime.router.access import make_access
+    from runtime.router.settings import RouterSettings
+
+    kid, key, entry = issue("from-a-file")
+    path = tmp_path / "keys.json"
+    base = {"units": ("http://127.0.0.1:1",)}
+    assert make_access(RouterSettings(**base)) is None  # nothing configured: open, as local mode without a key
+    access = make_access(RouterSettings(**base, api_keys_file=str(path), limit_routers=3))
+
+    async def scenario():
+        await access.refresh()
+        before = access.authenticate(f"Bearer {key}")  # no file yet: no key works
+        path.write_text(KeySet({kid: entry}).dumps())
+        await access.refresh()
+        return before, access.authenticate(f"Bearer {key}")
+
+    before, after = run(scenario())
+    assert before == "invalid" and after == (kid, entry)
+    assert access.limits.routers == 3
+    local = make_access(RouterSettings(**base, api_key="s3cret"))
+    assert local.authenticate("Bearer s3cret")[0] == "local" and local.authenticate("Bearer other") == "invalid"
+    assert local.authenticate("Basic s3cret") == "missing"

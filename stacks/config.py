@@ -308,6 +308,7 @@ class CapacityConfig(_Section):
 SCHEMES = ("internal", "internet-facing")
 _CIDR_RE = re.compile(r"^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)/(3[0-2]|[12]?\d)$")
 _PREFIX_LIST_RE = re.compile(r"^pl-[0-9a-f]{8,17}$")
+_PRINCIPAL_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(root|role/[\w+=,.@/-]+|user/[\w+=,.@/-]+)$")
 # AWS WAF rate-based rule: Limit from 10 to 2,000,000,000 requests per evaluation window
 # (RateBasedStatement, AWS WAF API reference).
 WAF_RATE_LIMIT_RANGE = (10, 2_000_000_000)
@@ -337,6 +338,12 @@ class FrontConfig(_Section):
         tuple[Annotated[str, matches(_PREFIX_LIST_RE, "managed prefix list ids like pl-0123456789abcdef0")], ...],
         BeforeValidator(_list_of("managed prefix list ids like [pl-0123456789abcdef0]")),
     ] = ()
+    # An endpoint service (PrivateLink) for consumers in other VPCs or accounts: the IAM principals
+    # allowed to create endpoints to it (each connection still needs acceptance). Internal only.
+    privatelink_principals: Annotated[
+        tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
+        BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
+    ] = ()
     # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
     waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
     # Routers require an API key (flotilla keys); off only for a deployment nobody else can reach.
@@ -351,6 +358,12 @@ class FrontConfig(_Section):
                 self.scheme,
                 "internet-facing needs front.client_cidrs or front.client_prefix_lists (the clients the ALB "
                 "admits; there is no 0.0.0.0/0 default), or use internal",
+            )
+        if self.scheme == "internet-facing" and self.privatelink_principals:
+            raise ConfigError(
+                "front.privatelink_principals",
+                list(self.privatelink_principals),
+                "only with front.scheme internal (PrivateLink consumers reach the internal ALB privately)",
             )
         return self
 

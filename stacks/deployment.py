@@ -113,6 +113,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         live_target_group=router.live_target_group,
         internet_facing=config.front.scheme == "internet-facing",
         waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+        privatelink_principals=config.front.privatelink_principals,
         **common("Front"),
     )
     front = deployment.front

@@ -8,9 +8,12 @@ needs the alarms at construction (aws/aws-cdk#36308).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_elasticloadbalancingv2_targets as elb_targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_wafv2 as wafv2
@@ -23,6 +26,7 @@ from stacks.config import LIVE_TARGET_GROUPS
 # The ALB security group (Discovery) admits exactly these client ports.
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
+from stacks.network import VPC_CIDR
 
 # Without a certificate the redirect listener waits here, a port the ALB security group does not
 # admit, so that adding or removing certificate_arn moves listeners between ports in place (see
@@ -52,6 +56,7 @@ class FrontStack(cdk.Stack):
         live_target_group: str = "blue",
         internet_facing: bool = False,
         waf_requests_per_5_min: int = 3000,
+        privatelink_principals: Sequence[str] = (),
         health_check_interval: cdk.Duration = cdk.Duration.seconds(10),
         health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
         healthy_threshold: int = 2,
@@ -181,6 +186,7 @@ class FrontStack(cdk.Stack):
 
         self.production_rule = rule("ProductionRule", self.production_listener)
         self.test_rule = rule("TestRule", self.test_listener)
+        self.endpoint_service = self._privatelink(vpc, privatelink_principals) if privatelink_principals else None
 
         scheme = "https" if self.https else "http"
         cdk.CfnOutput(self, "Url", value=f"{scheme}://{self.load_balancer.load_balancer_dns_name}")
@@ -195,6 +201,62 @@ class FrontStack(cdk.Stack):
             "This bucket receives the ALB's access logs; logging its own accesses to itself would "
             "recurse and to another bucket would only move the finding.",
         )
+
+    def _privatelink(self, vpc: ec2.IVpc, principals: Sequence[str]) -> ec2.VpcEndpointService:
+        """An endpoint service for consumers in other VPCs or accounts: an internal NLB whose TCP
+        listener forwards to the ALB's production listener (an `alb` target group), offered to the
+        named principals, each connection accepted by the operator."""
+        port = HTTPS_PORT if self.https else HTTP_PORT
+        nlb_sg = ec2.SecurityGroup(
+            self, "PrivateLinkSg", vpc=vpc, allow_all_outbound=False, description="flotilla PrivateLink NLB: to the ALB"
+        )
+        # The NLB's own addresses are in the VPC, which the internal ALB admits (Discovery).
+        nlb_sg.add_egress_rule(ec2.Peer.ipv4(VPC_CIDR), ec2.Port.tcp(port), "NLB to the ALB's client port")
+        nlb = elbv2.NetworkLoadBalancer(
+            self,
+            "PrivateLinkNlb",
+            vpc=vpc,
+            internet_facing=False,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            security_groups=[nlb_sg],
+            cross_zone_enabled=True,
+            # Endpoint traffic is admitted by the service's allowed principals and acceptance, not by
+            # address: an NLB applies its inbound rules to PrivateLink traffic unless this is off
+            # (EnforceSecurityGroupInboundRulesOnPrivateLinkTraffic, ELBv2 API reference).
+            enforce_security_group_inbound_rules_on_private_link_traffic=False,
+        )
+        listener = nlb.add_listener("PrivateLink", port=port, protocol=elbv2.Protocol.TCP)
+        listener.add_targets(
+            "Alb",
+            port=port,
+            targets=[elb_targets.AlbListenerTarget(self.production_listener)],
+            health_check=elbv2.HealthCheck(
+                protocol=elbv2.Protocol.HTTPS if self.https else elbv2.Protocol.HTTP,
+                path=contract.ROUTER_HEALTH_PATH,
+            ),
+        )
+        service = ec2.VpcEndpointService(
+            self,
+            "EndpointService",
+            vpc_endpoint_service_load_balancers=[nlb],
+            acceptance_required=True,
+            allowed_principals=[iam.ArnPrincipal(p) for p in principals],
+        )
+        cdk.CfnOutput(
+            self,
+            "EndpointServiceName",
+            value=f"com.amazonaws.vpce.{self.region}.{service.vpc_endpoint_service_id}",
+        )
+        nlb_resource = nlb.node.default_child
+        assert nlb_resource is not None  # the AWS::ElasticLoadBalancingV2::LoadBalancer under the construct
+        acknowledge(
+            nlb_resource,
+            "ELB2",
+            "Network Load Balancer access logs record TLS listeners only (ELB user guide, access logs for "
+            "your Network Load Balancer); this TCP listener passes every request to the ALB, whose access "
+            "logs record each one.",
+        )
+        return service
 
     def _web_acl(self, requests_per_5_min: int) -> wafv2.CfnWebACL:
         """AWS WAF in front of an internet-facing ALB: a per-client-IP rate limit, then AWS managed

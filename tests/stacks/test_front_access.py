@@ -135,3 +135,86 @@ def test_the_test_listener_admits_only_the_vpc_when_internal(default_synth):
     ]
     test_port = [r for r in alb_sg["Properties"]["SecurityGroupIngress"] if r["FromPort"] == contract.ROUTER_TEST_PORT]
     assert [(r["CidrIp"], r["ToPort"]) for r in test_port] == [(VPC_CIDR, contract.ROUTER_TEST_PORT)]
+
+
+PRINCIPAL = "arn:aws:iam::210987654321:root"
+
+
+@pytest.fixture(scope="module")
+def privatelink(tmp_path_factory):
+    from cdk_nag import AwsSolutionsChecks
+
+    synth = synthesize(
+        config_with(front={"privatelink_principals": [PRINCIPAL]}),
+        tmp_path_factory.mktemp("cdk-privatelink"),
+        plugins=[AwsSolutionsChecks()],
+    )
+    report = json.loads((synth.outdir / "validation-report.json").read_text())
+    (plugin,) = [p for p in report["pluginReports"] if p["pluginName"] == "AwsSolutions"]
+    return synth, plugin
+
+
+def test_privatelink_offers_the_internal_alb_through_an_nlb_to_the_named_principals_with_acceptance(privatelink):
+    synth, plugin = privatelink
+    assert plugin["violations"] == []
+    acknowledged = {
+        (f["ruleName"], c["constructPath"])
+        for f in plugin["suppressedViolations"]
+        for c in f["violatingConstructs"]
+        if "PrivateLink" in c["constructPath"] or "EndpointService" in c["constructPath"]
+    }
+    assert acknowledged == {("AwsSolutions-ELB2", "Front/PrivateLinkNlb/Resource")}
+    from test_cfn_lint import assert_lints_clean
+
+    assert_lints_clean("Front", synth.templates["Front"])
+    front = synth.templates["Front"]["Resources"]
+
+    def only(type_: str) -> tuple[str, dict]:
+        (item,) = [(k, v["Properties"]) for k, v in front.items() if v["Type"] == type_]
+        return item
+
+    lbs = {k: v["Properties"] for k, v in front.items() if v["Type"] == "AWS::ElasticLoadBalancingV2::LoadBalancer"}
+    nlb_id = next(k for k in lbs if k.startswith("PrivateLinkNlb"))
+    alb_id = next(k for k in lbs if k.startswith("Alb"))
+    assert lbs[nlb_id]["Type"] == "network" and lbs[nlb_id]["Scheme"] == "internal"
+    attributes = {a["Key"]: a["Value"] for a in lbs[nlb_id]["LoadBalancerAttributes"]}
+    assert attributes["load_balancing.cross_zone.enabled"] == "true"
+    assert lbs[nlb_id]["EnforceSecurityGroupInboundRulesOnPrivateLinkTraffic"] == "off"
+    # TCP 80 (no certificate) on to the ALB's production listener, an `alb` target group.
+    nlb_listeners = [
+        v["Properties"]
+        for v in front.values()
+        if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"
+        and v["Properties"]["LoadBalancerArn"] == {"Ref": nlb_id}
+    ]
+    assert [(li["Port"], li["Protocol"]) for li in nlb_listeners] == [(80, "TCP")]
+    groups = [v["Properties"] for v in front.values() if v["Type"] == "AWS::ElasticLoadBalancingV2::TargetGroup"]
+    (alb_group,) = [g for g in groups if g.get("TargetType") == "alb"]
+    assert alb_group["Port"] == 80 and alb_group["Protocol"] == "TCP"
+    assert alb_group["Targets"] == [{"Id": {"Ref": alb_id}, "Port": 80}]
+    assert alb_group["HealthCheckPath"] == contract.ROUTER_HEALTH_PATH
+    _, service = only("AWS::EC2::VPCEndpointService")
+    assert service["AcceptanceRequired"] is True
+    assert service["NetworkLoadBalancerArns"] == [{"Ref": nlb_id}]
+    _, permissions = only("AWS::EC2::VPCEndpointServicePermissions")
+    assert permissions["AllowedPrincipals"] == [PRINCIPAL]
+    # The NLB's group only sends to the ALB's client port inside the VPC.
+    nlb_sg = [
+        v["Properties"]
+        for k, v in front.items()
+        if v["Type"] == "AWS::EC2::SecurityGroup" and k.startswith("PrivateLinkSg")
+    ]
+    assert [(r["CidrIp"], r["FromPort"]) for r in nlb_sg[0]["SecurityGroupEgress"]] == [(VPC_CIDR, 80)]
+    assert nlb_sg[0].get("SecurityGroupIngress", []) == []
+
+
+def test_privatelink_with_an_internet_facing_alb_is_refused():
+    with pytest.raises(ConfigError) as err:
+        config_with(
+            front={
+                "scheme": "internet-facing",
+                "client_cidrs": ["203.0.113.0/24"],
+                "privatelink_principals": [PRINCIPAL],
+            }
+        )
+    assert err.value.key == "front.privatelink_principals" and "only with front.scheme internal" in str(err.value)

@@ -266,6 +266,12 @@ class Unit:
             if m.running:
                 m.sigterm()
 
+    def thaw(self) -> None:
+        """SIGCONT every running member: one a test froze (sigstop) would never stop otherwise."""
+        for m in self.members:
+            if m.running:
+                m.sigcont()
+
     def exited(self) -> bool:
         return not any(m.running for m in self.members)
 

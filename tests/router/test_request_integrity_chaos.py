@@ -387,9 +387,7 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
             wait_for(lambda u=u: _holds_nothing(u), timeout=30, what=f"{u.name} to hold no request")
     finally:
         for u in units:  # a member left frozen (the test failed mid-blow) would never stop
-            for m in u.members:
-                if m.running:
-                    m.sigcont()
+            u.thaw()
         router.stop()
         for u in units:
             u.stop()

@@ -112,9 +112,7 @@ def serving(units: list[Unit], router: RouterProcess):
         yield
     finally:
         for u in units:
-            for m in u.members:
-                if m.running:
-                    m.sigcont()
+            u.thaw()
         router.stop()
         for u in units:
             u.stop()

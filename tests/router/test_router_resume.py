@@ -126,13 +126,16 @@ def _continued(unit: Unit) -> list[dict]:
     return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
 
 
-def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(tmp_path: Path):
-    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
+def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(tmp_path: Path, sampling):
     units = _two_units(tmp_path)
     router = _router(tmp_path, units)
     with serving(units, router):
 
-        async def scenario() -> tuple[Stream, str]:
+        async def scenario() -> tuple[Stream, Stream, str]:
+            # The same request once without a failure: greedy, the unsplit model's answer (checked
+            # against the engine alone below); seeded, what the seed draws.
+            whole = await stream(router.url, _body(**sampling))
             killed: list[str] = []
 
             async def kill_mid_way(s: Stream) -> None:
@@ -140,10 +143,12 @@ def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(t
                     killed.append(s.unit)
                     await asyncio.to_thread(_leader_of(units, s.unit).leader.sigkill)
 
-            got = await stream(router.url, _body(), on_event=kill_mid_way)
-            return got, killed[0]
+            got = await stream(router.url, _body(**sampling), on_event=kill_mid_way)
+            return whole, got, killed[0]
 
-        got, killed = asyncio.run(asyncio.wait_for(scenario(), 300))
+        whole, got, killed = asyncio.run(asyncio.wait_for(scenario(), 300))
+        want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0] if not sampling else whole.text
+        assert whole.text == want
         _check_whole(got, want)
         other = next(u for u in units if u.name != killed)
         moved = _continued(other)

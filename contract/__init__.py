@@ -62,6 +62,33 @@ ENV_POLL_INTERVAL = "FLOTILLA_POLL_INTERVAL_S"
 ENV_ADMISSION_PARAMETER = "FLOTILLA_ADMISSION_PARAMETER"  # router: SSM parameter of the admission limit
 ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"  # model conversion / download cache
 
+# --- Choices both the deployment config and the node settings offer -----------------------------
+ENGINES = ("reference", "echo", "neuron")  # FLOTILLA_ENGINE: torch on CPU, a test engine, Trainium
+STRATEGIES = ("pipeline", "tensor")  # how a phase (prefill, decode) splits the model over a unit
+AUTO_STRATEGY = "auto"  # the reference engine times both strategies at formation and keeps the faster
+STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)  # FLOTILLA_PREFILL_STRATEGY / FLOTILLA_DECODE_STRATEGY
+
+# --- Names of cells and units --------------------------------------------------------------------
+# A cell's id names its stack's tags, its Cloud Map service and its ECS cluster; a unit's id is
+# FLOTILLA_UNIT_ID. Parsed back by the operations CLI, so both forms are declared here only.
+CELL_ID_PATTERN = r"cell(\d+)"
+UNIT_ID_PATTERN = CELL_ID_PATTERN + r"-unit(\d+)"
+
+
+def cell_id(cell: int) -> str:
+    return f"cell{cell}"
+
+
+def unit_id(cell: int, index: int) -> str:
+    return f"{cell_id(cell)}-unit{index}"
+
+
+# --- Router discovery ----------------------------------------------------------------------------
+# Seconds between the router's discovery passes: a units file is cheap to re-read; a Cloud Map
+# pass is a DiscoverInstancesRevision call per cell, which the deployment's quota check counts.
+STATIC_DISCOVERY_INTERVAL_S = 2.0
+CLOUDMAP_DISCOVERY_INTERVAL_S = 5.0
+
 # --- Image commands ------------------------------------------------------------------------------
 NODE_COMMAND = ["node"]
 ROUTER_COMMAND = ["router"]

@@ -33,10 +33,9 @@ from runtime.engines.neuron.launch import (
     NeuronOptions,
 )
 
-ENGINES = ("reference", "echo", "neuron")
+ENGINES = contract.ENGINES
 RENDEZVOUS = ("static", "ecs")
-# runtime.engines.layout.STRATEGIES (that module imports torch), or auto: measured at formation
-STRATEGIES = ("auto", "pipeline", "tensor")
+STRATEGIES = contract.STRATEGY_CHOICES  # auto: measured at formation
 BUILTIN_MODELS = ("tiny", "smollm2")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "node.md"
 DOCS_BEGIN = (

@@ -78,6 +78,33 @@ ENV_API_KEYS_TTL = "FLOTILLA_API_KEYS_TTL_S"  # router: seconds between reads of
 ENV_API_KEY = "FLOTILLA_API_KEY"  # router: the one key local mode accepts (`make local API_KEY=...`)
 ENV_LIMIT_ROUTERS = "FLOTILLA_LIMIT_ROUTERS"  # router: routers sharing each key's limits (each takes 1/n)
 
+# --- Choices both the deployment config and the node settings offer -----------------------------
+ENGINES = ("reference", "echo", "neuron")  # FLOTILLA_ENGINE: torch on CPU, a test engine, Trainium
+STRATEGIES = ("pipeline", "tensor")  # how a phase (prefill, decode) splits the model over a unit
+AUTO_STRATEGY = "auto"  # the reference engine times both strategies at formation and keeps the faster
+STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)  # FLOTILLA_PREFILL_STRATEGY / FLOTILLA_DECODE_STRATEGY
+
+# --- Names of cells and units --------------------------------------------------------------------
+# A cell's id names its stack's tags, its Cloud Map service and its ECS cluster; a unit's id is
+# FLOTILLA_UNIT_ID. Parsed back by the operations CLI, so both forms are declared here only.
+CELL_ID_PATTERN = r"cell(\d+)"
+UNIT_ID_PATTERN = CELL_ID_PATTERN + r"-unit(\d+)"
+
+
+def cell_id(cell: int) -> str:
+    return f"cell{cell}"
+
+
+def unit_id(cell: int, index: int) -> str:
+    return f"{cell_id(cell)}-unit{index}"
+
+
+# --- Router discovery ----------------------------------------------------------------------------
+# Seconds between the router's discovery passes: a units file is cheap to re-read; a Cloud Map
+# pass is a DiscoverInstancesRevision call per cell, which the deployment's quota check counts.
+STATIC_DISCOVERY_INTERVAL_S = 2.0
+CLOUDMAP_DISCOVERY_INTERVAL_S = 5.0
+
 # --- Image commands ------------------------------------------------------------------------------
 NODE_COMMAND = ["node"]
 ROUTER_COMMAND = ["router"]

@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
+import contract
 from contract import NEURON_SAMPLING_MODES
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
@@ -54,10 +55,9 @@ CLOUDMAP_INSTANCES_PER_SERVICE = 1000  # not adjustable; DiscoverInstances also 
 CLOUDMAP_INSTANCES_PER_NAMESPACE = 2000  # default, adjustable
 CLOUDMAP_DISCOVER_INSTANCES_PER_S = 1000  # DiscoverInstances, per account, steady rate; adjustable
 CLOUDMAP_DISCOVER_REVISION_PER_S = 3000  # DiscoverInstancesRevision, per account; adjustable
-# Seconds between the router's discovery passes with Cloud Map (runtime/router/settings.py,
-# discovery_interval_s): each pass asks every cell's service for its revision and reads again the
-# services that moved.
-ROUTER_DISCOVERY_INTERVAL_S = 5.0
+# Seconds between the router's discovery passes with Cloud Map: each pass asks every cell's service
+# for its revision and reads again the services that moved.
+ROUTER_DISCOVERY_INTERVAL_S = contract.CLOUDMAP_DISCOVERY_INTERVAL_S
 
 LOG_RETENTION_DAYS = (
     1,
@@ -94,8 +94,8 @@ MARKETS = ("on-demand", "capacity-block")
 # aws/aws-cdk#36584), so the config refuses the prefixes in any case.
 RESERVED_NAME_PREFIXES = ("aws", "ecs", "fargate")
 LIVE_TARGET_GROUPS = ("blue", "green")
-ENGINES = ("neuron", "reference", "echo")
-STRATEGIES = ("auto", "pipeline", "tensor")  # auto: the reference engine times both at formation
+ENGINES = contract.ENGINES
+STRATEGIES = contract.STRATEGY_CHOICES  # auto: the reference engine times both at formation
 ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
@@ -379,7 +379,7 @@ class UnitPlacement:
 
     @property
     def unit_id(self) -> str:
-        return f"cell{self.cell}-unit{self.index}"
+        return contract.unit_id(self.cell, self.index)
 
 
 class FlotillaConfig(_Section):

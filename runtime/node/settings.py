@@ -33,10 +33,9 @@ from runtime.engines.neuron.launch import (
     NeuronOptions,
 )
 
-ENGINES = ("reference", "echo", "neuron")
+ENGINES = contract.ENGINES
 RENDEZVOUS = ("static", "ecs")
-# runtime.engines.layout.STRATEGIES (that module imports torch), or auto: measured at formation
-STRATEGIES = ("auto", "pipeline", "tensor")
+STRATEGIES = contract.STRATEGY_CHOICES  # auto: measured at formation
 # How a full unit refuses (docs/node.md, "How a request ends"): at arrival from the expected wait, or only
 # once the queue timeout ran out (the estimate off, e.g. while diagnosing it).
 SHED_MODES = ("at-once", "queue-timeout")

@@ -36,6 +36,11 @@ class NodeMetrics:
         self.max_running = Gauge("flotilla_max_running_sequences", "batch slots", registry=r)
         self.kv_cache_used = Gauge("flotilla_kv_cache_used_ratio", "fraction of the KV-cache budget in use", registry=r)
         self.in_flight = Gauge("flotilla_in_flight_requests", "API requests being served", registry=r)
+        self.expected_wait = Gauge(
+            "flotilla_expected_wait_seconds",
+            "leader: the wait for a batch slot a request arriving now would have (past the queue timeout: 429)",
+            registry=r,
+        )
         self.ready = Gauge("flotilla_unit_ready", "1 when the unit is formed, warm and not draining", registry=r)
         self.reforms = Counter("flotilla_unit_reforms", "times the unit had to re-form", registry=r)
         # vLLM's names (vllm:prefix_cache_queries / vllm:prefix_cache_hits), in prompt tokens.

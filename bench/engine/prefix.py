@@ -29,6 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.measure import append_run  # noqa: E402
+
 TRACE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
 TRACE_BLOCK, BLOCK = 512, 16  # the trace's block, and the tokens each of its ids becomes here
 
@@ -131,9 +133,7 @@ def main() -> None:
     assert with_cache["queries"] == total and without["hits"] == 0
     print(json.dumps(row, indent=1))
     if not a.no_save:
-        out = REPO / "bench" / "results" / "prefix.json"
-        runs = json.loads(out.read_text()) if out.exists() else []
-        out.write_text(json.dumps(runs + [row], indent=1) + "\n")
+        append_run(REPO / "bench" / "results" / "prefix.json", row)
 
 
 if __name__ == "__main__":

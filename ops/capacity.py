@@ -243,10 +243,9 @@ class Plan:
             )
         return (
             f"does not fit one {self.instance.instance_type} ({self.skipped[0].split(': ', 1)[1]}); "
-            f"{self.nodes_per_unit} nodes: {need} if the weights shard over all {self.tp_degree} NeuronCores. "
-            f"Only {self.image.base_image} ({self.image.vllm}; AWS ended vLLM V0 support from Neuron 2.28) "
-            "runs a unit across nodes, and its example gives NxD Inference tp_degree = one node's cores: "
-            "whether that shards over the unit is settled only on hardware (docs/runbooks/trainium-smoke-test.md)"
+            f"{self.nodes_per_unit} nodes: {need} with the weights sharded over all {self.tp_degree} NeuronCores "
+            f"(NxD Inference tp_degree={self.tp_degree}, one start_rank_id per node); multi-node units run "
+            f"{self.image.base_image} ({self.image.vllm})"
         )
 
     @property

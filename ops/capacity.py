@@ -3,8 +3,8 @@ memory per NeuronCore, units needed, the Neuron image the unit runs, and the flo
 
 Every figure is a roofline bound (HBM bandwidth, peak FLOPS, EFA bandwidth; docs/hardware.md), so
 latencies are lower bounds and unit counts are minimums; `efficiency` derates them to measurements.
-A unit is one node whenever the model and its KV cache fit one; only then does it span nodes,
-which only the V0 fork image can run (contract/neuron.py).
+A unit is one node whenever the model and its KV cache fit one; only when they do not does it span
+nodes, running NxD Inference split over every node's NeuronCores (contract/neuron.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Needs no AWS access: it is arithmetic on the model's shape and the hardware figures in
 docs/hardware.md. Every latency it prints is a lower bound, every count a minimum. It says which
-Neuron image the unit runs (one node: the V1 plugin; more: the V0 fork) and why.
+Neuron image the unit runs (one node: the V1 plugin; more: NxD Inference under our leader/follower
+loop) and why.
 """
 
 from __future__ import annotations

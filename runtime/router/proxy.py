@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import contract
 from runtime import logs
 from runtime.router import unit_report
+from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
@@ -152,6 +153,15 @@ def error_response(
     return web.Response(status=status, headers=headers, body=json.dumps(body).encode(), content_type="application/json")
 
 
+def _busy_answer(raw: bytes) -> bool:
+    """The refusal's OpenAI error code says the unit is full (contract.BUSY_CODES)."""
+    try:
+        code = json.loads(raw)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return code in contract.BUSY_CODES
+
+
 def sse_error_event(message: str, *, code: str) -> bytes:
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -161,7 +171,12 @@ class Router:
     """The proxy: owns the fleet view, the metrics and the aiohttp server."""
 
     def __init__(
-        self, *, settings: RouterSettings, discovery: Discovery, admission: AdmissionControl | None = None
+        self,
+        *,
+        settings: RouterSettings,
+        discovery: Discovery,
+        admission: AdmissionControl | None = None,
+        access: AccessControl | None = None,
     ) -> None:
         self.settings = settings
         self.fleet = Fleet(settings=settings, discovery=discovery)
@@ -171,6 +186,9 @@ class Router:
         self.metrics = RouterMetrics(self.fleet)
         self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
         self.access_log = AccessLog()
+        self.access = access  # API keys and per-key limits, checked before a request reaches the proxy
+        if access is not None:
+            access.bind(fleet=self.fleet, settings=settings, registry=self.metrics.registry)
         self.healthy = True  # /health answer; False from the moment a drain starts
         self.refusing = False  # after the drain grace: new requests get 503 + close
         self.inflight = 0
@@ -182,7 +200,8 @@ class Router:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        middlewares = [self.access.middleware] if self.access is not None else []
+        app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=middlewares)
         app.router.add_get(contract.ROUTER_HEALTH_PATH, self.handle_health)
         app.router.add_get(contract.METRICS_PATH, self.handle_metrics)
         app.router.add_route("*", "/v1/{tail:.*}", self.handle_proxy)
@@ -191,6 +210,8 @@ class Router:
     async def start(self) -> None:
         if self.admission is not None:
             await self.admission.start()
+        if self.access is not None:
+            await self.access.start()
         await self.fleet.start()
         self._unit_report = asyncio.create_task(
             unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
@@ -247,6 +268,8 @@ class Router:
         await self.fleet.close()
         if self.admission is not None:
             await self.admission.close()
+        if self.access is not None:
+            await self.access.close()
         self.access_log.flush()
 
     # --- local endpoints ---------------------------------------------------------------------
@@ -339,6 +362,7 @@ class Router:
         rec = logs.record(
             "router_request",
             request_id=request_id,
+            key_id=request.get(KEY_ID),
             method=request.method,
             path=request.path,
             status=resp.status if resp is not None else 499,
@@ -404,7 +428,7 @@ class Router:
                 code="overloaded",
                 err_type="rate_limit_error",
                 request_id=request_id,
-                retry_after=self.settings.retry_after_s,
+                retry_after=self.fleet.retry_after_s(),
             )
         return error_response(
             503,
@@ -534,8 +558,15 @@ class Router:
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
     async def _refused(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str) -> None:
-        """A 503 (draining, not ready) or 429 (its own queue full) before the first byte: keep the
-        answer in case no other unit can take the request, and move on."""
+        """A 503 (draining, not ready) or 429 (full) before the first byte: keep the answer in case
+        no other unit can take the request, and move on.
+
+        Busy is not broken: a full unit stays in rotation, or one overload would eject unit after
+        unit from every router that saw a refusal and end as a fleet-wide outage. The ALB likewise
+        judges a target only by its health check, never by the answers it gives
+        (https://docs.aws.amazon.com/elasticloadbalancing/latest/application/target-group-health-checks.html).
+        Only a 503 that is not a busy answer (contract.BUSY_CODES: an older revision said
+        queue_timeout with 503) means the unit stopped serving; its next report says why."""
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s):
                 raw = await upstream.content.read(_REFUSAL_BODY_LIMIT)
@@ -544,8 +575,8 @@ class Router:
         finally:
             upstream.release()
         status = upstream.status
-        if status == 503:
-            unit.mark_unready("refused")  # draining or not ready: the next poll tells which
+        if status == 503 and not _busy_answer(raw):
+            unit.mark_unready("refused")  # draining or not ready: the next report tells which
         refusal_headers = {
             contract.REQUEST_ID_HEADER: request_id,
             "Retry-After": upstream.headers.get("Retry-After", str(self.settings.retry_after_s)),

@@ -153,7 +153,12 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
         body = json.load(r)
     assert body["choices"][0]["text"] == "[4][5]" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 2,
+        "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     # Our API checks the context length (FLOTILLA_NEURON_SEQ_LEN) before vLLM sees the request.
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 255})
@@ -217,6 +222,7 @@ def test_two_node_unit_serves_through_the_nxd_inference_loop_and_reforms_when_a_
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 3, "temperature": 0}) as r:
         body = json.load(r)
     assert body["usage"]["completion_tokens"] == len(want)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # no prefix cache across nodes yet
     assert body["choices"][0]["finish_reason"] == ("stop" if want[-1] == eos else "length")
     text = HFTokenizer(tmp_path / "published").decode([t for t in want if t != eos])
     assert body["choices"][0]["text"].split() == text.split()

@@ -1,7 +1,7 @@
 """The multi-node loop on the NxD Inference stand-in: 2 and 4 "nodes" (processes) on one machine.
 
 Split as NxD Inference's multi-node example splits (global tp_degree = nodes x local ranks), the unit's
-greedy output equals the unsplit model's; launched as the V0 fork's example launches (tp_degree = one
+greedy output equals the unsplit model's; launched as the old replicating launch did (tp_degree = one
 node's cores) every node loads a whole copy and runs out of device memory; a node that runs forward with
 other inputs fails the whole unit instead of hanging it.
 """
@@ -53,7 +53,7 @@ def test_a_unit_split_over_every_nodes_cores_generates_what_the_unsplit_model_do
 
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_the_replicating_launch_loads_a_whole_copy_per_node_and_does_not_fit(tmp_path, nodes):
-    # The V0 fork's example: tp_degree = one node's cores, world = nodes x cores. Global rank r holds
+    # The replicating launch: tp_degree = one node's cores, world = nodes x cores. Global rank r holds
     # partition r % tp_degree, so every node holds partitions 0..LOCAL_RANKS-1: the whole model.
     results = run_unit(_spec(tmp_path, nodes=nodes, tp_degree=LOCAL_RANKS))
 

@@ -139,10 +139,10 @@ CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
 CLOUDMAP_UNITS_SERVICE_PREFIX = "units-"
 
 # --- Neuron engine -----------------------------------------------------------------------------
-# Multi-node units use the fork's fixed port (aws-neuron/upstreaming-to-vllm@490ab20f
-# examples/neuron/multi_node/launch_script.py:12), outside UNIT_INTERNAL_PORT_RANGE: the unit security
-# group's self-referencing rule admits all traffic (EFA needs it), so it covers it; nothing outside
-# the unit may reach it.
+# Multi-node units use NxD Inference's documented port (aws-neuron/neuronx-distributed-inference@cd3abf30
+# examples/multi_node.md:109,132, NEURON_RT_ROOT_COMM_ID=<rank-0 host>:63423), outside
+# UNIT_INTERNAL_PORT_RANGE: the unit security group's self-referencing rule admits all traffic (EFA
+# needs it), so it covers it; nothing outside the unit may reach it.
 NEURON_RT_ROOT_COMM_PORT = 63423  # Neuron runtime collectives bootstrap on the leader
 NEURON_ENGINE_PORT = 8001  # the leader's vLLM server, bound to 127.0.0.1 only
 ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"  # set by Dockerfile.neuron; compile-cache key

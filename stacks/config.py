@@ -253,9 +253,10 @@ class NodeConfig(_Section):
     root_volume_gib: Annotated[int, between(64, 16384)] = 128
     instance_store: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
-    # neuron engine: "device" samples on the NeuronCores (temperature/top_p only); "cpu" runs vLLM's
-    # sampler on the host, which also serves logprobs, structured output, seeds and penalties.
-    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "device"
+    # neuron engine: "cpu" (default) runs vLLM's sampler on the host, each request with its own
+    # parameters, and also serves logprobs, structured output and penalties; "device" samples on the
+    # NeuronCores (temperature/top_p only), where the pinned plugin can mix up requests' parameters.
+    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "cpu"
 
 
 class RouterConfig(_Section):

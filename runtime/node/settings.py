@@ -183,11 +183,12 @@ class NeuronSettings(_Settings):
         le=65535,
     )
     sampling: str = setting(
-        "device",
+        "cpu",
         "--neuron-sampling",
         contract.ENV_NEURON_SAMPLING,
-        "where tokens are sampled: `device` (NxD Inference on-device sampling: temperature, top_p only) or "
-        "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, penalties)",
+        "where tokens are sampled: `cpu` (vLLM's sampler, each request with its own parameters: also logprobs, "
+        "response_format, forced tool calls, penalties) or `device` (NxD Inference on-device sampling: "
+        "temperature, top_p only; the pinned plugin can apply another request's parameters)",
         choices=contract.NEURON_SAMPLING_MODES,
     )
     launcher: str | None = setting(

@@ -36,6 +36,9 @@ FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token
 FINISH_HEADER = "X-Flotilla-Finish"  # unix seconds of the last token (non-streamed responses)
 UNIT_HEADER = "X-Flotilla-Unit"  # which unit served the request (set by the leader)
 REVISION_HEADER = "X-Flotilla-Revision"  # the serving unit's revision
+# A client's conversation id: the router keeps requests that carry the same one on one unit (its
+# cache), like the OpenAI `user` field; docs/routing.md.
+SESSION_HEADER = "X-Session-Id"
 
 # --- Environment variables (container settings) --------------------------------------------------
 ENV_ROLE = "FLOTILLA_ROLE"  # node | router (the image command also picks it)

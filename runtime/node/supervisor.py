@@ -79,6 +79,7 @@ class UnitSupervisor:
         self.draining = False
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
+        self.prefill_tokens = 0  # leader: prompt tokens of API requests accepted and not yet at their first token
         self.not_ready_since = time.monotonic()
         self.ready_since: float | None = None  # when the unit last became ready (None: not ready now)
         self.started = False  # the unit has been ready (for ready_settle_s) once in this process's life
@@ -167,6 +168,7 @@ class UnitSupervisor:
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
                 in_flight=self.in_flight if self.is_leader else 0,
+                prefill_tokens=self.prefill_tokens if self.is_leader else 0,
             ),
             "members": members,
             "leader": leader,

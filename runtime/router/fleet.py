@@ -42,17 +42,22 @@ _WATCH_HEAD_LIMIT = 16 * 1024
 # otherwise open 5,000 connections at once, time most of them out on its own CPU, and retry them
 # all a second later: a storm that never settles.
 _CONCURRENT_ASKS = 64
+# How often the fleet's mean requests per unit (the cache-aware policy's load bound) is recomputed.
+MEAN_LOAD_EVERY_S = 0.05
 
 
 class _RoutingIndex:
     """The routable units as a list the balancer samples from; rebuilt only after a unit's routability
     changed (load reports, which arrive thousands of times a second, do not touch it)."""
 
-    __slots__ = ("dirty", "units")
+    __slots__ = ("dirty", "mean_at", "mean_load", "ring", "units")
 
     def __init__(self) -> None:
         self.dirty = True
         self.units: list[Unit] = []
+        self.ring: balance.Ring[Unit] | None = None  # built at the first keyed pick after a change
+        self.mean_load = 0.0  # requests per routable unit, as last computed (for the load bound)
+        self.mean_at = -1e9
 
 
 class Unit:
@@ -70,8 +75,12 @@ class Unit:
         "running",
         "max_running",
         "kv_cache_used",
+        "prefill_tokens",
         "outstanding",
         "outstanding_at_report",
+        "sent_tokens",
+        "sent_tokens_at_report",
+        "_points",
         "reported_at",
         "_removed",
         "session",
@@ -99,8 +108,12 @@ class Unit:
         self.running = 0
         self.max_running = 0
         self.kv_cache_used = 0.0
+        self.prefill_tokens = -1  # reported: prompt tokens accepted, not yet at their first token; -1: not said
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
+        self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever
+        self.sent_tokens_at_report = 0  # the same when the last report arrived
+        self._points: tuple[str, list[int]] | None = None  # the unit's ring points, by the name they came from
         self.reported_at = 0.0  # time.monotonic() of the last report (watch line or poll)
         self._removed = False  # gone from discovery; closes once idle
         self.session: aiohttp.ClientSession | None = None  # for requests; leaders only
@@ -142,6 +155,22 @@ class Unit:
     def routable(self) -> bool:
         return self._ready and not self._removed
 
+    def ring_points(self) -> list[int]:
+        """Its points on the routers' hash ring, from the unit's id (the same in every router)."""
+        if self._points is None or self._points[0] != self.unit:
+            self._points = (self.unit, balance.ring_points(self.unit))
+        return self._points[1]
+
+    def take_load(self, load: dict) -> None:
+        """The load part of a ready body or watch line; the report is now the baseline of the
+        router's own sends since."""
+        self.in_flight = int(load.get("in_flight", -1))
+        self.queue_depth = int(load.get("queue_depth", 0))
+        self.running = int(load.get("running", 0))
+        self.max_running = int(load.get("max_running", 0))
+        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.prefill_tokens = int(load.get("prefill_tokens", -1))
+
     def mark_unready(self, state: str) -> None:
         if self._ready:
             log.warning("unit %s (%s) is no longer routable: %s", self.unit, self.url, state)
@@ -176,12 +205,7 @@ class Unit:
             self.ready = False
             self.state = "follower"
             return
-        load = body.get("load") or {}
-        self.in_flight = int(load.get("in_flight", -1))
-        self.queue_depth = int(load.get("queue_depth", 0))
-        self.running = int(load.get("running", 0))
-        self.max_running = int(load.get("max_running", 0))
-        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.take_load(body.get("load") or {})
         state = str(body.get("state", "unknown"))
         ready = status == 200 and bool(body.get("ready")) and state == "ready"
         if ready and not self._ready:
@@ -476,20 +500,17 @@ class Fleet:
         if not line.strip():
             unit.reported_at = time.monotonic()
             unit.outstanding_at_report = unit.outstanding
+            unit.sent_tokens_at_report = unit.sent_tokens
             return True
         try:
             body = json.loads(line)
             if not isinstance(body, dict):
                 raise ValueError("a watch line is not a JSON object")
             if "state" not in body:  # only the load changed: the rest of the last body holds
-                load = body["load"]
-                unit.in_flight = int(load.get("in_flight", -1))
-                unit.queue_depth = int(load.get("queue_depth", 0))
-                unit.running = int(load.get("running", 0))
-                unit.max_running = int(load.get("max_running", 0))
-                unit.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+                unit.take_load(body["load"])
                 unit.reported_at = time.monotonic()
                 unit.outstanding_at_report = unit.outstanding
+                unit.sent_tokens_at_report = unit.sent_tokens
                 return True
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             unit.mark_unready("bad_health_body")
@@ -526,6 +547,7 @@ class Fleet:
         unit.apply_report(status, body)
         unit.reported_at = time.monotonic()
         unit.outstanding_at_report = unit.outstanding
+        unit.sent_tokens_at_report = unit.sent_tokens
         if unit.cell:
             self.cells.add(unit.cell)
         if unit.role == "leader":
@@ -614,13 +636,26 @@ class Fleet:
         index = self._index
         if index.dirty:
             index.units = [u for u in self.units.values() if u.routable]
+            index.ring = None
+            index.mean_at = -1e9
             index.dirty = False
         return index.units
 
-    def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
-        """A routable, unsaturated leader by the power of d choices on estimated load
-        (runtime/router/balance.py); a full scan when sampling finds none, which also tells
-        "every unit saturated" (429) from "no unit routable" (503)."""
+    def _mean_load(self, units: list[Unit]) -> float:
+        """Requests per routable unit, recomputed at most every MEAN_LOAD_EVERY_S: a bound on the
+        fleet's mean moves slowly, and a sum over every unit per request would cost at 625 units."""
+        index = self._index
+        now = time.monotonic()
+        if now - index.mean_at >= MEAN_LOAD_EVERY_S:
+            index.mean_load = sum(balance.estimated_load(u) for u in units) / len(units)
+            index.mean_at = now
+        return index.mean_load
+
+    def pick(self, exclude: tuple[Unit, ...] = (), request: balance.RequestKey | None = None) -> Pick:
+        """A routable, unsaturated leader by the router's policy (runtime/router/balance.py,
+        docs/routing.md); `request` is what the proxy read of the request (without it: the fewest
+        requests of a sample). A full scan when sampling finds none, which also tells "every unit
+        saturated" (429) from "no unit routable" (503)."""
         units = self._routable()
         if not units:
             return Pick(None, "no_unit")
@@ -628,10 +663,30 @@ class Fleet:
         def usable(u: Unit) -> bool:
             return u not in exclude and u.routable and not self.saturated(u)
 
-        best = balance.sample_choices(units, usable, self._rng)
+        policy = self._settings.balance
+        if request is None or policy == "least_requests":
+            best = balance.sample_choices(units, usable, self._rng)
+        elif policy == "least_work":
+            best = balance.least_work(units, usable, self._rng, request.tokens)
+        else:
+            index = self._index
+            if index.ring is None:
+                index.ring = balance.Ring(units, Unit.ring_points)
+            best = balance.by_cache_and_work(
+                index.ring,
+                units,
+                usable,
+                self._rng,
+                key=request.key,
+                tokens=request.tokens,
+                cached=request.cached,
+                mean_load=self._mean_load(units),
+            )
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:
+            if request is not None:
+                best.sent_tokens += request.tokens
             return Pick(best, "ok")
         routable = any(u.routable and u not in exclude for u in units)
         return Pick(None, "saturated" if routable else "no_unit")

@@ -143,7 +143,14 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             2,
         )
         assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
-        assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used", "in_flight"}
+        assert set(body["load"]) == {
+            "queue_depth",
+            "running",
+            "max_running",
+            "kv_cache_used",
+            "in_flight",
+            "prefill_tokens",
+        }
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
 
 

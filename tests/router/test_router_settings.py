@@ -127,6 +127,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--discovery-interval",
         "--max-outstanding-per-unit",
         "--max-queue-depth",
+        "--balance",
         "--drain-grace",
         "--drain-timeout",
         "--first-byte-timeout",

@@ -46,6 +46,7 @@ class RouterStack(cdk.Stack):
         cloudmap_namespace_name: str,
         cloudmap_service_names: Sequence[str],
         admission_parameter_name: str,
+        balance: str = contract.ROUTER_BALANCE_POLICIES[0],
         min_tasks: int = 2,
         max_tasks: int = 10,
         cpu: int = 1024,
@@ -135,6 +136,7 @@ class RouterStack(cdk.Stack):
                 contract.ENV_CLOUDMAP_SERVICE: ",".join(cloudmap_service_names),
                 contract.ENV_DRAIN_TIMEOUT: str(drain_s),
                 contract.ENV_ADMISSION_PARAMETER: admission_parameter_name,
+                contract.ENV_BALANCE: balance,
             },
             port_mappings=[ecs.PortMapping(container_port=contract.ROUTER_PORT, protocol=ecs.Protocol.TCP)],
             health_check=ecs.HealthCheck(

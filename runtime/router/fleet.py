@@ -310,6 +310,9 @@ class Fleet:
         # What health costs: polls by the member's role at the time, watch lines received.
         self.polls = {"leader": 0, "follower": 0, "unknown": 0}
         self.watch_lines = 0
+        # Cache-aware picks by outcome, ever: to the key's own unit, elsewhere by work, without a key.
+        self.routes = {"preferred": 0, "by_work": 0, "unkeyed": 0}
+        self._routes_reported = (0, 0)  # (preferred, by_work) at the last routing EMF line
         interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
         self._watch_request = (
             f"GET {contract.NODE_WATCH_PATH}?interval={interval:g}&changes={changes:g} HTTP/1.0\r\n"
@@ -682,6 +685,11 @@ class Fleet:
                 cached=request.cached,
                 mean_load=self._mean_load(units),
             )
+            if request.key is None:
+                self.routes["unkeyed"] += 1
+            elif best is not None:
+                preferred = next(index.ring.walk(request.key), None)
+                self.routes["preferred" if best is preferred else "by_work"] += 1
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:
@@ -708,9 +716,24 @@ class Fleet:
                 per_cell[u.cell] = per_cell.get(u.cell, 0) + 1
         return per_cell, len(routable)
 
+    def routing_figures(self) -> tuple[float | None, float | None]:
+        """Since the last call: the share of keyed requests sent to their key's unit (None: none came);
+        now: the busiest routable unit's estimated requests as a percentage of the mean (None: idle)."""
+        preferred, by_work = self.routes["preferred"], self.routes["by_work"]
+        last_preferred, last_by_work = self._routes_reported
+        self._routes_reported = (preferred, by_work)
+        keyed = (preferred - last_preferred) + (by_work - last_by_work)
+        share = 100.0 * (preferred - last_preferred) / keyed if keyed else None
+        loads = [balance.estimated_load(u) for u in self._routable()]
+        mean = sum(loads) / len(loads) if loads else 0.0
+        return share, (100.0 * max(loads) / mean if mean > 0 else None)
+
     def write_ready_units(self) -> None:
         per_cell, fleet = self.ready_units()
-        emf.write_lines(emf.ready_units_lines(per_cell=per_cell, fleet=fleet))
+        lines = emf.ready_units_lines(per_cell=per_cell, fleet=fleet)
+        share, busiest = self.routing_figures()
+        routing = emf.routing_line(routed_to_preferred_pct=share, busiest_unit_load_pct=busiest)
+        emf.write_lines(lines + ([routing] if routing else []))
 
     async def _ready_units_loop(self) -> None:
         while True:

@@ -242,6 +242,7 @@ class RouterSettings(BaseModel):
             "how a unit is picked: cache_aware (the request's session or prompt prefix keeps it on one unit "
             "unless that unit is busier; docs/routing.md), least_work (the least estimated prefill of 4 "
             "sampled units) or least_requests (the fewest requests of 4 sampled units)",
+            env=contract.ENV_BALANCE,
         ),
     ] = "cache_aware"
     access_log: Annotated[

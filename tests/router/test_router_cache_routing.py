@@ -18,6 +18,7 @@ from router_testkit import base_url, router_over, run
 
 import contract
 from bench.fleet import trace_sim
+from runtime import emf
 from runtime.node.server import _Prefilling
 from runtime.router import balance
 from runtime.router.discovery import StaticDiscovery, UnitEndpoint
@@ -245,6 +246,26 @@ def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():
     assert balance.estimated_prefill(u) == 1400
     assert fleet.on_watch_line(u, b'{"load":{"prefill_tokens":300,"in_flight":2}}')
     assert (u.prefill_tokens, balance.estimated_prefill(u)) == (300, 300)
+
+
+def test_the_router_reports_how_many_keyed_requests_reached_their_unit_and_how_hot_the_busiest_is():
+    fleet = _fleet(4)
+    conv = balance.request_key(_chat("red shoes"))
+    for _ in range(3):
+        _pick_served(fleet, conv)
+    fleet.pick((), balance.RequestKey(key=None, tokens=10, source="none"))
+    assert fleet.routes == {"preferred": 3, "by_work": 0, "unkeyed": 1}
+    units = list(fleet.units.values())
+    for u, n in zip(units, (6, 2, 2, 2)):
+        u.in_flight, u.outstanding, u.outstanding_at_report = n, 0, 0
+    share, busiest = fleet.routing_figures()
+    assert share == 100.0 and busiest == 100.0 * 6 / 3
+    assert fleet.routing_figures()[0] is None  # nothing keyed since the last report
+    line = json.loads(emf.routing_line(routed_to_preferred_pct=share, busiest_unit_load_pct=busiest))
+    assert line[contract.METRIC_ROUTED_TO_PREFERRED] == 100.0 and line[contract.METRIC_BUSIEST_UNIT_LOAD] == 200.0
+    assert {"Name": contract.METRIC_BUSIEST_UNIT_LOAD, "Unit": "Percent"} in line["_aws"]["CloudWatchMetrics"][0][
+        "Metrics"
+    ]
 
 
 def test_the_policy_setting_is_checked_and_least_requests_ignores_work():

@@ -148,6 +148,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--poll-interval": contract.ENV_POLL_INTERVAL,
         "--drain-timeout": contract.ENV_DRAIN_TIMEOUT,
         "--admission-parameter": contract.ENV_ADMISSION_PARAMETER,
+        "--balance": contract.ENV_BALANCE,
     }
     for flag, help_text in flags.items():
         assert "(default: " in help_text, flag

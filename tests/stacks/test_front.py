@@ -109,6 +109,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
         contract.ENV_CLOUDMAP_SERVICE: "units-cell0,units-cell1",
         contract.ENV_DRAIN_TIMEOUT: "60",
         contract.ENV_ADMISSION_PARAMETER: ADMISSION_PARAMETER,
+        contract.ENV_BALANCE: "cache_aware",
     }
     assert container["PortMappings"] == [{"ContainerPort": contract.ROUTER_PORT, "Protocol": "tcp"}]
     check = container["HealthCheck"]

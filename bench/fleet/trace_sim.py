@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from bench.fleet.policy_sim import _History  # noqa: E402 - after the path to this checkout is known
+from bench.measure import append_run  # noqa: E402
 from runtime.router import balance  # noqa: E402
 
 TRACES = REPO.parent / "shared" / "traces"
@@ -409,11 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(
                 {"params": asdict(p), "scaling": scaling, "results": results, "seconds": time.monotonic() - started}
             )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    previous = json.loads(out.read_text()) if out.exists() else []
-    previous.append({"label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs})
-    out.write_text(json.dumps(previous, indent=1) + "\n")
+    append_run(
+        args.out, {"label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs}
+    )
     return 0
 
 

@@ -44,6 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402
 from bench.fleet.trace_sim import trace_path  # noqa: E402
+from bench.measure import append_run  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
@@ -316,10 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    previous = json.loads(out.read_text()) if out.exists() else []
-    previous.append(
+    append_run(
+        a.out,
         {
             "label": a.label,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -327,9 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             "scaling": scaling,
             "args": {k: v for k, v in vars(a).items() if k not in ("out",)},
             "results": results,
-        }
+        },
     )
-    out.write_text(json.dumps(previous, indent=1) + "\n")
     return 0
 
 

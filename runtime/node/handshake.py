@@ -52,6 +52,17 @@ class Load(_Wire):
     # the prefill ahead of a new request, on which routers estimate its time to first token
     # (docs/routing.md). Whole prompts: the part a unit's prefix cache holds is not known at arrival.
     prefill_tokens: int = 0
+    # Leader: seconds a request arriving now would wait for a batch slot (0.0 with a slot free or when
+    # it cannot be told), and the queue timeout past which the leader refuses it at once (429). A
+    # router sends nothing to a leader whose wait is past its timeout. 0.0 on followers.
+    wait_s: float = 0.0
+    queue_timeout_s: float = 0.0
+    # The engine's prefix cache since it started, in prompt tokens (vLLM's vllm:prefix_cache_queries
+    # and vllm:prefix_cache_hits): every admitted prompt token is queried, every token whose KV came
+    # from the cache is a hit. hit_rate = hits / queries (0 before any query).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
 
 class MemberReport(_Wire):

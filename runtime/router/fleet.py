@@ -24,7 +24,7 @@ import aiohttp
 
 import contract
 from runtime import emf
-from runtime.router import balance
+from runtime.router import balance, overload
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
 from runtime.router.settings import RouterSettings
@@ -76,6 +76,8 @@ class Unit:
         "max_running",
         "kv_cache_used",
         "prefill_tokens",
+        "wait_s",
+        "queue_timeout_s",
         "outstanding",
         "outstanding_at_report",
         "sent_tokens",
@@ -109,6 +111,8 @@ class Unit:
         self.max_running = 0
         self.kv_cache_used = 0.0
         self.prefill_tokens = -1  # reported: prompt tokens accepted, not yet at their first token; -1: not said
+        self.wait_s = 0.0  # reported: the wait for a batch slot a request arriving now would have
+        self.queue_timeout_s = 0.0  # reported: past this wait the leader refuses (0: it does not say)
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
         self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever
@@ -161,21 +165,22 @@ class Unit:
             self._points = (self.unit, balance.ring_points(self.unit))
         return self._points[1]
 
-    def take_load(self, load: dict) -> None:
-        """The load part of a ready body or watch line; the report is now the baseline of the
-        router's own sends since."""
-        self.in_flight = int(load.get("in_flight", -1))
-        self.queue_depth = int(load.get("queue_depth", 0))
-        self.running = int(load.get("running", 0))
-        self.max_running = int(load.get("max_running", 0))
-        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
-        self.prefill_tokens = int(load.get("prefill_tokens", -1))
-
     def mark_unready(self, state: str) -> None:
         if self._ready:
             log.warning("unit %s (%s) is no longer routable: %s", self.unit, self.url, state)
         self.ready = False
         self.state = state
+
+    def take_load(self, load: dict) -> None:
+        """The `load` of a ready body or a load-only watch line."""
+        self.in_flight = int(load.get("in_flight", -1))
+        self.queue_depth = int(load.get("queue_depth", 0))
+        self.running = int(load.get("running", 0))
+        self.max_running = int(load.get("max_running", 0))
+        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.wait_s = float(load.get("wait_s", 0.0))
+        self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
+        self.prefill_tokens = int(load.get("prefill_tokens", -1))
 
     def apply_report(self, status: int, body: dict) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
@@ -633,7 +638,12 @@ class Fleet:
         max_outstanding, max_queue = s.max_outstanding_per_unit, s.max_queue_depth
         if self.admission is not None:
             max_outstanding, max_queue = self.admission.caps(max_outstanding, max_queue)
-        return unit.outstanding >= max_outstanding or unit.queue_depth >= max_queue
+        return unit.outstanding >= max_outstanding or unit.queue_depth >= max_queue or overload.full(unit)
+
+    def retry_after_s(self) -> int:
+        """Retry-After when every routable unit is saturated: the shortest wait any of them reports
+        (runtime/router/overload.py), at least --retry-after."""
+        return overload.retry_after_s(self._routable(), self._settings.retry_after_s)
 
     def _routable(self) -> list[Unit]:
         index = self._index

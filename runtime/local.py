@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--balance",
-        choices=("cache_aware", "least_work", "least_requests"),
+        choices=contract.ROUTER_BALANCE_POLICIES,
         default=None,
         help="the router's policy (default: the router's own, cache_aware; docs/routing.md)",
     )

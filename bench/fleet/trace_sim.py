@@ -1,8 +1,8 @@
 """A SimPy model of routers in front of hundreds of units with prefix caches, driven by a production
 request trace: which routing policy gives the lowest time to first token without hot units.
 
-Run: `python bench/fleet/trace_sim.py` (part of `make bench-fleet`; `python bench/fleet/policy_sim.py
---scenario trace` runs the same); the table goes to docs/benchmarks.md (Routing by cache).
+Run: `python bench/fleet/trace_sim.py` (the last step of `make bench-fleet`; beside policy_sim.py,
+whose step-function history it reuses); the table goes to docs/benchmarks.md (Routing by cache).
 tests/router/test_router_cache_routing.py runs it small in `make test`.
 
 The model (each choice a stated assumption, not a measurement of Trainium):

@@ -48,7 +48,8 @@ from bench.measure import append_run  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
-POLICIES = ("least_requests", "least_work", "cache_aware")
+# today's policy, then by work, then by cache and work: the order of the comparison
+POLICIES = tuple(reversed(contract.ROUTER_BALANCE_POLICIES))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import random
 from dataclasses import dataclass
+from typing import get_args
 
 import aiohttp
 import pytest
@@ -271,6 +272,8 @@ def test_the_router_reports_how_many_keyed_requests_reached_their_unit_and_how_h
 def test_the_policy_setting_is_checked_and_least_requests_ignores_work():
     with pytest.raises(ValueError, match="balance"):
         RouterSettings(balance="round_robin")
+    # the router's choices are the ones the CDK config and make local offer
+    assert get_args(RouterSettings.model_fields["balance"].annotation) == contract.ROUTER_BALANCE_POLICIES
     fleet = _fleet(2, balance="least_requests")
     a, b = fleet.units.values()
     a.prefill_tokens, b.in_flight = 100_000, 1

@@ -212,15 +212,49 @@ def ring_points(name: str, vnodes: int = VNODES) -> list[int]:
 
 class Ring(Generic[W]):
     """Consistent hashing over units: a key's preference order is the units met walking clockwise
-    from its hash. Built once per change of the routable set; a lookup is a binary search."""
+    from its hash; a lookup is a binary search. Kept in step with the routable units by update(): a
+    unit that joins or leaves inserts or removes only its own points: at 640 units (41,000 points)
+    on a busy 2-core machine one unit leaving or joining took 0.6-0.8 ms, a rebuild 260 ms, a stall of
+    the router's event loop long enough to time out connections."""
 
-    __slots__ = ("_owners", "_points", "units")
+    __slots__ = ("_members", "_owners", "_points", "_points_of")
 
     def __init__(self, units: Sequence[W], points: Callable[[W], list[int]]) -> None:
-        self.units = units
-        pairs = sorted((p, i) for i, u in enumerate(units) for p in points(u))
-        self._points = [p for p, _ in pairs]
-        self._owners = [i for _, i in pairs]
+        self._points: list[int] = []
+        self._owners: list[W] = []
+        self._points_of = points
+        self._members: dict[int, tuple[W, list[int]]] = {}  # id(unit) -> (unit, the points it was placed at)
+        self.update(units)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def update(self, units: Sequence[W]) -> None:
+        """Make the ring hold exactly `units`."""
+        wanted = {id(u): u for u in units}
+        gone = [k for k in self._members if k not in wanted]
+        new = [u for k, u in wanted.items() if k not in self._members]
+        if len(gone) + len(new) > len(wanted) // 4:  # a large change: sorting once is cheaper
+            self._members = {k: (u, self._points_of(u)) for k, u in wanted.items()}
+            pairs = sorted((p, i) for i, (_, pts) in enumerate(self._members.values()) for p in pts)
+            owners = [u for u, _ in self._members.values()]
+            self._points = [p for p, _ in pairs]
+            self._owners = [owners[i] for _, i in pairs]
+            return
+        for k in gone:
+            u, pts = self._members.pop(k)
+            for p in pts:
+                i = bisect.bisect_left(self._points, p)
+                while self._owners[i] is not u:  # another unit's point at the same 64-bit hash
+                    i += 1
+                del self._points[i], self._owners[i]
+        for u in new:
+            pts = self._points_of(u)
+            self._members[id(u)] = (u, pts)
+            for p in pts:
+                i = bisect.bisect_right(self._points, p)
+                self._points.insert(i, p)
+                self._owners.insert(i, u)
 
     def walk(self, key: int) -> Iterator[W]:
         """Distinct units in the key's preference order."""
@@ -231,10 +265,10 @@ class Ring(Generic[W]):
         seen: set[int] = set()
         for j in range(n):
             owner = self._owners[(start + j) % n]
-            if owner not in seen:
-                seen.add(owner)
-                yield self.units[owner]
-                if len(seen) == len(self.units):
+            if id(owner) not in seen:
+                seen.add(id(owner))
+                yield owner
+                if len(seen) == len(self._members):
                     return
 
 
@@ -256,7 +290,7 @@ def by_key(
     """The first of the key's `walk` preferred units that is usable, below the load bound and not
     queueing requests for a batch slot; None when none is (the caller then takes the least work of a
     sample)."""
-    bound = load_bound(mean_load, len(ring.units), eps)
+    bound = load_bound(mean_load, len(ring), eps)
     for i, u in enumerate(ring.walk(key)):
         if i >= walk:
             return None

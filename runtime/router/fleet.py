@@ -50,12 +50,13 @@ class _RoutingIndex:
     """The routable units as a list the balancer samples from; rebuilt only after a unit's routability
     changed (load reports, which arrive thousands of times a second, do not touch it)."""
 
-    __slots__ = ("dirty", "mean_at", "mean_load", "ring", "units")
+    __slots__ = ("dirty", "mean_at", "mean_load", "ring", "ring_stale", "units")
 
     def __init__(self) -> None:
         self.dirty = True
         self.units: list[Unit] = []
-        self.ring: balance.Ring[Unit] | None = None  # built at the first keyed pick after a change
+        self.ring: balance.Ring[Unit] = balance.Ring([], Unit.ring_points)
+        self.ring_stale = True  # updated at the first keyed pick after a change of the routable units
         self.mean_load = 0.0  # requests per routable unit, as last computed (for the load bound)
         self.mean_at = -1e9
 
@@ -649,7 +650,7 @@ class Fleet:
         index = self._index
         if index.dirty:
             index.units = [u for u in self.units.values() if u.routable]
-            index.ring = None
+            index.ring_stale = True
             index.mean_at = -1e9
             index.dirty = False
         return index.units
@@ -683,8 +684,9 @@ class Fleet:
             best = balance.least_work(units, usable, self._rng, request.tokens)
         else:
             index = self._index
-            if index.ring is None:
-                index.ring = balance.Ring(units, Unit.ring_points)
+            if index.ring_stale:
+                index.ring.update(units)
+                index.ring_stale = False
             best = balance.by_cache_and_work(
                 index.ring,
                 units,

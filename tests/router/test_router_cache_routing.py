@@ -138,6 +138,18 @@ def test_a_unit_leaving_moves_only_its_own_keys():
     assert moved and all(next(before.walk(k)).name == "u7" for k in moved)
 
 
+def test_a_ring_kept_in_step_unit_by_unit_equals_one_built_from_scratch():
+    units = [V(f"u{i}") for i in range(40)]
+    ring = _ring(units)
+    keys = [balance.key_hash(f"k{i}".encode()) for i in range(500)]
+    now = units[:7] + units[8:] + [V("late-1")]  # one leaves, one joins: an incremental update
+    ring.update(now)
+    fresh = _ring(now)
+    assert len(ring) == len(fresh) == 40
+    assert [list(ring.walk(k))[:3] for k in keys] == [list(fresh.walk(k))[:3] for k in keys]
+    assert all(next(ring.walk(k)) is not units[7] for k in keys)
+
+
 # --- bounded load ------------------------------------------------------------------------------------
 def test_one_hot_prefix_never_loads_any_unit_past_the_bound_and_spills_to_the_least_work():
     units = [V(f"u{i}") for i in range(20)]

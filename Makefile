@@ -82,8 +82,9 @@ bench-engine: dev-deps
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
 .PHONY: local
 # UNITS=2 starts two units behind the router (same as LOCAL_ARGS="--units 2").
+# API_KEY=... makes the router require that key (Authorization: Bearer ...); without it local mode is open.
 local: $(VENV)/.dev-deps
-	$(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
+	$(if $(API_KEY),FLOTILLA_API_KEY='$(API_KEY)') $(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
 # Router benchmark: added latency and req/s of the router on one core vs a fast stand-in
 # backend. Not part of `make test`; results are appended to bench/results/router.json.

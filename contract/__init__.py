@@ -78,6 +78,10 @@ ENV_BALANCE = "FLOTILLA_BALANCE"  # router: how it picks a unit (docs/routing.md
 ROUTER_BALANCE_POLICIES = ("cache_aware", "least_work", "least_requests")  # its values; the first is the default
 ENV_ADMISSION_PARAMETER = "FLOTILLA_ADMISSION_PARAMETER"  # router: SSM parameter of the admission limit
 ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"  # model conversion / download cache
+ENV_API_KEYS_SECRET = "FLOTILLA_API_KEYS_SECRET"  # router: Secrets Manager secret of the hashed API keys
+ENV_API_KEYS_TTL = "FLOTILLA_API_KEYS_TTL_S"  # router: seconds between reads of the keys' secret
+ENV_API_KEY = "FLOTILLA_API_KEY"  # router: the one key local mode accepts (`make local API_KEY=...`)
+ENV_LIMIT_ROUTERS = "FLOTILLA_LIMIT_ROUTERS"  # router: routers sharing each key's limits (each takes 1/n)
 
 # --- Image commands ------------------------------------------------------------------------------
 NODE_COMMAND = ["node"]

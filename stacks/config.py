@@ -307,6 +307,70 @@ class CapacityConfig(_Section):
     market: Annotated[str, one_of(MARKETS)] = "on-demand"
 
 
+# --- Front door: who may reach the ALB and how the routers check callers --------------------------
+SCHEMES = ("internal", "internet-facing")
+_CIDR_RE = re.compile(r"^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)/(3[0-2]|[12]?\d)$")
+_PREFIX_LIST_RE = re.compile(r"^pl-[0-9a-f]{8,17}$")
+_PRINCIPAL_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(root|role/[\w+=,.@/-]+|user/[\w+=,.@/-]+)$")
+# AWS WAF rate-based rule: Limit from 10 to 2,000,000,000 requests per evaluation window
+# (RateBasedStatement, AWS WAF API reference).
+WAF_RATE_LIMIT_RANGE = (10, 2_000_000_000)
+
+
+def _list_of(what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return value
+        raise _refuse(f"a list of {what}")
+
+    return check
+
+
+class FrontConfig(_Section):
+    """The front door: internal (the default, reachable from the VPC and client_cidrs) or
+    internet-facing (only client_cidrs / client_prefix_lists, behind AWS WAF); API keys."""
+
+    scheme: Annotated[str, one_of(SCHEMES)] = "internal"
+    # IPv4 ranges (and managed prefix lists) admitted to the client ports, besides the VPC itself
+    # when internal; internet-facing admits only these.
+    client_cidrs: Annotated[
+        tuple[Annotated[str, matches(_CIDR_RE, "IPv4 CIDRs like 203.0.113.0/24")], ...],
+        BeforeValidator(_list_of("IPv4 CIDRs like [203.0.113.0/24]")),
+    ] = ()
+    client_prefix_lists: Annotated[
+        tuple[Annotated[str, matches(_PREFIX_LIST_RE, "managed prefix list ids like pl-0123456789abcdef0")], ...],
+        BeforeValidator(_list_of("managed prefix list ids like [pl-0123456789abcdef0]")),
+    ] = ()
+    # An endpoint service (PrivateLink) for consumers in other VPCs or accounts: the IAM principals
+    # allowed to create endpoints to it (each connection still needs acceptance). Internal only.
+    privatelink_principals: Annotated[
+        tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
+        BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
+    ] = ()
+    # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
+    waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
+    # Routers require an API key (flotilla keys); off only for a deployment nobody else can reach.
+    api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
+    api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
+
+    @model_validator(mode="after")
+    def _internet_facing_names_its_clients(self) -> FrontConfig:
+        if self.scheme == "internet-facing" and not (self.client_cidrs or self.client_prefix_lists):
+            raise ConfigError(
+                "front.scheme",
+                self.scheme,
+                "internet-facing needs front.client_cidrs or front.client_prefix_lists (the clients the ALB "
+                "admits; there is no 0.0.0.0/0 default), or use internal",
+            )
+        if self.scheme == "internet-facing" and self.privatelink_principals:
+            raise ConfigError(
+                "front.privatelink_principals",
+                list(self.privatelink_principals),
+                "only with front.scheme internal (PrivateLink consumers reach the internal ALB privately)",
+            )
+        return self
+
+
 @dataclass(frozen=True)
 class UnitPlacement:
     """Where one unit lives: its cell, its index inside the cell and its AZ slot."""
@@ -374,6 +438,7 @@ class FlotillaConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    front: FrontConfig = Field(default_factory=FrontConfig)
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:

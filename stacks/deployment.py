@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import aws_cdk as cdk
 
-from contract import admission
+from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
@@ -67,6 +67,9 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
         cells=[f"cell{c}" for c in range(config.cells)],
+        internet_facing=config.front.scheme == "internet-facing",
+        client_cidrs=config.front.client_cidrs,
+        client_prefix_lists=config.front.client_prefix_lists,
         **common("Discovery"),
     )
     # Adjustable quotas: a synth warning with the number to request when AWS's default is too
@@ -108,6 +111,9 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         alb_security_group=discovery.alb_security_group,
         certificate_arn=config.certificate_arn,
         live_target_group=router.live_target_group,
+        internet_facing=config.front.scheme == "internet-facing",
+        waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+        privatelink_principals=config.front.privatelink_principals,
         **common("Front"),
     )
     front = deployment.front
@@ -145,6 +151,11 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         cpu=router.cpu,
         memory_mib=router.memory_mib,
         bake_time=cdk.Duration.minutes(router.bake_time_minutes),
+        api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
+        api_keys_ttl_s=config.front.api_keys_ttl_s,
+        # Each router takes 1/n of every key's limits; n is the router count the tier runs at
+        # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
+        limit_routers=router.desired_count,
         **common("Router"),
     )
     return deployment

@@ -367,6 +367,8 @@ STAND_INS: list[type[StandIn]] = [
     _generic("AWS::CodeDeploy::Application", ("Name",)),
     _generic("AWS::CodeDeploy::DeploymentGroup", ("Name",), ("ApplicationName",)),
     _generic("AWS::CloudWatch::Dashboard", ("Name",)),
+    _generic("AWS::WAFv2::WebACL", ("Arn", "Id", "LabelNamespace"), ("Scope", "DefaultAction", "VisibilityConfig")),
+    _generic("AWS::WAFv2::WebACLAssociation", (), ("ResourceArn", "WebACLArn")),
 ]
 
 

@@ -91,7 +91,8 @@ REJECTED = [
         {"nodes_per_units": 2},
         "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
-        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, capacity",
+        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, "
+        "capacity, front",
     ),
     (
         {"deployment_name": "9lives"},
@@ -248,17 +249,18 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
 
 
 def test_default_yaml_and_readme_document_every_config_key():
-    from stacks.config import CapacityConfig, ModelConfig, NodeConfig, RouterConfig
+    from stacks.config import CapacityConfig, FrontConfig, ModelConfig, NodeConfig, RouterConfig
 
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     readme = (REPO_ROOT / "README.md").read_text()
-    sections = ("model", "node", "router", "capacity")
+    sections = ("model", "node", "router", "capacity", "front")
     keys = [name for name in FlotillaConfig.model_fields if name not in sections]
     for section, cls in (
         ("model", ModelConfig),
         ("node", NodeConfig),
         ("router", RouterConfig),
         ("capacity", CapacityConfig),
+        ("front", FrontConfig),
     ):
         keys += [f"{section}.{name}" for name in cls.model_fields]
     for key in keys:

@@ -44,6 +44,7 @@ VARIANTS: dict[str, dict] = {
     # (4 - 1 - 1 = 2 with waves of 1, 4 - 2 - 1 = 1 with waves of 2) and the DependsOn chain.
     "replace-cell-4": {**BASE, "units": 4, "units_per_cell": 4, "unit_rollout": "replace"},
     "replace-cell-4-waves-2": {**BASE, "units": 4, "units_per_cell": 4, "unit_rollout": "replace", "units_per_wave": 2},
+    "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
 }
 # change -> (before variant, after variant)
 CHANGES: dict[str, tuple[str, str]] = {
@@ -325,3 +326,17 @@ def test_every_allow_list_entry_names_a_change_of_the_table_and_gives_a_reason()
     for key, reason in {**ALLOWED, **STACKS_LEAVING}.items():
         assert key[0] in CHANGES, key
         assert len(reason) > 40, key
+
+
+@pytest.mark.parametrize("before, after", [("base", "internet-facing"), ("internet-facing", "base")])
+def test_switching_the_front_door_scheme_replaces_the_alb_so_it_is_not_an_in_place_update(
+    before, after, synths, tmp_path
+):
+    """An ALB's Scheme is create-only (cfn-lint 1.58 schema of AWS::ElasticLoadBalancingV2::LoadBalancer),
+    so the switch replaces the load balancer, its listeners and their rules, and the listener-rule
+    exports the Router stack imports change: CloudFormation refuses that update. The switch is
+    docs/runbooks/front-door.md (remove Router, Observability and Front, deploy again), and this
+    review must keep saying so."""
+    problems, _ = review("switch front.scheme", synths(before), synths(after), tmp_path)
+    assert any("LoadBalancer Alb" in p and "replace" in p and "never allowed" in p for p in problems), problems
+    assert any("export" in p and "ProductionRule" in p for p in problems), problems

@@ -164,7 +164,7 @@ class RouterSettings(BaseModel):
             "seconds between discovery passes",
             default="2 (static), 5 (cloudmap: each pass costs a Cloud Map call per cell)",
         ),
-    ] = 2.0
+    ] = contract.STATIC_DISCOVERY_INTERVAL_S
     # health and load: leaders are watched (a report every poll interval), others asked when needed
     poll_interval_s: Annotated[
         float,
@@ -381,7 +381,12 @@ class RouterSettings(BaseModel):
         # once, so every 5 s is soon enough.
         if isinstance(values, dict) and values.get("discovery_interval_s") is None:
             cloudmap = values.get("discovery") == "cloudmap"
-            values = {**values, "discovery_interval_s": 5.0 if cloudmap else 2.0}
+            values = {
+                **values,
+                "discovery_interval_s": contract.CLOUDMAP_DISCOVERY_INTERVAL_S
+                if cloudmap
+                else contract.STATIC_DISCOVERY_INTERVAL_S,
+            }
         return values
 
     @model_validator(mode="before")

@@ -67,7 +67,7 @@ REJECTED = [
     ),
     ({"alarm_email": "oncall"}, "invalid flotilla config: alarm_email='oncall': an e-mail address (or omit it)"),
     ({"unit_rollout": "bluegreen"}, "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
-    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
+    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of reference, echo, neuron"),
     (
         {"node": {"decode_strategy": "expert"}},
         "invalid flotilla config: node.decode_strategy='expert': one of auto, pipeline, tensor",

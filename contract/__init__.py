@@ -36,6 +36,9 @@ FIRST_TOKEN_HEADER = "X-Flotilla-First-Token"  # unix seconds of the first token
 FINISH_HEADER = "X-Flotilla-Finish"  # unix seconds of the last token (non-streamed responses)
 UNIT_HEADER = "X-Flotilla-Unit"  # which unit served the request (set by the leader)
 REVISION_HEADER = "X-Flotilla-Revision"  # the serving unit's revision
+# A client's conversation id: the router keeps requests that carry the same one on one unit (its
+# cache), like the OpenAI `user` field; docs/routing.md.
+SESSION_HEADER = "X-Session-Id"
 
 # --- Resumable streams (router <-> leader only; the router strips these from client requests) -----
 # The router asks a leader to report, inside the SSE stream, the token ids each event carries: an SSE
@@ -84,6 +87,8 @@ ENV_UNITS = "FLOTILLA_UNITS"  # router, static discovery: comma-separated leader
 ENV_CLOUDMAP_NAMESPACE = "FLOTILLA_CLOUDMAP_NAMESPACE"
 ENV_CLOUDMAP_SERVICE = "FLOTILLA_CLOUDMAP_SERVICE"
 ENV_POLL_INTERVAL = "FLOTILLA_POLL_INTERVAL_S"
+ENV_BALANCE = "FLOTILLA_BALANCE"  # router: how it picks a unit (docs/routing.md)
+ROUTER_BALANCE_POLICIES = ("cache_aware", "least_work", "least_requests")  # its values; the first is the default
 ENV_ADMISSION_PARAMETER = "FLOTILLA_ADMISSION_PARAMETER"  # router: SSM parameter of the admission limit
 ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"  # model conversion / download cache
 ENV_API_KEYS_SECRET = "FLOTILLA_API_KEYS_SECRET"  # router: Secrets Manager secret of the hashed API keys
@@ -140,6 +145,12 @@ METRIC_DIM_CELL = "Cell"  # second dimension set: per cell (value = FLOTILLA_CEL
 METRIC_TIME_TO_FIRST_TOKEN = "TimeToFirstToken"  # Milliseconds; the leader, once per request
 METRIC_OUTPUT_TOKENS = "OutputTokens"  # Count; the leader, once per finished request
 METRIC_READY_UNITS = "ReadyUnits"  # Count; each router, every 60 s, per cell and fleet-wide
+# Percent; each router, every 60 s: of the requests it routed with a session or prefix key, the share
+# sent to the key's own unit (the rest went to less work elsewhere). docs/routing.md.
+METRIC_ROUTED_TO_PREFERRED = "RoutedToPreferredUnit"
+# Percent; each router, every 60 s: the busiest routable unit's requests as a percentage of the mean
+# (100 = even). A hot unit shows here first. docs/runbooks/hot-unit.md.
+METRIC_BUSIEST_UNIT_LOAD = "BusiestUnitLoad"
 
 # Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
 # attributes): the router reads the address here and asks the member's /health/ready for

@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, core_schema
 
 import contract
-from contract import NEURON_SAMPLING_MODES
+from contract import NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
 
@@ -271,6 +271,9 @@ class RouterConfig(_Section):
     # live group at every router deployment; set this to the live one before a deploy that updates
     # a listener rule (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
     live_target_group: Annotated[str, one_of(LIVE_TARGET_GROUPS)] = "blue"
+    # How each router picks a unit (docs/routing.md); least_work is the lever when routing by cache
+    # makes a unit hot (docs/runbooks/hot-unit.md).
+    balance: Annotated[str, one_of(ROUTER_BALANCE_POLICIES)] = ROUTER_BALANCE_POLICIES[0]
 
     @model_validator(mode="after")
     def _max_covers_desired(self) -> RouterConfig:

@@ -146,6 +146,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_names=discovery.service_names,
         admission_parameter_name=admission.parameter_name(config.deployment_name),
+        balance=router.balance,
         min_tasks=router.desired_count,
         max_tasks=router.max_count,
         cpu=router.cpu,

@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
 from runtime import logs
-from runtime.router import unit_report
+from runtime.router import balance, unit_report
 from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
@@ -387,12 +387,13 @@ class Router:
             trace.shed = True
             return self._shed("admission", request_id)
         headers = self._upstream_headers(request, request_id)
+        key = balance.request_key(body, request.headers.get(contract.SESSION_HEADER))
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
         for _ in range(self.settings.max_attempts):
-            pick = self.fleet.pick(tried)
+            pick = self.fleet.pick(tried, key)
             unit = pick.unit
             if unit is None:
                 if refusal is not None:
@@ -402,7 +403,7 @@ class Router:
             unit.outstanding += 1
             trace.attempts = len(tried) + 1
             try:
-                return await self._attempt(unit, request, body, headers, request_id, t0, trace)
+                return await self._attempt(unit, request, body, headers, request_id, t0, trace, key)
             except _Retry as retry:
                 self.metrics.retries.labels(retry.reason).inc()
                 tried += (unit,)
@@ -463,6 +464,7 @@ class Router:
         request_id: str,
         t0: float,
         trace: _Trace,
+        key: balance.RequestKey | None = None,
     ) -> web.StreamResponse:
         s = self.settings
         session = unit.session
@@ -522,7 +524,16 @@ class Router:
                 trace.first_byte = perf_counter()
             else:
                 resp = await self._relay(
-                    unit, request, upstream, request_id, t_sent - t0, t_first, trace, body=body, headers=headers
+                    unit,
+                    request,
+                    upstream,
+                    request_id,
+                    t_sent - t0,
+                    t_first,
+                    trace,
+                    body=body,
+                    headers=headers,
+                    key=key,
                 )
         finally:
             upstream.release()
@@ -605,6 +616,7 @@ class Router:
         trace: _Trace,
         body: bytes = b"",
         headers: dict[str, str] | None = None,
+        key: balance.RequestKey | None = None,
     ) -> web.StreamResponse:
         """Stream the body through as it arrives (SSE, chunked or large bodies); a resumable stream
         that breaks continues on another unit (_move_stream)."""
@@ -634,7 +646,9 @@ class Router:
                 if ledger is not None and ledger.reported and s.max_moves:
                     moved = None
                     if ledger.moves < s.max_moves:
-                        moved = await self._move_stream(ledger, unit, request, body, headers or {}, request_id, reason)
+                        moved = await self._move_stream(
+                            ledger, unit, request, body, headers or {}, request_id, reason, key
+                        )
                     if moved is not None:
                         if upstream is not first:
                             upstream.release()
@@ -742,6 +756,7 @@ class Router:
         headers: dict[str, str],
         request_id: str,
         reason: str,
+        key: balance.RequestKey | None = None,
     ) -> tuple[Unit, aiohttp.ClientResponse] | None:
         """Continue a broken stream on another unit: the original body plus the tokens its client has,
         sent to units other than the ones it already ran on, until one answers 200 or the move budget
@@ -755,7 +770,9 @@ class Router:
         ledger.avoid.append(failed)
         headers = {**headers, contract.CONTINUATION_HEADER: "1"}
         while ledger.moves < s.max_moves:
-            pick = self.fleet.pick(tuple(ledger.avoid))
+            # By the same policy as a new request: the unit its cache key prefers, among the rest,
+            # may hold the prompt's prefix and re-prefill only the generated part.
+            pick = self.fleet.pick(tuple(ledger.avoid), key)
             unit = pick.unit
             if unit is None or unit.session is None or unit.session.closed:
                 return None

@@ -251,6 +251,17 @@ class RouterSettings(BaseModel):
         int, within(1, 100_000), Option("--max-queue-depth", "a unit reporting this queue depth is saturated")
     ] = 32
     retry_after_s: Annotated[int, within(1, 3600)] = 1
+    # routing: which policy of runtime/router/balance.py picks a unit (docs/routing.md)
+    balance: Annotated[
+        Literal["cache_aware", "least_work", "least_requests"],
+        Option(
+            "--balance",
+            "how a unit is picked: cache_aware (the request's session or prompt prefix keeps it on one unit "
+            "unless that unit is busier; docs/routing.md), least_work (the least estimated prefill of 4 "
+            "sampled units) or least_requests (the fewest requests of 4 sampled units)",
+            env=contract.ENV_BALANCE,
+        ),
+    ] = "cache_aware"
     access_log: Annotated[
         bool,
         BeforeValidator(_access_log_word),

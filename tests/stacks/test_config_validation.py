@@ -84,6 +84,10 @@ REJECTED = [
     ),
     ({"router": {"cpu": 300}}, "invalid flotilla config: router.cpu=300: one of 256, 512, 1024, 2048, 4096"),
     (
+        {"router": {"balance": "round_robin"}},
+        "invalid flotilla config: router.balance='round_robin': one of cache_aware, least_work, least_requests",
+    ),
+    (
         {"nodes_per_units": 2},
         "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "

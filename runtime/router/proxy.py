@@ -533,7 +533,7 @@ class Router:
                     trace,
                     body=body,
                     headers=headers,
-                    key=key,
+                    route_key=key,
                 )
         finally:
             upstream.release()
@@ -616,7 +616,7 @@ class Router:
         trace: _Trace,
         body: bytes = b"",
         headers: dict[str, str] | None = None,
-        key: balance.RequestKey | None = None,
+        route_key: balance.RequestKey | None = None,
     ) -> web.StreamResponse:
         """Stream the body through as it arrives (SSE, chunked or large bodies); a resumable stream
         that breaks continues on another unit (_move_stream)."""
@@ -647,7 +647,7 @@ class Router:
                     moved = None
                     if ledger.moves < s.max_moves:
                         moved = await self._move_stream(
-                            ledger, unit, request, body, headers or {}, request_id, reason, key
+                            ledger, unit, request, body, headers or {}, request_id, reason, route_key
                         )
                     if moved is not None:
                         if upstream is not first:

@@ -99,6 +99,14 @@ local: $(VENV)/.dev-deps
 bench-router: dev-deps
 	$(PY) bench/router/run.py $(BENCH_ARGS)
 
+# Trace replay: the Mooncake conversation trace scaled to SmolLM2, replayed through `make local` (3 units)
+# under each routing policy in turn (bench/trace/replay.py, docs/benchmarks.md "Routing by cache").
+# Not part of `make test`; a run of the default 400 requests takes tens of minutes: run it on a quiet
+# machine. BENCH_ARGS="--requests 40 --rate 1" is a short run. Results: bench/results/trace_replay.json.
+.PHONY: bench-trace
+bench-trace: $(VENV)/.dev-deps
+	$(PY) bench/trace/replay.py $(BENCH_ARGS)
+
 # ECS rehearsal: the synthesized units (cdk.out, from `make synth`) as local node processes behind the
 # router, rolled to a new revision under load by an emulator of ECS's rolling-update rules
 # (ops/rehearsal/, docs/runbooks/rehearse-a-rollout.md). REHEARSE_ARGS passes flags, e.g.
@@ -120,5 +128,6 @@ bench-fleet: dev-deps
 	$(PY) bench/fleet/run.py $(BENCH_ARGS)
 	$(PY) bench/fleet/policy_sim.py --label "10 routers x 100 units x 8 slots"
 	$(PY) bench/fleet/policy_sim.py --units 625 --loads 0.8 --policies p4c,p2c --label "10 routers x 625 units x 8 slots"
+	$(PY) bench/fleet/trace_sim.py --label "128 units, 10 routers, 4 copies, load 0.8"
 	$(PY) bench/fleet/table.py
 	$(PY) bench/fleet/policy_sim.py --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"

@@ -17,7 +17,8 @@ import contract
 
 MILLISECONDS = "Milliseconds"
 COUNT = "Count"
-UNITS = (MILLISECONDS, COUNT)
+PERCENT = "Percent"
+UNITS = (MILLISECONDS, COUNT, PERCENT)
 
 SERVICE = contract.METRIC_DIM_SERVICE
 CELL = contract.METRIC_DIM_CELL
@@ -94,6 +95,18 @@ def ready_units_lines(*, per_cell: Mapping[str, int], fleet: int, timestamp_s: f
     ]
     lines.append(emf_line({contract.METRIC_READY_UNITS: (int(fleet), COUNT)}, timestamp_s=ts))
     return lines
+
+
+def routing_line(
+    *, routed_to_preferred_pct: float | None, busiest_unit_load_pct: float | None, timestamp_s: float | None = None
+) -> str | None:
+    """A router's routing figures of the last interval (fleet-wide series only); None with nothing to say."""
+    metrics: dict[str, tuple[float, str]] = {}
+    if routed_to_preferred_pct is not None:
+        metrics[contract.METRIC_ROUTED_TO_PREFERRED] = (round(routed_to_preferred_pct, 2), PERCENT)
+    if busiest_unit_load_pct is not None:
+        metrics[contract.METRIC_BUSIEST_UNIT_LOAD] = (round(busiest_unit_load_pct, 2), PERCENT)
+    return emf_line(metrics, timestamp_s=timestamp_s) if metrics else None
 
 
 def write_lines(lines: Iterable[str], stream: TextIO | None = None) -> None:

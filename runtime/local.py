@@ -97,6 +97,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--port", type=int, default=None, help=f"public port (default ${contract.ENV_PORT} or {DEFAULT_PUBLIC_PORT})"
     )
+    p.add_argument(
+        "--balance",
+        choices=contract.ROUTER_BALANCE_POLICIES,
+        default=None,
+        help="the router's policy (default: the router's own, cache_aware; docs/routing.md)",
+    )
     p.add_argument("--state-dir", default=str(REPO / ".flotilla"), help="where local.json and logs go")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for readiness")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on stop")
@@ -191,6 +197,7 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
                     # a laptop busy with the model answers polls late: not "unit gone"
                     "--poll-timeout",
                     "5",
+                    *(["--balance", a.balance] if a.balance else []),
                 ],
                 env=env,
                 log=logs / "router.log",

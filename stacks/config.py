@@ -26,7 +26,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
-from contract import NEURON_SAMPLING_MODES
+import contract
+from contract import NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
 
@@ -54,10 +55,9 @@ CLOUDMAP_INSTANCES_PER_SERVICE = 1000  # not adjustable; DiscoverInstances also 
 CLOUDMAP_INSTANCES_PER_NAMESPACE = 2000  # default, adjustable
 CLOUDMAP_DISCOVER_INSTANCES_PER_S = 1000  # DiscoverInstances, per account, steady rate; adjustable
 CLOUDMAP_DISCOVER_REVISION_PER_S = 3000  # DiscoverInstancesRevision, per account; adjustable
-# Seconds between the router's discovery passes with Cloud Map (runtime/router/settings.py,
-# discovery_interval_s): each pass asks every cell's service for its revision and reads again the
-# services that moved.
-ROUTER_DISCOVERY_INTERVAL_S = 5.0
+# Seconds between the router's discovery passes with Cloud Map: each pass asks every cell's service
+# for its revision and reads again the services that moved.
+ROUTER_DISCOVERY_INTERVAL_S = contract.CLOUDMAP_DISCOVERY_INTERVAL_S
 
 LOG_RETENTION_DAYS = (
     1,
@@ -94,8 +94,8 @@ MARKETS = ("on-demand", "capacity-block")
 # aws/aws-cdk#36584), so the config refuses the prefixes in any case.
 RESERVED_NAME_PREFIXES = ("aws", "ecs", "fargate")
 LIVE_TARGET_GROUPS = ("blue", "green")
-ENGINES = ("neuron", "reference", "echo")
-STRATEGIES = ("auto", "pipeline", "tensor")  # auto: the reference engine times both at formation
+ENGINES = contract.ENGINES
+STRATEGIES = contract.STRATEGY_CHOICES  # auto: the reference engine times both at formation
 ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
@@ -253,9 +253,10 @@ class NodeConfig(_Section):
     root_volume_gib: Annotated[int, between(64, 16384)] = 128
     instance_store: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
-    # neuron engine: "device" samples on the NeuronCores (temperature/top_p only); "cpu" runs vLLM's
-    # sampler on the host, which also serves logprobs, structured output, seeds and penalties.
-    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "device"
+    # neuron engine: "cpu" (default) runs vLLM's sampler on the host, each request with its own
+    # parameters, and also serves logprobs, structured output and penalties; "device" samples on the
+    # NeuronCores (temperature/top_p only), where the pinned plugin can mix up requests' parameters.
+    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "cpu"
 
 
 class RouterConfig(_Section):
@@ -270,6 +271,9 @@ class RouterConfig(_Section):
     # live group at every router deployment; set this to the live one before a deploy that updates
     # a listener rule (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
     live_target_group: Annotated[str, one_of(LIVE_TARGET_GROUPS)] = "blue"
+    # How each router picks a unit (docs/routing.md); least_work is the lever when routing by cache
+    # makes a unit hot (docs/runbooks/hot-unit.md).
+    balance: Annotated[str, one_of(ROUTER_BALANCE_POLICIES)] = ROUTER_BALANCE_POLICIES[0]
 
     @model_validator(mode="after")
     def _max_covers_desired(self) -> RouterConfig:
@@ -379,7 +383,7 @@ class UnitPlacement:
 
     @property
     def unit_id(self) -> str:
-        return f"cell{self.cell}-unit{self.index}"
+        return contract.unit_id(self.cell, self.index)
 
 
 class FlotillaConfig(_Section):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import aws_cdk as cdk
 
+import contract
 from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
@@ -66,7 +67,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         vpc=network.vpc,
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
-        cells=[f"cell{c}" for c in range(config.cells)],
+        cells=[contract.cell_id(c) for c in range(config.cells)],
         internet_facing=config.front.scheme == "internet-facing",
         client_cidrs=config.front.client_cidrs,
         client_prefix_lists=config.front.client_prefix_lists,
@@ -124,7 +125,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         "Observability",
         load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell={f"cell{c}": len(config.units_in_cell(c)) for c in range(config.cells)},
+        units_per_cell={contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
         # The per-cell ready-units alarms allow what a rollout of these settings takes out.
         unit_rollout=config.unit_rollout,
         wave_in_cell=config.wave_plan.wave_in_cell,
@@ -145,6 +146,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_names=discovery.service_names,
         admission_parameter_name=admission.parameter_name(config.deployment_name),
+        balance=router.balance,
         min_tasks=router.desired_count,
         max_tasks=router.max_count,
         cpu=router.cpu,

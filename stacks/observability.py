@@ -291,6 +291,16 @@ class ObservabilityStack(cdk.Stack):
             ),
             cw.GraphWidget(title="Router targets: healthy / unhealthy", left=[healthy, unhealthy], width=12),
         )
+        # Routing by cache (docs/routing.md): how often requests reach their key's unit, and how far the
+        # busiest unit is above the mean (a hot unit: docs/runbooks/hot-unit.md).
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Routing: % of keyed requests to their own unit; busiest unit's load, % of mean (max)",
+                width=24,
+                left=[runtime_metric(contract.METRIC_ROUTED_TO_PREFERRED, statistic="Average")],
+                right=[runtime_metric(contract.METRIC_BUSIEST_UNIT_LOAD, statistic="Maximum")],
+            ),
+        )
         self.dashboard.add_widgets(
             cw.AlarmStatusWidget(
                 title="Alarms",

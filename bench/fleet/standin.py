@@ -77,6 +77,10 @@ class Unit:
                 "max_running": self.max_running,
                 "kv_cache_used": 0.0,
                 "in_flight": (self.in_flight + self.background) if rank == 0 else 0,
+                # prompt tokens waiting for a first token, as a leader reports them (docs/routing.md)
+                "prefill_tokens": 1000 * max(0, self.in_flight + self.background - self.max_running)
+                if rank == 0
+                else 0,
             },
             "members": (
                 [

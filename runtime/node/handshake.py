@@ -48,6 +48,10 @@ class Load(_Wire):
     # Leader: API requests accepted and not finished, counted as they arrive and end (the engine's
     # queue_depth and running come ten times a second); what routers balance on. 0 on followers.
     in_flight: int = 0
+    # Leader: prompt tokens of those requests not yet at their first token, counted like in_flight:
+    # the prefill ahead of a new request, on which routers estimate its time to first token
+    # (docs/routing.md). Whole prompts: the part a unit's prefix cache holds is not known at arrival.
+    prefill_tokens: int = 0
     # Leader: seconds a request arriving now would wait for a batch slot (0.0 with a slot free or when
     # it cannot be told), and the queue timeout past which the leader refuses it at once (429). A
     # router sends nothing to a leader whose wait is past its timeout. 0.0 on followers.

@@ -75,6 +75,27 @@ def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
     return web.json_response(e.body(), status=e.status, headers=headers)
 
 
+class _Prefilling:
+    """One request's prompt in the unit's outstanding prefill (`load.prefill_tokens` of the ready body)
+    from its acceptance until its first token, or its end if none comes, counted exactly once."""
+
+    __slots__ = ("_sup", "_tokens")
+
+    def __init__(self, sup: UnitSupervisor, tokens: int) -> None:
+        self._sup, self._tokens = sup, tokens
+        sup.prefill_tokens += tokens
+
+    def end(self) -> None:
+        self._sup.prefill_tokens -= self._tokens
+        self._tokens = 0
+
+    async def until_first_token(self, events: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        async for ev in events:
+            if self._tokens and ev["op"] in ("token", "done", "error"):
+                self.end()
+            yield ev
+
+
 class LeaderApi:
     def __init__(self, *, sup: UnitSupervisor, metrics: NodeMetrics) -> None:
         self.sup = sup
@@ -195,6 +216,7 @@ class LeaderApi:
         self.sup.queue_wait.submitted(rid, payload.get("max_tokens") or payload["default_max_tokens"])
         events = self._bounded(engine, rid, engine.events(stream), started)
         done = False
+        prefill: _Prefilling | None = None
         try:
             first = await events.__anext__()  # accepted, or a rejection before any output
             if first["op"] == "error":
@@ -203,6 +225,8 @@ class LeaderApi:
             prompt_tokens = int(first.get("prompt_tokens", 0))
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
+            prefill = _Prefilling(self.sup, prompt_tokens)
+            events = prefill.until_first_token(events)
             if req.stream:
                 resp = await self._stream(request, req, kind, rid, events, headers, rec, arrival, prompt_tokens)
             else:
@@ -210,6 +234,8 @@ class LeaderApi:
             done = not rec.get("client_gone")
             return resp
         finally:
+            if prefill is not None:
+                prefill.end()
             self.sup.queue_wait.finished(rid, time.monotonic())
             if not done:
                 engine.cancel(rid)  # client went away (handler cancelled) or write failed
@@ -535,7 +561,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         try:
             while not shutting_down.is_set():
                 ld = sup.load()
-                signature = (sup.state, sup.ready(), sup.in_flight, ld.queue_depth, ld.running)
+                signature = (sup.state, sup.ready(), sup.in_flight, sup.prefill_tokens, ld.queue_depth, ld.running)
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
                     body = sup.ready_body().to_dict()

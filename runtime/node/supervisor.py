@@ -80,6 +80,7 @@ class UnitSupervisor:
         self.draining = False
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
+        self.prefill_tokens = 0  # leader: prompt tokens of API requests accepted and not yet at their first token
         self.queue_wait = QueueWait()  # leader: the API's requests, to tell the wait for a batch slot
         self._reported_wait = (-1.0, -1, 0.0)  # (when, requests held, wait): see reported_wait()
         self.not_ready_since = time.monotonic()
@@ -184,6 +185,7 @@ class UnitSupervisor:
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
                 in_flight=self.in_flight if self.is_leader else 0,
+                prefill_tokens=self.prefill_tokens if self.is_leader else 0,
                 wait_s=self.reported_wait() if self.is_leader else 0.0,
                 queue_timeout_s=self.s.queue_timeout_s if self.is_leader else 0.0,
                 prefix_cache_queries=int(ld.prefix_cache_queries),

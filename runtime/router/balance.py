@@ -12,9 +12,14 @@ module is the code both the router and that model run.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import json
+import math
 import random
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 # Units sampled per pick (measured: docs/benchmarks.md, Fleet).
 CHOICES = 4
@@ -94,3 +99,291 @@ def sample_choices(
         if found == choices:
             break
     return best
+
+
+# --- Routing by cache and by work -----------------------------------------------------------------
+# A conversation resends its system prompt and every turn before the new one, so the unit that served
+# its last turn holds most of the new prompt's KV cache. A router routes a request with a key (the
+# client's session, else a hash of the prompt's leading messages) to the unit the key hashes to, so
+# that every router agrees without sharing state, unless that unit holds more than (1 + BOUND_EPS) x
+# the mean requests per unit ("consistent hashing with bounded loads": Mirrokni, Thorup, Zadimoghaddam,
+# SODA 2018), then to the next unit on the ring, at most WALK units, then to the least work of CHOICES
+# sampled units. Work is the unit's outstanding prefill tokens (docs/routing.md). The constants were
+# chosen with bench/fleet/trace_sim.py (docs/benchmarks.md, Routing by cache).
+
+# Points per unit on the hash ring: with v points per unit the largest unit's share of the key
+# space is within about 1 + O(sqrt(log n / v)) of the mean (Karger et al., STOC 1997).
+VNODES = 64
+# How far above the mean a preferred unit may go before its keys move on (the paper's epsilon).
+BOUND_EPS = 1.0
+# Units tried along the ring before falling back to sampled least work.
+WALK = 1
+# How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
+# prompts of the request: placing a conversation's turn on its preferred unit is what lets its next turn
+# hit the cache there, a gain the estimate of this request alone does not see.
+AFFINITY_SLACK = 1.0
+# A prompt's tokens estimated from its bytes, without the model's tokenizer: English text runs about
+# four bytes per token under BPE tokenizers (OpenAI's tokenizer guide: "1 token ~= 4 chars in English").
+BYTES_PER_TOKEN = 4
+
+
+class WorkView(LoadView, Protocol):
+    """What a router knows of one unit's work: the last report plus its own sends since."""
+
+    max_running: int  # reported: batch slots (0: not said)
+    prefill_tokens: int  # reported: prompt tokens accepted and not yet at their first token; -1: not said
+    sent_tokens: int  # this router's estimated prompt tokens sent to the unit, ever
+    sent_tokens_at_report: int  # the same when the last report was taken
+
+
+W = TypeVar("W", bound=WorkView)
+
+
+def estimated_prefill(u: WorkView, new_tokens: int = 0) -> int:
+    """Prefill tokens ahead of a new request on the unit: its last report plus what this router sent
+    since (a report comes within tens of milliseconds of a change, so those are still prefilling). A
+    unit that does not report them (an older revision: -1) is taken to queue prompts like this one."""
+    reported = u.prefill_tokens if u.prefill_tokens >= 0 else u.queue_depth * new_tokens
+    est = reported + u.sent_tokens - u.sent_tokens_at_report
+    return est if est > 0 else 0
+
+
+def waiting_for_slot(u: WorkView) -> int:
+    """Requests the unit holds beyond its batch slots (0 when it does not say how many it has)."""
+    waiting = estimated_load(u) - u.max_running if u.max_running > 0 else 0
+    return waiting if waiting > 0 else 0
+
+
+def estimated_ttft(u: WorkView, new_tokens: int) -> float:
+    """Time to first token in units of one prefill token's time: the prefill ahead plus the request's
+    own, and a prompt like this one for each request beyond the unit's batch slots (a new request there
+    first waits for a slot, and a unit of an older revision does not report its prefill). Only the
+    order matters: the units of one fleet run the same model."""
+    return float(estimated_prefill(u, new_tokens) + new_tokens * (1 + waiting_for_slot(u)))
+
+
+def least_work(
+    candidates: Sequence[W],
+    usable: Callable[[W], bool],
+    rng: random.Random,
+    new_tokens: int,
+    *,
+    choices: int = CHOICES,
+    draws: int = 16,
+) -> W | None:
+    """The usable unit of the lowest estimated time to first token among `choices` distinct units drawn
+    at random (all of them when there are no more than that); ties by requests held, then at random."""
+    n = len(candidates)
+    best: W | None = None
+    best_key: tuple[float, int, float] | None = None
+    if n <= choices:
+        pool: Sequence[W] = candidates
+    else:
+        seen: set[int] = set()
+        picked: list[W] = []
+        for _ in range(draws):
+            i = int(rng.random() * n)
+            if i in seen:
+                continue
+            seen.add(i)
+            if usable(candidates[i]):
+                picked.append(candidates[i])
+                if len(picked) == choices:
+                    break
+        pool = picked
+    for u in pool:
+        if n <= choices and not usable(u):
+            continue
+        key = (estimated_ttft(u, new_tokens), estimated_load(u), rng.random())
+        if best_key is None or key < best_key:
+            best, best_key = u, key
+    return best
+
+
+def key_hash(data: bytes) -> int:
+    """64 bits of a key, the same in every router process (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def ring_points(name: str, vnodes: int = VNODES) -> list[int]:
+    """A unit's points on the ring, from its name alone, so every router places it alike."""
+    return [key_hash(f"{name}#{i}".encode()) for i in range(vnodes)]
+
+
+class Ring(Generic[W]):
+    """Consistent hashing over units: a key's preference order is the units met walking clockwise
+    from its hash; a lookup is a binary search. Kept in step with the routable units by update(): a
+    unit that joins or leaves inserts or removes only its own points: at 640 units (41,000 points)
+    on a busy 2-core machine one unit leaving or joining took 0.6-0.8 ms, a rebuild 260 ms, a stall of
+    the router's event loop long enough to time out connections."""
+
+    __slots__ = ("_members", "_owners", "_points", "_points_of")
+
+    def __init__(self, units: Sequence[W], points: Callable[[W], list[int]]) -> None:
+        self._points: list[int] = []
+        self._owners: list[W] = []
+        self._points_of = points
+        self._members: dict[int, tuple[W, list[int]]] = {}  # id(unit) -> (unit, the points it was placed at)
+        self.update(units)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def update(self, units: Sequence[W]) -> None:
+        """Make the ring hold exactly `units`."""
+        wanted = {id(u): u for u in units}
+        gone = [k for k in self._members if k not in wanted]
+        new = [u for k, u in wanted.items() if k not in self._members]
+        if len(gone) + len(new) > len(wanted) // 4:  # a large change: sorting once is cheaper
+            self._members = {k: (u, self._points_of(u)) for k, u in wanted.items()}
+            pairs = sorted((p, i) for i, (_, pts) in enumerate(self._members.values()) for p in pts)
+            owners = [u for u, _ in self._members.values()]
+            self._points = [p for p, _ in pairs]
+            self._owners = [owners[i] for _, i in pairs]
+            return
+        for k in gone:
+            u, pts = self._members.pop(k)
+            for p in pts:
+                i = bisect.bisect_left(self._points, p)
+                while self._owners[i] is not u:  # another unit's point at the same 64-bit hash
+                    i += 1
+                del self._points[i], self._owners[i]
+        for u in new:
+            pts = self._points_of(u)
+            self._members[id(u)] = (u, pts)
+            for p in pts:
+                i = bisect.bisect_right(self._points, p)
+                self._points.insert(i, p)
+                self._owners.insert(i, u)
+
+    def walk(self, key: int) -> Iterator[W]:
+        """Distinct units in the key's preference order."""
+        n = len(self._points)
+        if n == 0:
+            return
+        start = bisect.bisect_left(self._points, key)
+        seen: set[int] = set()
+        for j in range(n):
+            owner = self._owners[(start + j) % n]
+            if id(owner) not in seen:
+                seen.add(id(owner))
+                yield owner
+                if len(seen) == len(self._members):
+                    return
+
+
+def load_bound(mean_load: float, units: int, eps: float = BOUND_EPS) -> int:
+    """Requests a unit may hold, the new one included, and still take a key's new request: the paper's
+    ceil((1 + eps) m / n) with m counting the request being placed (so an idle fleet's bound is 1)."""
+    return math.ceil((1 + eps) * (mean_load + 1 / max(1, units)))
+
+
+def by_key(
+    ring: Ring[W],
+    key: int,
+    usable: Callable[[W], bool],
+    mean_load: float,
+    *,
+    eps: float = BOUND_EPS,
+    walk: int = WALK,
+) -> W | None:
+    """The first of the key's `walk` preferred units that is usable, below the load bound and not
+    queueing requests for a batch slot; None when none is (the caller then takes the least work of a
+    sample)."""
+    bound = load_bound(mean_load, len(ring), eps)
+    for i, u in enumerate(ring.walk(key)):
+        if i >= walk:
+            return None
+        if usable(u) and estimated_load(u) + 1 <= bound and not waiting_for_slot(u):
+            return u
+    return None
+
+
+def by_cache_and_work(
+    ring: Ring[W],
+    candidates: Sequence[W],
+    usable: Callable[[W], bool],
+    rng: random.Random,
+    *,
+    key: int | None,
+    tokens: int,
+    cached: int,
+    mean_load: float,
+    eps: float = BOUND_EPS,
+    walk: int = WALK,
+    choices: int = CHOICES,
+    slack: float = AFFINITY_SLACK,
+) -> W | None:
+    """The shipped policy: the key's preferred unit (below the load bound, within `walk` steps of the
+    ring) against the least work of `choices` sampled units, whichever has the lower estimated time to
+    first token, the preferred unit counting only the `cached` tokens it is expected to hold as done and
+    winning ties up to `slack` prompts of the request. Without a key: the sampled least work."""
+    sampled = least_work(candidates, usable, rng, tokens, choices=choices)
+    if key is None:
+        return sampled
+    preferred = by_key(ring, key, usable, mean_load, eps=eps, walk=walk)
+    if preferred is None:
+        return sampled
+    if sampled is None or sampled is preferred:
+        return preferred
+    new = tokens - cached if tokens > cached else 0
+    if estimated_ttft(preferred, new) <= estimated_ttft(sampled, tokens) + slack * tokens:
+        return preferred
+    return sampled
+
+
+@dataclass(frozen=True)
+class RequestKey:
+    """What the router reads from a request to route it: its affinity key (None: route by work
+    alone) and its prompt size in estimated tokens."""
+
+    key: int | None
+    tokens: int
+    source: str  # session | prefix | none
+    cached: int = 0  # estimated tokens its key's unit already holds: what it resends of earlier turns
+
+
+# The leading bytes of a completion prompt keyed on: about 1024 tokens (two of the trace's 512-token
+# blocks), past a shared system prompt and into the conversation's own text.
+PREFIX_KEY_BYTES = 4096
+
+
+def request_key(body: bytes, session: str | None = None) -> RequestKey:
+    """The request's key, from its raw JSON body: the session (the header's value, then the OpenAI
+    `user` field), else a hash of the chat's leading messages up to and including the first user
+    message (every later turn of the conversation resends them unchanged), else of the completion
+    prompt's first PREFIX_KEY_BYTES. Its cached tokens: the messages before the last user message,
+    which the conversation's previous turn left in its unit's cache. A body the router cannot read is
+    routed by work alone; the unit then answers its error."""
+    tokens = len(body) // BYTES_PER_TOKEN
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        doc = None
+    if not isinstance(doc, dict):
+        doc = {}
+    user = doc.get("user")
+    if not session and isinstance(user, str) and user:
+        session = user
+    key: int | None = key_hash(b"s:" + session.encode()) if session else None
+    messages = doc.get("messages")
+    prompt = doc.get("prompt")
+    if isinstance(messages, list) and messages:
+        users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+        cached = 0
+        if len(users) > 1:  # a later turn: its unit holds the turns before (the first holds nothing special)
+            earlier = json.dumps(messages[: users[-1]], separators=(",", ":")).encode()
+            cached = min(tokens, len(earlier) // BYTES_PER_TOKEN)
+        if key is None:
+            lead = messages[: users[0] + 1] if users else messages
+            raw = json.dumps(lead, sort_keys=True, separators=(",", ":")).encode()
+            key = key_hash(b"m:" + raw[:PREFIX_KEY_BYTES])
+        return RequestKey(key, tokens, "session" if session else "prefix", cached)
+    if key is not None:
+        return RequestKey(key, tokens, "session")
+    if isinstance(prompt, str) and prompt:
+        return RequestKey(key_hash(b"p:" + prompt.encode()[:PREFIX_KEY_BYTES]), tokens, "prefix")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt[:8]):
+        lead_ids = ",".join(str(t) for t in prompt[: PREFIX_KEY_BYTES // BYTES_PER_TOKEN])
+        return RequestKey(key_hash(b"t:" + lead_ids.encode()), len(prompt), "prefix")
+    return RequestKey(None, tokens, "none")

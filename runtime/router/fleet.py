@@ -42,17 +42,23 @@ _WATCH_HEAD_LIMIT = 16 * 1024
 # otherwise open 5,000 connections at once, time most of them out on its own CPU, and retry them
 # all a second later: a storm that never settles.
 _CONCURRENT_ASKS = 64
+# How often the fleet's mean requests per unit (the cache-aware policy's load bound) is recomputed.
+MEAN_LOAD_EVERY_S = 0.05
 
 
 class _RoutingIndex:
     """The routable units as a list the balancer samples from; rebuilt only after a unit's routability
     changed (load reports, which arrive thousands of times a second, do not touch it)."""
 
-    __slots__ = ("dirty", "units")
+    __slots__ = ("dirty", "mean_at", "mean_load", "ring", "ring_stale", "units")
 
     def __init__(self) -> None:
         self.dirty = True
         self.units: list[Unit] = []
+        self.ring: balance.Ring[Unit] = balance.Ring([], Unit.ring_points)
+        self.ring_stale = True  # updated at the first keyed pick after a change of the routable units
+        self.mean_load = 0.0  # requests per routable unit, as last computed (for the load bound)
+        self.mean_at = -1e9
 
 
 class Unit:
@@ -70,10 +76,14 @@ class Unit:
         "running",
         "max_running",
         "kv_cache_used",
+        "prefill_tokens",
         "wait_s",
         "queue_timeout_s",
         "outstanding",
         "outstanding_at_report",
+        "sent_tokens",
+        "sent_tokens_at_report",
+        "_points",
         "reported_at",
         "_removed",
         "session",
@@ -101,10 +111,14 @@ class Unit:
         self.running = 0
         self.max_running = 0
         self.kv_cache_used = 0.0
+        self.prefill_tokens = -1  # reported: prompt tokens accepted, not yet at their first token; -1: not said
         self.wait_s = 0.0  # reported: the wait for a batch slot a request arriving now would have
         self.queue_timeout_s = 0.0  # reported: past this wait the leader refuses (0: it does not say)
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
+        self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever
+        self.sent_tokens_at_report = 0  # the same when the last report arrived
+        self._points: tuple[str, list[int]] | None = None  # the unit's ring points, by the name they came from
         self.reported_at = 0.0  # time.monotonic() of the last report (watch line or poll)
         self._removed = False  # gone from discovery; closes once idle
         self.session: aiohttp.ClientSession | None = None  # for requests; leaders only
@@ -146,6 +160,12 @@ class Unit:
     def routable(self) -> bool:
         return self._ready and not self._removed
 
+    def ring_points(self) -> list[int]:
+        """Its points on the routers' hash ring, from the unit's id (the same in every router)."""
+        if self._points is None or self._points[0] != self.unit:
+            self._points = (self.unit, balance.ring_points(self.unit))
+        return self._points[1]
+
     def mark_unready(self, state: str) -> None:
         if self._ready:
             log.warning("unit %s (%s) is no longer routable: %s", self.unit, self.url, state)
@@ -161,6 +181,7 @@ class Unit:
         self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
         self.wait_s = float(load.get("wait_s", 0.0))
         self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
+        self.prefill_tokens = int(load.get("prefill_tokens", -1))
 
     def apply_report(self, status: int, body: dict) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
@@ -295,6 +316,9 @@ class Fleet:
         # What health costs: polls by the member's role at the time, watch lines received.
         self.polls = {"leader": 0, "follower": 0, "unknown": 0}
         self.watch_lines = 0
+        # Cache-aware picks by outcome, ever: to the key's own unit, elsewhere by work, without a key.
+        self.routes = {"preferred": 0, "by_work": 0, "unkeyed": 0}
+        self._routes_reported = (0, 0)  # (preferred, by_work) at the last routing EMF line
         interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
         self._watch_request = (
             f"GET {contract.NODE_WATCH_PATH}?interval={interval:g}&changes={changes:g} HTTP/1.0\r\n"
@@ -485,6 +509,7 @@ class Fleet:
         if not line.strip():
             unit.reported_at = time.monotonic()
             unit.outstanding_at_report = unit.outstanding
+            unit.sent_tokens_at_report = unit.sent_tokens
             return True
         try:
             body = json.loads(line)
@@ -494,6 +519,7 @@ class Fleet:
                 unit.take_load(body["load"])
                 unit.reported_at = time.monotonic()
                 unit.outstanding_at_report = unit.outstanding
+                unit.sent_tokens_at_report = unit.sent_tokens
                 return True
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             unit.mark_unready("bad_health_body")
@@ -530,6 +556,7 @@ class Fleet:
         unit.apply_report(status, body)
         unit.reported_at = time.monotonic()
         unit.outstanding_at_report = unit.outstanding
+        unit.sent_tokens_at_report = unit.sent_tokens
         if unit.cell:
             self.cells.add(unit.cell)
         if unit.role == "leader":
@@ -623,13 +650,26 @@ class Fleet:
         index = self._index
         if index.dirty:
             index.units = [u for u in self.units.values() if u.routable]
+            index.ring_stale = True
+            index.mean_at = -1e9
             index.dirty = False
         return index.units
 
-    def pick(self, exclude: tuple[Unit, ...] = ()) -> Pick:
-        """A routable, unsaturated leader by the power of d choices on estimated load
-        (runtime/router/balance.py); a full scan when sampling finds none, which also tells
-        "every unit saturated" (429) from "no unit routable" (503)."""
+    def _mean_load(self, units: list[Unit]) -> float:
+        """Requests per routable unit, recomputed at most every MEAN_LOAD_EVERY_S: a bound on the
+        fleet's mean moves slowly, and a sum over every unit per request would cost at 625 units."""
+        index = self._index
+        now = time.monotonic()
+        if now - index.mean_at >= MEAN_LOAD_EVERY_S:
+            index.mean_load = sum(balance.estimated_load(u) for u in units) / len(units)
+            index.mean_at = now
+        return index.mean_load
+
+    def pick(self, exclude: tuple[Unit, ...] = (), request: balance.RequestKey | None = None) -> Pick:
+        """A routable, unsaturated leader by the router's policy (runtime/router/balance.py,
+        docs/routing.md); `request` is what the proxy read of the request (without it: the fewest
+        requests of a sample). A full scan when sampling finds none, which also tells "every unit
+        saturated" (429) from "no unit routable" (503)."""
         units = self._routable()
         if not units:
             return Pick(None, "no_unit")
@@ -637,10 +677,36 @@ class Fleet:
         def usable(u: Unit) -> bool:
             return u not in exclude and u.routable and not self.saturated(u)
 
-        best = balance.sample_choices(units, usable, self._rng)
+        policy = self._settings.balance
+        if request is None or policy == "least_requests":
+            best = balance.sample_choices(units, usable, self._rng)
+        elif policy == "least_work":
+            best = balance.least_work(units, usable, self._rng, request.tokens)
+        else:
+            index = self._index
+            if index.ring_stale:
+                index.ring.update(units)
+                index.ring_stale = False
+            best = balance.by_cache_and_work(
+                index.ring,
+                units,
+                usable,
+                self._rng,
+                key=request.key,
+                tokens=request.tokens,
+                cached=request.cached,
+                mean_load=self._mean_load(units),
+            )
+            if request.key is None:
+                self.routes["unkeyed"] += 1
+            elif best is not None:
+                preferred = next(index.ring.walk(request.key), None)
+                self.routes["preferred" if best is preferred else "by_work"] += 1
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:
+            if request is not None:
+                best.sent_tokens += request.tokens
             return Pick(best, "ok")
         routable = any(u.routable and u not in exclude for u in units)
         return Pick(None, "saturated" if routable else "no_unit")
@@ -662,9 +728,24 @@ class Fleet:
                 per_cell[u.cell] = per_cell.get(u.cell, 0) + 1
         return per_cell, len(routable)
 
+    def routing_figures(self) -> tuple[float | None, float | None]:
+        """Since the last call: the share of keyed requests sent to their key's unit (None: none came);
+        now: the busiest routable unit's estimated requests as a percentage of the mean (None: idle)."""
+        preferred, by_work = self.routes["preferred"], self.routes["by_work"]
+        last_preferred, last_by_work = self._routes_reported
+        self._routes_reported = (preferred, by_work)
+        keyed = (preferred - last_preferred) + (by_work - last_by_work)
+        share = 100.0 * (preferred - last_preferred) / keyed if keyed else None
+        loads = [balance.estimated_load(u) for u in self._routable()]
+        mean = sum(loads) / len(loads) if loads else 0.0
+        return share, (100.0 * max(loads) / mean if mean > 0 else None)
+
     def write_ready_units(self) -> None:
         per_cell, fleet = self.ready_units()
-        emf.write_lines(emf.ready_units_lines(per_cell=per_cell, fleet=fleet))
+        lines = emf.ready_units_lines(per_cell=per_cell, fleet=fleet)
+        share, busiest = self.routing_figures()
+        routing = emf.routing_line(routed_to_preferred_pct=share, busiest_unit_load_pct=busiest)
+        emf.write_lines(lines + ([routing] if routing else []))
 
     async def _ready_units_loop(self) -> None:
         while True:

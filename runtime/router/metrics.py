@@ -55,6 +55,11 @@ class _FleetCollector(Collector):
         kv = GaugeMetricFamily(
             "flotilla_router_unit_kv_cache_used", "KV-cache fraction in use the unit reported", labels=labels
         )
+        prefill = GaugeMetricFamily(
+            "flotilla_router_unit_prefill_tokens",
+            "prompt tokens waiting for their first token the unit reported (-1: it does not report them)",
+            labels=labels,
+        )
         for u in list(self._fleet.units.values()):
             lv = [u.url, u.unit, u.revision]
             routable.add_metric(lv, 1.0 if u.routable else 0.0)
@@ -63,6 +68,7 @@ class _FleetCollector(Collector):
             queue.add_metric(lv, u.queue_depth)
             running.add_metric(lv, u.running)
             kv.add_metric(lv, u.kv_cache_used)
+            prefill.add_metric(lv, u.prefill_tokens)
         routable_units = GaugeMetricFamily("flotilla_router_routable_units", "units currently routable")
         routable_units.add_metric([], self._fleet.routable_count())
         # What health costs this router: lines from the leaders it watches, and the members it had to
@@ -76,7 +82,15 @@ class _FleetCollector(Collector):
         )
         for role, n in self._fleet.polls.items():
             polls.add_metric([role], n)
-        yield from (routable, state, outstanding, queue, running, kv, routable_units, watched, lines, polls)
+        routes = CounterMetricFamily(
+            "flotilla_router_routes",
+            "cache-aware picks: to the key's own unit (preferred), elsewhere by work (by_work), without a key",
+            labels=["decision"],
+        )
+        for decision, n in self._fleet.routes.items():
+            routes.add_metric([decision], n)
+        yield from (routable, state, outstanding, queue, running, kv, prefill, routable_units, watched, lines, polls)
+        yield routes
 
 
 class RouterMetrics:

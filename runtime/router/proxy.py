@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
 from runtime import logs
-from runtime.router import unit_report
+from runtime.router import balance, unit_report
 from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
@@ -384,10 +384,11 @@ class Router:
             trace.shed = True
             return self._shed("admission", request_id)
         headers = self._upstream_headers(request, request_id)
+        key = balance.request_key(body, request.headers.get(contract.SESSION_HEADER))
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
         for _ in range(self.settings.max_attempts):
-            pick = self.fleet.pick(tried)
+            pick = self.fleet.pick(tried, key)
             unit = pick.unit
             if unit is None:
                 if refusal is not None:

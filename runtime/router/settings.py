@@ -164,7 +164,7 @@ class RouterSettings(BaseModel):
             "seconds between discovery passes",
             default="2 (static), 5 (cloudmap: each pass costs a Cloud Map call per cell)",
         ),
-    ] = 2.0
+    ] = contract.STATIC_DISCOVERY_INTERVAL_S
     # health and load: leaders are watched (a report every poll interval), others asked when needed
     poll_interval_s: Annotated[
         float,
@@ -234,6 +234,17 @@ class RouterSettings(BaseModel):
         int, within(1, 100_000), Option("--max-queue-depth", "a unit reporting this queue depth is saturated")
     ] = 32
     retry_after_s: Annotated[int, within(1, 3600)] = 1
+    # routing: which policy of runtime/router/balance.py picks a unit (docs/routing.md)
+    balance: Annotated[
+        Literal["cache_aware", "least_work", "least_requests"],
+        Option(
+            "--balance",
+            "how a unit is picked: cache_aware (the request's session or prompt prefix keeps it on one unit "
+            "unless that unit is busier; docs/routing.md), least_work (the least estimated prefill of 4 "
+            "sampled units) or least_requests (the fewest requests of 4 sampled units)",
+            env=contract.ENV_BALANCE,
+        ),
+    ] = "cache_aware"
     access_log: Annotated[
         bool,
         BeforeValidator(_access_log_word),
@@ -370,7 +381,12 @@ class RouterSettings(BaseModel):
         # once, so every 5 s is soon enough.
         if isinstance(values, dict) and values.get("discovery_interval_s") is None:
             cloudmap = values.get("discovery") == "cloudmap"
-            values = {**values, "discovery_interval_s": 5.0 if cloudmap else 2.0}
+            values = {
+                **values,
+                "discovery_interval_s": contract.CLOUDMAP_DISCOVERY_INTERVAL_S
+                if cloudmap
+                else contract.STATIC_DISCOVERY_INTERVAL_S,
+            }
         return values
 
     @model_validator(mode="before")

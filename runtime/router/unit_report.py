@@ -16,7 +16,8 @@ EVENT = "unit_states"
 
 
 def report(fleet: Fleet) -> list[dict]:
-    """One record per cell: {unit: {routable, state, revision, queue_depth, running}}. A unit is
+    """One record per cell: {unit: {routable, state, revision, queue_depth, running, in_flight,
+    prefill_tokens}} (-1: the unit does not report it). A unit is
     routable when a member leading it is; a unit whose members answer but none leads is reported
     with the leaderless state, so "not routable" and "not seen" stay different things."""
     cells: dict[str, dict[str, dict]] = {}
@@ -32,6 +33,8 @@ def report(fleet: Fleet) -> list[dict]:
                 "revision": member.revision,
                 "queue_depth": member.queue_depth,
                 "running": member.running,
+                "in_flight": member.in_flight,
+                "prefill_tokens": member.prefill_tokens,
             }
         elif seen is None:
             units[member.unit] = {"routable": False, "state": "no leader", "revision": member.revision}

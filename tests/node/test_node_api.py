@@ -149,6 +149,7 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             "max_running",
             "kv_cache_used",
             "in_flight",
+            "prefill_tokens",
             "wait_s",
             "queue_timeout_s",
             "prefix_cache_queries",

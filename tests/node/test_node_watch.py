@@ -73,6 +73,33 @@ def test_the_router_watches_a_node_and_the_open_watch_does_not_hold_up_its_shutd
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+def test_outstanding_prefill_tokens_reach_the_router_within_the_change_report():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        url = f"http://127.0.0.1:{port}"
+        settings = RouterSettings(units=(url,), poll_interval_s=10.0, change_report_s=0.02, stale_after_s=30.0)
+        fleet = Fleet(settings=settings, discovery=StaticDiscovery(units=(url,)))
+        try:
+            await fleet.start()
+            unit = fleet.units[url]
+            for _ in range(500):
+                if unit.watch is not None and unit.prefill_tokens == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert unit.prefill_tokens == 0  # reported, not the -1 of a unit that does not say
+            sup.prefill_tokens = 4096  # prompts accepted at the leader's API, not yet at a first token
+            for _ in range(500):
+                if unit.prefill_tokens == 4096:
+                    break
+                await asyncio.sleep(0.01)
+            assert unit.prefill_tokens == 4096
+        finally:
+            await fleet.close()
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
 def test_a_change_of_requests_in_flight_is_sent_at_once_not_at_the_next_heartbeat():
     async def scenario():
         runner, port, sup = await _serve_forming_leader()

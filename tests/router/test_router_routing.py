@@ -319,7 +319,8 @@ def test_kv_cache_use_breaks_a_tie_in_reported_load():
         a, b = us = await units("a", "b")
         a.running, b.running = 2, 2
         a.kv_cache_used, b.kv_cache_used = 0.9, 0.1
-        async with router_over(us) as router, aiohttp.ClientSession() as s:
+        # The fewest-requests policy's tie-break (cache-aware routing ties by requests held, then chance).
+        async with router_over(us, balance="least_requests") as router, aiohttp.ClientSession() as s:
             await wait_for(lambda: router.fleet.units[a.url].kv_cache_used == 0.9)
             for _ in range(4):
                 await post(s, router)

@@ -40,5 +40,7 @@ def test_each_interval_every_unit_s_state_is_written_one_line_per_cell(capsys):
         "revision": "1",
         "queue_depth": 0,
         "running": 0,
+        "in_flight": -1,
+        "prefill_tokens": -1,
     }
     assert set(latest["cell1"]) == {"cell1-unit0"}

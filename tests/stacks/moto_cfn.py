@@ -34,7 +34,9 @@ from moto.cloudformation import parsing
 REGION = "us-east-1"  # moto's Fn::GetAZs always yields us-east-1 zones
 ACCOUNT = "123456789012"  # moto's default account
 BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
-NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
+NEURON_AMI_PARAMETER = (  # stacks/unit.py pins this Neuron ECS AMI release (docs/hardware.md)
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/al2023-ami-ecs-neuron-hvm-2023.0.20260403-kernel-6.1-x86_64/image_id"
+)
 
 
 class StandIn:

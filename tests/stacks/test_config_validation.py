@@ -67,7 +67,7 @@ REJECTED = [
     ),
     ({"alarm_email": "oncall"}, "invalid flotilla config: alarm_email='oncall': an e-mail address (or omit it)"),
     ({"unit_rollout": "bluegreen"}, "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
-    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
+    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of reference, echo, neuron"),
     (
         {"node": {"decode_strategy": "expert"}},
         "invalid flotilla config: node.decode_strategy='expert': one of auto, pipeline, tensor",
@@ -83,6 +83,10 @@ REJECTED = [
         "150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653",
     ),
     ({"router": {"cpu": 300}}, "invalid flotilla config: router.cpu=300: one of 256, 512, 1024, 2048, 4096"),
+    (
+        {"router": {"balance": "round_robin"}},
+        "invalid flotilla config: router.balance='round_robin': one of cache_aware, least_work, least_requests",
+    ),
     (
         {"nodes_per_units": 2},
         "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "

@@ -118,6 +118,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
         contract.ENV_CLOUDMAP_SERVICE: "units-cell0,units-cell1",
         contract.ENV_DRAIN_TIMEOUT: "60",
         contract.ENV_ADMISSION_PARAMETER: ADMISSION_PARAMETER,
+        contract.ENV_BALANCE: "cache_aware",
         # API keys: the secret's name (never a key), how often it is re-read, and how many routers
         # share each key's limits (each admits 1/n)
         contract.ENV_API_KEYS_SECRET: API_KEYS_SECRET,

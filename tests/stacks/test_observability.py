@@ -197,6 +197,8 @@ def _dashboard_body() -> str:
         contract.METRIC_OUTPUT_TOKENS,
         "PERIOD(tok)",
         contract.METRIC_READY_UNITS,
+        contract.METRIC_ROUTED_TO_PREFERRED,
+        contract.METRIC_BUSIEST_UNIT_LOAD,
         "HealthyHostCount",
         "UnHealthyHostCount",
         *UNITS_PER_CELL,

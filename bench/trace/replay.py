@@ -1,0 +1,336 @@
+"""Trace replay against `make local`: the Mooncake conversation trace, scaled to SmolLM2, through the
+router under each routing policy in turn; TTFT p50/p90/p99, TPOT, prefix-cache hit rate and goodput.
+
+Run: `make bench-trace` (BENCH_ARGS passes flags; `--requests 40 --rate 1` is a short run). For each
+policy it starts `python -m runtime.local --balance POLICY` (fresh units: no policy inherits another's
+warm cache), replays the same requests open-loop at their scaled arrival times, and stops it. Results
+are appended to bench/results/trace_replay.json with the scaling beside every figure.
+
+Scaling (printed with the figures): each 512-token block hash of the trace becomes a fixed run of
+`--block-tokens` token ids (the same run wherever the hash appears, so requests that share a prefix in
+the trace share it token for token); a request's prompt is its blocks' runs, at most
+`--max-input-tokens`; its output is the trace's divided by 512 / block tokens, at least 1 and at most
+`--max-output-tokens`; arrivals are compressed to `--rate` requests/s on average. Each request names its
+conversation (its first two blocks) in X-Session-Id, as a client that knows its conversations does:
+token-id prompts carry no messages to key on. Goodput: requests answered 200 within both targets,
+rejected and failed requests counted as misses.
+
+A load generator of our own: aiperf 0.13.0 (aiperf/dataset/loader/mooncake_trace.py) and guidellm 0.8.1
+(guidellm/data/deserializers/trace_mooncake.py) both replay Mooncake traces, but each pulls dozens of
+packages into the environment (aiperf: dash, kubernetes, pandas, pyarrow, optuna; guidellm: datasets,
+sanic, httpx, transformers) and turns hash ids into text through a tokenizer, where this benchmark
+needs exact token runs; inference-perf 0.7.0 has no distribution installable here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+import contract  # noqa: E402
+from bench.fleet.trace_sim import trace_path  # noqa: E402
+from bench.measure import append_run  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
+
+TRACE_BLOCK_TOKENS = 512
+# today's policy, then by work, then by cache and work: the order of the comparison
+POLICIES = tuple(reversed(contract.ROUTER_BALANCE_POLICIES))
+
+
+@dataclass(frozen=True)
+class Scaled:
+    at: float
+    prompt: list[int]
+    max_tokens: int
+    session: str
+    blocks: tuple[int, ...]
+
+
+def scale(
+    rows: list[dict], *, block_tokens: int, max_input: int, max_output: int, rate: float, vocab: int = 40000
+) -> list[Scaled]:
+    span = max(1.0, (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000.0)
+    compress = (len(rows) / span) / rate
+    out = []
+    for r in rows:
+        blocks = tuple(r["hash_ids"])[: max(1, max_input // block_tokens)]
+        prompt: list[int] = []
+        for h in blocks:
+            rng = random.Random(h)  # the same run wherever the hash appears
+            prompt += [rng.randrange(vocab // 40, vocab) for _ in range(block_tokens)]
+        out_tokens = max(1, min(max_output, round(r["output_length"] * block_tokens / TRACE_BLOCK_TOKENS)))
+        out.append(
+            Scaled(
+                at=(r["timestamp"] - rows[0]["timestamp"]) / 1000.0 / compress,
+                prompt=prompt[:max_input],
+                max_tokens=out_tokens,
+                session=f"conv-{'-'.join(str(h) for h in blocks[:2])}",
+                blocks=blocks,
+            )
+        )
+    return out
+
+
+def oracle_hit_rate(requests: list[Scaled], block_tokens: int) -> float:
+    """Prompt tokens a single infinite cache could reuse (leading blocks seen before): no policy beats it."""
+    seen: set[tuple[int, ...]] = set()
+    hit = total = 0
+    for q in requests:
+        n = 0
+        for i in range(1, len(q.blocks) + 1):
+            if q.blocks[:i] not in seen:
+                break
+            n = i
+        for i in range(1, len(q.blocks) + 1):
+            seen.add(q.blocks[:i])
+        hit += min(len(q.prompt), n * block_tokens)
+        total += len(q.prompt)
+    return hit / total if total else 0.0
+
+
+async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t0: float, timeout_s: float) -> dict:
+    await asyncio.sleep(max(0.0, t0 + q.at - time.monotonic()))
+    body = {
+        "model": model,
+        "prompt": q.prompt,
+        "max_tokens": q.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.monotonic()
+    rec: dict = {"status": 0, "ttft_s": None, "tpot_s": None, "cached": 0, "prompt_tokens": len(q.prompt)}
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(
+                url + "/v1/completions", json=body, headers={contract.SESSION_HEADER: q.session}
+            ) as resp:
+                rec["status"] = resp.status
+                rec["unit"] = resp.headers.get(contract.UNIT_HEADER, "")
+                first = last = None
+                tokens = 0
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    if "error" in chunk:
+                        rec["status"] = 599
+                        break
+                    if chunk.get("choices") and chunk["choices"][0].get("text"):
+                        now = time.monotonic()
+                        first = first or now
+                        last = now
+                        tokens += 1
+                    usage = chunk.get("usage") or {}
+                    details = usage.get("prompt_tokens_details") or {}
+                    rec["cached"] = int(details.get("cached_tokens") or 0)
+                if first is not None:
+                    rec["ttft_s"] = first - sent
+                    if tokens > 1 and last is not None:
+                        rec["tpot_s"] = (last - first) / (tokens - 1)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        rec["error"] = repr(exc)
+    return rec
+
+
+def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> dict:
+    ok = [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
+    ttfts = sorted(r["ttft_s"] for r in ok)
+    tpots = sorted(r["tpot_s"] for r in ok if r["tpot_s"] is not None)
+
+    def q(xs: list[float], x: float) -> float | None:
+        return xs[min(len(xs) - 1, int(len(xs) * x))] if xs else None
+
+    good = sum(1 for r in ok if r["ttft_s"] <= ttft_target_s and (r["tpot_s"] or 0.0) <= tpot_target_s)
+    prompt = sum(r["prompt_tokens"] for r in recs)
+    return {
+        "requests": len(recs),
+        "ok": len(ok),
+        "ttft_p50_s": q(ttfts, 0.5),
+        "ttft_p90_s": q(ttfts, 0.9),
+        "ttft_p99_s": q(ttfts, 0.99),
+        "tpot_mean_s": sum(tpots) / len(tpots) if tpots else None,
+        "hit_rate": sum(r["cached"] for r in recs) / prompt if prompt else 0.0,
+        "goodput": good / len(recs) if recs else 0.0,
+        "units_used": len({r.get("unit") for r in ok}),
+        "failures": [{k: r.get(k) for k in ("status", "error")} for r in recs if r not in ok][:3],
+    }
+
+
+def _wait_routable(url: str, units: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench-trace: make local exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + contract.ROUTER_HEALTH_PATH, timeout=2) as r:  # noqa: S310
+                if int(json.load(r).get("routable_units", 0)) >= units:
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(1.0)
+    raise SystemExit(f"bench-trace: {units} units not routable within {timeout_s:.0f} s (--ready-timeout)")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # the launcher drains and stops its units and router
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _start_local(policy: str, a: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """`make local` with the policy, waited until every unit is routable. A start that fails (two
+    processes on this shared machine picked the same free port) is tried again, at most 3 times."""
+    state = Path(a.state_dir) / policy
+    state.mkdir(parents=True, exist_ok=True)
+    for attempt in range(3):
+        port = free_port()
+        cmd = [sys.executable, "-m", "runtime.local", "--units", str(a.units), "--nodes", str(a.nodes)]
+        cmd += ["--model", a.model, "--balance", policy, "--port", str(port), "--state-dir", str(state)]
+        with open(state / "launcher.log", "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_routable(url, a.units, proc, a.ready_timeout)
+            return proc, url
+        except SystemExit as exc:
+            _stop(proc)
+            if attempt == 2:
+                raise
+            print(f"  {policy}: {exc}; starting again (log: {state / 'launcher.log'})", flush=True)
+    raise AssertionError("unreachable")
+
+
+def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace) -> dict:
+    proc, url = _start_local(policy, a)
+    try:
+
+        async def replay() -> list[dict]:
+            conn = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=conn) as s:
+                t0 = time.monotonic() + 0.5
+                model = os.path.basename(a.model.rstrip("/"))
+                return await asyncio.gather(*(one(s, url, model, q, t0, a.request_timeout) for q in requests))
+
+        recs = asyncio.run(replay())
+    finally:
+        _stop(proc)
+    return summarize(recs, a.ttft_target, a.tpot_target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
+    ap.add_argument("--requests", type=int, default=400, help="the trace's first N requests")
+    ap.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second after scaling")
+    ap.add_argument("--block-tokens", type=int, default=16)
+    ap.add_argument("--max-input-tokens", type=int, default=512)
+    ap.add_argument("--max-output-tokens", type=int, default=16)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--units", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=1, help="members per unit (1 keeps 3 units within 2 cores)")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--vocab", type=int, default=40000, help="token ids are drawn below this (smollm2: 49,152)")
+    ap.add_argument("--ttft-target", type=float, default=2.0, help="goodput: seconds to first token at most")
+    ap.add_argument("--tpot-target", type=float, default=0.5, help="goodput: seconds per output token at most")
+    ap.add_argument("--request-timeout", type=float, default=120.0)
+    ap.add_argument("--ready-timeout", type=float, default=600.0)
+    ap.add_argument("--state-dir", default=str(REPO / ".flotilla" / "bench-trace"))
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_replay.json"))
+    a = ap.parse_args(argv)
+    policies = tuple(a.policies.split(","))
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        ap.error(f"--policies {bad[0]}: one of {', '.join(POLICIES)}")
+    if a.requests < 1 or a.rate <= 0 or a.block_tokens < 1:
+        ap.error("--requests and --block-tokens must be at least 1 and --rate above 0")
+    path = trace_path(a.trace)
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines()[: a.requests] if line.strip()]
+    except OSError as exc:
+        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
+    requests = scale(
+        rows,
+        block_tokens=a.block_tokens,
+        max_input=a.max_input_tokens,
+        max_output=a.max_output_tokens,
+        rate=a.rate,
+        vocab=a.vocab,
+    )
+    scaling = {
+        "trace": a.trace,
+        "requests": len(requests),
+        "block_tokens": a.block_tokens,
+        "max_input_tokens": a.max_input_tokens,
+        "max_output_tokens": a.max_output_tokens,
+        "output_divisor": TRACE_BLOCK_TOKENS / a.block_tokens,
+        "rate_per_s": a.rate,
+        "mean_prompt_tokens": sum(len(q.prompt) for q in requests) / len(requests),
+        "oracle_hit_rate": oracle_hit_rate(requests, a.block_tokens),
+        "units": a.units,
+        "nodes": a.nodes,
+        "model": a.model,
+        "ttft_target_s": a.ttft_target,
+        "tpot_target_s": a.tpot_target,
+    }
+    print(
+        f"trace {a.trace}: first {len(requests)} requests, 512-token blocks -> {a.block_tokens} tokens, prompts <= "
+        f"{a.max_input_tokens} (mean {scaling['mean_prompt_tokens']:.0f}), outputs / {scaling['output_divisor']:.0f} "
+        f"<= {a.max_output_tokens}, {a.rate:g} req/s; {a.units} units x {a.nodes} node(s) of {a.model}; oracle "
+        f"(infinite cache) hit rate {100 * scaling['oracle_hit_rate']:.1f} %",
+        flush=True,
+    )
+    results = {}
+    for policy in policies:
+        r = run_policy(policy, requests, a)
+        results[policy] = r
+
+        def ms(x: float | None) -> str:
+            return f"{1000 * x:7.0f}" if x is not None else "      -"
+
+        print(
+            f"  {policy:15s} TTFT p50 {ms(r['ttft_p50_s'])} p90 {ms(r['ttft_p90_s'])} p99 {ms(r['ttft_p99_s'])} ms  "
+            f"TPOT {ms(r['tpot_mean_s'])} ms  hit {100 * r['hit_rate']:5.1f} %  goodput {100 * r['goodput']:5.1f} % "
+            f"(TTFT <= {a.ttft_target:g} s, TPOT <= {a.tpot_target:g} s)  ok {r['ok']}/{r['requests']}  "
+            f"units used {r['units_used']}",
+            flush=True,
+        )
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    append_run(
+        a.out,
+        {
+            "label": a.label,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "loadavg": load,
+            "scaling": scaling,
+            "args": {k: v for k, v in vars(a).items() if k not in ("out",)},
+            "results": results,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Routing by cache and by work (runtime/router/balance.py, docs/routing.md): routers that see the same
+units agree on a key's unit without talking to each other, one hot prefix cannot pile onto one unit,
+an unready preferred unit hands its keys on, and the request's key is read the same way by every
+router. The trace model (bench/fleet/trace_sim.py) runs small at the end: its figures are simulated
+time from a fixed trace, not wall-clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass
+from typing import get_args
+
+import aiohttp
+import pytest
+from router_standins import StandInUnit
+from router_testkit import base_url, router_over, run
+
+import contract
+from bench.fleet import trace_sim
+from runtime import emf
+from runtime.node.server import _Prefilling
+from runtime.router import balance
+from runtime.router.discovery import StaticDiscovery, UnitEndpoint
+from runtime.router.fleet import Fleet, Unit
+from runtime.router.settings import RouterSettings
+
+
+@dataclass
+class V:
+    name: str
+    in_flight: int = 0
+    queue_depth: int = 0
+    running: int = 0
+    max_running: int = 8
+    kv_cache_used: float = 0.0
+    prefill_tokens: int = 0
+    outstanding: int = 0
+    outstanding_at_report: int = 0
+    sent_tokens: int = 0
+    sent_tokens_at_report: int = 0
+
+
+def _ring(units: list[V]) -> balance.Ring[V]:
+    return balance.Ring(units, lambda v: balance.ring_points(v.name))
+
+
+def _always(_: V) -> bool:
+    return True
+
+
+def _chat(first_user: str, turns: int = 1) -> bytes:
+    messages = [{"role": "system", "content": "You are a shopping assistant."}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": first_user if t == 0 else f"and turn {t}?"})
+        if t < turns - 1:
+            messages.append({"role": "assistant", "content": f"answer {t} " * 40})
+    return json.dumps({"model": "m", "messages": messages}).encode()
+
+
+# --- the key -------------------------------------------------------------------------------------------
+def test_every_turn_of_a_conversation_has_the_key_of_its_first_turn_and_other_conversations_differ():
+    keys = {balance.request_key(_chat("find me red shoes", turns=n)).key for n in range(1, 6)}
+    assert len(keys) == 1
+    other = balance.request_key(_chat("find me a blue hat")).key
+    assert other not in keys
+
+
+def test_a_later_turn_counts_the_messages_before_its_last_question_as_cached():
+    first = balance.request_key(_chat("find me red shoes", turns=1))
+    third = balance.request_key(_chat("find me red shoes", turns=3))
+    assert first.cached == 0 and first.source == "prefix"
+    # The system prompt, the first two questions and two answers: what the previous turn left cached.
+    earlier = json.loads(_chat("find me red shoes", turns=3))["messages"][:-1]
+    assert third.cached == len(json.dumps(earlier, separators=(",", ":")).encode()) // balance.BYTES_PER_TOKEN
+    assert 0 < third.cached < third.tokens
+
+
+def test_a_session_header_or_the_openai_user_field_outranks_the_prefix():
+    body = _chat("find me red shoes")
+    by_header = balance.request_key(body, "conv-42")
+    by_user = balance.request_key(json.dumps({**json.loads(body), "user": "conv-42"}).encode())
+    assert by_header.source == by_user.source == "session"
+    assert by_header.key == by_user.key != balance.request_key(body).key
+
+
+def test_completion_prompts_key_on_their_leading_bytes_and_unreadable_bodies_have_no_key():
+    lead = "x" * balance.PREFIX_KEY_BYTES
+    a = balance.request_key(json.dumps({"prompt": lead + " one"}).encode())
+    b = balance.request_key(json.dumps({"prompt": lead + " two, longer"}).encode())
+    assert a.key == b.key is not None
+    assert balance.request_key(json.dumps({"prompt": [1, 2, 3]}).encode()).tokens == 3
+    assert balance.request_key(b"{not json").key is None
+    assert balance.request_key(b"[1, 2]").key is None
+
+
+def test_the_key_hash_is_the_same_in_every_process():
+    # blake2b, not Python's per-process salted hash(): another router process must agree. The value is
+    # the first 8 bytes of hashlib.blake2b(b"abc", digest_size=8), big-endian (RFC 7693 BLAKE2b-64).
+    import hashlib
+
+    assert balance.key_hash(b"abc") == int.from_bytes(hashlib.blake2b(b"abc", digest_size=8).digest(), "big")
+    assert balance.ring_points("unit-a")[:2] == [balance.key_hash(b"unit-a#0"), balance.key_hash(b"unit-a#1")]
+
+
+# --- agreement ---------------------------------------------------------------------------------------
+def test_routers_with_the_same_view_send_every_key_to_the_same_unit_whatever_their_order_and_luck():
+    names = [f"cell{c}-unit{u}" for c in range(5) for u in range(20)]
+    views = []
+    for r in range(4):  # four routers: each lists the units in its own order and draws its own samples
+        order = names[:]
+        random.Random(r).shuffle(order)
+        views.append([V(n) for n in order])
+    rings = [_ring(vs) for vs in views]
+    rngs = [random.Random(100 + r) for r in range(4)]
+    chosen_units = set()
+    for k in range(500):
+        req = balance.request_key(_chat(f"question {k}"))
+        picks = {
+            balance.by_cache_and_work(
+                rings[r], views[r], _always, rngs[r], key=req.key, tokens=req.tokens, cached=req.cached, mean_load=0.0
+            ).name
+            for r in range(4)
+        }
+        assert len(picks) == 1, f"key {k}: routers disagree: {picks}"
+        chosen_units |= picks
+    # and the keys spread over the fleet rather than onto a few units
+    assert len(chosen_units) > 80
+
+
+def test_a_unit_leaving_moves_only_its_own_keys():
+    units = [V(f"u{i}") for i in range(50)]
+    before = _ring(units)
+    after = _ring([u for u in units if u.name != "u7"])
+    keys = [balance.key_hash(f"k{i}".encode()) for i in range(2000)]
+    moved = [k for k in keys if next(before.walk(k)).name != next(after.walk(k)).name]
+    assert moved and all(next(before.walk(k)).name == "u7" for k in moved)
+
+
+def test_a_ring_kept_in_step_unit_by_unit_equals_one_built_from_scratch():
+    units = [V(f"u{i}") for i in range(40)]
+    ring = _ring(units)
+    keys = [balance.key_hash(f"k{i}".encode()) for i in range(500)]
+    now = units[:7] + units[8:] + [V("late-1")]  # one leaves, one joins: an incremental update
+    ring.update(now)
+    fresh = _ring(now)
+    assert len(ring) == len(fresh) == 40
+    assert [list(ring.walk(k))[:3] for k in keys] == [list(fresh.walk(k))[:3] for k in keys]
+    assert all(next(ring.walk(k)) is not units[7] for k in keys)
+
+
+# --- bounded load ------------------------------------------------------------------------------------
+def test_one_hot_prefix_never_loads_any_unit_past_the_bound_and_spills_to_the_least_work():
+    units = [V(f"u{i}") for i in range(20)]
+    ring = _ring(units)
+    rng = random.Random(3)
+    hot = balance.request_key(_chat("the same question everybody asks"))
+    preferred = next(ring.walk(hot.key))
+    for _ in range(400):  # requests that stay in flight: the load only grows
+        mean = sum(balance.estimated_load(u) for u in units) / len(units)
+        u = balance.by_cache_and_work(
+            ring, units, _always, rng, key=hot.key, tokens=hot.tokens, cached=hot.cached, mean_load=mean
+        )
+        bound = balance.load_bound(mean, len(units))
+        assert u is not preferred or u.in_flight + 1 <= bound
+        u.in_flight += 1
+    loads = sorted(u.in_flight for u in units)
+    mean = sum(loads) / len(loads)
+    assert preferred.in_flight <= (1 + balance.BOUND_EPS) * mean + 1
+    assert loads[-1] <= (1 + balance.BOUND_EPS) * mean + 1 and loads[0] >= mean / 2
+
+
+def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outweighs_the_cache():
+    units = [V(f"u{i}") for i in range(8)]
+    ring = _ring(units)
+    req = balance.RequestKey(key=balance.key_hash(b"conv"), tokens=1000, source="prefix", cached=900)
+    preferred = next(ring.walk(req.key))
+    pick = lambda: balance.by_cache_and_work(  # noqa: E731
+        ring, units, _always, random.Random(1), key=req.key, tokens=1000, cached=900, mean_load=0.0
+    )
+    # 100 new tokens behind 1,800 queued still beats 1,000 behind nothing plus one prompt of slack.
+    preferred.prefill_tokens = 1800
+    assert pick() is preferred
+    preferred.prefill_tokens = 2000  # 2,100 > 1,000 + 1,000: the work wins
+    assert pick() is not preferred
+
+
+def test_the_estimate_adds_the_prompt_tokens_this_router_sent_since_the_report():
+    u = V("u", prefill_tokens=500, sent_tokens=1700, sent_tokens_at_report=1200)
+    assert balance.estimated_prefill(u) == 1000
+    assert balance.estimated_ttft(u, 300) == 1300
+    # two requests beyond its 8 batch slots: a new one waits for a slot, charged a prompt like its own each
+    u.in_flight, u.max_running = 10, 8
+    assert balance.estimated_ttft(u, 300) == 1000 + 300 * 3
+
+
+def test_a_preferred_unit_with_requests_waiting_for_a_batch_slot_is_passed_over():
+    units = [V(f"u{i}") for i in range(8)]
+    ring = _ring(units)
+    key = balance.key_hash(b"conv")
+    preferred = next(ring.walk(key))
+    preferred.in_flight = 9  # one beyond its 8 slots, and within (1 + eps) x the mean of 9/8
+    chosen = balance.by_key(ring, key, _always, mean_load=9 / 8)
+    assert chosen is None
+
+
+# --- the router's fleet ------------------------------------------------------------------------------
+def _fleet(n: int, **settings) -> Fleet:
+    s = RouterSettings(units=("http://127.0.0.1:1",), **settings)
+    fleet = Fleet(settings=s, discovery=StaticDiscovery(units=()))
+    for i in range(n):
+        url = f"http://127.0.0.1:{20000 + i}"
+        u = Unit(UnitEndpoint(url=url), fleet._index)
+        u.apply_report(
+            200,
+            {"ready": True, "state": "ready", "role": "leader", "unit": f"unit-{i}", "load": {"max_running": 8}},
+        )
+        fleet.units[url] = u
+    return fleet
+
+
+def _pick_served(fleet: Fleet, req: balance.RequestKey, exclude: tuple[Unit, ...] = ()) -> Unit | None:
+    """A pick whose request was then prefilled: the unit's next report (here, a heartbeat: nothing
+    waiting) takes the place of the router's own count of what it sent."""
+    unit = fleet.pick(exclude, req).unit
+    if unit is not None:
+        assert fleet.on_watch_line(unit, b"\n")
+    return unit
+
+
+def test_an_unready_preferred_unit_hands_its_keys_to_the_next_and_gets_them_back_when_ready():
+    fleet = _fleet(10)
+    req = balance.request_key(_chat("red shoes"))
+    first = _pick_served(fleet, req)
+    assert first is not None and all(_pick_served(fleet, req) is first for _ in range(20))
+    first.mark_unready("broken")
+    others = {_pick_served(fleet, req) for _ in range(20)}
+    assert first not in others and len(others) == 1  # all to the same next unit: still agreed on
+    first.apply_report(200, {"ready": True, "state": "ready", "role": "leader", "unit": first.unit, "load": {}})
+    assert _pick_served(fleet, req) is first
+
+
+def test_a_saturated_or_already_tried_preferred_unit_is_skipped():
+    fleet = _fleet(6, max_outstanding_per_unit=2)
+    req = balance.request_key(_chat("red shoes"))
+    first = _pick_served(fleet, req)
+    assert first is not None
+    assert _pick_served(fleet, req, (first,)) not in (first, None)
+    first.outstanding = 2
+    assert _pick_served(fleet, req) not in (first, None)
+
+
+def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():
+    fleet = _fleet(1)
+    (u,) = fleet.units.values()
+    req = balance.RequestKey(key=None, tokens=700, source="none")
+    assert fleet.pick((), req).unit is u and fleet.pick((), req).unit is u
+    assert balance.estimated_prefill(u) == 1400
+    assert fleet.on_watch_line(u, b'{"load":{"prefill_tokens":300,"in_flight":2}}')
+    assert (u.prefill_tokens, balance.estimated_prefill(u)) == (300, 300)
+
+
+def test_the_router_reports_how_many_keyed_requests_reached_their_unit_and_how_hot_the_busiest_is():
+    fleet = _fleet(4)
+    conv = balance.request_key(_chat("red shoes"))
+    for _ in range(3):
+        _pick_served(fleet, conv)
+    fleet.pick((), balance.RequestKey(key=None, tokens=10, source="none"))
+    assert fleet.routes == {"preferred": 3, "by_work": 0, "unkeyed": 1}
+    units = list(fleet.units.values())
+    for u, n in zip(units, (6, 2, 2, 2)):
+        u.in_flight, u.outstanding, u.outstanding_at_report = n, 0, 0
+    share, busiest = fleet.routing_figures()
+    assert share == 100.0 and busiest == 100.0 * 6 / 3
+    assert fleet.routing_figures()[0] is None  # nothing keyed since the last report
+    line = json.loads(emf.routing_line(routed_to_preferred_pct=share, busiest_unit_load_pct=busiest))
+    assert line[contract.METRIC_ROUTED_TO_PREFERRED] == 100.0 and line[contract.METRIC_BUSIEST_UNIT_LOAD] == 200.0
+    assert {"Name": contract.METRIC_BUSIEST_UNIT_LOAD, "Unit": "Percent"} in line["_aws"]["CloudWatchMetrics"][0][
+        "Metrics"
+    ]
+
+
+def test_the_policy_setting_is_checked_and_least_requests_ignores_work():
+    with pytest.raises(ValueError, match="balance"):
+        RouterSettings(balance="round_robin")
+    # the router's choices are the ones the CDK config and make local offer
+    assert get_args(RouterSettings.model_fields["balance"].annotation) == contract.ROUTER_BALANCE_POLICIES
+    fleet = _fleet(2, balance="least_requests")
+    a, b = fleet.units.values()
+    a.prefill_tokens, b.in_flight = 100_000, 1
+    req = balance.RequestKey(key=None, tokens=10, source="none")
+    assert fleet.pick((), req).unit is a
+    fleet = _fleet(2, balance="least_work")
+    a, b = fleet.units.values()
+    a.prefill_tokens, b.in_flight = 100_000, 1
+    assert fleet.pick((), req).unit is b
+
+
+def test_two_routers_send_a_conversation_to_the_same_unit_end_to_end():
+    async def scenario():
+        units = [await StandInUnit(name=f"u{i}").start() for i in range(6)]
+        try:
+            async with router_over(units) as r1, router_over(units) as r2, aiohttp.ClientSession() as s:
+                served = []
+                for turn in range(1, 5):
+                    for router in (r1, r2):
+                        async with s.post(
+                            base_url(router) + "/v1/chat/completions", data=_chat("red shoes", turns=turn)
+                        ) as resp:
+                            assert resp.status == 200
+                            served.append(resp.headers[contract.UNIT_HEADER])
+                            await resp.read()
+                assert len(set(served)) == 1
+                async with s.post(
+                    base_url(r1) + "/v1/chat/completions",
+                    data=_chat("red shoes"),
+                    headers={contract.SESSION_HEADER: "another conversation"},
+                ) as resp:
+                    assert resp.status == 200
+        finally:
+            for u in units:
+                await u.stop()
+
+    run(scenario())
+
+
+# --- the unit's report -------------------------------------------------------------------------------
+class _Sup:
+    prefill_tokens = 0
+
+
+async def _events(ops):
+    for op in ops:
+        await asyncio.sleep(0)
+        yield {"op": op}
+
+
+def test_a_unit_counts_a_prompt_as_outstanding_prefill_until_its_first_token_exactly_once():
+    async def scenario():
+        sup = _Sup()
+        p = _Prefilling(sup, 120)  # type: ignore[arg-type]
+        seen = []
+        async for ev in p.until_first_token(_events(["token", "token", "done"])):
+            seen.append(sup.prefill_tokens)
+        p.end()  # the handler's finally: must not subtract again
+        assert seen == [0, 0, 0] and sup.prefill_tokens == 0
+        q = _Prefilling(sup, 50)  # type: ignore[arg-type]
+        r = _Prefilling(sup, 70)  # type: ignore[arg-type]
+        assert sup.prefill_tokens == 120
+        q.end()  # cancelled before any token (the client left)
+        async for _ in r.until_first_token(_events(["error"])):
+            pass
+        assert sup.prefill_tokens == 0
+
+    run(scenario())
+
+
+# --- the trace model, small --------------------------------------------------------------------------
+SMALL = trace_sim.Params(units=32, copies=1, limit=3000, load=0.8)
+
+
+def test_on_the_conversation_trace_cache_aware_routing_beats_todays_policy_and_keeps_units_even():
+    results, scaling = trace_sim.compare(SMALL, ("p4c", "least_work", "cache_aware", "oracle"))
+    today, work, cache, oracle = (results[p] for p in ("p4c", "least_work", "cache_aware", "oracle"))
+    assert scaling["requests"] == 3000
+    assert cache["mean_s"] < work["mean_s"] < today["mean_s"]
+    assert cache["hit_rate"] > 2 * today["hit_rate"]
+    assert oracle["mean_s"] <= cache["mean_s"]
+    assert cache["busiest_over_mean"] < 1.5

@@ -226,7 +226,10 @@ def test_router_service_and_task_definition_read_back(deployed):
     cluster = cfn.physical_id(synth.deployment.router.stack_name, logical_of(synth, "Router", "AWS::ECS::Cluster"))
     (service_arn,) = ecs.list_services(cluster=cluster)["serviceArns"]
     (service,) = ecs.describe_services(cluster=cluster, services=[service_arn])["services"]
-    assert service["desiredCount"] == 2
+    # The template states no DesiredCount (a deploy would write it back over autoscaling,
+    # tests/stacks/test_updates.py); Application Auto Scaling brings the service to its minimum, which
+    # moto does not run: it reads back ECS's own start, here 0.
+    assert service["desiredCount"] in (0, 1)
     task = ecs.describe_task_definition(taskDefinition=service["taskDefinition"])["taskDefinition"]
     (container,) = task["containerDefinitions"]
     assert container["command"] == contract.ROUTER_COMMAND

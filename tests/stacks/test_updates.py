@@ -325,3 +325,42 @@ def test_every_allow_list_entry_names_a_change_of_the_table_and_gives_a_reason()
     for key, reason in {**ALLOWED, **STACKS_LEAVING}.items():
         assert key[0] in CHANGES, key
         assert len(reason) > 40, key
+
+
+def service_count_after_update(service: dict, running: int) -> int:
+    """The desired count an ECS service has after CloudFormation applies an update to it: the
+    template's DesiredCount when it states one (written back on every update, autoscaled or not:
+    aws/containers-roadmap#493), else the count it had ("when updating a service ... the same desired
+    count as it had prior to the deployment", CloudFormation's behaviour quoted in aws/aws-cdk#13130)."""
+    return int(service["Properties"].get("DesiredCount", running))
+
+
+def router_service(synth) -> dict:
+    (service,) = synth.resources("Router", "AWS::ECS::Service").values()
+    return service
+
+
+@pytest.mark.parametrize("change", ["units +1 across a cell boundary", "change image", "change router counts"])
+def test_router_update_keeps_the_fleet_size_autoscaling_reached(change, synths):
+    before, after = (synths(v) for v in CHANGES[change])
+    # The change does update the router service (a new task definition or new scaling bounds), so
+    # CloudFormation does call UpdateService on it.
+    assert before.templates["Router"] != after.templates["Router"]
+    scaled_to = 9  # autoscaling grew the fleet at peak, inside every variant's [min, max]
+    (target,) = after.resources("Router", "AWS::ApplicationAutoScaling::ScalableTarget").values()
+    assert target["Properties"]["MinCapacity"] <= scaled_to <= target["Properties"]["MaxCapacity"]
+    assert service_count_after_update(router_service(after), scaled_to) == scaled_to
+
+
+def test_router_fleet_is_brought_to_the_configured_minimum_by_its_scalable_target(synths):
+    """Without a DesiredCount a create starts one task; RegisterScalableTarget moves the count into
+    [MinCapacity, MaxCapacity] (Application Auto Scaling API reference), so MinCapacity must be the
+    configured router.desired_count."""
+    synth = synths("router")
+    assert "DesiredCount" not in router_service(synth)["Properties"]
+    (target,) = synth.resources("Router", "AWS::ApplicationAutoScaling::ScalableTarget").values()
+    expected = VARIANTS["router"]["router"]
+    assert (target["Properties"]["MinCapacity"], target["Properties"]["MaxCapacity"]) == (
+        expected["desired_count"],
+        expected["max_count"],
+    )

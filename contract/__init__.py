@@ -84,6 +84,10 @@ METRIC_DIM_CELL = "Cell"  # second dimension set: per cell (value = FLOTILLA_CEL
 METRIC_TIME_TO_FIRST_TOKEN = "TimeToFirstToken"  # Milliseconds; the leader, once per request
 METRIC_OUTPUT_TOKENS = "OutputTokens"  # Count; the leader, once per finished request
 METRIC_READY_UNITS = "ReadyUnits"  # Count; each router, every 60 s, per cell and fleet-wide
+# Each router, once per routed request (its access log line, on stderr): what a router revision can
+# break, for the router's blue/green deployment alarms. Sheds (429/503 by design) are not routed.
+METRIC_ROUTER_ADDED_LATENCY = "RouterAddedLatency"  # Milliseconds; the router's own share of the wait
+METRIC_ROUTER_FAULTS = "RouterFaults"  # Count; 1 when the router itself failed the request, else 0
 
 # Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
 # attributes): the router reads the address here and asks the member's /health/ready for

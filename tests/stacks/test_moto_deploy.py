@@ -253,8 +253,9 @@ def test_cloud_map_namespace_and_units_service_read_back(deployed):
 def test_alarms_read_back_with_sns_actions(deployed):
     cfn, synth = deployed
     alarms = cfn.client("cloudwatch").describe_alarms()["MetricAlarms"]
-    # four for the front door, and one ready-units alarm per cell
-    assert len(alarms) == 4 + len(synth.deployment.cells)
+    # six for the front door (three of them the router's deployment alarms), and one ready-units
+    # alarm per cell
+    assert len(alarms) == 6 + len(synth.deployment.cells)
     (topic,) = cfn.client("sns").list_topics()["Topics"]
     for alarm in alarms:
         assert alarm["AlarmActions"] == [topic["TopicArn"]]

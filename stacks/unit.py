@@ -238,9 +238,14 @@ class TrainiumUnit(Construct):
             launch_template=self.launch_template,
             # Exactly one subnet: the placement group and EFA traffic live in one AZ.
             vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
-            # No desired capacity: it would reset on every deploy; the capacity provider's managed
-            # scaling owns it between min and max. The max is the one the quota checks count.
-            min_capacity=nodes,
+            # Created at 0 and brought up by the unit's own tasks: the capacity provider's managed
+            # scaling launches what PROVISIONING tasks need ("Amazon ECS manages the scale-in and
+            # scale-out actions of the Auto Scaling group", ECS API reference, ManagedScaling). A unit
+            # short of capacity is then one service waiting, not a group the stack waits on, and a
+            # cell deployed with --no-rollback keeps its other units serving (docs/runbooks/
+            # partial-cell.md). No desired capacity: it would reset on every deploy. The max is the
+            # one the quota checks count.
+            min_capacity=0,
             max_capacity=max_nodes,
         )
 

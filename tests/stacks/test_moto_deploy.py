@@ -97,7 +97,7 @@ def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):
     subnet = cfn.client("ec2").describe_subnets(SubnetIds=subnet_ids)["Subnets"][0]
     assert subnet["MapPublicIpOnLaunch"] is False
     # surge rollout (default): room for the new revision beside the old one.
-    assert (asg["MinSize"], asg["MaxSize"]) == (2, 4)
+    assert (asg["MinSize"], asg["MaxSize"]) == (0, 4)
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
 

@@ -149,6 +149,8 @@ class TrainiumUnit(Construct):
         capacity_reservation_id: str | None = None,
         capacity_reservation_group_arn: str | None = None,
         market_type: str = "on-demand",
+        own_placement_group: bool = True,
+        placement_group_name: str | None = None,
     ) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
@@ -156,7 +158,16 @@ class TrainiumUnit(Construct):
         # instances and tasks: cost allocation and `describe-*` filters per unit.
         Tags.of(self).add("flotilla:unit", unit_id)
 
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        # Its own cluster placement group; or, with a reservation, the group the reservation was
+        # created in (placement_group_name), or none (stacks/config.py check_capacity says why).
+        self.placement_group = (
+            ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster") if own_placement_group else None
+        )
+        if own_placement_group and placement_group_name:
+            raise ValueError(
+                f"{unit_id}: own_placement_group and placement_group_name={placement_group_name!r} exclude each other"
+            )
+        group_name = self.placement_group.ref if self.placement_group is not None else placement_group_name
 
         # EFA needs all traffic allowed between the unit's own interfaces (and nothing else in).
         self.security_group = ec2.SecurityGroup(
@@ -205,7 +216,8 @@ class TrainiumUnit(Construct):
             detailed_monitoring=True,
         )
         cfn_lt: ec2.CfnLaunchTemplate = self.launch_template.node.default_child
-        cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": self.placement_group.ref})
+        if group_name:
+            cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": group_name})
         cfn_lt.add_property_override(
             "LaunchTemplateData.NetworkInterfaces",
             efa_network_interfaces(

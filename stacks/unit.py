@@ -76,6 +76,27 @@ mkdir -p "$scratch/model" "$scratch/neuron-compiled"
 """
 
 
+# First lines of the user data: a failed boot step (a failed `dnf install mdadm`, a RAID that does not
+# assemble) must not leave a node that joins its unit with the model on the 128 GiB root volume and
+# fails hours later. Every error stops the script, says which command failed on stderr (cloud-init
+# copies it to /var/log/cloud-init-output.log and the console output,
+# https://cloudinit.readthedocs.io/en/latest/reference/base_config_reference.html#output) and powers
+# the instance off before the ECS agent starts (ecs.service runs after cloud-final.service on the ECS
+# AMI, https://docs.aws.amazon.com/AmazonECS/latest/developerguide/bootstrap_container_instance.html).
+# Auto Scaling counts an instance in any state but running as unhealthy and replaces it ("Amazon EC2
+# Auto Scaling considers ... unhealthy" a stopped instance, ec2-auto-scaling-health-checks.html), so
+# the failure shows as a replaced node in the group's activities, which `flotilla status` reads.
+BOOT_PROLOGUE = """\
+set -euo pipefail
+boot_failed() {
+  echo "flotilla: boot failed (exit $1) at line $2: $3; powering off" >&2
+  poweroff
+  exit "$1"
+}
+trap 'boot_failed $? $LINENO "$BASH_COMMAND"' ERR
+"""
+
+
 @dataclass(frozen=True)
 class UnitSurge:
     """How a unit rolls to a new revision (config.unit_rollout).
@@ -189,6 +210,7 @@ class TrainiumUnit(Construct):
         )
 
         user_data = ec2.UserData.for_linux()
+        user_data.add_commands(BOOT_PROLOGUE)
         if instance_store:
             user_data.add_commands(SCRATCH_SETUP)
         # Host-network tasks only get their task role credentials when the agent allows it.

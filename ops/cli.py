@@ -15,7 +15,7 @@ import botocore.exceptions
 from rich.console import Console
 
 from ops import __doc__ as _package_doc
-from ops.commands import drain, plan, rehearse, replace, rollback, rollout, shed, status, teardown, topology
+from ops.commands import drain, plan, rehearse, replace, rollback, rollout, shed, smoke, status, teardown, topology
 from ops.errors import EXIT_OK, EXIT_UNKNOWN, OpsError
 from ops.fleet import UNITS_CLOUDMAP_SERVICE
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
     rehearse.add_parser(sub)
+    smoke.add_parser(sub)  # talks to the front door only: no AWS options
     for module in (status, topology, drain, replace, rollout, rollback, shed, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)

@@ -126,6 +126,7 @@ _DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,23}$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _PLACEMENT_GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
+_UNIT_ID_RE = re.compile(r"^cell\d+-unit\d+$")
 _RESOURCE_GROUP_ARN_RE = re.compile(
     r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
 )
@@ -397,6 +398,10 @@ class FlotillaConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    # Units kept out of service in the template's own terms (desired count 0): CloudFormation writes
+    # a service's DesiredCount back on every update, so a drain made only with `flotilla drain-unit`
+    # is undone by the next deploy that touches the unit.
+    drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:
@@ -418,6 +423,12 @@ class FlotillaConfig(_Section):
             )
         check_capacity(self)
         check_quotas(self)
+        known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}
+        unknown = [u for u in self.drained_units if u not in known]
+        if unknown:
+            raise ConfigError(
+                "drained_units", list(self.drained_units), f"unit ids of this layout ({', '.join(unknown)} is not one)"
+            )
         return self
 
     # --- derived layout ---------------------------------------------------------------------

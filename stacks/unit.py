@@ -172,6 +172,7 @@ class TrainiumUnit(Construct):
         market_type: str = "on-demand",
         own_placement_group: bool = True,
         placement_group_name: str | None = None,
+        drained: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
@@ -314,6 +315,15 @@ class TrainiumUnit(Construct):
         # teardown leaves the unit's revisions registered too. Revisions cost nothing; clean-up in
         # docs/runbooks/rollback-units.md and teardown.md.
         self.task_definition.apply_removal_policy(RemovalPolicy.RETAIN)
+        # Each revision runs only on the instance type it was built for: its devices (16 or 32
+        # uverbs for 8 or 16 EFA interfaces) exist only there. Without it, an instance_type change
+        # with `replace` starts the new tasks on the old instances, which fail, and the deployment
+        # rolls back. ecs.instance-type is a built-in container instance attribute, and memberOf is
+        # the task-definition placement constraint type (ECS developer guide,
+        # task-placement-constraints.html: "attribute:ecs.instance-type == t2.small").
+        self.task_definition.add_placement_constraint(
+            ecs.PlacementConstraint.member_of(f"attribute:ecs.instance-type == {instance_type}")
+        )
         linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
         rw = [ecs.DevicePermission.READ, ecs.DevicePermission.WRITE]
@@ -375,7 +385,9 @@ class TrainiumUnit(Construct):
             "Service",
             cluster=cluster,
             task_definition=self.task_definition,
-            desired_count=nodes,
+            # A unit in the config's drained_units stays at 0 across deploys (a drain made with
+            # `flotilla drain-unit` alone is written back by the next update of the service).
+            desired_count=0 if drained else nodes,
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],
@@ -388,5 +400,9 @@ class TrainiumUnit(Construct):
             enable_ecs_managed_tags=True,
             propagate_tags=ecs.PropagatedTagSource.SERVICE,
         )
+        if drained:
+            # What `flotilla status` reads: drained on purpose (and in the config), not failing.
+            Tags.of(self.service).add(contract.TAG_DRAINED_DESIRED_COUNT, str(nodes))
+            Tags.of(self.service).add(contract.TAG_DRAINED_IN_CONFIG, "true")
         # The router finds the members through Cloud Map: ECS registers each task (docs/discovery.md).
         register_unit_members(self.service, units_service=units_service)

@@ -87,7 +87,8 @@ REJECTED = [
         {"nodes_per_units": 2},
         "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
-        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, capacity",
+        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, capacity, "
+        "drained_units",
     ),
     (
         {"deployment_name": "9lives"},

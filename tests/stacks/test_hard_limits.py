@@ -137,3 +137,39 @@ def test_synth_names_auto_scaling_group_elastic_ip_and_vpc_quotas():
     assert notices["auto-scaling-groups"].exceeds_default
     assert (notices["elastic-ips"].needed, notices["elastic-ips"].default) == (3, 5)
     assert (notices["vpcs"].needed, notices["vpcs"].default) == (1, 5)
+
+
+def test_synth_warns_when_the_vpc_azs_are_left_to_the_region_default(default_synth, tmp_path):
+    def warnings(synth) -> list[str]:
+        artifact = synth.assembly.get_stack_artifact(synth.deployment.network.artifact_id)
+        texts = [str(m.entry.data) for m in artifact.messages]
+        return [t for t in texts if "availability_zones is empty" in t]
+
+    (warning,) = warnings(default_synth)
+    assert "whether trn1.32xlarge is offered there" in warning
+    assert "aws ec2 describe-instance-type-offerings --location-type availability-zone" in warning
+    assert warnings(synthesize(config_with(availability_zones=AZS), tmp_path)) == []
+
+
+def test_drained_units_must_name_units_of_the_layout():
+    message = refused(units=2, drained_units=["cell0-unit1", "cell3-unit0"])
+    assert message == (
+        "invalid flotilla config: drained_units=['cell0-unit1', 'cell3-unit0']: unit ids of this layout "
+        "(cell3-unit0 is not one)"
+    )
+
+
+def test_synth_warns_that_surge_needs_twice_a_fleet_sized_reservation(tmp_path):
+    synth = synthesize(
+        config_with(
+            availability_zones=AZS,
+            capacity={"availability_zones": ["us-east-1b"], "reservation_id": RESERVATION, "placement_group": "none"},
+        ),
+        tmp_path,
+    )
+    artifact = synth.assembly.get_stack_artifact(synth.deployment.network.artifact_id)
+    (warning,) = [
+        str(m.entry.data) for m in artifact.messages if "unit_rollout surge with a reservation" in str(m.entry.data)
+    ]
+    assert "up to 4 trn1.32xlarge instances (2 serving plus as many for the new revision)" in warning
+    assert "Use unit_rollout: replace" in warning

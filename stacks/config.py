@@ -789,31 +789,24 @@ def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
         peak=peak_nodes * cfg.shape.vcpus,
         counted=f"{nodes:,} x {cfg.instance_type} at {cfg.shape.vcpus} vCPUs",
     )
-    name, code, default = ASG_QUOTA
-    groups = QuotaNotice(
-        key="auto-scaling-groups",
-        quota=name,
-        code=code,
-        default=default,
-        needed=cfg.units,
-        peak=cfg.units,
-        counted=f"one per unit, {cfg.units:,} units",
-    )
-    name, code, default = EIP_QUOTA
-    eips = QuotaNotice(
-        key="elastic-ips",
-        quota=name,
-        code=code,
-        default=default,
-        needed=cfg.az_count,
-        peak=cfg.az_count,
-        counted=f"one per NAT gateway, {cfg.az_count} AZs; other VPCs of the account use the same quota",
-    )
-    name, code, default = VPC_QUOTA
-    vpcs = QuotaNotice(
-        key="vpcs", quota=name, code=code, default=default, needed=1, peak=1, counted="this deployment's VPC"
-    )
-    return [enis, vcpus, groups, eips, vpcs]
+
+    def steady(key: str, quota: tuple[str, str, int], needed: int, counted: str) -> QuotaNotice:
+        """A quota that rollouts do not raise: the same need steady and at peak."""
+        name, code, default = quota
+        return QuotaNotice(key=key, quota=name, code=code, default=default, needed=needed, peak=needed, counted=counted)
+
+    return [
+        enis,
+        vcpus,
+        steady("auto-scaling-groups", ASG_QUOTA, cfg.units, f"one per unit, {cfg.units:,} units"),
+        steady(
+            "elastic-ips",
+            EIP_QUOTA,
+            cfg.az_count,
+            f"one per NAT gateway, {cfg.az_count} AZs; other VPCs of the account use the same quota",
+        ),
+        steady("vpcs", VPC_QUOTA, 1, "this deployment's VPC"),
+    ]
 
 
 # --- parsing -----------------------------------------------------------------------------------

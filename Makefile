@@ -102,12 +102,15 @@ rehearse: $(VENV)/.dev-deps
 
 # Fleet benchmark: one router process against 160 and 625 stand-in units of 8 members in moto's Cloud
 # Map (router CPU on discovery and health, memory, failover, errors, throughput), then the SimPy model
-# of 10 routers comparing balancing policies (docs/benchmarks.md, Fleet). Not part of `make test`;
-# minutes of CPU on both cores: run it on a quiet machine. Results: bench/results/fleet.json and
-# policy_sim.json; bench/fleet/table.py prints the tables.
+# of 10 routers comparing balancing policies (docs/benchmarks.md, Fleet), then the same model offered
+# more than capacity, shedding against the former 503-then-eject (docs/benchmarks.md, Overload).
+# Not part of `make test`; minutes of CPU on both cores: run it on a quiet machine. Results:
+# bench/results/fleet.json, policy_sim.json and overload_sim.json; bench/fleet/table.py prints the
+# first two tables, the overload run prints its own.
 .PHONY: bench-fleet
 bench-fleet: dev-deps
 	$(PY) bench/fleet/run.py $(BENCH_ARGS)
 	$(PY) bench/fleet/policy_sim.py --label "10 routers x 100 units x 8 slots"
 	$(PY) bench/fleet/policy_sim.py --units 625 --loads 0.8 --policies p4c,p2c --label "10 routers x 625 units x 8 slots"
 	$(PY) bench/fleet/table.py
+	$(PY) bench/fleet/policy_sim.py --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"

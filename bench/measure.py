@@ -1,14 +1,27 @@
-"""What the router and fleet benchmarks share: starting the router pinned to a core, reading a
-process's CPU time, percentiles, and appending a run to a results file."""
+"""What the benchmarks share: the CPU model every result records, starting the router pinned to a
+core, reading a process's CPU time, percentiles, and appending a run to a results file."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import IO, Any
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ("Intel(R) Xeon(R) Processor", "AMD EPYC"):
+    every published figure names the CPU it ran on, since kernels and timings differ between them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    return next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor()
+    )
 
 
 def pin_self(cpus: str) -> None:
@@ -77,9 +90,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def append_run(out: str | Path, record: dict[str, Any]) -> None:
-    """Add one run to the JSON list in `out` (created with its folder if missing)."""
+    """Add one run, with the CPU it ran on, to the JSON list in `out` (created with its folder if missing)."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     runs = json.loads(path.read_text()) if path.exists() else []
-    runs.append(record)
+    runs.append({**record, "cpu": record.get("cpu", cpu_model())})
     path.write_text(json.dumps(runs, indent=1) + "\n")

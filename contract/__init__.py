@@ -37,6 +37,18 @@ FINISH_HEADER = "X-Flotilla-Finish"  # unix seconds of the last token (non-strea
 UNIT_HEADER = "X-Flotilla-Unit"  # which unit served the request (set by the leader)
 REVISION_HEADER = "X-Flotilla-Revision"  # the serving unit's revision
 
+# --- Busy is not broken -----------------------------------------------------------------------------
+# A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes
+# a unit's routability for them (only the unit's own health reports and real failures do).
+# OpenAI SDKs retry 429 and honour a Retry-After of up to 120 s (openai==3.51.0
+# openai/_base_client.py `_should_retry` / `_calculate_retry_timeout`, openai/_constants.py
+# MAX_RETRY_AFTER_DELAY): a longer value makes them give up at once, so none is ever sent.
+BUSY_STATUS = 429
+BUSY_CODE_SHED = "unit_busy"  # refused at once: the expected wait for a batch slot exceeds the queue timeout
+BUSY_CODE_QUEUE_TIMEOUT = "queue_timeout"  # waited the whole queue timeout without a batch slot
+BUSY_CODES = frozenset({BUSY_CODE_SHED, BUSY_CODE_QUEUE_TIMEOUT})
+RETRY_AFTER_MAX_S = 120
+
 # --- Environment variables (container settings) --------------------------------------------------
 ENV_ROLE = "FLOTILLA_ROLE"  # node | router (the image command also picks it)
 ENV_UNIT_ID = "FLOTILLA_UNIT_ID"  # e.g. "cell0-unit3"

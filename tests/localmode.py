@@ -23,7 +23,7 @@ READY_BANNER = "Ctrl-C stops everything"
 
 
 class LocalMode:
-    def __init__(self, tmp_path: Path, *args: str, port: int | None = None) -> None:
+    def __init__(self, tmp_path: Path, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> None:
         self.port = port if port is not None else free_port()
         self.state = tmp_path / "state"
         self.proc = subprocess.Popen(
@@ -40,7 +40,7 @@ class LocalMode:
                 "10",
             ],
             cwd=str(REPO),
-            env={**os.environ, contract.ENV_PORT: str(self.port), "PYTHONPATH": str(REPO)},
+            env={**os.environ, **(env or {}), contract.ENV_PORT: str(self.port), "PYTHONPATH": str(REPO)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

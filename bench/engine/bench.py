@@ -302,15 +302,14 @@ def weight_bytes() -> int:
 def versions() -> dict:
     import torch  # noqa: PLC0415
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu, "cores": os.cpu_count()}
+    from bench.measure import cpu_model  # noqa: PLC0415
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+    }
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from runtime.router import balance  # noqa: E402 - after the path to this checkout is known
 
+LOADS_DEFAULT = "0.5,0.7,0.8,0.9"
 POLICIES = ("p4c", "p2c", "least_loaded", "least_loaded_corrected", "p2c_own", "random")
 
 
@@ -256,26 +257,39 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--routers", type=int, default=10)
     ap.add_argument("--units", type=int, default=100)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--loads", default="0.5,0.7,0.8,0.9")
+    ap.add_argument("--slots", type=int, default=None, help="batch slots per unit (default 8; overload: 16)")
+    ap.add_argument("--loads", default=LOADS_DEFAULT, help="offered load / capacity (overload: default 1.2,1.5)")
     ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--service-mean", type=float, default=2.0)
+    ap.add_argument("--service-mean", type=float, default=None, help="seconds (default 2; overload: 20)")
     ap.add_argument("--service-cv", type=float, default=1.0)
     ap.add_argument("--reports", default="0.05,0.25", help="seconds from a change of load to a router knowing it")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--label", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "policy_sim.json"))
+    ap.add_argument("--out", default=None, help="results file (default bench/results/<scenario>_sim.json)")
+    ap.add_argument(
+        "--scenario",
+        choices=("balance", "overload"),
+        default="balance",
+        help="balance: the policies against one central queue; overload: offered load past capacity, "
+        "shedding against ejecting (bench/fleet/overload_sim.py)",
+    )
+    ap.add_argument(
+        "--durations", default="60,300", help="overload: seconds the overload lasts, one run each (comma-separated)"
+    )
     args = ap.parse_args()
+    if args.scenario == "overload":
+        return _overload_main(args)
+    args.out = args.out or str(REPO / "bench" / "results" / "policy_sim.json")
     runs = []
     policies = tuple(args.policies.split(","))
     for report, load in ((float(r), float(x)) for r in args.reports.split(",") for x in args.loads.split(",")):
         p = Params(
             routers=args.routers,
             units=args.units,
-            slots=args.slots,
+            slots=args.slots or 8,
             load=load,
-            service_mean_s=args.service_mean,
+            service_mean_s=args.service_mean or 2.0,
             service_cv=args.service_cv,
             report_s=report,
             requests=args.requests,
@@ -297,6 +311,41 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(out.read_text()) if out.exists() else []
     previous.append({"label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs})
+    out.write_text(json.dumps(previous, indent=1) + "\n")
+    return 0
+
+
+def _overload_main(args: argparse.Namespace) -> int:
+    """--scenario overload: each duration x load (--loads, default 1.2,1.5 here), shed and eject, one table."""
+    from bench.fleet import overload_sim  # noqa: PLC0415 - only this scenario needs it
+
+    loads = "1.2,1.5" if args.loads == LOADS_DEFAULT else args.loads
+    rows = []
+    runs = [(float(d), float(x)) for d in args.durations.split(",") for x in loads.split(",")]
+    for duration, load in runs:
+        for behaviour in overload_sim.BEHAVIOURS:
+            defaults = overload_sim.OverloadParams()
+            p = overload_sim.OverloadParams(
+                routers=args.routers,
+                units=args.units,
+                slots=args.slots or defaults.slots,
+                load=load,
+                service_mean_s=args.service_mean or defaults.service_mean_s,
+                service_cv=args.service_cv,
+                report_s=float(args.reports.split(",")[0]),
+                duration_s=duration,
+                seed=args.seed,
+            )
+            started = time.monotonic()
+            result = overload_sim.run(p, behaviour)
+            rows.append({"behaviour": behaviour, "params": asdict(p), "result": result})
+            took = time.monotonic() - started
+            print(f"{duration:g} s at {load:.2f}: {behaviour} {json.dumps(result)} ({took:.0f} s)", flush=True)
+    print(overload_sim.table(rows))
+    out = Path(args.out or REPO / "bench" / "results" / "overload_sim.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(out.read_text()) if out.exists() else []
+    previous.append({"label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": rows})
     out.write_text(json.dumps(previous, indent=1) + "\n")
     return 0
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from bench.measure import cpu_model  # noqa: E402
 from bench.structured.schema import SCHEMA  # noqa: E402
 from runtime.engines.base import SamplingParams, StructuredOutput  # noqa: E402
 from runtime.engines.grammar import Grammars  # noqa: E402
@@ -99,6 +100,7 @@ def main() -> None:
     out = {
         "when_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "cpu": cpu_model(),
         "load_average_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "steps": STEPS,
         "repeats": REPEATS,

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.measure import cpu_model  # noqa: E402
+
 RESULTS = REPO / "bench" / "results"
 FLEET = "examples/fleet-20k-chips.yaml"
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
@@ -126,6 +129,7 @@ def main() -> None:
     results: dict = {
         "started": started,
         "nproc": os.cpu_count(),
+        "cpu": cpu_model(),
         "loadavg_at_start": load,
         "repeats": REPEATS,
         "node": node_version(dict(os.environ)),

@@ -91,6 +91,9 @@ class TokenEvent:
     finish_reason: str | None = None  # None while generating; "stop" or "length" on the choice's last event
     index: int = 0  # which choice (0..n-1) this token belongs to
     logprob: TokenLogprob | None = None  # with SamplingParams.logprobs only
+    # On a choice's last event: prompt tokens whose KV came from the prefix cache instead of being
+    # computed (OpenAI's usage.prompt_tokens_details.cached_tokens).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class EngineLoad:
     running: int  # sequences in the running batch
     max_running: int  # batch slots
     kv_cache_used: float  # fraction of the KV-cache budget in use, 0.0..1.0
+    # Prefix cache since start, in prompt tokens as vLLM counts them: every admitted prompt token is
+    # a query, every token whose KV came from the cache a hit (vllm:prefix_cache_queries / _hits).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass(frozen=True)

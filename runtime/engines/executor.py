@@ -37,6 +37,7 @@ from runtime.engines.llama import (
     prepack,
     rms_norm,
 )
+from runtime.engines.prefix_cache import BLOCK_TOKENS
 from runtime.models.registry import WeightSource
 
 OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE, OP_STRATEGIES = 1, 2, 3, 4, 5
@@ -44,7 +45,7 @@ _STRATEGY_CODE = {"auto": 0, "pipeline": 1, "tensor": 2}
 _STRATEGY_NAME = {v: k for k, v in _STRATEGY_CODE.items()}
 
 
-HEADER_LEN = 5  # op, then the counts of free / prefill / decode / fork entries
+HEADER_LEN = 8  # op, then the counts of free / prefill / decode / fork / load / store / drop entries
 
 
 @dataclass
@@ -59,35 +60,72 @@ class StepCommand:
     # (source seq_id, new seq_id): after prefill, the new sequence starts as a copy of the source's
     # KV cache, so n completions of one prompt share its prefill.
     fork: list[tuple[int, int]] = field(default_factory=list)
+    # Prefix cache (prefix_cache.PrefixCache decides, every rank does it in its prefill layout):
+    # per prefill, the prompt tokens whose KV comes from cached blocks (empty: none); the blocks to
+    # copy in first, (seq_id, block number, block id); the prompt blocks to keep after prefill,
+    # (seq_id, block number, block id); and the block ids to forget, before anything else.
+    cached: list[int] = field(default_factory=list)
+    load: list[tuple[int, int, int]] = field(default_factory=list)
+    store: list[tuple[int, int, int]] = field(default_factory=list)
+    drop: list[int] = field(default_factory=list)
+
+    def cached_tokens(self, i: int) -> int:
+        return self.cached[i] if self.cached else 0
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
         header = torch.tensor(
-            [OP_STEP, len(self.free), len(self.prefill), len(self.decode), len(self.fork)], dtype=torch.int64
+            [
+                OP_STEP,
+                len(self.free),
+                len(self.prefill),
+                len(self.decode),
+                len(self.fork),
+                len(self.load),
+                len(self.store),
+                len(self.drop),
+            ],
+            dtype=torch.int64,
         )
         flat = (
             list(self.free)
-            + [v for p in self.prefill for v in p]
+            + [v for i, p in enumerate(self.prefill) for v in (*p, self.cached_tokens(i))]
             + list(self.decode)
             + [v for pair in self.fork for v in pair]
+            + [v for t in self.load for v in t]
+            + [v for t in self.store for v in t]
+            + list(self.drop)
         )
         return header, torch.tensor(flat, dtype=torch.int64)
 
     @staticmethod
     def payload_len(header: torch.Tensor) -> int:
-        return int(header[1]) + 3 * int(header[2]) + int(header[3]) + 2 * int(header[4])
+        h = [int(v) for v in header[1:HEADER_LEN]]
+        return h[0] + 4 * h[1] + h[2] + 2 * h[3] + 3 * h[4] + 3 * h[5] + h[6]
 
     @classmethod
     def decode_payload(cls, header: torch.Tensor, payload: torch.Tensor) -> "StepCommand":
-        n_free, n_prefill, n_decode, n_fork = (int(v) for v in header[1:HEADER_LEN])
-        vals = payload.tolist()
-        free = vals[:n_free]
-        pre = vals[n_free : n_free + 3 * n_prefill]
-        prefill = [(pre[i], pre[i + 1], pre[i + 2]) for i in range(0, len(pre), 3)]
-        at = n_free + 3 * n_prefill
-        decode = vals[at : at + n_decode]
-        fk = vals[at + n_decode : at + n_decode + 2 * n_fork]
-        fork = [(fk[i], fk[i + 1]) for i in range(0, len(fk), 2)]
-        return cls(free=free, prefill=prefill, decode=decode, fork=fork)
+        n_free, n_prefill, n_decode, n_fork, n_load, n_store, n_drop = (int(v) for v in header[1:HEADER_LEN])
+        vals = iter(payload.tolist())
+
+        def take(n: int, width: int) -> list:
+            return [tuple(next(vals) for _ in range(width)) for _ in range(n)]
+
+        free = [v for (v,) in take(n_free, 1)]
+        pre = take(n_prefill, 4)
+        decode = [v for (v,) in take(n_decode, 1)]
+        fork = take(n_fork, 2)
+        load, store = take(n_load, 3), take(n_store, 3)
+        drop = [v for (v,) in take(n_drop, 1)]
+        return cls(
+            free=free,
+            prefill=[p[:3] for p in pre],
+            decode=decode,
+            fork=fork,
+            cached=[p[3] for p in pre],
+            load=load,
+            store=store,
+            drop=drop,
+        )
 
 
 @dataclass
@@ -178,6 +216,9 @@ class ShardExecutor:
         # KV caches by layout ("pipeline": this stage's layers, all KV heads; "tensor": every layer,
         # this rank's KV heads), in slabs so a decode step attends per slab (llama.KVAllocator).
         self._kv_alloc: dict[str, KVAllocator] = {}
+        # Cached prompt blocks by block id (prefix_cache.PrefixCache on the leader decides which),
+        # each [layers held, 2 (K, V), KV heads held, BLOCK_TOKENS, head_dim] in the prefill layout.
+        self.blocks: dict[int, torch.Tensor] = {}
         # The steady state is "decode the same batch again": then only the header travels.
         self._last_decode: list[int] = []
 
@@ -207,7 +248,8 @@ class ShardExecutor:
         """Rank 0: send the command to the followers, then run it."""
         try:
             if self.world_size > 1:
-                if not (cmd.free or cmd.prefill or cmd.fork) and cmd.decode and cmd.decode == self._last_decode:
+                repeat = not (cmd.free or cmd.prefill or cmd.fork or cmd.drop) and cmd.decode == self._last_decode
+                if repeat and cmd.decode:
                     self._broadcast(self._signal(OP_REPEAT_DECODE), 0)
                 else:
                     header, payload = cmd.encode()
@@ -248,6 +290,7 @@ class ShardExecutor:
                 raise RuntimeError("tensor-parallel weights were not loaded (bug)")
         self.plan = plan
         self._kv_alloc = {}  # no cache is held: the slabs of the old layouts go with their memory
+        self.blocks = {}  # cached blocks are in the old prefill layout
         if final and self.world_size > 1:
             if not plan.uses("pipeline"):
                 self.pp_layers = {}
@@ -298,6 +341,8 @@ class ShardExecutor:
         self._last_decode = list(cmd.decode)
         for seq_id in cmd.free:
             self._drop_kv(seq_id)
+        for block_id in cmd.drop:
+            self.blocks.pop(block_id, None)
         result = StepResult()
         if cmd.prefill:
             # One rank has no stages to overlap: its prompts go through the layers as one batch (the
@@ -307,6 +352,7 @@ class ShardExecutor:
                 result.prefill_logits = self._prefill_pipeline(cmd)
             else:
                 result.prefill_logits = self._prefill_tensor(cmd)
+            self._store_blocks(cmd.store)
             if self.plan.needs_reshard():
                 self._reshard([p[0] for p in cmd.prefill])
         for src, dst in cmd.fork:
@@ -345,6 +391,39 @@ class ShardExecutor:
             self._kv_alloc[layout] = alloc
         return alloc.new(capacity)
 
+    @staticmethod
+    def _loads(cmd: StepCommand) -> dict[int, list[int]]:
+        """The cached block ids each prefilled sequence starts from, in position order."""
+        out: dict[int, list[int]] = {}
+        for seq_id, block_no, block_id in sorted(cmd.load):
+            out.setdefault(seq_id, []).append(block_id)
+            assert len(out[seq_id]) == block_no + 1, "cached blocks load from position 0 on, in order (bug)"
+        return out
+
+    def _start_prefill(self, layout: str, seq_id: int, capacity: int, block_ids: list[int]) -> SeqKV:
+        """A new sequence's cache in the prefill layout, its leading positions copied from cached
+        blocks: one copy of K and one of V per layer for the whole run of blocks."""
+        kv = self._new_kv(layout, capacity)
+        self.kv[seq_id] = kv
+        if block_ids:
+            run = torch.cat([self.blocks[b] for b in block_ids], dim=3)
+            c = run.shape[3]
+            for j, (K, V) in enumerate(kv.layers.values()):
+                K[:, :c] = run[j, 0]
+                V[:, :c] = run[j, 1]
+            kv.length = c
+        return kv
+
+    def _store_blocks(self, store: list[tuple[int, int, int]]) -> None:
+        """Keep copies of prompt blocks just prefilled (before any re-shard: the prefill layout)."""
+        for seq_id, block_no, block_id in store:
+            a, b = block_no * BLOCK_TOKENS, (block_no + 1) * BLOCK_TOKENS
+            layers = self.kv[seq_id].layers.values()
+            self.blocks[block_id] = torch.stack([torch.stack([K[:, a:b], V[:, a:b]]) for K, V in layers])
+
+    def cached_blocks(self) -> int:
+        return len(self.blocks)
+
     def _drop_kv(self, seq_id: int) -> None:
         kv = self.kv.pop(seq_id, None)
         if kv is not None:
@@ -360,11 +439,12 @@ class ShardExecutor:
         W, r, H = self.world_size, self.rank, self.shape.hidden_size
         last_rank = W - 1
         pending, lasts = [], []
+        loads = self._loads(cmd)
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
-            kv = self._new_kv("pipeline", capacity)
-            self.kv[seq_id] = kv
-            chunks = pipeline_prefill_chunks(n, W)
-            for a, b in chunks:
+            c = cmd.cached_tokens(i)
+            kv = self._start_prefill("pipeline", seq_id, capacity, loads.get(seq_id, []))
+            for a, b in pipeline_prefill_chunks(n - c, W):
+                a, b = a + c, b + c
                 seg = [Segment(kv=kv, start=a, n=b - a)]
                 if r == 0:
                     x = self._embed(cmd.prefill_tokens[i][a:b])
@@ -389,21 +469,22 @@ class ShardExecutor:
     def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
         H = self.shape.hidden_size
         segments, total = [], 0
-        for seq_id, n, capacity in cmd.prefill:
-            kv = self._new_kv("tensor", capacity)
-            self.kv[seq_id] = kv
-            segments.append(Segment(kv=kv, start=0, n=n))
-            total += n
+        loads = self._loads(cmd)
+        for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
+            c = cmd.cached_tokens(i)
+            kv = self._start_prefill("tensor", seq_id, capacity, loads.get(seq_id, []))
+            segments.append(Segment(kv=kv, start=c, n=n - c))
+            total += n - c
         if self.rank == 0:
-            x = torch.cat([self._embed(t) for t in cmd.prefill_tokens])
+            x = torch.cat([self._embed(t[g.start :]) for t, g in zip(cmd.prefill_tokens, segments)])
         else:
             x = torch.empty(total, H, device=self.device)
         if self.world_size > 1:
             self._broadcast(x, 0)
         x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments)
         for seg in segments:
-            seg.kv.length = seg.n
-        ends = [sum(p[1] for p in cmd.prefill[: i + 1]) for i in range(len(cmd.prefill))]
+            seg.kv.length = seg.start + seg.n
+        ends = [sum(g.n for g in segments[: i + 1]) for i in range(len(segments))]
         if self.world_size == 1:
             return self._last_logits([x[e - 1 : e] for e in ends])
         per_seq = [self._tp_logits(x[e - 1 : e]) for e in ends]

@@ -6,8 +6,8 @@ Why not drive transformers' LlamaDecoderLayer: its cache is indexed by layer_idx
 heads, and a tensor slice would need patched modules. Here every op mirrors transformers' order
 (RMSNorm in fp32, RoPE via rotate_half, SwiGLU), so the unsplit model matches LlamaForCausalLM
 within float tolerance (tests/engine/test_models.py), a pipeline split is bit-identical
-to the unsplit model (same ops on the same shapes), and a tensor split differs only by the order
-of the all-reduce sum.
+to the unsplit model (same ops on the same shapes, one thread, every weight starting on a 64-byte
+boundary: hugepages.ALIGN_BYTES), and a tensor split differs only by the order of the all-reduce sum.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from runtime.engines.hugepages import aligned
 from runtime.models.registry import LlamaShape, WeightSource
 
 # (before, after): query heads of zeros that make a slice's held query heads whole groups of its
@@ -635,8 +636,10 @@ class HeadWeights:
 
     @classmethod
     def load(cls, weights: WeightSource, shape: LlamaShape) -> "HeadWeights":
-        embed = weights.get("model.embed_tokens.weight")
-        lm_head = embed if shape.tie_word_embeddings else weights.get("lm_head.weight")
+        # The LM head is read in place by one-row products: aligned as every split holds it, or the
+        # unsplit model's logits could differ from a split's in the last bits (hugepages.ALIGN_BYTES).
+        embed = aligned(weights.get("model.embed_tokens.weight"))
+        lm_head = embed if shape.tie_word_embeddings else aligned(weights.get("lm_head.weight"))
         return cls(
             embed=embed, final_norm=weights.get("model.norm.weight"), lm_head=lm_head, lm_head_packed=prepack(lm_head)
         )

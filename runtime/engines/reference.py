@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import datetime
 import itertools
 import logging
@@ -48,6 +49,7 @@ from runtime.engines.collectives import TRANSPORTS, Communicator, connect
 from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
 from runtime.engines.grammar import Grammars, Matcher
 from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
+from runtime.engines.prefix_cache import Plan, PrefixCache, block_hashes
 from runtime.engines.sampling import TextTracker, choose, make_generator
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
@@ -194,6 +196,9 @@ class _Request:
     seqs: list[_Seq]
     per_seq: int  # KV tokens one choice reserves: prompt + max_tokens
     done: bool = False
+    keys: list[bytes] | None = None  # the prompt's block keys (prefix cache), computed at first look
+    cache: Plan | None = None  # from admission until its prefill step ran
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def need(self) -> int:  # KV tokens the request reserves while it runs: all its choices
@@ -204,6 +209,8 @@ class _Request:
         return self.seqs[0].seq_id >= 0
 
     def put(self, item) -> None:
+        if isinstance(item, TokenEvent) and item.finish_reason is not None and self.cached_tokens:
+            item = dataclasses.replace(item, cached_tokens=self.cached_tokens)
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the client's loop is closed: nobody is listening any more
@@ -229,6 +236,7 @@ class ReferenceEngine:
         model_name: str | None = None,
         max_prefill_tokens: int = 2048,
         collectives: str = "auto",
+        prefix_caching: bool = True,
     ) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
@@ -253,12 +261,16 @@ class ReferenceEngine:
         # decode step while a burst of new requests is admitted (at least one prompt always goes).
         self.max_prefill_tokens = max_prefill_tokens
         self.collectives = collectives
+        # Prompt blocks kept after their prefill and copied into later prompts that start with them,
+        # in the part of kv_budget_tokens running sequences do not reserve (None: off).
+        self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_caching else None
         self.transport = "none"  # after start(): shm or gloo (the unit's ranks' transport)
         self.max_context = 0
         self.tokenizer = None
         self.plan: ParallelPlan | None = None
         # After start(): the strategies in use and how they were chosen (with the measurements).
         self.calibration: Calibration | None = None
+        self.executor: ShardExecutor | None = None  # rank 0's shard, once formed (tests read its caches)
         self._state = EngineState.STARTING
         self._detail = "not started"
         self._lock = threading.Condition()
@@ -312,11 +324,14 @@ class ReferenceEngine:
 
     def load(self) -> EngineLoad:
         with self._lock:
+            cache = self.prefix_cache
             return EngineLoad(
                 queue_depth=len(self._waiting) + len(self._inbox),
                 running=len(self._running),
                 max_running=self.max_running,
                 kv_cache_used=self._reserved / self.kv_budget_tokens,
+                prefix_cache_queries=cache.queries if cache is not None else 0,
+                prefix_cache_hits=cache.hits if cache is not None else 0,
             )
 
     # --- requests ----------------------------------------------------------------------------
@@ -448,7 +463,9 @@ class ReferenceEngine:
                 comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
                 self.transport = comm.transport if comm is not None else "nccl"
                 self.plan = _plan_for(source, ws, loading.prefill, loading.decode, comm)
-            executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm)
+            executor = self.executor = ShardExecutor(
+                plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm
+            )
             if ws > 1:
                 dist.barrier()
             self._warm_up(executor)
@@ -545,10 +562,13 @@ class ReferenceEngine:
                 prefill_tokens = slots = 0
                 while self._waiting and len(self._running) + slots + len(self._waiting[0].seqs) <= self.max_running:
                     st = self._waiting[0]
-                    if self._reserved + st.need > self.kv_budget_tokens:
+                    hit = self._match(st)
+                    if not self._fits(st.need):
+                        self._unmatch(hit)
                         break  # FIFO: the head waits for budget rather than being overtaken
-                    prompt = len(st.request.prompt_token_ids)
+                    prompt = len(st.request.prompt_token_ids) - len(hit) * self._block_tokens
                     if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
+                        self._unmatch(hit)
                         break  # the rest joins at the next iteration
                     prefill_tokens += prompt
                     slots += len(st.seqs)
@@ -556,6 +576,7 @@ class ReferenceEngine:
                     for seq in st.seqs:
                         seq.seq_id = next(self._seq_ids)
                     self._reserved += st.need
+                    self._plan_cache(st, hit)
                     admitted.append(st)
                 decoding = list(self._running.values())
                 for st in admitted:
@@ -576,15 +597,77 @@ class ReferenceEngine:
                 decode_tokens=[seq.last_token for _, seq in decoding],
                 fork=[(st.seqs[0].seq_id, seq.seq_id) for st in admitted for seq in st.seqs[1:]],
             )
+            cache = self.prefix_cache
+            if cache is not None:
+                self._cache_orders(cache, cmd, admitted)
             free = []
             result = executor.leader_step(cmd)
             last_traffic = time.monotonic()
             with self._lock:
+                for st in admitted:  # its blocks are copied in and stored on every rank: unpin them
+                    if cache is not None and st.cache is not None:
+                        cache.done(st.cache)
+                        st.cache = None
                 for i, st in enumerate(admitted):
                     for seq in st.seqs:  # every choice samples its first token from the shared prefill
                         self._advance(st, seq, result.prefill_logits[i], free)
                 for i, (st, seq) in enumerate(decoding):
                     self._advance(st, seq, result.decode_logits[i], free)
+
+    # --- prefix cache (leader's index; the ranks hold the blocks: executor.ShardExecutor.blocks) ---
+    @property
+    def _block_tokens(self) -> int:
+        return self.prefix_cache.block_tokens if self.prefix_cache is not None else 0
+
+    def _match(self, st: _Request) -> list[int]:
+        """The cached blocks the head of the queue would start from (pinned until admitted or let go)."""
+        if self.prefix_cache is None:
+            return []
+        if st.keys is None:
+            st.keys = block_hashes(st.request.prompt_token_ids, self.prefix_cache.block_tokens)
+        return self.prefix_cache.match(st.keys, len(st.request.prompt_token_ids))
+
+    def _unmatch(self, hit: list[int]) -> None:
+        if hit and self.prefix_cache is not None:
+            self.prefix_cache.release(hit)
+
+    def _fits(self, need: int) -> bool:
+        """need more tokens of the KV budget fit, evicting unpinned cached blocks if that is enough."""
+        cache = self.prefix_cache
+        held = cache.tokens if cache is not None else 0
+        over = self._reserved + held + need - self.kv_budget_tokens
+        if over <= 0:
+            return True
+        if cache is None or cache.evictable_tokens < over:
+            return False
+        cache.evict(over)
+        return True
+
+    def _plan_cache(self, st: _Request, hit: list[int]) -> None:
+        """An admitted prompt: count its query, and keep its new full blocks in the budget left
+        (evicting the least recently used unpinned blocks for them)."""
+        cache = self.prefix_cache
+        if cache is None or st.keys is None:
+            return
+        cache.count(len(st.request.prompt_token_ids), len(hit))
+        room = self.kv_budget_tokens - self._reserved - cache.tokens + cache.evictable_tokens
+        store = cache.allocate(st.keys, len(hit), room)
+        over = self._reserved + cache.tokens - self.kv_budget_tokens
+        if over > 0:
+            cache.evict(over)
+        st.cache = Plan(hit=hit, store=store)
+        st.cached_tokens = len(hit) * cache.block_tokens
+
+    @staticmethod
+    def _cache_orders(cache: PrefixCache, cmd: StepCommand, admitted: list[_Request]) -> None:
+        """The step's prefix-cache orders for every rank: drop evicted blocks, copy hits in, store new."""
+        cmd.drop = cache.take_dropped()
+        for st in admitted:
+            seq_id, plan = st.seqs[0].seq_id, st.cache
+            assert plan is not None, "every admitted request has its cache plan (bug)"
+            cmd.cached.append(st.cached_tokens)
+            cmd.load += [(seq_id, i, b) for i, b in enumerate(plan.hit)]
+            cmd.store += [(seq_id, i, b) for i, b in plan.store]
 
     def _advance(self, st: _Request, seq: _Seq, logits: torch.Tensor, free: list[int]) -> None:
         if seq.done:  # cancelled while its step ran

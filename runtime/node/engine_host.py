@@ -196,7 +196,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
 
     async def run(cmd: dict[str, Any]) -> None:
         rid = cmd["id"]
-        generated, finish = 0, None
+        generated, finish, cached = 0, None, 0
         try:
             if cmd.get("tools") and not getattr(engine.tokenizer, "supports_tools", False):
                 raise RequestRejected(
@@ -264,6 +264,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
                 if ev.finish_reason:
                     finished[ev.index] = ev.finish_reason
+                cached = max(cached, ev.cached_tokens)
                 fields = token_fields(engine.tokenizer, ev)
                 if tool_parser:  # the API reads the calls in this format
                     fields["tool_parser"] = tool_parser
@@ -282,7 +283,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 )
             else:
                 finish = ",".join(finished[i] for i in sorted(finished))
-                end(rid, cmd, finish, generated, op="done")
+                end(rid, cmd, finish, generated, op="done", cached_tokens=cached)
         except asyncio.CancelledError:
             engine.cancel(rid)
             if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)

@@ -35,6 +35,8 @@ class LoadReport:
     running: int = 0
     max_running: int = 0
     kv_cache_used: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass

@@ -48,6 +48,17 @@ class Load(_Wire):
     # Leader: API requests accepted and not finished, counted as they arrive and end (the engine's
     # queue_depth and running come ten times a second); what routers balance on. 0 on followers.
     in_flight: int = 0
+    # Leader: seconds a request arriving now would wait for a batch slot (0.0 with a slot free or when
+    # it cannot be told), and the queue timeout past which the leader refuses it at once (429). A
+    # router sends nothing to a leader whose wait is past its timeout. 0.0 on followers.
+    wait_s: float = 0.0
+    queue_timeout_s: float = 0.0
+    # The engine's prefix cache since it started, in prompt tokens (vLLM's vllm:prefix_cache_queries
+    # and vllm:prefix_cache_hits): every admitted prompt token is queried, every token whose KV came
+    # from the cache is a hit. hit_rate = hits / queries (0 before any query).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
 
 class MemberReport(_Wire):

@@ -36,5 +36,28 @@ class NodeMetrics:
         self.max_running = Gauge("flotilla_max_running_sequences", "batch slots", registry=r)
         self.kv_cache_used = Gauge("flotilla_kv_cache_used_ratio", "fraction of the KV-cache budget in use", registry=r)
         self.in_flight = Gauge("flotilla_in_flight_requests", "API requests being served", registry=r)
+        self.expected_wait = Gauge(
+            "flotilla_expected_wait_seconds",
+            "leader: the wait for a batch slot a request arriving now would have (past the queue timeout: 429)",
+            registry=r,
+        )
         self.ready = Gauge("flotilla_unit_ready", "1 when the unit is formed, warm and not draining", registry=r)
         self.reforms = Counter("flotilla_unit_reforms", "times the unit had to re-form", registry=r)
+        # vLLM's names (vllm:prefix_cache_queries / vllm:prefix_cache_hits), in prompt tokens.
+        self.prefix_cache_queries = Counter(
+            "flotilla_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "flotilla_prefix_cache_hits", "prompt tokens whose KV came from the prefix cache", registry=r
+        )
+        self._prefix_seen = (0, 0)  # the engine's totals at the last scrape
+
+    def prefix_cache(self, queries: int, hits: int) -> None:
+        """Add what the engine counted since the last call. Its totals start again at 0 when the
+        unit re-forms (a new engine process): then all of them are new."""
+        q0, h0 = self._prefix_seen
+        if queries < q0 or hits < h0:
+            q0 = h0 = 0
+        self.prefix_cache_queries.inc(queries - q0)
+        self.prefix_cache_hits.inc(hits - h0)
+        self._prefix_seen = (queries, hits)

@@ -463,11 +463,12 @@ class _Request(OpenAIBaseModel):
         return {"usage": None} if self.include_usage else {}
 
     @staticmethod
-    def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
         return UsageInfo(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 
@@ -535,7 +536,9 @@ class _Sampling(_Request):
     def collector(self) -> Collected:
         return Collected([_Choice(i) for i in range(self.choices)])
 
-    def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> Any:
+    def usage_chunk(
+        self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> Any:
         raise NotImplementedError
 
 
@@ -714,7 +717,9 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
             return "tool_calls"
         return choice.finish_reason or "stop"
 
-    def response(self, *, rid: str, created: int, collected: Collected, prompt_tokens: int) -> ChatCompletionResponse:
+    def response(
+        self, *, rid: str, created: int, collected: Collected, prompt_tokens: int, cached_tokens: int = 0
+    ) -> ChatCompletionResponse:
         choices = []
         for c in collected.choices:
             content, calls = self._split("".join(c.text), collected)
@@ -731,7 +736,7 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
             created=created,
             model=self.model,
             choices=choices,
-            usage=self._usage(prompt_tokens, collected.completion_tokens),
+            usage=self._usage(prompt_tokens, collected.completion_tokens, cached_tokens),
         )
 
     def opening(self, *, rid: str, created: int) -> list[ChatCompletionChunk]:
@@ -800,9 +805,15 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
             )
         ]
 
-    def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> ChatCompletionChunk:
+    def usage_chunk(
+        self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=rid, created=created, model=self.model, choices=[], usage=self._usage(prompt_tokens, completion_tokens)
+            id=rid,
+            created=created,
+            model=self.model,
+            choices=[],
+            usage=self._usage(prompt_tokens, completion_tokens, cached_tokens),
         )
 
 
@@ -888,7 +899,9 @@ class CompletionRequest(_Sampling):
             p["prompt_ids"] = list(self.prompt)
         return p
 
-    def response(self, *, rid: str, created: int, collected: Collected, prompt_tokens: int) -> CompletionResponse:
+    def response(
+        self, *, rid: str, created: int, collected: Collected, prompt_tokens: int, cached_tokens: int = 0
+    ) -> CompletionResponse:
         return CompletionResponse(
             id=rid,
             created=created,
@@ -902,7 +915,7 @@ class CompletionRequest(_Sampling):
                 )
                 for c in collected.choices
             ],
-            usage=self._usage(prompt_tokens, collected.completion_tokens),
+            usage=self._usage(prompt_tokens, collected.completion_tokens, cached_tokens),
         )
 
     def opening(self, *, rid: str, created: int) -> list[CompletionChunk]:
@@ -932,9 +945,15 @@ class CompletionRequest(_Sampling):
             )
         ]
 
-    def usage_chunk(self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int) -> CompletionChunk:
+    def usage_chunk(
+        self, *, rid: str, created: int, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> CompletionChunk:
         return CompletionChunk(
-            id=rid, created=created, model=self.model, choices=[], usage=self._usage(prompt_tokens, completion_tokens)
+            id=rid,
+            created=created,
+            model=self.model,
+            choices=[],
+            usage=self._usage(prompt_tokens, completion_tokens, cached_tokens),
         )
 
 
@@ -1033,10 +1052,18 @@ def parse_completion(body: Any, *, served_model: str, max_tokens_limit: int) -> 
 # -- responses ------------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    # Prompt tokens whose KV came from the unit's prefix cache. OpenAI always sends the object
+    # (https://platform.openai.com/docs/api-reference/chat/object#chat/object-usage); vLLM sends the
+    # same field when started with --enable-prompt-tokens-details (its PromptTokenUsageInfo).
+    cached_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 class AssistantMessage(BaseModel):

@@ -33,6 +33,7 @@ from runtime.node.openai_api import (
     parse_completion,
     parse_json_body,
 )
+from runtime.node.queue_wait import retry_after_s
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
@@ -46,14 +47,15 @@ BODY_READ_TIMEOUT_S = 30.0  # a body that trickles in slower than this is the cl
 CLIENT_STALL_S = 60.0  # a client that accepts no bytes for this long counts as gone: its request is cancelled
 
 # How a request the engine ended with an error reaches the client (docs/node.md, "How a request
-# ends"): the error kind from engine_host -> (HTTP status, OpenAI error type, code). 503s carry
-# Retry-After: another unit (or this one, re-formed) can serve the request.
+# ends"): the error kind from engine_host -> (HTTP status, OpenAI error type, code). 503s and 429s
+# carry Retry-After: another unit (or this one, re-formed or less busy) can serve the request. A full
+# unit answers 429, never 503: busy is not broken (contract.BUSY_CODES).
 ENDINGS: dict[str, tuple[int, str, str | None]] = {
     "rejected": (400, "invalid_request_error", None),
     "broken": (503, "service_unavailable", "unit_broken"),
     "unavailable": (503, "service_unavailable", "unit_unavailable"),
     "cancelled": (503, "service_unavailable", "cancelled"),
-    "queue_timeout": (503, "service_unavailable", "queue_timeout"),
+    "queue_timeout": (contract.BUSY_STATUS, "rate_limit_error", contract.BUSY_CODE_QUEUE_TIMEOUT),
     "deadline": (504, "server_error", "deadline_exceeded"),
     "incomplete": (500, "server_error", "incomplete"),
     "engine": (500, "server_error", "engine_error"),
@@ -183,9 +185,13 @@ class LeaderApi:
             return self._unavailable(
                 f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
             )
-        stream = engine.submit(
-            rid, correlation_id=rec["request_id"], **req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
-        )
+        payload = req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
+        wait = self.sup.expected_wait()
+        if self.sup.s.shed == "at-once" and wait is not None and wait > self.sup.s.queue_timeout_s:
+            rec["error_kind"] = "shed"
+            return self._busy(wait, headers)
+        self.sup.queue_wait.submitted(rid, payload.get("max_tokens") or payload["default_max_tokens"])
+        stream = engine.submit(rid, correlation_id=rec["request_id"], **payload)
         events = self._bounded(engine, rid, engine.events(stream), started)
         done = False
         try:
@@ -203,6 +209,7 @@ class LeaderApi:
             done = not rec.get("client_gone")
             return resp
         finally:
+            self.sup.queue_wait.finished(rid, time.monotonic())
             if not done:
                 engine.cancel(rid)  # client went away (handler cancelled) or write failed
                 rec.setdefault("error_kind", "client_disconnected")
@@ -248,7 +255,10 @@ class LeaderApi:
                     )
                 yield {"op": "error", "kind": kind, "message": message}
                 return
-            admitted = admitted or ev["op"] == "token"
+            if ev["op"] == "token":
+                admitted = True
+                if not ev.get("index"):  # one decode step: count the first choice's tokens
+                    self.sup.queue_wait.token(rid, time.monotonic())
             yield ev
             if ev["op"] in ("done", "error"):
                 return
@@ -272,7 +282,23 @@ class LeaderApi:
         err = self._ending(ev, rec)
         if err.status == 503:
             headers = {**headers, "Retry-After": RETRY_AFTER_S}
+        elif err.status == contract.BUSY_STATUS:
+            wait = self.sup.expected_wait()
+            headers = {**headers, "Retry-After": str(retry_after_s(wait or 0.0, int(RETRY_AFTER_S)))}
         return _error(err, headers)
+
+    def _busy(self, wait: float, headers: dict[str, str]) -> web.Response:
+        """Full: refused at once rather than held for the whole queue timeout, so the client (or the
+        router, on another unit) knows now; Retry-After is the expected wait for a batch slot."""
+        s = self.sup.s
+        err = ApiError(
+            contract.BUSY_STATUS,
+            f"unit {s.unit_id} is at capacity: a batch slot is expected in {wait:.0f} s, past its queue timeout of "
+            f"{s.queue_timeout_s:g} s; retry after Retry-After, on another unit if you can",
+            type_="rate_limit_error",
+            code=contract.BUSY_CODE_SHED,
+        )
+        return _error(err, {**headers, "Retry-After": str(retry_after_s(wait))})
 
     def _timing(self, rec: dict[str, Any], arrival: float, first_token: float | None, n: int) -> None:
         """The request's generation ended (done, failed or the client left): record its timing in
@@ -311,9 +337,11 @@ class LeaderApi:
         arrival: float,
         prompt_tokens: int,
     ) -> web.Response:
-        n, first_token = 0, None
+        n, first_token, cached = 0, None, 0
         collected = req.collector()
         async for ev in events:
+            if ev["op"] == "done":
+                cached = int(ev.get("cached_tokens", 0))
             if ev["op"] == "token":
                 if first_token is None:
                     first_token = time.time()
@@ -330,7 +358,9 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens)
+        body = req.response(
+            rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens, cached_tokens=cached
+        )
         return web.json_response(body.model_dump(), headers=headers)
 
     async def _stream(
@@ -405,7 +435,12 @@ class LeaderApi:
             return resp
         try:
             if req.include_usage:
-                await send(req.usage_chunk(rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n))
+                cached = int(ev.get("cached_tokens", 0))  # ev: the engine's `done`
+                await send(
+                    req.usage_chunk(
+                        rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n, cached_tokens=cached
+                    )
+                )
             await write(b"data: [DONE]\n\n", last=True)
         except ConnectionError:
             pass
@@ -531,6 +566,8 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         metrics.running.set(ld.running)
         metrics.max_running.set(ld.max_running)
         metrics.kv_cache_used.set(ld.kv_cache_used)
+        metrics.expected_wait.set(sup.reported_wait() if sup.is_leader else 0.0)
+        metrics.prefix_cache(ld.prefix_cache_queries, ld.prefix_cache_hits)
         metrics.ready.set(1 if sup.ready() else 0)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

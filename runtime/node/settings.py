@@ -37,6 +37,9 @@ ENGINES = ("reference", "echo", "neuron")
 RENDEZVOUS = ("static", "ecs")
 # runtime.engines.layout.STRATEGIES (that module imports torch), or auto: measured at formation
 STRATEGIES = ("auto", "pipeline", "tensor")
+# How a full unit refuses (docs/node.md, "How a request ends"): at arrival from the expected wait, or only
+# once the queue timeout ran out (the estimate off, e.g. while diagnosing it).
+SHED_MODES = ("at-once", "queue-timeout")
 BUILTIN_MODELS = ("tiny", "smollm2")
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "node.md"
 DOCS_BEGIN = (
@@ -392,9 +395,17 @@ class NodeSettings(_Settings):
         25.0,
         "--queue-timeout",
         "FLOTILLA_QUEUE_TIMEOUT_S",
-        "seconds a request may wait for a batch slot (until its first token) before it ends 503 + Retry-After",
+        "seconds a request may wait for a batch slot (until its first token) before it ends 429 + Retry-After",
         ge=0.01,
         allow_inf_nan=False,
+    )
+    shed: str = setting(
+        "at-once",
+        "--shed",
+        "FLOTILLA_SHED",
+        "when a full unit refuses a request (429 + Retry-After): at-once, on arrival, when its expected wait for a "
+        "batch slot is past the queue timeout; queue-timeout, only once it has waited the whole queue timeout",
+        choices=SHED_MODES,
     )
     request_timeout_s: float = setting(
         600.0,

@@ -43,6 +43,7 @@ from runtime.node.handshake import (
     UnitState,
 )
 from runtime.node.metrics import NodeMetrics
+from runtime.node.queue_wait import QueueWait
 from runtime.node.settings import NodeSettings
 from runtime.rendezvous import Rendezvous, RendezvousError
 
@@ -79,6 +80,8 @@ class UnitSupervisor:
         self.draining = False
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
+        self.queue_wait = QueueWait()  # leader: the API's requests, to tell the wait for a batch slot
+        self._reported_wait = (-1.0, -1, 0.0)  # (when, requests held, wait): see reported_wait()
         self.not_ready_since = time.monotonic()
         self.ready_since: float | None = None  # when the unit last became ready (None: not ready now)
         self.started = False  # the unit has been ready (for ready_settle_s) once in this process's life
@@ -136,6 +139,20 @@ class UnitSupervisor:
             return self.engine.load if self.engine is not None else LoadReport()
         return self.unit_load
 
+    def expected_wait(self) -> float | None:
+        """Seconds a request arriving now would wait for a batch slot (runtime/node/queue_wait.py)."""
+        return self.queue_wait.expected_wait(int(self.load().max_running), time.monotonic())
+
+    def reported_wait(self) -> float:
+        """expected_wait() for the ready body, worked out at most every 50 ms while the requests held
+        stay the same: every watcher's line asks for it, and it walks every request held."""
+        when, held, wait = self._reported_wait
+        now = time.monotonic()
+        if now - when > 0.05 or held != len(self.queue_wait):
+            wait = round(self.expected_wait() or 0.0, 1)  # rounded: a watch line goes out when it changes
+            self._reported_wait = (now, len(self.queue_wait), wait)
+        return wait
+
     def effective_state(self) -> UnitState:
         # Between an engine failure and the supervisor's next look, the unit is already broken.
         if self.state is UnitState.READY and self.unit_draining:
@@ -167,6 +184,13 @@ class UnitSupervisor:
                 max_running=int(ld.max_running),
                 kv_cache_used=float(ld.kv_cache_used),
                 in_flight=self.in_flight if self.is_leader else 0,
+                wait_s=self.reported_wait() if self.is_leader else 0.0,
+                queue_timeout_s=self.s.queue_timeout_s if self.is_leader else 0.0,
+                prefix_cache_queries=int(ld.prefix_cache_queries),
+                prefix_cache_hits=int(ld.prefix_cache_hits),
+                prefix_cache_hit_rate=ld.prefix_cache_hits / ld.prefix_cache_queries
+                if ld.prefix_cache_queries
+                else 0.0,
             ),
             "members": members,
             "leader": leader,

@@ -24,7 +24,7 @@ import aiohttp
 
 import contract
 from runtime import emf
-from runtime.router import balance
+from runtime.router import balance, overload
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
 from runtime.router.settings import RouterSettings
@@ -70,6 +70,8 @@ class Unit:
         "running",
         "max_running",
         "kv_cache_used",
+        "wait_s",
+        "queue_timeout_s",
         "outstanding",
         "outstanding_at_report",
         "reported_at",
@@ -99,6 +101,8 @@ class Unit:
         self.running = 0
         self.max_running = 0
         self.kv_cache_used = 0.0
+        self.wait_s = 0.0  # reported: the wait for a batch slot a request arriving now would have
+        self.queue_timeout_s = 0.0  # reported: past this wait the leader refuses (0: it does not say)
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
         self.reported_at = 0.0  # time.monotonic() of the last report (watch line or poll)
@@ -148,6 +152,16 @@ class Unit:
         self.ready = False
         self.state = state
 
+    def take_load(self, load: dict) -> None:
+        """The `load` of a ready body or a load-only watch line."""
+        self.in_flight = int(load.get("in_flight", -1))
+        self.queue_depth = int(load.get("queue_depth", 0))
+        self.running = int(load.get("running", 0))
+        self.max_running = int(load.get("max_running", 0))
+        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.wait_s = float(load.get("wait_s", 0.0))
+        self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
+
     def apply_report(self, status: int, body: dict) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
         or rank 0 when the body has no role), answered 200 with ready=true and state=ready.
@@ -176,12 +190,7 @@ class Unit:
             self.ready = False
             self.state = "follower"
             return
-        load = body.get("load") or {}
-        self.in_flight = int(load.get("in_flight", -1))
-        self.queue_depth = int(load.get("queue_depth", 0))
-        self.running = int(load.get("running", 0))
-        self.max_running = int(load.get("max_running", 0))
-        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.take_load(body.get("load") or {})
         state = str(body.get("state", "unknown"))
         ready = status == 200 and bool(body.get("ready")) and state == "ready"
         if ready and not self._ready:
@@ -482,12 +491,7 @@ class Fleet:
             if not isinstance(body, dict):
                 raise ValueError("a watch line is not a JSON object")
             if "state" not in body:  # only the load changed: the rest of the last body holds
-                load = body["load"]
-                unit.in_flight = int(load.get("in_flight", -1))
-                unit.queue_depth = int(load.get("queue_depth", 0))
-                unit.running = int(load.get("running", 0))
-                unit.max_running = int(load.get("max_running", 0))
-                unit.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+                unit.take_load(body["load"])
                 unit.reported_at = time.monotonic()
                 unit.outstanding_at_report = unit.outstanding
                 return True
@@ -608,7 +612,12 @@ class Fleet:
         max_outstanding, max_queue = s.max_outstanding_per_unit, s.max_queue_depth
         if self.admission is not None:
             max_outstanding, max_queue = self.admission.caps(max_outstanding, max_queue)
-        return unit.outstanding >= max_outstanding or unit.queue_depth >= max_queue
+        return unit.outstanding >= max_outstanding or unit.queue_depth >= max_queue or overload.full(unit)
+
+    def retry_after_s(self) -> int:
+        """Retry-After when every routable unit is saturated: the shortest wait any of them reports
+        (runtime/router/overload.py), at least --retry-after."""
+        return overload.retry_after_s(self._routable(), self._settings.retry_after_s)
 
     def _routable(self) -> list[Unit]:
         index = self._index

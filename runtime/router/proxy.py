@@ -154,6 +154,15 @@ def error_response(
     return web.Response(status=status, headers=headers, body=json.dumps(body).encode(), content_type="application/json")
 
 
+def _busy_answer(raw: bytes) -> bool:
+    """The refusal's OpenAI error code says the unit is full (contract.BUSY_CODES)."""
+    try:
+        code = json.loads(raw)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return code in contract.BUSY_CODES
+
+
 def sse_error_event(message: str, *, code: str) -> bytes:
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -412,7 +421,7 @@ class Router:
                 code="overloaded",
                 err_type="rate_limit_error",
                 request_id=request_id,
-                retry_after=self.settings.retry_after_s,
+                retry_after=self.fleet.retry_after_s(),
             )
         return error_response(
             503,
@@ -549,8 +558,15 @@ class Router:
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
     async def _refused(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str) -> None:
-        """A 503 (draining, not ready) or 429 (its own queue full) before the first byte: keep the
-        answer in case no other unit can take the request, and move on."""
+        """A 503 (draining, not ready) or 429 (full) before the first byte: keep the answer in case
+        no other unit can take the request, and move on.
+
+        Busy is not broken: a full unit stays in rotation, or one overload would eject unit after
+        unit from every router that saw a refusal and end as a fleet-wide outage. The ALB likewise
+        judges a target only by its health check, never by the answers it gives
+        (https://docs.aws.amazon.com/elasticloadbalancing/latest/application/target-group-health-checks.html).
+        Only a 503 that is not a busy answer (contract.BUSY_CODES: an older revision said
+        queue_timeout with 503) means the unit stopped serving; its next report says why."""
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s):
                 raw = await upstream.content.read(_REFUSAL_BODY_LIMIT)
@@ -559,8 +575,8 @@ class Router:
         finally:
             upstream.release()
         status = upstream.status
-        if status == 503:
-            unit.mark_unready("refused")  # draining or not ready: the next poll tells which
+        if status == 503 and not _busy_answer(raw):
+            unit.mark_unready("refused")  # draining or not ready: the next report tells which
         refusal_headers = {
             contract.REQUEST_ID_HEADER: request_id,
             "Retry-After": upstream.headers.get("Retry-After", str(self.settings.retry_after_s)),

@@ -191,6 +191,18 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                     c["text"] += ev.text
                     c["top"].append([t for t, _ in ev.logprob.top])
                     c["finish"] = ev.finish_reason or c["finish"]
+            # Turns of a conversation, one after the other: each resends the turns before it, so
+            # its prompt starts with blocks the prefix cache holds from the previous turn.
+            conversation = []
+            for i, p in enumerate(spec.get("conversation", ())):
+                req = GenerationRequest(
+                    request_id=f"c{i}",
+                    prompt_token_ids=tuple(p),
+                    sampling=SamplingParams(max_tokens=k, ignore_eos=True),
+                )
+                events = [ev async for ev in engine.generate(req)]
+                conversation.append({"tokens": [e.token_id for e in events], "cached": events[-1].cached_tokens})
+            cache = engine.prefix_cache
             load = engine.load()
             say(phase="generated")
             await engine.shutdown()
@@ -200,6 +212,10 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                 "together": together,
                 "alone": alone,
                 "structured": shaped,
+                "conversation": conversation,
+                "cache_refs": sorted({cache.refs(b) for b in cache.block_ids()}),
+                "blocks_indexed": len(cache.block_ids()),
+                "blocks_held": engine.executor.cached_blocks(),
                 "load_after": (load.running, load.queue_depth, load.kv_cache_used),
                 "state": engine.health().state.value,
             }

@@ -146,7 +146,12 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
         body = json.load(r)
     assert body["choices"][0]["text"] == "[4][5]" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 2,
+        "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     # Our API checks the context length (FLOTILLA_NEURON_SEQ_LEN) before vLLM sees the request.
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 255})
@@ -203,7 +208,12 @@ def test_two_node_unit_runs_the_forks_launch_and_reforms_when_the_follower_loop_
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
         body = json.load(r)
     assert body["choices"][0]["text"] == "flotilla serves" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 2,
+        "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert entries("body")[-1]["body"]["prompt"] == "hello world"
     # The follower logs a step after running it, which can be after the leader has answered.
     deadline = time.monotonic() + 10

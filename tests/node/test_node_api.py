@@ -143,7 +143,18 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             2,
         )
         assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
-        assert set(body["load"]) == {"queue_depth", "running", "max_running", "kv_cache_used", "in_flight"}
+        assert set(body["load"]) == {
+            "queue_depth",
+            "running",
+            "max_running",
+            "kv_cache_used",
+            "in_flight",
+            "wait_s",
+            "queue_timeout_s",
+            "prefix_cache_queries",
+            "prefix_cache_hits",
+            "prefix_cache_hit_rate",
+        }
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
 
 
@@ -265,3 +276,86 @@ def test_a_client_that_disconnects_cancels_its_request(shared_unit):
         timeout=20,
         what="the cancelled sequence to leave the batch",
     )
+
+
+def _cached_expected(history: list[list[int]], prompt: list[int], block: int = 16) -> int:
+    """From the token ids alone: the whole blocks of `prompt` some earlier prompt starts with,
+    leaving its last token to compute (docs/engine.md, Prefix caching)."""
+    best = 0
+    for before in history:
+        same = 0
+        while same < min(len(before), len(prompt)) and before[same] == prompt[same]:
+            same += 1
+        best = max(best, min(same, len(prompt) - 1) // block * block)
+    return best
+
+
+def test_usage_reports_the_prompt_tokens_served_from_the_prefix_cache_in_responses_and_the_usage_chunk(shared_unit):
+    from runtime.models.registry import resolve_model
+
+    tok = resolve_model("tiny").make_tokenizer()
+    system = {"role": "system", "content": "You help shoppers compare tents; answer in one line. " * 3}
+    turns = [
+        [system, {"role": "user", "content": "which tent for two?"}],
+        [system, {"role": "user", "content": "and for four people?"}],
+    ]
+    ids = [list(tok.apply_chat_template(m)) for m in turns]
+    cl = client(shared_unit)
+    first = cl.chat.completions.create(model="tiny", messages=turns[0], max_tokens=4, temperature=0)
+    second = cl.chat.completions.create(model="tiny", messages=turns[1], max_tokens=4, temperature=0)
+    chunks = list(
+        cl.chat.completions.create(
+            model="tiny",
+            messages=turns[1],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    want = [_cached_expected(ids[:i], p) for i, p in enumerate(ids)]
+    assert want[1] >= 3 * 16  # the system prompt alone fills several blocks
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == want[1]
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == len(ids[1])
+    assert usage.prompt_tokens_details.cached_tokens == _cached_expected(ids, ids[1])
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_the_ready_body_and_metrics_count_prefix_cache_queries_and_hits_in_prompt_tokens(shared_unit):
+    from runtime.models.registry import resolve_model
+
+    def counters():
+        _, body = shared_unit.leader.ready()
+        with urllib.request.urlopen(shared_unit.leader.url + contract.METRICS_PATH, timeout=5) as r:
+            text = r.read().decode()
+        load = body["load"]
+        return load, (
+            _metric(text, "flotilla_prefix_cache_queries_total"),
+            _metric(text, "flotilla_prefix_cache_hits_total"),
+        )
+
+    tok = resolve_model("tiny").make_tokenizer()
+    msgs = [
+        {"role": "system", "content": "Counters for the cache: " + "blocks " * 12},
+        {"role": "user", "content": "hi"},
+    ]
+    ids = list(tok.apply_chat_template(msgs))
+    before, _ = counters()
+    for _ in range(2):
+        client(shared_unit).chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    want_q = before["prefix_cache_queries"] + 2 * len(ids)
+    load = wait_for(
+        lambda: (ld := counters()[0])["prefix_cache_queries"] == want_q and ld,
+        timeout=10,
+        what="the engine's load report with both prompts counted",
+    )
+    hit = (len(ids) - 1) // 16 * 16  # the second ask reuses every whole block but the last token's
+    assert load["prefix_cache_hits"] == before["prefix_cache_hits"] + hit
+    assert load["prefix_cache_hit_rate"] == pytest.approx(load["prefix_cache_hits"] / load["prefix_cache_queries"])
+    load, scraped = counters()
+    assert scraped == (load["prefix_cache_queries"], load["prefix_cache_hits"])

@@ -183,8 +183,10 @@ def _served(status: int, raw: bytes) -> bool:
 
 
 @pytest.mark.timeout(180)
-def test_a_request_that_gets_no_batch_slot_within_the_queue_timeout_ends_503_and_leaves_no_trace(new_unit):
-    unit = new_unit(engine="echo", world_size=1, FLOTILLA_QUEUE_TIMEOUT_S="1").start().wait_ready()
+def test_a_request_that_gets_no_batch_slot_within_the_queue_timeout_ends_429_and_leaves_no_trace(new_unit):
+    # --shed queue-timeout: the unit admits every request and refuses only when the wait ran out.
+    unit = new_unit(engine="echo", world_size=1, FLOTILLA_QUEUE_TIMEOUT_S="1", FLOTILLA_SHED="queue-timeout")
+    unit = unit.start().wait_ready()
     slots = _load(unit)["max_running"]
     hold = {"model": "tiny", "prompt": "hold", "max_tokens": 2000, "stream": True}  # 20 s of echo steps
     short = {"model": "tiny", "prompt": "next", "max_tokens": 4}
@@ -208,14 +210,57 @@ def test_a_request_that_gets_no_batch_slot_within_the_queue_timeout_ends_503_and
 
     (status, headers, raw), (s_status, _, s_raw), still_running, (a_status, _, a_raw) = asyncio.run(scenario())
     err = json.loads(raw)["error"]
-    assert status == 503 and headers.get("Retry-After"), err
-    assert (err["type"], err["code"]) == ("service_unavailable", "queue_timeout") and "queue" in err["message"]
+    assert status == 429 and int(headers["Retry-After"]) >= 1, err  # busy, not broken
+    assert (err["type"], err["code"]) == ("rate_limit_error", "queue_timeout") and "queue" in err["message"]
     assert s_status == 200  # the status line went out before the wait
     events = sse_payloads(s_raw)
     assert "[DONE]" not in events and json.loads(events[-1])["error"]["code"] == "queue_timeout", events
     assert still_running == slots
     for rid in ("queued-plain", "queued-streamed"):
         assert (_engine_end(unit, rid)["ending"], _engine_end(unit, rid)["generated"]) == ("cancelled", 0)
+    assert _served(a_status, a_raw), a_raw
+
+
+@pytest.mark.timeout(180)
+def test_a_full_unit_refuses_at_once_with_429_and_the_expected_wait_when_it_would_wait_past_the_queue_timeout(
+    new_unit,
+):
+    unit = new_unit(engine="echo", world_size=1, FLOTILLA_QUEUE_TIMEOUT_S="1").start().wait_ready()
+    slots = _load(unit)["max_running"]
+    hold = {"model": "tiny", "prompt": "hold", "max_tokens": 2000, "stream": True}  # 20 s of echo steps
+    short = {"model": "tiny", "prompt": "next", "max_tokens": 4}
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as s:
+            holders = [await s.post(unit.url + "/completions", json=hold) for _ in range(slots)]
+            for r in holders:  # two tokens each: the unit has measured its pace
+                for _ in range(2):
+                    await r.content.readline()
+                    await r.content.readline()
+            await _until(unit, "a reported wait past the queue timeout", lambda ld: ld["wait_s"] > 1)
+            plain = await _complete(s, unit.url, short, {contract.REQUEST_ID_HEADER: "shed-plain"})
+            streamed = await _complete(s, unit.url, {**short, "stream": True}, {contract.REQUEST_ID_HEADER: "shed-s"})
+            queued = _load(unit)["queue_depth"]
+            async with s.get(unit.leader.url + contract.METRICS_PATH) as r:
+                metrics = await r.text()
+            for r in holders:
+                r.close()
+            await _until(unit, "the holders to leave", lambda ld: ld["running"] == 0)
+            after = await _complete(s, unit.url, short)
+            return plain, streamed, queued, metrics, after
+
+    plain, streamed, queued, metrics, (a_status, _, a_raw) = asyncio.run(scenario())
+    for status, headers, raw in (plain, streamed):  # the streamed one too: refused before its status line
+        err = json.loads(raw)["error"]
+        assert status == 429 and (err["type"], err["code"]) == ("rate_limit_error", contract.BUSY_CODE_SHED), raw
+        # Retry-After is the expected wait: the holders have most of 2,000 steps left, so well past 1 s.
+        assert int(headers["Retry-After"]) > 1 and "at capacity" in err["message"]
+    assert queued == 0  # refused before the engine's queue: nothing waits
+    shed = [e for e in unit.leader.log_events("request") if e.get("error_kind") == "shed"]
+    assert sorted(e["request_id"] for e in shed) == ["shed-plain", "shed-s"]
+    assert 'flotilla_request_errors_total{endpoint="/v1/completions",kind="shed"} 2.0' in metrics
+    wait = next(line for line in metrics.splitlines() if line.startswith("flotilla_expected_wait_seconds "))
+    assert float(wait.split()[1]) > 1  # what an operator sees: the wait past the queue timeout
     assert _served(a_status, a_raw), a_raw
 
 

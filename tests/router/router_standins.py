@@ -53,6 +53,10 @@ class StandInUnit:
         self.max_running = 8
         self.kv_cache_used = 0.0
         self.refuse: int | None = None
+        self.refuse_code: str | None = None  # the refusal's OpenAI error code (default: the status)
+        self.retry_after = "2"  # the refusal's Retry-After
+        self.wait_s = 0.0  # reported wait for a batch slot (load.wait_s)
+        self.queue_timeout_s = 0.0  # reported queue timeout (load.queue_timeout_s; 0: not said)
         self.chunks = 3
         self.chunk_delay_s = 0.0
         self.break_after: int | None = None
@@ -118,6 +122,8 @@ class StandInUnit:
                 "running": self.running,
                 "max_running": self.max_running,
                 "kv_cache_used": self.kv_cache_used,
+                "wait_s": self.wait_s,
+                "queue_timeout_s": self.queue_timeout_s,
             },
         }
         if self.report_role:
@@ -166,9 +172,15 @@ class StandInUnit:
         self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
         if self.refuse is not None:
             return web.json_response(
-                {"error": {"message": f"unit {self.name} refuses", "type": "x", "code": self.refuse}},
+                {
+                    "error": {
+                        "message": f"unit {self.name} refuses",
+                        "type": "x",
+                        "code": self.refuse_code or self.refuse,
+                    }
+                },
                 status=self.refuse,
-                headers={**self._headers(request), "Retry-After": "2"},
+                headers={**self._headers(request), "Retry-After": self.retry_after},
             )
         self.active += 1
         self.max_active = max(self.max_active, self.active)

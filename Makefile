@@ -78,12 +78,20 @@ lock: dev-deps
 bench-engine: dev-deps
 	$(PY) bench/engine/bench.py --repeats 3 $(BENCH_ARGS)
 
+# The reference engine's prefix cache replaying the Mooncake conversation trace through one rank,
+# with the cache and without (bench/engine/prefix.py; docs/benchmarks.md, Prefix cache). Hit rates
+# do not depend on the machine, prefill times do. Results: bench/results/prefix.json.
+.PHONY: bench-prefix
+bench-prefix: dev-deps
+	$(PY) bench/engine/prefix.py $(BENCH_ARGS)
+
 # --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
 .PHONY: local
 # UNITS=2 starts two units behind the router (same as LOCAL_ARGS="--units 2").
+# API_KEY=... makes the router require that key (Authorization: Bearer ...); without it local mode is open.
 local: $(VENV)/.dev-deps
-	$(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
+	$(if $(API_KEY),FLOTILLA_API_KEY='$(API_KEY)') $(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
 # Router benchmark: added latency and req/s of the router on one core vs a fast stand-in
 # backend. Not part of `make test`; results are appended to bench/results/router.json.

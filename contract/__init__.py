@@ -73,6 +73,37 @@ ENV_CLOUDMAP_SERVICE = "FLOTILLA_CLOUDMAP_SERVICE"
 ENV_POLL_INTERVAL = "FLOTILLA_POLL_INTERVAL_S"
 ENV_ADMISSION_PARAMETER = "FLOTILLA_ADMISSION_PARAMETER"  # router: SSM parameter of the admission limit
 ENV_CACHE_DIR = "FLOTILLA_CACHE_DIR"  # model conversion / download cache
+ENV_API_KEYS_SECRET = "FLOTILLA_API_KEYS_SECRET"  # router: Secrets Manager secret of the hashed API keys
+ENV_API_KEYS_TTL = "FLOTILLA_API_KEYS_TTL_S"  # router: seconds between reads of the keys' secret
+ENV_API_KEY = "FLOTILLA_API_KEY"  # router: the one key local mode accepts (`make local API_KEY=...`)
+ENV_LIMIT_ROUTERS = "FLOTILLA_LIMIT_ROUTERS"  # router: routers sharing each key's limits (each takes 1/n)
+
+# --- Choices both the deployment config and the node settings offer -----------------------------
+ENGINES = ("reference", "echo", "neuron")  # FLOTILLA_ENGINE: torch on CPU, a test engine, Trainium
+STRATEGIES = ("pipeline", "tensor")  # how a phase (prefill, decode) splits the model over a unit
+AUTO_STRATEGY = "auto"  # the reference engine times both strategies at formation and keeps the faster
+STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)  # FLOTILLA_PREFILL_STRATEGY / FLOTILLA_DECODE_STRATEGY
+
+# --- Names of cells and units --------------------------------------------------------------------
+# A cell's id names its stack's tags, its Cloud Map service and its ECS cluster; a unit's id is
+# FLOTILLA_UNIT_ID. Parsed back by the operations CLI, so both forms are declared here only.
+CELL_ID_PATTERN = r"cell(\d+)"
+UNIT_ID_PATTERN = CELL_ID_PATTERN + r"-unit(\d+)"
+
+
+def cell_id(cell: int) -> str:
+    return f"cell{cell}"
+
+
+def unit_id(cell: int, index: int) -> str:
+    return f"{cell_id(cell)}-unit{index}"
+
+
+# --- Router discovery ----------------------------------------------------------------------------
+# Seconds between the router's discovery passes: a units file is cheap to re-read; a Cloud Map
+# pass is a DiscoverInstancesRevision call per cell, which the deployment's quota check counts.
+STATIC_DISCOVERY_INTERVAL_S = 2.0
+CLOUDMAP_DISCOVERY_INTERVAL_S = 5.0
 
 # --- Image commands ------------------------------------------------------------------------------
 NODE_COMMAND = ["node"]
@@ -120,10 +151,10 @@ CLOUDMAP_ATTR_ECS_SERVICE = "ECS_SERVICE_NAME"  # one ECS service per unit
 CLOUDMAP_UNITS_SERVICE_PREFIX = "units-"
 
 # --- Neuron engine -----------------------------------------------------------------------------
-# Multi-node units use the fork's fixed port (aws-neuron/upstreaming-to-vllm@490ab20f
-# examples/neuron/multi_node/launch_script.py:12), outside UNIT_INTERNAL_PORT_RANGE: the unit security
-# group's self-referencing rule admits all traffic (EFA needs it), so it covers it; nothing outside
-# the unit may reach it.
+# Multi-node units use NxD Inference's documented port (aws-neuron/neuronx-distributed-inference@cd3abf30
+# examples/multi_node.md:109,132, NEURON_RT_ROOT_COMM_ID=<rank-0 host>:63423), outside
+# UNIT_INTERNAL_PORT_RANGE: the unit security group's self-referencing rule admits all traffic (EFA
+# needs it), so it covers it; nothing outside the unit may reach it.
 NEURON_RT_ROOT_COMM_PORT = 63423  # Neuron runtime collectives bootstrap on the leader
 NEURON_ENGINE_PORT = 8001  # the leader's vLLM server, bound to 127.0.0.1 only
 ENV_NEURON_SDK_VERSION = "FLOTILLA_NEURON_SDK_VERSION"  # set by Dockerfile.neuron; compile-cache key

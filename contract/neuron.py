@@ -1,7 +1,8 @@
 """The two ways a `neuron` unit serves, and the AWS container image each one is built on.
 
-One node: the supported V1 `vllm-neuron` plugin with vLLM's OpenAI server. More than one node: the
-V0 vLLM fork, the last AWS stack that runs tensor parallelism across nodes. The CDK app picks the
+One node: the supported V1 `vllm-neuron` plugin with vLLM's OpenAI server. More than one node: NxD
+Inference itself, split over every node's NeuronCores and driven by flotilla's leader/follower loop
+(vLLM's plugin runs one node only). Both on the SDK 2.28 container, the last that supports trn1. The CDK app picks the
 Dockerfile, the runtime the launch, the planners the advice, all from this one table.
 """
 
@@ -20,6 +21,9 @@ SDK_DOCS_2_28_0 = "aws-neuron/aws-neuron-sdk@86a9286833dc2a1cd23b674f7081061924a
 SDK_DOCS_HEAD = "aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155"
 PLUGIN_0_4_1 = "vllm-project/vllm-neuron@4fac6b7b922288325cf1d06ca3b1d990255230e2"  # branch release-0.4.1
 FORK_2_24 = "aws-neuron/upstreaming-to-vllm@490ab20f123913937456e9ff8047a88f0b18a623"  # neuron-2.24-vllm-v0.7.2
+# NxD Inference and NxD at the Neuron SDK 2.28.0 component release (the multi-node engine's pins).
+NXDI_2_28 = "aws-neuron/neuronx-distributed-inference@cd3abf30558fe1a14dadfb1397c2118e3fcfcc11"  # SDK 2.28.0
+NXD_2_28 = "aws-neuron/neuronx-distributed@73ab227d1a76936f763a6631b324e2fc6650e0ba"  # SDK 2.28.0
 VLLM_0_13_0 = "vllm==0.13.0 wheel (sha256 12b3d0a3b91c32a0091349de64b464f1c3d499a5b3a5d0ec387fef94ed5df6ee)"
 
 
@@ -61,21 +65,20 @@ SINGLE_NODE_IMAGE = NeuronImage(
 MULTI_NODE_IMAGE = NeuronImage(
     mode=MULTI_NODE,
     dockerfile="runtime/Dockerfile.neuron-multinode",
-    base_image="public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04",
-    neuron_sdk="2.24.1",
-    vllm="AWS vLLM fork 0.7.2 (V0 engine), branch neuron-2.24-vllm-v0.7.2 + NxD Inference 0.4.7422",
-    server="vllm.entrypoints.api_server",
-    api="generate",
-    python="3.10",
+    base_image="public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.13.0-neuronx-py312-sdk2.28.0-ubuntu24.04",
+    neuron_sdk="2.28.0",
+    vllm="NxD Inference 0.8.16251 + NxD 0.17.26814 under flotilla's leader/follower loop (vLLM unused)",
+    server="runtime/engines/neuron/spmd.py",
+    api="spmd",
+    python="3.12",
     sources={
-        "base_image": f"{DLC_2_28_0}:README.md:83 (platforms trn1,trn2,inf2)",
-        "vllm": f"{DLC_2_24_1}:docker/vllm/inference/0.7.2/Dockerfile.neuronx:163,225 (NxDI pin, fork branch)",
-        "multi node": f"{FORK_2_24}:examples/neuron/multi_node/launch_script.py:96-144, "
-        "vllm/worker/neuron_worker.py:50-60",
-        "server": f"{FORK_2_24}:examples/neuron/multi_node/launch_script.py:118-124 (vllm.entrypoints.api_server); "
-        "vllm/entrypoints/api_server.py:35-91 (/health and /generate only)",
-        "end of support": f"{SDK_DOCS_HEAD}:about-neuron/announcements/neuron2.x/"
-        "announcement-end-of-support-vllm-v0.rst:1-16 (no vLLM V0 from Neuron 2.28)",
+        "base_image": f"{DLC_2_28_0}:README.md:78 (platforms trn1,trn2,trn3,inf2)",
+        "vllm": f"{DLC_2_28_0}:vllm/inference/0.13.0/Dockerfile.neuronx:165-166 (NxD and NxD Inference pins)",
+        "multi node": f"{NXDI_2_28}:examples/multi_node.md:47-49,106-145 (one process per node, global "
+        "--tp-degree, --start_rank_id, --local_ranks_size, NEURON_RT_ROOT_COMM_ID)",
+        "efa": f"{DLC_2_28_0}:vllm/inference/0.13.0/Dockerfile.neuronx:92-105 (efa_installer.sh --skip-kmod); "
+        f"{SDK_DOCS_2_28_0}:neuron-runtime/nrt-troubleshoot.rst:510-511",
+        "server": "runtime/engines/neuron/spmd.py (the leader's loop; followers mirror each step)",
     },
 )
 
@@ -83,7 +86,7 @@ IMAGES: Mapping[str, NeuronImage] = {SINGLE_NODE: SINGLE_NODE_IMAGE, MULTI_NODE:
 
 
 def mode_for(nodes: int) -> str:
-    """A unit of one node serves on the supported plugin; a unit that spans nodes needs the fork."""
+    """A unit of one node serves on the supported plugin; a unit that spans nodes runs NxD Inference directly."""
     return SINGLE_NODE if nodes == 1 else MULTI_NODE
 
 

@@ -32,6 +32,7 @@ class Aws:
     cloudwatch: Any = None  # the FleetReadyUnits alarm's threshold (status)
     ssm: Any = None  # the router's admission parameter (shed)
     logs: Any = None  # the routers' unit states (status --health-via router-logs)
+    secretsmanager: Any = None  # the API keys' secret (keys)
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -53,6 +54,7 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         cloudwatch=session.client("cloudwatch"),
         ssm=session.client("ssm"),
         logs=session.client("logs"),
+        secretsmanager=session.client("secretsmanager"),
     )
 
 

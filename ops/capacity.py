@@ -3,8 +3,8 @@ memory per NeuronCore, units needed, the Neuron image the unit runs, and the flo
 
 Every figure is a roofline bound (HBM bandwidth, peak FLOPS, EFA bandwidth; docs/hardware.md), so
 latencies are lower bounds and unit counts are minimums; `efficiency` derates them to measurements.
-A unit is one node whenever the model and its KV cache fit one; only then does it span nodes,
-which only the V0 fork image can run (contract/neuron.py).
+A unit is one node whenever the model and its KV cache fit one; only when they do not does it span
+nodes, running NxD Inference split over every node's NeuronCores (contract/neuron.py).
 """
 
 from __future__ import annotations
@@ -243,10 +243,9 @@ class Plan:
             )
         return (
             f"does not fit one {self.instance.instance_type} ({self.skipped[0].split(': ', 1)[1]}); "
-            f"{self.nodes_per_unit} nodes: {need} if the weights shard over all {self.tp_degree} NeuronCores. "
-            f"Only {self.image.base_image} ({self.image.vllm}; AWS ended vLLM V0 support from Neuron 2.28) "
-            "runs a unit across nodes, and its example gives NxD Inference tp_degree = one node's cores: "
-            "whether that shards over the unit is settled only on hardware (docs/runbooks/trainium-smoke-test.md)"
+            f"{self.nodes_per_unit} nodes: {need} with the weights sharded over all {self.tp_degree} NeuronCores "
+            f"(NxD Inference tp_degree={self.tp_degree}, one start_rank_id per node); multi-node units run "
+            f"{self.image.base_image} ({self.image.vllm})"
         )
 
     @property

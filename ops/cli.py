@@ -15,7 +15,20 @@ import botocore.exceptions
 from rich.console import Console
 
 from ops import __doc__ as _package_doc
-from ops.commands import drain, plan, rehearse, replace, rollback, rollout, shed, smoke, status, teardown, topology
+from ops.commands import (
+    drain,
+    keys,
+    plan,
+    rehearse,
+    replace,
+    rollback,
+    rollout,
+    shed,
+    smoke,
+    status,
+    teardown,
+    topology,
+)
 from ops.errors import EXIT_OK, EXIT_UNKNOWN, OpsError
 from ops.fleet import UNITS_CLOUDMAP_SERVICE
 
@@ -54,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     rehearse.add_parser(sub)
     smoke.add_parser(sub)  # talks to the front door only: no AWS options
-    for module in (status, topology, drain, replace, rollout, rollback, shed, teardown):
+    for module in (status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser

@@ -237,7 +237,7 @@ def _cell_clusters(aws: Aws, deployment: str) -> list[dict[str, Any]]:
         stack = tags.get(STACK_NAME_TAG, "")
         if (
             (tags.get(DEPLOYMENT_TAG) == deployment and CELL_TAG in tags)
-            or re.fullmatch(rf"{re.escape(deployment)}-cell\d+", c["clusterName"])
+            or re.fullmatch(rf"{re.escape(deployment)}-{contract.CELL_ID_PATTERN}", c["clusterName"])
             or re.fullmatch(rf"{re.escape(deployment)}-Cell-\d+", stack)
         ):
             out.append(c)

@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.router == "on" and not router_available:
         p.error("--router on: runtime/router/cli.py is not in this checkout; use --router off")
     a.use_router = a.router == "on" or (a.router == "auto" and router_available)
+    if os.environ.get(contract.ENV_API_KEY) and not a.use_router:
+        p.error(f"{contract.ENV_API_KEY} (make local API_KEY=...) is checked by the router: drop --router off")
     if a.port is None:
         raw = os.environ.get(contract.ENV_PORT) or str(DEFAULT_PUBLIC_PORT)
         try:
@@ -118,7 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
-    base_env = {k: v for k, v in os.environ.items() if k != contract.ENV_PORT}
+    # The API key (`make local API_KEY=...`) goes to the router alone: it is the only one that checks it.
+    base_env = {k: v for k, v in os.environ.items() if k not in (contract.ENV_PORT, contract.ENV_API_KEY)}
     base_env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
     procs: list[Proc] = []
     leaders: list[str] = []
@@ -167,6 +170,8 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
             contract.ENV_DISCOVERY: "static",
             contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout),
         }
+        if os.environ.get(contract.ENV_API_KEY):
+            env[contract.ENV_API_KEY] = os.environ[contract.ENV_API_KEY]
         procs.append(
             Proc(
                 role="router",
@@ -302,10 +307,13 @@ def main(argv: list[str] | None = None) -> int:
                 "messages": [{"role": "user", "content": QUESTION}],
             }
         )
+        keyed = a.use_router and bool(os.environ.get(contract.ENV_API_KEY))
+        auth = "-H 'Authorization: Bearer <API_KEY>' " if keyed else ""
         print(
             f"\nflotilla is serving {a.model} at {url}/v1  ({a.units} unit(s) x {a.nodes} nodes"
-            f"{', behind the router' if a.use_router else ''}; processes in {manifest})\n\n"
-            f"try:\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            f"{', behind the router' if a.use_router else ''}"
+            f"{', API key required' if keyed else ', open: no API key'}; processes in {manifest})\n\n"
+            f"try:\n  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' {auth}\\\n"
             f"       -d '{body}'\n\nCtrl-C stops everything.",
             flush=True,
         )

@@ -59,7 +59,7 @@ class CellStack(Stack):
     ) -> None:
         super().__init__(scope, id_, **kwargs)
         self.cell = cell
-        cell_id = f"cell{cell}"
+        cell_id = contract.cell_id(cell)
         Tags.of(self).add("flotilla:cell", cell_id)
         self.cluster = ecs.Cluster(
             self,

@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, core_schema
 
+import contract
 from contract import NEURON_SAMPLING_MODES
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
@@ -70,10 +71,9 @@ CLOUDMAP_INSTANCES_PER_SERVICE = 1000  # not adjustable; DiscoverInstances also 
 CLOUDMAP_INSTANCES_PER_NAMESPACE = 2000  # default, adjustable
 CLOUDMAP_DISCOVER_INSTANCES_PER_S = 1000  # DiscoverInstances, per account, steady rate; adjustable
 CLOUDMAP_DISCOVER_REVISION_PER_S = 3000  # DiscoverInstancesRevision, per account; adjustable
-# Seconds between the router's discovery passes with Cloud Map (runtime/router/settings.py,
-# discovery_interval_s): each pass asks every cell's service for its revision and reads again the
-# services that moved.
-ROUTER_DISCOVERY_INTERVAL_S = 5.0
+# Seconds between the router's discovery passes with Cloud Map: each pass asks every cell's service
+# for its revision and reads again the services that moved.
+ROUTER_DISCOVERY_INTERVAL_S = contract.CLOUDMAP_DISCOVERY_INTERVAL_S
 
 LOG_RETENTION_DAYS = (
     1,
@@ -110,8 +110,8 @@ MARKETS = ("on-demand", "capacity-block")
 # aws/aws-cdk#36584), so the config refuses the prefixes in any case.
 RESERVED_NAME_PREFIXES = ("aws", "ecs", "fargate")
 LIVE_TARGET_GROUPS = ("blue", "green")
-ENGINES = ("neuron", "reference", "echo")
-STRATEGIES = ("auto", "pipeline", "tensor")  # auto: the reference engine times both at formation
+ENGINES = contract.ENGINES
+STRATEGIES = contract.STRATEGY_CHOICES  # auto: the reference engine times both at formation
 ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
 
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
@@ -271,9 +271,10 @@ class NodeConfig(_Section):
     root_volume_gib: Annotated[int, between(64, 16384)] = 128
     instance_store: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
-    # neuron engine: "device" samples on the NeuronCores (temperature/top_p only); "cpu" runs vLLM's
-    # sampler on the host, which also serves logprobs, structured output, seeds and penalties.
-    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "device"
+    # neuron engine: "cpu" (default) runs vLLM's sampler on the host, each request with its own
+    # parameters, and also serves logprobs, structured output and penalties; "device" samples on the
+    # NeuronCores (temperature/top_p only), where the pinned plugin can mix up requests' parameters.
+    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "cpu"
 
 
 class RouterConfig(_Section):
@@ -331,6 +332,70 @@ class CapacityConfig(_Section):
     ] = None
 
 
+# --- Front door: who may reach the ALB and how the routers check callers --------------------------
+SCHEMES = ("internal", "internet-facing")
+_CIDR_RE = re.compile(r"^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)/(3[0-2]|[12]?\d)$")
+_PREFIX_LIST_RE = re.compile(r"^pl-[0-9a-f]{8,17}$")
+_PRINCIPAL_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(root|role/[\w+=,.@/-]+|user/[\w+=,.@/-]+)$")
+# AWS WAF rate-based rule: Limit from 10 to 2,000,000,000 requests per evaluation window
+# (RateBasedStatement, AWS WAF API reference).
+WAF_RATE_LIMIT_RANGE = (10, 2_000_000_000)
+
+
+def _list_of(what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return value
+        raise _refuse(f"a list of {what}")
+
+    return check
+
+
+class FrontConfig(_Section):
+    """The front door: internal (the default, reachable from the VPC and client_cidrs) or
+    internet-facing (only client_cidrs / client_prefix_lists, behind AWS WAF); API keys."""
+
+    scheme: Annotated[str, one_of(SCHEMES)] = "internal"
+    # IPv4 ranges (and managed prefix lists) admitted to the client ports, besides the VPC itself
+    # when internal; internet-facing admits only these.
+    client_cidrs: Annotated[
+        tuple[Annotated[str, matches(_CIDR_RE, "IPv4 CIDRs like 203.0.113.0/24")], ...],
+        BeforeValidator(_list_of("IPv4 CIDRs like [203.0.113.0/24]")),
+    ] = ()
+    client_prefix_lists: Annotated[
+        tuple[Annotated[str, matches(_PREFIX_LIST_RE, "managed prefix list ids like pl-0123456789abcdef0")], ...],
+        BeforeValidator(_list_of("managed prefix list ids like [pl-0123456789abcdef0]")),
+    ] = ()
+    # An endpoint service (PrivateLink) for consumers in other VPCs or accounts: the IAM principals
+    # allowed to create endpoints to it (each connection still needs acceptance). Internal only.
+    privatelink_principals: Annotated[
+        tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
+        BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
+    ] = ()
+    # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
+    waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
+    # Routers require an API key (flotilla keys); off only for a deployment nobody else can reach.
+    api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
+    api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
+
+    @model_validator(mode="after")
+    def _internet_facing_names_its_clients(self) -> FrontConfig:
+        if self.scheme == "internet-facing" and not (self.client_cidrs or self.client_prefix_lists):
+            raise ConfigError(
+                "front.scheme",
+                self.scheme,
+                "internet-facing needs front.client_cidrs or front.client_prefix_lists (the clients the ALB "
+                "admits; there is no 0.0.0.0/0 default), or use internal",
+            )
+        if self.scheme == "internet-facing" and self.privatelink_principals:
+            raise ConfigError(
+                "front.privatelink_principals",
+                list(self.privatelink_principals),
+                "only with front.scheme internal (PrivateLink consumers reach the internal ALB privately)",
+            )
+        return self
+
+
 @dataclass(frozen=True)
 class UnitPlacement:
     """Where one unit lives: its cell, its index inside the cell and its AZ slot."""
@@ -342,7 +407,7 @@ class UnitPlacement:
 
     @property
     def unit_id(self) -> str:
-        return f"cell{self.cell}-unit{self.index}"
+        return contract.unit_id(self.cell, self.index)
 
 
 class FlotillaConfig(_Section):
@@ -402,6 +467,7 @@ class FlotillaConfig(_Section):
     # a service's DesiredCount back on every update, so a drain made only with `flotilla drain-unit`
     # is undone by the next deploy that touches the unit.
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
+    front: FrontConfig = Field(default_factory=FrontConfig)
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:

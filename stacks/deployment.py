@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import aws_cdk as cdk
 
-from contract import admission
+import contract
+from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
@@ -66,7 +67,10 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         vpc=network.vpc,
         router_security_group=network.router_security_group,
         namespace_name=f"{config.deployment_name}.internal",
-        cells=[f"cell{c}" for c in range(config.cells)],
+        cells=[contract.cell_id(c) for c in range(config.cells)],
+        internet_facing=config.front.scheme == "internet-facing",
+        client_cidrs=config.front.client_cidrs,
+        client_prefix_lists=config.front.client_prefix_lists,
         **common("Discovery"),
     )
     # Adjustable quotas: a synth warning with the number to request when AWS's default is too
@@ -129,6 +133,9 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         alb_security_group=discovery.alb_security_group,
         certificate_arn=config.certificate_arn,
         live_target_group=router.live_target_group,
+        internet_facing=config.front.scheme == "internet-facing",
+        waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+        privatelink_principals=config.front.privatelink_principals,
         **common("Front"),
     )
     front = deployment.front
@@ -139,7 +146,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         "Observability",
         load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell={f"cell{c}": len(config.units_in_cell(c)) for c in range(config.cells)},
+        units_per_cell={contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
         # The per-cell ready-units alarms allow what a rollout of these settings takes out.
         unit_rollout=config.unit_rollout,
         wave_in_cell=config.wave_plan.wave_in_cell,
@@ -165,6 +172,11 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         cpu=router.cpu,
         memory_mib=router.memory_mib,
         bake_time=cdk.Duration.minutes(router.bake_time_minutes),
+        api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
+        api_keys_ttl_s=config.front.api_keys_ttl_s,
+        # Each router takes 1/n of every key's limits; n is the router count the tier runs at
+        # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
+        limit_routers=router.desired_count,
         **common("Router"),
     )
     return deployment

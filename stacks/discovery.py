@@ -21,6 +21,7 @@ from constructs import Construct
 
 import contract
 from stacks.nag import acknowledge
+from stacks.network import VPC_CIDR
 
 HTTPS_PORT = 443
 HTTP_PORT = 80
@@ -34,9 +35,11 @@ def units_service_name(cell_id: str) -> str:
 class DiscoveryStack(cdk.Stack):
     """Cloud Map namespace + one service per cell; the ALB security group with exact rules.
 
-    internet -> ALB on the client ports (443 and 80); the VPC's NAT gateways -> ALB on the test
-    port; ALB -> router on the router port. (The router SG's own egress, node serving port in the
-    VPC and HTTPS, is set in Network; each unit SG admits the router SG on the serving port.)
+    clients -> ALB on the client ports (443 and 80): the VPC and the configured client ranges when
+    internal, only the configured ranges when internet-facing; the test port from the VPC (internal)
+    or the VPC's NAT gateways (internet-facing); ALB -> router on the router port. (The router SG's
+    own egress, node serving port in the VPC and HTTPS, is set in Network; each unit SG admits the
+    router SG on the serving port.)
     """
 
     def __init__(
@@ -48,6 +51,9 @@ class DiscoveryStack(cdk.Stack):
         router_security_group: ec2.ISecurityGroup,
         namespace_name: str,
         cells: Sequence[str] = ("cell0",),
+        internet_facing: bool = False,
+        client_cidrs: Sequence[str] = (),
+        client_prefix_lists: Sequence[str] = (),
         **kwargs,
     ) -> None:
         super().__init__(scope, id_, **kwargs)
@@ -79,21 +85,38 @@ class DiscoveryStack(cdk.Stack):
             allow_all_outbound=False,
             description="flotilla ALB: clients in, router port out",
         )
+        # The clients: the VPC itself when the ALB is internal (the application tier calls it from
+        # inside), plus the ranges and prefix lists the config names; internet-facing, only those.
+        peers: list[tuple[ec2.IPeer, str]] = [] if internet_facing else [(ec2.Peer.ipv4(VPC_CIDR), "the VPC")]
+        peers += [(ec2.Peer.ipv4(cidr), cidr) for cidr in client_cidrs]
+        peers += [(ec2.Peer.prefix_list(pl), pl) for pl in client_prefix_lists]
+        if not peers:
+            raise ValueError("an internet-facing ALB needs client_cidrs or client_prefix_lists: no 0.0.0.0/0 default")
         # Both client ports whether or not a certificate is configured: the listeners on them
         # change with certificate_arn (Front), this group does not, so removing a certificate
         # never closes 443 before the production listener has left it (Discovery deploys first).
-        for port in (HTTPS_PORT, HTTP_PORT):
-            self.alb_security_group.add_ingress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(port), f"clients on {port}")
-        # The ALB is internet-facing: its DNS name resolves to public addresses ("The nodes of an
-        # Internet-facing load balancer have public IP addresses", ELBv2 CreateLoadBalancer,
-        # Scheme), so a caller in a private subnet reaches the test listener through its AZ's NAT
-        # gateway and arrives from the NAT's Elastic IP, never from the VPC CIDR
-        # (aws-samples/ecs-refarch-cloudformation#45). Admit exactly those addresses.
-        for az, nat_ip in enumerate(nat_public_ips(vpc)):
+        for peer, who in peers:
+            for port in (HTTPS_PORT, HTTP_PORT):
+                self.alb_security_group.add_ingress_rule(peer, ec2.Port.tcp(port), f"clients on {port} from {who}")
+        if internet_facing:
+            # An internet-facing ALB's DNS name resolves to public addresses ("The nodes of an
+            # Internet-facing load balancer have public IP addresses", ELBv2 CreateLoadBalancer,
+            # Scheme), so a caller in a private subnet reaches the test listener through its AZ's NAT
+            # gateway and arrives from the NAT's Elastic IP, never from the VPC CIDR
+            # (aws-samples/ecs-refarch-cloudformation#45). Admit exactly those addresses.
+            for az, nat_ip in enumerate(nat_public_ips(vpc)):
+                self.alb_security_group.add_ingress_rule(
+                    ec2.Peer.ipv4(f"{nat_ip}/32"),
+                    ec2.Port.tcp(contract.ROUTER_TEST_PORT),
+                    f"blue/green test listener, from the VPC through NAT gateway {az + 1}",
+                )
+        else:
+            # An internal ALB has private addresses only ("The nodes of an internal load balancer
+            # have only private IP addresses", same reference): callers in the VPC arrive from it.
             self.alb_security_group.add_ingress_rule(
-                ec2.Peer.ipv4(f"{nat_ip}/32"),
+                ec2.Peer.ipv4(VPC_CIDR),
                 ec2.Port.tcp(contract.ROUTER_TEST_PORT),
-                f"blue/green test listener, from the VPC through NAT gateway {az + 1}",
+                "blue/green test listener, from the VPC",
             )
         # Both rules of the ALB -> router hop are written here, explicitly. Front and Router attach
         # the groups as immutable imports, so CDK's automatic target-group rules add nothing (and
@@ -113,12 +136,17 @@ class DiscoveryStack(cdk.Stack):
             to_port=contract.ROUTER_PORT,
             description="ALB to router port",
         )
-        acknowledge(
-            self.alb_security_group.node.default_child,
-            "EC23",
-            "The ALB is the public entry point: clients anywhere reach it on the client ports only "
-            "(443/80); the test port admits only the VPC's own NAT gateway addresses.",
-        )
+        if internet_facing:
+            # cdk-nag cannot evaluate the test port's NAT addresses (imported Elastic IPs, an
+            # intrinsic) and reports EC23 as an error; an explicit 0.0.0.0/0 client range is EC23 too.
+            acknowledge(
+                self.alb_security_group.node.default_child,
+                "EC23",
+                "Internet-facing by the operator's choice: the client ports (443/80) admit exactly "
+                "front.client_cidrs / front.client_prefix_lists (0.0.0.0/0 only if listed there), behind "
+                "the ALB's WAF web ACL and the routers' API keys; the test port admits only the /32 "
+                "Elastic IPs of the VPC's own NAT gateways, which cdk-nag cannot resolve at synth.",
+            )
         cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
         cdk.CfnOutput(self, "CloudMapServicePrefix", value=contract.CLOUDMAP_UNITS_SERVICE_PREFIX)
         cdk.CfnOutput(self, "CloudMapServiceCount", value=str(len(cells)))

@@ -1,4 +1,5 @@
-"""Front: the internet-facing ALB, its listeners, and the blue and green router target groups.
+"""Front: the ALB (internal by default), its listeners, the blue and green router target groups, and
+the WAF web ACL an internet-facing ALB gets.
 
 The router ECS service (stacks/router.py) lives in its own stack so that the alarms it rolls back on
 (Observability) can be created between the two: alarms need the ALB's metrics, the router service
@@ -7,11 +8,15 @@ needs the alarms at construction (aws/aws-cdk#36308).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_elasticloadbalancingv2_targets as elb_targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_wafv2 as wafv2
 from aws_cdk import region_info
 from constructs import Construct
 
@@ -21,6 +26,7 @@ from stacks.config import LIVE_TARGET_GROUPS
 # The ALB security group (Discovery) admits exactly these client ports.
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
+from stacks.network import VPC_CIDR
 
 # Without a certificate the redirect listener waits here, a port the ALB security group does not
 # admit, so that adding or removing certificate_arn moves listeners between ports in place (see
@@ -29,8 +35,9 @@ PARKED_PORT = 8081
 
 
 class FrontStack(cdk.Stack):
-    """ALB in public subnets; production listener (HTTPS, or HTTP with a warning); internal test
-    listener; blue and green target groups health-checking the router.
+    """ALB, internal in private subnets (or internet-facing in public subnets, behind AWS WAF);
+    production listener (HTTPS, or HTTP with a warning); internal test listener; blue and green
+    target groups health-checking the router.
 
     `live_target_group` names the target group the production and test rules send 100 % to in the
     template. ECS blue/green moves the live weight at every router deployment; when a later deploy
@@ -47,6 +54,9 @@ class FrontStack(cdk.Stack):
         alb_security_group: ec2.ISecurityGroup,
         certificate_arn: str | None,
         live_target_group: str = "blue",
+        internet_facing: bool = False,
+        waf_requests_per_5_min: int = 3000,
+        privatelink_principals: Sequence[str] = (),
         health_check_interval: cdk.Duration = cdk.Duration.seconds(10),
         health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
         healthy_threshold: int = 2,
@@ -69,6 +79,7 @@ class FrontStack(cdk.Stack):
             )
         self.https = certificate_arn is not None
         self.live_target_group = live_target_group
+        self.internet_facing = internet_facing
 
         self.access_log_bucket = s3.Bucket(
             self,
@@ -91,14 +102,18 @@ class FrontStack(cdk.Stack):
             self,
             "Alb",
             vpc=vpc,
-            internet_facing=True,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            # Scheme is create-only: switching it replaces the ALB (docs/runbooks/front-door.md).
+            internet_facing=internet_facing,
+            vpc_subnets=ec2.SubnetSelection(
+                subnet_type=ec2.SubnetType.PUBLIC if internet_facing else ec2.SubnetType.PRIVATE_WITH_EGRESS
+            ),
             security_group=self.alb_security_group,
             drop_invalid_header_fields=True,
             # Long prefills of big prompts can keep a stream quiet for a while.
             idle_timeout=idle_timeout,
         )
         self._log_access(prefix="alb")
+        self.web_acl = self._web_acl(waf_requests_per_5_min) if internet_facing else None
 
         def target_group(name: str) -> elbv2.ApplicationTargetGroup:
             return elbv2.ApplicationTargetGroup(
@@ -132,9 +147,10 @@ class FrontStack(cdk.Stack):
         if not self.https:
             cdk.Annotations.of(self).add_warning_v2(
                 "flotilla:front:no-certificate",
-                "No certificate_arn configured: the ALB serves plain HTTP on port 80, so prompts and "
-                "completions cross the internet unencrypted. Set certificate_arn (an ACM certificate "
-                "in this region) to serve HTTPS on 443 with HTTP redirected to it.",
+                "No certificate_arn configured: the ALB serves plain HTTP on port 80, so prompts, "
+                f"completions and API keys cross {'the internet' if internet_facing else 'the network'} "
+                "unencrypted. Set certificate_arn (an ACM certificate in this region) to serve HTTPS on "
+                "443 with HTTP redirected to it.",
             )
         self.production_listener, self.redirect_listener = self._listeners(certificate_arn, not_found)
         # The test listener carries ECS's pre-shift test traffic to the green tasks: VPC only.
@@ -170,6 +186,7 @@ class FrontStack(cdk.Stack):
 
         self.production_rule = rule("ProductionRule", self.production_listener)
         self.test_rule = rule("TestRule", self.test_listener)
+        self.endpoint_service = self._privatelink(vpc, privatelink_principals) if privatelink_principals else None
 
         scheme = "https" if self.https else "http"
         cdk.CfnOutput(self, "Url", value=f"{scheme}://{self.load_balancer.load_balancer_dns_name}")
@@ -184,6 +201,127 @@ class FrontStack(cdk.Stack):
             "This bucket receives the ALB's access logs; logging its own accesses to itself would "
             "recurse and to another bucket would only move the finding.",
         )
+
+    def _privatelink(self, vpc: ec2.IVpc, principals: Sequence[str]) -> ec2.VpcEndpointService:
+        """An endpoint service for consumers in other VPCs or accounts: an internal NLB whose TCP
+        listener forwards to the ALB's production listener (an `alb` target group), offered to the
+        named principals, each connection accepted by the operator."""
+        port = HTTPS_PORT if self.https else HTTP_PORT
+        nlb_sg = ec2.SecurityGroup(
+            self, "PrivateLinkSg", vpc=vpc, allow_all_outbound=False, description="flotilla PrivateLink NLB: to the ALB"
+        )
+        # The NLB's own addresses are in the VPC, which the internal ALB admits (Discovery).
+        nlb_sg.add_egress_rule(ec2.Peer.ipv4(VPC_CIDR), ec2.Port.tcp(port), "NLB to the ALB's client port")
+        nlb = elbv2.NetworkLoadBalancer(
+            self,
+            "PrivateLinkNlb",
+            vpc=vpc,
+            internet_facing=False,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            security_groups=[nlb_sg],
+            cross_zone_enabled=True,
+            # Endpoint traffic is admitted by the service's allowed principals and acceptance, not by
+            # address: an NLB applies its inbound rules to PrivateLink traffic unless this is off
+            # (EnforceSecurityGroupInboundRulesOnPrivateLinkTraffic, ELBv2 API reference).
+            enforce_security_group_inbound_rules_on_private_link_traffic=False,
+        )
+        listener = nlb.add_listener("PrivateLink", port=port, protocol=elbv2.Protocol.TCP)
+        listener.add_targets(
+            "Alb",
+            port=port,
+            targets=[elb_targets.AlbListenerTarget(self.production_listener)],
+            health_check=elbv2.HealthCheck(
+                protocol=elbv2.Protocol.HTTPS if self.https else elbv2.Protocol.HTTP,
+                path=contract.ROUTER_HEALTH_PATH,
+            ),
+        )
+        service = ec2.VpcEndpointService(
+            self,
+            "EndpointService",
+            vpc_endpoint_service_load_balancers=[nlb],
+            acceptance_required=True,
+            allowed_principals=[iam.ArnPrincipal(p) for p in principals],
+        )
+        cdk.CfnOutput(
+            self,
+            "EndpointServiceName",
+            value=f"com.amazonaws.vpce.{self.region}.{service.vpc_endpoint_service_id}",
+        )
+        nlb_resource = nlb.node.default_child
+        assert nlb_resource is not None  # the AWS::ElasticLoadBalancingV2::LoadBalancer under the construct
+        acknowledge(
+            nlb_resource,
+            "ELB2",
+            "Network Load Balancer access logs record TLS listeners only (ELB user guide, access logs for "
+            "your Network Load Balancer); this TCP listener passes every request to the ALB, whose access "
+            "logs record each one.",
+        )
+        return service
+
+    def _web_acl(self, requests_per_5_min: int) -> wafv2.CfnWebACL:
+        """AWS WAF in front of an internet-facing ALB: a per-client-IP rate limit, then AWS managed
+        rule groups (reputation, known bad inputs, the core rule set)."""
+
+        def visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
+            return wafv2.CfnWebACL.VisibilityConfigProperty(
+                cloud_watch_metrics_enabled=True, metric_name=f"flotilla-{name}", sampled_requests_enabled=True
+            )
+
+        def managed(priority: int, name: str, overrides: tuple[str, ...] = ()) -> wafv2.CfnWebACL.RuleProperty:
+            return wafv2.CfnWebACL.RuleProperty(
+                name=name,
+                priority=priority,
+                override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+                statement=wafv2.CfnWebACL.StatementProperty(
+                    managed_rule_group_statement=wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(
+                        vendor_name="AWS",
+                        name=name,
+                        rule_action_overrides=[
+                            wafv2.CfnWebACL.RuleActionOverrideProperty(
+                                name=rule, action_to_use=wafv2.CfnWebACL.RuleActionProperty(count={})
+                            )
+                            for rule in overrides
+                        ]
+                        or None,
+                    )
+                ),
+                visibility_config=visibility(name),
+            )
+
+        acl = wafv2.CfnWebACL(
+            self,
+            "WebAcl",
+            scope="REGIONAL",  # an ALB's web ACL is regional (CLOUDFRONT is for distributions)
+            default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+            visibility_config=visibility("front"),
+            rules=[
+                # Per client IP over AWS WAF's default 5-minute window; the lowest limit WAF takes is 10
+                # ("Rate-based rule high-level settings in AWS WAF", developer guide). It caps a single
+                # source; the routers' per-key limits are what meter legitimate callers.
+                wafv2.CfnWebACL.RuleProperty(
+                    name="RequestsPerClientIp",
+                    priority=0,
+                    action=wafv2.CfnWebACL.RuleActionProperty(block={}),
+                    statement=wafv2.CfnWebACL.StatementProperty(
+                        rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
+                            limit=requests_per_5_min, aggregate_key_type="IP", evaluation_window_sec=300
+                        )
+                    ),
+                    visibility_config=visibility("requests-per-client-ip"),
+                ),
+                managed(1, "AWSManagedRulesAmazonIpReputationList"),
+                managed(2, "AWSManagedRulesKnownBadInputsRuleSet"),
+                # The core rule set's SizeRestrictions_BODY blocks every body over 8 KB (AWS WAF
+                # developer guide, baseline rule groups): a long prompt or chat history is a
+                # legitimate request here, so that one rule only counts. The routers bound body
+                # size themselves (--max-body-bytes, 4 MiB).
+                managed(3, "AWSManagedRulesCommonRuleSet", ("SizeRestrictions_BODY",)),
+            ],
+        )
+        wafv2.CfnWebACLAssociation(
+            self, "WebAclAssociation", resource_arn=self.load_balancer.load_balancer_arn, web_acl_arn=acl.attr_arn
+        )
+        return acl
 
     def _listeners(
         self, certificate_arn: str | None, not_found: elbv2.ListenerAction

@@ -1,8 +1,8 @@
 """The container images flotilla tasks run: a prebuilt URI from the config, or an asset built at
 `cdk deploy` (synth only copies and hashes): runtime/Dockerfile for the router and CPU engines; for
 units on the `neuron` engine, the Dockerfile of their mode (contract/neuron.py): one node, AWS's vLLM
-V1 Neuron container (runtime/Dockerfile.neuron); several, AWS's V0 vLLM fork container
-(runtime/Dockerfile.neuron-multinode)."""
+V1 Neuron container (runtime/Dockerfile.neuron); several, NxD Inference split over the unit on the
+same SDK 2.28 container (runtime/Dockerfile.neuron-multinode)."""
 
 from __future__ import annotations
 

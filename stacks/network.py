@@ -1,7 +1,8 @@
 """The Network stack: one VPC over three AZs shared by the Front stack and every Cell stack.
 
-Public subnets hold the ALB (and the NAT gateways); private subnets with egress hold the router
-and the Trainium nodes. VPC endpoints keep image pulls, logs and model reads off the NAT gateways.
+Public subnets hold the NAT gateways (and the ALB only when the front door is opted into
+internet-facing); private subnets with egress hold the internal ALB, the router and the Trainium
+nodes. VPC endpoints keep image pulls, logs and model reads off the NAT gateways.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contract
 from stacks.config import PRIVATE_SUBNET_MASK
 
 VPC_CIDR = "10.0.0.0/16"
-PUBLIC_SUBNET_MASK = 24  # the ALB and NAT gateways only
+PUBLIC_SUBNET_MASK = 24  # NAT gateways, and an opted-in internet-facing ALB, only
 
 
 class NetworkStack(Stack):

@@ -46,6 +46,9 @@ class RouterStack(cdk.Stack):
         cloudmap_namespace_name: str,
         cloudmap_service_names: Sequence[str],
         admission_parameter_name: str,
+        api_keys_secret_name: str | None = None,
+        api_keys_ttl_s: int = 30,
+        limit_routers: int = 1,
         min_tasks: int = 2,
         max_tasks: int = 10,
         cpu: int = 1024,
@@ -119,6 +122,7 @@ class RouterStack(cdk.Stack):
                 ],
             )
         )
+        access_env = self._read_api_keys(api_keys_secret_name, api_keys_ttl_s, limit_routers)
         log_group = logs.LogGroup(self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
         health_url = f"http://127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}"
         # The node image (same image, command `router`): a registry URI, else the runtime/ asset.
@@ -135,6 +139,7 @@ class RouterStack(cdk.Stack):
                 contract.ENV_CLOUDMAP_SERVICE: ",".join(cloudmap_service_names),
                 contract.ENV_DRAIN_TIMEOUT: str(drain_s),
                 contract.ENV_ADMISSION_PARAMETER: admission_parameter_name,
+                **access_env,
             },
             port_mappings=[ecs.PortMapping(container_port=contract.ROUTER_PORT, protocol=ecs.Protocol.TCP)],
             health_check=ecs.HealthCheck(
@@ -219,6 +224,38 @@ class RouterStack(cdk.Stack):
         cdk.CfnOutput(self, "ServiceName", value=self.service.service_name)
         self._acknowledge_findings(image)
 
+    def _read_api_keys(self, secret_name: str | None, ttl_s: int, limit_routers: int) -> dict[str, str]:
+        """The router's environment for API keys, and read access to exactly the keys' secret.
+
+        `flotilla keys` creates the secret (the stacks do not: a deploy must never reset the keys), so
+        its ARN ends in the six random characters Secrets Manager appends, matched by `-??????`
+        (Secrets Manager user guide, "Secret ARNs": the suffix keeps a deleted-and-recreated secret's
+        grants from carrying over). The secret uses the AWS managed key aws/secretsmanager, for which
+        GetSecretValue needs no kms:Decrypt grant of its own (Secrets Manager user guide, "Secret
+        encryption and decryption").
+        """
+        if secret_name is None:
+            return {}
+        self.task_definition.add_to_task_role_policy(
+            iam.PolicyStatement(
+                sid="ReadApiKeys",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[
+                    self.format_arn(
+                        service="secretsmanager",
+                        resource="secret",
+                        resource_name=f"{secret_name}-??????",
+                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        return {
+            contract.ENV_API_KEYS_SECRET: secret_name,
+            contract.ENV_API_KEYS_TTL: str(ttl_s),
+            contract.ENV_LIMIT_ROUTERS: str(limit_routers),
+        }
+
     def _autoscale(
         self, *, blue_target_group, green_target_group, min_tasks, max_tasks, requests_per_target_per_minute
     ) -> None:
@@ -289,8 +326,9 @@ class RouterStack(cdk.Stack):
             "ECS2",
             reason=(
                 "The router's environment holds only non-secret settings (role, port, Cloud Map "
-                "namespace and service names, drain timeout, admission parameter name); it has no "
-                "secrets to inject."
+                "namespace and service names, drain timeout, admission parameter name, the API keys' "
+                "secret name); the keys themselves it reads hashed from Secrets Manager at run time, "
+                "re-read every TTL so that revocation needs no new task."
             ),
         )
         task_policy = self.task_definition.task_role.node.find_child("DefaultPolicy")

@@ -19,6 +19,23 @@ import contract
 from contract.trainium import TrainiumInstance
 from stacks.discovery import register_unit_members
 
+# The ECS-optimized AL2023 Neuron AMI release the units run, never "recommended": that one moves its
+# Neuron driver (aws/amazon-ecs-ami scripts/enable-ecs-agent-inferentia-support.sh installs the latest
+# aws-neuronx-dkms at build time), while the containers' runtime stays at Neuron SDK 2.28, and driver
+# 2.29 "requires Neuron Runtime Library 2.33 or later ... [else] nrt_init() [fails]" (aws-neuron/aws-neuron-sdk
+# @81ce03ae:release-notes/components/runtime.rst:329). Release 20260403 (aws/amazon-ecs-ami@eb80a9f, built
+# 2026-04-03) predates SDK 2.29 (2026-04-09), so it carries the SDK 2.28 driver line (2.26.10.0,
+# runtime.rst:742-747). The parameter is ECS's per-release form, /<variant>/<AMI name>/image_id
+# (Amazon ECS developer guide, "Retrieving Amazon ECS-optimized Linux AMI metadata"). docs/hardware.md.
+NEURON_AMI_NAME = "al2023-ami-ecs-neuron-hvm-2023.0.20260403-kernel-6.1-x86_64"
+NEURON_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/{NEURON_AMI_NAME}/image_id"
+
+
+def neuron_ami() -> ec2.IMachineImage:
+    """The unit's AMI: the pinned Neuron ECS AMI release (see NEURON_AMI_NAME)."""
+    return ec2.MachineImage.from_ssm_parameter(NEURON_AMI_PARAMETER, os=ec2.OperatingSystemType.LINUX)
+
+
 # A soft reservation only (no hard limit): the container may use all of the host's memory. It
 # stays well below what ECS registers for a 512 GiB trn1 (ECS keeps some for the OS and agent)
 # so placement never fails on it; distinctInstance already gives each node one task.
@@ -220,7 +237,7 @@ class TrainiumUnit(Construct):
             self,
             "LaunchTemplate",
             instance_type=ec2.InstanceType(instance_type),
-            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.NEURON),
+            machine_image=neuron_ami(),
             instance_profile=instance_profile,
             user_data=user_data,
             require_imdsv2=True,

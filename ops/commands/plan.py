@@ -2,7 +2,8 @@
 
 Needs no AWS access: it is arithmetic on the model's shape and the hardware figures in
 docs/hardware.md. Every latency it prints is a lower bound, every count a minimum. It says which
-Neuron image the unit runs (one node: the V1 plugin; more: the V0 fork) and why.
+Neuron image the unit runs (one node: the V1 plugin; more: NxD Inference under our leader/follower
+loop) and why.
 """
 
 from __future__ import annotations
@@ -206,6 +207,22 @@ def render_rollout(rec: Recommendation, console: Console) -> None:
     console.print(f"units_per_wave {rec.units_per_wave} (*): {rec.why}")
 
 
+def neuron_layout(p: Plan) -> str:
+    """What a neuron unit of this size really runs in each phase (runtime/engines/neuron/launch.py):
+    NxD Inference's context encoding (prefill) and token generation (decode) are both tensor parallel
+    over every NeuronCore of the unit; the bounds below model the reference engine's pipeline prefill."""
+    if p.nodes_per_unit == 1:
+        return (
+            f"prefill and decode tensor parallel over {p.tp_degree} NeuronCores; cp_degree / attention_dp_degree "
+            "per phase where the heads need them (`python -m runtime plan --engine neuron` prints them)"
+        )
+    return (
+        f"prefill (context encoding) and decode (token generation) both tensor parallel, tp_degree={p.tp_degree}, "
+        f"cp_degree=1, attention_dp_degree=1; node k holds NeuronCore ranks "
+        f"{p.instance.neuron_cores}k..{p.instance.neuron_cores}(k+1)-1"
+    )
+
+
 def plan_dict(p: Plan) -> dict[str, Any]:
     return {
         "model": {
@@ -228,6 +245,7 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         },
         "why": p.why,
         "tp_degree": p.tp_degree,
+        "neuron_layout": neuron_layout(p),
         "pp_degree": p.pp_degree,
         "stage_layers": [list(r) for r in p.stage_layers],
         "q_heads_per_core": p.q_heads_per_core,
@@ -283,7 +301,8 @@ def render(p: Plan, console: Console) -> None:
     unit.add_row("image", f"{p.image.dockerfile} (FROM {p.image.base_image})")
     unit.add_row("why", p.why)
     unit.add_row("decode tp_degree", f"{p.tp_degree} (= {p.instance.neuron_cores} NeuronCores x {p.nodes_per_unit})")
-    unit.add_row("prefill pp_degree", f"{p.pp_degree} (one pipeline stage per node)")
+    unit.add_row("neuron launch", neuron_layout(p))
+    unit.add_row("reference prefill pp_degree", f"{p.pp_degree} (one pipeline stage per node; reference engine only)")
     unit.add_row("stage layers", ", ".join(f"{a}..{b}" for a, b in p.stage_layers))
     replicated = " (KV heads replicated)" if p.model.kv_heads < p.tp_degree else ""
     unit.add_row("heads per NeuronCore", f"{p.q_heads_per_core} query, {p.kv_heads_per_core} KV{replicated}")

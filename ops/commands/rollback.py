@@ -10,7 +10,6 @@ description, because ECS will not point a service at an INACTIVE one.
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 import contract
+from contract.rollout import default_units_per_wave
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
@@ -30,7 +30,6 @@ from ops.fleet import Fleet, Unit, arn_name, container_env
 # How far below the current revision to look for the one to go back to (each look is one
 # DescribeTaskDefinition call). Retained revisions accumulate one per deploy.
 LOOKBACK_REVISIONS = 50
-DEFAULT_WAVE_SHARE = 0.10
 # RegisterTaskDefinition's parameters (botocore ecs RegisterTaskDefinitionRequest). A description
 # holds more (taskDefinitionArn, revision, status, requiresAttributes, compatibilities,
 # registeredAt/By, deregisteredAt): RegisterTaskDefinition rejects those.
@@ -195,7 +194,7 @@ def waves(fleet: Fleet, steps: list[Step], size: int) -> list[list[Step]]:
 
 
 def wave_size(args: argparse.Namespace, fleet: Fleet, selected: int) -> int:
-    size = args.wave_size or max(1, math.ceil(DEFAULT_WAVE_SHARE * selected))
+    size = args.wave_size or default_units_per_wave(selected)
     total = len(fleet.units)
     if total > 1 and size >= total:
         raise UsageError(

@@ -82,13 +82,19 @@ def unit_state(u: Unit) -> str:
     return "READY" if u.router_view.get("routable") else "NOT READY"
 
 
-def _load(n: Node) -> tuple[str, str, str]:
+def _load(n: Node) -> tuple[str, str, str, str]:
     ld = (n.health or {}).get("load") or {}
     if not ld:
-        return "-", "-", "-"
+        return "-", "-", "-", "-"
     kv = ld.get("kv_cache_used")
+    # The leader's expected wait for a batch slot; past its queue timeout it refuses with 429
+    # (docs/runbooks/at-capacity.md). Followers and older revisions do not say.
+    wait, timeout = ld.get("wait_s"), ld.get("queue_timeout_s")
     return (
         str(ld.get("queue_depth", "-")),
+        f"{wait:g}/{timeout:g}"
+        if isinstance(wait, (int, float)) and isinstance(timeout, (int, float)) and timeout
+        else "-",
         f"{ld.get('running', '-')}/{ld.get('max_running', '-')}",
         f"{kv * 100:.0f}%" if isinstance(kv, (int, float)) else "-",
     )
@@ -111,6 +117,7 @@ def render(units: list[Unit], console: Console) -> None:
             "node",
             "ready",
             "queue",
+            "wait s",
             "running",
             "kv cache",
             "cloud map",
@@ -120,10 +127,10 @@ def render(units: list[Unit], console: Console) -> None:
             state = unit_state(u)
             style = {"READY": "green", "NOT READY": "red", "DRAINED": "yellow", "UNKNOWN": "yellow"}[state]
             if not u.nodes:
-                t.add_row(u.unit_id, f"[{style}]{state}[/]", u.revision, *["-"] * 10)
+                t.add_row(u.unit_id, f"[{style}]{state}[/]", u.revision, *["-"] * 11)
             for i, n in enumerate(u.nodes):
                 rev = str((n.health or {}).get("revision", u.revision))
-                queue, running, kv = _load(n)
+                queue, wait, running, kv = _load(n)
                 t.add_row(
                     u.unit_id if i == 0 else "",
                     f"[{style}]{state}[/]" if i == 0 else "",
@@ -135,6 +142,7 @@ def render(units: list[Unit], console: Console) -> None:
                     n.state,
                     "yes" if n.ready else ("no" if u.probed else "?"),
                     queue,
+                    wait,
                     running,
                     kv,
                     "yes" if n.registered else "no",

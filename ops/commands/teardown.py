@@ -34,6 +34,7 @@ from typing import Any
 
 from rich.console import Console
 
+import contract
 from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
@@ -46,7 +47,7 @@ POLL_S = 5.0
 # deletion runs it backwards, always subject to the import rule above.
 DEPLOY_ORDER = ("Network", "Discovery", "Cell", "Front", "Observability", "Router")
 MAX_UNITS_PER_CELL = 20  # stacks/config.py: one capacity provider per unit, 20 per cluster
-_UNIT_ID_RE = re.compile(r"^cell(\d+)-unit(\d+)$")
+_UNIT_ID_RE = re.compile(rf"^{contract.UNIT_ID_PATTERN}$")
 _GONE = ("DELETE_COMPLETE",)
 
 

@@ -14,12 +14,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
+import contract
 from runtime.engines.executor import ShardExecutor, StepCommand
 from runtime.engines.layout import STRATEGIES
 
 log = logging.getLogger("flotilla.engine")
 
-AUTO = "auto"
+AUTO = contract.AUTO_STRATEGY
 PROMPT_TOKENS = 96  # a chat turn with some context
 NEW_TOKENS = 32  # the answer the latency objective assumes
 BATCH = 8  # the small batch whose step time is reported (throughput under load)

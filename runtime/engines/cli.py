@@ -12,7 +12,9 @@ import argparse
 import json
 from pathlib import Path
 
-STRATEGY_CHOICES = ("auto", "pipeline", "tensor")
+import contract
+
+STRATEGY_CHOICES = contract.STRATEGY_CHOICES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -102,7 +102,7 @@ class Communicator(Protocol):
 
 
 class GlooCommunicator:
-    """torch.distributed's default group (gloo on CPU, nccl on CUDA): works across hosts."""
+    """torch.distributed's default group (gloo): works across hosts."""
 
     def __init__(self, rank: int, world_size: int, transport: str = "gloo") -> None:
         self.rank, self.world_size, self.transport = rank, world_size, transport

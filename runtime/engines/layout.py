@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import contract
 from runtime.models.registry import LlamaShape
 
-STRATEGIES = ("pipeline", "tensor")
+STRATEGIES = contract.STRATEGIES
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A block is BLOCK_TOKENS consecutive prompt tokens, keyed by a chained hash (the hash of the
 previous block's key and this block's tokens), so a key names the whole prefix up to the block's
-end, as vLLM's prefix cache does (vllm-project/vllm v0.13.0 vllm/v1/core/kv_cache_utils.py,
+end, as vLLM's V1 prefix cache does (vllm-project/vllm vllm/v1/core/kv_cache_utils.py,
 hash_block_tokens / hash_request_tokens: hash of (parent block hash, block token ids, extra keys);
 only full blocks are hashed). The KV itself lives on every rank in the prefill layout
 (executor.BlockStore); this index decides, and the step command tells the ranks which blocks to
@@ -12,7 +12,8 @@ Reference counts: a block is pinned from the admission that matched or allocated
 that copied or stored it has run, so an admission in the same iteration that evicts for room never
 takes a block another admitted request is about to read. Unpinned blocks are evicted least recently
 used first; a request's blocks are released tail first, so the tail of a prefix goes before its
-head (vLLM's KVCacheManager.free does the same: "free blocks in reverse order").
+head (vllm/v1/core/kv_cache_manager.py KVCacheManager.free: "We free the blocks in reverse order so
+that the tail blocks are evicted first when caching is enabled").
 """
 
 from __future__ import annotations

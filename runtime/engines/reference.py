@@ -1,4 +1,4 @@
-"""The reference engine: PyTorch on CPU (shared memory or gloo) or CUDA (nccl), sharded per the plan.
+"""The reference engine: PyTorch on CPU (shared memory or gloo), sharded per the plan.
 
 Leader (rank 0): ReferenceEngine. One scheduler thread owns every collective call; it runs
 iteration-level (continuous) batching: each iteration frees finished/cancelled sequences, admits
@@ -59,10 +59,6 @@ log = logging.getLogger("flotilla.engine")
 _END = object()
 
 
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def _form_process_group(membership: Membership, *, collective_timeout_s: float, start_timeout_s: float) -> None:
     if dist.is_initialized():
         raise EngineError(
@@ -78,9 +74,9 @@ def _form_process_group(membership: Membership, *, collective_timeout_s: float, 
         timeout=datetime.timedelta(seconds=start_timeout_s),
         wait_for_workers=True,
     )
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # CPU only: gloo bootstraps the unit (and carries tensors across hosts); see collectives.connect.
     dist.init_process_group(
-        backend,
+        "gloo",
         store=store,
         rank=membership.rank,
         world_size=membership.world_size,
@@ -137,7 +133,7 @@ def run_worker(
         _agree(source, plan, membership.rank, prefill, decode)
         comm = _connect(membership, collective_timeout_s, collectives)
         plan = _plan_for(source, membership.world_size, *loading, comm)
-        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, device=_device(), comm=comm)
+        executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
         executor.follower_loop()
@@ -166,10 +162,8 @@ def _plan_for(
     return make_plan(source.shape, world_size, prefill=prefill, decode=decode, split_uneven_heads=shm)
 
 
-def _connect(membership: Membership, collective_timeout_s: float, collectives: str) -> Communicator | None:
-    """The unit's transport (shared memory on one host, else gloo); CUDA keeps nccl."""
-    if torch.cuda.is_available():
-        return None
+def _connect(membership: Membership, collective_timeout_s: float, collectives: str) -> Communicator:
+    """The unit's transport: shared memory on one host, else gloo."""
     return connect(membership.rank, membership.world_size, timeout_s=collective_timeout_s, transport=collectives)
 
 
@@ -461,11 +455,9 @@ class ReferenceEngine:
                 assert loading is not None  # set by start()
                 _agree(source, loading, 0, self.prefill, self.decode)
                 comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
-                self.transport = comm.transport if comm is not None else "nccl"
+                self.transport = comm.transport
                 self.plan = _plan_for(source, ws, loading.prefill, loading.decode, comm)
-            executor = self.executor = ShardExecutor(
-                plan=self.plan, rank=0, weights=source.weights, device=_device(), comm=comm
-            )
+            executor = self.executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, comm=comm)
             if ws > 1:
                 dist.barrier()
             self._warm_up(executor)

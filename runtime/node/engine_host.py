@@ -58,7 +58,7 @@ def _neuron_settings(cfg: dict[str, Any]) -> Any:
         served_model_name=cfg["model_name"],
         compiled_artifacts_dir=n["compiled_dir"],
         engine_port=n["engine_port"],
-        sampling=n.get("sampling", "device"),
+        sampling=n.get("sampling", "cpu"),
     )
     return NeuronEngineSettings(
         model_uri=n["model_uri"],

@@ -186,12 +186,13 @@ class LeaderApi:
                 f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
             )
         payload = req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
-        wait = self.sup.expected_wait()
-        if self.sup.s.shed == "at-once" and wait is not None and wait > self.sup.s.queue_timeout_s:
+        wait = self.sup.expected_wait() if self.sup.s.shed == "at-once" else None
+        if wait is not None and wait > self.sup.s.queue_timeout_s:
             rec["error_kind"] = "shed"
             return self._busy(wait, headers)
-        self.sup.queue_wait.submitted(rid, payload.get("max_tokens") or payload["default_max_tokens"])
         stream = engine.submit(rid, correlation_id=rec["request_id"], **payload)
+        # From here the finally below takes it out again, whatever happens.
+        self.sup.queue_wait.submitted(rid, payload.get("max_tokens") or payload["default_max_tokens"])
         events = self._bounded(engine, rid, engine.events(stream), started)
         done = False
         try:
@@ -220,7 +221,7 @@ class LeaderApi:
         """The engine's events for one request, every wait for the next one bounded: until the first
         token by the queue timeout (counted from now), in all by the request timeout (counted from
         `started`, loop time). Past either, the request is cancelled in the engine, which frees its
-        batch slot at the next step, and the events end with an error: `queue_timeout` (503, the
+        batch slot at the next step, and the events end with an error: `queue_timeout` (429, the
         request never started, so it may go elsewhere) or `deadline` (504; output already sent is
         incomplete). The engine yields tokens, not admissions: the first token is the first sign the
         request holds a slot (the reference engine prefills in the step that admits it)."""

@@ -33,10 +33,9 @@ from runtime.engines.neuron.launch import (
     NeuronOptions,
 )
 
-ENGINES = ("reference", "echo", "neuron")
+ENGINES = contract.ENGINES
 RENDEZVOUS = ("static", "ecs")
-# runtime.engines.layout.STRATEGIES (that module imports torch), or auto: measured at formation
-STRATEGIES = ("auto", "pipeline", "tensor")
+STRATEGIES = contract.STRATEGY_CHOICES  # auto: measured at formation
 # How a full unit refuses (docs/node.md, "How a request ends"): at arrival from the expected wait, or only
 # once the queue timeout ran out (the estimate off, e.g. while diagnosing it).
 SHED_MODES = ("at-once", "queue-timeout")
@@ -184,11 +183,12 @@ class NeuronSettings(_Settings):
         le=65535,
     )
     sampling: str = setting(
-        "device",
+        "cpu",
         "--neuron-sampling",
         contract.ENV_NEURON_SAMPLING,
-        "where tokens are sampled: `device` (NxD Inference on-device sampling: temperature, top_p only) or "
-        "`cpu` (vLLM's sampler: also logprobs, response_format, forced tool calls, penalties)",
+        "where tokens are sampled: `cpu` (vLLM's sampler, each request with its own parameters: also logprobs, "
+        "response_format, forced tool calls, penalties) or `device` (NxD Inference on-device sampling: "
+        "temperature, top_p only; the pinned plugin can apply another request's parameters)",
         choices=contract.NEURON_SAMPLING_MODES,
     )
     launcher: str | None = setting(

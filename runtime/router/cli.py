@@ -13,6 +13,7 @@ import signal
 import sys
 
 from runtime.logs import setup_logging
+from runtime.router.access import make_access
 from runtime.router.admission import AdmissionControl, ParameterSource
 from runtime.router.discovery import CloudMapDiscovery, StaticDiscovery
 from runtime.router.proxy import Router
@@ -42,7 +43,12 @@ def make_admission(settings: RouterSettings) -> AdmissionControl | None:
 
 
 async def serve(settings: RouterSettings) -> int:
-    router = Router(settings=settings, discovery=make_discovery(settings), admission=make_admission(settings))
+    router = Router(
+        settings=settings,
+        discovery=make_discovery(settings),
+        admission=make_admission(settings),
+        access=make_access(settings),
+    )
     await router.start()
     # Start-up objects (imports, boto3 models) never die: keep them out of every later full
     # collection, which would otherwise walk them all and show up as tail latency.

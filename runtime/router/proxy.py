@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import contract
 from runtime import emf, logs
 from runtime.router import unit_report
+from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
@@ -172,7 +173,12 @@ class Router:
     """The proxy: owns the fleet view, the metrics and the aiohttp server."""
 
     def __init__(
-        self, *, settings: RouterSettings, discovery: Discovery, admission: AdmissionControl | None = None
+        self,
+        *,
+        settings: RouterSettings,
+        discovery: Discovery,
+        admission: AdmissionControl | None = None,
+        access: AccessControl | None = None,
     ) -> None:
         self.settings = settings
         self.fleet = Fleet(settings=settings, discovery=discovery)
@@ -182,6 +188,9 @@ class Router:
         self.metrics = RouterMetrics(self.fleet)
         self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
         self.access_log = AccessLog()
+        self.access = access  # API keys and per-key limits, checked before a request reaches the proxy
+        if access is not None:
+            access.bind(fleet=self.fleet, settings=settings, registry=self.metrics.registry)
         self.healthy = True  # /health answer; False from the moment a drain starts
         self.refusing = False  # after the drain grace: new requests get 503 + close
         self.inflight = 0
@@ -193,7 +202,8 @@ class Router:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        middlewares = [self.access.middleware] if self.access is not None else []
+        app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=middlewares)
         app.router.add_get(contract.ROUTER_HEALTH_PATH, self.handle_health)
         app.router.add_get(contract.METRICS_PATH, self.handle_metrics)
         app.router.add_route("*", "/v1/{tail:.*}", self.handle_proxy)
@@ -202,6 +212,8 @@ class Router:
     async def start(self) -> None:
         if self.admission is not None:
             await self.admission.start()
+        if self.access is not None:
+            await self.access.start()
         await self.fleet.start()
         self._unit_report = asyncio.create_task(
             unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
@@ -258,6 +270,8 @@ class Router:
         await self.fleet.close()
         if self.admission is not None:
             await self.admission.close()
+        if self.access is not None:
+            await self.access.close()
         self.access_log.flush()
 
     # --- local endpoints ---------------------------------------------------------------------
@@ -355,6 +369,7 @@ class Router:
         rec = logs.record(
             "router_request",
             request_id=request_id,
+            key_id=request.get(KEY_ID),
             method=request.method,
             path=request.path,
             status=resp.status if resp is not None else (500 if trace.fault else 499),

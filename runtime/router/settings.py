@@ -164,7 +164,7 @@ class RouterSettings(BaseModel):
             "seconds between discovery passes",
             default="2 (static), 5 (cloudmap: each pass costs a Cloud Map call per cell)",
         ),
-    ] = 2.0
+    ] = contract.STATIC_DISCOVERY_INTERVAL_S
     # health and load: leaders are watched (a report every poll interval), others asked when needed
     poll_interval_s: Annotated[
         float,
@@ -266,6 +266,56 @@ class RouterSettings(BaseModel):
         within(1, 3600),
         Option("--admission-interval", "seconds between reads of the admission parameter"),
     ] = 10.0
+    # who may call: API keys and per-key limits (runtime/router/access.py); none given: open
+    api_keys_secret: Annotated[
+        str | None,
+        Option(
+            "--api-keys-secret",
+            "Secrets Manager secret holding the hashed API keys (`flotilla keys`); every /v1 request then "
+            "needs Authorization: Bearer <key>",
+            env=contract.ENV_API_KEYS_SECRET,
+        ),
+    ] = None
+    api_keys_file: Annotated[
+        str | None,
+        Option("--api-keys-file", "file holding hashed API keys in the secret's format, re-read like the secret"),
+    ] = None
+    api_key: Annotated[
+        str | None,
+        Option(
+            "--api-key",
+            "the one key every /v1 request must bear (local mode; pass it in the environment, not on a "
+            "command line others can read)",
+            env=contract.ENV_API_KEY,
+        ),
+    ] = None
+    api_keys_ttl_s: Annotated[
+        float,
+        within(1, 3600),
+        Option(
+            "--api-keys-ttl",
+            "seconds between reads of the keys: a revoked key stops working within this",
+            env=contract.ENV_API_KEYS_TTL,
+        ),
+    ] = 30.0
+    limit_routers: Annotated[
+        int,
+        within(1, 10_000),
+        Option(
+            "--limit-routers",
+            "routers sharing each key's limits: each admits 1/n of a key's requests/s and tokens/min",
+            env=contract.ENV_LIMIT_ROUTERS,
+        ),
+    ] = 1
+    batch_headroom_percent: Annotated[
+        int,
+        within(1, 100),
+        Option(
+            "--batch-headroom",
+            "batch-class keys are admitted only while some unit is below this percent of its caps "
+            "(interactive keys up to 100)",
+        ),
+    ] = 75
     # SIGTERM drain
     drain_grace_s: Annotated[
         float,
@@ -320,7 +370,12 @@ class RouterSettings(BaseModel):
         # once, so every 5 s is soon enough.
         if isinstance(values, dict) and values.get("discovery_interval_s") is None:
             cloudmap = values.get("discovery") == "cloudmap"
-            values = {**values, "discovery_interval_s": 5.0 if cloudmap else 2.0}
+            values = {
+                **values,
+                "discovery_interval_s": contract.CLOUDMAP_DISCOVERY_INTERVAL_S
+                if cloudmap
+                else contract.STATIC_DISCOVERY_INTERVAL_S,
+            }
         return values
 
     @model_validator(mode="before")
@@ -357,6 +412,13 @@ class RouterSettings(BaseModel):
                 f"cloudmap discovery needs {contract.ENV_CLOUDMAP_NAMESPACE} and "
                 f"{contract.ENV_CLOUDMAP_SERVICE} (or --cloudmap-namespace/--cloudmap-service)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_source_of_keys(self) -> RouterSettings:
+        given = [n for n in ("api_keys_secret", "api_keys_file", "api_key") if getattr(self, n)]
+        if len(given) > 1:
+            raise _bad(f"{' and '.join(given)} are both set: give the keys one way (a secret, a file or one key)")
         return self
 
     @classmethod

@@ -1,6 +1,6 @@
 """A publishable stand-in checkpoint for the neuron engine tests: a real Llama shape in config.json,
-a small word-level tokenizer.json, and random bytes where the weights would be; and where the two
-stand-in vLLM packages live (tests/neuron/standins/, one per pinned image)."""
+a small word-level tokenizer.json, and random bytes where the weights would be; and where the stand-in
+packages live (tests/neuron/standins/: vLLM 0.13.0 for one node, NxD Inference for several)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ WORDS = ["<unk>", "</s>", "hello", "world", "flotilla", "serves", "trainium", "u
 STANDIN_LAUNCHER = sys.executable
 STANDINS = REPO / "tests" / "neuron" / "standins"
 VLLM_0_13_0 = str(STANDINS / "vllm_0_13_0")  # single-node image: vLLM 0.13.0 + vllm-neuron (OpenAI server)
-VLLM_FORK_0_7_2 = str(STANDINS / "vllm_fork_0_7_2")  # multi-node image: the V0 fork (demo server, follower loop)
+NXDI_2_28 = str(STANDINS / "nxdi_2_28")  # multi-node image: NxD Inference (the torch reference, sharded)
 WEIGHTS = "model.safetensors"
 
 

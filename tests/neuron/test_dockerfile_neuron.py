@@ -3,6 +3,7 @@ the image contract/neuron.py pins for its mode, adds our runtime, and nothing un
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -46,12 +47,11 @@ def test_the_single_node_image_is_the_newest_whose_nxd_inference_supports_trn1()
     )
 
 
-def test_the_multi_node_image_is_the_v0_fork_release_with_the_multi_node_example():
-    # deep-learning-containers@2.24.1 docker/vllm/inference/0.7.2/Dockerfile.neuronx:225 clones branch
-    # neuron-2.24-vllm-v0.7.2, which holds examples/neuron/multi_node/ (README.md:83 at 2.28.0).
-    assert MULTI_NODE_IMAGE.base_image == (
-        "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04"
-    )
+def test_the_multi_node_image_is_the_sdk_2_28_container_that_carries_nxd_inference():
+    # deep-learning-containers@2.28.0 vllm/inference/0.13.0/Dockerfile.neuronx:165-166 pins NxD 0.17.26814
+    # and NxD Inference 0.8.16251 in this image; SDK 2.28 is the last whose NxD Inference runs on trn1.
+    assert MULTI_NODE_IMAGE.base_image == SINGLE_NODE_IMAGE.base_image
+    assert MULTI_NODE_IMAGE.neuron_sdk == "2.28.0"
 
 
 def test_single_node_copies_the_runtime_and_installs_only_its_exact_pins():
@@ -95,27 +95,39 @@ def test_single_node_starts_the_runtime_with_the_images_python():
     assert ops["CMD"] == '["node"]'
 
 
-def test_multi_node_runs_our_runtime_in_its_own_python_beside_the_forks():
-    # The fork's Python (conda, 3.10) keeps its packages untouched; ours is a separate 3.11 environment
-    # with the CPU runtime's exact pins, and the plan's `python` stays the image's (PATH unchanged).
+def test_multi_node_installs_efa_user_space_as_the_2_28_container_does_at_a_pinned_release():
+    # deep-learning-containers@2.28.0 vllm/inference/0.13.0/Dockerfile.neuronx:92-105: signature checked,
+    # `./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify` (the kernel module is the host's).
+    runs = [arg for op, arg in _instructions(MULTI) if op == "RUN"]
+    (efa,) = [r for r in runs if "efa_installer.sh" in r]
+    assert "./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify" in efa
+    assert "gpg --verify aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz.sig" in efa
+    assert "latest" not in efa
+    assert re.search(r"^ARG EFA_INSTALLER_VERSION=\d+\.\d+\.\d+$", MULTI.read_text(), re.M)
+    assert efa.rstrip().endswith("/opt/amazon/efa/bin/fi_info --version")  # the build fails without libfabric
+    # The Neuron runtime finds libfabric there (the path the fork's multi_node_launcher.sh:46 exported).
+    assert "LD_LIBRARY_PATH=/opt/aws/neuron/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}" in _env(MULTI)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_multi_node_ends_with_an_import_check_of_every_module_the_engine_loads():
     ops = _instructions(MULTI)
-    runs = " ".join(arg for op, arg in ops if op == "RUN")
-    assert "mamba create -y -p /opt/flotilla/py" in runs and "python=${FLOTILLA_PYTHON}" in runs
-    assert "/opt/flotilla/py/bin/python -m pip install" in runs
-    assert "-r /opt/flotilla/runtime/requirements.txt -c /opt/flotilla/constraints.txt" in runs
-    assert "ARG FLOTILLA_PYTHON=3.11" in MULTI.read_text()
-    assert "PATH=" not in _env(MULTI).replace("LD_LIBRARY_PATH=", "")
-    assert dict(ops)["ENTRYPOINT"] == '["/opt/flotilla/py/bin/python", "-m", "runtime"]'
-    assert dict(ops)["CMD"] == '["node"]'
-    sources = [arg.split()[0] for op, arg in ops if op == "COPY"]
-    assert sources == ["runtime/requirements.txt", "constraints.txt", "contract/", "runtime/"]
-
-
-def test_multi_node_extends_the_library_path_as_the_forks_launcher_does():
-    # multi_node_launcher.sh:46 exports to every rank:
-    # LD_LIBRARY_PATH=/opt/aws/neuron/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:$LD_LIBRARY_PATH
-    dirs = "/opt/aws/neuron/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib"
-    assert f"LD_LIBRARY_PATH={dirs}:${{LD_LIBRARY_PATH}}" in _env(MULTI)
+    runs = [arg for op, arg in ops if op == "RUN"]
+    check = runs[-1]
+    assert check.startswith('python3 -c "import ')
+    imported = set(check.split("import ", 1)[1].rstrip('"').replace(" ", "").split(","))
+    # Every NxD Inference module the loop imports, read from its source, and the runtime's entry points.
+    spmd = REPO / "runtime" / "engines" / "neuron" / "spmd.py"
+    nxdi = {m for m in _imported_modules(spmd) if m.startswith("neuronx_distributed_inference")}
+    assert nxdi and nxdi <= imported
+    assert {"runtime.engines.neuron.spmd", "runtime.engines.neuron.engine", "runtime.node.cli"} <= imported
+    # The check runs after the runtime is copied in, and nothing but the entry point follows it.
+    assert [op for op, _ in ops][-3:] == ["RUN", "ENTRYPOINT", "CMD"]
+    assert dict(ops)["ENTRYPOINT"] == '["python3", "-m", "runtime"]'
 
 
 @pytest.mark.parametrize("path", [SINGLE, MULTI], ids=["single-node", "multi-node"])

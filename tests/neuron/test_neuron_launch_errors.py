@@ -43,17 +43,17 @@ def test_sequence_longer_than_the_models_positions_is_refused(checkpoint):
         _plan(checkpoint, "llama-3-8b", seq_len=8193)
 
 
-# cp_degree / attention_dp_degree reach NxD Inference only on single-node units (the fork's
-# multi-node launch passes neither), so their checks run on one trn2.48xlarge: 64 NeuronCores.
+# cp_degree / attention_dp_degree reach NxD Inference only on single-node units (multi-node units run
+# the documented multi-node layout, tensor parallel only), so their checks run on one trn2.48xlarge.
 TRN2 = {"nodes": 1, "instance_type": "trn2.48xlarge"}
 
 
-def test_multi_node_units_refuse_cp_and_dp_degrees_the_forks_launch_cannot_pass(checkpoint):
-    with pytest.raises(NeuronPlanError, match=r"cp_degree=2 applies to single-node units only.*launch_script.py"):
-        _plan(checkpoint, nodes=2, cp_degree=2)
+def test_multi_node_units_refuse_cp_and_dp_degrees_outside_the_documented_multi_node_layout(checkpoint):
+    with pytest.raises(NeuronPlanError, match=r"cp_degree=2 applies to single-node units only.*cp_degree=1"):
+        _plan(checkpoint, "llama-3.1-405b", nodes=2, cp_degree=2)
     with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=4 applies to single-node units only"):
-        _plan(checkpoint, nodes=4, attention_dp_degree=4)
-    assert _plan(checkpoint, nodes=2, cp_degree=1, attention_dp_degree=1).cp_degree == 1
+        _plan(checkpoint, "llama-3.1-405b", nodes=4, attention_dp_degree=4)
+    assert _plan(checkpoint, "llama-3.1-405b", nodes=2, cp_degree=1, attention_dp_degree=1).cp_degree == 1
 
 
 def test_cp_degree_must_divide_the_tp_degree(checkpoint):
@@ -141,19 +141,22 @@ def test_auto_dp_that_needs_a_bigger_batch_says_so(checkpoint):
         _plan(checkpoint, "smollm2-135m", nodes=1)
 
 
-def test_a_model_whose_heads_do_not_split_over_one_node_is_refused_for_a_multi_node_unit_too(checkpoint):
-    # The fork gives NxD Inference tp_degree = one node's 32 cores: 9 heads cannot split over them.
+def test_a_model_whose_heads_do_not_split_over_the_units_cores_is_refused_naming_the_fix(checkpoint):
+    # tp_degree is every node's NeuronCores: 9 heads split over no multiple of 32.
     with pytest.raises(
         NeuronPlanError,
-        match=r"cp_degree=1 leaves 32 ranks to share prefill attention.*2 x trn1.32xlarge.*"
-        r"do not split over 32 NeuronCores",
+        match=r"nodes=2: tp_degree=64 \(2 x 32 NeuronCores of trn1.32xlarge\) does not split "
+        r"num_attention_heads=9 .*; use another instance type",
     ):
         _plan(checkpoint, "smollm2-135m", nodes=2)
+    # 70B's 64 heads split over 2 nodes (64 cores), not 4 (128).
+    with pytest.raises(NeuronPlanError, match=r"nodes=4: tp_degree=128 .* num_attention_heads=64 .*; use --nodes 2$"):
+        _plan(checkpoint, "llama-3.1-70b", nodes=4)
 
 
 def test_mlp_that_does_not_split_over_tp_is_refused(checkpoint):
     model_dir = str(checkpoint("llama-3.1-70b", intermediate_size=28004))
-    with pytest.raises(NeuronPlanError, match=r"intermediate_size=28004 does not split over tp_degree=32"):
+    with pytest.raises(NeuronPlanError, match=r"tp_degree=64 .* intermediate_size=28004\) evenly"):
         plan_unit(
             leader_host="h",
             nodes=2,

@@ -1,8 +1,8 @@
 """Golden tests: every rank's environment and command, with expected values transcribed from the files
 AWS publishes for each pinned image, not from our planner's rules.
 
-Multi-node (V0 fork image): aws-neuron/upstreaming-to-vllm@490ab20f, branch neuron-2.24-vllm-v0.7.2,
-examples/neuron/multi_node/launch_script.py and multi_node_launcher.sh. Single-node (V1 plugin
+Multi-node (NxD Inference at SDK 2.28): aws-neuron/neuronx-distributed-inference@cd3abf30,
+examples/multi_node.md, "two process with tp=64 on two Trn1 nodes" (lines 106-145). Single-node (V1 plugin
 image): aws-neuron/aws-neuron-sdk@v2.28.0 libraries/nxd-inference/vllm/quickstart-vllm-online-serving.rst
 and vllm-project/vllm-neuron@release-0.4.1 README.md. Each value below names its line.
 """
@@ -20,65 +20,22 @@ from runtime.membership import Member, Membership
 
 LEADER = "10.1.0.10"
 REPO = Path(__file__).resolve().parents[2]
-WORKER = str(REPO / "runtime" / "engines" / "neuron" / "worker.py")
+SPMD = str(REPO / "runtime" / "engines" / "neuron" / "spmd.py")
 
 
-def _launch_script_rank(*, model: str, nodes: int, rank: int, max_num_seqs: int, max_model_len: int, port: int):
-    """launch_script.py run by mpirun on MPI rank `rank` of `nodes`, for `--model M --world-size W
-    --max-num-seqs B --max-model-len S --compiled-model-path C` (defaults: --local-ranks-size 32)."""
-    local_ranks_size = 32  # :45-48 default
-    world_size = 32 * nodes  # the --world-size flotilla passes (the file leaves its unit open; see launch.py)
-    override = {  # make_override_config, :72-81, same key order
-        "world_size": world_size,
-        "tp_degree": local_ranks_size,
-        "local_ranks_size": local_ranks_size,
-        "start_rank_id": rank * local_ranks_size,
+def _multi_node_md_rank(*, nodes: int, rank: int, cores: int = 32) -> dict:
+    """What examples/multi_node.md gives the process on node `rank`, for `nodes` trn1 nodes."""
+    return {
+        "tp_degree": cores * nodes,  # :118,141 --tp-degree 64 for two nodes
+        "start_rank_id": cores * rank,  # :116,139 --start_rank_id 0 / 32
+        "local_ranks_size": cores,  # :117,140 --local_ranks 32
+        "NEURON_RT_ROOT_COMM_ID": f"{LEADER}:63423",  # :109,132, the rank-0 host on every node
     }
-    env = {
-        # multi_node_launcher.sh:41-43, 47 (mpirun -x)
-        "FI_PROVIDER": "efa",
-        "FI_EFA_USE_DEVICE_RDMA": "1",
-        "FI_EFA_FORK_SAFE": "1",
-        "MASTER_ADDR": LEADER,
-        "MASTER_PORT": "29500",
-        # launch_script.py:103-113
-        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
-        "NEURON_COMPILED_ARTIFACTS": "/var/cache/flotilla/neuron-compiled",
-        "ENABLE_NEURON_MULTI_NODE": "true",
-        "WORLD_SIZE": str(nodes),  # OMPI_COMM_WORLD_SIZE: one process per node
-        "NEURON_RT_ROOT_COMM_ID": f"{LEADER}:63423",  # :12 NEURON_RT_ROOT_COMM_ID_PORT = 63423
-        "NEURON_LOCAL_TP": "32",
-        "NEURON_RANK_ID": str(rank),
-    }
-    if rank == 0:  # :118-124, plus our --host (api_server.py:146) binding it to loopback
-        cmd = [
-            "python",
-            "-m",
-            "vllm.entrypoints.api_server",
-            f"--model={model}",
-            f"--port={port}",
-            "--device=neuron",
-            f"--max-num-seqs={max_num_seqs}",
-            f"--max-model-len={max_model_len}",
-            f"--override-neuron-config={json.dumps(override)}",
-            "--host=127.0.0.1",
-        ]
-    else:  # :134-139, our copy of worker.py in place of the example's
-        cmd = [
-            "python",
-            WORKER,
-            f"--model={model}",
-            "--device=neuron",
-            f"--max-num-seqs={max_num_seqs}",
-            f"--max-model-len={max_model_len}",
-            f"--override-neuron-config={json.dumps(override)}",
-        ]
-    return env, cmd, override
 
 
 @pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge"])
-@pytest.mark.parametrize("config, nodes", [("llama-3.1-70b", 2), ("llama-3.1-70b", 4), ("llama-3.1-405b", 4)])
-def test_multi_node_ranks_get_exactly_what_the_forks_launch_script_computes(checkpoint, config, nodes, instance_type):
+@pytest.mark.parametrize("config, nodes", [("llama-3.1-70b", 2), ("llama-3.1-405b", 2), ("llama-3.1-405b", 4)])
+def test_multi_node_ranks_get_what_nxd_inferences_multi_node_example_runs(checkpoint, config, nodes, instance_type):
     model_dir = str(checkpoint(config))
     plan = plan_unit(
         leader_host=LEADER,
@@ -91,17 +48,21 @@ def test_multi_node_ranks_get_exactly_what_the_forks_launch_script_computes(chec
     assert plan.mode == "multi-node" and plan.image is MULTI_NODE_IMAGE
     assert [r.role for r in plan.ranks] == ["leader"] + ["follower"] * (nodes - 1)
     for rank, got in enumerate(plan.ranks):
-        env, cmd, override = _launch_script_rank(
-            model=model_dir, nodes=nodes, rank=rank, max_num_seqs=8, max_model_len=4096, port=8001
-        )
-        assert dict(got.env) == env
-        assert list(got.command) == cmd
-        assert dict(got.override_neuron_config) == override
-        assert got.start_rank_id == 32 * rank
+        want = _multi_node_md_rank(nodes=nodes, rank=rank)
+        assert got.env["NEURON_RT_ROOT_COMM_ID"] == want.pop("NEURON_RT_ROOT_COMM_ID")
+        assert dict(got.override_neuron_config) == want
+        assert got.start_rank_id == want["start_rank_id"]
+        # The launch carries exactly the NeuronConfig fields the plan prints, on this node's rank.
+        assert list(got.command[:2]) == ["python3", SPMD]
+        assert f"--node-rank={rank}" in got.command and f"--nodes={nodes}" in got.command
+        flag = next(a for a in got.command if a.startswith("--neuron-config="))
+        assert json.loads(flag.split("=", 1)[1]) == dict(got.nxdi_config)
+        assert {k: got.nxdi_config[k] for k in want} == want
+        assert got.nxdi_config["world_size"] == want["tp_degree"]  # config.py:381-383: tp x pp x ep
 
 
-def test_a_4_node_trn1_plan_for_70b_names_the_multi_node_image_and_its_launch(checkpoint):
-    model_dir = str(checkpoint("llama-3.1-70b"))
+def test_a_4_node_trn1_plan_for_405b_names_the_multi_node_image_on_sdk_2_28(checkpoint):
+    model_dir = str(checkpoint("llama-3.1-405b"))
     doc = plan_unit(
         leader_host=LEADER,
         nodes=4,
@@ -110,15 +71,13 @@ def test_a_4_node_trn1_plan_for_70b_names_the_multi_node_image_and_its_launch(ch
         model_dir=model_dir,
     ).to_dict()
     assert doc["mode"] == "multi-node"
-    # aws-neuron/deep-learning-containers@2.28.0:README.md:83
+    # aws-neuron/deep-learning-containers@2.28.0:README.md:78; vllm/inference/0.13.0/Dockerfile.neuronx:166
     assert doc["image"]["base_image"] == (
-        "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04"
+        "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.13.0-neuronx-py312-sdk2.28.0-ubuntu24.04"
     )
     assert doc["image"]["dockerfile"] == "runtime/Dockerfile.neuron-multinode"
-    assert doc["image"]["server"] == "vllm.entrypoints.api_server" and doc["image"]["api"] == "generate"
-    assert [r["command"][:3] for r in doc["ranks"]] == [["python", "-m", "vllm.entrypoints.api_server"]] + [
-        ["python", WORKER, f"--model={model_dir}"]
-    ] * 3
+    assert doc["image"]["neuron_sdk"] == "2.28.0" and doc["image"]["api"] == "spmd"
+    assert doc["parallelism"]["tp_degree"] == 128 and doc["parallelism"]["world_size"] == 128
 
 
 @pytest.mark.parametrize(
@@ -135,7 +94,8 @@ def test_a_single_node_rank_is_started_as_the_plugins_online_serving_quickstart_
         instance_type=instance_type,
         model=load_model_shape(model_dir),
         model_dir=model_dir,
-        options=NeuronOptions(seq_len=4096, batch_size=8, served_model_name="llama"),
+        # The quickstart samples on the device; flotilla's default (host sampling) adds one override, below.
+        options=NeuronOptions(seq_len=4096, batch_size=8, served_model_name="llama", sampling="device"),
     )
     assert plan.mode == "single-node" and plan.image is SINGLE_NODE_IMAGE
     (leader,) = plan.ranks
@@ -169,6 +129,22 @@ def test_a_single_node_rank_is_started_as_the_plugins_online_serving_quickstart_
     assert dict(leader.override_neuron_config) == {}  # 64 heads split over 32 or 64 cores as they are
 
 
+def test_single_node_units_sample_on_the_host_unless_told_otherwise(checkpoint):
+    # vllm-neuron samples on the host only when on_device_sampling_config is None (release-0.4.1
+    # neuronx_distributed_model_runner.py:229-268); on the device it can use another request's row
+    # (tests/neuron/test_neuron_sampling_rows.py), so host sampling is the default.
+    model_dir = str(checkpoint("llama-3.1-70b"))
+    (leader,) = plan_unit(
+        leader_host=LEADER,
+        nodes=1,
+        instance_type="trn1.32xlarge",
+        model=load_model_shape(model_dir),
+        model_dir=model_dir,
+    ).ranks
+    flag = list(leader.command).index("--additional-config")
+    assert json.loads(leader.command[flag + 1]) == {"override_neuron_config": {"on_device_sampling_config": None}}
+
+
 def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(checkpoint):
     # Llama-3-8B's 32 query heads over trn2's 64 NeuronCores: groups of 32 ranks, degree 2 each. The
     # keys are NxD Inference's (neuronx-distributed-inference@v0.7.14366 models/config.py:334,336),
@@ -180,6 +156,7 @@ def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(chec
         instance_type="trn2.48xlarge",
         model=load_model_shape(model_dir),
         model_dir=model_dir,
+        options=NeuronOptions(sampling="device"),  # only the degrees, no host-sampling override
     )
     (leader,) = plan.ranks
     flag = list(leader.command).index("--additional-config")
@@ -190,7 +167,7 @@ def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(chec
 
 @pytest.mark.parametrize("nodes, sampling", [(1, "device"), (1, "cpu"), (2, "device"), (2, "cpu"), (4, "device")])
 def test_every_variable_and_flag_a_plan_emits_names_its_source(checkpoint, nodes, sampling):
-    model_dir = str(checkpoint("llama-3-8b"))
+    model_dir = str(checkpoint("llama-3-8b" if nodes == 1 else "llama-3.1-405b"))
     doc = plan_unit(
         leader_host=LEADER,
         nodes=nodes,
@@ -226,7 +203,7 @@ def test_trn1n_differs_from_trn1_only_in_efa_interface_count(checkpoint):
 
 
 def test_a_member_gets_its_own_rank_of_the_unit_plan_with_the_rendezvous_leader(checkpoint):
-    model_dir = str(checkpoint("llama-3.1-70b"))
+    model_dir = str(checkpoint("llama-3.1-405b"))
     members = tuple(Member(rank=r, host=f"10.1.0.{10 + r}", api_port=8000) for r in range(4))
     membership = Membership(
         unit_id="cell0-unit0",
@@ -239,7 +216,7 @@ def test_a_member_gets_its_own_rank_of_the_unit_plan_with_the_rendezvous_leader(
     )
     got = plan_member(membership, instance_type="trn1.32xlarge", model=load_model_shape(model_dir), model_dir=model_dir)
     assert got.rank == 2 and got.role == "follower" and got.start_rank_id == 64
-    assert got.env["NEURON_RANK_ID"] == "2"
+    assert "--node-rank=2" in got.command
     assert got.env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.10:63423"
     assert got.env["MASTER_ADDR"] == "10.1.0.10"
     assert got.override_neuron_config["start_rank_id"] == 64
@@ -269,7 +246,7 @@ def test_the_compile_cache_key_input_changes_with_what_nxd_inference_compiles(ch
 
     assert cfg(1) != cfg(1, seq_len=2048) != cfg(1, batch_size=4)
     assert cfg(2, rank=0) != cfg(2, rank=1)  # start_rank_id: each node compiles for its own cores
-    assert cfg(1)["tp_degree"] == 32 and cfg(2)["tp_degree"] == 32 and cfg(2)["world_size"] == 64
+    assert cfg(1)["tp_degree"] == 32 and cfg(2)["tp_degree"] == 64 and cfg(2)["world_size"] == 64
 
 
 def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoint):
@@ -284,9 +261,9 @@ def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoin
         model=load_model_shape(model_dir),
         model_dir=model_dir,
     )
-    argv, env = launch_spec(plan.ranks[1], {"PATH": "/usr/bin", "NEURON_RANK_ID": "7"})
+    argv, env = launch_spec(plan.ranks[1], {"PATH": "/usr/bin", "NEURON_RT_ROOT_COMM_ID": "10.9.9.9:1"})
     assert argv == list(plan.ranks[1].command)
-    assert env["PATH"] == "/usr/bin" and env["NEURON_RANK_ID"] == "1"
+    assert env["PATH"] == "/usr/bin" and env["NEURON_RT_ROOT_COMM_ID"] == f"{LEADER}:63423"
     # A launcher replaces only the interpreter: the same script and flags run under it.
     argv, _ = rank_argv(plan.ranks[1], {}, "/opt/py/bin/python -X dev")
     assert argv == ["/opt/py/bin/python", "-X", "dev", *plan.ranks[1].command[1:]]

@@ -1,7 +1,7 @@
 """`python -m runtime node` with FLOTILLA_ENGINE=neuron: settings, a one-node unit whose leader serves
 our OpenAI API from the stand-in of the single-node image's vLLM 0.13.0 OpenAI server, and a two-node
-unit on the stand-in of the multi-node image's V0 fork (tests/neuron/standins/, NOT vLLM), each
-started through launch_spec under the test-only FLOTILLA_NEURON_LAUNCHER."""
+unit whose nodes run the leader/follower loop on the stand-in of NxD Inference (tests/neuron/standins/,
+NOT vLLM or NxD Inference), each started through launch_spec under the test-only FLOTILLA_NEURON_LAUNCHER."""
 
 from __future__ import annotations
 
@@ -11,17 +11,22 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
-from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, VLLM_FORK_0_7_2, make_checkpoint, word_ids
+from llama_shapes import LLAMA_3_8B, LLAMA_31_405B, SMOLLM2_135M
+from nxdi_standin import SHAPE
+from spmd_harness import unsplit_greedy
+from standin_model import NXDI_2_28, STANDIN_LAUNCHER, VLLM_0_13_0, WORDS, make_checkpoint, word_ids
 from testnet import free_port
 
 import contract
+from runtime.models.tokenizers import HFTokenizer
 from runtime.node.settings import SettingsError, load_settings
 
-S3_SITE = Path(__file__).resolve().parent / "s3_site"
+HERE = Path(__file__).resolve().parent
+S3_SITE = HERE / "s3_site"
 MODEL_URI = "s3://flotilla-models/llama/v1"
 STATIC = {contract.ENV_PEERS: "127.0.0.1:18000", contract.ENV_RANK: "0"}
 NEURON = {**STATIC, contract.ENV_ENGINE: "neuron", contract.ENV_MODEL_URI: MODEL_URI}
@@ -105,9 +110,11 @@ def neuron_unit(tmp_path, request, new_unit):
     }
 
     def start(world_size: int = 1, **extra: str):
-        # One node: the single-node image's vLLM; more: the fork's (contract/neuron.py).
-        standin = VLLM_0_13_0 if world_size == 1 else VLLM_FORK_0_7_2
-        path = os.pathsep.join([str(S3_SITE), standin])
+        # One node: the single-node image's vLLM; more: NxD Inference under our loop (contract/neuron.py).
+        if world_size == 1:
+            path = os.pathsep.join([str(S3_SITE), VLLM_0_13_0])
+        else:
+            path = os.pathsep.join([str(S3_SITE), NXDI_2_28, str(HERE), str(HERE.parents[1])])
         unit = new_unit(world_size=world_size, engine="neuron", PYTHONPATH=path, **{**env, **extra})
         return unit.start(), log
 
@@ -183,59 +190,59 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_two_node_unit_runs_the_forks_launch_and_reforms_when_the_follower_loop_dies(neuron_unit):
-    # 2 x trn1.32xlarge: the multi-node image's fork, launched as its example does.
-    unit, log = neuron_unit(world_size=2)
-    unit.wait_ready(timeout=120)
+def _pids_of(script: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if script in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
 
-    def entries(key):
-        return [e for e in map(json.loads, log.read_text().splitlines()) if key in e]
 
-    (worker,) = entries("follower")  # the real worker.py, against the fork stand-in
-    assert worker["follower"] == 1
-    assert worker["env"]["NEURON_RANK_ID"] == "1" and worker["env"]["WORLD_SIZE"] == "2"
-    assert worker["env"]["MASTER_ADDR"] == "127.0.0.1" and worker["env"]["NEURON_LOCAL_TP"] == "32"
-    assert worker["override_neuron_config"] == {
-        "world_size": 64,
-        "tp_degree": 32,
-        "local_ranks_size": 32,
-        "start_rank_id": 32,
-    }
-    assert worker["script"].endswith("runtime/engines/neuron/worker.py")
-    (server,) = entries("server")
-    assert server["override_neuron_config"]["start_rank_id"] == 0
-    # Token ids in, text back: the leader sent the fork text and counted one token per step.
-    with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
+@pytest.mark.parametrize("neuron_unit", [LLAMA_31_405B], indirect=True)
+def test_two_node_unit_serves_through_the_nxd_inference_loop_and_reforms_when_a_node_dies(neuron_unit, tmp_path):
+    # 2 x trn1.32xlarge: tp_degree 64, ranks 0-31 and 32-63; the stand-in runs each 16 cores as one
+    # partition of the tiny model (4 partitions, 2 a node) and holds at most 60% of it per node.
+    unit, _log = neuron_unit(
+        world_size=2,
+        STANDIN_NXDI_CORES_PER_PARTITION="16",
+        STANDIN_NXDI_VOCAB=str(len(WORDS)),
+        FLOTILLA_NEURON_BATCH_SIZE="2",
+        # Two formations of two torch processes each: room for a loaded shared machine.
+        FLOTILLA_FORM_TIMEOUT_S="300",
+    )
+    unit.wait_ready(timeout=300)
+    # Token ids in, the split model's greedy tokens out, as the unsplit model computes them.
+    (want,) = unsplit_greedy([[2, 3]], 3, shape=replace(SHAPE, vocab_size=len(WORDS)))
+    eos = WORDS.index("</s>")
+    want = want[: want.index(eos) + 1] if eos in want else want
+    with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 3, "temperature": 0}) as r:
         body = json.load(r)
-    assert body["choices"][0]["text"] == "flotilla serves" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {
-        "prompt_tokens": 2,
-        "completion_tokens": 2,
-        "total_tokens": 4,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    }
-    assert entries("body")[-1]["body"]["prompt"] == "hello world"
-    # The follower logs a step after running it, which can be after the leader has answered.
-    deadline = time.monotonic() + 10
-    while len(entries("follower_step")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    steps = [e["follower_step"] for e in entries("follower_step")]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2  # the follower ran every step
+    assert body["usage"]["completion_tokens"] == len(want)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # no prefix cache across nodes yet
+    assert body["choices"][0]["finish_reason"] == ("stop" if want[-1] == eos else "length")
+    text = HFTokenizer(tmp_path / "published").decode([t for t in want if t != eos])
+    assert body["choices"][0]["text"].split() == text.split()
 
-    os.kill(worker["pid"], signal.SIGKILL)  # the follower's loop dies
-    deadline = time.monotonic() + 30
+    followers = _pids_of("--node-rank=1")
+    assert len(followers) == 1, unit.dump_logs()
+    os.kill(followers[0], signal.SIGKILL)  # the follower node's loop dies
+    deadline = time.monotonic() + 60
     while unit.leader.ready()[0] == 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert unit.leader.ready()[0] != 200
-    unit.wait_ready(timeout=120)
-    assert len(entries("follower")) == 2 and len(entries("server")) == 2  # fresh processes per formation
-    assert not _alive(server["pid"])  # the old formation's fork server is gone
-    new_pids = [e["pid"] for e in entries("follower")[1:] + entries("server")[1:]]
+    unit.wait_ready(timeout=300)
+    with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 3, "temperature": 0}) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == len(want)
+    loops = _pids_of("spmd.py")
     unit.stop()
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in new_pids) and time.monotonic() < deadline:
+    while any(_alive(p) for p in loops) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in new_pids)  # stopping the unit leaves no engine behind
+    assert not any(_alive(p) for p in loops)  # stopping the unit leaves no engine behind
 
 
 @pytest.mark.parametrize("neuron_unit", [SMOLLM2_135M], indirect=True)

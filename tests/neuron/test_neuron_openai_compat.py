@@ -1,7 +1,7 @@
 """The OpenAI fields a neuron unit passes through to vLLM, spoken to by the official `openai` client,
 against the STAND-IN vLLM server (tests/neuron/standins/vllm_0_13_0, not vLLM), which answers each field
 as vLLM with the vllm-neuron plugin does. What the unit's vLLM would silently ignore (on-device
-sampling; the multi-node V0 fork) is a 400 before vLLM sees the request."""
+sampling; a multi-node unit under the NxD Inference loop) is a 400 before the engine sees the request."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_a_json_schema_without_a_schema_is_sent_as_any_json():
 def test_a_multi_node_unit_refuses_the_openai_only_fields(sp, param):
     with pytest.raises(RequestRejected) as e:
         check(sp, MULTI)
-    assert e.value.param == param and "/generate" in str(e.value)
+    assert e.value.param == param and "NxD Inference loop" in str(e.value)
 
 
 def test_stream_chunks_become_token_events_per_choice_with_logprob_ids():

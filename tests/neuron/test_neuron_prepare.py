@@ -58,8 +58,8 @@ def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, t
     model_src = checkpoint("llama-3.1-70b")
     (model_src / "model.safetensors").write_bytes(os.urandom(2000))
     publish(model_src, URI, s3=s3)
-    membership = Membership(unit_id="u", revision="r", rank=0, world_size=4, dist_host="10.1.0.10", dist_port=29500)
-    # The fork's multi-node launch cannot pass an attention-dp degree.
+    membership = Membership(unit_id="u", revision="r", rank=0, world_size=2, dist_host="10.1.0.10", dist_port=29500)
+    # A multi-node unit runs tensor parallelism only: no attention-dp degree.
     with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=2 applies to single-node units only"):
         prepare_rank(
             membership,

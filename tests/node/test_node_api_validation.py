@@ -219,7 +219,10 @@ def bodies(base):
     )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+# too_slow times the drawing of examples against a fixed budget; here it shares the cores with the
+# unit's two node processes (and, in CI, with other suites), so it measures the host's load, not the
+# strategy. Every other health check stays on.
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies({"messages": OK_MSGS}), path=st.sampled_from([CHAT, COMP]))
 def test_fuzzed_request_bodies_never_get_a_500_or_hang(shared_unit, body, path):
     body.setdefault("max_tokens", 4)

@@ -287,6 +287,7 @@ def aws(monkeypatch):
             cloudwatch=session.client("cloudwatch"),
             ssm=session.client("ssm"),
             logs=session.client("logs"),
+            secretsmanager=session.client("secretsmanager"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:

@@ -258,16 +258,17 @@ def test_a_unit_that_fits_one_node_is_single_node_on_the_v1_plugin_image_and_say
     assert p.why.startswith("fits one trn1.32xlarge: 4.71 GiB per NeuronCore (weights 4.34 + KV cache 0.37")
 
 
-def test_a_unit_that_must_span_nodes_names_the_v0_fork_image_and_why():
+def test_a_unit_that_must_span_nodes_names_the_nxd_inference_image_and_why():
     # Same 405B case as above: one node needs 26,158,560,256 B of weights + 528,482,304 B of KV cache
     # = 26,687,042,560 B = 24.85 GiB per core > 14.40 GiB usable.
     p = plan(llama405b(), Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512), PlanSettings(batch=4))
     assert (p.nodes_per_unit, p.mode) == (2, "multi-node")
     assert p.image.dockerfile == "runtime/Dockerfile.neuron-multinode"
-    # deep-learning-containers@2.28.0 README.md:83: the fork DLC with the multi-node example.
-    assert p.image.base_image.endswith(":0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04")
+    # Multi-node units run NxD Inference from the SDK 2.28 container (deep-learning-containers@2.28.0
+    # vllm/inference/0.13.0/Dockerfile.neuronx:166), split over both nodes' 64 NeuronCores.
+    assert p.image.base_image.endswith(":0.13.0-neuronx-py312-sdk2.28.0-ubuntu24.04")
     assert p.why.startswith("does not fit one trn1.32xlarge (24.85 GiB per NeuronCore > 14.40 GiB usable)")
-    assert "AWS ended vLLM V0 support from Neuron 2.28" in p.why and "settled only on hardware" in p.why
+    assert "NxD Inference tp_degree=64, one start_rank_id per node" in p.why
 
 
 def test_405b_fits_one_trn2_48xlarge_as_aws_serves_it():

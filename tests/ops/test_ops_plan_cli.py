@@ -165,3 +165,35 @@ def test_the_written_config_is_accepted_by_the_cdk_apps_config_loader(run_cli, t
     # 70B at batch 8: 3.0158 req/s per unit -> 100 / 3.0158 = 33.2 -> 34 units over 2 cells of 20
     assert (cfg.instance_type, cfg.nodes_per_unit, cfg.units, cfg.cells) == ("trn1.32xlarge", 1, 34, 2)
     assert cfg.availability_zones == ("us-east-1a", "us-east-1b")
+
+
+LLAMA_405B = [
+    "--layers",
+    "126",
+    "--hidden",
+    "16384",
+    "--heads",
+    "128",
+    "--kv-heads",
+    "8",
+    "--intermediate",
+    "53248",
+    "--vocab",
+    "128256",
+    "--context-length",
+    "131072",
+]
+
+
+def test_plan_json_says_a_multi_node_neuron_unit_runs_both_phases_tensor_parallel_over_the_unit(run_cli):
+    # What runtime/engines/neuron/launch.py configures across nodes: NxD Inference's multi-node layout
+    # (examples/multi_node.md: one tp_degree over every node's NeuronCores), no pipeline stages.
+    code, out = run_cli("plan", *LLAMA_405B, *TRAFFIC, "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    nodes, tp = doc["nodes_per_unit"], doc["tp_degree"]
+    assert nodes > 1 and tp == 32 * nodes
+    assert doc["neuron_layout"].startswith(
+        f"prefill (context encoding) and decode (token generation) both tensor parallel, tp_degree={tp}, "
+        "cp_degree=1, attention_dp_degree=1"
+    )

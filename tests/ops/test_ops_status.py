@@ -39,6 +39,15 @@ def test_status_json_reports_rank_role_revision_and_load(fleet, run_cli):
     assert doc[0]["state"] == "READY"
 
 
+def test_status_shows_a_full_leaders_expected_wait_against_its_queue_timeout_and_it_stays_ready(fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    full = {"queue_depth": 9, "running": 16, "max_running": 16, "kv_cache_used": 0.9}
+    unit.nodes[0].server.set(load={**full, "wait_s": 31.5, "queue_timeout_s": 25.0})
+    code, out = run_cli("status")
+    assert code == 0, out  # at capacity is not broken: the unit is READY
+    assert "31.5/25" in out and "16/16" in out
+
+
 def test_a_follower_that_is_not_ready_makes_the_fleet_degraded_and_is_named(fleet, run_cli):
     fleet.add_unit(cell=0, index=0)
     sick = fleet.add_unit(cell=0, index=1)

@@ -64,6 +64,7 @@ class StandInUnit:
         self.chunked_plain = False  # plain (non-SSE) bodies without Content-Length
         self.gate: asyncio.Event | None = None
         self.received: list[str] = []  # request ids, in arrival order
+        self.authorizations: list[str] = []  # Authorization headers that reached the unit
         self.active = 0
         self.max_active = 0
         self.disconnects = 0  # streams the client (router) abandoned
@@ -170,6 +171,8 @@ class StandInUnit:
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
+        if "Authorization" in request.headers:
+            self.authorizations.append(request.headers["Authorization"])
         if self.refuse is not None:
             return web.json_response(
                 {

@@ -48,11 +48,13 @@ def fast_settings(**overrides) -> RouterSettings:
 
 
 @contextlib.asynccontextmanager
-async def router_over(units, discovery=None, admission=None, **overrides):
+async def router_over(units, discovery=None, admission=None, access=None, **overrides):
     """A started Router in front of the given stand-in units, waited until they are routable."""
     urls = tuple(u.url for u in units)
     settings = fast_settings(units=urls or ("http://127.0.0.1:1",), **overrides)
-    router = Router(settings=settings, discovery=discovery or StaticDiscovery(units=urls), admission=admission)
+    router = Router(
+        settings=settings, discovery=discovery or StaticDiscovery(units=urls), admission=admission, access=access
+    )
     await router.start()
     try:
         await wait_for(lambda: router.fleet.routable_count() == sum(u.state == "ready" for u in units))

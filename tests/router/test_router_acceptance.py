@@ -35,14 +35,18 @@ BROKEN_FOR_S = 3.0  # how long the failover test leaves a unit without its follo
 
 @pytest.fixture
 def procs():
-    """Every unit and router a test starts; all are stopped at teardown, whatever happened."""
+    """Every unit and router a test starts; all are stopped at teardown, whatever happened, and a
+    process that would not stop fails the test (a unit or router left behind is a bug too)."""
     started: list = []
     yield started.append
+    failures = []
     for proc in reversed(started):
         try:
             proc.stop()
-        except Exception as exc:  # noqa: BLE001 - keep stopping the others; the failure is reported below
-            print(f"could not stop {proc}: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - keep stopping the others, then fail with all of them
+            failures.append(f"could not stop {proc}: {exc!r}")
+    if failures:
+        pytest.fail("; ".join(failures), pytrace=False)
 
 
 async def first_unready(url: str, *, timeout: float) -> float:

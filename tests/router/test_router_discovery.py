@@ -144,17 +144,21 @@ def test_one_service_cannot_hold_more_than_1000_members_and_discover_returns_at_
 
 
 class CountingClient:
-    """A Cloud Map client that counts calls per operation and service, and can fail one service."""
+    """A Cloud Map client that counts calls per operation and service, and can fail one service or
+    refuse one operation (with the error botocore would raise)."""
 
     def __init__(self, sd) -> None:
         self._sd = sd
         self.calls: list[tuple[str, str]] = []
         self.failing: set[str] = set()
+        self.refusing: dict[str, Exception] = {}
 
     def _call(self, op: str, **kwargs):
         self.calls.append((op, kwargs["ServiceName"]))
         if kwargs["ServiceName"] in self.failing:
             raise RuntimeError(f"{kwargs['ServiceName']} is throttled")
+        if op in self.refusing:
+            raise self.refusing[op]
         return getattr(self._sd, op)(**kwargs)
 
     def discover_instances(self, **kwargs):
@@ -297,3 +301,48 @@ def test_metrics_show_what_health_costs_watched_leaders_lines_and_polls_by_role(
         assert "flotilla_router_watch_lines_total" in text
 
     run(scenario())
+
+
+def revision_refused(sd, code: str = "AccessDeniedException") -> CountingClient:
+    """A client whose DiscoverInstancesRevision fails with `code`. A role without the permission gets
+    IAM's refusal, which botocore raises for a JSON-protocol service as a ClientError with code
+    AccessDeniedException."""
+    from botocore.exceptions import ClientError
+
+    client = CountingClient(sd)
+    error = {"Code": code, "Message": "not authorized to perform: servicediscovery:DiscoverInstancesRevision"}
+    client.refusing["discover_instances_revision"] = ClientError({"Error": error}, "DiscoverInstancesRevision")
+    return client
+
+
+@mock_aws
+def test_a_role_refused_discover_instances_revision_reads_every_service_in_full_and_stops_asking():
+    with documented_cloud_map(seed=5):
+        sd = boto3.client("servicediscovery", region_name="us-east-1")
+        services = cell_services(sd, cells=2)
+        urls = register_fleet(sd, services, units_per_cell=1, nodes=2)
+        client = revision_refused(sd)
+        discovery = CloudMapDiscovery(namespace="flotilla", services=tuple(services), client=client)
+        assert {e.url for e in discovery.discover()} == urls
+        asked = [op for op, _ in client.calls if op == "discover_instances_revision"]
+        assert asked == ["discover_instances_revision"]  # refused once: not asked for the second service
+        client.calls.clear()
+        cell1 = f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}cell1"
+        register_like_ecs(sd, services[cell1], "t-new", "10.1.9.9", "flotilla-cell1-unit9")
+        found = {e.url for e in discovery.discover()}
+        assert f"http://10.1.9.9:{contract.NODE_API_PORT}" in found  # a full read sees the change
+        assert sorted(op for op, _ in client.calls) == ["discover_instances", "discover_instances"]
+
+
+@mock_aws
+def test_another_error_of_discover_instances_revision_is_a_failed_pass_not_a_fallback():
+    with documented_cloud_map(seed=6):
+        sd = boto3.client("servicediscovery", region_name="us-east-1")
+        services = cell_services(sd, cells=1)
+        register_fleet(sd, services, units_per_cell=1, nodes=2)
+        discovery = CloudMapDiscovery(
+            namespace="flotilla", services=tuple(services), client=revision_refused(sd, code="ThrottlingException")
+        )
+        with pytest.raises(DiscoveryError, match="DiscoverInstancesRevision.*ThrottlingException"):
+            discovery.discover()
+        assert discovery.calls["DiscoverInstances"] == 0

@@ -136,6 +136,12 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--ready-units-interval",
         "--admission-parameter",
         "--admission-interval",
+        "--api-keys-secret",
+        "--api-keys-file",
+        "--api-key",
+        "--api-keys-ttl",
+        "--limit-routers",
+        "--batch-headroom",
         "--log-level",
     }
     envs = {
@@ -147,6 +153,10 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--poll-interval": contract.ENV_POLL_INTERVAL,
         "--drain-timeout": contract.ENV_DRAIN_TIMEOUT,
         "--admission-parameter": contract.ENV_ADMISSION_PARAMETER,
+        "--api-keys-secret": contract.ENV_API_KEYS_SECRET,
+        "--api-key": contract.ENV_API_KEY,
+        "--api-keys-ttl": contract.ENV_API_KEYS_TTL,
+        "--limit-routers": contract.ENV_LIMIT_ROUTERS,
     }
     for flag, help_text in flags.items():
         assert "(default: " in help_text, flag
@@ -158,3 +168,11 @@ def test_discovery_passes_are_every_2_s_from_a_file_and_every_5_s_from_cloud_map
     cloudmap = ["--discovery", "cloudmap", "--cloudmap-namespace", "ns", "--cloudmap-service", "units-cell0"]
     assert from_cli(cloudmap).discovery_interval_s == 5.0
     assert from_cli([*cloudmap, "--discovery-interval", "1"]).discovery_interval_s == 1.0
+
+
+def test_api_keys_come_from_one_source_only():
+    with pytest.raises(SettingsError) as err:
+        from_cli(["--units", UNIT, "--api-key", "k"], {contract.ENV_API_KEYS_SECRET: "flotilla/x/api-keys"})
+    assert str(err.value) == (
+        "api_keys_secret and api_key are both set: give the keys one way (a secret, a file or one key)"
+    )

@@ -15,6 +15,7 @@ from aws_cdk import aws_logs as logs
 from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 
 from contract.admission import parameter_name
+from contract.apikeys import secret_name
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
@@ -24,6 +25,8 @@ from stacks.router import RouterStack
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
 NAMESPACE = "flotilla.internal"
 ADMISSION_PARAMETER = parameter_name("flotilla")
+API_KEYS_SECRET = secret_name("flotilla")
+CLIENT_CIDR = "203.0.113.0/24"  # TEST-NET-3: the client range the internet-facing variant admits
 UNITS_PER_CELL = {"cell0": 2, "cell1": 1}
 
 
@@ -41,7 +44,12 @@ def synthesizer() -> cdk.DefaultStackSynthesizer:
     return cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False)
 
 
-def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue") -> FrontApp:
+def build(
+    *,
+    certificate_arn: str | None = CERTIFICATE_ARN,
+    live_target_group: str = "blue",
+    internet_facing: bool = False,
+) -> FrontApp:
     # The built-in CloudFormation validation costs ~6 s per app; cfn-lint covers the same templates
     # as the deployment builds them (test_cfn_lint.py).
     app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context())
@@ -56,6 +64,8 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         router_security_group=network.router_security_group,
         namespace_name=NAMESPACE,
         cells=tuple(UNITS_PER_CELL),
+        internet_facing=internet_facing,
+        client_cidrs=(CLIENT_CIDR,) if internet_facing else (),
         synthesizer=synthesizer(),
     )
     front = FrontStack(
@@ -65,6 +75,7 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         alb_security_group=discovery.alb_security_group,
         certificate_arn=certificate_arn,
         live_target_group=live_target_group,
+        internet_facing=internet_facing,
         synthesizer=synthesizer(),
     )
     observability = ObservabilityStack(
@@ -92,14 +103,18 @@ def build(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: s
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_names=discovery.service_names,
         admission_parameter_name=ADMISSION_PARAMETER,
+        api_keys_secret_name=API_KEYS_SECRET,
+        limit_routers=2,
         synthesizer=synthesizer(),
     )
     return FrontApp(app, network, discovery, front, observability, router)
 
 
 @functools.lru_cache(maxsize=None)
-def front_app(*, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue") -> FrontApp:
-    return build(certificate_arn=certificate_arn, live_target_group=live_target_group)
+def front_app(
+    *, certificate_arn: str | None = CERTIFICATE_ARN, live_target_group: str = "blue", internet_facing: bool = False
+) -> FrontApp:
+    return build(certificate_arn=certificate_arn, live_target_group=live_target_group, internet_facing=internet_facing)
 
 
 @functools.lru_cache(maxsize=None)

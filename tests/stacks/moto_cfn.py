@@ -34,7 +34,9 @@ from moto.cloudformation import parsing
 REGION = "us-east-1"  # moto's Fn::GetAZs always yields us-east-1 zones
 ACCOUNT = "123456789012"  # moto's default account
 BOOTSTRAP_VERSION_PARAMETER = "/cdk-bootstrap/hnb659fds/version"
-NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
+NEURON_AMI_PARAMETER = (  # stacks/unit.py pins this Neuron ECS AMI release (docs/hardware.md)
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/al2023-ami-ecs-neuron-hvm-2023.0.20260403-kernel-6.1-x86_64/image_id"
+)
 
 
 class StandIn:
@@ -367,6 +369,8 @@ STAND_INS: list[type[StandIn]] = [
     _generic("AWS::CodeDeploy::Application", ("Name",)),
     _generic("AWS::CodeDeploy::DeploymentGroup", ("Name",), ("ApplicationName",)),
     _generic("AWS::CloudWatch::Dashboard", ("Name",)),
+    _generic("AWS::WAFv2::WebACL", ("Arn", "Id", "LabelNamespace"), ("Scope", "DefaultAction", "VisibilityConfig")),
+    _generic("AWS::WAFv2::WebACLAssociation", (), ("ResourceArn", "WebACLArn")),
 ]
 
 

@@ -26,7 +26,13 @@ CERTIFICATE_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-
 PREBUILT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
 FRONT_DOORS: dict[str, dict] = {
     "http-only": {},
-    "https": {"certificate_arn": CERTIFICATE_ARN, "alarm_email": "oncall@example.com", "image": PREBUILT_IMAGE},
+    # The public front door: internet-facing for the named clients, behind WAF, over HTTPS.
+    "https": {
+        "certificate_arn": CERTIFICATE_ARN,
+        "alarm_email": "oncall@example.com",
+        "image": PREBUILT_IMAGE,
+        "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]},
+    },
 }
 
 

@@ -85,7 +85,13 @@ def depends_on(template: dict, logical: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def https_synth(tmp_path_factory):
-    return synthesize(config_with(certificate_arn=CERTIFICATE_ARN), tmp_path_factory.mktemp("rules-https"))
+    """The public front door: a certificate, internet-facing for one client range."""
+    return synthesize(
+        config_with(
+            certificate_arn=CERTIFICATE_ARN, front={"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}
+        ),
+        tmp_path_factory.mktemp("rules-https"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -269,27 +275,27 @@ def test_access_log_bucket_policy_has_no_region_lookup_that_fails_in_new_regions
     assert principals == [{"Service": "logdelivery.elasticloadbalancing.amazonaws.com"}]
 
 
-def test_test_listener_admits_the_nat_gateways_callers_in_the_vpc_arrive_from(default_synth):
+def test_internet_facing_test_listener_admits_the_nat_gateways_callers_in_the_vpc_arrive_from(https_synth):
     """ELB: "The nodes of an Internet-facing load balancer have public IP addresses. The DNS name of
     an Internet-facing load balancer is publicly resolvable to the public IP addresses of the
     nodes." (CreateLoadBalancer, Scheme). A caller in a private subnet reaches it through its AZ's
     NAT gateway, from the NAT's Elastic IP ("if you restrict the ALB SG you must also add the NAT
     Gateway EIP addresses", aws-samples/ecs-refarch-cloudformation#45): a VPC-CIDR rule never
     matches. The test port must admit every NAT gateway's address and nothing else."""
-    network = default_synth.template("Network")["Resources"]
+    network = https_synth.template("Network")["Resources"]
     nat_eips = {
         res["Properties"]["AllocationId"]["Fn::GetAtt"][0]
         for res in network.values()
         if res["Type"] == "AWS::EC2::NatGateway"
     }
-    (group,) = resources(default_synth, "Discovery", "AWS::EC2::SecurityGroup").values()
+    (group,) = resources(https_synth, "Discovery", "AWS::EC2::SecurityGroup").values()
     test_port = [r for r in group["Properties"]["SecurityGroupIngress"] if r["FromPort"] == contract.ROUTER_TEST_PORT]
     sources = set()
     for rule in test_port:
         assert rule["ToPort"] == contract.ROUTER_TEST_PORT
         imported, suffix = rule["CidrIp"]["Fn::Join"][1]
         assert suffix == "/32"
-        stack_id, value = resolve(default_synth, "Discovery", imported)
+        stack_id, value = resolve(https_synth, "Discovery", imported)
         assert stack_id == "Network" and network[value["Ref"]]["Type"] == "AWS::EC2::EIP"
         sources.add(value["Ref"])
     assert sources == nat_eips and len(nat_eips) == 3
@@ -301,10 +307,12 @@ def test_the_alb_admits_clients_on_both_client_ports_with_or_without_a_certifica
     port 80 redirects there); the client ports therefore do not depend on the certificate."""
     for synth in (default_synth, https_synth):
         (group,) = resources(synth, "Discovery", "AWS::EC2::SecurityGroup").values()
-        public = sorted(
-            r["FromPort"] for r in group["Properties"]["SecurityGroupIngress"] if r["CidrIp"] == "0.0.0.0/0"
+        clients = sorted(
+            r["FromPort"]
+            for r in group["Properties"]["SecurityGroupIngress"]
+            if r["FromPort"] != contract.ROUTER_TEST_PORT
         )
-        assert public == [HTTP_PORT, 443]
+        assert clients == [HTTP_PORT, 443]
 
 
 # --- EC2 --------------------------------------------------------------------------------------------

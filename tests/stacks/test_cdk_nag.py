@@ -15,7 +15,6 @@ from synth_helpers import FRONT_DOORS, PREBUILT_IMAGE, config_with, synthesize
 # The front door's acknowledgements (rule, construct path), each explained where it is made; the
 # Network's and the cells' are covered by the checks below but not listed here.
 FRONT_DOOR_ACKNOWLEDGEMENTS = {
-    ("AwsSolutions-EC23", "Discovery/AlbSecurityGroup/Resource"),
     ("AwsSolutions-S1", "Front/AccessLogs/Resource"),
     ("AwsSolutions-IAM5[Resource::*]", "Router/TaskDefinition/TaskRole/DefaultPolicy/Resource"),
     (
@@ -25,6 +24,8 @@ FRONT_DOOR_ACKNOWLEDGEMENTS = {
     ),
     ("AwsSolutions-ECS2", "Router/TaskDefinition/Resource"),
 }
+# Only when the front door is internet-facing (the NAT gateways' addresses on the test port).
+INTERNET_FACING_ACKNOWLEDGEMENT = ("AwsSolutions-EC23", "Discovery/AlbSecurityGroup/Resource")
 # Only when the router's image is built from this repository (no `image` configured): CDK then
 # grants the ECR token, which has no resource-level permissions.
 BUILT_IMAGE_ACKNOWLEDGEMENT = (
@@ -81,6 +82,8 @@ def test_each_acknowledgement_is_on_the_resource_it_excuses_with_a_specific_reas
 def test_the_front_door_acknowledges_exactly_the_expected_findings(nagged):
     synth, plugin = nagged
     expected = FRONT_DOOR_ACKNOWLEDGEMENTS | ({BUILT_IMAGE_ACKNOWLEDGEMENT} if built_image(synth) else set())
+    if synth.deployment.config.front.scheme == "internet-facing":
+        expected |= {INTERNET_FACING_ACKNOWLEDGEMENT}
     assert front_door_acknowledgements(plugin) == expected
 
 

@@ -9,7 +9,9 @@ from aws_cdk.assertions import Match, Template
 import contract
 from stacks.config import CELL_FIXED_RESOURCES, MAX_RESOURCES_PER_STACK, UNIT_RESOURCES, estimate_cell_resources
 
-NEURON_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/recommended/image_id"
+NEURON_AMI_PARAMETER = (  # stacks/unit.py pins this Neuron ECS AMI release (docs/hardware.md)
+    "/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/al2023-ami-ecs-neuron-hvm-2023.0.20260403-kernel-6.1-x86_64/image_id"
+)
 
 
 @pytest.fixture(scope="module")

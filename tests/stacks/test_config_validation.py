@@ -67,7 +67,7 @@ REJECTED = [
     ),
     ({"alarm_email": "oncall"}, "invalid flotilla config: alarm_email='oncall': an e-mail address (or omit it)"),
     ({"unit_rollout": "bluegreen"}, "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
-    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of neuron, reference, echo"),
+    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of reference, echo, neuron"),
     (
         {"node": {"decode_strategy": "expert"}},
         "invalid flotilla config: node.decode_strategy='expert': one of auto, pipeline, tensor",
@@ -87,8 +87,8 @@ REJECTED = [
         {"nodes_per_units": 2},
         "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
-        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, capacity, "
-        "drained_units",
+        "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, "
+        "capacity, drained_units, front",
     ),
     (
         {"deployment_name": "9lives"},
@@ -246,17 +246,18 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
 
 
 def test_default_yaml_and_readme_document_every_config_key():
-    from stacks.config import CapacityConfig, ModelConfig, NodeConfig, RouterConfig
+    from stacks.config import CapacityConfig, FrontConfig, ModelConfig, NodeConfig, RouterConfig
 
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     readme = (REPO_ROOT / "README.md").read_text()
-    sections = ("model", "node", "router", "capacity")
+    sections = ("model", "node", "router", "capacity", "front")
     keys = [name for name in FlotillaConfig.model_fields if name not in sections]
     for section, cls in (
         ("model", ModelConfig),
         ("node", NodeConfig),
         ("router", RouterConfig),
         ("capacity", CapacityConfig),
+        ("front", FrontConfig),
     ):
         keys += [f"{section}.{name}" for name in cls.model_fields]
     for key in keys:

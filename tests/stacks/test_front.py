@@ -14,20 +14,29 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_servicediscovery as cloudmap
 from aws_cdk.assertions import Annotations, Match, Template
-from front_app import ADMISSION_PARAMETER, CERTIFICATE_ARN, NAMESPACE, front_app, synthesizer, template
+from front_app import (
+    ADMISSION_PARAMETER,
+    API_KEYS_SECRET,
+    CERTIFICATE_ARN,
+    CLIENT_CIDR,
+    NAMESPACE,
+    front_app,
+    synthesizer,
+    template,
+)
 
 import contract
-from stacks.discovery import register_unit_members
+from stacks.discovery import DiscoveryStack, register_unit_members
 from stacks.front import PARKED_PORT, FrontStack
 from stacks.network import VPC_CIDR
 
 
-def resources(stack: str, type_: str) -> dict[str, dict]:
-    return {k: v for k, v in template(stack)["Resources"].items() if v["Type"] == type_}
+def resources(stack: str, type_: str, **variant) -> dict[str, dict]:
+    return {k: v for k, v in template(stack, **variant)["Resources"].items() if v["Type"] == type_}
 
 
-def only(stack: str, type_: str) -> dict:
-    found = resources(stack, type_)
+def only(stack: str, type_: str, **variant) -> dict:
+    found = resources(stack, type_, **variant)
     assert len(found) == 1, f"{stack}: expected one {type_}, found {sorted(found)}"
     return next(iter(found.values()))
 
@@ -109,6 +118,11 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
         contract.ENV_CLOUDMAP_SERVICE: "units-cell0,units-cell1",
         contract.ENV_DRAIN_TIMEOUT: "60",
         contract.ENV_ADMISSION_PARAMETER: ADMISSION_PARAMETER,
+        # API keys: the secret's name (never a key), how often it is re-read, and how many routers
+        # share each key's limits (each admits 1/n)
+        contract.ENV_API_KEYS_SECRET: API_KEYS_SECRET,
+        contract.ENV_API_KEYS_TTL: "30",
+        contract.ENV_LIMIT_ROUTERS: "2",
     }
     assert container["PortMappings"] == [{"ContainerPort": contract.ROUTER_PORT, "Protocol": "tcp"}]
     check = container["HealthCheck"]
@@ -120,7 +134,7 @@ def test_router_container_runs_the_router_command_with_cloudmap_discovery_and_a_
     assert container["MountPoints"] == [{"ContainerPath": "/tmp", "ReadOnly": False, "SourceVolume": "tmp"}]
 
 
-def test_router_task_role_may_only_discover_its_cell_services_and_read_the_admission_limit():
+def test_router_task_role_may_only_discover_its_cell_services_read_the_admission_limit_and_its_keys():
     task_role = logical_id("Router", "AWS::IAM::Role", "TaskDefinitionTaskRole")
     policies = [
         p["Properties"]
@@ -158,6 +172,27 @@ def test_router_task_role_may_only_discover_its_cell_services_and_read_the_admis
                 ]
             },
             "Sid": "ReadAdmissionLimit",
+        },
+        {
+            # The API keys' secret, exactly: `flotilla keys` creates it, so its ARN ends in the six
+            # random characters Secrets Manager appends; no other secret matches.
+            "Action": "secretsmanager:GetSecretValue",
+            "Effect": "Allow",
+            "Resource": {
+                "Fn::Join": [
+                    "",
+                    [
+                        "arn:",
+                        {"Ref": "AWS::Partition"},
+                        ":secretsmanager:",
+                        {"Ref": "AWS::Region"},
+                        ":",
+                        {"Ref": "AWS::AccountId"},
+                        f":secret:{API_KEYS_SECRET}-??????",
+                    ],
+                ]
+            },
+            "Sid": "ReadApiKeys",
         },
     ]
     role = resources("Router", "AWS::IAM::Role")[task_role]["Properties"]
@@ -198,10 +233,11 @@ def test_router_autoscaling_tracks_requests_per_healthy_target_over_both_target_
 # --- Front: ALB, listeners, target groups -------------------------------------------------------
 
 
-def test_alb_is_internet_facing_in_public_subnets_and_logs_to_an_ssl_only_encrypted_bucket():
+def test_alb_is_internal_in_private_subnets_by_default_and_logs_to_an_ssl_only_encrypted_bucket():
     alb = only("Front", "AWS::ElasticLoadBalancingV2::LoadBalancer")["Properties"]
-    assert alb["Scheme"] == "internet-facing"
-    assert all("PublicSubnet" in s["Fn::ImportValue"] for s in alb["Subnets"])
+    assert alb["Scheme"] == "internal"
+    assert all("PrivateSubnet" in s["Fn::ImportValue"] for s in alb["Subnets"])
+    assert resources("Front", "AWS::WAFv2::WebACL") == {}  # WAF guards the internet-facing door
     attributes = {a["Key"]: a["Value"] for a in alb["LoadBalancerAttributes"]}
     assert attributes["access_logs.s3.enabled"] == "true"
     assert attributes["access_logs.s3.prefix"] == "alb"
@@ -344,12 +380,12 @@ def _sg_name(value: dict) -> str:
     raise AssertionError(export)
 
 
-def _rules(stack: str) -> set[tuple]:
+def _rules(stack: str, **variant) -> set[tuple]:
     """(direction, group, peer, from, to) for every SG rule, inline or standalone."""
-    t = template(stack)["Resources"]
+    t = template(stack, **variant)["Resources"]
 
     def peer(rule: dict) -> str:
-        for key in ("CidrIp", "SourceSecurityGroupId", "DestinationSecurityGroupId"):
+        for key in ("CidrIp", "SourcePrefixListId", "SourceSecurityGroupId", "DestinationSecurityGroupId"):
             if key in rule:
                 value = rule[key]
                 return "sg:" + _sg_name(value) if isinstance(value, dict) else value
@@ -380,9 +416,9 @@ def _rules(stack: str) -> set[tuple]:
 
 def test_security_groups_allow_exactly_the_request_path_and_nothing_wider():
     assert _rules("Discovery") == {
-        ("in", "AlbSecurityGroup", "0.0.0.0/0", 443, 443),
-        ("in", "AlbSecurityGroup", "0.0.0.0/0", 80, 80),
-        ("in", "AlbSecurityGroup", "nat-eip", contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
+        ("in", "AlbSecurityGroup", VPC_CIDR, 443, 443),
+        ("in", "AlbSecurityGroup", VPC_CIDR, 80, 80),
+        ("in", "AlbSecurityGroup", VPC_CIDR, contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
         ("out", "AlbSecurityGroup", "sg:RouterSg", contract.ROUTER_PORT, contract.ROUTER_PORT),
         ("in", "RouterSg", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
     }
@@ -401,14 +437,88 @@ def test_without_certificate_clients_may_reach_both_client_ports_but_only_80_lis
     443 without a certificate."""
     t = template("Discovery", certificate_arn=None)["Resources"]
     alb = next(v for k, v in t.items() if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup")
-    public = sorted(r["FromPort"] for r in alb["Properties"]["SecurityGroupIngress"] if r["CidrIp"] == "0.0.0.0/0")
-    assert public == [80, 443]
+    clients = sorted(
+        r["FromPort"]
+        for r in alb["Properties"]["SecurityGroupIngress"]
+        if r["CidrIp"] == VPC_CIDR and r["FromPort"] != contract.ROUTER_TEST_PORT
+    )
+    assert clients == [80, 443]
     ports = {
         v["Properties"]["Port"]
         for v in template("Front", certificate_arn=None)["Resources"].values()
         if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"
     }
     assert 443 not in ports
+
+
+def test_internet_facing_alb_admits_only_the_configured_clients_and_the_test_port_only_the_nat_gateways():
+    assert _rules("Discovery", internet_facing=True) == {
+        ("in", "AlbSecurityGroup", CLIENT_CIDR, 443, 443),
+        ("in", "AlbSecurityGroup", CLIENT_CIDR, 80, 80),
+        ("in", "AlbSecurityGroup", "nat-eip", contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
+        ("out", "AlbSecurityGroup", "sg:RouterSg", contract.ROUTER_PORT, contract.ROUTER_PORT),
+        ("in", "RouterSg", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
+    }
+    alb = only("Front", "AWS::ElasticLoadBalancingV2::LoadBalancer", internet_facing=True)["Properties"]
+    assert alb["Scheme"] == "internet-facing"
+    assert all("PublicSubnet" in s["Fn::ImportValue"] for s in alb["Subnets"])
+
+
+def test_managed_prefix_lists_are_admitted_on_the_client_ports():
+    app = cdk.App()
+    network = cdk.Stack(app, "N")
+    vpc = ec2.Vpc(network, "Vpc", nat_gateways=1, max_azs=2)
+    discovery = DiscoveryStack(
+        app,
+        "D",
+        vpc=vpc,
+        router_security_group=ec2.SecurityGroup(network, "R", vpc=vpc),
+        namespace_name="x.internal",
+        internet_facing=True,
+        client_prefix_lists=("pl-0123456789abcdef0",),
+    )
+    t = Template.from_stack(discovery)
+    (sg,) = t.find_resources("AWS::EC2::SecurityGroup").values()
+    # CDK writes prefix-list rules as their own resources, address rules inline.
+    rules = sg["Properties"]["SecurityGroupIngress"] + [
+        r["Properties"] for r in t.find_resources("AWS::EC2::SecurityGroupIngress").values()
+    ]
+    assert sorted((r.get("SourcePrefixListId", ""), r["FromPort"]) for r in rules) == [
+        ("", contract.ROUTER_PORT),  # ALB -> router, on the router's group
+        ("", contract.ROUTER_TEST_PORT),  # the NAT gateway's address
+        ("pl-0123456789abcdef0", 80),
+        ("pl-0123456789abcdef0", 443),
+    ]
+
+
+def test_internet_facing_alb_sits_behind_a_waf_rate_rule_and_aws_managed_rule_groups():
+    acl = only("Front", "AWS::WAFv2::WebACL", internet_facing=True)["Properties"]
+    assert acl["Scope"] == "REGIONAL" and acl["DefaultAction"] == {"Allow": {}}
+    rules = {r["Name"]: r for r in acl["Rules"]}
+    assert rules["RequestsPerClientIp"]["Action"] == {"Block": {}}
+    assert rules["RequestsPerClientIp"]["Statement"]["RateBasedStatement"] == {
+        "AggregateKeyType": "IP",
+        "EvaluationWindowSec": 300,
+        "Limit": 3000,
+    }
+    managed = {
+        name: r["Statement"]["ManagedRuleGroupStatement"] for name, r in rules.items() if name.startswith("AWSManaged")
+    }
+    assert set(managed) == {
+        "AWSManagedRulesAmazonIpReputationList",
+        "AWSManagedRulesKnownBadInputsRuleSet",
+        "AWSManagedRulesCommonRuleSet",
+    }
+    assert all(m["VendorName"] == "AWS" for m in managed.values())
+    # Long prompts are legitimate: the core rule set's 8 KB body rule only counts.
+    assert managed["AWSManagedRulesCommonRuleSet"]["RuleActionOverrides"] == [
+        {"Name": "SizeRestrictions_BODY", "ActionToUse": {"Count": {}}}
+    ]
+    assert sorted(r["Priority"] for r in rules.values()) == [0, 1, 2, 3]
+    association = only("Front", "AWS::WAFv2::WebACLAssociation", internet_facing=True)["Properties"]
+    alb_id = logical_id("Front", "AWS::ElasticLoadBalancingV2::LoadBalancer", "Alb")
+    assert association["ResourceArn"] == {"Ref": alb_id}
+    assert association["WebACLArn"]["Fn::GetAtt"][1] == "Arn"
 
 
 # --- discovery --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from moto_cfn import MotoCloudFormation
 import contract
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.front import PARKED_PORT
+from stacks.network import VPC_CIDR
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def test_listeners_and_weighted_rules_read_back(deployed):
     cfn, synth = deployed
     elbv2 = cfn.client("elbv2")
     (alb,) = elbv2.describe_load_balancers()["LoadBalancers"]
-    assert alb["Scheme"] == "internet-facing"
+    assert alb["Scheme"] == synth.deployment.config.front.scheme
     listeners = {
         lst["Port"]: lst for lst in elbv2.describe_listeners(LoadBalancerArn=alb["LoadBalancerArn"])["Listeners"]
     }
@@ -209,13 +210,19 @@ def test_front_door_security_groups_read_back_with_exactly_the_request_path_rule
                 out.add((p["FromPort"], groups[r["GroupId"]]["Description"].split(":")[0]))
         return out
 
-    # The test port admits each NAT gateway's Elastic IP (callers in the VPC arrive from there).
-    nat_ips = {a["PublicIp"] for a in ec2.describe_addresses()["Addresses"]}
-    assert len(nat_ips) == 3
+    front = synth.deployment.config.front
+    if front.scheme == "internet-facing":
+        # The named clients only; the test port admits each NAT gateway's Elastic IP (callers in the
+        # VPC reach an internet-facing ALB through it).
+        nat_ips = {a["PublicIp"] for a in ec2.describe_addresses()["Addresses"]}
+        assert len(nat_ips) == 3
+        clients, tests = set(front.client_cidrs), {f"{ip}/32" for ip in nat_ips}
+    else:
+        clients, tests = {VPC_CIDR}, {VPC_CIDR}  # internal: the VPC calls it
     assert rules(alb["IpPermissions"]) == {
         # Both client ports with or without a certificate (test_aws_rules.py says why).
-        *((port, "0.0.0.0/0") for port in (HTTPS_PORT, HTTP_PORT)),
-        *((contract.ROUTER_TEST_PORT, f"{ip}/32") for ip in nat_ips),
+        *((port, cidr) for port in (HTTPS_PORT, HTTP_PORT) for cidr in clients),
+        *((contract.ROUTER_TEST_PORT, cidr) for cidr in tests),
     }
     assert rules(router["IpPermissions"]) == {(contract.ROUTER_PORT, "flotilla ALB")}
 

@@ -41,7 +41,7 @@ def trn2_single_node_synth(tmp_path_factory):
 @pytest.mark.parametrize(
     "synth_name, dockerfile",
     [
-        # nodes_per_unit 2 (the default): the V0 fork image, the only one that spans nodes.
+        # nodes_per_unit 2 (the default): the multi-node image (NxD Inference split over the unit).
         ("default_synth", "runtime/Dockerfile.neuron-multinode"),
         ("trn1n_synth", "runtime/Dockerfile.neuron-multinode"),
         # one node: the supported V1 plugin image.
@@ -120,7 +120,7 @@ def test_engine_ports_are_reachable_only_from_the_units_own_security_group(defau
 def test_the_gloo_port_sits_in_the_internal_range_and_the_forks_fixed_port_is_admitted_too(default_synth):
     low, high = contract.UNIT_INTERNAL_PORT_RANGE
     assert low <= contract.DIST_PORT <= high
-    # launch_script.py:12 fixes the Neuron runtime's port at 63423, outside the range: only an
+    # NxD Inference's multi-node example uses port 63423 for the Neuron runtime, outside the range: only an
     # all-traffic self-referencing rule admits it, and that rule must stay (EFA needs it too).
     assert contract.NEURON_RT_ROOT_COMM_PORT == 63423 and not low <= 63423 <= high
     unit_sg = _unit_sg(default_synth)
@@ -157,7 +157,7 @@ def test_nodes_are_told_where_the_compile_cache_is(default_synth):
     assert env[contract.ENV_COMPILE_CACHE_URI] == "s3://flotilla-models-example/neuron-compile-cache/"
     assert env[contract.ENV_ENGINE] == "neuron"
     assert env[contract.ENV_INSTANCE_TYPE] == "trn1.32xlarge"  # the node plans its layout for it
-    assert env[contract.ENV_NEURON_SAMPLING] == "device"  # node.neuron_sampling's default
+    assert env[contract.ENV_NEURON_SAMPLING] == "cpu"  # node.neuron_sampling's default
 
 
 def test_reference_engine_units_get_no_compile_cache_access(reference_synth):

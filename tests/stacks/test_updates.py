@@ -55,6 +55,7 @@ VARIANTS: dict[str, dict] = {
         "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1c"],
         "capacity": {"availability_zones": ["us-east-1b", "us-east-1c"]},
     },
+    "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
 }
 # change -> (before variant, after variant)
 CHANGES: dict[str, tuple[str, str]] = {
@@ -482,3 +483,17 @@ def test_a_drain_made_only_out_of_band_is_undone_by_the_next_deploy(synths):
     """Why drained_units exists: the same revision bump brings a unit drained with drain-unit back."""
     after = synths("revision")
     assert service_count_after_update(unit_service(after, "Cell-0", "cell0-unit1"), running=0) == 2
+
+
+@pytest.mark.parametrize("before, after", [("base", "internet-facing"), ("internet-facing", "base")])
+def test_switching_the_front_door_scheme_replaces_the_alb_so_it_is_not_an_in_place_update(
+    before, after, synths, tmp_path
+):
+    """An ALB's Scheme is create-only (cfn-lint 1.58 schema of AWS::ElasticLoadBalancingV2::LoadBalancer),
+    so the switch replaces the load balancer, its listeners and their rules, and the listener-rule
+    exports the Router stack imports change: CloudFormation refuses that update. The switch is
+    docs/runbooks/front-door.md (remove Router, Observability and Front, deploy again), and this
+    review must keep saying so."""
+    problems, _ = review("switch front.scheme", synths(before), synths(after), tmp_path)
+    assert any("LoadBalancer Alb" in p and "replace" in p and "never allowed" in p for p in problems), problems
+    assert any("export" in p and "ProductionRule" in p for p in problems), problems

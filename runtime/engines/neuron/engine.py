@@ -1,10 +1,11 @@
-"""The leader's `neuron` engine: drives the vLLM server the plan starts (launch_spec) as an Engine.
+"""The leader's `neuron` engine: drives the process the plan starts (launch_spec) as an Engine.
 
-start() prepares the rank (plan checked before any weights move), spawns the server, waits for its
-/health and stores the compile cache. generate() speaks what the unit's image serves: single-node,
-vLLM's OpenAI /v1/completions with prompt token ids and `return_token_ids`; multi-node, the V0
-fork's demo /generate, which takes text and streams text only (see `_generate_fork`). Followers run
-the plan's worker command instead (run_follower). Nothing here imports vLLM.
+start() prepares the rank (plan checked before any weights move), spawns the process, waits until it
+is ready and stores the compile cache. generate() speaks what the unit's image serves: single-node,
+vLLM's OpenAI /v1/completions with prompt token ids and `return_token_ids`; multi-node, the
+leader/follower loop on NxD Inference (runtime/engines/neuron/spmd.py), one JSON object a line over
+its stdin/stdout (see `_generate_spmd`). Followers run the plan's command instead (run_follower).
+Nothing here imports vLLM or NxD Inference.
 """
 
 from __future__ import annotations
@@ -41,12 +42,6 @@ PROGRESS_EVERY_S = 30.0
 METRICS_EVERY_S = 2.0
 UNHEALTHY_AFTER_S = 20.0  # vLLM alive but its /health failing this long: the unit re-forms
 STOP_GRACE_S = 10.0
-# Multi-node: the fork's followers wait for each step in a gloo broadcast that the fork creates with
-# torch's default timeout (vllm/distributed/parallel_state.py:974-978 at 490ab20f, no timeout passed),
-# 30 minutes (torch/distributed/constants.py: default_pg_timeout). An idle unit would lose its
-# followers after that, so the leader runs a one-token request when it has been idle this long.
-FORK_KEEPALIVE_S = 600.0
-FORK_KEEPALIVE_PROMPT = "ping"
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,6 @@ class NeuronEngine:
         start_timeout_s: float,
         s3: Any = None,
         unhealthy_after_s: float = UNHEALTHY_AFTER_S,
-        keepalive_s: float = FORK_KEEPALIVE_S,
     ) -> None:
         self.membership = membership
         self.s = settings
@@ -125,10 +119,7 @@ class NeuronEngine:
         self.url = f"http://127.0.0.1:{settings.options.engine_port}"
         self._start_timeout_s = start_timeout_s
         self._unhealthy_after_s = unhealthy_after_s
-        self._keepalive_s = keepalive_s
-        self._last_request = time.monotonic()
-        self.keepalives = 0  # one-token requests sent to keep an idle multi-node unit's followers
-        self._server_tok: Any = None  # multi-node: the tokenizer as the fork's server uses it
+        self._streams: dict[str, asyncio.Queue] = {}  # multi-node: request id -> its events from the loop
         self._s3 = s3
         self._proc: asyncio.subprocess.Process | None = None
         self._session: Any = None
@@ -159,10 +150,6 @@ class NeuronEngine:
         self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3)
         try:
             self.tokenizer = HFTokenizer(self.s.model_dir)
-            if self.api == "generate":
-                from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - loads only with a tokenizer
-
-                self._server_tok = PreTrainedTokenizerFast.from_pretrained(self.s.model_dir)
         except (OSError, ValueError) as e:
             raise EngineError(f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}") from e
         argv, env = rank_argv(self.prepared.plan, dict(os.environ), self.s.launcher)
@@ -173,11 +160,16 @@ class NeuronEngine:
             argv=argv[:4],
             compile_cache_hit=self.prepared.compile_cache_hit,
         )
-        # Same process group as this engine process: the supervisor's killpg takes vLLM down too.
-        self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
+        # Same process group as this engine process: the supervisor's killpg takes it down too.
+        if self.api == "spmd":
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 20
+            )
+        else:
+            self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
         try:
-            await self._wait_healthy()
+            await (self._wait_spmd_ready() if self.api == "spmd" else self._wait_healthy())
         except BaseException:
             await self._close()
             raise
@@ -194,14 +186,15 @@ class NeuronEngine:
             except Exception as e:  # noqa: BLE001 - a cache upload failure costs the next start time, not this one
                 jlog("neuron_compile_cache_store_failed", logging.WARNING, logger=log, error=str(e))
         self._state = EngineState.READY
-        self._last_request = time.monotonic()
-        self._tasks = [asyncio.create_task(self._watch_process()), asyncio.create_task(self._poll_server())]
-        if self.api == "generate":
-            self._tasks.append(asyncio.create_task(self._keep_followers()))
+        self._tasks = [asyncio.create_task(self._watch_process())]
+        if self.api == "spmd":
+            self._tasks.append(asyncio.create_task(self._read_spmd()))
+        else:
+            self._tasks.append(asyncio.create_task(self._poll_server()))
 
     @property
     def api(self) -> str:
-        """'openai' (single-node image) or 'generate' (the fork's demo server, multi-node image)."""
+        """'openai' (single-node image: vLLM's server) or 'spmd' (multi-node: the leader/follower loop)."""
         return self.prepared.plan.api if self.prepared is not None else "openai"
 
     async def _wait_healthy(self) -> None:
@@ -252,7 +245,8 @@ class NeuronEngine:
     async def _watch_process(self) -> None:
         assert self._proc is not None
         rc = await self._proc.wait()
-        self._break(f"the vLLM server exited with code {rc}")
+        what = "the leader's NxD Inference loop" if self.api == "spmd" else "the vLLM server"
+        self._break(f"{what} exited with code {rc}")
 
     def _break(self, detail: str) -> None:
         if self._state is not EngineState.READY:
@@ -261,7 +255,10 @@ class NeuronEngine:
         self._detail = detail
         jlog("neuron_engine_broken", logging.ERROR, logger=log, detail=detail)
         for resp in list(self._running.values()):
-            resp.close()  # every open stream ends now, not when TCP notices
+            if resp is not None:
+                resp.close()  # every open stream ends now, not when TCP notices
+        for q in self._streams.values():
+            q.put_nowait(None)
 
     async def _poll_server(self) -> None:
         """Every 2 s: vLLM's /health (failing for unhealthy_after_s breaks the engine: a wedged
@@ -275,7 +272,6 @@ class NeuronEngine:
                 async with self._session.get(self.url + "/health", timeout=quick) as r:
                     if r.status == 200:
                         healthy_at = time.monotonic()
-                # The fork's demo server has no /metrics (api_server.py:35-91): our own counters then.
                 if self.api == "openai":
                     async with self._session.get(self.url + "/metrics", timeout=quick) as r:
                         self._vllm_load = (
@@ -288,23 +284,39 @@ class NeuronEngine:
                 return
             await asyncio.sleep(METRICS_EVERY_S)
 
-    async def _keep_followers(self) -> None:
-        """While idle, a one-token request every keepalive_s: each step's broadcast resets the wait
-        of every follower's gloo receive, which would otherwise time out (see FORK_KEEPALIVE_S)."""
-        while self._state is EngineState.READY:
-            idle = time.monotonic() - self._last_request
-            if self._running or idle < self._keepalive_s:
-                await asyncio.sleep(max(0.05, self._keepalive_s - idle))
-                continue
-            self._last_request = time.monotonic()
-            body = {"prompt": FORK_KEEPALIVE_PROMPT, "max_tokens": 1, "temperature": 0.0}
-            try:
-                async with self._session.post(self.url + "/generate", json=body) as r:
-                    await r.read()
-                    self.keepalives += 1
-                    jlog("neuron_keepalive", logging.INFO, logger=log, status=r.status)
-            except Exception as e:  # noqa: BLE001 - a dead server is the watcher's to report
-                jlog("neuron_keepalive_failed", logging.WARNING, logger=log, error=str(e))
+    async def _wait_spmd_ready(self) -> None:
+        """The loop prints {"event": "ready"} once every node has loaded its ranks."""
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                while line := await self._proc.stdout.readline():
+                    if json.loads(line).get("event") == "ready":
+                        jlog("neuron_engine_healthy", logging.INFO, logger=log, api="spmd")
+                        return
+        except TimeoutError:
+            raise EngineError(
+                f"neuron: the unit's NxD Inference nodes were not loaded after {self._start_timeout_s:.0f}s; "
+                "raise FLOTILLA_FORM_TIMEOUT_S if they are still compiling"
+            ) from None
+        rc = await self._proc.wait()
+        raise EngineError(
+            f"neuron: the leader's NxD Inference loop exited with code {rc} before it was ready; "
+            "see its output above in this container's log"
+        )
+
+    async def _read_spmd(self) -> None:
+        """Route each event of the loop to its request's stream."""
+        assert self._proc is not None and self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            event = json.loads(line)
+            q = self._streams.get(str(event.get("id")))
+            if q is not None:
+                q.put_nowait(event)
+        self._break("the leader's NxD Inference loop closed its output")
+
+    def _send(self, message: dict) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write((json.dumps(message) + "\n").encode())
 
     # -- serve ------------------------------------------------------------------------------------
     async def check(self, request: GenerationRequest) -> None:
@@ -316,8 +328,7 @@ class NeuronEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self._state is not EngineState.READY:
             raise EngineBroken(f"the neuron engine is {self._state.value}: {self._detail}")
-        self._last_request = time.monotonic()
-        stream = self._generate_fork(request) if self.api == "generate" else self._generate_openai(request)
+        stream = self._generate_spmd(request) if self.api == "spmd" else self._generate_openai(request)
         try:
             async for ev in stream:
                 yield ev
@@ -375,94 +386,69 @@ class NeuronEngine:
                 f"({self._detail or 'server still running'}); retry on a healthy unit"
             )
 
-    def fork_prompt_text(self, token_ids: tuple[int, ...] | list[int]) -> str:
-        """The text to send the fork's /generate for these prompt ids.
-
-        /generate takes text only: a token prompt has no `prompt` text and trips the server's
-        `assert prompt is not None` (api_server.py:62-68; inputs/preprocess.py:339-344 builds token
-        inputs without text). The server re-tokenizes the text with the tokenizer's defaults, special
-        tokens added (inputs/preprocess.py:190-206), so a leading BOS our ids already carry is dropped
-        here instead of doubled there. Special tokens inside (chat markers) are kept as text.
-        """
-        tok = self._server_tok
-        added = list(tok("", add_special_tokens=True)["input_ids"])
-        ids = list(token_ids)
-        if added and ids[: len(added)] == added:
-            ids = ids[len(added) :]
-        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    async def _generate_fork(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
-        """The fork's /generate (api_server.py:41-91): text in; newline-delimited JSON out, one line per
-        engine step, each `{"text": [prompt + all output text so far]}`; no token ids, no finish reason.
-
-        What that costs, and how each is recovered:
-        - token counts: V0 queues one RequestOutput per engine step and the server writes one line per
-          output, one token each, so completion tokens = lines. Exact while every step adds one token.
-        - token ids: re-encoded from each step's new text (may differ from what the model chose;
-          a step with no text, an EOS, carries the tokenizer's EOS id).
-        - finish reason: "length" when the steps reach max_tokens, else "stop" (a stop string, EOS).
-          Stop strings are applied by vLLM itself (SamplingParams.stop), cut from the text.
-        - the prompt is re-tokenized by the server from text (fork_prompt_text).
-        """
-        import aiohttp  # noqa: PLC0415
+    async def _generate_spmd(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        """The leader's loop: token ids in, one event per generated token out. NxD Inference's
+        sampling takes top_k, top_p and temperature per row (sampling.py:185-199); greedy is top_k 1.
+        Stop strings are cut here from the decoded text; EOS ends the request in the loop."""
+        from runtime.engines.sampling import TextTracker  # noqa: PLC0415
 
         sp = request.sampling
-        prompt = self.fork_prompt_text(request.prompt_token_ids)
-        # Only fields of the fork's SamplingParams: the server passes every other key to
-        # SamplingParams(**request_dict) (api_server.py:56-58), which refuses unknown ones.
-        body: dict[str, Any] = {
-            "prompt": prompt,
-            "stream": True,
-            "max_tokens": sp.max_tokens,
-            "temperature": sp.temperature,
-            "top_p": sp.top_p,
-            "ignore_eos": sp.ignore_eos,
-        }
-        if sp.stop:
-            body["stop"] = list(sp.stop)
-        if sp.seed is not None:
-            body["seed"] = sp.seed
         rid = request.request_id
-        steps, sent = 0, ""
-        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = q
+        self._running[rid] = None
+        tracker = TextTracker(self.tokenizer, sp.stop)
+        finished = False
         try:
-            async with self._session.post(
-                self.url + "/generate", json=body, headers={contract.REQUEST_ID_HEADER: rid}
-            ) as resp:
-                self._running[rid] = resp
-                if resp.status != 200:
-                    text = (await resp.text())[:500]
-                    raise EngineError(f"the fork's /generate answered HTTP {resp.status}: {_vllm_message(text)}")
-                async for line in resp.content:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    full = json.loads(line)["text"][0]
-                    if not full.startswith(prompt):
-                        raise EngineError("the fork's /generate answered text that does not start with the prompt")
-                    output = full[len(prompt) :]
-                    delta, sent = output[len(sent) :], output
-                    steps += 1
-                    ids = self.tokenizer.encode(delta) if delta else []
-                    token_id = ids[0] if ids else (eos if eos is not None else 0)
-                    yield TokenEvent(token_id=int(token_id), text=delta, finish_reason=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
-            if rid in self._cancelled:
-                return
-            raise EngineBroken(
-                f"the fork's /generate dropped the stream ({self._detail or type(e).__name__}); retry on a healthy unit"
-            ) from e
+            self._send(
+                {
+                    "op": "add",
+                    "id": rid,
+                    "prompt": list(request.prompt_token_ids),
+                    "max_tokens": sp.max_tokens,
+                    "top_k": 1 if sp.temperature <= 0 else 0,
+                    "top_p": sp.top_p,
+                    "temperature": sp.temperature if sp.temperature > 0 else 1.0,
+                    "stop_token_ids": [] if sp.ignore_eos or eos is None else [eos],
+                }
+            )
+            while not finished:
+                event = await q.get()
+                if event is None:
+                    if rid in self._cancelled:
+                        return
+                    raise EngineBroken(f"the NxD Inference loop stopped ({self._detail}); retry on a healthy unit")
+                if "error" in event:
+                    raise RequestRejected(f"the NxD Inference loop refused the request: {event['error']}")
+                token, finish = int(event["token"]), event.get("finish")
+                if finish == "stop":  # EOS
+                    finished = True
+                    yield TokenEvent(token_id=token, text=tracker.flush(), finish_reason="stop")
+                    break
+                text, stopped = tracker.add(token)
+                if stopped:
+                    finished = True
+                    self._send({"op": "cancel", "id": rid})
+                    yield TokenEvent(token_id=token, text=text, finish_reason="stop")
+                elif finish == "length":
+                    finished = True
+                    yield TokenEvent(token_id=token, text=text + tracker.flush(), finish_reason="length")
+                else:
+                    yield TokenEvent(token_id=token, text=text)
         finally:
+            if not finished and self._proc is not None and self._proc.returncode is None:
+                self._send({"op": "cancel", "id": rid})  # the consumer stopped early
+            self._streams.pop(rid, None)
             self._running.pop(rid, None)
-            cancelled = rid in self._cancelled
             self._cancelled.discard(rid)
-            self._last_request = time.monotonic()
-        if cancelled:
-            return
-        # token_id -1: the finish reason only, not a token (the node's API does not count it).
-        yield TokenEvent(token_id=-1, text="", finish_reason="length" if steps >= sp.max_tokens else "stop")
 
     def cancel(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._cancelled.add(request_id)
+            self._send({"op": "cancel", "id": request_id})
+            self._streams[request_id].put_nowait(None)
+            return
         resp = self._running.get(request_id)
         if resp is not None:
             self._cancelled.add(request_id)
@@ -491,7 +477,16 @@ class NeuronEngine:
             t.cancel()
         if self._session is not None:
             await self._session.close()
-        await terminate(self._proc)
+        proc = self._proc
+        if self.api == "spmd" and proc is not None and proc.returncode is None and proc.stdin is not None:
+            # Stop the loop cleanly (it tells the followers to stop too); SIGTERM after a short wait.
+            try:
+                self._send({"op": "stop"})
+                proc.stdin.close()
+                await asyncio.wait_for(proc.wait(), STOP_GRACE_S / 2)
+            except (ConnectionError, RuntimeError, asyncio.TimeoutError):
+                pass
+        await terminate(proc)
 
 
 async def terminate(proc: asyncio.subprocess.Process | None, grace_s: float = STOP_GRACE_S) -> None:

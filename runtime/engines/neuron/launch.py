@@ -1,8 +1,9 @@
 """Turn a unit's membership and a model's shape into every rank's Neuron environment and command.
 
 Two modes (contract/neuron.py): a one-node unit runs vLLM's OpenAI server on the supported V1
-`vllm-neuron` plugin; a unit spanning nodes runs AWS's V0 vLLM fork exactly as the fork's own
-multi-node example launches it. Every variable and flag carries the file and line it follows
+`vllm-neuron` plugin; a unit spanning nodes runs NxD Inference split over every node's NeuronCores
+(global tp_degree, one start_rank_id per node) as NxD Inference's multi-node example does, driven by
+flotilla's leader/follower loop (spmd.py). Every variable and flag carries the file and line it follows
 (`SOURCES`, printed with the plan). Pure Python: nothing here imports vLLM, NxD Inference or torch.
 """
 
@@ -19,6 +20,8 @@ from contract.neuron import (
     FORK_2_24,
     IMAGES,
     MULTI_NODE,
+    NXD_2_28,
+    NXDI_2_28,
     PLUGIN_0_4_1,
     SDK_DOCS_2_28_0,
     SINGLE_NODE,
@@ -40,16 +43,13 @@ class NeuronPlanError(ValueError):
 AUTO = "auto"
 DEFAULT_COMPILED_DIR = "/var/cache/flotilla/neuron-compiled"
 OPENAI_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-FORK_SERVER_MODULE = "vllm.entrypoints.api_server"
-# The follower runs this file as a script, as the fork's launcher runs its worker.py: the image's
-# Python (the one that has vLLM) never imports the flotilla package.
-WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
-# launch_script.py:12 `NEURON_RT_ROOT_COMM_ID_PORT = 63423`: the Neuron runtime's collectives
-# bootstrap on the leader. The unit's security group admits all traffic between members.
-FORK_RT_ROOT_COMM_PORT = contract.NEURON_RT_ROOT_COMM_PORT
+# Each node of a multi-node unit runs this file with the image's Python (the one that has NxD Inference).
+SPMD_SCRIPT = str(Path(__file__).with_name("spmd.py"))
+# NXDI_2_28:examples/multi_node.md:109,132 `NEURON_RT_ROOT_COMM_ID=<rank-0 host>:63423`: the Neuron
+# runtime's collectives bootstrap on the leader. The unit's security group admits all traffic between members.
+RT_ROOT_COMM_PORT = contract.NEURON_RT_ROOT_COMM_PORT
 NXDI_CONFIG = "aws-neuron/neuronx-distributed-inference@fcb5a8688d237e1af429d6e72445db17277d630a"  # v0.7.14366
 
-_FORK_EX = f"{FORK_2_24}:examples/neuron/multi_node"
 _QUICKSTART = f"{SDK_DOCS_2_28_0}:libraries/nxd-inference/vllm/quickstart-vllm-online-serving.rst"
 _LOADER = f"{PLUGIN_0_4_1}:vllm_neuron/worker/neuronx_distributed_model_loader.py"
 
@@ -79,40 +79,41 @@ SINGLE_NODE_SOURCES: Mapping[str, str] = {
     f"{_LOADER}:1213-1217 (the override is a plain dict.update)",
 }
 
-# Where every variable and flag of a multi-node rank comes from: the fork's example, line by line.
+# Where every variable, flag and NxD Inference setting of a multi-node rank comes from.
+_MULTI = f"{NXDI_2_28}:examples/multi_node.md"
+_APP = f"{NXDI_2_28}:src/neuronx_distributed_inference/models/application_base.py"
+_NXDI_CONF = f"{NXDI_2_28}:src/neuronx_distributed_inference/models/config.py"
 MULTI_NODE_SOURCES: Mapping[str, str] = {
-    "command": f"{_FORK_EX}/launch_script.py:118-124 (rank 0: python -m vllm.entrypoints.api_server), 134-139 "
-    "(rank >= 1: python <dir>/worker.py; flotilla's runtime/engines/neuron/worker.py does what "
-    "examples/neuron/multi_node/worker.py:13-39 does)",
-    "FI_PROVIDER": f"{_FORK_EX}/multi_node_launcher.sh:41",
-    "FI_EFA_USE_DEVICE_RDMA": f"{_FORK_EX}/multi_node_launcher.sh:42",
-    "FI_EFA_FORK_SAFE": f"{_FORK_EX}/multi_node_launcher.sh:43",
-    "MASTER_ADDR": f"{_FORK_EX}/multi_node_launcher.sh:47; launch_script.py:101 (rendezvous gives the leader)",
-    "MASTER_PORT": f"{_FORK_EX}/multi_node_launcher.sh:47 (the user's choice there; rendezvous gives it here)",
-    "VLLM_NEURON_FRAMEWORK": f"{_FORK_EX}/launch_script.py:103",
-    "NEURON_COMPILED_ARTIFACTS": f"{_FORK_EX}/launch_script.py:104-105",
-    "ENABLE_NEURON_MULTI_NODE": f"{_FORK_EX}/launch_script.py:107; "
-    f"read at {FORK_2_24}:vllm/worker/neuron_worker.py:50-52",
-    "WORLD_SIZE": f"{_FORK_EX}/launch_script.py:108 (the number of processes, one per node); "
-    f"{FORK_2_24}:vllm/worker/neuron_worker.py:54",
-    "NEURON_RT_ROOT_COMM_ID": f"{_FORK_EX}/launch_script.py:12,109-110 (<leader>:63423)",
-    "NEURON_LOCAL_TP": f"{_FORK_EX}/launch_script.py:111 (read by neither the fork nor NxD Inference)",
-    "NEURON_RANK_ID": f"{_FORK_EX}/launch_script.py:112; {FORK_2_24}:vllm/worker/neuron_worker.py:56-60",
-    "--model": f"{_FORK_EX}/launch_script.py:120,135",
-    "--port": f"{_FORK_EX}/launch_script.py:120 (value: ours)",
-    "--device": f"{_FORK_EX}/launch_script.py:120,136; {FORK_2_24}:vllm/engine/arg_utils.py:688-692",
-    "--max-num-seqs": f"{_FORK_EX}/launch_script.py:121,136",
-    "--max-model-len": f"{_FORK_EX}/launch_script.py:122,137",
-    "--override-neuron-config": f"{_FORK_EX}/launch_script.py:123,138 (json.dumps); "
-    f"{FORK_2_24}:vllm/engine/arg_utils.py:916-921",
-    "--host": f"{FORK_2_24}:vllm/entrypoints/api_server.py:146 (ours: 127.0.0.1; the example leaves it unset)",
-    "override_neuron_config.world_size": f"{_FORK_EX}/launch_script.py:26-29,77 (required --world-size, 'World size "
-    "for distributed inference'); flotilla passes the unit's NeuronCore count, NxD Inference's unit "
-    "(neuronx-distributed-inference@v0.4.7422:src/neuronx_distributed_inference/models/config.py:277-279): "
-    "UNVERIFIED until a real run",
-    "override_neuron_config.tp_degree": f"{_FORK_EX}/launch_script.py:78 (= --local-ranks-size: the node's cores)",
-    "override_neuron_config.local_ranks_size": f"{_FORK_EX}/launch_script.py:45-48,79",
-    "override_neuron_config.start_rank_id": f"{_FORK_EX}/launch_script.py:75,80 (rank x local_ranks_size)",
+    "command": "runtime/engines/neuron/spmd.py (flotilla's leader/follower loop: one process per node, "
+    f"as {_MULTI}:47-49,106-145 runs one inference_demo process per node; it calls {_APP}:292 compile and :317-318 "
+    f"load, and {NXDI_2_28}:src/neuronx_distributed_inference/models/model_base.py:3355-3379 forward)",
+    "NEURON_RT_ROOT_COMM_ID": f"{_MULTI}:109,132 (<rank-0 host>:63423 on every node)",
+    "FI_PROVIDER": f"{FORK_2_24}:examples/neuron/multi_node/multi_node_launcher.sh:41 (EFA for the Neuron "
+    "runtime's cross-node collectives)",
+    "FI_EFA_USE_DEVICE_RDMA": f"{FORK_2_24}:examples/neuron/multi_node/multi_node_launcher.sh:42",
+    "FI_EFA_FORK_SAFE": f"{FORK_2_24}:examples/neuron/multi_node/multi_node_launcher.sh:43",
+    "MASTER_ADDR": f"{NXDI_2_28}:src/neuronx_distributed_inference/inference_demo.py:788-795 (the demo's gloo "
+    "group, torch env://; flotilla's leader broadcasts each step's inputs over it)",
+    "MASTER_PORT": f"{_MULTI}:56 (value: rendezvous gives it)",
+    "NEURON_COMPILED_ARTIFACTS": f"{_MULTI}:114,137 (a compiled-model path per node)",
+    "--model": f"{_MULTI}:113,136 (--model-path); {_APP}:73-78 (NeuronLlamaForCausalLM(model_path, config))",
+    "--compiled-model-path": f"{_MULTI}:114,137; {_APP}:292,317-318",
+    "--node-rank": f"{NXDI_2_28}:src/neuronx_distributed_inference/inference_demo.py:788-795 (the gloo rank; "
+    "start_rank_id = node rank x local_ranks_size)",
+    "--nodes": f"{NXDI_2_28}:src/neuronx_distributed_inference/inference_demo.py:788-795 (the gloo world size)",
+    "--neuron-config": f"{_NXDI_CONF}:84,361-389 (NeuronConfig(**fields)); the fields are nxdi_config",
+    "override_neuron_config.tp_degree": f"{_MULTI}:118,141 (--tp-degree 64 on two trn1: the unit's "
+    f"NeuronCores); {_APP}:160",
+    "override_neuron_config.start_rank_id": f"{_MULTI}:47-49 (a multiple of local_ranks_size), 116,139 "
+    f"(0 / 32); {_NXDI_CONF}:385",
+    "override_neuron_config.local_ranks_size": f"{_MULTI}:117,140 (32: one trn1's NeuronCores); {_NXDI_CONF}:386-389; "
+    f"{NXD_2_28}:src/neuronx_distributed/trace/model_builder.py:837 (shards ranks start_rank_id .. "
+    "start_rank_id + local_ranks_size - 1)",
+    "world_size": f"{_NXDI_CONF}:381-383 (unset: tp_degree x pp_degree x ep_degree = tp_degree)",
+    "is_continuous_batching": f"{_NXDI_CONF}:164,678-679 (batch slots are seq_ids; attention data "
+    "parallelism requires it)",
+    "partition of a global rank": f"{NXD_2_28}:src/neuronx_distributed/trace/trace.py:801 "
+    "(partition_rank = rank % num_partitions)",
 }
 
 
@@ -125,10 +126,13 @@ class NeuronOptions:
     served_model_name: str | None = None
     compiled_artifacts_dir: str = DEFAULT_COMPILED_DIR
     engine_port: int = contract.NEURON_ENGINE_PORT  # leader's vLLM server, on 127.0.0.1 only
-    # "device": NxD Inference's on-device sampling (the default; applies only temperature, top_k, top_p);
-    # "cpu": vLLM's sampler on the host, which also applies logprobs, structured output and penalties
-    # (see runtime/engines/neuron/requests.py; neither mode seeds a request).
-    sampling: str = "device"
+    # "cpu" (the default): vLLM's sampler on the host, each request with its own parameters, also
+    # logprobs, structured output and penalties. "device": NxD Inference's on-device sampling (temperature,
+    # top_k, top_p only), where the pinned plugin can give a request another request's parameters: it
+    # fills the [batch, 3] tensor from every held request in insertion order, then cuts it to the batch
+    # (vllm-project/vllm-neuron@84411ab: neuronx_distributed_model_runner.py get_nxd_sampling_params;
+    # tests/neuron/test_neuron_sampling_rows.py). Neither mode seeds a request (requests.py).
+    sampling: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -314,15 +318,20 @@ def plan_unit(
         where = f"1 x {instance_type} (tp_degree={tp})"
         cp, dp = _auto_degrees(model, tp, cp, dp, o, where)
     else:
-        # The fork's example gives NxD Inference tp_degree = the node's cores (launch_script.py:78),
-        # not the unit's, and passes no cp/attention-dp degree (launch_script.py:76-91).
-        tp = local_tp
-        where = f"{nodes} x {instance_type} (the fork's tp_degree={tp} per node)"
+        # NxD Inference's multi-node mode: tp_degree is the whole unit's NeuronCores, each node loads
+        # ranks start_rank_id .. start_rank_id + local_ranks_size - 1 (NXDI_2_28:examples/multi_node.md:
+        # 106-145, "two process with tp=64 on two Trn1 nodes"). A node-sized tp_degree would make every
+        # node load partitions 0..31 again (NXD_2_28:src/neuronx_distributed/trace/trace.py:801,
+        # partition_rank = rank % num_partitions): replicas that cannot hold a model too big for one node.
+        tp = local_tp * nodes
+        where = f"{nodes} x {instance_type} (tp_degree={tp} = {local_tp} NeuronCores x {nodes} nodes)"
+        _check_heads_over_nodes(model, instance_type, local_tp, nodes)
         for name, value in (("cp_degree", cp), ("attention_dp_degree", dp)):
             if value not in (AUTO, 1):
                 raise NeuronPlanError(
-                    f"{name}={value} applies to single-node units only: the fork's multi-node launch "
-                    f"(examples/neuron/multi_node/launch_script.py) passes no {name}; leave it auto or use 1 node"
+                    f"{name}={value} applies to single-node units only: across nodes flotilla runs NxD "
+                    f"Inference's documented multi-node layout (tensor parallel over every NeuronCore of "
+                    f"the unit, cp_degree=1, attention_dp_degree=1); leave it auto or use 1 node"
                 )
         cp, dp = 1, 1
 
@@ -343,7 +352,7 @@ def plan_unit(
         leader_host=leader_host,
         dist_port=dist_port,
         tp_degree=tp,
-        world_size=local_tp * nodes,
+        world_size=tp,  # NxD Inference: tp_degree x pp_degree x ep_degree (pp = ep = 1)
         cp_degree=int(cp),
         attention_dp_degree=int(dp),
         seq_len=o.seq_len,
@@ -514,62 +523,61 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
     )
 
 
+def _check_heads_over_nodes(model: ModelShape, instance_type: str, local_tp: int, nodes: int) -> None:
+    """The unit's tp_degree must split the heads as NxD Inference shards them; name the node counts that do."""
+    tp = local_tp * nodes
+    if _heads_fit(model, tp) and model.intermediate_size % tp == 0:
+        return
+    good = [n for n in range(2, 9) if _heads_fit(model, local_tp * n) and model.intermediate_size % (local_tp * n) == 0]
+    fix = f"use --nodes {' or '.join(map(str, good))}" if good else "use another instance type"
+    raise NeuronPlanError(
+        f"nodes={nodes}: tp_degree={tp} ({nodes} x {local_tp} NeuronCores of {instance_type}) does not split "
+        f"num_attention_heads={model.num_attention_heads} (num_key_value_heads={model.num_key_value_heads}, "
+        f"intermediate_size={model.intermediate_size}) evenly; {fix}"
+    )
+
+
 def _multi_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
-    """What launch_script.py computes for MPI rank `rank`, with rendezvous in mpirun's place."""
+    """One node of NxD Inference's multi-node layout, driven by flotilla's leader/follower loop."""
     local_ranks_size = plan.instance.neuron_cores
     start_rank_id = rank * local_ranks_size
-    # Same keys, same order as make_override_config (launch_script.py:76-81).
+    # The NeuronConfig fields the loop sets; everything else keeps NxD Inference's default.
     override = {
-        "world_size": plan.world_size,
-        "tp_degree": local_ranks_size,
-        "local_ranks_size": local_ranks_size,
+        "tp_degree": plan.tp_degree,
         "start_rank_id": start_rank_id,
+        "local_ranks_size": local_ranks_size,
     }
+    # Each node compiles and loads its own rank range into its own directory (the example's "compiled-model
+    # path per node"); the compile cache keys it by nxdi_config, which holds this node's start_rank_id.
+    compiled = o.compiled_artifacts_dir
     env = {
-        # mpirun -x (multi_node_launcher.sh:41-47); LD_LIBRARY_PATH is set by Dockerfile.neuron-multinode.
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "FI_EFA_FORK_SAFE": "1",
         "MASTER_ADDR": plan.leader_host,
         "MASTER_PORT": str(plan.dist_port),
-        # launch_script.py:103-113
-        "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
-        "NEURON_COMPILED_ARTIFACTS": o.compiled_artifacts_dir,
-        "ENABLE_NEURON_MULTI_NODE": "true",
-        "WORLD_SIZE": str(plan.nodes),
-        "NEURON_RT_ROOT_COMM_ID": f"{plan.leader_host}:{FORK_RT_ROOT_COMM_PORT}",
-        "NEURON_LOCAL_TP": str(local_ranks_size),
-        "NEURON_RANK_ID": str(rank),
+        "NEURON_RT_ROOT_COMM_ID": f"{plan.leader_host}:{RT_ROOT_COMM_PORT}",
+        "NEURON_COMPILED_ARTIFACTS": compiled,
     }
-    # launch_script.py:119-123 / 135-138 use `json.dumps(override_config)`: default separators.
-    engine_args = [
-        f"--model={plan.model_dir}",
-        "--device=neuron",
-        f"--max-num-seqs={plan.batch_size}",
-        f"--max-model-len={plan.seq_len}",
-        f"--override-neuron-config={json.dumps(override)}",
-    ]
-    if rank == 0:
-        command = (
-            "python",
-            "-m",
-            FORK_SERVER_MODULE,
-            engine_args[0],
-            f"--port={o.engine_port}",
-            *engine_args[1:],
-            # Ours: only our leader API (same host) talks to the demo server.
-            "--host=127.0.0.1",
-        )
-    else:
-        command = ("python", WORKER_SCRIPT, *engine_args)
-    # The fork's default NxD Inference config from these flags (neuronx_distributed.py:619-648), then
-    # the override (:694-703).
     nxdi = {
+        "tp_degree": plan.tp_degree,
+        "world_size": plan.world_size,
+        "start_rank_id": start_rank_id,
+        "local_ranks_size": local_ranks_size,
         "batch_size": plan.batch_size,
         "max_context_length": plan.seq_len,
         "seq_len": plan.seq_len,
-        **override,
+        "is_continuous_batching": True,
     }
+    command = (
+        "python3",
+        SPMD_SCRIPT,
+        f"--model={plan.model_dir}",
+        f"--compiled-model-path={compiled}",
+        f"--node-rank={rank}",
+        f"--nodes={plan.nodes}",
+        f"--neuron-config={json.dumps(nxdi, sort_keys=True)}",
+    )
     return RankPlan(
         rank=rank,
         role="leader" if rank == 0 else "follower",
@@ -661,21 +669,29 @@ def recommend(
             f"single-node units run {image.base_image} ({image.vllm}) with the OpenAI server",
         )
     memory = one
+    skipped = []
     for nodes in range(2, max_nodes + 1):
+        tp = instance.neuron_cores * nodes
+        if not (_heads_fit(model, tp) and model.intermediate_size % tp == 0):
+            skipped.append(nodes)
+            continue
         memory = core_memory(dims, instance, nodes=nodes, batch=batch_size, seq_len=seq_len)
         if memory.fits:
             image = image_for(nodes)
+            not_split = (
+                f"; not {', '.join(map(str, skipped))} node(s): tp_degree would not split "
+                f"num_attention_heads={model.num_attention_heads} evenly"
+                if skipped
+                else ""
+            )
             return Recommendation(
                 nodes=nodes,
                 mode=MULTI_NODE,
                 image=image,
                 memory=memory,
                 why=f"does not fit one {instance_type}: {need} > {one.usable / gib:.2f} GiB usable; "
-                f"{nodes} nodes hold {memory.total / gib:.2f} GiB per NeuronCore if the weights shard over "
-                f"all {memory.tp_degree} NeuronCores, and only {image.base_image} ({image.vllm}; AWS ended "
-                "vLLM V0 support from Neuron 2.28) runs a unit across nodes. Its example gives NxD Inference "
-                "tp_degree = one node's cores: whether that shards over the unit is settled only on hardware "
-                "(docs/runbooks/trainium-smoke-test.md)",
+                f"{nodes} nodes hold {memory.total / gib:.2f} GiB per NeuronCore with the weights sharded over "
+                f"all {memory.tp_degree} NeuronCores (NxD Inference tp_degree={tp}){not_split}",
             )
     return Recommendation(
         nodes=None,

@@ -41,15 +41,11 @@ class Serves:
 
 def serves(*, multi_node: bool, sampling: str) -> Serves:
     if multi_node:
-        # The multi-node units run AWS's V0 fork (branch neuron-2.24-vllm-v0.7.2), whose leader serves
-        # only the demo /generate endpoint with raw SamplingParams, not the OpenAI server
-        # (aws-neuron/upstreaming-to-vllm@490ab20f: examples/neuron/multi_node/launch_script.py:116-129,
-        # vllm/entrypoints/api_server.py:35-58). Its on-device sampling applies only top_k, top_p and
-        # temperature (vllm/worker/neuron_model_runner.py:137-146) and reports the token id in place
-        # of each logprob (vllm/model_executor/model_loader/neuronx_distributed.py:187-208). So the
-        # leader sends one plain sequence per request and refuses the rest.
+        # Multi-node units run NxD Inference under flotilla's own loop (spmd.py): one sequence per
+        # request, sampled on the leader from the logits with the request's top_k / top_p /
+        # temperature; no log-probabilities, grammar or penalties are applied there yet.
         return Serves(
-            mode="a multi-node unit (vLLM V0 fork, /generate)",
+            mode="a multi-node unit (NxD Inference loop)",
             n=False,
             logprobs=False,
             structured=False,
@@ -105,7 +101,7 @@ def check(sp: SamplingParams, s: Serves) -> None:
         # No neuron mode seeds a request. The plugin's runner builds every request with generator=None
         # (runner:986-997) where vLLM's GPU runner seeds a torch.Generator from the request's seed
         # (vllm@v0.13.0:vllm/v1/worker/gpu_model_runner.py:809-816), so its host sampler draws from the
-        # global RNG; the device sampler takes no seed at all (runner:1733-1763); the V0 fork's neither.
+        # global RNG; the device sampler takes no seed at all (runner:1733-1763); the multi-node loop's neither.
         # vLLM would accept the seed and sample unseeded.
         raise RequestRejected(
             f"'seed' is not served by the neuron engine in {s.mode}: its sampler takes no per-request seed, "

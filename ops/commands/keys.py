@@ -1,0 +1,228 @@
+"""`flotilla keys create | list | revoke | limit`: the API keys every router checks.
+
+Keys live hashed in the deployment's Secrets Manager secret (contract/apikeys.py); every router
+re-reads it every 30 s (--api-keys-ttl), so a new key, a revocation or a changed limit takes effect
+without a redeploy. A new key is printed once: only its SHA-256 is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import botocore.exceptions
+from rich.console import Console
+from rich.table import Table
+
+from contract.apikeys import (
+    MAX_REQUESTS_PER_S,
+    MAX_TOKENS_PER_MIN,
+    PRIORITIES,
+    KeyEntry,
+    KeySet,
+    KeySetError,
+    digest,
+    new_key,
+    secret_name,
+)
+from ops.aws import Aws, clients_for
+from ops.commands import Subparsers
+from ops.commands.common import add_confirm_options, confirmed
+from ops.errors import OpsError, UsageError
+
+ROUTER_TTL_S = 30  # runtime/router/settings.py api_keys_ttl_s default
+
+
+def _limit(high: float, whole: bool) -> Callable[[str], float | int | None]:
+    def parse(text: str) -> float | int | None:
+        if text == "none":
+            return None
+        try:
+            value: float | int = int(text) if whole else float(text)
+        except ValueError:
+            kind = "a whole number" if whole else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}: use 1 to {high:g}, or none") from None
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: use above 0 and at most {high:g}, or none")
+        return value
+
+    return parse
+
+
+class _Keep:
+    """Default of `keys limit` options: a limit left out keeps its value (`none` clears it)."""
+
+
+KEEP = _Keep()
+
+
+def _add_limit_options(p: argparse.ArgumentParser, *, default: object = None) -> None:
+    p.add_argument(
+        "--requests-per-s",
+        default=default,
+        type=_limit(MAX_REQUESTS_PER_S, whole=False),
+        metavar="R",
+        help="requests per second the key may make, fleet-wide (none: no limit)",
+    )
+    p.add_argument(
+        "--tokens-per-min",
+        default=default,
+        type=_limit(MAX_TOKENS_PER_MIN, whole=True),
+        metavar="T",
+        help="prompt + completion tokens per minute, counted as requested (none: no limit)",
+    )
+    p.add_argument("--priority", choices=PRIORITIES, help="batch keys are shed first when the fleet is busy")
+
+
+def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
+    p = sub.add_parser(
+        "keys",
+        help="API keys: `keys create`, `keys list`, `keys revoke`, `keys limit`",
+        description="The API keys every router checks (Secrets Manager secret flotilla/<deployment>/api-keys). "
+        f"Routers apply a change within about {ROUTER_TTL_S} s; no redeploy.",
+    )
+    psub = p.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
+    c = psub.add_parser("create", help="issue a key (printed once)", description="Issue a key; it is printed once.")
+    c.add_argument("--name", required=True, help="who holds the key (a team or an application)")
+    _add_limit_options(c)
+    c.set_defaults(handler=run_create)
+    s = psub.add_parser("list", help="the keys in force", description="Every key: id, holder, class, limits.")
+    s.set_defaults(handler=run_list)
+    r = psub.add_parser("revoke", help="revoke a key", description="Revoke a key. Dry run unless confirmed.")
+    r.add_argument("key_id", help="the key's id (the 8 hex digits after flt_, as `keys list` shows)")
+    add_confirm_options(r)
+    r.set_defaults(handler=run_revoke)
+    m = psub.add_parser(
+        "limit",
+        help="change a key's limits or class",
+        description="Change a key's limits or priority class (e.g. raise a limit during an incident). "
+        "Options left out keep their value. Dry run unless confirmed.",
+    )
+    m.add_argument("key_id", help="the key's id")
+    _add_limit_options(m, default=KEEP)
+    add_confirm_options(m)
+    m.set_defaults(handler=run_limit)
+    return [c, s, r, m]
+
+
+def read_keys(aws: Aws, name: str) -> KeySet | None:
+    """The key set in the secret, None when the secret does not exist yet."""
+    try:
+        text = aws.secretsmanager.get_secret_value(SecretId=name)["SecretString"]
+    except botocore.exceptions.ClientError as err:
+        if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            return None
+        raise
+    try:
+        return KeySet.loads(text)
+    except KeySetError as err:
+        raise OpsError(f"secret {name} holds no key set ({err}): restore a previous version of it") from None
+
+
+def write_keys(aws: Aws, name: str, keys: KeySet, *, exists: bool) -> None:
+    if exists:
+        aws.secretsmanager.put_secret_value(SecretId=name, SecretString=keys.dumps())
+    else:
+        aws.secretsmanager.create_secret(
+            Name=name, SecretString=keys.dumps(), Description="flotilla API keys, hashed (flotilla keys)"
+        )
+
+
+def describe(entry: KeyEntry) -> str:
+    rps = f"{entry.requests_per_s:g} requests/s" if entry.requests_per_s is not None else "no requests/s limit"
+    tpm = f"{entry.tokens_per_min} tokens/min" if entry.tokens_per_min is not None else "no tokens/min limit"
+    return f"{entry.priority}, {rps}, {tpm}"
+
+
+def _entry(base: KeyEntry, args: argparse.Namespace) -> KeyEntry:
+    rps, tpm = args.requests_per_s, args.tokens_per_min
+    try:
+        return KeyEntry(
+            name=base.name,
+            sha256=base.sha256,
+            priority=args.priority or base.priority,
+            requests_per_s=base.requests_per_s if isinstance(rps, _Keep) else rps,
+            tokens_per_min=base.tokens_per_min if isinstance(tpm, _Keep) else tpm,
+            created=base.created,
+        )
+    except KeySetError as err:
+        raise UsageError(f"keys: {err}") from None
+
+
+def run_create(args: argparse.Namespace, console: Console) -> int:
+    aws = clients_for(args)
+    name = secret_name(args.deployment)
+    current = read_keys(aws, name)
+    kid, key = new_key()
+    entry = KeyEntry(
+        name=args.name,
+        sha256=digest(key),
+        priority=args.priority or "interactive",
+        requests_per_s=args.requests_per_s,
+        tokens_per_min=args.tokens_per_min,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    keys = dict(current.keys) if current else {}
+    keys[kid] = entry
+    write_keys(aws, name, KeySet(keys), exists=current is not None)
+    console.print(f"key {kid} for {args.name} ({describe(entry)}) in {name}; routers accept it within {ROUTER_TTL_S} s")
+    console.print("the key (shown once, store it now; only its hash is kept):")
+    console.print(key, soft_wrap=True)
+    return 0
+
+
+def run_list(args: argparse.Namespace, console: Console) -> int:
+    aws = clients_for(args)
+    name = secret_name(args.deployment)
+    keys = read_keys(aws, name)
+    if not keys or not keys.keys:
+        console.print(f"no API keys in {name}: every request to the routers gets 401 (flotilla keys create)")
+        return 0
+    table = Table("id", "name", "priority", "requests/s", "tokens/min", "created", title=name)
+    for kid, e in sorted(keys.keys.items(), key=lambda kv: kv[1].created):
+        rps = f"{e.requests_per_s:g}" if e.requests_per_s is not None else "-"
+        tpm = str(e.tokens_per_min) if e.tokens_per_min is not None else "-"
+        table.add_row(kid, e.name, e.priority, rps, tpm, e.created)
+    console.print(table)
+    return 0
+
+
+def _existing(aws: Aws, name: str, kid: str) -> tuple[KeySet, KeyEntry]:
+    keys = read_keys(aws, name)
+    if keys is None or kid not in keys.keys:
+        raise OpsError(f"no key {kid!r} in {name}: `flotilla keys list` shows the ids")
+    return keys, keys.keys[kid]
+
+
+def run_revoke(args: argparse.Namespace, console: Console) -> int:
+    aws = clients_for(args)
+    name = secret_name(args.deployment)
+    keys, entry = _existing(aws, name, args.key_id)
+    console.print(
+        f"keys revoke on {args.deployment}: key {args.key_id} of {entry.name} ({describe(entry)}); every "
+        f"router refuses it (401) within about {ROUTER_TTL_S} s"
+    )
+    if not confirmed(args, console, f"revoke key {args.key_id}"):
+        return 0
+    write_keys(aws, name, KeySet({k: e for k, e in keys.keys.items() if k != args.key_id}), exists=True)
+    console.print(f"key {args.key_id}: revoked")
+    return 0
+
+
+def run_limit(args: argparse.Namespace, console: Console) -> int:
+    if isinstance(args.requests_per_s, _Keep) and isinstance(args.tokens_per_min, _Keep) and args.priority is None:
+        raise UsageError("keys limit: give at least one of --requests-per-s, --tokens-per-min, --priority")
+    aws = clients_for(args)
+    name = secret_name(args.deployment)
+    keys, entry = _existing(aws, name, args.key_id)
+    after = _entry(entry, args)
+    console.print(f"keys limit on {args.deployment}: key {args.key_id} of {entry.name}")
+    console.print(f"  now:   {describe(entry)}")
+    console.print(f"  after: {describe(after)}")
+    console.print(f"  every router applies it within about {ROUTER_TTL_S} s")
+    if not confirmed(args, console, f"change the limits of key {args.key_id}"):
+        return 0
+    write_keys(aws, name, KeySet({**keys.keys, args.key_id: after}), exists=True)
+    console.print(f"key {args.key_id}: {describe(after)}")
+    return 0

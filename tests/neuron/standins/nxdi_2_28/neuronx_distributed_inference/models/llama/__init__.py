@@ -1,0 +1,1 @@
+"""Stand-in: see the package docstring."""

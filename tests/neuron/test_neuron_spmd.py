@@ -1,0 +1,76 @@
+"""The multi-node loop on the NxD Inference stand-in: 2 and 4 "nodes" (processes) on one machine.
+
+Split as NxD Inference's multi-node example splits (global tp_degree = nodes x local ranks), the unit's
+greedy output equals the unsplit model's; launched as the old replicating launch did (tp_degree = one
+node's cores) every node loads a whole copy and runs out of device memory; a node that runs forward with
+other inputs fails the whole unit instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from spmd_harness import SHAPE, run_unit, unsplit_greedy
+from testnet import free_port
+
+from runtime.models.registry import hf_tensor_shapes
+
+LOCAL_RANKS = 2  # NeuronCores per stand-in node
+PROMPTS = [[5, 9, 3, 17], [40, 2], [11, 12, 13, 14, 15, 16], [7]]
+MAX_TOKENS = 5
+# Every tensor of the checkpoint in fp32: what one node would hold if it held everything.
+MODEL_BYTES = 4 * sum(math.prod(s) for s in hf_tensor_shapes(SHAPE).values())
+
+
+def _spec(tmp_path, *, nodes: int, tp_degree: int, **extra) -> dict:
+    return {
+        "port": free_port(),
+        "nodes": nodes,
+        "local_ranks_size": LOCAL_RANKS,
+        "tp_degree": tp_degree,
+        "batch_size": 2,  # fewer slots than requests: continuous batching admits the rest as slots free
+        "seq_len": 32,
+        "compiled_dir": str(tmp_path / "compiled"),
+        # A node holds 1.5 x its even share of the model: a split fits, a whole copy does not.
+        "device_bytes_per_node": int(1.5 * MODEL_BYTES / nodes),
+        "requests": [{"request_id": f"r{i}", "prompt": p, "max_tokens": MAX_TOKENS} for i, p in enumerate(PROMPTS)],
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_a_unit_split_over_every_nodes_cores_generates_what_the_unsplit_model_does(tmp_path, nodes):
+    results = run_unit(_spec(tmp_path, nodes=nodes, tp_degree=nodes * LOCAL_RANKS))
+
+    assert all(status == "ok" for status, _ in results.values()), results
+    leader = results[0][1]
+    assert [leader["outputs"][f"r{i}"] for i in range(len(PROMPTS))] == unsplit_greedy(PROMPTS, MAX_TOKENS)
+    # Every follower ran every step the leader stamped, and nobody held the whole model.
+    assert {results[r][1]["steps"] for r in range(1, nodes)} == {leader["steps"]}
+    assert all(results[r][1]["bytes"] < MODEL_BYTES for r in range(nodes))
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_replicating_launch_loads_a_whole_copy_per_node_and_does_not_fit(tmp_path, nodes):
+    # The replicating launch: tp_degree = one node's cores, world = nodes x cores. Global rank r holds
+    # partition r % tp_degree, so every node holds partitions 0..LOCAL_RANKS-1: the whole model.
+    results = run_unit(_spec(tmp_path, nodes=nodes, tp_degree=LOCAL_RANKS))
+
+    assert {status for status, _ in results.values()} == {"error"}
+    assert all("out of device memory" in str(err) for _, err in results.values()), results
+
+
+def test_the_replicating_launch_holds_the_whole_model_on_every_node_even_with_room(tmp_path):
+    results = run_unit(_spec(tmp_path, nodes=2, tp_degree=LOCAL_RANKS, device_bytes_per_node=None))
+
+    assert all(status == "ok" for status, _ in results.values()), results
+    assert all(value["bytes"] >= MODEL_BYTES for _, value in results.values())
+
+
+def test_a_node_that_runs_forward_on_other_inputs_fails_the_unit_instead_of_hanging(tmp_path):
+    results = run_unit(_spec(tmp_path, nodes=2, tp_degree=2 * LOCAL_RANKS, fault="perturb", fault_at=2))
+
+    assert results[0][0] == "error" and results[1][0] == "error", results
+    assert "out of step or with different inputs" in str(results[0][1])
+    assert "forward #2" in str(results[0][1])

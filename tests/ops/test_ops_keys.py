@@ -1,0 +1,88 @@
+"""`flotilla keys create | list | revoke | limit` against moto's Secrets Manager, read back the way every
+router reads the secret (runtime/router/access.py): a new key works, a revoked one stops within the
+keys' TTL, a changed limit applies, and the key itself is printed once and stored only hashed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from contract.apikeys import KeySet, secret_name
+from runtime.router.access import AccessControl, SecretSource
+
+NAME = secret_name("flotilla")
+KEY_RE = re.compile(r"flt_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
+
+
+def _create(run_cli, *argv: str) -> tuple[str, str]:
+    code, out = run_cli("keys", "create", *argv)
+    assert code == 0, out
+    key = KEY_RE.search(out).group(0)
+    return key.split("_")[1], key
+
+
+def test_a_created_key_works_and_a_revoked_one_is_refused_by_a_router_within_the_ttl(aws, run_cli):
+    kid, key = _create(run_cli, "--name", "shop-frontend")
+    stored = aws.secretsmanager.get_secret_value(SecretId=NAME)["SecretString"]
+    assert key not in stored  # only the hash is kept
+    access = AccessControl(read=SecretSource(NAME, client=aws.secretsmanager).read, ttl_s=0.05, name=NAME)
+
+    async def scenario():
+        await access.start()  # reads now, then every TTL in the background
+        try:
+            before = access.authenticate(f"Bearer {key}")
+            code, out = run_cli("keys", "revoke", kid, "--yes")
+            assert code == 0 and f"key {kid}: revoked" in out
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 2.0
+            while access.authenticate(f"Bearer {key}") != "invalid":
+                assert loop.time() < deadline, "the revoked key still works after 40 TTLs"
+                await asyncio.sleep(0.01)
+            return before
+        finally:
+            await access.close()
+
+    before = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert before[0] == kid and before[1].name == "shop-frontend"
+    code, out = run_cli("keys", "list")
+    assert code == 0 and "no API keys" in out
+
+
+def test_list_shows_every_key_without_the_key_and_limit_changes_one_key_only(aws, run_cli):
+    a_id, a_key = _create(run_cli, "--name", "assistant", "--requests-per-s", "20", "--tokens-per-min", "90000")
+    b_id, _ = _create(run_cli, "--name", "nightly", "--priority", "batch")
+    code, out = run_cli("keys", "list")
+    assert code == 0 and a_id in out and b_id in out and "assistant" in out and "batch" in out
+    assert a_key not in out
+    code, out = run_cli("keys", "limit", a_id, "--requests-per-s", "50", "--yes")
+    assert code == 0, out
+    keys = KeySet.loads(aws.secretsmanager.get_secret_value(SecretId=NAME)["SecretString"]).keys
+    assert keys[a_id].requests_per_s == 50 and keys[a_id].tokens_per_min == 90000  # left out: kept
+    assert keys[b_id].priority == "batch" and keys[b_id].requests_per_s is None
+    code, out = run_cli("keys", "limit", a_id, "--tokens-per-min", "none", "--yes")
+    assert code == 0
+    keys = KeySet.loads(aws.secretsmanager.get_secret_value(SecretId=NAME)["SecretString"]).keys
+    assert keys[a_id].tokens_per_min is None and keys[a_id].requests_per_s == 50
+
+
+def test_revoke_and_limit_are_dry_runs_or_refused_without_confirmation_and_unknown_ids_are_named(aws, run_cli):
+    kid, key = _create(run_cli, "--name", "x")
+    code, out = run_cli("keys", "revoke", kid, "--dry-run")
+    assert code == 0 and "dry run: nothing changed" in out
+    code, out = run_cli("keys", "revoke", kid)
+    assert code == 1 and f"refusing to revoke key {kid}" in out
+    assert KeySet.loads(aws.secretsmanager.get_secret_value(SecretId=NAME)["SecretString"]).lookup(key)
+    code, out = run_cli("keys", "revoke", "deadbeef", "--yes")
+    assert code == 1 and "no key 'deadbeef'" in out and "keys list" in out
+    code, out = run_cli("keys", "limit", kid, "--yes")
+    assert code == 2 and "--requests-per-s, --tokens-per-min, --priority" in out
+
+
+@pytest.mark.parametrize("argv", [["--requests-per-s", "0"], ["--tokens-per-min", "1.5"], ["--priority", "vip"]])
+def test_bad_limits_are_refused_by_the_parser(aws, run_cli, capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        run_cli("keys", "create", "--name", "x", *argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err

@@ -135,6 +135,14 @@ ATTR_CELL = "cell"  # the unit's cell (FLOTILLA_CELL_ID); the router emits Ready
 ATTR_MEMBERS = "members"  # leader: its followers as it last saw them, so nobody else has to poll them
 ATTR_LEADER = "leader"  # follower: its leader's host:port, so a router that asks a follower finds the leader
 
+# --- Unit service tags the stacks write and `flotilla` reads ------------------------------------------
+# On a unit's ECS service: the desired count it had before it was drained (drain-unit writes it; the
+# template writes it, with the node count, for a unit in the config's drained_units).
+TAG_DRAINED_DESIRED_COUNT = "flotilla:drained-desired-count"
+# On a unit the config drains (drained_units): restore-unit refuses it, since the next deploy would
+# drain it again; remove it from drained_units and deploy instead.
+TAG_DRAINED_IN_CONFIG = "flotilla:drained-in-config"
+
 # --- Metrics: CloudWatch embedded metric format (EMF) lines on stdout ------------------------------
 # The awslogs driver ships stdout to CloudWatch Logs, which turns EMF JSON lines into metrics; the
 # Observability stack's dashboard and alarms read exactly these names. See docs/observability.md.
@@ -151,6 +159,10 @@ METRIC_ROUTED_TO_PREFERRED = "RoutedToPreferredUnit"
 # Percent; each router, every 60 s: the busiest routable unit's requests as a percentage of the mean
 # (100 = even). A hot unit shows here first. docs/runbooks/hot-unit.md.
 METRIC_BUSIEST_UNIT_LOAD = "BusiestUnitLoad"
+# Each router, once per routed request (its access log line, on stderr): what a router revision can
+# break, for the router's blue/green deployment alarms. Sheds (429/503 by design) are not routed.
+METRIC_ROUTER_ADDED_LATENCY = "RouterAddedLatency"  # Milliseconds; the router's own share of the wait
+METRIC_ROUTER_FAULTS = "RouterFaults"  # Count; 1 when the router itself failed the request, else 0
 
 # Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
 # attributes): the router reads the address here and asks the member's /health/ready for

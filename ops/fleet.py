@@ -24,7 +24,8 @@ from ops.errors import OpsError
 
 # The service tag drain-unit leaves: the unit is drained on purpose (value: its desired count before),
 # so status does not count it as failing and restore-unit knows to bring it back.
-DRAINED_TAG = "flotilla:drained-desired-count"
+DRAINED_TAG = contract.TAG_DRAINED_DESIRED_COUNT
+DRAINED_IN_CONFIG_TAG = contract.TAG_DRAINED_IN_CONFIG
 # The units' Cloud Map services: one per cell, units-cell<n> (stacks/discovery.py); the pattern also
 # matches the single `units` service of deployments made before the per-cell layout.
 UNITS_CLOUDMAP_SERVICE = "units*"

@@ -38,6 +38,19 @@ def emf_line(
     cell is given. CloudWatch rejects an empty dimension value, so without a cell (local runs) the
     line carries the Service set only. `properties` (e.g. request_id) ride along as log fields.
     """
+    doc = emf_document(metrics, cell=cell, fleet_series=fleet_series, timestamp_s=timestamp_s, properties=properties)
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def emf_document(
+    metrics: Mapping[str, tuple[float, str]],
+    *,
+    cell: str = "",
+    fleet_series: bool = True,
+    timestamp_s: float | None = None,
+    properties: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """emf_line's JSON object, for a writer that serializes its own lines (the router's access log)."""
     dimension_sets: list[list[str]] = []
     if fleet_series:
         dimension_sets.append([SERVICE])
@@ -70,7 +83,7 @@ def emf_line(
             {"Namespace": contract.METRICS_NAMESPACE, "Dimensions": dimension_sets, "Metrics": declared}
         ],
     }
-    return json.dumps(doc, separators=(",", ":"))
+    return doc
 
 
 def request_line(
@@ -107,6 +120,18 @@ def routing_line(
     if busiest_unit_load_pct is not None:
         metrics[contract.METRIC_BUSIEST_UNIT_LOAD] = (round(busiest_unit_load_pct, 2), PERCENT)
     return emf_line(metrics, timestamp_s=timestamp_s) if metrics else None
+
+
+def router_request_document(
+    record: Mapping[str, Any], *, added_latency_ms: float | None, fault: bool, timestamp_s: float | None = None
+) -> dict[str, Any]:
+    """A router's access-log record made an EMF document: RouterFaults (1 when the router itself failed
+    the request) and, once the response reached the client, RouterAddedLatency. The record's fields
+    stay log fields, so the one line per request is both the access log and the metric."""
+    metrics: dict[str, tuple[float, str]] = {contract.METRIC_ROUTER_FAULTS: (1 if fault else 0, COUNT)}
+    if added_latency_ms is not None:
+        metrics[contract.METRIC_ROUTER_ADDED_LATENCY] = (round(added_latency_ms, 3), MILLISECONDS)
+    return emf_document(metrics, timestamp_s=timestamp_s, properties=record)
 
 
 def write_lines(lines: Iterable[str], stream: TextIO | None = None) -> None:

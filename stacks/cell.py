@@ -149,6 +149,9 @@ class CellStack(Stack):
                     capacity_reservation_id=config.capacity.reservation_id,
                     capacity_reservation_group_arn=config.capacity.reservation_group_arn,
                     market_type=config.capacity.market,
+                    drained=placement.unit_id in config.drained_units,
+                    own_placement_group=config.own_placement_groups,
+                    placement_group_name=config.unit_placement_group,
                 )
             )
         # Units roll in waves (config.wave_plan): every service of in-cell wave k DependsOn every

@@ -32,9 +32,19 @@ from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.trainium import INSTANCES, TrainiumInstance
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
-MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20  # ECS, not adjustable: one capacity provider per unit
+# ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
+# (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html); the older ECS
+# user guide page (AmazonECS/latest/userguide/service-quotas.html) and
+# aws-cloudformation/cloudformation-coverage-roadmap#1086 say 10. We follow the developer guide, the
+# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (README "Configuration").
+MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20  # one capacity provider per unit
 MAX_CONTAINER_INSTANCES_PER_CLUSTER = 5000  # ECS
 MAX_RESOURCES_PER_STACK = 500  # CloudFormation
+MAX_OUTPUTS_PER_STACK = 200  # CloudFormation quotas: "Outputs: 200 per template", not adjustable
+# "Placement groups: 500 per Region", not adjustable (EC2 user guide, placement-groups.html, rules
+# and limitations): each unit gets its own cluster placement group unless capacity.placement_group
+# names a shared one.
+MAX_PLACEMENT_GROUPS_PER_REGION = 500
 # Private subnets are /18 (see stacks/network.py): 16,384 addresses minus the 5 AWS reserves.
 PRIVATE_SUBNET_MASK = 18
 USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
@@ -48,6 +58,12 @@ UNIT_RESOURCES = 9
 # The Discovery stack: the namespace, the ALB security group and its ALB -> router ingress rule, plus
 # one Cloud Map service per cell (stacks/discovery.py).
 DISCOVERY_FIXED_RESOURCES = 3
+# Discovery's outputs: three it declares plus the exports other stacks import (the ALB security
+# group, one Cloud Map service per cell). Observability's resources: the topic, its key and policy,
+# the dashboard and six fleet-wide alarms, plus one ready-units alarm per cell.
+# tests/stacks/test_hard_limits.py checks both against synthesized templates.
+DISCOVERY_FIXED_OUTPUTS = 4
+OBSERVABILITY_FIXED_RESOURCES = 10
 
 # Cloud Map quotas (https://docs.aws.amazon.com/cloud-map/latest/dg/cloud-map-limits.html) and the
 # router's use of them (docs/discovery.md). Every unit member is one instance in its cell's service.
@@ -109,6 +125,8 @@ _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,23}$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_PLACEMENT_GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
+_UNIT_ID_RE = re.compile(r"^cell\d+-unit\d+$")
 _RESOURCE_GROUP_ARN_RE = re.compile(
     r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
 )
@@ -306,6 +324,15 @@ class CapacityConfig(_Section):
         ),
     ] = None
     market: Annotated[str, one_of(MARKETS)] = "on-demand"
+    # The cluster placement group every unit launches into, instead of one new group per unit: with a
+    # reservation, the name of the group the reservation was created in (EC2 launches into a
+    # reservation in a cluster placement group only from that group), or "none" for no placement
+    # group (a Capacity Block's instances are already placed together; EC2 refuses a placement group
+    # with one). Unset: a new cluster placement group per unit (no reservation only).
+    placement_group: Annotated[
+        str | None,
+        matches(_PLACEMENT_GROUP_RE, "a placement group name (1-255 letters, digits, - _ .) or none", optional=True),
+    ] = None
 
 
 # --- Front door: who may reach the ALB and how the routers check callers --------------------------
@@ -439,6 +466,10 @@ class FlotillaConfig(_Section):
     node: NodeConfig = Field(default_factory=NodeConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    # Units kept out of service in the template's own terms (desired count 0): CloudFormation writes
+    # a service's DesiredCount back on every update, so a drain made only with `flotilla drain-unit`
+    # is undone by the next deploy that touches the unit.
+    drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
 
     @model_validator(mode="after")
@@ -461,6 +492,12 @@ class FlotillaConfig(_Section):
             )
         check_capacity(self)
         check_quotas(self)
+        known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}
+        unknown = [u for u in self.drained_units if u not in known]
+        if unknown:
+            raise ConfigError(
+                "drained_units", list(self.drained_units), f"unit ids of this layout ({', '.join(unknown)} is not one)"
+            )
         return self
 
     # --- derived layout ---------------------------------------------------------------------
@@ -495,6 +532,19 @@ class FlotillaConfig(_Section):
     @property
     def effective_units_per_wave(self) -> int:
         return self.units_per_wave if self.units_per_wave is not None else default_units_per_wave(self.units)
+
+    @property
+    def unit_placement_group(self) -> str | None:
+        """The existing placement group every unit launches into; None: each unit creates its own
+        (own_placement_groups) or uses none."""
+        group = self.capacity.placement_group
+        return None if group in (None, "none") else group
+
+    @property
+    def own_placement_groups(self) -> bool:
+        """Each unit creates its own cluster placement group: no capacity.placement_group set and no
+        Capacity Block (whose instances launch without one, check_capacity)."""
+        return self.capacity.placement_group is None and self.capacity.market != "capacity-block"
 
     @property
     def max_nodes_per_unit(self) -> int:
@@ -573,6 +623,28 @@ def check_capacity(cfg: FlotillaConfig) -> None:
                 f"one of {', '.join(CAPACITY_BLOCK_INSTANCE_TYPES)} with capacity.market capacity-block "
                 "(the Trainium types EC2 offers as Capacity Blocks)",
             )
+    # A reservation is usable from a cluster placement group only if it was created in that group
+    # (EC2 user guide, "Capacity Reservations in cluster placement groups"); a new group per unit
+    # would never match it, and eksctl#7949 got 11 of 16 reserved instances that way. AWS
+    # ParallelCluster refuses a placement group with a Capacity Block ("a placement group constraint
+    # should not be set as insufficient capacity errors may occur", cli/src/pcluster/validators/
+    # ec2_validators.py): we follow ParallelCluster there, since EC2's guide documents only ODCRs.
+    reserved = cap.reservation_id or cap.reservation_group_arn
+    if cap.market == "capacity-block" and cap.placement_group not in (None, "none"):
+        raise ConfigError(
+            "capacity.placement_group",
+            cap.placement_group,
+            "none or unset with capacity.market capacity-block (a Capacity Block's instances are placed "
+            "together already; a placement group makes launches fail with insufficient capacity)",
+        )
+    if reserved and cap.market != "capacity-block" and cap.placement_group is None:
+        raise ConfigError(
+            "capacity.placement_group",
+            None,
+            "the name of the cluster placement group the reservation was created in, or none, when "
+            "capacity.reservation_id or reservation_group_arn is set (EC2 launches into a reservation only "
+            "from its own placement group)",
+        )
     if cap.reservation_id and len(unit_azs) != 1:
         raise ConfigError(
             "capacity.availability_zones",
@@ -666,6 +738,31 @@ def check_quotas(cfg: FlotillaConfig) -> None:
             f" (a cell's Cloud Map service would hold {per_service:,} instances; Cloud Map allows "
             f"{CLOUDMAP_INSTANCES_PER_SERVICE:,} per service, not adjustable)",
         )
+    if cfg.own_placement_groups and cfg.units > MAX_PLACEMENT_GROUPS_PER_REGION:
+        raise ConfigError(
+            "units",
+            cfg.units,
+            f"at most {MAX_PLACEMENT_GROUPS_PER_REGION} with a cluster placement group per unit (EC2 allows "
+            f"{MAX_PLACEMENT_GROUPS_PER_REGION} per Region); or set capacity.placement_group to share one",
+        )
+    outputs = cfg.cells + DISCOVERY_FIXED_OUTPUTS
+    if outputs > MAX_OUTPUTS_PER_STACK:
+        raise ConfigError(
+            "units",
+            cfg.units,
+            f"at most {(MAX_OUTPUTS_PER_STACK - DISCOVERY_FIXED_OUTPUTS) * cfg.units_per_cell} with units_per_cell "
+            f"{cfg.units_per_cell} (the Discovery stack would have {outputs} outputs, one export per cell; "
+            f"CloudFormation allows {MAX_OUTPUTS_PER_STACK})",
+        )
+    observability = cfg.cells + OBSERVABILITY_FIXED_RESOURCES
+    if observability > MAX_RESOURCES_PER_STACK:
+        raise ConfigError(
+            "units",
+            cfg.units,
+            f"at most {(MAX_RESOURCES_PER_STACK - OBSERVABILITY_FIXED_RESOURCES) * cfg.units_per_cell} with "
+            f"units_per_cell {cfg.units_per_cell} (the Observability stack would hold {observability} resources, "
+            f"one alarm per cell; CloudFormation allows {MAX_RESOURCES_PER_STACK})",
+        )
     discovery = estimate_discovery_resources(cfg.cells)
     if discovery > MAX_RESOURCES_PER_STACK:
         raise ConfigError(
@@ -725,6 +822,14 @@ ENI_QUOTA = ("Network interfaces per Region", "L-DF5E4CA3", 5000)
 # (https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html).
 TRN_VCPU_QUOTA = ("Running On-Demand Trn instances", "L-2C3B7624")
 INTERFACE_ENDPOINT_SERVICES = 3  # ECR API, ECR Docker, CloudWatch Logs (stacks/network.py)
+# Adjustable quotas with AWS's defaults: "Auto Scaling groups per region" 500 (EC2 Auto Scaling
+# user guide, ec2-auto-scaling-quotas.html); "EC2-VPC Elastic IPs" 5 per Region (EC2 user guide,
+# elastic-ip-addresses-eip.html, "Elastic IP address quota"); "VPCs per Region" 5 (Amazon VPC
+# quotas). Each unit has one group; each AZ one NAT gateway with one Elastic IP; the deployment one
+# VPC. Other workloads of the account share them: synth says what this deployment needs of each.
+ASG_QUOTA = ("Auto Scaling groups per region", "L-CDE20ADC", 500)
+EIP_QUOTA = ("EC2-VPC Elastic IPs", "L-0263D0A3", 5)
+VPC_QUOTA = ("VPCs per Region", "L-F678F1CE", 5)
 
 
 def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
@@ -753,7 +858,24 @@ def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
         peak=peak_nodes * cfg.shape.vcpus,
         counted=f"{nodes:,} x {cfg.instance_type} at {cfg.shape.vcpus} vCPUs",
     )
-    return [enis, vcpus]
+
+    def steady(key: str, quota: tuple[str, str, int], needed: int, counted: str) -> QuotaNotice:
+        """A quota that rollouts do not raise: the same need steady and at peak."""
+        name, code, default = quota
+        return QuotaNotice(key=key, quota=name, code=code, default=default, needed=needed, peak=needed, counted=counted)
+
+    return [
+        enis,
+        vcpus,
+        steady("auto-scaling-groups", ASG_QUOTA, cfg.units, f"one per unit, {cfg.units:,} units"),
+        steady(
+            "elastic-ips",
+            EIP_QUOTA,
+            cfg.az_count,
+            f"one per NAT gateway, {cfg.az_count} AZs; other VPCs of the account use the same quota",
+        ),
+        steady("vpcs", VPC_QUOTA, 1, "this deployment's VPC"),
+    ]
 
 
 # --- parsing -----------------------------------------------------------------------------------

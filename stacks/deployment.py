@@ -81,6 +81,27 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             annotations.add_warning_v2(f"flotilla:quota:{notice.key}", notice.message())
         else:
             annotations.add_info(notice.message())
+    if not config.availability_zones:
+        # Fn::GetAZs gives the region's first AZs whatever they offer, and a unit's group has one
+        # subnet, so it cannot fall back to another AZ; changing the list later replaces the subnets
+        # other stacks import, which CloudFormation refuses.
+        cdk.Annotations.of(network).add_warning_v2(
+            "flotilla:default-azs",
+            f"availability_zones is empty: the VPC takes the region's first three AZs whether "
+            f"{config.instance_type} is offered there or not, and changing them later needs a new deployment. "
+            f"Name the AZs of your capacity: aws ec2 describe-instance-type-offerings --location-type "
+            f"availability-zone --filters Name=instance-type,Values={config.instance_type}",
+        )
+    reserved = config.capacity.reservation_id or config.capacity.reservation_group_arn
+    if reserved and config.unit_rollout == "surge":
+        peak = config.units * config.max_nodes_per_unit
+        cdk.Annotations.of(network).add_warning_v2(
+            "flotilla:reservation-surge",
+            f"unit_rollout surge with a reservation: a rollout needs up to {peak:,} {config.instance_type} "
+            f"instances ({config.units * config.nodes_per_unit:,} serving plus as many for the new revision); "
+            "a reservation or Capacity Block sized for the fleet holds half, and the new revision waits for "
+            "capacity. Use unit_rollout: replace, or reserve the surge",
+        )
     for n, warning in enumerate(cloudmap_quota_warnings(config)):
         cdk.Annotations.of(discovery).add_warning_v2(f"flotilla:cloudmap-quota-{n}", warning)
     deployment = Deployment(config=config, network=network, discovery=discovery)

@@ -170,7 +170,15 @@ class RouterStack(cdk.Stack):
             "Service",
             cluster=self.cluster,
             task_definition=self.task_definition,
-            desired_count=min_tasks,
+            # No DesiredCount: CloudFormation writes a stated count back on every update of the
+            # service (every new cell changes the router's environment), resetting an autoscaled
+            # fleet to its minimum (aws/containers-roadmap#493). Omitted, a create starts 1 task and
+            # an update keeps the current count (aws/aws-cdk#13130, quoting CloudFormation; CDK's
+            # removeDefaultDesiredCount flag covers only ecs-patterns). Registering the scalable
+            # target below "changes the resource's current capacity to a value that is inside of
+            # this range" (Application Auto Scaling API, RegisterScalableTarget), so the service
+            # reaches min_tasks right after create and never drops below it.
+            desired_count=None,
             # Owned by Network (egress) and Discovery (ALB ingress); immutable here so the
             # target-group attachment adds no rules of its own.
             security_groups=[

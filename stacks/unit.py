@@ -93,6 +93,27 @@ mkdir -p "$scratch/model" "$scratch/neuron-compiled"
 """
 
 
+# First lines of the user data: a failed boot step (a failed `dnf install mdadm`, a RAID that does not
+# assemble) must not leave a node that joins its unit with the model on the 128 GiB root volume and
+# fails hours later. Every error stops the script, says which command failed on stderr (cloud-init
+# copies it to /var/log/cloud-init-output.log and the console output,
+# https://cloudinit.readthedocs.io/en/latest/reference/base_config_reference.html#output) and powers
+# the instance off before the ECS agent starts (ecs.service runs after cloud-final.service on the ECS
+# AMI, https://docs.aws.amazon.com/AmazonECS/latest/developerguide/bootstrap_container_instance.html).
+# Auto Scaling counts an instance in any state but running as unhealthy and replaces it ("Amazon EC2
+# Auto Scaling considers ... unhealthy" a stopped instance, ec2-auto-scaling-health-checks.html), so
+# the failure shows as a replaced node in the group's activities, which `flotilla status` reads.
+BOOT_PROLOGUE = """\
+set -euo pipefail
+boot_failed() {
+  echo "flotilla: boot failed (exit $1) at line $2: $3; powering off" >&2
+  poweroff
+  exit "$1"
+}
+trap 'boot_failed $? $LINENO "$BASH_COMMAND"' ERR
+"""
+
+
 @dataclass(frozen=True)
 class UnitSurge:
     """How a unit rolls to a new revision (config.unit_rollout).
@@ -166,6 +187,9 @@ class TrainiumUnit(Construct):
         capacity_reservation_id: str | None = None,
         capacity_reservation_group_arn: str | None = None,
         market_type: str = "on-demand",
+        own_placement_group: bool = True,
+        placement_group_name: str | None = None,
+        drained: bool = False,
     ) -> None:
         super().__init__(scope, id_)
         self.unit_id = unit_id
@@ -173,7 +197,16 @@ class TrainiumUnit(Construct):
         # instances and tasks: cost allocation and `describe-*` filters per unit.
         Tags.of(self).add("flotilla:unit", unit_id)
 
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        # Its own cluster placement group; or, with a reservation, the group the reservation was
+        # created in (placement_group_name), or none (stacks/config.py check_capacity says why).
+        self.placement_group = (
+            ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster") if own_placement_group else None
+        )
+        if own_placement_group and placement_group_name:
+            raise ValueError(
+                f"{unit_id}: own_placement_group and placement_group_name={placement_group_name!r} exclude each other"
+            )
+        group_name = self.placement_group.ref if self.placement_group is not None else placement_group_name
 
         # EFA needs all traffic allowed between the unit's own interfaces (and nothing else in).
         self.security_group = ec2.SecurityGroup(
@@ -195,6 +228,7 @@ class TrainiumUnit(Construct):
         )
 
         user_data = ec2.UserData.for_linux()
+        user_data.add_commands(BOOT_PROLOGUE)
         if instance_store:
             user_data.add_commands(SCRATCH_SETUP)
         # Host-network tasks only get their task role credentials when the agent allows it.
@@ -222,7 +256,8 @@ class TrainiumUnit(Construct):
             detailed_monitoring=True,
         )
         cfn_lt: ec2.CfnLaunchTemplate = self.launch_template.node.default_child
-        cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": self.placement_group.ref})
+        if group_name:
+            cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": group_name})
         cfn_lt.add_property_override(
             "LaunchTemplateData.NetworkInterfaces",
             efa_network_interfaces(
@@ -255,9 +290,14 @@ class TrainiumUnit(Construct):
             launch_template=self.launch_template,
             # Exactly one subnet: the placement group and EFA traffic live in one AZ.
             vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
-            # No desired capacity: it would reset on every deploy; the capacity provider's managed
-            # scaling owns it between min and max. The max is the one the quota checks count.
-            min_capacity=nodes,
+            # Created at 0 and brought up by the unit's own tasks: the capacity provider's managed
+            # scaling launches what PROVISIONING tasks need ("Amazon ECS manages the scale-in and
+            # scale-out actions of the Auto Scaling group", ECS API reference, ManagedScaling). A unit
+            # short of capacity is then one service waiting, not a group the stack waits on, and a
+            # cell deployed with --no-rollback keeps its other units serving (docs/runbooks/
+            # partial-cell.md). No desired capacity: it would reset on every deploy. The max is the
+            # one the quota checks count.
+            min_capacity=0,
             max_capacity=max_nodes,
         )
 
@@ -292,6 +332,15 @@ class TrainiumUnit(Construct):
         # teardown leaves the unit's revisions registered too. Revisions cost nothing; clean-up in
         # docs/runbooks/rollback-units.md and teardown.md.
         self.task_definition.apply_removal_policy(RemovalPolicy.RETAIN)
+        # Each revision runs only on the instance type it was built for: its devices (16 or 32
+        # uverbs for 8 or 16 EFA interfaces) exist only there. Without it, an instance_type change
+        # with `replace` starts the new tasks on the old instances, which fail, and the deployment
+        # rolls back. ecs.instance-type is a built-in container instance attribute, and memberOf is
+        # the task-definition placement constraint type (ECS developer guide,
+        # task-placement-constraints.html: "attribute:ecs.instance-type == t2.small").
+        self.task_definition.add_placement_constraint(
+            ecs.PlacementConstraint.member_of(f"attribute:ecs.instance-type == {instance_type}")
+        )
         linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
         rw = [ecs.DevicePermission.READ, ecs.DevicePermission.WRITE]
@@ -353,7 +402,9 @@ class TrainiumUnit(Construct):
             "Service",
             cluster=cluster,
             task_definition=self.task_definition,
-            desired_count=nodes,
+            # A unit in the config's drained_units stays at 0 across deploys (a drain made with
+            # `flotilla drain-unit` alone is written back by the next update of the service).
+            desired_count=0 if drained else nodes,
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],
@@ -366,5 +417,9 @@ class TrainiumUnit(Construct):
             enable_ecs_managed_tags=True,
             propagate_tags=ecs.PropagatedTagSource.SERVICE,
         )
+        if drained:
+            # What `flotilla status` reads: drained on purpose (and in the config), not failing.
+            Tags.of(self.service).add(contract.TAG_DRAINED_DESIRED_COUNT, str(nodes))
+            Tags.of(self.service).add(contract.TAG_DRAINED_IN_CONFIG, "true")
         # The router finds the members through Cloud Map: ECS registers each task (docs/discovery.md).
         register_unit_members(self.service, units_service=units_service)

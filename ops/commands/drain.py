@@ -16,7 +16,7 @@ from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.errors import Refused
-from ops.fleet import DRAINED_TAG, live_tasks
+from ops.fleet import DRAINED_IN_CONFIG_TAG, DRAINED_TAG, live_tasks
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -94,8 +94,9 @@ def run_drain(args: argparse.Namespace, console: Console) -> int:
     )
     console.print(f"  3. the router routes around it: {len(others)} other ready unit(s) keep serving")
     console.print(
-        "  note: a later `cdk deploy` that updates this unit's service may set its desired count back "
-        f"to {unit.nodes_per_unit}; check `flotilla status` after deploys"
+        "  note: a later `cdk deploy` that updates this unit's service sets its desired count back "
+        f"to {unit.nodes_per_unit}: to keep it drained, add {unit.unit_id} to drained_units in the config "
+        "and deploy"
     )
     if not others and not args.force:
         raise Refused(
@@ -119,6 +120,11 @@ def run_restore(args: argparse.Namespace, console: Console) -> int:
     unit = fleet.unit(args.unit)
     # The task definition's FLOTILLA_NODES_PER_UNIT, not the tag: a unit of any other size cannot form.
     want = unit.nodes_per_unit
+    if DRAINED_IN_CONFIG_TAG in unit.tags:
+        raise Refused(
+            f"{unit.unit_id} is drained in the config (drained_units): remove it there and deploy; "
+            "restoring it here would last only until the next deploy"
+        )
     if unit.desired == want and DRAINED_TAG not in unit.tags:
         console.print(f"{unit.unit_id} is not drained (desired count {unit.desired})")
         return 0

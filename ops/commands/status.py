@@ -23,7 +23,7 @@ from ops.commands.common import fleet_from_args, select
 from ops.commands.shed import admission_note
 from ops.diagnose import Diagnosis, diagnose
 from ops.errors import EXIT_CRITICAL, EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN
-from ops.fleet import DRAINED_TAG, Node, Unit
+from ops.fleet import DRAINED_IN_CONFIG_TAG, DRAINED_TAG, Node, Unit
 from ops.health_logs import MAX_AGE_S, read_unit_states
 
 # The Observability stack's FleetReadyUnits alarm: CloudFormation names an alarm
@@ -299,7 +299,10 @@ def verdict(units: list[Unit], *, fleet_units: list[Unit], threshold: int) -> tu
     c, f = count(units), count(fleet_units)
     parts = [f"{c['READY']}/{len(units)} units ready"]
     if c["DRAINED"]:
-        parts.append(f"{c['DRAINED']} drained")
+        in_config = sum(1 for u in units if unit_state(u) == "DRAINED" and DRAINED_IN_CONFIG_TAG in u.tags)
+        parts.append(
+            f"{c['DRAINED']} drained" + (f" ({in_config} by drained_units, kept across deploys)" if in_config else "")
+        )
     if c["UNKNOWN"]:
         parts.append(f"{c['UNKNOWN']} UNKNOWN")
     if c["NOT READY"]:
@@ -340,7 +343,8 @@ def drain_warnings(units: list[Unit]) -> list[str]:
         if DRAINED_TAG in u.tags and u.desired > 0:
             out.append(
                 f"{u.unit_id} was drained (tag {DRAINED_TAG}) but its desired count is {u.desired} again: a "
-                f"deploy (or someone) undid the drain. Drain it again (flotilla drain-unit {u.unit_id}) or, "
-                f"if it should serve, clear the tag (flotilla restore-unit {u.unit_id})"
+                f"deploy (or someone) undid the drain. Drain it again (flotilla drain-unit {u.unit_id}) and add it "
+                f"to drained_units in the config so deploys keep it drained, or, if it should serve, clear the "
+                f"tag (flotilla restore-unit {u.unit_id})"
             )
     return out

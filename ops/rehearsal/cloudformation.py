@@ -9,6 +9,14 @@ triggered'", aws/copilot-cli#5586); the stack then rolls back, every service upd
 back to its previous task definition (UPDATE_ROLLBACK, aws/containers-roadmap#1573). Between
 stacks, `cdk deploy --concurrency N` runs up to N stacks "dependency permitting", and after a
 failure starts no further stack (aws-cdk@2.1148.1 lib/index.js WorkGraph.failed: skipRest()).
+
+With `cdk deploy --no-rollback` (CloudFormation's "Preserve successfully provisioned resources"),
+"CloudFormation stops at the first failure in each independent provisioning path ... A failure in
+one path doesn't affect other provisioning paths", keeps what it provisioned and leaves the failed
+resources failed "until the next update operation", which retries them (UserGuide,
+stack-failure-options.html). Without it, a failed creation rolls back by deleting what it
+created, and CloudFormation cannot delete an Auto Scaling group whose instances are protected from
+scale-in (ECS managed termination protection, aws/aws-cdk#18179): the stack ends ROLLBACK_FAILED.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ class StackOutcome(StrEnum):
     COMPLETE = "COMPLETE"  # every service updated (created) and steady
     ROLLED_BACK = "ROLLED_BACK"  # a service failed; the stack went back to its previous revision
     NOT_STARTED = "NOT_STARTED"  # skipped after another stack failed, or a stack it needs failed
+    # --no-rollback: CREATE_FAILED / UPDATE_FAILED with every other path provisioned and kept
+    FAILED_PRESERVED = "FAILED_PRESERVED"
+    # a creation rolled back, but a unit's Auto Scaling group held protected instances: delete only
+    ROLLBACK_FAILED = "ROLLBACK_FAILED"
 
 
 async def update_stack(
@@ -38,10 +50,16 @@ async def update_stack(
     revision: Revision,
     log: Callable[[Event], None],
     now: Callable[[], float],
+    *,
+    preserve: bool = False,
+    give_up_s: float = SERVICE_GIVE_UP_S,
 ) -> StackOutcome:
-    """One stack update (or creation) of every unit service to `revision`, in DependsOn order."""
+    """One stack update (or creation) of every unit service to `revision`, in DependsOn order.
+
+    preserve: `cdk deploy --no-rollback`; a failure stops only the resources that depend on it."""
     finished = {s.logical_id: asyncio.Event() for s in stack.services}
     failed = asyncio.Event()
+    failed_paths: set[str] = set()  # logical ids that failed or were not started because of one
     touched: list[tuple[Service, Revision | None]] = []  # each started service and its previous revision
 
     async def one(logical: str) -> None:
@@ -49,14 +67,18 @@ async def update_stack(
         try:
             for dep in spec.depends_on:
                 await finished[dep].wait()
-            if failed.is_set():
+            if preserve and failed_paths & set(spec.depends_on):
+                failed_paths.add(logical)  # its path stopped at an earlier failure: not started
+                return
+            if failed.is_set() and not preserve:
                 return
             service = services[spec.unit_id]
             previous = service.primary.revision if service.primary else None
             touched.append((service, previous))
             deployment = service.deploy(revision)
-            settle = asyncio.ensure_future(service.settled(deployment, SERVICE_GIVE_UP_S))
-            cancel = asyncio.ensure_future(failed.wait())
+            settle = asyncio.ensure_future(service.settled(deployment, give_up_s))
+            # Preserving, another path's failure does not stop this one.
+            cancel = asyncio.ensure_future(asyncio.Event().wait() if preserve else failed.wait())
             await asyncio.wait({settle, cancel}, return_when=asyncio.FIRST_COMPLETED)
             cancel.cancel()
             if not settle.done():
@@ -64,6 +86,7 @@ async def update_stack(
                 return
             if settle.result() is not DeploymentStatus.COMPLETED:
                 log(Event(now(), stack.name, f"{spec.unit_id}: UPDATE_FAILED (deployment {settle.result()})"))
+                failed_paths.add(logical)
                 failed.set()
         finally:
             finished[logical].set()
@@ -73,15 +96,24 @@ async def update_stack(
     if not failed.is_set():
         log(Event(now(), stack.name, "UPDATE_COMPLETE"))
         return StackOutcome.COMPLETE
+    if preserve:
+        log(Event(now(), stack.name, f"UPDATE_FAILED, kept as provisioned; failed paths: {sorted(failed_paths)}"))
+        return StackOutcome.FAILED_PRESERVED
     log(Event(now(), stack.name, "UPDATE_ROLLBACK_IN_PROGRESS"))
     rollbacks: list[asyncio.Future[Any]] = []
+    protected: list[str] = []  # units whose group held instances ECS protects from scale-in
     for service, previous in touched:
         if previous is None:
+            if service.tasks:
+                protected.append(service.name)
             rollbacks.append(asyncio.ensure_future(service.delete()))  # a creation rolls back by deletion
             continue
         deployment = service.deploy(previous)  # already the primary if ECS rolled it back itself
-        rollbacks.append(asyncio.ensure_future(service.settled(deployment, SERVICE_GIVE_UP_S)))
+        rollbacks.append(asyncio.ensure_future(service.settled(deployment, give_up_s)))
     await asyncio.gather(*rollbacks)
+    if protected:
+        log(Event(now(), stack.name, f"ROLLBACK_FAILED: cannot delete the Auto Scaling groups of {protected}"))
+        return StackOutcome.ROLLBACK_FAILED
     log(Event(now(), stack.name, "UPDATE_ROLLBACK_COMPLETE"))
     return StackOutcome.ROLLED_BACK
 

@@ -100,9 +100,12 @@ class TaskHandle(Protocol):
 
 
 class Launcher(Protocol):
+    """Starts a unit's tasks. launch() returns None when no instance can take the task (a capacity
+    shortfall): ECS then leaves it unplaced and tries again on its next pass."""
+
     """Starts tasks, answers their health checks and keeps the Cloud Map registrations."""
 
-    def launch(self, service: UnitService, deployment: Deployment, slot: int) -> TaskHandle: ...
+    def launch(self, service: UnitService, deployment: Deployment, slot: int) -> TaskHandle | None: ...
 
     def register(self, handle: TaskHandle) -> None: ...
 
@@ -356,6 +359,12 @@ class Service:
 
     def _launch(self, dep: Deployment, slot: int) -> None:
         handle = self.launcher.launch(self.spec, dep, slot)
+        if handle is None:
+            # "service <name> was unable to place a task because no container instance met all of its
+            # requirements" (developerguide/service-event-messages.html): the task is not started and
+            # not counted as a failure; the scheduler tries again on its next pass.
+            self.event(f"unable to place rank {slot}: no container instance met all of its requirements")
+            return
         now = self.clock.now()
         task = Task(
             deployment=dep,

@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
-from runtime import logs
+from runtime import emf, logs
 from runtime.router import balance, unit_report
 from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
@@ -118,13 +118,15 @@ class _Trace:
     router's own id of the request: the client's X-Request-Id is a correlation id that two clients
     may share, so nothing the router keeps is filed under it."""
 
-    __slots__ = ("id", "attempts", "first_byte", "shed")
+    __slots__ = ("id", "attempts", "first_byte", "shed", "added_s", "fault")
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
         self.attempts = 0
         self.first_byte = 0.0
         self.shed = False
+        self.added_s: float | None = None  # the router's own share of the wait, once headers went out
+        self.fault = False  # the router itself failed the request (an exception escaped routing)
 
 
 class _Retry(Exception):
@@ -343,6 +345,11 @@ class Router:
         try:
             resp = await self._route(request, body, request_id, t0, trace)
             return resp
+        except asyncio.CancelledError:
+            raise  # the client went away: not the router's fault
+        except Exception:
+            trace.fault = True  # aiohttp answers 500: a router revision's bug, which its rollback is for
+            raise
         finally:
             self.inflight -= 1
             if self.inflight == 0:
@@ -368,7 +375,7 @@ class Router:
             key_id=request.get(KEY_ID),
             method=request.method,
             path=request.path,
-            status=resp.status if resp is not None else 499,
+            status=resp.status if resp is not None else (500 if trace.fault else 499),
             unit=resp.headers.get(contract.UNIT_HEADER, "") if resp is not None else "",
             revision=resp.headers.get(contract.REVISION_HEADER, "") if resp is not None else "",
             id=trace.id,
@@ -378,7 +385,8 @@ class Router:
             first_byte_ms=round(1000 * (first - t0), 3) if first else None,
             duration_ms=round(1000 * (perf_counter() - t0), 3),
         )
-        self.access_log.write(rec)
+        added_ms = None if trace.added_s is None else 1000 * trace.added_s
+        self.access_log.write(emf.router_request_document(rec, added_latency_ms=added_ms, fault=trace.fault))
 
     async def _route(
         self, request: web.Request, body: bytes, request_id: str, t0: float, trace: _Trace
@@ -520,7 +528,7 @@ class Router:
                 and length <= _WHOLE_BODY_LIMIT
                 and not upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             ):
-                resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first)
+                resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first, trace)
                 trace.first_byte = perf_counter()
             else:
                 resp = await self._relay(
@@ -541,7 +549,13 @@ class Router:
         return resp
 
     async def _relay_whole(
-        self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str, before_send: float, t_first: float
+        self,
+        unit: Unit,
+        upstream: aiohttp.ClientResponse,
+        request_id: str,
+        before_send: float,
+        t_first: float,
+        trace: _Trace,
     ) -> web.Response:
         """A small body of known length (a non-streamed completion): read it, then answer at once.
 
@@ -572,7 +586,8 @@ class Router:
             raise _Retry("broken_before_client") from exc
         headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP)
         headers[contract.REQUEST_ID_HEADER] = request_id
-        self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
+        trace.added_s = before_send + (perf_counter() - t_first)
+        self.metrics.added_latency.observe(trace.added_s)
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
     async def _refused(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str) -> None:
@@ -634,7 +649,8 @@ class Router:
         trace.first_byte = perf_counter()
         # Added latency: the router's work before sending, plus from the unit's headers to the
         # client's headers. The unit's own time to first byte is not the router's.
-        self.metrics.added_latency.observe(before_send + (perf_counter() - t_first))
+        trace.added_s = before_send + (perf_counter() - t_first)
+        self.metrics.added_latency.observe(trace.added_s)
         framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
         first = upstream  # released by _attempt; the units a stream moved to are released here
         held: list[Unit] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import builtins
 import sys
 
-from ops.fleet import DRAINED_TAG
+from ops.fleet import DRAINED_IN_CONFIG_TAG, DRAINED_TAG
 
 
 def _service(aws, unit):
@@ -115,3 +115,38 @@ def test_draining_an_unknown_unit_names_the_known_ones(aws, fleet, run_cli):
     code, out = run_cli("drain-unit", "cell9-unit9", "--dry-run")
     assert code == 1
     assert "unit 'cell9-unit9' not found" in out and "cell0-unit0" in out
+
+
+def _drain_in_config(world, unit) -> None:
+    """What a deploy with the unit in drained_units leaves (stacks/unit.py): desired count 0 and both
+    drain tags on the service."""
+    svc = world.service(unit)
+    world.model.tag_resource(
+        resourceArn=svc["serviceArn"],
+        tags=[{"key": DRAINED_TAG, "value": "2"}, {"key": DRAINED_IN_CONFIG_TAG, "value": "true"}],
+    )
+    world.model.update_service(cluster=unit.cluster, service=unit.service, desiredCount=0)
+    world.model.settle()
+
+
+def test_a_unit_drained_in_the_config_shows_drained_and_kept_and_restore_refuses_it(world, run_cli):
+    unit = world.add_unit(cell=0, index=0)
+    world.add_unit(cell=0, index=1)
+    _drain_in_config(world, unit)
+    code, out = run_cli("status")
+    flat = " ".join(out.split())
+    assert code == 0, out
+    assert "1/2 units ready, 1 drained (1 by drained_units, kept across deploys)" in flat
+    assert "warning" not in out
+    code, out = run_cli("restore-unit", "cell0-unit0", "--yes")
+    assert code == 1
+    assert "cell0-unit0 is drained in the config (drained_units): remove it there and deploy" in " ".join(out.split())
+    assert world.service(unit)["desiredCount"] == 0
+
+
+def test_drain_unit_tells_how_to_keep_the_drain_across_deploys(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    fleet.add_unit(cell=0, index=1)
+    code, out = run_cli("drain-unit", "cell0-unit0", "--dry-run")
+    assert code == 0
+    assert "add cell0-unit0 to drained_units in the config and deploy" in " ".join(out.split())

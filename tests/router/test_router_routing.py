@@ -13,6 +13,15 @@ from router_testkit import base_url, post, router_over, run, wait_for
 import contract
 
 
+def access_lines(stderr: str) -> list[dict]:
+    """The router's access-log lines (one JSON object per routed request) among stderr's lines."""
+    return [
+        r
+        for r in (json.loads(x) for x in stderr.splitlines() if x.startswith("{"))
+        if r.get("event") == "router_request"
+    ]
+
+
 async def units(*names: str) -> list[StandInUnit]:
     return [await StandInUnit(name=n).start() for n in names]
 
@@ -344,9 +353,39 @@ def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsy
         assert status == 503
 
     run(scenario())
-    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
+    lines = access_lines(capsys.readouterr().err)
     assert [(r["request_id"], r["status"], r["unit"], r["attempts"]) for r in lines] == [("logged-1", 200, "b", 2)]
     assert lines[0]["event"] == "router_request" and lines[0]["duration_ms"] > 0
+
+
+def test_each_access_log_line_carries_the_router_deployment_metrics_as_emf(capsys):
+    """RouterAddedLatency and RouterFaults, extracted by CloudWatch Logs from the access log line (an
+    EMF document: "_aws" with CloudWatchMetrics naming the namespace, dimensions and metrics,
+    https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html):
+    the router's blue/green deployment alarms read them (docs/observability.md)."""
+
+    async def scenario():
+        (a,) = us = await units("a")
+        async with router_over(us) as router, aiohttp.ClientSession() as s:
+            assert (await post(s, router, headers={contract.REQUEST_ID_HEADER: "fine"}))[0] == 200
+
+            async def broken(*args, **kwargs):
+                raise RuntimeError("a bug in this router revision")
+
+            router._attempt = broken
+            assert (await post(s, router, headers={contract.REQUEST_ID_HEADER: "faulted"}))[0] == 500
+        await stop_all(us)
+
+    run(scenario())
+    fine, faulted = access_lines(capsys.readouterr().err)
+    for line in (fine, faulted):
+        [directive] = line["_aws"]["CloudWatchMetrics"]
+        assert directive["Namespace"] == contract.METRICS_NAMESPACE
+        assert directive["Dimensions"] == [[contract.METRIC_DIM_SERVICE]]
+    assert (fine["request_id"], fine["status"], fine[contract.METRIC_ROUTER_FAULTS]) == ("fine", 200, 0)
+    assert 0 < fine[contract.METRIC_ROUTER_ADDED_LATENCY] < fine["duration_ms"]
+    assert (faulted["request_id"], faulted["status"], faulted[contract.METRIC_ROUTER_FAULTS]) == ("faulted", 500, 1)
+    assert contract.METRIC_ROUTER_ADDED_LATENCY not in faulted  # nothing reached the client
 
 
 def test_two_requests_with_one_client_id_are_forwarded_with_it_and_logged_under_their_own_ids(capsys):
@@ -361,7 +400,7 @@ def test_two_requests_with_one_client_id_are_forwarded_with_it_and_logged_under_
         assert a.received == ["shared-by-two", "shared-by-two"]  # the correlation id travels on
 
     run(scenario())
-    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith('{"ts"')]
+    lines = access_lines(capsys.readouterr().err)
     assert [r["request_id"] for r in lines] == ["shared-by-two"] * 2
     assert len({r["id"] for r in lines}) == 2 and all(len(r["id"]) == 32 for r in lines)
 

@@ -72,7 +72,7 @@ REFUSED = [
         "capacity-block (the Trainium types EC2 offers as Capacity Blocks)",
     ),
     (
-        {"availability_zones": AZS, "capacity": {"reservation_id": RESERVATION}},
+        {"availability_zones": AZS, "capacity": {"reservation_id": RESERVATION, "placement_group": "none"}},
         "invalid flotilla config: capacity.availability_zones=[]: exactly one AZ, the one capacity.reservation_id "
         "holds capacity in (a Capacity Reservation or Capacity Block is in a single AZ)",
     ),
@@ -112,7 +112,10 @@ def test_a_fleet_in_one_az_needs_that_subnet_to_hold_every_efa_address():
 
 def test_a_capacity_reservation_group_targets_the_group_in_every_unit_launch_template(tmp_path):
     synth = synthesize(
-        config_with(units=2, availability_zones=AZS, capacity={"reservation_group_arn": GROUP}), tmp_path
+        config_with(
+            units=2, availability_zones=AZS, capacity={"reservation_group_arn": GROUP, "placement_group": "none"}
+        ),
+        tmp_path,
     )
     templates = synth.resources("Cell-0", "AWS::EC2::LaunchTemplate").values()
     assert len(templates) == 2
@@ -128,7 +131,7 @@ def test_a_capacity_reservation_group_targets_the_group_in_every_unit_launch_tem
 def test_the_20480_chip_trn1n_fleet_needs_more_network_interfaces_than_the_default_quota():
     # 1,280 trn1n.32xlarge x 16 EFA interfaces = 20,480 interfaces; with surge up to twice the nodes.
     config = config_with(instance_type="trn1n.32xlarge", nodes_per_unit=8, units=160, unit_rollout="surge")
-    enis, vcpus = quota_notices(config)
+    enis, vcpus, *_ = quota_notices(config)
     assert enis.quota == "Network interfaces per Region" and enis.default == 5000
     fixed = 2 * 10 + 4 * 3  # router tasks (blue/green) + 3 endpoint services and a NAT gateway per AZ
     assert (enis.needed, enis.peak) == (20480 + fixed, 40960 + fixed)

@@ -138,13 +138,15 @@ def test_unit_security_group_admits_itself_fully_and_the_router_on_the_node_port
     assert router_sg in ingress[1]["SourceSecurityGroupId"]["Fn::ImportValue"]
 
 
-def test_asg_spans_exactly_one_private_subnet_and_holds_nodes_per_unit(default_synth):
+def test_asg_spans_exactly_one_private_subnet_starts_empty_and_holds_nodes_per_unit(default_synth):
     asg = only(default_synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
     assert len(asg["VPCZoneIdentifier"]) == 1
     export = asg["VPCZoneIdentifier"][0]["Fn::ImportValue"]
     assert "PrivateSubnet1" in export  # unit 0 -> AZ slot 0
-    # surge (default): room for the new revision's nodes beside the old ones during a rollout.
-    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "4")
+    # Created empty (the unit's tasks bring it up through the capacity provider, so a unit short of
+    # capacity never holds its stack); surge (default): room for the new revision's nodes beside
+    # the old ones during a rollout.
+    assert (asg["MinSize"], asg["MaxSize"]) == ("0", "4")
     assert "DesiredCapacity" not in asg  # owned by the capacity provider's managed scaling
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
@@ -157,12 +159,12 @@ def test_units_rotate_over_the_three_private_subnets(fleet_synth):
     assert slots == [1, 2, 3] * 6 + [1, 2]
 
 
-def test_replace_rollout_keeps_the_asg_at_nodes_and_stops_the_old_tasks_first(tmp_path):
+def test_replace_rollout_caps_the_asg_at_nodes_and_stops_the_old_tasks_first(tmp_path):
     from synth_helpers import config_with, synthesize
 
     synth = synthesize(config_with(unit_rollout="replace"), tmp_path)
     asg = only(synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
-    assert (asg["MinSize"], asg["MaxSize"]) == ("2", "2")
+    assert (asg["MinSize"], asg["MaxSize"]) == ("0", "2")
     service = only(synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
     # The whole unit switches revision together (a unit never mixes revisions).
     assert service["DeploymentConfiguration"]["MinimumHealthyPercent"] == 0

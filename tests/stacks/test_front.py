@@ -72,7 +72,7 @@ def test_router_service_rolls_back_on_every_observability_deployment_alarm():
     # healthy router (test_aws_rules.py checks what each deployment alarm measures).
     expected_ids = [
         logical_id("Observability", "AWS::CloudWatch::Alarm", p)
-        for p in ("FiveXxRate", "P99Latency", "UnhealthyRouterTargets")
+        for p in ("RouterFiveXxRate", "RouterAddedLatency", "UnhealthyRouterTargets")
     ]
     assert len(imported) == 3
     for logical in expected_ids:

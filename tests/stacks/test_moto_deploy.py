@@ -98,7 +98,7 @@ def test_asg_reads_back_in_exactly_one_private_subnet_of_the_network(deployed):
     subnet = cfn.client("ec2").describe_subnets(SubnetIds=subnet_ids)["Subnets"][0]
     assert subnet["MapPublicIpOnLaunch"] is False
     # surge rollout (default): room for the new revision beside the old one.
-    assert (asg["MinSize"], asg["MaxSize"]) == (2, 4)
+    assert (asg["MinSize"], asg["MaxSize"]) == (0, 4)
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
 
@@ -233,7 +233,10 @@ def test_router_service_and_task_definition_read_back(deployed):
     cluster = cfn.physical_id(synth.deployment.router.stack_name, logical_of(synth, "Router", "AWS::ECS::Cluster"))
     (service_arn,) = ecs.list_services(cluster=cluster)["serviceArns"]
     (service,) = ecs.describe_services(cluster=cluster, services=[service_arn])["services"]
-    assert service["desiredCount"] == 2
+    # The template states no DesiredCount (a deploy would write it back over autoscaling,
+    # tests/stacks/test_updates.py); Application Auto Scaling brings the service to its minimum, which
+    # moto does not run: it reads back ECS's own start, here 0.
+    assert service["desiredCount"] in (0, 1)
     task = ecs.describe_task_definition(taskDefinition=service["taskDefinition"])["taskDefinition"]
     (container,) = task["containerDefinitions"]
     assert container["command"] == contract.ROUTER_COMMAND
@@ -257,8 +260,9 @@ def test_cloud_map_namespace_and_units_service_read_back(deployed):
 def test_alarms_read_back_with_sns_actions(deployed):
     cfn, synth = deployed
     alarms = cfn.client("cloudwatch").describe_alarms()["MetricAlarms"]
-    # four for the front door, and one ready-units alarm per cell
-    assert len(alarms) == 4 + len(synth.deployment.cells)
+    # six for the front door (three of them the router's deployment alarms), and one ready-units
+    # alarm per cell
+    assert len(alarms) == 6 + len(synth.deployment.cells)
     (topic,) = cfn.client("sns").list_topics()["Topics"]
     for alarm in alarms:
         assert alarm["AlarmActions"] == [topic["TopicArn"]]

@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 from synth_helpers import config_with, synthesize
 
-from stacks.unit import SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, SCRATCH_SETUP
+from stacks.unit import BOOT_PROLOGUE, SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, SCRATCH_SETUP
 
-TOOLS = ("mountpoint", "mdadm", "mkfs.xfs", "blkid", "mount", "dnf")
+TOOLS = ("mountpoint", "mdadm", "mkfs.xfs", "blkid", "mount", "dnf", "poweroff")
 
 
-def run_setup(tmp_path: Path, devices: list[str]) -> tuple[list[str], Path, Path]:
+def run_setup(
+    tmp_path: Path, devices: list[str], *, failing: str = "", prologue: str = "", after: str = ""
+) -> tuple[list[str], Path, Path]:
     """Run SCRATCH_SETUP with /dev/disk/by-id, the mount point and /etc/fstab moved under tmp_path
-    and the disk tools replaced by stand-ins that log their arguments. -> (tool calls, scratch, fstab)"""
+    and the disk tools replaced by stand-ins that log their arguments; `failing` names a tool that
+    exits 1; `prologue` / `after` run before / after it. -> (tool calls, scratch, fstab)"""
     by_id, dev, bin_dir = tmp_path / "by-id", tmp_path / "dev", tmp_path / "bin"
     for d in (by_id, dev, bin_dir):
         d.mkdir()
@@ -36,17 +39,22 @@ def run_setup(tmp_path: Path, devices: list[str]) -> tuple[list[str], Path, Path
             body += "exit 1\n"  # nothing mounted yet
         if tool == "blkid":
             body += "echo 0d5c-uuid\n"
+        if tool == failing:
+            body += "exit 1\n"
         (bin_dir / tool).write_text("#!/bin/bash\n" + body)
         (bin_dir / tool).chmod(0o755)
     scratch, fstab = tmp_path / "mnt-flotilla", tmp_path / "fstab"
     script = (
-        SCRATCH_SETUP.replace(SCRATCH_HOST_PATH, str(scratch))
+        (prologue + SCRATCH_SETUP + after)
+        .replace(SCRATCH_HOST_PATH, str(scratch))
         .replace("/dev/disk/by-id", str(by_id))
         .replace("/etc/fstab", str(fstab))
     )
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
+    assert (proc.returncode != 0) == bool(failing), proc.stderr
+    if failing:
+        assert "flotilla: boot failed (exit 1) at line" in proc.stderr and failing in proc.stderr, proc.stderr
     calls = log.read_text().splitlines() if log.exists() else []
     return calls, scratch, fstab
 
@@ -63,6 +71,22 @@ def test_four_nvme_volumes_become_one_raid0_xfs_mounted_at_boot_and_after_reboot
     assert f"mount {scratch}" in calls
     assert fstab.read_text() == f"UUID=0d5c-uuid {scratch} xfs defaults,noatime,nofail 0 2\n"
     assert (scratch / "model").is_dir() and (scratch / "neuron-compiled").is_dir()
+
+
+def test_a_failed_raid_stops_the_boot_loudly_and_powers_off_before_the_ecs_agent_config(tmp_path):
+    after = f"echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> {tmp_path / 'ecs.config'}\n"
+    calls, scratch, fstab = run_setup(
+        tmp_path, ["nvme1n1", "nvme2n1"], failing="mdadm", prologue=BOOT_PROLOGUE, after=after
+    )
+    assert [c.split()[0] for c in calls] == ["mountpoint", "mdadm", "poweroff"]
+    assert not (tmp_path / "ecs.config").exists()  # the ECS agent never gets its config
+    assert not fstab.exists() and not (scratch / "model").exists()
+
+
+def test_the_boot_prologue_lets_a_healthy_boot_through(tmp_path):
+    calls, scratch, _ = run_setup(tmp_path, ["nvme1n1", "nvme2n1"], prologue=BOOT_PROLOGUE)
+    assert "poweroff" not in [c.split()[0] for c in calls]
+    assert (scratch / "model").is_dir()
 
 
 def test_a_single_volume_is_formatted_without_raid(tmp_path):
@@ -94,6 +118,8 @@ def _task_and_user_data(synth) -> tuple[dict, str]:
 def test_the_node_container_writes_model_and_compile_cache_to_the_instance_store(synths):
     task, user_data = _task_and_user_data(synths[0])
     assert SCRATCH_SETUP.strip() in user_data
+    # Error handling first: the shebang, then the prologue, before any step that can fail.
+    assert user_data.startswith("#!/bin/bash\n" + BOOT_PROLOGUE.strip())
     # The RAID is ready before the ECS agent reads its config (and so before any task starts).
     assert user_data.index(SCRATCH_SETUP.strip()) < user_data.index("/etc/ecs/ecs.config")
     assert task["Volumes"] == [{"Name": "scratch", "Host": {"SourcePath": SCRATCH_HOST_PATH}}]

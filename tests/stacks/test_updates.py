@@ -44,6 +44,17 @@ VARIANTS: dict[str, dict] = {
     # (4 - 1 - 1 = 2 with waves of 1, 4 - 2 - 1 = 1 with waves of 2) and the DependsOn chain.
     "replace-cell-4": {**BASE, "units": 4, "units_per_cell": 4, "unit_rollout": "replace"},
     "replace-cell-4-waves-2": {**BASE, "units": 4, "units_per_cell": 4, "unit_rollout": "replace", "units_per_wave": 2},
+    "trn1n": {**BASE, "instance_type": "trn1n.32xlarge"},
+    "trn1n-replace": {**BASE, "instance_type": "trn1n.32xlarge", "unit_rollout": "replace"},
+    "azs": {**BASE, "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1c"]},
+    "drained": {**BASE, "drained_units": ["cell0-unit1"]},
+    "drained-revision": {**BASE, "drained_units": ["cell0-unit1"], "revision": "2"},
+    "azs-abd": {**BASE, "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1d"]},
+    "azs-units-2": {
+        **BASE,
+        "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1c"],
+        "capacity": {"availability_zones": ["us-east-1b", "us-east-1c"]},
+    },
     "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
 }
 # change -> (before variant, after variant)
@@ -61,6 +72,13 @@ CHANGES: dict[str, tuple[str, str]] = {
     "change node.drain_timeout_s": ("base", "drain"),
     "switch unit_rollout": ("base", "replace"),
     "change units_per_wave": ("replace-cell-4", "replace-cell-4-waves-2"),
+    "change instance_type (surge)": ("base", "trn1n"),
+    "change instance_type (replace)": ("replace", "trn1n-replace"),
+}
+# Changes the review must refuse: what they break and how the operator does them instead.
+REFUSED_CHANGES: dict[str, tuple[str, str]] = {
+    "narrow capacity.availability_zones": ("azs", "azs-units-2"),
+    "swap an AZ of availability_zones": ("azs", "azs-abd"),
 }
 
 TASK_DEFINITION_REASON = (
@@ -82,6 +100,14 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
     ("change image", "Router", "AWS::ECS::TaskDefinition", "TaskDefinition", "replace"): TASK_DEFINITION_REASON,
     ("change node.drain_timeout_s", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     ("change node.drain_timeout_s", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
+    **{
+        (change, cell, "AWS::ECS::TaskDefinition", "Unit", "replace"): (
+            TASK_DEFINITION_REASON + "; the new revision maps the new instance type's devices and may run only "
+            "on that type (its memberOf ecs.instance-type constraint), so ECS places it on new instances"
+        )
+        for change in ("change instance_type (surge)", "change instance_type (replace)")
+        for cell in ("Cell-0", "Cell-1")
+    },
     **{
         ("units -1 inside a cell", "Cell-1", type_, "Unit1", "destroy"): UNIT_GONE_REASON
         for type_ in (
@@ -289,7 +315,35 @@ def review(change: str, before, after, workdir: Path) -> tuple[list[str], set]:
     replaced = {(f.stack, f.logical_id) for f in findings if f.impact in ("replace", "may be replaced")}
     gone = frozenset(stack for (c, stack) in STACKS_LEAVING if c == change)
     problems += export_problems(before, after, replaced, gone)
+    problems += units_moving_az(before, after)
     return problems, used
+
+
+def unit_subnets(synth) -> dict[tuple[str, str], str]:
+    """(stack, unit ASG logical id) -> the private subnet export the unit's group launches in."""
+    out = {}
+    for stack_id in synth.templates:
+        if stack_id.startswith("Cell-"):
+            for logical, asg in synth.resources(stack_id, "AWS::AutoScaling::AutoScalingGroup").items():
+                (subnet,) = asg["Properties"]["VPCZoneIdentifier"]
+                out[(stack_id, logical)] = json.dumps(subnet, sort_keys=True)
+    return out
+
+
+def units_moving_az(before, after) -> list[str]:
+    """A unit's group that changes subnet moves to another AZ while its cluster placement group (and
+    its running instances) stay in the first: "A cluster placement group can't span multiple
+    Availability Zones" (EC2 user guide, placement-groups.html), and a unit's EFA traffic must stay in
+    one. CloudFormation updates the group in place, so `cdk diff` shows no replacement."""
+    old, new = unit_subnets(before), unit_subnets(after)
+    return [
+        f"{stack}: {_UNIT_PREFIX.match(logical).group()} moves to another subnet (AZ)"  # type: ignore[union-attr]
+        for (stack, logical) in sorted(old.keys() & new.keys())
+        if old[(stack, logical)] != new[(stack, logical)]
+    ]
+
+
+_UNIT_PREFIX = re.compile(r"Unit\d+")
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
@@ -326,6 +380,109 @@ def test_every_allow_list_entry_names_a_change_of_the_table_and_gives_a_reason()
     for key, reason in {**ALLOWED, **STACKS_LEAVING}.items():
         assert key[0] in CHANGES, key
         assert len(reason) > 40, key
+
+
+def service_count_after_update(service: dict, running: int) -> int:
+    """The desired count an ECS service has after CloudFormation applies an update to it: the
+    template's DesiredCount when it states one (written back on every update, autoscaled or not:
+    aws/containers-roadmap#493), else the count it had ("when updating a service ... the same desired
+    count as it had prior to the deployment", CloudFormation's behaviour quoted in aws/aws-cdk#13130)."""
+    return int(service["Properties"].get("DesiredCount", running))
+
+
+def router_service(synth) -> dict:
+    (service,) = synth.resources("Router", "AWS::ECS::Service").values()
+    return service
+
+
+@pytest.mark.parametrize("change", ["units +1 across a cell boundary", "change image", "change router counts"])
+def test_router_update_keeps_the_fleet_size_autoscaling_reached(change, synths):
+    before, after = (synths(v) for v in CHANGES[change])
+    # The change does update the router service (a new task definition or new scaling bounds), so
+    # CloudFormation does call UpdateService on it.
+    assert before.templates["Router"] != after.templates["Router"]
+    scaled_to = 9  # autoscaling grew the fleet at peak, inside every variant's [min, max]
+    (target,) = after.resources("Router", "AWS::ApplicationAutoScaling::ScalableTarget").values()
+    assert target["Properties"]["MinCapacity"] <= scaled_to <= target["Properties"]["MaxCapacity"]
+    assert service_count_after_update(router_service(after), scaled_to) == scaled_to
+
+
+def test_router_fleet_is_brought_to_the_configured_minimum_by_its_scalable_target(synths):
+    """Without a DesiredCount a create starts one task; RegisterScalableTarget moves the count into
+    [MinCapacity, MaxCapacity] (Application Auto Scaling API reference), so MinCapacity must be the
+    configured router.desired_count."""
+    synth = synths("router")
+    assert "DesiredCount" not in router_service(synth)["Properties"]
+    (target,) = synth.resources("Router", "AWS::ApplicationAutoScaling::ScalableTarget").values()
+    expected = VARIANTS["router"]["router"]
+    assert (target["Properties"]["MinCapacity"], target["Properties"]["MaxCapacity"]) == (
+        expected["desired_count"],
+        expected["max_count"],
+    )
+
+
+def test_narrowing_the_unit_azs_moves_running_units_and_the_review_refuses_it(synths, tmp_path):
+    """Units are placed round-robin over capacity.availability_zones, so narrowing the list moves
+    units already running to another AZ, away from their placement group: shrink those units first
+    (README "Capacity"), then deploy the narrower list, which creates them again."""
+    before, after = (synths(v) for v in REFUSED_CHANGES["narrow capacity.availability_zones"])
+    problems, _ = review("narrow capacity.availability_zones", before, after, tmp_path)
+    assert problems == [
+        "Cell-0: Unit0 moves to another subnet (AZ)",
+        "Cell-0: Unit1 moves to another subnet (AZ)",
+        "Cell-1: Unit0 moves to another subnet (AZ)",
+    ]
+
+
+def test_swapping_a_vpc_az_replaces_imported_subnets_and_the_review_refuses_it(synths, tmp_path):
+    """availability_zones shapes the VPC's subnets; CloudFormation refuses to change an export another
+    stack imports, so a new AZ needs a new deployment (README "Configuration")."""
+    before, after = (synths(v) for v in REFUSED_CHANGES["swap an AZ of availability_zones"])
+    problems, _ = review("swap an AZ of availability_zones", before, after, tmp_path)
+    assert any("export" in p and "Subnet" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("change", ["change instance_type (surge)", "change instance_type (replace)"])
+def test_an_instance_type_change_ties_each_revision_to_its_own_instances(change, synths):
+    """With `replace` the new tasks would otherwise start on the old instances, which lack the new
+    type's EFA devices, fail, and roll the deployment back."""
+    for synth, instance_type in zip((synths(v) for v in CHANGES[change]), ("trn1.32xlarge", "trn1n.32xlarge")):
+        for stack_id in ("Cell-0", "Cell-1"):
+            for task in synth.resources(stack_id, "AWS::ECS::TaskDefinition").values():
+                assert task["Properties"]["PlacementConstraints"] == [
+                    {"Type": "memberOf", "Expression": f"attribute:ecs.instance-type == {instance_type}"}
+                ]
+
+
+def unit_service(synth, stack_id: str, unit_id: str) -> dict:
+    for service in synth.resources(stack_id, "AWS::ECS::Service").values():
+        if any(t["Key"] == "flotilla:unit" and t["Value"] == unit_id for t in service["Properties"].get("Tags", [])):
+            return service
+    raise AssertionError(f"no service of {unit_id} in {stack_id}")
+
+
+def test_a_unit_drained_in_the_config_stays_drained_across_a_deploy_that_updates_it(synths):
+    """drain-unit alone sets the count out of band, and the next update of the service writes the
+    template's DesiredCount back; drained_units puts the drain in the template."""
+    before, after = synths("drained"), synths("drained-revision")
+    drained_before, drained_after = (unit_service(s, "Cell-0", "cell0-unit1") for s in (before, after))
+    # The revision bump replaces the unit's task definition, so the service's TaskDefinition (a Ref to
+    # it) resolves to a new ARN and CloudFormation updates the drained unit's service.
+    task_ref = drained_after["Properties"]["TaskDefinition"]["Ref"]
+    assert drained_before["Properties"]["TaskDefinition"]["Ref"] == task_ref
+    assert before.resources("Cell-0")[task_ref] != after.resources("Cell-0")[task_ref]
+    assert service_count_after_update(drained_after, running=0) == 0
+    tags = {t["Key"]: t["Value"] for t in drained_after["Properties"]["Tags"]}
+    assert tags["flotilla:drained-desired-count"] == "2" and tags["flotilla:drained-in-config"] == "true"
+    serving = unit_service(after, "Cell-0", "cell0-unit0")
+    assert service_count_after_update(serving, running=2) == 2
+    assert "flotilla:drained-in-config" not in {t["Key"] for t in serving["Properties"].get("Tags", [])}
+
+
+def test_a_drain_made_only_out_of_band_is_undone_by_the_next_deploy(synths):
+    """Why drained_units exists: the same revision bump brings a unit drained with drain-unit back."""
+    after = synths("revision")
+    assert service_count_after_update(unit_service(after, "Cell-0", "cell0-unit1"), running=0) == 2
 
 
 @pytest.mark.parametrize("before, after", [("base", "internet-facing"), ("internet-facing", "base")])

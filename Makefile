@@ -99,6 +99,14 @@ local: $(VENV)/.dev-deps
 bench-router: dev-deps
 	$(PY) bench/router/run.py $(BENCH_ARGS)
 
+# Failover benchmark on `make local` (2 units of 2 nodes behind the router): kill -9 of a leader and of a
+# follower under 32 concurrent greedy streams, SIGSTOP of a follower, a drain with 1,500-token answers in
+# flight (docs/benchmarks.md, Failover). BENCH_ARGS="--short" runs a quick version on `tiny`. Not part
+# of `make test`; results are appended to bench/results/failover.json.
+.PHONY: bench-failover
+bench-failover: dev-deps
+	$(PY) bench/failover/run.py $(BENCH_ARGS)
+
 # Trace replay: the Mooncake conversation trace scaled to SmolLM2, replayed through `make local` (3 units)
 # under each routing policy in turn (bench/trace/replay.py, docs/benchmarks.md "Routing by cache").
 # Not part of `make test`; a run of the default 400 requests takes tens of minutes: run it on a quiet

@@ -40,6 +40,19 @@ REVISION_HEADER = "X-Flotilla-Revision"  # the serving unit's revision
 # cache), like the OpenAI `user` field; docs/routing.md.
 SESSION_HEADER = "X-Session-Id"
 
+# --- Resumable streams (router <-> leader only; the router strips these from client requests) -----
+# The router asks a leader to report, inside the SSE stream, the token ids each event carries: an SSE
+# comment line (": ..."), which EventSource and OpenAI's SDKs skip (WHATWG HTML, "Server-sent events",
+# interpreting an event stream: a line starting with ":" is ignored), and which the router strips.
+RESUME_HEADER = "X-Flotilla-Resume"  # router -> leader: "1" = put resume comments in this stream
+# router -> leader: the body carries CONTINUATION_FIELD (the tokens already sent to the client); a
+# leader honours that field only with this header, which no client request reaches a leader with.
+CONTINUATION_HEADER = "X-Flotilla-Continuation"
+CONTINUATION_FIELD = "flotilla_continuation"  # {"id", "created", "token_ids"} in the request body
+RESUME_COMMENT = ": flotilla-resume "  # + {"t": [token ids of this event]}; the line opens the event
+MOVE_COMMENT = ": flotilla-move "  # + the reason: this stream should continue on another unit
+INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER)
+
 # --- Busy is not broken -----------------------------------------------------------------------------
 # A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes
 # a unit's routability for them (only the unit's own health reports and real failures do).

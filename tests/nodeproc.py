@@ -110,6 +110,36 @@ class Member:
         self.proc.kill()
         self.proc.wait(timeout=10)
 
+    def sigstop(self) -> None:
+        """Freeze this member and its engine process (a gray failure, as a paused container: its
+        sockets stay open, nothing it owes arrives). The engine runs in its own session, so it is
+        signalled by pid."""
+        for pid in self._tree():
+            os.kill(pid, signal.SIGSTOP)
+
+    def sigcont(self) -> None:
+        for pid in self._tree():
+            os.kill(pid, signal.SIGCONT)
+
+    def _tree(self) -> list[int]:
+        """This member's pid and its descendants' (from /proc: Linux only, as the suites are)."""
+        assert self.proc is not None, f"{self.unit.name} rank {self.rank} was never started"
+        parents: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+                parents.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo.extend(parents.get(pid, []))
+        return out
+
     def wait(self, timeout: float) -> int:
         """This member's exit status, once it exits (at most `timeout` s)."""
         assert self.proc is not None, f"{self.unit.name} rank {self.rank} was never started"
@@ -235,6 +265,12 @@ class Unit:
         for m in self.members:
             if m.running:
                 m.sigterm()
+
+    def thaw(self) -> None:
+        """SIGCONT every running member: one a test froze (sigstop) would never stop otherwise."""
+        for m in self.members:
+            if m.running:
+                m.sigcont()
 
     def exited(self) -> bool:
         return not any(m.running for m in self.members)

@@ -1,8 +1,10 @@
 """docs/benchmarks.md's rollout table: the 160-unit example fleet (examples/fleet-20k-chips.yaml)
 simulated rolling at 5, 10 and 30 minutes of model load, one unit at a time vs the default waves,
 in both modes (ops/rollout_sim.py; step times and their sources in StepTimes). Prints Markdown.
+`--drains` prints the drain table instead: the same fleet with a unit's drain waiting for its
+answers (the 100 s bound, a typical 20 s) against handing its streams over (5 s).
 
-    .venv/bin/python bench/rollout/table.py
+    .venv/bin/python bench/rollout/table.py [--drains]
 """
 
 from __future__ import annotations
@@ -20,6 +22,33 @@ FAILURES_PER_NODE_DAY = 0.002  # an assumption (no trn1 fleet data here): ~2.6 n
 TRAFFIC = 0.8  # demand as a share of the whole fleet's capacity
 
 
+# A unit's drain, seconds: waiting for answers up to the default bound (long answers in flight), a
+# typical answer's length (StepTimes.drain_s), and handing each stream over to the router, which
+# takes one decode step plus the node's exit: 5.4 s in bench/failover's short run on a loaded 2-core
+# machine (docs/benchmarks.md, Failover), rounded to 5.
+DRAINS = (
+    (100.0, "waits for answers, bound (100 s)"),
+    (20.0, "waits for answers, typical (20 s)"),
+    (5.0, "hands streams over (5 s)"),
+)
+
+
+def drains(base: FleetModel) -> None:
+    print("| model load | mode | drain | rollout (default waves) | rollout (one at a time) |")
+    print("|---|---|---|---|---|")
+    for minutes in (5, 10):
+        for mode in ("surge", "replace"):
+            for drain_s, label in DRAINS:
+                steps = replace(base.steps, drain_s=drain_s)
+                model = replace(base, load_s=minutes * 60.0, rollout=mode, steps=steps)
+                waves = summarize(model, SEEDS)
+                single = summarize(replace(model, units_per_wave=1), SEEDS)
+                print(
+                    f"| {minutes} min | {mode} | {label} | {waves.duration_s / 3600:.2f} h | "
+                    f"{single.duration_s / 3600:.1f} h |"
+                )
+
+
 def main() -> int:
     base = FleetModel(
         units=160,
@@ -28,6 +57,9 @@ def main() -> int:
         traffic=TRAFFIC,
         node_failures_per_node_day=FAILURES_PER_NODE_DAY,
     )
+    if "--drains" in sys.argv[1:]:
+        drains(base)
+        return 0
     columns = (
         "model load",
         "mode",

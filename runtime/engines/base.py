@@ -74,6 +74,10 @@ class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # A continuation (n == 1): tokens this request already produced on another unit. The engine
+    # prefills them after the prompt, counts them against max_tokens, replays them through its text,
+    # grammar and penalty state, and emits only what follows.
+    generated: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class ByteTokenizer:
 
 
 class EchoEngine:
+    resumes = True  # continues a request from tokens another unit generated (GenerationRequest.generated)
+
     def __init__(
         self,
         *,
@@ -143,9 +145,10 @@ class EchoEngine:
             self._queued -= 1
         self._running += 1
         try:
-            out: list[int] = []
-            text_sent = ""
-            for i in range(sp.max_tokens):
+            # A continuation starts where another unit stopped: its tokens' text already reached the client.
+            out: list[int] = list(request.generated)
+            text_sent = self.tokenizer.decode(out)
+            for i in range(len(out), sp.max_tokens):
                 if request.request_id in self._cancelled:
                     return
                 if self._broken.is_set():

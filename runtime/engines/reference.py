@@ -50,7 +50,7 @@ from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, S
 from runtime.engines.grammar import Grammars, Matcher
 from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
 from runtime.engines.prefix_cache import Plan, PrefixCache, block_hashes
-from runtime.engines.sampling import TextTracker, choose, make_generator
+from runtime.engines.sampling import Draws, TextTracker, choose
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
 
@@ -173,7 +173,7 @@ class _Seq:
 
     index: int
     tracker: TextTracker
-    generator: torch.Generator | None
+    draws: Draws
     matcher: Matcher | None = None  # structured output only
     counts: torch.Tensor | None = None  # penalties only: times each token was generated
     seq_id: int = -1
@@ -195,6 +195,12 @@ class _Request:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
+    def prefill_ids(self) -> tuple[int, ...]:
+        """What the first step prefills: the prompt, and a continuation's tokens after it."""
+        r = self.request
+        return r.prompt_token_ids + r.generated if r.generated else r.prompt_token_ids
+
+    @property
     def need(self) -> int:  # KV tokens the request reserves while it runs: all its choices
         return self.per_seq * len(self.seqs)
 
@@ -204,7 +210,8 @@ class _Request:
 
     def put(self, item) -> None:
         if isinstance(item, TokenEvent) and item.finish_reason is not None and self.cached_tokens:
-            item = dataclasses.replace(item, cached_tokens=self.cached_tokens)
+            # usage counts prompt tokens only: a continuation's cached generated tokens are not
+            item = dataclasses.replace(item, cached_tokens=min(self.cached_tokens, len(self.request.prompt_token_ids)))
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the client's loop is closed: nobody is listening any more
@@ -213,6 +220,8 @@ class _Request:
 
 class ReferenceEngine:
     """base.Engine for rank 0. Settings are keyword-only; see runtime/engines/__init__.py."""
+
+    resumes = True  # continues a request from tokens another unit generated (GenerationRequest.generated)
 
     def __init__(
         self,
@@ -359,11 +368,38 @@ class ReferenceEngine:
                 f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens",
                 param="n",
             )
+        if request.generated:
+            self._validate_continuation(request)
         if p.logprobs is not None and not 0 <= p.logprobs <= self._vocab:
             raise RequestRejected(
                 f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}", param="logprobs"
             )
         return need
+
+    def _validate_continuation(self, request: GenerationRequest) -> None:
+        p, done = request.sampling, len(request.generated)
+        if p.n != 1:
+            raise RequestRejected(f"a continuation carries one choice's tokens, but n is {p.n}", param="n")
+        if done >= p.max_tokens:
+            raise RequestRejected(f"the continuation already has {done} of max_tokens {p.max_tokens}: nothing is left")
+        bad = [t for t in request.generated if not 0 <= t < self._vocab]
+        if bad:
+            raise RequestRejected(f"continuation token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
+
+    def _replay(self, seq: _Seq, generated: tuple[int, ...]) -> None:
+        """Bring a choice to where another unit left it: its text (what the client already has),
+        grammar state, penalty counts and position, as if it had generated `generated` here."""
+        for token in generated:
+            if seq.matcher is not None:
+                seq.matcher.consume(token)
+            _, stopped = seq.tracker.add(token)
+            if stopped or (seq.matcher is not None and seq.matcher.done):
+                raise RequestRejected("the continuation's tokens already end the answer: nothing is left to generate")
+            if seq.counts is not None:
+                seq.counts[token] += 1
+        seq.generated = len(generated)
+        if generated:
+            seq.last_token = generated[-1]
 
     def _refuse_unless_ready(self) -> None:
         if self._state is EngineState.BROKEN:
@@ -392,12 +428,14 @@ class ReferenceEngine:
             _Seq(
                 index=i,
                 tracker=TextTracker(self.tokenizer, p.stop),
-                generator=make_generator(p, i),
+                draws=Draws(p, i),
                 matcher=self._grammars.matcher(grammar) if grammar is not None else None,
                 counts=torch.zeros(self._vocab) if penalised else None,
             )
             for i in range(p.n)
         ]
+        for seq in seqs:
+            self._replay(seq, request.generated)
         st = _Request(
             request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(), seqs=seqs, per_seq=per_seq
         )
@@ -558,7 +596,7 @@ class ReferenceEngine:
                     if not self._fits(st.need):
                         self._unmatch(hit)
                         break  # FIFO: the head waits for budget rather than being overtaken
-                    prompt = len(st.request.prompt_token_ids) - len(hit) * self._block_tokens
+                    prompt = len(st.prefill_ids) - len(hit) * self._block_tokens
                     if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
                         self._unmatch(hit)
                         break  # the rest joins at the next iteration
@@ -583,8 +621,8 @@ class ReferenceEngine:
             # so n choices cost one prefill.
             cmd = StepCommand(
                 free=free,
-                prefill=[(st.seqs[0].seq_id, len(st.request.prompt_token_ids), st.per_seq) for st in admitted],
-                prefill_tokens=[st.request.prompt_token_ids for st in admitted],
+                prefill=[(st.seqs[0].seq_id, len(st.prefill_ids), st.per_seq) for st in admitted],
+                prefill_tokens=[st.prefill_ids for st in admitted],
                 decode=[seq.seq_id for _, seq in decoding],
                 decode_tokens=[seq.last_token for _, seq in decoding],
                 fork=[(st.seqs[0].seq_id, seq.seq_id) for st in admitted for seq in st.seqs[1:]],
@@ -615,9 +653,11 @@ class ReferenceEngine:
         """The cached blocks the head of the queue would start from (pinned until admitted or let go)."""
         if self.prefix_cache is None:
             return []
+        # A continuation's keys run over prompt + generated: a unit that holds the prompt's blocks
+        # re-prefills only the generated part.
         if st.keys is None:
-            st.keys = block_hashes(st.request.prompt_token_ids, self.prefix_cache.block_tokens)
-        return self.prefix_cache.match(st.keys, len(st.request.prompt_token_ids))
+            st.keys = block_hashes(st.prefill_ids, self.prefix_cache.block_tokens)
+        return self.prefix_cache.match(st.keys, len(st.prefill_ids))
 
     def _unmatch(self, hit: list[int]) -> None:
         if hit and self.prefix_cache is not None:
@@ -641,7 +681,7 @@ class ReferenceEngine:
         cache = self.prefix_cache
         if cache is None or st.keys is None:
             return
-        cache.count(len(st.request.prompt_token_ids), len(hit))
+        cache.count(len(st.prefill_ids), len(hit))
         room = self.kv_budget_tokens - self._reserved - cache.tokens + cache.evictable_tokens
         store = cache.allocate(st.keys, len(hit), room)
         over = self._reserved + cache.tokens - self.kv_budget_tokens
@@ -671,7 +711,7 @@ class ReferenceEngine:
             self._finish(st, seq, free)
             st.put(TokenEvent(token_id=-1, text=seq.tracker.flush(), finish_reason="stop", index=seq.index))
             return
-        token, logprob = choose(logits, p, seq.generator, allowed=allowed, counts=seq.counts)
+        token, logprob = choose(logits, p, seq.draws.at(seq.generated), allowed=allowed, counts=seq.counts)
         seq.generated += 1
         seq.last_token = token
         if seq.counts is not None:

@@ -23,6 +23,39 @@ def make_generator(params: SamplingParams, index: int = 0) -> torch.Generator | 
     return torch.Generator().manual_seed(seed)
 
 
+class Draws:
+    """The randomness of one choice, drawn per position: token k samples with a generator seeded from
+    (the choice's seed, k), so a stream resumed at token k on another unit draws exactly what the
+    original would have. The choice's seed is the request's seed + the choice index (as vLLM seeds
+    its n child requests: vllm@v0.13.0:vllm/v1/engine/parallel_sampling.py:70-75), or random."""
+
+    __slots__ = ("_base", "_gen")
+
+    def __init__(self, params: SamplingParams, index: int = 0) -> None:
+        if params.temperature == 0.0:
+            self._base: int | None = None
+        elif params.seed is None:
+            self._base = int.from_bytes(os.urandom(8), "little")
+        else:
+            self._base = (params.seed + index) % 2**64  # OpenAI seeds may be negative
+        self._gen = torch.Generator()
+
+    def at(self, position: int) -> torch.Generator | None:
+        """The generator for the choice's token number `position` (0 = the first generated)."""
+        if self._base is None:
+            return None
+        return self._gen.manual_seed(_mix64(self._base, position))
+
+
+def _mix64(seed: int, position: int) -> int:
+    """splitmix64 of seed + position * golden ratio: neighbouring positions get unrelated streams
+    (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014)."""
+    z = (seed + (position + 1) * 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
 def choose(
     logits: torch.Tensor,
     params: SamplingParams,

@@ -178,6 +178,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
         model_name=engine.model_name,
         max_context=int(engine.max_context),
         strategies=calibration.as_dict() if calibration is not None else None,
+        resumes=bool(getattr(engine, "resumes", False)),
     )
     tasks: dict[str, asyncio.Task] = {}
     stop = asyncio.Event()
@@ -224,6 +225,11 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
             if not ids:
                 raise RequestRejected("the prompt is empty: give at least one token")
+            continued = tuple(cmd.get("generated", ()))  # a continuation: tokens another unit generated
+            if continued and not getattr(engine, "resumes", False):
+                raise RequestRejected(f"the {cfg['engine']} engine cannot continue a request from another unit")
+            if vocab is not None and any(not 0 <= t < vocab for t in continued):
+                raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
             room = engine.max_context - len(ids)
             if room < 1:
                 raise RequestRejected(
@@ -254,7 +260,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
                 structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
             )
-            request = GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp)
+            request = GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp, generated=continued)
             check = getattr(engine, "check", None)
             if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
                 await check(request)

@@ -51,10 +51,13 @@ class EngineProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.strategies: dict[str, Any] | None = None  # from the ready event (reference engine)
+        self.resumes = False  # from the ready event: the engine continues requests other units started
         self.exited = asyncio.Event()
         self.load = LoadReport()
         self.failure: str = ""
         self.last_report = time.monotonic()  # when the engine process last said anything
+        # When the engine last made progress: a token, or work arriving at an idle engine.
+        self.last_progress = time.monotonic()
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
 
@@ -92,6 +95,7 @@ class EngineProcess:
                 self.last_report = time.monotonic()
                 if op == "ready":
                     self.strategies = ev.get("strategies")
+                    self.resumes = bool(ev.get("resumes"))
                     self.ready.set()
                 elif op == "load":
                     self.load = LoadReport(
@@ -100,6 +104,8 @@ class EngineProcess:
                 elif op == "failed":
                     self.failure = ev.get("message", "")
                 elif "id" in ev:
+                    if op == "token":
+                        self.last_progress = self.last_report
                     if op == "error" and ev.get("kind") == "broken":
                         # Mark the unit unready before the client hears of the failure.
                         self.load = LoadReport(state=EngineState.BROKEN, detail=ev.get("message", ""))
@@ -129,6 +135,11 @@ class EngineProcess:
             self._streams.clear()
             self.exited.set()
 
+    def stalled(self, after_s: float) -> bool:
+        """The engine holds running sequences but produced no token for `after_s` (a gray failure:
+        its process answers, its steps do not complete: a stopped member or a stuck collective)."""
+        return self.load.running > 0 and time.monotonic() - self.last_progress > after_s
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and not self.exited.is_set()
@@ -149,6 +160,8 @@ class EngineProcess:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight: ids must be generated unique")
         s = RequestStream(request_id)
+        if not self._streams:
+            self.last_progress = time.monotonic()  # an idle engine's clock starts with its first request
         self._streams[request_id] = s
         if not self._send(op="submit", id=request_id, **payload):
             self._streams.pop(request_id, None)

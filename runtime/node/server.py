@@ -63,6 +63,16 @@ ENDINGS: dict[str, tuple[int, str, str | None]] = {
 }
 
 
+# Engine endings a resumable stream hands to the router to continue on another unit (the request is
+# fine; this unit is not): a broken or stopping engine, or a stream cut short.
+MOVABLE_ENDINGS = frozenset({"broken", "unavailable", "incomplete"})
+_DRAIN_HANDOVER = {
+    "op": "error",
+    "kind": "unavailable",
+    "message": "this unit is draining for shutdown; retry on another unit",
+}
+
+
 # What the server makes of an engine stream that ended without a finish reason.
 _INCOMPLETE = {
     "op": "error",
@@ -206,7 +216,11 @@ class LeaderApi:
             return self._unavailable(
                 f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
             )
+        move = _Move.of(request, body, req, resumes=getattr(engine, "resumes", False), rid=rid, arrival=arrival)
         payload = req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
+        if move.before:
+            payload["generated"] = move.before
+            rec["continued_from"] = len(move.before)
         wait = self.sup.expected_wait() if self.sup.s.shed == "at-once" else None
         if wait is not None and wait > self.sup.s.queue_timeout_s:
             rec["error_kind"] = "shed"
@@ -228,9 +242,9 @@ class LeaderApi:
             prefill = _Prefilling(self.sup, prompt_tokens)
             events = prefill.until_first_token(events)
             if req.stream:
-                resp = await self._stream(request, req, kind, rid, events, headers, rec, arrival, prompt_tokens)
+                resp = await self._stream(request, req, move, events, headers, rec, arrival, prompt_tokens)
             else:
-                resp = await self._collect(req, kind, rid, events, headers, rec, arrival, prompt_tokens)
+                resp = await self._collect(req, move, rid, events, headers, rec, arrival, prompt_tokens)
             done = not rec.get("client_gone")
             return resp
         finally:
@@ -356,7 +370,7 @@ class LeaderApi:
     async def _collect(
         self,
         req: ParsedRequest,
-        kind: str,
+        move: _Move,
         rid: str,
         events: Any,
         headers: dict[str, str],
@@ -375,7 +389,12 @@ class LeaderApi:
                 collected.add(ev)
                 n = collected.completion_tokens  # every choice's tokens
                 rec["completion_tokens"] = n
-            elif ev["op"] == "error":
+                if move.resume and self._handing_over():
+                    # The router retries a non-streamed request whole on another unit (nothing has
+                    # reached its client yet), so a drain need not wait for it.
+                    self._cancel(rid)
+                    ev = _DRAIN_HANDOVER
+            if ev["op"] == "error":
                 self._timing(rec, arrival, first_token, n)
                 return self._engine_error(ev, headers, rec)
         self._timing(rec, arrival, first_token, n)
@@ -390,12 +409,19 @@ class LeaderApi:
         )
         return web.json_response(body.model_dump(), headers=headers)
 
+    def _cancel(self, rid: str) -> None:
+        if self.sup.engine is not None:
+            self.sup.engine.cancel(rid)
+
+    def _handing_over(self) -> bool:
+        """The unit drains (this member, or a follower): resumable requests leave for another unit now."""
+        return self.sup.draining or bool(self.sup.unit_draining)
+
     async def _stream(
         self,
         request: web.Request,
         req: ParsedRequest,
-        kind: str,
-        rid: str,
+        move: _Move,
         events: Any,
         headers: dict[str, str],
         rec: dict[str, Any],
@@ -412,7 +438,7 @@ class LeaderApi:
             },
         )
         await resp.prepare(request)
-        created = int(arrival)
+        rid, created = move.shown_id, move.created
 
         async def write(data: bytes, *, last: bool = False) -> None:
             # Bounded: a client that stops reading must not hold its batch slot for ever. The last
@@ -425,16 +451,23 @@ class LeaderApi:
                     request.transport.abort()
                 raise ConnectionError(f"the client accepted nothing for {CLIENT_STALL_S:g} s") from None
 
-        async def send(payload: BaseModel | dict, *, last: bool = False) -> None:
+        def event(payload: BaseModel | dict) -> bytes:
             body = payload.model_dump() if isinstance(payload, BaseModel) else payload
-            await write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n", last=last)
+            return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+        async def send(payload: BaseModel | dict, *, last: bool = False) -> None:
+            await write(event(payload), last=last)
 
         n, first_token = 0, None
+        before = len(move.before)  # tokens the client already has from another unit
         collected = req.collector()
         ev: dict = _INCOMPLETE
         try:
-            for chunk in req.opening(rid=rid, created=created):
-                await send(chunk)
+            if move.resume and not move.continued:
+                await write(resume_comment({"token_id": -1}) + b"\n")  # the router learns it may move this stream
+            if not move.continued:  # a continued stream's client has had its opening
+                for chunk in req.opening(rid=rid, created=created):
+                    await send(chunk)
             async for ev in events:
                 if ev["op"] == "token":
                     if first_token is None:
@@ -442,8 +475,17 @@ class LeaderApi:
                     chunks = req.chunks(rid=rid, created=created, ev=ev, collected=collected)
                     n = collected.completion_tokens  # every choice's tokens, counted before the write may fail
                     rec["completion_tokens"] = n
-                    for chunk in chunks:
-                        await send(chunk)
+                    data = b"".join(event(chunk) for chunk in chunks)
+                    if move.resume:
+                        # The token ids ride in the same SSE event as their text, so the router
+                        # learns of a token exactly when its client gets the text.
+                        data = resume_comment(ev) + (data or b"\n")
+                    if data:
+                        await write(data)
+                    if move.resume and self._handing_over() and not collected.whole:
+                        self._cancel(move.key)
+                        ev = _DRAIN_HANDOVER
+                        break
                 elif ev["op"] == "error":
                     break
         except ConnectionError:  # the client went away mid-stream
@@ -453,25 +495,102 @@ class LeaderApi:
         self._timing(rec, arrival, first_token, n)
         rec["status"] = 200  # the status line went out with the first event
         if ev["op"] == "error" or not collected.whole:
-            err = self._ending(ev if ev["op"] == "error" else _INCOMPLETE, rec)
+            ending = ev if ev["op"] == "error" else _INCOMPLETE
+            err = self._ending(ending, rec)
             # An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
+            # A resumable stream says first that the router may continue it elsewhere (it then drops the event).
+            hand_over = move_comment(ending["kind"]) if move.resume and ending["kind"] in MOVABLE_ENDINGS else b""
             try:
-                await send(err.body(), last=True)
+                await write(hand_over + event(err.body()), last=True)
             except ConnectionError:
                 pass
             return resp
         try:
             if req.include_usage:
+                # usage counts the whole answer, the tokens another unit generated included.
                 cached = int(ev.get("cached_tokens", 0))  # ev: the engine's `done`
                 await send(
                     req.usage_chunk(
-                        rid=rid, created=created, prompt_tokens=prompt_tokens, completion_tokens=n, cached_tokens=cached
+                        rid=rid,
+                        created=created,
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=n + before,
+                        cached_tokens=cached,
                     )
                 )
             await write(b"data: [DONE]\n\n", last=True)
         except ConnectionError:
             pass
         return resp
+
+
+def resume_comment(ev: dict) -> bytes:
+    """The SSE comment line that tells the router which token ids an event carries (the router strips it)."""
+    ids = [ev["token_id"]] if ev.get("token_id", 0) >= 0 else []
+    return (contract.RESUME_COMMENT + json.dumps({"t": ids}, separators=(",", ":")) + "\n").encode()
+
+
+def move_comment(kind: str) -> bytes:
+    """The SSE comment line that opens a movable error event: the router continues the stream elsewhere."""
+    return (contract.MOVE_COMMENT + kind + "\n").encode()
+
+
+class _Move:
+    """How a request takes part in moves between units: `resume` (report token ids to the router, hand
+    the stream over on a drain) and, for a continuation, the tokens the client already has and the
+    id and creation time it already saw."""
+
+    __slots__ = ("resume", "continued", "before", "shown_id", "created", "key")
+
+    def __init__(
+        self, *, resume: bool, continued: bool, before: list[int], shown_id: str, created: int, key: str
+    ) -> None:
+        self.resume, self.continued, self.before = resume, continued, before
+        self.shown_id, self.created, self.key = shown_id, created, key
+
+    @classmethod
+    def of(
+        cls, request: web.Request, body: Any, req: ParsedRequest, *, resumes: bool, rid: str, arrival: float
+    ) -> _Move:
+        """Read the router's internal header and field (a client's copies never reach a leader: the
+        router strips the headers, and the field counts only with the header)."""
+        # Moves need one choice, each token's text in one event (tool calls go out whole at the end),
+        # and an engine that continues from tokens.
+        movable = resumes and req.choices == 1 and getattr(req, "tool_mode", None) in (None, "none")
+        resume = movable and request.headers.get(contract.RESUME_HEADER) == "1"
+        if request.headers.get(contract.CONTINUATION_HEADER) != "1":
+            return cls(resume=resume, continued=False, before=[], shown_id=rid, created=int(arrival), key=rid)
+        cont: Any = body.get(contract.CONTINUATION_FIELD) if isinstance(body, dict) else None
+        ok = (
+            isinstance(cont, dict)
+            and isinstance(cont.get("id"), str)
+            and _REQUEST_ID_OK.match(cont["id"]) is not None
+            and type(cont.get("created")) is int
+            and isinstance(cont.get("token_ids"), list)
+            and all(type(t) is int and t >= 0 for t in cont["token_ids"])
+        )
+        if not ok:
+            raise ApiError(
+                400,
+                f'\'{contract.CONTINUATION_FIELD}\' must be {{"id": str, "created": int, "token_ids": [int, ...]}} '
+                f"when {contract.CONTINUATION_HEADER} is set",
+                param=contract.CONTINUATION_FIELD,
+            )
+        if not (movable and req.stream):
+            raise ApiError(
+                400,
+                "only a streamed request with n = 1 and no tool calls, on an engine that continues requests, "
+                "can be continued",
+                param=contract.CONTINUATION_FIELD,
+            )
+        return cls(
+            resume=resume,
+            continued=True,
+            before=cont["token_ids"],
+            shown_id=cont["id"],
+            created=cont["created"],
+            key=rid,
+        )
 
 
 @web.middleware
@@ -561,7 +680,15 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         try:
             while not shutting_down.is_set():
                 ld = sup.load()
-                signature = (sup.state, sup.ready(), sup.in_flight, sup.prefill_tokens, ld.queue_depth, ld.running)
+                signature = (
+                    sup.state,
+                    sup.ready(),
+                    sup.stalled(),
+                    sup.in_flight,
+                    sup.prefill_tokens,
+                    ld.queue_depth,
+                    ld.running,
+                )
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
                     body = sup.ready_body().to_dict()

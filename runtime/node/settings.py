@@ -439,6 +439,15 @@ class NodeSettings(_Settings):
         ge=0.5,
         allow_inf_nan=False,
     )
+    progress_stall_s: float = setting(
+        3.0,
+        "--progress-stall",
+        "FLOTILLA_PROGRESS_STALL_S",
+        "seconds the leader's engine may hold running sequences without producing a token (a stopped member, "
+        "a stuck collective) before the unit reports not ready; it is ready again once tokens flow",
+        ge=0.1,
+        allow_inf_nan=False,
+    )
 
     echo_load_s: float = setting(
         0.0,

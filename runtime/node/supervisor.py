@@ -110,6 +110,13 @@ class UnitSupervisor:
             return False
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
+    def stalled(self) -> bool:
+        """The leader's engine holds running sequences but made no progress for progress_stall_s (a
+        stopped member, a stuck collective). The ready body then says not ready, so routers stop
+        sending work here and its streams move (docs/node.md); the leader itself still admits: a
+        busy machine's slow step must not turn into refusals."""
+        return self.is_leader and self.engine is not None and self.engine.stalled(self.s.progress_stall_s)
+
     def live(self) -> bool:
         if self.state is UnitState.BROKEN:
             return False
@@ -171,7 +178,7 @@ class UnitSupervisor:
         members = [self.followers[r] for r in sorted(self.followers)] if self.is_leader else []
         leader = f"{m.members[0].host}:{m.members[0].api_port}" if m and m.members and not self.is_leader else ""
         return {
-            "ready": self.ready(),
+            "ready": self.ready() and not self.stalled(),
             "state": self.effective_state(),
             "unit": self.s.unit_id,
             "revision": self.s.revision,

@@ -1,14 +1,15 @@
 """The router's HTTP server: /health for the ALB, /metrics, and the proxied OpenAI API (/v1/...).
 
-Each request goes to the least-loaded routable unit; it moves to another unit only while nothing
-has reached the client (connect failure, 503/429 before the first byte). Responses stream through as
-the unit writes them; a stream that breaks half-way ends with an SSE error event, never a replay.
+Each request goes to the least-loaded routable unit; it moves to another unit while nothing has
+reached the client (connect failure, 503/429 before the first byte). Responses stream through as the
+unit writes them. A generation stream that breaks half-way (the unit died, failed, drains, or fell
+silent) continues on another unit from the tokens its client already has, at most max_moves times
+(runtime/router/resume.py); a stream that cannot move ends with an SSE error event, never a replay.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import re
@@ -30,6 +31,7 @@ from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
 from runtime.router.metrics import RouterMetrics
+from runtime.router.resume import StreamLedger, resumable_request
 from runtime.router.settings import RouterSettings
 
 log = logging.getLogger("flotilla.router")
@@ -38,6 +40,7 @@ log = logging.getLogger("flotilla.router")
 _HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
+        *contract.INTERNAL_HEADERS,  # router <-> leader only: a client's copy never reaches a leader
         "Connection",
         "Keep-Alive",
         "Proxy-Authenticate",
@@ -393,6 +396,8 @@ class Router:
             return self._shed("admission", request_id)
         headers = self._upstream_headers(request, request_id)
         key = balance.request_key(body, request.headers.get(contract.SESSION_HEADER))
+        if self.settings.max_moves and resumable_request(request.method, request.path, headers):
+            headers[contract.RESUME_HEADER] = "1"
         tried: tuple[Unit, ...] = ()
         refusal: web.Response | None = None
         for _ in range(self.settings.max_attempts):
@@ -406,7 +411,7 @@ class Router:
             unit.outstanding += 1
             trace.attempts = len(tried) + 1
             try:
-                return await self._attempt(unit, request, body, headers, request_id, t0, trace)
+                return await self._attempt(unit, request, body, headers, request_id, t0, trace, key)
             except _Retry as retry:
                 self.metrics.retries.labels(retry.reason).inc()
                 tried += (unit,)
@@ -467,6 +472,7 @@ class Router:
         request_id: str,
         t0: float,
         trace: _Trace,
+        key: balance.RequestKey | None = None,
     ) -> web.StreamResponse:
         s = self.settings
         session = unit.session
@@ -525,7 +531,18 @@ class Router:
                 resp = await self._relay_whole(unit, upstream, request_id, t_sent - t0, t_first, trace)
                 trace.first_byte = perf_counter()
             else:
-                resp = await self._relay(unit, request, upstream, request_id, t_sent - t0, t_first, trace)
+                resp = await self._relay(
+                    unit,
+                    request,
+                    upstream,
+                    request_id,
+                    t_sent - t0,
+                    t_first,
+                    trace,
+                    body=body,
+                    headers=headers,
+                    route_key=key,
+                )
         finally:
             upstream.release()
         self.metrics.count_routed(unit.unit, status)
@@ -612,8 +629,12 @@ class Router:
         before_send: float,
         t_first: float,
         trace: _Trace,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        route_key: balance.RequestKey | None = None,
     ) -> web.StreamResponse:
-        """Stream the body through as it arrives (SSE, chunked or large bodies)."""
+        """Stream the body through as it arrives (SSE, chunked or large bodies); a resumable stream
+        that breaks continues on another unit (_move_stream)."""
         s = self.settings
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
@@ -623,6 +644,7 @@ class Router:
         if upstream.content_length is not None:
             resp.content_length = upstream.content_length
         is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+        ledger = self._ledger(upstream, headers) if is_sse and upstream.status == 200 else None
         await resp.prepare(request)
         trace.first_byte = perf_counter()
         # Added latency: the router's work before sending, plus from the unit's headers to the
@@ -630,36 +652,108 @@ class Router:
         trace.added_s = before_send + (perf_counter() - t_first)
         self.metrics.added_latency.observe(trace.added_s)
         framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
+        first = upstream  # released by _attempt; the units a stream moved to are released here
+        held: list[Unit] = []
+        try:
+            while True:
+                reason, message = await self._pipe(request, resp, upstream, unit, framer, ledger)
+                if reason is None:
+                    return resp
+                if ledger is not None and ledger.reported and s.max_moves:
+                    moved = None
+                    if ledger.moves < s.max_moves:
+                        moved = await self._move_stream(
+                            ledger, unit, request, body, headers or {}, request_id, reason, route_key
+                        )
+                    if moved is not None:
+                        if upstream is not first:
+                            upstream.release()
+                        unit, upstream = moved
+                        held.append(unit)
+                        framer = SseFramer(_WHOLE_BODY_LIMIT)
+                        continue
+                    # The honest end of a stream that could not move: its own code, so a client (and
+                    # the chaos check) tells it from a unit's own error.
+                    if ledger.moves >= s.max_moves:
+                        reason, message = (
+                            "moves_exhausted",
+                            f"{message}; the stream already moved {ledger.moves} time(s), its limit",
+                        )
+                    else:
+                        reason, message = "no_unit_to_resume", f"{message}; no other unit could continue it"
+                return await self._broken(request, resp, upstream, is_sse, request_id, unit, reason, message)
+        finally:
+            if upstream is not first:
+                upstream.release()
+            for u in held:
+                u.outstanding -= 1
+                if u.removed:
+                    self.fleet.retire_if_idle(u)
+
+    def _ledger(self, upstream: aiohttp.ClientResponse, headers: dict[str, str] | None) -> StreamLedger | None:
+        """A ledger for a stream the router asked to be resumable (the leader's reports decide if it is)."""
+        if headers is None or headers.get(contract.RESUME_HEADER) != "1":
+            return None
+        try:
+            created = int(float(upstream.headers.get(contract.ARRIVAL_HEADER, "")))
+        except ValueError:
+            return None
+        completion_id = upstream.headers.get(contract.COMPLETION_ID_HEADER, "")
+        return StreamLedger(completion_id=completion_id, created=created) if completion_id else None
+
+    async def _pipe(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        unit: Unit,
+        framer: SseFramer | None,
+        ledger: StreamLedger | None,
+    ) -> tuple[str | None, str]:
+        """Copy one unit's body to the client until it ends: (None, "") when it ended well or the
+        client left, else why it broke (reason, message)."""
+        s = self.settings
         content = upstream.content
-        broken = functools.partial(self._broken, request, resp, upstream, is_sse, request_id, unit)
         while True:
+            # A resumable stream that has produced tokens here counts silence past the stall bound as
+            # a hung unit (a stopped member or a stuck collective); before its first token it may be
+            # prefilling a long prompt.
+            quiet = s.idle_stream_timeout_s
+            if ledger is not None and ledger.since_move:
+                quiet = min(quiet, s.stream_stall_s)
             try:
-                async with asyncio.timeout(s.idle_stream_timeout_s):
+                async with asyncio.timeout(quiet):
                     chunk = await content.readany()
             except TimeoutError:
-                return await broken("idle_timeout", f"unit {unit.unit} sent nothing for {s.idle_stream_timeout_s:g} s")
+                return "idle_timeout", f"unit {unit.unit} sent nothing for {quiet:g} s"
             except (aiohttp.ClientError, OSError) as exc:
-                return await broken(
+                return (
                     "stream_broken",
                     f"unit {unit.unit} failed mid-response ({exc.__class__.__name__}); "
                     f"the partial output above is incomplete",
                 )
             if not chunk:
                 break
+            moved: str | None = None
             if framer is not None:
                 chunk = framer.feed(chunk)
-                if not chunk:
-                    continue
-            try:
-                # Bounded like the unit's side: a client that accepts nothing counts as gone.
-                async with asyncio.timeout(s.idle_stream_timeout_s):
-                    await resp.write(chunk)
-            except (ConnectionError, aiohttp.ClientConnectionResetError, TimeoutError):
-                # The client went away: drop the unit connection so the unit cancels the work.
-                upstream.close()
-                if request.transport is not None:
-                    request.transport.abort()
-                return resp
+                if ledger is not None:
+                    chunk, moved = ledger.take(chunk)
+            if chunk:
+                try:
+                    # Bounded like the unit's side: a client that accepts nothing counts as gone.
+                    async with asyncio.timeout(s.idle_stream_timeout_s):
+                        await resp.write(chunk)
+                except (ConnectionError, aiohttp.ClientConnectionResetError, TimeoutError):
+                    # The client went away: drop the unit connection so the unit cancels the work.
+                    upstream.close()
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return None, ""
+            if moved is not None:
+                return f"handover_{moved}", f"unit {unit.unit} handed the stream over ({moved})"
+        if ledger is not None and ledger.reported and not ledger.done:
+            return "stream_broken", f"unit {unit.unit} ended the stream before its end; the output above is incomplete"
         try:
             rest = framer.flush() if framer is not None else b""
             if rest:
@@ -667,7 +761,71 @@ class Router:
             await resp.write_eof()
         except (ConnectionError, aiohttp.ClientConnectionResetError):
             pass  # the client left just as the response ended
-        return resp
+        return None, ""
+
+    async def _move_stream(
+        self,
+        ledger: StreamLedger,
+        failed: Unit,
+        request: web.Request,
+        body: bytes,
+        headers: dict[str, str],
+        request_id: str,
+        reason: str,
+        key: balance.RequestKey | None = None,
+    ) -> tuple[Unit, aiohttp.ClientResponse] | None:
+        """Continue a broken stream on another unit: the original body plus the tokens its client has,
+        sent to units other than the ones it already ran on, until one answers 200 or the move budget
+        is spent. The new unit is counted outstanding until the caller releases it."""
+        s = self.settings
+        if reason in ("idle_timeout", "stream_broken"):
+            failed.mark_unready(reason)  # hung or gone: no new request goes there before its next report
+        continued = ledger.continuation(body)
+        if continued is None:
+            return None
+        ledger.avoid.append(failed)
+        headers = {**headers, contract.CONTINUATION_HEADER: "1"}
+        while ledger.moves < s.max_moves:
+            # By the same policy as a new request: the unit its cache key prefers, among the rest,
+            # may hold the prompt's prefix and re-prefill only the generated part.
+            pick = self.fleet.pick(tuple(ledger.avoid), key)
+            unit = pick.unit
+            if unit is None or unit.session is None or unit.session.closed:
+                return None
+            ledger.moves += 1
+            ledger.avoid.append(unit)
+            self.metrics.retries.labels(f"move_{reason}").inc()
+            log.warning(
+                "request %s: %s on unit %s after %d token(s); continuing on unit %s (move %d of %d)",
+                request_id,
+                reason,
+                failed.unit,
+                len(ledger.token_ids),
+                unit.unit,
+                ledger.moves,
+                s.max_moves,
+            )
+            unit.outstanding += 1
+            try:
+                async with asyncio.timeout(s.first_byte_timeout_s):
+                    upstream = await unit.session.request(
+                        request.method,
+                        unit.url + request.rel_url.raw_path_qs,
+                        headers=headers,
+                        data=continued,
+                        allow_redirects=False,
+                    )
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                unit.outstanding -= 1
+                continue
+            if upstream.status == 200 and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                ledger.since_move = 0
+                return unit, upstream
+            # Refused (busy, draining, not ready): try the next unit. Busy is not broken, so the
+            # refusal leaves the unit's routability to its own reports.
+            upstream.release()
+            unit.outstanding -= 1
+        return None
 
     async def _broken(
         self,

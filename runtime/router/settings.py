@@ -220,6 +220,23 @@ class RouterSettings(BaseModel):
         Option("--idle-stream-timeout", "longest silence in seconds between two chunks of a response"),
     ] = 30.0
     max_attempts: Annotated[int, within(1, 16)] = 3  # units tried per request while nothing reached the client
+    max_moves: Annotated[
+        int,
+        within(0, 16),
+        Option(
+            "--max-moves",
+            "times one stream may continue on another unit after its unit failed, hung or drained (0: never)",
+        ),
+    ] = 2
+    stream_stall_s: Annotated[
+        float,
+        within(0.05, 3600),
+        Option(
+            "--stream-stall",
+            "silence in seconds after which a stream that already produced tokens counts its unit as hung "
+            "and moves; a decode step takes well under a second",
+        ),
+    ] = 5.0
     max_body_bytes: Annotated[int, within(1024, 1 << 30)] = 4 * 1024 * 1024
     # shedding: a unit is saturated when either bound is reached
     max_outstanding_per_unit: Annotated[

@@ -2,12 +2,15 @@
 
 Two real units (two `runtime node` members each, reference engine, `tiny`) behind a real router on
 127.0.0.1 take a seeded mix of requests (streamed or not, chat or completion, greedy; some sharing
-one X-Request-Id, some abandoned by their client) while members are SIGTERMed (1 s drain) or
-SIGKILLed and started again (a unit is hit only while the other serves). Then every request is
-checked: it completed with exactly the text an unsplit run of the same prompt gives (one rank, in
-this process), or it ended with an explicit error (a 5xx or 429 with an error body, or an SSE error
-event and no [DONE]) after a prefix of that text; none hung past its bound; none was refused as the
-client's fault; no completion id appears twice. Afterwards no unit holds a request: the abandoned
+one X-Request-Id, some abandoned by their client) while members, leaders and followers alike, are
+SIGTERMed (1 s drain) or SIGKILLed and started again, or SIGSTOPped for a few seconds and let go
+(a unit is hit only while the other serves). Then every request is checked: it completed with
+exactly the text an unsplit run of the same prompt gives (one rank, in this process), or it ended
+with an explicit error (a 5xx or 429 with an error body before anything streamed; once a stream has
+started, only the router's SSE error event saying its move budget ran out or no unit could continue
+it, and no [DONE]) after a prefix of that text; none hung past its bound; none was refused as the
+client's fault; no completion id appears twice. A stream whose unit fails mid-answer moves to the
+other unit, so its client sees the unsplit text. Afterwards no unit holds a request: the abandoned
 ones gave their batch slots back.
 
 FLOTILLA_CHAOS_SEED=<n> replays a run (the seed is in every failure message); `--long` (or
@@ -50,6 +53,9 @@ PROMPTS = [
 ]
 MAX_TOKENS = (6, 24, 64)
 BOUND_S = 45.0  # a request still open after this long hung (the router gives up after 20 s without a byte)
+# The only way a started stream may end without [DONE]: the router could not move it (runtime/router/proxy.py).
+MOVE_ENDINGS = ("moves_exhausted", "no_unit_to_resume")
+STOPPED_S = (1.0, 3.0)  # how long a SIGSTOPped member stays frozen
 SHORT = {"requests": 240, "member_kills": 4, "clients": 8}
 LONG = {"requests": 3000, "member_kills": 40, "clients": 12}
 
@@ -225,6 +231,8 @@ def violations(seen: Seen, expected: dict[tuple[int, bool, int], str]) -> list[s
     elif seen.ending == "error":
         if not errors or errors[-1] is not seen.events[-1]:
             bad.append(f"{tag}: the stream ended without [DONE] and without an error event after {text!r}")
+        elif errors[-1]["error"].get("code") not in MOVE_ENDINGS:
+            bad.append(f"{tag}: a started stream ended with {errors[-1]['error']} instead of moving to another unit")
     if seen.ending in ("error", "hung_up") and not want.startswith(text):
         bad.append(f"{tag}: the partial stream {text!r} is not a prefix of the unsplit run's {want!r}")
     return bad
@@ -256,9 +264,10 @@ async def routable(router: RouterProcess, unit: Unit) -> bool:
 async def chaos(
     units: list[Unit], router: RouterProcess, rng: random.Random, kills: int, stop: asyncio.Event, log: list[str]
 ) -> None:
-    """Stop a member (SIGTERM with a 1 s drain, or SIGKILL) and start it again, `kills` times or
-    until the load ends. A unit may be hit again while it still re-forms, but only while the router
-    routes to the other unit, so the fleet is never down as a whole."""
+    """Stop a member (SIGTERM with a 1 s drain, or SIGKILL) and start it again, or freeze it
+    (SIGSTOP) for a few seconds, `kills` times or until the load ends. A unit may be hit again while
+    it still re-forms, but only while the router routes to the other unit, so the fleet is never
+    down as a whole."""
     t0 = time.monotonic()
     for _ in range(kills):
         try:
@@ -268,7 +277,7 @@ async def chaos(
             pass
         unit = rng.choice(units)
         member = rng.choice(unit.members)
-        how = rng.choice(("sigterm", "sigkill"))
+        how = rng.choice(("sigterm", "sigkill", "sigstop"))
         other = next(u for u in units if u is not unit)
         await asyncio.to_thread(other.wait_ready, 120)
         for _ in range(600):  # bounded: 30 s
@@ -278,6 +287,11 @@ async def chaos(
         if stop.is_set():
             return
         log.append(f"{time.monotonic() - t0:.1f}s {how} {unit.name} rank {member.rank}")
+        if how == "sigstop":
+            member.sigstop()
+            await asyncio.sleep(rng.uniform(*STOPPED_S))
+            member.sigcont()
+            continue
         if how == "sigkill":
             await asyncio.to_thread(member.sigkill)
         else:
@@ -334,6 +348,8 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
             "20",
             "--idle-stream-timeout",
             "10",
+            "--stream-stall",
+            "2",
         ],
     )
     blows: list[str] = []
@@ -357,6 +373,12 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
                 blows.append(f"load ended at {time.monotonic() - t0:.1f}s")
                 stop.set()
                 await blower
+                moved = [
+                    line
+                    for line in (await router.metrics()).splitlines()
+                    if line.startswith("flotilla_router_retries_total") and 'reason="move_' in line
+                ]
+                blows.append(f"streams moved: {[line.split('{')[1] for line in moved]}")
 
         seen = asyncio.run(scenario())
         # Afterwards every unit serves again and holds no request: abandoned ones freed their slots.
@@ -364,6 +386,8 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
             u.wait_ready(timeout=120)
             wait_for(lambda u=u: _holds_nothing(u), timeout=30, what=f"{u.name} to hold no request")
     finally:
+        for u in units:  # a member left frozen (the test failed mid-blow) would never stop
+            u.thaw()
         router.stop()
         for u in units:
             u.stop()

@@ -132,6 +132,8 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--drain-timeout",
         "--first-byte-timeout",
         "--idle-stream-timeout",
+        "--max-moves",
+        "--stream-stall",
         "--event-loop",
         "--access-log",
         "--ready-units-interval",

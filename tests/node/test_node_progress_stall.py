@@ -1,0 +1,39 @@
+"""Gray failure on the leader: an engine process that answers but makes no progress (a stopped member,
+a stuck collective) counts as stalled, and the unit then reports not ready so routers stop sending it
+work; it is ready again as soon as tokens flow."""
+
+from __future__ import annotations
+
+import time
+
+from runtime.engines.base import EngineState
+from runtime.membership import Membership
+from runtime.node.engine_process import EngineProcess, LoadReport
+
+SOLO = Membership(unit_id="u", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
+
+
+def _engine(running: int, quiet_s: float) -> EngineProcess:
+    e = EngineProcess(config={}, membership=SOLO)
+    e.load = LoadReport(state=EngineState.READY, running=running, max_running=8)
+    e.last_progress = time.monotonic() - quiet_s
+    return e
+
+
+def test_running_sequences_without_a_token_past_the_bound_are_a_stall():
+    assert _engine(running=2, quiet_s=10.0).stalled(3.0)
+
+
+def test_an_engine_producing_tokens_is_not_stalled():
+    assert not _engine(running=2, quiet_s=0.0).stalled(3.0)
+
+
+def test_an_idle_engine_is_never_stalled_however_long_it_was_quiet():
+    assert not _engine(running=0, quiet_s=3600.0).stalled(3.0)
+
+
+def test_the_first_request_of_an_idle_engine_starts_the_clock_afresh():
+    e = _engine(running=0, quiet_s=3600.0)
+    e.submit("r1", prompt="x")  # not started: the request ends at once, but the clock was reset
+    e.load = LoadReport(state=EngineState.READY, running=1, max_running=8)
+    assert not e.stalled(3.0)

@@ -1,0 +1,297 @@
+"""Resumable streams end to end: two real units (one `runtime node` member each, reference engine,
+`tiny`) behind a real router. A stream whose unit is killed, or drains, mid-answer continues on the
+other unit; its client sees one stream: the unsplit run's text, one id, usage over the whole answer,
+and none of the router's internal lines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+from engine_alone import greedy_texts
+from nodeproc import Unit, wait_for
+from router_real_units import RouterProcess
+
+import contract
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPT = "rain on the harbour at night"
+MAX_TOKENS = 200
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.raw = b""
+        self.events: list[dict] = []
+        self.done = False
+        self.unit = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(e["choices"][0]["text"] for e in self.events if e.get("choices"))
+
+    @property
+    def errors(self) -> list[dict]:
+        return [e["error"] for e in self.events if "error" in e]
+
+
+async def stream(base: str, body: dict, *, on_event=None, headers=None) -> Stream:
+    out = Stream()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(base + "/v1/completions", json=body, headers=headers or {}) as r:
+            assert r.status == 200, await r.text()
+            out.unit = r.headers[contract.UNIT_HEADER]
+            buf = b""
+            async for piece in r.content.iter_any():
+                out.raw += piece
+                buf += piece
+                while b"\n\n" in buf:
+                    raw, buf = buf.split(b"\n\n", 1)
+                    if raw == b"data: [DONE]":
+                        out.done = True
+                    elif raw.startswith(b"data: "):
+                        out.events.append(json.loads(raw[len(b"data: ") :]))
+                        if on_event is not None:
+                            await on_event(out)
+    return out
+
+
+def _body(**extra) -> dict:
+    return {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+
+
+def _two_units(tmp_path: Path, **env: str) -> list[Unit]:
+    return [Unit(tmp_path, name=f"resume-{k}", world_size=1, **env) for k in range(2)]
+
+
+def _router(tmp_path: Path, units: list[Unit], *extra: str) -> RouterProcess:
+    args = ["--units", ",".join(u.leader.url for u in units), "--poll-interval", "0.2", "--drain-grace", "0"]
+    return RouterProcess(tmp_path, name="resume", args=[*args, *extra])
+
+
+def _check_whole(got: Stream, want: str) -> None:
+    assert not got.errors and got.done, got.errors
+    assert got.text == want
+    ids = {e["id"] for e in got.events}
+    assert len(ids) == 1, ids
+    usage = got.events[-1]["usage"]
+    assert usage["completion_tokens"] == MAX_TOKENS
+    assert usage["total_tokens"] == usage["prompt_tokens"] + MAX_TOKENS
+    assert b"flotilla" not in got.raw  # the internal channel never reaches the client
+
+
+@contextlib.contextmanager
+def serving(units: list[Unit], router: RouterProcess):
+    """The units started and ready, the router routing to all of them; everything stopped after (a
+    member a test froze is let go first, or it would never stop)."""
+    try:
+        for u in units:
+            u.start()
+        for u in units:
+            u.wait_ready(180)
+
+        async def routing() -> None:
+            await router.start()
+            await router.wait_routable(len(units))
+
+        asyncio.run(asyncio.wait_for(routing(), 120))
+        yield
+    finally:
+        for u in units:
+            u.thaw()
+        router.stop()
+        for u in units:
+            u.stop()
+
+
+def _leader_of(units: list[Unit], name: str) -> Unit:
+    return next(u for u in units if u.name == name)
+
+
+def _continued(unit: Unit) -> list[dict]:
+    return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
+def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(tmp_path: Path, sampling):
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units)
+    with serving(units, router):
+
+        async def scenario() -> tuple[Stream, Stream, str]:
+            # The same request once without a failure: greedy, the unsplit model's answer (checked
+            # against the engine alone below); seeded, what the seed draws.
+            whole = await stream(router.url, _body(**sampling))
+            killed: list[str] = []
+
+            async def kill_mid_way(s: Stream) -> None:
+                if len(s.events) == 30 and not killed:
+                    killed.append(s.unit)
+                    await asyncio.to_thread(_leader_of(units, s.unit).leader.sigkill)
+
+            got = await stream(router.url, _body(**sampling), on_event=kill_mid_way)
+            return whole, got, killed[0]
+
+        whole, got, killed = asyncio.run(asyncio.wait_for(scenario(), 300))
+        want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0] if not sampling else whole.text
+        assert whole.text == want
+        _check_whole(got, want)
+        other = next(u for u in units if u.name != killed)
+        moved = _continued(other)
+        assert len(moved) == 1 and 30 <= moved[0]["continued_from"] < MAX_TOKENS, moved
+        metrics = asyncio.run(router.metrics())
+        assert 'flotilla_router_retries_total{reason="move_stream_broken"} 1.0' in metrics
+
+
+def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    # A drain timeout far longer than the answer: the drain must not wait for it.
+    units = _two_units(tmp_path, FLOTILLA_DRAIN_TIMEOUT_S="300")
+    router = _router(tmp_path, units)
+    with serving(units, router):
+
+        async def scenario() -> tuple[Stream, str, int]:
+            drained: list[str] = []
+            exit_codes: list[int] = []
+
+            async def drain_mid_way(s: Stream) -> None:
+                if len(s.events) == 20 and not drained:
+                    drained.append(s.unit)
+                    _leader_of(units, s.unit).leader.sigterm()
+
+            async def plain() -> dict:
+                # Whichever unit serves it, it comes back whole: one that drains answers 503 at its
+                # next token and the router retries it whole on the other unit.
+                body = {k: v for k, v in _body().items() if k not in ("stream", "stream_options")}
+                async with aiohttp.ClientSession() as s, s.post(router.url + "/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    return await r.json()
+
+            plain_task = asyncio.create_task(plain())
+            got = await stream(router.url, _body(), on_event=drain_mid_way)
+            # The drained member exits once it handed its stream over (bounded wait, not a timing claim).
+            exit_codes.append(await asyncio.to_thread(_leader_of(units, drained[0]).leader.wait, 120))
+            whole = await plain_task
+            assert whole["choices"][0]["text"] == want  # a non-streamed answer is retried whole elsewhere
+            assert whole["usage"]["completion_tokens"] == MAX_TOKENS
+            return got, drained[0], exit_codes[0]
+
+        got, drained, code = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)
+        assert code == 0
+        gone = _leader_of(units, drained)
+        handed = [r for r in gone.leader.log_events("request") if r.get("error_kind") == "unavailable"]
+        assert handed and all(r["completion_tokens"] < MAX_TOKENS for r in handed), handed
+        other = next(u for u in units if u.name != drained)
+        assert len(_continued(other)) == 1
+
+
+def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = [Unit(tmp_path, name=f"gray-{k}", world_size=2) for k in range(2)]
+    router = _router(tmp_path, units, "--stream-stall", "2")
+    with serving(units, router):
+
+        async def scenario() -> tuple[Stream, str]:
+            stopped: list[str] = []
+
+            async def stop_follower(s: Stream) -> None:
+                if len(s.events) == 20 and not stopped:
+                    stopped.append(s.unit)
+                    await asyncio.to_thread(_leader_of(units, s.unit).members[1].sigstop)
+
+            got = await stream(router.url, _body(), on_event=stop_follower)
+            return got, stopped[0]
+
+        got, stopped = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)
+        gray = _leader_of(units, stopped)
+        # Its leader still answers HTTP, but says it is not ready (its engine makes no progress).
+        wait_for(lambda: gray.leader.ready()[0] == 503, timeout=30, what=f"{gray.name} to report not ready")
+        other = next(u for u in units if u.name != stopped)
+        assert len(_continued(other)) == 1
+        gray.members[1].sigcont()
+        gray.wait_ready(timeout=180)  # it re-forms by the existing paths and serves again
+        asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
+
+
+def test_a_stream_that_spent_its_moves_ends_with_an_explicit_error(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units, "--max-moves", "1")
+    with serving(units, router):
+
+        async def scenario() -> Stream:
+            killed: list[str] = []
+
+            async def kill_each_unit(s: Stream) -> None:
+                # First the unit serving the stream, then the one it moved to.
+                if len(s.events) in (20, 60) and len(killed) < 2:
+                    target = next(u for u in units if u.name not in killed) if killed else _leader_of(units, s.unit)
+                    killed.append(target.name)
+                    await asyncio.to_thread(target.leader.sigkill)
+
+            return await stream(router.url, _body(), on_event=kill_each_unit)
+
+        got = asyncio.run(asyncio.wait_for(scenario(), 300))
+        assert not got.done and [e["code"] for e in got.errors] == ["moves_exhausted"]
+        assert "error" in got.events[-1]
+        assert want.startswith(got.text) and len(got.text) < len(want)  # a true prefix, nothing crossed
+
+
+def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units)
+    with serving(units, router):
+
+        async def scenario() -> Stream:
+            forged = {contract.CONTINUATION_FIELD: {"id": "cmpl-forged", "created": 1, "token_ids": [65] * 50}}
+            headers = {contract.CONTINUATION_HEADER: "1", contract.RESUME_HEADER: "1"}
+            return await stream(router.url, _body(**forged), headers=headers)
+
+        got = asyncio.run(asyncio.wait_for(scenario(), 300))
+        _check_whole(got, want)  # the router dropped the headers: the field meant nothing
+        assert got.events[0]["id"] != "cmpl-forged"
+
+
+def test_a_leader_reports_tokens_only_when_asked_and_only_for_streams_it_can_move(tmp_path: Path):
+    unit = Unit(tmp_path, name="direct", world_size=1)
+    try:
+        unit.start()
+        unit.wait_ready(180)
+
+        async def raw(body: dict, headers: dict) -> bytes:
+            got = await stream(unit.leader.url, body, headers=headers)
+            assert got.done, got.errors
+            return got.raw
+
+        async def scenario() -> dict[str, bytes]:
+            asked = {contract.RESUME_HEADER: "1"}
+            return {
+                "asked": await raw(_body(max_tokens=8), asked),
+                "not asked": await raw(_body(max_tokens=8), {}),
+                "n=2": await raw(_body(max_tokens=8, n=2), asked),
+            }
+
+        seen = asyncio.run(asyncio.wait_for(scenario(), 120))
+        marker = contract.RESUME_COMMENT.encode()
+        assert seen["asked"].count(marker) == 1 + 8  # the opening, then one per token event
+        assert marker not in seen["not asked"]
+        assert marker not in seen["n=2"]  # two choices cannot move: nothing to report
+    finally:
+        unit.stop()

@@ -1,0 +1,67 @@
+"""The router's ledger of a resumable stream: it strips the leader's internal comment lines, keeps the
+token ids of every event its client got, and builds the continuation body for the next unit."""
+
+from __future__ import annotations
+
+import json
+
+import contract
+from runtime.router.resume import StreamLedger, resumable_request
+
+
+def _resume(ids: list[int]) -> bytes:
+    return (contract.RESUME_COMMENT + json.dumps({"t": ids})).encode() + b"\n"
+
+
+def test_resume_lines_are_stripped_and_their_token_ids_kept_in_order():
+    ledger = StreamLedger(completion_id="cmpl-1", created=7)
+    data = (
+        _resume([])
+        + b"\n"  # the leader's opening: this stream can move
+        + b'data: {"opening":1}\n\n'
+        + _resume([11])
+        + b'data: {"t":"a"}\n\n'
+        + _resume([12])
+        + b'data: {"t":"b"}\n\n'
+    )
+    out, moved = ledger.take(data)
+    assert out == b'data: {"opening":1}\n\ndata: {"t":"a"}\n\ndata: {"t":"b"}\n\n'
+    assert moved is None and ledger.reported and ledger.token_ids == [11, 12] and not ledger.done
+    assert b"flotilla" not in out
+
+
+def test_a_move_line_drops_its_event_and_names_the_reason():
+    ledger = StreamLedger(completion_id="cmpl-1", created=7)
+    data = (
+        _resume([5])
+        + b'data: {"t":"a"}\n\n'
+        + (contract.MOVE_COMMENT + "broken\n").encode()
+        + b'data: {"error":{}}\n\n'
+    )
+    out, moved = ledger.take(data)
+    assert out == b'data: {"t":"a"}\n\n' and moved == "broken" and ledger.token_ids == [5]
+    assert not ledger.done  # the handed-over error is not an ending: the stream goes on elsewhere
+
+
+def test_done_or_an_error_event_ends_the_stream_for_good():
+    for last in (b"data: [DONE]\n\n", b'data: {"error":{"code":"deadline_exceeded"}}\n\n'):
+        ledger = StreamLedger(completion_id="cmpl-1", created=7)
+        ledger.take(_resume([1]) + b'data: {"t":"a"}\n\n')
+        ledger.take(last)
+        assert ledger.done
+
+
+def test_the_continuation_carries_the_body_the_ids_and_what_the_client_saw():
+    ledger = StreamLedger(completion_id="cmpl-9", created=1234)
+    ledger.take(_resume([3]) + b"data: {}\n\n" + _resume([4]) + b"data: {}\n\n")
+    body = json.loads(ledger.continuation(b'{"model":"tiny","prompt":"hi","stream":true}'))
+    assert body["prompt"] == "hi" and body["stream"] is True
+    assert body[contract.CONTINUATION_FIELD] == {"id": "cmpl-9", "created": 1234, "token_ids": [3, 4]}
+    assert ledger.continuation(b"[1, 2]") is None and ledger.continuation(b"not json") is None
+
+
+def test_only_plain_bodies_of_the_generation_endpoints_are_resumable():
+    assert resumable_request("POST", "/v1/chat/completions", {})
+    assert resumable_request("POST", "/v1/completions", {"Content-Encoding": "identity"})
+    assert not resumable_request("POST", "/v1/completions", {"Content-Encoding": "gzip"})
+    assert not resumable_request("GET", "/v1/models", {})

@@ -58,6 +58,7 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
             "max_running": 16,
             "kv_cache_used": 0.25,
             "in_flight": 0,
+            "prefill_tokens": 0,
             "wait_s": 0.0,
             "queue_timeout_s": 0.0,
             "prefix_cache_queries": 0,

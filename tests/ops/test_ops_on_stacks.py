@@ -83,7 +83,17 @@ def start_members(aws: Aws, servers: list[HealthServer]) -> tuple[str, list[str]
         for g in aws.autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
         if g["AutoScalingGroupName"].startswith("flotilla-Cell-0-")
     ]
+    # The unit's group is created empty; the capacity provider's managed scaling raises it to what the
+    # service's tasks need ("Amazon ECS managed scaling ... scale-out", ECS developer guide,
+    # "Managing Auto Scaling group scaling with Amazon ECS cluster auto scaling").
+    aws.autoscaling.set_desired_capacity(
+        AutoScalingGroupName=asg["AutoScalingGroupName"], DesiredCapacity=service["desiredCount"]
+    )
+    (asg,) = aws.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[asg["AutoScalingGroupName"]])[
+        "AutoScalingGroups"
+    ]
     instances = sorted(i["InstanceId"] for i in asg["Instances"])
+    assert len(instances) == service["desiredCount"], "the group did not launch the unit's nodes"
     cm_service = units_cloudmap_service(aws)
     for rank, iid in enumerate(instances):
         doc = json.dumps({"instanceId": iid, "region": "us-east-1", "availabilityZone": "us-east-1a"})

@@ -10,7 +10,6 @@ goes past this module: not to the unit, not into a log.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -26,6 +25,7 @@ from prometheus_client import Counter
 import contract
 from contract import apikeys
 from contract.apikeys import KeyEntry, KeySet, KeySetError
+from runtime.router.body import json_object
 
 log = logging.getLogger("flotilla.router.access")
 
@@ -125,11 +125,8 @@ class KeyLimits:
 def estimate_tokens(body: bytes) -> int:
     """What a request counts against tokens/min before it runs (contract/apikeys.py)."""
     completion = apikeys.DEFAULT_COMPLETION_ESTIMATE
-    try:
-        doc = json.loads(body) if body else {}
-    except ValueError:
-        doc = {}
-    if isinstance(doc, dict):
+    doc = json_object(body)
+    if doc is not None:
         for name in ("max_completion_tokens", "max_tokens"):
             value = doc.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from runtime.router.body import json_object
+
 # Units sampled per pick (measured: docs/benchmarks.md, Fleet).
 CHOICES = 4
 
@@ -356,12 +358,7 @@ def request_key(body: bytes, session: str | None = None) -> RequestKey:
     which the conversation's previous turn left in its unit's cache. A body the router cannot read is
     routed by work alone; the unit then answers its error."""
     tokens = len(body) // BYTES_PER_TOKEN
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        doc = None
-    if not isinstance(doc, dict):
-        doc = {}
+    doc = json_object(body) or {}
     user = doc.get("user")
     if not session and isinstance(user, str) and user:
         session = user

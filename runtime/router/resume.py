@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import contract
+from runtime.router.body import json_object
 
 _RESUME = contract.RESUME_COMMENT.encode()
 _MOVE = contract.MOVE_COMMENT.encode()
@@ -73,11 +74,8 @@ class StreamLedger:
 
     def continuation(self, body: bytes) -> bytes | None:
         """The request body a second unit continues from, or None if the body is not a JSON object."""
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(payload, dict):
+        payload = json_object(body)
+        if payload is None:
             return None
         payload[contract.CONTINUATION_FIELD] = {
             "id": self.completion_id,

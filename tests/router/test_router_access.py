@@ -81,8 +81,8 @@ def test_missing_wrong_and_valid_keys_get_401_401_and_200_and_the_unit_never_see
     assert seen == []  # Authorization never forwarded
     err = capsys.readouterr().err
     assert key not in err and key[-20:] not in err  # never logged, not even in part
-    lines = [json.loads(line) for line in err.splitlines() if line.startswith('{"ts"')]
-    assert [(r["status"], r["key_id"]) for r in lines if r["event"] == "router_request"] == [(200, kid)]
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert [(r["status"], r["key_id"]) for r in lines if r.get("event") == "router_request"] == [(200, kid)]
 
 
 def test_one_key_over_its_request_rate_gets_429_with_retry_after_while_another_key_all_succeed():

@@ -76,7 +76,7 @@ def describe(outcomes) -> str:
     )
 
 
-def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_it_rejoins(tmp_path: Path, procs):
+def test_failover_follower_kill9_under_load_streams_on_that_unit_move_and_it_rejoins(tmp_path: Path, procs):
     a = Unit(tmp_path, name="unit-a", revision="1")
     b = Unit(tmp_path, name="unit-b", revision="1")
     router = RouterProcess(
@@ -145,11 +145,10 @@ def test_failover_follower_kill9_under_load_only_streams_on_that_unit_fail_and_i
         f"stream error: {failed[0].error if failed else None!r}"
     )
     assert len(outcomes) >= 200
-    assert failed, "no stream was cut by the kill: the broken-stream path was not exercised"
-    # Only streams already running on the broken unit may fail, and they fail with a clear error.
-    for o in failed:
-        assert o.stream and o.unit == "unit-a" and o.sent < marks["unready"], describe(outcomes)
-        assert o.status == 200 and o.error and "[DONE]" not in o.error, describe(outcomes)
+    # Streams running on the broken unit move to the other one (docs/node.md, "the stream moves"): no
+    # request fails, and the router's count of moved streams shows the cut-stream path ran.
+    assert failed == [], describe(failed)
+    assert 'flotilla_router_retries_total{reason="move_' in metrics, "no stream was moved: the kill cut none"
     # The router stops sending to the broken unit within two poll intervals of it turning unready
     # (plus 0.5 s for scheduling on a shared 2-core machine), for as long as the unit stays broken.
     # The window ends when the replacement follower is started, the earliest the unit can be ready

@@ -346,7 +346,13 @@ def test_the_ready_body_and_metrics_count_prefix_cache_queries_and_hits_in_promp
         {"role": "user", "content": "hi"},
     ]
     ids = list(tok.apply_chat_template(msgs))
-    before, _ = counters()
+    # The unit is shared with the tests before this one: count from a moment nothing of theirs is
+    # still queued or running, or a straggler's prompt would land between the two readings.
+    before = wait_for(
+        lambda: (ld := counters()[0])["in_flight"] == ld["queue_depth"] == ld["running"] == 0 and ld,
+        timeout=60,
+        what="the shared unit to be idle",
+    )
     for _ in range(2):
         client(shared_unit).chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
     want_q = before["prefix_cache_queries"] + 2 * len(ids)

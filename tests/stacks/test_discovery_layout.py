@@ -71,18 +71,25 @@ def test_a_cell_whose_members_overfill_its_service_during_a_surge_is_refused():
     )
 
 
+# Past 500 units a fleet cannot give each unit its own cluster placement group (EC2 allows 500 per
+# Region; synth refuses it), so these Cloud Map-scale fleets launch without one.
+NO_GROUPS = {"placement_group": "none"}
+
+
 def test_more_cells_than_the_discovery_stack_can_hold_services_for_are_refused():
     with pytest.raises(ConfigError) as err:
-        config_with(nodes_per_unit=1, units=600, units_per_cell=1, unit_rollout="replace")
+        config_with(nodes_per_unit=1, units=600, units_per_cell=1, unit_rollout="replace", capacity=NO_GROUPS)
     assert str(err.value) == (
-        "invalid flotilla config: units=600: at most 497 with units_per_cell 1 (the Discovery stack "
-        "would hold 603 resources, one Cloud Map service per cell; CloudFormation allows 500)"
+        # CloudFormation's 200 outputs per template bind before its 500 resources: Discovery exports
+        # one service per cell beside 4 fixed outputs, so 197 cells is the first that cannot deploy.
+        "invalid flotilla config: units=600: at most 196 with units_per_cell 1 (the Discovery stack "
+        "would have 604 outputs, one export per cell; CloudFormation allows 200)"
     )
 
 
 def test_a_fleet_past_the_default_namespace_quota_warns_with_the_number_to_request():
     # 625 units x 8 nodes = 5,000 members: past the 2,000 default of the adjustable namespace quota.
-    config = config_with(nodes_per_unit=8, units=625, units_per_cell=20, unit_rollout="replace")
+    config = config_with(nodes_per_unit=8, units=625, units_per_cell=20, unit_rollout="replace", capacity=NO_GROUPS)
     (warning,) = cloudmap_quota_warnings(config)
     assert "'Instances per namespace'" in warning and "request at least 5,000" in warning
     surge = config_with(nodes_per_unit=8, units=200, units_per_cell=20, unit_rollout="surge")
@@ -91,12 +98,12 @@ def test_a_fleet_past_the_default_namespace_quota_warns_with_the_number_to_reque
 
 
 def test_many_routers_over_many_cells_warn_about_the_discovery_call_rates():
-    config = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 200})
+    config = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 200}, capacity=NO_GROUPS)
     # 200 routers / 5 s x 100 cells = 4,000 calls/s: past both account rates
     warnings = cloudmap_quota_warnings(config)
     assert any("4,000 DiscoverInstancesRevision calls/s" in w for w in warnings)
     assert any("4,000 DiscoverInstances calls/s" in w for w in warnings)
-    fewer = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 100})
+    fewer = config_with(nodes_per_unit=1, units=2000, units_per_cell=20, router={"max_count": 100}, capacity=NO_GROUPS)
     # 2,000 calls/s: past DiscoverInstances' 1,000 (if every cell changed at once), not the revisions' 3,000
     assert [w for w in cloudmap_quota_warnings(fewer) if "calls/s" in w and "Revision" in w] == []
 

@@ -98,6 +98,11 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
     ("change image", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     ("change image", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     ("change image", "Router", "AWS::ECS::TaskDefinition", "TaskDefinition", "replace"): TASK_DEFINITION_REASON,
+    ("change router counts", "Router", "AWS::ECS::TaskDefinition", "TaskDefinition", "replace"): (
+        TASK_DEFINITION_REASON + "; each router enforces 1/n of every API key's limits, with n the configured "
+        "router count in its environment (FLOTILLA_LIMIT_ROUTERS), so a new count is a new router revision, "
+        "rolled out blue/green"
+    ),
     ("change node.drain_timeout_s", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     ("change node.drain_timeout_s", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     **{

@@ -28,6 +28,23 @@ REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
+# The leader's load in /health/ready, as docs/node.md documents it (the router and `flotilla status`
+# read these keys).
+READY_LOAD_KEYS = {
+    "queue_depth",
+    "running",
+    "max_running",
+    "kv_cache_used",
+    "in_flight",
+    "prefill_tokens",
+    "wait_s",
+    "queue_timeout_s",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefix_cache_hit_rate",
+}
+
+
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
     """(status, parsed body) of a GET; an HTTP error status is an answer, not an exception."""
     try:

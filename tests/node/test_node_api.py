@@ -11,7 +11,7 @@ import urllib.request
 import openai
 import pytest
 from engine_alone import greedy_texts
-from nodeproc import get_json, wait_for
+from nodeproc import READY_LOAD_KEYS, get_json, wait_for
 
 import contract
 
@@ -143,19 +143,7 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             2,
         )
         assert (body["role"], body["cell"]) == ("leader" if m.rank == 0 else "follower", "cell-t")
-        assert set(body["load"]) == {
-            "queue_depth",
-            "running",
-            "max_running",
-            "kv_cache_used",
-            "in_flight",
-            "prefill_tokens",
-            "wait_s",
-            "queue_timeout_s",
-            "prefix_cache_queries",
-            "prefix_cache_hits",
-            "prefix_cache_hit_rate",
-        }
+        assert set(body["load"]) == READY_LOAD_KEYS
         assert body["load"]["max_running"] > 0 and 0.0 <= body["load"]["kv_cache_used"] <= 1.0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nodeproc import process_tree
 from testnet import free_port
 
 import contract
@@ -72,7 +73,13 @@ class LocalMode:
                 os.kill(p["pid"], 0)
 
     def kill(self) -> None:
-        """Teardown, whatever happened: never leave the launcher running."""
+        """Teardown, whatever happened: never leave the launcher or anything it started running (its
+        nodes, engines and router live in sessions of their own, so killing the launcher alone would
+        leave them to init)."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            for pid in reversed(process_tree(self.proc.pid)):  # the launcher last: its children first
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.wait(timeout=10)

@@ -45,6 +45,26 @@ READY_LOAD_KEYS = {
 }
 
 
+def process_tree(root: int) -> list[int]:
+    """root and its descendants' pids (from /proc: Linux only, as the suites are). Node processes
+    start their engines in sessions of their own, so a process group does not cover them."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+            parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
+
+
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
     """(status, parsed body) of a GET; an HTTP error status is an answer, not an exception."""
     try:
@@ -139,23 +159,9 @@ class Member:
             os.kill(pid, signal.SIGCONT)
 
     def _tree(self) -> list[int]:
-        """This member's pid and its descendants' (from /proc: Linux only, as the suites are)."""
+        """This member's pid and its descendants'."""
         assert self.proc is not None, f"{self.unit.name} rank {self.rank} was never started"
-        parents: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
-                parents.setdefault(ppid, []).append(int(entry))
-        out, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            todo.extend(parents.get(pid, []))
-        return out
+        return process_tree(self.proc.pid)
 
     def wait(self, timeout: float) -> int:
         """This member's exit status, once it exits (at most `timeout` s)."""

@@ -1,5 +1,6 @@
 """What the benchmarks share: the CPU model every result records, starting the router pinned to a
-core, reading a process's CPU time, percentiles, and appending a run to a results file."""
+core, reading a process's CPU time, a process's descendants, percentiles, and appending a run to a
+results file."""
 
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ def cpu_model() -> str:
     return next(
         (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor()
     )
+
+
+def process_tree(root: int) -> list[int]:
+    """root and its descendants' pids (from /proc: Linux only, as the suites are). Node processes
+    start their engines in sessions of their own, so a process group does not cover them."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+            parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
 
 
 def pin_self(cpus: str) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodeproc import process_tree
 from testnet import free_port
 
 import contract
+from bench.measure import process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 READY_BANNER = "Ctrl-C stops everything"

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from testnet import free_port
 
 import contract
+from bench.measure import process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -43,26 +44,6 @@ READY_LOAD_KEYS = {
     "prefix_cache_hits",
     "prefix_cache_hit_rate",
 }
-
-
-def process_tree(root: int) -> list[int]:
-    """root and its descendants' pids (from /proc: Linux only, as the suites are). Node processes
-    start their engines in sessions of their own, so a process group does not cover them."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
-            parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(parents.get(pid, []))
-    return out
 
 
 def get_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:

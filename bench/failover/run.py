@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -36,34 +35,10 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.measure import cpu_model, process_tree  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "failover.json"
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def tree(pid: int) -> list[int]:
-    """pid and its descendants (from /proc): a node's engine process runs in its own session."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(parents.get(p, []))
-    return out
 
 
 class Fleet:
@@ -121,7 +96,7 @@ class Fleet:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         for p in self.processes:  # a member the scenario froze must not stay frozen
             try:
-                for pid in tree(p["pid"]):
+                for pid in process_tree(p["pid"]):
                     os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
@@ -235,12 +210,12 @@ async def scenario_sigstop(a, model_name: str) -> dict:
 
         async def blow() -> None:
             await asyncio.sleep(a.blow_after_s)
-            for pid in tree(victim["pid"]):
+            for pid in process_tree(victim["pid"]):
                 os.kill(pid, signal.SIGSTOP)
             timing["out_of_routing_s"] = await wait_until(lambda: _not(fleet.routable("local-unit0")), 60)
 
         results = await load(fleet, model_name, a.streams, a.max_tokens, blow)
-        for pid in tree(victim["pid"]):
+        for pid in process_tree(victim["pid"]):
             os.kill(pid, signal.SIGCONT)
         timing["back_in_routing_after_sigcont_s"] = await wait_until(lambda: fleet.routable("local-unit0"), 600)
         return {

@@ -52,14 +52,23 @@ class Check:
 ROLL_SKIPPED = "skipped: no --roll-unit given (make local has no ECS service to roll; give a unit of a deployed fleet)"
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= 600:
-        raise argparse.ArgumentTypeError(f"{value:g} is out of range: use more than 0 and at most 600 seconds")
-    return value
+def _seconds_up_to(most: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds above 0 and at most `most`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 < value <= most:
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range: use more than 0 and at most {most:g} seconds")
+        return value
+
+    return parse
+
+
+_positive = _seconds_up_to(600)
+_roll_wait = _seconds_up_to(7200)
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -95,16 +104,6 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     p.set_defaults(handler=run_smoke)
     return [p]
-
-
-def _roll_wait(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= 7200:
-        raise argparse.ArgumentTypeError(f"{value:g} is out of range: use more than 0 and at most 7200 seconds")
-    return value
 
 
 def _timed(name: str, fn: Callable[[], tuple[bool, str]]) -> Check:

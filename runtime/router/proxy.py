@@ -152,13 +152,15 @@ _HANDS_OVER = frozenset({"draining", "stopped"})
 
 class _Departure:
     """Whether the unit a request waits on left routing for a failure (silent, unreachable, its
-    engine stalled, broken) and stayed out for grace_s: a unit whose report was merely late is back
-    at its next line and keeps the request."""
+    engine stalled, broken) and stayed out for grace_s, while another unit is routable: a unit whose
+    report was merely late is back at its next line and keeps the request, and with no other unit to
+    go to, waiting for this one is the request's best chance."""
 
-    __slots__ = ("unit", "grace_s", "since")
+    __slots__ = ("unit", "fleet", "grace_s", "since")
 
-    def __init__(self, unit: Unit, grace_s: float) -> None:
+    def __init__(self, unit: Unit, fleet: Fleet, grace_s: float) -> None:
         self.unit = unit
+        self.fleet = fleet
         self.grace_s = grace_s
         self.since: float | None = None  # loop time it was first seen out
 
@@ -169,7 +171,7 @@ class _Departure:
             return False
         if self.since is None:
             self.since = now
-        return now - self.since >= self.grace_s
+        return now - self.since >= self.grace_s and self.fleet.routable_count() > 0
 
 
 def _restartable(request: web.Request) -> bool:
@@ -559,7 +561,11 @@ class Router:
         t_sent = perf_counter()
         # A request waiting for its first byte may start again elsewhere if its unit leaves routing
         # (a stopped leader, a hung engine): it counts against the move budget.
-        departure = _Departure(unit, s.stale_after_s) if trace.moves < s.max_moves and _restartable(request) else None
+        departure = (
+            _Departure(unit, self.fleet, s.stale_after_s)
+            if trace.moves < s.max_moves and _restartable(request)
+            else None
+        )
         waiting = _Wait(s.first_byte_timeout_s, departure, self._watch_period())
         try:
             async with waiting:
@@ -818,7 +824,7 @@ class Router:
         client left, else why it broke (reason, message)."""
         s = self.settings
         content = upstream.content
-        departure = _Departure(unit, s.stale_after_s)
+        departure = _Departure(unit, self.fleet, s.stale_after_s)
         while True:
             # A resumable stream that has produced tokens here counts silence past the stall bound as
             # a hung unit (a stopped member or a stuck collective); before its first token it may be

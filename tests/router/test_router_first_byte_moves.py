@@ -134,3 +134,23 @@ def test_the_moves_before_the_first_byte_are_bounded_by_the_move_budget():
         assert c.received == []
 
     run(scenario())
+
+
+def test_with_no_other_unit_routable_a_request_keeps_waiting_for_its_unit():
+    async def scenario():
+        (a,) = [await StandInUnit(name="a").start()]
+        a.first_byte_delay_s = 4.0
+        async with router_over([a], first_byte_timeout_s=HUNG_S) as router, aiohttp.ClientSession() as s:
+            call = asyncio.create_task(_post(s, router, {"model": "tiny", "prompt": "hi", "max_tokens": 3}))
+            await wait_for(lambda: len(a.received) == 1, what="the request to reach a")
+            a.hang = True  # out of routing, and nowhere else to go
+            await wait_for(lambda: not router.fleet.units[a.url].ready, what="a to leave routing")
+            await asyncio.sleep(2 * router.settings.stale_after_s)  # past the grace a move would need
+            a.hang = False
+            status, headers, _ = await asyncio.wait_for(call, 15)
+            moved = _retries(router, "left_before_first_byte")
+        await _stop(a)
+        assert status == 200 and headers[contract.UNIT_HEADER] == "a"
+        assert moved == 0
+
+    run(scenario())

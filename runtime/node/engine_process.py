@@ -158,6 +158,7 @@ class EngineProcess:
         self.submit(
             f"canary-{self._canaries}",
             correlation_id="canary",
+            canary=True,
             prompt=".",
             max_tokens=1,
             default_max_tokens=1,

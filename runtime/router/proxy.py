@@ -206,6 +206,8 @@ class _Wait:
     def _look(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._departure is not None
+        if self._timeout.expired():  # it fired in this same loop turn: nothing left to cut short
+            return
         if self._departure.gone(loop.time()):
             self.left = True
             self._timeout.reschedule(loop.time())  # a deadline now: the timeout fires at once

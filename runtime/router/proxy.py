@@ -210,7 +210,9 @@ class _Wait:
             return
         if self._departure.gone(loop.time()):
             self.left = True
-            self._timeout.reschedule(loop.time())  # a deadline now: the timeout fires at once
+            # A deadline now: the timeout fires at the loop's next turn, as any asyncio.timeout does
+            # (https://docs.python.org/3.11/library/asyncio-task.html#asyncio.Timeout.reschedule).
+            self._timeout.reschedule(loop.time())
         else:
             self._handle = loop.call_later(self._period, self._look)
 

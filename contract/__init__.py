@@ -49,7 +49,7 @@ RESUME_HEADER = "X-Flotilla-Resume"  # router -> leader: "1" = put resume commen
 # leader honours that field only with this header, which no client request reaches a leader with.
 CONTINUATION_HEADER = "X-Flotilla-Continuation"
 CONTINUATION_FIELD = "flotilla_continuation"  # {"id", "created", "token_ids"} in the request body
-RESUME_COMMENT = ": flotilla-resume "  # + {"t": [token ids of this event]}; the line opens the event
+RESUME_COMMENT = ": flotilla-resume "  # + {"t": [token ids sent in this event], "h": held tokens}; opens the event
 MOVE_COMMENT = ": flotilla-move "  # + the reason: this stream should continue on another unit
 INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER)
 

@@ -472,6 +472,7 @@ class UnitSupervisor:
                 if stalled > self.s.engine_stall_s:
                     raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
                 self._set_state(UnitState.READY, formation=formation)
+                self.engine.canary(self.s.canary_idle_s)  # an idle unit's engine is still asked now and then
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
             for f, st in zip(followers, await self._statuses(followers)):

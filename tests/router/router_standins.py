@@ -189,7 +189,10 @@ class StandInUnit:
         self.max_active = max(self.max_active, self.active)
         try:
             if self.first_byte_delay_s:
-                await asyncio.sleep(self.first_byte_delay_s)
+                try:  # cut short by stop(): a unit the router gave up on must not hold the test's end
+                    await asyncio.wait_for(self._stopping.wait(), self.first_byte_delay_s)
+                except asyncio.TimeoutError:
+                    pass
             if payload.get("stream"):
                 return await self._stream(request)
             if self.gate is not None:

@@ -318,6 +318,9 @@ class Fleet:
         self.watch_lines = 0
         # Cache-aware picks by outcome, ever: to the key's own unit, elsewhere by work, without a key.
         self.routes = {"preferred": 0, "by_work": 0, "unkeyed": 0}
+        # The unit that took each routing key's latest request: this router's sends and the keys units
+        # report they admitted (from every router).
+        self.holders: balance.KeyHolders[Unit] = balance.KeyHolders()
         self._routes_reported = (0, 0)  # (preferred, by_work) at the last routing EMF line
         interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
         self._watch_request = (
@@ -515,6 +518,11 @@ class Fleet:
             body = json.loads(line)
             if not isinstance(body, dict):
                 raise ValueError("a watch line is not a JSON object")
+            keys = body.get("keys")
+            if keys:  # routing keys the unit admitted since its last line (balance.KeyHolders)
+                note = self.holders.note
+                for k in keys:
+                    note(k, unit)
             if "state" not in body:  # only the load changed: the rest of the last body holds
                 unit.take_load(body["load"])
                 unit.reported_at = time.monotonic()
@@ -687,6 +695,7 @@ class Fleet:
             if index.ring_stale:
                 index.ring.update(units)
                 index.ring_stale = False
+            holder = self.holders.get(request.key) if request.key is not None else None
             best = balance.by_cache_and_work(
                 index.ring,
                 units,
@@ -696,12 +705,14 @@ class Fleet:
                 tokens=request.tokens,
                 cached=request.cached,
                 mean_load=self._mean_load(units),
+                holder=holder,
             )
             if request.key is None:
                 self.routes["unkeyed"] += 1
             elif best is not None:
-                preferred = next(index.ring.walk(request.key), None)
+                preferred = holder or next(index.ring.walk(request.key), None)
                 self.routes["preferred" if best is preferred else "by_work"] += 1
+                self.holders.note(request.key, best)
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:

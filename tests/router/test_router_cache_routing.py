@@ -327,6 +327,16 @@ def test_a_router_follows_a_conversation_another_router_sent_elsewhere_once_the_
     assert b.holders.get(req.key).unit == on_ring.unit  # and the router's own send is noted at once
 
 
+def test_a_watch_line_that_is_not_one_whole_json_object_marks_its_unit_unreadable():
+    for bad in (b'{"load":{}}x', b'{"load":', b"[1]", b'{"load":{},"keys":7}'):
+        fleet = _fleet(1)
+        (u,) = fleet.units.values()
+        assert not fleet.on_watch_line(u, bad) and (u.routable, u.state) == (False, "bad_health_body"), bad
+    fleet = _fleet(1)
+    (u,) = fleet.units.values()
+    assert fleet.on_watch_line(u, b' {"load":{"in_flight":4},"keys":[5]} ') and (u.in_flight, u.routable) == (4, True)
+
+
 def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():
     fleet = _fleet(1)
     (u,) = fleet.units.values()

@@ -26,6 +26,14 @@ class _NeverJoins:
         return False
 
 
+async def _until(done, tries: int = 500) -> None:
+    """Wait, at most `tries` x 10 ms, for done() (a report reaching the router); the caller asserts."""
+    for _ in range(tries):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
 async def _serve_forming_leader() -> tuple[web.AppRunner, int, UnitSupervisor]:
     s = load_settings(["--peers", "127.0.0.1:18000", "--rank", "0", "--unit", "u7", "--cell", "cell3"], {})
     sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
@@ -82,16 +90,10 @@ def test_outstanding_prefill_tokens_reach_the_router_within_the_change_report():
         try:
             await fleet.start()
             unit = fleet.units[url]
-            for _ in range(500):
-                if unit.watch is not None and unit.prefill_tokens == 0:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: unit.watch is not None and unit.prefill_tokens == 0)
             assert unit.prefill_tokens == 0  # reported, not the -1 of a unit that does not say
             sup.prefill_tokens = 4096  # prompts accepted at the leader's API, not yet at a first token
-            for _ in range(500):
-                if unit.prefill_tokens == 4096:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: unit.prefill_tokens == 4096)
             assert unit.prefill_tokens == 4096
         finally:
             await fleet.close()
@@ -181,15 +183,9 @@ def test_a_watch_line_lists_the_routing_keys_admitted_since_the_last_and_the_rou
             try:
                 await fleet.start()
                 unit = fleet.units[url]
-                for _ in range(500):
-                    if unit.watch is not None and unit.in_flight == 1:
-                        break
-                    await asyncio.sleep(0.01)
+                await _until(lambda: unit.watch is not None and unit.in_flight == 1)
                 sup.note_route_key(99)
-                for _ in range(500):
-                    if fleet.holders.get(99) is unit:
-                        break
-                    await asyncio.sleep(0.01)
+                await _until(lambda: fleet.holders.get(99) is unit)
                 assert fleet.holders.get(99) is unit and fleet.holders.get(11) is None
             finally:
                 await fleet.close()

@@ -124,13 +124,13 @@ WALK = 1
 # How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
 # prompts of the request: placing a conversation's turn on its preferred unit is what lets its next turn
 # hit the cache there, a gain the estimate of this request alone does not see.
-AFFINITY_SLACK = 0.5
+AFFINITY_SLACK = 0.25
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by
 # request count suffers (measured: docs/benchmarks.md, Routing by cache).
 CACHE_CHOICES = 8
 # Keys whose last unit a router remembers (least recently used forgotten): a conversation's turns come
-# seconds to minutes apart; 65,536 keys cost the router about 10 MiB.
+# seconds to minutes apart; 65,536 keys cost the router about 8 MiB (measured with tracemalloc).
 HOLDER_KEYS = 65536
 # A prompt's tokens estimated from its bytes, without the model's tokenizer: English text runs about
 # four bytes per token under BPE tokenizers (OpenAI's tokenizer guide: "1 token ~= 4 chars in English").

@@ -180,11 +180,11 @@ def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outwei
         ring, units, _always, random.Random(1), key=req.key, tokens=1000, cached=900, mean_load=0.0
     )
     # The preferred unit wins while 100 new tokens behind its queue take no longer than 1,000 behind
-    # nothing plus the slack (docs/routing.md: 1,000 + 0.5 x 1,000 = 1,500, so a queue of 1,400).
-    assert balance.AFFINITY_SLACK == 0.5
-    preferred.prefill_tokens = 1400
+    # nothing plus the slack (docs/routing.md: 1,000 + 0.25 x 1,000 = 1,250, so a queue of 1,150).
+    assert balance.AFFINITY_SLACK == 0.25
+    preferred.prefill_tokens = 1150
     assert pick() is preferred
-    preferred.prefill_tokens = 1500  # 1,600 > 1,500: the work wins
+    preferred.prefill_tokens = 1250  # 1,350 > 1,250: the work wins
     assert pick() is not preferred
 
 

@@ -171,6 +171,29 @@ def test_one_hot_prefix_never_loads_any_unit_past_the_bound_and_spills_to_the_le
     assert loads[-1] <= (1 + balance.BOUND_EPS) * mean + 1 and loads[0] >= mean / 2
 
 
+def test_one_hot_prefix_followed_to_its_last_unit_never_loads_that_unit_past_the_bound():
+    units = [V(f"u{i}") for i in range(20)]
+    ring = _ring(units)
+    rng = random.Random(4)
+    holders: balance.KeyHolders[V] = balance.KeyHolders()
+    hot = balance.request_key(_chat("the same question everybody asks", turns=3))
+    assert hot.key is not None and hot.cached > 0
+    for _ in range(400):  # requests that stay in flight, each followed to the unit that took the last
+        mean = sum(balance.estimated_load(u) for u in units) / len(units)
+        last = holders.get(hot.key)
+        u = balance.by_cache_and_work(
+            ring, units, _always, rng, key=hot.key, tokens=hot.tokens, cached=hot.cached, mean_load=mean, holder=last
+        )
+        assert u is not None
+        bound = balance.load_bound(mean, len(units))
+        assert u is not last or u.in_flight + 1 <= bound
+        u.in_flight += 1
+        holders.note(hot.key, u)
+    loads = sorted(u.in_flight for u in units)
+    mean = sum(loads) / len(loads)
+    assert loads[-1] <= (1 + balance.BOUND_EPS) * mean + 1 and loads[0] >= mean / 2
+
+
 def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outweighs_the_cache():
     units = [V(f"u{i}") for i in range(8)]
     ring = _ring(units)

@@ -259,6 +259,11 @@ class _WatchProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        if data and not buf and not self._head and data.find(b"\n") == len(data) - 1:
+            # One whole line, nothing pending: most reads of a busy fleet; no buffer copies.
+            if not self._fleet.on_watch_line(self._unit, data[:-1]):
+                self.close("follower")
+            return
         buf += data
         if self._head:
             end = buf.find(b"\r\n\r\n")

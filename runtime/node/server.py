@@ -240,6 +240,9 @@ class LeaderApi:
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
+            route_key = request.headers.get(contract.ROUTE_KEY_HEADER, "")
+            if route_key.isdigit() and len(route_key) <= 20:  # a router's key (balance.key_hash: 64 bits)
+                self.sup.note_route_key(int(route_key))
             events = prefill.until_first_token(events)
             if req.stream:
                 resp = await self._stream(request, req, move, events, headers, rec, arrival, prompt_tokens)
@@ -706,6 +709,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         last_rest, last_load, last_sent, last_signature = b"", b"", -1e9, None
+        keys_sent = sup.route_keys_seen  # routing keys admitted before the watch began are not sent
         loop = asyncio.get_running_loop()
         try:
             while not shutting_down.is_set():
@@ -718,16 +722,21 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     sup.prefill_tokens,
                     ld.queue_depth,
                     ld.running,
+                    sup.route_keys_seen,
                 )
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
                     body = sup.ready_body().to_dict()
                     load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
                     rest = json.dumps(body, separators=(",", ":")).encode()
+                    # The routing keys admitted since the last line: which unit took whose request.
+                    keys = sup.route_keys_since(keys_sent)
+                    more = b',"keys":' + json.dumps(keys, separators=(",", ":")).encode() if keys else b""
+                    keys_sent = sup.route_keys_seen
                     if rest != last_rest:  # the whole body: something beyond the load changed
-                        line = rest[:-1] + b',"load":' + load + b"}\n"
-                    elif load != last_load:  # only the load: a short line, which is most of them
-                        line = b'{"load":' + load + b"}\n"
+                        line = rest[:-1] + b',"load":' + load + more + b"}\n"
+                    elif load != last_load or keys:  # only the load: a short line, which is most of them
+                        line = b'{"load":' + load + more + b"}\n"
                     else:
                         line = b"\n"
                     async with asyncio.timeout(CLIENT_STALL_S):  # a watcher that reads nothing is gone

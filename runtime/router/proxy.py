@@ -480,6 +480,8 @@ class Router:
             return self._shed("admission", request_id)
         headers = self._upstream_headers(request, request_id)
         key = balance.request_key(body, request.headers.get(contract.SESSION_HEADER))
+        if key.key is not None:  # the leader reports it back to every router (docs/routing.md)
+            headers[contract.ROUTE_KEY_HEADER] = str(key.key)
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
         tried: tuple[Unit, ...] = ()

@@ -13,7 +13,8 @@ from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 REJECTED = [
     (
         {"instance_type": "trn2u.48xlarge"},
-        "instance_type='trn2u.48xlarge' is not allowed: one of trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
+        "instance_type='trn2u.48xlarge' is not allowed: one of trn1.32xlarge, trn1n.32xlarge, "
+        "trn2.48xlarge, m6i.large, m6i.xlarge",
     ),
     ({"nodes_per_unit": 0}, "nodes_per_unit=0 is not allowed: an integer from 1 to 64"),
     ({"nodes_per_unit": "2"}, "nodes_per_unit='2' is not allowed: an integer from 1 to 64"),
@@ -53,7 +54,7 @@ REJECTED = [
     ({"model": {"name": ""}}, "model.name='' is not allowed: 1-128 characters: letters, digits, . _ : / -"),
     (
         {"model": {"weights": "x"}},
-        "model.weights='x' is not a known key: use one of s3_uri, name, compile_cache_uri",
+        "model.weights='x' is not a known key: use one of s3_uri, name, compile_cache_uri, builtin",
     ),
     (
         {"image": "flotilla"},

@@ -19,7 +19,7 @@ export CDK_HOME := $(CURDIR)/.cache/cdk-home
 # the system node before `npm ci`.
 export PATH := $(CURDIR)/node_modules/node/bin:$(PATH)
 
-.PHONY: synth test lint deps dev-deps clean bench-synth
+.PHONY: synth deploy deploy-new-units test lint deps dev-deps clean bench-synth
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,22 @@ dev-deps: $(VENV)/.dev-deps node_modules/.installed
 synth: deps
 	rm -rf cdk.out
 	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
+
+# Deploy to the account of your AWS credentials (README "Bootstrap and deploy"). Two targets, because
+# the CDK CLI's rollback setting must differ: `deploy-new-units` (the first deploy, a new cell, more
+# units) passes --no-rollback, so a unit short of capacity fails alone and the cell's other units keep
+# serving (docs/runbooks/partial-cell.md); `deploy` (new revisions, settings) keeps the rollback, since
+# "do **not** disable this flag for deployments with resource replacements, as that will always fail"
+# (`cdk deploy --help`, CLI 2.1148.1) and every revision replaces task definitions. For the same reason
+# cdk.json sets no "rollback": false, though the CLI would read it (settings merge cdk.json under the
+# command line). CONCURRENCY runs that many cell lanes side by side (README "Rollouts").
+CONCURRENCY ?= 1
+DEPLOY = $(CDK) deploy --all --require-approval broadening --concurrency $(CONCURRENCY) $(if $(CONFIG),-c config=$(CONFIG))
+deploy: deps
+	$(DEPLOY)
+
+deploy-new-units: deps
+	$(DEPLOY) --no-rollback
 
 # Lint and types (settings in pyproject.toml): every check runs, then the first failure fails it.
 # mypy is held to tools/mypy-baseline.txt, which may only shrink; strict modules have none.

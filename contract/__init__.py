@@ -49,9 +49,13 @@ RESUME_HEADER = "X-Flotilla-Resume"  # router -> leader: "1" = put resume commen
 # leader honours that field only with this header, which no client request reaches a leader with.
 CONTINUATION_HEADER = "X-Flotilla-Continuation"
 CONTINUATION_FIELD = "flotilla_continuation"  # {"id", "created", "token_ids"} in the request body
-RESUME_COMMENT = ": flotilla-resume "  # + {"t": [token ids of this event]}; the line opens the event
+RESUME_COMMENT = ": flotilla-resume "  # + {"t": [token ids sent in this event], "h": held tokens}; opens the event
 MOVE_COMMENT = ": flotilla-move "  # + the reason: this stream should continue on another unit
-INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER)
+# router -> leader: the request's routing key (a 64-bit unsigned integer in decimal). The leader lists
+# the keys it admits in its watch lines (`keys`), so every router learns which unit took a
+# conversation's latest turn, not only the router that sent it (docs/routing.md).
+ROUTE_KEY_HEADER = "X-Flotilla-Route-Key"
+INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER)
 
 # --- Busy is not broken -----------------------------------------------------------------------------
 # A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes

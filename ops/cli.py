@@ -66,8 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
     rehearse.add_parser(sub)
-    smoke.add_parser(sub)  # talks to the front door only: no AWS options
-    for module in (status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
+    for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser

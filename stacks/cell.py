@@ -1,4 +1,4 @@
-"""A Cell-<n> stack: one ECS cluster holding up to 20 Trainium units (one capacity provider each).
+"""A Cell-<n> stack: one ECS cluster holding up to 20 units (Trainium, or x86 for staging) (one capacity provider each).
 
 Cells are the blast radius of a deployment: a cell waits for the cell `parallel_cells` before it
 (contract/rollout.py), so a rollout moves a few cells at a time and stops at the first cell it
@@ -17,7 +17,7 @@ from constructs import Construct, IConstruct
 import contract
 from stacks.config import FlotillaConfig
 from stacks.discovery import DiscoveryStack
-from stacks.image import unit_image
+from stacks.image import builtin_model_setting, unit_image
 from stacks.nag import acknowledge
 from stacks.network import NetworkStack
 from stacks.retention import retention
@@ -97,7 +97,11 @@ class CellStack(Stack):
         self._grant_node_permissions(config)
 
         image = unit_image(
-            self, image_uri=config.image, engine=config.node.engine, nodes_per_unit=config.nodes_per_unit
+            self,
+            image_uri=config.image,
+            engine=config.node.engine,
+            nodes_per_unit=config.nodes_per_unit,
+            builtin_model=config.model.builtin,
         )
         surge = UnitSurge.for_rollout(config.unit_rollout)
         self.units: list[TrainiumUnit] = []
@@ -117,6 +121,8 @@ class CellStack(Stack):
                 contract.ENV_DRAIN_TIMEOUT: str(config.node.drain_timeout_s),
                 contract.ENV_PORT: str(contract.NODE_API_PORT),
             }
+            if config.model.builtin:
+                environment[contract.ENV_MODEL] = builtin_model_setting(config.model.builtin)
             if config.node.engine == "neuron":
                 environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
                 environment[contract.ENV_INSTANCE_TYPE] = config.instance_type

@@ -29,7 +29,7 @@ from pydantic_core import PydanticCustomError, core_schema
 import contract
 from contract import NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
-from contract.trainium import INSTANCES, TrainiumInstance
+from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -45,9 +45,24 @@ MAX_OUTPUTS_PER_STACK = 200  # CloudFormation quotas: "Outputs: 200 per template
 # and limitations): each unit gets its own cluster placement group unless capacity.placement_group
 # names a shared one.
 MAX_PLACEMENT_GROUPS_PER_REGION = 500
-# Private subnets are /18 (see stacks/network.py): 16,384 addresses minus the 5 AWS reserves.
+# The VPC is a /16 (stacks/network.py). Its private subnets are /18 (16,384 addresses minus the 5 AWS
+# reserves) up to three AZs; four /18s would fill the /16 and leave no room for the public /24s, so
+# four to six AZs get /19s (6 x 8,192 + 6 x 256 addresses fit the 65,536). Each subnet's mask follows
+# from the AZ count alone, so a deployment of up to three AZs keeps its /18s.
 PRIVATE_SUBNET_MASK = 18
-USABLE_IPS_PER_PRIVATE_SUBNET = 2 ** (32 - PRIVATE_SUBNET_MASK) - 5
+PRIVATE_SUBNET_MASK_MANY_AZS = 19
+MAX_AZS_FOR_WIDE_SUBNETS = 3
+
+
+def private_subnet_mask(az_count: int) -> int:
+    return PRIVATE_SUBNET_MASK if az_count <= MAX_AZS_FOR_WIDE_SUBNETS else PRIVATE_SUBNET_MASK_MANY_AZS
+
+
+def usable_ips(mask: int) -> int:
+    return int(2 ** (32 - mask)) - 5
+
+
+USABLE_IPS_PER_PRIVATE_SUBNET = usable_ips(PRIVATE_SUBNET_MASK)
 
 # CloudFormation resources one Cell stack emits: a fixed part (cluster, capacity-provider
 # association, shared roles, log group...) plus a part per unit. stacks/cell.py and stacks/unit.py
@@ -100,6 +115,10 @@ LOG_RETENTION_DAYS = (
     3653,
 )
 UNIT_ROLLOUTS = ("replace", "surge")
+# The reference engine's built-in models ('' = none: the node's default), and the x86 type the
+# staging fleet runs on (stacks/hosts.py says why it takes a cluster placement group).
+BUILTIN_MODELS = ("", "tiny", "smollm2")
+STAGING_INSTANCE_TYPE = "m6i.large"
 # LaunchTemplateInstanceMarketOptionsRequest.MarketType values flotilla uses: on-demand capacity
 # (optionally from a Capacity Reservation) or an EC2 Capacity Block for ML.
 MARKETS = ("on-demand", "capacity-block")
@@ -230,6 +249,15 @@ class ModelConfig(_Section):
         str,
         Rule(core_schema.str_schema(pattern=f"^$|{_S3_URI_RE.pattern}", strict=True), _S3_URI_ALLOWED),
         BeforeValidator(lambda v: v or ""),
+    ] = ""
+    # The reference engine's model baked into the unit image at build (a staging fleet needs no model
+    # bucket to serve): tiny or smollm2; '' = the node's default. Never with the neuron engine.
+    builtin: Annotated[
+        str,
+        Rule(
+            core_schema.literal_schema(list(BUILTIN_MODELS)),
+            "tiny or smollm2 (the reference engine's built-in models), or omit it",
+        ),
     ] = ""
 
     @property
@@ -419,7 +447,8 @@ class FlotillaConfig(_Section):
     deployment_name: Annotated[
         str, matches(_DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")
     ] = "flotilla"
-    instance_type: Annotated[str, one_of(tuple(INSTANCES))] = "trn1.32xlarge"
+    # Trainium for serving; the x86 types (stacks/hosts.py) for a staging fleet on the reference engine.
+    instance_type: Annotated[str, one_of(tuple(HOST_INSTANCES))] = "trn1.32xlarge"
     # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
     nodes_per_unit: Annotated[int, between(1, 64)] = 2
     units: Annotated[int, between(1, 10000)] = 1
@@ -490,6 +519,7 @@ class FlotillaConfig(_Section):
                 "a name not starting with aws, ecs or fargate in any case (ECS refuses capacity-provider "
                 "names with those prefixes, and each unit's is named after its stack)",
             )
+        check_engine_fits_instance(self)
         check_capacity(self)
         check_quotas(self)
         known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}
@@ -502,12 +532,20 @@ class FlotillaConfig(_Section):
 
     # --- derived layout ---------------------------------------------------------------------
     @property
-    def shape(self) -> TrainiumInstance:
-        return INSTANCES[self.instance_type]
+    def shape(self) -> UnitHost:
+        return HOST_INSTANCES[self.instance_type]
 
     @property
     def az_count(self) -> int:
         return len(self.availability_zones) or 3
+
+    @property
+    def private_subnet_mask(self) -> int:
+        return private_subnet_mask(self.az_count)
+
+    @property
+    def usable_ips_per_private_subnet(self) -> int:
+        return usable_ips(self.private_subnet_mask)
 
     @property
     def unit_az_indexes(self) -> tuple[int, ...]:
@@ -566,6 +604,33 @@ class FlotillaConfig(_Section):
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html; the list grows:
 # add a type here when AWS does).
 CAPACITY_BLOCK_INSTANCE_TYPES = ("trn1.32xlarge",)
+
+
+def check_engine_fits_instance(cfg: FlotillaConfig) -> None:
+    """The neuron engine needs Trainium's Neuron devices; the CPU engines (reference, echo) belong on
+    the x86 staging types, where they cost cents, not on Trainium, where they would leave every
+    NeuronCore idle. A built-in model is the reference engine's only."""
+    engine, trainium = cfg.node.engine, is_trainium(cfg.instance_type)
+    if engine == "neuron" and not trainium:
+        raise ConfigError(
+            "node.engine",
+            engine,
+            f"reference with instance_type {cfg.instance_type} (the neuron engine needs Trainium; "
+            "or set instance_type to a trn type)",
+        )
+    if engine != "neuron" and trainium:
+        raise ConfigError(
+            "node.engine",
+            engine,
+            f"neuron with instance_type {cfg.instance_type} (the {engine} engine runs on CPU: stage it on an x86 "
+            f"type such as {STAGING_INSTANCE_TYPE}, examples/staging.yaml)",
+        )
+    if cfg.model.builtin and engine != "reference":
+        raise ConfigError(
+            "model.builtin",
+            cfg.model.builtin,
+            "unset with node.engine neuron or echo (built-in models are the reference engine's)",
+        )
 
 
 def check_capacity(cfg: FlotillaConfig) -> None:
@@ -716,14 +781,16 @@ def check_quotas(cfg: FlotillaConfig) -> None:
     # Every EFA interface takes an address of the unit's private subnet.
     unit_azs = len(cfg.unit_az_indexes)
     units_in_busiest_az = math.ceil(cfg.units / unit_azs)
-    ips = units_in_busiest_az * cfg.max_nodes_per_unit * cfg.shape.efa_interfaces
-    if ips > USABLE_IPS_PER_PRIVATE_SUBNET:
-        per_az = USABLE_IPS_PER_PRIVATE_SUBNET // (cfg.max_nodes_per_unit * cfg.shape.efa_interfaces)
+    # A node without EFA (an x86 staging type) still takes its primary interface's address.
+    per_node = max(cfg.shape.efa_interfaces, 1)
+    ips = units_in_busiest_az * cfg.max_nodes_per_unit * per_node
+    if ips > cfg.usable_ips_per_private_subnet:
+        per_az = cfg.usable_ips_per_private_subnet // (cfg.max_nodes_per_unit * per_node)
         raise ConfigError(
             "units",
             cfg.units,
             f"at most {per_az * unit_azs} over {unit_azs} AZs ({ips} EFA addresses would "
-            f"be needed in one /{PRIVATE_SUBNET_MASK} private subnet; add AZs or reduce units)",
+            f"be needed in one /{cfg.private_subnet_mask} private subnet; add AZs or reduce units)",
         )
     # One Cloud Map service per cell holds every member of the cell's units, twice over while a
     # surge rollout runs both revisions (docs/discovery.md).
@@ -821,6 +888,8 @@ ENI_QUOTA = ("Network interfaces per Region", "L-DF5E4CA3", 5000)
 # "Running On-Demand Trn instances", counted in vCPUs, adjustable, per-account default
 # (https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html).
 TRN_VCPU_QUOTA = ("Running On-Demand Trn instances", "L-2C3B7624")
+# The x86 staging types (M family) count against the standard instances' vCPU quota (same page).
+STANDARD_VCPU_QUOTA = ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "L-1216C47A")
 INTERFACE_ENDPOINT_SERVICES = 3  # ECR API, ECR Docker, CloudWatch Logs (stacks/network.py)
 # Adjustable quotas with AWS's defaults: "Auto Scaling groups per region" 500 (EC2 Auto Scaling
 # user guide, ec2-auto-scaling-quotas.html); "EC2-VPC Elastic IPs" 5 per Region (EC2 user guide,
@@ -835,7 +904,7 @@ VPC_QUOTA = ("VPCs per Region", "L-F678F1CE", 5)
 def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
     """The adjustable quotas this config leans on, with the numbers to request (see QuotaNotice)."""
     nodes, peak_nodes = cfg.units * cfg.nodes_per_unit, cfg.units * cfg.max_nodes_per_unit
-    efa = cfg.shape.efa_interfaces
+    efa = max(cfg.shape.efa_interfaces, 1)  # an x86 node without EFA: its primary interface
     # Router tasks: up to max_count, twice that during a blue/green deployment.
     fixed = 2 * cfg.router.max_count + (INTERFACE_ENDPOINT_SERVICES + 1) * cfg.az_count
     name, code, default = ENI_QUOTA
@@ -846,11 +915,12 @@ def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
         default=default,
         needed=nodes * efa + fixed,
         peak=peak_nodes * efa + fixed,
-        counted=f"{efa} EFA interfaces on each of {nodes:,} nodes, plus router tasks, endpoints and NAT gateways",
+        counted=(f"{efa} EFA interfaces" if cfg.shape.efa_interfaces else "1 network interface")
+        + f" on each of {nodes:,} nodes, plus router tasks, endpoints and NAT gateways",
     )
-    name, code = TRN_VCPU_QUOTA
+    name, code = TRN_VCPU_QUOTA if is_trainium(cfg.instance_type) else STANDARD_VCPU_QUOTA
     vcpus = QuotaNotice(
-        key="trn-vcpus",
+        key="trn-vcpus" if is_trainium(cfg.instance_type) else "standard-vcpus",
         quota=name,
         code=code,
         default=None,

@@ -33,13 +33,16 @@ ASSET_EXCLUDE = [
 ]
 
 
-def _asset(scope: Construct, construct_id: str, dockerfile: str) -> ecs.ContainerImage:
+def _asset(
+    scope: Construct, construct_id: str, dockerfile: str, build_args: dict[str, str] | None = None
+) -> ecs.ContainerImage:
     """The image built at `cdk deploy` from `dockerfile`, with the repository root as context."""
     asset = ecr_assets.DockerImageAsset(
         scope,
         construct_id,
         directory=str(REPO_ROOT),
         file=dockerfile,
+        build_args=build_args,
         exclude=ASSET_EXCLUDE,
         ignore_mode=IgnoreMode.DOCKER,
         platform=ecr_assets.Platform.LINUX_AMD64,
@@ -70,9 +73,24 @@ _ASSET_IDS = {
 }
 
 
-def unit_image(scope: Construct, *, image_uri: str | None, engine: str, nodes_per_unit: int) -> ecs.ContainerImage:
-    """The image a unit's node containers run: the configured URI, else the matching asset."""
+# Where runtime/Dockerfile's BUILTIN_MODEL=smollm2 step converts SmolLM2 to (its FLOTILLA_CACHE_DIR plus
+# runtime/models/smollm2.py CHECKPOINT_NAME; tests/stacks/test_staging.py keeps the three in step).
+BAKED_MODEL_DIRS = {"smollm2": "/opt/flotilla/models/smollm2-135m-instruct-fp32"}
+
+
+def builtin_model_setting(builtin: str) -> str:
+    """FLOTILLA_MODEL for a built-in model: tiny is generated in the node; smollm2 is baked in the image."""
+    return BAKED_MODEL_DIRS.get(builtin, builtin)
+
+
+def unit_image(
+    scope: Construct, *, image_uri: str | None, engine: str, nodes_per_unit: int, builtin_model: str = ""
+) -> ecs.ContainerImage:
+    """The image a unit's node containers run: the configured URI, else the matching asset (with the
+    built-in model baked in when one needs it)."""
     dockerfile = unit_dockerfile(engine=engine, nodes_per_unit=nodes_per_unit)
+    if not image_uri and builtin_model in BAKED_MODEL_DIRS:
+        return _asset(scope, "StagingRuntimeImage", DOCKERFILE, build_args={"BUILTIN_MODEL": builtin_model})
     if image_uri or dockerfile == DOCKERFILE:
         return node_image(scope, image_uri=image_uri)
     return _asset(scope, _ASSET_IDS[dockerfile], dockerfile)

@@ -13,7 +13,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 import contract
-from stacks.config import PRIVATE_SUBNET_MASK
+from stacks.config import private_subnet_mask
 
 VPC_CIDR = "10.0.0.0/16"
 PUBLIC_SUBNET_MASK = 24  # NAT gateways, and an opted-in internet-facing ALB, only
@@ -49,9 +49,12 @@ class NetworkStack(Stack):
                     cidr_mask=PUBLIC_SUBNET_MASK,
                     map_public_ip_on_launch=False,
                 ),
-                # /18: every EFA interface of every node takes one address (config.check_quotas).
+                # /18 (/19 past three AZs): every EFA interface of every node takes one address
+                # (config.check_quotas, config.private_subnet_mask).
                 ec2.SubnetConfiguration(
-                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=PRIVATE_SUBNET_MASK
+                    name="Private",
+                    subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=private_subnet_mask(len(self.availability_zones)),
                 ),
             ],
             # The CDK default adds a Lambda-backed custom resource to strip the default SG's

@@ -1,6 +1,6 @@
-"""One unit: a model replica spread over several Trainium nodes that sit under one cluster
-placement group in one AZ, behind one ECS capacity provider, running one ECS service whose tasks
-(one per node) form the unit through rendezvous (rank 0 leads)."""
+"""One unit: a model replica spread over several Trainium nodes (or x86 nodes, for a staging
+fleet) that sit under one cluster placement group in one AZ, behind one ECS capacity provider,
+running one ECS service whose tasks (one per node) form the unit through rendezvous (rank 0 leads)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from aws_cdk import aws_servicediscovery as cloudmap
 from constructs import Construct
 
 import contract
-from contract.trainium import TrainiumInstance
 from stacks.discovery import register_unit_members
+from stacks.hosts import UnitHost
 
 # The ECS-optimized AL2023 Neuron AMI release the units run, never "recommended": that one moves its
 # Neuron driver (aws/amazon-ecs-ami scripts/enable-ecs-agent-inferentia-support.sh installs the latest
@@ -31,9 +31,33 @@ NEURON_AMI_NAME = "al2023-ami-ecs-neuron-hvm-2023.0.20260403-kernel-6.1-x86_64"
 NEURON_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/{NEURON_AMI_NAME}/image_id"
 
 
+# The x86 staging hosts run the plain ECS-optimized AL2023 AMI of the same ECS AMI release
+# (aws/amazon-ecs-ami@eb80a9f builds every variant of 20260403), pinned the same way and for the same
+# reason: a replacement node must boot what its peers booted. Parameter form as above
+# (/aws/service/ecs/optimized-ami/amazon-linux-2023/<AMI name>/image_id for the x86_64 variant).
+X86_AMI_NAME = "al2023-ami-ecs-hvm-2023.0.20260403-kernel-6.1-x86_64"
+X86_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/{X86_AMI_NAME}/image_id"
+
+
 def neuron_ami() -> ec2.IMachineImage:
     """The unit's AMI: the pinned Neuron ECS AMI release (see NEURON_AMI_NAME)."""
     return ec2.MachineImage.from_ssm_parameter(NEURON_AMI_PARAMETER, os=ec2.OperatingSystemType.LINUX)
+
+
+def x86_ami() -> ec2.IMachineImage:
+    """A staging unit's AMI: the pinned x86_64 ECS AMI release (see X86_AMI_NAME)."""
+    return ec2.MachineImage.from_ssm_parameter(X86_AMI_PARAMETER, os=ec2.OperatingSystemType.LINUX)
+
+
+def unit_ami(shape: UnitHost) -> ec2.IMachineImage:
+    """Trainium hosts boot the Neuron AMI (its driver exposes /dev/neuron*); x86 hosts the plain one."""
+    return neuron_ami() if shape.chips else x86_ami()
+
+
+def memory_reservation_mib(shape: UnitHost) -> int:
+    """MEMORY_RESERVATION_MIB, or half the host's memory on a small host: ECS places a task only on an
+    instance that registered at least this much, and registers less than the instance has."""
+    return min(MEMORY_RESERVATION_MIB, shape.memory_gib * 1024 // 2)
 
 
 # A soft reservation only (no hard limit): the container may use all of the host's memory. It
@@ -170,7 +194,7 @@ class TrainiumUnit(Construct):
         subnet: ec2.ISubnet,
         router_security_group: ec2.ISecurityGroup,
         instance_type: str,
-        shape: TrainiumInstance,
+        shape: UnitHost,
         nodes: int,
         max_nodes: int,
         surge: UnitSurge,
@@ -237,8 +261,10 @@ class TrainiumUnit(Construct):
             self,
             "LaunchTemplate",
             instance_type=ec2.InstanceType(instance_type),
-            machine_image=neuron_ami(),
+            machine_image=unit_ami(shape),
             instance_profile=instance_profile,
+            # On the instance's one interface without EFA; with EFA it moves to the interfaces below.
+            security_group=self.security_group,
             user_data=user_data,
             require_imdsv2=True,
             http_put_response_hop_limit=1,
@@ -258,14 +284,17 @@ class TrainiumUnit(Construct):
         cfn_lt: ec2.CfnLaunchTemplate = self.launch_template.node.default_child
         if group_name:
             cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": group_name})
-        cfn_lt.add_property_override(
-            "LaunchTemplateData.NetworkInterfaces",
-            efa_network_interfaces(
-                efa_interfaces=shape.efa_interfaces, security_group_id=self.security_group.security_group_id
-            ),
-        )
-        # Security groups live on the interfaces; EC2 rejects both at once.
-        cfn_lt.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
+        if shape.efa_interfaces:
+            cfn_lt.add_property_override(
+                "LaunchTemplateData.NetworkInterfaces",
+                efa_network_interfaces(
+                    efa_interfaces=shape.efa_interfaces, security_group_id=self.security_group.security_group_id
+                ),
+            )
+            # Security groups live on the interfaces; EC2 rejects both at once.
+            cfn_lt.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
+        # Without EFA (an x86 staging type) the instance keeps one ordinary interface with the unit's
+        # security group, and no public address (the private subnet does not map one).
         # A targeted reservation: one target, no preference ("You can specify only one option at a
         # time", LaunchTemplateCapacityReservationSpecificationRequest, EC2 API reference). A
         # Capacity Block is a targeted reservation launched with MarketType capacity-block
@@ -341,31 +370,24 @@ class TrainiumUnit(Construct):
         self.task_definition.add_placement_constraint(
             ecs.PlacementConstraint.member_of(f"attribute:ecs.instance-type == {instance_type}")
         )
-        linux = ecs.LinuxParameters(self, "Linux", shared_memory_size=SHARED_MEMORY_MIB)
+        linux = ecs.LinuxParameters(
+            self, "Linux", shared_memory_size=min(SHARED_MEMORY_MIB, memory_reservation_mib(shape))
+        )
         linux.add_capabilities(ecs.Capability.IPC_LOCK)
         rw = [ecs.DevicePermission.READ, ecs.DevicePermission.WRITE]
-        linux.add_devices(
-            *[
-                ecs.Device(host_path=f"/dev/neuron{i}", container_path=f"/dev/neuron{i}", permissions=rw)
-                for i in range(shape.chips)
-            ]
-        )
-        # EFA user-space verbs devices, one per EFA interface.
-        linux.add_devices(
-            *[
-                ecs.Device(
-                    host_path=f"/dev/infiniband/uverbs{i}", container_path=f"/dev/infiniband/uverbs{i}", permissions=rw
-                )
-                for i in range(shape.efa_interfaces)
-            ]
-        )
+        # Neuron devices (none on an x86 host) and the EFA user-space verbs devices, one per EFA
+        # interface (none without EFA).
+        devices = [f"/dev/neuron{i}" for i in range(shape.chips)]
+        devices += [f"/dev/infiniband/uverbs{i}" for i in range(shape.efa_interfaces)]
+        if devices:
+            linux.add_devices(*[ecs.Device(host_path=d, container_path=d, permissions=rw) for d in devices])
         url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_CONTAINER_HEALTH_PATH}"
         self.container = self.task_definition.add_container(
             "node",
             image=image,
             command=list(contract.NODE_COMMAND),
             essential=True,
-            memory_reservation_mib=MEMORY_RESERVATION_MIB,
+            memory_reservation_mib=memory_reservation_mib(shape),
             environment=environment,
             linux_parameters=linux,
             port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)],

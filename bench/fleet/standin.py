@@ -46,6 +46,8 @@ class Unit:
     event_at: float = 0.0  # monotonic time of the last scripted event
     in_flight: int = 0  # requests this process is answering for the unit
     background: int = 0  # requests other routers keep in flight there (scripted random walk)
+    keys: list[int] = field(default_factory=list)  # routing keys of the latest background requests
+    keys_seen: int = 0  # background requests ever admitted (each a key in the watch lines, as the node's)
     arrivals: list[float] = field(default_factory=list)  # monotonic arrival time of every API request
     refused_after_event: int = 0  # API requests answered 503 or dropped after the event
     tombstone: list[tuple[float, str]] = field(default_factory=list)  # (time, "api" | "watch") after exit
@@ -121,6 +123,7 @@ class Watcher:
     last_load: bytes = b""
     last_sent: float = -1e9
     last_signature: tuple | None = None
+    keys_sent: int = 0  # the unit's keys_seen when this watcher's last line went
 
 
 def _split(body: dict) -> tuple[bytes, bytes]:
@@ -184,7 +187,12 @@ class Fleet:
                     continue  # a dead or hung member sends nothing
                 if unit.mode in ("alive", "leave") and p > 0 and self.rng.random() < p:
                     step = 1 if self.rng.random() < 0.5 else -1
+                    before = unit.background
                     unit.background = min(unit.max_running, max(0, unit.background + step))
+                    if unit.background > before:  # admitted: the node lists its routing key
+                        unit.keys.append(self.rng.getrandbits(64))
+                        unit.keys_seen += 1
+                        del unit.keys[:-256]
                 if not unit.watchers:
                     continue
                 sig = unit.signature()
@@ -198,11 +206,14 @@ class Fleet:
                     if parts is None:
                         parts = _split(unit.body(unit.members[0]))
                     rest, load = parts
+                    new = min(unit.keys_seen - w.keys_sent, len(unit.keys))
+                    more = b',"keys":' + json.dumps(unit.keys[-new:]).replace(" ", "").encode() if new > 0 else b""
+                    w.keys_sent = unit.keys_seen
                     # as the node's watch: the whole body, a load-only line, or a heartbeat
                     if rest != w.last_rest:
-                        w.transport.write(rest[:-1] + b',"load":' + load + b"}\n")
-                    elif load != w.last_load:
-                        w.transport.write(b'{"load":' + load + b"}\n")
+                        w.transport.write(rest[:-1] + b',"load":' + load + more + b"}\n")
+                    elif load != w.last_load or more:
+                        w.transport.write(b'{"load":' + load + more + b"}\n")
                     else:
                         w.transport.write(b"\n")
                     w.last_rest, w.last_load, w.last_sent, w.last_signature = rest, load, now, sig
@@ -331,6 +342,7 @@ class _Http(asyncio.Protocol):
                         load,
                         asyncio.get_running_loop().time(),
                         unit.signature(),
+                        unit.keys_seen,
                     )
                 )
         elif method == "POST" and path.startswith("/v1/"):

@@ -24,9 +24,12 @@ The model (each choice a stated assumption, not a measurement of Trainium):
   messages (system prompt and first user turn) gives when they end within that many blocks.
 Policies, all but the oracle runtime/router/balance.py's code: `p4c` (the least requests held of four
 sampled units), `least_work` (the lowest estimated TTFT of four sampled units, no cache knowledge),
-`cache_aware` (the key's unit on the ring unless above the load bound, the next one, else
-least_work), `oracle` (exact cache contents and exact queues of every unit: the lowest true
-TTFT estimate).
+`affinity` (the key's unit on the ring under the load bound, else least_work), `cache_aware` (the unit
+that took the key's last request, else the key's unit on the ring, against least_work of
+CACHE_CHOICES sampled units by estimated TTFT: `balance.by_cache_and_work`), `oracle` (exact cache
+contents and exact queues of every unit: the lowest true TTFT estimate).
+- Routers learn which unit took a key's request at once for their own sends and one report interval
+  later for other routers' (the unit lists the keys it admitted in its next watch line).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import math
 import random
 import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -71,6 +74,10 @@ class Params:
     eps: float = balance.BOUND_EPS
     walk: int = balance.WALK
     slack: float = balance.AFFINITY_SLACK
+    choices: int = balance.CACHE_CHOICES
+    # Which unit took each key's last request, as routers learn it (balance.KeyHolders): "reported" (its
+    # own sends, and units' watch lines report every router's), "own" (its own sends only), "none".
+    holders: str = "reported"
     report_uncached: bool = False  # units report prefill tokens net of their cache (else whole prompts)
     limit: int = 0  # replay only the first `limit` requests of each copy (0: all); for quick runs
     seed: int = 1
@@ -200,6 +207,10 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
     reused = [0, 0]  # prompt tokens taken from the cache, prompt tokens in all
     total_held = [0]
     previous: dict[tuple[int, ...], tuple[int, ...]] = {}  # a conversation's last request's blocks
+    # Each router's KeyHolders; a unit's report of a key it admitted reaches the other routers one
+    # report interval later (the longest a watch line waits).
+    holders: list[balance.KeyHolders[int]] = [balance.KeyHolders() for _ in range(p.routers)]
+    reported: deque[tuple[float, int, int, int]] = deque()
 
     def refresh(r: int, v: _View) -> None:
         u = v.index
@@ -246,6 +257,12 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                     break
                 shared += 1
             previous[lead] = q.blocks
+            while reported and reported[0][0] <= env.now:  # units' reports of the keys they admitted
+                _, k, name, by = reported.popleft()
+                for j in range(p.routers):
+                    if j != by:
+                        holders[j].note(k, name)
+            held_by = holders[r].get(key)
             chosen = balance.by_cache_and_work(
                 rings[r],
                 vs,
@@ -255,10 +272,17 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                 tokens=q.tokens,
                 cached=min(q.tokens, shared * BLOCK_TOKENS),
                 mean_load=total_held[0] / p.units,
+                holder=None if held_by is None else vs[held_by],
                 eps=p.eps,
                 walk=p.walk,
                 slack=p.slack,
+                choices=p.choices,
             )
+            if chosen is not None:
+                if p.holders != "none":
+                    holders[r].note(key, chosen.index)  # its own send, known at once
+                if p.holders == "reported":
+                    reported.append((env.now + p.report_s, key, chosen.index, r))
         else:  # oracle: exact caches, exact queues
             best, best_key = 0, (math.inf, 0.0)
             for i, u in enumerate(units):
@@ -357,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eps", type=float, default=d.eps)
     ap.add_argument("--walk", type=int, default=d.walk)
     ap.add_argument("--slack", type=float, default=d.slack)
+    ap.add_argument("--choices", type=int, default=d.choices, help="units sampled per cache_aware pick")
+    ap.add_argument(
+        "--holders",
+        choices=("reported", "own", "none"),
+        default=d.holders,
+        help="how routers learn which unit took each key's last request",
+    )
     ap.add_argument("--report-uncached", action="store_true", help="units report prefill net of their cache")
     ap.add_argument("--limit", type=int, default=0, help="first N requests of each copy only (quick runs)")
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -385,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                 eps=args.eps,
                 walk=args.walk,
                 slack=args.slack,
+                choices=args.choices,
+                holders=args.holders,
                 limit=args.limit,
                 report_uncached=args.report_uncached,
                 seed=args.seed,

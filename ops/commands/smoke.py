@@ -6,22 +6,34 @@ Each check is one request a client would make: list the models; a chat completio
 streamed; a legacy completion; and a request the API must refuse with OpenAI's error shape. The
 client retries nothing (max_retries=0) and every request has a timeout, so a failing fleet fails
 the smoke test in bounded time instead of hiding behind retries.
+
+With --roll-unit it also rolls one unit to a new task definition revision and back while requests
+keep flowing, the way a deploy rolls it: ECS UpdateService with a new task definition starts a new
+deployment and the service scheduler replaces the tasks within the service's minimum healthy and
+maximum percent ("If you update the task definition ... Amazon ECS starts a new deployment",
+UpdateService, ECS API reference). Each step waits for that deployment to be COMPLETED and the unit
+ready on the target revision; every request sent meanwhile must succeed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ops.aws import clients_for
 from ops.commands import Subparsers
-from ops.errors import EXIT_FAILED, EXIT_OK, UsageError
+from ops.commands.common import fleet_from_args, wait_until
+from ops.commands.rollback import _describe, _registerable, revision_of
+from ops.commands.rollout import COMPLETED, FAILED, rollout_state
+from ops.errors import EXIT_FAILED, EXIT_OK, OpsError, UsageError
 
 PROMPT = "Name three primary colours."
 API_KEY_ENV = "FLOTILLA_API_KEY"
@@ -33,16 +45,30 @@ class Check:
     ok: bool
     saw: str
     seconds: float
+    skipped: bool = False
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= 600:
-        raise argparse.ArgumentTypeError(f"{value:g} is out of range: use more than 0 and at most 600 seconds")
-    return value
+# Without --roll-unit (make local has no ECS service to roll) the roll row says why it did not run.
+ROLL_SKIPPED = "skipped: no --roll-unit given (make local has no ECS service to roll; give a unit of a deployed fleet)"
+
+
+def _seconds_up_to(most: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds above 0 and at most `most`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 < value <= most:
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range: use more than 0 and at most {most:g} seconds")
+        return value
+
+    return parse
+
+
+_positive = _seconds_up_to(600)
+_roll_wait = _seconds_up_to(7200)
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -63,6 +89,19 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p.add_argument(
         "--timeout", type=_positive, default=60.0, metavar="SECONDS", help="per request; default %(default)s"
     )
+    p.add_argument(
+        "--roll-unit",
+        metavar="UNIT",
+        help="also roll this unit (e.g. cell0-unit0) to a new task definition revision and back while requests "
+        "keep flowing; uses the AWS options below (--deployment, --region)",
+    )
+    p.add_argument(
+        "--wait",
+        type=_roll_wait,
+        default=900.0,
+        metavar="SECONDS",
+        help="with --roll-unit: how long each of the two deployments may take; default %(default)s",
+    )
     p.set_defaults(handler=run_smoke)
     return [p]
 
@@ -76,11 +115,12 @@ def _timed(name: str, fn: Callable[[], tuple[bool, str]]) -> Check:
     return Check(name, ok, saw, time.monotonic() - t0)
 
 
-def run_checks(client: Any, *, max_tokens: int) -> list[Check]:
-    """The checks in order; a later one uses what an earlier one learned (the model name)."""
+def run_checks(client: Any, *, max_tokens: int, seen: dict[str, Any] | None = None) -> list[Check]:
+    """The checks in order; a later one uses what an earlier one learned (the model name), which is
+    left in `seen` for the caller too."""
     import openai  # noqa: PLC0415 - loaded only by this command (every other command starts faster)
 
-    seen: dict[str, Any] = {}
+    seen = {} if seen is None else seen
 
     def models() -> tuple[bool, str]:
         ids = [m.id for m in client.models.list().data]
@@ -145,6 +185,115 @@ def run_checks(client: Any, *, max_tokens: int) -> list[Check]:
     return checks
 
 
+@dataclass
+class Traffic:
+    """Chat requests, whole and streamed in turn, sent one after another on a thread of their own
+    until stopped: what clients keep doing while a unit rolls."""
+
+    client: Any
+    model: str
+    max_tokens: int
+    sent: int = 0
+    failed: int = 0
+    first_failure: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _one(self, stream: bool) -> None:
+        messages = [{"role": "user", "content": PROMPT}]
+        if stream:
+            chunks = self.client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=0, stream=True
+            )
+            finish = None
+            for chunk in chunks:
+                for choice in chunk.choices:
+                    finish = choice.finish_reason or finish
+            if finish not in ("stop", "length"):
+                raise RuntimeError(f"stream ended without a finish reason ({finish})")
+            return
+        r = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=0
+        )
+        if not r.choices or r.choices[0].finish_reason not in ("stop", "length"):
+            raise RuntimeError("answer without a finish reason")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            stream = self.sent % 2 == 1
+            self.sent += 1
+            try:
+                self._one(stream)
+            except Exception as exc:  # noqa: BLE001 - a failed request is counted and shown, not raised
+                self.failed += 1
+                if not self.first_failure:
+                    self.first_failure = f"{type(exc).__name__}: {str(exc)[:120]}"
+                self._stop.wait(0.2)  # a failing front door is not hammered
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="smoke-traffic", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def roll_unit(args: argparse.Namespace, client: Any, *, model: str, console: Console) -> Check:
+    """Roll args.roll_unit to a copy of its task definition (a new revision) and back under traffic.
+    The copy is deregistered at the end, so the unit's rollback targets are unchanged."""
+    t0 = time.monotonic()
+    aws = clients_for(args)
+    unit = fleet_from_args(args, aws).unit(args.roll_unit)
+    original = unit.task_definition_arn
+    described = _describe(aws, original)
+    if described is None:
+        raise OpsError(f"{unit.unit_id}: its task definition {original} is not known to ECS")
+    doc, tags = described
+    params: dict[str, Any] = _registerable(doc)
+    if tags:
+        params["tags"] = tags
+    copy = aws.ecs.register_task_definition(**params)["taskDefinition"]["taskDefinitionArn"]
+    numbers = [original.rsplit(":", 1)[-1], copy.rsplit(":", 1)[-1]]
+    traffic = Traffic(client, model, args.max_tokens)
+    traffic.start()
+    steps: list[str] = []
+    try:
+        for target in (copy, original):
+            aws.ecs.update_service(cluster=unit.cluster_arn, service=unit.service_name, taskDefinition=target)
+
+            def on_target(target: str = target) -> tuple[bool, str]:
+                now = fleet_from_args(args, aws, clusters={unit.cluster_arn}).unit(unit.unit_id)
+                state = rollout_state(now)
+                if state == FAILED:
+                    raise OpsError(f"{unit.unit_id}: the deployment to {target.rsplit('/', 1)[-1]} FAILED")
+                done = now.task_definition_arn == target and state == COMPLETED and now.ready
+                return done, f"{state}, {'ready' if now.ready else 'not ready'}, {traffic.sent} requests"
+
+            wait_until(
+                on_target,
+                timeout_s=args.wait,
+                description=f"{unit.unit_id} -> task definition revision {target.rsplit(':', 1)[-1]}",
+                console=console,
+            )
+            steps.append(target.rsplit(":", 1)[-1])
+    except OpsError as err:
+        traffic.stop(args.timeout)
+        return Check(f"roll {unit.unit_id}", False, f"{err}; {traffic.sent} requests, {traffic.failed} failed", 0.0)
+    finally:
+        traffic.stop(args.timeout)
+        aws.ecs.deregister_task_definition(taskDefinition=copy)
+    ok = traffic.sent >= 1 and traffic.failed == 0 and steps == numbers[::-1]
+    saw = (
+        f"revision {numbers[0]} -> {numbers[1]} -> {numbers[0]} (revision label {revision_of(doc)}), "
+        f"{traffic.sent} requests while rolling, {traffic.failed} failed"
+    )
+    if traffic.first_failure:
+        saw += f" (first: {traffic.first_failure})"
+    return Check(f"roll {unit.unit_id}", ok, saw, time.monotonic() - t0)
+
+
 def run_smoke(args: argparse.Namespace, console: Console) -> int:
     import openai  # noqa: PLC0415 - loaded only by this command (every other command starts faster)
 
@@ -156,16 +305,28 @@ def run_smoke(args: argparse.Namespace, console: Console) -> int:
             f"--url {args.url!r}: give the base URL with its scheme, e.g. http://internal-alb-….elb.amazonaws.com"
         )
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=args.api_key, max_retries=0, timeout=args.timeout)
-    checks = run_checks(client, max_tokens=args.max_tokens)
+    seen: dict[str, Any] = {}
+    checks = run_checks(client, max_tokens=args.max_tokens, seen=seen)
+    expected = 5
+    if args.roll_unit:
+        expected += 1
+        if all(c.ok for c in checks) and len(checks) == 5:
+            checks.append(roll_unit(args, client, model=seen["model"], console=console))
+        else:
+            checks.append(Check(f"roll {args.roll_unit}", False, "not tried: a check above failed", 0.0))
+    else:
+        checks.append(Check("roll a unit", True, ROLL_SKIPPED, 0.0, skipped=True))
+        expected += 1
     table = Table(title=f"smoke test of {base}")
     for col in ("check", "result", "seconds", "what it saw"):
         table.add_column(col)
     for c in checks:
-        table.add_row(c.name, "[green]PASS[/]" if c.ok else "[red]FAIL[/]", f"{c.seconds:.2f}", c.saw)
+        result = "[yellow]SKIP[/]" if c.skipped else "[green]PASS[/]" if c.ok else "[red]FAIL[/]"
+        table.add_row(c.name, result, f"{c.seconds:.2f}", c.saw)
     console.print(table)
     failed = [c.name for c in checks if not c.ok]
-    if failed or len(checks) < 5:
+    if failed or len(checks) < expected:
         console.print(f"[red]FAIL[/]: {', '.join(failed)}")
         return EXIT_FAILED
-    console.print("PASS: every check")
+    console.print("PASS: every check" + (" (the unit roll skipped)" if checks[-1].skipped else ""))
     return EXIT_OK

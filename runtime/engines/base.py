@@ -78,6 +78,9 @@ class GenerationRequest:
     # prefills them after the prompt, counts them against max_tokens, replays them through its text,
     # grammar and penalty state, and emits only what follows.
     generated: tuple[int, ...] = ()
+    # The leader's own canary (an idle unit's engine asked for one token): not counted as traffic in
+    # the engine's counters (prefix-cache queries and hits).
+    canary: bool = False
 
 
 @dataclass(frozen=True)

@@ -681,7 +681,8 @@ class ReferenceEngine:
         cache = self.prefix_cache
         if cache is None or st.keys is None:
             return
-        cache.count(len(st.prefill_ids), len(hit))
+        if not st.request.canary:
+            cache.count(len(st.prefill_ids), len(hit))
         room = self.kv_budget_tokens - self._reserved - cache.tokens + cache.evictable_tokens
         store = cache.allocate(st.keys, len(hit), room)
         over = self._reserved + cache.tokens - self.kv_budget_tokens

@@ -260,7 +260,13 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
                 structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
             )
-            request = GenerationRequest(request_id=rid, prompt_token_ids=tuple(ids), sampling=sp, generated=continued)
+            request = GenerationRequest(
+                request_id=rid,
+                prompt_token_ids=tuple(ids),
+                sampling=sp,
+                generated=continued,
+                canary=bool(cmd.get("canary")),
+            )
             check = getattr(engine, "check", None)
             if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
                 await check(request)

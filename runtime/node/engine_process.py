@@ -60,6 +60,7 @@ class EngineProcess:
         self.last_progress = time.monotonic()
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
+        self._canaries = 0  # one-token requests sent so far (their ids: canary-<n>)
 
     @property
     def pid(self) -> int | None:
@@ -111,7 +112,7 @@ class EngineProcess:
                         self.load = LoadReport(state=EngineState.BROKEN, detail=ev.get("message", ""))
                     s = self._streams.get(ev["id"])
                     if s is not None:
-                        s.events.put_nowait(ev)
+                        s.events.put_nowait(ev)  # a canary's few events are dropped with its stream
                         if op in ("done", "error"):
                             self._streams.pop(ev["id"], None)
         except (ValueError, KeyError) as e:
@@ -136,9 +137,38 @@ class EngineProcess:
             self.exited.set()
 
     def stalled(self, after_s: float) -> bool:
-        """The engine holds running sequences but produced no token for `after_s` (a gray failure:
-        its process answers, its steps do not complete: a stopped member or a stuck collective)."""
-        return self.load.running > 0 and time.monotonic() - self.last_progress > after_s
+        """The engine holds requests (running, or submitted and not yet at their first token: a
+        canary on an idle unit, or work sent to an engine that hung while idle) but produced no token
+        for `after_s` (a gray failure: its process answers, its steps do not complete: a stopped
+        member, a stuck collective, a hung engine)."""
+        held = self.load.running > 0 or bool(self._streams)
+        return held and time.monotonic() - self.last_progress > after_s
+
+    def canary(self, idle_s: float) -> bool:
+        """After `idle_s` without a request or a token, send the engine a one-token request so an
+        engine that hung while idle is noticed (stalled() then holds once its bound passes): at most
+        one open at a time and one per `idle_s`. It never passes through the API, so no request
+        metric, log line or queue estimate counts it; nothing reads its answer, which ends its stream.
+        True if one was sent."""
+        if idle_s <= 0 or self._streams or not self.ready.is_set() or not self.alive:
+            return False
+        if time.monotonic() - self.last_progress < idle_s:
+            return False
+        self._canaries += 1
+        self.submit(
+            f"canary-{self._canaries}",
+            correlation_id="canary",
+            canary=True,
+            prompt=".",
+            max_tokens=1,
+            default_max_tokens=1,
+            temperature=0.0,
+            top_p=1.0,
+            seed=None,
+            stop=[],
+            ignore_eos=True,
+        )
+        return True
 
     @property
     def alive(self) -> bool:

@@ -240,6 +240,9 @@ class LeaderApi:
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
+            route_key = request.headers.get(contract.ROUTE_KEY_HEADER, "")
+            if route_key.isdigit() and len(route_key) <= 20:  # a router's key (balance.key_hash: 64 bits)
+                self.sup.note_route_key(int(route_key))
             events = prefill.until_first_token(events)
             if req.stream:
                 resp = await self._stream(request, req, move, events, headers, rec, arrival, prompt_tokens)
@@ -479,7 +482,7 @@ class LeaderApi:
                     if move.resume:
                         # The token ids ride in the same SSE event as their text, so the router
                         # learns of a token exactly when its client gets the text.
-                        data = resume_comment(ev) + (data or b"\n")
+                        data = resume_comment(ev, held=move.restarts) + (data or b"\n")
                     if data:
                         await write(data)
                     if move.resume and self._handing_over() and not collected.whole:
@@ -524,10 +527,13 @@ class LeaderApi:
         return resp
 
 
-def resume_comment(ev: dict) -> bytes:
-    """The SSE comment line that tells the router which token ids an event carries (the router strips it)."""
-    ids = [ev["token_id"]] if ev.get("token_id", 0) >= 0 else []
-    return (contract.RESUME_COMMENT + json.dumps({"t": ids}, separators=(",", ":")) + "\n").encode()
+def resume_comment(ev: dict, *, held: bool = False) -> bytes:
+    """The SSE comment line that tells the router which token ids an event carries (the router strips
+    it). A held token (a forced tool call's: its text goes out whole at the end) reached no client, so
+    it is not reported as sent; "h" still tells the router the stream makes progress."""
+    token = ev.get("token_id", 0) >= 0
+    body = {"t": [], "h": 1} if held and token else {"t": [ev["token_id"]] if token else []}
+    return (contract.RESUME_COMMENT + json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
 def move_comment(kind: str) -> bytes:
@@ -540,13 +546,22 @@ class _Move:
     the stream over on a drain) and, for a continuation, the tokens the client already has and the
     id and creation time it already saw."""
 
-    __slots__ = ("resume", "continued", "before", "shown_id", "created", "key")
+    __slots__ = ("resume", "continued", "before", "shown_id", "created", "key", "restarts")
 
     def __init__(
-        self, *, resume: bool, continued: bool, before: list[int], shown_id: str, created: int, key: str
+        self,
+        *,
+        resume: bool,
+        continued: bool,
+        before: list[int],
+        shown_id: str,
+        created: int,
+        key: str,
+        restarts: bool = False,
     ) -> None:
         self.resume, self.continued, self.before = resume, continued, before
         self.shown_id, self.created, self.key = shown_id, created, key
+        self.restarts = restarts  # a forced tool call: nothing but its opening reaches the client before its end
 
     @classmethod
     def of(
@@ -554,12 +569,23 @@ class _Move:
     ) -> _Move:
         """Read the router's internal header and field (a client's copies never reach a leader: the
         router strips the headers, and the field counts only with the header)."""
-        # Moves need one choice, each token's text in one event (tool calls go out whole at the end),
-        # and an engine that continues from tokens.
-        movable = resumes and req.choices == 1 and getattr(req, "tool_mode", None) in (None, "none")
+        # Moves need one choice, and either each token's text in one event on an engine that continues
+        # from tokens, or a forced tool call: it goes out whole at its end, so its client has nothing but
+        # the opening until then and it moves by starting again from the prompt, on any engine (greedy
+        # and seeded sampling draw the same tokens again; unseeded, the client never saw the first draw).
+        restarts = req.choices == 1 and bool(getattr(req, "forced_tools", False))
+        movable = restarts or (resumes and req.choices == 1 and getattr(req, "tool_mode", None) in (None, "none"))
         resume = movable and request.headers.get(contract.RESUME_HEADER) == "1"
         if request.headers.get(contract.CONTINUATION_HEADER) != "1":
-            return cls(resume=resume, continued=False, before=[], shown_id=rid, created=int(arrival), key=rid)
+            return cls(
+                resume=resume,
+                continued=False,
+                before=[],
+                shown_id=rid,
+                created=int(arrival),
+                key=rid,
+                restarts=restarts,
+            )
         cont: Any = body.get(contract.CONTINUATION_FIELD) if isinstance(body, dict) else None
         ok = (
             isinstance(cont, dict)
@@ -580,7 +606,13 @@ class _Move:
             raise ApiError(
                 400,
                 "only a streamed request with n = 1 and no tool calls, on an engine that continues requests, "
-                "can be continued",
+                "or with a forced tool call, can be continued",
+                param=contract.CONTINUATION_FIELD,
+            )
+        if restarts and cont["token_ids"]:
+            raise ApiError(
+                400,
+                "a forced tool call starts again from the prompt: its continuation carries no token ids",
                 param=contract.CONTINUATION_FIELD,
             )
         return cls(
@@ -590,6 +622,7 @@ class _Move:
             shown_id=cont["id"],
             created=cont["created"],
             key=rid,
+            restarts=restarts,
         )
 
 
@@ -676,6 +709,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         last_rest, last_load, last_sent, last_signature = b"", b"", -1e9, None
+        keys_sent = sup.route_keys_seen  # routing keys admitted before the watch began are not sent
         loop = asyncio.get_running_loop()
         try:
             while not shutting_down.is_set():
@@ -688,16 +722,21 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     sup.prefill_tokens,
                     ld.queue_depth,
                     ld.running,
+                    sup.route_keys_seen,
                 )
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
                     body = sup.ready_body().to_dict()
                     load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
                     rest = json.dumps(body, separators=(",", ":")).encode()
+                    # The routing keys admitted since the last line: which unit took whose request.
+                    keys = sup.route_keys_since(keys_sent)
+                    more = b',"keys":' + json.dumps(keys, separators=(",", ":")).encode() if keys else b""
+                    keys_sent = sup.route_keys_seen
                     if rest != last_rest:  # the whole body: something beyond the load changed
-                        line = rest[:-1] + b',"load":' + load + b"}\n"
-                    elif load != last_load:  # only the load: a short line, which is most of them
-                        line = b'{"load":' + load + b"}\n"
+                        line = rest[:-1] + b',"load":' + load + more + b"}\n"
+                    elif load != last_load or keys:  # only the load: a short line, which is most of them
+                        line = b'{"load":' + load + more + b"}\n"
                     else:
                         line = b"\n"
                     async with asyncio.timeout(CLIENT_STALL_S):  # a watcher that reads nothing is gone

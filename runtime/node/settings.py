@@ -448,6 +448,15 @@ class NodeSettings(_Settings):
         ge=0.1,
         allow_inf_nan=False,
     )
+    canary_idle_s: float = setting(
+        10.0,
+        "--canary-idle",
+        "FLOTILLA_CANARY_IDLE_S",
+        "seconds without a request or a token after which the leader sends its own engine a one-token request "
+        "(never counted as traffic), so an engine that hung while idle is found by the progress stall bound; 0: never",
+        ge=0.0,
+        allow_inf_nan=False,
+    )
 
     echo_load_s: float = setting(
         0.0,

@@ -51,6 +51,9 @@ log = logging.getLogger("flotilla.node")
 # One deadline for all of a tick's status polls (they run at once): a member slower than this counts
 # as not answering for that tick.
 STATUS_DEADLINE_S = 1.0
+# Routing keys a leader keeps for its watch streams: a stream that falls further behind (about 50 ms
+# of a busy unit's admissions) skips the oldest; the routers then lose only an estimate.
+ROUTE_KEYS_KEPT = 256
 
 
 class FormationEnded(Exception):
@@ -81,6 +84,10 @@ class UnitSupervisor:
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
         self.prefill_tokens = 0  # leader: prompt tokens of API requests accepted and not yet at their first token
+        # leader: the routing keys of the latest admitted requests (contract.ROUTE_KEY_HEADER), and how
+        # many were ever admitted: each watch stream sends those it has not sent yet.
+        self.route_keys: collections.deque[int] = collections.deque(maxlen=ROUTE_KEYS_KEPT)
+        self.route_keys_seen = 0
         self.queue_wait = QueueWait()  # leader: the API's requests, to tell the wait for a batch slot
         self._reported_wait = (-1.0, -1, 0.0)  # (when, requests held, wait): see reported_wait()
         self.not_ready_since = time.monotonic()
@@ -205,6 +212,16 @@ class UnitSupervisor:
             "leader": leader,
             "strategies": self.engine.strategies if self.is_leader and self.engine is not None else None,
         }
+
+    def note_route_key(self, key: int) -> None:
+        """A request with this routing key was admitted (leader)."""
+        self.route_keys.append(key)
+        self.route_keys_seen += 1
+
+    def route_keys_since(self, seen: int) -> list[int]:
+        """The routing keys admitted after the first `seen` (at most the ROUTE_KEYS_KEPT latest)."""
+        new = min(self.route_keys_seen - seen, len(self.route_keys))
+        return list(self.route_keys)[-new:] if new > 0 else []
 
     def ready_body(self) -> ReadyBody:
         return ReadyBody(**self._ready_fields())
@@ -472,6 +489,7 @@ class UnitSupervisor:
                 if stalled > self.s.engine_stall_s:
                     raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
                 self._set_state(UnitState.READY, formation=formation)
+                self.engine.canary(self.s.canary_idle_s)  # an idle unit's engine is still asked now and then
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
             for f, st in zip(followers, await self._statuses(followers)):

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -123,7 +124,14 @@ WALK = 1
 # How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
 # prompts of the request: placing a conversation's turn on its preferred unit is what lets its next turn
 # hit the cache there, a gain the estimate of this request alone does not see.
-AFFINITY_SLACK = 1.0
+AFFINITY_SLACK = 0.25
+# Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
+# counts this router's own sends at once, which spreads routers without the herding that sampling by
+# request count suffers (measured: docs/benchmarks.md, Routing by cache).
+CACHE_CHOICES = 8
+# Keys whose last unit a router remembers (least recently used forgotten): a conversation's turns come
+# seconds to minutes apart; 65,536 keys cost the router about 8 MiB (measured with tracemalloc).
+HOLDER_KEYS = 65536
 # A prompt's tokens estimated from its bytes, without the model's tokenizer: English text runs about
 # four bytes per token under BPE tokenizers (OpenAI's tokenizer guide: "1 token ~= 4 chars in English").
 BYTES_PER_TOKEN = 4
@@ -301,6 +309,35 @@ def by_key(
     return None
 
 
+V = TypeVar("V")
+
+
+class KeyHolders(Generic[V]):
+    """The unit that took each key's latest request, as far as this router knows: its own sends at
+    once, and the keys every unit reports it admitted (`keys` of its watch lines, sent by any router),
+    so that every router follows a conversation that left its key's unit. Bounded: the least recently
+    noted keys are forgotten (a forgotten key falls back to the ring)."""
+
+    __slots__ = ("_units", "capacity")
+
+    def __init__(self, capacity: int = HOLDER_KEYS) -> None:
+        self.capacity = capacity
+        self._units: OrderedDict[int, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._units)
+
+    def note(self, key: int, unit: V) -> None:
+        units = self._units
+        units[key] = unit
+        units.move_to_end(key)
+        if len(units) > self.capacity:
+            units.popitem(last=False)
+
+    def get(self, key: int) -> V | None:
+        return self._units.get(key)
+
+
 def by_cache_and_work(
     ring: Ring[W],
     candidates: Sequence[W],
@@ -311,19 +348,29 @@ def by_cache_and_work(
     tokens: int,
     cached: int,
     mean_load: float,
+    holder: W | None = None,
     eps: float = BOUND_EPS,
     walk: int = WALK,
-    choices: int = CHOICES,
+    choices: int = CACHE_CHOICES,
     slack: float = AFFINITY_SLACK,
 ) -> W | None:
-    """The shipped policy: the key's preferred unit (below the load bound, within `walk` steps of the
-    ring) against the least work of `choices` sampled units, whichever has the lower estimated time to
-    first token, the preferred unit counting only the `cached` tokens it is expected to hold as done and
-    winning ties up to `slack` prompts of the request. Without a key: the sampled least work."""
+    """The shipped policy: the unit expected to hold the key's cache against the least work of `choices`
+    sampled units, whichever has the lower estimated time to first token, the first counting only the
+    tokens it is not expected to hold (`tokens` - `cached`) and winning ties up to `slack` prompts of the
+    request. The unit expected to hold the cache is `holder`, the unit that took the key's latest request
+    (KeyHolders), when it is usable, below the load bound and not queueing for a batch slot; else the
+    key's preferred unit on the ring under the same conditions (within `walk` steps). Without a key:
+    the sampled least work."""
     sampled = least_work(candidates, usable, rng, tokens, choices=choices)
     if key is None:
         return sampled
-    preferred = by_key(ring, key, usable, mean_load, eps=eps, walk=walk)
+    preferred: W | None = None
+    if holder is not None:
+        bound = load_bound(mean_load, len(ring), eps)
+        if usable(holder) and estimated_load(holder) + 1 <= bound and not waiting_for_slot(holder):
+            preferred = holder
+    if preferred is None:
+        preferred = by_key(ring, key, usable, mean_load, eps=eps, walk=walk)
     if preferred is None:
         return sampled
     if sampled is None or sampled is preferred:

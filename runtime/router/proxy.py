@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 import uuid
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -31,7 +32,7 @@ from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Unit
 from runtime.router.metrics import RouterMetrics
-from runtime.router.resume import StreamLedger, resumable_request
+from runtime.router.resume import RESUMABLE_PATHS, StreamLedger, resumable_request
 from runtime.router.settings import RouterSettings
 
 log = logging.getLogger("flotilla.router")
@@ -118,7 +119,7 @@ class _Trace:
     router's own id of the request: the client's X-Request-Id is a correlation id that two clients
     may share, so nothing the router keeps is filed under it."""
 
-    __slots__ = ("id", "attempts", "first_byte", "shed", "added_s", "fault")
+    __slots__ = ("id", "attempts", "first_byte", "shed", "added_s", "fault", "moves", "left")
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
@@ -127,6 +128,8 @@ class _Trace:
         self.shed = False
         self.added_s: float | None = None  # the router's own share of the wait, once headers went out
         self.fault = False  # the router itself failed the request (an exception escaped routing)
+        self.moves = 0  # attempts given up because their unit left routing before its first byte
+        self.left: list[Unit] = []  # those units: a stream that later moves avoids them too
 
 
 class _Retry(Exception):
@@ -136,6 +139,87 @@ class _Retry(Exception):
         super().__init__(reason)
         self.reason = reason
         self.refusal = refusal
+
+
+class _UnitLeft(Exception):
+    """The unit a request waits on left routing for a failure (see _Departure)."""
+
+
+# Unit states whose leader hands its requests over itself (a drain: runtime/node/server.py), so a
+# request waiting on such a unit is left to it.
+_HANDS_OVER = frozenset({"draining", "stopped"})
+
+
+class _Departure:
+    """Whether the unit a request waits on left routing for a failure (silent, unreachable, its
+    engine stalled, broken) and stayed out for grace_s, while another unit is routable: a unit whose
+    report was merely late is back at its next line and keeps the request, and with no other unit to
+    go to, waiting for this one is the request's best chance."""
+
+    __slots__ = ("unit", "fleet", "grace_s", "since")
+
+    def __init__(self, unit: Unit, fleet: Fleet, grace_s: float) -> None:
+        self.unit = unit
+        self.fleet = fleet
+        self.grace_s = grace_s
+        self.since: float | None = None  # loop time it was first seen out
+
+    def gone(self, now: float) -> bool:
+        u = self.unit
+        if u.ready or u.state in _HANDS_OVER:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.grace_s and self.fleet.routable_count() > 0
+
+
+def _restartable(request: web.Request) -> bool:
+    """A request that may start again on another unit once its first unit gave up before answering:
+    a read, or a generation (it changes nothing on the unit; the first unit's answer is never read,
+    as its connection is closed first, so the client gets exactly one)."""
+    return request.method in ("GET", "HEAD") or (request.method == "POST" and request.path in RESUMABLE_PATHS)
+
+
+class _Wait:
+    """A bounded wait (asyncio.timeout) that, given a departure watch, also ends as soon as its unit
+    left routing for a failure: it looks every `period` seconds and then fires the timeout at once,
+    with `left` set. The awaited call is cancelled like on any timeout, which closes the unit's
+    connection; the wait itself stays a plain await (no task in between), so a chunk reaches the
+    client as soon as it arrives."""
+
+    __slots__ = ("_timeout", "_departure", "_period", "_handle", "left")
+
+    def __init__(self, timeout_s: float, departure: _Departure | None, period: float) -> None:
+        self._timeout = asyncio.timeout(timeout_s)
+        self._departure = departure
+        self._period = period
+        self._handle: asyncio.TimerHandle | None = None
+        self.left = False
+
+    async def __aenter__(self) -> _Wait:
+        await self._timeout.__aenter__()
+        if self._departure is not None:
+            self._handle = asyncio.get_running_loop().call_later(self._period, self._look)
+        return self
+
+    def _look(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._departure is not None
+        if self._timeout.expired():  # it fired in this same loop turn: nothing left to cut short
+            return
+        if self._departure.gone(loop.time()):
+            self.left = True
+            # A deadline now: the timeout fires at the loop's next turn, as any asyncio.timeout does
+            # (https://docs.python.org/3.11/library/asyncio-task.html#asyncio.Timeout.reschedule).
+            self._timeout.reschedule(loop.time())
+        else:
+            self._handle = loop.call_later(self._period, self._look)
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it fired
 
 
 def error_response(
@@ -396,6 +480,8 @@ class Router:
             return self._shed("admission", request_id)
         headers = self._upstream_headers(request, request_id)
         key = balance.request_key(body, request.headers.get(contract.SESSION_HEADER))
+        if key.key is not None:  # the leader reports it back to every router (docs/routing.md)
+            headers[contract.ROUTE_KEY_HEADER] = str(key.key)
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
         tried: tuple[Unit, ...] = ()
@@ -479,8 +565,16 @@ class Router:
         if session is None or session.closed:
             raise _Retry("unit_closed")
         t_sent = perf_counter()
+        # A request waiting for its first byte may start again elsewhere if its unit leaves routing
+        # (a stopped leader, a hung engine): it counts against the move budget.
+        departure = (
+            _Departure(unit, self.fleet, s.stale_after_s)
+            if trace.moves < s.max_moves and _restartable(request)
+            else None
+        )
+        waiting = _Wait(s.first_byte_timeout_s, departure, self._watch_period())
         try:
-            async with asyncio.timeout(s.first_byte_timeout_s):
+            async with waiting:
                 upstream = await session.request(
                     request.method,
                     unit.url + request.rel_url.raw_path_qs,
@@ -506,6 +600,21 @@ class Router:
             unit.mark_unready("unreachable")
             raise _Retry("connect") from exc
         except TimeoutError:
+            if waiting.left:
+                # Nothing of it reached the client, and its connection is closed (the unit cancels
+                # the work once it runs again), so it starts whole elsewhere: never two answers.
+                trace.moves += 1
+                trace.left.append(unit)
+                log.warning(
+                    "request %s: unit %s left routing (%s) before answering; starting it on another unit "
+                    "(move %d of %d)",
+                    request_id,
+                    unit.unit,
+                    unit.state,
+                    trace.moves,
+                    s.max_moves,
+                )
+                raise _Retry("left_before_first_byte") from None
             log.error(
                 "request %s: unit %s sent no response within %.1f s", request_id, unit.unit, s.first_byte_timeout_s
             )
@@ -547,6 +656,10 @@ class Router:
             upstream.release()
         self.metrics.count_routed(unit.unit, status)
         return resp
+
+    def _watch_period(self) -> float:
+        """How often a wait looks whether its unit left routing: a few times per grace period."""
+        return max(0.05, self.settings.stale_after_s / 3)
 
     async def _relay_whole(
         self,
@@ -645,6 +758,9 @@ class Router:
             resp.content_length = upstream.content_length
         is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
         ledger = self._ledger(upstream, headers) if is_sse and upstream.status == 200 else None
+        if ledger is not None:
+            ledger.moves = trace.moves  # one budget: moves before the first byte count
+            ledger.avoid.extend(trace.left)
         await resp.prepare(request)
         trace.first_byte = perf_counter()
         # Added latency: the router's work before sending, plus from the unit's headers to the
@@ -714,18 +830,21 @@ class Router:
         client left, else why it broke (reason, message)."""
         s = self.settings
         content = upstream.content
+        departure = _Departure(unit, self.fleet, s.stale_after_s)
         while True:
             # A resumable stream that has produced tokens here counts silence past the stall bound as
             # a hung unit (a stopped member or a stuck collective); before its first token it may be
-            # prefilling a long prompt.
+            # prefilling a long prompt, unless its unit left routing for a failure meanwhile.
             quiet = s.idle_stream_timeout_s
             if ledger is not None and ledger.since_move:
                 quiet = min(quiet, s.stream_stall_s)
+            movable = ledger is not None and ledger.reported and ledger.moves < s.max_moves
             try:
-                async with asyncio.timeout(quiet):
-                    chunk = await content.readany()
+                chunk = await self._next_chunk(content, quiet, departure if movable else None)
             except TimeoutError:
                 return "idle_timeout", f"unit {unit.unit} sent nothing for {quiet:g} s"
+            except _UnitLeft:
+                return "unit_left", f"unit {unit.unit} left routing ({unit.state}) with the stream waiting on it"
             except (aiohttp.ClientError, OSError) as exc:
                 return (
                     "stream_broken",
@@ -762,6 +881,21 @@ class Router:
         except (ConnectionError, aiohttp.ClientConnectionResetError):
             pass  # the client left just as the response ended
         return None, ""
+
+    async def _next_chunk(self, content: aiohttp.StreamReader, quiet: float, departure: _Departure | None) -> bytes:
+        """The next piece of a unit's body within `quiet` seconds (TimeoutError past it); with a
+        departure watch, _UnitLeft once the unit left routing for a failure with nothing arriving."""
+        waiting = _Wait(quiet, departure, self._watch_period())
+        try:
+            async with waiting:
+                chunk = await content.readany()
+        except TimeoutError:
+            if waiting.left:
+                raise _UnitLeft from None
+            raise
+        if departure is not None:
+            departure.since = None  # it spoke: out of routing or not, it is not hung
+        return chunk
 
     async def _move_stream(
         self,

@@ -57,9 +57,11 @@ class StreamLedger:
         for part in parts[:-1]:
             if part.startswith(_RESUME):
                 line, _, rest = part.partition(b"\n")
-                ids = json.loads(line[len(_RESUME) :])["t"]
+                said = json.loads(line[len(_RESUME) :])
+                ids = said["t"]
                 self.token_ids.extend(ids)
-                self.since_move += len(ids)
+                # "h": tokens the unit generated but holds back (a forced tool call's): progress, not sent
+                self.since_move += len(ids) + int(said.get("h", 0))
                 self.reported = True
                 if rest:
                     out.append(rest + b"\n\n")

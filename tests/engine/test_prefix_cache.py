@@ -346,3 +346,28 @@ def test_every_strategy_combination_serves_a_conversation_from_the_cache_with_un
         assert [t["tokens"] for t in r["conversation"]] == want, r["combo"]
         assert [t["cached"] for t in r["conversation"]] == cached, r["combo"]
         assert r["cache_refs"] == [0] and r["blocks_held"] == r["blocks_indexed"] > 0, r["combo"]
+
+
+def test_the_leaders_canary_is_not_counted_as_prefix_cache_traffic():
+    prompt = SYSTEM + TURN_A
+
+    async def go():
+        engine = ReferenceEngine(SOLO, model="tiny", prefix_caching=True)
+        await engine.start()
+        await _ask(engine, "client", prompt)
+        before = engine.load()
+        req = GenerationRequest(
+            request_id="canary-1",
+            prompt_token_ids=tuple(prompt),
+            sampling=SamplingParams(max_tokens=1, ignore_eos=True),
+            canary=True,
+        )
+        events = [ev async for ev in engine.generate(req)]
+        after = engine.load()
+        await engine.shutdown()
+        return before, events, after
+
+    before, events, after = run(go())
+    assert len(events) == 1 and events[0].finish_reason == "length"  # it did run
+    assert (after.prefix_cache_queries, after.prefix_cache_hits) == (len(prompt), 0)
+    assert (before.prefix_cache_queries, before.prefix_cache_hits) == (len(prompt), 0)

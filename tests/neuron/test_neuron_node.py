@@ -226,6 +226,34 @@ def test_two_node_unit_serves_through_the_nxd_inference_loop_and_reforms_when_a_
     assert body["choices"][0]["finish_reason"] == ("stop" if want[-1] == eos else "length")
     text = HFTokenizer(tmp_path / "published").decode([t for t in want if t != eos])
     assert body["choices"][0]["text"].split() == text.split()
+    # A stream another unit started continues here from the tokens its client has (the router's
+    # internal continuation): only the rest comes, under the first unit's id, usage over the whole.
+    assert len(want) >= 2
+    cont = {"id": "cmpl-first-unit", "created": 1700000000, "token_ids": want[:1]}
+    request = urllib.request.Request(
+        unit.url + "/completions",
+        data=json.dumps(
+            {
+                "model": "llama",
+                "prompt": [2, 3],
+                "max_tokens": 3,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                contract.CONTINUATION_FIELD: cont,
+            }
+        ).encode(),
+        headers={"Content-Type": "application/json", contract.CONTINUATION_HEADER: "1"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        events = _sse(r)
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1]), events
+    chunks = [e for e in events[:-1] if e.get("choices")]
+    assert {e["id"] for e in events[:-1]} == {cont["id"]}
+    rest = "".join(e["choices"][0]["text"] for e in chunks)
+    first = HFTokenizer(tmp_path / "published").decode(want[:1])
+    assert (first + rest).split() == text.split()
+    assert events[-2]["usage"]["completion_tokens"] == len(want)
 
     followers = _pids_of("--node-rank=1")
     assert len(followers) == 1, unit.dump_logs()

@@ -183,6 +183,28 @@ def test_the_watch_streams_the_ready_body_then_empty_lines_while_nothing_changes
     assert rest[:3] == [b"", b"", b""]  # idle: nothing changed
 
 
+def test_the_leader_lists_the_routing_key_of_each_request_it_admits_in_its_watch(shared_unit):
+    leader = shared_unit.members[0]
+    key = 2**64 - 12345  # a router's 64-bit key (runtime/router/balance.py key_hash)
+    with socket.create_connection(("127.0.0.1", leader.port), timeout=30) as sock:
+        sock.sendall(f"GET {contract.NODE_WATCH_PATH}?interval=1&changes=0.02 HTTP/1.0\r\n\r\n".encode())
+        reader = sock.makefile("rb")
+        while reader.readline() not in (b"\r\n", b""):
+            pass  # the response head
+        reader.readline()  # the whole body
+        for header in ("not-a-key", str(key)):  # a malformed key is ignored, not listed
+            client(shared_unit).completions.create(
+                model="tiny", prompt="abc", max_tokens=2, extra_headers={contract.ROUTE_KEY_HEADER: header}
+            )
+        listed: list[int] = []
+        for _ in range(200):  # a line within 20 ms of each change; bounded by the socket's timeout
+            line = reader.readline().strip()
+            listed += json.loads(line).get("keys", []) if line else []
+            if key in listed:
+                break
+    assert listed == [key]
+
+
 def test_the_watch_refuses_an_interval_out_of_range(shared_unit):
     status, body = get_json(shared_unit.members[0].url + contract.NODE_WATCH_PATH + "?interval=0")
     assert status == 400 and "interval" in body["error"]

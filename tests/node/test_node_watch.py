@@ -12,7 +12,7 @@ from runtime.membership import Membership
 from runtime.node.metrics import NodeMetrics
 from runtime.node.server import build_app
 from runtime.node.settings import load_settings
-from runtime.node.supervisor import UnitSupervisor
+from runtime.node.supervisor import ROUTE_KEYS_KEPT, UnitSupervisor
 from runtime.router.discovery import StaticDiscovery
 from runtime.router.fleet import Fleet
 from runtime.router.settings import RouterSettings
@@ -24,6 +24,14 @@ class _NeverJoins:
 
     async def changed(self, current: Membership) -> bool:
         return False
+
+
+async def _until(done, tries: int = 500) -> None:
+    """Wait, at most `tries` x 10 ms, for done() (a report reaching the router); the caller asserts."""
+    for _ in range(tries):
+        if done():
+            return
+        await asyncio.sleep(0.01)
 
 
 async def _serve_forming_leader() -> tuple[web.AppRunner, int, UnitSupervisor]:
@@ -82,16 +90,10 @@ def test_outstanding_prefill_tokens_reach_the_router_within_the_change_report():
         try:
             await fleet.start()
             unit = fleet.units[url]
-            for _ in range(500):
-                if unit.watch is not None and unit.prefill_tokens == 0:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: unit.watch is not None and unit.prefill_tokens == 0)
             assert unit.prefill_tokens == 0  # reported, not the -1 of a unit that does not say
             sup.prefill_tokens = 4096  # prompts accepted at the leader's API, not yet at a first token
-            for _ in range(500):
-                if unit.prefill_tokens == 4096:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: unit.prefill_tokens == 4096)
             assert unit.prefill_tokens == 4096
         finally:
             await fleet.close()
@@ -154,3 +156,51 @@ def test_a_line_for_a_load_change_carries_the_load_only_and_the_router_takes_it(
             await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_watch_line_lists_the_routing_keys_admitted_since_the_last_and_the_router_notes_their_unit():
+    async def scenario():
+        runner, port, sup = await _serve_forming_leader()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            sup.note_route_key(11)  # admitted before the watch began: not sent
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /health/watch?interval=10&changes=0.02 HTTP/1.0\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            assert "keys" not in json.loads(await reader.readline())
+            big = 2**64 - 1  # keys are 64-bit BLAKE2b hashes (runtime/router/balance.py)
+            sup.note_route_key(big)
+            sup.note_route_key(7)  # nothing else changed: the keys alone make a line
+            line = json.loads(await asyncio.wait_for(reader.readline(), 5))
+            assert set(line) == {"load", "keys"} and line["keys"] == [big, 7]
+            sup.in_flight = 1
+            assert "keys" not in json.loads(await asyncio.wait_for(reader.readline(), 5))  # sent once
+            writer.close()
+            fleet = Fleet(
+                settings=RouterSettings(units=(url,), poll_interval_s=0.05, stale_after_s=5.0),
+                discovery=StaticDiscovery(units=(url,)),
+            )
+            try:
+                await fleet.start()
+                unit = fleet.units[url]
+                await _until(lambda: unit.watch is not None and unit.in_flight == 1)
+                sup.note_route_key(99)
+                await _until(lambda: fleet.holders.get(99) is unit)
+                assert fleet.holders.get(99) is unit and fleet.holders.get(11) is None
+            finally:
+                await fleet.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_a_leader_keeps_only_its_latest_routing_keys_for_a_watch_that_fell_behind():
+    s = load_settings(["--peers", "127.0.0.1:18000", "--rank", "0", "--unit", "u7"], {})
+    sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
+    seen = sup.route_keys_seen
+    for k in range(ROUTE_KEYS_KEPT + 5):
+        sup.note_route_key(k)
+    assert sup.route_keys_since(seen) == list(range(5, ROUTE_KEYS_KEPT + 5))
+    assert sup.route_keys_since(sup.route_keys_seen - 2) == [ROUTE_KEYS_KEPT + 3, ROUTE_KEYS_KEPT + 4]
+    assert sup.route_keys_since(sup.route_keys_seen) == []

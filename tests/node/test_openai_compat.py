@@ -6,12 +6,16 @@ counting every choice's tokens."""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
+
+import contract
 
 MSGS = [{"role": "user", "content": "describe a product"}]
 # Bounded on purpose: a random-weights model under a grammar fills strings to their limit, so every
@@ -425,3 +429,65 @@ def test_every_field_at_once_streams_the_same_choices_as_the_whole_response(shar
     assert usage.prompt_tokens == whole.usage.prompt_tokens
     for t in text.values():
         jsonschema.validate(json.loads(t), PRODUCT)
+
+
+def _sse_lines(url: str, body: dict, headers: dict) -> list[str]:
+    """Every non-empty line of a streamed answer, the SSE comment lines included."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [line for raw in r if (line := raw.decode().rstrip("\r\n"))]
+
+
+def _data(lines: list[str]) -> list[dict]:
+    return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: {")]
+
+
+def test_a_forced_tool_call_stream_moves_by_starting_again_from_the_prompt(tool_unit):
+    """Its client has nothing but the opening until the call goes out whole, so a move (what the
+    router sends another unit: the continuation header and field, no token ids) starts it again
+    from the prompt: the same greedy call, under the id the client saw, without a second opening."""
+    url = tool_unit.url + "/chat/completions"
+    body = {
+        "model": "smol-tools",
+        "messages": [{"role": "user", "content": "find shoes"}],
+        "max_tokens": 120,
+        "tools": [WEATHER, SEARCH],
+        "tool_choice": "required",
+        "temperature": 0,
+        "parallel_tool_calls": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    first = _sse_lines(url, body, {contract.RESUME_HEADER: "1"})
+    said = [json.loads(x[len(contract.RESUME_COMMENT) :]) for x in first if x.startswith(contract.RESUME_COMMENT)]
+    usage = _data(first)[-1]["usage"]
+    # Movable: reported, but no token counts as sent; each one still says the stream makes progress.
+    assert said and all(s["t"] == [] for s in said)
+    assert sum(s.get("h", 0) for s in said) == usage["completion_tokens"]
+
+    cont = {"id": "chatcmpl-first-unit", "created": 1700000000, "token_ids": []}
+    again = _sse_lines(url, {**body, contract.CONTINUATION_FIELD: cont}, {contract.CONTINUATION_HEADER: "1"})
+    assert again[-1] == "data: [DONE]"
+    events, before = _data(again), _data(first)
+    assert {e["id"] for e in events} == {cont["id"]} and {e["created"] for e in events} == {cont["created"]}
+    assert not any(c["delta"].get("role") for e in events for c in e["choices"])  # the client had the opening
+
+    def calls(evs: list[dict]) -> list[tuple[str, str]]:
+        return [
+            (t["function"]["name"], t["function"]["arguments"])
+            for e in evs
+            for c in e["choices"]
+            for t in c["delta"].get("tool_calls") or []
+        ]
+
+    assert calls(events) and calls(events) == calls(before)
+    assert events[-1]["usage"] == usage
+
+    # A forced call's continuation never carries tokens: there is nothing of it the client has.
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _sse_lines(
+            url, {**body, contract.CONTINUATION_FIELD: {**cont, "token_ids": [1]}}, {contract.CONTINUATION_HEADER: "1"}
+        )
+    assert e.value.code == 400

@@ -1,6 +1,7 @@
 """`flotilla smoke` against `make local` (the same router and leader code as a fleet, tiny model):
-every check passes on a healthy front door; a front door that answers nothing fails fast with the
-reason; bad arguments get one line."""
+every check passes on a healthy front door, the unit roll is skipped with its reason (local mode has
+no ECS service; test_ops_smoke_roll.py rolls one on the ECS model); a front door that answers
+nothing fails fast with the reason; bad arguments get one line."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def test_smoke_passes_every_check_against_local_mode(tmp_path, run_cli):
             assert check in flat
         assert out.count("PASS") == 6  # five checks and the verdict
         assert "models: tiny" in flat and "400:" in flat
+        # Local mode has no ECS service to roll: the roll row says it was skipped and why.
+        assert "roll a unit" in flat and "SKIP" in flat
+        assert "make local has no ECS service to roll" in flat
+        assert "PASS: every check (the unit roll skipped)" in flat
     finally:
         local.kill()
 

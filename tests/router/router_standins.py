@@ -65,6 +65,7 @@ class StandInUnit:
         self.gate: asyncio.Event | None = None
         self.received: list[str] = []  # request ids, in arrival order
         self.authorizations: list[str] = []  # Authorization headers that reached the unit
+        self.route_keys: list[str] = []  # contract.ROUTE_KEY_HEADER of each completion request ("" if none)
         self.active = 0
         self.max_active = 0
         self.disconnects = 0  # streams the client (router) abandoned
@@ -171,6 +172,7 @@ class StandInUnit:
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
+        self.route_keys.append(request.headers.get(contract.ROUTE_KEY_HEADER, ""))
         if "Authorization" in request.headers:
             self.authorizations.append(request.headers["Authorization"])
         if self.refuse is not None:
@@ -189,7 +191,10 @@ class StandInUnit:
         self.max_active = max(self.max_active, self.active)
         try:
             if self.first_byte_delay_s:
-                await asyncio.sleep(self.first_byte_delay_s)
+                try:  # cut short by stop(): a unit the router gave up on must not hold the test's end
+                    await asyncio.wait_for(self._stopping.wait(), self.first_byte_delay_s)
+                except asyncio.TimeoutError:
+                    pass
             if payload.get("stream"):
                 return await self._stream(request)
             if self.gate is not None:

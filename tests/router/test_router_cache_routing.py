@@ -171,6 +171,29 @@ def test_one_hot_prefix_never_loads_any_unit_past_the_bound_and_spills_to_the_le
     assert loads[-1] <= (1 + balance.BOUND_EPS) * mean + 1 and loads[0] >= mean / 2
 
 
+def test_one_hot_prefix_followed_to_its_last_unit_never_loads_that_unit_past_the_bound():
+    units = [V(f"u{i}") for i in range(20)]
+    ring = _ring(units)
+    rng = random.Random(4)
+    holders: balance.KeyHolders[V] = balance.KeyHolders()
+    hot = balance.request_key(_chat("the same question everybody asks", turns=3))
+    assert hot.key is not None and hot.cached > 0
+    for _ in range(400):  # requests that stay in flight, each followed to the unit that took the last
+        mean = sum(balance.estimated_load(u) for u in units) / len(units)
+        last = holders.get(hot.key)
+        u = balance.by_cache_and_work(
+            ring, units, _always, rng, key=hot.key, tokens=hot.tokens, cached=hot.cached, mean_load=mean, holder=last
+        )
+        assert u is not None
+        bound = balance.load_bound(mean, len(units))
+        assert u is not last or u.in_flight + 1 <= bound
+        u.in_flight += 1
+        holders.note(hot.key, u)
+    loads = sorted(u.in_flight for u in units)
+    mean = sum(loads) / len(loads)
+    assert loads[-1] <= (1 + balance.BOUND_EPS) * mean + 1 and loads[0] >= mean / 2
+
+
 def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outweighs_the_cache():
     units = [V(f"u{i}") for i in range(8)]
     ring = _ring(units)
@@ -179,10 +202,12 @@ def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outwei
     pick = lambda: balance.by_cache_and_work(  # noqa: E731
         ring, units, _always, random.Random(1), key=req.key, tokens=1000, cached=900, mean_load=0.0
     )
-    # 100 new tokens behind 1,800 queued still beats 1,000 behind nothing plus one prompt of slack.
-    preferred.prefill_tokens = 1800
+    # The preferred unit wins while 100 new tokens behind its queue take no longer than 1,000 behind
+    # nothing plus the slack (docs/routing.md: 1,000 + 0.25 x 1,000 = 1,250, so a queue of 1,150).
+    assert balance.AFFINITY_SLACK == 0.25
+    preferred.prefill_tokens = 1150
     assert pick() is preferred
-    preferred.prefill_tokens = 2000  # 2,100 > 1,000 + 1,000: the work wins
+    preferred.prefill_tokens = 1250  # 1,350 > 1,250: the work wins
     assert pick() is not preferred
 
 
@@ -203,6 +228,54 @@ def test_a_preferred_unit_with_requests_waiting_for_a_batch_slot_is_passed_over(
     preferred.in_flight = 9  # one beyond its 8 slots, and within (1 + eps) x the mean of 9/8
     chosen = balance.by_key(ring, key, _always, mean_load=9 / 8)
     assert chosen is None
+
+
+# --- following a conversation that left its key's unit -------------------------------------------------
+def test_the_unit_that_took_a_keys_last_request_is_preferred_over_the_keys_unit_on_the_ring():
+    units = [V(f"u{i}") for i in range(8)]
+    ring = _ring(units)
+    req = balance.RequestKey(key=balance.key_hash(b"conv"), tokens=1000, source="prefix", cached=900)
+    on_ring = next(ring.walk(req.key))
+    holder = next(u for u in units if u is not on_ring)
+    for seed in range(20):  # whatever the sample: the holder's 100 new tokens beat anyone's 1,000
+        chosen = balance.by_cache_and_work(
+            ring,
+            units,
+            _always,
+            random.Random(seed),
+            key=req.key,
+            tokens=1000,
+            cached=900,
+            mean_load=0.0,
+            holder=holder,
+        )
+        assert chosen is holder
+
+
+def test_an_unready_or_overloaded_holder_falls_back_to_the_keys_unit_on_the_ring():
+    units = [V(f"u{i}") for i in range(8)]
+    ring = _ring(units)
+    key = balance.key_hash(b"conv")
+    on_ring = next(ring.walk(key))
+    holder = next(u for u in units if u is not on_ring)
+
+    def pick(usable, mean_load=0.0):
+        return balance.by_cache_and_work(
+            ring, units, usable, random.Random(1), key=key, tokens=1000, cached=900, mean_load=mean_load, holder=holder
+        )
+
+    assert pick(lambda u: u is not holder) is on_ring  # unready (or already tried for this request)
+    holder.in_flight = 3  # above ceil(2 x (1/8 + 1/8)) = 1 on an otherwise idle fleet: the bound
+    assert pick(_always, mean_load=1 / 8) is on_ring
+
+
+def test_key_holders_forget_the_least_recently_noted_key_past_their_capacity():
+    holders: balance.KeyHolders[str] = balance.KeyHolders(capacity=3)
+    for k, unit in ((1, "a"), (2, "b"), (3, "c")):
+        holders.note(k, unit)
+    holders.note(1, "d")  # noted again: now the most recent, and moved
+    holders.note(4, "e")  # one past the capacity: key 2, the least recently noted, goes
+    assert (holders.get(1), holders.get(2), holders.get(3), holders.get(4), len(holders)) == ("d", None, "c", "e", 3)
 
 
 # --- the router's fleet ------------------------------------------------------------------------------
@@ -230,15 +303,24 @@ def _pick_served(fleet: Fleet, req: balance.RequestKey, exclude: tuple[Unit, ...
 
 
 def test_an_unready_preferred_unit_hands_its_keys_to_the_next_and_gets_them_back_when_ready():
-    fleet = _fleet(10)
+    fleet, fresh = _fleet(10), _fleet(10)
     req = balance.request_key(_chat("red shoes"))
     first = _pick_served(fleet, req)
     assert first is not None and all(_pick_served(fleet, req) is first for _ in range(20))
     first.mark_unready("broken")
     others = {_pick_served(fleet, req) for _ in range(20)}
     assert first not in others and len(others) == 1  # all to the same next unit: still agreed on
+    (second,) = others
+    assert second is not None
+    fresh.units[first.url].mark_unready("broken")  # a router that sent nothing meanwhile agrees
+    assert _pick_served(fresh, req).url == second.url
     first.apply_report(200, {"ready": True, "state": "ready", "role": "leader", "unit": first.unit, "load": {}})
-    assert _pick_served(fleet, req) is first
+    fresh.units[first.url].apply_report(200, {"ready": True, "state": "ready", "role": "leader", "unit": first.unit})
+    # The ring gives the key back to its unit (a router that never saw the conversation moved sends
+    # it there); a router that knows where the conversation's cache now is keeps it there.
+    fresh.holders = balance.KeyHolders()
+    assert _pick_served(fresh, req).url == first.url
+    assert _pick_served(fleet, req) is second
 
 
 def test_a_saturated_or_already_tried_preferred_unit_is_skipped():
@@ -249,6 +331,33 @@ def test_a_saturated_or_already_tried_preferred_unit_is_skipped():
     assert _pick_served(fleet, req, (first,)) not in (first, None)
     first.outstanding = 2
     assert _pick_served(fleet, req) not in (first, None)
+
+
+def test_a_router_follows_a_conversation_another_router_sent_elsewhere_once_the_unit_reports_its_key():
+    a, b = _fleet(8), _fleet(8)
+    req = balance.request_key(_chat("red shoes", turns=2))
+    assert req.key is not None and req.cached > 0
+    on_ring = _pick_served(a, req)
+    assert on_ring is not None and _pick_served(b, req).unit == on_ring.unit  # agreed, without the holder
+    # Router a sent the conversation's last turn to another unit (its key's unit was busy then); that
+    # turn has finished there.
+    elsewhere = next(u for u in b.units.values() if u.unit != on_ring.unit)
+    assert b.on_watch_line(elsewhere, b'{"load":{"in_flight":0},"keys":[%d]}' % req.key)
+    assert b.holders.get(req.key) is elsewhere
+    assert all(_pick_served(b, req) is elsewhere for _ in range(5))
+    elsewhere.mark_unready("broken")  # the holder goes: back to the key's unit on the ring
+    assert _pick_served(b, req).unit == on_ring.unit
+    assert b.holders.get(req.key).unit == on_ring.unit  # and the router's own send is noted at once
+
+
+def test_a_watch_line_that_is_not_one_whole_json_object_marks_its_unit_unreadable():
+    for bad in (b'{"load":{}}x', b'{"load":', b"[1]", b'{"load":{},"keys":7}'):
+        fleet = _fleet(1)
+        (u,) = fleet.units.values()
+        assert not fleet.on_watch_line(u, bad) and (u.routable, u.state) == (False, "bad_health_body"), bad
+    fleet = _fleet(1)
+    (u,) = fleet.units.values()
+    assert fleet.on_watch_line(u, b' {"load":{"in_flight":4},"keys":[5]} ') and (u.in_flight, u.routable) == (4, True)
 
 
 def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():
@@ -312,12 +421,18 @@ def test_two_routers_send_a_conversation_to_the_same_unit_end_to_end():
                             served.append(resp.headers[contract.UNIT_HEADER])
                             await resp.read()
                 assert len(set(served)) == 1
+                # Each router tells the unit the request's key, which the unit reports to every router.
+                (unit,) = [u for u in units if u.name == served[0]]
+                assert set(unit.route_keys) == {str(balance.request_key(_chat("red shoes")).key)}
                 async with s.post(
                     base_url(r1) + "/v1/chat/completions",
                     data=_chat("red shoes"),
-                    headers={contract.SESSION_HEADER: "another conversation"},
+                    headers={contract.SESSION_HEADER: "another conversation", contract.ROUTE_KEY_HEADER: "1"},
                 ) as resp:
                     assert resp.status == 200
+                    (unit,) = [u for u in units if u.name == resp.headers[contract.UNIT_HEADER]]
+                # a client's own route key never reaches a unit: the router's replaces it
+                assert unit.route_keys[-1] == str(balance.key_hash(b"s:another conversation"))
         finally:
             for u in units:
                 await u.stop()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +19,7 @@ from nodeproc import Unit, wait_for
 from router_real_units import RouterProcess
 
 import contract
+from bench.measure import process_tree
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -295,3 +298,88 @@ def test_a_leader_reports_tokens_only_when_asked_and_only_for_streams_it_can_mov
         assert marker not in seen["n=2"]  # two choices cannot move: nothing to report
     finally:
         unit.stop()
+
+
+def _engine_pids(member) -> list[int]:
+    """A member's engine process and its children (not the member's own HTTP process)."""
+    return process_tree(member.proc.pid)[1:]
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        os.kill(pid, sig)
+
+
+def test_a_request_sent_to_a_hung_engine_starts_again_on_another_unit(tmp_path: Path):
+    """Before its first byte: the hung unit's leader still answers HTTP, holds the requests and sends
+    nothing; it reports not ready once they made no progress for FLOTILLA_PROGRESS_STALL_S, and the
+    router starts them again, whole, on the other unit."""
+    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units)
+    with serving(units, router):
+        hung, spare = units
+        frozen = _engine_pids(hung.leader)
+        try:
+
+            async def scenario() -> tuple[Stream, dict]:
+                spare.leader.sigstop()  # out of routing for a moment, so the requests go to the hung unit
+                await router.wait_routable(1)
+                _signal_all(frozen, signal.SIGSTOP)
+                plain_body = {k: v for k, v in _body().items() if k not in ("stream", "stream_options")}
+
+                async def plain() -> dict:
+                    url = router.url + "/v1/completions"
+                    async with aiohttp.ClientSession() as s, s.post(url, json=plain_body) as r:
+                        assert r.status == 200, await r.text()
+                        return await r.json()
+
+                calls = asyncio.gather(stream(router.url, _body()), plain())
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: _held(hung) >= 2,
+                    timeout=60,
+                    what="both requests to reach the hung unit",
+                )
+                spare.leader.sigcont()
+                got, whole = await calls
+                return got, whole
+
+            got, whole = asyncio.run(asyncio.wait_for(scenario(), 300))
+        finally:
+            _signal_all(frozen, signal.SIGCONT)
+        _check_whole(got, want)
+        assert got.unit == spare.name
+        assert whole["choices"][0]["text"] == want and whole["usage"]["completion_tokens"] == MAX_TOKENS
+        metrics = asyncio.run(router.metrics())
+        assert 'flotilla_router_retries_total{reason="left_before_first_byte"} 2.0' in metrics
+
+
+def _held(unit: Unit) -> int:
+    """Requests the unit's leader holds now (its ready body's in_flight)."""
+    status, body = unit.leader.ready()
+    return int((body or {}).get("load", {}).get("in_flight", 0))
+
+
+def test_an_idle_unit_whose_engine_hangs_leaves_routing_and_returns_once_it_answers(tmp_path: Path):
+    """No traffic at all: the leader's own one-token canary finds the hung engine."""
+    units = _two_units(tmp_path, FLOTILLA_CANARY_IDLE_S="1")
+    router = _router(tmp_path, units)
+    with serving(units, router):
+        hung = units[0]
+        frozen = _engine_pids(hung.leader)
+        _signal_all(frozen, signal.SIGSTOP)
+        try:
+            # The bound: canary idle (1 s) + FLOTILLA_PROGRESS_STALL_S (3 s) + one watch line; waited
+            # for generously (a loaded machine), never timed, but under FLOTILLA_ENGINE_STALL_S (60 s),
+            # whose re-form would also say not ready.
+            wait_for(lambda: hung.leader.ready()[0] == 503, timeout=30, what=f"{hung.name} to report not ready")
+            asyncio.run(asyncio.wait_for(router.wait_routable(1), 60))
+            got = asyncio.run(asyncio.wait_for(stream(router.url, _body()), 120))
+            assert got.unit == units[1].name and got.done
+        finally:
+            _signal_all(frozen, signal.SIGCONT)
+        # The canary's answer comes once the engine runs again: back in rotation.
+        asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
+        # Canaries are not client traffic: the idle unit's leader logged no request.
+        assert hung.leader.log_events("request") == []

@@ -65,3 +65,14 @@ def test_only_plain_bodies_of_the_generation_endpoints_are_resumable():
     assert resumable_request("POST", "/v1/completions", {"Content-Encoding": "identity"})
     assert not resumable_request("POST", "/v1/completions", {"Content-Encoding": "gzip"})
     assert not resumable_request("GET", "/v1/models", {})
+
+
+def test_held_tokens_count_as_progress_but_not_as_sent():
+    """A forced tool call's tokens reach the client only at its end: the stall bound counts them, the
+    continuation does not carry them (the call starts again from the prompt)."""
+    ledger = StreamLedger(completion_id="cmpl-1", created=7)
+    held = (contract.RESUME_COMMENT + json.dumps({"t": [], "h": 1})).encode() + b"\n\n"
+    out, moved = ledger.take(_resume([]) + b"\n" + b'data: {"opening":1}\n\n' + held + held)
+    assert out == b'data: {"opening":1}\n\n' and moved is None
+    assert ledger.since_move == 2 and ledger.token_ids == []
+    assert json.loads(ledger.continuation(b'{"model":"m"}'))[contract.CONTINUATION_FIELD]["token_ids"] == []

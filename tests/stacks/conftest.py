@@ -50,3 +50,14 @@ def fleet_synth(tmp_path_factory):
 
     config = load_config(cdk_json_context()["flotilla"], str(REPO_ROOT / "examples" / "fleet-20k-chips.yaml"))
     return synthesize(config, tmp_path_factory.mktemp("cdk-fleet"))
+
+
+@pytest.fixture(scope="session")
+def staging_synth(tmp_path_factory):
+    """examples/staging.yaml: 3 units of 2 m6i.large in 2 cells, reference engine, SmolLM2 baked in."""
+    from synth_helpers import cdk_json_context
+
+    from stacks.config import load_config
+
+    config = load_config(cdk_json_context()["flotilla"], str(REPO_ROOT / "examples" / "staging.yaml"))
+    return synthesize(config, tmp_path_factory.mktemp("cdk-staging"))

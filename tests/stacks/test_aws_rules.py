@@ -106,7 +106,7 @@ def capacity_block_synth(tmp_path_factory):
     return synthesize(config, tmp_path_factory.mktemp("rules-capacity-block"))
 
 
-@pytest.fixture(params=["default", "https", "fleet", "capacity-block"])
+@pytest.fixture(params=["default", "https", "fleet", "capacity-block", "staging"])
 def any_synth(request, default_synth, fleet_synth):
     if request.param == "default":
         return default_synth

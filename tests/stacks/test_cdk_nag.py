@@ -10,7 +10,9 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from cdk_nag import AwsSolutionsChecks
-from synth_helpers import FRONT_DOORS, PREBUILT_IMAGE, config_with, synthesize
+from synth_helpers import FRONT_DOORS, PREBUILT_IMAGE, REPO_ROOT, cdk_json_context, config_with, synthesize
+
+from stacks.config import load_config
 
 # The front door's acknowledgements (rule, construct path), each explained where it is made; the
 # Network's and the cells' are covered by the checks below but not listed here.
@@ -52,10 +54,16 @@ def front_door_acknowledgements(plugin) -> set[tuple[str, str]]:
     }
 
 
-@pytest.fixture(scope="module", params=list(FRONT_DOORS))
+@pytest.fixture(scope="module", params=[*FRONT_DOORS, "staging"])
 def nagged(request, tmp_path_factory):
-    """Two cells (3 units) so per-cell and per-unit acknowledgements are both exercised."""
-    return nag(config_with(units=3, units_per_cell=2, **FRONT_DOORS[request.param]), tmp_path_factory.mktemp("cdk-nag"))
+    """Two cells (3 units) so per-cell and per-unit acknowledgements are both exercised; "staging" is
+    examples/staging.yaml (x86 units on the reference engine), held to the same rules."""
+    if request.param == "staging":
+        config = load_config(cdk_json_context()["flotilla"], str(REPO_ROOT / "examples" / "staging.yaml"))
+        assert (config.units, config.cells) == (3, 2)
+    else:
+        config = config_with(units=3, units_per_cell=2, **FRONT_DOORS[request.param])
+    return nag(config, tmp_path_factory.mktemp("cdk-nag"))
 
 
 def built_image(synth) -> bool:

@@ -379,7 +379,7 @@ def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_p
 
     from runtime.node.settings import load_settings
 
-    synth = synthesize(config_with(node={"engine": "reference"}, revision="7"), tmp_path)
+    synth = synthesize(config_with(instance_type="m6i.large", node={"engine": "reference"}, revision="7"), tmp_path)
     env = {e["Name"]: e["Value"] for e in node_container(synth)["Environment"]}
     settings = load_settings(argv=[], env=env)
     assert (

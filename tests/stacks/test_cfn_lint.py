@@ -53,6 +53,12 @@ def test_trn1n_cell_template_lints_clean(trn1n_synth):
     assert_lints_clean("Cell-0", trn1n_synth.template("Cell-0"))
 
 
+@pytest.mark.parametrize("stack_id", ["Cell-0", "Cell-1"])
+def test_staging_cell_templates_lint_clean(staging_synth, stack_id):
+    """x86 units: one ordinary interface with SecurityGroupIds, no devices, the x86 AMI parameter."""
+    assert_lints_clean(stack_id, staging_synth.template(stack_id))
+
+
 def test_full_twenty_unit_cell_of_the_fleet_lints_clean(fleet_synth):
     # Every fleet cell is built by the same code; Cell-0 (20 units) stands for all eight.
     assert_lints_clean("Cell-0", fleet_synth.template("Cell-0"))

@@ -13,7 +13,8 @@ from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 REJECTED = [
     (
         {"instance_type": "trn2u.48xlarge"},
-        "invalid flotilla config: instance_type='trn2u.48xlarge': one of trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
+        "invalid flotilla config: instance_type='trn2u.48xlarge': one of trn1.32xlarge, trn1n.32xlarge, "
+        "trn2.48xlarge, m6i.large, m6i.xlarge",
     ),
     ({"nodes_per_unit": 0}, "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 64"),
     ({"nodes_per_unit": "2"}, "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 64"),
@@ -53,7 +54,8 @@ REJECTED = [
     ({"model": {"name": ""}}, "invalid flotilla config: model.name='': 1-128 characters: letters, digits, . _ : / -"),
     (
         {"model": {"weights": "x"}},
-        "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name, compile_cache_uri",
+        "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name, compile_cache_uri, "
+        "builtin",
     ),
     (
         {"image": "flotilla"},

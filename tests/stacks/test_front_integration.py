@@ -99,8 +99,8 @@ def test_a_configured_image_uri_is_what_router_and_units_both_run(tmp_path):
 
 def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):
     # trn1 units on the default `neuron` engine run the Neuron image (stacks/image.py); units on
-    # a CPU engine share the router's image.
-    synth = synthesize(config_with(node={"engine": "reference"}), tmp_path)
+    # a CPU engine (x86 hosts) share the router's image.
+    synth = synthesize(config_with(instance_type="m6i.large", node={"engine": "reference"}), tmp_path)
     (router_task,) = synth.resources("Router", "AWS::ECS::TaskDefinition").values()
     node_task = next(iter(synth.resources("Cell-0", "AWS::ECS::TaskDefinition").values()))
     router_image = router_task["Properties"]["ContainerDefinitions"][0]["Image"]

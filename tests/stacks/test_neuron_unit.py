@@ -29,7 +29,9 @@ def _node_container(synth) -> dict:
 
 @pytest.fixture(scope="module")
 def reference_synth(tmp_path_factory):
-    return synthesize(config_with(node={"engine": "reference"}), tmp_path_factory.mktemp("cdk-reference"))
+    return synthesize(
+        config_with(instance_type="m6i.large", node={"engine": "reference"}), tmp_path_factory.mktemp("cdk-reference")
+    )
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, config_with, synthesize
 
 IMAGE_A = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
 IMAGE_B = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.1"
 # Three units in two cells (2 + 1) with a prebuilt image: every change below has a cell to act on.
 BASE = {"units": 3, "units_per_cell": 2, "image": IMAGE_A}
+STAGING = yaml.safe_load((REPO_ROOT / "examples" / "staging.yaml").read_text())
 VARIANTS: dict[str, dict] = {
     "base": BASE,
     "revision": {**BASE, "revision": "2"},
@@ -56,6 +58,10 @@ VARIANTS: dict[str, dict] = {
         "capacity": {"availability_zones": ["us-east-1b", "us-east-1c"]},
     },
     "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
+    # The staging fleet as shipped (x86 units, reference engine, SmolLM2 baked into a built image).
+    "staging": STAGING,
+    "staging-revision": {**STAGING, "revision": "2"},
+    "staging-m6i-xlarge": {**STAGING, "instance_type": "m6i.xlarge"},
 }
 # change -> (before variant, after variant)
 CHANGES: dict[str, tuple[str, str]] = {
@@ -74,6 +80,8 @@ CHANGES: dict[str, tuple[str, str]] = {
     "change units_per_wave": ("replace-cell-4", "replace-cell-4-waves-2"),
     "change instance_type (surge)": ("base", "trn1n"),
     "change instance_type (replace)": ("replace", "trn1n-replace"),
+    "bump revision (staging)": ("staging", "staging-revision"),
+    "change instance_type (staging)": ("staging", "staging-m6i-xlarge"),
 }
 # Changes the review must refuse: what they break and how the operator does them instead.
 REFUSED_CHANGES: dict[str, tuple[str, str]] = {
@@ -103,6 +111,11 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
         "router count in its environment (FLOTILLA_LIMIT_ROUTERS), so a new count is a new router revision, "
         "rolled out blue/green"
     ),
+    **{
+        (change, cell, "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON
+        for change in ("bump revision (staging)", "change instance_type (staging)")
+        for cell in ("Cell-0", "Cell-1")
+    },
     ("change node.drain_timeout_s", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     ("change node.drain_timeout_s", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     **{

@@ -197,6 +197,15 @@ class NeuronEngine:
         """'openai' (single-node image: vLLM's server) or 'spmd' (multi-node: the leader/follower loop)."""
         return self.prepared.plan.api if self.prepared is not None else "openai"
 
+    @property
+    def resumes(self) -> bool:
+        """Continues a request another unit started (GenerationRequest.generated): only the multi-node
+        loop, which takes token ids and cuts text with our own TextTracker, so prompt + generated is
+        plain generation there and the tracker replays the text already sent. The single-node image
+        sends vLLM's own text, whose detokenizer and stop-string hold-back start afresh after the
+        prompt (docs/hardware.md)."""
+        return self.api == "spmd"
+
     async def _wait_healthy(self) -> None:
         import aiohttp  # noqa: PLC0415
 
@@ -395,18 +404,26 @@ class NeuronEngine:
         sp = request.sampling
         rid = request.request_id
         eos = getattr(self.tokenizer, "eos_token_id", None)
+        tracker = TextTracker(self.tokenizer, sp.stop)
+        before = request.generated  # a continuation: its client already has these tokens' text
+        if len(before) >= sp.max_tokens:
+            raise RequestRejected(
+                f"the continuation already has {len(before)} of max_tokens {sp.max_tokens}: nothing is left"
+            )
+        for token in before:  # the text state where the other unit left it; its text is not sent again
+            if tracker.add(token)[1] or (token == eos and not sp.ignore_eos):
+                raise RequestRejected("the continuation's tokens already end the answer: nothing is left to generate")
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = q
         self._running[rid] = None
-        tracker = TextTracker(self.tokenizer, sp.stop)
         finished = False
         try:
             self._send(
                 {
                     "op": "add",
                     "id": rid,
-                    "prompt": list(request.prompt_token_ids),
-                    "max_tokens": sp.max_tokens,
+                    "prompt": [*request.prompt_token_ids, *before],
+                    "max_tokens": sp.max_tokens - len(before),
                     "top_k": 1 if sp.temperature <= 0 else 0,
                     "top_p": sp.top_p,
                     "temperature": sp.temperature if sp.temperature > 0 else 1.0,

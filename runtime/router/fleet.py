@@ -258,7 +258,7 @@ class _WatchProtocol(asyncio.Protocol):
         # implements the interface without subclassing it), so no isinstance check here: one made
         # every watch fail under `--event-loop uvloop`, and every unit looked silent.
         self.transport = cast(asyncio.Transport, transport)
-        transport.write(self._request)
+        self.transport.write(self._request)
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf

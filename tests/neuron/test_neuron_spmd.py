@@ -74,3 +74,13 @@ def test_a_node_that_runs_forward_on_other_inputs_fails_the_unit_instead_of_hang
     assert results[0][0] == "error" and results[1][0] == "error", results
     assert "out of step or with different inputs" in str(results[0][1])
     assert "forward #2" in str(results[0][1])
+
+
+def test_every_load_phase_the_loop_reports_is_one_the_node_knows():
+    # spmd.py runs without the flotilla package, so it spells the phases itself; the node parses
+    # them as LoadPhase (runtime/engines/neuron/loading.py), and an unknown one would fail the load.
+    from runtime.engines.base import LoadPhase
+    from runtime.engines.neuron import spmd
+
+    spelled = {spmd.PHASE_COMPILE, spmd.PHASE_LOAD, spmd.PHASE_WARMUP, spmd.PHASE_JOIN}
+    assert spelled == {LoadPhase.COMPILE.value, LoadPhase.LOAD.value, LoadPhase.WARMUP.value, LoadPhase.JOIN.value}

@@ -343,11 +343,23 @@ def join_unit(*, node_rank: int, nodes: int, join_timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STEP_TIMEOUT_S))
 
 
-def build_model(model_path: str, compiled_model_path: str, neuron_config: dict[str, Any]) -> CausalLM:
+# The load phases this loop reports, one {"event": "progress", "phase": ...} line each (the node's
+# LoadPhase values; tests/neuron keep the two equal).
+PHASE_COMPILE, PHASE_LOAD, PHASE_WARMUP, PHASE_JOIN = "compile", "load", "warmup", "join"
+
+
+def build_model(
+    model_path: str,
+    compiled_model_path: str,
+    neuron_config: dict[str, Any],
+    progress: Callable[[str], None] = lambda phase: None,
+) -> CausalLM:
     """NxD Inference's Llama: compile into this node's path unless a compiled model is there, then
     load this node's ranks (NXDI_2_28:src/neuronx_distributed_inference/models/application_base.py:
     292 compile, :317-318 load, :47 model.pt; models/llama/modeling_llama.py:312,1438;
-    utils/hf_adapter.py:36)."""
+    utils/hf_adapter.py:36). Loading and warm-up are two calls so the node can tell them apart:
+    load(skip_warmup=True) skips only the warm-up, which warmup() then runs unless the config's own
+    skip_warmup says not to, as load would have (application_base.py:317-343, :348)."""
     from neuronx_distributed_inference.models.config import NeuronConfig  # noqa: PLC0415 - image only
     from neuronx_distributed_inference.models.llama.modeling_llama import (  # noqa: PLC0415 - image only
         LlamaInferenceConfig,
@@ -358,8 +370,13 @@ def build_model(model_path: str, compiled_model_path: str, neuron_config: dict[s
     config = LlamaInferenceConfig(NeuronConfig(**neuron_config), load_config=load_pretrained_config(model_path))
     model = NeuronLlamaForCausalLM(model_path, config)
     if not os.path.exists(os.path.join(compiled_model_path, "model.pt")):
+        progress(PHASE_COMPILE)
         model.compile(compiled_model_path)
-    model.load(compiled_model_path)
+    progress(PHASE_LOAD)
+    model.load(compiled_model_path, skip_warmup=True)
+    if not config.neuron_config.skip_warmup:
+        progress(PHASE_WARMUP)
+        model.warmup()
     return model
 
 
@@ -450,11 +467,18 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     started = time.monotonic()
-    model = build_model(args.model, args.compiled_model_path, neuron_config)
+
+    def progress(phase: str) -> None:
+        # Every node's protocol carries its load phases: the node puts them in its ready body.
+        protocol.write(json.dumps({"event": "progress", "phase": phase}) + "\n")
+        protocol.flush()
+
+    model = build_model(args.model, args.compiled_model_path, neuron_config, progress)
     loaded = {"event": "neuron_node_loaded", "node_rank": args.node_rank, "s": round(time.monotonic() - started, 1)}
     print(json.dumps(loaded), file=sys.stderr, flush=True)
     # The node runtime's formation bound (runtime/node/settings.py), read here without importing flotilla.
     join_timeout_s = float(os.environ.get("FLOTILLA_FORM_TIMEOUT_S", "3600"))
+    progress(PHASE_JOIN)
     group = join_unit(node_rank=args.node_rank, nodes=args.nodes, join_timeout_s=join_timeout_s)
     node = Node(model, node_rank=args.node_rank, group=group)
     if not node.is_leader:

@@ -5,7 +5,7 @@ token (runtime/engines/neuron/spmd.py, sample_on_host) before the next step can 
 time here is added to every decode step of the unit. Rows are Llama 3.1's 128,256-token vocabulary
 (tests/neuron/models/llama-3.1-405b/config.json) in float32, at batch sizes 1..64, for three kinds
 of request: greedy (arg max only), top-k 50 / top-p 0.9 / temperature 0.7, and top-p 0.9 alone (no
-top-k: the whole row is sorted). Wall-clock figures: they depend on the CPU and its load, and each
+top-k) on flat and on peaked rows (KINDS). Wall-clock figures: they depend on the CPU and its load, and each
 run records both. Results are appended to bench/results/host_sampling.json.
 """
 
@@ -28,16 +28,22 @@ from runtime.engines.neuron.spmd import sample_on_host  # noqa: E402
 
 VOCAB = 128_256  # Llama 3.1 vocab_size
 KINDS = {
-    # [top_k, top_p, temperature] per row, as NxD Inference stacks them (spmd.Step.sampling_params)
-    "greedy": (1.0, 1.0, 1.0),
-    "top_k50_top_p0.9_t0.7": (50.0, 0.9, 0.7),
-    "top_p0.9_t0.7": (0.0, 0.9, 0.7),
+    # [top_k, top_p, temperature] per row, as NxD Inference stacks them (spmd.Step.sampling_params),
+    # and the spread of the logits: standard normal rows are nearly flat at 128k tokens (top-p's worst
+    # case: the nucleus holds most of the vocabulary); "peaked" rows (standard deviation 3, an
+    # assumption, not a measured model) put the nucleus among the most likely few hundred tokens.
+    "greedy": ((1.0, 1.0, 1.0), 1.0),
+    "top_k50_top_p0.9_t0.7": ((50.0, 0.9, 0.7), 1.0),
+    "top_p0.9_t0.7": ((0.0, 0.9, 0.7), 1.0),
+    "top_p0.9_t0.7_peaked": ((0.0, 0.9, 0.7), 3.0),
 }
 
 
-def time_step(batch: int, params: tuple[float, float, float], repeats: int, generator: torch.Generator) -> float:
+def time_step(
+    batch: int, params: tuple[float, float, float], spread: float, repeats: int, generator: torch.Generator
+) -> float:
     """Median seconds of one sample_on_host call over `batch` rows."""
-    logits = torch.randn(batch, VOCAB, generator=generator)
+    logits = torch.randn(batch, VOCAB, generator=generator) * spread
     rows = torch.tensor([params] * batch, dtype=torch.float32)
     sample_on_host(logits, rows, generator)  # warm-up: allocator and kernels
     times = []
@@ -62,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'batch':>5} " + " ".join(f"{k:>24}" for k in KINDS) + "   (ms per decode step)")
     for b in batches:
         row = []
-        for kind, params in KINDS.items():
-            s = time_step(b, params, args.repeats, generator)
+        for kind, (params, spread) in KINDS.items():
+            s = time_step(b, params, spread, args.repeats, generator)
             results.setdefault(kind, {})[b] = round(s * 1e3, 3)
             row.append(f"{s * 1e3:24.2f}")
         print(f"{b:>5} " + " ".join(row), flush=True)

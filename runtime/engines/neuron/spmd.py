@@ -134,22 +134,40 @@ def greedy(params: torch.Tensor) -> torch.Tensor:
     return (params[:, 0] == 1) | (params[:, 2] == 0)
 
 
+# Top-p over the whole vocabulary first looks at this many most likely tokens: when they already
+# hold more than top_p of the probability, the nucleus lies among them and the full sort of the row
+# (128k tokens for Llama 3) is skipped. The result is the same either way.
+NUCLEUS_CANDIDATES = 1024
+
+
 def sample_on_host(logits: torch.Tensor, params: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Each row with its own top_k / top_p / temperature; greedy rows take the arg max."""
+    """Each row with its own top_k / top_p / temperature; greedy rows take the arg max.
+
+    A row keeps its top_k most likely tokens (top_k 0: all), scales by 1/temperature, then keeps the
+    smallest set of most likely tokens whose probability exceeds top_p (the first token always), and
+    draws from what is left, renormalised."""
     out = torch.argmax(logits, dim=-1)
     for i in range(logits.shape[0]):
         if bool(greedy(params[i : i + 1])[0]):
             continue
         top_k, top_p, temperature = int(params[i, 0]), float(params[i, 1]), float(params[i, 2])
         row = logits[i].float() / temperature
-        if 0 < top_k < row.shape[-1]:
-            row = row.masked_fill(row < torch.topk(row, top_k).values[-1], float("-inf"))
-        probs = torch.softmax(row, dim=-1)
+        vocab = row.shape[-1]
+        if 0 < top_k < vocab:
+            values, ids = torch.topk(row, top_k)  # sorted, most likely first
+            probs = torch.softmax(values, dim=-1)
+        elif top_p < 1.0:
+            k = min(vocab, NUCLEUS_CANDIDATES)
+            values, ids = torch.topk(row, k)
+            probs = torch.exp(values - torch.logsumexp(row, dim=-1))
+            if k < vocab and float(probs.sum()) <= top_p:  # the nucleus reaches past the candidates
+                values, ids = torch.sort(row, descending=True)
+                probs = torch.softmax(values, dim=-1)
+        else:
+            ids, probs = torch.arange(vocab), torch.softmax(row, dim=-1)
         if top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            drop = torch.cumsum(sorted_p, 0) - sorted_p > top_p
-            probs = probs.scatter(0, order[drop], 0.0)
-        out[i] = torch.multinomial(probs / probs.sum(), 1, generator=generator)[0]
+            probs = probs.masked_fill(torch.cumsum(probs, 0) - probs > top_p, 0.0)
+        out[i] = ids[torch.multinomial(probs / probs.sum(), 1, generator=generator)[0]]
     return out
 
 

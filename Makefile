@@ -101,6 +101,13 @@ bench-engine: dev-deps
 bench-prefix: dev-deps
 	$(PY) bench/engine/prefix.py $(BENCH_ARGS)
 
+# Host sampling on the multi-node leader: ms per decode step for 128k-vocabulary rows at batch 1..64
+# (bench/sampling/host.py; docs/hardware.md "Host sampling"). Wall-clock: run it on a quiet machine.
+# BENCH_ARGS="--batches 1,8 --repeats 2" is a short run. Results: bench/results/host_sampling.json.
+.PHONY: bench-sampling
+bench-sampling: dev-deps
+	$(PY) bench/sampling/host.py $(BENCH_ARGS)
+
 # --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
 .PHONY: local

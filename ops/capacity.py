@@ -203,9 +203,9 @@ class Plan:
     settings: PlanSettings
     instance: TrainiumInstance
     nodes_per_unit: int
-    tp_degree: int  # decode: tensor parallel over every NeuronCore of the unit
-    pp_degree: int  # prefill: one pipeline stage per node
-    stage_layers: tuple[tuple[int, int], ...]  # prefill: (first, last) layer of each stage
+    # Prefill (NxD Inference's context encoding) and decode (token generation) both tensor parallel
+    # over every NeuronCore of the unit, as the neuron launch configures them across nodes.
+    tp_degree: int
     q_heads_per_core: int
     kv_heads_per_core: int  # 1 when KV heads are replicated (kv_heads < tp_degree)
     seq_len: int
@@ -213,8 +213,7 @@ class Plan:
     decode_hbm_s: float  # one decode step: bytes each NeuronCore reads / its HBM bandwidth
     decode_efa_s: float  # one decode step: inter-node all-reduce traffic / EFA bandwidth
     prefill_compute_s: float  # unit time one prompt costs at peak FLOPS over all nodes
-    prefill_pipeline_s: float  # activations crossing one stage boundary / EFA
-    kv_reshard_s: float  # prefill (layers per node) -> decode (heads per core) KV move / EFA
+    prefill_efa_s: float  # one prompt: context encoding's inter-node all-reduce traffic / EFA
     units: int
     skipped: tuple[str, ...] = field(default=())  # node counts tried and why they do not work
 
@@ -259,17 +258,14 @@ class Plan:
 
     @property
     def prefill_unit_s(self) -> float:
-        return self.prefill_compute_s + self.prefill_pipeline_s + self.kv_reshard_s
+        # As in decode, each layer's all-reduce gates the next layer: compute and EFA add up.
+        return self.prefill_compute_s + self.prefill_efa_s
 
     @property
     def ttft_s(self) -> float:
-        """First-token lower bound for one prompt: the stages run one after another."""
-        return (
-            self.prefill_compute_s * self.pp_degree
-            + (self.pp_degree - 1) * self.prefill_pipeline_s
-            + self.kv_reshard_s
-            + self.decode_step_s
-        )
+        """First-token lower bound for one prompt: every node works on it at once (tensor parallel),
+        and context encoding writes the KV cache in the layout decode reads, so nothing moves between."""
+        return self.prefill_unit_s + self.decode_step_s
 
     @property
     def request_unit_s(self) -> float:
@@ -299,16 +295,6 @@ class Plan:
         if self.settings.availability_zones:
             cfg["availability_zones"] = list(self.settings.availability_zones)
         return cfg
-
-
-def _stage_layers(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
-    base, extra = divmod(layers, stages)
-    out, start = [], 0
-    for s in range(stages):
-        n = base + (1 if s < extra else 0)
-        out.append((start, start + n - 1))
-        start += n
-    return tuple(out)
 
 
 def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
@@ -347,9 +333,6 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
 
     for nodes in range(1, settings.max_nodes + 1):
         tp = inst.neuron_cores * nodes
-        if model.layers < nodes:
-            skipped.append(f"{nodes} nodes: only {model.layers} layers for {nodes} pipeline stages")
-            break
         heads_ok = model.heads % tp == 0
         kv_ok = model.kv_heads % tp == 0 or tp % model.kv_heads == 0
         if not (heads_ok and kv_ok) and not settings.pad_heads:
@@ -386,14 +369,12 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         inter_node = 2 * (nodes - 1) / nodes * message
         decode_efa_s = model.layers * 2 * inter_node / inst.efa_bytes_per_s
         # Prefill: 2 FLOPs per parameter per prompt token (attention's quadratic term left out: a
-        # lower bound); pipelined stages keep every node busy.
+        # lower bound), every node at once. Context encoding is tensor parallel over the same cores
+        # as decode (cp_degree 1 across nodes, runtime/engines/neuron/launch.py): the same two
+        # all-reduces per layer, of prompt x hidden activations, through each node's EFA.
         prefill_compute_s = 2 * params * traffic.prompt_tokens / (nodes * inst.bf16_flops)
-        boundary = traffic.prompt_tokens * model.hidden * w_bytes
-        prefill_pipeline_s = boundary / inst.efa_bytes_per_s if nodes > 1 else 0.0
-        # After prefill each node holds all KV heads of its layers; decode wants each core's heads
-        # of every layer: each node sends (N-1)/N of its 1/N share, all nodes at once.
-        prompt_kv = traffic.prompt_tokens * model.layers * 2 * model.kv_heads * hd * kv_bytes
-        kv_reshard_s = prompt_kv * (nodes - 1) / nodes**2 / inst.efa_bytes_per_s
+        prompt_message = traffic.prompt_tokens * model.hidden * w_bytes
+        prefill_efa_s = model.layers * 2 * (2 * (nodes - 1) / nodes * prompt_message) / inst.efa_bytes_per_s
 
         partial = Plan(
             model=model,
@@ -402,8 +383,6 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
             instance=inst,
             nodes_per_unit=nodes,
             tp_degree=tp,
-            pp_degree=nodes,
-            stage_layers=_stage_layers(model.layers, nodes),
             q_heads_per_core=q_per_core,
             kv_heads_per_core=kv_per_core,
             seq_len=seq_len,
@@ -411,8 +390,7 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
             decode_hbm_s=decode_hbm_s,
             decode_efa_s=decode_efa_s,
             prefill_compute_s=prefill_compute_s,
-            prefill_pipeline_s=prefill_pipeline_s,
-            kv_reshard_s=kv_reshard_s,
+            prefill_efa_s=prefill_efa_s,
             units=1,
             skipped=tuple(skipped),
         )

@@ -147,7 +147,11 @@ class Unit:
             if n.health is None:
                 out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
             elif not n.ready:
-                out.append(f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready")
+                loading = describe_loading(n.health.get("loading"))
+                out.append(
+                    f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready"
+                    + (f" ({loading})" if loading else "")
+                )
         answered = [n for n in members if n.health is not None]
         reports = [n.health for n in answered if n.health is not None]
         revisions = sorted({str(h.get(contract.ATTR_REVISION)) for h in reports})
@@ -192,6 +196,16 @@ class Unit:
             # Explain the formation ECS is converging to; the others are leftovers of a rollout.
             out.extend(self._formation_problems(formations[0]))
         return out
+
+
+def describe_loading(loading: Any) -> str:
+    """A member's ready-body `loading` in a few words (docs/node.md), "" when it is not loading:
+    "loading fetch_model 412.0/810.0 GB, 95 s in phase"."""
+    if not isinstance(loading, dict) or not loading.get("phase"):
+        return ""
+    done, total = loading.get("done_bytes") or 0, loading.get("total_bytes") or 0
+    amount = f" {done / 1e9:.1f}/{total / 1e9:.1f} GB" if total else ""
+    return f"loading {loading['phase']}{amount}, {loading.get('phase_s', 0):.0f} s in phase"
 
 
 @dataclass

@@ -26,7 +26,14 @@ from stacks.hosts import UnitHost
 # @81ce03ae:release-notes/components/runtime.rst:329). Release 20260403 (aws/amazon-ecs-ami@eb80a9f, built
 # 2026-04-03) predates SDK 2.29 (2026-04-09), so it carries the SDK 2.28 driver line (2.26.10.0,
 # runtime.rst:742-747). The parameter is ECS's per-release form, /<variant>/<AMI name>/image_id
-# (Amazon ECS developer guide, "Retrieving Amazon ECS-optimized Linux AMI metadata"). docs/hardware.md.
+# (Amazon ECS developer guide, "Retrieving Amazon ECS-optimized Linux AMI metadata": ".../amazon-linux-2023/
+# <version>"). The variant is "neuron": AWS's own release script reads .../amazon-linux-2023/neuron/recommended
+# (aws/amazon-ecs-ami@eb80a9f:generate-release-notes.sh:155; aws/aws-cdk#34689 moved CDK from "inf", the
+# Amazon Linux 2 variant, for this reason; some copies of the ECS guide still print "inf" for AL2023).
+# The AMI name is the al2023neu build's, <prefix>-neuron-hvm-2023.0.<version><kernel>-x86_64
+# (al2023neu.pkr.hcl:2) with version 20260403 and kernel -kernel-6.1 (release-al2023.auto.pkrvars.hcl:1,10)
+# and the public prefix al2023-ami-ecs (the releases' notes name al2023-ami-ecs-neuron-hvm-... AMIs).
+# docs/hardware.md.
 NEURON_AMI_NAME = "al2023-ami-ecs-neuron-hvm-2023.0.20260403-kernel-6.1-x86_64"
 NEURON_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron/{NEURON_AMI_NAME}/image_id"
 

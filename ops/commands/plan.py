@@ -28,7 +28,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan",
         help="capacity planner: nodes per unit, parallel degrees, memory, units, config",
-        description="Size a unit (nodes, tp_degree, pipeline stages, memory per NeuronCore) and the "
+        description="Size a unit (nodes, tp_degree, memory per NeuronCore) and the "
         "fleet (units, cells) for a model and a traffic target; print or --write the "
         "flotilla config. Latencies are roofline lower bounds (docs/hardware.md).",
     )
@@ -213,7 +213,7 @@ def render_rollout(rec: Recommendation, console: Console) -> None:
 def neuron_layout(p: Plan) -> str:
     """What a neuron unit of this size really runs in each phase (runtime/engines/neuron/launch.py):
     NxD Inference's context encoding (prefill) and token generation (decode) are both tensor parallel
-    over every NeuronCore of the unit; the bounds below model the reference engine's pipeline prefill."""
+    over every NeuronCore of the unit, and the bounds below model exactly that."""
     if p.nodes_per_unit == 1:
         return (
             f"prefill and decode tensor parallel over {p.tp_degree} NeuronCores; cp_degree / attention_dp_degree "
@@ -249,8 +249,6 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "why": p.why,
         "tp_degree": p.tp_degree,
         "neuron_layout": neuron_layout(p),
-        "pp_degree": p.pp_degree,
-        "stage_layers": [list(r) for r in p.stage_layers],
         "q_heads_per_core": p.q_heads_per_core,
         "kv_heads_per_core": p.kv_heads_per_core,
         "seq_len": p.seq_len,
@@ -267,6 +265,8 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "decode_efa_s": p.decode_efa_s,
         "decode_tokens_per_s_per_unit": p.decode_tokens_per_s,
         "prefill_unit_s": p.prefill_unit_s,
+        "prefill_compute_s": p.prefill_compute_s,
+        "prefill_efa_s": p.prefill_efa_s,
         "ttft_s": p.ttft_s,
         "requests_per_s_per_unit": p.requests_per_s_per_unit,
         "units": p.units,
@@ -303,10 +303,8 @@ def render(p: Plan, console: Console) -> None:
     unit.add_row("nodes per unit", f"{p.nodes_per_unit} ({p.mode})")
     unit.add_row("image", f"{p.image.dockerfile} (FROM {p.image.base_image})")
     unit.add_row("why", p.why)
-    unit.add_row("decode tp_degree", f"{p.tp_degree} (= {p.instance.neuron_cores} NeuronCores x {p.nodes_per_unit})")
+    unit.add_row("tp_degree", f"{p.tp_degree} (= {p.instance.neuron_cores} NeuronCores x {p.nodes_per_unit})")
     unit.add_row("neuron launch", neuron_layout(p))
-    unit.add_row("reference prefill pp_degree", f"{p.pp_degree} (one pipeline stage per node; reference engine only)")
-    unit.add_row("stage layers", ", ".join(f"{a}..{b}" for a, b in p.stage_layers))
     replicated = " (KV heads replicated)" if p.model.kv_heads < p.tp_degree else ""
     unit.add_row("heads per NeuronCore", f"{p.q_heads_per_core} query, {p.kv_heads_per_core} KV{replicated}")
     for why in p.skipped:
@@ -327,7 +325,10 @@ def render(p: Plan, console: Console) -> None:
     bounds = Table(title="Lower bounds (roofline; docs/hardware.md)", show_header=False)
     bounds.add_row("decode step", f"{_ms(p.decode_step_s)} = HBM {_ms(p.decode_hbm_s)} + EFA {_ms(p.decode_efa_s)}")
     bounds.add_row("decode tokens/s per unit", f"{p.decode_tokens_per_s:,.0f} (batch {p.settings.batch})")
-    bounds.add_row("prefill per request", f"{_ms(p.prefill_unit_s)} of unit time")
+    bounds.add_row(
+        "prefill per request",
+        f"{_ms(p.prefill_unit_s)} of unit time = compute {_ms(p.prefill_compute_s)} + EFA {_ms(p.prefill_efa_s)}",
+    )
     bounds.add_row("time to first token", _ms(p.ttft_s))
     bounds.add_row("requests/s per unit", f"{p.requests_per_s_per_unit:,.3f} (efficiency {p.settings.efficiency:g})")
     console.print(bounds)

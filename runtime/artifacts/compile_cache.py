@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Mapping
 
-from runtime.artifacts.fetch import ArtifactError, fetch, read_manifest
+from runtime.artifacts.fetch import ArtifactError, OnBytes, fetch, read_manifest
 from runtime.artifacts.manifest import Manifest, parse_s3_uri, publish
 
 log = logging.getLogger("flotilla.artifacts")
@@ -40,14 +40,14 @@ class CompileCache:
     def location(self, key: str) -> str:
         return f"{self._uri}/{key}"
 
-    def fetch(self, key: str, dest: str | Path) -> bool:
+    def fetch(self, key: str, dest: str | Path, *, on_bytes: OnBytes | None = None) -> bool:
         """True and `dest` filled when the cache holds `key`; False on a miss (then compile)."""
         try:
             manifest = read_manifest(self.location(key), s3=self._s3)
         except ArtifactError:
             log.info("compile cache miss %s: this node compiles, then stores the result", key)
             return False
-        fetch(self.location(key), dest, s3=self._s3, manifest=manifest)
+        fetch(self.location(key), dest, s3=self._s3, manifest=manifest, on_bytes=on_bytes)
         log.info("compile cache hit %s: loaded into %s, no compile needed", key, dest)
         return True
 

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from runtime.artifacts.manifest import MANIFEST_NAME, PARTIAL_DIR, FileEntry, Manifest, parse_s3_uri, sha256_file
 
@@ -55,12 +56,23 @@ def _list_sizes(s3, bucket: str, prefix: str) -> dict[str, int]:
     return sizes
 
 
+OnBytes = Callable[[int, int], None]  # (bytes of the set on disk, the set's total bytes)
+
+
 def fetch(
-    uri: str, dest: str | Path, *, s3, chunk_size: int = CHUNK_SIZE, manifest: Manifest | None = None
+    uri: str,
+    dest: str | Path,
+    *,
+    s3,
+    chunk_size: int = CHUNK_SIZE,
+    manifest: Manifest | None = None,
+    on_bytes: OnBytes | None = None,
 ) -> Manifest:
     """Make `dest` hold exactly the verified files of the set at `uri`; returns its manifest.
 
-    `manifest`: the set's manifest when the caller has already read it (saves a GET)."""
+    `manifest`: the set's manifest when the caller has already read it (saves a GET). `on_bytes`:
+    called after every chunk and file with the bytes on disk so far (resumed and already verified
+    bytes count) and the set's total, so a node can say how far a long download is."""
     bucket, prefix = parse_s3_uri(uri)
     if manifest is None:
         manifest = read_manifest(uri, s3=s3)
@@ -79,9 +91,15 @@ def fetch(
     root.mkdir(parents=True, exist_ok=True)
     started, done, counts = time.monotonic(), 0, {"fetched": 0, "resumed": 0, "verified": 0}
     log.info("fetch %s -> %s: %d files, %d bytes", uri, root, len(manifest.files), manifest.total_bytes)
+    total = manifest.total_bytes
+    if on_bytes is not None:
+        on_bytes(0, total)
     for entry in manifest.files:
-        counts[_fetch_file(s3, bucket, prefix, entry, root, chunk_size)] += 1
+        file_bytes = None if on_bytes is None else (lambda got, before=done: on_bytes(before + got, total))
+        counts[_fetch_file(s3, bucket, prefix, entry, root, chunk_size, file_bytes)] += 1
         done += entry.size
+        if on_bytes is not None:
+            on_bytes(done, total)
         log.info(
             "progress %d/%d bytes (%.0f%%)", done, manifest.total_bytes, 100.0 * done / max(1, manifest.total_bytes)
         )
@@ -102,7 +120,9 @@ def fetch(
     return manifest
 
 
-def _fetch_file(s3, bucket: str, prefix: str, entry: FileEntry, root: Path, chunk_size: int) -> str:
+def _fetch_file(
+    s3, bucket: str, prefix: str, entry: FileEntry, root: Path, chunk_size: int, on_bytes: Callable[[int], None] | None
+) -> str:
     final = root / entry.path
     if final.is_file() and final.stat().st_size == entry.size and sha256_file(final) == entry.sha256:
         log.info("%s: already present and verified", entry.path)
@@ -125,6 +145,8 @@ def _fetch_file(s3, bucket: str, prefix: str, entry: FileEntry, root: Path, chun
             while chunk := body.read(chunk_size):
                 fh.write(chunk)
                 got += len(chunk)
+                if on_bytes is not None:
+                    on_bytes(got)
                 if got >= next_report and got < entry.size:
                     log.info("%s: %d/%d bytes (%.0f%%)", entry.path, got, entry.size, 100.0 * got / entry.size)
                     next_report = got + entry.size // 10

@@ -121,6 +121,28 @@ class EngineHealth:
     detail: str = ""
 
 
+class LoadPhase(str, enum.Enum):
+    """Where a starting engine is in its load; the value is the ready body's `loading.phase`."""
+
+    FETCH_MODEL = "fetch_model"  # weights from S3 to local disk (bytes counted)
+    FETCH_COMPILED = "fetch_compiled"  # compiled artifacts from the compile cache (bytes counted)
+    COMPILE = "compile"  # no cached compile: NxD Inference traces and compiles (not counted)
+    LOAD = "load"  # this node's ranks: weights sharded and put on the NeuronCores (not counted)
+    WARMUP = "warmup"  # one forward per compiled model, across every node of the unit (not counted)
+    JOIN = "join"  # loaded; waiting for the unit's other nodes to load
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """A starting engine's progress, so a long load is seen moving: `done_bytes` of `total_bytes` in
+    the phases that move bytes (0 of 0 in the others), and seconds since the phase began."""
+
+    phase: LoadPhase
+    done_bytes: int = 0
+    total_bytes: int = 0
+    phase_s: float = 0.0
+
+
 class Tokenizer(Protocol):
     eos_token_id: int | None
 

@@ -23,6 +23,7 @@ from runtime.engines.base import (
     EngineState,
     EngineUnavailable,
     GenerationRequest,
+    LoadProgress,
     RequestRejected,
     SamplingParams,
     StructuredOutput,
@@ -34,6 +35,7 @@ from runtime.node.tool_calls import template_format
 
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
 LOAD_EVERY_S = 0.1
+PROGRESS_POLL_S = 0.25
 
 
 def membership_to_dict(m: Membership) -> dict[str, Any]:
@@ -102,11 +104,11 @@ def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
     )
 
 
-def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
+def _run_follower_worker(cfg: dict[str, Any], m: Membership, out: "_Out") -> None:
     if cfg["engine"] == "neuron":
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=_neuron_settings(cfg))
+        run_follower(m, settings=_neuron_settings(cfg), report=lambda p: out.send(op="progress", **progress_fields(p)))
         return
     if cfg["engine"] == "echo":
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
@@ -124,6 +126,25 @@ def _run_follower_worker(cfg: dict[str, Any], m: Membership) -> None:
         start_timeout_s=cfg["form_timeout_s"],
         threads=cfg["torch_threads"],
     )
+
+
+def progress_fields(p: LoadProgress) -> dict[str, Any]:
+    return {**dataclasses.asdict(p), "phase": p.phase.value}
+
+
+async def _report_progress(engine: Any, out: "_Out") -> None:
+    """While the engine starts: its load progress (engines that tell it), on change and every second."""
+    sent: tuple = ()
+    last = 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        p = engine.load_progress() if hasattr(engine, "load_progress") else None
+        if p is not None:
+            key = (p.phase, p.done_bytes, p.total_bytes)
+            if key != sent or loop.time() - last >= 1.0:
+                out.send(op="progress", **progress_fields(p))
+                sent, last = key, loop.time()
+        await asyncio.sleep(PROGRESS_POLL_S)
 
 
 class _Out:
@@ -171,7 +192,11 @@ def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
 async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
     engine = _build_leader_engine(cfg, m)
     out.send(op="starting")
-    await engine.start()
+    progress = asyncio.create_task(_report_progress(engine, out))
+    try:
+        await engine.start()
+    finally:
+        progress.cancel()
     calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
     out.send(
         op="ready",
@@ -398,7 +423,7 @@ def main() -> int:
     out.send(op="starting")
     threading.Thread(target=_exit_when_supervisor_goes, daemon=True).start()
     try:
-        _run_follower_worker(cfg, m)
+        _run_follower_worker(cfg, m, out)
         rc = 0
     except EngineError as e:
         out.send(op="failed", message=str(e))

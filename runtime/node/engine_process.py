@@ -55,6 +55,10 @@ class EngineProcess:
         self.exited = asyncio.Event()
         self.load = LoadReport()
         self.failure: str = ""
+        # While the engine starts: its last load progress (engine_host's "progress" event) and when
+        # it came; None before the first and once ready.
+        self.progress: dict[str, Any] | None = None
+        self.progress_at = 0.0
         self.last_report = time.monotonic()  # when the engine process last said anything
         # When the engine last made progress: a token, or work arriving at an idle engine.
         self.last_progress = time.monotonic()
@@ -94,7 +98,10 @@ class EngineProcess:
                 ev = json.loads(line)
                 op = ev["op"]
                 self.last_report = time.monotonic()
-                if op == "ready":
+                if op == "progress":
+                    self.progress, self.progress_at = ev, self.last_report
+                elif op == "ready":
+                    self.progress = None
                     self.strategies = ev.get("strategies")
                     self.resumes = bool(ev.get("resumes"))
                     self.ready.set()
@@ -135,6 +142,19 @@ class EngineProcess:
                 )
             self._streams.clear()
             self.exited.set()
+
+    def load_progress(self) -> dict[str, Any] | None:
+        """The engine's last load progress with its phase time brought up to now (a load that
+        reports rarely still shows its clock running)."""
+        if self.progress is None or self.ready.is_set() or not self.alive:
+            return None
+        since = time.monotonic() - self.progress_at
+        return {
+            "phase": self.progress["phase"],
+            "done_bytes": int(self.progress.get("done_bytes", 0)),
+            "total_bytes": int(self.progress.get("total_bytes", 0)),
+            "phase_s": round(float(self.progress.get("phase_s", 0.0)) + since, 1),
+        }
 
     def stalled(self, after_s: float) -> bool:
         """The engine holds requests (running, or submitted and not yet at their first token: a

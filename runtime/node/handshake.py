@@ -65,6 +65,17 @@ class Load(_Wire):
     prefix_cache_hit_rate: float = 0.0
 
 
+class Loading(_Wire):
+    """A member's engine while it loads (docs/node.md): the phase (runtime.engines.base.LoadPhase),
+    bytes on disk of the phase's total where the phase moves bytes (0 of 0 where it cannot count),
+    and seconds in the phase. A load that is moving changes one of the three."""
+
+    phase: str
+    done_bytes: int = 0
+    total_bytes: int = 0
+    phase_s: float = 0.0
+
+
 class MemberReport(_Wire):
     """A follower as its leader last saw it over STATUS_PATH: the router and `flotilla status` read
     followers through their leader instead of asking every follower themselves."""
@@ -74,6 +85,7 @@ class MemberReport(_Wire):
     state: str  # a UnitState value, or "unreachable" when the leader's last ask got no answer
     ready: bool
     revision: str  # "" while unreachable
+    loading: Loading | None = None  # the follower's own load progress, while its engine loads
 
 
 class ReadyBody(_Wire):
@@ -95,6 +107,9 @@ class ReadyBody(_Wire):
     # The leader's engine once ready: the prefill/decode strategies in use, how they were chosen
     # and the formation's timings behind the choice (runtime.engines.calibrate); None otherwise.
     strategies: dict[str, Any] | None = None
+    # This member's engine while it loads (compile, fetch, load, warm-up), None otherwise: a unit
+    # that takes many minutes to load is seen moving, not stuck.
+    loading: Loading | None = None
 
 
 class Offer(_Wire):

@@ -183,6 +183,10 @@ class UnitSupervisor:
         # (docs/discovery.md: ECS registers members in Cloud Map without either). members and
         # leader: the router watches leaders only and learns the followers from them.
         members = [self.followers[r] for r in sorted(self.followers)] if self.is_leader else []
+        if self.engine is not None and self.engine.ready.is_set():
+            # The leader's engine is ready only once every node has loaded: a follower's last word
+            # on its load (asked before that) is over.
+            members = [f.model_copy(update={"loading": None}) if f.loading else f for f in members]
         leader = f"{m.members[0].host}:{m.members[0].api_port}" if m and m.members and not self.is_leader else ""
         return {
             "ready": self.ready() and not self.stalled(),
@@ -211,6 +215,10 @@ class UnitSupervisor:
             "members": members,
             "leader": leader,
             "strategies": self.engine.strategies if self.is_leader and self.engine is not None else None,
+            # A follower's engine never says ready: it has loaded once its unit is (or went past) ready.
+            "loading": self.engine.load_progress()
+            if self.engine is not None and self.state is UnitState.FORMING
+            else None,
         }
 
     def note_route_key(self, key: int) -> None:
@@ -410,6 +418,7 @@ class UnitSupervisor:
             state=st.state.value if st else "unreachable",
             ready=bool(st and st.ready),
             revision=st.revision if st else "",
+            loading=st.loading if st else None,
         )
 
     def _compatible(self, st: MemberStatus, member: Member, m: Membership) -> bool:

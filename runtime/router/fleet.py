@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -253,9 +254,11 @@ class _WatchProtocol(asyncio.Protocol):
         self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self._request)
+        # A stream transport, but not an asyncio.Transport instance under uvloop (its TCPTransport
+        # implements the interface without subclassing it), so no isinstance check here: one made
+        # every watch fail under `--event-loop uvloop`, and every unit looked silent.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self._request)
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf

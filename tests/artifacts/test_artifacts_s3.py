@@ -113,6 +113,22 @@ def test_an_interrupted_download_resumes_with_a_range_get_from_the_partial_size(
     assert (dest / "shards" / "model-00001.safetensors").read_bytes() == data
 
 
+def test_progress_counts_bytes_on_disk_including_a_resumed_partial_and_ends_at_the_sets_total(s3, source, tmp_path):
+    publish(source, URI, s3=s3)
+    total = sum(f.stat().st_size for f in source.rglob("*") if f.is_file())
+    dest = tmp_path / "dest"
+    part = dest / ".partial" / "shards" / "model-00001.safetensors.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes((source / "shards" / "model-00001.safetensors").read_bytes()[:120_000])
+    seen: list[tuple[int, int]] = []
+    fetch(URI, dest, s3=s3, chunk_size=50_000, on_bytes=lambda done, of: seen.append((done, of)))
+    assert {of for _, of in seen} == {total}
+    done = [d for d, _ in seen]
+    assert done[0] == 0 and done == sorted(done) and done[-1] == total
+    # The shard's chunks are counted from the partial's 120,000 bytes on: 170,000 then 220,000 ...
+    assert any(d - before == 170_000 for d in done for before in done if before < d)
+
+
 def test_a_corrupt_partial_is_discarded_and_the_next_fetch_succeeds(s3, source, tmp_path):
     publish(source, URI, s3=s3)
     dest = tmp_path / "dest"

@@ -7,6 +7,7 @@ aws-neuron/neuronx-distributed-inference@cd3abf30558fe1a14dadfb1397c2118e3fcfcc1
 - NeuronLlamaForCausalLM(model_path, config): models/application_base.py:73-78;
 - compile(compiled_model_path, debug, pre_shard_weights_hook, dry_run): application_base.py:292;
 - load(compiled_model_path, start_rank_id, local_ranks_size, skip_warmup): application_base.py:317-318;
+- warmup(): application_base.py:348 (load runs it unless skip_warmup, here or in NeuronConfig: :339-340, config.py:575);
 - forward(input_ids, seq_ids, attention_mask, position_ids, ..., sampling_params): models/model_base.py:3355-3379,
   whose outputs carry `logits` (None when sampling on device) and `tokens` (model_base.py:3863-3876).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -72,6 +74,7 @@ class NeuronConfig:
         self.world_size = kwargs.pop("world_size", None) or self.tp_degree
         self.start_rank_id = kwargs.pop("start_rank_id", 0)
         self.local_ranks_size = kwargs.pop("local_ranks_size", None) or self.world_size
+        self.skip_warmup = kwargs.pop("skip_warmup", False)
         if kwargs:
             raise TypeError(f"the stand-in does not model NeuronConfig fields {sorted(kwargs)}")
 
@@ -101,6 +104,7 @@ class NeuronLlamaForCausalLM:
         self.weights = SeededWeights(self.shape, config.seed)
         self.partitions: list[_Partition] = []
         self.calls = 0
+        self.warmed_up = False
         self.loaded_bytes = 0
 
     # -- compile and load ------------------------------------------------------------------------
@@ -112,6 +116,12 @@ class NeuronLlamaForCausalLM:
         os.makedirs(compiled_model_path, exist_ok=True)
         with open(os.path.join(compiled_model_path, COMPILED_MODEL_FILE_NAME), "w") as f:
             json.dump(self._key(), f)
+
+    def warmup(self) -> None:
+        """A real warm-up runs one forward per compiled model on every node; STANDIN_NXDI_WARMUP_S makes
+        it last long enough for a test to see the node report it."""
+        time.sleep(float(os.environ.get("STANDIN_NXDI_WARMUP_S", "0")))
+        self.warmed_up = True
 
     def load(self, compiled_model_path, start_rank_id=None, local_ranks_size=None, skip_warmup=False) -> None:
         with open(os.path.join(compiled_model_path, COMPILED_MODEL_FILE_NAME)) as f:
@@ -150,6 +160,8 @@ class NeuronLlamaForCausalLM:
             for p in self.partitions
             for n in range(s.num_layers)
         }
+        if not nc.skip_warmup and not skip_warmup:  # application_base.py:339-340
+            self.warmup()
 
     def _partition(self, p: int) -> _Partition:
         s, tp = self.shape, self.tp

@@ -213,7 +213,30 @@ def test_two_node_unit_serves_through_the_nxd_inference_loop_and_reforms_when_a_
         FLOTILLA_NEURON_BATCH_SIZE="2",
         # Two formations of two torch processes each: room for a loaded shared machine.
         FLOTILLA_FORM_TIMEOUT_S="300",
+        # Each node's warm-up lasts 3 s, so the load is seen moving through the ready body.
+        STANDIN_NXDI_WARMUP_S="3",
     )
+    # While it loads, the leader's ready body says where its own engine and each follower's are.
+    seen: dict[str, set] = {"leader": set(), "follower": set()}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            code, body = unit.leader.ready()
+        except OSError:  # not listening yet
+            time.sleep(0.2)
+            continue
+        if code == 200:
+            assert body["loading"] is None and body["members"][0]["loading"] is None  # loaded: said no more
+            break
+        if body and body.get("loading"):
+            seen["leader"].add(body["loading"]["phase"])
+        for member in (body or {}).get("members", []):
+            if member.get("loading"):
+                seen["follower"].add(member["loading"]["phase"])
+        time.sleep(0.2)
+    # fetch_model and load pass too quickly to be sure of; a 3 s warm-up is seen on both nodes.
+    assert "warmup" in seen["leader"] and "warmup" in seen["follower"], (seen, unit.dump_logs())
+    assert seen["leader"] | seen["follower"] <= {"fetch_model", "fetch_compiled", "compile", "load", "warmup", "join"}
     unit.wait_ready(timeout=300)
     # Token ids in, the split model's greedy tokens out, as the unsplit model computes them.
     (want,) = unsplit_greedy([[2, 3]], 3, shape=replace(SHAPE, vocab_size=len(WORDS)))

@@ -70,3 +70,49 @@ def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, t
             s3=s3,
         )
     assert not (tmp_path / "model").exists()
+
+
+def test_prepare_rank_reports_each_fetch_phase_with_bytes_on_disk_of_the_sets_total(s3, tmp_path, checkpoint):
+    from runtime.engines.base import LoadPhase
+    from runtime.engines.neuron import NeuronOptions
+    from runtime.engines.neuron.loading import LoadTracker
+    from runtime.engines.neuron.prepare import prepare_rank, store_compiled
+    from runtime.membership import Membership
+
+    model_src = checkpoint("llama-3.1-70b")
+    (model_src / "model-00001-of-00002.safetensors").write_bytes(os.urandom(3000))
+    (model_src / "model-00002-of-00002.safetensors").write_bytes(os.urandom(5000))
+    publish(model_src, URI, s3=s3)
+    model_bytes = sum(f.stat().st_size for f in model_src.rglob("*") if f.is_file() and f.name != "manifest.json")
+    membership = Membership(unit_id="u", revision="r", rank=1, world_size=2, dist_host="10.1.0.10", dist_port=29500)
+    cache_uri = f"s3://{BUCKET}/compiled"
+
+    def prepare(node: str) -> tuple:
+        reports: list = []
+        prepared = prepare_rank(
+            membership,
+            model_uri=URI,
+            model_dir=tmp_path / node / "model",
+            instance_type="trn1.32xlarge",
+            options=NeuronOptions(compiled_artifacts_dir=str(tmp_path / node / "compiled")),
+            s3=s3,
+            compile_cache_uri=cache_uri,
+            neuron_sdk_version="2.28.0",
+            tracker=LoadTracker(reports.append, every_s=0.0),
+        )
+        return prepared, reports
+
+    first, reports = prepare("node-a")
+    weights = [r for r in reports if r.phase is LoadPhase.FETCH_MODEL]
+    assert weights[0].done_bytes == 0 and {r.total_bytes for r in weights} == {model_bytes}
+    done = [r.done_bytes for r in weights]
+    assert done == sorted(done) and done[-1] == model_bytes and len(set(done)) > 2  # moved file by file
+    assert reports[-1].phase is LoadPhase.FETCH_COMPILED and reports[-1].total_bytes == 0  # a miss: nothing to fetch
+
+    compiled = tmp_path / "node-a" / "compiled"
+    compiled.mkdir(parents=True)
+    (compiled / "model.pt").write_bytes(os.urandom(4096))
+    store_compiled(first, compile_cache_uri=cache_uri, compiled_dir=compiled, s3=s3)
+    _, reports = prepare("node-b")
+    cached = [r for r in reports if r.phase is LoadPhase.FETCH_COMPILED]
+    assert cached[-1].done_bytes == cached[-1].total_bytes == 4096

@@ -74,3 +74,64 @@ def test_a_node_that_runs_forward_on_other_inputs_fails_the_unit_instead_of_hang
     assert results[0][0] == "error" and results[1][0] == "error", results
     assert "out of step or with different inputs" in str(results[0][1])
     assert "forward #2" in str(results[0][1])
+
+
+def test_every_load_phase_the_loop_reports_is_one_the_node_knows():
+    # spmd.py runs without the flotilla package, so it spells the phases itself; the node parses
+    # them as LoadPhase (runtime/engines/neuron/loading.py), and an unknown one would fail the load.
+    from runtime.engines.base import LoadPhase
+    from runtime.engines.neuron import spmd
+
+    spelled = {spmd.PHASE_COMPILE, spmd.PHASE_LOAD, spmd.PHASE_WARMUP, spmd.PHASE_JOIN}
+    assert spelled == {LoadPhase.COMPILE.value, LoadPhase.LOAD.value, LoadPhase.WARMUP.value, LoadPhase.JOIN.value}
+
+
+def _draws(logits, params, n=400):
+    import torch
+
+    from runtime.engines.neuron.spmd import sample_on_host
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.tensor([params], dtype=torch.float32)
+    return [int(sample_on_host(logits.view(1, -1), rows, g)[0]) for _ in range(n)]
+
+
+def test_host_sampling_keeps_exactly_the_top_k_tokens():
+    import torch
+
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.9, -1.0])
+    assert set(_draws(logits, (2.0, 1.0, 1.0))) == {1, 3}  # [top_k, top_p, temperature]
+
+
+def test_host_sampling_keeps_the_smallest_nucleus_whose_mass_reaches_top_p():
+    import torch
+
+    # Probabilities 0.5, 0.3, 0.15, 0.05: 0.5 < 0.7 <= 0.8, so the nucleus is the two most likely
+    # (nucleus sampling as vLLM applies top_p: the smallest set of most likely tokens reaching it).
+    logits = torch.log(torch.tensor([0.15, 0.5, 0.05, 0.3]))
+    assert set(_draws(logits, (0.0, 0.7, 1.0))) == {1, 3}
+
+
+def test_host_sampling_reaches_past_its_first_candidates_when_the_nucleus_is_wider():
+    import torch
+
+    from runtime.engines.neuron.spmd import NUCLEUS_CANDIDATES
+
+    # A flat row over 4 x NUCLEUS_CANDIDATES tokens: the most likely NUCLEUS_CANDIDATES hold about a
+    # quarter of the mass, so top_p 0.9 must draw well beyond them.
+    logits = torch.linspace(0.0, 0.01, 4 * NUCLEUS_CANDIDATES).flip(0)  # token t has rank t
+    picks = _draws(logits, (0.0, 0.9, 1.0))
+    assert max(picks) >= NUCLEUS_CANDIDATES and sum(p >= NUCLEUS_CANDIDATES for p in picks) > len(picks) / 2
+    assert max(picks) < 0.95 * len(logits)  # and never past the nucleus (~90% of a near-flat row)
+
+
+def test_host_sampling_takes_the_arg_max_for_greedy_rows_beside_sampled_ones():
+    import torch
+
+    from runtime.engines.neuron.spmd import sample_on_host
+
+    logits = torch.tensor([[0.0, 1.0, 5.0, 4.9], [0.0, 1.0, 5.0, 4.9]])
+    params = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 1.0]])  # top_k 1 (greedy), then top_k 2
+    g = torch.Generator().manual_seed(0)
+    seen = {tuple(sample_on_host(logits, params, g).tolist()) for _ in range(200)}
+    assert {row[0] for row in seen} == {2} and {row[1] for row in seen} == {2, 3}

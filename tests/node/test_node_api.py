@@ -133,7 +133,9 @@ def test_ready_body_carries_the_load_the_router_reads(shared_unit):
             "members",
             "leader",
             "strategies",
+            "loading",
         }
+        assert body["loading"] is None  # loaded (the reference engine does not report its load anyway)
         assert (body["ready"], body["state"], body["unit"], body["revision"], body["rank"], body["world_size"]) == (
             True,
             "ready",

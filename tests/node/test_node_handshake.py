@@ -11,7 +11,7 @@ import pytest
 
 import contract
 from runtime.membership import Member, Membership, Role
-from runtime.node.handshake import Load, MemberStatus, Offer, ReadyBody, UnitState
+from runtime.node.handshake import Load, Loading, MemberStatus, Offer, ReadyBody, UnitState
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import load_settings
 from runtime.node.supervisor import UnitSupervisor
@@ -68,6 +68,7 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
         "members": [],
         "leader": "",
         "strategies": None,
+        "loading": None,
     }
     assert {
         contract.ATTR_UNIT,
@@ -77,6 +78,17 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
         contract.ATTR_MEMBERS,
         contract.ATTR_LEADER,
     } <= set(wire)
+
+
+def test_a_loading_member_reads_back_with_its_phase_and_bytes_and_an_older_one_without_loading_reads_none():
+    from runtime.node.handshake import MemberReport
+
+    loading = Loading(phase="fetch_model", done_bytes=412, total_bytes=810, phase_s=95.2)
+    body = ready_body().model_copy(update={"loading": loading})
+    assert ReadyBody.from_dict(json.loads(json.dumps(body.to_dict()))).loading == loading
+    member = {"rank": 1, "address": "10.0.0.2:8000", "state": "forming", "ready": False, "revision": "7"}
+    assert MemberReport.from_dict(member).loading is None  # a leader of an older revision
+    assert MemberReport.from_dict({**member, "loading": loading.to_dict()}).loading == loading
 
 
 def test_a_ready_body_of_an_older_member_without_members_or_leader_still_reads():
@@ -192,7 +204,16 @@ def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names
         unit_id="u", revision="dev", rank=0, world_size=3, dist_host="127.0.0.1", dist_port=29500, members=members
     )
     answered = MemberStatus(
-        **dict(ready_body(rank=1, role=Role.FOLLOWER, state=UnitState.FORMING, ready=False, revision="dev")),
+        **dict(
+            ready_body(
+                rank=1,
+                role=Role.FOLLOWER,
+                state=UnitState.FORMING,
+                ready=False,
+                revision="dev",
+                loading=Loading(phase="warmup", phase_s=12.5),
+            )
+        ),
         boot_id="b1",
         formation=None,
         offer=None,
@@ -204,8 +225,22 @@ def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names
     sup._note_follower(members[2], None)
     body = sup.ready_body().to_dict()
     assert body["members"] == [
-        {"rank": 1, "address": "127.0.0.1:18001", "state": "forming", "ready": False, "revision": "dev"},
-        {"rank": 2, "address": "127.0.0.1:18002", "state": "unreachable", "ready": False, "revision": ""},
+        {
+            "rank": 1,
+            "address": "127.0.0.1:18001",
+            "state": "forming",
+            "ready": False,
+            "revision": "dev",
+            "loading": {"phase": "warmup", "done_bytes": 0, "total_bytes": 0, "phase_s": 12.5},
+        },
+        {
+            "rank": 2,
+            "address": "127.0.0.1:18002",
+            "state": "unreachable",
+            "ready": False,
+            "revision": "",
+            "loading": None,
+        },
     ]
     assert body["leader"] == ""
     sup.membership = Membership(

@@ -79,7 +79,8 @@ def test_70b_fits_one_node_and_needs_four_units_for_ten_requests_per_second():
     10 / 3.0158 = 3.32 -> 4 units.
     """
     p = plan(llama70b(), Traffic(requests_per_s=10, prompt_tokens=1000, output_tokens=200), PlanSettings(batch=8))
-    assert (p.nodes_per_unit, p.tp_degree, p.pp_degree) == (1, 32, 1)
+    assert (p.nodes_per_unit, p.tp_degree) == (1, 32)
+    assert p.prefill_efa_s == 0  # one node: context encoding's all-reduces stay on the node
     assert (p.q_heads_per_core, p.kv_heads_per_core) == (2, 1)
     assert p.memory.weights == 4_661_264_896
     assert p.memory.kv_cache == 393_216_000
@@ -92,7 +93,7 @@ def test_70b_fits_one_node_and_needs_four_units_for_ten_requests_per_second():
     assert p.config() == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4, "units_per_cell": 4}
 
 
-def test_405b_needs_two_nodes_and_pays_efa_for_all_reduce_pipeline_and_kv_reshard():
+def test_405b_needs_two_nodes_and_pays_efa_for_the_all_reduces_of_both_phases():
     """Llama-3.1-405B, bf16, batch 4, 1536 prompt + 512 output tokens (seq_len 2048), 2 req/s.
 
     1 node: rest (405,853,388,800 - 4,227,858,432 KV proj) / 32 = 12,550,797,824 + 126*2*16384*128
@@ -103,22 +104,24 @@ def test_405b_needs_two_nodes_and_pays_efa_for_all_reduce_pipeline_and_kv_reshar
     Decode HBM: 13,607,762,432 + 4 * (1536 + 256) * 64,512 = 14,070,184,448 B -> 31.9607 ms.
     Decode EFA: 2 all-reduces/layer of 4*16384*2 = 131,072 B; ring moves 2*(1/2) of it per node:
     126 * 2 * 131,072 = 33,030,144 B / 1e11 B/s = 0.33030 ms.
-    Prefill compute: 2 * 405,853,388,800 * 1536 / (2 * 3,040e12) = 205.063 ms; stage boundary
-    1536*16384*2 = 50,331,648 B / 1e11 = 0.50332 ms; KV re-shard: 1536*126*2*8*128*2 =
-    792,723,456 B * (2-1)/2^2 / 1e11 = 1.98181 ms.
-    Per request: 207.548 + 512 * 32.2910 / 4 = 4340.8 ms -> 0.230373 req/s; 2 / 0.230373 = 8.68 -> 9.
+    Prefill compute: 2 * 405,853,388,800 * 1536 / (2 * 3,040e12) = 205.063 ms. Context encoding is
+    tensor parallel over the same 64 cores (NxD Inference across nodes: cp_degree 1): 2 all-reduces
+    per layer of 1536*16384*2 = 50,331,648 B, a ring moves 2*(1/2) of it per node: 126 * 2 *
+    50,331,648 = 12,683,575,296 B / 1e11 = 126.836 ms; no KV re-shard (decode reads the KV cache
+    where context encoding wrote it).
+    Per request: 331.899 + 512 * 32.2910 / 4 = 4465.14 ms -> 0.223957 req/s; 2 / 0.223957 = 8.93 -> 9.
+    First token: 331.899 + 32.2910 = 364.190 ms.
     """
     p = plan(llama405b(), Traffic(requests_per_s=2, prompt_tokens=1536, output_tokens=512), PlanSettings(batch=4))
-    assert (p.nodes_per_unit, p.tp_degree, p.pp_degree) == (2, 64, 2)
-    assert p.stage_layers == ((0, 62), (63, 125))
+    assert (p.nodes_per_unit, p.tp_degree) == (2, 64)
     assert p.memory.weights == 13_607_762_432
     assert p.memory.kv_cache == 528_482_304
     assert p.decode_hbm_s == pytest.approx(0.0319607, rel=1e-5)
     assert p.decode_efa_s == pytest.approx(33_030_144 / EFA_TRN1)
     assert p.prefill_compute_s == pytest.approx(0.205063, rel=1e-5)
-    assert p.prefill_pipeline_s == pytest.approx(50_331_648 / EFA_TRN1)
-    assert p.kv_reshard_s == pytest.approx(792_723_456 / 4 / EFA_TRN1)
-    assert p.requests_per_s_per_unit == pytest.approx(0.230373, rel=1e-4)
+    assert p.prefill_efa_s == pytest.approx(12_683_575_296 / EFA_TRN1)
+    assert p.ttft_s == pytest.approx(0.364190, rel=1e-5)
+    assert p.requests_per_s_per_unit == pytest.approx(0.223957, rel=1e-5)
     assert p.units == 9
     assert "1 nodes" in p.skipped[0]
 
@@ -140,7 +143,6 @@ def test_node_counts_whose_tp_degree_does_not_divide_the_heads_are_skipped():
     assert p.nodes_per_unit == 4
     assert p.tp_degree == 128
     assert any("tp_degree 96 does not divide 128 heads" in s for s in p.skipped)
-    assert p.stage_layers == ((0, 31), (32, 63), (64, 94), (95, 125))
 
 
 def test_efficiency_derates_units_and_cells_follow_units_per_cell():

@@ -60,6 +60,18 @@ def test_a_follower_that_is_not_ready_makes_the_fleet_degraded_and_is_named(flee
     assert f"node {sick.nodes[1].instance_id} (rank 1) is forming, not ready" in out
 
 
+def test_a_member_still_loading_is_named_with_its_phase_bytes_and_time_in_phase(fleet, run_cli):
+    unit = fleet.add_unit(cell=0, index=0)
+    # The ready body's `loading`, as docs/node.md documents it: 412 of 810 GB fetched, 95 s into the fetch.
+    loading = {"phase": "fetch_model", "done_bytes": 412_000_000_000, "total_bytes": 810_000_000_000, "phase_s": 95.2}
+    unit.nodes[1].server.set(ready=False, state="forming", loading=loading)
+    unit.nodes[1].server.status = 503
+    code, out = run_cli("status")
+    assert code != 0
+    flat = " ".join(out.split())
+    assert "(rank 1) is forming, not ready (loading fetch_model 412.0/810.0 GB, 95 s in phase)" in flat, out
+
+
 def test_an_unreachable_node_of_the_only_unit_makes_the_fleet_critical(fleet, run_cli):
     unit = fleet.add_unit(cell=0, index=0)
     unit.nodes[0].server.close()

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import contract
 from runtime.engines.base import (
@@ -29,10 +29,13 @@ from runtime.engines.base import (
     EngineLoad,
     EngineState,
     GenerationRequest,
+    LoadPhase,
+    LoadProgress,
     RequestRejected,
     TokenEvent,
 )
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan
+from runtime.engines.neuron.loading import LoadTracker, progress_event
 from runtime.logs import jlog
 from runtime.membership import Membership
 
@@ -66,7 +69,7 @@ def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) ->
     return argv, env
 
 
-def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any):
+def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any, tracker: LoadTracker):
     """prepare_rank with every expected failure turned into one EngineError line."""
     from runtime.engines.neuron.launch import NeuronPlanError  # noqa: PLC0415
     from runtime.engines.neuron.model import ModelConfigError  # noqa: PLC0415
@@ -81,6 +84,7 @@ def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any):
             options=s.options,
             s3=s3,
             compile_cache_uri=s.compile_cache_uri,
+            tracker=tracker,
         )
     except (NeuronPlanError, ModelConfigError) as e:
         raise EngineError(f"neuron layout refused before fetching weights: {e}") from e
@@ -130,6 +134,7 @@ class NeuronEngine:
         self._vllm_load: EngineLoad | None = None
         self._tasks: list[asyncio.Task] = []
         self.prepared: Any = None
+        self.loading = LoadTracker()
 
     # -- start ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -147,7 +152,7 @@ class NeuronEngine:
             rank=self.membership.rank,
             world_size=self.membership.world_size,
         )
-        self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3)
+        self.prepared = await asyncio.to_thread(_prepare, self.membership, self.s, s3, self.loading)
         try:
             self.tokenizer = HFTokenizer(self.s.model_dir)
         except (OSError, ValueError) as e:
@@ -167,6 +172,8 @@ class NeuronEngine:
             )
         else:
             self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=subprocess.DEVNULL)
+            # vLLM compiles (no cached artifacts) and loads in one go and says nothing on the way.
+            self.loading.phase(LoadPhase.LOAD if self.prepared.compile_cache_hit else LoadPhase.COMPILE)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
         try:
             await (self._wait_spmd_ready() if self.api == "spmd" else self._wait_healthy())
@@ -299,9 +306,12 @@ class NeuronEngine:
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while line := await self._proc.stdout.readline():
-                    if json.loads(line).get("event") == "ready":
+                    event = json.loads(line)
+                    if event.get("event") == "ready":
                         jlog("neuron_engine_healthy", logging.INFO, logger=log, api="spmd")
                         return
+                    if (phase := progress_event(event)) is not None:
+                        self.loading.phase(phase)
         except TimeoutError:
             raise EngineError(
                 f"neuron: the unit's NxD Inference nodes were not loaded after {self._start_timeout_s:.0f}s; "
@@ -474,6 +484,10 @@ class NeuronEngine:
     def health(self) -> EngineHealth:
         return EngineHealth(state=self._state, detail=self._detail)
 
+    def load_progress(self) -> LoadProgress | None:
+        """Where start() is (None before it began and once the engine is ready)."""
+        return self.loading.snapshot() if self._state is EngineState.STARTING else None
+
     def load(self) -> EngineLoad:
         if self._vllm_load is not None:
             return self._vllm_load
@@ -550,15 +564,32 @@ def _parse_vllm_metrics(text: str, batch_size: int) -> EngineLoad | None:
     )
 
 
-def run_follower(membership: Membership, *, settings: NeuronEngineSettings, s3: Any = None) -> None:
+def run_follower(
+    membership: Membership,
+    *,
+    settings: NeuronEngineSettings,
+    s3: Any = None,
+    report: Callable[[LoadProgress], None] | None = None,
+) -> None:
     """A follower's formation: prepare the rank, then run the plan's worker command until it exits.
+    `report` hears this node's load progress (the node puts it in its ready body).
 
     The worker stays in this process's group, so the supervisor's killpg ends it with the formation.
     """
     s3 = s3 or _s3_client()
-    prepared = _prepare(membership, settings, s3)
+    tracker = LoadTracker(report)
+    prepared = _prepare(membership, settings, s3, tracker)
     argv, env = rank_argv(prepared.plan, dict(os.environ), settings.launcher)
     jlog("neuron_follower_spawn", logging.INFO, logger=log, rank=membership.rank, argv=argv[:4])
-    rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False).returncode
+    with subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) as worker:
+        assert worker.stdout is not None
+        for line in worker.stdout:  # the loop's progress lines until it exits
+            try:
+                phase = progress_event(json.loads(line))
+            except (ValueError, KeyError):
+                continue
+            if phase is not None:
+                tracker.phase(phase)
+        rc = worker.wait()
     if rc != 0:
         raise EngineBroken(f"neuron follower rank {membership.rank}: the worker exited with code {rc}")

@@ -15,7 +15,9 @@ from pathlib import Path
 import contract
 from runtime.artifacts import CompileCache, Manifest, compile_cache_key, fetch, parse_s3_uri
 from runtime.artifacts.fetch import read_manifest
+from runtime.engines.base import LoadPhase
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan, plan_member
+from runtime.engines.neuron.loading import LoadTracker
 from runtime.engines.neuron.model import parse_model_shape
 from runtime.membership import Membership
 
@@ -40,7 +42,9 @@ def prepare_rank(
     s3,
     compile_cache_uri: str | None = None,
     neuron_sdk_version: str | None = None,
+    tracker: LoadTracker | None = None,
 ) -> PreparedRank:
+    tracker = tracker or LoadTracker()
     sdk = neuron_sdk_version or os.environ.get(contract.ENV_NEURON_SDK_VERSION, "")
     manifest = read_manifest(model_uri, s3=s3)
     if "config.json" not in {f.path for f in manifest.files}:
@@ -51,11 +55,15 @@ def prepare_rank(
     raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "config.json")["Body"].read())
     shape = parse_model_shape(raw, source=f"{model_uri.rstrip('/')}/config.json")
     plan = plan_member(membership, instance_type=instance_type, model=shape, model_dir=str(model_dir), options=options)
-    manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest)
+    tracker.phase(LoadPhase.FETCH_MODEL, total_bytes=manifest.total_bytes)
+    manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest, on_bytes=tracker.bytes)
     key = compile_cache_key(model_digest=manifest.digest, nxdi_config=plan.nxdi_config, neuron_sdk_version=sdk)
     hit = False
     if compile_cache_uri:
-        hit = CompileCache(uri=compile_cache_uri, s3=s3).fetch(key, options.compiled_artifacts_dir)
+        tracker.phase(LoadPhase.FETCH_COMPILED)
+        hit = CompileCache(uri=compile_cache_uri, s3=s3).fetch(
+            key, options.compiled_artifacts_dir, on_bytes=tracker.bytes
+        )
     return PreparedRank(plan=plan, model_manifest=manifest, compile_key=key, compile_cache_hit=hit)
 
 

@@ -134,22 +134,40 @@ def greedy(params: torch.Tensor) -> torch.Tensor:
     return (params[:, 0] == 1) | (params[:, 2] == 0)
 
 
+# Top-p over the whole vocabulary first looks at this many most likely tokens: when they already
+# hold more than top_p of the probability, the nucleus lies among them and the full sort of the row
+# (128k tokens for Llama 3) is skipped. The result is the same either way.
+NUCLEUS_CANDIDATES = 1024
+
+
 def sample_on_host(logits: torch.Tensor, params: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Each row with its own top_k / top_p / temperature; greedy rows take the arg max."""
+    """Each row with its own top_k / top_p / temperature; greedy rows take the arg max.
+
+    A row keeps its top_k most likely tokens (top_k 0: all), scales by 1/temperature, then keeps the
+    smallest set of most likely tokens whose probability exceeds top_p (the first token always), and
+    draws from what is left, renormalised."""
     out = torch.argmax(logits, dim=-1)
     for i in range(logits.shape[0]):
         if bool(greedy(params[i : i + 1])[0]):
             continue
         top_k, top_p, temperature = int(params[i, 0]), float(params[i, 1]), float(params[i, 2])
         row = logits[i].float() / temperature
-        if 0 < top_k < row.shape[-1]:
-            row = row.masked_fill(row < torch.topk(row, top_k).values[-1], float("-inf"))
-        probs = torch.softmax(row, dim=-1)
+        vocab = row.shape[-1]
+        if 0 < top_k < vocab:
+            values, ids = torch.topk(row, top_k)  # sorted, most likely first
+            probs = torch.softmax(values, dim=-1)
+        elif top_p < 1.0:
+            k = min(vocab, NUCLEUS_CANDIDATES)
+            values, ids = torch.topk(row, k)
+            probs = torch.exp(values - torch.logsumexp(row, dim=-1))
+            if k < vocab and float(probs.sum()) <= top_p:  # the nucleus reaches past the candidates
+                values, ids = torch.sort(row, descending=True)
+                probs = torch.softmax(values, dim=-1)
+        else:
+            ids, probs = torch.arange(vocab), torch.softmax(row, dim=-1)
         if top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            drop = torch.cumsum(sorted_p, 0) - sorted_p > top_p
-            probs = probs.scatter(0, order[drop], 0.0)
-        out[i] = torch.multinomial(probs / probs.sum(), 1, generator=generator)[0]
+            probs = probs.masked_fill(torch.cumsum(probs, 0) - probs > top_p, 0.0)
+        out[i] = ids[torch.multinomial(probs / probs.sum(), 1, generator=generator)[0]]
     return out
 
 
@@ -343,11 +361,23 @@ def join_unit(*, node_rank: int, nodes: int, join_timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STEP_TIMEOUT_S))
 
 
-def build_model(model_path: str, compiled_model_path: str, neuron_config: dict[str, Any]) -> CausalLM:
+# The load phases this loop reports, one {"event": "progress", "phase": ...} line each (the node's
+# LoadPhase values; tests/neuron keep the two equal).
+PHASE_COMPILE, PHASE_LOAD, PHASE_WARMUP, PHASE_JOIN = "compile", "load", "warmup", "join"
+
+
+def build_model(
+    model_path: str,
+    compiled_model_path: str,
+    neuron_config: dict[str, Any],
+    progress: Callable[[str], None] = lambda phase: None,
+) -> CausalLM:
     """NxD Inference's Llama: compile into this node's path unless a compiled model is there, then
     load this node's ranks (NXDI_2_28:src/neuronx_distributed_inference/models/application_base.py:
     292 compile, :317-318 load, :47 model.pt; models/llama/modeling_llama.py:312,1438;
-    utils/hf_adapter.py:36)."""
+    utils/hf_adapter.py:36). Loading and warm-up are two calls so the node can tell them apart:
+    load(skip_warmup=True) skips only the warm-up, which warmup() then runs unless the config's own
+    skip_warmup says not to, as load would have (application_base.py:317-343, :348)."""
     from neuronx_distributed_inference.models.config import NeuronConfig  # noqa: PLC0415 - image only
     from neuronx_distributed_inference.models.llama.modeling_llama import (  # noqa: PLC0415 - image only
         LlamaInferenceConfig,
@@ -358,8 +388,13 @@ def build_model(model_path: str, compiled_model_path: str, neuron_config: dict[s
     config = LlamaInferenceConfig(NeuronConfig(**neuron_config), load_config=load_pretrained_config(model_path))
     model = NeuronLlamaForCausalLM(model_path, config)
     if not os.path.exists(os.path.join(compiled_model_path, "model.pt")):
+        progress(PHASE_COMPILE)
         model.compile(compiled_model_path)
-    model.load(compiled_model_path)
+    progress(PHASE_LOAD)
+    model.load(compiled_model_path, skip_warmup=True)
+    if not config.neuron_config.skip_warmup:
+        progress(PHASE_WARMUP)
+        model.warmup()
     return model
 
 
@@ -450,11 +485,18 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     started = time.monotonic()
-    model = build_model(args.model, args.compiled_model_path, neuron_config)
+
+    def progress(phase: str) -> None:
+        # Every node's protocol carries its load phases: the node puts them in its ready body.
+        protocol.write(json.dumps({"event": "progress", "phase": phase}) + "\n")
+        protocol.flush()
+
+    model = build_model(args.model, args.compiled_model_path, neuron_config, progress)
     loaded = {"event": "neuron_node_loaded", "node_rank": args.node_rank, "s": round(time.monotonic() - started, 1)}
     print(json.dumps(loaded), file=sys.stderr, flush=True)
     # The node runtime's formation bound (runtime/node/settings.py), read here without importing flotilla.
     join_timeout_s = float(os.environ.get("FLOTILLA_FORM_TIMEOUT_S", "3600"))
+    progress(PHASE_JOIN)
     group = join_unit(node_rank=args.node_rank, nodes=args.nodes, join_timeout_s=join_timeout_s)
     node = Node(model, node_rank=args.node_rank, group=group)
     if not node.is_leader:

@@ -6,6 +6,8 @@ process and passes them as `avoid`, so two servers of one test never share a por
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 
 from runtime import ports
@@ -20,3 +22,56 @@ def free_port(span: int = 1) -> int:
         port = ports.free_port(span, avoid=_issued)
         _issued.update(range(port, port + span))
         return port
+
+
+class StalledReader:
+    """A streaming client that stays connected but stops reading: a raw socket with a tiny receive
+    buffer (set before connect, so the TCP window stays small) that reads the response's status
+    line and headers and then nothing. Blocking and bounded by `timeout`: run it in a thread
+    (asyncio.to_thread) when the server shares the test's event loop."""
+
+    RCVBUF = 1024  # Linux doubles it and keeps a floor of a few KiB: the window stays tiny
+
+    def __init__(self, port: int, path: str, body: dict, *, timeout: float = 10.0) -> None:
+        self.port, self.path, self.body, self.timeout = port, path, body, timeout
+        self.sock: socket.socket | None = None
+        self.head = b""
+
+    def open(self) -> bytes:
+        """Send the request, read up to the end of the headers; returns the status line."""
+        payload = json.dumps(self.body).encode()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
+        sock.settimeout(self.timeout)
+        sock.connect(("127.0.0.1", self.port))
+        self.sock = sock
+        sock.sendall(
+            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            got = sock.recv(1)  # byte by byte: nothing past the headers leaves the kernel's buffer
+            if not got:
+                raise AssertionError(f"the server closed before its headers: {head!r}")
+            head += got
+        self.head = head
+        return head.split(b"\r\n", 1)[0]
+
+    def closed_by_peer(self) -> bool:
+        """Whether the server gave up on this connection (reset or closed it); reads what is left."""
+        assert self.sock is not None
+        self.sock.settimeout(self.timeout)
+        try:
+            while self.sock.recv(65536):
+                pass
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()

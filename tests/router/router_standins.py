@@ -69,6 +69,7 @@ class StandInUnit:
         self.active = 0
         self.max_active = 0
         self.disconnects = 0  # streams the client (router) abandoned
+        self.stream_bytes = 0  # SSE bytes this unit's streams handed to their connection, ever
         self.polls = 0
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -242,7 +243,9 @@ class StandInUnit:
                     "unit": self.name,
                     "choices": [{"index": 0, "text": f"tok{i} ", "finish_reason": None}],
                 }
-                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                await resp.write(data)
+                self.stream_bytes += len(data)
                 if i == 0 and self.gate is not None:
                     await self.gate.wait()
                 if self.chunk_delay_s:

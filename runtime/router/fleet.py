@@ -25,6 +25,7 @@ import aiohttp
 
 import contract
 from runtime import emf
+from runtime.node.handshake import LoadReport, ReadyReport, read_ready
 from runtime.router import balance, overload
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
@@ -189,7 +190,8 @@ class Unit:
         self.state = state
 
     def take_load(self, load: dict) -> None:
-        """The `load` of a ready body or a load-only watch line."""
+        """The `load` of a load-only watch line, read by hand: the same reading as LoadReport (a test
+        holds them equal) at a third of its cost per line (bench/router/ready_parse.py)."""
         self.in_flight = int(load.get("in_flight", -1))
         self.queue_depth = int(load.get("queue_depth", 0))
         self.running = int(load.get("running", 0))
@@ -199,26 +201,29 @@ class Unit:
         self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
         self.prefill_tokens = int(load.get("prefill_tokens", -1))
 
-    def apply_report(self, status: int, body: dict) -> None:
+    def take_load_report(self, load: LoadReport) -> None:
+        self.in_flight, self.queue_depth, self.running = load.in_flight, load.queue_depth, load.running
+        self.max_running, self.kv_cache_used, self.wait_s = load.max_running, load.kv_cache_used, load.wait_s
+        self.queue_timeout_s, self.prefill_tokens = load.queue_timeout_s, load.prefill_tokens
+
+    def apply_report(self, status: int, report: ReadyReport) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
         or rank 0 when the body has no role), answered 200 with ready=true and state=ready.
 
         A follower is never routable; its state reads "follower" (expected, not an error)."""
-        rank = body.get("rank")
-        self.rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else -1
-        role = body.get(contract.ATTR_ROLE)
-        leads = role == "leader" if role is not None else self.rank == 0
+        self.rank = report.rank
+        leads = report.leads
         if not leads and self.role != "follower":
             log.debug(
                 "member %s is rank %d of unit %s, a follower: never routed to",
                 self.url,
                 self.rank,
-                body.get(contract.ATTR_UNIT) or self.unit,
+                report.unit or self.unit,
             )
         self.role = "leader" if leads else "follower"
-        self.cell = str(body.get(contract.ATTR_CELL) or self.cell)
-        self.unit = str(body.get(contract.ATTR_UNIT) or self.unit)
-        self.revision = str(body.get(contract.ATTR_REVISION) or self.revision)
+        self.cell = report.cell or self.cell
+        self.unit = report.unit or self.unit
+        self.revision = report.revision or self.revision
         if not leads:
             if self._ready:
                 log.warning(
@@ -227,9 +232,9 @@ class Unit:
             self.ready = False
             self.state = "follower"
             return
-        self.take_load(body.get("load") or {})
-        state = str(body.get("state", "unknown"))
-        ready = status == 200 and bool(body.get("ready")) and state == "ready"
+        self.take_load_report(report.load)
+        state = report.state if report.state is not None else "unknown"
+        ready = status == 200 and report.ready and state == "ready"
         if ready and not self._ready:
             log.info("unit %s (%s, revision %s) is routable", self.unit, self.url, self.revision)
         if not ready:
@@ -552,11 +557,12 @@ class Fleet:
                 unit.outstanding_at_report = unit.outstanding
                 unit.sent_tokens_at_report = unit.sent_tokens
                 return True
+            report = read_ready(body)  # a whole body: typed (load-only lines stay on the fast path above)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             unit.mark_unready("bad_health_body")
             log.warning("unit at %s sent an unreadable %s line: %r", unit.url, contract.NODE_WATCH_PATH, exc)
             return False
-        self._take_report(unit, 200 if body.get("ready") else 503, body)
+        self._take_report(unit, 200 if report.ready else 503, report)
         return unit.role == "leader"
 
     async def poll_once(self, unit: Unit) -> None:
@@ -568,9 +574,7 @@ class Fleet:
             async with self._asks, self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
                 raw = await resp.read()
                 status = resp.status
-            body = json.loads(raw) if raw else {}
-            if not isinstance(body, dict):
-                raise ValueError("readiness body is not a JSON object")
+            report = read_ready(json.loads(raw) if raw else {})
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -581,10 +585,10 @@ class Fleet:
             unit.mark_unready("bad_health_body")
             log.warning("unit at %s answered %s with an unreadable body: %s", unit.url, contract.NODE_READY_PATH, exc)
             return
-        self._take_report(unit, status, body)
+        self._take_report(unit, status, report)
 
-    def _take_report(self, unit: Unit, status: int, body: dict) -> None:
-        unit.apply_report(status, body)
+    def _take_report(self, unit: Unit, status: int, report: ReadyReport) -> None:
+        unit.apply_report(status, report)
         unit.reported_at = time.monotonic()
         unit.outstanding_at_report = unit.outstanding
         unit.sent_tokens_at_report = unit.sent_tokens
@@ -593,12 +597,12 @@ class Fleet:
         if unit.role == "leader":
             if unit.session is None:
                 unit.session = self._new_unit_session()
-            members = body.get(contract.ATTR_MEMBERS)
+            members = report.members
             if members != unit.members_seen:
                 self._vouch(unit, members)
         else:
             self._release_followers(unit)
-            hint = body.get(contract.ATTR_LEADER)
+            hint = report.leader
             leader = self.units.get(f"http://{hint}") if isinstance(hint, str) and hint else None
             if leader is not None and leader is not unit and leader.role != "leader":
                 leader.wake.set()  # ask the member its follower names as leader now, not in a second

@@ -20,6 +20,7 @@ from router_testkit import base_url, router_over, run
 import contract
 from bench.fleet import trace_sim
 from runtime import emf
+from runtime.node.handshake import read_ready
 from runtime.node.server import _Prefilling
 from runtime.router import balance
 from runtime.router.discovery import StaticDiscovery, UnitEndpoint
@@ -287,7 +288,9 @@ def _fleet(n: int, **settings) -> Fleet:
         u = Unit(UnitEndpoint(url=url), fleet._index)
         u.apply_report(
             200,
-            {"ready": True, "state": "ready", "role": "leader", "unit": f"unit-{i}", "load": {"max_running": 8}},
+            read_ready(
+                {"ready": True, "state": "ready", "role": "leader", "unit": f"unit-{i}", "load": {"max_running": 8}}
+            ),
         )
         fleet.units[url] = u
     return fleet
@@ -314,8 +317,12 @@ def test_an_unready_preferred_unit_hands_its_keys_to_the_next_and_gets_them_back
     assert second is not None
     fresh.units[first.url].mark_unready("broken")  # a router that sent nothing meanwhile agrees
     assert _pick_served(fresh, req).url == second.url
-    first.apply_report(200, {"ready": True, "state": "ready", "role": "leader", "unit": first.unit, "load": {}})
-    fresh.units[first.url].apply_report(200, {"ready": True, "state": "ready", "role": "leader", "unit": first.unit})
+    first.apply_report(
+        200, read_ready({"ready": True, "state": "ready", "role": "leader", "unit": first.unit, "load": {}})
+    )
+    fresh.units[first.url].apply_report(
+        200, read_ready({"ready": True, "state": "ready", "role": "leader", "unit": first.unit})
+    )
     # The ring gives the key back to its unit (a router that never saw the conversation moved sends
     # it there); a router that knows where the conversation's cache now is keeps it there.
     fresh.holders = balance.KeyHolders()

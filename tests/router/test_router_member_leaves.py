@@ -18,7 +18,7 @@ PLAIN = {"model": "tiny", "prompt": "hi", "max_tokens": 3}
 BOUNDED = aiohttp.ClientTimeout(total=5)
 
 
-async def _open_on_a_then_leave(tmp_path, router, a, b, s, units_file):
+async def _open_on_a_then_leave(router, a, b, s, units_file):
     """A stream and a plain request held open on `a`, then `a` leaves the units file."""
     stream = await s.post(base_url(router) + "/v1/completions", json=STREAM)
     first = await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)
@@ -41,7 +41,7 @@ def test_requests_open_on_a_member_that_leaves_discovery_complete_and_new_ones_g
                 router_over([a], discovery=StaticDiscovery(units_file=str(units_file))) as router,
                 aiohttp.ClientSession() as s,
             ):
-                stream, plain = await _open_on_a_then_leave(tmp_path, router, a, b, s, units_file)
+                stream, plain = await _open_on_a_then_leave(router, a, b, s, units_file)
                 await wait_for(lambda: router.fleet.routable_count() == 1, what="b to be routable")
                 # While a still serves its open requests, new ones reach b only.
                 received = len(a.received)
@@ -78,7 +78,7 @@ def test_requests_open_on_a_member_that_left_and_then_hangs_end_with_an_explicit
                 ) as router,
                 aiohttp.ClientSession() as s,
             ):
-                stream, plain = await _open_on_a_then_leave(tmp_path, router, a, b, s, units_file)
+                stream, plain = await _open_on_a_then_leave(router, a, b, s, units_file)
                 rest = await asyncio.wait_for(stream.read(), 10)
                 events = [e for e in rest.split(b"\n\n") if e]
                 assert json.loads(events[-1][len(b"data: ") :])["error"]["code"] == "idle_timeout"

@@ -23,8 +23,9 @@ def _kernel_max(name: str) -> int:
 # What may sit in buffers between the unit and a client that reads nothing: the stand-in's send
 # buffer and the router's receive buffer from it (Linux autotunes each up to tcp_wmem / tcp_rmem's
 # max, as the peer's window allows: the client's tiny window keeps the router's send buffer to it
-# small), plus aiohttp's 64 KiB write-buffer limit before a drain and its reader's high-water mark
-# (2 MiB of slack for both). A router that read the unit's stream regardless of its client would
+# small), plus aiohttp's 64 KiB write-buffer limit before a drain (aiohttp 3.14.5
+# http_writer.py:158,211) and its reader's high-water mark of twice its limit (streams.py:118):
+# 2 MiB of slack for both. A router that read the unit's stream regardless of its client would
 # take all of the stream, which is twice that.
 BOUND_BYTES = _kernel_max("tcp_wmem") + _kernel_max("tcp_rmem") + 2 * 1024 * 1024
 CHUNKS = 2 * BOUND_BYTES // 150  # the stand-in's events are 150-odd bytes

@@ -40,8 +40,16 @@ NEURON_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron
 
 # The x86 staging hosts run the plain ECS-optimized AL2023 AMI of the same ECS AMI release
 # (aws/amazon-ecs-ami@eb80a9f builds every variant of 20260403), pinned the same way and for the same
-# reason: a replacement node must boot what its peers booted. Parameter form as above
-# (/aws/service/ecs/optimized-ami/amazon-linux-2023/<AMI name>/image_id for the x86_64 variant).
+# reason: a replacement node must boot what its peers booted. Parameter form: Amazon ECS developer
+# guide, "Retrieving Amazon ECS-optimized Linux AMI metadata"
+# (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/retrieve-ecs-optimized_AMI.html),
+# section "Systems Manager Parameter Store parameter format": "Amazon Linux 2023 AMI metadata:
+# /aws/service/ecs/optimized-ami/amazon-linux-2023/<version>" (the x86_64 variant has no variant
+# segment; arm64, neuron and gpu do); "the metadata of a specific Amazon ECS-optimized AMI version
+# [is retrieved] by specifying the AMI name" (its example is Amazon Linux 2's
+# .../amazon-linux-2/amzn2-ami-ecs-hvm-2.0.20181112-x86_64-ebs); and the AMI ID alone is the
+# "sub-parameter image_id" (.../amazon-linux-2023/recommended/image_id). Together:
+# /aws/service/ecs/optimized-ami/amazon-linux-2023/<AMI name>/image_id.
 X86_AMI_NAME = "al2023-ami-ecs-hvm-2023.0.20260403-kernel-6.1-x86_64"
 X86_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/{X86_AMI_NAME}/image_id"
 

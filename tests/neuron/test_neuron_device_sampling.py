@@ -10,15 +10,12 @@ as global_topk: the naive wiring (the loop's rows as they are) fails these tests
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import pytest
 import torch
-import torch.distributed as dist
-from nxdi_standin import SEED, SHAPE, LlamaInferenceConfig, NeuronConfig, NeuronLlamaForCausalLM
-from spmd_harness import unsplit_greedy
-from testnet import free_port
+from nxdi_standin import SHAPE
+from spmd_harness import one_process_model, unsplit_greedy
 
 from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_unit, spmd
 
@@ -32,24 +29,10 @@ NEAR_GREEDY = {"top_k": 0, "top_p": 1.0, "temperature": 1e-3}
 
 @pytest.fixture
 def model(tmp_path):
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-        timeout=datetime.timedelta(seconds=30),
-    )  # fmt: skip
-    try:
-        config = NeuronConfig(
-            tp_degree=2,
-            batch_size=2,
-            seq_len=32,
-            is_continuous_batching=True,
-            on_device_sampling_config={"do_sample": True, "dynamic": True, "global_topk": GLOBAL_TOPK},
-        )
-        m = NeuronLlamaForCausalLM("tiny", LlamaInferenceConfig(config, load_config=(SHAPE, SEED)))
-        m.compile(str(tmp_path / "compiled"))
-        m.load(str(tmp_path / "compiled"))
+    with one_process_model(
+        tmp_path / "compiled", {"do_sample": True, "dynamic": True, "global_topk": GLOBAL_TOPK}
+    ) as m:
         yield m
-    finally:
-        dist.destroy_process_group()
 
 
 def _generate(model, global_topk: int | None, **sampling) -> list[int]:

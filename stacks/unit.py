@@ -40,8 +40,16 @@ NEURON_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron
 
 # The x86 staging hosts run the plain ECS-optimized AL2023 AMI of the same ECS AMI release
 # (aws/amazon-ecs-ami@eb80a9f builds every variant of 20260403), pinned the same way and for the same
-# reason: a replacement node must boot what its peers booted. Parameter form as above
-# (/aws/service/ecs/optimized-ami/amazon-linux-2023/<AMI name>/image_id for the x86_64 variant).
+# reason: a replacement node must boot what its peers booted. Parameter form: Amazon ECS developer
+# guide, "Retrieving Amazon ECS-optimized Linux AMI metadata"
+# (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/retrieve-ecs-optimized_AMI.html),
+# section "Systems Manager Parameter Store parameter format": "Amazon Linux 2023 AMI metadata:
+# /aws/service/ecs/optimized-ami/amazon-linux-2023/<version>" (the x86_64 variant has no variant
+# segment; arm64, neuron and gpu do); "the metadata of a specific Amazon ECS-optimized AMI version
+# [is retrieved] by specifying the AMI name" (its example is Amazon Linux 2's
+# .../amazon-linux-2/amzn2-ami-ecs-hvm-2.0.20181112-x86_64-ebs); and the AMI ID alone is the
+# "sub-parameter image_id" (.../amazon-linux-2023/recommended/image_id). Together:
+# /aws/service/ecs/optimized-ami/amazon-linux-2023/<AMI name>/image_id.
 X86_AMI_NAME = "al2023-ami-ecs-hvm-2023.0.20260403-kernel-6.1-x86_64"
 X86_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/{X86_AMI_NAME}/image_id"
 
@@ -142,6 +150,62 @@ boot_failed() {
   exit "$1"
 }
 trap 'boot_failed $? $LINENO "$BASH_COMMAND"' ERR
+"""
+
+
+# Host EFA: the ECS Neuron AMI installs no EFA component (aws/amazon-ecs-ami@eb80a9f
+# scripts/enable-ecs-agent-inferentia-support.sh), and the container's libfabric (installed with
+# --skip-kmod) needs the host's EFA kernel driver and rdma-core; AWS's EKS AL2023 AMI puts them on
+# the host with `efa_installer.sh --minimal -y` (awslabs/amazon-eks-ami@1403405
+# templates/al2023/provisioners/install-efa.sh). docs/hardware.md "Host EFA" has the decision.
+# Version and download URL: EC2 user guide, "Get started with EFA and MPI" (efa-start.html, step
+# "Install the EFA software": curl -O https://efa-installer.amazonaws.com/aws-efa-installer-1.47.0.tar.gz).
+# The SHA256 is the one AWS publishes for 1.47.0 (EC2 user guide, "Verify the EFA installer using a
+# checksum", efa-verify.html: "If the checksums do not match, do not run the installation script"):
+# pinned here, it checks the tarball without trusting a key fetched from the same host.
+EFA_INSTALLER_VERSION = "1.47.0"
+EFA_INSTALLER_URL = f"https://efa-installer.amazonaws.com/aws-efa-installer-{EFA_INSTALLER_VERSION}.tar.gz"
+EFA_INSTALLER_SHA256 = "2df4201e046833c7dc8160907bee7f52b76ff80ed147376a2d0ed8a0dd66b2db"
+# Written once the installer has run: a second run of the script (cloud-init runs user data once per
+# instance, but an operator may re-run it) goes straight to the checks. The DKMS-built module and
+# rdma-core stay installed across reboots, and udev loads the module when the EFA devices appear.
+EFA_INSTALLED_MARKER = f"/var/lib/flotilla/efa-installer-{EFA_INSTALLER_VERSION}"
+
+
+def efa_setup(efa_interfaces: int) -> str:
+    """User data for a host with EFA interfaces: install the pinned EFA installer's host part
+    (kernel driver and rdma-core), verified against AWS's published checksum, then check that the
+    host shows one verbs device per EFA interface, the devices the task definition maps
+    (/dev/infiniband/uverbs0..N-1): without them ECS could not start the task at all.
+
+    Runs under BOOT_PROLOGUE: any failure (download, checksum, installer, device count) powers the
+    instance off before the ECS agent starts. Every wait is bounded (curl's --max-time, udevadm's
+    --timeout)."""
+    return f"""\
+efa_marker={EFA_INSTALLED_MARKER}
+if [ ! -e "$efa_marker" ]; then
+  command -v tar >/dev/null || dnf install -y tar gzip
+  efa_dir=$(mktemp -d)
+  curl --fail --silent --show-error --location --retry 5 --retry-connrefused --connect-timeout 10 \\
+    --max-time 600 -o "$efa_dir/aws-efa-installer.tar.gz" {EFA_INSTALLER_URL}
+  echo "{EFA_INSTALLER_SHA256}  $efa_dir/aws-efa-installer.tar.gz" | sha256sum --check --strict -
+  tar -xzf "$efa_dir/aws-efa-installer.tar.gz" -C "$efa_dir"
+  cd "$efa_dir/aws-efa-installer"
+  ./efa_installer.sh --minimal -y
+  cd /
+  rm -rf "$efa_dir"
+  mkdir -p "$(dirname "$efa_marker")"
+  touch "$efa_marker"
+fi
+modprobe efa
+udevadm settle --timeout=60
+shopt -s nullglob
+uverbs=(/dev/infiniband/uverbs*)
+shopt -u nullglob
+if [ "${{#uverbs[@]}}" -ne {efa_interfaces} ]; then
+  echo "flotilla: ${{#uverbs[@]}} EFA verbs devices, expected {efa_interfaces} (one per EFA interface)" >&2
+  false
+fi
 """
 
 
@@ -262,6 +326,9 @@ class TrainiumUnit(Construct):
         user_data.add_commands(BOOT_PROLOGUE)
         if instance_store:
             user_data.add_commands(SCRATCH_SETUP)
+        # Only where the instance has EFA interfaces (every Trainium type; no x86 staging type).
+        if shape.efa_interfaces:
+            user_data.add_commands(efa_setup(shape.efa_interfaces))
         # Host-network tasks only get their task role credentials when the agent allows it.
         user_data.add_commands("echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> /etc/ecs/ecs.config")
         self.launch_template = ec2.LaunchTemplate(

@@ -258,25 +258,64 @@ class NeuronLlamaForCausalLM:
         return out @ lw.wo.T
 
     def _sample(self, logits: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        """On-device sampling: per-row parameters only with `dynamic` (NXDI models/config.py:1029),
-        else the config's; the same seed on every node, as the device's draws agree across ranks."""
+        """On-device sampling by NxD Inference's rules (NXDI modules/generation/sampling.py): per-row
+        parameters only with `dynamic` (models/config.py:1029), else the config's; the same seed on every
+        node, as the device's draws agree across ranks."""
         cfg = self.neuron_config.on_device_sampling_config
+        global_topk = int(cfg.get("global_topk", 256))  # OnDeviceSamplingConfig default, config.py:1030
         rows = (
-            params
+            params.float()
             if cfg.get("dynamic", False)
-            else torch.tensor([[cfg.get("top_k", 1), 1.0, cfg.get("temperature", 1.0)]]).expand(logits.shape[0], 3)
+            else torch.tensor([[cfg.get("top_k", 1), cfg.get("top_p", 1.0), cfg.get("temperature", 1.0)]]).expand(
+                logits.shape[0], 3
+            )
         )
+        validate_sampling_params(rows, global_topk)  # model_base.py:3330, before every forward's sampling
+        rows = rows.clone()
+        rows[rows[:, 2] == 0, :2] = 1.0  # infer_sampling_params, sampling.py:162-182: temperature 0 is greedy
         gen = torch.Generator().manual_seed(1000 + self.calls)
-        out = torch.argmax(logits, dim=-1)
+        # _top_k_masked (sampling.py:303-336): the global_topk most likely tokens, sorted, then every one at
+        # index >= top_k set to IGNORED_LOGITS_VALUE (-3000, :270-272). top_k 0 or -1 masks them all: uniform.
+        # (Here the vocabulary may be smaller than global_topk; a real one is far larger.)
+        k = min(global_topk, logits.shape[-1]) if global_topk > 0 else logits.shape[-1]
+        out = torch.empty(logits.shape[0], dtype=torch.int64)
         for i in range(logits.shape[0]):
-            top_k, temperature = int(rows[i, 0]), float(rows[i, 2])
-            if top_k == 1 or temperature == 0:
+            top_k, top_p, temperature = rows[i, 0], float(rows[i, 1]), float(rows[i, 2])
+            values, ids = torch.topk(logits[i].float(), k)
+            values = values.masked_fill(torch.arange(k) >= top_k, -3000.0)
+            if int(top_k) == 1:  # one candidate left: the most likely token
+                out[i] = ids[0]
                 continue
-            row = logits[i] / temperature
-            if 0 < top_k < row.shape[-1]:
-                row = row.masked_fill(row < torch.topk(row, top_k).values[-1], float("-inf"))
-            out[i] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0]
+            values = values / temperature  # after the mask (:414-415): masked tokens scale too
+            # top-p (:417-428): drop every token whose inclusive cumulative probability passes top_p,
+            # except the first; the bound is at least the smallest cumulative value.
+            cumsum = torch.cumsum(torch.softmax(values, dim=-1), dim=-1)
+            bound = max(float(cumsum.min()), top_p)
+            drop = cumsum > bound
+            drop[0] = False
+            values = values.masked_fill(drop, -3000.0)
+            out[i] = ids[torch.multinomial(torch.softmax(values, dim=-1), 1, generator=gen)[0]]
         return out
+
+
+def validate_sampling_params(rows: torch.Tensor, global_topk: int) -> None:
+    """NXDI modules/generation/sampling.py:99-159: what the on-device sampler refuses, with its messages."""
+    top_k, top_p, temperature = rows[:, 0], rows[:, 1], rows[:, 2]
+    if not torch.all((top_k == -1) | ((top_k >= 0) & (top_k <= global_topk))):
+        raise ValueError(
+            "Invalid top-k values found. top-k must be -1 or greater than 0 but less than or equal to "
+            f"global_top_k={global_topk}. Found top_k={top_k}."
+        )
+    if not torch.equal(top_k, top_k.floor()):
+        raise ValueError(f"Invalid top-k values found. top-k values should be integers. Found top_k={top_k}.")
+    if not torch.all((top_p > 0.0) & (top_p <= 1.0)):
+        raise ValueError(f"Invalid top-p values found. top-p must be in the range (0.0, 1.0]. Found top_p={top_p}.")
+    if not torch.all(temperature >= 0.0):
+        raise ValueError(f"Invalid temperature values found. Found temperature={temperature}.")
+    if torch.any((temperature == 0.0) & ((top_k == -1) | (top_k == 0))):
+        raise ValueError(
+            "Invalid sampling parameters found. Temperature = 0 enables greedy sampling. Please set top_k to 1"
+        )
 
 
 def _mlp(lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:

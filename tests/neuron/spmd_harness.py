@@ -10,10 +10,14 @@ import datetime
 import multiprocessing as mp
 import os
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from nxdi_standin import SEED, SHAPE
+from testnet import free_port
 
 UNIT_TIMEOUT_S = 120.0
 
@@ -112,3 +116,29 @@ def unsplit_greedy(prompts: list[list[int]], max_tokens: int, shape=SHAPE) -> li
             toks.append(int(torch.argmax(logits)))
         outs.append(toks)
     return outs
+
+
+@contextmanager
+def one_process_model(compiled_dir: Path, on_device_sampling_config: dict | None) -> Iterator:
+    """The stand-in in this process as a one-node unit (tp_degree 2, batch 2, seq_len 32) inside a
+    one-rank gloo group, compiled and loaded; the group is torn down on exit."""
+    import nxdi_standin as nxdi  # noqa: PLC0415
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )  # fmt: skip
+    try:
+        config = nxdi.NeuronConfig(
+            tp_degree=2,
+            batch_size=2,
+            seq_len=32,
+            is_continuous_batching=True,
+            on_device_sampling_config=on_device_sampling_config,
+        )
+        model = nxdi.NeuronLlamaForCausalLM("tiny", nxdi.LlamaInferenceConfig(config, load_config=(SHAPE, SEED)))
+        model.compile(str(compiled_dir))
+        model.load(str(compiled_dir))
+        yield model
+    finally:
+        dist.destroy_process_group()

@@ -11,14 +11,10 @@ units avoid the plugin's path by sampling on the host (FLOTILLA_NEURON_SAMPLING=
 
 from __future__ import annotations
 
-import datetime
-
 import pytest
 import torch
-import torch.distributed as dist
-from nxdi_standin import SEED, SHAPE, LlamaInferenceConfig, NeuronConfig, NeuronLlamaForCausalLM
-from spmd_harness import unsplit_greedy
-from testnet import free_port
+from nxdi_standin import SHAPE
+from spmd_harness import one_process_model, unsplit_greedy
 
 from runtime.engines.neuron import spmd
 
@@ -40,27 +36,8 @@ def plugin_rows(live_in_insertion_order: list[spmd.Request], batch: int, max_num
 
 @pytest.fixture
 def model(tmp_path):
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    try:
-        config = NeuronConfig(
-            tp_degree=2,
-            batch_size=2,
-            seq_len=32,
-            is_continuous_batching=True,
-            on_device_sampling_config={"dynamic": True},
-        )
-        m = NeuronLlamaForCausalLM("tiny", LlamaInferenceConfig(config, load_config=(SHAPE, SEED)))
-        m.compile(str(tmp_path / "compiled"))
-        m.load(str(tmp_path / "compiled"))
+    with one_process_model(tmp_path / "compiled", {"dynamic": True}) as m:
         yield m
-    finally:
-        dist.destroy_process_group()
 
 
 def _first_token(model, step: spmd.Step, rows: torch.Tensor) -> int:

@@ -515,3 +515,36 @@ def test_switching_the_front_door_scheme_replaces_the_alb_so_it_is_not_an_in_pla
     problems, _ = review("switch front.scheme", synths(before), synths(after), tmp_path)
     assert any("LoadBalancer Alb" in p and "replace" in p and "never allowed" in p for p in problems), problems
     assert any("export" in p and "ProductionRule" in p for p in problems), problems
+
+
+def test_adding_host_efa_to_deployed_units_updates_their_launch_templates_in_place(synths, tmp_path):
+    """A unit deployed before its user data installed host EFA, updated to this revision: the pinned
+    CLI's diff reports each unit's launch template as modified and nothing replaced. EC2 keeps a
+    launch template immutable and adds a version ("Launch templates are immutable ... create a new
+    version", EC2 API reference, CreateLaunchTemplateVersion); the group follows it (its Version is the
+    template's LatestVersionNumber) while running instances keep the version they booted (no
+    AutoScalingRollingUpdate policy). The operator replaces them (docs/runbooks/node-replacement.md)
+    so each node boots with EFA."""
+    from stacks.unit import efa_setup
+
+    after = synths("base")
+    before_templates = json.loads(json.dumps(after.templates))
+    setup = efa_setup(8)  # trn1.32xlarge: 8 EFA interfaces
+    stripped = 0
+    for stack_id, template in before_templates.items():
+        for resource in template["Resources"].values():
+            if resource["Type"] != "AWS::EC2::LaunchTemplate":
+                continue
+            data = resource["Properties"]["LaunchTemplateData"]["UserData"]
+            text = json.dumps(data)
+            assert json.dumps(setup)[1:-1] in text, stack_id
+            data_before = json.loads(text.replace(json.dumps(setup + "\n")[1:-1], "", 1))
+            resource["Properties"]["LaunchTemplateData"]["UserData"] = data_before
+            stripped += 1
+    assert stripped == 3  # base: three units
+    for stack_id in ("Cell-0", "Cell-1"):
+        output = cdk_diff(after.outdir, stack_id, before_templates[stack_id], tmp_path)
+        assert parse_diff(stack_id, output) == []  # no replace, destroy or orphan
+        modified = [line for line in output.splitlines() if line.strip().startswith("[~] AWS::EC2::LaunchTemplate")]
+        assert len(modified) == (2 if stack_id == "Cell-0" else 1), output[-3000:]
+        assert "UserData" in output

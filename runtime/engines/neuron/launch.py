@@ -114,7 +114,14 @@ MULTI_NODE_SOURCES: Mapping[str, str] = {
     "parallelism requires it)",
     "partition of a global rank": f"{NXD_2_28}:src/neuronx_distributed/trace/trace.py:801 "
     "(partition_rank = rank % num_partitions)",
+    "on_device_sampling_config": f"{_NXDI_CONF}:173-177,1023-1034 (a dict becomes OnDeviceSamplingConfig; "
+    f"dynamic: each row's own top_k/top_p/temperature; global_topk 256 the default); {NXDI_2_28}:src/"
+    "neuronx_distributed_inference/modules/generation/sampling.py:460-464 (dynamic or do_sample: per-row "
+    "multinomial), :99-159 (rows validated: top_k -1 or 0..global_topk, 0 read as uniform), "
+    "models/model_base.py:3863-3876 (outputs.logits None, tokens sampled); only with node.neuron_sampling device",
 }
+# NeuronConfig.on_device_sampling_config of a multi-node unit that samples on the device (MULTI_NODE_SOURCES).
+MULTI_NODE_DEVICE_SAMPLING: Mapping[str, object] = {"do_sample": True, "dynamic": True, "global_topk": 256}
 
 
 @dataclass(frozen=True)
@@ -501,7 +508,7 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
     # :1089-1109; without prefix caching the platform sets block_size = max_model_len, platform.py:299-304).
     # That platform first adds 1 to --num-gpu-blocks-override for vLLM's null block (platform.py:239-253),
     # so NxD Inference is given pa_num_blocks batch_size + 1; the key records the flag's value.
-    nxdi = {
+    nxdi: dict[str, object] = {
         "tp_degree": plan.tp_degree,
         "batch_size": plan.batch_size,
         "max_context_length": plan.seq_len,
@@ -559,7 +566,7 @@ def _multi_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankP
         "NEURON_RT_ROOT_COMM_ID": f"{plan.leader_host}:{RT_ROOT_COMM_PORT}",
         "NEURON_COMPILED_ARTIFACTS": compiled,
     }
-    nxdi = {
+    nxdi: dict[str, object] = {
         "tp_degree": plan.tp_degree,
         "world_size": plan.world_size,
         "start_rank_id": start_rank_id,
@@ -569,6 +576,10 @@ def _multi_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankP
         "seq_len": plan.seq_len,
         "is_continuous_batching": True,
     }
+    if o.sampling == "device":
+        # NxD Inference samples each row on the device with its own parameters; the leader's loop
+        # turns "no top-k" into global_topk (spmd.py, device_sampling_rows). Default "cpu": host sampling.
+        nxdi["on_device_sampling_config"] = dict(MULTI_NODE_DEVICE_SAMPLING)
     command = (
         "python3",
         SPMD_SCRIPT,

@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Protocol
 
 import torch
@@ -171,6 +171,26 @@ def sample_on_host(logits: torch.Tensor, params: torch.Tensor, generator: torch.
     return out
 
 
+# The most candidates NxD Inference's on-device sampler keeps per row, unless its config says otherwise
+# (OnDeviceSamplingConfig global_topk, NXDI_2_28:src/neuronx_distributed_inference/models/config.py:1030).
+DEFAULT_GLOBAL_TOPK = 256
+
+
+def device_sampling_rows(params: torch.Tensor, global_topk: int) -> torch.Tensor:
+    """The [batch, 3] rows as NxD Inference's on-device sampler must get them.
+
+    The loop's top_k 0 means "no top-k"; the sampler reads 0 (and -1) as "uniform": it sorts the
+    global_topk most likely tokens and masks every one at index >= top_k (NXDI_2_28:
+    src/neuronx_distributed_inference/modules/generation/sampling.py:303-336), so top_k 0 masks them all
+    and the draw is uniform ("top_k = -1 or top_k = 0 means randomly picking a token ... with a uniform
+    distribution", :133-134). So 0 becomes global_topk, the most the device keeps. A top_k above
+    global_topk is refused there (:127-131); it is capped, which keeps what the device can keep."""
+    rows = params.clone()
+    top_k = rows[:, 0]
+    rows[:, 0] = torch.where((top_k <= 0) | (top_k > global_topk), torch.full_like(top_k, global_topk), top_k)
+    return rows
+
+
 def run_forward(model: CausalLM, step: Step, generator: torch.Generator) -> torch.Tensor:
     """Call NxD Inference's forward and return one token per row: the device's when it sampled
     (outputs.logits is None with on-device sampling, model_base.py:3863-3876), else sampled here."""
@@ -220,8 +240,10 @@ class Scheduler:
     row carries its own request's sampling parameters.
     """
 
-    def __init__(self, *, batch_size: int, seq_len: int) -> None:
+    def __init__(self, *, batch_size: int, seq_len: int, global_topk: int | None = None) -> None:
         self.batch_size, self.seq_len = batch_size, seq_len
+        # Set when NxD Inference samples on the device: its rows then go through device_sampling_rows.
+        self.global_topk = global_topk
         self.waiting: list[Request] = []
         self.running: dict[int, Request] = {}  # slot -> request
         self.number = 0
@@ -265,6 +287,8 @@ class Scheduler:
             )
         else:
             return None
+        if self.global_topk is not None:
+            step = replace(step, sampling_params=device_sampling_rows(step.sampling_params, self.global_topk))
         self.number += 1
         return step
 
@@ -512,9 +536,19 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
 
     emit({"event": "ready"})
-    scheduler = Scheduler(batch_size=int(neuron_config["batch_size"]), seq_len=int(neuron_config["seq_len"]))
-    serve_lines(node, scheduler, inbox, emit)
+    serve_lines(node, scheduler_for(neuron_config), inbox, emit)
     return 0
+
+
+def scheduler_for(neuron_config: dict[str, Any]) -> Scheduler:
+    """The leader's scheduler for this NeuronConfig: its batch slots and length, and, when NxD Inference
+    samples on the device, that sampler's global_topk (device_sampling_rows)."""
+    on_device = neuron_config.get("on_device_sampling_config")
+    return Scheduler(
+        batch_size=int(neuron_config["batch_size"]),
+        seq_len=int(neuron_config["seq_len"]),
+        global_topk=int(on_device.get("global_topk", DEFAULT_GLOBAL_TOPK)) if on_device else None,
+    )
 
 
 if __name__ == "__main__":

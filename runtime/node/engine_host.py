@@ -204,6 +204,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
         max_context=int(engine.max_context),
         strategies=calibration.as_dict() if calibration is not None else None,
         resumes=bool(getattr(engine, "resumes", False)),
+        resumes_choices=bool(getattr(engine, "resumes_choices", False)),
     )
     tasks: dict[str, asyncio.Task] = {}
     stop = asyncio.Event()
@@ -253,7 +254,11 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
             continued = tuple(cmd.get("generated", ()))  # a continuation: tokens another unit generated
             if continued and not getattr(engine, "resumes", False):
                 raise RequestRejected(f"the {cfg['engine']} engine cannot continue a request from another unit")
-            if vocab is not None and any(not 0 <= t < vocab for t in continued):
+            # A continuation of n > 1 choices: [index, token ids] of each choice still to run.
+            choices = tuple((int(i), tuple(t)) for i, t in cmd.get("resumed_choices", ()))
+            if choices and not getattr(engine, "resumes_choices", False):
+                raise RequestRejected(f"the {cfg['engine']} engine cannot continue n > 1 choices from another unit")
+            if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
                 raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
             room = engine.max_context - len(ids)
             if room < 1:
@@ -290,6 +295,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 prompt_token_ids=tuple(ids),
                 sampling=sp,
                 generated=continued,
+                resumed_choices=choices,
                 canary=bool(cmd.get("canary")),
             )
             check = getattr(engine, "check", None)
@@ -306,7 +312,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 if tool_parser:  # the API reads the calls in this format
                     fields["tool_parser"] = tool_parser
                 out.send(op="token", id=rid, **fields)
-            if len(finished) < sp.n:
+            if len(finished) < (len(choices) or sp.n):  # a continuation runs only its unfinished choices
                 # The engine's stream ended without saying why for some choice: the answer may be cut
                 # short, and a client must never take a short answer for a whole one.
                 end(

@@ -76,3 +76,21 @@ def test_held_tokens_count_as_progress_but_not_as_sent():
     assert out == b'data: {"opening":1}\n\n' and moved is None
     assert ledger.since_move == 2 and ledger.token_ids == []
     assert json.loads(ledger.continuation(b'{"model":"m"}'))[contract.CONTINUATION_FIELD]["token_ids"] == []
+
+
+def test_each_choice_keeps_its_own_ids_and_the_continuation_names_the_ended_ones():
+    def said(ids: list[int], i: int, f: bool = False) -> bytes:
+        body = {"t": ids, "i": i, **({"f": 1} if f else {})}
+        return (contract.RESUME_COMMENT + json.dumps(body)).encode() + b"\n" + b"data: {}\n\n"
+
+    ledger = StreamLedger(completion_id="cmpl-9", created=1234)
+    ledger.take(said([3], 0) + said([7], 1) + said([4], 0) + said([8], 2) + said([9], 1, f=True))
+    assert ledger.sent == 5
+    body = json.loads(ledger.continuation(b'{"prompt":"hi","n":3,"stream":true}'))
+    assert body[contract.CONTINUATION_FIELD] == {
+        "id": "cmpl-9",
+        "created": 1234,
+        "token_ids": [3, 4],
+        "choices": [[1, [7, 9]], [2, [8]]],
+        "finished": [1],
+    }

@@ -29,6 +29,7 @@ from runtime.engines.base import (
     StructuredOutput,
     TokenEvent,
 )
+from runtime.engines.sampling import TextTracker
 from runtime.logs import jlog, setup_logging
 from runtime.membership import Member, Membership
 from runtime.node.tool_calls import template_format
@@ -301,7 +302,13 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
             check = getattr(engine, "check", None)
             if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
                 await check(request)
-            out.send(op="accepted", id=rid, prompt_tokens=len(ids))
+            accepted: dict[str, Any] = {}
+            if continued and cmd.get("tool_choice") == "auto":
+                # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
+                # API replays it into the tool parser (the client has part of it as content, the rest held).
+                tracker = TextTracker(engine.tokenizer, sp.stop)
+                accepted["replayed_text"] = "".join(tracker.add(t)[0] for t in continued)
+            out.send(op="accepted", id=rid, prompt_tokens=len(ids), **accepted)
             finished: dict[int, str] = {}  # choice index -> the engine's finish reason
             async for ev in engine.generate(request):
                 generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token

@@ -248,6 +248,7 @@ class LeaderApi:
                 done = True
                 return self._engine_error(first, headers, rec)
             prompt_tokens = int(first.get("prompt_tokens", 0))
+            move.replayed_text = first.get("replayed_text", "")
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
@@ -477,6 +478,12 @@ class LeaderApi:
         collected = req.collector()
         for i in move.finished:  # choices whose end the client already has
             collected.choices[i].finish_reason = "continued"
+        if move.content_sent is not None:
+            # tool_choice "auto": the tool parser goes on from the whole text so far, of which the client
+            # has the first content_sent characters as content (the rest was held: it may be a call).
+            collected.choices[0].text.append(move.replayed_text)
+            collected.choices[0].sent = move.content_sent
+        auto = getattr(req, "tool_mode", None) == "auto"
         ev: dict = _INCOMPLETE
         try:
             if move.resume and not move.continued:
@@ -495,7 +502,9 @@ class LeaderApi:
                     if move.resume:
                         # The token ids ride in the same SSE event as their text, so the router
                         # learns of a token exactly when its client gets the text.
-                        data = resume_comment(ev, held=move.restarts, choices=req.choices) + (data or b"\n")
+                        sent = collected.choices[0].sent if auto else None
+                        comment = resume_comment(ev, held=move.restarts, choices=req.choices, content_sent=sent)
+                        data = comment + (data or b"\n")
                     if data:
                         await write(data)
                     if move.resume and self._handing_over() and not collected.whole:
@@ -540,17 +549,20 @@ class LeaderApi:
         return resp
 
 
-def resume_comment(ev: dict, *, held: bool = False, choices: int = 1) -> bytes:
+def resume_comment(ev: dict, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
     """The SSE comment line that tells the router which token ids an event carries (the router strips
     it). A held token (a forced tool call's: its text goes out whole at the end) reached no client, so
     it is not reported as sent; "h" still tells the router the stream makes progress. With n > 1 it
-    names the event's choice ("i") and whether the event ends it ("f")."""
+    names the event's choice ("i") and whether the event ends it ("f"). With tool_choice "auto" every
+    token is reported and "c" says how much of the text the client has as content (the rest is held)."""
     token = ev.get("token_id", 0) >= 0
     body: dict[str, Any] = {"t": [], "h": 1} if held and token else {"t": [ev["token_id"]] if token else []}
     if choices > 1:
         body["i"] = ev.get("index", 0)
         if ev.get("finish_reason"):
             body["f"] = 1
+    if content_sent is not None:
+        body["c"] = content_sent
     return (contract.RESUME_COMMENT + json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
@@ -564,7 +576,19 @@ class _Move:
     the stream over on a drain) and, for a continuation, the tokens the client already has and the
     id and creation time it already saw."""
 
-    __slots__ = ("resume", "continued", "before", "shown_id", "created", "key", "restarts", "choices", "finished")
+    __slots__ = (
+        "resume",
+        "continued",
+        "before",
+        "shown_id",
+        "created",
+        "key",
+        "restarts",
+        "choices",
+        "finished",
+        "content_sent",
+        "replayed_text",
+    )
 
     def __init__(
         self,
@@ -584,6 +608,10 @@ class _Move:
         self.restarts = restarts  # a forced tool call: nothing but its opening reaches the client before its end
         # n > 1 continued: [index, token ids] of each choice still to run, and the choices already ended
         self.choices, self.finished = choices, finished
+        # tool_choice "auto" continued: characters the client has as content, and (from the engine)
+        # the text of the continued tokens, replayed into the tool parser
+        self.content_sent: int | None = None
+        self.replayed_text = ""
 
     @property
     def sent(self) -> int:
@@ -611,7 +639,10 @@ class _Move:
         restarts = req.choices == 1 and bool(getattr(req, "forced_tools", False))
         # n > 1 moves when the engine continues each choice from its own tokens.
         one = req.choices == 1 or resumes_choices
-        movable = restarts or (resumes and one and getattr(req, "tool_mode", None) in (None, "none"))
+        mode = getattr(req, "tool_mode", None)
+        # tool_choice "auto" (one choice): the held text's tokens are reported too, and replayed into
+        # the next unit's tool parser with how much of the text the client has as content.
+        movable = restarts or (resumes and ((one and mode in (None, "none")) or (mode == "auto" and req.choices == 1)))
         resume = movable and request.headers.get(contract.RESUME_HEADER) == "1"
         if request.headers.get(contract.CONTINUATION_HEADER) != "1":
             return cls(
@@ -654,7 +685,7 @@ class _Move:
                 "a forced tool call starts again from the prompt: its continuation carries no token ids",
                 param=contract.CONTINUATION_FIELD,
             )
-        return cls(
+        move = cls(
             resume=resume,
             continued=True,
             before=cont["token_ids"],
@@ -663,6 +694,17 @@ class _Move:
             key=rid,
             restarts=restarts,
         )
+        if getattr(req, "tool_mode", None) == "auto":
+            sent = cont.get("content_sent", 0)
+            if type(sent) is not int or sent < 0:
+                raise ApiError(
+                    400,
+                    f"'{contract.CONTINUATION_FIELD}.content_sent' must be the characters of content the client "
+                    "has (an int >= 0)",
+                    param=contract.CONTINUATION_FIELD,
+                )
+            move.content_sent = sent
+        return move
 
     @classmethod
     def _choices(cls, cont: dict, n: int, *, resume: bool, key: str) -> _Move:

@@ -38,6 +38,7 @@ class StreamLedger:
         "token_ids",
         "choices",
         "finished",
+        "content_sent",
         "reported",
         "done",
         "since_move",
@@ -51,6 +52,9 @@ class StreamLedger:
         self.token_ids: list[int] = []  # every token whose text reached the client, in order (choice 0's)
         self.choices: dict[int, list[int]] = {}  # n > 1: the other choices' tokens, by index
         self.finished: set[int] = set()  # n > 1: the choices whose end reached the client
+        # tool_choice "auto": characters of the text the client has as content (the rest is held while
+        # it may be a tool call; its tokens are in token_ids, for the next unit's tool parser)
+        self.content_sent: int | None = None
         self.reported = False  # the unit sent resume comments: it can be continued elsewhere
         self.done = False  # the stream's [DONE] or an error event passed: it ended, not to be continued
         self.since_move = 0  # tokens from the unit serving it now (0: it may still be prefilling)
@@ -81,6 +85,8 @@ class StreamLedger:
                 (self.token_ids if i == 0 else self.choices.setdefault(i, [])).extend(ids)
                 if said.get("f"):
                     self.finished.add(i)
+                if "c" in said:
+                    self.content_sent = said["c"]
                 # "h": tokens the unit generated but holds back (a forced tool call's): progress, not sent
                 self.since_move += len(ids) + int(said.get("h", 0))
                 self.reported = True
@@ -104,5 +110,7 @@ class StreamLedger:
         if self.choices or self.finished:  # n > 1: each choice continues from its own tokens
             cont["choices"] = [[i, ids] for i, ids in sorted(self.choices.items())]
             cont["finished"] = sorted(self.finished)
+        if self.content_sent is not None:
+            cont["content_sent"] = self.content_sent
         payload[contract.CONTINUATION_FIELD] = cont
         return json.dumps(payload, separators=(",", ":")).encode()

@@ -94,3 +94,18 @@ def test_each_choice_keeps_its_own_ids_and_the_continuation_names_the_ended_ones
         "choices": [[1, [7, 9]], [2, [8]]],
         "finished": [1],
     }
+
+
+def test_an_auto_tool_choice_stream_carries_how_much_content_its_client_has():
+    def said(ids: list[int], c: int) -> bytes:
+        return (contract.RESUME_COMMENT + json.dumps({"t": ids, "c": c})).encode() + b"\n" + b"data: {}\n\n"
+
+    ledger = StreamLedger(completion_id="chatcmpl-1", created=5)
+    ledger.take(said([3], 2) + said([4], 2) + said([5], 2))  # the last two tokens' text is held
+    body = json.loads(ledger.continuation(b'{"messages":[],"stream":true}'))
+    assert body[contract.CONTINUATION_FIELD] == {
+        "id": "chatcmpl-1",
+        "created": 5,
+        "token_ids": [3, 4, 5],
+        "content_sent": 2,
+    }

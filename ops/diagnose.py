@@ -55,7 +55,7 @@ class Diagnosis:
         if self.capacity:
             out.append(self.capacity)
         out += [f"ECS event: {e}" for e in self.events]
-        out += [f"stopped task: {s}" for s in self.stopped]
+        out += self.stopped
         out += [f"Auto Scaling: {a}" for a in self.activities]
         out += [f"(could not read {e})" for e in self.errors]
         return out
@@ -96,9 +96,10 @@ def stopped_tasks(aws: Aws, unit: Unit, limit: int = STOPPED_TASKS) -> list[str]
     for t in tasks[:limit]:
         code = t.get("stopCode", "")
         reason = t.get("stoppedReason", "no reason given")
-        out.append(
-            f"{t['taskArn'].rsplit('/', 1)[-1][:12]} {t.get('lastStatus', '?')} {code}: {reason}".replace(" :", ":")
-        )
+        last = t.get("lastStatus", "?")
+        # desiredStatus STOPPED covers tasks ECS is still stopping: they have not stopped yet.
+        kind = "stopped" if last == "STOPPED" else "stopping"
+        out.append(f"{kind} task: {t['taskArn'].rsplit('/', 1)[-1][:12]} {last} {code}: {reason}".replace(" :", ":"))
     return out
 
 

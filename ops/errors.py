@@ -3,6 +3,10 @@ statuses every subcommand shares."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from contract.bad_input import bad_input_line
+
 # Exit statuses. `status` uses all of them, by severity; the other subcommands 0, 1, 2 and 4.
 EXIT_OK = 0  # all good (status: every unit ready, drained ones excepted)
 EXIT_FAILED = 1  # refused / failed (status: degraded, ready units still at or above the threshold)
@@ -20,6 +24,12 @@ class OpsError(Exception):
 
 class UsageError(OpsError):
     exit_code = EXIT_USAGE
+
+
+def bad_arg(flag: str, value: Any, problem: str, fix: str) -> UsageError:
+    """A command-line argument out of its range, in the one wording every flotilla input error uses
+    (contract.bad_input): `--flag=value problem: fix`."""
+    return UsageError(bad_input_line(flag, value if isinstance(value, str) else f"{value:g}", problem, fix, text=True))
 
 
 class Refused(OpsError):

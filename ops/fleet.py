@@ -64,6 +64,11 @@ class Node:
     health_error: str | None = None
     reported_by: str | None = None  # host:port of the leader whose ready body gave `health`
     ecs_health: str = "UNKNOWN"  # the container health check (alive): HEALTHY | UNHEALTHY | UNKNOWN
+    desired_status: str = "RUNNING"  # STOPPED: ECS is stopping it (it may still finish in-flight requests)
+
+    @property
+    def stopping(self) -> bool:
+        return self.desired_status == "STOPPED"
 
     @property
     def task_id(self) -> str:
@@ -87,6 +92,8 @@ class Node:
     def state(self) -> str:
         if self.health is not None:
             return str(self.health.get("state", "?"))
+        if self.stopping:
+            return "stopping"
         return "unreachable" if self.health_error else "unknown"
 
 
@@ -114,10 +121,11 @@ class Unit:
     def formations(self) -> list[list[Node]]:
         """RUNNING members grouped the way rendezvous groups them (same task definition and same
         deployment, `startedBy`): during a surge rollout the old and the new formation run side by
-        side. The service's current task definition comes first."""
+        side. The service's current task definition comes first. A member ECS is stopping belongs
+        to none: it only finishes what it has."""
         groups: dict[tuple[str, str], list[Node]] = {}
         for n in self.nodes:
-            if n.last_status == "RUNNING":
+            if n.last_status == "RUNNING" and not n.stopping:
                 groups.setdefault((n.task_definition_arn, n.started_by), []).append(n)
         return sorted(groups.values(), key=lambda g: (g[0].task_definition_arn != self.task_definition_arn, -len(g)))
 
@@ -360,12 +368,9 @@ def container_instances(aws: Aws, cluster: str, **list_filter: str) -> list[dict
 
 
 def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
-    arns: list[str] = []
-    for page in aws.ecs.get_paginator("list_tasks").paginate(cluster=cluster_arn):
-        arns.extend(page.get("taskArns", []))
-    tasks: list[dict[str, Any]] = []
-    for batch in chunks(arns, 100):
-        tasks.extend(aws.ecs.describe_tasks(cluster=cluster_arn, tasks=batch)["tasks"])
+    # Members still stopping too: they finish their in-flight requests after SIGTERM, and status
+    # must show them rather than a unit that seems to have lost its nodes.
+    tasks = live_tasks(aws, cluster_arn)
     by_group = {f"service:{u.service_name}": u for u in units}
     ci_arns = sorted({t["containerInstanceArn"] for t in tasks if t.get("containerInstanceArn")})
     instance_of: dict[str, str] = {}
@@ -382,7 +387,7 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
                 ec2_info[i["InstanceId"]] = i
     for t in tasks:
         unit = by_group.get(t.get("group", ""))
-        if unit is None or t.get("lastStatus") == "STOPPED":
+        if unit is None:
             continue
         iid = instance_of.get(t.get("containerInstanceArn", ""))
         info = ec2_info.get(iid or "", {})
@@ -391,6 +396,7 @@ def _attach_nodes(aws: Aws, cluster_arn: str, units: list[Unit]) -> None:
                 task_arn=t["taskArn"],
                 last_status=t.get("lastStatus", "?"),
                 ecs_health=t.get("healthStatus", "UNKNOWN"),
+                desired_status=t.get("desiredStatus", "RUNNING"),
                 task_definition_arn=t.get("taskDefinitionArn", ""),
                 started_by=t.get("startedBy", ""),
                 instance_id=iid,

@@ -60,6 +60,13 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    @property
+    def process(self) -> subprocess.Popen:
+        """The started process; asking before start() is a bug in this launcher."""
+        if self.popen is None:
+            raise RuntimeError(f"local: the {self.role} process was never started")
+        return self.popen
+
 
 def _get(url: str) -> int:
     try:
@@ -223,14 +230,14 @@ def stop_all(procs: list[Proc], timeout_s: float) -> None:
     for role in ("router", "leader", "follower"):
         group = [p for p in procs if p.role == role and p.alive()]
         for p in group:
-            p.popen.send_signal(signal.SIGTERM)
+            p.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for p in group:
             try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+                p.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait(timeout=10)
+                p.process.kill()
+                p.process.wait(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 d = dead[0]
                 tail = d.log.read_text(errors="replace")[-3000:] if d.log.exists() else ""
                 print(
-                    f"local: {d.role} {d.unit or ''} rank {d.rank} exited with {d.popen.returncode} during start-up; "
+                    f"local: {d.role} {d.unit or ''} rank {d.rank} exited with {d.process.returncode} during start-up; "
                     f"its log ({d.log}) ends with:\n{tail}",
                     file=sys.stderr,
                 )

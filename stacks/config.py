@@ -1,9 +1,9 @@
 """flotilla's one typed deployment configuration, validated before any stack is built.
 
 Sources, later wins: built-in defaults < cdk.json context key `flotilla` < `-c config=file.yaml`.
-The sections are pydantic models; a rejected value raises ConfigError whose message is one line:
-the key, the bad value, what is allowed. This module must not import aws_cdk: it is also the fast
-path for config-only tests.
+The sections are pydantic models; a rejected value raises ConfigError whose message is one line in
+contract.bad_input's wording: the key, the bad value, what is allowed. This module must not import
+aws_cdk: it is also the fast path for config-only tests.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 import contract
 from contract import NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
+from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 
@@ -152,12 +153,12 @@ _RESOURCE_GROUP_ARN_RE = re.compile(
 _S3_URI_ALLOWED = "an S3 URI like s3://bucket/prefix/"
 
 
-class ConfigError(ValueError):
-    """A configuration value the user must fix. str(err) is one line naming key, value, allowed."""
+class ConfigError(BadInput):
+    """A configuration value the user must fix: one line naming key, value and what is allowed."""
 
-    def __init__(self, key: str, value: Any, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid flotilla config: {key}={value!r}: {allowed}")
+    def __init__(self, key: str, value: Any, allowed: str, *, problem: str = "is not allowed"):
+        self.key, self.allowed = key, allowed
+        super().__init__(key, value, problem, allowed)
 
 
 # --- Field rules: pydantic does the checking, the rule words the refusal ------------------------
@@ -970,7 +971,8 @@ def _config_error(exc: ValidationError) -> ConfigError:
     if err["type"] == _REFUSED:
         allowed = ctx["allowed"]
     elif err["type"] == "extra_forbidden":
-        allowed = "unknown key; allowed keys: " + ", ".join(_section_at(path[:-1]).model_fields)
+        known = ", ".join(_section_at(path[:-1]).model_fields)
+        return ConfigError(key, err["input"], f"use one of {known}", problem="is not a known key")
     elif err["type"] in ("model_type", "model_attributes_type"):
         allowed = "a mapping with keys " + ", ".join(_section_at(path).model_fields)
     else:  # a check without its own wording: pydantic's sentence, still one line

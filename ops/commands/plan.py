@@ -20,7 +20,7 @@ from rich.table import Table
 from contract.trainium import GIB, INSTANCES
 from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
 from ops.commands import Subparsers
-from ops.errors import UsageError
+from ops.errors import UsageError, bad_arg
 from ops.rollout_sim import ROLLOUTS, FleetModel, Recommendation, recommend_wave
 
 
@@ -139,7 +139,9 @@ def model_from_args(args: argparse.Namespace) -> ModelShape:
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     azs = tuple(a.strip() for a in args.availability_zones.split(",") if a.strip()) if args.availability_zones else ()
     if azs and not 2 <= len(azs) <= 6:
-        raise PlanError(f"--availability-zones {args.availability_zones!r}: give 2 to 6 AZs (or none)")
+        raise bad_arg(
+            "--availability-zones", args.availability_zones, f"names {len(azs)} AZ(s)", "give 2 to 6 AZs (or none)"
+        )
     return PlanSettings(
         instance_type=args.instance_type,
         batch=args.batch,
@@ -170,12 +172,13 @@ def config_yaml(p: Plan, rollout: dict[str, Any] | None = None) -> str:
 def rollout_recommendation(p: Plan, args: argparse.Namespace) -> Recommendation:
     """Simulate the planned fleet rolling at candidate wave sizes; the traffic level is the planned
     rps against the units' capacity (so a fleet sized without headroom cannot roll with `replace`)."""
-    if (
-        args.load_minutes < 0
-        or args.node_failures_per_day < 0
-        or (args.spare_nodes is not None and args.spare_nodes < 0)
+    for flag, value in (
+        ("--load-minutes", args.load_minutes),
+        ("--node-failures-per-day", args.node_failures_per_day),
+        ("--spare-nodes", args.spare_nodes),
     ):
-        raise PlanError("--load-minutes, --node-failures-per-day and --spare-nodes must not be negative")
+        if value is not None and value < 0:
+            raise bad_arg(flag, value, "is negative", "give 0 or more")
     capacity = p.units * p.requests_per_s_per_unit
     model = FleetModel(
         units=p.units,

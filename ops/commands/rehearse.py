@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ops.commands import Subparsers
-from ops.errors import OpsError, UsageError
+from ops.errors import OpsError, UsageError, bad_arg
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -73,13 +73,13 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     if not 0 < args.time_scale <= 1:
-        raise UsageError(f"--time-scale {args.time_scale}: allowed more than 0 and at most 1 (e.g. 0.01)")
+        raise bad_arg("--time-scale", args.time_scale, "is out of range", "give more than 0 and at most 1 (e.g. 0.01)")
     if not 0 <= args.load_seconds <= 600:
-        raise UsageError(f"--load-seconds {args.load_seconds}: allowed 0 to 600")
+        raise bad_arg("--load-seconds", args.load_seconds, "is out of range", "give 0 to 600")
     if not 1 <= args.clients <= 64:
-        raise UsageError(f"--clients {args.clients}: allowed 1 to 64")
+        raise bad_arg("--clients", args.clients, "is out of range", "give 1 to 64")
     if args.concurrency is not None and args.concurrency < 1:
-        raise UsageError(f"--concurrency {args.concurrency}: allowed 1 or more")
+        raise bad_arg("--concurrency", args.concurrency, "is out of range", "give 1 or more")
 
 
 def _describe(fleet: Any, scale: float, console: Console) -> None:

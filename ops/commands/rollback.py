@@ -24,7 +24,7 @@ from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
 from ops.commands.status import health_unreadable
-from ops.errors import CannotTell, OpsError, UsageError
+from ops.errors import CannotTell, OpsError, bad_arg
 from ops.fleet import Fleet, Unit, arn_name, container_env
 
 # How far below the current revision to look for the one to go back to (each look is one
@@ -197,9 +197,12 @@ def wave_size(args: argparse.Namespace, fleet: Fleet, selected: int) -> int:
     size = args.wave_size or default_units_per_wave(selected)
     total = len(fleet.units)
     if total > 1 and size >= total:
-        raise UsageError(
-            f"--wave-size {size} would roll back all {total} units of deployment {fleet.deployment!r} at "
-            f"once (no unit left serving while they re-form): use 1 to {total - 1}"
+        raise bad_arg(
+            "--wave-size",
+            size,
+            f"would roll back all {total} units of deployment {fleet.deployment!r} at once "
+            "(no unit left serving while they re-form)",
+            f"give 1 to {total - 1}",
         )
     return size
 

@@ -23,7 +23,7 @@ from ops.aws import clients_for
 from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select, wait_until
 from ops.commands.plan import render_rollout, rollout_dict
-from ops.errors import UsageError
+from ops.errors import UsageError, bad_arg
 from ops.fleet import Fleet, Unit, arn_name, router_services
 from ops.rollout_sim import FleetModel, Recommendation, Summary, recommend_wave
 
@@ -200,16 +200,22 @@ _WAVE_LINE = re.compile(r"^units_per_wave\s*:.*$", re.MULTILINE)  # the top-leve
 
 def _check_plan_flags(args: argparse.Namespace) -> None:
     if not 0 < args.load_minutes <= 1440:
-        raise UsageError(f"--load-minutes {args.load_minutes:g}: allowed more than 0 and at most 1440 (a day)")
+        raise bad_arg(
+            "--load-minutes", args.load_minutes, "is out of range", "give more than 0 and at most 1440 (a day)"
+        )
     if not 0 < args.demand <= 1:
-        raise UsageError(
-            f"--demand {args.demand:g}: allowed more than 0 and at most 1 (a share of the whole fleet's capacity, "
-            "e.g. 0.8)"
+        raise bad_arg(
+            "--demand",
+            args.demand,
+            "is out of range",
+            "give more than 0 and at most 1 (a share of the whole fleet's capacity, e.g. 0.8)",
         )
     if args.spare_nodes is not None and args.spare_nodes < 0:
-        raise UsageError(f"--spare-nodes {args.spare_nodes}: allowed 0 or more")
+        raise bad_arg("--spare-nodes", args.spare_nodes, "is out of range", "give 0 or more")
     if not 0 <= args.node_failures_per_day <= 1:
-        raise UsageError(f"--node-failures-per-day {args.node_failures_per_day:g}: allowed 0 to 1 (per node per day)")
+        raise bad_arg(
+            "--node-failures-per-day", args.node_failures_per_day, "is out of range", "give 0 to 1 (per node per day)"
+        )
 
 
 def read_config(path: str) -> FlotillaConfig:

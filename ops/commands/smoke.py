@@ -33,7 +33,7 @@ from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, wait_until
 from ops.commands.rollback import _describe, _registerable, revision_of
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
-from ops.errors import EXIT_FAILED, EXIT_OK, OpsError, UsageError
+from ops.errors import EXIT_FAILED, EXIT_OK, OpsError, bad_arg
 
 PROMPT = "Name three primary colours."
 API_KEY_ENV = "FLOTILLA_API_KEY"
@@ -298,11 +298,14 @@ def run_smoke(args: argparse.Namespace, console: Console) -> int:
     import openai  # noqa: PLC0415 - loaded only by this command (every other command starts faster)
 
     if args.max_tokens < 1:
-        raise UsageError(f"--max-tokens {args.max_tokens}: use at least 1")
+        raise bad_arg("--max-tokens", args.max_tokens, "is out of range", "give at least 1")
     base = args.url.rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise UsageError(
-            f"--url {args.url!r}: give the base URL with its scheme, e.g. http://internal-alb-….elb.amazonaws.com"
+        raise bad_arg(
+            "--url",
+            args.url,
+            "has no scheme",
+            "give the base URL with it, e.g. http://internal-alb-….elb.amazonaws.com",
         )
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=args.api_key, max_retries=0, timeout=args.timeout)
     seen: dict[str, Any] = {}

@@ -38,7 +38,7 @@ import contract
 from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
-from ops.errors import OpsError, UsageError
+from ops.errors import OpsError, bad_arg
 from ops.fleet import DEPLOYMENT_TAG, DRAINED_TAG, STACK_NAME_TAG, UNIT_TAG, Unit, container_instances, live_tasks
 
 # Seconds between polls while waiting (tests set it to 0).
@@ -175,9 +175,11 @@ def unit_position(unit_id: str, units_per_cell: int) -> int:
         raise OpsError(f"unit id {unit_id!r} is not cell<c>-unit<i>: not a unit this command knows how to place")
     cell, index = int(m.group(1)), int(m.group(2))
     if index >= units_per_cell:
-        raise UsageError(
-            f"--units-per-cell {units_per_cell}: unit {unit_id} exists, so the deployed units_per_cell "
-            "is larger; pass the config's units_per_cell"
+        raise bad_arg(
+            "--units-per-cell",
+            units_per_cell,
+            f"is too small: unit {unit_id} exists, so the deployed units_per_cell is larger",
+            "pass the config's units_per_cell",
         )
     return cell * units_per_cell + index
 
@@ -378,9 +380,16 @@ def run_teardown(args: argparse.Namespace, console: Console) -> int:
 
 def run_shrink(args: argparse.Namespace, console: Console) -> int:
     if args.units < 1:
-        raise UsageError(f"--units {args.units}: at least 1 (to remove everything use `flotilla teardown`)")
+        raise bad_arg(
+            "--units", args.units, "is out of range", "give at least 1 (to remove everything use `flotilla teardown`)"
+        )
     if not 1 <= args.units_per_cell <= MAX_UNITS_PER_CELL:
-        raise UsageError(f"--units-per-cell {args.units_per_cell}: an integer from 1 to {MAX_UNITS_PER_CELL}")
+        raise bad_arg(
+            "--units-per-cell",
+            args.units_per_cell,
+            "is out of range",
+            f"give an integer from 1 to {MAX_UNITS_PER_CELL}",
+        )
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws, health=False)
     leaving = [u for u in fleet.units if unit_position(u.unit_id, args.units_per_cell) >= args.units]

@@ -109,7 +109,7 @@ class SafetensorsWeights:
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{model_dir} has no *.safetensors files")
-        self._where: dict[str, object] = {}
+        self._where: dict[str, safe_open] = {}  # tensor name -> the open file holding it
         for f in files:
             handle = safe_open(str(f), framework="pt")
             for key in handle.keys():

@@ -269,9 +269,9 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 )
             max_tokens = cmd.get("max_tokens")
             if max_tokens is None:
-                # left out by the client: the API's default (server.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16 for
-                # completions), capped by the room the context has left
-                max_tokens = min(cmd.get("default_max_tokens", 16), room)
+                # left out by the client: the API's default (openai_api.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
+                # for completions), which every request carries, capped by the room the context has left
+                max_tokens = min(cmd["default_max_tokens"], room)
             elif max_tokens > room:
                 raise RequestRejected(
                     f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
@@ -280,8 +280,8 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 )
             sp = SamplingParams(
                 max_tokens=max_tokens,
-                temperature=float(cmd.get("temperature", 0.0)),
-                top_p=float(cmd.get("top_p", 1.0)),
+                temperature=float(cmd["temperature"]),  # the API's default when the client left it out
+                top_p=float(cmd["top_p"]),
                 seed=cmd.get("seed"),
                 stop=tuple(cmd.get("stop", ())),
                 ignore_eos=bool(cmd.get("ignore_eos", False)),

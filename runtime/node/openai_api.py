@@ -484,14 +484,29 @@ class _ChatMaxTokens(_Request):
         return data
 
 
+# What a request that leaves a sampling field out gets: declared here only, sent to the engine in
+# every request (engine_host reads them, never defaults them). OpenAI's API reference, "Create
+# completion": max_tokens defaults to 16, temperature to 1, top_p to 1; a chat completion's
+# max_tokens has no documented default (it is the model's), so a chat answer may run to 512 tokens.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
+
+
 class _Sampling(_Request):
-    max_tokens: MaxTokens = None  # None: fill what the context allows, up to the default
+    max_tokens: MaxTokens = None  # None: fill what the context allows, up to DEFAULT_MAX_TOKENS
     temperature: Annotated[
-        Number, Field(ge=0.0, le=2.0), explain("'temperature' must be a number between 0 and 2"), null_is(1.0)
-    ] = 1.0  # OpenAI's default
+        Number,
+        Field(ge=0.0, le=2.0),
+        explain("'temperature' must be a number between 0 and 2"),
+        null_is(DEFAULT_TEMPERATURE),
+    ] = DEFAULT_TEMPERATURE
     top_p: Annotated[
-        Number, Field(gt=0.0, le=1.0), explain("'top_p' must be a number greater than 0 and at most 1"), null_is(1.0)
-    ] = 1.0
+        Number,
+        Field(gt=0.0, le=1.0),
+        explain("'top_p' must be a number greater than 0 and at most 1"),
+        null_is(DEFAULT_TOP_P),
+    ] = DEFAULT_TOP_P
     stop: Annotated[
         tuple[Annotated[str, Strict(), Field(max_length=MAX_STOP_LEN)], ...],
         Field(max_length=MAX_STOP),

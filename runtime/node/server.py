@@ -26,6 +26,7 @@ from runtime.logs import jlog
 from runtime.node.handshake import STATUS_PATH
 from runtime.node.metrics import NodeMetrics
 from runtime.node.openai_api import (
+    DEFAULT_MAX_TOKENS,
     ApiError,
     ParsedRequest,
     decode_body,
@@ -41,7 +42,6 @@ RETRY_AFTER_S = "2"
 WATCH_INTERVAL_RANGE_S = (0.01, 10.0)
 WATCH_INTERVAL_DEFAULT_S = 0.25
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
-DEFAULT_MAX_TOKENS = {"chat": 512, "completion": 16}
 MAX_BODY_BYTES = 4 * 1024 * 1024  # as sent (client_max_size, else 413) and once decompressed
 BODY_READ_TIMEOUT_S = 30.0  # a body that trickles in slower than this is the client's problem (408)
 CLIENT_STALL_S = 60.0  # a client that accepts no bytes for this long counts as gone: its request is cancelled

@@ -1,6 +1,7 @@
 """A unit member's settings, each declared once (flag, environment variable, default, rule, help);
 --help and docs/node.md's tables are rendered from the declarations. Flags win over variables over
-defaults; a bad value raises SettingsError, one line naming the setting as given and what is allowed.
+defaults; a bad value raises SettingsError, one line naming the setting as given and the fix
+(contract.bad_input's wording).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 import contract
+from contract.bad_input import NOT_GIVEN, bad_input_line
 from contract.trainium import INSTANCES
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
 from runtime.engines.neuron.launch import (
@@ -739,11 +741,11 @@ def _one_line(e: ValidationError, given: Mapping[tuple[str, ...], tuple[str, str
             if err["type"] in ("greater_than_equal", "less_than_equal")
             else f"is not allowed: {str(err['msg']).splitlines()[0]}",
         )
+    problem, _, fix = why.partition(": ")
     if path not in given:
-        return f"{d.env} (or {d.flag}) {why}"
+        return bad_input_line(f"{d.env} (or {d.flag})", NOT_GIVEN, problem, fix)
     label, raw = given[path]
-    shown = raw if re.fullmatch(r"[\w.:/,@+\-]+", raw) else repr(raw)
-    return f"{label}={shown} {why}"
+    return bad_input_line(label, raw, problem, fix, text=True)
 
 
 def parse_peers(raw: str) -> tuple[Peer, ...]:

@@ -29,6 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def make_discovery(settings: RouterSettings):
     if settings.discovery == "cloudmap":
+        assert settings.cloudmap_namespace, "RouterSettings requires a namespace with cloudmap discovery"
         return CloudMapDiscovery(
             namespace=settings.cloudmap_namespace, services=settings.cloudmap_services, region=settings.cloudmap_region
         )

@@ -122,7 +122,7 @@ class RouterMetrics:
         )
         self.inflight = Gauge("flotilla_router_inflight", "requests in flight through the router", registry=r)
         self.draining = Gauge("flotilla_router_draining", "1 after SIGTERM", registry=r)
-        self._routed_children: dict[tuple[str, int], object] = {}
+        self._routed_children: dict[tuple[str, int], Counter] = {}
 
     def count_routed(self, unit: str, status: int) -> None:
         child = self._routed_children.get((unit, status))

@@ -2,7 +2,7 @@
 the `python -m runtime router` flags and their help are derived from these declarations.
 
 Flags win over environment variables, which win over defaults. A bad value raises SettingsError with
-one line naming the setting, the value, what is allowed and where the value came from.
+one line in contract.bad_input's wording: the setting as given (its flag or variable), the value and the fix.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     ValidationError,
-    ValidationInfo,
     WrapValidator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 import contract
+from contract.bad_input import bad_input_line
 
-_BAD = "router_setting"  # the error type of every check below: its message is the line
+_BAD = "router_setting"  # the error type of a rule across settings: its message is the line
+_BAD_VALUE = "router_setting_value"  # a field's own check: ctx holds the problem and the fix
 
 
 class SettingsError(ValueError):
@@ -52,26 +52,32 @@ def _bad(message: str) -> PydanticCustomError:
     return PydanticCustomError(_BAD, message)
 
 
+def _bad_value(problem: str, fix: str) -> PydanticCustomError:
+    """A field's value is wrong; _one_line names the field as the operator gave it."""
+    return PydanticCustomError(_BAD_VALUE, "{problem}: {fix}", {"problem": problem, "fix": fix})
+
+
 def within(low: float, high: float) -> WrapValidator:
     """The value (or its text, from a flag or the environment) must be a number in low..high."""
 
-    def validate(value: Any, handler: Any, info: ValidationInfo) -> Any:
+    def validate(value: Any, handler: Any) -> Any:
         try:
             number = handler(value)
         except ValidationError as exc:
             kind = "a whole number" if exc.errors()[0]["type"].startswith("int") else "a number"
-            raise _bad(f"{info.field_name}={value!r} is not {kind}: allowed {low}..{high}") from None
+            raise _bad_value(f"is not {kind}", f"give {kind} in {low}..{high}") from None
         if not low <= number <= high:
-            raise _bad(f"{info.field_name}={number} is out of range: allowed {low}..{high}")
+            raise _bad_value("is out of range", f"give a value in {low}..{high}")
         return number
 
     return WrapValidator(validate)
 
 
 def _units(value: Any) -> Any:
+    # Checked here, before the tuple is built, so that an error shows the value as it was given.
     if isinstance(value, str):  # a flag or FLOTILLA_UNITS: comma-separated
-        return tuple(u.strip() for u in value.split(",") if u.strip())
-    return value
+        value = tuple(u.strip() for u in value.split(",") if u.strip())
+    return _base_urls(value) if isinstance(value, (tuple, list)) else value
 
 
 def _names(value: Any) -> Any:
@@ -80,12 +86,12 @@ def _names(value: Any) -> Any:
     return value
 
 
-def _base_urls(units: tuple[str, ...]) -> tuple[str, ...]:
+def _base_urls(units: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]:
     for url in units:
-        if not url.startswith(("http://", "https://")) or url.count(":") < 2:
-            raise _bad(
-                f"unit {url!r} is not a base URL: write it as http://host:port (e.g. "
-                f"http://127.0.0.1:{contract.NODE_API_PORT})"
+        if isinstance(url, str) and not url.startswith(("http://", "https://")) or url.count(":") < 2:
+            raise _bad_value(
+                f"has {url!r}, which is not a base URL",
+                f"write each unit as http://host:port (e.g. http://127.0.0.1:{contract.NODE_API_PORT})",
             )
     return units
 
@@ -96,7 +102,7 @@ ACCESS_LOG_WORDS = {"json": True, "off": False}
 def _access_log_word(value: Any) -> Any:
     if isinstance(value, str):
         if value not in ACCESS_LOG_WORDS:
-            raise _bad(f"access_log={value!r} is not supported: use {' or '.join(ACCESS_LOG_WORDS)}")
+            raise _bad_value("is not supported", f"use {' or '.join(ACCESS_LOG_WORDS)}")
         return ACCESS_LOG_WORDS[value]
     return value
 
@@ -123,7 +129,6 @@ class RouterSettings(BaseModel):
     ] = "static"
     units: Annotated[
         tuple[str, ...],
-        AfterValidator(_base_urls),
         BeforeValidator(_units),
         Option(
             "--units",
@@ -494,20 +499,22 @@ def _options() -> dict[str, Option]:
 
 
 def _one_line(problems: list[Any], sources: Mapping[str, str]) -> str:
-    """pydantic's multi-line report as one line: each problem, and the flag or variable it came from."""
+    """pydantic's multi-line report as one line: each problem, the setting named by the flag or
+    variable it came from (by its name when given in code)."""
     lines = []
     for err in problems:
         name = str(err["loc"][0]) if err["loc"] else ""
         value = err.get("input")
-        if err["type"] == _BAD:
-            text = err["msg"]
+        if err["type"] == _BAD:  # a rule across settings: its sentence names them
+            lines.append(err["msg"])
+            continue
+        if err["type"] == _BAD_VALUE:
+            problem, fix = err["ctx"]["problem"], err["ctx"]["fix"]
         elif err["type"] == "literal_error":
-            text = f"{name}={value!r} is not supported: use {err['ctx']['expected']}"
+            problem, fix = "is not supported", f"use {err['ctx']['expected']}"
         elif err["type"] == "extra_forbidden":
-            text = f"{name} is not a router setting"
+            problem, fix = "is not a router setting", "remove it (python -m runtime router --help lists them)"
         else:
-            text = f"{name}={value!r}: {err['msg']}"
-        if name in sources:
-            text += f" (from {sources[name]})"
-        lines.append(text)
+            problem, fix = "is not allowed", err["msg"]
+        lines.append(bad_input_line(sources.get(name, name), value, problem, fix, text=name in sources))
     return "; ".join(lines)

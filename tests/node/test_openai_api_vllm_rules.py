@@ -89,3 +89,19 @@ def test_an_earlier_call_with_empty_arguments_reaches_the_template_as_an_empty_o
     ]
     payload = parse(chat(messages=messages)).engine_payload(default_max_tokens=8)
     assert payload["messages"][1]["tool_calls"][0]["function"]["arguments"] == {}
+
+
+def test_a_request_that_leaves_the_sampling_fields_out_gets_openais_defaults_in_its_engine_payload():
+    """OpenAI's API reference, "Create completion": max_tokens defaults to 16, temperature to 1,
+    top_p to 1. The payload carries each one: the engine process has no defaults of its own."""
+    from runtime.node.openai_api import DEFAULT_MAX_TOKENS, parse_completion  # noqa: PLC0415
+
+    body = {"model": "tiny", "prompt": "hi"}
+    payload = parse_completion(body, served_model="tiny", max_tokens_limit=64).engine_payload(
+        default_max_tokens=DEFAULT_MAX_TOKENS["completion"]
+    )
+    assert (payload["max_tokens"], payload["default_max_tokens"]) == (None, 16)
+    assert (payload["temperature"], payload["top_p"]) == (1.0, 1.0)
+    nulls = {**body, "temperature": None, "top_p": None}
+    payload = parse_completion(nulls, served_model="tiny", max_tokens_limit=64).engine_payload(default_max_tokens=16)
+    assert (payload["temperature"], payload["top_p"]) == (1.0, 1.0)

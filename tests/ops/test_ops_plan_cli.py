@@ -135,7 +135,12 @@ def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
 
 def test_plan_rejects_bad_availability_zone_lists(run_cli):
     code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--availability-zones", "us-east-1a")
-    assert code == 2 and "give 2 to 6 AZs" in out
+    assert code == 2 and "--availability-zones=us-east-1a names 1 AZ(s): give 2 to 6 AZs (or none)" in out
+
+
+def test_plan_refuses_a_negative_rollout_figure_naming_the_flag(run_cli):
+    code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--spare-nodes", "-1")
+    assert code == 2 and "--spare-nodes=-1 is negative: give 0 or more" in " ".join(out.split())
 
 
 def test_the_written_config_is_accepted_by_the_cdk_apps_config_loader(run_cli, tmp_path):

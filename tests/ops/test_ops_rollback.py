@@ -109,7 +109,7 @@ def test_a_wave_that_would_take_every_unit_at_once_is_refused(world, run_cli):
     _deploy(world, units)
     code, out = run_cli("rollback", "--all", "--yes", "--wave-size", "2")
     assert code == 2
-    assert "--wave-size 2 would roll back all 2 units" in out and "use 1 to 1" in out
+    assert "--wave-size=2 would roll back all 2 units" in out and "give 1 to 1" in out
     assert all(world.revision_of(u) == "2" for u in units)
 
 

@@ -82,13 +82,19 @@ def test_the_example_fleet_config_is_read(run_cli):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--config", "{tmp}/missing.yaml"], "missing.yaml: invalid flotilla config: config="),
-        (["--config", "{tmp}/bad.yaml"], "units_per_wave=9: at most units (3)"),
+        (["--config", "{tmp}/missing.yaml"], "missing.yaml: config="),
+        (["--config", "{tmp}/bad.yaml"], "units_per_wave=9 is not allowed: at most units (3)"),
         (["--config", "{tmp}/typo.yaml"], "unit_rolout"),
-        (["--config", "{tmp}/ok.yaml", "--demand", "1.5"], "--demand 1.5: allowed more than 0 and at most 1"),
-        (["--config", "{tmp}/ok.yaml", "--load-minutes", "0"], "--load-minutes 0: allowed more than 0"),
-        (["--config", "{tmp}/ok.yaml", "--spare-nodes", "-1"], "--spare-nodes -1: allowed 0 or more"),
-        (["--config", "{tmp}/ok.yaml", "--node-failures-per-day", "2"], "--node-failures-per-day 2: allowed 0 to 1"),
+        (
+            ["--config", "{tmp}/ok.yaml", "--demand", "1.5"],
+            "--demand=1.5 is out of range: give more than 0 and at most 1",
+        ),
+        (["--config", "{tmp}/ok.yaml", "--load-minutes", "0"], "--load-minutes=0 is out of range: give more than 0"),
+        (["--config", "{tmp}/ok.yaml", "--spare-nodes", "-1"], "--spare-nodes=-1 is out of range: give 0 or more"),
+        (
+            ["--config", "{tmp}/ok.yaml", "--node-failures-per-day", "2"],
+            "--node-failures-per-day=2 is out of range: give 0 to 1",
+        ),
     ],
 )
 def test_bad_input_exits_two_with_one_line_naming_it(run_cli, tmp_path, argv, needle):

@@ -277,7 +277,32 @@ def test_ready_units_get_no_diagnosis_calls(world, run_cli):
     world.add_unit(cell=0, index=0)
     before = len(world.model.calls)
     assert run_cli("status")[0] == 0
-    assert not any(op == "ListTasks" and kw.get("desiredStatus") == "STOPPED" for op, kw in world.model.calls[before:])
+    # Why a unit's tasks stopped is asked per service (stopped_tasks); listing a cluster's stopping
+    # members (desiredStatus STOPPED, no serviceName) is part of every status.
+    assert not any(
+        op == "ListTasks" and kw.get("desiredStatus") == "STOPPED" and "serviceName" in kw
+        for op, kw in world.model.calls[before:]
+    )
+
+
+def test_members_still_stopping_are_shown_stopping_and_not_counted_as_running(world, run_cli):
+    """ECS lists a task it is stopping only under desiredStatus STOPPED, and it is still finishing
+    its in-flight requests (SIGTERM comes in STOPPING; ECS task lifecycle): status shows such members
+    as stopping, counts none of them as a running node, and does not call them stopped."""
+    unit = world.add_unit(cell=0, index=0)
+    world.add_unit(cell=0, index=1)
+    world.model.TICK_ON = frozenset()  # time stands still while status reads
+    tasks = [t for t in world.model.tasks.values() if t.group == f"service:{unit.service}"]
+    for t in tasks:
+        t.desired_status, t.last_status = "STOPPED", "STOPPING"
+    code, out = run_cli("status", "--unit", "cell0-unit0", "--json")
+    (doc,) = json.loads(out)
+    assert code == 1 and doc["state"] == "NOT READY", out
+    assert sorted(n["task"] for n in doc["nodes"]) == sorted(t.arn.rsplit("/", 1)[-1] for t in tasks), out
+    assert {n["state"] for n in doc["nodes"]} == {"stopping"}, out
+    assert "0 of 2 nodes RUNNING" in doc["problems"]
+    stopping = [line for line in doc["diagnosis"] if " STOPPING" in line]
+    assert len(stopping) == 2 and all(line.startswith("stopping task: ") for line in stopping), doc["diagnosis"]
 
 
 def test_a_drain_undone_by_a_deploy_is_warned_about(world, run_cli):

@@ -286,7 +286,7 @@ def test_shrink_inside_a_cell_deletes_no_stack(aws, deployment, rules, run_cli):
 def test_shrink_with_a_units_per_cell_that_does_not_match_the_fleet_is_refused(aws, deployment, run_cli):
     _three_units_in_two_cells(deployment)
     code, out = run_cli("shrink", "--units", "1", "--units-per-cell", "1", "--dry-run")
-    assert code == 2 and "--units-per-cell 1: unit cell0-unit1 exists" in out
+    assert code == 2 and "--units-per-cell=1 is too small: unit cell0-unit1 exists" in out
 
 
 def test_shrink_to_what_is_deployed_does_nothing(aws, deployment, run_cli):

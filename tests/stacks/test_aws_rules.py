@@ -157,9 +157,7 @@ def test_capacity_provider_names_do_not_start_with_aws_ecs_or_fargate(any_synth)
 
 @pytest.mark.parametrize("name", ["ecs-prod", "ECSprod", "Aws1", "FARGATE-x", "fargate"])
 def test_config_refuses_deployment_names_ecs_would_refuse_as_capacity_provider_names(name):
-    with pytest.raises(
-        ConfigError, match=rf"^invalid flotilla config: deployment_name='{name}': .*aws, ecs or fargate"
-    ):
+    with pytest.raises(ConfigError, match=rf"^deployment_name='{name}' is not allowed: .*aws, ecs or fargate"):
         parse_config({"deployment_name": name})
 
 

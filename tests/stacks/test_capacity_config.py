@@ -16,26 +16,26 @@ RESERVATION = "cr-0123456789abcdef0"
 REFUSED = [
     (
         {"capacity": {"availability_zones": ["us-east-1a"]}},
-        "invalid flotilla config: capacity.availability_zones=['us-east-1a']: needs availability_zones set "
+        "capacity.availability_zones=['us-east-1a'] is not allowed: needs availability_zones set "
         "explicitly (units can only be pinned to AZs the VPC names)",
     ),
     (
         {"availability_zones": AZS, "capacity": {"availability_zones": ["us-east-1d"]}},
-        "invalid flotilla config: capacity.availability_zones=['us-east-1d']: AZs from availability_zones "
+        "capacity.availability_zones=['us-east-1d'] is not allowed: AZs from availability_zones "
         "['us-east-1a', 'us-east-1b', 'us-east-1c'] (us-east-1d is not one)",
     ),
     (
         {"availability_zones": AZS, "capacity": {"availability_zones": ["us-east-1a", "us-east-1a"]}},
-        "invalid flotilla config: capacity.availability_zones=['us-east-1a', 'us-east-1a']: each AZ at most once",
+        "capacity.availability_zones=['us-east-1a', 'us-east-1a'] is not allowed: each AZ at most once",
     ),
     (
         {"capacity": {"reservation_id": "cr-XYZ"}},
-        "invalid flotilla config: capacity.reservation_id='cr-XYZ': a Capacity Reservation id like "
+        "capacity.reservation_id='cr-XYZ' is not allowed: a Capacity Reservation id like "
         "cr-0123456789abcdef0 (or omit it)",
     ),
     (
         {"capacity": {"market": "spot"}},
-        "invalid flotilla config: capacity.market='spot': one of on-demand, capacity-block",
+        "capacity.market='spot' is not allowed: one of on-demand, capacity-block",
     ),
     (
         {
@@ -46,16 +46,16 @@ REFUSED = [
                 "reservation_group_arn": GROUP,
             },
         },
-        f"invalid flotilla config: capacity.reservation_group_arn='{GROUP}': unset when capacity.reservation_id is "
+        f"capacity.reservation_group_arn='{GROUP}' is not allowed: unset when capacity.reservation_id is "
         "set (a launch targets one reservation or one group)",
     ),
     (
         {"region": "us-west-2", "capacity": {"reservation_group_arn": GROUP}},
-        f"invalid flotilla config: capacity.reservation_group_arn='{GROUP}': a group in region us-west-2",
+        f"capacity.reservation_group_arn='{GROUP}' is not allowed: a group in region us-west-2",
     ),
     (
         {"capacity": {"market": "capacity-block"}},
-        "invalid flotilla config: capacity.market='capacity-block': capacity-block only with "
+        "capacity.market='capacity-block' is not allowed: capacity-block only with "
         "capacity.reservation_id set to the Capacity Block's reservation id",
     ),
     (
@@ -68,17 +68,17 @@ REFUSED = [
                 "market": "capacity-block",
             },
         },
-        "invalid flotilla config: instance_type='trn1n.32xlarge': one of trn1.32xlarge with capacity.market "
+        "instance_type='trn1n.32xlarge' is not allowed: one of trn1.32xlarge with capacity.market "
         "capacity-block (the Trainium types EC2 offers as Capacity Blocks)",
     ),
     (
         {"availability_zones": AZS, "capacity": {"reservation_id": RESERVATION, "placement_group": "none"}},
-        "invalid flotilla config: capacity.availability_zones=[]: exactly one AZ, the one capacity.reservation_id "
+        "capacity.availability_zones=[] is not allowed: exactly one AZ, the one capacity.reservation_id "
         "holds capacity in (a Capacity Reservation or Capacity Block is in a single AZ)",
     ),
     (
         {"node": {"instance_store": "yes"}},
-        "invalid flotilla config: node.instance_store='yes': true or false",
+        "node.instance_store='yes' is not allowed: true or false",
     ),
 ]
 
@@ -99,7 +99,7 @@ def test_units_go_round_robin_over_the_capacity_azs_only():
 
 def test_a_fleet_in_one_az_needs_that_subnet_to_hold_every_efa_address():
     # 3 AZs hold 45 units of 64 trn1n nodes; in one AZ the /18 holds 15 of them.
-    with pytest.raises(ConfigError, match=r"units=20: at most 15 over 1 AZs"):
+    with pytest.raises(ConfigError, match=r"units=20 is not allowed: at most 15 over 1 AZs"):
         config_with(
             instance_type="trn1n.32xlarge",
             nodes_per_unit=64,

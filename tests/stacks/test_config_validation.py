@@ -13,92 +13,90 @@ from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 REJECTED = [
     (
         {"instance_type": "trn2u.48xlarge"},
-        "invalid flotilla config: instance_type='trn2u.48xlarge': one of trn1.32xlarge, trn1n.32xlarge, "
+        "instance_type='trn2u.48xlarge' is not allowed: one of trn1.32xlarge, trn1n.32xlarge, "
         "trn2.48xlarge, m6i.large, m6i.xlarge",
     ),
-    ({"nodes_per_unit": 0}, "invalid flotilla config: nodes_per_unit=0: an integer from 1 to 64"),
-    ({"nodes_per_unit": "2"}, "invalid flotilla config: nodes_per_unit='2': an integer from 1 to 64"),
-    ({"units": 0}, "invalid flotilla config: units=0: an integer from 1 to 10000"),
+    ({"nodes_per_unit": 0}, "nodes_per_unit=0 is not allowed: an integer from 1 to 64"),
+    ({"nodes_per_unit": "2"}, "nodes_per_unit='2' is not allowed: an integer from 1 to 64"),
+    ({"units": 0}, "units=0 is not allowed: an integer from 1 to 10000"),
     (
         {"units_per_cell": 21},
-        "invalid flotilla config: units_per_cell=21: an integer from 1 to 20 (ECS allows 20 "
+        "units_per_cell=21 is not allowed: an integer from 1 to 20 (ECS allows 20 "
         "capacity providers per cluster, one per unit)",
     ),
     (
         {"availability_zones": ["us-east-1a"]},
-        "invalid flotilla config: availability_zones=['us-east-1a']: a list of 2 to 6 AZ names like "
+        "availability_zones=['us-east-1a'] is not allowed: a list of 2 to 6 AZ names like "
         "[us-east-1a, us-east-1b], or [] for the region's first three",
     ),
     (
         {"availability_zones": ["us-east-1a", "use1-az6"]},
-        "invalid flotilla config: availability_zones='use1-az6': AZ names like us-east-1a",
+        "availability_zones='use1-az6' is not allowed: AZ names like us-east-1a",
     ),
     (
         {"availability_zones": ["us-east-1a", "us-east-1a"]},
-        "invalid flotilla config: availability_zones=['us-east-1a', 'us-east-1a']: each AZ at most once",
+        "availability_zones=['us-east-1a', 'us-east-1a'] is not allowed: each AZ at most once",
     ),
     (
         {"availability_zones": ["us-east-1a", "us-west-2a"]},
-        "invalid flotilla config: availability_zones=['us-east-1a', 'us-west-2a']: AZs of one region",
+        "availability_zones=['us-east-1a', 'us-west-2a'] is not allowed: AZs of one region",
     ),
     (
         {"region": "us-west-2", "availability_zones": ["us-east-1a", "us-east-1b"]},
-        "invalid flotilla config: availability_zones=['us-east-1a', 'us-east-1b']: AZs of region us-west-2",
+        "availability_zones=['us-east-1a', 'us-east-1b'] is not allowed: AZs of region us-west-2",
     ),
-    ({"region": "mars-1"}, "invalid flotilla config: region='mars-1': a region like us-east-1 (or omit it)"),
-    ({"account": "1234"}, "invalid flotilla config: account='1234': a 12-digit account id (or omit it)"),
+    ({"region": "mars-1"}, "region='mars-1' is not allowed: a region like us-east-1 (or omit it)"),
+    ({"account": "1234"}, "account='1234' is not allowed: a 12-digit account id (or omit it)"),
     (
         {"model": {"s3_uri": "https://example.com/model"}},
-        "invalid flotilla config: model.s3_uri='https://example.com/model': an S3 URI like s3://bucket/prefix/",
+        "model.s3_uri='https://example.com/model' is not allowed: an S3 URI like s3://bucket/prefix/",
     ),
-    ({"model": {"name": ""}}, "invalid flotilla config: model.name='': 1-128 characters: letters, digits, . _ : / -"),
+    ({"model": {"name": ""}}, "model.name='' is not allowed: 1-128 characters: letters, digits, . _ : / -"),
     (
         {"model": {"weights": "x"}},
-        "invalid flotilla config: model.weights='x': unknown key; allowed keys: s3_uri, name, compile_cache_uri, "
-        "builtin",
+        "model.weights='x' is not a known key: use one of s3_uri, name, compile_cache_uri, builtin",
     ),
     (
         {"image": "flotilla"},
-        "invalid flotilla config: image='flotilla': an image URI with a tag or digest, like "
+        "image='flotilla' is not allowed: an image URI with a tag or digest, like "
         "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0 (or omit it)",
     ),
     (
         {"certificate_arn": "arn:aws:iam::123456789012:server-certificate/x"},
-        "invalid flotilla config: certificate_arn='arn:aws:iam::123456789012:server-certificate/x': "
+        "certificate_arn='arn:aws:iam::123456789012:server-certificate/x' is not allowed: "
         "an ACM certificate ARN (or omit it)",
     ),
-    ({"alarm_email": "oncall"}, "invalid flotilla config: alarm_email='oncall': an e-mail address (or omit it)"),
-    ({"unit_rollout": "bluegreen"}, "invalid flotilla config: unit_rollout='bluegreen': one of replace, surge"),
-    ({"node": {"engine": "cuda"}}, "invalid flotilla config: node.engine='cuda': one of reference, echo, neuron"),
+    ({"alarm_email": "oncall"}, "alarm_email='oncall' is not allowed: an e-mail address (or omit it)"),
+    ({"unit_rollout": "bluegreen"}, "unit_rollout='bluegreen' is not allowed: one of replace, surge"),
+    ({"node": {"engine": "cuda"}}, "node.engine='cuda' is not allowed: one of reference, echo, neuron"),
     (
         {"node": {"decode_strategy": "expert"}},
-        "invalid flotilla config: node.decode_strategy='expert': one of auto, pipeline, tensor",
+        "node.decode_strategy='expert' is not allowed: one of auto, pipeline, tensor",
     ),
     (
         {"node": {"drain_timeout_s": 300}},
-        "invalid flotilla config: node.drain_timeout_s=300: an integer from 1 to 115 (ECS sends "
-        "SIGKILL 120 s after SIGTERM)",
+        "node.drain_timeout_s=300 is not allowed: an integer from 1 to 115 (ECS sends SIGKILL 120 s after SIGTERM)",
     ),
     (
         {"node": {"log_retention_days": 10}},
-        "invalid flotilla config: node.log_retention_days=10: one of 1, 3, 5, 7, 14, 30, 60, 90, 120, "
+        "node.log_retention_days=10 is not allowed: one of 1, 3, 5, 7, 14, 30, 60, 90, 120, "
         "150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653",
     ),
-    ({"router": {"cpu": 300}}, "invalid flotilla config: router.cpu=300: one of 256, 512, 1024, 2048, 4096"),
+    ({"router": {"cpu": 300}}, "router.cpu=300 is not allowed: one of 256, 512, 1024, 2048, 4096"),
     (
         {"router": {"balance": "round_robin"}},
-        "invalid flotilla config: router.balance='round_robin': one of cache_aware, least_work, least_requests",
+        "router.balance='round_robin' is not allowed: one of cache_aware, least_work, least_requests",
     ),
     (
         {"nodes_per_units": 2},
-        "invalid flotilla config: nodes_per_units=2: unknown key; allowed keys: deployment_name, "
+        "nodes_per_units=2 is not a known key: use one of deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
         "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, "
         "capacity, drained_units, front",
     ),
     (
         {"deployment_name": "9lives"},
-        "invalid flotilla config: deployment_name='9lives': 1-24 characters: a letter, then letters, digits or -",
+        "deployment_name='9lives' is not allowed: 1-24 characters: a letter, then letters, digits or -",
     ),
 ]
 
@@ -125,7 +123,7 @@ def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch
     with pytest.raises(ConfigError) as err:
         config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge")
     assert str(err.value) == (
-        "invalid flotilla config: units_per_cell=20: at most 15 with 128 instances per unit "
+        "units_per_cell=20 is not allowed: at most 15 with 128 instances per unit "
         "(ECS allows 2000 container instances per cluster)"
     )
 
@@ -135,7 +133,7 @@ def test_more_efa_addresses_than_a_private_subnet_holds_is_rejected():
     with pytest.raises(ConfigError) as err:
         config_with(instance_type="trn1n.32xlarge", nodes_per_unit=64, units=60, unit_rollout="replace")
     assert str(err.value) == (
-        "invalid flotilla config: units=60: at most 45 over 3 AZs (20480 EFA addresses would be "
+        "units=60 is not allowed: at most 45 over 3 AZs (20480 EFA addresses would be "
         "needed in one /18 private subnet; add AZs or reduce units)"
     )
 
@@ -148,7 +146,7 @@ def test_resource_estimate_guards_the_500_resource_stack_limit(monkeypatch):
     with pytest.raises(ConfigError) as err:
         config_with(units=40, units_per_cell=20)
     assert str(err.value) == (
-        "invalid flotilla config: units_per_cell=20: at most 16 (a cell stack would hold 610 "
+        "units_per_cell=20 is not allowed: at most 16 (a cell stack would hold 610 "
         "resources; CloudFormation allows 500)"
     )
 
@@ -183,9 +181,7 @@ def test_units_are_spread_round_robin_over_the_availability_zones():
 def test_missing_config_file_is_rejected(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config({}, str(tmp_path / "nope.yaml"))
-    assert str(err.value) == (
-        f"invalid flotilla config: config='{tmp_path / 'nope.yaml'}': path to an existing YAML file"
-    )
+    assert str(err.value) == (f"config='{tmp_path / 'nope.yaml'}' is not allowed: path to an existing YAML file")
 
 
 def test_config_file_that_is_not_a_mapping_is_rejected(tmp_path):
@@ -216,7 +212,7 @@ def test_synth_with_invalid_config_exits_nonzero_with_one_error_line(tmp_path):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: invalid flotilla config: units_per_cell=25: an integer from 1 to 20 "
+        "error: units_per_cell=25 is not allowed: an integer from 1 to 20 "
         "(ECS allows 20 capacity providers per cluster, one per unit)"
     ]
     assert "Traceback" not in proc.stderr
@@ -276,11 +272,12 @@ def test_default_yaml_and_readme_document_every_config_key():
     [
         (
             0,
-            "units_per_wave=0: an integer from 1 to 10000 (units that roll at once), or omit it for about 10 %",
+            "units_per_wave=0 is not allowed: an integer from 1 to 10000 (units that roll at once), "
+            "or omit it for about 10 %",
         ),
-        (True, "units_per_wave=True: an integer from 1 to 10000"),
-        ("4", "units_per_wave='4': an integer from 1 to 10000"),
-        (4, "units_per_wave=4: at most units (3)"),
+        (True, "units_per_wave=True is not allowed: an integer from 1 to 10000"),
+        ("4", "units_per_wave='4' is not allowed: an integer from 1 to 10000"),
+        (4, "units_per_wave=4 is not allowed: at most units (3)"),
     ],
 )
 def test_units_per_wave_is_refused_outside_1_to_units(value, message):

@@ -65,7 +65,7 @@ def test_a_cell_whose_members_overfill_its_service_during_a_surge_is_refused():
     with pytest.raises(ConfigError) as err:
         config_with(nodes_per_unit=32, units=40, units_per_cell=20, unit_rollout="surge")
     assert str(err.value) == (
-        "invalid flotilla config: units_per_cell=20: at most 15 with 64 members per unit during a surge "
+        "units_per_cell=20 is not allowed: at most 15 with 64 members per unit during a surge "
         "rollout (a cell's Cloud Map service would hold 1,280 instances; Cloud Map allows 1,000 per "
         "service, not adjustable)"
     )
@@ -82,7 +82,7 @@ def test_more_cells_than_the_discovery_stack_can_hold_services_for_are_refused()
     assert str(err.value) == (
         # CloudFormation's 200 outputs per template bind before its 500 resources: Discovery exports
         # one service per cell beside 4 fixed outputs, so 197 cells is the first that cannot deploy.
-        "invalid flotilla config: units=600: at most 196 with units_per_cell 1 (the Discovery stack "
+        "units=600 is not allowed: at most 196 with units_per_cell 1 (the Discovery stack "
         "would have 604 outputs, one export per cell; CloudFormation allows 200)"
     )
 

@@ -64,7 +64,7 @@ def test_internet_facing_without_client_cidrs_is_refused_at_synth_with_one_line(
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: invalid flotilla config: front.scheme='internet-facing': internet-facing needs "
+        "error: front.scheme='internet-facing' is not allowed: internet-facing needs "
         "front.client_cidrs or front.client_prefix_lists (the clients the ALB admits; there is no "
         "0.0.0.0/0 default), or use internal"
     ]

@@ -32,7 +32,7 @@ def test_a_reservation_without_its_placement_group_is_refused_naming_the_fix():
         availability_zones=AZS, capacity={"availability_zones": ["us-east-1b"], "reservation_id": RESERVATION}
     )
     assert message == (
-        "invalid flotilla config: capacity.placement_group=None: the name of the cluster placement group the "
+        "capacity.placement_group=None is not allowed: the name of the cluster placement group the "
         "reservation was created in, or none, when capacity.reservation_id or reservation_group_arn is set (EC2 "
         "launches into a reservation only from its own placement group)"
     )
@@ -48,7 +48,7 @@ def test_a_capacity_block_with_a_placement_group_is_refused():
             "placement_group": "my-group",
         },
     )
-    assert message.startswith("invalid flotilla config: capacity.placement_group='my-group': none or unset")
+    assert message.startswith("capacity.placement_group='my-group' is not allowed: none or unset")
 
 
 def test_units_launch_into_the_reservations_own_placement_group_and_create_none(tmp_path):
@@ -89,7 +89,7 @@ def test_a_capacity_block_launches_without_any_placement_group(tmp_path):
 def test_more_units_than_placement_groups_a_region_allows_are_refused():
     message = refused(units=501, nodes_per_unit=1, unit_rollout="replace")
     assert message == (
-        "invalid flotilla config: units=501: at most 500 with a cluster placement group per unit (EC2 allows "
+        "units=501 is not allowed: at most 500 with a cluster placement group per unit (EC2 allows "
         "500 per Region); or set capacity.placement_group to share one"
     )
     config_with(units=500, nodes_per_unit=1, unit_rollout="replace")  # the limit itself is fine
@@ -99,7 +99,7 @@ def test_more_cells_than_discovery_can_export_are_refused():
     # 197 cells + 4 = 201 outputs in the Discovery template.
     message = refused(units=197, units_per_cell=1, nodes_per_unit=1, unit_rollout="replace")
     assert message == (
-        "invalid flotilla config: units=197: at most 196 with units_per_cell 1 (the Discovery stack would have "
+        "units=197 is not allowed: at most 196 with units_per_cell 1 (the Discovery stack would have "
         "201 outputs, one export per cell; CloudFormation allows 200)"
     )
     config_with(units=196, units_per_cell=1, nodes_per_unit=1, unit_rollout="replace")
@@ -109,7 +109,7 @@ def test_more_cells_than_observability_can_alarm_on_are_refused(monkeypatch):
     monkeypatch.setattr(config_module, "MAX_OUTPUTS_PER_STACK", 10_000)  # reach the next limit
     message = refused(units=491, units_per_cell=1, nodes_per_unit=1, unit_rollout="replace")
     assert message == (
-        "invalid flotilla config: units=491: at most 490 with units_per_cell 1 (the Observability stack would "
+        "units=491 is not allowed: at most 490 with units_per_cell 1 (the Observability stack would "
         "hold 501 resources, one alarm per cell; CloudFormation allows 500)"
     )
 
@@ -154,8 +154,7 @@ def test_synth_warns_when_the_vpc_azs_are_left_to_the_region_default(default_syn
 def test_drained_units_must_name_units_of_the_layout():
     message = refused(units=2, drained_units=["cell0-unit1", "cell3-unit0"])
     assert message == (
-        "invalid flotilla config: drained_units=['cell0-unit1', 'cell3-unit0']: unit ids of this layout "
-        "(cell3-unit0 is not one)"
+        "drained_units=['cell0-unit1', 'cell3-unit0'] is not allowed: unit ids of this layout (cell3-unit0 is not one)"
     )
 
 

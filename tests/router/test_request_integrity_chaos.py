@@ -283,8 +283,11 @@ async def chaos(
             pass
         unit = rng.choice(units)
         member = rng.choice(unit.members)
-        # The first blow always freezes an engine, so every seed covers requests held before their first byte.
+        # The first blow always freezes a leader's engine, so every seed covers requests held before
+        # their first byte (the leader queues each new request for its frozen engine).
         how = "freeze_engine" if k == 0 else rng.choice(("sigterm", "sigkill", "sigstop", "freeze_engine"))
+        if k == 0:
+            member = unit.leader
         other = next(u for u in units if u is not unit)
         await asyncio.to_thread(other.wait_ready, 120)
         for _ in range(600):  # bounded: 30 s

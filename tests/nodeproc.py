@@ -139,6 +139,14 @@ class Member:
         for pid in self._tree():
             os.kill(pid, signal.SIGCONT)
 
+    def sigstop_engine(self) -> None:
+        """Freeze only this member's engine process (a hung engine: the member itself keeps answering
+        HTTP, its watch and its health checks, while no step completes). sigcont lets it go."""
+        assert self.proc is not None, f"{self.unit.name} rank {self.rank} was never started"
+        for pid in self._tree():
+            if pid != self.proc.pid:
+                os.kill(pid, signal.SIGSTOP)
+
     def _tree(self) -> list[int]:
         """This member's pid and its descendants'."""
         assert self.proc is not None, f"{self.unit.name} rank {self.rank} was never started"

@@ -78,6 +78,10 @@ class GenerationRequest:
     # prefills them after the prompt, counts them against max_tokens, replays them through its text,
     # grammar and penalty state, and emits only what follows.
     generated: tuple[int, ...] = ()
+    # A continuation of n > 1 choices: the choices still to run, each (its index, the tokens its
+    # client already has), and `generated` empty. Each runs alone from prompt + its own tokens (one
+    # prefill per choice, the prompt's cached blocks shared); a choice left out already finished.
+    resumed_choices: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # The leader's own canary (an idle unit's engine asked for one token): not counted as traffic in
     # the engine's counters (prefix-cache queries and hits).
     canary: bool = False

@@ -193,6 +193,15 @@ class _Request:
     keys: list[bytes] | None = None  # the prompt's block keys (prefix cache), computed at first look
     cache: Plan | None = None  # from admission until its prefill step ran
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    own: dict[int, tuple[int, ...]] | None = None  # a continuation of n > 1: each choice's tokens
+
+    def prefills(self) -> list[tuple[list[_Seq], tuple[int, ...]]]:
+        """The step's prefills for this request, each with the choices that sample from it: one for
+        all choices (the others fork from the first), or, continuing n > 1 choices, one per choice."""
+        if self.own is None:
+            return [(self.seqs, self.prefill_ids)]
+        prompt = self.request.prompt_token_ids
+        return [([seq], prompt + self.own[seq.index]) for seq in self.seqs]
 
     @property
     def prefill_ids(self) -> tuple[int, ...]:
@@ -218,10 +227,14 @@ class _Request:
             pass
 
 
+_Prefill = tuple[_Request, list[_Seq], tuple[int, ...]]  # a request, the choices it starts, their tokens
+
+
 class ReferenceEngine:
     """base.Engine for rank 0. Settings are keyword-only; see runtime/engines/__init__.py."""
 
     resumes = True  # continues a request from tokens another unit generated (GenerationRequest.generated)
+    resumes_choices = True  # and each of n > 1 choices from its own tokens (GenerationRequest.resumed_choices)
 
     def __init__(
         self,
@@ -368,7 +381,7 @@ class ReferenceEngine:
                 f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens",
                 param="n",
             )
-        if request.generated:
+        if request.generated or request.resumed_choices:
             self._validate_continuation(request)
         if p.logprobs is not None and not 0 <= p.logprobs <= self._vocab:
             raise RequestRejected(
@@ -377,14 +390,22 @@ class ReferenceEngine:
         return need
 
     def _validate_continuation(self, request: GenerationRequest) -> None:
-        p, done = request.sampling, len(request.generated)
-        if p.n != 1:
+        p = request.sampling
+        if request.generated and p.n != 1:
             raise RequestRejected(f"a continuation carries one choice's tokens, but n is {p.n}", param="n")
-        if done >= p.max_tokens:
-            raise RequestRejected(f"the continuation already has {done} of max_tokens {p.max_tokens}: nothing is left")
-        bad = [t for t in request.generated if not 0 <= t < self._vocab]
-        if bad:
-            raise RequestRejected(f"continuation token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
+        indexes = [i for i, _ in request.resumed_choices]
+        if request.resumed_choices and (request.generated or len(set(indexes)) != len(indexes)):
+            raise RequestRejected("a continuation names each choice once, and its tokens only there (bug)")
+        if any(not 0 <= i < p.n for i in indexes):
+            raise RequestRejected(f"a continued choice's index is outside 0..{p.n - 1}", param="n")
+        for tokens in (request.generated, *(t for _, t in request.resumed_choices)):
+            if len(tokens) >= p.max_tokens:
+                raise RequestRejected(
+                    f"the continuation already has {len(tokens)} of max_tokens {p.max_tokens}: nothing is left"
+                )
+            bad = [t for t in tokens if not 0 <= t < self._vocab]
+            if bad:
+                raise RequestRejected(f"continuation token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
 
     def _replay(self, seq: _Seq, generated: tuple[int, ...]) -> None:
         """Bring a choice to where another unit left it: its text (what the client already has),
@@ -424,6 +445,7 @@ class ReferenceEngine:
             # The first structured request builds llguidance's view of the vocabulary (~1 s): not on the loop.
             grammar = await asyncio.to_thread(self._grammars.grammar, p.structured)
         penalised = bool(p.presence_penalty or p.frequency_penalty)
+        own = dict(request.resumed_choices) if request.resumed_choices else None
         seqs = [
             _Seq(
                 index=i,
@@ -432,12 +454,17 @@ class ReferenceEngine:
                 matcher=self._grammars.matcher(grammar) if grammar is not None else None,
                 counts=torch.zeros(self._vocab) if penalised else None,
             )
-            for i in range(p.n)
+            for i in (sorted(own) if own is not None else range(p.n))
         ]
         for seq in seqs:
-            self._replay(seq, request.generated)
+            self._replay(seq, own[seq.index] if own is not None else request.generated)
         st = _Request(
-            request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(), seqs=seqs, per_seq=per_seq
+            request=request,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            seqs=seqs,
+            per_seq=per_seq,
+            own=own,
         )
         with self._lock:
             # State check and enqueue under the lock _end_all holds while it changes the state and
@@ -596,7 +623,7 @@ class ReferenceEngine:
                     if not self._fits(st.need):
                         self._unmatch(hit)
                         break  # FIFO: the head waits for budget rather than being overtaken
-                    prompt = len(st.prefill_ids) - len(hit) * self._block_tokens
+                    prompt = sum(len(ids) - len(hit) * self._block_tokens for _, ids in st.prefills())
                     if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
                         self._unmatch(hit)
                         break  # the rest joins at the next iteration
@@ -618,18 +645,19 @@ class ReferenceEngine:
                     last_traffic = time.monotonic()
                 continue
             # A request's first choice is prefilled; the others start as copies of its KV cache,
-            # so n choices cost one prefill.
+            # so n choices cost one prefill (continued choices each have their own tokens: one each).
+            prefills = [(st, seqs, ids) for st in admitted for seqs, ids in st.prefills()]
             cmd = StepCommand(
                 free=free,
-                prefill=[(st.seqs[0].seq_id, len(st.prefill_ids), st.per_seq) for st in admitted],
-                prefill_tokens=[st.prefill_ids for st in admitted],
+                prefill=[(seqs[0].seq_id, len(ids), st.per_seq) for st, seqs, ids in prefills],
+                prefill_tokens=[ids for _, _, ids in prefills],
                 decode=[seq.seq_id for _, seq in decoding],
                 decode_tokens=[seq.last_token for _, seq in decoding],
-                fork=[(st.seqs[0].seq_id, seq.seq_id) for st in admitted for seq in st.seqs[1:]],
+                fork=[(seqs[0].seq_id, seq.seq_id) for _, seqs, _ in prefills for seq in seqs[1:]],
             )
             cache = self.prefix_cache
             if cache is not None:
-                self._cache_orders(cache, cmd, admitted)
+                self._cache_orders(cache, cmd, prefills)
             free = []
             result = executor.leader_step(cmd)
             last_traffic = time.monotonic()
@@ -638,8 +666,8 @@ class ReferenceEngine:
                     if cache is not None and st.cache is not None:
                         cache.done(st.cache)
                         st.cache = None
-                for i, st in enumerate(admitted):
-                    for seq in st.seqs:  # every choice samples its first token from the shared prefill
+                for i, (st, seqs, _) in enumerate(prefills):
+                    for seq in seqs:  # every choice samples its first token from its prefill (shared or own)
                         self._advance(st, seq, result.prefill_logits[i], free)
                 for i, (st, seq) in enumerate(decoding):
                     self._advance(st, seq, result.decode_logits[i], free)
@@ -692,15 +720,18 @@ class ReferenceEngine:
         st.cached_tokens = len(hit) * cache.block_tokens
 
     @staticmethod
-    def _cache_orders(cache: PrefixCache, cmd: StepCommand, admitted: list[_Request]) -> None:
-        """The step's prefix-cache orders for every rank: drop evicted blocks, copy hits in, store new."""
+    def _cache_orders(cache: PrefixCache, cmd: StepCommand, prefills: list[_Prefill]) -> None:
+        """The step's prefix-cache orders for every rank: drop evicted blocks, copy hits in, store new.
+        A request's blocks are its prompt's: each of its prefills starts from the same hits, and the
+        first stores the new ones."""
         cmd.drop = cache.take_dropped()
-        for st in admitted:
-            seq_id, plan = st.seqs[0].seq_id, st.cache
+        for st, seqs, _ in prefills:
+            seq_id, plan = seqs[0].seq_id, st.cache
             assert plan is not None, "every admitted request has its cache plan (bug)"
             cmd.cached.append(st.cached_tokens)
             cmd.load += [(seq_id, i, b) for i, b in enumerate(plan.hit)]
-            cmd.store += [(seq_id, i, b) for i, b in plan.store]
+            if seqs[0] is st.seqs[0]:
+                cmd.store += [(seq_id, i, b) for i, b in plan.store]
 
     def _advance(self, st: _Request, seq: _Seq, logits: torch.Tensor, free: list[int]) -> None:
         if seq.done:  # cancelled while its step ran

@@ -29,6 +29,7 @@ from runtime.engines.base import (
     StructuredOutput,
     TokenEvent,
 )
+from runtime.engines.sampling import TextTracker
 from runtime.logs import jlog, setup_logging
 from runtime.membership import Member, Membership
 from runtime.node.tool_calls import template_format
@@ -204,6 +205,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
         max_context=int(engine.max_context),
         strategies=calibration.as_dict() if calibration is not None else None,
         resumes=bool(getattr(engine, "resumes", False)),
+        resumes_choices=bool(getattr(engine, "resumes_choices", False)),
     )
     tasks: dict[str, asyncio.Task] = {}
     stop = asyncio.Event()
@@ -253,7 +255,11 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
             continued = tuple(cmd.get("generated", ()))  # a continuation: tokens another unit generated
             if continued and not getattr(engine, "resumes", False):
                 raise RequestRejected(f"the {cfg['engine']} engine cannot continue a request from another unit")
-            if vocab is not None and any(not 0 <= t < vocab for t in continued):
+            # A continuation of n > 1 choices: [index, token ids] of each choice still to run.
+            choices = tuple((int(i), tuple(t)) for i, t in cmd.get("resumed_choices", ()))
+            if choices and not getattr(engine, "resumes_choices", False):
+                raise RequestRejected(f"the {cfg['engine']} engine cannot continue n > 1 choices from another unit")
+            if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
                 raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
             room = engine.max_context - len(ids)
             if room < 1:
@@ -290,12 +296,19 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 prompt_token_ids=tuple(ids),
                 sampling=sp,
                 generated=continued,
+                resumed_choices=choices,
                 canary=bool(cmd.get("canary")),
             )
             check = getattr(engine, "check", None)
             if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
                 await check(request)
-            out.send(op="accepted", id=rid, prompt_tokens=len(ids))
+            accepted: dict[str, Any] = {}
+            if continued and cmd.get("tool_choice") == "auto":
+                # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
+                # API replays it into the tool parser (the client has part of it as content, the rest held).
+                tracker = TextTracker(engine.tokenizer, sp.stop)
+                accepted["replayed_text"] = "".join(tracker.add(t)[0] for t in continued)
+            out.send(op="accepted", id=rid, prompt_tokens=len(ids), **accepted)
             finished: dict[int, str] = {}  # choice index -> the engine's finish reason
             async for ev in engine.generate(request):
                 generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
@@ -306,7 +319,7 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 if tool_parser:  # the API reads the calls in this format
                     fields["tool_parser"] = tool_parser
                 out.send(op="token", id=rid, **fields)
-            if len(finished) < sp.n:
+            if len(finished) < (len(choices) or sp.n):  # a continuation runs only its unfinished choices
                 # The engine's stream ended without saying why for some choice: the answer may be cut
                 # short, and a client must never take a short answer for a whole one.
                 end(

@@ -52,6 +52,7 @@ class EngineProcess:
         self.ready = asyncio.Event()
         self.strategies: dict[str, Any] | None = None  # from the ready event (reference engine)
         self.resumes = False  # from the ready event: the engine continues requests other units started
+        self.resumes_choices = False  # and continues each of n > 1 choices from its own tokens
         self.exited = asyncio.Event()
         self.load = LoadReport()
         self.failure: str = ""
@@ -104,6 +105,7 @@ class EngineProcess:
                     self.progress = None
                     self.strategies = ev.get("strategies")
                     self.resumes = bool(ev.get("resumes"))
+                    self.resumes_choices = bool(ev.get("resumes_choices"))
                     self.ready.set()
                 elif op == "load":
                     self.load = LoadReport(

@@ -216,11 +216,22 @@ class LeaderApi:
             return self._unavailable(
                 f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
             )
-        move = _Move.of(request, body, req, resumes=getattr(engine, "resumes", False), rid=rid, arrival=arrival)
+        move = _Move.of(
+            request,
+            body,
+            req,
+            resumes=getattr(engine, "resumes", False),
+            resumes_choices=getattr(engine, "resumes_choices", False),
+            rid=rid,
+            arrival=arrival,
+        )
         payload = req.engine_payload(default_max_tokens=DEFAULT_MAX_TOKENS[kind])
         if move.before:
             payload["generated"] = move.before
-            rec["continued_from"] = len(move.before)
+        if move.choices:
+            payload["resumed_choices"] = move.choices
+        if move.sent:
+            rec["continued_from"] = move.sent
         wait = self.sup.expected_wait() if self.sup.s.shed == "at-once" else None
         if wait is not None and wait > self.sup.s.queue_timeout_s:
             rec["error_kind"] = "shed"
@@ -237,6 +248,7 @@ class LeaderApi:
                 done = True
                 return self._engine_error(first, headers, rec)
             prompt_tokens = int(first.get("prompt_tokens", 0))
+            move.replayed_text = first.get("replayed_text", "")
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
@@ -462,8 +474,16 @@ class LeaderApi:
             await write(event(payload), last=last)
 
         n, first_token = 0, None
-        before = len(move.before)  # tokens the client already has from another unit
+        before = move.sent  # tokens the client already has from another unit (every choice's)
         collected = req.collector()
+        for i in move.finished:  # choices whose end the client already has
+            collected.choices[i].finish_reason = "continued"
+        if move.content_sent is not None:
+            # tool_choice "auto": the tool parser goes on from the whole text so far, of which the client
+            # has the first content_sent characters as content (the rest was held: it may be a call).
+            collected.choices[0].text.append(move.replayed_text)
+            collected.choices[0].sent = move.content_sent
+        auto = getattr(req, "tool_mode", None) == "auto"
         ev: dict = _INCOMPLETE
         try:
             if move.resume and not move.continued:
@@ -482,7 +502,9 @@ class LeaderApi:
                     if move.resume:
                         # The token ids ride in the same SSE event as their text, so the router
                         # learns of a token exactly when its client gets the text.
-                        data = resume_comment(ev, held=move.restarts) + (data or b"\n")
+                        sent = collected.choices[0].sent if auto else None
+                        comment = resume_comment(ev, held=move.restarts, choices=req.choices, content_sent=sent)
+                        data = comment + (data or b"\n")
                     if data:
                         await write(data)
                     if move.resume and self._handing_over() and not collected.whole:
@@ -527,12 +549,20 @@ class LeaderApi:
         return resp
 
 
-def resume_comment(ev: dict, *, held: bool = False) -> bytes:
+def resume_comment(ev: dict, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
     """The SSE comment line that tells the router which token ids an event carries (the router strips
     it). A held token (a forced tool call's: its text goes out whole at the end) reached no client, so
-    it is not reported as sent; "h" still tells the router the stream makes progress."""
+    it is not reported as sent; "h" still tells the router the stream makes progress. With n > 1 it
+    names the event's choice ("i") and whether the event ends it ("f"). With tool_choice "auto" every
+    token is reported and "c" says how much of the text the client has as content (the rest is held)."""
     token = ev.get("token_id", 0) >= 0
-    body = {"t": [], "h": 1} if held and token else {"t": [ev["token_id"]] if token else []}
+    body: dict[str, Any] = {"t": [], "h": 1} if held and token else {"t": [ev["token_id"]] if token else []}
+    if choices > 1:
+        body["i"] = ev.get("index", 0)
+        if ev.get("finish_reason"):
+            body["f"] = 1
+    if content_sent is not None:
+        body["c"] = content_sent
     return (contract.RESUME_COMMENT + json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
@@ -546,7 +576,19 @@ class _Move:
     the stream over on a drain) and, for a continuation, the tokens the client already has and the
     id and creation time it already saw."""
 
-    __slots__ = ("resume", "continued", "before", "shown_id", "created", "key", "restarts")
+    __slots__ = (
+        "resume",
+        "continued",
+        "before",
+        "shown_id",
+        "created",
+        "key",
+        "restarts",
+        "choices",
+        "finished",
+        "content_sent",
+        "replayed_text",
+    )
 
     def __init__(
         self,
@@ -558,14 +600,35 @@ class _Move:
         created: int,
         key: str,
         restarts: bool = False,
+        choices: list[list[Any]] | None = None,
+        finished: frozenset[int] = frozenset(),
     ) -> None:
         self.resume, self.continued, self.before = resume, continued, before
         self.shown_id, self.created, self.key = shown_id, created, key
         self.restarts = restarts  # a forced tool call: nothing but its opening reaches the client before its end
+        # n > 1 continued: [index, token ids] of each choice still to run, and the choices already ended
+        self.choices, self.finished = choices, finished
+        # tool_choice "auto" continued: characters the client has as content, and (from the engine)
+        # the text of the continued tokens, replayed into the tool parser
+        self.content_sent: int | None = None
+        self.replayed_text = ""
+
+    @property
+    def sent(self) -> int:
+        """Tokens the client already has from other units, every choice's."""
+        return len(self.before) + sum(len(t) for _, t in self.choices or ())
 
     @classmethod
     def of(
-        cls, request: web.Request, body: Any, req: ParsedRequest, *, resumes: bool, rid: str, arrival: float
+        cls,
+        request: web.Request,
+        body: Any,
+        req: ParsedRequest,
+        *,
+        resumes: bool,
+        rid: str,
+        arrival: float,
+        resumes_choices: bool = False,
     ) -> _Move:
         """Read the router's internal header and field (a client's copies never reach a leader: the
         router strips the headers, and the field counts only with the header)."""
@@ -574,7 +637,12 @@ class _Move:
         # the opening until then and it moves by starting again from the prompt, on any engine (greedy
         # and seeded sampling draw the same tokens again; unseeded, the client never saw the first draw).
         restarts = req.choices == 1 and bool(getattr(req, "forced_tools", False))
-        movable = restarts or (resumes and req.choices == 1 and getattr(req, "tool_mode", None) in (None, "none"))
+        # n > 1 moves when the engine continues each choice from its own tokens.
+        one = req.choices == 1 or resumes_choices
+        mode = getattr(req, "tool_mode", None)
+        # tool_choice "auto" (one choice): the held text's tokens are reported too, and replayed into
+        # the next unit's tool parser with how much of the text the client has as content.
+        movable = restarts or (resumes and ((one and mode in (None, "none")) or (mode == "auto" and req.choices == 1)))
         resume = movable and request.headers.get(contract.RESUME_HEADER) == "1"
         if request.headers.get(contract.CONTINUATION_HEADER) != "1":
             return cls(
@@ -605,17 +673,19 @@ class _Move:
         if not (movable and req.stream):
             raise ApiError(
                 400,
-                "only a streamed request with n = 1 and no tool calls, on an engine that continues requests, "
-                "or with a forced tool call, can be continued",
+                "only a streamed request with no tool calls, on an engine that continues requests (n > 1: each "
+                "choice), or with a forced tool call, can be continued",
                 param=contract.CONTINUATION_FIELD,
             )
+        if req.choices > 1 and not restarts:
+            return cls._choices(cont, req.choices, resume=resume, key=rid)
         if restarts and cont["token_ids"]:
             raise ApiError(
                 400,
                 "a forced tool call starts again from the prompt: its continuation carries no token ids",
                 param=contract.CONTINUATION_FIELD,
             )
-        return cls(
+        move = cls(
             resume=resume,
             continued=True,
             before=cont["token_ids"],
@@ -623,6 +693,59 @@ class _Move:
             created=cont["created"],
             key=rid,
             restarts=restarts,
+        )
+        if getattr(req, "tool_mode", None) == "auto":
+            sent = cont.get("content_sent", 0)
+            if type(sent) is not int or sent < 0:
+                raise ApiError(
+                    400,
+                    f"'{contract.CONTINUATION_FIELD}.content_sent' must be the characters of content the client "
+                    "has (an int >= 0)",
+                    param=contract.CONTINUATION_FIELD,
+                )
+            move.content_sent = sent
+        return move
+
+    @classmethod
+    def _choices(cls, cont: dict, n: int, *, resume: bool, key: str) -> _Move:
+        """A continued stream of n > 1 choices: "token_ids" are choice 0's, "choices" [[index, token
+        ids], ...] the others' that have any, "finished" the indexes of choices whose end the client has."""
+        tokens: dict[int, list[int]] = {0: cont["token_ids"]}
+        more, ended = cont.get("choices", []), cont.get("finished", [])
+        ok = (
+            isinstance(more, list)
+            and all(
+                isinstance(c, list)
+                and len(c) == 2
+                and type(c[0]) is int
+                and 0 < c[0] < n
+                and isinstance(c[1], list)
+                and all(type(t) is int and t >= 0 for t in c[1])
+                for c in more
+            )
+            and isinstance(ended, list)
+            and all(type(i) is int and 0 <= i < n for i in ended)
+        )
+        if not ok:
+            raise ApiError(
+                400,
+                f"'{contract.CONTINUATION_FIELD}' with n = {n} takes \"choices\": [[index 1..{n - 1}, [int, ...]], "
+                f'...] and "finished": [index, ...]',
+                param=contract.CONTINUATION_FIELD,
+            )
+        tokens.update((i, t) for i, t in more)
+        finished = frozenset(ended)
+        if len(finished) == n:
+            raise ApiError(400, "every choice of the continuation has ended: nothing is left to generate")
+        return cls(
+            resume=resume,
+            continued=True,
+            before=[],
+            shown_id=cont["id"],
+            created=cont["created"],
+            key=key,
+            choices=[[i, tokens.get(i, [])] for i in range(n) if i not in finished],
+            finished=finished,
         )
 
 

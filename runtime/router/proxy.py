@@ -934,7 +934,7 @@ class Router:
                 request_id,
                 reason,
                 failed.unit,
-                len(ledger.token_ids),
+                ledger.sent,
                 unit.unit,
                 ledger.moves,
                 s.max_moves,

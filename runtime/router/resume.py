@@ -34,10 +34,27 @@ def resumable_request(method: str, path: str, headers: dict[str, str]) -> bool:
 class StreamLedger:
     """One resumable stream as its client has it."""
 
-    __slots__ = ("token_ids", "reported", "done", "since_move", "moves", "avoid", "completion_id", "created")
+    __slots__ = (
+        "token_ids",
+        "choices",
+        "finished",
+        "content_sent",
+        "reported",
+        "done",
+        "since_move",
+        "moves",
+        "avoid",
+        "completion_id",
+        "created",
+    )
 
     def __init__(self, *, completion_id: str, created: int) -> None:
-        self.token_ids: list[int] = []  # every token whose text reached the client, in order
+        self.token_ids: list[int] = []  # every token whose text reached the client, in order (choice 0's)
+        self.choices: dict[int, list[int]] = {}  # n > 1: the other choices' tokens, by index
+        self.finished: set[int] = set()  # n > 1: the choices whose end reached the client
+        # tool_choice "auto": characters of the text the client has as content (the rest is held while
+        # it may be a tool call; its tokens are in token_ids, for the next unit's tool parser)
+        self.content_sent: int | None = None
         self.reported = False  # the unit sent resume comments: it can be continued elsewhere
         self.done = False  # the stream's [DONE] or an error event passed: it ended, not to be continued
         self.since_move = 0  # tokens from the unit serving it now (0: it may still be prefilling)
@@ -45,6 +62,11 @@ class StreamLedger:
         self.avoid: list = []  # units this stream ran on: a move goes elsewhere
         self.completion_id = completion_id
         self.created = created
+
+    @property
+    def sent(self) -> int:
+        """Tokens whose text reached the client, every choice's."""
+        return len(self.token_ids) + sum(len(ids) for ids in self.choices.values())
 
     def take(self, data: bytes) -> tuple[bytes, str | None]:
         """Whole SSE events from a unit -> what the client gets, and the reason the unit gave if it
@@ -59,7 +81,12 @@ class StreamLedger:
                 line, _, rest = part.partition(b"\n")
                 said = json.loads(line[len(_RESUME) :])
                 ids = said["t"]
-                self.token_ids.extend(ids)
+                i = said.get("i", 0)  # the event's choice (n > 1 only)
+                (self.token_ids if i == 0 else self.choices.setdefault(i, [])).extend(ids)
+                if said.get("f"):
+                    self.finished.add(i)
+                if "c" in said:
+                    self.content_sent = said["c"]
                 # "h": tokens the unit generated but holds back (a forced tool call's): progress, not sent
                 self.since_move += len(ids) + int(said.get("h", 0))
                 self.reported = True
@@ -79,9 +106,11 @@ class StreamLedger:
         payload = json_object(body)
         if payload is None:
             return None
-        payload[contract.CONTINUATION_FIELD] = {
-            "id": self.completion_id,
-            "created": self.created,
-            "token_ids": self.token_ids,
-        }
+        cont: dict = {"id": self.completion_id, "created": self.created, "token_ids": self.token_ids}
+        if self.choices or self.finished:  # n > 1: each choice continues from its own tokens
+            cont["choices"] = [[i, ids] for i, ids in sorted(self.choices.items())]
+            cont["finished"] = sorted(self.finished)
+        if self.content_sent is not None:
+            cont["content_sent"] = self.content_sent
+        payload[contract.CONTINUATION_FIELD] = cont
         return json.dumps(payload, separators=(",", ":")).encode()

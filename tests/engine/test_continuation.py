@@ -101,3 +101,65 @@ def test_a_continuation_that_cannot_be_served_is_refused_with_the_reason(samplin
             await engine.shutdown()
 
     asyncio.run(asyncio.wait_for(go(), timeout=120))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_tokens=16, ignore_eos=True, n=3),
+        SamplingParams(max_tokens=16, ignore_eos=True, n=3, temperature=1.0, seed=11),
+    ],
+    ids=["greedy", "seeded"],
+)
+def test_continued_choices_each_go_on_from_their_own_tokens(sampling):
+    """n = 3 cut at different points per choice, choice 1 already ended: choices 0 and 2 each go on
+    from prompt + their own tokens and equal the unsplit answer's choices; choice 1 is not run again."""
+    cuts = {0: 5, 2: 11}
+
+    async def go():
+        engine = ReferenceEngine(SOLO, model="tiny")
+        await engine.start()
+        try:
+            whole = await _events(engine, "whole", sampling)
+            ids = {i: [e.token_id for e in whole if e.index == i] for i in range(3)}
+            resumed = tuple((i, tuple(ids[i][:cut])) for i, cut in cuts.items())
+            req = GenerationRequest(
+                request_id="tail", prompt_token_ids=PROMPT, sampling=sampling, resumed_choices=resumed
+            )
+            return ids, [ev async for ev in engine.generate(req)]
+        finally:
+            await engine.shutdown()
+
+    ids, tail = asyncio.run(asyncio.wait_for(go(), timeout=120))
+    if sampling.temperature:
+        assert ids[0] != ids[2]  # seed + index: the choices differ, so a crossed token would show
+    assert {e.index for e in tail} == set(cuts)
+    for i, cut in cuts.items():
+        got = [e for e in tail if e.index == i]
+        assert [e.token_id for e in got] == ids[i][cut:]
+        assert [e.finish_reason for e in got] == [None] * (len(got) - 1) + ["length"]
+
+
+def test_continued_choices_are_refused_with_the_reason():
+    async def go():
+        engine = ReferenceEngine(SOLO, model="tiny")
+        await engine.start()
+        try:
+            for resumed, words in (
+                (((3, (65,)),), "outside 0..1"),
+                (((0, (65,)), (0, (66,))), "each choice once"),
+                (((1, (65, 66, 67, 68)),), "nothing is left"),
+            ):
+                with pytest.raises(RequestRejected, match=words):
+                    await engine.check(
+                        GenerationRequest(
+                            request_id="x",
+                            prompt_token_ids=PROMPT,
+                            sampling=SamplingParams(max_tokens=4, n=2),
+                            resumed_choices=resumed,
+                        )
+                    )
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(asyncio.wait_for(go(), timeout=120))

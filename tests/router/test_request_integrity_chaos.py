@@ -3,8 +3,11 @@
 Two real units (two `runtime node` members each, reference engine, `tiny`) behind a real router on
 127.0.0.1 take a seeded mix of requests (streamed or not, chat or completion, greedy; some sharing
 one X-Request-Id, some abandoned by their client) while members, leaders and followers alike, are
-SIGTERMed (1 s drain) or SIGKILLed and started again, or SIGSTOPped for a few seconds and let go
-(a unit is hit only while the other serves). Then every request is checked: it completed with
+SIGTERMed (1 s drain) or SIGKILLed and started again, or SIGSTOPped for a few seconds and let go,
+or have only their engine process frozen past the unit's progress-stall bound (a hung engine: the
+member keeps answering, requests sent to it wait for a first byte that never comes until the unit
+leaves routing and the router starts them on the other unit) (a unit is hit only while the other
+serves). Then every request is checked: it completed with
 exactly the text an unsplit run of the same prompt gives (one rank, in this process), or it ended
 with an explicit error (a 5xx or 429 with an error body before anything streamed; once a stream has
 started, only the router's SSE error event saying its move budget ran out or no unit could continue
@@ -56,6 +59,9 @@ BOUND_S = 45.0  # a request still open after this long hung (the router gives up
 # The only way a started stream may end without [DONE]: the router could not move it (runtime/router/proxy.py).
 MOVE_ENDINGS = ("moves_exhausted", "no_unit_to_resume")
 STOPPED_S = (1.0, 3.0)  # how long a SIGSTOPped member stays frozen
+# How long a frozen engine stays frozen: past the node's progress-stall bound (FLOTILLA_PROGRESS_STALL_S,
+# 3 s by default: runtime/node/settings.py), so the unit reports not ready and leaves routing.
+ENGINE_FROZEN_S = (4.0, 6.0)
 SHORT = {"requests": 240, "member_kills": 4, "clients": 8}
 LONG = {"requests": 3000, "member_kills": 40, "clients": 12}
 
@@ -265,11 +271,11 @@ async def chaos(
     units: list[Unit], router: RouterProcess, rng: random.Random, kills: int, stop: asyncio.Event, log: list[str]
 ) -> None:
     """Stop a member (SIGTERM with a 1 s drain, or SIGKILL) and start it again, or freeze it
-    (SIGSTOP) for a few seconds, `kills` times or until the load ends. A unit may be hit again while
-    it still re-forms, but only while the router routes to the other unit, so the fleet is never
-    down as a whole."""
+    (SIGSTOP) for a few seconds, or freeze only its engine process past the progress-stall bound,
+    `kills` times or until the load ends. A unit may be hit again while it still re-forms, but only
+    while the router routes to the other unit, so the fleet is never down as a whole."""
     t0 = time.monotonic()
-    for _ in range(kills):
+    for k in range(kills):
         try:
             await asyncio.wait_for(stop.wait(), rng.uniform(0.3, 1.5))
             return
@@ -277,7 +283,11 @@ async def chaos(
             pass
         unit = rng.choice(units)
         member = rng.choice(unit.members)
-        how = rng.choice(("sigterm", "sigkill", "sigstop"))
+        # The first blow always freezes a leader's engine, so every seed covers requests held before
+        # their first byte (the leader queues each new request for its frozen engine).
+        how = "freeze_engine" if k == 0 else rng.choice(("sigterm", "sigkill", "sigstop", "freeze_engine"))
+        if k == 0:
+            member = unit.leader
         other = next(u for u in units if u is not unit)
         await asyncio.to_thread(other.wait_ready, 120)
         for _ in range(600):  # bounded: 30 s
@@ -290,6 +300,11 @@ async def chaos(
         if how == "sigstop":
             member.sigstop()
             await asyncio.sleep(rng.uniform(*STOPPED_S))
+            member.sigcont()
+            continue
+        if how == "freeze_engine":
+            member.sigstop_engine()
+            await asyncio.sleep(rng.uniform(*ENGINE_FROZEN_S))
             member.sigcont()
             continue
         if how == "sigkill":
@@ -353,6 +368,7 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
         ],
     )
     blows: list[str] = []
+    early: list[float] = []  # requests the router started again elsewhere before their first byte
     started = time.monotonic()
     try:
         for u in units:
@@ -376,9 +392,13 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
                 moved = [
                     line
                     for line in (await router.metrics()).splitlines()
-                    if line.startswith("flotilla_router_retries_total") and 'reason="move_' in line
+                    if line.startswith("flotilla_router_retries_total")
+                    and ('reason="move_' in line or 'reason="left_before_first_byte"' in line)
                 ]
                 blows.append(f"streams moved: {[line.split('{')[1] for line in moved]}")
+                early.extend(
+                    float(line.rsplit(" ", 1)[1]) for line in moved if 'reason="left_before_first_byte"' in line
+                )
 
         seen = asyncio.run(scenario())
         # Afterwards every unit serves again and holds no request: abandoned ones freed their slots.
@@ -402,4 +422,6 @@ def test_every_request_completes_whole_or_fails_loudly_while_members_die(tmp_pat
     print(summary)
     assert not wrong, f"{summary}\n" + "\n".join(wrong[:15])
     assert len(seen) == len(planned) and len(blows) > 1
+    # The frozen engine held requests that had no byte yet: they were started again on the other unit.
+    assert "freeze_engine" in blows[0] and sum(early) >= 1, summary
     assert endings["whole"] >= len(planned) // 2, summary  # the check covered mostly whole answers

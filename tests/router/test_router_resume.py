@@ -38,6 +38,9 @@ class Stream:
     def text(self) -> str:
         return "".join(e["choices"][0]["text"] for e in self.events if e.get("choices"))
 
+    def choice_text(self, index: int) -> str:
+        return "".join(c["text"] for e in self.events for c in e.get("choices", []) if c["index"] == index)
+
     @property
     def errors(self) -> list[dict]:
         return [e["error"] for e in self.events if "error" in e]
@@ -272,6 +275,46 @@ def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
         assert got.events[0]["id"] != "cmpl-forged"
 
 
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
+def test_a_stream_of_several_choices_whose_leader_is_killed_continues_each_choice_unchanged(tmp_path: Path, sampling):
+    """n = 2: each choice goes on from its own tokens on the other unit (seeded choices draw from
+    seed + index, so they differ and a crossed token would show)."""
+    n = 2
+    units = _two_units(tmp_path)
+    router = _router(tmp_path, units)
+    with serving(units, router):
+
+        async def scenario() -> tuple[Stream, Stream, str]:
+            whole = await stream(router.url, _body(n=n, **sampling))
+            killed: list[str] = []
+
+            async def kill_mid_way(s: Stream) -> None:
+                if len(s.events) == 31 and not killed:
+                    killed.append(s.unit)
+                    await asyncio.to_thread(_leader_of(units, s.unit).leader.sigkill)
+
+            got = await stream(router.url, _body(n=n, **sampling), on_event=kill_mid_way)
+            return whole, got, killed[0]
+
+        whole, got, killed = asyncio.run(asyncio.wait_for(scenario(), 300))
+        texts = [whole.choice_text(i) for i in range(n)]
+        if not sampling:  # greedy: every choice is the unsplit model's answer
+            assert texts == greedy_texts([(PROMPT, False, MAX_TOKENS)]) * n
+        else:
+            assert texts[0] != texts[1]
+        assert not got.errors and got.done, got.errors
+        assert [got.choice_text(i) for i in range(n)] == texts
+        assert len({e["id"] for e in got.events}) == 1
+        usage = got.events[-1]["usage"]
+        assert usage["completion_tokens"] == n * MAX_TOKENS == whole.events[-1]["usage"]["completion_tokens"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + n * MAX_TOKENS
+        finishes = [c["finish_reason"] for e in got.events for c in e.get("choices", []) if c.get("finish_reason")]
+        assert sorted(finishes) == ["length"] * n  # each choice ends once
+        assert b"flotilla" not in got.raw
+        moved = _continued(_leader_of(units, next(u.name for u in units if u.name != killed)))
+        assert len(moved) == 1 and 30 <= moved[0]["continued_from"] < n * MAX_TOKENS, moved
+
+
 def test_a_leader_reports_tokens_only_when_asked_and_only_for_streams_it_can_move(tmp_path: Path):
     unit = Unit(tmp_path, name="direct", world_size=1)
     try:
@@ -295,7 +338,8 @@ def test_a_leader_reports_tokens_only_when_asked_and_only_for_streams_it_can_mov
         marker = contract.RESUME_COMMENT.encode()
         assert seen["asked"].count(marker) == 1 + 8  # the opening, then one per token event
         assert marker not in seen["not asked"]
-        assert marker not in seen["n=2"]  # two choices cannot move: nothing to report
+        assert seen["n=2"].count(marker) == 1 + 2 * 8  # each choice's token events name their choice
+        assert b'"i":1' in seen["n=2"] and b'"f":1' in seen["n=2"]
     finally:
         unit.stop()
 

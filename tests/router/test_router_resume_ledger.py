@@ -76,3 +76,36 @@ def test_held_tokens_count_as_progress_but_not_as_sent():
     assert out == b'data: {"opening":1}\n\n' and moved is None
     assert ledger.since_move == 2 and ledger.token_ids == []
     assert json.loads(ledger.continuation(b'{"model":"m"}'))[contract.CONTINUATION_FIELD]["token_ids"] == []
+
+
+def test_each_choice_keeps_its_own_ids_and_the_continuation_names_the_ended_ones():
+    def said(ids: list[int], i: int, f: bool = False) -> bytes:
+        body = {"t": ids, "i": i, **({"f": 1} if f else {})}
+        return (contract.RESUME_COMMENT + json.dumps(body)).encode() + b"\n" + b"data: {}\n\n"
+
+    ledger = StreamLedger(completion_id="cmpl-9", created=1234)
+    ledger.take(said([3], 0) + said([7], 1) + said([4], 0) + said([8], 2) + said([9], 1, f=True))
+    assert ledger.sent == 5
+    body = json.loads(ledger.continuation(b'{"prompt":"hi","n":3,"stream":true}'))
+    assert body[contract.CONTINUATION_FIELD] == {
+        "id": "cmpl-9",
+        "created": 1234,
+        "token_ids": [3, 4],
+        "choices": [[1, [7, 9]], [2, [8]]],
+        "finished": [1],
+    }
+
+
+def test_an_auto_tool_choice_stream_carries_how_much_content_its_client_has():
+    def said(ids: list[int], c: int) -> bytes:
+        return (contract.RESUME_COMMENT + json.dumps({"t": ids, "c": c})).encode() + b"\n" + b"data: {}\n\n"
+
+    ledger = StreamLedger(completion_id="chatcmpl-1", created=5)
+    ledger.take(said([3], 2) + said([4], 2) + said([5], 2))  # the last two tokens' text is held
+    body = json.loads(ledger.continuation(b'{"messages":[],"stream":true}'))
+    assert body[contract.CONTINUATION_FIELD] == {
+        "id": "chatcmpl-1",
+        "created": 5,
+        "token_ids": [3, 4, 5],
+        "content_sent": 2,
+    }

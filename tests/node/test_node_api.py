@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
 
 import openai
@@ -162,7 +163,14 @@ def test_the_leader_reports_its_follower_and_the_follower_names_its_leader(share
     leader, follower = shared_unit.members
     body = _leader_reports_follower_ready(leader)
     assert body["members"] == [
-        {"rank": 1, "address": f"127.0.0.1:{follower.port}", "state": "ready", "ready": True, "revision": "r1"}
+        {
+            "rank": 1,
+            "address": f"127.0.0.1:{follower.port}",
+            "state": "ready",
+            "ready": True,
+            "revision": "r1",
+            "loading": None,  # a formed unit's members have finished loading (docs/node.md, ready body)
+        }
     ]
     _, fbody = follower.ready()
     assert (fbody["members"], fbody["leader"]) == ([], f"127.0.0.1:{leader.port}")
@@ -359,12 +367,18 @@ def test_the_ready_body_and_metrics_count_prefix_cache_queries_and_hits_in_promp
     ]
     ids = list(tok.apply_chat_template(msgs))
     # The unit is shared with the tests before this one: count from a moment nothing of theirs is
-    # still queued or running, or a straggler's prompt would land between the two readings.
-    before = wait_for(
-        lambda: (ld := counters()[0])["in_flight"] == ld["queue_depth"] == ld["running"] == 0 and ld,
-        timeout=60,
-        what="the shared unit to be idle",
-    )
+    # still queued or running, or a straggler's prompt would land between the two readings. The
+    # engine reports its counters every LOAD_EVERY_S, so an idle reading can still lack the last
+    # requests' prompts: take one that held over more than a report period.
+    from runtime.node.engine_host import LOAD_EVERY_S
+
+    def settled():
+        first = counters()[0]
+        time.sleep(2 * LOAD_EVERY_S)
+        again = counters()[0]
+        return first == again and again["in_flight"] == again["queue_depth"] == again["running"] == 0 and again
+
+    before = wait_for(settled, timeout=60, what="the shared unit to be idle with its counters reported")
     for _ in range(2):
         client(shared_unit).chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
     want_q = before["prefix_cache_queries"] + 2 * len(ids)

@@ -183,6 +183,15 @@ class Unit:
             self._points = (self.unit, balance.ring_points(self.unit))
         return self._points[1]
 
+    def has_free_slot(self) -> bool:
+        """A batch slot free by its last report and this router's sends since: a continuation sent
+        here starts at once, where a queued one could time out in the unit's queue. True when the
+        unit reports no slot count (an older revision)."""
+        if self.max_running <= 0:
+            return True
+        sent_since = max(0, self.outstanding - self.outstanding_at_report)
+        return self.queue_depth == 0 and self.running + sent_since < self.max_running
+
     def mark_unready(self, state: str) -> None:
         if self._ready:
             log.warning("unit %s (%s) is no longer routable: %s", self.unit, self.url, state)

@@ -58,6 +58,7 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_ID_RE = re.compile(contract.REQUEST_ID_PATTERN)
 _SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 _REFUSAL_BODY_LIMIT = 64 * 1024
+_MOVE_WAIT_S = 0.1  # how often a stream waiting to move looks for a free slot again
 _WHOLE_BODY_LIMIT = 1024 * 1024  # bodies of known length up to this are relayed in one piece
 perf_counter = time.perf_counter
 
@@ -919,11 +920,26 @@ class Router:
             return None
         ledger.avoid.append(failed)
         headers = {**headers, contract.CONTINUATION_HEADER: "1"}
+        # Busy is not broken, for a move either: when no other unit has a free batch slot (or the
+        # one asked answers 429), the stream waits for a slot to free as their answers end, up to
+        # --first-byte-timeout, the bound on a unit's silence before a first byte, and a refusal
+        # for being full does not spend the move budget. A continuation goes only to a unit with a
+        # free slot: queued behind a full batch it could time out in the unit's queue, an error
+        # the client would see. Without this, losing one unit of a full fleet failed every stream
+        # on it: the survivors were full at that moment.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.first_byte_timeout_s
         while ledger.moves < s.max_moves:
             # By the same policy as a new request: the unit its cache key prefers, among the rest,
             # may hold the prompt's prefix and re-prefill only the generated part.
-            pick = self.fleet.pick(tuple(ledger.avoid), key)
+            full = [
+                u for u in self.fleet.units.values() if u.routable and u not in ledger.avoid and not u.has_free_slot()
+            ]
+            pick = self.fleet.pick(tuple(ledger.avoid) + tuple(full), key)
             unit = pick.unit
+            if unit is None and (full or pick.reason == "saturated") and loop.time() < deadline:
+                await asyncio.sleep(_MOVE_WAIT_S)
+                continue
             if unit is None or unit.session is None or unit.session.closed:
                 return None
             ledger.moves += 1
@@ -959,6 +975,10 @@ class Router:
             # refusal leaves the unit's routability to its own reports.
             upstream.release()
             unit.outstanding -= 1
+            if upstream.status == 429 and loop.time() < deadline:
+                ledger.moves -= 1  # full, not failed: the unit may take it once a slot frees
+                ledger.avoid.remove(unit)
+                await asyncio.sleep(_MOVE_WAIT_S)
         return None
 
     async def _broken(

@@ -427,3 +427,38 @@ def test_an_idle_unit_whose_engine_hangs_leaves_routing_and_returns_once_it_answ
         asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
         # Canaries are not client traffic: the idle unit's leader logged no request.
         assert hung.leader.log_events("request") == []
+
+
+def test_a_stream_whose_unit_dies_while_the_other_is_full_waits_for_a_slot_and_continues(tmp_path: Path):
+    """One batch slot per unit: when a unit dies, the only other one is busy with a long answer. Busy
+    is not broken: the moved stream waits for that answer to end and then continues there, whole,
+    instead of ending with no_unit_to_resume (what losing a unit of a full fleet did to every
+    stream on it)."""
+    units = _two_units(tmp_path, FLOTILLA_MAX_RUNNING="1", FLOTILLA_QUEUE_TIMEOUT_S="1")
+    router = _router(tmp_path, units, "--first-byte-timeout", "240")
+    with serving(units, router):
+
+        async def scenario() -> tuple[Stream, Stream, str]:
+            long_started = asyncio.Event()
+
+            async def note_start(s: Stream) -> None:
+                long_started.set()
+
+            # The long answer holds its unit's only slot for the whole scenario.
+            long = asyncio.create_task(stream(router.url, _body(max_tokens=1500), on_event=note_start))
+            await asyncio.wait_for(long_started.wait(), 60)
+            killed: list[str] = []
+
+            async def kill_mid_way(s: Stream) -> None:
+                if len(s.events) == 30 and not killed:
+                    killed.append(s.unit)
+                    await asyncio.to_thread(_leader_of(units, s.unit).leader.sigkill)
+
+            got = await stream(router.url, _body(), on_event=kill_mid_way)
+            return await long, got, killed[0]
+
+        long, got, killed = asyncio.run(asyncio.wait_for(scenario(), 400))
+        assert long.unit != killed and not long.errors and long.done
+        _check_whole(got, greedy_texts([(PROMPT, False, MAX_TOKENS)])[0])
+        moved = _continued(_leader_of(units, long.unit))
+        assert len(moved) == 1 and moved[0]["continued_from"] >= 30, moved

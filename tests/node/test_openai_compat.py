@@ -320,18 +320,22 @@ def test_a_named_tool_call_has_json_arguments_for_that_function(tool_unit):
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
 
 
+# A forced call to one of two tools. One call: a greedy 135M model otherwise repeats the same call
+# until max_tokens.
+REQUIRED_CALL = {
+    "model": "smol-tools",
+    "messages": [{"role": "user", "content": "find shoes"}],
+    "max_tokens": 120,
+    "tools": [WEATHER, SEARCH],
+    "tool_choice": "required",
+    "temperature": 0,
+    "parallel_tool_calls": False,
+}
+
+
 def test_required_tool_calls_streamed_and_not_and_a_follow_up_turn(tool_unit):
     c = client(tool_unit)
-    kw = {
-        "model": "smol-tools",
-        "messages": [{"role": "user", "content": "find shoes"}],
-        "max_tokens": 120,
-        "tools": [WEATHER, SEARCH],
-        "tool_choice": "required",
-        "temperature": 0,
-        # One call: a greedy 135M model otherwise repeats the same call until max_tokens.
-        "parallel_tool_calls": False,
-    }
+    kw = dict(REQUIRED_CALL)
     r = c.chat.completions.create(**kw)
     assert r.choices[0].finish_reason == "tool_calls"
     calls = r.choices[0].message.tool_calls
@@ -449,17 +453,7 @@ def test_a_forced_tool_call_stream_moves_by_starting_again_from_the_prompt(tool_
     router sends another unit: the continuation header and field, no token ids) starts it again
     from the prompt: the same greedy call, under the id the client saw, without a second opening."""
     url = tool_unit.url + "/chat/completions"
-    body = {
-        "model": "smol-tools",
-        "messages": [{"role": "user", "content": "find shoes"}],
-        "max_tokens": 120,
-        "tools": [WEATHER, SEARCH],
-        "tool_choice": "required",
-        "temperature": 0,
-        "parallel_tool_calls": False,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = {**REQUIRED_CALL, "stream": True, "stream_options": {"include_usage": True}}
     first = _sse_lines(url, body, {contract.RESUME_HEADER: "1"})
     said = [json.loads(x[len(contract.RESUME_COMMENT) :]) for x in first if x.startswith(contract.RESUME_COMMENT)]
     usage = _data(first)[-1]["usage"]

@@ -761,6 +761,11 @@ class Fleet:
     def routable_count(self) -> int:
         return len(self._routable())
 
+    def full_units(self, exclude: tuple[Unit, ...] = ()) -> list[Unit]:
+        """Routable leaders, not in `exclude`, without a free batch slot (Unit.has_free_slot): the
+        units a moving stream must not be sent to yet. A scan of the routable index, not of every member."""
+        return [u for u in self._routable() if u not in exclude and not u.has_free_slot()]
+
     @property
     def watching(self) -> set[Unit]:
         return self._watching

@@ -58,7 +58,7 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_ID_RE = re.compile(contract.REQUEST_ID_PATTERN)
 _SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 _REFUSAL_BODY_LIMIT = 64 * 1024
-_MOVE_WAIT_S = 0.1  # how often a stream waiting to move looks for a free slot again
+_MOVE_WAIT_S = 0.25  # how often a stream waiting to move looks for a free slot again (a report period)
 _WHOLE_BODY_LIMIT = 1024 * 1024  # bodies of known length up to this are relayed in one piece
 perf_counter = time.perf_counter
 
@@ -932,9 +932,7 @@ class Router:
         while ledger.moves < s.max_moves:
             # By the same policy as a new request: the unit its cache key prefers, among the rest,
             # may hold the prompt's prefix and re-prefill only the generated part.
-            full = [
-                u for u in self.fleet.units.values() if u.routable and u not in ledger.avoid and not u.has_free_slot()
-            ]
+            full = self.fleet.full_units(tuple(ledger.avoid))
             pick = self.fleet.pick(tuple(ledger.avoid) + tuple(full), key)
             unit = pick.unit
             if unit is None and (full or pick.reason == "saturated") and loop.time() < deadline:

@@ -108,9 +108,13 @@ class EngineProcess:
                     self.resumes_choices = bool(ev.get("resumes_choices"))
                     self.ready.set()
                 elif op == "load":
-                    self.load = LoadReport(
-                        **{**{k: ev[k] for k in LoadReport.__dataclass_fields__}, "state": EngineState(ev["state"])}
-                    )
+                    if self.load.state is not EngineState.BROKEN:
+                        # Broken is for good: a request that found the engine broken may arrive a
+                        # moment before the engine's own load report says so, and a "ready" report
+                        # sent in that moment must not make the unit routable again.
+                        self.load = LoadReport(
+                            **{**{k: ev[k] for k in LoadReport.__dataclass_fields__}, "state": EngineState(ev["state"])}
+                        )
                 elif op == "failed":
                     self.failure = ev.get("message", "")
                 elif "id" in ev:

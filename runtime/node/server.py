@@ -64,8 +64,9 @@ ENDINGS: dict[str, tuple[int, str, str | None]] = {
 
 
 # Engine endings a resumable stream hands to the router to continue on another unit (the request is
-# fine; this unit is not): a broken or stopping engine, or a stream cut short.
-MOVABLE_ENDINGS = frozenset({"broken", "unavailable", "incomplete"})
+# fine; this unit is not): a broken or stopping engine, a stream cut short, or no batch slot within
+# the queue timeout (busy: the router may wait for a slot here or elsewhere, as for a 429).
+MOVABLE_ENDINGS = frozenset({"broken", "unavailable", "incomplete", contract.BUSY_CODE_QUEUE_TIMEOUT})
 _DRAIN_HANDOVER = {
     "op": "error",
     "kind": "unavailable",

@@ -58,6 +58,8 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_ID_RE = re.compile(contract.REQUEST_ID_PATTERN)
 _SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 _REFUSAL_BODY_LIMIT = 64 * 1024
+# A resumable stream a unit ended for want of a batch slot (server.MOVABLE_ENDINGS): "handover_" + its code.
+_HANDOVER_QUEUE_TIMEOUT = "handover_" + contract.BUSY_CODE_QUEUE_TIMEOUT
 _MOVE_WAIT_S = 0.25  # how often a stream waiting to move looks for a free slot again (a report period)
 _WHOLE_BODY_LIMIT = 1024 * 1024  # bodies of known length up to this are relayed in one piece
 perf_counter = time.perf_counter
@@ -778,7 +780,7 @@ class Router:
                     return resp
                 if ledger is not None and ledger.reported and s.max_moves:
                     moved = None
-                    if ledger.moves < s.max_moves:
+                    if ledger.moves < s.max_moves or reason == _HANDOVER_QUEUE_TIMEOUT:  # busy gives its move back
                         moved = await self._move_stream(
                             ledger, unit, request, body, headers or {}, request_id, reason, route_key
                         )
@@ -918,7 +920,22 @@ class Router:
         continued = ledger.continuation(body)
         if continued is None:
             return None
-        ledger.avoid.append(failed)
+        loop = asyncio.get_running_loop()
+        busy = reason == _HANDOVER_QUEUE_TIMEOUT and not ledger.since_move
+        if busy:
+            # The unit had no batch slot free within its queue timeout (its load report and the move
+            # raced): full, not failed. Its move is given back and the unit may take the stream once
+            # a slot frees, within the wait that began when the stream first had to move.
+            if ledger.avoid and ledger.avoid[-1] is failed and ledger.moves:
+                ledger.avoid.pop()
+                ledger.moves -= 1
+            if ledger.move_deadline is None:
+                ledger.move_deadline = loop.time() + s.first_byte_timeout_s
+            deadline = ledger.move_deadline
+            await asyncio.sleep(_MOVE_WAIT_S)
+        else:
+            ledger.avoid.append(failed)
+            deadline = ledger.move_deadline = loop.time() + s.first_byte_timeout_s
         headers = {**headers, contract.CONTINUATION_HEADER: "1"}
         # Busy is not broken, for a move either: when no other unit has a free batch slot (or the
         # one asked answers 429), the stream waits for a slot to free as their answers end, up to
@@ -927,8 +944,6 @@ class Router:
         # free slot: queued behind a full batch it could time out in the unit's queue, an error
         # the client would see. Without this, losing one unit of a full fleet failed every stream
         # on it: the survivors were full at that moment.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + s.first_byte_timeout_s
         while ledger.moves < s.max_moves:
             # By the same policy as a new request: the unit its cache key prefers, among the rest,
             # may hold the prompt's prefix and re-prefill only the generated part.

@@ -231,6 +231,9 @@ def summary(results: list[Result], reference: list[Result] | None) -> dict:
         "differ_from_before_the_blow": (
             None if reference is None else sum(r.text != t.text for r, t in zip(results, reference, strict=True))
         ),
+        # An answer before the blow that failed or moved (a loaded machine can stall a step past the
+        # router's stall bound) is no reference: the row says how many there were.
+        **({} if reference is None else {"reference_failed": sum(not r.ok for r in reference)}),
         **({} if reference is None else {"differences": divergences(results, reference)}),
         "longest_pause_s_p99": round(p99, 3),
         "longest_pause_s_max": round(gaps[-1], 3) if gaps else 0.0,
@@ -390,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     a.kv_budget_tokens = a.kv_budget_tokens or -(-a.max_running * (a.drain_tokens + 64) // 1024) * 1024
     if a.max_running < 1 or a.kv_budget_tokens < 16:
         p.error("--max-running must be at least 1 and --kv-budget-tokens at least 16")
+    known = ("kill9", "kill9-leader", "kill9-follower", "sigstop", "drain")
+    unknown = [n for n in a.scenarios.split(",") if n not in known]
+    if unknown:
+        p.error(f"--scenarios: unknown scenario(s) {', '.join(unknown)}; give some of {', '.join(known)}")
     model_name = os.path.basename(a.model.rstrip("/"))  # the name runtime.local serves it under
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     rows: list[dict] = []
@@ -406,10 +413,6 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(await scenario_sigstop(a, model_name))
             elif name == "drain":
                 rows.append(await scenario_drain(a, model_name))
-            else:
-                raise SystemExit(
-                    f"--scenarios: unknown scenario {name!r}; give kill9, kill9-leader, kill9-follower, sigstop, drain"
-                )
             print(json.dumps(rows[-1]), flush=True)
 
     asyncio.run(go())

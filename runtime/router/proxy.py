@@ -932,6 +932,8 @@ class Router:
             if ledger.move_deadline is None:
                 ledger.move_deadline = loop.time() + s.first_byte_timeout_s
             deadline = ledger.move_deadline
+            if loop.time() >= deadline:
+                return None  # waited its whole bound: a unit that reports free slots it never gives ends here
             await asyncio.sleep(_MOVE_WAIT_S)
         else:
             ledger.avoid.append(failed)

@@ -96,3 +96,31 @@ def test_a_continuation_a_full_unit_hands_back_for_want_of_a_slot_continues_ther
     # move of the budget back each time, so the third could still continue the stream there.
     assert b.continuations == [list(range(5))] * 3
     assert moves == [1, 2]
+
+
+def test_a_continuation_handed_back_for_want_of_a_slot_past_the_first_byte_timeout_ends_with_no_unit_to_resume():
+    """A unit that reports free slots but never gives one: the stream waits no longer than
+    --first-byte-timeout from when it first had to move, then ends with an explicit error."""
+
+    async def scenario():
+        a = await ResumableStandIn(name="a", script=[("cut", 5)]).start()
+        b = await ResumableStandIn(name="b", script=[("busy",)] * 1000).start()
+        b.state = "forming"
+        async with router_over([a, b], first_byte_timeout_s=1.5, max_moves=1) as router:
+            b.state = "ready"
+            await wait_for(lambda: router.fleet.routable_count() == 2, what="b to be routable")
+            body = {"model": "tiny", "prompt": "hi", "max_tokens": 10, "stream": True}
+            async with aiohttp.ClientSession() as s:
+                async with s.post(base_url(router) + "/v1/completions", json=body) as r:
+                    raw = await asyncio.wait_for(r.read(), 20)
+        await a.stop()
+        await b.stop()
+        return raw, b
+
+    raw, b = run(scenario())
+    events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
+    assert text == "".join(f"t{i} " for i in range(5)), raw  # the true prefix, then the error
+    assert json.loads(events[-1][6:])["error"]["code"] == "no_unit_to_resume", raw
+    assert b"[DONE]" not in raw
+    assert 1 <= len(b.continuations) <= 1.5 / 0.25 + 1  # asked once a report period at most, within the bound

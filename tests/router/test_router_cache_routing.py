@@ -367,6 +367,21 @@ def test_a_watch_line_that_is_not_one_whole_json_object_marks_its_unit_unreadabl
     assert fleet.on_watch_line(u, b' {"load":{"in_flight":4},"keys":[5]} ') and (u.in_flight, u.routable) == (4, True)
 
 
+def test_watch_lines_the_fast_parser_refuses_but_json_takes_are_read_as_before():
+    """orjson refuses NaN / Infinity (json.dumps writes them for such floats) and integers beyond 64
+    bits (orjson 3.13.0 README, "Deserialize" and "int"); the standard library takes both, so they
+    must still reach the unit as the standard library reads them."""
+    fleet = _fleet(1)
+    (u,) = fleet.units.values()
+    line = json.dumps({"load": {"in_flight": 3, "kv_cache_used": float("nan")}}).encode()
+    assert b"NaN" in line
+    assert fleet.on_watch_line(u, line) and u.in_flight == 3 and u.kv_cache_used != u.kv_cache_used  # NaN
+    big = 2**70
+    assert fleet.on_watch_line(u, b'{"load":{"in_flight":4},"keys":[%d]}' % big)
+    assert (u.in_flight, fleet.holders.get(big)) == (4, u)
+    assert u.routable
+
+
 def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():
     fleet = _fleet(1)
     (u,) = fleet.units.values()

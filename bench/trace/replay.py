@@ -51,6 +51,9 @@ from bench.measure import append_run  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
+# A run's start (3 units loading SmolLM2, then routable) and drain (the last requests, bounded by the
+# node's 25 s queue timeout): about 25 s and 15 s on the shared 2-core machine.
+RUN_OVERHEAD_S = 40.0
 # today's policy, then by work, then by cache and work: the order of the comparison
 POLICIES = tuple(reversed(contract.ROUTER_BALANCE_POLICIES))
 
@@ -142,8 +145,10 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
                     if not line.startswith(b"data:") or line == b"data: [DONE]":
                         continue
                     chunk = json.loads(line[5:])
-                    if "error" in chunk:
+                    if "error" in chunk:  # the stream ended with an error event: a failed request, and why
                         rec["status"] = 599
+                        err = chunk["error"]
+                        rec["error"] = str(err.get("message") if isinstance(err, dict) else err)[:200]
                         break
                     if chunk.get("choices") and chunk["choices"][0].get("text"):
                         now = time.monotonic()
@@ -299,10 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    runs = len(a.rates) * len(policies)
     arrivals_s = sum(a.requests / r for r in a.rates) * len(policies)
     print(
-        f"plan: {len(a.rates) * len(policies)} runs ({', '.join(policies)} at {', '.join(f'{r:g}' for r in a.rates)}"
-        f" req/s), {arrivals_s / 60:.1f} min of arrivals plus a start and a drain per run",
+        f"plan: {runs} runs ({', '.join(policies)} at {', '.join(f'{r:g}' for r in a.rates)} req/s): "
+        f"{arrivals_s / 60:.1f} min of arrivals, about {(arrivals_s + runs * RUN_OVERHEAD_S) / 60:.0f} min with "
+        f"each run's start and drain",
         flush=True,
     )
     entries = []

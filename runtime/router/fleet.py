@@ -18,11 +18,10 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import cast
+from typing import Callable, cast
 from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 
 import contract
 from runtime import emf
@@ -49,17 +48,32 @@ _CONCURRENT_ASKS = 64
 MEAN_LOAD_EVERY_S = 0.05
 
 
-def _watch_json(line: bytes) -> object:
-    """One watch line parsed: by orjson, which takes the bytes as they are and parsed a load line about
-    four times faster than the standard library's scanner here (docs/benchmarks.md, Fleet): thousands
-    of lines a second reach a router from 625 leaders. What orjson refuses goes to json.loads, which
-    takes what the standard library takes and says what is wrong: orjson rejects NaN and Infinity
-    (which json.dumps writes) and integers beyond 64 bits, and raises JSONDecodeError, a ValueError,
-    for anything it refuses (orjson 3.13.0 README, "Deserialize" and "int")."""
+def _orjson() -> Callable[[bytes], object] | None:
+    """orjson's loads, or None where it is not installed: the Neuron node images import the router's
+    modules (runtime/__main__.py loads every subcommand) without the router's pins."""
     try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return json.loads(line)
+        import orjson  # noqa: PLC0415 - optional outside the router's image
+    except ImportError:
+        return None
+    return orjson.loads
+
+
+_orjson_loads = _orjson()
+
+
+def _watch_json(line: bytes) -> object:
+    """One watch line parsed: by orjson, which takes the bytes as they are and parses a load line
+    about four times faster than the standard library's scanner (the router's whole reading of one:
+    half the time, docs/benchmarks.md, Fleet); thousands of lines a second reach a router from 625
+    leaders. What orjson refuses goes to json.loads, which takes what the standard library takes and
+    says what is wrong: orjson rejects NaN and Infinity (which json.dumps writes) and integers beyond
+    64 bits, raising JSONDecodeError, a ValueError (orjson 3.13.0 README, "Deserialize" and "int")."""
+    if _orjson_loads is not None:
+        try:
+            return _orjson_loads(line)
+        except ValueError:
+            pass
+    return json.loads(line)
 
 
 class _RoutingIndex:

@@ -68,12 +68,16 @@ class ResumableStandIn(StandInUnit):
         return resp
 
 
-def test_a_continuation_a_full_unit_hands_back_for_want_of_a_slot_continues_there_once_one_frees():
+def _moving_stream(b_script: list[tuple], first_byte_timeout_s: float) -> tuple[bytes, ResumableStandIn, list[float]]:
+    """One stream through the router: it starts on a, whose connection breaks after five tokens, and
+    moves to b, which follows b_script. The client's raw body, b, and the router's move counters
+    (after a's break, after b's hand-backs)."""
+
     async def scenario():
         a = await ResumableStandIn(name="a", script=[("cut", 5)]).start()
-        b = await ResumableStandIn(name="b", script=[("busy",), ("busy",), ("finish", 5)]).start()
+        b = await ResumableStandIn(name="b", script=b_script).start()
         b.state = "forming"  # the stream starts on a
-        async with router_over([a, b], first_byte_timeout_s=30.0, max_moves=1) as router:
+        async with router_over([a, b], first_byte_timeout_s=first_byte_timeout_s, max_moves=1) as router:
             b.state = "ready"
             await wait_for(lambda: router.fleet.routable_count() == 2, what="b to be routable")
             body = {"model": "tiny", "prompt": "hi", "max_tokens": 10, "stream": True}
@@ -84,9 +88,13 @@ def test_a_continuation_a_full_unit_hands_back_for_want_of_a_slot_continues_ther
             moves = [retries.labels(f"move_{r}")._value.get() for r in ("stream_broken", "handover_queue_timeout")]
         await a.stop()
         await b.stop()
-        return raw, a, b, moves
+        return raw, b, moves
 
-    raw, a, b, moves = run(scenario())
+    return run(scenario())
+
+
+def test_a_continuation_a_full_unit_hands_back_for_want_of_a_slot_continues_there_once_one_frees():
+    raw, b, moves = _moving_stream([("busy",), ("busy",), ("finish", 5)], first_byte_timeout_s=30.0)
     events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
     assert events[-1] == b"data: [DONE]", raw
     text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
@@ -101,23 +109,7 @@ def test_a_continuation_a_full_unit_hands_back_for_want_of_a_slot_continues_ther
 def test_a_continuation_handed_back_for_want_of_a_slot_past_the_first_byte_timeout_ends_with_no_unit_to_resume():
     """A unit that reports free slots but never gives one: the stream waits no longer than
     --first-byte-timeout from when it first had to move, then ends with an explicit error."""
-
-    async def scenario():
-        a = await ResumableStandIn(name="a", script=[("cut", 5)]).start()
-        b = await ResumableStandIn(name="b", script=[("busy",)] * 1000).start()
-        b.state = "forming"
-        async with router_over([a, b], first_byte_timeout_s=1.5, max_moves=1) as router:
-            b.state = "ready"
-            await wait_for(lambda: router.fleet.routable_count() == 2, what="b to be routable")
-            body = {"model": "tiny", "prompt": "hi", "max_tokens": 10, "stream": True}
-            async with aiohttp.ClientSession() as s:
-                async with s.post(base_url(router) + "/v1/completions", json=body) as r:
-                    raw = await asyncio.wait_for(r.read(), 20)
-        await a.stop()
-        await b.stop()
-        return raw, b
-
-    raw, b = run(scenario())
+    raw, b, _ = _moving_stream([("busy",)] * 1000, first_byte_timeout_s=1.5)
     events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
     text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
     assert text == "".join(f"t{i} " for i in range(5)), raw  # the true prefix, then the error

@@ -31,101 +31,69 @@ from runtime.engines.base import (
 )
 from runtime.engines.sampling import TextTracker
 from runtime.logs import jlog, setup_logging
-from runtime.membership import Member, Membership
+from runtime.node.engine_config import CONFIG_ENV, EngineConfig
 from runtime.node.tool_calls import template_format
 
-CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
 LOAD_EVERY_S = 0.1
 PROGRESS_POLL_S = 0.25
 
 
-def membership_to_dict(m: Membership) -> dict[str, Any]:
-    return dataclasses.asdict(m)
-
-
-def membership_from_dict(d: dict[str, Any]) -> Membership:
-    members = tuple(Member(**{**x, "network_nodes": tuple(x.get("network_nodes", ()))}) for x in d.get("members", ()))
-    return Membership(**{**d, "members": members})
-
-
-def _neuron_settings(cfg: dict[str, Any]) -> Any:
-    from runtime.engines.neuron.engine import NeuronEngineSettings  # noqa: PLC0415
-    from runtime.engines.neuron.launch import NeuronOptions  # noqa: PLC0415
-
-    n = cfg["neuron"]
-    options = NeuronOptions(
-        seq_len=n["seq_len"],
-        batch_size=n["batch_size"],
-        cp_degree=n["cp_degree"],
-        attention_dp_degree=n["attention_dp_degree"],
-        served_model_name=cfg["model_name"],
-        compiled_artifacts_dir=n["compiled_dir"],
-        engine_port=n["engine_port"],
-        sampling=n.get("sampling", "cpu"),
-    )
-    return NeuronEngineSettings(
-        model_uri=n["model_uri"],
-        model_dir=n["model_dir"],
-        instance_type=n["instance_type"],
-        options=options,
-        compile_cache_uri=n["compile_cache_uri"],
-        launcher=n["launcher"],
-    )
-
-
-def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
-    if cfg["engine"] == "neuron":
+def _build_leader_engine(cfg: EngineConfig) -> Any:
+    m = cfg.membership
+    if cfg.engine == "neuron":
         from runtime.engines.neuron.engine import NeuronEngine  # noqa: PLC0415
 
         return NeuronEngine(
-            m, settings=_neuron_settings(cfg), model_name=cfg["model_name"], start_timeout_s=cfg["form_timeout_s"]
+            m, settings=cfg.neuron_settings(), model_name=cfg.model_name, start_timeout_s=cfg.form_timeout_s
         )
-    if cfg["engine"] == "echo":
+    if cfg.engine == "echo":
         from runtime.engines.echo import EchoEngine  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return EchoEngine(
             membership=m,
-            model_name=cfg["model_name"],
-            form_timeout_s=cfg["form_timeout_s"],
-            load_s=cfg.get("echo_load_s", 0.0),
+            model_name=cfg.model_name,
+            max_running=cfg.max_running,
+            form_timeout_s=cfg.form_timeout_s,
+            load_s=cfg.echo_load_s,
         )
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
 
     return ReferenceEngine(
         m,
-        model=cfg["model"],
-        prefill=cfg["prefill_strategy"],
-        decode=cfg["decode_strategy"],
-        kv_budget_tokens=cfg["kv_budget_tokens"],
-        max_running=cfg["max_running"],
-        collective_timeout_s=cfg["collective_timeout_s"],
-        start_timeout_s=cfg["form_timeout_s"],
-        threads=cfg["torch_threads"],
-        model_name=cfg["model_name"],
+        model=cfg.model,
+        prefill=cfg.prefill_strategy,
+        decode=cfg.decode_strategy,
+        kv_budget_tokens=cfg.kv_budget_tokens,
+        max_running=cfg.max_running,
+        collective_timeout_s=cfg.collective_timeout_s,
+        start_timeout_s=cfg.form_timeout_s,
+        threads=cfg.torch_threads,
+        model_name=cfg.model_name,
     )
 
 
-def _run_follower_worker(cfg: dict[str, Any], m: Membership, out: "_Out") -> None:
-    if cfg["engine"] == "neuron":
+def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
+    m = cfg.membership
+    if cfg.engine == "neuron":
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=_neuron_settings(cfg), report=lambda p: out.send(op="progress", **progress_fields(p)))
+        run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(op="progress", **progress_fields(p)))
         return
-    if cfg["engine"] == "echo":
+    if cfg.engine == "echo":
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
-        run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
+        run_echo_worker(m, timeout_s=cfg.form_timeout_s)
         return
     from runtime.engines.reference import run_worker  # noqa: PLC0415 - imports torch
 
     run_worker(
         m,
-        model=cfg["model"],
-        prefill=cfg["prefill_strategy"],
-        decode=cfg["decode_strategy"],
-        collective_timeout_s=cfg["collective_timeout_s"],
-        start_timeout_s=cfg["form_timeout_s"],
-        threads=cfg["torch_threads"],
+        model=cfg.model,
+        prefill=cfg.prefill_strategy,
+        decode=cfg.decode_strategy,
+        collective_timeout_s=cfg.collective_timeout_s,
+        start_timeout_s=cfg.form_timeout_s,
+        threads=cfg.torch_threads,
     )
 
 
@@ -190,8 +158,8 @@ def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
     return list(engine.tokenizer.encode(cmd["prompt"]))
 
 
-async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
-    engine = _build_leader_engine(cfg, m)
+async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
+    engine = _build_leader_engine(cfg)
     out.send(op="starting")
     progress = asyncio.create_task(_report_progress(engine, out))
     try:
@@ -254,11 +222,11 @@ async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
                 raise RequestRejected("the prompt is empty: give at least one token")
             continued = tuple(cmd.get("generated", ()))  # a continuation: tokens another unit generated
             if continued and not getattr(engine, "resumes", False):
-                raise RequestRejected(f"the {cfg['engine']} engine cannot continue a request from another unit")
+                raise RequestRejected(f"the {cfg.engine} engine cannot continue a request from another unit")
             # A continuation of n > 1 choices: [index, token ids] of each choice still to run.
             choices = tuple((int(i), tuple(t)) for i, t in cmd.get("resumed_choices", ()))
             if choices and not getattr(engine, "resumes_choices", False):
-                raise RequestRejected(f"the {cfg['engine']} engine cannot continue n > 1 choices from another unit")
+                raise RequestRejected(f"the {cfg.engine} engine cannot continue n > 1 choices from another unit")
             if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
                 raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
             room = engine.max_context - len(ids)
@@ -415,28 +383,27 @@ def _exit_when_supervisor_goes() -> None:
 
 
 def main() -> int:
-    cfg = json.loads(os.environ[CONFIG_ENV])
+    cfg = EngineConfig.from_json(os.environ[CONFIG_ENV])
     # Keep the protocol on the original stdout; anything else printed goes to stderr.
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     setup_logging()
     out = _Out(proto)
-    if cfg["engine"] not in ("echo", "neuron"):
+    if cfg.engine not in ("echo", "neuron"):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
 
-        torch.set_num_threads(int(cfg.get("torch_threads", 1)))
-    m = membership_from_dict(cfg["membership"])
-    if m.is_leader:
+        torch.set_num_threads(cfg.torch_threads)
+    if cfg.membership.is_leader:
         try:
-            return asyncio.run(_serve_leader(cfg, m, out))
+            return asyncio.run(_serve_leader(cfg, out))
         except EngineError as e:
             out.send(op="failed", message=str(e))
             return 1
     out.send(op="starting")
     threading.Thread(target=_exit_when_supervisor_goes, daemon=True).start()
     try:
-        _run_follower_worker(cfg, m, out)
+        _run_follower_worker(cfg, out)
         rc = 0
     except EngineError as e:
         out.send(op="failed", message=str(e))

@@ -20,8 +20,7 @@ from typing import Any, AsyncIterator
 import contract
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
-from runtime.membership import Membership
-from runtime.node.engine_host import CONFIG_ENV, membership_to_dict
+from runtime.node.engine_config import CONFIG_ENV, EngineConfig
 
 log = logging.getLogger("flotilla.node.engine")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +45,8 @@ class RequestStream:
 
 
 class EngineProcess:
-    def __init__(self, *, config: dict[str, Any], membership: Membership) -> None:
-        self._config = {**config, "membership": membership_to_dict(membership)}
+    def __init__(self, *, config: EngineConfig) -> None:
+        self._config = config
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.strategies: dict[str, Any] | None = None  # from the ready event (reference engine)
@@ -73,9 +72,9 @@ class EngineProcess:
 
     async def start(self) -> None:
         env = dict(os.environ)
-        env[CONFIG_ENV] = json.dumps(self._config)
-        if self._config.get("cache_dir"):
-            env[contract.ENV_CACHE_DIR] = self._config["cache_dir"]
+        env[CONFIG_ENV] = self._config.to_json()
+        if self._config.cache_dir:
+            env[contract.ENV_CACHE_DIR] = self._config.cache_dir
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,

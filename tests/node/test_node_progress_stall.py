@@ -8,13 +8,18 @@ import time
 
 from runtime.engines.base import EngineState
 from runtime.membership import Membership
+from runtime.node.engine_config import EngineConfig
 from runtime.node.engine_process import EngineProcess, LoadReport
+from runtime.node.settings import load_settings
 
 SOLO = Membership(unit_id="u", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
+CONFIG = EngineConfig.from_settings(
+    load_settings(["--engine", "echo", "--peers", "127.0.0.1:1", "--rank", "0"], {}), SOLO
+)
 
 
 def _engine(running: int, quiet_s: float) -> EngineProcess:
-    e = EngineProcess(config={}, membership=SOLO)
+    e = EngineProcess(config=CONFIG)
     e.load = LoadReport(state=EngineState.READY, running=running, max_running=8)
     e.last_progress = time.monotonic() - quiet_s
     return e

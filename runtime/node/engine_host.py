@@ -1,15 +1,14 @@
 """The engine's own process: the leader's engine or a follower's worker loop, one per formation.
 
 The supervisor starts it for each formation and kills it when the unit re-forms, so a process
-group broken by a dead peer is never reused. Protocol: JSON lines, commands on stdin, events on the
-original stdout; everything the engine prints goes to stderr.
+group broken by a dead peer is never reused. Protocol (runtime/node/engine_protocol.py): JSON lines,
+commands on stdin, events on the original stdout; everything the engine prints goes to stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -32,6 +31,23 @@ from runtime.engines.base import (
 from runtime.engines.sampling import TextTracker
 from runtime.logs import jlog, setup_logging
 from runtime.node.engine_config import CONFIG_ENV, EngineConfig
+from runtime.node.engine_protocol import (
+    Accepted,
+    Cancel,
+    Done,
+    Error,
+    Event,
+    Failed,
+    Load,
+    Progress,
+    Ready,
+    Shutdown,
+    Starting,
+    Submit,
+    Token,
+    decode_command,
+    encode,
+)
 from runtime.node.tool_calls import template_format
 
 LOAD_EVERY_S = 0.1
@@ -77,7 +93,7 @@ def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     if cfg.engine == "neuron":
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(op="progress", **progress_fields(p)))
+        run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(progress_event(p)))
         return
     if cfg.engine == "echo":
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
@@ -97,8 +113,8 @@ def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     )
 
 
-def progress_fields(p: LoadProgress) -> dict[str, Any]:
-    return {**dataclasses.asdict(p), "phase": p.phase.value}
+def progress_event(p: LoadProgress) -> Progress:
+    return Progress(phase=p.phase.value, done_bytes=p.done_bytes, total_bytes=p.total_bytes, phase_s=p.phase_s)
 
 
 async def _report_progress(engine: Any, out: "_Out") -> None:
@@ -111,7 +127,7 @@ async def _report_progress(engine: Any, out: "_Out") -> None:
         if p is not None:
             key = (p.phase, p.done_bytes, p.total_bytes)
             if key != sent or loop.time() - last >= 1.0:
-                out.send(op="progress", **progress_fields(p))
+                out.send(progress_event(p))
                 sent, last = key, loop.time()
         await asyncio.sleep(PROGRESS_POLL_S)
 
@@ -120,8 +136,8 @@ class _Out:
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
 
-    def send(self, **event: Any) -> None:
-        self._f.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+    def send(self, event: Event) -> None:
+        self._f.write(encode(event))
         self._f.flush()
 
 
@@ -132,35 +148,41 @@ async def _stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
-def token_fields(tokenizer: Any, ev: TokenEvent) -> dict[str, Any]:
+def token_event(tokenizer: Any, rid: str, ev: TokenEvent, tool_parser: str | None) -> Token:
     """A token event as the API layer gets it; logprobs with each token already turned into text
     (the API process has no tokenizer)."""
-    fields: dict[str, Any] = {"token_id": ev.token_id, "text": ev.text, "finish_reason": ev.finish_reason}
-    if ev.index:
-        fields["index"] = ev.index
+    logprobs = None
     if ev.logprob is not None:
         text = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
-        fields["logprobs"] = {
+        logprobs = {
             "token": text(ev.token_id),
             "logprob": ev.logprob.logprob,
             "top": [[text(t), lp] for t, lp in ev.logprob.top],
         }
-    return fields
+    return Token(
+        id=rid,
+        token_id=ev.token_id,
+        text=ev.text,
+        finish_reason=ev.finish_reason,
+        index=ev.index,
+        logprobs=logprobs,
+        tool_parser=tool_parser,  # tool_choice auto: the API reads the calls in this format
+    )
 
 
-def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
-    if "messages" in cmd:
-        if cmd.get("tools"):
-            return list(engine.tokenizer.apply_chat_template(cmd["messages"], tools=cmd["tools"]))
-        return list(engine.tokenizer.apply_chat_template(cmd["messages"]))
-    if "prompt_ids" in cmd:
-        return list(cmd["prompt_ids"])
-    return list(engine.tokenizer.encode(cmd["prompt"]))
+def _prompt_ids(engine: Any, cmd: Submit) -> list[int]:
+    if cmd.messages is not None:
+        if cmd.tools:
+            return list(engine.tokenizer.apply_chat_template(cmd.messages, tools=cmd.tools))
+        return list(engine.tokenizer.apply_chat_template(cmd.messages))
+    if cmd.prompt_ids is not None:
+        return list(cmd.prompt_ids)
+    return list(engine.tokenizer.encode(cmd.prompt))
 
 
 async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
     engine = _build_leader_engine(cfg)
-    out.send(op="starting")
+    out.send(Starting())
     progress = asyncio.create_task(_report_progress(engine, out))
     try:
         await engine.start()
@@ -168,40 +190,38 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
         progress.cancel()
     calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
     out.send(
-        op="ready",
-        model_name=engine.model_name,
-        max_context=int(engine.max_context),
-        strategies=calibration.as_dict() if calibration is not None else None,
-        resumes=bool(getattr(engine, "resumes", False)),
-        resumes_choices=bool(getattr(engine, "resumes_choices", False)),
+        Ready(
+            model_name=engine.model_name,
+            max_context=int(engine.max_context),
+            strategies=calibration.as_dict() if calibration is not None else None,
+            resumes=bool(getattr(engine, "resumes", False)),
+            resumes_choices=bool(getattr(engine, "resumes_choices", False)),
+        )
     )
     tasks: dict[str, asyncio.Task] = {}
     stop = asyncio.Event()
     stop_reason = ["the unit shut down before this request finished; retry"]
 
-    def end(rid: str, cmd: dict[str, Any], ending: str, generated: int, **event: Any) -> None:
+    def end(cmd: Submit, ending: str, generated: int, event: Done | Error) -> None:
         """The request's one last event (done or error) and the engine's own account of it."""
-        out.send(id=rid, **event)
-        jlog(
-            "engine_request_end",
-            id=rid,
-            request_id=cmd.get("correlation_id", ""),
-            ending=ending,
-            generated=generated,
-        )
+        out.send(event)
+        jlog("engine_request_end", id=cmd.id, request_id=cmd.correlation_id, ending=ending, generated=generated)
 
-    async def run(cmd: dict[str, Any]) -> None:
-        rid = cmd["id"]
+    def fail(cmd: Submit, kind: str, generated: int, message: str, param: str | None = None) -> None:
+        end(cmd, kind, generated, Error(id=cmd.id, kind=kind, message=message, param=param))
+
+    async def run(cmd: Submit) -> None:
+        rid = cmd.id
         generated, finish, cached = 0, None, 0
         try:
-            if cmd.get("tools") and not getattr(engine.tokenizer, "supports_tools", False):
+            if cmd.tools and not getattr(engine.tokenizer, "supports_tools", False):
                 raise RequestRejected(
                     f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
                     "format; leave 'tools' out, or serve a model whose chat template renders tools",
                     param="tools",
                 )
             tool_parser = None
-            if cmd.get("tool_choice") == "auto":
+            if cmd.tool_choice == "auto":
                 tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
                 if tool_parser is None:
                     raise RequestRejected(
@@ -220,11 +240,11 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
                 raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
             if not ids:
                 raise RequestRejected("the prompt is empty: give at least one token")
-            continued = tuple(cmd.get("generated", ()))  # a continuation: tokens another unit generated
+            continued = tuple(cmd.generated or ())  # a continuation: tokens another unit generated
             if continued and not getattr(engine, "resumes", False):
                 raise RequestRejected(f"the {cfg.engine} engine cannot continue a request from another unit")
             # A continuation of n > 1 choices: [index, token ids] of each choice still to run.
-            choices = tuple((int(i), tuple(t)) for i, t in cmd.get("resumed_choices", ()))
+            choices = tuple((int(i), tuple(t)) for i, t in cmd.resumed_choices or ())
             if choices and not getattr(engine, "resumes_choices", False):
                 raise RequestRejected(f"the {cfg.engine} engine cannot continue n > 1 choices from another unit")
             if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
@@ -235,11 +255,11 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
                     f"the prompt has {len(ids)} tokens but the model's context length is "
                     f"{engine.max_context}: shorten the prompt"
                 )
-            max_tokens = cmd.get("max_tokens")
+            max_tokens = cmd.max_tokens
             if max_tokens is None:
                 # left out by the client: the API's default (openai_api.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
                 # for completions), which every request carries, capped by the room the context has left
-                max_tokens = min(cmd["default_max_tokens"], room)
+                max_tokens = min(cmd.default_max_tokens, room)
             elif max_tokens > room:
                 raise RequestRejected(
                     f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
@@ -248,16 +268,16 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
                 )
             sp = SamplingParams(
                 max_tokens=max_tokens,
-                temperature=float(cmd["temperature"]),  # the API's default when the client left it out
-                top_p=float(cmd["top_p"]),
-                seed=cmd.get("seed"),
-                stop=tuple(cmd.get("stop", ())),
-                ignore_eos=bool(cmd.get("ignore_eos", False)),
-                n=int(cmd.get("n") or 1),
-                logprobs=cmd.get("logprobs"),
-                presence_penalty=float(cmd.get("presence_penalty") or 0.0),
-                frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
-                structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
+                temperature=float(cmd.temperature),  # the API's default when the client left it out
+                top_p=float(cmd.top_p),
+                seed=cmd.seed,
+                stop=tuple(cmd.stop or ()),
+                ignore_eos=cmd.ignore_eos,
+                n=int(cmd.n or 1),
+                logprobs=cmd.logprobs,
+                presence_penalty=float(cmd.presence_penalty or 0.0),
+                frequency_penalty=float(cmd.frequency_penalty or 0.0),
+                structured=StructuredOutput(**cmd.structured) if cmd.structured else None,
             )
             request = GenerationRequest(
                 request_id=rid,
@@ -265,76 +285,56 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
                 sampling=sp,
                 generated=continued,
                 resumed_choices=choices,
-                canary=bool(cmd.get("canary")),
+                canary=cmd.canary,
             )
             check = getattr(engine, "check", None)
             if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
                 await check(request)
-            accepted: dict[str, Any] = {}
-            if continued and cmd.get("tool_choice") == "auto":
+            replayed = None
+            if continued and cmd.tool_choice == "auto":
                 # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
                 # API replays it into the tool parser (the client has part of it as content, the rest held).
                 tracker = TextTracker(engine.tokenizer, sp.stop)
-                accepted["replayed_text"] = "".join(tracker.add(t)[0] for t in continued)
-            out.send(op="accepted", id=rid, prompt_tokens=len(ids), **accepted)
+                replayed = "".join(tracker.add(t)[0] for t in continued)
+            out.send(Accepted(id=rid, prompt_tokens=len(ids), replayed_text=replayed))
             finished: dict[int, str] = {}  # choice index -> the engine's finish reason
             async for ev in engine.generate(request):
                 generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
                 if ev.finish_reason:
                     finished[ev.index] = ev.finish_reason
                 cached = max(cached, ev.cached_tokens)
-                fields = token_fields(engine.tokenizer, ev)
-                if tool_parser:  # the API reads the calls in this format
-                    fields["tool_parser"] = tool_parser
-                out.send(op="token", id=rid, **fields)
+                out.send(token_event(engine.tokenizer, rid, ev, tool_parser))
             if len(finished) < (len(choices) or sp.n):  # a continuation runs only its unfinished choices
                 # The engine's stream ended without saying why for some choice: the answer may be cut
                 # short, and a client must never take a short answer for a whole one.
-                end(
-                    rid,
-                    cmd,
-                    "incomplete",
-                    generated,
-                    op="error",
-                    kind="incomplete",
-                    message="the engine ended the request without a finish reason; retry",
-                )
+                fail(cmd, "incomplete", generated, "the engine ended the request without a finish reason; retry")
             else:
                 finish = ",".join(finished[i] for i in sorted(finished))
-                end(rid, cmd, finish, generated, op="done", cached_tokens=cached)
+                end(cmd, finish, generated, Done(id=rid, cached_tokens=cached))
         except asyncio.CancelledError:
             engine.cancel(rid)
             if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
-                end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=stop_reason[0])
+                fail(cmd, "unavailable", generated, stop_reason[0])
             else:  # the server cancelled it: its client went away, or its queue or request timeout passed
-                end(rid, cmd, "cancelled", generated, op="error", kind="cancelled", message="cancelled by the server")
+                fail(cmd, "cancelled", generated, "cancelled by the server")
         except RequestRejected as e:
-            end(
-                rid,
-                cmd,
-                "rejected",
-                generated,
-                op="error",
-                kind="rejected",
-                message=str(e),
-                **({"param": e.param} if e.param else {}),
-            )
+            fail(cmd, "rejected", generated, str(e), param=e.param or None)
         except EngineBroken as e:
-            end(rid, cmd, "broken", generated, op="error", kind="broken", message=str(e))
+            fail(cmd, "broken", generated, str(e))
         except EngineUnavailable as e:
-            end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=f"{e}; retry")
+            fail(cmd, "unavailable", generated, f"{e}; retry")
         except EngineError as e:
-            end(rid, cmd, "engine", generated, op="error", kind="engine", message=str(e))
+            fail(cmd, "engine", generated, str(e))
         except Exception as e:  # a bug: report it on the request and in the log, keep serving others
             logging.exception("request %s failed", rid)
-            end(rid, cmd, "internal", generated, op="error", kind="internal", message=f"{type(e).__name__}: {e}")
+            fail(cmd, "internal", generated, f"{type(e).__name__}: {e}")
         finally:
             tasks.pop(rid, None)
 
     async def report_load() -> None:
         while not stop.is_set():
             h = engine.health()
-            out.send(op="load", state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load()))
+            out.send(Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load())))
             await asyncio.sleep(LOAD_EVERY_S)
 
     reporter = asyncio.create_task(report_load())
@@ -343,23 +343,22 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
         line = await reader.readline()
         if not line:
             break  # the supervisor is gone or closed our stdin: shut down
-        cmd = json.loads(line)
-        op = cmd["op"]
-        if op == "submit":
-            if cmd["id"] in tasks:
+        cmd = decode_command(line)
+        if isinstance(cmd, Submit):
+            if cmd.id in tasks:
                 # Ids are generated unique by the supervisor (engine_process): a repeat is a bug.
                 # Fail both loudly rather than let two requests share one stream.
-                logging.error("request id %s submitted twice; failing it", cmd["id"])
-                tasks[cmd["id"]].cancel()
-                out.send(op="error", id=cmd["id"], kind="internal", message="request id submitted twice (bug)")
+                logging.error("request id %s submitted twice; failing it", cmd.id)
+                tasks[cmd.id].cancel()
+                out.send(Error(id=cmd.id, kind="internal", message="request id submitted twice (bug)"))
                 continue
-            tasks[cmd["id"]] = asyncio.create_task(run(cmd))
-        elif op == "cancel":
-            t = tasks.get(cmd["id"])
+            tasks[cmd.id] = asyncio.create_task(run(cmd))
+        elif isinstance(cmd, Cancel):
+            t = tasks.get(cmd.id)
             if t is not None:
                 t.cancel()
-        elif op == "shutdown":
-            stop_reason[0] = cmd.get("reason") or stop_reason[0]
+        elif isinstance(cmd, Shutdown):
+            stop_reason[0] = cmd.reason or stop_reason[0]
             break
     stop.set()
     for t in list(tasks.values()):
@@ -398,15 +397,15 @@ def main() -> int:
         try:
             return asyncio.run(_serve_leader(cfg, out))
         except EngineError as e:
-            out.send(op="failed", message=str(e))
+            out.send(Failed(message=str(e)))
             return 1
-    out.send(op="starting")
+    out.send(Starting())
     threading.Thread(target=_exit_when_supervisor_goes, daemon=True).start()
     try:
         _run_follower_worker(cfg, out)
         rc = 0
     except EngineError as e:
-        out.send(op="failed", message=str(e))
+        out.send(Failed(message=str(e)))
         rc = 1
     # os._exit: the stdin watchdog thread must not race interpreter shutdown.
     sys.stderr.flush()

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from runtime.node import tool_calls
+from runtime.node.engine_protocol import Token
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -771,12 +772,12 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
         """A streamed chunk of one choice (vLLM streams each of the n choices in its own chunks)."""
         return ChatCompletionChunk(id=rid, created=created, model=self.model, choices=[choice], **self._null_usage())
 
-    def chunks(self, *, rid: str, created: int, ev: dict[str, Any], collected: Collected) -> list[ChatCompletionChunk]:
+    def chunks(self, *, rid: str, created: int, ev: Token, collected: Collected) -> list[ChatCompletionChunk]:
         """What one token event adds to the stream. A forced tool call is sent whole with its choice's
         finish (its JSON arguments are only a call once complete)."""
         choice = collected.add(ev)
-        finish = ev.get("finish_reason")
-        entry = [_chat_logprob(ev["logprobs"])] if self.logprobs and "logprobs" in ev else []
+        finish = ev.finish_reason
+        entry = [_chat_logprob(ev.logprobs)] if self.logprobs and ev.logprobs is not None else []
         if self.forced_tools:
             if not finish:
                 return []
@@ -806,7 +807,7 @@ class ChatCompletionRequest(_Sampling, _ChatMaxTokens):
                 delta = DeltaMessage(content=text[choice.sent : safe] if safe > choice.sent else None)
                 choice.sent = max(choice.sent, safe)
         else:
-            delta = DeltaMessage(content=ev["text"])
+            delta = DeltaMessage(content=ev.text)
         return [
             self._chunk(
                 rid,
@@ -936,11 +937,11 @@ class CompletionRequest(_Sampling):
     def opening(self, *, rid: str, created: int) -> list[CompletionChunk]:
         return []
 
-    def chunks(self, *, rid: str, created: int, ev: dict[str, Any], collected: Collected) -> list[CompletionChunk]:
+    def chunks(self, *, rid: str, created: int, ev: Token, collected: Collected) -> list[CompletionChunk]:
         choice = collected.add(ev)
         logprobs = None
         if self.logprobs is not None:
-            entries = [ev["logprobs"]] if "logprobs" in ev else []
+            entries = [ev.logprobs] if ev.logprobs is not None else []
             logprobs = _completion_logprobs(entries, choice.offset)
             choice.offset += sum(len(e["token"]) for e in entries)
         return [
@@ -951,8 +952,8 @@ class CompletionRequest(_Sampling):
                 choices=[
                     CompletionChoice(
                         index=choice.index,
-                        text=ev["text"] or "",
-                        finish_reason=ev.get("finish_reason"),
+                        text=ev.text or "",
+                        finish_reason=ev.finish_reason,
                         logprobs=logprobs,
                     )
                 ],
@@ -1009,15 +1010,15 @@ class Collected:
     choices: list[_Choice]
     tool_parser: str | None = None  # the model's tool-call format, named by the engine's first event
 
-    def add(self, ev: dict[str, Any]) -> _Choice:
-        self.tool_parser = ev.get("tool_parser", self.tool_parser)
-        c = self.choices[ev.get("index", 0)]
-        c.text.append(ev["text"])
-        c.tokens += ev.get("token_id", 0) >= 0  # -1: a finish-only event (neuron engine), not a token
-        if ev.get("finish_reason"):
-            c.finish_reason = ev["finish_reason"]
-        if "logprobs" in ev:
-            c.logprobs.append(ev["logprobs"])
+    def add(self, ev: Token) -> _Choice:
+        self.tool_parser = ev.tool_parser or self.tool_parser
+        c = self.choices[ev.index]
+        c.text.append(ev.text)
+        c.tokens += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
+        if ev.finish_reason:
+            c.finish_reason = ev.finish_reason
+        if ev.logprobs is not None:
+            c.logprobs.append(ev.logprobs)
         return c
 
     @property

@@ -39,6 +39,7 @@ def test_an_idle_engine_is_never_stalled_however_long_it_was_quiet():
 
 def test_the_first_request_of_an_idle_engine_starts_the_clock_afresh():
     e = _engine(running=0, quiet_s=3600.0)
-    e.submit("r1", prompt="x")  # not started: the request ends at once, but the clock was reset
+    # not started: the request ends at once, but the clock was reset
+    e.submit("r1", correlation_id="", prompt="x", max_tokens=1, default_max_tokens=1, temperature=0.0, top_p=1.0)
     e.load = LoadReport(state=EngineState.READY, running=1, max_running=8)
     assert not e.stalled(3.0)

@@ -257,7 +257,7 @@ async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
                 )
             max_tokens = cmd.max_tokens
             if max_tokens is None:
-                # left out by the client: the API's default (openai_api.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
+                # left out by the client: the API's default (protocol.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
                 # for completions), which every request carries, capped by the room the context has left
                 max_tokens = min(cmd.default_max_tokens, room)
             elif max_tokens > room:

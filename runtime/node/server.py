@@ -26,7 +26,7 @@ from runtime.logs import jlog
 from runtime.node.engine_protocol import Accepted, Done, Error, RequestEvent, Token
 from runtime.node.handshake import STATUS_PATH
 from runtime.node.metrics import NodeMetrics
-from runtime.node.openai_api import (
+from runtime.node.protocol import (
     DEFAULT_MAX_TOKENS,
     ApiError,
     ParsedRequest,
@@ -36,6 +36,7 @@ from runtime.node.openai_api import (
     parse_json_body,
 )
 from runtime.node.queue_wait import retry_after_s
+from runtime.node.serving import serving_for
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
@@ -389,7 +390,8 @@ class LeaderApi:
         prompt_tokens: int,
     ) -> web.Response:
         n, first_token, cached = 0, None, 0
-        collected = req.collector()
+        serving = serving_for(req)
+        collected = serving.collector()
         async for ev in events:
             if isinstance(ev, Done):
                 cached = ev.cached_tokens
@@ -414,7 +416,7 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(
+        body = serving.response(
             rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens, cached_tokens=cached
         )
         return web.json_response(body.model_dump(), headers=headers)
@@ -470,7 +472,8 @@ class LeaderApi:
 
         n, first_token = 0, None
         before = move.sent  # tokens the client already has from another unit (every choice's)
-        collected = req.collector()
+        serving = serving_for(req)
+        collected = serving.collector()
         for i in move.finished:  # choices whose end the client already has
             collected.choices[i].finish_reason = "continued"
         if move.content_sent is not None:
@@ -484,13 +487,13 @@ class LeaderApi:
             if move.resume and not move.continued:
                 await write(resume_comment(None) + b"\n")  # the router learns it may move this stream
             if not move.continued:  # a continued stream's client has had its opening
-                for chunk in req.opening(rid=rid, created=created):
+                for chunk in serving.opening(rid=rid, created=created):
                     await send(chunk)
             async for ev in events:
                 if isinstance(ev, Token):
                     if first_token is None:
                         first_token = time.time()
-                    chunks = req.chunks(rid=rid, created=created, ev=ev, collected=collected)
+                    chunks = serving.chunks(rid=rid, created=created, ev=ev, collected=collected)
                     n = collected.completion_tokens  # every choice's tokens, counted before the write may fail
                     rec["completion_tokens"] = n
                     data = b"".join(event(chunk) for chunk in chunks)
@@ -530,7 +533,7 @@ class LeaderApi:
                 # usage counts the whole answer, the tokens another unit generated included.
                 cached = ev.cached_tokens if isinstance(ev, Done) else 0  # ev: the engine's `done`
                 await send(
-                    req.usage_chunk(
+                    serving.usage_chunk(
                         rid=rid,
                         created=created,
                         prompt_tokens=prompt_tokens,

@@ -110,7 +110,7 @@ def test_a_line_that_is_not_json_fails():
 
 
 def test_every_field_the_api_sends_down_is_a_field_of_the_submit_message():
-    from runtime.node.openai_api import parse_chat, parse_completion  # noqa: PLC0415
+    from runtime.node.protocol import parse_chat, parse_completion  # noqa: PLC0415
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     chat = {

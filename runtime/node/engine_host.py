@@ -181,192 +181,250 @@ def _prompt_ids(engine: Any, cmd: Submit) -> list[int]:
 
 
 async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
-    engine = _build_leader_engine(cfg)
-    out.send(Starting())
-    progress = asyncio.create_task(_report_progress(engine, out))
-    try:
-        await engine.start()
-    finally:
-        progress.cancel()
-    calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
-    out.send(
-        Ready(
-            model_name=engine.model_name,
-            max_context=int(engine.max_context),
-            strategies=calibration.as_dict() if calibration is not None else None,
-            resumes=bool(getattr(engine, "resumes", False)),
-            resumes_choices=bool(getattr(engine, "resumes_choices", False)),
-        )
-    )
-    tasks: dict[str, asyncio.Task] = {}
-    stop = asyncio.Event()
-    stop_reason = ["the unit shut down before this request finished; retry"]
+    return await _Leader(cfg, _build_leader_engine(cfg), out).run()
 
-    def end(cmd: Submit, ending: str, generated: int, event: Done | Error) -> None:
-        """The request's one last event (done or error) and the engine's own account of it."""
-        out.send(event)
-        jlog("engine_request_end", id=cmd.id, request_id=cmd.correlation_id, ending=ending, generated=generated)
 
-    def fail(cmd: Submit, kind: str, generated: int, message: str, param: str | None = None) -> None:
-        end(cmd, kind, generated, Error(id=cmd.id, kind=kind, message=message, param=param))
+class _Leader:
+    """The leader's engine process: start the engine, then serve the supervisor's commands until it
+    says stop (or goes), then end every request still open and shut the engine down."""
 
-    async def run(cmd: Submit) -> None:
-        rid = cmd.id
-        generated, finish, cached = 0, None, 0
+    def __init__(self, cfg: EngineConfig, engine: Any, out: _Out) -> None:
+        self.cfg, self.engine, self.out = cfg, engine, out
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.stop = asyncio.Event()
+        self.stop_reason = "the unit shut down before this request finished; retry"
+
+    async def run(self) -> int:
+        await self._start()
+        reporter = asyncio.create_task(self._report_load())
+        await self._serve(await _stdin_lines())
+        await self._end_open_requests()
+        reporter.cancel()
+        await self.engine.shutdown()
+        return 0 if self.engine.health().state is not EngineState.BROKEN else 1
+
+    async def _start(self) -> None:
+        engine = self.engine
+        self.out.send(Starting())
+        progress = asyncio.create_task(_report_progress(engine, self.out))
         try:
-            if cmd.tools and not getattr(engine.tokenizer, "supports_tools", False):
-                raise RequestRejected(
-                    f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
-                    "format; leave 'tools' out, or serve a model whose chat template renders tools",
-                    param="tools",
-                )
-            tool_parser = None
-            if cmd.tool_choice == "auto":
-                tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
-                if tool_parser is None:
-                    raise RequestRejected(
-                        "tool_choice 'auto' (the default when 'tools' are given) needs to read tool calls in the "
-                        f"model's own format; the chat template of '{engine.model_name}' teaches none this unit "
-                        "parses (<tool_call> JSON as Hermes/Qwen, or Llama 3.1's JSON calls): set 'tool_choice' "
-                        'to "required", "none" or {"type": "function", "function": {"name": ...}}',
-                        param="tool_choice",
-                    )
-            try:
-                ids = _prompt_ids(engine, cmd)
-            except (ValueError, KeyError, TypeError) as e:
-                raise RequestRejected(f"the prompt cannot be tokenized: {e}") from e
-            vocab = getattr(engine.tokenizer, "vocab_size", None)
-            if vocab is not None and any(not 0 <= t < vocab for t in ids):
-                raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
-            if not ids:
-                raise RequestRejected("the prompt is empty: give at least one token")
-            continued = tuple(cmd.generated or ())  # a continuation: tokens another unit generated
-            if continued and not getattr(engine, "resumes", False):
-                raise RequestRejected(f"the {cfg.engine} engine cannot continue a request from another unit")
-            # A continuation of n > 1 choices: [index, token ids] of each choice still to run.
-            choices = tuple((int(i), tuple(t)) for i, t in cmd.resumed_choices or ())
-            if choices and not getattr(engine, "resumes_choices", False):
-                raise RequestRejected(f"the {cfg.engine} engine cannot continue n > 1 choices from another unit")
-            if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
-                raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
-            room = engine.max_context - len(ids)
-            if room < 1:
-                raise RequestRejected(
-                    f"the prompt has {len(ids)} tokens but the model's context length is "
-                    f"{engine.max_context}: shorten the prompt"
-                )
-            max_tokens = cmd.max_tokens
-            if max_tokens is None:
-                # left out by the client: the API's default (protocol.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
-                # for completions), which every request carries, capped by the room the context has left
-                max_tokens = min(cmd.default_max_tokens, room)
-            elif max_tokens > room:
-                raise RequestRejected(
-                    f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
-                    f"they exceed the model's context length of {engine.max_context}; "
-                    f"lower max_tokens to at most {room} or shorten the prompt"
-                )
-            sp = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=float(cmd.temperature),  # the API's default when the client left it out
-                top_p=float(cmd.top_p),
-                seed=cmd.seed,
-                stop=tuple(cmd.stop or ()),
-                ignore_eos=cmd.ignore_eos,
-                n=int(cmd.n or 1),
-                logprobs=cmd.logprobs,
-                presence_penalty=float(cmd.presence_penalty or 0.0),
-                frequency_penalty=float(cmd.frequency_penalty or 0.0),
-                structured=StructuredOutput(**cmd.structured) if cmd.structured else None,
-            )
-            request = GenerationRequest(
-                request_id=rid,
-                prompt_token_ids=tuple(ids),
-                sampling=sp,
-                generated=continued,
-                resumed_choices=choices,
-                canary=cmd.canary,
-            )
-            check = getattr(engine, "check", None)
-            if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
-                await check(request)
-            replayed = None
-            if continued and cmd.tool_choice == "auto":
-                # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
-                # API replays it into the tool parser (the client has part of it as content, the rest held).
-                tracker = TextTracker(engine.tokenizer, sp.stop)
-                replayed = "".join(tracker.add(t)[0] for t in continued)
-            out.send(Accepted(id=rid, prompt_tokens=len(ids), replayed_text=replayed))
-            finished: dict[int, str] = {}  # choice index -> the engine's finish reason
-            async for ev in engine.generate(request):
-                generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
-                if ev.finish_reason:
-                    finished[ev.index] = ev.finish_reason
-                cached = max(cached, ev.cached_tokens)
-                out.send(token_event(engine.tokenizer, rid, ev, tool_parser))
-            if len(finished) < (len(choices) or sp.n):  # a continuation runs only its unfinished choices
-                # The engine's stream ended without saying why for some choice: the answer may be cut
-                # short, and a client must never take a short answer for a whole one.
-                fail(cmd, "incomplete", generated, "the engine ended the request without a finish reason; retry")
-            else:
-                finish = ",".join(finished[i] for i in sorted(finished))
-                end(cmd, finish, generated, Done(id=rid, cached_tokens=cached))
-        except asyncio.CancelledError:
-            engine.cancel(rid)
-            if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
-                fail(cmd, "unavailable", generated, stop_reason[0])
-            else:  # the server cancelled it: its client went away, or its queue or request timeout passed
-                fail(cmd, "cancelled", generated, "cancelled by the server")
-        except RequestRejected as e:
-            fail(cmd, "rejected", generated, str(e), param=e.param or None)
-        except EngineBroken as e:
-            fail(cmd, "broken", generated, str(e))
-        except EngineUnavailable as e:
-            fail(cmd, "unavailable", generated, f"{e}; retry")
-        except EngineError as e:
-            fail(cmd, "engine", generated, str(e))
-        except Exception as e:  # a bug: report it on the request and in the log, keep serving others
-            logging.exception("request %s failed", rid)
-            fail(cmd, "internal", generated, f"{type(e).__name__}: {e}")
+            await engine.start()
         finally:
-            tasks.pop(rid, None)
+            progress.cancel()
+        calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
+        self.out.send(
+            Ready(
+                model_name=engine.model_name,
+                max_context=int(engine.max_context),
+                strategies=calibration.as_dict() if calibration is not None else None,
+                resumes=bool(getattr(engine, "resumes", False)),
+                resumes_choices=bool(getattr(engine, "resumes_choices", False)),
+            )
+        )
 
-    async def report_load() -> None:
-        while not stop.is_set():
-            h = engine.health()
-            out.send(Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load())))
+    async def _report_load(self) -> None:
+        while not self.stop.is_set():
+            h = self.engine.health()
+            self.out.send(Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(self.engine.load())))
             await asyncio.sleep(LOAD_EVERY_S)
 
-    reporter = asyncio.create_task(report_load())
-    reader = await _stdin_lines()
-    while True:
-        line = await reader.readline()
-        if not line:
-            break  # the supervisor is gone or closed our stdin: shut down
-        cmd = decode_command(line)
-        if isinstance(cmd, Submit):
-            if cmd.id in tasks:
-                # Ids are generated unique by the supervisor (engine_process): a repeat is a bug.
-                # Fail both loudly rather than let two requests share one stream.
-                logging.error("request id %s submitted twice; failing it", cmd.id)
-                tasks[cmd.id].cancel()
-                out.send(Error(id=cmd.id, kind="internal", message="request id submitted twice (bug)"))
-                continue
-            tasks[cmd.id] = asyncio.create_task(run(cmd))
-        elif isinstance(cmd, Cancel):
-            t = tasks.get(cmd.id)
-            if t is not None:
-                t.cancel()
-        elif isinstance(cmd, Shutdown):
-            stop_reason[0] = cmd.reason or stop_reason[0]
-            break
-    stop.set()
-    for t in list(tasks.values()):
-        t.cancel()
-    await asyncio.gather(*tasks.values(), return_exceptions=True)
-    reporter.cancel()
-    await engine.shutdown()
-    return 0 if engine.health().state is not EngineState.BROKEN else 1
+    async def _serve(self, reader: asyncio.StreamReader) -> None:
+        """The supervisor's commands, until it says shutdown or closes our stdin (it is gone)."""
+        while line := await reader.readline():
+            cmd = decode_command(line)
+            if isinstance(cmd, Submit):
+                self._submit(cmd)
+            elif isinstance(cmd, Cancel):
+                t = self.tasks.get(cmd.id)
+                if t is not None:
+                    t.cancel()
+            elif isinstance(cmd, Shutdown):
+                self.stop_reason = cmd.reason or self.stop_reason
+                return
+
+    def _submit(self, cmd: Submit) -> None:
+        if cmd.id in self.tasks:
+            # Ids are generated unique by the supervisor (engine_process): a repeat is a bug.
+            # Fail both loudly rather than let two requests share one stream.
+            logging.error("request id %s submitted twice; failing it", cmd.id)
+            self.tasks[cmd.id].cancel()
+            self.out.send(Error(id=cmd.id, kind="internal", message="request id submitted twice (bug)"))
+            return
+        self.tasks[cmd.id] = asyncio.create_task(self._run(cmd))
+
+    async def _end_open_requests(self) -> None:
+        self.stop.set()
+        for t in list(self.tasks.values()):
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    # -- one request ------------------------------------------------------------------------------
+
+    async def _run(self, cmd: Submit) -> None:
+        """One request: checked and turned into the engine's request, accepted, generated, ended with
+        exactly one done or error event."""
+        generated = [0]  # tokens so far, for the request's end line
+        try:
+            tool_parser = self._tool_parser(cmd)
+            request = self._request(cmd)
+            check = getattr(self.engine, "check", None)
+            if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
+                await check(request)
+            self._accept(cmd, request)
+            await self._generate(cmd, request, tool_parser, generated)
+        except asyncio.CancelledError:
+            self.engine.cancel(cmd.id)
+            if self.stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
+                self._fail(cmd, "unavailable", generated[0], self.stop_reason)
+            else:  # the server cancelled it: its client went away, or its queue or request timeout passed
+                self._fail(cmd, "cancelled", generated[0], "cancelled by the server")
+        except RequestRejected as e:
+            self._fail(cmd, "rejected", generated[0], str(e), param=e.param or None)
+        except EngineBroken as e:
+            self._fail(cmd, "broken", generated[0], str(e))
+        except EngineUnavailable as e:
+            self._fail(cmd, "unavailable", generated[0], f"{e}; retry")
+        except EngineError as e:
+            self._fail(cmd, "engine", generated[0], str(e))
+        except Exception as e:  # a bug: report it on the request and in the log, keep serving others
+            logging.exception("request %s failed", cmd.id)
+            self._fail(cmd, "internal", generated[0], f"{type(e).__name__}: {e}")
+        finally:
+            self.tasks.pop(cmd.id, None)
+
+    def _tool_parser(self, cmd: Submit) -> str | None:
+        """The model's tool-call format when tool_choice is auto; refuses tools the model cannot take."""
+        engine = self.engine
+        if cmd.tools and not getattr(engine.tokenizer, "supports_tools", False):
+            raise RequestRejected(
+                f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
+                "format; leave 'tools' out, or serve a model whose chat template renders tools",
+                param="tools",
+            )
+        if cmd.tool_choice != "auto":
+            return None
+        tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
+        if tool_parser is None:
+            raise RequestRejected(
+                "tool_choice 'auto' (the default when 'tools' are given) needs to read tool calls in the "
+                f"model's own format; the chat template of '{engine.model_name}' teaches none this unit "
+                "parses (<tool_call> JSON as Hermes/Qwen, or Llama 3.1's JSON calls): set 'tool_choice' "
+                'to "required", "none" or {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        return tool_parser
+
+    def _request(self, cmd: Submit) -> GenerationRequest:
+        ids = self._prompt(cmd)
+        continued, choices = self._continuation(cmd)
+        return GenerationRequest(
+            request_id=cmd.id,
+            prompt_token_ids=tuple(ids),
+            sampling=self._sampling(cmd, self._max_tokens(cmd, ids)),
+            generated=continued,
+            resumed_choices=choices,
+            canary=cmd.canary,
+        )
+
+    def _prompt(self, cmd: Submit) -> list[int]:
+        try:
+            ids = _prompt_ids(self.engine, cmd)
+        except (ValueError, KeyError, TypeError) as e:
+            raise RequestRejected(f"the prompt cannot be tokenized: {e}") from e
+        vocab = getattr(self.engine.tokenizer, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in ids):
+            raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
+        if not ids:
+            raise RequestRejected("the prompt is empty: give at least one token")
+        return ids
+
+    def _continuation(self, cmd: Submit) -> tuple[tuple[int, ...], tuple[tuple[int, tuple[int, ...]], ...]]:
+        """A continuation's tokens another unit generated, and for n > 1 [index, token ids] of each
+        choice still to run."""
+        engine = self.engine
+        continued = tuple(cmd.generated or ())
+        if continued and not getattr(engine, "resumes", False):
+            raise RequestRejected(f"the {self.cfg.engine} engine cannot continue a request from another unit")
+        choices = tuple((int(i), tuple(t)) for i, t in cmd.resumed_choices or ())
+        if choices and not getattr(engine, "resumes_choices", False):
+            raise RequestRejected(f"the {self.cfg.engine} engine cannot continue n > 1 choices from another unit")
+        vocab = getattr(engine.tokenizer, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
+            raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
+        return continued, choices
+
+    def _max_tokens(self, cmd: Submit, ids: list[int]) -> int:
+        max_context = self.engine.max_context
+        room = max_context - len(ids)
+        if room < 1:
+            raise RequestRejected(
+                f"the prompt has {len(ids)} tokens but the model's context length is {max_context}: shorten the prompt"
+            )
+        if cmd.max_tokens is None:
+            # left out by the client: the API's default (protocol.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
+            # for completions), which every request carries, capped by the room the context has left
+            return min(cmd.default_max_tokens, room)
+        if cmd.max_tokens > room:
+            raise RequestRejected(
+                f"the prompt has {len(ids)} tokens and max_tokens is {cmd.max_tokens}: together "
+                f"they exceed the model's context length of {max_context}; "
+                f"lower max_tokens to at most {room} or shorten the prompt"
+            )
+        return cmd.max_tokens
+
+    @staticmethod
+    def _sampling(cmd: Submit, max_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(cmd.temperature),  # the API's default when the client left it out
+            top_p=float(cmd.top_p),
+            seed=cmd.seed,
+            stop=tuple(cmd.stop or ()),
+            ignore_eos=cmd.ignore_eos,
+            n=int(cmd.n or 1),
+            logprobs=cmd.logprobs,
+            presence_penalty=float(cmd.presence_penalty or 0.0),
+            frequency_penalty=float(cmd.frequency_penalty or 0.0),
+            structured=StructuredOutput(**cmd.structured) if cmd.structured else None,
+        )
+
+    def _accept(self, cmd: Submit, request: GenerationRequest) -> None:
+        replayed = None
+        if request.generated and cmd.tool_choice == "auto":
+            # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
+            # API replays it into the tool parser (the client has part of it as content, the rest held).
+            tracker = TextTracker(self.engine.tokenizer, request.sampling.stop)
+            replayed = "".join(tracker.add(t)[0] for t in request.generated)
+        self.out.send(Accepted(id=cmd.id, prompt_tokens=len(request.prompt_token_ids), replayed_text=replayed))
+
+    async def _generate(
+        self, cmd: Submit, request: GenerationRequest, tool_parser: str | None, generated: list[int]
+    ) -> None:
+        """The engine's tokens to the supervisor, then done, or an error if a choice never finished."""
+        cached = 0
+        finished: dict[int, str] = {}  # choice index -> the engine's finish reason
+        async for ev in self.engine.generate(request):
+            generated[0] += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
+            if ev.finish_reason:
+                finished[ev.index] = ev.finish_reason
+            cached = max(cached, ev.cached_tokens)
+            self.out.send(token_event(self.engine.tokenizer, cmd.id, ev, tool_parser))
+        if len(finished) < (len(request.resumed_choices) or request.sampling.n):
+            # A continuation runs only its unfinished choices. The engine's stream ended without saying
+            # why for some choice: the answer may be cut short, and a client must never take a short
+            # answer for a whole one.
+            self._fail(cmd, "incomplete", generated[0], "the engine ended the request without a finish reason; retry")
+            return
+        finish = ",".join(finished[i] for i in sorted(finished))
+        self._end(cmd, finish, generated[0], Done(id=cmd.id, cached_tokens=cached))
+
+    def _end(self, cmd: Submit, ending: str, generated: int, event: Done | Error) -> None:
+        """The request's one last event (done or error) and the engine's own account of it."""
+        self.out.send(event)
+        jlog("engine_request_end", id=cmd.id, request_id=cmd.correlation_id, ending=ending, generated=generated)
+
+    def _fail(self, cmd: Submit, kind: str, generated: int, message: str, param: str | None = None) -> None:
+        self._end(cmd, kind, generated, Error(id=cmd.id, kind=kind, message=message, param=param))
 
 
 def _exit_when_supervisor_goes() -> None:

@@ -121,16 +121,8 @@ class EngineProcess:
                         # Broken is for good: a request that found the engine broken may arrive a
                         # moment before the engine's own load report says so, and a "ready" report
                         # sent in that moment must not make the unit routable again.
-                        self.load = LoadReport(
-                            state=EngineState(ev.state),
-                            detail=ev.detail,
-                            queue_depth=ev.queue_depth,
-                            running=ev.running,
-                            max_running=ev.max_running,
-                            kv_cache_used=ev.kv_cache_used,
-                            prefix_cache_queries=ev.prefix_cache_queries,
-                            prefix_cache_hits=ev.prefix_cache_hits,
-                        )
+                        fields = {k: getattr(ev, k) for k in LoadReport.__dataclass_fields__}
+                        self.load = LoadReport(**{**fields, "state": EngineState(ev.state)})
                 elif isinstance(ev, Progress):
                     self.progress, self.progress_at = ev, self.last_report
                 elif isinstance(ev, Ready):

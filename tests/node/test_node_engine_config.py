@@ -54,7 +54,7 @@ def test_settings_changed_in_the_environment_reach_the_echo_engine_object():
 
 
 def test_the_batch_slots_setting_reaches_a_running_echo_unit(new_unit):
-    # The echo engine used to keep 8 slots whatever --max-running said.
+    # An engine built without the setting would report its own default slot count instead.
     unit = new_unit(engine="echo", world_size=1, FLOTILLA_MAX_RUNNING="3").start().wait_ready()
     assert unit.leader.ready()[1]["load"]["max_running"] == 3
 

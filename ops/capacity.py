@@ -15,9 +15,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contract.bad_input import NOT_GIVEN
 from contract.neuron import NeuronImage, image_for, mode_for
 from contract.sizing import CoreMemory, LlamaDims, core_memory, llama_params
 from contract.trainium import GIB, TrainiumInstance
+from ops.errors import arg_line
 from ops.hardware import instance_spec
 
 DTYPE_BYTES = {
@@ -41,16 +43,23 @@ class PlanError(ValueError):
     """Input the planner cannot satisfy; the message names the input and the fix."""
 
 
+def bad_plan_input(flag: str, value: Any, problem: str, fix: str) -> PlanError:
+    """A `flotilla plan` argument the planner cannot use, worded as every CLI argument error."""
+    return PlanError(arg_line(flag, value, problem, fix))
+
+
 def dtype_bytes(dtype: str, *, what: str = "--dtype") -> int:
     try:
         return DTYPE_BYTES[dtype.lower()]
     except KeyError:
-        raise PlanError(f"{what} {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}") from None
+        raise bad_plan_input(what, dtype, "is not known", f"use one of {', '.join(DTYPE_BYTES)}") from None
 
 
 def _positive(name: str, value: float | int | None) -> None:
-    if value is None or value <= 0:
-        raise PlanError(f"{name} must be a positive number, got {value!r}")
+    if value is None:
+        raise bad_plan_input(name, NOT_GIVEN, "is not given", "give a number above 0")
+    if value <= 0:
+        raise bad_plan_input(name, value, "is not a positive number", "give a number above 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,18 +90,23 @@ class ModelShape:
             _positive(flag, value)
         dtype_bytes(self.dtype)
         if self.heads % self.kv_heads:
-            raise PlanError(
-                f"--heads {self.heads} is not a multiple of --kv-heads {self.kv_heads}: grouped-query "
-                "attention shares each KV head among a whole number of query heads"
+            raise bad_plan_input(
+                "--heads",
+                self.heads,
+                f"is not a multiple of --kv-heads {self.kv_heads} (grouped-query attention shares each KV "
+                "head among a whole number of query heads)",
+                "give a --kv-heads that divides --heads",
             )
         if self.head_dim is None and self.hidden % self.heads:
-            raise PlanError(
-                f"--hidden {self.hidden} is not divisible by --heads {self.heads}: give --head-dim explicitly"
+            raise bad_plan_input(
+                "--hidden", self.hidden, f"is not divisible by --heads {self.heads}", "give --head-dim explicitly"
             )
         if self.params is None and (self.intermediate is None or self.vocab is None):
-            raise PlanError(
-                "the parameter count is unknown: give --params, or --intermediate and --vocab so the "
-                "planner can count them from the shape"
+            raise bad_plan_input(
+                "--params",
+                NOT_GIVEN,
+                "is not given and cannot be counted from the shape",
+                "give --params, or --intermediate and --vocab so the planner can count them",
             )
         if self.params is not None:
             _positive("--params", self.params)
@@ -125,9 +139,13 @@ class ModelShape:
         try:
             cfg = json.loads(p.read_text())
         except FileNotFoundError:
-            raise PlanError(f"--config-json {p}: no such file") from None
+            raise bad_plan_input(
+                "--config-json", str(p), "is not a file", "give the path of the model's config.json"
+            ) from None
         except json.JSONDecodeError as exc:
-            raise PlanError(f"--config-json {p} is not valid JSON: {exc}") from None
+            raise bad_plan_input(
+                "--config-json", str(p), f"is not valid JSON ({exc})", "give the model's config.json as it ships"
+            ) from None
         keys = {
             "layers": "num_hidden_layers",
             "hidden": "hidden_size",
@@ -139,7 +157,9 @@ class ModelShape:
             if field_name in overrides and overrides[field_name] is not None:
                 continue
             if key not in cfg:
-                raise PlanError(f"--config-json {p} has no {key!r}: give --{field_name.replace('_', '-')} instead")
+                raise bad_plan_input(
+                    "--config-json", str(p), f"has no {key!r}", f"give --{field_name.replace('_', '-')} instead"
+                )
             values[field_name] = cfg[key]
         values["kv_heads"] = cfg.get("num_key_value_heads", cfg.get("num_attention_heads"))
         values["head_dim"] = cfg.get("head_dim")
@@ -178,7 +198,11 @@ class PlanSettings:
     pad_heads: bool = False  # allow head counts tp_degree does not divide (padded heads)
 
     def __post_init__(self) -> None:
-        instance_spec(self.instance_type)
+        try:
+            instance_spec(self.instance_type)
+        except ValueError as err:  # its message says which types are supported and why
+            problem, _, fix = str(err).removeprefix(f"instance type {self.instance_type!r} ").partition(": ")
+            raise bad_plan_input("--instance-type", self.instance_type, problem, fix) from None
         _positive("--batch", self.batch)
         _positive("--max-nodes", self.max_nodes)
         if self.seq_len is not None:
@@ -186,13 +210,15 @@ class PlanSettings:
         if self.kv_dtype is not None:
             dtype_bytes(self.kv_dtype, what="--kv-dtype")
         if not 0 <= self.hbm_reserve < 1:
-            raise PlanError(f"--hbm-reserve must be in [0, 1), got {self.hbm_reserve}")
+            raise bad_plan_input("--hbm-reserve", self.hbm_reserve, "is out of range", "give a fraction in [0, 1)")
         if not 0 < self.efficiency <= 1:
-            raise PlanError(f"--efficiency must be in (0, 1], got {self.efficiency}")
+            raise bad_plan_input("--efficiency", self.efficiency, "is out of range", "give a fraction in (0, 1]")
         if not 1 <= self.units_per_cell <= MAX_UNITS_PER_CELL:
-            raise PlanError(
-                f"--units-per-cell must be 1..{MAX_UNITS_PER_CELL} (ECS allows {MAX_UNITS_PER_CELL} capacity "
-                f"providers per cluster, one per unit), got {self.units_per_cell}"
+            raise bad_plan_input(
+                "--units-per-cell",
+                self.units_per_cell,
+                f"is out of range (ECS allows {MAX_UNITS_PER_CELL} capacity providers per cluster, one per unit)",
+                f"give a value in 1..{MAX_UNITS_PER_CELL}",
             )
 
 
@@ -303,16 +329,25 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
     kv_bytes = dtype_bytes(settings.kv_dtype or model.dtype, what="--kv-dtype")
     seq_len = settings.seq_len or traffic.prompt_tokens + traffic.output_tokens
     if traffic.prompt_tokens + traffic.output_tokens > model.context_length:
-        raise PlanError(
-            f"--prompt-tokens {traffic.prompt_tokens} + --output-tokens {traffic.output_tokens} exceed the "
-            f"model's context length {model.context_length}: shorten the requests"
+        raise bad_plan_input(
+            "--prompt-tokens",
+            traffic.prompt_tokens,
+            f"with --output-tokens {traffic.output_tokens} exceeds the model's context length {model.context_length}",
+            "shorten the requests",
         )
     if seq_len > model.context_length:
-        raise PlanError(f"--seq-len {seq_len} exceeds the model's context length {model.context_length}")
+        raise bad_plan_input(
+            "--seq-len",
+            seq_len,
+            f"exceeds the model's context length {model.context_length}",
+            f"give at most {model.context_length}, or drop it",
+        )
     if seq_len < traffic.prompt_tokens + traffic.output_tokens:
-        raise PlanError(
-            f"--seq-len {seq_len} is shorter than a request ({traffic.prompt_tokens} prompt + "
-            f"{traffic.output_tokens} output tokens): raise --seq-len or drop it"
+        raise bad_plan_input(
+            "--seq-len",
+            seq_len,
+            f"is shorter than a request ({traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens)",
+            "raise --seq-len or drop it",
         )
 
     params = model.total_params
@@ -397,21 +432,20 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         units = max(1, math.ceil(traffic.requests_per_s / partial.requests_per_s_per_unit - 1e-9))
         return replace(partial, units=units)
 
-    tried = "; ".join(skipped)
+    fits = f"fits no unit of {model.name} on 1..{settings.max_nodes} {inst.instance_type} nodes"
     if smallest_need is None:
         cores = inst.neuron_cores
-        tried = (
-            f"no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x 1..{settings.max_nodes} "
-            f"nodes) splits {model.heads} heads and {model.kv_heads} KV heads evenly"
+        raise bad_plan_input(
+            "--heads",
+            model.heads,
+            f"{fits}: no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x "
+            f"1..{settings.max_nodes} nodes) splits {model.heads} heads and {model.kv_heads} KV heads evenly",
+            f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of {cores} x nodes",
         )
-        hint = (
-            f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of {cores} x nodes"
-        )
-    else:
-        hint = (
-            f"the least it needs is {smallest_need.total / GIB:.2f} GiB per NeuronCore; lower --batch or "
-            f"--seq-len, use a smaller --kv-dtype, or raise --max-nodes"
-        )
-    raise PlanError(
-        f"no unit of 1..{settings.max_nodes} {inst.instance_type} nodes fits {model.name} ({tried}): {hint}"
+    raise bad_plan_input(
+        "--max-nodes",
+        settings.max_nodes,
+        f"{fits} ({'; '.join(skipped)})",
+        f"the least it needs is {smallest_need.total / GIB:.2f} GiB per NeuronCore; raise --max-nodes, lower "
+        "--batch or --seq-len, or use a smaller --kv-dtype",
     )

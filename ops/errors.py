@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contract.bad_input import bad_input_line
+from contract.bad_input import NOT_GIVEN, bad_input_line
 
 # Exit statuses. `status` uses all of them, by severity; the other subcommands 0, 1, 2 and 4.
 EXIT_OK = 0  # all good (status: every unit ready, drained ones excepted)
@@ -26,10 +26,16 @@ class UsageError(OpsError):
     exit_code = EXIT_USAGE
 
 
+def arg_line(flag: str, value: Any, problem: str, fix: str) -> str:
+    """A command-line argument's error in the one wording every flotilla input error uses
+    (contract.bad_input): `--flag=value problem: fix`, a number shown as typed (2, not 2.0)."""
+    shown = value if value is NOT_GIVEN or isinstance(value, str) else f"{value:g}"
+    return bad_input_line(flag, shown, problem, fix, text=True)
+
+
 def bad_arg(flag: str, value: Any, problem: str, fix: str) -> UsageError:
-    """A command-line argument out of its range, in the one wording every flotilla input error uses
-    (contract.bad_input): `--flag=value problem: fix`."""
-    return UsageError(bad_input_line(flag, value if isinstance(value, str) else f"{value:g}", problem, fix, text=True))
+    """A command-line argument out of its range (arg_line's wording)."""
+    return UsageError(arg_line(flag, value, problem, fix))
 
 
 class Refused(OpsError):

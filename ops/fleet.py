@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import contract
+from contract.ready import ReadyReport, read_ready
 from ops.aws import Aws, chunks
 from ops.errors import OpsError
 
@@ -69,6 +70,11 @@ class Node:
     @property
     def stopping(self) -> bool:
         return self.desired_status == "STOPPED"
+
+    @property
+    def report(self) -> ReadyReport | None:
+        """Its ready body as read_ready takes it (fetch_health kept only bodies it can read)."""
+        return read_ready(self.health) if self.health is not None else None
 
     @property
     def task_id(self) -> str:
@@ -473,8 +479,10 @@ def fetch_health(address: str, *, timeout_s: float) -> tuple[dict[str, Any] | No
         doc = json.loads(body)
     except ValueError:
         return None, f"{url}: answered with something that is not JSON"
-    if not isinstance(doc, dict):
-        return None, f"{url}: answered with JSON that is not an object"
+    try:
+        read_ready(doc)  # the one reader of ready bodies (the router's too): lenient across revisions
+    except ValueError as err:
+        return None, f"{url}: {err}"
     return doc, None
 
 
@@ -493,23 +501,24 @@ def _through_leader(leader: Node, by_address: dict[str, Node]) -> list[Node]:
     directly: those it could not reach, and all of them when the leader is not ready (its last word
     on a follower may predate what broke the unit, and the operator needs each member's own)."""
     body = leader.health or {}
+    report = read_ready(body)
     direct: list[Node] = []
-    for m in body.get(contract.ATTR_MEMBERS) or []:
+    for m in report.members or []:
         n = by_address.get(str(m.get("address"))) if isinstance(m, dict) else None
         if n is None or n is leader or n.health is not None:
             continue
-        if m.get("state") == "unreachable" or body.get("ready") is not True:
+        if m.get("state") == "unreachable" or not report.ready:
             direct.append(n)
             continue
         n.health = {
             "ready": bool(m.get("ready")),
             "state": m.get("state"),
-            contract.ATTR_UNIT: body.get(contract.ATTR_UNIT),
+            contract.ATTR_UNIT: report.unit,
             contract.ATTR_REVISION: m.get("revision"),
             "rank": m.get("rank"),
             "world_size": body.get("world_size"),
             contract.ATTR_ROLE: "follower",
-            contract.ATTR_CELL: body.get(contract.ATTR_CELL),
+            contract.ATTR_CELL: report.cell,
             "load": body.get("load"),  # a follower reports its leader's load too
             contract.ATTR_LEADER: leader.address,
         }
@@ -526,15 +535,11 @@ def probe_health(units: list[Unit], *, timeout_s: float) -> None:
     by_address = {n.address: n for n in nodes if n.address}
     first = [f[0] for u in units for f in u.formations() if f[0].address]
     _ask(first, timeout_s=timeout_s)
-    leaders = [
-        by_address[str(n.health[contract.ATTR_LEADER])]
-        for n in first
-        if n.health and n.health.get(contract.ATTR_LEADER) in by_address
-    ]
+    leaders = [by_address[str(r.leader)] for n in first if (r := n.report) is not None and r.leader in by_address]
     _ask([n for n in dict.fromkeys(leaders) if n.health is None and n.health_error is None], timeout_s=timeout_s)
     again: list[Node] = []
     for n in nodes:
-        if n.health is not None and n.health.get(contract.ATTR_ROLE) == "leader" and n.reported_by is None:
+        if (r := n.report) is not None and r.role == "leader" and n.reported_by is None:
             again.extend(_through_leader(n, by_address))
     _ask(
         again + [n for n in nodes if n.health is None and n.health_error is None and n not in again],

@@ -21,7 +21,7 @@ from stacks.image import builtin_model_setting, unit_image
 from stacks.nag import acknowledge
 from stacks.network import NetworkStack
 from stacks.retention import retention
-from stacks.unit import TrainiumUnit, UnitSurge
+from stacks.unit import TrainiumUnit, UnitProps, UnitSurge
 
 
 @jsii.implements(IAspect)
@@ -131,33 +131,35 @@ class CellStack(Stack):
                 TrainiumUnit(
                     self,
                     f"Unit{placement.index}",
-                    unit_id=placement.unit_id,
-                    family=f"{config.deployment_name}-{placement.unit_id}",
-                    cluster=self.cluster,
-                    vpc=network.vpc,
-                    router_security_group=network.router_security_group,
-                    subnet=network.private_subnet(placement.az_index),
-                    instance_type=config.instance_type,
-                    shape=config.shape,
-                    nodes=config.nodes_per_unit,
-                    max_nodes=config.max_nodes_per_unit,
-                    surge=surge,
-                    instance_profile=self.instance_profile,
-                    root_volume_gib=config.node.root_volume_gib,
-                    image=image,
-                    task_role=self.task_role,
-                    execution_role=self.execution_role,
-                    log_group=self.log_group,
-                    environment=environment,
-                    units_service=discovery.cell_services[cell_id],
-                    health_check_grace=Duration.seconds(config.node.health_check_grace_s),
-                    instance_store=config.node.instance_store,
-                    capacity_reservation_id=config.capacity.reservation_id,
-                    capacity_reservation_group_arn=config.capacity.reservation_group_arn,
-                    market_type=config.capacity.market,
-                    drained=placement.unit_id in config.drained_units,
-                    own_placement_group=config.own_placement_groups,
-                    placement_group_name=config.unit_placement_group,
+                    UnitProps(
+                        unit_id=placement.unit_id,
+                        family=f"{config.deployment_name}-{placement.unit_id}",
+                        cluster=self.cluster,
+                        vpc=network.vpc,
+                        router_security_group=network.router_security_group,
+                        subnet=network.private_subnet(placement.az_index),
+                        instance_type=config.instance_type,
+                        shape=config.shape,
+                        nodes=config.nodes_per_unit,
+                        max_nodes=config.max_nodes_per_unit,
+                        surge=surge,
+                        instance_profile=self.instance_profile,
+                        root_volume_gib=config.node.root_volume_gib,
+                        image=image,
+                        task_role=self.task_role,
+                        execution_role=self.execution_role,
+                        log_group=self.log_group,
+                        environment=environment,
+                        units_service=discovery.cell_services[cell_id],
+                        health_check_grace=Duration.seconds(config.node.health_check_grace_s),
+                        instance_store=config.node.instance_store,
+                        capacity_reservation_id=config.capacity.reservation_id,
+                        capacity_reservation_group_arn=config.capacity.reservation_group_arn,
+                        market_type=config.capacity.market,
+                        drained=placement.unit_id in config.drained_units,
+                        own_placement_group=config.own_placement_groups,
+                        placement_group_name=config.unit_placement_group,
+                    ),
                 )
             )
         # Units roll in waves (config.wave_plan): every service of in-cell wave k DependsOn every

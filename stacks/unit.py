@@ -4,6 +4,7 @@ running one ECS service whose tasks (one per node) form the unit through rendezv
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aws_cdk import Duration, RemovalPolicy, Tags
@@ -250,66 +251,82 @@ def efa_network_interfaces(*, efa_interfaces: int, security_group_id: str) -> li
     ]
 
 
+@dataclass(frozen=True)
+class UnitProps:
+    """Everything one unit is built from, decided by its cell (stacks/cell.py): the cell's shared
+    cluster, roles, image and log group, the network it sits in, and this unit's own settings."""
+
+    unit_id: str
+    family: str  # the task definition family
+    cluster: ecs.Cluster
+    vpc: ec2.IVpc
+    subnet: ec2.ISubnet  # one subnet: the placement group and EFA traffic live in one AZ
+    router_security_group: ec2.ISecurityGroup
+    instance_type: str
+    shape: UnitHost
+    nodes: int
+    max_nodes: int  # the ASG's maximum (twice the nodes under surge)
+    surge: UnitSurge
+    instance_profile: iam.IInstanceProfile
+    root_volume_gib: int
+    image: ecs.ContainerImage
+    task_role: iam.IRole
+    execution_role: iam.IRole
+    log_group: logs.ILogGroup
+    environment: Mapping[str, str]
+    units_service: cloudmap.IService
+    health_check_grace: Duration
+    instance_store: bool = False
+    capacity_reservation_id: str | None = None
+    capacity_reservation_group_arn: str | None = None
+    market_type: str = "on-demand"
+    own_placement_group: bool = True
+    placement_group_name: str | None = None
+    drained: bool = False
+
+    def __post_init__(self) -> None:
+        if self.own_placement_group and self.placement_group_name:
+            raise ValueError(
+                f"{self.unit_id}: own_placement_group and placement_group_name={self.placement_group_name!r} "
+                "exclude each other"
+            )
+
+
 class TrainiumUnit(Construct):
     """Placement group, launch template, single-subnet ASG, capacity provider and ECS service."""
 
-    def __init__(
-        self,
-        scope: Construct,
-        id_: str,
-        *,
-        unit_id: str,
-        family: str,
-        cluster: ecs.Cluster,
-        vpc: ec2.IVpc,
-        subnet: ec2.ISubnet,
-        router_security_group: ec2.ISecurityGroup,
-        instance_type: str,
-        shape: UnitHost,
-        nodes: int,
-        max_nodes: int,
-        surge: UnitSurge,
-        instance_profile: iam.IInstanceProfile,
-        root_volume_gib: int,
-        image: ecs.ContainerImage,
-        task_role: iam.IRole,
-        execution_role: iam.IRole,
-        log_group: logs.ILogGroup,
-        environment: dict[str, str],
-        units_service: cloudmap.IService,
-        health_check_grace: Duration,
-        instance_store: bool = False,
-        capacity_reservation_id: str | None = None,
-        capacity_reservation_group_arn: str | None = None,
-        market_type: str = "on-demand",
-        own_placement_group: bool = True,
-        placement_group_name: str | None = None,
-        drained: bool = False,
-    ) -> None:
+    def __init__(self, scope: Construct, id_: str, props: UnitProps) -> None:
         super().__init__(scope, id_)
-        self.unit_id = unit_id
+        self.unit_id = props.unit_id
         # On every resource of the unit, and through the ASG and ECS tag propagation on its
         # instances and tasks: cost allocation and `describe-*` filters per unit.
-        Tags.of(self).add("flotilla:unit", unit_id)
+        Tags.of(self).add("flotilla:unit", props.unit_id)
+        self._placement_group(props)
+        self._security_group(props)
+        self._launch_template(props)
+        self._capacity(props)
+        self._task_definition(props)
+        self._container(props)
+        self._service(props)
 
+    def _placement_group(self, props: UnitProps) -> None:
         # Its own cluster placement group; or, with a reservation, the group the reservation was
         # created in (placement_group_name), or none (stacks/config.py check_capacity says why).
         self.placement_group = (
-            ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster") if own_placement_group else None
+            ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster") if props.own_placement_group else None
         )
-        if own_placement_group and placement_group_name:
-            raise ValueError(
-                f"{unit_id}: own_placement_group and placement_group_name={placement_group_name!r} exclude each other"
-            )
-        group_name = self.placement_group.ref if self.placement_group is not None else placement_group_name
+        self.placement_group_name = (
+            self.placement_group.ref if self.placement_group is not None else props.placement_group_name
+        )
 
+    def _security_group(self, props: UnitProps) -> None:
         # EFA needs all traffic allowed between the unit's own interfaces (and nothing else in).
         self.security_group = ec2.SecurityGroup(
             self,
             "Sg",
-            vpc=vpc,
+            vpc=props.vpc,
             allow_all_outbound=True,
-            description=f"flotilla {unit_id}: EFA and collectives between the unit nodes",
+            description=f"flotilla {props.unit_id}: EFA and collectives between the unit nodes",
         )
         self.security_group.add_ingress_rule(
             self.security_group,
@@ -317,14 +334,16 @@ class TrainiumUnit(Construct):
             "EFA requires all traffic from members of the same security group",
         )
         self.security_group.add_ingress_rule(
-            router_security_group,
+            props.router_security_group,
             ec2.Port.tcp(contract.NODE_API_PORT),
             "Router to the node API (requests, health, load)",
         )
 
+    def _launch_template(self, props: UnitProps) -> None:
+        shape = props.shape
         user_data = ec2.UserData.for_linux()
         user_data.add_commands(BOOT_PROLOGUE)
-        if instance_store:
+        if props.instance_store:
             user_data.add_commands(SCRATCH_SETUP)
         # Only where the instance has EFA interfaces (every Trainium type; no x86 staging type).
         if shape.efa_interfaces:
@@ -334,9 +353,9 @@ class TrainiumUnit(Construct):
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
-            instance_type=ec2.InstanceType(instance_type),
+            instance_type=ec2.InstanceType(props.instance_type),
             machine_image=unit_ami(shape),
-            instance_profile=instance_profile,
+            instance_profile=props.instance_profile,
             # On the instance's one interface without EFA; with EFA it moves to the interfaces below.
             security_group=self.security_group,
             user_data=user_data,
@@ -346,7 +365,7 @@ class TrainiumUnit(Construct):
                 ec2.BlockDevice(
                     device_name="/dev/xvda",
                     volume=ec2.BlockDeviceVolume.ebs(
-                        root_volume_gib,
+                        props.root_volume_gib,
                         encrypted=True,
                         volume_type=ec2.EbsDeviceVolumeType.GP3,
                         delete_on_termination=True,
@@ -356,8 +375,8 @@ class TrainiumUnit(Construct):
             detailed_monitoring=True,
         )
         cfn_lt: ec2.CfnLaunchTemplate = self.launch_template.node.default_child
-        if group_name:
-            cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": group_name})
+        if self.placement_group_name:
+            cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": self.placement_group_name})
         if shape.efa_interfaces:
             cfn_lt.add_property_override(
                 "LaunchTemplateData.NetworkInterfaces",
@@ -368,31 +387,32 @@ class TrainiumUnit(Construct):
             # Security groups live on the interfaces; EC2 rejects both at once.
             cfn_lt.add_property_deletion_override("LaunchTemplateData.SecurityGroupIds")
         # Without EFA (an x86 staging type) the instance keeps one ordinary interface with the unit's
-        # security group, and no public address (the private subnet does not map one).
+        # security group, and no public address (the private props.subnet does not map one).
         # A targeted reservation: one target, no preference ("You can specify only one option at a
         # time", LaunchTemplateCapacityReservationSpecificationRequest, EC2 API reference). A
         # Capacity Block is a targeted reservation launched with MarketType capacity-block
         # (https://docs.aws.amazon.com/autoscaling/ec2/userguide/launch-template-capacity-blocks.html).
         # stacks/config.py check_capacity refuses the combinations EC2 would.
         target = {}
-        if capacity_reservation_id:
-            target = {"CapacityReservationId": capacity_reservation_id}
-        elif capacity_reservation_group_arn:
-            target = {"CapacityReservationResourceGroupArn": capacity_reservation_group_arn}
+        if props.capacity_reservation_id:
+            target = {"CapacityReservationId": props.capacity_reservation_id}
+        elif props.capacity_reservation_group_arn:
+            target = {"CapacityReservationResourceGroupArn": props.capacity_reservation_group_arn}
         if target:
             cfn_lt.add_property_override(
                 "LaunchTemplateData.CapacityReservationSpecification", {"CapacityReservationTarget": target}
             )
-        if market_type != "on-demand":
-            cfn_lt.add_property_override("LaunchTemplateData.InstanceMarketOptions", {"MarketType": market_type})
+        if props.market_type != "on-demand":
+            cfn_lt.add_property_override("LaunchTemplateData.InstanceMarketOptions", {"MarketType": props.market_type})
 
+    def _capacity(self, props: UnitProps) -> None:
         self.auto_scaling_group = autoscaling.AutoScalingGroup(
             self,
             "Asg",
-            vpc=vpc,
+            vpc=props.vpc,
             launch_template=self.launch_template,
-            # Exactly one subnet: the placement group and EFA traffic live in one AZ.
-            vpc_subnets=ec2.SubnetSelection(subnets=[subnet]),
+            # Exactly one props.subnet: the placement group and EFA traffic live in one AZ.
+            vpc_subnets=ec2.SubnetSelection(subnets=[props.subnet]),
             # Created at 0 and brought up by the unit's own tasks: the capacity provider's managed
             # scaling launches what PROVISIONING tasks need ("Amazon ECS manages the scale-in and
             # scale-out actions of the Auto Scaling group", ECS API reference, ManagedScaling). A unit
@@ -401,7 +421,7 @@ class TrainiumUnit(Construct):
             # partial-cell.md). No desired capacity: it would reset on every deploy. The max is the
             # one the quota checks count.
             min_capacity=0,
-            max_capacity=max_nodes,
+            max_capacity=props.max_nodes,
         )
 
         self.capacity_provider = ecs.AsgCapacityProvider(
@@ -417,15 +437,16 @@ class TrainiumUnit(Construct):
             instance_warmup_period=600,
             machine_image_type=ecs.MachineImageType.AMAZON_LINUX_2,
         )
-        cluster.add_asg_capacity_provider(self.capacity_provider)
+        props.cluster.add_asg_capacity_provider(self.capacity_provider)
 
+    def _task_definition(self, props: UnitProps) -> None:
         self.task_definition = ecs.Ec2TaskDefinition(
             self,
             "Task",
-            family=family,
+            family=props.family,
             network_mode=ecs.NetworkMode.HOST,
-            task_role=task_role,
-            execution_role=execution_role,
+            task_role=props.task_role,
+            execution_role=props.execution_role,
         )
         # A task definition is replaced on every revision (its container definitions are
         # create-only), and by default CloudFormation deregisters the replaced one once the update
@@ -436,14 +457,17 @@ class TrainiumUnit(Construct):
         # docs/runbooks/rollback-units.md and teardown.md.
         self.task_definition.apply_removal_policy(RemovalPolicy.RETAIN)
         # Each revision runs only on the instance type it was built for: its devices (16 or 32
-        # uverbs for 8 or 16 EFA interfaces) exist only there. Without it, an instance_type change
+        # uverbs for 8 or 16 EFA interfaces) exist only there. Without it, an props.instance_type change
         # with `replace` starts the new tasks on the old instances, which fail, and the deployment
         # rolls back. ecs.instance-type is a built-in container instance attribute, and memberOf is
         # the task-definition placement constraint type (ECS developer guide,
         # task-placement-constraints.html: "attribute:ecs.instance-type == t2.small").
         self.task_definition.add_placement_constraint(
-            ecs.PlacementConstraint.member_of(f"attribute:ecs.instance-type == {instance_type}")
+            ecs.PlacementConstraint.member_of(f"attribute:ecs.instance-type == {props.instance_type}")
         )
+
+    def _container(self, props: UnitProps) -> None:
+        shape = props.shape
         linux = ecs.LinuxParameters(
             self, "Linux", shared_memory_size=min(SHARED_MEMORY_MIB, memory_reservation_mib(shape))
         )
@@ -458,14 +482,14 @@ class TrainiumUnit(Construct):
         url = f"http://127.0.0.1:{contract.NODE_API_PORT}{contract.NODE_CONTAINER_HEALTH_PATH}"
         self.container = self.task_definition.add_container(
             "node",
-            image=image,
+            image=props.image,
             command=list(contract.NODE_COMMAND),
             essential=True,
             memory_reservation_mib=memory_reservation_mib(shape),
-            environment=environment,
+            environment=dict(props.environment),
             linux_parameters=linux,
             port_mappings=[ecs.PortMapping(container_port=contract.NODE_API_PORT)],
-            logging=ecs.LogDrivers.aws_logs(stream_prefix=unit_id, log_group=log_group),
+            logging=ecs.LogDrivers.aws_logs(stream_prefix=props.unit_id, log_group=props.log_group),
             stop_timeout=STOP_TIMEOUT,
             # Started, then alive (docs/node.md "Health"). ECS counts a task towards the minimum
             # healthy percent once its container health check passes ("A task is considered healthy
@@ -485,7 +509,7 @@ class TrainiumUnit(Construct):
             ),
         )
         self.container.add_ulimits(ecs.Ulimit(name=ecs.UlimitName.MEMLOCK, soft_limit=-1, hard_limit=-1))
-        if instance_store:
+        if props.instance_store:
             # The node fetches the model and the compiled artifacts here: the instance store, not
             # the container's writable layer on the root volume.
             self.task_definition.add_volume(name="scratch", host=ecs.Host(source_path=SCRATCH_HOST_PATH))
@@ -493,29 +517,30 @@ class TrainiumUnit(Construct):
                 ecs.MountPoint(container_path=SCRATCH_CONTAINER_PATH, source_volume="scratch", read_only=False)
             )
 
+    def _service(self, props: UnitProps) -> None:
         self.service = ecs.Ec2Service(
             self,
             "Service",
-            cluster=cluster,
+            cluster=props.cluster,
             task_definition=self.task_definition,
             # A unit in the config's drained_units stays at 0 across deploys (a drain made with
             # `flotilla drain-unit` alone is written back by the next update of the service).
-            desired_count=0 if drained else nodes,
+            desired_count=0 if props.drained else props.nodes,
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],
             placement_constraints=[ecs.PlacementConstraint.distinct_instances()],
-            min_healthy_percent=surge.min_healthy_percent,
-            max_healthy_percent=surge.max_healthy_percent,
+            min_healthy_percent=props.surge.min_healthy_percent,
+            max_healthy_percent=props.surge.max_healthy_percent,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
             # A new task that is still loading its model must not be replaced for failing checks.
-            health_check_grace_period=health_check_grace,
+            health_check_grace_period=props.health_check_grace,
             enable_ecs_managed_tags=True,
             propagate_tags=ecs.PropagatedTagSource.SERVICE,
         )
-        if drained:
-            # What `flotilla status` reads: drained on purpose (and in the config), not failing.
-            Tags.of(self.service).add(contract.TAG_DRAINED_DESIRED_COUNT, str(nodes))
+        if props.drained:
+            # What `flotilla status` reads: props.drained on purpose (and in the config), not failing.
+            Tags.of(self.service).add(contract.TAG_DRAINED_DESIRED_COUNT, str(props.nodes))
             Tags.of(self.service).add(contract.TAG_DRAINED_IN_CONFIG, "true")
         # The router finds the members through Cloud Map: ECS registers each task (docs/discovery.md).
-        register_unit_members(self.service, units_service=units_service)
+        register_unit_members(self.service, units_service=props.units_service)

@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402 - after the path to this checkout is known
 from bench.fleet.cloudmap import documented_cloud_map, ecs_attributes, serve_http  # noqa: E402
-from bench.measure import append_run, cpu_seconds, pct, pin_self, pinned, start_router  # noqa: E402
+from bench.measure import append_run, cpu_seconds, cpu_split, pct, pin_self, pinned, start_router  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 NAMESPACE = "flotilla.internal"
@@ -267,11 +267,15 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         # Watch lines read in the window: on a loaded machine the stand-in fleet sends fewer than asked,
         # so CPU per line is the figure that compares runs; the percentage is the goal's.
         lines0 = metric_sum(scrape(port), "flotilla_router_watch_lines")
-        c0, w0 = cpu_seconds(router.pid), time.monotonic()
+        (u0, s0), w0 = cpu_split(router.pid), time.monotonic()
         time.sleep(args.idle_seconds)
-        busy_cpu, busy_wall = cpu_seconds(router.pid) - c0, time.monotonic() - w0
+        (u1, s1), busy_wall = cpu_split(router.pid), time.monotonic() - w0
+        busy_cpu = (u1 - u0) + (s1 - s0)
         lines = metric_sum(scrape(port), "flotilla_router_watch_lines") - lines0
         record["busy_fleet_cpu_pct"] = round(100 * busy_cpu / busy_wall, 2)
+        # Python's share (user) and the kernel's (system: socket reads): which one a change can cut.
+        record["busy_fleet_user_pct"] = round(100 * (u1 - u0) / busy_wall, 2)
+        record["busy_fleet_sys_pct"] = round(100 * (s1 - s0) / busy_wall, 2)
         record["busy_fleet_watch_lines_per_s"] = round(lines / busy_wall, 1)
         record["router_cpu_us_per_watch_line"] = round(1e6 * busy_cpu / lines, 1) if lines else None
         record["load_changes_per_unit_s"] = args.load_changes

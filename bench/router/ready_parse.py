@@ -1,4 +1,4 @@
-"""Per-line cost of reading a leader's load-only watch line: the router's hand parse (JSON scan, then
+"""Per-line cost of reading a leader's load-only watch line: the router's hand parse (orjson, then
 Unit.take_load on the dict) against the typed ready-body parser (runtime.node.handshake.read_ready).
 
 In-process and CPU-bound: figures move with the machine's load; print them with the load average.

@@ -1,16 +1,18 @@
 """Trace replay against `make local`: the Mooncake conversation trace, scaled to SmolLM2, through the
 router under each routing policy in turn; TTFT p50/p90/p99, TPOT, prefix-cache hit rate and goodput.
 
-Run: `make bench-trace` (BENCH_ARGS passes flags; `--requests 40 --rate 1` is a short run). For each
-policy it starts `python -m runtime.local --balance POLICY` (fresh units: no policy inherits another's
-warm cache), replays the same requests open-loop at their scaled arrival times, and stops it. Results
-are appended to bench/results/trace_replay.json with the scaling beside every figure.
+Run: `make bench-trace` (BENCH_ARGS passes flags; `--requests 12 --rates 1,2` is a short run). For each
+rate and policy it starts `python -m runtime.local --balance POLICY` (fresh units: no run inherits
+another's warm cache), replays the same requests open-loop at their scaled arrival times, and stops it.
+The defaults (100 requests at 0.5 and 1 req/s, three policies) are one quiet run of about 20 minutes:
+the plan is printed first. Results are appended to bench/results/trace_replay.json with the scaling
+beside every figure, and the table for docs/benchmarks.md is printed at the end.
 
 Scaling (printed with the figures): each 512-token block hash of the trace becomes a fixed run of
 `--block-tokens` token ids (the same run wherever the hash appears, so requests that share a prefix in
 the trace share it token for token); a request's prompt is its blocks' runs, at most
 `--max-input-tokens`; its output is the trace's divided by 512 / block tokens, at least 1 and at most
-`--max-output-tokens`; arrivals are compressed to `--rate` requests/s on average. Each request names its
+`--max-output-tokens`; arrivals are compressed to each of `--rates` requests/s on average. Each request names its
 conversation (its first two blocks) in X-Session-Id, as a client that knows its conversations does:
 token-id prompts carry no messages to key on. Goodput: requests answered 200 within both targets,
 rejected and failed requests counted as misses.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import random
@@ -48,6 +51,9 @@ from bench.measure import append_run  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
+# A run's start (3 units loading SmolLM2, then routable) and drain (the last requests, bounded by the
+# node's 25 s queue timeout): about 25 s and 15 s on the shared 2-core machine.
+RUN_OVERHEAD_S = 40.0
 # today's policy, then by work, then by cache and work: the order of the comparison
 POLICIES = tuple(reversed(contract.ROUTER_BALANCE_POLICIES))
 
@@ -65,7 +71,9 @@ def scale(
     rows: list[dict], *, block_tokens: int, max_input: int, max_output: int, rate: float, vocab: int = 40000
 ) -> list[Scaled]:
     span = max(1.0, (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000.0)
-    compress = (len(rows) / span) / rate
+    # The trace's own rate is len(rows) / span; times are divided by how much faster `rate` is than that
+    # (before, this was the inverse: a higher --rate replayed slower, and a lower one far faster).
+    compress = rate / (len(rows) / span)
     out = []
     for r in rows:
         blocks = tuple(r["hash_ids"])[: max(1, max_input // block_tokens)]
@@ -115,7 +123,14 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
         "stream_options": {"include_usage": True},
     }
     sent = time.monotonic()
-    rec: dict = {"status": 0, "ttft_s": None, "tpot_s": None, "cached": 0, "prompt_tokens": len(q.prompt)}
+    rec: dict = {
+        "status": 0,
+        "ttft_s": None,
+        "tpot_s": None,
+        "cached": 0,
+        "prompt_tokens": len(q.prompt),
+        "engine_prompt_tokens": None,  # usage.prompt_tokens as the engine counted them (None: no usage chunk)
+    }
     try:
         async with asyncio.timeout(timeout_s):
             async with session.post(
@@ -130,8 +145,10 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
                     if not line.startswith(b"data:") or line == b"data: [DONE]":
                         continue
                     chunk = json.loads(line[5:])
-                    if "error" in chunk:
+                    if "error" in chunk:  # the stream ended with an error event: a failed request, and why
                         rec["status"] = 599
+                        err = chunk["error"]
+                        rec["error"] = str(err.get("message") if isinstance(err, dict) else err)[:200]
                         break
                     if chunk.get("choices") and chunk["choices"][0].get("text"):
                         now = time.monotonic()
@@ -141,6 +158,8 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
                     usage = chunk.get("usage") or {}
                     details = usage.get("prompt_tokens_details") or {}
                     rec["cached"] = int(details.get("cached_tokens") or 0)
+                    if "prompt_tokens" in usage:
+                        rec["engine_prompt_tokens"] = int(usage["prompt_tokens"])
                 if first is not None:
                     rec["ttft_s"] = first - sent
                     if tokens > 1 and last is not None:
@@ -160,9 +179,16 @@ def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> d
 
     good = sum(1 for r in ok if r["ttft_s"] <= ttft_target_s and (r["tpot_s"] or 0.0) <= tpot_target_s)
     prompt = sum(r["prompt_tokens"] for r in recs)
+    counted = [r for r in recs if r.get("engine_prompt_tokens") is not None]
     return {
         "requests": len(recs),
         "ok": len(ok),
+        "rejected_or_failed": len(recs) - len(ok),
+        "prompt_tokens": prompt,
+        # Answers whose usage says the engine saw a prompt of another length than the one sent (and
+        # so than the oracle's): 0 when the hit rates compare the same tokens.
+        "engine_prompt_mismatches": sum(1 for r in counted if r["engine_prompt_tokens"] != r["prompt_tokens"]),
+        "engine_prompt_counted": len(counted),
         "ttft_p50_s": q(ttfts, 0.5),
         "ttft_p90_s": q(ttfts, 0.9),
         "ttft_p99_s": q(ttfts, 0.99),
@@ -242,8 +268,10 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
-    ap.add_argument("--requests", type=int, default=400, help="the trace's first N requests")
-    ap.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second after scaling")
+    ap.add_argument("--requests", type=int, default=100, help="the trace's first N requests")
+    ap.add_argument(
+        "--rates", default="0.5,1", help="mean arrivals per second after scaling, comma-separated: one run per rate"
+    )
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--max-input-tokens", type=int, default=512)
     ap.add_argument("--max-output-tokens", type=int, default=16)
@@ -260,76 +288,149 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_replay.json"))
     a = ap.parse_args(argv)
+    try:
+        a.rates = [float(r) for r in a.rates.split(",")]
+    except ValueError:
+        ap.error(f"--rates {a.rates}: give requests per second, comma-separated, e.g. 0.5,1")
     policies = tuple(a.policies.split(","))
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"--policies {bad[0]}: one of {', '.join(POLICIES)}")
-    if a.requests < 1 or a.rate <= 0 or a.block_tokens < 1:
-        ap.error("--requests and --block-tokens must be at least 1 and --rate above 0")
+    if a.requests < 1 or min(a.rates) <= 0 or a.block_tokens < 1:
+        ap.error("--requests and --block-tokens must be at least 1 and every --rates above 0")
     path = trace_path(a.trace)
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines()[: a.requests] if line.strip()]
     except OSError as exc:
         ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
-    requests = scale(
-        rows,
-        block_tokens=a.block_tokens,
-        max_input=a.max_input_tokens,
-        max_output=a.max_output_tokens,
-        rate=a.rate,
-        vocab=a.vocab,
-    )
-    scaling = {
-        "trace": a.trace,
-        "requests": len(requests),
-        "block_tokens": a.block_tokens,
-        "max_input_tokens": a.max_input_tokens,
-        "max_output_tokens": a.max_output_tokens,
-        "output_divisor": TRACE_BLOCK_TOKENS / a.block_tokens,
-        "rate_per_s": a.rate,
-        "mean_prompt_tokens": sum(len(q.prompt) for q in requests) / len(requests),
-        "oracle_hit_rate": oracle_hit_rate(requests, a.block_tokens),
-        "units": a.units,
-        "nodes": a.nodes,
-        "model": a.model,
-        "ttft_target_s": a.ttft_target,
-        "tpot_target_s": a.tpot_target,
-    }
+    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    runs = len(a.rates) * len(policies)
+    arrivals_s = sum(a.requests / r for r in a.rates) * len(policies)
     print(
-        f"trace {a.trace}: first {len(requests)} requests, 512-token blocks -> {a.block_tokens} tokens, prompts <= "
-        f"{a.max_input_tokens} (mean {scaling['mean_prompt_tokens']:.0f}), outputs / {scaling['output_divisor']:.0f} "
-        f"<= {a.max_output_tokens}, {a.rate:g} req/s; {a.units} units x {a.nodes} node(s) of {a.model}; oracle "
-        f"(infinite cache) hit rate {100 * scaling['oracle_hit_rate']:.1f} %",
+        f"plan: {runs} runs ({', '.join(policies)} at {', '.join(f'{r:g}' for r in a.rates)} req/s): "
+        f"{arrivals_s / 60:.1f} min of arrivals, about {(arrivals_s + runs * RUN_OVERHEAD_S) / 60:.0f} min with "
+        f"each run's start and drain",
         flush=True,
     )
-    results = {}
-    for policy in policies:
-        r = run_policy(policy, requests, a)
-        results[policy] = r
-
-        def ms(x: float | None) -> str:
-            return f"{1000 * x:7.0f}" if x is not None else "      -"
-
-        print(
-            f"  {policy:15s} TTFT p50 {ms(r['ttft_p50_s'])} p90 {ms(r['ttft_p90_s'])} p99 {ms(r['ttft_p99_s'])} ms  "
-            f"TPOT {ms(r['tpot_mean_s'])} ms  hit {100 * r['hit_rate']:5.1f} %  goodput {100 * r['goodput']:5.1f} % "
-            f"(TTFT <= {a.ttft_target:g} s, TPOT <= {a.tpot_target:g} s)  ok {r['ok']}/{r['requests']}  "
-            f"units used {r['units_used']}",
-            flush=True,
+    entries = []
+    for rate in a.rates:
+        requests = scale(
+            rows,
+            block_tokens=a.block_tokens,
+            max_input=a.max_input_tokens,
+            max_output=a.max_output_tokens,
+            rate=rate,
+            vocab=a.vocab,
         )
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    append_run(
-        a.out,
-        {
-            "label": a.label,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "loadavg": load,
-            "scaling": scaling,
-            "args": {k: v for k, v in vars(a).items() if k not in ("out",)},
-            "results": results,
-        },
-    )
+        scaling = {
+            "trace": a.trace,
+            "requests": len(requests),
+            "block_tokens": a.block_tokens,
+            "max_input_tokens": a.max_input_tokens,
+            "max_output_tokens": a.max_output_tokens,
+            "output_divisor": TRACE_BLOCK_TOKENS / a.block_tokens,
+            "rate_per_s": rate,
+            "mean_prompt_tokens": sum(len(q.prompt) for q in requests) / len(requests),
+            "prompt_tokens": sum(len(q.prompt) for q in requests),
+            "requests_digest": requests_digest(requests),
+            "oracle_hit_rate": oracle_hit_rate(requests, a.block_tokens),
+            "units": a.units,
+            "nodes": a.nodes,
+            "model": a.model,
+            "ttft_target_s": a.ttft_target,
+            "tpot_target_s": a.tpot_target,
+        }
+        print(scaling_line(scaling), flush=True)
+        results = {}
+        for policy in policies:
+            r = run_policy(policy, requests, a)
+            # The oracle's figure and the policy's are over the same requests: the same prompts sent
+            # (digest), the same token total, and the engine counted each prompt as sent.
+            r["requests_digest"] = requests_digest(requests)
+            results[policy] = r
+            print(result_line(policy, r, scaling), flush=True)
+        entries.append(
+            {
+                "label": a.label,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "loadavg_before": load_before,
+                "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else [],
+                "scaling": scaling,
+                "args": {k: v for k, v in vars(a).items() if k not in ("out",)},
+                "results": results,
+            }
+        )
+        append_run(a.out, entries[-1])
+    print()
+    print("\n".join(table(entries)))
     return 0
+
+
+def requests_digest(requests: list[Scaled]) -> str:
+    """What was asked, independent of when: the prompts and output lengths, in order."""
+    h = hashlib.sha256()
+    for q in requests:
+        h.update(json.dumps([q.prompt, q.max_tokens]).encode())
+    return h.hexdigest()[:16]
+
+
+def _ms(x: float | None) -> str:
+    return f"{1000 * x:,.0f}" if x is not None else "-"
+
+
+def scaling_line(sc: dict) -> str:
+    return (
+        f"trace {sc['trace']}: first {sc['requests']} requests, 512-token blocks -> {sc['block_tokens']} tokens, "
+        f"prompts <= {sc['max_input_tokens']} (mean {sc['mean_prompt_tokens']:.0f}), outputs / "
+        f"{sc['output_divisor']:.0f} <= {sc['max_output_tokens']}, {sc['rate_per_s']:g} req/s; {sc['units']} units x "
+        f"{sc['nodes']} node(s) of {sc['model']}; oracle (infinite cache) hit rate "
+        f"{100 * sc['oracle_hit_rate']:.1f} % of {sc['prompt_tokens']} prompt tokens (requests {sc['requests_digest']})"
+    )
+
+
+def result_line(policy: str, r: dict, sc: dict) -> str:
+    same = (
+        "same requests as the oracle"
+        if r["requests_digest"] == sc["requests_digest"]
+        and r["prompt_tokens"] == sc["prompt_tokens"]
+        and r["engine_prompt_mismatches"] == 0
+        else f"NOT the oracle's requests ({r['engine_prompt_mismatches']} prompts counted otherwise by the engine)"
+    )
+    return (
+        f"  {policy:15s} TTFT p50 {_ms(r['ttft_p50_s'])} p90 {_ms(r['ttft_p90_s'])} p99 {_ms(r['ttft_p99_s'])} ms  "
+        f"TPOT {_ms(r['tpot_mean_s'])} ms  hit {100 * r['hit_rate']:.1f} %  goodput {100 * r['goodput']:.1f} % "
+        f"(TTFT <= {sc['ttft_target_s']:g} s, TPOT <= {sc['tpot_target_s']:g} s)  ok {r['ok']}/{r['requests']}  "
+        f"units used {r['units_used']}; {same} ({r['engine_prompt_counted']} usage chunks)"
+    )
+
+
+def table(entries: list[dict]) -> list[str]:
+    """The docs/benchmarks.md table: one row per rate and policy, the scaling of each rate above it."""
+    out = []
+    for e in entries:
+        sc = e["scaling"]
+        out.append(
+            f"Scaling: {scaling_line(sc)}; goodput targets TTFT <= {sc['ttft_target_s']:g} s, "
+            f"TPOT <= {sc['tpot_target_s']:g} s; load average {' '.join(e['loadavg_before'])} before, "
+            f"{' '.join(e['loadavg'])} after."
+        )
+        out.append("")
+        out.append(
+            "| rate (req/s) | policy | TTFT p50 (ms) | p90 | p99 | TPOT (ms) | hit | oracle hit | hit / oracle "
+            "| goodput | answered 200 (rejected or failed) |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        oracle = sc["oracle_hit_rate"]
+        for policy, r in e["results"].items():
+            share = f"{r['hit_rate'] / oracle:.0%}" if oracle else "-"
+            out.append(
+                f"| {sc['rate_per_s']:g} | {policy} | {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p90_s'])} | "
+                f"{_ms(r['ttft_p99_s'])} | {_ms(r['tpot_mean_s'])} | {100 * r['hit_rate']:.1f} % | "
+                f"{100 * oracle:.1f} % | {share} | {100 * r['goodput']:.1f} % | "
+                f"{r['ok']} / {r['requests']} ({r['rejected_or_failed']}) |"
+            )
+        out.append("")
+    return out
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from contract.bad_input import NOT_GIVEN
 from contract.trainium import GIB, INSTANCES
-from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, plan
+from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, bad_plan_input, plan
 from ops.commands import Subparsers
 from ops.errors import UsageError, bad_arg
 from ops.rollout_sim import ROLLOUTS, FleetModel, Recommendation, recommend_wave
@@ -130,7 +131,12 @@ def model_from_args(args: argparse.Namespace) -> ModelShape:
         return ModelShape.from_config_json(args.config_json, **shape)
     missing = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "heads", "context_length") if shape[k] is None]
     if missing:
-        raise PlanError(f"the model is not described: give {', '.join(missing)} or --config-json PATH")
+        raise bad_plan_input(
+            "--config-json",
+            NOT_GIVEN,
+            f"is not given and neither are {', '.join(missing)}",
+            f"describe the model with --config-json PATH or {', '.join(missing)}",
+        )
     if shape["kv_heads"] is None:
         shape["kv_heads"] = shape["heads"]
     return ModelShape(**{k: v for k, v in shape.items() if v is not None})

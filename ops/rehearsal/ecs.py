@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ops.rehearsal.ecs_rules import breaker_threshold
 from ops.rehearsal.template import UnitService
 
 # A local GET answers in milliseconds on an idle laptop but can take a few hundred under load; a
@@ -157,13 +157,6 @@ class Event:
     at: float  # emulated seconds
     who: str
     text: str
-
-
-def breaker_threshold(desired_count: int) -> int:
-    """ "The deployment circuit breaker has a minimum threshold of 3 and a maximum threshold of 200.
-    and uses the values in the following formula to determine the deployment failure. 0.5 * desired
-    task count" (API_ServiceDeploymentCircuitBreaker.html). Rounding up is not documented."""
-    return min(200, max(3, math.ceil(0.5 * desired_count)))
 
 
 class Service:

@@ -9,7 +9,6 @@ the API reference's words.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import contract
+from ops.rehearsal import ecs_rules
 
 # Defaults when the template leaves a field out (API_HealthCheck.html / API_ContainerDefinition.html):
 # interval "The default value is 30 seconds."; timeout "The default value is 5."; retries "The
@@ -77,15 +77,13 @@ class UnitService:
 
     @property
     def max_tasks(self) -> int:
-        """Upper bound of RUNNING + PENDING tasks: "as a percentage of the desiredCount (rounded
-        down to the nearest integer)" (API_DeploymentConfiguration.html, maximumPercent)."""
-        return math.floor(self.desired_count * self.max_percent / 100)
+        """Upper bound of RUNNING + PENDING tasks during a deployment."""
+        return ecs_rules.max_tasks(self.desired_count, self.max_percent)
 
     @property
     def min_healthy_tasks(self) -> int:
-        """Lower bound of healthy tasks: "as a percentage of the desiredCount (rounded up to the
-        nearest integer)" (API_DeploymentConfiguration.html, minimumHealthyPercent)."""
-        return math.ceil(self.desired_count * self.min_healthy_percent / 100)
+        """Lower bound of healthy tasks during a deployment."""
+        return ecs_rules.min_healthy_tasks(self.desired_count, self.min_healthy_percent)
 
     @property
     def keeps_serving(self) -> bool:

@@ -7,17 +7,16 @@ ReadyBody from /health/ready. Typed here, plain JSON on the wire with exactly th
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
-)
+from contract.ready import Loading, Wire
 
+# The readers' side of /health/ready lives in contract/ready.py: the router and `flotilla status`
+# (which must not import runtime/) read bodies with the one parser there; the router imports it
+# from here.
+from contract.ready import LoadReport as LoadReport
+from contract.ready import ReadyReport as ReadyReport
+from contract.ready import read_ready as read_ready
 from runtime.membership import Role
 
 STATUS_PATH = "/unit/status"  # member-to-member formation handshake (internal)
@@ -33,21 +32,7 @@ class UnitState(StrEnum):
     STOPPED = "stopped"  # drained; the process is about to exit
 
 
-class _Wire(BaseModel):
-    # Keys a newer member adds are ignored, so members of two revisions can still tell each other
-    # which revision they run (and refuse to form).
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-    @classmethod
-    def from_dict(cls, d: Any) -> Any:
-        """Raises pydantic.ValidationError (a ValueError) when `d` is not this shape."""
-        return cls.model_validate(d)
-
-
-class Load(_Wire):
+class Load(Wire):
     queue_depth: int = 0
     running: int = 0
     max_running: int = 0
@@ -72,18 +57,7 @@ class Load(_Wire):
     prefix_cache_hit_rate: float = 0.0
 
 
-class Loading(_Wire):
-    """A member's engine while it loads (docs/node.md): the phase (runtime.engines.base.LoadPhase),
-    bytes on disk of the phase's total where the phase moves bytes (0 of 0 where it cannot count),
-    and seconds in the phase. A load that is moving changes one of the three."""
-
-    phase: str
-    done_bytes: int = 0
-    total_bytes: int = 0
-    phase_s: float = 0.0
-
-
-class MemberReport(_Wire):
+class MemberReport(Wire):
     """A follower as its leader last saw it over STATUS_PATH: the router and `flotilla status` read
     followers through their leader instead of asking every follower themselves."""
 
@@ -95,7 +69,7 @@ class MemberReport(_Wire):
     loading: Loading | None = None  # the follower's own load progress, while its engine loads
 
 
-class ReadyBody(_Wire):
+class ReadyBody(Wire):
     """/health/ready's body; the router routes to members whose role is leader (docs/node.md)."""
 
     ready: bool
@@ -119,7 +93,7 @@ class ReadyBody(_Wire):
     loading: Loading | None = None
 
 
-class Offer(_Wire):
+class Offer(Wire):
     """The leader's offer of one formation; a follower joins it when its boot id is named."""
 
     formation: str
@@ -136,104 +110,3 @@ class MemberStatus(ReadyBody):
     draining: bool
     engine_alive: bool
     engine_ready: bool
-
-
-# --- reading a ready body --------------------------------------------------------------------------
-# What readers (the router, `flotilla status`) take from a member's /health/ready or a watch line.
-# Lenient where members of other revisions differ, strict where a body cannot be used: a member of
-# an older revision sends no role (rank 0 leads) and none of the newer keys; a watch line for a load
-# change carries only `load` (and `keys`). Values convert as int() / float() / bool() / str() would;
-# one that does not (a load figure that is a list, a rank of "x") makes the body unreadable.
-
-
-def _as(kind: type) -> Any:
-    def convert(v: Any) -> Any:
-        try:
-            return kind(v)
-        except (TypeError, ValueError) as e:  # pydantic reports ValueErrors only
-            raise ValueError(f"{v!r} is not {kind.__name__}: {e}") from None
-
-    return BeforeValidator(convert)
-
-
-def _text(v: Any) -> str:
-    return str(v) if v else ""  # null, "" and 0 all mean "not said": the reader keeps what it knew
-
-
-def _rank(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else -1  # anything else: not ranked
-
-
-def _listed(v: Any) -> list[Any]:
-    if not v:
-        return []
-    try:
-        return list(v)
-    except TypeError:
-        raise ValueError(f"{v!r} is not a list") from None
-
-
-def _or_none(v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    try:
-        return handler(v)
-    except ValidationError:
-        return None
-
-
-_Int = Annotated[int, _as(int)]
-_Float = Annotated[float, _as(float)]
-
-
-class LoadReport(BaseModel):
-    """A leader's `load` as a router reads it; -1: an older revision does not say."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    in_flight: _Int = -1
-    queue_depth: _Int = 0
-    running: _Int = 0
-    max_running: _Int = 0
-    kv_cache_used: _Float = 0.0
-    wait_s: _Float = 0.0
-    queue_timeout_s: _Float = 0.0
-    prefill_tokens: _Int = -1
-
-
-class ReadyReport(BaseModel):
-    """A ready body (or a watch line) as readers take it. `state` None: a load-only watch line."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    ready: Annotated[bool, BeforeValidator(bool)] = False
-    state: Annotated[str | None, BeforeValidator(lambda v: None if v is None else str(v))] = None
-    unit: Annotated[str, BeforeValidator(_text)] = ""
-    revision: Annotated[str, BeforeValidator(_text)] = ""
-    cell: Annotated[str, BeforeValidator(_text)] = ""
-    rank: Annotated[int, BeforeValidator(_rank)] = -1
-    role: str | None = None  # None: a revision before roles (rank 0 leads)
-    load: Annotated[LoadReport, BeforeValidator(lambda v: v or {})] = LoadReport()
-    # Routing keys the leader admitted since its last line (balance.KeyHolders), taken as listed.
-    keys: Annotated[list[Any], BeforeValidator(_listed)] = []
-    # The leader's followers and a follower's leader, as sent: the router takes the usable entries
-    # (runtime.router.fleet.Fleet._vouch) and compares the list to the last one to skip repeats.
-    members: Any = None
-    leader: Any = None
-    # Not read by routers: a malformed one is dropped, never the whole body.
-    loading: Annotated[Loading | None, WrapValidator(_or_none)] = None
-
-    @property
-    def leads(self) -> bool:
-        return self.role == "leader" if self.role is not None else self.rank == 0
-
-
-def read_ready(doc: Any) -> ReadyReport:
-    """A parsed ready body or watch line as a ReadyReport; ValueError (naming what is wrong) when it
-    is not a JSON object or a field cannot be used."""
-    if not isinstance(doc, dict):
-        raise ValueError(f"a ready body must be a JSON object, not {type(doc).__name__}")
-    try:
-        return ReadyReport.model_validate(doc)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ValueError(f"ready body field {where!r}: {first['msg']}") from None

@@ -366,7 +366,9 @@ class RouterSettings(BaseModel):
     event_loop: Annotated[
         Literal["auto", "asyncio", "uvloop"],
         Option(
-            "--event-loop", "auto = uvloop when installed, else asyncio; uvloop measured faster in docs/benchmarks.md"
+            "--event-loop",
+            "auto = uvloop (in the image) when it imports, else asyncio; logged at start; uvloop is the faster"
+            " (docs/benchmarks.md)",
         ),
     ] = "auto"
     log_level: Annotated[

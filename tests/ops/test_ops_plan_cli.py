@@ -109,7 +109,11 @@ def test_plan_from_a_config_json(run_cli, tmp_path):
 def test_plan_without_a_model_exits_two_naming_the_missing_flags(run_cli):
     code, out = run_cli("plan", *TRAFFIC)
     assert code == 2
-    assert "give --layers, --hidden, --heads, --context-length or --config-json PATH" in out
+    flags = "--layers, --hidden, --heads, --context-length"
+    assert " ".join(out.split()) == (
+        f"error: --config-json is not given and neither are {flags}: "
+        f"describe the model with --config-json PATH or {flags}"
+    )
 
 
 def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
@@ -130,7 +134,7 @@ def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
         *TRAFFIC,
     )
     assert code == 2
-    assert "no unit of 1..8 trn1.32xlarge nodes fits" in out and "--max-nodes" in out
+    assert "--max-nodes=8 fits no unit of" in out and "on 1..8 trn1.32xlarge nodes" in out
 
 
 def test_plan_rejects_bad_availability_zone_lists(run_cli):

@@ -1,6 +1,6 @@
 """The emulated ECS scheduler's rules one at a time, with fake tasks whose health the test sets: no
 processes, no waiting. Each expectation is the documented ECS behaviour named in the test (sources
-in ops/rehearsal/ecs.py next to the rule)."""
+in ops/rehearsal/ecs.py and ecs_rules.py next to the rule)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from ops.rehearsal.ecs import (
     Revision,
     Service,
     TaskState,
-    breaker_threshold,
 )
+from ops.rehearsal.ecs_rules import breaker_threshold
 from ops.rehearsal.template import HealthCheck, UnitService
 
 R1, R2 = Revision("1", 0.0), Revision("2", 0.0)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import get_args
 
 import aiohttp
@@ -26,6 +29,8 @@ from runtime.router import balance
 from runtime.router.discovery import StaticDiscovery, UnitEndpoint
 from runtime.router.fleet import Fleet, Unit
 from runtime.router.settings import RouterSettings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -365,6 +370,35 @@ def test_a_watch_line_that_is_not_one_whole_json_object_marks_its_unit_unreadabl
     fleet = _fleet(1)
     (u,) = fleet.units.values()
     assert fleet.on_watch_line(u, b' {"load":{"in_flight":4},"keys":[5]} ') and (u.in_flight, u.routable) == (4, True)
+
+
+def test_watch_lines_the_fast_parser_refuses_but_json_takes_are_read_as_before():
+    """orjson refuses NaN / Infinity (json.dumps writes them for such floats) and integers beyond 64
+    bits (orjson 3.13.0 README, "Deserialize" and "int"); the standard library takes both, so they
+    must still reach the unit as the standard library reads them."""
+    fleet = _fleet(1)
+    (u,) = fleet.units.values()
+    line = json.dumps({"load": {"in_flight": 3, "kv_cache_used": float("nan")}}).encode()
+    assert b"NaN" in line
+    assert fleet.on_watch_line(u, line) and u.in_flight == 3 and u.kv_cache_used != u.kv_cache_used  # NaN
+    big = 2**70
+    assert fleet.on_watch_line(u, b'{"load":{"in_flight":4},"keys":[%d]}' % big)
+    assert (u.in_flight, fleet.holders.get(big)) == (4, u)
+    assert u.routable
+
+
+def test_an_image_without_orjson_still_starts_and_reads_watch_lines_with_json():
+    """The Neuron node images load the router's modules (`python -m runtime` imports every subcommand)
+    without the router's pins: a missing orjson must not stop a node from starting."""
+    code = (
+        "import sys; sys.modules['orjson'] = None\n"
+        "import runtime.__main__\n"
+        "from runtime.router.fleet import _watch_json\n"
+        'print(_watch_json(b\'{"load":{"in_flight":2},"keys":[7]}\'))\n'
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "{'load': {'in_flight': 2}, 'keys': [7]}"
 
 
 def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():

@@ -1,4 +1,4 @@
-"""A boto-level model of the ECS API for the CLI tests: UpdateService creates a deployment, the
+"""A boto-level model of the ECS API for the CLI's tests: UpdateService creates a deployment, the
 service scheduler starts and stops tasks within minimumHealthyPercent / maximumPercent, and each
 task walks the documented lifecycle one state per scheduler tick, so a command that waits has to
 wait for what ECS would make it wait for. moto answers the same calls with instant counts.
@@ -38,6 +38,9 @@ rejects is rejected here too). Behaviour and its source, rule by rule:
   ContainerInstance.status; they are replaced within the same min/max percent as a deployment.
 - Host networking on one fixed port plus distinctInstance: at most one of a unit's tasks per
   instance, and an instance is free only once its previous task is STOPPED.
+- Paging: ListServices answers 10 ARNs a page and ListTasks / ListContainerInstances 100 unless
+  asked for maxResults (1-100), with a nextToken for the rest; DescribeServices takes at most 10
+  services and DescribeTasks 100 (the limits and their sources are in ecs_rules.py).
 - Service events: "service <name> was unable to place a task because no container instance met all
   of its requirements", "has started N tasks", "has reached a steady state", newest first, at most
   100 — https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-event-messages.html and
@@ -47,7 +50,6 @@ rejects is rejected here too). Behaviour and its source, rule by rule:
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -56,6 +58,8 @@ from typing import Any
 import botocore.session
 from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import ParamValidator
+
+from ops.rehearsal import ecs_rules
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 STARTING = ("PROVISIONING", "PENDING", "ACTIVATING")
@@ -73,6 +77,25 @@ def _arn(kind: str, name: str) -> str:
 
 def client_error(op: str, code: str, message: str) -> ClientError:
     return ClientError({"Error": {"Code": code, "Message": message}}, op)
+
+
+def _page(op: str, kw: dict[str, Any], items: list[str], default: int) -> tuple[list[str], dict[str, Any]]:
+    """One page of a List* answer and the nextToken for the rest: "When the results of a ListTasks
+    request exceed maxResults, this value can be used to retrieve the next page of results. This
+    value is null when there are no more results to return." (API_ListTasks.html; the same for
+    ListServices and ListContainerInstances). The token is opaque to callers; here it is an offset."""
+    size = kw.get("maxResults", default)
+    if not 1 <= size <= ecs_rules.LIST_MAX_RESULTS:
+        raise client_error(op, "InvalidParameterException", "maxResults must be between 1 and 100.")
+    start = int(kw.get("nextToken", "0"))
+    page = items[start : start + size]
+    more = {"nextToken": str(start + size)} if start + size < len(items) else {}
+    return page, more
+
+
+def _at_most(op: str, what: str, refs: list[str], limit: int) -> None:
+    if len(refs) > limit:
+        raise client_error(op, "InvalidParameterException", f"{what} cannot have more than {limit} entries.")
 
 
 @dataclass
@@ -349,11 +372,9 @@ class EcsModel:
         cluster = self._cluster_arn(kw.get("cluster"))
         # "The default is to include container instances set to all states other than INACTIVE."
         wanted = [kw["status"]] if "status" in kw else ["ACTIVE", "DRAINING"]
-        return {
-            "containerInstanceArns": [
-                ci.arn for ci in self.instances.values() if ci.cluster == cluster and ci.status in wanted
-            ]
-        }
+        arns = [ci.arn for ci in self.instances.values() if ci.cluster == cluster and ci.status in wanted]
+        page, more = _page("ListContainerInstances", kw, arns, ecs_rules.LIST_CONTAINER_INSTANCES_PAGE)
+        return {"containerInstanceArns": page, **more}
 
     def describe_container_instances(self, **kw: Any) -> dict[str, Any]:
         self._request("DescribeContainerInstances", kw)
@@ -492,10 +513,13 @@ class EcsModel:
     def list_services(self, **kw: Any) -> dict[str, Any]:
         self._request("ListServices", kw)
         cluster = self._cluster_arn(kw.get("cluster"))
-        return {"serviceArns": [s.arn for (c, _), s in self.services.items() if c == cluster]}
+        arns = [s.arn for (c, _), s in self.services.items() if c == cluster]
+        page, more = _page("ListServices", kw, arns, ecs_rules.LIST_SERVICES_PAGE)
+        return {"serviceArns": page, **more}
 
     def describe_services(self, **kw: Any) -> dict[str, Any]:
         self._request("DescribeServices", kw)
+        _at_most("DescribeServices", "services", kw["services"], ecs_rules.DESCRIBE_SERVICES_MAX)
         cluster = self._cluster_arn(kw.get("cluster"))
         out = []
         for ref in kw["services"]:
@@ -565,10 +589,12 @@ class EcsModel:
             and (group is None or t.group == group)
             and (on is None or t.container_instance == on)
         ]
-        return {"taskArns": arns}
+        page, more = _page("ListTasks", kw, arns, ecs_rules.LIST_TASKS_PAGE)
+        return {"taskArns": page, **more}
 
     def describe_tasks(self, **kw: Any) -> dict[str, Any]:
         self._request("DescribeTasks", kw)
+        _at_most("DescribeTasks", "tasks", kw["tasks"], ecs_rules.DESCRIBE_TASKS_MAX)
         return {"tasks": [self.tasks[a].describe() for a in kw["tasks"] if a in self.tasks], "failures": []}
 
     # --- the service scheduler --------------------------------------------------------------------------
@@ -663,8 +689,8 @@ class EcsModel:
             # Tasks of older deployments were counted healthy already; new ones once their check passes.
             return t.last_status == "RUNNING" and (t.health == "HEALTHY" or t.started_by != primary.id)
 
-        min_running = math.ceil(s.desired * s.min_percent / 100)
-        max_tasks = math.floor(s.desired * s.max_percent / 100)
+        min_running = ecs_rules.min_healthy_tasks(s.desired, s.min_percent)
+        max_tasks = ecs_rules.max_tasks(s.desired, s.max_percent)
         # Retire old or draining tasks while enough healthy ones remain.
         spare = sum(1 for t in new + retiring if healthy(t)) - min_running
         for t in retiring:
@@ -726,7 +752,7 @@ class EcsModel:
             d.pending = sum(1 for t in mine if t.last_status in STARTING)
             if any(t.last_status == "RUNNING" and t.health == "HEALTHY" for t in mine):
                 d.ever_running, d.failed_tasks = True, 0
-        threshold = min(max(3, math.ceil(0.5 * s.desired)), 200)
+        threshold = ecs_rules.breaker_threshold(s.desired)
         if (
             s.circuit_breaker
             and primary.rollout_state == "IN_PROGRESS"
@@ -760,8 +786,17 @@ class EcsModel:
 
 
 class _Paginator:
+    """botocore's paginator for the List* calls: it sends each answer's nextToken back until an
+    answer has none (botocore's ecs paginators-1.json: input_token and output_token nextToken)."""
+
     def __init__(self, method: Callable[..., dict[str, Any]], name: str) -> None:
         self._method, self._name = method, name
 
     def paginate(self, **kw: Any) -> Iterator[dict[str, Any]]:
-        yield self._method(**kw)
+        token: dict[str, Any] = {}
+        while True:
+            page = self._method(**kw, **token)
+            yield page
+            if "nextToken" not in page:
+                return
+            token = {"nextToken": page["nextToken"]}

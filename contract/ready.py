@@ -1,0 +1,144 @@
+"""/health/ready's body as its readers take it: the router (runtime/router) and `flotilla status`
+(ops/fleet.py) read every member's body with read_ready here, and the node writes it
+(runtime/node/handshake.py ReadyBody). Lenient where members of other revisions differ, strict
+where a body cannot be used."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+
+
+class Wire(BaseModel):
+    """The node's wire models: frozen, and keys a newer member adds are ignored, so members of two
+    revisions can still tell each other which revision they run (and refuse to form)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Any:
+        """Raises pydantic.ValidationError (a ValueError) when `d` is not this shape."""
+        return cls.model_validate(d)
+
+
+class Loading(Wire):
+    """A member's engine while it loads (docs/node.md): the phase (runtime.engines.base.LoadPhase),
+    bytes on disk of the phase's total where the phase moves bytes (0 of 0 where it cannot count),
+    and seconds in the phase. A load that is moving changes one of the three."""
+
+    phase: str
+    done_bytes: int = 0
+    total_bytes: int = 0
+    phase_s: float = 0.0
+
+
+# --- reading a ready body --------------------------------------------------------------------------
+# What readers (the router, `flotilla status`) take from a member's /health/ready or a watch line.
+# Lenient where members of other revisions differ, strict where a body cannot be used: a member of
+# an older revision sends no role (rank 0 leads) and none of the newer keys; a watch line for a load
+# change carries only `load` (and `keys`). Values convert as int() / float() / bool() / str() would;
+# one that does not (a load figure that is a list, a rank of "x") makes the body unreadable.
+
+
+def _as(kind: type) -> Any:
+    def convert(v: Any) -> Any:
+        try:
+            return kind(v)
+        except (TypeError, ValueError) as e:  # pydantic reports ValueErrors only
+            raise ValueError(f"{v!r} is not {kind.__name__}: {e}") from None
+
+    return BeforeValidator(convert)
+
+
+def _text(v: Any) -> str:
+    return str(v) if v else ""  # null, "" and 0 all mean "not said": the reader keeps what it knew
+
+
+def _rank(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else -1  # anything else: not ranked
+
+
+def _listed(v: Any) -> list[Any]:
+    if not v:
+        return []
+    try:
+        return list(v)
+    except TypeError:
+        raise ValueError(f"{v!r} is not a list") from None
+
+
+def _or_none(v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(v)
+    except ValidationError:
+        return None
+
+
+_Int = Annotated[int, _as(int)]
+_Float = Annotated[float, _as(float)]
+
+
+class LoadReport(BaseModel):
+    """A leader's `load` as a router reads it; -1: an older revision does not say."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    in_flight: _Int = -1
+    queue_depth: _Int = 0
+    running: _Int = 0
+    max_running: _Int = 0
+    kv_cache_used: _Float = 0.0
+    wait_s: _Float = 0.0
+    queue_timeout_s: _Float = 0.0
+    prefill_tokens: _Int = -1
+
+
+class ReadyReport(BaseModel):
+    """A ready body (or a watch line) as readers take it. `state` None: a load-only watch line."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ready: Annotated[bool, BeforeValidator(bool)] = False
+    state: Annotated[str | None, BeforeValidator(lambda v: None if v is None else str(v))] = None
+    unit: Annotated[str, BeforeValidator(_text)] = ""
+    revision: Annotated[str, BeforeValidator(_text)] = ""
+    cell: Annotated[str, BeforeValidator(_text)] = ""
+    rank: Annotated[int, BeforeValidator(_rank)] = -1
+    role: str | None = None  # None: a revision before roles (rank 0 leads)
+    load: Annotated[LoadReport, BeforeValidator(lambda v: v or {})] = LoadReport()
+    # Routing keys the leader admitted since its last line (balance.KeyHolders), taken as listed.
+    keys: Annotated[list[Any], BeforeValidator(_listed)] = []
+    # The leader's followers and a follower's leader, as sent: the router takes the usable entries
+    # (runtime.router.fleet.Fleet._vouch) and compares the list to the last one to skip repeats.
+    members: Any = None
+    leader: Any = None
+    # Not read by routers: a malformed one is dropped, never the whole body.
+    loading: Annotated[Loading | None, WrapValidator(_or_none)] = None
+
+    @property
+    def leads(self) -> bool:
+        return self.role == "leader" if self.role is not None else self.rank == 0
+
+
+def read_ready(doc: Any) -> ReadyReport:
+    """A parsed ready body or watch line as a ReadyReport; ValueError (naming what is wrong) when it
+    is not a JSON object or a field cannot be used."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"a ready body must be a JSON object, not {type(doc).__name__}")
+    try:
+        return ReadyReport.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ValueError(f"ready body field {where!r}: {first['msg']}") from None

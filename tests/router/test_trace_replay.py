@@ -1,0 +1,113 @@
+"""The trace replay's arithmetic (bench/trace/replay.py): the oracle's hit rate, scaling that keeps the
+same requests at every rate, goodput that counts rejected requests as failed, and a table with every
+column filled. The replay itself runs against `make local` (`make bench-trace`), not here."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.trace import replay
+
+
+def rows(*blocks: tuple[int, ...], gap_ms: int = 1000, output: int = 64) -> list[dict]:
+    return [
+        {"timestamp": i * gap_ms, "hash_ids": list(b), "input_length": 512 * len(b), "output_length": output}
+        for i, b in enumerate(blocks)
+    ]
+
+
+def test_oracle_hit_rate_counts_leading_blocks_seen_before_over_all_prompt_tokens():
+    qs = replay.scale(rows((1, 2), (1, 2, 3), (4,), (1, 5)), block_tokens=2, max_input=100, max_output=4, rate=1)
+    # by hand: (1,2) new; (1,2,3) reuses 1,2 = 4 tokens; (4,) new; (1,5) reuses 1 = 2 tokens; of 4+6+2+4
+    assert replay.oracle_hit_rate(qs, 2) == pytest.approx(6 / 16)
+
+
+def test_every_rate_replays_the_same_prompts_only_sooner():
+    trace = rows((1, 2), (1, 2, 3), (4,), (1, 5))
+    slow = replay.scale(trace, block_tokens=4, max_input=100, max_output=4, rate=0.5)
+    fast = replay.scale(trace, block_tokens=4, max_input=100, max_output=4, rate=2)
+    assert replay.requests_digest(slow) == replay.requests_digest(fast)
+    assert [q.prompt for q in slow] == [q.prompt for q in fast]
+    assert [round(q.at * 4, 9) for q in fast] == [round(q.at, 9) for q in slow]  # 4x the rate: a quarter the time
+    assert replay.oracle_hit_rate(slow, 4) == replay.oracle_hit_rate(fast, 4)
+
+
+def test_arrivals_come_at_the_rate_asked():
+    trace = rows(*[(i,) for i in range(10)], gap_ms=300)  # the trace's own rate: 10 requests in 2.7 s
+    for rate in (0.5, 1.0, 4.0):
+        qs = replay.scale(trace, block_tokens=4, max_input=100, max_output=4, rate=rate)
+        assert len(qs) / qs[-1].at == pytest.approx(rate)  # the trace's definition of its rate: count / span
+
+
+def rec(
+    status: int, ttft: float | None, tpot: float | None, cached: int = 0, engine: int | None = 10, prompt: int = 10
+) -> dict:
+    return {
+        "status": status,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "cached": cached,
+        "prompt_tokens": prompt,
+        "engine_prompt_tokens": engine,
+        "unit": "u1",
+    }
+
+
+def test_goodput_counts_rejected_and_failed_requests_as_misses():
+    recs = [rec(200, 0.5, 0.1, cached=5), rec(200, 3.0, 0.1), rec(429, None, None, engine=None), rec(200, 0.2, 0.9)]
+    s = replay.summarize(recs, ttft_target_s=2.0, tpot_target_s=0.5)
+    assert s["goodput"] == pytest.approx(1 / 4)  # only the first meets both targets; the 429 is a miss
+    assert (s["ok"], s["rejected_or_failed"]) == (3, 1)
+    assert s["hit_rate"] == pytest.approx(5 / 40)  # the rejected request's prompt counts in the denominator
+    assert (s["engine_prompt_mismatches"], s["engine_prompt_counted"]) == (0, 3)
+
+
+def test_a_prompt_the_engine_counted_otherwise_is_reported():
+    s = replay.summarize([rec(200, 0.5, 0.1, engine=11)], ttft_target_s=2.0, tpot_target_s=0.5)
+    assert s["engine_prompt_mismatches"] == 1
+
+
+def test_the_table_fills_every_column_and_states_the_scaling():
+    qs = replay.scale(rows((1, 2), (1, 2, 3), (1, 2, 3, 4)), block_tokens=2, max_input=100, max_output=4, rate=1)
+    scaling = {
+        "trace": "conversation",
+        "requests": len(qs),
+        "block_tokens": 2,
+        "max_input_tokens": 100,
+        "max_output_tokens": 4,
+        "output_divisor": 256.0,
+        "rate_per_s": 1.0,
+        "mean_prompt_tokens": 6.0,
+        "prompt_tokens": 18,
+        "requests_digest": replay.requests_digest(qs),
+        "oracle_hit_rate": replay.oracle_hit_rate(qs, 2),
+        "units": 3,
+        "nodes": 1,
+        "model": "smollm2",
+        "ttft_target_s": 2.0,
+        "tpot_target_s": 0.5,
+    }
+    recs = [
+        rec(200, 0.4, 0.05, cached=0, engine=4, prompt=4),
+        rec(200, 0.6, 0.07, cached=4, engine=6, prompt=6),
+        rec(503, None, None, engine=None, prompt=8),
+    ]
+    result = replay.summarize(recs, 2.0, 0.5) | {"requests_digest": replay.requests_digest(qs)}
+    entry = {"scaling": scaling, "results": {"cache_aware": result}, "loadavg_before": ["0.1"], "loadavg": ["0.2"]}
+    lines = replay.table([entry])
+    # by hand: prompts of 4, 6 and 8 tokens; the second reuses (1,2) = 4 tokens, the third (1,2,3) = 6
+    assert "oracle (infinite cache) hit rate 55.6 % of 18 prompt tokens" in lines[0]
+    assert "512-token blocks -> 2 tokens" in lines[0] and "1 req/s" in lines[0]
+    header, row = lines[2], lines[4]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == len(header.strip("|").split("|"))
+    assert all(c and c != "-" for c in cells), cells
+    assert cells[6:9] == ["22.2 %", "55.6 %", "40%"]  # 4 of 18 prompt tokens cached; the oracle's; the share
+    assert cells[10] == "2 / 3 (1)"
+    assert "same requests as the oracle" in replay.result_line("cache_aware", result, scaling)
+
+
+def test_rates_that_are_not_numbers_are_refused_naming_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        replay.main(["--rates", "fast"])
+    assert "--rates fast" in capsys.readouterr().err

@@ -19,10 +19,13 @@ from typing import Any, Protocol
 from ops.rehearsal.ecs_rules import breaker_threshold
 from ops.rehearsal.template import UnitService
 
-# A local GET answers in milliseconds on an idle laptop but can take a few hundred under load; a
-# scaled 5 s timeout (0.05 s at 0.01) would fail checks a trn1 host passes. The probe timeout is
-# never below this, and stays under the scaled interval.
-MIN_PROBE_TIMEOUT_S = 0.2
+# Time scales; a node's answer does not. A local GET answers in milliseconds on an idle machine but
+# can take a second on a busy one, and a scaled 5 s timeout (0.05 s at 0.01) would fail checks a trn1
+# host passes (a rehearsal on a loaded 2-core machine rolled back for no other reason). So the probe
+# timeout is the scaled one but never below this, even when that is longer than the scaled interval:
+# Docker runs the next check "interval seconds after each previous check completes" (below), so a
+# slow answer delays the next check and never overlaps it.
+MIN_PROBE_TIMEOUT_S = 2.0
 
 
 class Clock:
@@ -177,8 +180,7 @@ class Service:
         self.tasks: list[Task] = []
         self.breaker_trips = 0
         self._background: set[asyncio.Task[None]] = set()
-        interval = clock.to_real(spec.health.interval_s)
-        self.probe_timeout_s = min(max(clock.to_real(spec.health.timeout_s), MIN_PROBE_TIMEOUT_S), 0.9 * interval)
+        self.probe_timeout_s = max(clock.to_real(spec.health.timeout_s), MIN_PROBE_TIMEOUT_S)
 
     # -- what callers see ---------------------------------------------------------------------------
     @property

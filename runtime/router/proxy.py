@@ -30,7 +30,7 @@ from runtime.router import balance, unit_report
 from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
-from runtime.router.fleet import Fleet, Unit
+from runtime.router.fleet import Fleet, Member
 from runtime.router.metrics import RouterMetrics
 from runtime.router.resume import RESUMABLE_PATHS, StreamLedger, resumable_request
 from runtime.router.settings import RouterSettings
@@ -132,7 +132,7 @@ class _Trace:
         self.added_s: float | None = None  # the router's own share of the wait, once headers went out
         self.fault = False  # the router itself failed the request (an exception escaped routing)
         self.moves = 0  # attempts given up because their unit left routing before its first byte
-        self.left: list[Unit] = []  # those units: a stream that later moves avoids them too
+        self.left: list[Member] = []  # those units: a stream that later moves avoids them too
 
 
 class _Retry(Exception):
@@ -148,7 +148,7 @@ class _UnitLeft(Exception):
     """The unit a request waits on left routing for a failure (see _Departure)."""
 
 
-# Unit states whose leader hands its requests over itself (a drain: runtime/node/server.py), so a
+# Member states whose leader hands its requests over itself (a drain: runtime/node/server.py), so a
 # request waiting on such a unit is left to it.
 _HANDS_OVER = frozenset({"draining", "stopped"})
 
@@ -161,7 +161,7 @@ class _Departure:
 
     __slots__ = ("unit", "fleet", "grace_s", "since")
 
-    def __init__(self, unit: Unit, fleet: Fleet, grace_s: float) -> None:
+    def __init__(self, unit: Member, fleet: Fleet, grace_s: float) -> None:
         self.unit = unit
         self.fleet = fleet
         self.grace_s = grace_s
@@ -487,7 +487,7 @@ class Router:
             headers[contract.ROUTE_KEY_HEADER] = str(key.key)
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
-        tried: tuple[Unit, ...] = ()
+        tried: tuple[Member, ...] = ()
         refusal: web.Response | None = None
         for _ in range(self.settings.max_attempts):
             pick = self.fleet.pick(tried, key)
@@ -554,7 +554,7 @@ class Router:
 
     async def _attempt(
         self,
-        unit: Unit,
+        unit: Member,
         request: web.Request,
         body: bytes,
         headers: dict[str, str],
@@ -666,7 +666,7 @@ class Router:
 
     async def _relay_whole(
         self,
-        unit: Unit,
+        unit: Member,
         upstream: aiohttp.ClientResponse,
         request_id: str,
         before_send: float,
@@ -706,7 +706,7 @@ class Router:
         self.metrics.added_latency.observe(trace.added_s)
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
-    async def _refused(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str) -> None:
+    async def _refused(self, unit: Member, upstream: aiohttp.ClientResponse, request_id: str) -> None:
         """A 503 (draining, not ready) or 429 (full) before the first byte: keep the answer in case
         no other unit can take the request, and move on.
 
@@ -738,7 +738,7 @@ class Router:
 
     async def _relay(
         self,
-        unit: Unit,
+        unit: Member,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         request_id: str,
@@ -772,7 +772,7 @@ class Router:
         self.metrics.added_latency.observe(trace.added_s)
         framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
         first = upstream  # released by _attempt; the units a stream moved to are released here
-        held: list[Unit] = []
+        held: list[Member] = []
         try:
             while True:
                 reason, message = await self._pipe(request, resp, upstream, unit, framer, ledger)
@@ -825,7 +825,7 @@ class Router:
         request: web.Request,
         resp: web.StreamResponse,
         upstream: aiohttp.ClientResponse,
-        unit: Unit,
+        unit: Member,
         framer: SseFramer | None,
         ledger: StreamLedger | None,
     ) -> tuple[str | None, str]:
@@ -903,14 +903,14 @@ class Router:
     async def _move_stream(
         self,
         ledger: StreamLedger,
-        failed: Unit,
+        failed: Member,
         request: web.Request,
         body: bytes,
         headers: dict[str, str],
         request_id: str,
         reason: str,
         key: balance.RequestKey | None = None,
-    ) -> tuple[Unit, aiohttp.ClientResponse] | None:
+    ) -> tuple[Member, aiohttp.ClientResponse] | None:
         """Continue a broken stream on another unit: the original body plus the tokens its client has,
         sent to units other than the ones it already ran on, until one answers 200 or the move budget
         is spent. The new unit is counted outstanding until the caller releases it."""
@@ -1003,7 +1003,7 @@ class Router:
         upstream: aiohttp.ClientResponse,
         is_sse: bool,
         request_id: str,
-        unit: Unit,
+        unit: Member,
         reason: str,
         message: str,
     ) -> web.StreamResponse:

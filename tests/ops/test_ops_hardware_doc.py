@@ -73,8 +73,24 @@ def test_figures_the_planner_derives_are_in_the_doc(instance_type):
     assert _cell("HBM bandwidth per NeuronCore", instance_type) == f"{spec.hbm_bytes_per_s_per_core / GIB:.0f} GiB/s"
 
 
-def test_contract_imports_only_the_standard_library():
-    # stacks/ (no torch), runtime/ (no aws-cdk-lib) and ops/ all import the table.
+def _pinned(text: str) -> set[str]:
+    """The distributions a requirements text (or the ops extra's list) pins with ==, lower case."""
+    return {m.group(1).lower() for m in re.finditer(r"([A-Za-z0-9_.-]+)==", text)}
+
+
+def test_contract_imports_only_what_every_side_installs():
+    # stacks/ (no torch), runtime/ (no aws-cdk-lib) and ops/ all import contract/: beyond the standard
+    # library it may use only what the CDK app, the runtime image and the ops extra all pin. The
+    # Neuron image takes pydantic from its base image's vLLM instead (runtime/requirements-neuron.txt).
+    pyproject = (REPO / "pyproject.toml").read_text()
+    ops_extra = pyproject[pyproject.index("\nops = [") :].split("]", 1)[0]
+    everywhere = (
+        _pinned((REPO / "requirements.txt").read_text())
+        & _pinned((REPO / "runtime" / "requirements.txt").read_text())
+        & _pinned(ops_extra)
+    )
+    assert "pydantic" in everywhere
+    assert "pydantic" in (REPO / "runtime" / "requirements-neuron.txt").read_text()
     for path in sorted((REPO / "contract").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
@@ -86,6 +102,6 @@ def test_contract_imports_only_the_standard_library():
             )
             for name in names:
                 top = name.split(".")[0]
-                assert top in sys.stdlib_module_names or top in ("contract", "__future__"), (
-                    f"{path.name} imports {name}"
+                assert top in sys.stdlib_module_names or top in ("contract", "__future__") or top in everywhere, (
+                    f"{path.name} imports {name}, which not every side pins"
                 )

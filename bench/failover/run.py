@@ -12,6 +12,11 @@ Three scenarios, each on a fresh local fleet (runtime.local):
 
     python bench/failover/run.py                # full: smollm2, 32 streams, 1,500-token drain answers
     python bench/failover/run.py --short        # tiny, 8 streams, short answers: checks the command works
+    python bench/failover/run.py --scenarios kill9-follower --streams 16 --diagnose   # one blow, where it differs
+
+Each unit gets --max-running batch slots (full run: 48, so the unit that survives a blow has a slot for
+every stream, the headroom the goals assume; --short: 16) and a KV budget for them (--kv-budget-tokens);
+every row carries both settings.
 
 Wall-clock figures depend on the machine's load: the results record the load average and the CPU.
 Results: bench/results/failover.json (appended).
@@ -44,13 +49,16 @@ RESULTS = REPO / "bench" / "results" / "failover.json"
 class Fleet:
     """`python -m runtime.local --units 2 --nodes 2` in a scratch state directory."""
 
-    def __init__(self, model: str, drain_timeout: float) -> None:
+    def __init__(self, a: argparse.Namespace, drain_timeout: float) -> None:
         self.state = Path(tempfile.mkdtemp(prefix="flotilla-failover-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "runtime.local", "--units", "2", "--nodes", "2", "--model", model]
+        cmd = [sys.executable, "-m", "runtime.local", "--units", "2", "--nodes", "2", "--model", a.model]
         cmd += ["--port", str(self.port), "--state-dir", str(self.state), "--drain-timeout", str(drain_timeout)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        # The node settings' environment variables (runtime/node/settings.py) reach every node of the fleet.
+        env = {**os.environ, "FLOTILLA_MAX_RUNNING": str(a.max_running)}
+        env["FLOTILLA_KV_BUDGET_TOKENS"] = str(a.kv_budget_tokens)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.processes: list[dict] = []
 
     def wait_serving(self, timeout: float) -> None:
@@ -109,12 +117,22 @@ class Result:
         self.error = ""
         self.events = 0
         self.gaps: list[float] = []
+        self.pieces: list[str] = []  # each event's text, in order (one token per event)
+        self.top: list[dict] = []  # each event's top logprobs (--diagnose)
+
+    def pause_at(self) -> int:
+        """Events read before the longest pause: where a moved stream moved."""
+        return max(range(len(self.gaps)), key=self.gaps.__getitem__) + 1 if self.gaps else 0
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int) -> Result:
+async def one_stream(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int, logprobs: int | None = None
+) -> Result:
     out = Result()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     body["ignore_eos"] = True
+    if logprobs:
+        body["logprobs"] = logprobs
     last = None
     try:
         async with session.post(url + "/v1/completions", json=body) as r:
@@ -138,7 +156,11 @@ async def one_stream(session: aiohttp.ClientSession, url: str, model: str, promp
                             out.error = ev["error"].get("code") or "error"
                         else:
                             out.events += 1
-                            out.text += "".join(c.get("text") or "" for c in ev.get("choices", []))
+                            text = "".join(c.get("text") or "" for c in ev.get("choices", []))
+                            out.text += text
+                            out.pieces.append(text)
+                            for c in ev.get("choices", []):
+                                out.top += (c.get("logprobs") or {}).get("top_logprobs") or []
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         out.error = type(e).__name__
     return out
@@ -148,17 +170,58 @@ def prompts(n: int) -> list[str]:
     return [f"Question {i}: which waterproof hiking boots are best for wet trails, and why?" for i in range(n)]
 
 
-async def load(fleet: Fleet, model: str, n: int, max_tokens: int, blow=None) -> list[Result]:
+async def load(
+    fleet: Fleet, model: str, n: int, max_tokens: int, blow=None, logprobs: int | None = None
+) -> list[Result]:
     """n concurrent streams; `blow()` runs alongside them (it waits its own delay into the load)."""
     timeout = aiohttp.ClientTimeout(total=1800)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as s:
-        tasks = [asyncio.create_task(one_stream(s, fleet.url, model, p, max_tokens)) for p in prompts(n)]
+        tasks = [asyncio.create_task(one_stream(s, fleet.url, model, p, max_tokens, logprobs)) for p in prompts(n)]
         if blow is not None:
             await blow()
         return list(await asyncio.gather(*tasks))
 
 
-def summary(results: list[Result], reference: list[str] | None) -> dict:
+def first_difference(a: str, b: str) -> int | None:
+    """The index of the first character where two texts differ (None: the same text)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def token_at(pieces: list[str], char: int) -> int:
+    """The index of the event (one token each) whose text holds character `char`."""
+    seen = 0
+    for i, piece in enumerate(pieces):
+        seen += len(piece)
+        if seen > char:
+            return i
+    return len(pieces)
+
+
+def divergences(results: list[Result], reference: list[Result]) -> list[dict]:
+    """Each stream that differs from the fleet's answer before the blow: the token where it first
+    differs, the tokens it had read before its longest pause (its move), and with --diagnose the
+    answer-before-the-blow's likeliest tokens there and the logprob margin between the first two."""
+    out: list[dict] = []
+    for i, (r, ref) in enumerate(zip(results, reference, strict=True)):
+        char = first_difference(r.text, ref.text)
+        if char is None:
+            continue
+        at = token_at(ref.pieces, char)
+        row: dict = {"stream": i, "first_difference_at": at, "moved_after": r.pause_at()}
+        row |= {"tokens": len(r.pieces), "tokens_before": len(ref.pieces), "error": r.error or ref.error or None}
+        row["before"], row["after"] = ref.pieces[at : at + 1], r.pieces[token_at(r.pieces, char) :][:1]
+        if at < len(ref.top) and ref.top[at]:
+            best = sorted(ref.top[at].values(), reverse=True)
+            row["top_logprobs_before"] = ref.top[at]
+            row["margin"] = round(best[0] - best[1], 6) if len(best) > 1 else None
+        out.append(row)
+    return out
+
+
+def summary(results: list[Result], reference: list[Result] | None) -> dict:
     gaps = sorted(max(r.gaps, default=0.0) for r in results)
     p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else 0.0
     return {
@@ -166,8 +229,12 @@ def summary(results: list[Result], reference: list[str] | None) -> dict:
         "failed": sum(not r.ok for r in results),
         "errors": sorted({r.error for r in results if r.error}),
         "differ_from_before_the_blow": (
-            None if reference is None else sum(r.text != t for r, t in zip(results, reference, strict=True))
+            None if reference is None else sum(r.text != t.text for r, t in zip(results, reference, strict=True))
         ),
+        # An answer before the blow that failed or moved (a loaded machine can stall a step past the
+        # router's stall bound) is no reference: the row says how many there were.
+        **({} if reference is None else {"reference_failed": sum(not r.ok for r in reference)}),
+        **({} if reference is None else {"differences": divergences(results, reference)}),
         "longest_pause_s_p99": round(p99, 3),
         "longest_pause_s_max": round(gaps[-1], 3) if gaps else 0.0,
     }
@@ -184,27 +251,32 @@ async def wait_until(pred, timeout: float, every: float = 0.05) -> float | None:
 
 
 async def scenario_kill9(a, model_name: str, role: str) -> dict:
-    fleet = Fleet(a.model, drain_timeout=30)
+    fleet = Fleet(a, drain_timeout=30)
     try:
         await asyncio.to_thread(fleet.wait_serving, a.ready_timeout)
-        reference = [r.text for r in await load(fleet, model_name, a.streams, a.max_tokens)]
+        reference = await load(fleet, model_name, a.streams, a.max_tokens, logprobs=a.logprobs)
         victim = fleet.member("local-unit0", role)
 
         async def blow() -> None:
             await asyncio.sleep(a.blow_after_s)
             os.kill(victim["pid"], signal.SIGKILL)
 
-        results = await load(fleet, model_name, a.streams, a.max_tokens, blow)
-        return {"scenario": f"kill -9 {role}", **summary(results, reference), "moves": await fleet.moves()}
+        results = await load(fleet, model_name, a.streams, a.max_tokens, blow, logprobs=a.logprobs)
+        return {
+            "scenario": f"kill -9 {role}",
+            **settings(a),
+            **summary(results, reference),
+            "moves": await fleet.moves(),
+        }
     finally:
         fleet.stop()
 
 
 async def scenario_sigstop(a, model_name: str) -> dict:
-    fleet = Fleet(a.model, drain_timeout=30)
+    fleet = Fleet(a, drain_timeout=30)
     try:
         await asyncio.to_thread(fleet.wait_serving, a.ready_timeout)
-        reference = [r.text for r in await load(fleet, model_name, a.streams, a.max_tokens)]
+        reference = await load(fleet, model_name, a.streams, a.max_tokens, logprobs=a.logprobs)
         victim = fleet.member("local-unit0", "follower")
         timing: dict[str, float | None] = {}
 
@@ -214,12 +286,13 @@ async def scenario_sigstop(a, model_name: str) -> dict:
                 os.kill(pid, signal.SIGSTOP)
             timing["out_of_routing_s"] = await wait_until(lambda: _not(fleet.routable("local-unit0")), 60)
 
-        results = await load(fleet, model_name, a.streams, a.max_tokens, blow)
+        results = await load(fleet, model_name, a.streams, a.max_tokens, blow, logprobs=a.logprobs)
         for pid in process_tree(victim["pid"]):
             os.kill(pid, signal.SIGCONT)
         timing["back_in_routing_after_sigcont_s"] = await wait_until(lambda: fleet.routable("local-unit0"), 600)
         return {
             "scenario": "SIGSTOP follower",
+            **settings(a),
             **summary(results, reference),
             "moves": await fleet.moves(),
             **{k: None if v is None else round(v, 2) for k, v in timing.items()},
@@ -228,12 +301,17 @@ async def scenario_sigstop(a, model_name: str) -> dict:
         fleet.stop()
 
 
+def settings(a: argparse.Namespace) -> dict:
+    """The fleet's settings a row's figures depend on, printed beside them."""
+    return {"max_running": a.max_running, "kv_budget_tokens": a.kv_budget_tokens, "streams": a.streams}
+
+
 async def _not(coro) -> bool:
     return not await coro
 
 
 async def scenario_drain(a, model_name: str) -> dict:
-    fleet = Fleet(a.model, drain_timeout=300)
+    fleet = Fleet(a, drain_timeout=300)
     try:
         await asyncio.to_thread(fleet.wait_serving, a.ready_timeout)
         victim = fleet.member("local-unit0", "leader")
@@ -250,6 +328,7 @@ async def scenario_drain(a, model_name: str) -> dict:
         drain_s = timing.get("drain_s")
         return {
             "scenario": f"drain with {a.drain_tokens}-token answers in flight",
+            **settings(a),
             **summary(results, None),
             "moves": await fleet.moves(),
             "drain_s": None if drain_s is None else round(drain_s, 2),
@@ -276,7 +355,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-tokens", type=int, default=None, help="drain answers' length (1500; --short 200)")
     p.add_argument("--blow-after", dest="blow_after_s", type=float, default=None, help="seconds into the load")
     p.add_argument("--ready-timeout", type=float, default=900.0)
-    p.add_argument("--scenarios", default="kill9,sigstop,drain")
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=None,
+        help="batch slots per unit (FLOTILLA_MAX_RUNNING; default 48, --short 16)",
+    )
+    p.add_argument(
+        "--kv-budget-tokens",
+        type=int,
+        default=None,
+        help="KV-cache tokens per unit (FLOTILLA_KV_BUDGET_TOKENS; default: room for --max-running drain answers)",
+    )
+    p.add_argument(
+        "--diagnose",
+        dest="logprobs",
+        action="store_const",
+        const=2,
+        default=None,
+        help="ask for the two likeliest tokens' logprobs, so each differing stream shows the margin where it differs",
+    )
+    p.add_argument(
+        "--scenarios",
+        default="kill9,sigstop,drain",
+        help="comma-separated: kill9 (leader, then follower), kill9-leader, kill9-follower, sigstop, drain",
+    )
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args(argv)
     short = a.short
@@ -285,6 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     a.max_tokens = a.max_tokens or (64 if short else 256)
     a.drain_tokens = a.drain_tokens or (200 if short else 1500)
     a.blow_after_s = a.blow_after_s if a.blow_after_s is not None else (1.0 if short else 5.0)
+    a.max_running = a.max_running or (16 if short else 48)
+    # Every slot full of drain answers (prompt ~20 tokens), in whole 1,024-token steps.
+    a.kv_budget_tokens = a.kv_budget_tokens or -(-a.max_running * (a.drain_tokens + 64) // 1024) * 1024
+    if a.max_running < 1 or a.kv_budget_tokens < 16:
+        p.error("--max-running must be at least 1 and --kv-budget-tokens at least 16")
+    known = ("kill9", "kill9-leader", "kill9-follower", "sigstop", "drain")
+    unknown = [n for n in a.scenarios.split(",") if n not in known]
+    if unknown:
+        p.error(f"--scenarios: unknown scenario(s) {', '.join(unknown)}; give some of {', '.join(known)}")
     model_name = os.path.basename(a.model.rstrip("/"))  # the name runtime.local serves it under
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     rows: list[dict] = []
@@ -295,12 +407,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(await scenario_kill9(a, model_name, "leader"))
                 print(json.dumps(rows[-1]), flush=True)
                 rows.append(await scenario_kill9(a, model_name, "follower"))
+            elif name in ("kill9-leader", "kill9-follower"):
+                rows.append(await scenario_kill9(a, model_name, name.split("-")[1]))
             elif name == "sigstop":
                 rows.append(await scenario_sigstop(a, model_name))
             elif name == "drain":
                 rows.append(await scenario_drain(a, model_name))
-            else:
-                raise SystemExit(f"--scenarios: unknown scenario {name!r}; give kill9, sigstop, drain")
             print(json.dumps(rows[-1]), flush=True)
 
     asyncio.run(go())

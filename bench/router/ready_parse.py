@@ -1,5 +1,5 @@
 """Per-line cost of reading a leader's load-only watch line: the router's hand parse (orjson, then
-Unit.take_load on the dict) against the typed ready-body parser (runtime.node.handshake.read_ready).
+Member.take_load on the dict) against the typed ready-body parser (runtime.node.handshake.read_ready).
 
 In-process and CPU-bound: figures move with the machine's load; print them with the load average.
 Run: .venv/bin/python bench/router/ready_parse.py [--lines N]
@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 # Imported after the path to this checkout is known:
 from runtime.node.handshake import Load, ReadyReport, read_ready  # noqa: E402
-from runtime.router.discovery import UnitEndpoint  # noqa: E402
-from runtime.router.fleet import Unit, _watch_json  # noqa: E402
+from runtime.router.discovery import MemberEndpoint  # noqa: E402
+from runtime.router.fleet import Member, _watch_json  # noqa: E402
 
 # What a busy leader sends for a load change: its whole load and the routing keys it admitted.
 LINE = json.dumps(
@@ -32,7 +32,7 @@ LINE = json.dumps(
 ).encode()
 
 
-def hand(unit: Unit, line: bytes = LINE) -> None:
+def hand(unit: Member, line: bytes = LINE) -> None:
     body = _watch_json(line)
     if not isinstance(body, dict):
         raise ValueError("not an object")
@@ -42,7 +42,7 @@ def hand(unit: Unit, line: bytes = LINE) -> None:
         unit.take_load(body["load"])
 
 
-def typed(unit: Unit, line: bytes = LINE) -> None:
+def typed(unit: Member, line: bytes = LINE) -> None:
     report = read_ready(_watch_json(line))
     for _k in report.keys:
         pass
@@ -53,7 +53,7 @@ def typed(unit: Unit, line: bytes = LINE) -> None:
         unit.queue_timeout_s, unit.prefill_tokens = load.queue_timeout_s, load.prefill_tokens
 
 
-def typed_json(unit: Unit, line: bytes = LINE) -> None:  # noqa: ARG001 (the same call as the others)
+def typed_json(unit: Member, line: bytes = LINE) -> None:  # noqa: ARG001 (the same call as the others)
     ReadyReport.model_validate_json(line)
 
 
@@ -61,9 +61,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=20000, help="lines per timing run (best of 5 runs)")
     n = ap.parse_args().lines
-    unit = Unit(UnitEndpoint(url="http://127.0.0.1:1"))
+    unit = Member(MemberEndpoint(url="http://127.0.0.1:1"))
     results = {}
-    parsers: dict[str, Callable[[Unit], None]] = {"hand": hand, "typed": typed, "typed_json": typed_json}
+    parsers: dict[str, Callable[[Member], None]] = {"hand": hand, "typed": typed, "typed_json": typed_json}
     for name, fn in parsers.items():
         best = min(timeit.repeat(partial(fn, unit), number=n, repeat=5))
         results[name] = best / n * 1e6

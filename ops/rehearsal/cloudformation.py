@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from ops.rehearsal.ecs import DeploymentStatus, Event, Revision, Service
-from ops.rehearsal.template import CellStack, Fleet
+from ops.rehearsal.template import CellStack, SynthesizedFleet
 
 # Real seconds a stack waits for one service's deployment before calling the update failed (as
 # CloudFormation's own stabilization timeout would, much later).
@@ -119,7 +119,7 @@ async def update_stack(
 
 
 async def deploy(
-    fleet: Fleet,
+    fleet: SynthesizedFleet,
     services: Mapping[str, Service],
     revision: Revision,
     *,
@@ -154,7 +154,7 @@ async def deploy(
     return outcomes
 
 
-def static_waves(fleet: Fleet, concurrency: int) -> list[list[str]]:
+def static_waves(fleet: SynthesizedFleet, concurrency: int) -> list[list[str]]:
     """Unit ids per step if every unit update took one step: what the DependsOn graph and the stack
     dependencies allow with `concurrency` stacks at once (a stack holds its slot until done)."""
     step_of: dict[str, int] = {}
@@ -183,7 +183,7 @@ def static_waves(fleet: Fleet, concurrency: int) -> list[list[str]]:
     return waves
 
 
-def stacks_at_once(fleet: Fleet) -> int:
+def stacks_at_once(fleet: SynthesizedFleet) -> int:
     """The most unit stacks the dependency order lets update at the same time: the `cdk deploy
     --concurrency` at which the waves run as planned (lower still works, in more sequential waves)."""
     spans: dict[str, tuple[int, int]] = {}

@@ -18,7 +18,7 @@ import contract
 from ops.rehearsal import cloudformation as cfn
 from ops.rehearsal.ecs import Clock, Event, Revision, Service
 from ops.rehearsal.local import LocalFleet, LocalSettings, RouterProcess
-from ops.rehearsal.template import Fleet
+from ops.rehearsal.template import SynthesizedFleet
 from ops.rehearsal.traffic import Failure, RotationWatch, Traffic
 
 # A revision that never gets ready: its engine "loads" longer than any rehearsal runs.
@@ -104,14 +104,14 @@ async def _until(pred: Callable[[], bool], give_up_s: float) -> None:
         await asyncio.sleep(0.05)
 
 
-def floor_for(fleet: Fleet, waves: list[list[str]]) -> int:
+def floor_for(fleet: SynthesizedFleet, waves: list[list[str]]) -> int:
     """Units that stay in rotation: all but the largest wave of units whose rollout takes them
     out (minimum healthy below 100 %, i.e. `replace`)."""
     leaving = {s.unit_id for s in fleet.services if not s.keeps_serving}
     return len(fleet.services) - max((sum(1 for u in wave if u in leaving) for wave in waves), default=0)
 
 
-async def rehearse(fleet: Fleet, options: Options, log: Callable[[Event], None] | None = None) -> Report:
+async def rehearse(fleet: SynthesizedFleet, options: Options, log: Callable[[Event], None] | None = None) -> Report:
     started = time.monotonic()
     clock = Clock(options.scale)
     events: list[Event] = []

@@ -100,7 +100,9 @@ class CellStack:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class SynthesizedFleet:
+    """The fleet as the synthesized templates describe it (cdk.out), not as it runs."""
+
     source: Path
     stacks: tuple[CellStack, ...] = field(default_factory=tuple)  # each after those it depends on
 
@@ -185,7 +187,7 @@ def _unit_services(stack: str, template: Mapping[str, Any]) -> tuple[UnitService
     return tuple(replace(s, depends_on=tuple(d for d in s.depends_on if d in found)) for s in found.values())
 
 
-def read_fleet(cdk_out: Path) -> Fleet:
+def read_fleet(cdk_out: Path) -> SynthesizedFleet:
     """Every stack with unit services in the cloud assembly at cdk_out, in dependency order."""
     manifest_path = cdk_out / "manifest.json"
     if not manifest_path.is_file():
@@ -223,4 +225,4 @@ def read_fleet(cdk_out: Path) -> Fleet:
         for sid in ready:
             ordered.append(CellStack(name=sid, depends_on=tuple(sorted(pending.pop(sid))), services=services[sid]))
             placed.add(sid)
-    return Fleet(source=cdk_out, stacks=tuple(ordered))
+    return SynthesizedFleet(source=cdk_out, stacks=tuple(ordered))

@@ -10,6 +10,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol, Sequence
 
+# The defaults of the engine knobs a unit member's settings set (runtime/node/settings.py declares
+# those settings with these values): an engine built outside a node (tests, benchmarks) runs as a
+# default member's does.
+DEFAULT_KV_BUDGET_TOKENS = 16384  # KV-cache tokens over all running sequences
+DEFAULT_MAX_RUNNING = 16  # batch slots
+DEFAULT_COLLECTIVE_TIMEOUT_S = 30.0  # seconds before a silent peer fails the unit
+
 
 class EngineError(Exception):
     """Base of every error an engine raises into a request's stream."""

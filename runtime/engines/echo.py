@@ -48,12 +48,12 @@ class EchoEngine:
         self,
         *,
         membership: Membership,
-        model_name: str = "echo",
+        model_name: str,
+        max_running: int,
+        form_timeout_s: float,
+        load_s: float,
         max_context: int = 2048,
-        max_running: int = 8,
         step_s: float = 0.01,
-        form_timeout_s: float = 60.0,
-        load_s: float = 0.0,
     ) -> None:
         self.model_name = model_name
         self.max_context = max_context
@@ -195,7 +195,7 @@ class EchoEngine:
             self._server.close()
 
 
-def run_echo_worker(membership: Membership, *, timeout_s: float = 60.0) -> None:
+def run_echo_worker(membership: Membership, *, timeout_s: float) -> None:
     """A follower's loop: join the leader, stay until it says bye. Raises if the leader vanishes."""
     deadline = time.monotonic() + timeout_s
     while True:

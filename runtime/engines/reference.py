@@ -34,6 +34,9 @@ import torch
 import torch.distributed as dist
 
 from runtime.engines.base import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_KV_BUDGET_TOKENS,
+    DEFAULT_MAX_RUNNING,
     EngineBroken,
     EngineError,
     EngineHealth,
@@ -46,7 +49,7 @@ from runtime.engines.base import (
 )
 from runtime.engines.calibrate import AUTO, Calibration, calibrate, loading_pair
 from runtime.engines.collectives import TRANSPORTS, Communicator, connect
-from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, plan_fingerprint
+from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, StepResult, plan_fingerprint
 from runtime.engines.grammar import Grammars, Matcher
 from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
 from runtime.engines.prefix_cache import Plan, PrefixCache, block_hashes
@@ -111,9 +114,9 @@ def run_worker(
     membership: Membership,
     *,
     model: str,
-    prefill: str = "auto",
-    decode: str = "auto",
-    collective_timeout_s: float = 30.0,
+    prefill: str = AUTO,
+    decode: str = AUTO,
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
     start_timeout_s: float = 300.0,
     threads: int | None = None,
     collectives: str = "auto",
@@ -241,11 +244,11 @@ class ReferenceEngine:
         membership: Membership,
         *,
         model: str,
-        prefill: str = "auto",
-        decode: str = "auto",
-        kv_budget_tokens: int = 16384,
-        max_running: int = 16,
-        collective_timeout_s: float = 30.0,
+        prefill: str = AUTO,
+        decode: str = AUTO,
+        kv_budget_tokens: int = DEFAULT_KV_BUDGET_TOKENS,
+        max_running: int = DEFAULT_MAX_RUNNING,
+        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         heartbeat_s: float = 1.0,
         start_timeout_s: float = 300.0,
         threads: int | None = None,
@@ -592,7 +595,9 @@ class ReferenceEngine:
             self._by_id.pop(st.request.request_id, None)
 
     def _loop(self, executor: ShardExecutor) -> None:
-        free: list[int] = []
+        """The scheduler: each iteration takes new requests and cancels, admits what fits, and runs one
+        step (the admitted requests' prefills and every running sequence's decode) on every rank."""
+        free: list[int] = []  # seq ids whose KV slots the next step frees on every rank
         last_traffic = time.monotonic()
         while True:
             with self._lock:
@@ -602,39 +607,8 @@ class ReferenceEngine:
                     return
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
-                for rid in self._cancels:
-                    st = self._by_id.get(rid)
-                    if st is None or st.done:
-                        continue
-                    if not st.admitted:  # still queued: nothing reserved yet
-                        self._waiting.remove(st)
-                        st.done = True
-                        self._by_id.pop(rid, None)
-                    else:
-                        for seq in st.seqs:
-                            self._finish(st, seq, free)
-                    st.put(_END)
-                self._cancels.clear()
-                admitted: list[_Request] = []
-                prefill_tokens = slots = 0
-                while self._waiting and len(self._running) + slots + len(self._waiting[0].seqs) <= self.max_running:
-                    st = self._waiting[0]
-                    hit = self._match(st)
-                    if not self._fits(st.need):
-                        self._unmatch(hit)
-                        break  # FIFO: the head waits for budget rather than being overtaken
-                    prompt = sum(len(ids) - len(hit) * self._block_tokens for _, ids in st.prefills())
-                    if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
-                        self._unmatch(hit)
-                        break  # the rest joins at the next iteration
-                    prefill_tokens += prompt
-                    slots += len(st.seqs)
-                    self._waiting.popleft()
-                    for seq in st.seqs:
-                        seq.seq_id = next(self._seq_ids)
-                    self._reserved += st.need
-                    self._plan_cache(st, hit)
-                    admitted.append(st)
+                self._apply_cancels(free)
+                admitted = self._admit()
                 decoding = list(self._running.values())
                 for st in admitted:
                     for seq in st.seqs:
@@ -647,30 +621,81 @@ class ReferenceEngine:
             # A request's first choice is prefilled; the others start as copies of its KV cache,
             # so n choices cost one prefill (continued choices each have their own tokens: one each).
             prefills = [(st, seqs, ids) for st in admitted for seqs, ids in st.prefills()]
-            cmd = StepCommand(
-                free=free,
-                prefill=[(seqs[0].seq_id, len(ids), st.per_seq) for st, seqs, ids in prefills],
-                prefill_tokens=[ids for _, _, ids in prefills],
-                decode=[seq.seq_id for _, seq in decoding],
-                decode_tokens=[seq.last_token for _, seq in decoding],
-                fork=[(seqs[0].seq_id, seq.seq_id) for _, seqs, _ in prefills for seq in seqs[1:]],
-            )
-            cache = self.prefix_cache
-            if cache is not None:
-                self._cache_orders(cache, cmd, prefills)
+            cmd = self._step_command(prefills, decoding, free)
             free = []
             result = executor.leader_step(cmd)
             last_traffic = time.monotonic()
             with self._lock:
-                for st in admitted:  # its blocks are copied in and stored on every rank: unpin them
-                    if cache is not None and st.cache is not None:
-                        cache.done(st.cache)
-                        st.cache = None
-                for i, (st, seqs, _) in enumerate(prefills):
-                    for seq in seqs:  # every choice samples its first token from its prefill (shared or own)
-                        self._advance(st, seq, result.prefill_logits[i], free)
-                for i, (st, seq) in enumerate(decoding):
-                    self._advance(st, seq, result.decode_logits[i], free)
+                self._after_step(admitted, prefills, decoding, result, free)
+
+    def _apply_cancels(self, free: list[int]) -> None:
+        """Cancelled requests end: a queued one leaves the queue, a running one frees its sequences."""
+        for rid in self._cancels:
+            st = self._by_id.get(rid)
+            if st is None or st.done:
+                continue
+            if not st.admitted:  # still queued: nothing reserved yet
+                self._waiting.remove(st)
+                st.done = True
+                self._by_id.pop(rid, None)
+            else:
+                for seq in st.seqs:
+                    self._finish(st, seq, free)
+            st.put(_END)
+        self._cancels.clear()
+
+    def _admit(self) -> list[_Request]:
+        """The queue's head requests that fit the batch slots, the KV budget and this step's prefill
+        budget, in arrival order, each with its sequences numbered and its prefix-cache hit planned."""
+        admitted: list[_Request] = []
+        prefill_tokens = slots = 0
+        while self._waiting and len(self._running) + slots + len(self._waiting[0].seqs) <= self.max_running:
+            st = self._waiting[0]
+            hit = self._match(st)
+            if not self._fits(st.need):
+                self._unmatch(hit)
+                break  # FIFO: the head waits for budget rather than being overtaken
+            prompt = sum(len(ids) - len(hit) * self._block_tokens for _, ids in st.prefills())
+            if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
+                self._unmatch(hit)
+                break  # the rest joins at the next iteration
+            prefill_tokens += prompt
+            slots += len(st.seqs)
+            self._waiting.popleft()
+            for seq in st.seqs:
+                seq.seq_id = next(self._seq_ids)
+            self._reserved += st.need
+            self._plan_cache(st, hit)
+            admitted.append(st)
+        return admitted
+
+    def _step_command(self, prefills: list, decoding: list, free: list[int]) -> StepCommand:
+        cmd = StepCommand(
+            free=free,
+            prefill=[(seqs[0].seq_id, len(ids), st.per_seq) for st, seqs, ids in prefills],
+            prefill_tokens=[ids for _, _, ids in prefills],
+            decode=[seq.seq_id for _, seq in decoding],
+            decode_tokens=[seq.last_token for _, seq in decoding],
+            fork=[(seqs[0].seq_id, seq.seq_id) for _, seqs, _ in prefills for seq in seqs[1:]],
+        )
+        if self.prefix_cache is not None:
+            self._cache_orders(self.prefix_cache, cmd, prefills)
+        return cmd
+
+    def _after_step(
+        self, admitted: list[_Request], prefills: list, decoding: list, result: StepResult, free: list[int]
+    ) -> None:
+        """Every sequence of the step samples its next token; the admitted requests' cached blocks are unpinned."""
+        cache = self.prefix_cache
+        for st in admitted:  # its blocks are copied in and stored on every rank: unpin them
+            if cache is not None and st.cache is not None:
+                cache.done(st.cache)
+                st.cache = None
+        for i, (st, seqs, _) in enumerate(prefills):
+            for seq in seqs:  # every choice samples its first token from its prefill (shared or own)
+                self._advance(st, seq, result.prefill_logits[i], free)
+        for i, (st, seq) in enumerate(decoding):
+            self._advance(st, seq, result.decode_logits[i], free)
 
     # --- prefix cache (leader's index; the ranks hold the blocks: executor.ShardExecutor.blocks) ---
     @property

@@ -63,7 +63,7 @@ async def serve(s: NodeSettings) -> int:
     from runtime.node.server import build_app  # noqa: PLC0415
 
     # auto_decompress=False: the API decodes a compressed body itself, within its size bound, and
-    # answers a coding it does not support in OpenAI's error shape (runtime/node/openai_api.py).
+    # answers a coding it does not support in OpenAI's error shape (runtime/node/protocol.py).
     runner = web.AppRunner(
         build_app(sup=sup, metrics=metrics), handler_cancellation=True, access_log=None, auto_decompress=False
     )

@@ -1,15 +1,14 @@
 """The engine's own process: the leader's engine or a follower's worker loop, one per formation.
 
 The supervisor starts it for each formation and kills it when the unit re-forms, so a process
-group broken by a dead peer is never reused. Protocol: JSON lines, commands on stdin, events on the
-original stdout; everything the engine prints goes to stderr.
+group broken by a dead peer is never reused. Protocol (runtime/node/engine_protocol.py): JSON lines,
+commands on stdin, events on the original stdout; everything the engine prints goes to stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -31,106 +30,91 @@ from runtime.engines.base import (
 )
 from runtime.engines.sampling import TextTracker
 from runtime.logs import jlog, setup_logging
-from runtime.membership import Member, Membership
+from runtime.node.engine_config import CONFIG_ENV, EngineConfig
+from runtime.node.engine_protocol import (
+    Accepted,
+    Cancel,
+    Done,
+    Error,
+    Event,
+    Failed,
+    Load,
+    Progress,
+    Ready,
+    Shutdown,
+    Starting,
+    Submit,
+    Token,
+    decode_command,
+    encode,
+)
 from runtime.node.tool_calls import template_format
 
-CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
 LOAD_EVERY_S = 0.1
 PROGRESS_POLL_S = 0.25
 
 
-def membership_to_dict(m: Membership) -> dict[str, Any]:
-    return dataclasses.asdict(m)
-
-
-def membership_from_dict(d: dict[str, Any]) -> Membership:
-    members = tuple(Member(**{**x, "network_nodes": tuple(x.get("network_nodes", ()))}) for x in d.get("members", ()))
-    return Membership(**{**d, "members": members})
-
-
-def _neuron_settings(cfg: dict[str, Any]) -> Any:
-    from runtime.engines.neuron.engine import NeuronEngineSettings  # noqa: PLC0415
-    from runtime.engines.neuron.launch import NeuronOptions  # noqa: PLC0415
-
-    n = cfg["neuron"]
-    options = NeuronOptions(
-        seq_len=n["seq_len"],
-        batch_size=n["batch_size"],
-        cp_degree=n["cp_degree"],
-        attention_dp_degree=n["attention_dp_degree"],
-        served_model_name=cfg["model_name"],
-        compiled_artifacts_dir=n["compiled_dir"],
-        engine_port=n["engine_port"],
-        sampling=n.get("sampling", "cpu"),
-    )
-    return NeuronEngineSettings(
-        model_uri=n["model_uri"],
-        model_dir=n["model_dir"],
-        instance_type=n["instance_type"],
-        options=options,
-        compile_cache_uri=n["compile_cache_uri"],
-        launcher=n["launcher"],
-    )
-
-
-def _build_leader_engine(cfg: dict[str, Any], m: Membership) -> Any:
-    if cfg["engine"] == "neuron":
+def _build_leader_engine(cfg: EngineConfig) -> Any:
+    m = cfg.membership
+    if cfg.engine == "neuron":
         from runtime.engines.neuron.engine import NeuronEngine  # noqa: PLC0415
 
         return NeuronEngine(
-            m, settings=_neuron_settings(cfg), model_name=cfg["model_name"], start_timeout_s=cfg["form_timeout_s"]
+            m, settings=cfg.neuron_settings(), model_name=cfg.model_name, start_timeout_s=cfg.form_timeout_s
         )
-    if cfg["engine"] == "echo":
+    if cfg.engine == "echo":
         from runtime.engines.echo import EchoEngine  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return EchoEngine(
             membership=m,
-            model_name=cfg["model_name"],
-            form_timeout_s=cfg["form_timeout_s"],
-            load_s=cfg.get("echo_load_s", 0.0),
+            model_name=cfg.model_name,
+            max_running=cfg.max_running,
+            form_timeout_s=cfg.form_timeout_s,
+            load_s=cfg.echo_load_s,
         )
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
 
     return ReferenceEngine(
         m,
-        model=cfg["model"],
-        prefill=cfg["prefill_strategy"],
-        decode=cfg["decode_strategy"],
-        kv_budget_tokens=cfg["kv_budget_tokens"],
-        max_running=cfg["max_running"],
-        collective_timeout_s=cfg["collective_timeout_s"],
-        start_timeout_s=cfg["form_timeout_s"],
-        threads=cfg["torch_threads"],
-        model_name=cfg["model_name"],
+        model=cfg.model,
+        prefill=cfg.prefill_strategy,
+        decode=cfg.decode_strategy,
+        kv_budget_tokens=cfg.kv_budget_tokens,
+        max_running=cfg.max_running,
+        collective_timeout_s=cfg.collective_timeout_s,
+        start_timeout_s=cfg.form_timeout_s,
+        threads=cfg.torch_threads,
+        model_name=cfg.model_name,
     )
 
 
-def _run_follower_worker(cfg: dict[str, Any], m: Membership, out: "_Out") -> None:
-    if cfg["engine"] == "neuron":
+def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
+    m = cfg.membership
+    if cfg.engine == "neuron":
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=_neuron_settings(cfg), report=lambda p: out.send(op="progress", **progress_fields(p)))
+        run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(progress_event(p)))
         return
-    if cfg["engine"] == "echo":
+    if cfg.engine == "echo":
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
-        run_echo_worker(m, timeout_s=cfg["form_timeout_s"])
+        run_echo_worker(m, timeout_s=cfg.form_timeout_s)
         return
     from runtime.engines.reference import run_worker  # noqa: PLC0415 - imports torch
 
     run_worker(
         m,
-        model=cfg["model"],
-        prefill=cfg["prefill_strategy"],
-        decode=cfg["decode_strategy"],
-        collective_timeout_s=cfg["collective_timeout_s"],
-        start_timeout_s=cfg["form_timeout_s"],
-        threads=cfg["torch_threads"],
+        model=cfg.model,
+        prefill=cfg.prefill_strategy,
+        decode=cfg.decode_strategy,
+        collective_timeout_s=cfg.collective_timeout_s,
+        start_timeout_s=cfg.form_timeout_s,
+        threads=cfg.torch_threads,
     )
 
 
-def progress_fields(p: LoadProgress) -> dict[str, Any]:
-    return {**dataclasses.asdict(p), "phase": p.phase.value}
+def progress_event(p: LoadProgress) -> Progress:
+    return Progress(phase=p.phase.value, done_bytes=p.done_bytes, total_bytes=p.total_bytes, phase_s=p.phase_s)
 
 
 async def _report_progress(engine: Any, out: "_Out") -> None:
@@ -143,7 +127,7 @@ async def _report_progress(engine: Any, out: "_Out") -> None:
         if p is not None:
             key = (p.phase, p.done_bytes, p.total_bytes)
             if key != sent or loop.time() - last >= 1.0:
-                out.send(op="progress", **progress_fields(p))
+                out.send(progress_event(p))
                 sent, last = key, loop.time()
         await asyncio.sleep(PROGRESS_POLL_S)
 
@@ -152,8 +136,8 @@ class _Out:
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
 
-    def send(self, **event: Any) -> None:
-        self._f.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+    def send(self, event: Event) -> None:
+        self._f.write(encode(event))
         self._f.flush()
 
 
@@ -164,242 +148,283 @@ async def _stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
-def token_fields(tokenizer: Any, ev: TokenEvent) -> dict[str, Any]:
+def token_event(tokenizer: Any, rid: str, ev: TokenEvent, tool_parser: str | None) -> Token:
     """A token event as the API layer gets it; logprobs with each token already turned into text
     (the API process has no tokenizer)."""
-    fields: dict[str, Any] = {"token_id": ev.token_id, "text": ev.text, "finish_reason": ev.finish_reason}
-    if ev.index:
-        fields["index"] = ev.index
+    logprobs = None
     if ev.logprob is not None:
         text = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
-        fields["logprobs"] = {
+        logprobs = {
             "token": text(ev.token_id),
             "logprob": ev.logprob.logprob,
             "top": [[text(t), lp] for t, lp in ev.logprob.top],
         }
-    return fields
-
-
-def _prompt_ids(engine: Any, cmd: dict[str, Any]) -> list[int]:
-    if "messages" in cmd:
-        if cmd.get("tools"):
-            return list(engine.tokenizer.apply_chat_template(cmd["messages"], tools=cmd["tools"]))
-        return list(engine.tokenizer.apply_chat_template(cmd["messages"]))
-    if "prompt_ids" in cmd:
-        return list(cmd["prompt_ids"])
-    return list(engine.tokenizer.encode(cmd["prompt"]))
-
-
-async def _serve_leader(cfg: dict[str, Any], m: Membership, out: _Out) -> int:
-    engine = _build_leader_engine(cfg, m)
-    out.send(op="starting")
-    progress = asyncio.create_task(_report_progress(engine, out))
-    try:
-        await engine.start()
-    finally:
-        progress.cancel()
-    calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
-    out.send(
-        op="ready",
-        model_name=engine.model_name,
-        max_context=int(engine.max_context),
-        strategies=calibration.as_dict() if calibration is not None else None,
-        resumes=bool(getattr(engine, "resumes", False)),
-        resumes_choices=bool(getattr(engine, "resumes_choices", False)),
+    return Token(
+        id=rid,
+        token_id=ev.token_id,
+        text=ev.text,
+        finish_reason=ev.finish_reason,
+        index=ev.index,
+        logprobs=logprobs,
+        tool_parser=tool_parser,  # tool_choice auto: the API reads the calls in this format
     )
-    tasks: dict[str, asyncio.Task] = {}
-    stop = asyncio.Event()
-    stop_reason = ["the unit shut down before this request finished; retry"]
 
-    def end(rid: str, cmd: dict[str, Any], ending: str, generated: int, **event: Any) -> None:
-        """The request's one last event (done or error) and the engine's own account of it."""
-        out.send(id=rid, **event)
-        jlog(
-            "engine_request_end",
-            id=rid,
-            request_id=cmd.get("correlation_id", ""),
-            ending=ending,
-            generated=generated,
+
+def _prompt_ids(engine: Any, cmd: Submit) -> list[int]:
+    if cmd.messages is not None:
+        if cmd.tools:
+            return list(engine.tokenizer.apply_chat_template(cmd.messages, tools=cmd.tools))
+        return list(engine.tokenizer.apply_chat_template(cmd.messages))
+    if cmd.prompt_ids is not None:
+        return list(cmd.prompt_ids)
+    return list(engine.tokenizer.encode(cmd.prompt))
+
+
+async def _serve_leader(cfg: EngineConfig, out: _Out) -> int:
+    return await _Leader(cfg, _build_leader_engine(cfg), out).run()
+
+
+class _Leader:
+    """The leader's engine process: start the engine, then serve the supervisor's commands until it
+    says stop (or goes), then end every request still open and shut the engine down."""
+
+    def __init__(self, cfg: EngineConfig, engine: Any, out: _Out) -> None:
+        self.cfg, self.engine, self.out = cfg, engine, out
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.stop = asyncio.Event()
+        self.stop_reason = "the unit shut down before this request finished; retry"
+
+    async def run(self) -> int:
+        await self._start()
+        reporter = asyncio.create_task(self._report_load())
+        await self._serve(await _stdin_lines())
+        await self._end_open_requests()
+        reporter.cancel()
+        await self.engine.shutdown()
+        return 0 if self.engine.health().state is not EngineState.BROKEN else 1
+
+    async def _start(self) -> None:
+        engine = self.engine
+        self.out.send(Starting())
+        progress = asyncio.create_task(_report_progress(engine, self.out))
+        try:
+            await engine.start()
+        finally:
+            progress.cancel()
+        calibration = getattr(engine, "calibration", None)  # the reference engine's chosen strategies
+        self.out.send(
+            Ready(
+                model_name=engine.model_name,
+                max_context=int(engine.max_context),
+                strategies=calibration.as_dict() if calibration is not None else None,
+                resumes=bool(getattr(engine, "resumes", False)),
+                resumes_choices=bool(getattr(engine, "resumes_choices", False)),
+            )
         )
 
-    async def run(cmd: dict[str, Any]) -> None:
-        rid = cmd["id"]
-        generated, finish, cached = 0, None, 0
-        try:
-            if cmd.get("tools") and not getattr(engine.tokenizer, "supports_tools", False):
-                raise RequestRejected(
-                    f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
-                    "format; leave 'tools' out, or serve a model whose chat template renders tools",
-                    param="tools",
-                )
-            tool_parser = None
-            if cmd.get("tool_choice") == "auto":
-                tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
-                if tool_parser is None:
-                    raise RequestRejected(
-                        "tool_choice 'auto' (the default when 'tools' are given) needs to read tool calls in the "
-                        f"model's own format; the chat template of '{engine.model_name}' teaches none this unit "
-                        "parses (<tool_call> JSON as Hermes/Qwen, or Llama 3.1's JSON calls): set 'tool_choice' "
-                        'to "required", "none" or {"type": "function", "function": {"name": ...}}',
-                        param="tool_choice",
-                    )
-            try:
-                ids = _prompt_ids(engine, cmd)
-            except (ValueError, KeyError, TypeError) as e:
-                raise RequestRejected(f"the prompt cannot be tokenized: {e}") from e
-            vocab = getattr(engine.tokenizer, "vocab_size", None)
-            if vocab is not None and any(not 0 <= t < vocab for t in ids):
-                raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
-            if not ids:
-                raise RequestRejected("the prompt is empty: give at least one token")
-            continued = tuple(cmd.get("generated", ()))  # a continuation: tokens another unit generated
-            if continued and not getattr(engine, "resumes", False):
-                raise RequestRejected(f"the {cfg['engine']} engine cannot continue a request from another unit")
-            # A continuation of n > 1 choices: [index, token ids] of each choice still to run.
-            choices = tuple((int(i), tuple(t)) for i, t in cmd.get("resumed_choices", ()))
-            if choices and not getattr(engine, "resumes_choices", False):
-                raise RequestRejected(f"the {cfg['engine']} engine cannot continue n > 1 choices from another unit")
-            if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
-                raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
-            room = engine.max_context - len(ids)
-            if room < 1:
-                raise RequestRejected(
-                    f"the prompt has {len(ids)} tokens but the model's context length is "
-                    f"{engine.max_context}: shorten the prompt"
-                )
-            max_tokens = cmd.get("max_tokens")
-            if max_tokens is None:
-                # left out by the client: the API's default (openai_api.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
-                # for completions), which every request carries, capped by the room the context has left
-                max_tokens = min(cmd["default_max_tokens"], room)
-            elif max_tokens > room:
-                raise RequestRejected(
-                    f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: together "
-                    f"they exceed the model's context length of {engine.max_context}; "
-                    f"lower max_tokens to at most {room} or shorten the prompt"
-                )
-            sp = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=float(cmd["temperature"]),  # the API's default when the client left it out
-                top_p=float(cmd["top_p"]),
-                seed=cmd.get("seed"),
-                stop=tuple(cmd.get("stop", ())),
-                ignore_eos=bool(cmd.get("ignore_eos", False)),
-                n=int(cmd.get("n") or 1),
-                logprobs=cmd.get("logprobs"),
-                presence_penalty=float(cmd.get("presence_penalty") or 0.0),
-                frequency_penalty=float(cmd.get("frequency_penalty") or 0.0),
-                structured=StructuredOutput(**cmd["structured"]) if cmd.get("structured") else None,
-            )
-            request = GenerationRequest(
-                request_id=rid,
-                prompt_token_ids=tuple(ids),
-                sampling=sp,
-                generated=continued,
-                resumed_choices=choices,
-                canary=bool(cmd.get("canary")),
-            )
-            check = getattr(engine, "check", None)
-            if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
-                await check(request)
-            accepted: dict[str, Any] = {}
-            if continued and cmd.get("tool_choice") == "auto":
-                # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
-                # API replays it into the tool parser (the client has part of it as content, the rest held).
-                tracker = TextTracker(engine.tokenizer, sp.stop)
-                accepted["replayed_text"] = "".join(tracker.add(t)[0] for t in continued)
-            out.send(op="accepted", id=rid, prompt_tokens=len(ids), **accepted)
-            finished: dict[int, str] = {}  # choice index -> the engine's finish reason
-            async for ev in engine.generate(request):
-                generated += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
-                if ev.finish_reason:
-                    finished[ev.index] = ev.finish_reason
-                cached = max(cached, ev.cached_tokens)
-                fields = token_fields(engine.tokenizer, ev)
-                if tool_parser:  # the API reads the calls in this format
-                    fields["tool_parser"] = tool_parser
-                out.send(op="token", id=rid, **fields)
-            if len(finished) < (len(choices) or sp.n):  # a continuation runs only its unfinished choices
-                # The engine's stream ended without saying why for some choice: the answer may be cut
-                # short, and a client must never take a short answer for a whole one.
-                end(
-                    rid,
-                    cmd,
-                    "incomplete",
-                    generated,
-                    op="error",
-                    kind="incomplete",
-                    message="the engine ended the request without a finish reason; retry",
-                )
-            else:
-                finish = ",".join(finished[i] for i in sorted(finished))
-                end(rid, cmd, finish, generated, op="done", cached_tokens=cached)
-        except asyncio.CancelledError:
-            engine.cancel(rid)
-            if stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
-                end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=stop_reason[0])
-            else:  # the server cancelled it: its client went away, or its queue or request timeout passed
-                end(rid, cmd, "cancelled", generated, op="error", kind="cancelled", message="cancelled by the server")
-        except RequestRejected as e:
-            end(
-                rid,
-                cmd,
-                "rejected",
-                generated,
-                op="error",
-                kind="rejected",
-                message=str(e),
-                **({"param": e.param} if e.param else {}),
-            )
-        except EngineBroken as e:
-            end(rid, cmd, "broken", generated, op="error", kind="broken", message=str(e))
-        except EngineUnavailable as e:
-            end(rid, cmd, "unavailable", generated, op="error", kind="unavailable", message=f"{e}; retry")
-        except EngineError as e:
-            end(rid, cmd, "engine", generated, op="error", kind="engine", message=str(e))
-        except Exception as e:  # a bug: report it on the request and in the log, keep serving others
-            logging.exception("request %s failed", rid)
-            end(rid, cmd, "internal", generated, op="error", kind="internal", message=f"{type(e).__name__}: {e}")
-        finally:
-            tasks.pop(rid, None)
-
-    async def report_load() -> None:
-        while not stop.is_set():
-            h = engine.health()
-            out.send(op="load", state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load()))
+    async def _report_load(self) -> None:
+        while not self.stop.is_set():
+            h = self.engine.health()
+            self.out.send(Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(self.engine.load())))
             await asyncio.sleep(LOAD_EVERY_S)
 
-    reporter = asyncio.create_task(report_load())
-    reader = await _stdin_lines()
-    while True:
-        line = await reader.readline()
-        if not line:
-            break  # the supervisor is gone or closed our stdin: shut down
-        cmd = json.loads(line)
-        op = cmd["op"]
-        if op == "submit":
-            if cmd["id"] in tasks:
-                # Ids are generated unique by the supervisor (engine_process): a repeat is a bug.
-                # Fail both loudly rather than let two requests share one stream.
-                logging.error("request id %s submitted twice; failing it", cmd["id"])
-                tasks[cmd["id"]].cancel()
-                out.send(op="error", id=cmd["id"], kind="internal", message="request id submitted twice (bug)")
-                continue
-            tasks[cmd["id"]] = asyncio.create_task(run(cmd))
-        elif op == "cancel":
-            t = tasks.get(cmd["id"])
-            if t is not None:
-                t.cancel()
-        elif op == "shutdown":
-            stop_reason[0] = cmd.get("reason") or stop_reason[0]
-            break
-    stop.set()
-    for t in list(tasks.values()):
-        t.cancel()
-    await asyncio.gather(*tasks.values(), return_exceptions=True)
-    reporter.cancel()
-    await engine.shutdown()
-    return 0 if engine.health().state is not EngineState.BROKEN else 1
+    async def _serve(self, reader: asyncio.StreamReader) -> None:
+        """The supervisor's commands, until it says shutdown or closes our stdin (it is gone)."""
+        while line := await reader.readline():
+            cmd = decode_command(line)
+            if isinstance(cmd, Submit):
+                self._submit(cmd)
+            elif isinstance(cmd, Cancel):
+                t = self.tasks.get(cmd.id)
+                if t is not None:
+                    t.cancel()
+            elif isinstance(cmd, Shutdown):
+                self.stop_reason = cmd.reason or self.stop_reason
+                return
+
+    def _submit(self, cmd: Submit) -> None:
+        if cmd.id in self.tasks:
+            # Ids are generated unique by the supervisor (engine_process): a repeat is a bug.
+            # Fail both loudly rather than let two requests share one stream.
+            logging.error("request id %s submitted twice; failing it", cmd.id)
+            self.tasks[cmd.id].cancel()
+            self.out.send(Error(id=cmd.id, kind="internal", message="request id submitted twice (bug)"))
+            return
+        self.tasks[cmd.id] = asyncio.create_task(self._run(cmd))
+
+    async def _end_open_requests(self) -> None:
+        self.stop.set()
+        for t in list(self.tasks.values()):
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    # -- one request ------------------------------------------------------------------------------
+
+    async def _run(self, cmd: Submit) -> None:
+        """One request: checked and turned into the engine's request, accepted, generated, ended with
+        exactly one done or error event."""
+        generated = [0]  # tokens so far, for the request's end line
+        try:
+            tool_parser = self._tool_parser(cmd)
+            request = self._request(cmd)
+            check = getattr(self.engine, "check", None)
+            if check is not None:  # refusals before "accepted", so a streamed request still gets its 400
+                await check(request)
+            self._accept(cmd, request)
+            await self._generate(cmd, request, tool_parser, generated)
+        except asyncio.CancelledError:
+            self.engine.cancel(cmd.id)
+            if self.stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
+                self._fail(cmd, "unavailable", generated[0], self.stop_reason)
+            else:  # the server cancelled it: its client went away, or its queue or request timeout passed
+                self._fail(cmd, "cancelled", generated[0], "cancelled by the server")
+        except RequestRejected as e:
+            self._fail(cmd, "rejected", generated[0], str(e), param=e.param or None)
+        except EngineBroken as e:
+            self._fail(cmd, "broken", generated[0], str(e))
+        except EngineUnavailable as e:
+            self._fail(cmd, "unavailable", generated[0], f"{e}; retry")
+        except EngineError as e:
+            self._fail(cmd, "engine", generated[0], str(e))
+        except Exception as e:  # a bug: report it on the request and in the log, keep serving others
+            logging.exception("request %s failed", cmd.id)
+            self._fail(cmd, "internal", generated[0], f"{type(e).__name__}: {e}")
+        finally:
+            self.tasks.pop(cmd.id, None)
+
+    def _tool_parser(self, cmd: Submit) -> str | None:
+        """The model's tool-call format when tool_choice is auto; refuses tools the model cannot take."""
+        engine = self.engine
+        if cmd.tools and not getattr(engine.tokenizer, "supports_tools", False):
+            raise RequestRejected(
+                f"'tools' cannot be used with model '{engine.model_name}': its chat template has no tool "
+                "format; leave 'tools' out, or serve a model whose chat template renders tools",
+                param="tools",
+            )
+        if cmd.tool_choice != "auto":
+            return None
+        tool_parser = template_format(getattr(engine.tokenizer, "chat_template", None) or "")
+        if tool_parser is None:
+            raise RequestRejected(
+                "tool_choice 'auto' (the default when 'tools' are given) needs to read tool calls in the "
+                f"model's own format; the chat template of '{engine.model_name}' teaches none this unit "
+                "parses (<tool_call> JSON as Hermes/Qwen, or Llama 3.1's JSON calls): set 'tool_choice' "
+                'to "required", "none" or {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        return tool_parser
+
+    def _request(self, cmd: Submit) -> GenerationRequest:
+        ids = self._prompt(cmd)
+        continued, choices = self._continuation(cmd)
+        return GenerationRequest(
+            request_id=cmd.id,
+            prompt_token_ids=tuple(ids),
+            sampling=self._sampling(cmd, self._max_tokens(cmd, ids)),
+            generated=continued,
+            resumed_choices=choices,
+            canary=cmd.canary,
+        )
+
+    def _prompt(self, cmd: Submit) -> list[int]:
+        try:
+            ids = _prompt_ids(self.engine, cmd)
+        except (ValueError, KeyError, TypeError) as e:
+            raise RequestRejected(f"the prompt cannot be tokenized: {e}") from e
+        vocab = getattr(self.engine.tokenizer, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in ids):
+            raise RequestRejected(f"prompt token ids must be in 0..{vocab - 1}: fix the token ids")
+        if not ids:
+            raise RequestRejected("the prompt is empty: give at least one token")
+        return ids
+
+    def _continuation(self, cmd: Submit) -> tuple[tuple[int, ...], tuple[tuple[int, tuple[int, ...]], ...]]:
+        """A continuation's tokens another unit generated, and for n > 1 [index, token ids] of each
+        choice still to run."""
+        engine = self.engine
+        continued = tuple(cmd.generated or ())
+        if continued and not getattr(engine, "resumes", False):
+            raise RequestRejected(f"the {self.cfg.engine} engine cannot continue a request from another unit")
+        choices = tuple((int(i), tuple(t)) for i, t in cmd.resumed_choices or ())
+        if choices and not getattr(engine, "resumes_choices", False):
+            raise RequestRejected(f"the {self.cfg.engine} engine cannot continue n > 1 choices from another unit")
+        vocab = getattr(engine.tokenizer, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in (*continued, *(t for _, c in choices for t in c))):
+            raise RequestRejected(f"continuation token ids must be in 0..{vocab - 1}")
+        return continued, choices
+
+    def _max_tokens(self, cmd: Submit, ids: list[int]) -> int:
+        max_context = self.engine.max_context
+        room = max_context - len(ids)
+        if room < 1:
+            raise RequestRejected(
+                f"the prompt has {len(ids)} tokens but the model's context length is {max_context}: shorten the prompt"
+            )
+        if cmd.max_tokens is None:
+            # left out by the client: the API's default (protocol.DEFAULT_MAX_TOKENS, e.g. OpenAI's 16
+            # for completions), which every request carries, capped by the room the context has left
+            return min(cmd.default_max_tokens, room)
+        if cmd.max_tokens > room:
+            raise RequestRejected(
+                f"the prompt has {len(ids)} tokens and max_tokens is {cmd.max_tokens}: together "
+                f"they exceed the model's context length of {max_context}; "
+                f"lower max_tokens to at most {room} or shorten the prompt"
+            )
+        return cmd.max_tokens
+
+    @staticmethod
+    def _sampling(cmd: Submit, max_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(cmd.temperature),  # the API's default when the client left it out
+            top_p=float(cmd.top_p),
+            seed=cmd.seed,
+            stop=tuple(cmd.stop or ()),
+            ignore_eos=cmd.ignore_eos,
+            n=int(cmd.n or 1),
+            logprobs=cmd.logprobs,
+            presence_penalty=float(cmd.presence_penalty or 0.0),
+            frequency_penalty=float(cmd.frequency_penalty or 0.0),
+            structured=StructuredOutput(**cmd.structured) if cmd.structured else None,
+        )
+
+    def _accept(self, cmd: Submit, request: GenerationRequest) -> None:
+        replayed = None
+        if request.generated and cmd.tool_choice == "auto":
+            # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
+            # API replays it into the tool parser (the client has part of it as content, the rest held).
+            tracker = TextTracker(self.engine.tokenizer, request.sampling.stop)
+            replayed = "".join(tracker.add(t)[0] for t in request.generated)
+        self.out.send(Accepted(id=cmd.id, prompt_tokens=len(request.prompt_token_ids), replayed_text=replayed))
+
+    async def _generate(
+        self, cmd: Submit, request: GenerationRequest, tool_parser: str | None, generated: list[int]
+    ) -> None:
+        """The engine's tokens to the supervisor, then done, or an error if a choice never finished."""
+        cached = 0
+        finished: dict[int, str] = {}  # choice index -> the engine's finish reason
+        async for ev in self.engine.generate(request):
+            generated[0] += ev.token_id >= 0  # -1: a finish-only event (neuron engine), not a token
+            if ev.finish_reason:
+                finished[ev.index] = ev.finish_reason
+            cached = max(cached, ev.cached_tokens)
+            self.out.send(token_event(self.engine.tokenizer, cmd.id, ev, tool_parser))
+        if len(finished) < (len(request.resumed_choices) or request.sampling.n):
+            # A continuation runs only its unfinished choices. The engine's stream ended without saying
+            # why for some choice: the answer may be cut short, and a client must never take a short
+            # answer for a whole one.
+            self._fail(cmd, "incomplete", generated[0], "the engine ended the request without a finish reason; retry")
+            return
+        finish = ",".join(finished[i] for i in sorted(finished))
+        self._end(cmd, finish, generated[0], Done(id=cmd.id, cached_tokens=cached))
+
+    def _end(self, cmd: Submit, ending: str, generated: int, event: Done | Error) -> None:
+        """The request's one last event (done or error) and the engine's own account of it."""
+        self.out.send(event)
+        jlog("engine_request_end", id=cmd.id, request_id=cmd.correlation_id, ending=ending, generated=generated)
+
+    def _fail(self, cmd: Submit, kind: str, generated: int, message: str, param: str | None = None) -> None:
+        self._end(cmd, kind, generated, Error(id=cmd.id, kind=kind, message=message, param=param))
 
 
 def _exit_when_supervisor_goes() -> None:
@@ -415,31 +440,30 @@ def _exit_when_supervisor_goes() -> None:
 
 
 def main() -> int:
-    cfg = json.loads(os.environ[CONFIG_ENV])
+    cfg = EngineConfig.from_json(os.environ[CONFIG_ENV])
     # Keep the protocol on the original stdout; anything else printed goes to stderr.
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     setup_logging()
     out = _Out(proto)
-    if cfg["engine"] not in ("echo", "neuron"):
+    if cfg.engine not in ("echo", "neuron"):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
 
-        torch.set_num_threads(int(cfg.get("torch_threads", 1)))
-    m = membership_from_dict(cfg["membership"])
-    if m.is_leader:
+        torch.set_num_threads(cfg.torch_threads)
+    if cfg.membership.is_leader:
         try:
-            return asyncio.run(_serve_leader(cfg, m, out))
+            return asyncio.run(_serve_leader(cfg, out))
         except EngineError as e:
-            out.send(op="failed", message=str(e))
+            out.send(Failed(message=str(e)))
             return 1
-    out.send(op="starting")
+    out.send(Starting())
     threading.Thread(target=_exit_when_supervisor_goes, daemon=True).start()
     try:
-        _run_follower_worker(cfg, m, out)
+        _run_follower_worker(cfg, out)
         rc = 0
     except EngineError as e:
-        out.send(op="failed", message=str(e))
+        out.send(Failed(message=str(e)))
         rc = 1
     # os._exit: the stdin watchdog thread must not race interpreter shutdown.
     sys.stderr.flush()

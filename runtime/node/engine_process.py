@@ -7,7 +7,6 @@ dies, every open request ends at once with a `broken` error, so no client waits 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -20,8 +19,25 @@ from typing import Any, AsyncIterator
 import contract
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
-from runtime.membership import Membership
-from runtime.node.engine_host import CONFIG_ENV, membership_to_dict
+from runtime.node.engine_config import CONFIG_ENV, EngineConfig
+from runtime.node.engine_protocol import (
+    Accepted,
+    Cancel,
+    Command,
+    Done,
+    Error,
+    Failed,
+    Load,
+    Progress,
+    ProtocolError,
+    Ready,
+    RequestEvent,
+    Shutdown,
+    Submit,
+    Token,
+    decode_event,
+    encode,
+)
 
 log = logging.getLogger("flotilla.node.engine")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +62,8 @@ class RequestStream:
 
 
 class EngineProcess:
-    def __init__(self, *, config: dict[str, Any], membership: Membership) -> None:
-        self._config = {**config, "membership": membership_to_dict(membership)}
+    def __init__(self, *, config: EngineConfig) -> None:
+        self._config = config
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.strategies: dict[str, Any] | None = None  # from the ready event (reference engine)
@@ -58,7 +74,7 @@ class EngineProcess:
         self.failure: str = ""
         # While the engine starts: its last load progress (engine_host's "progress" event) and when
         # it came; None before the first and once ready.
-        self.progress: dict[str, Any] | None = None
+        self.progress: Progress | None = None
         self.progress_at = 0.0
         self.last_report = time.monotonic()  # when the engine process last said anything
         # When the engine last made progress: a token, or work arriving at an idle engine.
@@ -73,9 +89,9 @@ class EngineProcess:
 
     async def start(self) -> None:
         env = dict(os.environ)
-        env[CONFIG_ENV] = json.dumps(self._config)
-        if self._config.get("cache_dir"):
-            env[contract.ENV_CACHE_DIR] = self._config["cache_dir"]
+        env[CONFIG_ENV] = self._config.to_json()
+        if self._config.cache_dir:
+            env[contract.ENV_CACHE_DIR] = self._config.cache_dir
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -96,39 +112,28 @@ class EngineProcess:
                 line = await self.proc.stdout.readline()
                 if not line:
                     break
-                ev = json.loads(line)
-                op = ev["op"]
+                ev = decode_event(line)
                 self.last_report = time.monotonic()
-                if op == "progress":
-                    self.progress, self.progress_at = ev, self.last_report
-                elif op == "ready":
-                    self.progress = None
-                    self.strategies = ev.get("strategies")
-                    self.resumes = bool(ev.get("resumes"))
-                    self.resumes_choices = bool(ev.get("resumes_choices"))
-                    self.ready.set()
-                elif op == "load":
+                if isinstance(ev, (Token, Accepted, Done, Error)):
+                    self._relay(ev)
+                elif isinstance(ev, Load):
                     if self.load.state is not EngineState.BROKEN:
                         # Broken is for good: a request that found the engine broken may arrive a
                         # moment before the engine's own load report says so, and a "ready" report
                         # sent in that moment must not make the unit routable again.
-                        self.load = LoadReport(
-                            **{**{k: ev[k] for k in LoadReport.__dataclass_fields__}, "state": EngineState(ev["state"])}
-                        )
-                elif op == "failed":
-                    self.failure = ev.get("message", "")
-                elif "id" in ev:
-                    if op == "token":
-                        self.last_progress = self.last_report
-                    if op == "error" and ev.get("kind") == "broken":
-                        # Mark the unit unready before the client hears of the failure.
-                        self.load = LoadReport(state=EngineState.BROKEN, detail=ev.get("message", ""))
-                    s = self._streams.get(ev["id"])
-                    if s is not None:
-                        s.events.put_nowait(ev)  # a canary's few events are dropped with its stream
-                        if op in ("done", "error"):
-                            self._streams.pop(ev["id"], None)
-        except (ValueError, KeyError) as e:
+                        fields = {k: getattr(ev, k) for k in LoadReport.__dataclass_fields__}
+                        self.load = LoadReport(**{**fields, "state": EngineState(ev.state)})
+                elif isinstance(ev, Progress):
+                    self.progress, self.progress_at = ev, self.last_report
+                elif isinstance(ev, Ready):
+                    self.progress = None
+                    self.strategies = ev.strategies
+                    self.resumes = ev.resumes
+                    self.resumes_choices = ev.resumes_choices
+                    self.ready.set()
+                elif isinstance(ev, Failed):
+                    self.failure = ev.message
+        except (ProtocolError, ValueError) as e:
             jlog("engine_protocol_error", logging.ERROR, logger=log, error=str(e))
         finally:
             rc = await self.proc.wait()
@@ -138,16 +143,27 @@ class EngineProcess:
             )
             for s in list(self._streams.values()):
                 s.events.put_nowait(
-                    {
-                        "op": "error",
-                        "id": s.request_id,
-                        "kind": "broken",
-                        "message": "the unit's engine stopped mid-request "
-                        f"({self.load.detail}); retry on a healthy unit",
-                    }
+                    Error(
+                        id=s.request_id,
+                        kind="broken",
+                        message=f"the unit's engine stopped mid-request ({self.load.detail}); retry on a healthy unit",
+                    )
                 )
             self._streams.clear()
             self.exited.set()
+
+    def _relay(self, ev: RequestEvent) -> None:
+        """A request's event to its stream (a canary's few events are dropped with its stream)."""
+        if isinstance(ev, Token):
+            self.last_progress = self.last_report
+        elif isinstance(ev, Error) and ev.kind == "broken":
+            # Mark the unit unready before the client hears of the failure.
+            self.load = LoadReport(state=EngineState.BROKEN, detail=ev.message)
+        s = self._streams.get(ev.id)
+        if s is not None:
+            s.events.put_nowait(ev)
+            if isinstance(ev, (Done, Error)):
+                self._streams.pop(ev.id, None)
 
     def load_progress(self) -> dict[str, Any] | None:
         """The engine's last load progress with its phase time brought up to now (a load that
@@ -156,10 +172,10 @@ class EngineProcess:
             return None
         since = time.monotonic() - self.progress_at
         return {
-            "phase": self.progress["phase"],
-            "done_bytes": int(self.progress.get("done_bytes", 0)),
-            "total_bytes": int(self.progress.get("total_bytes", 0)),
-            "phase_s": round(float(self.progress.get("phase_s", 0.0)) + since, 1),
+            "phase": self.progress.phase,
+            "done_bytes": self.progress.done_bytes,
+            "total_bytes": self.progress.total_bytes,
+            "phase_s": round(self.progress.phase_s + since, 1),
         }
 
     def stalled(self, after_s: float) -> bool:
@@ -200,11 +216,11 @@ class EngineProcess:
     def alive(self) -> bool:
         return self.proc is not None and not self.exited.is_set()
 
-    def _send(self, **cmd: Any) -> bool:
+    def _send(self, cmd: Command) -> bool:
         if not self.alive or self.proc is None or self.proc.stdin is None:
             return False
         try:
-            self.proc.stdin.write(json.dumps(cmd, separators=(",", ":")).encode() + b"\n")
+            self.proc.stdin.write(encode(cmd))
             return True
         except (ConnectionError, RuntimeError):
             return False
@@ -219,27 +235,22 @@ class EngineProcess:
         if not self._streams:
             self.last_progress = time.monotonic()  # an idle engine's clock starts with its first request
         self._streams[request_id] = s
-        if not self._send(op="submit", id=request_id, **payload):
+        if not self._send(Submit(id=request_id, **payload)):
             self._streams.pop(request_id, None)
             s.events.put_nowait(
-                {
-                    "op": "error",
-                    "id": request_id,
-                    "kind": "broken",
-                    "message": "the unit's engine is not running; retry on a healthy unit",
-                }
+                Error(id=request_id, kind="broken", message="the unit's engine is not running; retry on a healthy unit")
             )
         return s
 
     def cancel(self, request_id: str) -> None:
         if request_id in self._streams:
-            self._send(op="cancel", id=request_id)
+            self._send(Cancel(id=request_id))
 
-    async def events(self, s: RequestStream) -> AsyncIterator[dict]:
+    async def events(self, s: RequestStream) -> AsyncIterator[RequestEvent]:
         while True:
             ev = await s.events.get()
             yield ev
-            if ev["op"] in ("done", "error"):
+            if isinstance(ev, (Done, Error)):
                 return
 
     async def stop(self, *, grace_s: float = 10.0, reason: str = "") -> int | None:
@@ -248,7 +259,7 @@ class EngineProcess:
         if self.proc is None:
             return None
         if self.alive:
-            self._send(op="shutdown", reason=reason)
+            self._send(Shutdown(reason=reason))
             if self.proc.stdin is not None:
                 try:
                     self.proc.stdin.close()

@@ -23,9 +23,10 @@ from pydantic import BaseModel
 import contract
 from runtime import emf
 from runtime.logs import jlog
+from runtime.node.engine_protocol import Accepted, Done, Error, RequestEvent, Token
 from runtime.node.handshake import STATUS_PATH
 from runtime.node.metrics import NodeMetrics
-from runtime.node.openai_api import (
+from runtime.node.protocol import (
     DEFAULT_MAX_TOKENS,
     ApiError,
     ParsedRequest,
@@ -35,6 +36,7 @@ from runtime.node.openai_api import (
     parse_json_body,
 )
 from runtime.node.queue_wait import retry_after_s
+from runtime.node.serving import serving_for
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
@@ -64,21 +66,14 @@ ENDINGS: dict[str, tuple[int, str, str | None]] = {
 
 
 # Engine endings a resumable stream hands to the router to continue on another unit (the request is
-# fine; this unit is not): a broken or stopping engine, or a stream cut short.
-MOVABLE_ENDINGS = frozenset({"broken", "unavailable", "incomplete"})
-_DRAIN_HANDOVER = {
-    "op": "error",
-    "kind": "unavailable",
-    "message": "this unit is draining for shutdown; retry on another unit",
-}
+# fine; this unit is not): a broken or stopping engine, a stream cut short, or no batch slot within
+# the queue timeout (busy: the router may wait for a slot here or elsewhere, as for a 429).
+MOVABLE_ENDINGS = frozenset({"broken", "unavailable", "incomplete", contract.BUSY_CODE_QUEUE_TIMEOUT})
+_DRAIN_HANDOVER = Error(kind="unavailable", message="this unit is draining for shutdown; retry on another unit")
 
 
 # What the server makes of an engine stream that ended without a finish reason.
-_INCOMPLETE = {
-    "op": "error",
-    "kind": "incomplete",
-    "message": "the engine ended the request without a finish reason; retry",
-}
+_INCOMPLETE = Error(kind="incomplete", message="the engine ended the request without a finish reason; retry")
 
 
 def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
@@ -99,9 +94,9 @@ class _Prefilling:
         self._sup.prefill_tokens -= self._tokens
         self._tokens = 0
 
-    async def until_first_token(self, events: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    async def until_first_token(self, events: AsyncIterator[RequestEvent]) -> AsyncIterator[RequestEvent]:
         async for ev in events:
-            if self._tokens and ev["op"] in ("token", "done", "error"):
+            if self._tokens and isinstance(ev, (Token, Done, Error)):
                 self.end()
             yield ev
 
@@ -244,11 +239,11 @@ class LeaderApi:
         prefill: _Prefilling | None = None
         try:
             first = await events.__anext__()  # accepted, or a rejection before any output
-            if first["op"] == "error":
+            if not isinstance(first, Accepted):
                 done = True
-                return self._engine_error(first, headers, rec)
-            prompt_tokens = int(first.get("prompt_tokens", 0))
-            move.replayed_text = first.get("replayed_text", "")
+                return self._engine_error(first if isinstance(first, Error) else _INCOMPLETE, headers, rec)
+            prompt_tokens = first.prompt_tokens
+            move.replayed_text = first.replayed_text or ""
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
@@ -272,7 +267,9 @@ class LeaderApi:
                 rec.setdefault("error", "client disconnected")
                 rec.setdefault("status", 499)
 
-    async def _bounded(self, engine: Any, rid: str, events: AsyncIterator[dict], started: float) -> AsyncIterator[dict]:
+    async def _bounded(
+        self, engine: Any, rid: str, events: AsyncIterator[RequestEvent], started: float
+    ) -> AsyncIterator[RequestEvent]:
         """The engine's events for one request, every wait for the next one bounded: until the first
         token by the queue timeout (counted from now), in all by the request timeout (counted from
         `started`, loop time). Past either, the request is cancelled in the engine, which frees its
@@ -309,32 +306,32 @@ class LeaderApi:
                         "was stopped; output already sent is incomplete: retry, with a smaller max_tokens if "
                         "it needs that long"
                     )
-                yield {"op": "error", "kind": kind, "message": message}
+                yield Error(kind=kind, message=message)
                 return
-            if ev["op"] == "token":
+            if isinstance(ev, Token):
                 admitted = True
-                if not ev.get("index"):  # one decode step: count the first choice's tokens
+                if not ev.index:  # one decode step: count the first choice's tokens
                     self.sup.queue_wait.token(rid, time.monotonic())
             yield ev
-            if ev["op"] in ("done", "error"):
+            if isinstance(ev, (Done, Error)):
                 return
 
     @staticmethod
-    def _ending(ev: dict, rec: dict[str, Any]) -> ApiError:
+    def _ending(ev: Error, rec: dict[str, Any]) -> ApiError:
         """The error a client sees for an engine `error` event (ENDINGS); recorded in the log line."""
-        rec["error_kind"], rec["error"] = ev["kind"], ev["message"]
-        status, type_, code = ENDINGS.get(ev["kind"], ENDINGS["internal"])
-        if ev["kind"] == "rejected":
+        rec["error_kind"], rec["error"] = ev.kind, ev.message
+        status, type_, code = ENDINGS.get(ev.kind, ENDINGS["internal"])
+        if ev.kind == "rejected":
             return ApiError(
                 status,
-                ev["message"],
-                param=ev.get("param") or ("messages" if rec["kind"] == "chat" else "prompt"),
-                code="context_length_exceeded" if "context" in ev["message"] else None,
+                ev.message,
+                param=ev.param or ("messages" if rec["kind"] == "chat" else "prompt"),
+                code="context_length_exceeded" if "context" in ev.message else None,
             )
-        message = ev["message"] if status != 500 else f"the engine failed: {ev['message']}"
+        message = ev.message if status != 500 else f"the engine failed: {ev.message}"
         return ApiError(status, message, type_=type_, code=code)
 
-    def _engine_error(self, ev: dict, headers: dict[str, str], rec: dict[str, Any]) -> web.Response:
+    def _engine_error(self, ev: Error, headers: dict[str, str], rec: dict[str, Any]) -> web.Response:
         err = self._ending(ev, rec)
         if err.status == 503:
             headers = {**headers, "Retry-After": RETRY_AFTER_S}
@@ -394,11 +391,12 @@ class LeaderApi:
         prompt_tokens: int,
     ) -> web.Response:
         n, first_token, cached = 0, None, 0
-        collected = req.collector()
+        serving = serving_for(req)
+        collected = serving.collector()
         async for ev in events:
-            if ev["op"] == "done":
-                cached = int(ev.get("cached_tokens", 0))
-            if ev["op"] == "token":
+            if isinstance(ev, Done):
+                cached = ev.cached_tokens
+            if isinstance(ev, Token):
                 if first_token is None:
                     first_token = time.time()
                 collected.add(ev)
@@ -409,7 +407,7 @@ class LeaderApi:
                     # reached its client yet), so a drain need not wait for it.
                     self._cancel(rid)
                     ev = _DRAIN_HANDOVER
-            if ev["op"] == "error":
+            if isinstance(ev, Error):
                 self._timing(rec, arrival, first_token, n)
                 return self._engine_error(ev, headers, rec)
         self._timing(rec, arrival, first_token, n)
@@ -419,7 +417,7 @@ class LeaderApi:
         headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
         if first_token is not None:
             headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = req.response(
+        body = serving.response(
             rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens, cached_tokens=cached
         )
         return web.json_response(body.model_dump(), headers=headers)
@@ -475,7 +473,8 @@ class LeaderApi:
 
         n, first_token = 0, None
         before = move.sent  # tokens the client already has from another unit (every choice's)
-        collected = req.collector()
+        serving = serving_for(req)
+        collected = serving.collector()
         for i in move.finished:  # choices whose end the client already has
             collected.choices[i].finish_reason = "continued"
         if move.content_sent is not None:
@@ -484,18 +483,18 @@ class LeaderApi:
             collected.choices[0].text.append(move.replayed_text)
             collected.choices[0].sent = move.content_sent
         auto = getattr(req, "tool_mode", None) == "auto"
-        ev: dict = _INCOMPLETE
+        ev: RequestEvent = _INCOMPLETE
         try:
             if move.resume and not move.continued:
-                await write(resume_comment({"token_id": -1}) + b"\n")  # the router learns it may move this stream
+                await write(resume_comment(None) + b"\n")  # the router learns it may move this stream
             if not move.continued:  # a continued stream's client has had its opening
-                for chunk in req.opening(rid=rid, created=created):
+                for chunk in serving.opening(rid=rid, created=created):
                     await send(chunk)
             async for ev in events:
-                if ev["op"] == "token":
+                if isinstance(ev, Token):
                     if first_token is None:
                         first_token = time.time()
-                    chunks = req.chunks(rid=rid, created=created, ev=ev, collected=collected)
+                    chunks = serving.chunks(rid=rid, created=created, ev=ev, collected=collected)
                     n = collected.completion_tokens  # every choice's tokens, counted before the write may fail
                     rec["completion_tokens"] = n
                     data = b"".join(event(chunk) for chunk in chunks)
@@ -511,7 +510,7 @@ class LeaderApi:
                         self._cancel(move.key)
                         ev = _DRAIN_HANDOVER
                         break
-                elif ev["op"] == "error":
+                elif isinstance(ev, Error):
                     break
         except ConnectionError:  # the client went away mid-stream
             rec["client_gone"] = True
@@ -519,12 +518,12 @@ class LeaderApi:
             return resp
         self._timing(rec, arrival, first_token, n)
         rec["status"] = 200  # the status line went out with the first event
-        if ev["op"] == "error" or not collected.whole:
-            ending = ev if ev["op"] == "error" else _INCOMPLETE
+        if isinstance(ev, Error) or not collected.whole:
+            ending = ev if isinstance(ev, Error) else _INCOMPLETE
             err = self._ending(ending, rec)
             # An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
             # A resumable stream says first that the router may continue it elsewhere (it then drops the event).
-            hand_over = move_comment(ending["kind"]) if move.resume and ending["kind"] in MOVABLE_ENDINGS else b""
+            hand_over = move_comment(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
             try:
                 await write(hand_over + event(err.body()), last=True)
             except ConnectionError:
@@ -533,9 +532,9 @@ class LeaderApi:
         try:
             if req.include_usage:
                 # usage counts the whole answer, the tokens another unit generated included.
-                cached = int(ev.get("cached_tokens", 0))  # ev: the engine's `done`
+                cached = ev.cached_tokens if isinstance(ev, Done) else 0  # ev: the engine's `done`
                 await send(
-                    req.usage_chunk(
+                    serving.usage_chunk(
                         rid=rid,
                         created=created,
                         prompt_tokens=prompt_tokens,
@@ -549,17 +548,17 @@ class LeaderApi:
         return resp
 
 
-def resume_comment(ev: dict, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
+def resume_comment(ev: Token | None, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
     """The SSE comment line that tells the router which token ids an event carries (the router strips
     it). A held token (a forced tool call's: its text goes out whole at the end) reached no client, so
     it is not reported as sent; "h" still tells the router the stream makes progress. With n > 1 it
     names the event's choice ("i") and whether the event ends it ("f"). With tool_choice "auto" every
     token is reported and "c" says how much of the text the client has as content (the rest is held)."""
-    token = ev.get("token_id", 0) >= 0
-    body: dict[str, Any] = {"t": [], "h": 1} if held and token else {"t": [ev["token_id"]] if token else []}
-    if choices > 1:
-        body["i"] = ev.get("index", 0)
-        if ev.get("finish_reason"):
+    token = ev is not None and ev.token_id >= 0
+    body: dict[str, Any] = {"t": [], "h": 1} if held and token else {"t": [ev.token_id] if ev and token else []}
+    if choices > 1 and ev is not None:
+        body["i"] = ev.index
+        if ev.finish_reason:
             body["f"] = 1
     if content_sent is not None:
         body["c"] = content_sent

@@ -29,6 +29,7 @@ import contract
 from contract.bad_input import NOT_GIVEN, bad_input_line
 from contract.trainium import INSTANCES
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
+from runtime.engines.base import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_KV_BUDGET_TOKENS, DEFAULT_MAX_RUNNING
 from runtime.engines.neuron.launch import (
     AUTO,
     DEFAULT_COMPILED_DIR,
@@ -302,7 +303,7 @@ class NodeSettings(_Settings):
         shown="the model's last path part",
     )
     prefill_strategy: str = setting(
-        "auto",
+        contract.AUTO_STRATEGY,
         "--prefill",
         contract.ENV_PREFILL_STRATEGY,
         "how prefill splits over the members; auto: the faster one, timed when the unit forms "
@@ -310,7 +311,7 @@ class NodeSettings(_Settings):
         choices=STRATEGIES,
     )
     decode_strategy: str = setting(
-        "auto",
+        contract.AUTO_STRATEGY,
         "--decode",
         contract.ENV_DECODE_STRATEGY,
         "how decode splits over the members; auto, pipeline or tensor, as for prefill",
@@ -422,11 +423,17 @@ class NodeSettings(_Settings):
         1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process", ge=1, le=256
     )
     kv_budget_tokens: int = setting(
-        16384, "--kv-budget-tokens", "FLOTILLA_KV_BUDGET_TOKENS", "KV-cache tokens over all running sequences", ge=16
+        DEFAULT_KV_BUDGET_TOKENS,
+        "--kv-budget-tokens",
+        "FLOTILLA_KV_BUDGET_TOKENS",
+        "KV-cache tokens over all running sequences",
+        ge=16,
     )
-    max_running: int = setting(16, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", ge=1, le=4096)
+    max_running: int = setting(
+        DEFAULT_MAX_RUNNING, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", ge=1, le=4096
+    )
     collective_timeout_s: float = setting(
-        30.0,
+        DEFAULT_COLLECTIVE_TIMEOUT_S,
         "--collective-timeout",
         "FLOTILLA_COLLECTIVE_TIMEOUT_S",
         "seconds before a silent peer fails the unit",

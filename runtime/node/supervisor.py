@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
 from runtime.membership import Member, Membership, Role
+from runtime.node.engine_config import EngineConfig
 from runtime.node.engine_process import EngineProcess, LoadReport
 from runtime.node.handshake import (
     STATUS_PATH,
@@ -355,26 +356,6 @@ class UnitSupervisor:
             self.engine = None
         self.metrics.ready.set(0)
 
-    def _engine_config(self) -> dict[str, Any]:
-        s = self.s
-        return {
-            "engine": s.engine,
-            "model": s.model,
-            "model_name": s.model_name,
-            "prefill_strategy": s.prefill_strategy,
-            "decode_strategy": s.decode_strategy,
-            "cache_dir": s.cache_dir,
-            "form_timeout_s": s.form_timeout_s,
-            "torch_threads": s.torch_threads,
-            "kv_budget_tokens": s.kv_budget_tokens,
-            "max_running": s.max_running,
-            "collective_timeout_s": s.collective_timeout_s,
-            "echo_load_s": s.echo_load_s,
-            "unit_id": s.unit_id,
-            "revision": s.revision,
-            "neuron": s.neuron.model_dump() if s.neuron else None,
-        }
-
     async def _status(self, member: Member) -> MemberStatus | None:
         """The member's handshake status, or None when it does not answer (or not in this shape)."""
         assert self._session is not None
@@ -482,7 +463,7 @@ class UnitSupervisor:
         self.formation = formation
         self.offer = Offer(formation=formation, dist_port=m.dist_port, boot_ids=boot_ids)
         jlog("formation_offered", unit=m.unit_id, formation=formation, world_size=m.world_size)
-        self.engine = EngineProcess(config=self._engine_config(), membership=m)
+        self.engine = EngineProcess(config=EngineConfig.from_settings(self.s, m))
         await self.engine.start()
         started = time.monotonic()
         last_ok = {f.rank: time.monotonic() for f in followers}
@@ -540,7 +521,7 @@ class UnitSupervisor:
         self.formation = formation
         m = replace(m, dist_port=offer.dist_port)
         jlog("formation_joined", unit=m.unit_id, rank=m.rank, formation=formation)
-        self.engine = EngineProcess(config=self._engine_config(), membership=m)
+        self.engine = EngineProcess(config=EngineConfig.from_settings(self.s, m))
         await self.engine.start()
         last_seen = time.monotonic()
         while True:

@@ -17,7 +17,7 @@ log = logging.getLogger("flotilla.router.discovery")
 
 
 @dataclass(frozen=True)
-class UnitEndpoint:
+class MemberEndpoint:
     url: str  # the member's base URL, e.g. http://10.0.1.5:8000
     unit: str = ""  # provisional unit name (Cloud Map: the ECS service), "" if unknown
 
@@ -27,7 +27,7 @@ class DiscoveryError(RuntimeError):
 
 
 class Discovery(Protocol):
-    def discover(self) -> list[UnitEndpoint]:
+    def discover(self) -> list[MemberEndpoint]:
         """Blocking; the router runs it in a worker thread."""
         ...
 
@@ -47,7 +47,7 @@ class StaticDiscovery:
         self._units = tuple(normalise_url(u) for u in units if u.strip())
         self._file = Path(units_file) if units_file else None
 
-    def discover(self) -> list[UnitEndpoint]:
+    def discover(self) -> list[MemberEndpoint]:
         urls = list(self._units)
         if self._file is not None:
             try:
@@ -58,9 +58,9 @@ class StaticDiscovery:
                 line = line.split("#", 1)[0].strip()
                 if line:
                     urls.append(normalise_url(line))
-        seen: dict[str, UnitEndpoint] = {}
+        seen: dict[str, MemberEndpoint] = {}
         for url in urls:
-            seen.setdefault(url, UnitEndpoint(url=url))
+            seen.setdefault(url, MemberEndpoint(url=url))
         return list(seen.values())
 
 
@@ -76,7 +76,7 @@ class CloudMapDiscovery:
     ECS registers each task with only its address (contract.CLOUDMAP_ATTR_IPV4, maybe
     CLOUDMAP_ATTR_PORT) and its ECS service (one per unit): a member's role is known only after
     rendezvous, so the router learns it from the member itself and routes to leaders only
-    (fleet.Unit.apply_report). A port-less instance serves on contract.NODE_API_PORT.
+    (fleet.Member.apply_report). A port-less instance serves on contract.NODE_API_PORT.
 
     One service per cell: each pass asks DiscoverInstancesRevision per service (its own, higher
     account quota) and reads a service's instances again only when its revision moved, which
@@ -94,12 +94,12 @@ class CloudMapDiscovery:
         self._namespace = namespace
         self._services = (services,) if isinstance(services, str) else tuple(services)
         # per service: (revision, endpoints) of the last full read
-        self._seen: dict[str, tuple[int | None, list[UnitEndpoint]]] = {}
+        self._seen: dict[str, tuple[int | None, list[MemberEndpoint]]] = {}
         self._revision_refused = False  # the role may lack DiscoverInstancesRevision: read in full
         self.calls = {"DiscoverInstancesRevision": 0, "DiscoverInstances": 0}
 
-    def discover(self) -> list[UnitEndpoint]:
-        endpoints: dict[str, UnitEndpoint] = {}
+    def discover(self) -> list[MemberEndpoint]:
+        endpoints: dict[str, MemberEndpoint] = {}
         failed: list[str] = []
         for service in self._services:
             try:
@@ -118,7 +118,7 @@ class CloudMapDiscovery:
             log.warning("%s; its members stay unknown until it answers", message)
         return list(endpoints.values())
 
-    def _service(self, service: str) -> list[UnitEndpoint]:
+    def _service(self, service: str) -> list[MemberEndpoint]:
         where = f"{self._namespace}/{service}"
         revision: int | None = None
         if not self._revision_refused:
@@ -156,7 +156,7 @@ class CloudMapDiscovery:
                 where,
                 len(instances),
             )
-        found: dict[str, UnitEndpoint] = {}
+        found: dict[str, MemberEndpoint] = {}
         for inst in instances:
             attrs = inst.get("Attributes", {})
             ip = attrs.get(contract.CLOUDMAP_ATTR_IPV4)
@@ -168,7 +168,7 @@ class CloudMapDiscovery:
             port = attrs.get(contract.CLOUDMAP_ATTR_PORT) or str(contract.NODE_API_PORT)
             url = f"http://{ip}:{port}"
             # The ECS service names the unit until the member's own report says which it is.
-            found[url] = UnitEndpoint(url=url, unit=attrs.get(contract.CLOUDMAP_ATTR_ECS_SERVICE, ""))
+            found[url] = MemberEndpoint(url=url, unit=attrs.get(contract.CLOUDMAP_ATTR_ECS_SERVICE, ""))
         # A revision read before the instances: if one changed in between, the next pass reads again.
         self._seen[service] = (
             revision if revision is not None else resp.get("InstancesRevision"),

@@ -28,7 +28,7 @@ from runtime import emf
 from runtime.node.handshake import LoadReport, ReadyReport, read_ready
 from runtime.router import balance, overload
 from runtime.router.admission import AdmissionControl
-from runtime.router.discovery import Discovery, DiscoveryError, UnitEndpoint
+from runtime.router.discovery import Discovery, DiscoveryError, MemberEndpoint
 from runtime.router.settings import RouterSettings
 
 log = logging.getLogger("flotilla.router.fleet")
@@ -84,14 +84,14 @@ class _RoutingIndex:
 
     def __init__(self) -> None:
         self.dirty = True
-        self.units: list[Unit] = []
-        self.ring: balance.Ring[Unit] = balance.Ring([], Unit.ring_points)
+        self.units: list[Member] = []
+        self.ring: balance.Ring[Member] = balance.Ring([], Member.ring_points)
         self.ring_stale = True  # updated at the first keyed pick after a change of the routable units
         self.mean_load = 0.0  # requests per routable unit, as last computed (for the load bound)
         self.mean_at = -1e9
 
 
-class Unit:
+class Member:
     """One discovered unit member as the router sees it (routable only if it leads). Mutated only
     on the event loop."""
 
@@ -130,7 +130,7 @@ class Unit:
         "_index",
     )
 
-    def __init__(self, endpoint: UnitEndpoint, index: _RoutingIndex | None = None) -> None:
+    def __init__(self, endpoint: MemberEndpoint, index: _RoutingIndex | None = None) -> None:
         self.url = endpoint.url
         self.unit = endpoint.unit or endpoint.url
         self.revision = ""  # from the ready body (contract.ATTR_REVISION)
@@ -158,7 +158,7 @@ class Unit:
         self.rank = -1
         self.watchable = True  # False: the member has no /health/watch (an older revision): poll it
         self.watch: _WatchProtocol | None = None
-        self.vouched_by: Unit | None = None  # follower: the live leader whose report lists it
+        self.vouched_by: Member | None = None  # follower: the live leader whose report lists it
         self.followers: set[str] = set()  # leader: URLs of the members its last report listed
         self.members_seen: object = None  # leader: the last `members` value, to skip unchanged ones
         self.wake = asyncio.Event()  # cuts a follower's wait short (its leader went away)
@@ -270,7 +270,7 @@ class _WatchProtocol(asyncio.Protocol):
     steady cost per leader (a line per poll interval), so it is kept to a buffer scan and a JSON
     parse. Asked as HTTP/1.0, the member ends the body by closing the connection (no chunking)."""
 
-    def __init__(self, fleet: Fleet, unit: Unit, request: bytes) -> None:
+    def __init__(self, fleet: Fleet, unit: Member, request: bytes) -> None:
         self._fleet = fleet
         self._unit = unit
         self._request = request
@@ -339,7 +339,7 @@ class _WatchProtocol(asyncio.Protocol):
 
 @dataclass(frozen=True)
 class Pick:
-    unit: Unit | None
+    unit: Member | None
     reason: str  # "ok" | "saturated" | "no_unit"
 
 
@@ -349,11 +349,11 @@ class Fleet:
     def __init__(self, *, settings: RouterSettings, discovery: Discovery) -> None:
         self._settings = settings
         self._discovery = discovery
-        self.units: dict[str, Unit] = {}
+        self.units: dict[str, Member] = {}
         self.cells: set[str] = set()  # every cell a member ever reported: a cell whose members
         #                                 all vanished still reports ReadyUnits 0, never silence
         self._index = _RoutingIndex()
-        self._watching: set[Unit] = set()  # units with an open watch stream
+        self._watching: set[Member] = set()  # units with an open watch stream
         self._asks = asyncio.Semaphore(_CONCURRENT_ASKS)
         self._rng = random.Random()
         self._ready_units_task: asyncio.Task | None = None
@@ -370,7 +370,7 @@ class Fleet:
         self.routes = {"preferred": 0, "by_work": 0, "unkeyed": 0}
         # The unit that took each routing key's latest request: this router's sends and the keys units
         # report they admitted (from every router).
-        self.holders: balance.KeyHolders[Unit] = balance.KeyHolders()
+        self.holders: balance.KeyHolders[Member] = balance.KeyHolders()
         self._routes_reported = (0, 0)  # (preferred, by_work) at the last routing EMF line
         interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
         self._watch_request = (
@@ -418,13 +418,13 @@ class Fleet:
             return
         self.apply_endpoints(endpoints)
 
-    def apply_endpoints(self, endpoints: list[UnitEndpoint]) -> None:
+    def apply_endpoints(self, endpoints: list[MemberEndpoint]) -> None:
         wanted = {e.url: e for e in endpoints}
         added = False
         for url, endpoint in wanted.items():
             unit = self.units.get(url)
             if unit is None:
-                unit = Unit(endpoint, self._index)
+                unit = Member(endpoint, self._index)
                 self.units[url] = unit
                 added = True
                 log.debug("discovered member %s of %s", url, unit.unit)
@@ -441,7 +441,7 @@ class Fleet:
             for unit in self.units.values():
                 unit.members_seen = None
 
-    def retire_if_idle(self, unit: Unit) -> None:
+    def retire_if_idle(self, unit: Member) -> None:
         """A member gone from discovery is closed once its last in-flight request ends."""
         if not unit.removed or unit.outstanding or self._closing:
             return
@@ -483,7 +483,7 @@ class Fleet:
                 log.exception("discovery pass failed")
 
     # --- health ------------------------------------------------------------------------------
-    async def _member_loop(self, unit: Unit) -> None:
+    async def _member_loop(self, unit: Member) -> None:
         """Watch a leader; leave a vouched follower alone; ask anyone else now and then."""
         s = self._settings
         retry = s.poll_interval_s
@@ -513,14 +513,14 @@ class Fleet:
             self._release_followers(unit)
 
     @staticmethod
-    async def _pause(unit: Unit, seconds: float) -> None:
+    async def _pause(unit: Member, seconds: float) -> None:
         unit.wake.clear()
         try:
             await asyncio.wait_for(unit.wake.wait(), max(0.0, seconds))
         except asyncio.TimeoutError:
             pass
 
-    async def _watch(self, unit: Unit) -> str:
+    async def _watch(self, unit: Member) -> str:
         """Hold the leader's watch stream until it ends; returns why: lost | follower | unsupported."""
         s = self._settings
         parts = urlsplit(unit.url)
@@ -555,7 +555,7 @@ class Fleet:
         self._release_followers(unit)
         return outcome
 
-    def on_watch_line(self, unit: Unit, line: bytes) -> bool:
+    def on_watch_line(self, unit: Member, line: bytes) -> bool:
         """One line of a leader's watch: its ready body, or empty when nothing changed since the last.
         False when the member no longer leads (the stream is then closed)."""
         self.watch_lines += 1
@@ -587,7 +587,7 @@ class Fleet:
         self._take_report(unit, 200 if report.ready else 503, report)
         return unit.role == "leader"
 
-    async def poll_once(self, unit: Unit) -> None:
+    async def poll_once(self, unit: Member) -> None:
         """Ask a member's /health/ready once (a new member, one no leader vouches for, or a leader
         of an older revision without the watch)."""
         assert self._poll_session is not None
@@ -609,7 +609,7 @@ class Fleet:
             return
         self._take_report(unit, status, report)
 
-    def _take_report(self, unit: Unit, status: int, report: ReadyReport) -> None:
+    def _take_report(self, unit: Member, status: int, report: ReadyReport) -> None:
         unit.apply_report(status, report)
         unit.reported_at = time.monotonic()
         unit.outstanding_at_report = unit.outstanding
@@ -629,7 +629,7 @@ class Fleet:
             if leader is not None and leader is not unit and leader.role != "leader":
                 leader.wake.set()  # ask the member its follower names as leader now, not in a second
 
-    def _vouch(self, leader: Unit, members: object) -> None:
+    def _vouch(self, leader: Member, members: object) -> None:
         """The leader's report lists its followers: they need no asking while it stays live."""
         leader.members_seen = members
         listed: set[str] = set()
@@ -654,7 +654,7 @@ class Fleet:
                 f.wake.set()
         leader.followers = listed
 
-    def _release_followers(self, leader: Unit) -> None:
+    def _release_followers(self, leader: Member) -> None:
         """The leader went away or stopped leading: its followers must be asked again."""
         leader.members_seen = None
         for url in leader.followers:
@@ -691,7 +691,7 @@ class Fleet:
                     unit.watch.close("lost")
 
     # --- balancing ---------------------------------------------------------------------------
-    def saturated(self, unit: Unit) -> bool:
+    def saturated(self, unit: Member) -> bool:
         s = self._settings
         max_outstanding, max_queue = s.max_outstanding_per_unit, s.max_queue_depth
         if self.admission is not None:
@@ -703,7 +703,7 @@ class Fleet:
         (runtime/router/overload.py), at least --retry-after."""
         return overload.retry_after_s(self._routable(), self._settings.retry_after_s)
 
-    def _routable(self) -> list[Unit]:
+    def _routable(self) -> list[Member]:
         index = self._index
         if index.dirty:
             index.units = [u for u in self.units.values() if u.routable]
@@ -712,7 +712,7 @@ class Fleet:
             index.dirty = False
         return index.units
 
-    def _mean_load(self, units: list[Unit]) -> float:
+    def _mean_load(self, units: list[Member]) -> float:
         """Requests per routable unit, recomputed at most every MEAN_LOAD_EVERY_S: a bound on the
         fleet's mean moves slowly, and a sum over every unit per request would cost at 625 units."""
         index = self._index
@@ -722,7 +722,7 @@ class Fleet:
             index.mean_at = now
         return index.mean_load
 
-    def pick(self, exclude: tuple[Unit, ...] = (), request: balance.RequestKey | None = None) -> Pick:
+    def pick(self, exclude: tuple[Member, ...] = (), request: balance.RequestKey | None = None) -> Pick:
         """A routable, unsaturated leader by the router's policy (runtime/router/balance.py,
         docs/routing.md); `request` is what the proxy read of the request (without it: the fewest
         requests of a sample). A full scan when sampling finds none, which also tells "every unit
@@ -731,7 +731,7 @@ class Fleet:
         if not units:
             return Pick(None, "no_unit")
 
-        def usable(u: Unit) -> bool:
+        def usable(u: Member) -> bool:
             return u not in exclude and u.routable and not self.saturated(u)
 
         policy = self._settings.balance
@@ -774,13 +774,13 @@ class Fleet:
     def routable_count(self) -> int:
         return len(self._routable())
 
-    def full_units(self, exclude: tuple[Unit, ...] = ()) -> list[Unit]:
-        """Routable leaders, not in `exclude`, without a free batch slot (Unit.has_free_slot): the
+    def full_units(self, exclude: tuple[Member, ...] = ()) -> list[Member]:
+        """Routable leaders, not in `exclude`, without a free batch slot (Member.has_free_slot): the
         units a moving stream must not be sent to yet. A scan of the routable index, not of every member."""
         return [u for u in self._routable() if u not in exclude and not u.has_free_slot()]
 
     @property
-    def watching(self) -> set[Unit]:
+    def watching(self) -> set[Member]:
         return self._watching
 
     # --- ReadyUnits (EMF) --------------------------------------------------------------------

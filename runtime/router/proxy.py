@@ -30,7 +30,7 @@ from runtime.router import balance, unit_report
 from runtime.router.access import KEY_ID, AccessControl
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
-from runtime.router.fleet import Fleet, Unit
+from runtime.router.fleet import Fleet, Member
 from runtime.router.metrics import RouterMetrics
 from runtime.router.resume import RESUMABLE_PATHS, StreamLedger, resumable_request
 from runtime.router.settings import RouterSettings
@@ -58,6 +58,8 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_ID_RE = re.compile(contract.REQUEST_ID_PATTERN)
 _SSE_BOUNDARIES = (b"\n\n", b"\r\n\r\n")
 _REFUSAL_BODY_LIMIT = 64 * 1024
+# A resumable stream a unit ended for want of a batch slot (server.MOVABLE_ENDINGS): "handover_" + its code.
+_HANDOVER_QUEUE_TIMEOUT = "handover_" + contract.BUSY_CODE_QUEUE_TIMEOUT
 _MOVE_WAIT_S = 0.25  # how often a stream waiting to move looks for a free slot again (a report period)
 _WHOLE_BODY_LIMIT = 1024 * 1024  # bodies of known length up to this are relayed in one piece
 perf_counter = time.perf_counter
@@ -130,7 +132,7 @@ class _Trace:
         self.added_s: float | None = None  # the router's own share of the wait, once headers went out
         self.fault = False  # the router itself failed the request (an exception escaped routing)
         self.moves = 0  # attempts given up because their unit left routing before its first byte
-        self.left: list[Unit] = []  # those units: a stream that later moves avoids them too
+        self.left: list[Member] = []  # those units: a stream that later moves avoids them too
 
 
 class _Retry(Exception):
@@ -146,7 +148,7 @@ class _UnitLeft(Exception):
     """The unit a request waits on left routing for a failure (see _Departure)."""
 
 
-# Unit states whose leader hands its requests over itself (a drain: runtime/node/server.py), so a
+# Member states whose leader hands its requests over itself (a drain: runtime/node/server.py), so a
 # request waiting on such a unit is left to it.
 _HANDS_OVER = frozenset({"draining", "stopped"})
 
@@ -159,7 +161,7 @@ class _Departure:
 
     __slots__ = ("unit", "fleet", "grace_s", "since")
 
-    def __init__(self, unit: Unit, fleet: Fleet, grace_s: float) -> None:
+    def __init__(self, unit: Member, fleet: Fleet, grace_s: float) -> None:
         self.unit = unit
         self.fleet = fleet
         self.grace_s = grace_s
@@ -485,7 +487,7 @@ class Router:
             headers[contract.ROUTE_KEY_HEADER] = str(key.key)
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
-        tried: tuple[Unit, ...] = ()
+        tried: tuple[Member, ...] = ()
         refusal: web.Response | None = None
         for _ in range(self.settings.max_attempts):
             pick = self.fleet.pick(tried, key)
@@ -552,7 +554,7 @@ class Router:
 
     async def _attempt(
         self,
-        unit: Unit,
+        unit: Member,
         request: web.Request,
         body: bytes,
         headers: dict[str, str],
@@ -664,7 +666,7 @@ class Router:
 
     async def _relay_whole(
         self,
-        unit: Unit,
+        unit: Member,
         upstream: aiohttp.ClientResponse,
         request_id: str,
         before_send: float,
@@ -704,7 +706,7 @@ class Router:
         self.metrics.added_latency.observe(trace.added_s)
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
-    async def _refused(self, unit: Unit, upstream: aiohttp.ClientResponse, request_id: str) -> None:
+    async def _refused(self, unit: Member, upstream: aiohttp.ClientResponse, request_id: str) -> None:
         """A 503 (draining, not ready) or 429 (full) before the first byte: keep the answer in case
         no other unit can take the request, and move on.
 
@@ -736,7 +738,7 @@ class Router:
 
     async def _relay(
         self,
-        unit: Unit,
+        unit: Member,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         request_id: str,
@@ -770,7 +772,7 @@ class Router:
         self.metrics.added_latency.observe(trace.added_s)
         framer = SseFramer(_WHOLE_BODY_LIMIT) if is_sse else None
         first = upstream  # released by _attempt; the units a stream moved to are released here
-        held: list[Unit] = []
+        held: list[Member] = []
         try:
             while True:
                 reason, message = await self._pipe(request, resp, upstream, unit, framer, ledger)
@@ -778,7 +780,7 @@ class Router:
                     return resp
                 if ledger is not None and ledger.reported and s.max_moves:
                     moved = None
-                    if ledger.moves < s.max_moves:
+                    if ledger.moves < s.max_moves or reason == _HANDOVER_QUEUE_TIMEOUT:  # busy gives its move back
                         moved = await self._move_stream(
                             ledger, unit, request, body, headers or {}, request_id, reason, route_key
                         )
@@ -823,7 +825,7 @@ class Router:
         request: web.Request,
         resp: web.StreamResponse,
         upstream: aiohttp.ClientResponse,
-        unit: Unit,
+        unit: Member,
         framer: SseFramer | None,
         ledger: StreamLedger | None,
     ) -> tuple[str | None, str]:
@@ -901,14 +903,14 @@ class Router:
     async def _move_stream(
         self,
         ledger: StreamLedger,
-        failed: Unit,
+        failed: Member,
         request: web.Request,
         body: bytes,
         headers: dict[str, str],
         request_id: str,
         reason: str,
         key: balance.RequestKey | None = None,
-    ) -> tuple[Unit, aiohttp.ClientResponse] | None:
+    ) -> tuple[Member, aiohttp.ClientResponse] | None:
         """Continue a broken stream on another unit: the original body plus the tokens its client has,
         sent to units other than the ones it already ran on, until one answers 200 or the move budget
         is spent. The new unit is counted outstanding until the caller releases it."""
@@ -918,7 +920,24 @@ class Router:
         continued = ledger.continuation(body)
         if continued is None:
             return None
-        ledger.avoid.append(failed)
+        loop = asyncio.get_running_loop()
+        busy = reason == _HANDOVER_QUEUE_TIMEOUT and not ledger.since_move
+        if busy:
+            # The unit had no batch slot free within its queue timeout (its load report and the move
+            # raced): full, not failed. Its move is given back and the unit may take the stream once
+            # a slot frees, within the wait that began when the stream first had to move.
+            if ledger.avoid and ledger.avoid[-1] is failed and ledger.moves:
+                ledger.avoid.pop()
+                ledger.moves -= 1
+            if ledger.move_deadline is None:
+                ledger.move_deadline = loop.time() + s.first_byte_timeout_s
+            deadline = ledger.move_deadline
+            if loop.time() >= deadline:
+                return None  # waited its whole bound: a unit that reports free slots it never gives ends here
+            await asyncio.sleep(_MOVE_WAIT_S)
+        else:
+            ledger.avoid.append(failed)
+            deadline = ledger.move_deadline = loop.time() + s.first_byte_timeout_s
         headers = {**headers, contract.CONTINUATION_HEADER: "1"}
         # Busy is not broken, for a move either: when no other unit has a free batch slot (or the
         # one asked answers 429), the stream waits for a slot to free as their answers end, up to
@@ -927,8 +946,6 @@ class Router:
         # free slot: queued behind a full batch it could time out in the unit's queue, an error
         # the client would see. Without this, losing one unit of a full fleet failed every stream
         # on it: the survivors were full at that moment.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + s.first_byte_timeout_s
         while ledger.moves < s.max_moves:
             # By the same policy as a new request: the unit its cache key prefers, among the rest,
             # may hold the prompt's prefix and re-prefill only the generated part.
@@ -986,7 +1003,7 @@ class Router:
         upstream: aiohttp.ClientResponse,
         is_sse: bool,
         request_id: str,
-        unit: Unit,
+        unit: Member,
         reason: str,
         message: str,
     ) -> web.StreamResponse:

@@ -43,6 +43,7 @@ class StreamLedger:
         "done",
         "since_move",
         "moves",
+        "move_deadline",
         "avoid",
         "completion_id",
         "created",
@@ -59,6 +60,8 @@ class StreamLedger:
         self.done = False  # the stream's [DONE] or an error event passed: it ended, not to be continued
         self.since_move = 0  # tokens from the unit serving it now (0: it may still be prefilling)
         self.moves = 0  # continuations started so far
+        # loop time until which a move may wait for a free batch slot (set when the stream first has to move)
+        self.move_deadline: float | None = None
         self.avoid: list = []  # units this stream ran on: a move goes elsewhere
         self.completion_id = completion_id
         self.created = created

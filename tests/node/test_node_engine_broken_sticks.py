@@ -10,9 +10,14 @@ import sys
 
 from runtime.engines.base import EngineState
 from runtime.membership import Membership
+from runtime.node.engine_config import EngineConfig
 from runtime.node.engine_process import EngineProcess, LoadReport
+from runtime.node.settings import load_settings
 
 SOLO = Membership(unit_id="u", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
+CONFIG = EngineConfig.from_settings(
+    load_settings(["--engine", "echo", "--peers", "127.0.0.1:1", "--rank", "0"], {}), SOLO
+)
 
 
 def _load(state: str) -> dict:
@@ -28,7 +33,7 @@ def _state_after(lines: list[dict]) -> EngineState:
         script = "import sys\n"
         script += "".join(f"print({json.dumps(json.dumps(x))}, flush=True)\n" for x in written)
         script += "sys.stdin.read()\n"
-        e = EngineProcess(config={}, membership=SOLO)
+        e = EngineProcess(config=CONFIG)
         e.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
         )

@@ -221,6 +221,34 @@ def test_a_request_that_gets_no_batch_slot_within_the_queue_timeout_ends_429_and
     assert _served(a_status, a_raw), a_raw
 
 
+def test_a_resumable_stream_that_gets_no_batch_slot_within_the_queue_timeout_is_handed_back_to_the_router(new_unit):
+    """Busy, not failed: the router may wait for a slot (here or on another unit) and continue the
+    stream, so the queue_timeout ending of a stream the router asked to be resumable opens with a
+    move comment, as a broken unit's does (the router drops the event; runtime/router/resume.py)."""
+    unit = new_unit(engine="echo", world_size=1, FLOTILLA_QUEUE_TIMEOUT_S="1", FLOTILLA_SHED="queue-timeout")
+    unit = unit.start().wait_ready()
+    slots = _load(unit)["max_running"]
+    hold = {"model": "tiny", "prompt": "hold", "max_tokens": 2000, "stream": True}  # 20 s of echo steps
+    short = {"model": "tiny", "prompt": "next", "max_tokens": 4, "stream": True}
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as s:
+            holders = [await s.post(unit.url + "/completions", json=hold) for _ in range(slots)]
+            await _until(unit, "every batch slot to be taken", lambda ld: ld["running"] == slots)
+            resumable = await _complete(s, unit.url, short, {contract.RESUME_HEADER: "1"})
+            for r in holders:
+                r.close()
+            return resumable
+
+    status, _, raw = asyncio.run(scenario())
+    assert status == 200  # the status line went out before the wait
+    move = (contract.MOVE_COMMENT + contract.BUSY_CODE_QUEUE_TIMEOUT + "\n").encode()
+    assert move in raw, raw
+    last = raw.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+    assert last.startswith(move) and json.loads(last.split(b"data: ", 1)[1])["error"]["code"] == "queue_timeout", raw
+    assert b"[DONE]" not in raw
+
+
 @pytest.mark.timeout(180)
 def test_a_full_unit_refuses_at_once_with_429_and_the_expected_wait_when_it_would_wait_past_the_queue_timeout(
     new_unit,

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.engines.base import GenerationRequest, SamplingParams, StructuredOutput
 from runtime.engines.neuron.requests import completions_body
-from runtime.node.openai_api import ApiError, parse_chat
+from runtime.node.protocol import ApiError, parse_chat
 
 ITEM = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
 ORDER = {  # parameters as pydantic writes them: shared definitions under "$defs", used by "$ref"
@@ -94,7 +94,7 @@ def test_an_earlier_call_with_empty_arguments_reaches_the_template_as_an_empty_o
 def test_a_request_that_leaves_the_sampling_fields_out_gets_openais_defaults_in_its_engine_payload():
     """OpenAI's API reference, "Create completion": max_tokens defaults to 16, temperature to 1,
     top_p to 1. The payload carries each one: the engine process has no defaults of its own."""
-    from runtime.node.openai_api import DEFAULT_MAX_TOKENS, parse_completion  # noqa: PLC0415
+    from runtime.node.protocol import DEFAULT_MAX_TOKENS, parse_completion  # noqa: PLC0415
 
     body = {"model": "tiny", "prompt": "hi"}
     payload = parse_completion(body, served_model="tiny", max_tokens_limit=64).engine_payload(

@@ -23,11 +23,12 @@ from router_testkit import base_url, router_over, run
 import contract
 from bench.fleet import trace_sim
 from runtime import emf
+from runtime.node.engine_protocol import Done, Error, Token
 from runtime.node.handshake import read_ready
 from runtime.node.server import _Prefilling
 from runtime.router import balance
-from runtime.router.discovery import StaticDiscovery, UnitEndpoint
-from runtime.router.fleet import Fleet, Unit
+from runtime.router.discovery import MemberEndpoint, StaticDiscovery
+from runtime.router.fleet import Fleet, Member
 from runtime.router.settings import RouterSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -290,7 +291,7 @@ def _fleet(n: int, **settings) -> Fleet:
     fleet = Fleet(settings=s, discovery=StaticDiscovery(units=()))
     for i in range(n):
         url = f"http://127.0.0.1:{20000 + i}"
-        u = Unit(UnitEndpoint(url=url), fleet._index)
+        u = Member(MemberEndpoint(url=url), fleet._index)
         u.apply_report(
             200,
             read_ready(
@@ -301,7 +302,7 @@ def _fleet(n: int, **settings) -> Fleet:
     return fleet
 
 
-def _pick_served(fleet: Fleet, req: balance.RequestKey, exclude: tuple[Unit, ...] = ()) -> Unit | None:
+def _pick_served(fleet: Fleet, req: balance.RequestKey, exclude: tuple[Member, ...] = ()) -> Member | None:
     """A pick whose request was then prefilled: the unit's next report (here, a heartbeat: nothing
     waiting) takes the place of the router's own count of what it sent."""
     unit = fleet.pick(exclude, req).unit
@@ -486,10 +487,17 @@ class _Sup:
     prefill_tokens = 0
 
 
+_EVENT = {
+    "token": lambda: Token(id="r", token_id=7, text="x"),
+    "done": lambda: Done(id="r"),
+    "error": lambda: Error(id="r", kind="cancelled", message="cancelled by the server"),
+}
+
+
 async def _events(ops):
     for op in ops:
         await asyncio.sleep(0)
-        yield {"op": op}
+        yield _EVENT[op]()
 
 
 def test_a_unit_counts_a_prompt_as_outstanding_prefill_until_its_first_token_exactly_once():

@@ -10,8 +10,8 @@ from router_standins import StandInUnit
 from router_testkit import router_over, run, wait_for
 
 from runtime.node.handshake import read_ready
-from runtime.router.discovery import UnitEndpoint
-from runtime.router.fleet import Unit
+from runtime.router.discovery import MemberEndpoint
+from runtime.router.fleet import Member
 
 LOAD_FIELDS = (
     "in_flight",
@@ -25,11 +25,11 @@ LOAD_FIELDS = (
 )
 
 
-def _unit() -> Unit:
-    return Unit(UnitEndpoint(url="http://127.0.0.1:1"))
+def _unit() -> Member:
+    return Member(MemberEndpoint(url="http://127.0.0.1:1"))
 
 
-def _taken(unit: Unit) -> tuple:
+def _taken(unit: Member) -> tuple:
     return tuple(getattr(unit, f) for f in LOAD_FIELDS)
 
 

@@ -1,0 +1,79 @@
+"""What the engine process is told when the supervisor starts it: one typed object, built from the
+member's settings and parsed back in the engine's process, so no setting is dropped or misspelt on
+the way (a missing or unknown key fails the engine's start, loudly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from runtime.membership import Membership
+from runtime.node.settings import NeuronSettings, NodeSettings
+
+# The environment variable that carries the config to the engine process (its JSON).
+CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
+
+
+class EngineConfig(BaseModel):
+    """The member settings the engine uses (each field is the NodeSettings field of that name, of the
+    same type) and the formation's membership. No field has a default: every one is sent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: str
+    model: str
+    model_name: str
+    prefill_strategy: str
+    decode_strategy: str
+    cache_dir: str | None
+    form_timeout_s: float
+    torch_threads: int
+    kv_budget_tokens: int
+    max_running: int
+    collective_timeout_s: float
+    echo_load_s: float
+    neuron: NeuronSettings | None
+    membership: Membership
+
+    @classmethod
+    def from_settings(cls, s: NodeSettings, membership: Membership) -> EngineConfig:
+        fields = {name: getattr(s, name) for name in cls.model_fields if name != "membership"}
+        return cls(**fields, membership=membership)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> EngineConfig:
+        """Parse the supervisor's JSON; raises pydantic's ValidationError naming each missing,
+        unknown or ill-typed key (a node and its engine process of different code is a bug)."""
+        return cls.model_validate_json(text)
+
+    def neuron_settings(self) -> Any:
+        """engine=neuron: the engine's own settings object (imported here: other engines load less)."""
+        from runtime.engines.neuron.engine import NeuronEngineSettings  # noqa: PLC0415
+        from runtime.engines.neuron.launch import NeuronOptions  # noqa: PLC0415
+
+        n = self.neuron
+        if n is None:
+            raise ValueError("engine=neuron needs the neuron settings (the node validates them; a bug)")
+        options = NeuronOptions(
+            seq_len=n.seq_len,
+            batch_size=n.batch_size,
+            cp_degree=n.cp_degree,
+            attention_dp_degree=n.attention_dp_degree,
+            served_model_name=self.model_name,
+            compiled_artifacts_dir=n.compiled_dir,
+            engine_port=n.engine_port,
+            sampling=n.sampling,
+        )
+        return NeuronEngineSettings(
+            model_uri=n.model_uri,
+            model_dir=n.model_dir,
+            instance_type=n.instance_type,
+            options=options,
+            compile_cache_uri=n.compile_cache_uri,
+            launcher=n.launcher,
+        )

@@ -1,0 +1,200 @@
+"""The messages between a member's supervisor and its engine process (runtime/node/engine_host.py),
+one JSON object a line: commands on the engine's stdin, events on its stdout. Each message is a
+typed class; `encode` and the two decoders are the only code that reads or writes a line, so a key
+misspelt on either side fails at once (an unknown op or key raises ProtocolError).
+
+Tokens cross this line one by one: the classes are plain slotted dataclasses and a line is the
+object's fields (None defaults left out), no schema validation on the way (bench/node/engine_protocol.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, ClassVar, Union
+
+
+class ProtocolError(ValueError):
+    """A line that is not a message of this protocol: a node and engine process of different code (a bug)."""
+
+
+# -- supervisor -> engine process ------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class Submit:
+    """One request. The prompt is `messages` (chat), `prompt` (text) or `prompt_ids` (token ids)."""
+
+    op: ClassVar[str] = "submit"
+    id: str  # unique among the requests in flight (the supervisor generates it)
+    correlation_id: str  # the client's X-Request-Id, for the engine's log only
+    max_tokens: int | None  # None: the client left it out, so default_max_tokens capped by the context
+    default_max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+    n: int | None = None
+    logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    structured: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None  # "auto": the engine names its tool-call format on each token
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    generated: list[int] | None = None  # a continuation: the tokens another unit generated
+    resumed_choices: list[list[Any]] | None = None  # n > 1 continued: [index, token ids] per open choice
+    canary: bool = False  # the supervisor's own one-token request (never traffic)
+
+
+@dataclass(slots=True, kw_only=True)
+class Cancel:
+    op: ClassVar[str] = "cancel"
+    id: str
+
+
+@dataclass(slots=True, kw_only=True)
+class Shutdown:
+    op: ClassVar[str] = "shutdown"
+    reason: str = ""  # what requests still in flight are told
+
+
+# -- engine process -> supervisor ------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class Starting:
+    op: ClassVar[str] = "starting"
+
+
+@dataclass(slots=True, kw_only=True)
+class Progress:
+    """While the engine loads: runtime.engines.base.LoadProgress's fields."""
+
+    op: ClassVar[str] = "progress"
+    phase: str
+    done_bytes: int = 0
+    total_bytes: int = 0
+    phase_s: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
+class Ready:
+    op: ClassVar[str] = "ready"
+    model_name: str
+    max_context: int
+    strategies: dict[str, Any] | None = None  # the reference engine's chosen strategies
+    resumes: bool = False  # continues requests other units started
+    resumes_choices: bool = False  # and each of n > 1 choices from its own tokens
+
+
+@dataclass(slots=True, kw_only=True)
+class Load:
+    """The engine's health and load, every LOAD_EVERY_S: runtime.engines.base.EngineLoad's fields."""
+
+    op: ClassVar[str] = "load"
+    state: str
+    detail: str = ""
+    queue_depth: int = 0
+    running: int = 0
+    max_running: int = 0
+    kv_cache_used: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class Failed:
+    """The engine could not start or serve; the process exits."""
+
+    op: ClassVar[str] = "failed"
+    message: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class Accepted:
+    op: ClassVar[str] = "accepted"
+    id: str
+    prompt_tokens: int
+    replayed_text: str | None = None  # tool_choice auto, continued: the continued tokens' text
+
+
+@dataclass(slots=True, kw_only=True)
+class Token:
+    op: ClassVar[str] = "token"
+    id: str
+    token_id: int  # -1: a finish-only event (neuron engine), not a token
+    text: str
+    finish_reason: str | None = None
+    index: int = 0  # the choice (n > 1)
+    logprobs: dict[str, Any] | None = None  # {"token", "logprob", "top": [[text, logprob], ...]}
+    tool_parser: str | None = None  # tool_choice auto: the model's tool-call format
+
+
+@dataclass(slots=True, kw_only=True)
+class Done:
+    op: ClassVar[str] = "done"
+    id: str
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class Error:
+    """A request's end without an answer; `kind` picks the client's status (server.ENDINGS)."""
+
+    op: ClassVar[str] = "error"
+    kind: str
+    message: str
+    id: str = ""  # empty: an ending the server made itself (a timeout, a drain)
+    param: str | None = None  # rejected: the request field at fault
+
+
+Command = Union[Submit, Cancel, Shutdown]
+Event = Union[Starting, Progress, Ready, Load, Failed, Accepted, Token, Done, Error]
+RequestEvent = Union[Accepted, Token, Done, Error]  # what a request's stream carries
+_COMMANDS: dict[str, type] = {c.op: c for c in (Submit, Cancel, Shutdown)}
+_EVENTS: dict[str, type] = {e.op: e for e in (Starting, Progress, Ready, Load, Failed, Accepted, Token, Done, Error)}
+
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps with options builds one per call
+
+
+# Per message class: its fields, and those without a default (sent even when None).
+_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {
+    cls: tuple((f.name, f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
+    for cls in (*_COMMANDS.values(), *_EVENTS.values())
+}
+
+
+def encode(msg: Command | Event) -> bytes:
+    """One line: the op and the message's fields, those left at a None default out."""
+    d: dict[str, Any] = {"op": msg.op}
+    for name, required in _FIELDS[type(msg)]:
+        v = getattr(msg, name)
+        if v is not None or required:
+            d[name] = v
+    return (_dumps(d) + "\n").encode()
+
+
+def _decode(line: bytes | str, ops: dict[str, type]) -> Any:
+    try:
+        d = json.loads(line)
+        op = d.pop("op")
+        cls = ops[op]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ProtocolError(f"not a message of the engine protocol ({e!r}): {line[:200]!r}") from None
+    try:
+        return cls(**d)
+    except TypeError as e:  # a key unknown to the class, or one it needs missing
+        raise ProtocolError(f"{op}: {e}") from None
+
+
+def decode_event(line: bytes | str) -> Event:
+    return _decode(line, _EVENTS)
+
+
+def decode_command(line: bytes | str) -> Command:
+    return _decode(line, _COMMANDS)

@@ -1,0 +1,99 @@
+"""A member's settings reach its engine as one typed object: what the operator sets in the
+environment is what the engine object holds, and a config with a key missing or unknown (a node and
+an engine process of different code) stops the engine process at once, naming the key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from runtime.membership import Membership
+from runtime.node import engine_host
+from runtime.node.engine_config import CONFIG_ENV, EngineConfig
+from runtime.node.settings import NodeSettings, load_settings
+
+SOLO = Membership(unit_id="u", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
+STATIC = ["--peers", "127.0.0.1:1", "--rank", "0"]
+# Each differs from its setting's default (runtime/node/settings.py), so a dropped one shows.
+CHANGED = {
+    "FLOTILLA_MAX_RUNNING": "3",
+    "FLOTILLA_KV_BUDGET_TOKENS": "512",
+    "FLOTILLA_COLLECTIVE_TIMEOUT_S": "7",
+    "FLOTILLA_FORM_TIMEOUT_S": "42",
+    "FLOTILLA_TORCH_THREADS": "2",
+    "FLOTILLA_PREFILL_STRATEGY": "pipeline",
+    "FLOTILLA_DECODE_STRATEGY": "tensor",
+    "FLOTILLA_MODEL_NAME": "served-name",
+    "FLOTILLA_ECHO_LOAD_S": "0.5",
+}
+
+
+def _sent_and_parsed(engine: str) -> EngineConfig:
+    """The config as the engine process parses it from the supervisor's JSON."""
+    s = load_settings(["--engine", engine, *STATIC], CHANGED)
+    return EngineConfig.from_json(EngineConfig.from_settings(s, SOLO).to_json())
+
+
+def test_settings_changed_in_the_environment_reach_the_reference_engine_object():
+    engine = engine_host._build_leader_engine(_sent_and_parsed("reference"))
+    assert (engine.max_running, engine.kv_budget_tokens, engine.collective_timeout_s) == (3, 512, 7.0)
+    assert (engine.start_timeout_s, engine.threads, engine.model_name) == (42.0, 2, "served-name")
+    assert (engine.prefill, engine.decode, engine.membership) == ("pipeline", "tensor", SOLO)
+
+
+def test_settings_changed_in_the_environment_reach_the_echo_engine_object():
+    engine = engine_host._build_leader_engine(_sent_and_parsed("echo"))
+    assert engine.load().max_running == 3
+    assert (engine.model_name, engine._form_timeout_s, engine._load_s) == ("served-name", 42.0, 0.5)
+
+
+def test_the_batch_slots_setting_reaches_a_running_echo_unit(new_unit):
+    # An engine built without the setting would report its own default slot count instead.
+    unit = new_unit(engine="echo", world_size=1, FLOTILLA_MAX_RUNNING="3").start().wait_ready()
+    assert unit.leader.ready()[1]["load"]["max_running"] == 3
+
+
+def test_each_engine_config_field_is_the_node_setting_of_that_name_and_type():
+    hints = typing.get_type_hints(EngineConfig)
+    node = typing.get_type_hints(NodeSettings)
+    assert {k: hints[k] for k in hints if k != "membership"} == {k: node[k] for k in hints if k != "membership"}
+
+
+def _config_json() -> dict:
+    return json.loads(EngineConfig.from_settings(load_settings(["--engine", "echo", *STATIC], {}), SOLO).to_json())
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (lambda d: d.pop("max_running"), "max_running"),
+        (lambda d: d.update(max_runing=3), "max_runing"),
+        (lambda d: d.update(max_running="many"), "max_running"),
+    ],
+    ids=["missing", "misspelt", "ill-typed"],
+)
+def test_a_config_with_a_key_missing_or_unknown_fails_naming_it(change, key):
+    d = _config_json()
+    change(d)
+    with pytest.raises(ValidationError, match=key):
+        EngineConfig.from_json(json.dumps(d))
+
+
+def test_the_engine_process_refuses_a_config_with_an_unknown_key_at_start():
+    d = {**_config_json(), "max_runing": 3}
+    env = {**os.environ, CONFIG_ENV: json.dumps(d)}
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.node.engine_host"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert b"max_runing" in done.stderr

@@ -25,14 +25,19 @@ def default_synth(tmp_path_factory):
     return synthesize(default_config(), tmp_path_factory.mktemp("cdk-default"))
 
 
+@pytest.fixture(scope="session")
+def https_front_door_synth(tmp_path_factory):
+    """The "https" front door of FRONT_DOORS: a certificate, an alarm e-mail, internet-facing for one
+    client range, and a prebuilt image (PREBUILT_IMAGE) for the router and every unit."""
+    return synthesize(config_with(**FRONT_DOORS["https"]), tmp_path_factory.mktemp("cdk-https"))
+
+
 @pytest.fixture(scope="session", params=list(FRONT_DOORS))
-def deployment_synth(request, default_synth, tmp_path_factory):
+def deployment_synth(request):
     """The default deployment with each front door: "http-only" is cdk.json as shipped (no
     certificate, no alarm e-mail); "https" adds a certificate (443, with 80 redirecting to it)
     and an alarm e-mail."""
-    if not FRONT_DOORS[request.param]:
-        return default_synth
-    return synthesize(config_with(**FRONT_DOORS[request.param]), tmp_path_factory.mktemp(f"cdk-{request.param}"))
+    return request.getfixturevalue({"http-only": "default_synth", "https": "https_front_door_synth"}[request.param])
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from synth_helpers import config_with, synthesize
+from synth_helpers import PREBUILT_IMAGE, config_with, synthesize
 
 import contract
 
@@ -90,11 +90,11 @@ def test_router_runs_the_runtime_image_and_neuron_units_the_neuron_image(two_cel
     assert container_image(two_cells, "Router") != container_image(two_cells, "Cell-0")
 
 
-def test_a_configured_image_uri_is_what_router_and_units_both_run(tmp_path):
-    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:v7"
-    synth = synthesize(config_with(image=uri), tmp_path)
-    assert json.loads(container_image(synth, "Router")) == uri
-    assert json.loads(container_image(synth, "Cell-0")) == uri
+def test_a_configured_image_uri_is_what_router_and_units_both_run(https_front_door_synth):
+    # That deployment configures `image` (and a front door, which has no image of its own).
+    synth = https_front_door_synth
+    assert json.loads(container_image(synth, "Router")) == PREBUILT_IMAGE
+    assert json.loads(container_image(synth, "Cell-0")) == PREBUILT_IMAGE
 
 
 def test_router_and_cpu_engine_nodes_run_the_same_image(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from synth_helpers import config_with, synthesize
+from synth_helpers import PREBUILT_IMAGE, config_with, synthesize
 
 import contract
 
@@ -64,11 +64,11 @@ def test_reference_engine_units_keep_the_cpu_runtime_image(reference_synth):
     assert [img["source"]["dockerFile"] for img in images.values()] == ["runtime/Dockerfile"]
 
 
-def test_a_configured_image_uri_wins_over_both_assets(tmp_path):
-    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla-neuron:2026-12-02"
-    synth = synthesize(config_with(image=uri), tmp_path)
+def test_a_configured_image_uri_wins_over_both_assets(https_front_door_synth):
+    # That deployment configures `image` (and a front door, which has no image of its own).
+    synth = https_front_door_synth
     assert _docker_images(synth) == {}
-    assert _node_container(synth)["Image"] == uri
+    assert _node_container(synth)["Image"] == PREBUILT_IMAGE
 
 
 @pytest.mark.parametrize("synth_name, efa", [("default_synth", 8), ("trn1n_synth", 16), ("trn2_single_node_synth", 16)])

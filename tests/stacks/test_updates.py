@@ -19,6 +19,7 @@ import json
 import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,6 +247,20 @@ def cdk_diff(after_outdir: Path, stack: str, before_template: dict, workdir: Pat
     return output
 
 
+def diff_stacks(after_outdir: Path, before_templates: dict, stacks: list[str], workdir: Path) -> list[str]:
+    """`cdk diff` of each stack in `stacks`, in that order. Each call is a separate CLI process, nearly
+    all of it node's start-up, so two run at a time (the CI machine has two cores), each in its own
+    work directory (its before template, CDK_HOME and -o)."""
+
+    def one(stack: str) -> str:
+        own = workdir / f"diff-{stack}"
+        own.mkdir(exist_ok=True)
+        return cdk_diff(after_outdir, stack, before_templates[stack], own)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(one, stacks))
+
+
 @pytest.fixture(scope="module")
 def synths(tmp_path_factory):
     """Each variant synthesized once for the whole module."""
@@ -301,6 +316,7 @@ def review(change: str, before, after, workdir: Path) -> tuple[list[str], set]:
     problems: list[str] = []
     used: set = set()
     findings: list[Finding] = []
+    changed: list[str] = []
     for stack_id, template in before.templates.items():
         if stack_id not in after.templates:
             if (change, stack_id) in STACKS_LEAVING:
@@ -308,9 +324,10 @@ def review(change: str, before, after, workdir: Path) -> tuple[list[str], set]:
             else:
                 problems.append(f"stack {stack_id} leaves the app (cdk deploy would leave it running)")
             continue
-        if template == after.templates[stack_id]:
-            continue
-        findings += parse_diff(stack_id, cdk_diff(after.outdir, stack_id, template, workdir))
+        if template != after.templates[stack_id]:
+            changed.append(stack_id)
+    for stack_id, output in zip(changed, diff_stacks(after.outdir, before.templates, changed, workdir)):
+        findings += parse_diff(stack_id, output)
     for f in findings:
         if f.type_ in NEVER_REPLACED:
             problems.append(f"{f.stack}: {f.type_} {f.logical_id}: {f.impact} (never allowed)")
@@ -542,8 +559,8 @@ def test_adding_host_efa_to_deployed_units_updates_their_launch_templates_in_pla
             resource["Properties"]["LaunchTemplateData"]["UserData"] = data_before
             stripped += 1
     assert stripped == 3  # base: three units
-    for stack_id in ("Cell-0", "Cell-1"):
-        output = cdk_diff(after.outdir, stack_id, before_templates[stack_id], tmp_path)
+    cells = ["Cell-0", "Cell-1"]
+    for stack_id, output in zip(cells, diff_stacks(after.outdir, before_templates, cells, tmp_path)):
         assert parse_diff(stack_id, output) == []  # no replace, destroy or orphan
         modified = [line for line in output.splitlines() if line.strip().startswith("[~] AWS::EC2::LaunchTemplate")]
         assert len(modified) == (2 if stack_id == "Cell-0" else 1), output[-3000:]

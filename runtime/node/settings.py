@@ -194,6 +194,17 @@ class NeuronSettings(_Settings):
         "temperature, top_p only; the pinned plugin can apply another request's parameters)",
         choices=contract.NEURON_SAMPLING_MODES,
     )
+    prefix_caching_block: int = setting(
+        0,
+        "--neuron-prefix-caching-block",
+        "FLOTILLA_NEURON_PREFIX_CACHING_BLOCK",
+        "one node only, opt-in: 0 runs vLLM without prefix caching; a block size in tokens (e.g. 32) runs "
+        "it with prefix caching over NxD Inference's block KV layout and reports cached prompt tokens "
+        "(`--enable-prefix-caching --block-size B --num-gpu-blocks-override ceil(seq len / B) x batch size "
+        "--enable-prompt-tokens-details`); needs a batch size of at least 2 (the plugin's known issue at 1); "
+        "off by default: no trn1 run has checked its outputs and memory (docs/hardware.md)",
+        ge=0,
+    )
     launcher: str | None = setting(
         None,
         "--neuron-launcher",
@@ -236,6 +247,18 @@ class NeuronSettings(_Settings):
         if degree < 1:
             raise ValueError("is not a degree: give a whole number >= 1 or auto")
         return degree
+
+    @field_validator("prefix_caching_block", mode="after")
+    @classmethod
+    def _prefix_caching_needs_a_batch(cls, v: int, info: ValidationInfo) -> int:
+        if v and info.data.get("batch_size") == 1:
+            raise ValueError(
+                "needs a batch size of at least 2: the pinned vllm-neuron's prefix caching generates incorrect "
+                "outputs at batch size 1; raise FLOTILLA_NEURON_BATCH_SIZE or set this to 0"
+            )
+        if v and v > info.data.get("seq_len", v):
+            raise ValueError("is longer than the sequence (FLOTILLA_NEURON_SEQ_LEN): give a block of at most that")
+        return v
 
     @field_validator("launcher", mode="after")
     @classmethod

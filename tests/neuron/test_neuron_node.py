@@ -177,7 +177,8 @@ def _phases_until_ready(unit, timeout_s: float) -> dict[str, set]:
             time.sleep(0.2)
             continue
         if code == 200:
-            assert body["loading"] is None and all(m["loading"] is None for m in body["members"])  # loaded: said no more
+            # Loaded: neither the leader nor any follower names a phase any more.
+            assert body["loading"] is None and all(m["loading"] is None for m in body["members"])
             break
         if body and body.get("loading"):
             seen["leader"].add(body["loading"]["phase"])

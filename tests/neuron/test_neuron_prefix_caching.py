@@ -28,7 +28,7 @@ def _leader(checkpoint, nodes: int = 1, **options):
         instance_type="trn1.32xlarge",
         model=load_model_shape(model_dir),
         model_dir=model_dir,
-        options=NeuronOptions(seq_len=4096, batch_size=8, **options),
+        options=NeuronOptions(**{"seq_len": 4096, "batch_size": 8, **options}),
     )
     return plan, plan.ranks[0]
 
@@ -66,8 +66,8 @@ def test_a_block_size_turns_on_prefix_caching_with_the_plugins_block_count_and_c
 
 
 def test_a_block_that_does_not_divide_the_sequence_rounds_the_block_count_up(checkpoint):
-    _, leader = _leader(checkpoint, prefix_caching_block=48)
-    assert _after(leader.command, "--num-gpu-blocks-override") == str(86 * 8)  # ceil(4096 / 48) = 86
+    _, leader = _leader(checkpoint, prefix_caching_block=32, seq_len=4000)
+    assert _after(leader.command, "--num-gpu-blocks-override") == str(125 * 8)  # ceil(4000 / 32) = 125
 
 
 def test_the_node_refuses_prefix_caching_at_batch_size_1_in_one_line():
@@ -80,6 +80,16 @@ def test_the_node_refuses_prefix_caching_at_batch_size_1_in_one_line():
         "prefix caching generates incorrect outputs at batch size 1; raise FLOTILLA_NEURON_BATCH_SIZE or set this to 0"
     )
     assert load_settings(base, {"FLOTILLA_NEURON_PREFIX_CACHING_BLOCK": "32"}).neuron.prefix_caching_block == 32
+
+
+def test_the_node_refuses_a_block_size_vllm_does_not_take_in_one_line():
+    base = ["--peers", "127.0.0.1:18000", "--rank", "0", "--engine", "neuron", "--model-uri", "s3://b/p/"]
+    base += ["--instance-type", "trn1.32xlarge", "--neuron-prefix-caching-block", "48"]
+    with pytest.raises(SettingsError) as err:
+        load_settings(base, {})
+    assert str(err.value) == (
+        "--neuron-prefix-caching-block=48 is not a vLLM block size: use one of 1, 8, 16, 32, 64, 128, 256, or 0 (off)"
+    )
 
 
 def test_the_plan_refuses_prefix_caching_at_batch_size_1_and_across_nodes(checkpoint):

@@ -117,7 +117,7 @@ class _Settings(BaseModel):
         return v
 
 
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # what vLLM 0.13.0's --block-size accepts
+VLLM_BLOCK_SIZES = contract.NEURON_PREFIX_CACHING_BLOCKS[1:]  # what vLLM 0.13.0's --block-size accepts
 
 
 class NeuronSettings(_Settings):
@@ -200,7 +200,7 @@ class NeuronSettings(_Settings):
     prefix_caching_block: int = setting(
         0,
         "--neuron-prefix-caching-block",
-        "FLOTILLA_NEURON_PREFIX_CACHING_BLOCK",
+        contract.ENV_NEURON_PREFIX_CACHING_BLOCK,
         "one node only, opt-in: 0 runs vLLM without prefix caching; a block size in tokens (1, 8, 16, 32, 64, "
         "128 or 256, e.g. 32) runs "
         "it with prefix caching over NxD Inference's block KV layout and reports cached prompt tokens "

@@ -190,3 +190,6 @@ ENV_COMPILE_CACHE_URI = "FLOTILLA_COMPILE_CACHE_URI"  # s3://bucket/prefix for c
 ENV_INSTANCE_TYPE = "FLOTILLA_INSTANCE_TYPE"  # neuron engine: the node's instance type (plan layout)
 NEURON_SAMPLING_MODES = ("device", "cpu")  # neuron engine: on-device sampling or vLLM's host sampler
 ENV_NEURON_SAMPLING = "FLOTILLA_NEURON_SAMPLING"  # which of them; decides the OpenAI fields it serves
+# neuron engine, one node: 0 (off) or the KV block size in tokens of vLLM's prefix caching (an opt-in)
+ENV_NEURON_PREFIX_CACHING_BLOCK = "FLOTILLA_NEURON_PREFIX_CACHING_BLOCK"
+NEURON_PREFIX_CACHING_BLOCKS = (0, 1, 8, 16, 32, 64, 128, 256)  # 0, or what vLLM 0.13.0's --block-size takes

@@ -127,6 +127,7 @@ class CellStack(Stack):
                 environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
                 environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
                 environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
+                environment[contract.ENV_NEURON_PREFIX_CACHING_BLOCK] = str(config.node.neuron_prefix_caching_block)
             self.units.append(
                 TrainiumUnit(
                     self,

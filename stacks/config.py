@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, core_schema
 
 import contract
-from contract import NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
+from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
@@ -304,6 +304,9 @@ class NodeConfig(_Section):
     # parameters, and also serves logprobs, structured output and penalties; "device" samples on the
     # NeuronCores (temperature/top_p only), where the pinned plugin can mix up requests' parameters.
     neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "cpu"
+    # neuron engine, one node: 0 runs without prefix caching; a block size opts in to vLLM's prefix
+    # caching (off by default: no trn1 run has checked its outputs and memory, docs/hardware.md).
+    neuron_prefix_caching_block: Annotated[int, one_of(NEURON_PREFIX_CACHING_BLOCKS)] = 0
 
 
 class RouterConfig(_Section):
@@ -625,6 +628,14 @@ def check_engine_fits_instance(cfg: FlotillaConfig) -> None:
             engine,
             f"neuron with instance_type {cfg.instance_type} (the {engine} engine runs on CPU: stage it on an x86 "
             f"type such as {STAGING_INSTANCE_TYPE}, examples/staging.yaml)",
+        )
+    block = cfg.node.neuron_prefix_caching_block
+    if block and (engine != "neuron" or cfg.nodes_per_unit > 1):
+        raise ConfigError(
+            "node.neuron_prefix_caching_block",
+            block,
+            f"0 with node.engine {engine} and nodes_per_unit {cfg.nodes_per_unit} (prefix caching runs on "
+            "one-node neuron units only: set nodes_per_unit 1 and node.engine neuron, or 0)",
         )
     if cfg.model.builtin and engine != "reference":
         raise ConfigError(

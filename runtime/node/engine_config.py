@@ -68,6 +68,7 @@ class EngineConfig(BaseModel):
             compiled_artifacts_dir=n.compiled_dir,
             engine_port=n.engine_port,
             sampling=n.sampling,
+            prefix_caching_block=n.prefix_caching_block,
         )
         return NeuronEngineSettings(
             model_uri=n.model_uri,

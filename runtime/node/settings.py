@@ -117,6 +117,9 @@ class _Settings(BaseModel):
         return v
 
 
+VLLM_BLOCK_SIZES = contract.NEURON_PREFIX_CACHING_BLOCKS[1:]  # what vLLM 0.13.0's --block-size accepts
+
+
 class NeuronSettings(_Settings):
     """engine=neuron: where the model and compile cache live, and the unit's Neuron layout."""
 
@@ -194,6 +197,18 @@ class NeuronSettings(_Settings):
         "temperature, top_p only; the pinned plugin can apply another request's parameters)",
         choices=contract.NEURON_SAMPLING_MODES,
     )
+    prefix_caching_block: int = setting(
+        0,
+        "--neuron-prefix-caching-block",
+        contract.ENV_NEURON_PREFIX_CACHING_BLOCK,
+        "one node only, opt-in: 0 runs vLLM without prefix caching; a block size in tokens (1, 8, 16, 32, 64, "
+        "128 or 256, e.g. 32) runs "
+        "it with prefix caching over NxD Inference's block KV layout and reports cached prompt tokens "
+        "(`--enable-prefix-caching --block-size B --num-gpu-blocks-override ceil(seq len / B) x batch size "
+        "--enable-prompt-tokens-details`); needs a batch size of at least 2 (the plugin's known issue at 1); "
+        "off by default: no trn1 run has checked its outputs and memory (docs/hardware.md)",
+        ge=0,
+    )
     launcher: str | None = setting(
         None,
         "--neuron-launcher",
@@ -236,6 +251,23 @@ class NeuronSettings(_Settings):
         if degree < 1:
             raise ValueError("is not a degree: give a whole number >= 1 or auto")
         return degree
+
+    @field_validator("prefix_caching_block", mode="after")
+    @classmethod
+    def _prefix_caching_needs_a_batch(cls, v: int, info: ValidationInfo) -> int:
+        if v and info.data.get("batch_size") == 1:
+            raise ValueError(
+                "needs a batch size of at least 2: the pinned vllm-neuron's prefix caching generates incorrect "
+                "outputs at batch size 1; raise FLOTILLA_NEURON_BATCH_SIZE or set this to 0"
+            )
+        if v and v not in VLLM_BLOCK_SIZES:
+            # vLLM 0.13.0's --block-size takes only these (vllm/config/cache.py:22, BlockSize).
+            raise ValueError(
+                f"is not a vLLM block size: use one of {', '.join(map(str, VLLM_BLOCK_SIZES))}, or 0 (off)"
+            )
+        if v and v > info.data.get("seq_len", v):
+            raise ValueError("is longer than the sequence (FLOTILLA_NEURON_SEQ_LEN): give a block of at most that")
+        return v
 
     @field_validator("launcher", mode="after")
     @classmethod

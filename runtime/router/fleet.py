@@ -1,7 +1,7 @@
 """The router's view of every unit: discovered members, their health and load, live outstanding counts.
 
 The router watches leaders only: one long-lived /health/watch stream per leader brings its ready body
-within change_report_s of a change of its load, and at least every poll interval (an empty line when
+within change_report_s of a change of its load, and at least every keepalive_s (an empty line when
 nothing changed); that body lists the leader's followers
 as the leader sees them, so followers are not asked at all while their leader vouches for them. A
 member is asked once (GET /health/ready) when discovered, and again only while no live leader lists
@@ -372,7 +372,8 @@ class Fleet:
         # report they admitted (from every router).
         self.holders: balance.KeyHolders[Member] = balance.KeyHolders()
         self._routes_reported = (0, 0)  # (preferred, by_work) at the last routing EMF line
-        interval, changes = settings.poll_interval_s, min(settings.change_report_s, settings.poll_interval_s)
+        # A line on every change (within `changes`), a heartbeat when nothing changed for `interval`.
+        interval, changes = settings.keepalive_s, min(settings.change_report_s, settings.keepalive_s)
         self._watch_request = (
             f"GET {contract.NODE_WATCH_PATH}?interval={interval:g}&changes={changes:g} HTTP/1.0\r\n"
             f"User-Agent: flotilla-router\r\nAccept: application/x-ndjson\r\n\r\n"

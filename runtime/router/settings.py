@@ -170,13 +170,15 @@ class RouterSettings(BaseModel):
             default="2 (static), 5 (cloudmap: each pass costs a Cloud Map call per cell)",
         ),
     ] = contract.STATIC_DISCOVERY_INTERVAL_S
-    # health and load: leaders are watched (a report every poll interval), others asked when needed
+    # health and load: leaders are watched (a line on every change, a heartbeat every keepalive when
+    # nothing changed), others asked every poll interval when needed
     poll_interval_s: Annotated[
         float,
         within(0.01, 60),
         Option(
             "--poll-interval",
-            "seconds between health reports of a leader (watch lines, or polls of a member without the watch)",
+            "seconds between polls of a member without the watch (a leader of an older revision; "
+            "followers no leader vouches for: 4 x this)",
             env=contract.ENV_POLL_INTERVAL,
         ),
     ] = 0.25
@@ -189,6 +191,17 @@ class RouterSettings(BaseModel):
             default="max(1, 2 x poll interval)",
         ),
     ] = 1.0
+    keepalive_s: Annotated[
+        float,
+        within(0.01, 10),  # what the node's watch takes (runtime/node/server.py WATCH_INTERVAL_RANGE_S)
+        Option(
+            "--keepalive",
+            "seconds between a watched leader's lines when nothing changed (a heartbeat: silence "
+            "then means a hung host); at most half of --stale-after, so one heartbeat may come a "
+            "whole interval late before the leader counts as silent",
+            default="1.5 x poll interval, at most half of --stale-after and 10",
+        ),
+    ] = 0.375
     change_report_s: Annotated[
         float,
         within(0.01, 10),
@@ -425,6 +438,33 @@ class RouterSettings(BaseModel):
                 return values
             values = {**values, "stale_after_s": 3 * poll}
         return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keepalive_follows_poll_interval(cls, values: Any) -> Any:
+        # Unset, an idle leader's heartbeat comes every 1.5 poll intervals (0.375 s by default), but
+        # at least twice per --stale-after: each heartbeat is a socket read for the router (2,500 a
+        # second at 625 leaders every 0.25 s) that says only "still alive", and the silence bound
+        # (--stale-after) stays what it was (docs/benchmarks.md, Fleet).
+        if isinstance(values, dict) and values.get("keepalive_s") is None:
+            try:
+                poll = float(values.get("poll_interval_s", 0.25))
+                stale = values.get("stale_after_s")
+                stale = 3 * poll if stale is None else float(stale)
+            except (TypeError, ValueError):
+                return values  # poll_interval_s or stale_after_s gets its own error
+            values = {**values, "keepalive_s": min(1.5 * poll, stale / 2, 10.0)}
+        return values
+
+    @model_validator(mode="after")
+    def _silence_allows_a_late_heartbeat(self) -> RouterSettings:
+        if self.keepalive_s > self.stale_after_s / 2:
+            raise _bad(
+                f"keepalive_s={self.keepalive_s} must be at most half of stale_after_s={self.stale_after_s}: "
+                f"a leader's heartbeat may come a whole interval late before it counts as silent "
+                f"(lower --keepalive or raise --stale-after)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _stale_after_exceeds_the_report_interval(self) -> RouterSettings:

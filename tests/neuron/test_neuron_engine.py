@@ -55,7 +55,7 @@ def one_node() -> Membership:
 
 
 def engine_for(
-    tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, sampling="device", **kw
+    tmp_path, s3, *, compile_cache_uri=CACHE_URI, start_timeout_s=60.0, sampling="device", prefix_caching_block=0, **kw
 ) -> NeuronEngine:
     options = NeuronOptions(
         seq_len=256,
@@ -64,6 +64,7 @@ def engine_for(
         compiled_artifacts_dir=str(tmp_path / "compiled"),
         engine_port=free_port(),
         sampling=sampling,
+        prefix_caching_block=prefix_caching_block,
     )
     settings = NeuronEngineSettings(
         model_uri=MODEL_URI,

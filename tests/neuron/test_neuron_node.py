@@ -165,6 +165,32 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
     assert e.value.code == 400 and "256" in e.value.read().decode()
 
 
+def test_a_unit_with_prefix_caching_passes_vllms_cached_tokens_and_hit_rate_through(neuron_unit):
+    unit, log = neuron_unit(FLOTILLA_NEURON_PREFIX_CACHING_BLOCK="16")
+    unit.wait_ready(timeout=90)
+    prompt = [3, 4, 5, 6, 7, 2] * 7  # 42 ids of the test model's 8: two full blocks of 16 before the last
+    usages = []
+    for _ in range(2):
+        with _post(unit.url + "/completions", {"model": "llama", "prompt": prompt, "max_tokens": 2}) as r:
+            usages.append(json.load(r)["usage"])
+    assert [u["prompt_tokens_details"] for u in usages] == [{"cached_tokens": 0}, {"cached_tokens": 32}]
+    stream = {"model": "llama", "prompt": prompt, "max_tokens": 2, "stream": True}
+    with _post(unit.url + "/completions", {**stream, "stream_options": {"include_usage": True}}) as r:
+        events = _sse(r)
+    assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    argv = json.loads(log.read_text().splitlines()[0])["argv"]
+    assert "--enable-prefix-caching" in argv and "--enable-prompt-tokens-details" in argv
+    # The ready body's hit rate is vLLM's: 64 of the 126 prompt tokens above (and of any the leader's own
+    # canary sent), once the engine read its /metrics.
+    deadline = time.monotonic() + 30
+    while unit.leader.ready()[1]["load"]["prefix_cache_hits"] != 64:
+        assert time.monotonic() < deadline, unit.leader.ready()
+        time.sleep(0.2)
+    load = unit.leader.ready()[1]["load"]
+    assert load["prefix_cache_queries"] >= 126
+    assert load["prefix_cache_hit_rate"] == pytest.approx(64 / load["prefix_cache_queries"])
+
+
 def _phases_until_ready(unit, timeout_s: float) -> dict[str, set]:
     """Poll the leader's ready body until it answers 200: the load phases it named for itself and for
     each follower on the way."""

@@ -45,6 +45,7 @@ class StandInUnit:
         self.members: list[dict] = []
         self.leader = ""
         self.watchers = 0  # open watch streams
+        self.watch_queries: list[dict[str, str]] = []  # each watch's query, as the router asked
         self.hang = False  # accept and keep watch streams open but send nothing (a hung host)
         self._stopping = asyncio.Event()
         self.state = "ready"
@@ -144,6 +145,7 @@ class StandInUnit:
 
     async def _watch(self, request: web.Request) -> web.StreamResponse:
         """The node's watch: a line now, then every `interval` the body if changed, else an empty line."""
+        self.watch_queries.append(dict(request.query))
         interval = float(request.query.get("interval", "0.25"))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)

@@ -45,6 +45,27 @@ def test_stale_after_defaults_to_three_poll_intervals_and_must_exceed_one():
         from_cli(["--units", UNIT, "--stale-after", "0.2"])
 
 
+def test_an_idle_leader_heartbeats_every_one_and_a_half_poll_intervals_within_half_the_silence_bound():
+    # Fewer heartbeats (each a socket read for the router) without moving the silence bound.
+    default = from_cli(["--units", UNIT])
+    assert (default.keepalive_s, default.stale_after_s) == (0.375, 0.75)
+    assert from_cli(["--units", UNIT, "--poll-interval", "1"]).keepalive_s == 1.5
+    assert from_cli(["--units", UNIT, "--stale-after", "0.5"]).keepalive_s == 0.25  # half the bound wins
+    assert from_cli(["--units", UNIT, "--keepalive", "0.1"]).keepalive_s == 0.1
+    # Never longer than a node's watch takes (0.01 to 10 s): it would refuse the watch.
+    assert from_cli(["--units", UNIT, "--poll-interval", "10", "--stale-after", "30"]).keepalive_s == 10.0
+
+
+def test_a_heartbeat_slower_than_half_the_silence_bound_is_refused_in_one_line():
+    with pytest.raises(SettingsError) as err:
+        from_cli(["--units", UNIT, "--keepalive", "0.5"])
+    assert str(err.value) == (
+        "keepalive_s=0.5 must be at most half of stale_after_s=0.75: a leader's heartbeat may come a whole "
+        "interval late before it counts as silent (lower --keepalive or raise --stale-after)"
+    )
+    assert from_cli(["--units", UNIT, "--keepalive", "1", "--stale-after", "2"]).keepalive_s == 1.0
+
+
 def test_cloudmap_services_are_comma_separated_names():
     s = from_cli(
         ["--discovery", "cloudmap", "--cloudmap-namespace", "ns", "--cloudmap-service", "units-cell0, units-cell1,"]
@@ -121,6 +142,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--poll-interval",
         "--poll-timeout",
         "--stale-after",
+        "--keepalive",
         "--change-report",
         "--discovery-interval",
         "--max-outstanding-per-unit",

@@ -95,6 +95,15 @@ REJECTED = [
         "capacity, drained_units, front",
     ),
     (
+        {"node": {"neuron_prefix_caching_block": 48}},
+        "node.neuron_prefix_caching_block=48 is not allowed: one of 0, 1, 8, 16, 32, 64, 128, 256",
+    ),
+    (
+        {"node": {"neuron_prefix_caching_block": 32}},  # the default unit has two nodes
+        "node.neuron_prefix_caching_block=32 is not allowed: 0 with node.engine neuron and nodes_per_unit 2 "
+        "(prefix caching runs on one-node neuron units only: set nodes_per_unit 1 and node.engine neuron, or 0)",
+    ),
+    (
         {"deployment_name": "9lives"},
         "deployment_name='9lives' is not allowed: 1-24 characters: a letter, then letters, digits or -",
     ),
@@ -109,6 +118,12 @@ def test_invalid_value_is_rejected_with_one_line_naming_key_value_and_allowed(ov
         config_with(**overrides)
     assert str(err.value) == message
     assert "\n" not in str(err.value)
+
+
+def test_one_node_neuron_units_may_opt_in_to_prefix_caching():
+    cfg = config_with(nodes_per_unit=1, node={"neuron_prefix_caching_block": 32})
+    assert cfg.node.neuron_prefix_caching_block == 32
+    assert config_with().node.neuron_prefix_caching_block == 0  # off unless opted in
 
 
 def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch):

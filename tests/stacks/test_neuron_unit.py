@@ -160,6 +160,7 @@ def test_nodes_are_told_where_the_compile_cache_is(default_synth):
     assert env[contract.ENV_ENGINE] == "neuron"
     assert env[contract.ENV_INSTANCE_TYPE] == "trn1.32xlarge"  # the node plans its layout for it
     assert env[contract.ENV_NEURON_SAMPLING] == "cpu"  # node.neuron_sampling's default
+    assert env[contract.ENV_NEURON_PREFIX_CACHING_BLOCK] == "0"  # prefix caching off unless opted in
 
 
 def test_reference_engine_units_get_no_compile_cache_access(reference_synth):

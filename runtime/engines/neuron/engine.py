@@ -11,6 +11,7 @@ Nothing here imports vLLM or NxD Inference.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -368,14 +369,25 @@ class NeuronEngine:
     async def _generate_openai(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
         import aiohttp  # noqa: PLC0415
 
-        from runtime.engines.neuron.requests import check, chunk_events, completions_body, serves  # noqa: PLC0415
+        from runtime.engines.neuron.requests import (  # noqa: PLC0415
+            cached_tokens,
+            check,
+            chunk_events,
+            completions_body,
+            serves,
+        )
 
         sp = request.sampling
         check(sp, serves(multi_node=self.membership.world_size > 1, sampling=self.s.options.sampling))
-        body = completions_body(request, self.model_name)
+        # With prefix caching, vLLM says how many prompt tokens came from its cache in a usage chunk after
+        # every choice's last token: those last events wait for it, to carry cached_tokens (base.TokenEvent).
+        usage = self.s.options.prefix_caching_block > 0
+        body = completions_body(request, self.model_name, usage=usage)
         rid = request.request_id
         finished = False
         done: set[int] = set()  # choices that have finished: the request is done when all n have
+        held: list[TokenEvent] = []  # with usage: each choice's last event, until the usage chunk
+        cached = 0
         try:
             async with self._session.post(
                 self.url + "/v1/completions", json=body, headers={contract.REQUEST_ID_HEADER: rid}
@@ -396,11 +408,18 @@ class NeuronEngine:
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise EngineError(f"the vLLM server failed the request: {chunk['error']}")
+                    in_usage = cached_tokens(chunk) if usage else None
+                    cached = in_usage if in_usage is not None else cached
                     for ev in chunk_events(chunk, self.tokenizer, sp.logprobs):
                         if ev.finish_reason is not None:
                             done.add(ev.index)
                             finished = len(done) >= sp.n
+                            if usage:
+                                held.append(ev)
+                                continue
                         yield ev
+                for ev in held:
+                    yield dataclasses.replace(ev, cached_tokens=cached)
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
             if rid in self._cancelled:
                 return
@@ -567,11 +586,17 @@ def _parse_vllm_metrics(text: str, batch_size: int) -> EngineLoad | None:
     if "vllm:num_requests_running" not in values:
         return None
     kv = values.get("vllm:kv_cache_usage_perc", values.get("vllm:gpu_cache_usage_perc", 0.0))
+    # Counters of prompt tokens queried in / served from the prefix cache since start; prometheus_client
+    # exposes a Counter with the _total suffix (launch.PREFIX_CACHING_SOURCES). 0 without prefix caching.
+    queries = values.get("vllm:prefix_cache_queries_total", values.get("vllm:prefix_cache_queries", 0.0))
+    hits = values.get("vllm:prefix_cache_hits_total", values.get("vllm:prefix_cache_hits", 0.0))
     return EngineLoad(
         queue_depth=int(values.get("vllm:num_requests_waiting", 0)),
         running=int(values["vllm:num_requests_running"]),
         max_running=batch_size,
         kv_cache_used=min(1.0, max(0.0, kv)),
+        prefix_cache_queries=int(queries),
+        prefix_cache_hits=int(hits),
     )
 
 

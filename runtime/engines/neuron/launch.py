@@ -79,6 +79,30 @@ SINGLE_NODE_SOURCES: Mapping[str, str] = {
     f"{_LOADER}:1213-1217 (the override is a plain dict.update)",
 }
 
+# The flags a single-node rank adds with prefix caching on (FLOTILLA_NEURON_PREFIX_CACHING_BLOCK). The
+# release-0.4.1 branch could not be read where this was written (no such ref in the stored mirror of
+# vllm-project/vllm-neuron, and 4fac6b7b is not stored): the plugin's lines are read at its newest stored
+# revision, PLUGIN_MAIN, and must be checked against release-0.4.1 before the setting leaves opt-in.
+PLUGIN_MAIN = "vllm-project/vllm-neuron@a5ef7c88c3e4e44bea9af9051d8fb113588c0a21"
+PREFIX_CACHING_SOURCES: Mapping[str, str] = {
+    "--enable-prefix-caching": f"{VLLM_0_13_0}:vllm/engine/arg_utils.py:897-902; {PLUGIN_MAIN}:README.md:92 "
+    "(prefix caching functional), vllm_neuron/worker/neuronx_distributed_model_loader.py:779-782 "
+    "(is_block_kv_layout and is_prefix_caching follow it), :837-839 (asserted)",
+    "--block-size": f"{VLLM_0_13_0}:vllm/engine/arg_utils.py:885; {PLUGIN_MAIN}:vllm_neuron/platform.py:203-210 "
+    "(required with prefix caching), neuronx_distributed_model_loader.py:777 (pa_block_size)",
+    "--num-gpu-blocks-override": f"{PLUGIN_MAIN}:README.md:117 (ceil(max_model_len / block_size) x max_num_seqs), "
+    "neuronx_distributed_model_loader.py:775 (pa_num_blocks), :796-830 (one more for vLLM's null block)",
+    "--enable-prompt-tokens-details": f"{VLLM_0_13_0}:vllm/entrypoints/openai/cli_args.py:172 (off by default); "
+    "vllm/entrypoints/openai/serving_completion.py:488-491 (cached_tokens in the streamed usage), "
+    ":612-618 (non-streamed)",
+    "stream_options.include_usage": f"{VLLM_0_13_0}:vllm/entrypoints/openai/serving_completion.py:493-500 "
+    "(the usage chunk is sent only when asked)",
+    "batch_size > 1": f"{PLUGIN_MAIN}:README.md:118 (known issue: prefix caching with batch_size=1 generates "
+    "incorrect outputs)",
+    "vllm:prefix_cache_queries, vllm:prefix_cache_hits": f"{VLLM_0_13_0}:vllm/v1/metrics/loggers.py:483-501, "
+    "1028-1033 (prometheus_client Counters, in prompt tokens, exposed with the _total suffix)",
+}
+
 # Where every variable, flag and NxD Inference setting of a multi-node rank comes from.
 _MULTI = f"{NXDI_2_28}:examples/multi_node.md"
 _APP = f"{NXDI_2_28}:src/neuronx_distributed_inference/models/application_base.py"
@@ -140,6 +164,15 @@ class NeuronOptions:
     # (vllm-project/vllm-neuron@84411ab: neuronx_distributed_model_runner.py get_nxd_sampling_params;
     # tests/neuron/test_neuron_sampling_rows.py). Neither mode seeds a request (requests.py).
     sampling: str = "cpu"
+    # Single node: 0 runs without prefix caching; B > 0 runs vLLM's prefix caching over NxD Inference's
+    # block KV layout in blocks of B tokens (opt-in: no trn1 run has checked outputs and memory with it).
+    prefix_caching_block: int = 0
+
+
+def prefix_cache_blocks(seq_len: int, batch_size: int, block: int) -> int:
+    """--num-gpu-blocks-override with prefix caching: the plugin asks for ceil(max_model_len /
+    block_size) x max_num_seqs "to avoid a potential OOB error" (PREFIX_CACHING_SOURCES)."""
+    return -(-seq_len // block) * batch_size
 
 
 @dataclass(frozen=True)
@@ -238,7 +271,9 @@ class NeuronUnitPlan:
                 }
                 for r in self.ranks
             ],
-            "sources": dict(SINGLE_NODE_SOURCES if self.mode == SINGLE_NODE else MULTI_NODE_SOURCES),
+            "sources": {**SINGLE_NODE_SOURCES, **PREFIX_CACHING_SOURCES}
+            if self.mode == SINGLE_NODE
+            else dict(MULTI_NODE_SOURCES),
         }
 
 
@@ -318,6 +353,18 @@ def plan_unit(
         raise NeuronPlanError(f"batch_size={o.batch_size!r} must be a positive integer")
     cp = _check_degree("cp_degree", o.cp_degree)
     dp = _check_degree("attention_dp_degree", o.attention_dp_degree)
+    if o.prefix_caching_block:
+        if nodes > 1:
+            raise NeuronPlanError(
+                f"prefix_caching_block={o.prefix_caching_block} applies to single-node units only: flotilla's "
+                f"multi-node loop runs NxD Inference's contiguous KV layout (docs/hardware.md); set it to 0 or use "
+                f"1 node"
+            )
+        if o.batch_size < 2:
+            raise NeuronPlanError(
+                f"prefix_caching_block={o.prefix_caching_block} with batch_size={o.batch_size}: the plugin's prefix "
+                f"caching generates incorrect outputs at batch size 1 (its known issues); raise the batch size"
+            )
 
     local_tp = instance.neuron_cores
     if nodes == 1:
@@ -488,10 +535,16 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         str(plan.seq_len),
         "--max-num-seqs",
         str(plan.batch_size),
-        "--no-enable-prefix-caching",
-        "--num-gpu-blocks-override",
-        str(plan.batch_size),
     ]
+    block = o.prefix_caching_block
+    blocks = prefix_cache_blocks(plan.seq_len, plan.batch_size, block) if block else plan.batch_size
+    if block:
+        # PREFIX_CACHING_SOURCES: the plugin derives the block KV layout from these flags, and vLLM
+        # reports cached prompt tokens only with --enable-prompt-tokens-details.
+        command += ["--enable-prefix-caching", "--block-size", str(block)]
+        command += ["--num-gpu-blocks-override", str(blocks), "--enable-prompt-tokens-details"]
+    else:
+        command += ["--no-enable-prefix-caching", "--num-gpu-blocks-override", str(blocks)]
     if override:
         command += ["--additional-config", json.dumps({"override_neuron_config": override})]
     command += [
@@ -513,11 +566,13 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         "batch_size": plan.batch_size,
         "max_context_length": plan.seq_len,
         "seq_len": plan.seq_len,
-        "pa_num_blocks": plan.batch_size,
-        "pa_block_size": plan.seq_len,
-        "is_prefix_caching": False,
+        "pa_num_blocks": blocks,
+        "pa_block_size": block or plan.seq_len,
+        "is_prefix_caching": bool(block),
         **override,
     }
+    if block:  # the compiled model differs: NxD Inference's block KV layout (PREFIX_CACHING_SOURCES)
+        nxdi["is_block_kv_layout"] = True
     return RankPlan(
         rank=rank,
         role="leader",

@@ -113,10 +113,12 @@ def check(sp: SamplingParams, s: Serves) -> None:
         raise refuse(field, "it does not apply penalties; leave it out or set it to 0")
 
 
-def completions_body(request: GenerationRequest, model_name: str) -> dict[str, Any]:
+def completions_body(request: GenerationRequest, model_name: str, *, usage: bool = False) -> dict[str, Any]:
     """The streamed /v1/completions request for vLLM 0.13.0's OpenAI server (prompt as token ids).
 
-    No seed: no neuron sampler applies one (check() refuses it where it would matter).
+    No seed: no neuron sampler applies one (check() refuses it where it would matter). `usage`: ask for
+    the final usage chunk, which carries prompt_tokens_details.cached_tokens when the server runs with
+    prefix caching and --enable-prompt-tokens-details (launch.PREFIX_CACHING_SOURCES).
     """
     sp = request.sampling
     body: dict[str, Any] = {
@@ -129,6 +131,8 @@ def completions_body(request: GenerationRequest, model_name: str) -> dict[str, A
         "ignore_eos": sp.ignore_eos,
         "return_token_ids": True,
     }
+    if usage:
+        body["stream_options"] = {"include_usage": True}
     if sp.stop:
         body["stop"] = list(sp.stop)
     if sp.n > 1:
@@ -208,3 +212,14 @@ def chunk_events(chunk: dict[str, Any], tokenizer: Any, logprobs_k: int | None) 
                 )
             )
     return events
+
+
+def cached_tokens(chunk: dict[str, Any]) -> int | None:
+    """The prompt tokens served from the prefix cache, from vLLM's final usage chunk (None: not this
+    chunk). vLLM sets prompt_tokens_details only when some were cached
+    (vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:488-491): absent then means 0."""
+    usage = chunk.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0

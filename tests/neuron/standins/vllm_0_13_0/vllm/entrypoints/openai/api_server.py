@@ -26,6 +26,8 @@ def _parser():
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)  # :894-896
     p.add_argument("--additional-config", type=json.loads, default={})  # :1140
     p.add_argument("--dtype", default="auto")
+    # entrypoints/openai/cli_args.py:172: prompt_tokens_details (cached_tokens) in usage, off by default.
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
     return p
 
 
@@ -130,7 +132,31 @@ def main():
             f"error: without prefix caching --num-gpu-blocks-override must equal --max-num-seqs "
             f"({args.num_gpu_blocks_override} != {args.max_num_seqs})"
         )
+    if prefix_caching and args.block_size is None:
+        # vllm-neuron (a5ef7c8) platform.py:203-210: block_size must be set with prefix caching.
+        sys.exit("error: When prefix caching is enabled, block_size must be set.")
     served = (args.served_model_name or [args.model])[0]
+    # vLLM's prefix cache, as far as a client sees it: full blocks of a prompt's tokens (all but its last,
+    # which is always computed) whose whole prefix an earlier prompt had. Counters in prompt tokens
+    # (v1/metrics/loggers.py:483-501, 1028-1033); never evicted here.
+    seen_blocks = set()
+    cache_counts = {"queries": 0, "hits": 0}
+
+    def cached_prefix(prompt):
+        if not prefix_caching:
+            return 0
+        block, hits = args.block_size, 0
+        for end in range(block, len(prompt), block):  # full blocks of prompt[:-1]
+            key = tuple(prompt[:end])
+            if key not in seen_blocks:
+                break
+            hits = end
+        for end in range(block, len(prompt), block):
+            seen_blocks.add(tuple(prompt[:end]))
+        cache_counts["queries"] += len(prompt)
+        cache_counts["hits"] += hits
+        return hits
+
     overrides = args.additional_config.get("override_neuron_config", {})
     # The plugin samples on the host only when on_device_sampling_config is None (runner:229-268); the
     # override replaces the default with a plain dict.update (loader:1213-1217).
@@ -162,6 +188,8 @@ def main():
             text=f'vllm:num_requests_running{{model_name="{served}"}} {running[0]}.0\n'
             f'vllm:num_requests_waiting{{model_name="{served}"}} 0.0\n'
             f'vllm:kv_cache_usage_perc{{model_name="{served}"}} 0.25\n'
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="{served}"}} {cache_counts["queries"]}.0\n'
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="{served}"}} {cache_counts["hits"]}.0\n'
         )
 
     async def completions(r):
@@ -195,6 +223,7 @@ def main():
         # it (:252-260), so there the output is a JSON document: a minimal instance of the schema.
         grammar = _grammar(fmt) if cpu_sampling else None
         document = _document(grammar) if grammar is not None else os.environ.get("STANDIN_TEXT")
+        cached = cached_prefix(prompt)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         running[0] += 1
@@ -237,6 +266,20 @@ def main():
                 if not wrote:
                     break
                 await asyncio.sleep(float(os.environ.get("STANDIN_TOKEN_DELAY", "0.02")))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                # serving_completion.py:481-500: the usage chunk after every choice's last, choices empty;
+                # prompt_tokens_details only with --enable-prompt-tokens-details and some tokens cached.
+                usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent}
+                if args.enable_prompt_tokens_details and cached:
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
+                chunk = {
+                    "id": "cmpl-standin",
+                    "object": "text_completion",
+                    "model": served,
+                    "choices": [],
+                    "usage": usage,
+                }
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         except ConnectionError:  # the client closed the request: vLLM aborts it the same way
             log({"aborted": r.headers.get("X-Request-Id")})

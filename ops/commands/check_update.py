@@ -1,6 +1,7 @@
 """`flotilla check-update`: before a deploy, compare the synthesized cells (cdk.out) with the ones
 deployed and refuse a change CloudFormation would apply without complaint but the fleet cannot
-take: a unit whose Auto Scaling group moves to another subnet, so another AZ.
+take: a unit whose Auto Scaling group moves to another subnet, so another AZ, and a new
+units_per_cell, which moves units to other cells (layout_change).
 
 A unit's instances sit in one cluster placement group, and "A cluster placement group can't span
 multiple Availability Zones" (EC2 user guide, placement-groups.html, rules and limitations); its EFA
@@ -119,6 +120,46 @@ def refusal(moves: list[UnitMove], deployed: dict[str, Template]) -> list[str]:
     return [*lines, fix]
 
 
+@dataclass(frozen=True)
+class LayoutChange:
+    position: int  # 0-based place in the fleet (cells filled in order) of the first unit that changes id
+    deployed: str  # the unit id there as deployed
+    synthesized: str  # ... and in cdk.out
+    units_per_cell: int | None  # as deployed, when the deployed cells show it (Cell-0 full beside Cell-1)
+
+
+def fleet_units(templates: dict[str, Template]) -> list[str]:
+    """Every unit id of the cell templates, in fleet order."""
+    units = [u for stack, t in templates.items() if _CELL_STACK_RE.match(stack) for u in unit_subnets(t)]
+    return sorted(units, key=_fleet_order)
+
+
+def layout_change(deployed: dict[str, Template], synthesized: dict[str, Template]) -> LayoutChange | None:
+    """A new units_per_cell gives the units from some fleet position on other ids in other cells:
+    new resources (placement group, group, capacity provider, service) in another stack beside the
+    old ones, which CloudFormation then deletes under their running, scale-in protected instances
+    (aws/aws-cdk#18179). Fewer units (after `flotilla shrink`) keep every remaining unit's id."""
+    old, new = fleet_units(deployed), fleet_units(synthesized)
+    for position, (before, after) in enumerate(zip(old, new)):
+        if before != after:
+            per_cell = None
+            if "Cell-0" in deployed and "Cell-1" in deployed:
+                per_cell = len(unit_subnets(deployed["Cell-0"]))
+            return LayoutChange(position, before, after, per_cell)
+    return None
+
+
+def layout_refusal(change: LayoutChange) -> list[str]:
+    as_deployed = f" ({change.units_per_cell})" if change.units_per_cell is not None else ""
+    return [
+        f"units_per_cell: the unit at fleet position {change.position} is {change.deployed} as deployed and "
+        f"{change.synthesized} in cdk.out: every unit from there would be created again in another cell while "
+        "CloudFormation deletes the running one",
+        f"units_per_cell is fixed for a deployment: keep it as deployed{as_deployed}; a new cell size is a new "
+        "deployment (another deployment_name) beside this one.",
+    ]
+
+
 def synthesized_stacks(cdk_out: Path) -> dict[str, tuple[str, Template]]:
     """stack id -> (CloudFormation stack name, template) of every stack in a cloud assembly."""
     manifest_path = cdk_out / "manifest.json"
@@ -156,11 +197,12 @@ def deployed_template(cloudformation: Any, stack_name: str) -> Template | None:
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p = sub.add_parser(
         "check-update",
-        help="before a deploy: refuse a config change that would move running units to another AZ",
+        help="before a deploy: refuse a config change that would move running units to another AZ or cell",
         description="Compare the cells synthesized in --cdk-out with the deployed cell stacks "
         "(CloudFormation GetTemplate) and refuse, with exit status 1, a change that moves a running unit "
-        "to another AZ, which CloudFormation would apply in place. Run it after `make synth CONFIG=...` "
-        "and before `make deploy`. Stacks not deployed yet are new: nothing to compare.",
+        "to another AZ, which CloudFormation would apply in place, or to another cell (a new "
+        "units_per_cell). Run it after `make synth CONFIG=...` and before `make deploy`. Stacks not "
+        "deployed yet are new: nothing to compare.",
     )
     p.add_argument(
         "--cdk-out",
@@ -185,14 +227,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
             template = deployed_template(cloudformation, stack_name)
             if template is not None:
                 deployed[stack_id] = template
-    moves = units_moving_az(deployed, {k: t for k, (_, t) in synthesized.items()})
-    if not moves:
+    templates = {k: t for k, (_, t) in synthesized.items()}
+    layout, moves = layout_change(deployed, templates), units_moving_az(deployed, templates)
+    if layout is None and not moves:
         console.print(
-            f"check-update: {len(deployed)} deployed cell stack(s) compared; no unit changes AZ", highlight=False
+            f"check-update: {len(deployed)} deployed cell stack(s) compared; no unit changes cell or AZ",
+            highlight=False,
         )
         return EXIT_OK
-    *units, fix = refusal(moves, deployed)
-    for line in units:
-        console.print(f"refused: {line}", highlight=False, markup=False)
-    console.print(f"fix: {fix}", highlight=False, markup=False)
+    refusals = ([layout_refusal(layout)] if layout is not None else []) + ([refusal(moves, deployed)] if moves else [])
+    for *problems, fix in refusals:
+        for line in problems:
+            console.print(f"refused: {line}", highlight=False, markup=False)
+        console.print(f"fix: {fix}", highlight=False, markup=False)
     return EXIT_FAILED

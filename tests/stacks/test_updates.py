@@ -66,6 +66,7 @@ VARIANTS: dict[str, dict] = {
         "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1c"],
         "capacity": {"availability_zones": ["us-east-1b", "us-east-1c", "us-east-1a"]},
     },
+    "cells-of-1": {**BASE, "units_per_cell": 1},
     "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
     # The staging fleet as shipped (x86 units, reference engine, SmolLM2 baked into a built image).
     "staging": STAGING,
@@ -469,11 +470,12 @@ def test_swapping_a_vpc_az_replaces_imported_subnets_and_the_review_refuses_it(s
 
 
 class DeployedStacks:
-    """A CloudFormation client whose GetTemplate answers with the `deployed` templates (stack name ->
-    template) and refuses other stacks as CloudFormation does, through botocore's Stubber on a real
-    client, so the response shapes and botocore's own decoding of a JSON TemplateBody are real."""
+    """A CloudFormation client whose GetTemplate answers with the templates of `before` for the stacks
+    in `deployed_ids` and refuses other stacks as CloudFormation does, through botocore's Stubber on a
+    real client, so the response shapes and botocore's own decoding of a JSON TemplateBody are real.
+    check-update asks for each cell of the assembly it checks (`after`), in stack-id order."""
 
-    def __init__(self, synth, deployed_ids: list[str]) -> None:
+    def __init__(self, before, deployed_ids: list[str], after) -> None:
         import boto3
         from botocore.stub import Stubber
 
@@ -481,11 +483,10 @@ class DeployedStacks:
             "cloudformation", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
         )
         self.stubber = Stubber(self.client)
-        # check-update asks for the cells in stack-id order.
-        for stack_id in sorted(sid for sid in synth.templates if sid.startswith("Cell-")):
+        for stack_id in sorted(sid for sid in after.templates if sid.startswith("Cell-")):
             name = f"flotilla-{stack_id}"
             if stack_id in deployed_ids:
-                body = json.dumps(synth.templates[stack_id])
+                body = json.dumps(before.templates[stack_id])
                 self.stubber.add_response("get_template", {"TemplateBody": body}, {"StackName": name})
             else:
                 # CloudFormation's answer for a stack never created (GetTemplate, ValidationError).
@@ -513,7 +514,7 @@ def test_check_update_refuses_a_deploy_that_moves_running_units_and_names_the_un
     """Widening the unit AZs keeps cell0-unit0 and cell0-unit1 where they are and moves cell1-unit0:
     the fix retires the fleet from the first unit that moves, as `flotilla shrink --units 2` does."""
     before, after = synths("azs-units-2"), synths("azs-units-3")
-    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"]), monkeypatch, capsys)
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"], after), monkeypatch, capsys)
     assert code == 1
     assert "refused: cell1-unit0 (Cell-1): its Auto Scaling group would move to another subnet, so another AZ" in out
     assert "cell0-unit0" not in out and "cell0-unit1" not in out
@@ -524,7 +525,7 @@ def test_check_update_refuses_narrowing_that_moves_the_first_unit_and_points_at_
     synths, monkeypatch, capsys
 ):
     before, after = (synths(v) for v in REFUSED_CHANGES["narrow capacity.availability_zones"])
-    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"]), monkeypatch, capsys)
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"], after), monkeypatch, capsys)
     assert code == 1
     for unit, stack in (("cell0-unit0", "Cell-0"), ("cell0-unit1", "Cell-0"), ("cell1-unit0", "Cell-1")):
         assert f"refused: {unit} ({stack}): its Auto Scaling group would move" in out
@@ -534,8 +535,29 @@ def test_check_update_refuses_narrowing_that_moves_the_first_unit_and_points_at_
 def test_check_update_passes_a_deploy_that_moves_no_unit_and_skips_cells_not_deployed_yet(synths, monkeypatch, capsys):
     """A revision bump moves nothing; Cell-1 not created yet (a first deploy stopped after Cell-0) is new."""
     before, after = synths("base"), synths("revision")
-    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0"]), monkeypatch, capsys)
-    assert (code, out) == (0, "check-update: 1 deployed cell stack(s) compared; no unit changes AZ")
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0"], after), monkeypatch, capsys)
+    assert (code, out) == (0, "check-update: 1 deployed cell stack(s) compared; no unit changes cell or AZ")
+
+
+def test_check_update_refuses_a_new_units_per_cell_that_moves_running_units_to_other_cells(synths, monkeypatch, capsys):
+    """units_per_cell 2 -> 1: cell0-unit1 would become cell1-unit0, created again in Cell-1 while
+    CloudFormation deletes the running one from Cell-0."""
+    before, after = synths("base"), synths("cells-of-1")
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"], after), monkeypatch, capsys)
+    assert code == 1
+    assert (
+        "refused: units_per_cell: the unit at fleet position 1 is cell0-unit1 as deployed and cell1-unit0 in cdk.out"
+        in out
+    )
+    assert "fix: units_per_cell is fixed for a deployment: keep it as deployed (2)" in out
+
+
+def test_check_update_passes_fewer_units_after_a_shrink(synths, monkeypatch, capsys):
+    before, after = synths("units-5"), synths("units-4")
+    code, out = check_update_cli(
+        after, DeployedStacks(before, ["Cell-0", "Cell-1", "Cell-2"], after), monkeypatch, capsys
+    )
+    assert (code, out) == (0, "check-update: 2 deployed cell stack(s) compared; no unit changes cell or AZ")
 
 
 @pytest.mark.parametrize("change", ["change instance_type (surge)", "change instance_type (replace)"])

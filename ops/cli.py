@@ -16,6 +16,7 @@ from rich.console import Console
 
 from ops import __doc__ as _package_doc
 from ops.commands import (
+    check_update,
     drain,
     keys,
     plan,
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
     rehearse.add_parser(sub)
+    check_update.add_parser(sub)
     for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)

@@ -514,6 +514,20 @@ class FlotillaConfig(_Section):
             raise ConfigError("availability_zones", azs, "AZs of one region")
         if self.region and azs and azs[0][:-1] != self.region:
             raise ConfigError("availability_zones", azs, f"AZs of region {self.region}")
+        if self.region and not azs and is_trainium(self.instance_type):
+            # Fn::GetAZs takes the region's first three AZs whatever they offer, and Trainium is sold
+            # in a few AZs only; a unit's group has one subnet, so it cannot fall back to another AZ.
+            # Which AZs offer a type depends on the account (AZ names are mapped per account), so
+            # only the operator's own lookup can name them; an environment-agnostic synth gets the
+            # warning in stacks/deployment.py instead.
+            raise ConfigError(
+                "availability_zones",
+                azs,
+                f"2 to 6 AZs of {self.region} that offer {self.instance_type} when region is set (else the VPC "
+                "takes the region's first three whatever they offer); list them with aws ec2 "
+                "describe-instance-type-offerings --location-type availability-zone --filters "
+                f"Name=instance-type,Values={self.instance_type} --region {self.region}",
+            )
         if self.units_per_wave is not None and self.units_per_wave > self.units:
             raise ConfigError("units_per_wave", self.units_per_wave, f"at most units ({self.units})")
         if self.deployment_name.lower().startswith(RESERVED_NAME_PREFIXES):

@@ -143,14 +143,22 @@ mkdir -p "$scratch/model" "$scratch/neuron-compiled"
 # Auto Scaling counts an instance in any state but running as unhealthy and replaces it ("Amazon EC2
 # Auto Scaling considers ... unhealthy" a stopped instance, ec2-auto-scaling-health-checks.html), so
 # the failure shows as a replaced node in the group's activities, which `flotilla status` reads.
+# The ERR trap names the failed command; the EXIT trap catches what stops the script without ERR:
+# under `set -u` an unset variable ends a non-interactive bash at once, running the EXIT trap and
+# not the ERR one (bash manual, "The Set Builtin" -u and "Bourne Shell Builtins" trap; checked with
+# bash 5), and the ECS agent would then start on a half-booted node: ecs.service is ordered After=
+# cloud-final.service, an ordering only, which "is independent of the requirement dependencies"
+# (systemd.unit(5), After=), so it starts whatever the user data's exit status.
 BOOT_PROLOGUE = """\
 set -euo pipefail
 boot_failed() {
+  trap - EXIT
   echo "flotilla: boot failed (exit $1) at line $2: $3; powering off" >&2
   poweroff
   exit "$1"
 }
 trap 'boot_failed $? $LINENO "$BASH_COMMAND"' ERR
+trap 'status=$?; if [ "$status" -ne 0 ]; then boot_failed "$status" "$LINENO" "the script stopped"; fi' EXIT
 """
 
 

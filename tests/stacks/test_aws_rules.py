@@ -267,7 +267,9 @@ def test_access_log_bucket_policy_has_no_region_lookup_that_fails_in_new_regions
     # With a region CDK has no ELB account for, only the log-delivery service principal is granted
     # ("For regions launched in August 2022 or later ... logdelivery.elasticloadbalancing.amazonaws.com",
     # ELB user guide, Enable access logs).
-    synth = synthesize(config_with(region="ap-southeast-4"), tmp_path)
+    synth = synthesize(
+        config_with(region="ap-southeast-4", availability_zones=["ap-southeast-4a", "ap-southeast-4b"]), tmp_path
+    )
     (policy,) = resources(synth, "Front", "AWS::S3::BucketPolicy").values()
     principals = [s["Principal"] for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
     assert principals == [{"Service": "logdelivery.elasticloadbalancing.amazonaws.com"}]

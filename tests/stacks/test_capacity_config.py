@@ -50,7 +50,11 @@ REFUSED = [
         "set (a launch targets one reservation or one group)",
     ),
     (
-        {"region": "us-west-2", "capacity": {"reservation_group_arn": GROUP}},
+        {
+            "region": "us-west-2",
+            "availability_zones": ["us-west-2a", "us-west-2b"],
+            "capacity": {"reservation_group_arn": GROUP},
+        },
         f"capacity.reservation_group_arn='{GROUP}' is not allowed: a group in region us-west-2",
     ),
     (

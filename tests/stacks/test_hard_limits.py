@@ -151,6 +151,19 @@ def test_synth_warns_when_the_vpc_azs_are_left_to_the_region_default(default_syn
     assert warnings(synthesize(config_with(availability_zones=AZS), tmp_path)) == []
 
 
+def test_a_trainium_deployment_to_a_named_region_must_name_the_azs_that_offer_its_instance_type():
+    message = refused(region="us-west-2")
+    assert message == (
+        "availability_zones=[] is not allowed: 2 to 6 AZs of us-west-2 that offer trn1.32xlarge when region is "
+        "set (else the VPC takes the region's first three whatever they offer); list them with aws ec2 "
+        "describe-instance-type-offerings --location-type availability-zone --filters "
+        "Name=instance-type,Values=trn1.32xlarge --region us-west-2"
+    )
+    config_with(region="us-west-2", availability_zones=["us-west-2b", "us-west-2d"])  # named: fine
+    # x86 staging types are offered widely; an environment-agnostic synth gets the warning below.
+    config_with(region="us-west-2", instance_type="m6i.large", node={"engine": "reference", "instance_store": False})
+
+
 def test_drained_units_must_name_units_of_the_layout():
     message = refused(units=2, drained_units=["cell0-unit1", "cell3-unit0"])
     assert message == (

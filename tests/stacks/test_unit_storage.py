@@ -89,6 +89,29 @@ def test_the_boot_prologue_lets_a_healthy_boot_through(tmp_path):
     assert (scratch / "model").is_dir()
 
 
+@pytest.mark.parametrize(
+    "step, reported",
+    [
+        ("dnf install -y mdadm", "at line"),  # a command that fails
+        ("dnf install -y mdadm | cat", "at line"),  # ... at the head of a pipeline (pipefail)
+        ('echo "$flotilla_never_set"', "the script stopped"),  # an unset variable: set -u exits without ERR
+    ],
+)
+def test_every_way_a_boot_step_can_fail_powers_the_node_off_before_the_ecs_agent_config(tmp_path, step, reported):
+    bin_dir, log, ecs_config = tmp_path / "bin", tmp_path / "calls.log", tmp_path / "ecs.config"
+    bin_dir.mkdir()
+    for tool, body in (("dnf", "exit 1"), ("poweroff", "exit 0")):
+        (bin_dir / tool).write_text(f'#!/bin/bash\necho "{tool} $*" >> {log}\n{body}\n')
+        (bin_dir / tool).chmod(0o755)
+    script = BOOT_PROLOGUE + step + "\n" + f"echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> {ecs_config}\n"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0, proc.stderr
+    assert "flotilla: boot failed" in proc.stderr and reported in proc.stderr, proc.stderr
+    assert log.read_text().splitlines()[-1] == "poweroff " and log.read_text().count("poweroff") == 1
+    assert not ecs_config.exists()  # the ECS agent never gets its config
+
+
 def test_a_single_volume_is_formatted_without_raid(tmp_path):
     calls, scratch, _ = run_setup(tmp_path, ["nvme1n1"])
     assert not [c for c in calls if c.startswith("mdadm")]

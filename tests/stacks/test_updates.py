@@ -27,6 +27,8 @@ import pytest
 import yaml
 from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, config_with, synthesize
 
+from ops.commands import check_update
+
 IMAGE_A = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0"
 IMAGE_B = "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.1"
 # Three units in two cells (2 + 1) with a prebuilt image: every change below has a cell to act on.
@@ -58,6 +60,13 @@ VARIANTS: dict[str, dict] = {
         "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1c"],
         "capacity": {"availability_zones": ["us-east-1b", "us-east-1c"]},
     },
+    # A third unit AZ after the two: cell0-unit0 and cell0-unit1 stay in b and c, cell1-unit0 moves b -> a.
+    "azs-units-3": {
+        **BASE,
+        "availability_zones": ["us-east-1a", "us-east-1b", "us-east-1c"],
+        "capacity": {"availability_zones": ["us-east-1b", "us-east-1c", "us-east-1a"]},
+    },
+    "cells-of-1": {**BASE, "units_per_cell": 1},
     "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
     # The staging fleet as shipped (x86 units, reference engine, SmolLM2 baked into a built image).
     "staging": STAGING,
@@ -354,31 +363,14 @@ def review(change: str, before, after, workdir: Path) -> tuple[list[str], set]:
     return problems, used
 
 
-def unit_subnets(synth) -> dict[tuple[str, str], str]:
-    """(stack, unit ASG logical id) -> the private subnet export the unit's group launches in."""
-    out = {}
-    for stack_id in synth.templates:
-        if stack_id.startswith("Cell-"):
-            for logical, asg in synth.resources(stack_id, "AWS::AutoScaling::AutoScalingGroup").items():
-                (subnet,) = asg["Properties"]["VPCZoneIdentifier"]
-                out[(stack_id, logical)] = json.dumps(subnet, sort_keys=True)
-    return out
-
-
 def units_moving_az(before, after) -> list[str]:
-    """A unit's group that changes subnet moves to another AZ while its cluster placement group (and
-    its running instances) stay in the first: "A cluster placement group can't span multiple
-    Availability Zones" (EC2 user guide, placement-groups.html), and a unit's EFA traffic must stay in
-    one. CloudFormation updates the group in place, so `cdk diff` shows no replacement."""
-    old, new = unit_subnets(before), unit_subnets(after)
+    """A unit's group that changes subnet moves to another AZ, away from its cluster placement group
+    and running instances; CloudFormation updates the group in place, so `cdk diff` shows no
+    replacement. The check is the one `flotilla check-update` runs before a deploy."""
     return [
-        f"{stack}: {_UNIT_PREFIX.match(logical).group()} moves to another subnet (AZ)"  # type: ignore[union-attr]
-        for (stack, logical) in sorted(old.keys() & new.keys())
-        if old[(stack, logical)] != new[(stack, logical)]
+        f"{m.stack}: {m.unit_id} moves to another subnet (AZ)"
+        for m in check_update.units_moving_az(before.templates, after.templates)
     ]
-
-
-_UNIT_PREFIX = re.compile(r"Unit\d+")
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
@@ -463,9 +455,9 @@ def test_narrowing_the_unit_azs_moves_running_units_and_the_review_refuses_it(sy
     before, after = (synths(v) for v in REFUSED_CHANGES["narrow capacity.availability_zones"])
     problems, _ = review("narrow capacity.availability_zones", before, after, tmp_path)
     assert problems == [
-        "Cell-0: Unit0 moves to another subnet (AZ)",
-        "Cell-0: Unit1 moves to another subnet (AZ)",
-        "Cell-1: Unit0 moves to another subnet (AZ)",
+        "Cell-0: cell0-unit0 moves to another subnet (AZ)",
+        "Cell-0: cell0-unit1 moves to another subnet (AZ)",
+        "Cell-1: cell1-unit0 moves to another subnet (AZ)",
     ]
 
 
@@ -475,6 +467,97 @@ def test_swapping_a_vpc_az_replaces_imported_subnets_and_the_review_refuses_it(s
     before, after = (synths(v) for v in REFUSED_CHANGES["swap an AZ of availability_zones"])
     problems, _ = review("swap an AZ of availability_zones", before, after, tmp_path)
     assert any("export" in p and "Subnet" in p for p in problems), problems
+
+
+class DeployedStacks:
+    """A CloudFormation client whose GetTemplate answers with the templates of `before` for the stacks
+    in `deployed_ids` and refuses other stacks as CloudFormation does, through botocore's Stubber on a
+    real client, so the response shapes and botocore's own decoding of a JSON TemplateBody are real.
+    check-update asks for each cell of the assembly it checks (`after`), in stack-id order."""
+
+    def __init__(self, before, deployed_ids: list[str], after) -> None:
+        import boto3
+        from botocore.stub import Stubber
+
+        self.client = boto3.client(
+            "cloudformation", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+        )
+        self.stubber = Stubber(self.client)
+        for stack_id in sorted(sid for sid in after.templates if sid.startswith("Cell-")):
+            name = f"flotilla-{stack_id}"
+            if stack_id in deployed_ids:
+                body = json.dumps(before.templates[stack_id])
+                self.stubber.add_response("get_template", {"TemplateBody": body}, {"StackName": name})
+            else:
+                # CloudFormation's answer for a stack never created (GetTemplate, ValidationError).
+                self.stubber.add_client_error(
+                    "get_template", "ValidationError", f"Stack with id {name} does not exist", 400, {"StackName": name}
+                )
+        self.stubber.activate()
+
+
+def check_update_cli(after, deployed: DeployedStacks, monkeypatch, capsys) -> tuple[int, str]:
+    import ops.aws
+    from ops.cli import main
+
+    clients = ops.aws.Aws(ecs=None, ec2=None, autoscaling=None, servicediscovery=None, topology=None)
+    clients.cloudformation = deployed.client
+    monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
+    code = main(["check-update", "--cdk-out", str(after.outdir), "--region", "us-east-1"])
+    deployed.stubber.assert_no_pending_responses()
+    return code, " ".join(capsys.readouterr().out.split())
+
+
+def test_check_update_refuses_a_deploy_that_moves_running_units_and_names_the_units_that_can_stay(
+    synths, monkeypatch, capsys
+):
+    """Widening the unit AZs keeps cell0-unit0 and cell0-unit1 where they are and moves cell1-unit0:
+    the fix retires the fleet from the first unit that moves, as `flotilla shrink --units 2` does."""
+    before, after = synths("azs-units-2"), synths("azs-units-3")
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"], after), monkeypatch, capsys)
+    assert code == 1
+    assert "refused: cell1-unit0 (Cell-1): its Auto Scaling group would move to another subnet, so another AZ" in out
+    assert "cell0-unit0" not in out and "cell0-unit1" not in out
+    assert "(`flotilla shrink --units 2`), deploy the new AZs with units: 2, then raise units again" in out
+
+
+def test_check_update_refuses_narrowing_that_moves_the_first_unit_and_points_at_a_new_deployment(
+    synths, monkeypatch, capsys
+):
+    before, after = (synths(v) for v in REFUSED_CHANGES["narrow capacity.availability_zones"])
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"], after), monkeypatch, capsys)
+    assert code == 1
+    for unit, stack in (("cell0-unit0", "Cell-0"), ("cell0-unit1", "Cell-0"), ("cell1-unit0", "Cell-1")):
+        assert f"refused: {unit} ({stack}): its Auto Scaling group would move" in out
+    assert "the first unit moves too: tear the deployment down (`flotilla teardown`)" in out
+
+
+def test_check_update_passes_a_deploy_that_moves_no_unit_and_skips_cells_not_deployed_yet(synths, monkeypatch, capsys):
+    """A revision bump moves nothing; Cell-1 not created yet (a first deploy stopped after Cell-0) is new."""
+    before, after = synths("base"), synths("revision")
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0"], after), monkeypatch, capsys)
+    assert (code, out) == (0, "check-update: 1 deployed cell stack(s) compared; no unit changes cell or AZ")
+
+
+def test_check_update_refuses_a_new_units_per_cell_that_moves_running_units_to_other_cells(synths, monkeypatch, capsys):
+    """units_per_cell 2 -> 1: cell0-unit1 would become cell1-unit0, created again in Cell-1 while
+    CloudFormation deletes the running one from Cell-0."""
+    before, after = synths("base"), synths("cells-of-1")
+    code, out = check_update_cli(after, DeployedStacks(before, ["Cell-0", "Cell-1"], after), monkeypatch, capsys)
+    assert code == 1
+    assert (
+        "refused: units_per_cell: the unit at fleet position 1 is cell0-unit1 as deployed and cell1-unit0 in cdk.out"
+        in out
+    )
+    assert "fix: units_per_cell is fixed for a deployment: keep it as deployed (2)" in out
+
+
+def test_check_update_passes_fewer_units_after_a_shrink(synths, monkeypatch, capsys):
+    before, after = synths("units-5"), synths("units-4")
+    code, out = check_update_cli(
+        after, DeployedStacks(before, ["Cell-0", "Cell-1", "Cell-2"], after), monkeypatch, capsys
+    )
+    assert (code, out) == (0, "check-update: 2 deployed cell stack(s) compared; no unit changes cell or AZ")
 
 
 @pytest.mark.parametrize("change", ["change instance_type (surge)", "change instance_type (replace)"])

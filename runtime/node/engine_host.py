@@ -71,6 +71,7 @@ def _build_leader_engine(cfg: EngineConfig) -> Any:
             max_running=cfg.max_running,
             form_timeout_s=cfg.form_timeout_s,
             load_s=cfg.echo_load_s,
+            step_s=cfg.echo_step_s,
         )
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
 

@@ -840,6 +840,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     sup.state,
                     sup.ready(),
                     sup.stalled(),
+                    sup.step_s(),
                     sup.in_flight,
                     sup.prefill_tokens,
                     ld.queue_depth,

@@ -261,6 +261,10 @@ class Member:
         self.take_load_report(report.load)
         state = report.state if report.state is not None else "unknown"
         ready = status == 200 and report.ready and state == "ready"
+        if state == "ready" and not ready:
+            # In state ready but not ready: its engine made no progress past its stall bound (the
+            # leader's progress watch, docs/node.md). Named so, not "ready", in logs and errors.
+            state = "stalled"
         if ready and not self._ready:
             log.info("unit %s (%s, revision %s) is routable", self.unit, self.url, self.revision)
         if not ready:

@@ -100,4 +100,3 @@ def test_a_unit_silent_past_its_derived_bound_loses_its_stream(tmp_path: Path):
         assert len(moved) == 1 and moved[0]["continued_from"] >= 2, moved
         metrics = asyncio.run(router.metrics())
         assert 'flotilla_router_retries_total{reason="move_idle_timeout"} 1.0' in metrics
-

@@ -552,3 +552,85 @@ def test_an_auto_tool_choice_stream_moved_mid_answer_ends_as_the_unmoved_one(too
     if prompt == "fewshot":  # the cut falls inside a held tool call: the case the replay is for
         assert view(_data(first))[1] and said[cut - 1]["c"] == 0
     assert view(_data(seen) + _data(again)) == view(_data(first))
+
+
+def _sse_events(url: str, body: dict, headers: dict) -> list[bytes]:
+    """A streamed answer's SSE events as a router reads them (comment lines included, no separators)."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [e for e in r.read().split(b"\n\n") if e]
+
+
+def _per_choice(events: list[dict]) -> dict[int, tuple[str, list, list]]:
+    """What a client made of each choice: its content, its tool calls, its finish reasons."""
+    out: dict[int, tuple[str, list, list]] = {}
+    for e in events:
+        for c in e.get("choices", []):
+            content, calls, finishes = out.setdefault(c["index"], ("", [], []))
+            calls += [(t["function"]["name"], t["function"]["arguments"]) for t in c["delta"].get("tool_calls") or []]
+            if c.get("finish_reason"):
+                finishes.append(c["finish_reason"])
+            out[c["index"]] = (content + (c["delta"].get("content") or ""), calls, finishes)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sampling"),
+    [("fewshot", {}), ("hi", {}), ("hi", {"temperature": 0.9, "seed": 11})],
+    ids=["fewshot-greedy", "hi-greedy", "hi-seeded"],
+)
+def test_an_auto_tool_choice_stream_of_two_choices_moved_mid_answer_ends_as_the_unmoved_one(
+    tool_unit, prompt, sampling
+):
+    """tool_choice "auto" with n = 2: every resume line names its choice and how much of that
+    choice's text the client has as content; the router's ledger carries both per choice, and the
+    continuation replays each choice's held text into its own tool parser, so the client ends with
+    each choice's content and tool calls as the unmoved stream's (greedy; seeded, where the two
+    choices differ, so each choice's count must be its own)."""
+    from runtime.router.resume import StreamLedger
+
+    url = tool_unit.url + "/chat/completions"
+    body = {
+        "model": "smol-tools",
+        "messages": FEW_SHOT if prompt == "fewshot" else [{"role": "user", "content": prompt}],
+        "max_tokens": 60,
+        "n": 2,
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "temperature": 0,
+        "stream": True,
+        **sampling,
+    }
+    first = _sse_events(url, body, {contract.RESUME_HEADER: "1"})
+    marked = [k for k, e in enumerate(first) if e.startswith(contract.RESUME_COMMENT.encode())]
+    said = [json.loads(first[k].split(b"\n", 1)[0][len(contract.RESUME_COMMENT) :]) for k in marked]
+    assert {s.get("i") for s in said if s["t"]} == {0, 1} and all("c" in s for s in said if s["t"])
+    # An odd cut: the choices are at different points (one token apart) when the first unit dies.
+    cut = len(marked) // 2 | 1
+    ledger = StreamLedger(completion_id="chatcmpl-first-unit", created=1700000000)
+    seen, moved = ledger.take(b"".join(e + b"\n\n" for e in first[: marked[cut]]))
+    assert moved is None and not ledger.done
+    continued = json.loads(ledger.continuation(json.dumps(body).encode()))
+    cont = continued[contract.CONTINUATION_FIELD]
+    assert isinstance(cont["content_sent"], list) and len(cont["choices"]) == 1  # per choice, as sent
+
+    again = _sse_events(url, continued, {contract.CONTINUATION_HEADER: "1"})
+    assert again[-1] == b"data: [DONE]"
+
+    def data(raw: bytes) -> list[dict]:  # the events' data lines (a resume comment opens some events)
+        return [json.loads(line[len(b"data: ") :]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+
+    whole = _per_choice(data(b"\n\n".join(first)))
+    if sampling:  # the two choices went different ways
+        assert whole[0] != whole[1]
+    if prompt == "fewshot":  # the cut falls inside a held tool call: the case the replay is for
+        assert all(whole[i][1] for i in (0, 1)) and {c for _, c in cont["content_sent"]} == {0}
+    assert _per_choice(data(seen) + data(b"\n\n".join(again))) == whole
+
+    # A count for a choice the request does not have is refused, naming the field.
+    bad = {**continued, contract.CONTINUATION_FIELD: {**cont, "content_sent": [[2, 0]]}}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _sse_events(url, bad, {contract.CONTINUATION_HEADER: "1"})
+    assert e.value.code == 400 and b"content_sent" in e.value.read()

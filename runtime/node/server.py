@@ -485,8 +485,8 @@ class LeaderApi:
             # a call).
             for i, text in move.replayed.items():
                 collected.choices[i].text.append(text)
-            for i, sent in move.content_sent.items():
-                collected.choices[i].sent = sent
+            for i, chars in move.content_sent.items():
+                collected.choices[i].sent = chars
         auto = getattr(req, "tool_mode", None) == "auto"
         ev: RequestEvent = _INCOMPLETE
         try:

@@ -43,6 +43,26 @@ class Loading(Wire):
     phase_s: float = 0.0
 
 
+# --- how long a unit may stay silent ---------------------------------------------------------------
+# Our own rule (docs/node.md, "Gray failures leave routing"): a leader reports step_s, the longest
+# wait between two of its engine's tokens while it held work over the last minute or two (a decode
+# step, or a step that also prefilled new prompts: the longest gap a healthy client of this unit
+# has just seen). Silence counts as a hang only past twice that plus a margin: a busy unit (long
+# prefills of other requests, a big batch, a loaded host) is slow, not hung. A setting is the floor
+# (the bound on a unit whose steps are short) and another the ceiling, so a unit that reports long
+# steps is still found when it hangs.
+STALL_STEP_FACTOR = 2.0
+STALL_MARGIN_S = 1.0
+
+
+def stall_bound(floor_s: float, step_s: float, ceiling_s: float) -> float:
+    """Seconds of silence past which a unit whose longest recent step took step_s counts as hung:
+    STALL_STEP_FACTOR x step_s + STALL_MARGIN_S, at least floor_s, at most ceiling_s (floor_s wins
+    over a lower ceiling)."""
+    derived = STALL_STEP_FACTOR * max(0.0, step_s) + STALL_MARGIN_S
+    return max(floor_s, min(ceiling_s, derived))
+
+
 # --- reading a ready body --------------------------------------------------------------------------
 # What readers (the router, `flotilla status`) take from a member's /health/ready or a watch line.
 # Lenient where members of other revisions differ, strict where a body cannot be used: a member of
@@ -102,6 +122,7 @@ class LoadReport(BaseModel):
     wait_s: _Float = 0.0
     queue_timeout_s: _Float = 0.0
     prefill_tokens: _Int = -1
+    step_s: _Float = 0.0  # the unit's longest recent step (stall_bound); 0: not said
 
 
 class ReadyReport(BaseModel):

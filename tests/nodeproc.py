@@ -43,6 +43,7 @@ READY_LOAD_KEYS = {
     "prefix_cache_queries",
     "prefix_cache_hits",
     "prefix_cache_hit_rate",
+    "step_s",
 }
 
 

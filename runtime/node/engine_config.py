@@ -34,6 +34,7 @@ class EngineConfig(BaseModel):
     max_running: int
     collective_timeout_s: float
     echo_load_s: float
+    echo_step_s: float
     neuron: NeuronSettings | None
     membership: Membership
 

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from runtime.engines.base import (
@@ -71,6 +72,7 @@ def _build_leader_engine(cfg: EngineConfig) -> Any:
             max_running=cfg.max_running,
             form_timeout_s=cfg.form_timeout_s,
             load_s=cfg.echo_load_s,
+            step_s=cfg.echo_step_s,
         )
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415 - imports torch
 
@@ -389,13 +391,27 @@ class _Leader:
         )
 
     def _accept(self, cmd: Submit, request: GenerationRequest) -> None:
-        replayed = None
-        if request.generated and cmd.tool_choice == "auto":
+        replayed, choices = None, None
+        if cmd.tool_choice == "auto":
             # The text the continued tokens stand for, cut as the engine cut it on the first unit: the
             # API replays it into the tool parser (the client has part of it as content, the rest held).
-            tracker = TextTracker(self.engine.tokenizer, request.sampling.stop)
-            replayed = "".join(tracker.add(t)[0] for t in request.generated)
-        self.out.send(Accepted(id=cmd.id, prompt_tokens=len(request.prompt_token_ids), replayed_text=replayed))
+            # With n > 1, each continued choice's own.
+            def text(tokens: Sequence[int]) -> str:
+                tracker = TextTracker(self.engine.tokenizer, request.sampling.stop)
+                return "".join(tracker.add(t)[0] for t in tokens)
+
+            if request.generated:
+                replayed = text(request.generated)
+            if request.resumed_choices:
+                choices = [[i, text(tokens)] for i, tokens in request.resumed_choices if tokens]
+        self.out.send(
+            Accepted(
+                id=cmd.id,
+                prompt_tokens=len(request.prompt_token_ids),
+                replayed_text=replayed,
+                replayed_choices=choices,
+            )
+        )
 
     async def _generate(
         self, cmd: Submit, request: GenerationRequest, tool_parser: str | None, generated: list[int]

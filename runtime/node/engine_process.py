@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import contract
+from contract.ready import stall_bound
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
 from runtime.node.engine_config import CONFIG_ENV, EngineConfig
@@ -41,6 +43,9 @@ from runtime.node.engine_protocol import (
 
 log = logging.getLogger("flotilla.node.engine")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# How long a step is remembered (StepTimes): long enough to span the gaps between a busy unit's long
+# prefills, short enough that a unit whose load fell is soon held to short steps again.
+STEP_WINDOW_S = 60.0
 
 
 @dataclass
@@ -53,6 +58,36 @@ class LoadReport:
     kv_cache_used: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+
+
+class StepTimes:
+    """The longest wait between two of the engine's tokens while it held work (a decode step, or a
+    step that also prefilled new prompts), over the last window_s to 2 x window_s seconds: two
+    buckets, so a long step is forgotten a window or two after the last one like it."""
+
+    __slots__ = ("_window", "_start", "_current", "_previous")
+
+    def __init__(self, window_s: float = STEP_WINDOW_S) -> None:
+        self._window = window_s
+        self._start: float | None = None
+        self._current = 0.0
+        self._previous = 0.0
+
+    def note(self, gap_s: float, now: float) -> None:
+        self._roll(now)
+        self._current = max(self._current, gap_s)
+
+    def longest(self, now: float) -> float:
+        self._roll(now)
+        return max(self._current, self._previous)
+
+    def _roll(self, now: float) -> None:
+        if self._start is None:
+            self._start = now
+        elif now - self._start >= self._window:
+            self._previous = self._current if now - self._start < 2 * self._window else 0.0
+            self._current = 0.0
+            self._start = now
 
 
 @dataclass
@@ -79,6 +114,7 @@ class EngineProcess:
         self.last_report = time.monotonic()  # when the engine process last said anything
         # When the engine last made progress: a token, or work arriving at an idle engine.
         self.last_progress = time.monotonic()
+        self.steps = StepTimes()  # its healthy pace: what the stall bound derives from
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
         self._canaries = 0  # one-token requests sent so far (their ids: canary-<n>)
@@ -155,6 +191,8 @@ class EngineProcess:
     def _relay(self, ev: RequestEvent) -> None:
         """A request's event to its stream (a canary's few events are dropped with its stream)."""
         if isinstance(ev, Token):
+            # The wait since the last token (or since work reached an idle engine): one step's time.
+            self.steps.note(self.last_report - self.last_progress, self.last_report)
             self.last_progress = self.last_report
         elif isinstance(ev, Error) and ev.kind == "broken":
             # Mark the unit unready before the client hears of the failure.
@@ -178,13 +216,23 @@ class EngineProcess:
             "phase_s": round(self.progress.phase_s + since, 1),
         }
 
-    def stalled(self, after_s: float) -> bool:
+    def step_s(self) -> float:
+        """The longest wait between two tokens while the engine held work, lately (StepTimes)."""
+        return self.steps.longest(time.monotonic())
+
+    def stall_after(self, floor_s: float, ceiling_s: float = math.inf) -> float:
+        """Seconds without a token after which the engine counts as stalled: derived from its own
+        longest recent step (contract.ready.stall_bound), so a busy engine's long steps are not taken
+        for a hang, within floor_s..ceiling_s."""
+        return stall_bound(floor_s, self.step_s(), ceiling_s)
+
+    def stalled(self, floor_s: float, ceiling_s: float = math.inf) -> bool:
         """The engine holds requests (running, or submitted and not yet at their first token: a
         canary on an idle unit, or work sent to an engine that hung while idle) but produced no token
-        for `after_s` (a gray failure: its process answers, its steps do not complete: a stopped
-        member, a stuck collective, a hung engine)."""
+        for longer than stall_after() (a gray failure: its process answers, its steps do not
+        complete: a stopped member, a stuck collective, a hung engine)."""
         held = self.load.running > 0 or bool(self._streams)
-        return held and time.monotonic() - self.last_progress > after_s
+        return held and time.monotonic() - self.last_progress > self.stall_after(floor_s, ceiling_s)
 
     def canary(self, idle_s: float) -> bool:
         """After `idle_s` without a request or a token, send the engine a one-token request so an

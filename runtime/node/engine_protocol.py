@@ -120,6 +120,8 @@ class Accepted:
     id: str
     prompt_tokens: int
     replayed_text: str | None = None  # tool_choice auto, continued: the continued tokens' text
+    # tool_choice auto, n > 1 continued: [index, text] of each continued choice's tokens
+    replayed_choices: list[list[Any]] | None = None
 
 
 @dataclass(slots=True, kw_only=True)

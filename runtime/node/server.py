@@ -243,7 +243,9 @@ class LeaderApi:
                 done = True
                 return self._engine_error(first if isinstance(first, Error) else _INCOMPLETE, headers, rec)
             prompt_tokens = first.prompt_tokens
-            move.replayed_text = first.replayed_text or ""
+            if first.replayed_text:
+                move.replayed[0] = first.replayed_text
+            move.replayed.update((int(i), str(t)) for i, t in first.replayed_choices or ())
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
@@ -478,10 +480,13 @@ class LeaderApi:
         for i in move.finished:  # choices whose end the client already has
             collected.choices[i].finish_reason = "continued"
         if move.content_sent is not None:
-            # tool_choice "auto": the tool parser goes on from the whole text so far, of which the client
-            # has the first content_sent characters as content (the rest was held: it may be a call).
-            collected.choices[0].text.append(move.replayed_text)
-            collected.choices[0].sent = move.content_sent
+            # tool_choice "auto": each choice's tool parser goes on from the whole text so far, of which
+            # the client has the first content_sent characters as content (the rest was held: it may be
+            # a call).
+            for i, text in move.replayed.items():
+                collected.choices[i].text.append(text)
+            for i, chars in move.content_sent.items():
+                collected.choices[i].sent = chars
         auto = getattr(req, "tool_mode", None) == "auto"
         ev: RequestEvent = _INCOMPLETE
         try:
@@ -501,7 +506,7 @@ class LeaderApi:
                     if move.resume:
                         # The token ids ride in the same SSE event as their text, so the router
                         # learns of a token exactly when its client gets the text.
-                        sent = collected.choices[0].sent if auto else None
+                        sent = collected.choices[ev.index].sent if auto else None
                         comment = resume_comment(ev, held=move.restarts, choices=req.choices, content_sent=sent)
                         data = comment + (data or b"\n")
                     if data:
@@ -586,7 +591,7 @@ class _Move:
         "choices",
         "finished",
         "content_sent",
-        "replayed_text",
+        "replayed",
     )
 
     def __init__(
@@ -607,10 +612,11 @@ class _Move:
         self.restarts = restarts  # a forced tool call: nothing but its opening reaches the client before its end
         # n > 1 continued: [index, token ids] of each choice still to run, and the choices already ended
         self.choices, self.finished = choices, finished
-        # tool_choice "auto" continued: characters the client has as content, and (from the engine)
-        # the text of the continued tokens, replayed into the tool parser
-        self.content_sent: int | None = None
-        self.replayed_text = ""
+        # tool_choice "auto" continued: characters of each choice's text the client has as content, by
+        # index, and (from the engine) the text of each choice's continued tokens, replayed into its
+        # tool parser
+        self.content_sent: dict[int, int] | None = None
+        self.replayed: dict[int, str] = {}
 
     @property
     def sent(self) -> int:
@@ -639,9 +645,9 @@ class _Move:
         # n > 1 moves when the engine continues each choice from its own tokens.
         one = req.choices == 1 or resumes_choices
         mode = getattr(req, "tool_mode", None)
-        # tool_choice "auto" (one choice): the held text's tokens are reported too, and replayed into
-        # the next unit's tool parser with how much of the text the client has as content.
-        movable = restarts or (resumes and ((one and mode in (None, "none")) or (mode == "auto" and req.choices == 1)))
+        # tool_choice "auto": the held text's tokens are reported too, and replayed into the next unit's
+        # tool parser with how much of the text the client has as content (n > 1: each choice's).
+        movable = restarts or (resumes and one and mode in (None, "none", "auto"))
         resume = movable and request.headers.get(contract.RESUME_HEADER) == "1"
         if request.headers.get(contract.CONTINUATION_HEADER) != "1":
             return cls(
@@ -676,8 +682,12 @@ class _Move:
                 "choice), or with a forced tool call, can be continued",
                 param=contract.CONTINUATION_FIELD,
             )
+        auto = getattr(req, "tool_mode", None) == "auto"
         if req.choices > 1 and not restarts:
-            return cls._choices(cont, req.choices, resume=resume, key=rid)
+            move = cls._choices(cont, req.choices, resume=resume, key=rid)
+            if auto:
+                move.content_sent = cls._content_sent(cont, req.choices)
+            return move
         if restarts and cont["token_ids"]:
             raise ApiError(
                 400,
@@ -693,17 +703,29 @@ class _Move:
             key=rid,
             restarts=restarts,
         )
-        if getattr(req, "tool_mode", None) == "auto":
-            sent = cont.get("content_sent", 0)
-            if type(sent) is not int or sent < 0:
-                raise ApiError(
-                    400,
-                    f"'{contract.CONTINUATION_FIELD}.content_sent' must be the characters of content the client "
-                    "has (an int >= 0)",
-                    param=contract.CONTINUATION_FIELD,
-                )
-            move.content_sent = sent
+        if auto:
+            move.content_sent = cls._content_sent(cont, 1)
         return move
+
+    @staticmethod
+    def _content_sent(cont: dict, n: int) -> dict[int, int]:
+        """tool_choice "auto": the characters of content the client has, by choice: an int (choice 0's),
+        or with n > 1 [[index, characters], ...]."""
+        sent = cont.get("content_sent", 0)
+        if type(sent) is int and sent >= 0:
+            return {0: sent}
+        pairs = sent if n > 1 and isinstance(sent, list) else None
+        if pairs is not None and all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) and 0 <= p[0] < n and p[1] >= 0
+            for p in pairs
+        ):
+            return {i: c for i, c in pairs}
+        shape = "an int >= 0" if n == 1 else f"an int >= 0, or [[index 0..{n - 1}, int >= 0], ...]"
+        raise ApiError(
+            400,
+            f"'{contract.CONTINUATION_FIELD}.content_sent' must be the characters of content the client has ({shape})",
+            param=contract.CONTINUATION_FIELD,
+        )
 
     @classmethod
     def _choices(cls, cont: dict, n: int, *, resume: bool, key: str) -> _Move:
@@ -840,6 +862,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     sup.state,
                     sup.ready(),
                     sup.stalled(),
+                    sup.step_s(),
                     sup.in_flight,
                     sup.prefill_tokens,
                     ld.queue_depth,

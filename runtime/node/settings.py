@@ -485,7 +485,17 @@ class NodeSettings(_Settings):
         "--progress-stall",
         "FLOTILLA_PROGRESS_STALL_S",
         "seconds the leader's engine may hold running sequences without producing a token (a stopped member, "
-        "a stuck collective) before the unit reports not ready; it is ready again once tokens flow",
+        "a stuck collective) before the unit reports not ready, when its steps are short; a busy engine may go "
+        "twice its longest recent step plus 1 s (the stall bound, docs/node.md); ready again once tokens flow",
+        ge=0.1,
+        allow_inf_nan=False,
+    )
+    progress_stall_max_s: float = setting(
+        30.0,
+        "--progress-stall-max",
+        "FLOTILLA_PROGRESS_STALL_MAX_S",
+        "the most seconds the stall bound grows to on an engine whose recent steps were long, so a busy unit "
+        "that then hangs still leaves routing; never below the progress stall",
         ge=0.1,
         allow_inf_nan=False,
     )
@@ -505,6 +515,15 @@ class NodeSettings(_Settings):
         "FLOTILLA_ECHO_LOAD_S",
         "engine=echo only: seconds the engine takes to start, standing in for loading a model (rehearsals, tests)",
         ge=0.0,
+        allow_inf_nan=False,
+    )
+    echo_step_s: float = setting(
+        0.01,
+        "--echo-step",
+        "FLOTILLA_ECHO_STEP_S",
+        "engine=echo only: seconds per decode step, standing in for a busy unit's slow steps (tests)",
+        ge=0.0,
+        le=600.0,
         allow_inf_nan=False,
     )
 

@@ -119,11 +119,22 @@ class UnitSupervisor:
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
     def stalled(self) -> bool:
-        """The leader's engine holds running sequences but made no progress for progress_stall_s (a
-        stopped member, a stuck collective). The ready body then says not ready, so routers stop
+        """The leader's engine holds running sequences but made no progress past its stall bound,
+        progress_stall_s or more on an engine whose recent steps were long (contract.ready.stall_bound;
+        a stopped member, a stuck collective). The ready body then says not ready, so routers stop
         sending work here and its streams move (docs/node.md); the leader itself still admits: a
         busy machine's slow step must not turn into refusals."""
-        return self.is_leader and self.engine is not None and self.engine.stalled(self.s.progress_stall_s)
+        return (
+            self.is_leader
+            and self.engine is not None
+            and self.engine.stalled(self.s.progress_stall_s, self.s.progress_stall_max_s)
+        )
+
+    def step_s(self) -> float:
+        """The leader's engine's longest recent step (EngineProcess.step_s), to 0.1 s: what routers
+        derive a stream's silence bound from. A rounded figure, so a watch line goes out only when it
+        moves by a tenth."""
+        return round(self.engine.step_s(), 1) if self.is_leader and self.engine is not None else 0.0
 
     def live(self) -> bool:
         if self.state is UnitState.BROKEN:
@@ -207,6 +218,7 @@ class UnitSupervisor:
                 prefill_tokens=self.prefill_tokens if self.is_leader else 0,
                 wait_s=self.reported_wait() if self.is_leader else 0.0,
                 queue_timeout_s=self.s.queue_timeout_s if self.is_leader else 0.0,
+                step_s=self.step_s(),
                 prefix_cache_queries=int(ld.prefix_cache_queries),
                 prefix_cache_hits=int(ld.prefix_cache_hits),
                 prefix_cache_hit_rate=ld.prefix_cache_hits / ld.prefix_cache_queries

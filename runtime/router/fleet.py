@@ -109,6 +109,7 @@ class Member:
         "prefill_tokens",
         "wait_s",
         "queue_timeout_s",
+        "step_s",
         "outstanding",
         "outstanding_at_report",
         "sent_tokens",
@@ -144,6 +145,7 @@ class Member:
         self.prefill_tokens = -1  # reported: prompt tokens accepted, not yet at their first token; -1: not said
         self.wait_s = 0.0  # reported: the wait for a batch slot a request arriving now would have
         self.queue_timeout_s = 0.0  # reported: past this wait the leader refuses (0: it does not say)
+        self.step_s = 0.0  # reported: its longest recent step, what a stream's silence bound derives from
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
         self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever
@@ -222,11 +224,13 @@ class Member:
         self.wait_s = float(load.get("wait_s", 0.0))
         self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
         self.prefill_tokens = int(load.get("prefill_tokens", -1))
+        self.step_s = float(load.get("step_s", 0.0))
 
     def take_load_report(self, load: LoadReport) -> None:
         self.in_flight, self.queue_depth, self.running = load.in_flight, load.queue_depth, load.running
         self.max_running, self.kv_cache_used, self.wait_s = load.max_running, load.kv_cache_used, load.wait_s
         self.queue_timeout_s, self.prefill_tokens = load.queue_timeout_s, load.prefill_tokens
+        self.step_s = load.step_s
 
     def apply_report(self, status: int, report: ReadyReport) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
@@ -257,6 +261,10 @@ class Member:
         self.take_load_report(report.load)
         state = report.state if report.state is not None else "unknown"
         ready = status == 200 and report.ready and state == "ready"
+        if state == "ready" and not ready:
+            # In state ready but not ready: its engine made no progress past its stall bound (the
+            # leader's progress watch, docs/node.md). Named so, not "ready", in logs and errors.
+            state = "stalled"
         if ready and not self._ready:
             log.info("unit %s (%s, revision %s) is routable", self.unit, self.url, self.revision)
         if not ready:

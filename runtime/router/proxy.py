@@ -25,6 +25,7 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
+from contract.ready import stall_bound
 from runtime import emf, logs
 from runtime.router import balance, unit_report
 from runtime.router.access import KEY_ID, AccessControl
@@ -837,15 +838,18 @@ class Router:
         while True:
             # A resumable stream that has produced tokens here counts silence past the stall bound as
             # a hung unit (a stopped member or a stuck collective); before its first token it may be
-            # prefilling a long prompt, unless its unit left routing for a failure meanwhile.
+            # prefilling a long prompt, unless its unit left routing for a failure meanwhile. The bound
+            # derives from the unit's own longest recent step, read afresh for every chunk: a busy
+            # unit's long prefills and big batches are slow steps, not a hang.
             quiet = s.idle_stream_timeout_s
             if ledger is not None and ledger.since_move:
-                quiet = min(quiet, s.stream_stall_s)
+                quiet = min(quiet, stall_bound(s.stream_stall_s, unit.step_s, s.stream_stall_max_s))
             movable = ledger is not None and ledger.reported and ledger.moves < s.max_moves
             try:
                 chunk = await self._next_chunk(content, quiet, departure if movable else None)
             except TimeoutError:
-                return "idle_timeout", f"unit {unit.unit} sent nothing for {quiet:g} s"
+                steps = f" (its steps took up to {unit.step_s:g} s)" if unit.step_s else ""
+                return "idle_timeout", f"unit {unit.unit} sent nothing for {quiet:g} s{steps}"
             except _UnitLeft:
                 return "unit_left", f"unit {unit.unit} left routing ({unit.state}) with the stream waiting on it"
             except (aiohttp.ClientError, OSError) as exc:

@@ -53,9 +53,10 @@ class StreamLedger:
         self.token_ids: list[int] = []  # every token whose text reached the client, in order (choice 0's)
         self.choices: dict[int, list[int]] = {}  # n > 1: the other choices' tokens, by index
         self.finished: set[int] = set()  # n > 1: the choices whose end reached the client
-        # tool_choice "auto": characters of the text the client has as content (the rest is held while
-        # it may be a tool call; its tokens are in token_ids, for the next unit's tool parser)
-        self.content_sent: int | None = None
+        # tool_choice "auto": characters of each choice's text the client has as content, by index (the
+        # rest is held while it may be a tool call; its tokens are in the choice's ids, for the next
+        # unit's tool parser)
+        self.content_sent: dict[int, int] = {}
         self.reported = False  # the unit sent resume comments: it can be continued elsewhere
         self.done = False  # the stream's [DONE] or an error event passed: it ended, not to be continued
         self.since_move = 0  # tokens from the unit serving it now (0: it may still be prefilling)
@@ -89,7 +90,7 @@ class StreamLedger:
                 if said.get("f"):
                     self.finished.add(i)
                 if "c" in said:
-                    self.content_sent = said["c"]
+                    self.content_sent[i] = said["c"]
                 # "h": tokens the unit generated but holds back (a forced tool call's): progress, not sent
                 self.since_move += len(ids) + int(said.get("h", 0))
                 self.reported = True
@@ -110,10 +111,13 @@ class StreamLedger:
         if payload is None:
             return None
         cont: dict = {"id": self.completion_id, "created": self.created, "token_ids": self.token_ids}
-        if self.choices or self.finished:  # n > 1: each choice continues from its own tokens
+        many = bool(self.choices or self.finished or set(self.content_sent) - {0})
+        if many:  # n > 1: each choice continues from its own tokens
             cont["choices"] = [[i, ids] for i, ids in sorted(self.choices.items())]
             cont["finished"] = sorted(self.finished)
-        if self.content_sent is not None:
-            cont["content_sent"] = self.content_sent
+        if self.content_sent:
+            # n > 1: [index, characters] of each choice, as "choices" lists its tokens
+            sent = self.content_sent
+            cont["content_sent"] = [[i, c] for i, c in sorted(sent.items())] if many else sent.get(0, 0)
         payload[contract.CONTINUATION_FIELD] = cont
         return json.dumps(payload, separators=(",", ":")).encode()

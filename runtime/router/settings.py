@@ -246,15 +246,27 @@ class RouterSettings(BaseModel):
             "times one stream may continue on another unit after its unit failed, hung or drained (0: never)",
         ),
     ] = 2
+    # A stream's silence bound: twice its unit's longest recent step plus 1 s (contract.ready.stall_bound),
+    # within these two.
     stream_stall_s: Annotated[
         float,
         within(0.05, 3600),
         Option(
             "--stream-stall",
             "silence in seconds after which a stream that already produced tokens counts its unit as hung "
-            "and moves; a decode step takes well under a second",
+            "and moves, when that unit's steps are short; a unit that reports long steps (a busy one) gets "
+            "twice its longest recent step plus 1 s",
         ),
     ] = 5.0
+    stream_stall_max_s: Annotated[
+        float,
+        within(0.05, 3600),
+        Option(
+            "--stream-stall-max",
+            "the most seconds a stream's silence bound grows to on a unit that reports long steps, so a busy "
+            "unit that then hangs still loses its streams; at least --stream-stall",
+        ),
+    ] = 30.0
     max_body_bytes: Annotated[int, within(1024, 1 << 30)] = 4 * 1024 * 1024
     # shedding: a unit is saturated when either bound is reached
     max_outstanding_per_unit: Annotated[
@@ -472,6 +484,15 @@ class RouterSettings(BaseModel):
             raise _bad(
                 f"stale_after_s={self.stale_after_s} must be longer than poll_interval_s={self.poll_interval_s}: "
                 f"a leader reports once per poll interval (default: 3 x poll interval)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _stall_ceiling_above_its_floor(self) -> RouterSettings:
+        if self.stream_stall_max_s < self.stream_stall_s:
+            raise _bad(
+                f"stream_stall_max_s={self.stream_stall_max_s} is below stream_stall_s={self.stream_stall_s}: "
+                f"give a --stream-stall-max of at least --stream-stall"
             )
         return self
 

@@ -64,6 +64,7 @@ def test_the_ready_body_is_plain_json_with_the_keys_the_router_reads():
             "prefix_cache_queries": 0,
             "prefix_cache_hits": 0,
             "prefix_cache_hit_rate": 0.0,
+            "step_s": 0.0,
         },
         "members": [],
         "leader": "",

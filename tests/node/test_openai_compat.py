@@ -286,11 +286,8 @@ TOOL_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def tool_unit(smollm2_dir, tmp_path_factory):
-    from nodeproc import Unit
-
-    root = tmp_path_factory.mktemp("tool-model")
+def _tool_model(smollm2_dir: str | Path, root: Path) -> Path:
+    """SmolLM2 with a chat template that teaches Hermes-style tool calls."""
     model = root / "smollm2-tools"
     model.mkdir()
     for f in Path(smollm2_dir).iterdir():
@@ -298,6 +295,15 @@ def tool_unit(smollm2_dir, tmp_path_factory):
             (model / f.name).symlink_to(f)
     config = json.loads((Path(smollm2_dir) / "tokenizer_config.json").read_text())
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOL_TEMPLATE}))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tool_unit(smollm2_dir, tmp_path_factory):
+    from nodeproc import Unit
+
+    root = tmp_path_factory.mktemp("tool-model")
+    model = _tool_model(smollm2_dir, root)
     unit = Unit(root, world_size=1, model=str(model), FLOTILLA_MODEL_NAME="smol-tools")
     try:
         yield unit.start().wait_ready(timeout=180)
@@ -552,3 +558,193 @@ def test_an_auto_tool_choice_stream_moved_mid_answer_ends_as_the_unmoved_one(too
     if prompt == "fewshot":  # the cut falls inside a held tool call: the case the replay is for
         assert view(_data(first))[1] and said[cut - 1]["c"] == 0
     assert view(_data(seen) + _data(again)) == view(_data(first))
+
+
+def _sse_events(url: str, body: dict, headers: dict) -> list[bytes]:
+    """A streamed answer's SSE events as a router reads them (comment lines included, no separators)."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [e for e in r.read().split(b"\n\n") if e]
+
+
+def _per_choice(events: list[dict]) -> dict[int, tuple[str, list, list]]:
+    """What a client made of each choice: its content, its tool calls, its finish reasons."""
+    out: dict[int, tuple[str, list, list]] = {}
+    for e in events:
+        for c in e.get("choices", []):
+            content, calls, finishes = out.setdefault(c["index"], ("", [], []))
+            calls += [(t["function"]["name"], t["function"]["arguments"]) for t in c["delta"].get("tool_calls") or []]
+            if c.get("finish_reason"):
+                finishes.append(c["finish_reason"])
+            out[c["index"]] = (content + (c["delta"].get("content") or ""), calls, finishes)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sampling"),
+    [("fewshot", {}), ("hi", {}), ("hi", {"temperature": 0.9, "seed": 11})],
+    ids=["fewshot-greedy", "hi-greedy", "hi-seeded"],
+)
+def test_an_auto_tool_choice_stream_of_two_choices_moved_mid_answer_ends_as_the_unmoved_one(
+    tool_unit, prompt, sampling
+):
+    """tool_choice "auto" with n = 2: every resume line names its choice and how much of that
+    choice's text the client has as content; the router's ledger carries both per choice, and the
+    continuation replays each choice's held text into its own tool parser, so the client ends with
+    each choice's content and tool calls as the unmoved stream's (greedy; seeded, where the two
+    choices differ, so each choice's count must be its own)."""
+    from runtime.router.resume import StreamLedger
+
+    url = tool_unit.url + "/chat/completions"
+    body = {
+        "model": "smol-tools",
+        "messages": FEW_SHOT if prompt == "fewshot" else [{"role": "user", "content": prompt}],
+        "max_tokens": 60,
+        "n": 2,
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "temperature": 0,
+        "stream": True,
+        **sampling,
+    }
+    first = _sse_events(url, body, {contract.RESUME_HEADER: "1"})
+    marked = [k for k, e in enumerate(first) if e.startswith(contract.RESUME_COMMENT.encode())]
+    said = [json.loads(first[k].split(b"\n", 1)[0][len(contract.RESUME_COMMENT) :]) for k in marked]
+    assert {s.get("i") for s in said if s["t"]} == {0, 1} and all("c" in s for s in said if s["t"])
+    # An odd cut: the choices are at different points (one token apart) when the first unit dies.
+    cut = len(marked) // 2 | 1
+    ledger = StreamLedger(completion_id="chatcmpl-first-unit", created=1700000000)
+    seen, moved = ledger.take(b"".join(e + b"\n\n" for e in first[: marked[cut]]))
+    assert moved is None and not ledger.done
+    continued = json.loads(ledger.continuation(json.dumps(body).encode()))
+    cont = continued[contract.CONTINUATION_FIELD]
+    assert isinstance(cont["content_sent"], list) and len(cont["choices"]) == 1  # per choice, as sent
+
+    again = _sse_events(url, continued, {contract.CONTINUATION_HEADER: "1"})
+    assert again[-1] == b"data: [DONE]"
+
+    def data(raw: bytes) -> list[dict]:  # the events' data lines (a resume comment opens some events)
+        return [json.loads(line[len(b"data: ") :]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+
+    whole = _per_choice(data(b"\n\n".join(first)))
+    if sampling:  # the two choices went different ways
+        assert whole[0] != whole[1]
+    if prompt == "fewshot":  # the cut falls inside a held tool call: the case the replay is for
+        assert all(whole[i][1] for i in (0, 1)) and {c for _, c in cont["content_sent"]} == {0}
+    assert _per_choice(data(seen) + data(b"\n\n".join(again))) == whole
+
+    # A count for a choice the request does not have is refused, naming the field.
+    bad = {**continued, contract.CONTINUATION_FIELD: {**cont, "content_sent": [[2, 0]]}}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _sse_events(url, bad, {contract.CONTINUATION_HEADER: "1"})
+    assert e.value.code == 400 and b"content_sent" in e.value.read()
+
+
+def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_the_unmoved_one(smollm2_dir, tmp_path):
+    """The same through a real router: two units, the leader serving an n = 2 auto stream is killed
+    mid-answer, and the client ends with each choice's content and tool calls as the unmoved stream's
+    (greedy)."""
+    import subprocess
+    import sys
+    import time
+
+    from nodeproc import Unit, get_json
+
+    model = _tool_model(smollm2_dir, tmp_path)
+    units = [
+        Unit(tmp_path, name=f"tools-{k}", world_size=1, model=str(model), FLOTILLA_MODEL_NAME="smol-tools")
+        for k in range(2)
+    ]
+    repo = Path(__file__).resolve().parents[2]
+    router: subprocess.Popen | None = None
+    body = {
+        "model": "smol-tools",
+        "messages": FEW_SHOT,
+        "max_tokens": 60,
+        "n": 2,
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "temperature": 0,
+        "stream": True,
+    }
+
+    def run(base: str) -> tuple[list[dict], str]:
+        req = urllib.request.Request(
+            base + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            lines = [raw.decode().rstrip("\r\n") for raw in r]
+            events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
+            return events, r.headers[contract.UNIT_HEADER]
+
+    def kill_at_its_first_token() -> Unit:
+        """The unit serving the stream, killed once it has produced tokens (nothing left to prefill):
+        the client has no more than the opening then, the tool call being held."""
+        deadline = time.monotonic() + 120
+        prefilling: set[str] = set()
+        while time.monotonic() < deadline:
+            for u in units:
+                load = get_json(u.leader.url + "/health/ready")[1]["load"]
+                if load["prefill_tokens"] > 0:
+                    prefilling.add(u.name)
+                elif u.name in prefilling and load["in_flight"] == 1:
+                    u.leader.sigkill()
+                    return u
+            time.sleep(0.01)
+        raise AssertionError("no unit took the stream")
+
+    try:
+        for u in units:
+            u.start()
+        for u in units:
+            u.wait_ready(180)
+        log = open(tmp_path / "router.log", "ab")
+        router = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--units",
+                ",".join(u.leader.url for u in units),
+                "--poll-interval",
+                "0.2",
+            ],
+            cwd=repo,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**__import__("os").environ, "PYTHONPATH": str(repo)},
+        )
+        log.close()
+        assert router.stdout is not None
+        base = router.stdout.readline().decode().split()[-1]
+        deadline = time.monotonic() + 60
+        while get_json(base + contract.ROUTER_HEALTH_PATH)[1].get("routable_units") != 2:
+            assert time.monotonic() < deadline, "the router never saw both units"
+            time.sleep(0.1)
+        whole, _ = run(base)
+        with ThreadPoolExecutor(1) as pool:
+            moving = pool.submit(run, base)
+            killed = kill_at_its_first_token()
+            got, _ = moving.result(timeout=300)
+        assert not [e for e in got if "error" in e], got[-1]
+        assert _per_choice(got) == _per_choice(whole) and all(_per_choice(whole)[i][1] for i in (0, 1))
+        other = next(u for u in units if u is not killed)
+        moved = [r for r in other.leader.log_events("request") if r.get("continued_from")]
+        assert len(moved) == 1 and moved[0]["continued_from"] >= 1, (
+            moved
+        )  # went on from the tokens of the unit that died
+    finally:
+        if router is not None:
+            router.terminate()
+            router.wait(timeout=30)
+            if router.stdout:
+                router.stdout.close()
+        for u in units:
+            u.stop()

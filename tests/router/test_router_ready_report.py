@@ -22,6 +22,7 @@ LOAD_FIELDS = (
     "wait_s",
     "queue_timeout_s",
     "prefill_tokens",
+    "step_s",
 )
 
 
@@ -38,6 +39,7 @@ def _taken(unit: Member) -> tuple:
     [
         {},
         {"in_flight": 3, "running": 2, "max_running": 8, "kv_cache_used": 0.5, "wait_s": 1.5, "prefill_tokens": 70},
+        {"running": 2, "step_s": 4.2},  # a busy unit's longest recent step
         {"running": "4", "kv_cache_used": "0.25"},  # numbers as strings convert, as int()/float() do
         {"running": True, "queue_depth": 2.0},
         {"prefix_cache_hits": 9, "something_newer": [1]},  # keys a reader does not use are ignored
@@ -48,6 +50,14 @@ def test_the_hand_read_load_fast_path_takes_what_the_typed_report_takes(load):
     fast.take_load(load)
     typed.take_load_report(read_ready({"load": load}).load)
     assert _taken(fast) == _taken(typed)
+
+
+def test_a_leader_in_state_ready_that_says_not_ready_is_named_stalled():
+    # Its progress watch found its engine silent past its stall bound (docs/node.md); "left routing
+    # (ready)" in a stream's error would say nothing.
+    unit = _unit()
+    unit.apply_report(503, read_ready({"ready": False, "state": "ready", "role": "leader", "load": {"running": 2}}))
+    assert (unit.ready, unit.state) == (False, "stalled")
 
 
 @pytest.mark.parametrize("load", [{"running": [1]}, {"wait_s": "soon"}, {"in_flight": None}, {"running": {}}])

@@ -109,3 +109,21 @@ def test_an_auto_tool_choice_stream_carries_how_much_content_its_client_has():
         "token_ids": [3, 4, 5],
         "content_sent": 2,
     }
+
+
+def test_an_auto_tool_choice_stream_of_two_choices_carries_each_choices_content():
+    def said(i: int, ids: list[int], c: int) -> bytes:
+        line = json.dumps({"t": ids, "i": i, "c": c})
+        return (contract.RESUME_COMMENT + line).encode() + b"\n" + b"data: {}\n\n"
+
+    ledger = StreamLedger(completion_id="chatcmpl-2", created=5)
+    ledger.take(said(0, [3], 1) + said(1, [7], 2) + said(0, [4], 1))  # choice 0's second token is held
+    body = json.loads(ledger.continuation(b'{"messages":[],"n":2,"stream":true}'))
+    assert body[contract.CONTINUATION_FIELD] == {
+        "id": "chatcmpl-2",
+        "created": 5,
+        "token_ids": [3, 4],
+        "choices": [[1, [7]]],
+        "finished": [],
+        "content_sent": [[0, 1], [1, 2]],
+    }

@@ -154,6 +154,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
         "--idle-stream-timeout",
         "--max-moves",
         "--stream-stall",
+        "--stream-stall-max",
         "--event-loop",
         "--access-log",
         "--ready-units-interval",

@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
+from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE, WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,13 +23,34 @@ NXDI_2_28 = str(STANDINS / "nxdi_2_28")  # multi-node image: NxD Inference (the 
 WEIGHTS = "model.safetensors"
 
 
+def byte_tokenizer() -> Tokenizer:
+    """One token per UTF-8 byte (byte-level BPE without merges) after <unk> and </s>: any text can be spelled,
+    and a character outside ASCII takes 2-4 tokens, as in real byte-level vocabularies."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<unk>": 0, "</s>": 1, **{ch: i + 2 for i, ch in enumerate(alphabet)}}
+    tok = Tokenizer(BPE(vocab, [], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("</s>", special=True)])
+    return tok
+
+
 def make_checkpoint(
-    root: Path, config: dict, *, weights_bytes: int = 200_000, chat_template: str | None = None
+    root: Path,
+    config: dict,
+    *,
+    weights_bytes: int = 200_000,
+    chat_template: str | None = None,
+    tokenizer: str = "words",
 ) -> Path:
+    """tokenizer: "words" (WORDS, one token a word) or "bytes" (byte_tokenizer)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(config))
-    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = Whitespace()
+    if tokenizer == "bytes":
+        tok = byte_tokenizer()
+    else:
+        tok = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+        tok.pre_tokenizer = Whitespace()
     tok.save(str(root / "tokenizer.json"))
     (root / "tokenizer_config.json").write_text(
         json.dumps(

@@ -122,8 +122,9 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
             ids = word_ids("hello flotilla")
             evs = await collect(engine, "req-1", ids, max_tokens=3, temperature=0.5, top_p=0.9, stop=("units",))
             assert [e.token_id for e in evs] == [ids[-1] + 1, ids[-1] + 2, ids[-1] + 3]
-            assert [e.text for e in evs] == [f"[{t}]" for t in (ids[-1] + 1, ids[-1] + 2, ids[-1] + 3)]
-            assert [e.finish_reason for e in evs] == [None, None, "length"]
+            # The text is cut here from the ids with the checkpoint's tokenizer, up to the stop string.
+            assert [e.text for e in evs] == ["serves", " trainium", " "]
+            assert [e.finish_reason for e in evs] == [None, None, "stop"]
             sent = json.loads(log.read_text().splitlines()[-1])
             assert sent["request_id"] == "req-1"
             assert sent["body"] == {
@@ -135,7 +136,6 @@ def test_engine_streams_the_servers_tokens_and_stores_the_compile_cache_once_hea
                 "top_p": 0.9,
                 "ignore_eos": False,
                 "return_token_ids": True,
-                "stop": ["units"],
             }
             # A request vLLM refuses as too long is the client's error, not a broken unit.
             with pytest.raises(EngineError) as e:
@@ -247,6 +247,62 @@ def test_a_server_whose_health_keeps_failing_breaks_the_engine_and_its_open_stre
                     ):
                         pass
             assert engine.health().state is EngineState.BROKEN
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+# A document the stand-in model answers with, byte by byte: "Ç", "û" and "€" take 2, 2 and 3 tokens, and
+# "STA" starts like the stop string "STOP" without becoming it (held back, then released).
+ANSWER = "Ça coûte 5 € STAY STOP après"
+
+
+@pytest.mark.parametrize("stop", [("STOP",), ()], ids=["stop-string", "eos"])
+def test_a_stream_continued_from_any_token_comes_out_as_the_unmoved_one(tmp_path, s3, monkeypatch, stop):
+    """A single-node stream moved after each of its tokens in turn: the other unit's continuation (prompt +
+    the generated ids) ends token-exact and text-exact with the unmoved stream, though the stand-in, as
+    vLLM does, starts its text afresh after the prompt and holds back the start of a stop string and half
+    a character: the cut falls inside "€" and inside "STOP" too."""
+    publish(make_checkpoint(tmp_path / "src", LLAMA_3_8B, tokenizer="bytes"), MODEL_URI, s3=s3)
+    log = tmp_path / "standin.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    monkeypatch.setenv("STANDIN_TEXT", ANSWER)
+    monkeypatch.setenv("STANDIN_TOKEN_DELAY", "0")
+
+    async def scenario():
+        engine = engine_for(tmp_path, s3, compile_cache_uri=None)
+        await engine.start()
+        prompt = tuple(engine.tokenizer.encode("Prix ?"))
+        sampling = SamplingParams(max_tokens=40, temperature=0.0, stop=stop)
+        try:
+            whole = [
+                ev
+                async for ev in engine.generate(
+                    GenerationRequest(request_id="whole", prompt_token_ids=prompt, sampling=sampling)
+                )
+            ]
+            ids, text = [e.token_id for e in whole], "".join(e.text for e in whole)
+            assert text == ("Ça coûte 5 € STAY " if stop else ANSWER) and whole[-1].finish_reason == "stop"
+            assert len(ids) == len(text.encode()) + (len("STOP") if stop else 1)  # one token a byte, and EOS
+            for m in range(1, len(ids)):
+                before = tuple(ids[:m])
+                rest = [
+                    ev
+                    async for ev in engine.generate(
+                        GenerationRequest(
+                            request_id=f"moved-{m}", prompt_token_ids=prompt, sampling=sampling, generated=before
+                        )
+                    )
+                ]
+                assert [*before, *(e.token_id for e in rest)] == ids, m
+                # The client has the text the first unit released for its m tokens, then only what comes here.
+                assert "".join(e.text for e in whole[:m]) + "".join(e.text for e in rest) == text, m
+                assert rest[-1].finish_reason == "stop"
+            sent = [json.loads(line)["body"] for line in log.read_text().splitlines() if '"body"' in line][-1]
+            last = len(ids) - 1
+            assert sent["prompt"] == [*prompt, *ids[:last]] and sent["max_tokens"] == 40 - last
+            assert "stop" not in sent  # the leader cuts stop strings itself
         finally:
             await engine.shutdown()
 

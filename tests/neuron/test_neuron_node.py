@@ -141,7 +141,7 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
     ) as r:
         events = _sse(r)
     ids = word_ids("hello flotilla")
-    expected = [f"[{ids[-1] + i}]" for i in (1, 2, 3)]
+    expected = ["serves", " trainium", " units"]  # ids 5, 6, 7, cut by the leader with the model's tokenizer
     assert events[-1] == "[DONE]"
     chunks = [e for e in events[:-1] if e["choices"]]
     assert [c["choices"][0]["text"] for c in chunks] == expected
@@ -152,7 +152,7 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
     # Token ids in, non-streamed out: usage counts the stand-in's tokens.
     with _post(unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 2}) as r:
         body = json.load(r)
-    assert body["choices"][0]["text"] == "[4][5]" and body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["text"] == "flotilla serves" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {
         "prompt_tokens": 2,
         "completion_tokens": 2,
@@ -232,7 +232,8 @@ def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_
         unit.url + "/completions", {"model": "llama", "prompt": [2, 3], "max_tokens": 50, "stream": True}, timeout=20
     ) as r:
         events = _sse(r)
-    assert [e["choices"][0]["text"] for e in events if isinstance(e, dict) and e.get("choices")] == ["[4]", "[5]"]
+    texts = [e["choices"][0]["text"] for e in events if isinstance(e, dict) and e.get("choices")]
+    assert texts == ["flotilla", " serves"]
     assert "[DONE]" not in events and "error" in events[-1]
     assert unit.leader.ready()[0] != 200  # not ready before the client could retry here
     # One fresh engine process (and stand-in) per formation: the unit serves again.
@@ -240,6 +241,51 @@ def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_
     reform = unit.leader.log_events("unit_reform")
     assert reform and "vLLM" in json.dumps(reform[0]), unit.dump_logs()
     assert len(unit.leader.log_events("formation_offered")) == 2
+
+
+def _lines(url: str, body: dict, headers: dict) -> list[str]:
+    """Every non-empty line of a streamed answer, the SSE comment lines included."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return [line for raw in r if (line := raw.decode().rstrip("\r\n"))]
+
+
+def test_a_single_node_unit_reports_each_tokens_id_and_continues_a_stream_from_them(neuron_unit):
+    """What the router moves a stream with: resume comments with each event's token ids, then the
+    internal continuation on another unit. The cut falls after "trainium", which the leader holds
+    back (it may start the stop string "trainium units"): it comes out once, after the cut."""
+    unit, log = neuron_unit(STANDIN_TEXT="flotilla serves trainium hello trainium units world")
+    unit.wait_ready(timeout=90)
+    url = unit.url + "/completions"
+    body = {
+        "model": "llama",
+        "prompt": "hello world",
+        "max_tokens": 10,
+        "temperature": 0,
+        "stop": ["trainium units"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    first = _lines(url, body, {contract.RESUME_HEADER: "1"})
+    said = [json.loads(x[len(contract.RESUME_COMMENT) :]) for x in first if x.startswith(contract.RESUME_COMMENT)]
+    ids = [t for s in said for t in s["t"]]
+    assert ids == word_ids("flotilla serves trainium hello trainium units")  # "units" completes the stop
+    data = [json.loads(x[len("data: ") :]) for x in first if x.startswith("data: {")]
+    texts = [c["text"] for e in data for c in e["choices"]]
+    assert "".join(texts) == "flotilla serves trainium hello " and data[-1]["usage"]["completion_tokens"] == 6
+
+    cont = {"id": "cmpl-first-unit", "created": 1700000000, "token_ids": ids[:3]}
+    again = _lines(url, {**body, contract.CONTINUATION_FIELD: cont}, {contract.CONTINUATION_HEADER: "1"})
+    assert again[-1] == "data: [DONE]"
+    events = [json.loads(x[len("data: ") :]) for x in again if x.startswith("data: {")]
+    assert {e["id"] for e in events} == {cont["id"]}
+    rest = "".join(c["text"] for e in events for c in e["choices"])
+    assert "".join(texts[:3]) == "flotilla serves " and rest == "trainium hello "
+    assert events[-1]["usage"]["completion_tokens"] == 6  # the whole answer's
+    sent = [json.loads(line)["body"] for line in log.read_text().splitlines() if '"body"' in line][-1]
+    assert sent["prompt"] == [*word_ids("hello world"), *ids[:3]] and sent["max_tokens"] == 7
 
 
 def _alive(pid: int) -> bool:

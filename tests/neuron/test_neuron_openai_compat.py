@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 from llama_shapes import LLAMA_3_8B
-from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, make_checkpoint, word_ids
+from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, byte_tokenizer, make_checkpoint, word_ids
 from testnet import free_port
 
 import contract
@@ -128,7 +128,7 @@ def test_a_multi_node_unit_refuses_the_openai_only_fields(sp, param):
     assert e.value.param == param and "NxD Inference loop" in str(e.value)
 
 
-def test_stream_chunks_become_token_events_per_choice_with_logprob_ids():
+def test_stream_chunks_become_token_events_per_choice_with_logprob_ids_and_no_text():
     chunk = {
         "choices": [
             {
@@ -146,10 +146,16 @@ def test_stream_chunks_become_token_events_per_choice_with_logprob_ids():
             {"index": 0, "text": "", "token_ids": [], "finish_reason": "stop"},
         ]
     }
-    (tok, fin) = chunk_events(chunk, tokenizer=None, logprobs_k=2)
-    assert (tok.index, tok.token_id, tok.text, tok.logprob.logprob) == (1, 9, "[9]", -0.5)
+    (tok, fin) = chunk_events(chunk, logprobs_k=2)
+    # vLLM's text is not used: the engine cuts the text from the ids itself.
+    assert (tok.index, tok.token_id, tok.text, tok.logprob.logprob) == (1, 9, "", -0.5)
     assert tok.logprob.top == ((9, -0.5), (4, -0.7))  # the k best; the map may hold the sampled one extra
     assert (fin.index, fin.token_id, fin.finish_reason) == (0, -1, "stop")
+
+
+def test_a_chunk_without_token_ids_is_an_error_not_text_to_guess_ids_from():
+    with pytest.raises(ValueError, match="return_token_ids"):
+        chunk_events({"choices": [{"index": 0, "text": "[9]", "finish_reason": None}]}, logprobs_k=None)
 
 
 # -- the unit, through the official client -------------------------------------------------------------
@@ -160,8 +166,10 @@ def unit_with(tmp_path, new_unit):
     """unit_with(sampling, template=..., **env) -> (a ready one-node neuron unit on the stand-in, its
     request log)."""
 
-    def start(sampling: str, template: str = TEMPLATE, **extra: str):
-        src = make_checkpoint(tmp_path / f"published-{sampling}", LLAMA_3_8B, chat_template=template)
+    def start(sampling: str, template: str = TEMPLATE, tokenizer: str = "words", **extra: str):
+        src = make_checkpoint(
+            tmp_path / f"published-{sampling}", LLAMA_3_8B, chat_template=template, tokenizer=tokenizer
+        )
         log = tmp_path / f"standin-{sampling}.jsonl"
         env = {
             contract.ENV_MODEL_URI: MODEL_URI,
@@ -218,20 +226,21 @@ def test_cpu_sampling_unit_passes_every_field_through(unit_with):
         top_logprobs=2,
     )
     assert [ch.index for ch in r.choices] == [0, 1]
-    assert [ch.message.content for ch in r.choices] == [
-        "".join(f"[{ids[-1] + 1 + i + 100 * c_}]" for i in range(3)) for c_ in (0, 1)
-    ]
+    # Choice 0 is ids 5-7 ("serves trainium units"); choice 1's ids 105-107 are outside the 8-word
+    # vocabulary, so the leader's tokenizer gives them no text.
+    assert [ch.message.content for ch in r.choices] == ["serves trainium units", ""]
+    assert ids[-1] == 4
     assert r.usage.completion_tokens == 6  # both choices' tokens
     entry = r.choices[0].logprobs.content[0]
     assert entry.logprob == -0.25 and len(entry.top_logprobs) == 2
     sent = bodies(log)[-1]
-    assert {k: sent[k] for k in ("n", "presence_penalty", "frequency_penalty", "stop", "max_tokens")} == {
+    assert {k: sent[k] for k in ("n", "presence_penalty", "frequency_penalty", "max_tokens")} == {
         "n": 2,
         "presence_penalty": 0.5,
         "frequency_penalty": 0.25,
-        "stop": ["never"],
         "max_tokens": 3,
     }
+    assert "stop" not in sent  # the leader cuts stop strings from the token ids itself
     assert sent["logprobs"] == 2 and sent["return_tokens_as_token_ids"] is True and "seed" not in sent
     # A seed above temperature 0 would be ignored by the plugin's host sampler too: refused, never sent.
     before = len(bodies(log))
@@ -267,7 +276,7 @@ def test_cpu_sampling_unit_passes_every_field_through(unit_with):
 
 
 def test_cpu_sampling_unit_structured_output_and_forced_tool_calls(unit_with):
-    unit, log = unit_with("cpu")
+    unit, log = unit_with("cpu", tokenizer="bytes")  # the stand-in spells its JSON in the model's tokens
     c = client(unit)
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
     for stream in (False, True):
@@ -303,7 +312,7 @@ def test_cpu_sampling_unit_structured_output_and_forced_tool_calls(unit_with):
     assert required.choices[0].finish_reason == "tool_calls"
     assert [t.function.name for t in required.choices[0].message.tool_calls] == ["search"]
     # The tools were rendered into the prompt by the model's chat template.
-    assert bodies(log)[-1]["prompt"][0] == word_ids("<unk>")[0]
+    assert bodies(log)[-1]["prompt"][: len("search")] == byte_tokenizer().encode("search").ids
 
 
 def test_on_device_sampling_unit_refuses_before_vllm_sees_the_request(unit_with):
@@ -342,9 +351,9 @@ HERMES_TEMPLATE = (
 
 def test_auto_tool_calls_are_read_in_the_templates_format_even_on_device_sampling(unit_with):
     call = '<tool_call>{"name": "search", "arguments": {"query": "boots"}}</tool_call>'
-    unit, log = unit_with("device", template=HERMES_TEMPLATE, STANDIN_TEXT="Looking." + call)
+    unit, log = unit_with("device", template=HERMES_TEMPLATE, tokenizer="bytes", STANDIN_TEXT="Looking." + call)
     c = client(unit)
-    kw = {"model": "llama", "messages": MSGS, "max_tokens": 40, "tools": [TOOL]}  # tool_choice: "auto"
+    kw = {"model": "llama", "messages": MSGS, "max_tokens": 120, "tools": [TOOL]}  # tool_choice: "auto"
     r = c.chat.completions.create(**kw)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and msg.content == "Looking."

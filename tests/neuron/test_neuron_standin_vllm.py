@@ -13,17 +13,18 @@ import urllib.error
 import urllib.request
 
 import pytest
-from standin_model import VLLM_0_13_0
+from llama_shapes import LLAMA_3_8B
+from standin_model import VLLM_0_13_0, byte_tokenizer, make_checkpoint
 from testnet import free_port
 
 
-def _serve(extra: list[str]):
+def _serve(extra: list[str], model: str = "m", **env: str):
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     argv += ["--served-model-name", "llama", "--max-model-len", "256", "--max-num-seqs", "4"]
     argv += ["--no-enable-prefix-caching", "--num-gpu-blocks-override", "4", "--host", "127.0.0.1"]
     argv += ["--port", str(port), *extra]
-    env = {**os.environ, "PYTHONPATH": VLLM_0_13_0, "STANDIN_TOKEN_DELAY": "0"}
+    env = {**os.environ, "PYTHONPATH": VLLM_0_13_0, "STANDIN_TOKEN_DELAY": "0", **env}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -106,3 +107,29 @@ def test_a_json_schema_without_a_schema_constrains_nothing(server):
 def test_a_seed_is_accepted_and_changes_nothing(server):
     _, url = server
     assert post(url, seed=1, temperature=0.5) == post(url, seed=2, temperature=0.5)
+
+
+def test_text_starts_afresh_after_the_prompt_and_holds_back_what_may_become_a_stop_string(tmp_path):
+    """vLLM's detokenizer, as the stand-in models it: a token inside a UTF-8 character and the start of a
+    possible stop string release no text until they resolve, so prompt + generated ids sent as a new
+    prompt never get the held-back text; why the leader cuts the text from the ids itself."""
+    model = make_checkpoint(tmp_path / "model", LLAMA_3_8B, tokenizer="bytes")
+    proc, url = _serve([], model=str(model), STANDIN_TEXT="5 € STAY STOP")
+    try:
+        prompt = byte_tokenizer().encode("Prix ?").ids
+        _, chunks = post(url, prompt=prompt, max_tokens=40, stop=["STOP"], temperature=0, return_token_ids=True)
+        got = [(ch["choices"][0]["token_ids"], ch["choices"][0]["text"]) for ch in chunks[:-1]]
+        texts = [t for _, t in got]
+        # One token a byte. "€" is 3 of them (no text until the last), and while "STOP" may still match, the
+        # last len("STOP") - 1 = 3 characters are held back; once it matches it is cut off.
+        assert texts == ["", "", "", "", "", "5", " ", "€", " ", "S", "T", "A", "Y", " ", ""]
+        assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and "".join(texts) == "5 € STAY "
+        ids = [i for ids, _ in got for i in ids]
+        # Continued from the first 9 tokens ("5 € STA", of which the client has "5 € "): the rest comes
+        # without the held "STA".
+        _, rest = post(url, prompt=prompt + ids[:9], max_tokens=40, stop=["STOP"], temperature=0, return_token_ids=True)
+        assert [i for ch in rest[:-1] for i in ch["choices"][0]["token_ids"]] == ids[9:]
+        assert "".join(texts[:9]) + "".join(ch["choices"][0]["text"] for ch in rest[:-1]) == "5 € Y "
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

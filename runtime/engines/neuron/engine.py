@@ -216,14 +216,10 @@ class NeuronEngine:
         """'openai' (single-node image: vLLM's server) or 'spmd' (multi-node: the leader/follower loop)."""
         return self.prepared.plan.api if self.prepared is not None else "openai"
 
-    @property
-    def resumes(self) -> bool:
-        """Continues a request another unit started (GenerationRequest.generated): only the multi-node
-        loop, which takes token ids and cuts text with our own TextTracker, so prompt + generated is
-        plain generation there and the tracker replays the text already sent. The single-node image
-        sends vLLM's own text, whose detokenizer and stop-string hold-back start afresh after the
-        prompt (docs/hardware.md)."""
-        return self.api == "spmd"
+    # Continues a request another unit started (GenerationRequest.generated), in both modes: each takes
+    # token ids and the leader cuts the text from the ids it gets back with our own TextTracker, so
+    # prompt + generated is plain generation and the tracker replays the text already sent.
+    resumes = True
 
     async def _wait_healthy(self) -> None:
         import aiohttp  # noqa: PLC0415
@@ -367,18 +363,25 @@ class NeuronEngine:
             await stream.aclose()  # a consumer that stops early closes the upstream request now
 
     async def _generate_openai(self, request: GenerationRequest) -> AsyncGenerator[TokenEvent, None]:
+        """vLLM's token ids in, the text cut here: one TextTracker per choice, so a continuation's tracker
+        first replays the tokens another unit generated and releases what that unit held back, once."""
         import aiohttp  # noqa: PLC0415
 
         from runtime.engines.neuron.requests import (  # noqa: PLC0415
             cached_tokens,
             check,
+            check_continuation,
             chunk_events,
             completions_body,
             serves,
         )
+        from runtime.engines.sampling import TextTracker  # noqa: PLC0415
 
         sp = request.sampling
         check(sp, serves(multi_node=self.membership.world_size > 1, sampling=self.s.options.sampling))
+        check_continuation(request)
+        trackers = [TextTracker(self.tokenizer, sp.stop) for _ in range(sp.n)]
+        _replay(trackers[0], request, getattr(self.tokenizer, "eos_token_id", None))
         # With prefix caching, vLLM says how many prompt tokens came from its cache in a usage chunk after
         # every choice's last token: those last events wait for it, to carry cached_tokens (base.TokenEvent).
         usage = self.s.options.prefix_caching_block > 0
@@ -386,6 +389,7 @@ class NeuronEngine:
         rid = request.request_id
         finished = False
         done: set[int] = set()  # choices that have finished: the request is done when all n have
+        stopped_here = False  # some choice ended at a stop string our tracker found
         held: list[TokenEvent] = []  # with usage: each choice's last event, until the usage chunk
         cached = 0
         try:
@@ -410,14 +414,29 @@ class NeuronEngine:
                         raise EngineError(f"the vLLM server failed the request: {chunk['error']}")
                     in_usage = cached_tokens(chunk) if usage else None
                     cached = in_usage if in_usage is not None else cached
-                    for ev in chunk_events(chunk, self.tokenizer, sp.logprobs):
-                        if ev.finish_reason is not None:
+                    try:
+                        events = chunk_events(chunk, sp.logprobs)
+                    except ValueError as e:
+                        raise EngineError(f"the vLLM server sent {e}") from e
+                    for ev in events:
+                        if ev.index in done:
+                            continue  # a choice cut at a stop string here: vLLM runs it on until it ends
+                        cut = _cut(trackers[ev.index], ev)
+                        if cut.finish_reason is not None:
                             done.add(ev.index)
                             finished = len(done) >= sp.n
+                            stopped_here = stopped_here or ev.finish_reason is None
                             if usage:
-                                held.append(ev)
+                                held.append(cut)
                                 continue
-                        yield ev
+                        yield cut
+                    if finished and stopped_here:
+                        # vLLM is still generating what follows the stop string: close the request, which
+                        # vLLM aborts (vllm@v0.13.0:vllm/v1/engine/async_llm.py:444-448). Its usage chunk
+                        # would come only after max_tokens more device steps, so a request cut here by a
+                        # stop string reports the cached tokens of no usage chunk: 0.
+                        resp.close()
+                        break
                 for ev in held:
                     yield dataclasses.replace(ev, cached_tokens=cached)
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
@@ -445,14 +464,8 @@ class NeuronEngine:
         rid = request.request_id
         eos = getattr(self.tokenizer, "eos_token_id", None)
         tracker = TextTracker(self.tokenizer, sp.stop)
-        before = request.generated  # a continuation: its client already has these tokens' text
-        if len(before) >= sp.max_tokens:
-            raise RequestRejected(
-                f"the continuation already has {len(before)} of max_tokens {sp.max_tokens}: nothing is left"
-            )
-        for token in before:  # the text state where the other unit left it; its text is not sent again
-            if tracker.add(token)[1] or (token == eos and not sp.ignore_eos):
-                raise RequestRejected("the continuation's tokens already end the answer: nothing is left to generate")
+        _replay(tracker, request, eos)
+        before = request.generated
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = q
         self._running[rid] = None
@@ -548,6 +561,33 @@ class NeuronEngine:
             except (ConnectionError, RuntimeError, asyncio.TimeoutError):
                 pass
         await terminate(proc)
+
+
+def _replay(tracker: Any, request: GenerationRequest, eos: int | None) -> None:
+    """A continuation (the tokens another unit generated, whose text its client already has): bring the
+    tracker to where that unit left it; the text it held back comes out with the next tokens here."""
+    sp, before = request.sampling, request.generated
+    if len(before) >= sp.max_tokens:
+        raise RequestRejected(
+            f"the continuation already has {len(before)} of max_tokens {sp.max_tokens}: nothing is left"
+        )
+    for token in before:
+        if tracker.add(token)[1] or (token == eos and not sp.ignore_eos):
+            raise RequestRejected("the continuation's tokens already end the answer: nothing is left to generate")
+
+
+def _cut(tracker: Any, ev: TokenEvent) -> TokenEvent:
+    """vLLM's token with the text our tracker releases for it, ended where the tracker meets a stop string."""
+    if ev.token_id < 0:  # a finish-only chunk
+        return dataclasses.replace(ev, text=tracker.flush() if ev.finish_reason else "")
+    if ev.finish_reason == "stop":
+        # With no stop strings sent, vLLM stops only at EOS or a stop token id (vllm@v0.13.0:
+        # vllm/v1/core/sched/utils.py:50-57), whose text it leaves out (vllm/v1/engine/detokenizer.py:106-110).
+        return dataclasses.replace(ev, text=tracker.flush())
+    text, stopped = tracker.add(ev.token_id)
+    if stopped:
+        return dataclasses.replace(ev, text=text, finish_reason="stop")
+    return dataclasses.replace(ev, text=text + tracker.flush() if ev.finish_reason else text)
 
 
 async def terminate(proc: asyncio.subprocess.Process | None, grace_s: float = STOP_GRACE_S) -> None:

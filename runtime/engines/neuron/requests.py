@@ -2,7 +2,7 @@
 
 The leader validates every field against OpenAI's schema; this module decides which of them the
 pinned vLLM can actually honour in the unit's mode, builds the /v1/completions body for the V1
-plugin's OpenAI server, and turns its streamed chunks back into TokenEvents.
+plugin's OpenAI server, and turns its streamed chunks back into token ids (the engine cuts the text).
 """
 
 from __future__ import annotations
@@ -113,28 +113,60 @@ def check(sp: SamplingParams, s: Serves) -> None:
         raise refuse(field, "it does not apply penalties; leave it out or set it to 0")
 
 
-def completions_body(request: GenerationRequest, model_name: str, *, usage: bool = False) -> dict[str, Any]:
-    """The streamed /v1/completions request for vLLM 0.13.0's OpenAI server (prompt as token ids).
+def check_continuation(request: GenerationRequest) -> None:
+    """Refuse a continuation (prompt + the tokens another unit generated) that vLLM cannot go on with
+    exactly: it takes those tokens as prompt, so what it keeps over the generated tokens only starts
+    afresh. Its grammar advances on sampled tokens only (vllm@v0.13.0:vllm/v1/core/sched/scheduler.py:1170,
+    accept_tokens on each step's new tokens), and presence / frequency penalties count output tokens only
+    (vllm/model_executor/layers/utils.py:83-95)."""
+    if not request.generated:
+        return
+    sp = request.sampling
+    if sp.n != 1:
+        raise RequestRejected("a single-node neuron unit continues one choice only: n must be 1", param="n")
+    if sp.structured is not None:
+        raise RequestRejected(
+            "a single-node neuron unit cannot continue a response_format answer: vLLM would start its grammar "
+            "afresh after the tokens already generated",
+            param="response_format",
+        )
+    if sp.presence_penalty or sp.frequency_penalty:
+        raise RequestRejected(
+            "a single-node neuron unit cannot continue an answer with penalties: vLLM counts only the tokens "
+            "it generated itself",
+            param="presence_penalty" if sp.presence_penalty else "frequency_penalty",
+        )
 
-    No seed: no neuron sampler applies one (check() refuses it where it would matter). `usage`: ask for
-    the final usage chunk, which carries prompt_tokens_details.cached_tokens when the server runs with
-    prefix caching and --enable-prompt-tokens-details (launch.PREFIX_CACHING_SOURCES).
+
+def completions_body(request: GenerationRequest, model_name: str, *, usage: bool = False) -> dict[str, Any]:
+    """The streamed /v1/completions request for vLLM 0.13.0's OpenAI server: the prompt as token ids
+    (vllm@v0.13.0:vllm/entrypoints/openai/protocol.py:1014), after it a continuation's generated tokens,
+    which count against max_tokens.
+
+    No seed: no neuron sampler applies one (check() refuses it where it would matter). No stop strings:
+    the engine cuts them itself from the token ids, because vLLM's own check runs on text that starts
+    empty after the prompt (vllm/v1/engine/detokenizer.py:92, 129-143) and would miss a stop string
+    that spans a continuation's cut; the engine closes the request where its text stops.
+
+    `usage`: ask for the final usage chunk, which carries prompt_tokens_details.cached_tokens when the
+    server runs with prefix caching and --enable-prompt-tokens-details (launch.PREFIX_CACHING_SOURCES).
     """
     sp = request.sampling
+    before = list(request.generated)
     body: dict[str, Any] = {
         "model": model_name,
-        "prompt": list(request.prompt_token_ids),
+        "prompt": [*request.prompt_token_ids, *before],
         "stream": True,
-        "max_tokens": sp.max_tokens,
+        "max_tokens": sp.max_tokens - len(before),
         "temperature": sp.temperature,
         "top_p": sp.top_p,
         "ignore_eos": sp.ignore_eos,
+        # Each chunk's token ids (protocol.py:1107-1116; serving_completion.py:459-464): the text is cut
+        # from them, never taken from vLLM's text.
         "return_token_ids": True,
     }
     if usage:
         body["stream_options"] = {"include_usage": True}
-    if sp.stop:
-        body["stop"] = list(sp.stop)
     if sp.n > 1:
         body["n"] = sp.n
     if sp.logprobs is not None:
@@ -178,34 +210,36 @@ def _logprobs(lp: dict[str, Any] | None, k: int) -> list[TokenLogprob]:
     return out
 
 
-def chunk_events(chunk: dict[str, Any], tokenizer: Any, logprobs_k: int | None) -> list[TokenEvent]:
-    """One streamed chunk's choices as TokenEvents, one per token; the text rides on each choice's last.
+def chunk_events(chunk: dict[str, Any], logprobs_k: int | None) -> list[TokenEvent]:
+    """One streamed chunk's choices as TokenEvents, one per token id, without text (the engine cuts it
+    from the ids); vLLM's finish reason rides on each choice's last.
 
     vLLM 0.13.0 sends one choice per chunk, its index running over all n
-    (vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:377, 448-466); any number is read.
+    (vllm@v0.13.0:vllm/entrypoints/openai/serving_completion.py:377, 448-466); any number is read. Its
+    text is left alone: the detokenizer holds back the end of it while a stop string may match and
+    starts afresh after the prompt (vllm/v1/engine/detokenizer.py:84-92, 149-165), so it cannot be
+    joined to the text of a stream another unit began.
     """
     events: list[TokenEvent] = []
     for choice in chunk.get("choices") or []:
         index = int(choice.get("index") or 0)
-        text = choice.get("text") or ""
         finish = choice.get("finish_reason")
         ids = choice.get("token_ids")
         if ids is None:
-            # A vLLM without return_token_ids: recover ids from the text (may merge tokens).
-            ids = tokenizer.encode(text) if text else []
+            raise ValueError("a chunk without token_ids: the image's vLLM must honour return_token_ids (0.13.0 does)")
         lps = _logprobs(choice.get("logprobs"), logprobs_k) if logprobs_k is not None else []
         if not ids:
             # A final chunk may carry only the finish reason: token_id -1 marks it as no token
             # (the node's API does not count it in usage).
-            if finish or text:
-                events.append(TokenEvent(token_id=-1, text=text, finish_reason=finish, index=index))
+            if finish:
+                events.append(TokenEvent(token_id=-1, text="", finish_reason=finish, index=index))
             continue
         last = len(ids) - 1
         for i, t in enumerate(ids):
             events.append(
                 TokenEvent(
                     token_id=int(t),
-                    text=text if i == last else "",
+                    text="",
                     finish_reason=finish if i == last else None,
                     index=index,
                     logprob=lps[i] if i < len(lps) else None,

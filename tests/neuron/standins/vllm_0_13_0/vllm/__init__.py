@@ -8,8 +8,13 @@ e.g. the fork's --device or --override-neuron-config, exit 2 like argparse); the
 288-291); /health, /metrics (vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc,
 v1/metrics/loggers.py:415,425,461) and a streamed /v1/completions whose prompt is token ids, with
 `token_ids` in each chunk only when the request asks `return_token_ids` (entrypoints/openai/
-protocol.py:1107; serving_completion.py:416-418, 459-464), one choice per chunk (:448-466). Each
-output token id of choice c is prompt[-1] + 1 + i + 100 * c, its text "[id]".
+protocol.py:1107; serving_completion.py:416-418, 459-464), one choice per chunk (:448-466). The model is
+greedy and a function of its context (prompt + generated goes on as the uninterrupted sequence): the
+last token + 1 (choice c > 0 starts at prompt[-1] + 1 + 100 * c), or a document's tokens then EOS. Each
+chunk's text is what vLLM's own detokenizer releases: decoded with the checkpoint's tokenizer.json (a
+--model without one spells token t "[t]"), starting empty after the prompt, nothing for a token that
+ends inside a UTF-8 character, no text for EOS, and while stop strings may match the last
+max(len(stop)) - 1 characters held back until the sequence ends (v1/engine/detokenizer.py).
 
 The request fields behave as vLLM 0.13.0's /v1/completions with the plugin at release-0.4.1 (sources
 at each rule in entrypoints/openai/api_server.py): n choices (refused at temperature 0), logprobs up to
@@ -26,7 +31,7 @@ Test knobs (environment):
   STANDIN_HEALTH_AFTER seconds before /health turns 200 (a compiling server)
   STANDIN_SICK_AFTER   seconds after which /health answers 503 for good (a wedged server)
   STANDIN_TOKEN_DELAY  seconds between streamed tokens (default 0.02)
-  STANDIN_TEXT         answer every plain-text request with this text, 4 characters per token
+  STANDIN_TEXT         answer every plain-text request with this text (its tokens, then EOS)
   STANDIN_COMPILE_TO   write compiled.neff into NEURON_COMPILED_ARTIFACTS (what a compile leaves)
 """
 

@@ -111,6 +111,106 @@ def _document(fmt):
     return json.dumps(_instance(fmt["json_schema"]["schema"]))
 
 
+class _Brackets:
+    """The tokenizer of a --model without tokenizer.json: token t < 1000 reads "[t]", 1000 + c the character
+    c (so a document can be spelled), 999 is the end of sequence."""
+
+    eos = 999
+
+    def encode(self, text):
+        return [1000 + ord(ch) for ch in text]
+
+    def step(self, tid):
+        return "" if tid == self.eos else chr(tid - 1000) if tid >= 1000 else f"[{tid}]"
+
+
+class _Tokenizer:
+    """The model's own tokenizer.json, as vLLM loads it (a fast tokenizer), and its EOS from tokenizer_config.json."""
+
+    def __init__(self, model_dir):
+        from tokenizers import Tokenizer  # noqa: PLC0415 - only when the checkpoint has one
+
+        self.tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        config = os.path.join(model_dir, "tokenizer_config.json")
+        eos = None
+        if os.path.isfile(config):
+            with open(config) as f:
+                eos = json.load(f).get("eos_token")
+        self.eos = self.tok.token_to_id(eos) if isinstance(eos, str) else None
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+
+class _Detokenizer:
+    """vLLM 0.13.0's incremental detokenizer and stop-string check for one output sequence
+    (v1/engine/detokenizer.py). Its text starts empty after the prompt (:92), the decode stream is primed
+    with the prompt's last tokens (:182-195), a token that ends inside a UTF-8 character adds nothing until
+    the character completes (DecodeStream.step returns None, taken as "" at :220-231), an EOS or stop token
+    is not detokenized (:106-110), a stop string truncates the text and ends the sequence (:132-143, check_stop_strings
+    :316-350; output_processor.py:495-500), and until the sequence finishes the last max(len(stop)) - 1
+    characters are held back (:84-88, get_next_output_text :149-165)."""
+
+    def __init__(self, tokenizer, prompt, stop):
+        self.tokenizer = tokenizer
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])
+        self.buffer = max(len(x) for x in self.stop) - 1 if self.stop else 0
+        self.text = ""
+        self.sent = 0
+        if isinstance(tokenizer, _Brackets):
+            self.stream = None
+            return
+        from tokenizers.decoders import DecodeStream  # noqa: PLC0415
+
+        self.stream = DecodeStream(skip_special_tokens=True)
+        suffix = prompt
+        if len(prompt) > 4:
+            for i in range(4, min(len(prompt) + 1, 24)):
+                if "\ufffd" not in tokenizer.tok.decode(prompt[-i:]):
+                    suffix = prompt[-i:]
+                    break
+        for tid in suffix:
+            self.stream.step(tokenizer.tok, tid)
+
+    def update(self, tid, stop_terminated):
+        """Add one token; the stop string it completes, if any."""
+        if stop_terminated:
+            return None
+        before = len(self.text)
+        piece = self.tokenizer.step(tid) if self.stream is None else self.stream.step(self.tokenizer.tok, tid)
+        self.text += piece or ""
+        new = len(self.text) - before
+        if not new:
+            return None
+        for s in self.stop:
+            at = self.text.find(s, 1 - new - len(s))
+            if at != -1:
+                self.text = self.text[:at]
+                return s
+        return None
+
+    def delta(self, finished):
+        end = len(self.text) - (0 if finished else self.buffer)
+        if self.sent >= end:
+            return ""
+        out, self.sent = self.text[self.sent : end], end
+        return out
+
+
+def _next_token(context, out, document, choice, eos):
+    """The stand-in model, greedy and a function of its context, so prompt + generated goes on as the
+    uninterrupted sequence would. With a document: the document's next token after the longest start of it
+    the context ends with, then EOS. Otherwise the last token + 1 (choice c > 0 starts at prompt[-1] + 1 + 100 * c)."""
+    if document is None:
+        return out[-1] + 1 if out else context[-1] + 1 + 100 * choice
+    for j in range(min(len(document), len(context)), 0, -1):
+        if context[-j:] == document[:j]:
+            break
+    else:
+        j = 0
+    return document[j] if j < len(document) else eos
+
+
 def _logprobs(tid, k, offset, body):
     """One token's completions-shaped logprobs: the sampled token is the most likely, then k - 1 others."""
     name = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: f"[{t}]")
@@ -157,6 +257,9 @@ def main():
         cache_counts["hits"] += hits
         return hits
 
+    # vLLM detokenizes with the model's own tokenizer; a --model without one gets the bracket spelling.
+    has_tokenizer = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
+    tokenizer = _Tokenizer(args.model) if has_tokenizer else _Brackets()
     overrides = args.additional_config.get("override_neuron_config", {})
     # The plugin samples on the host only when on_device_sampling_config is None (runner:229-268); the
     # override replaces the default with a plain dict.update (loader:1213-1217).
@@ -224,6 +327,11 @@ def main():
         grammar = _grammar(fmt) if cpu_sampling else None
         document = _document(grammar) if grammar is not None else os.environ.get("STANDIN_TEXT")
         cached = cached_prefix(prompt)
+        doc_ids = tokenizer.encode(document) if document is not None else None
+        ignore_eos = bool(body.get("ignore_eos"))
+        outs = [[] for _ in range(choices)]
+        detoks = [_Detokenizer(tokenizer, prompt, body.get("stop")) for _ in range(choices)]
+        ended = set()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         running[0] += 1
@@ -236,22 +344,23 @@ def main():
                 await resp.write(f"data: {json.dumps(_error('Did not output logprobs'))}\n\n".encode())
                 choices = 0
             for i in range(n if choices else 0):
-                wrote = False
                 for c in range(choices):
+                    if c in ended:
+                        continue
                     if sent == die_after:
                         sys.stderr.flush()
                         os._exit(1)
                     sent += 1
-                    if document is not None:
-                        piece = document[4 * i : 4 * i + 4]
-                        if not piece:
-                            continue
-                        tid, text = 2 + i % 6, piece
-                        end = "stop" if 4 * i + 4 >= len(document) else ("length" if i == n - 1 else None)
-                    else:
-                        tid = prompt[-1] + 1 + i + 100 * c
-                        text, end = f"[{tid}]", ("length" if i == n - 1 else None)
-                    choice = {"index": c, "text": text, "finish_reason": end}
+                    tid = _next_token([*prompt, *outs[c]], outs[c], doc_ids, c, tokenizer.eos)
+                    outs[c].append(tid)
+                    # The scheduler's stop check: EOS unless ignore_eos, then the length (v1/core/sched/utils.py:40-62).
+                    eos_stop = tid == tokenizer.eos and not ignore_eos
+                    end = "stop" if eos_stop else ("length" if len(outs[c]) >= n else None)
+                    if detoks[c].update(tid, eos_stop) is not None:
+                        end = "stop"  # a stop string ends the request (output_processor.py:495-500)
+                    if end is not None:
+                        ended.add(c)
+                    choice = {"index": c, "text": detoks[c].delta(end is not None), "finish_reason": end}
                     if with_ids:  # only when asked: prompt ids in the first chunk, then each chunk's ids
                         choice["token_ids"] = [tid]  # serving_completion.py:416-418, 459-464
                         if i == 0:
@@ -262,8 +371,7 @@ def main():
                     # One choice per chunk, as vLLM streams them (serving_completion.py:448-466).
                     chunk = {"id": "cmpl-standin", "object": "text_completion", "model": served, "choices": [choice]}
                     await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    wrote = True
-                if not wrote:
+                if len(ended) == choices:
                     break
                 await asyncio.sleep(float(os.environ.get("STANDIN_TOKEN_DELAY", "0.02")))
             if (body.get("stream_options") or {}).get("include_usage"):

@@ -46,7 +46,6 @@ WATCH_INTERVAL_DEFAULT_S = 0.25
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # as sent (client_max_size, else 413) and once decompressed
 BODY_READ_TIMEOUT_S = 30.0  # a body that trickles in slower than this is the client's problem (408)
-CLIENT_STALL_S = 60.0  # a client that accepts no bytes for this long counts as gone: its request is cancelled
 
 # How a request the engine ended with an error reaches the client (docs/node.md, "How a request
 # ends"): the error kind from engine_host -> (HTTP status, OpenAI error type, code). 503s and 429s
@@ -456,13 +455,14 @@ class LeaderApi:
         async def write(data: bytes, *, last: bool = False) -> None:
             # Bounded: a client that stops reading must not hold its batch slot for ever. The last
             # write (write_eof) drains the buffer too, so it is bounded the same way.
+            stall_s = self.sup.s.client_stall_s
             try:
-                async with asyncio.timeout(CLIENT_STALL_S):
+                async with asyncio.timeout(stall_s):
                     await (resp.write_eof(data) if last else resp.write(data))
             except TimeoutError:
                 if request.transport is not None:
                     request.transport.abort()
-                raise ConnectionError(f"the client accepted nothing for {CLIENT_STALL_S:g} s") from None
+                raise ConnectionError(f"the client accepted nothing for {stall_s:g} s") from None
 
         def event(payload: BaseModel | dict) -> bytes:
             body = payload.model_dump() if isinstance(payload, BaseModel) else payload
@@ -861,7 +861,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                         line = b'{"load":' + load + more + b"}\n"
                     else:
                         line = b"\n"
-                    async with asyncio.timeout(CLIENT_STALL_S):  # a watcher that reads nothing is gone
+                    async with asyncio.timeout(sup.s.client_stall_s):  # a watcher that reads nothing is gone
                         await resp.write(line)
                     last_rest, last_load, last_sent, last_signature = rest, load, now, signature
                 try:

@@ -16,7 +16,6 @@ MULTI_NODE = "multi-node"
 
 # Repositories at the revisions every citation below refers to.
 DLC_2_28_0 = "aws-neuron/deep-learning-containers@6776548882d6fc2cefc979eb941a6a76095aeb2d"  # tag 2.28.0
-DLC_2_24_1 = "aws-neuron/deep-learning-containers@331f7557693dce0235a2089f052519ef20a9b72f"  # tag 2.24.1
 SDK_DOCS_2_28_0 = "aws-neuron/aws-neuron-sdk@86a9286833dc2a1cd23b674f7081061924aa587a"  # tag v2.28.0
 SDK_DOCS_HEAD = "aws-neuron/aws-neuron-sdk@81ce03ae261e12925e53437a0f690478e6366155"
 PLUGIN_0_4_1 = "vllm-project/vllm-neuron@4fac6b7b922288325cf1d06ca3b1d990255230e2"  # branch release-0.4.1

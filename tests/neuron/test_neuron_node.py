@@ -165,6 +165,40 @@ def test_leader_streams_the_standin_servers_tokens_through_our_openai_api(neuron
     assert e.value.code == 400 and "256" in e.value.read().decode()
 
 
+def _phases_until_ready(unit, timeout_s: float) -> dict[str, set]:
+    """Poll the leader's ready body until it answers 200: the load phases it named for itself and for
+    each follower on the way."""
+    seen: dict[str, set] = {"leader": set(), "follower": set()}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            code, body = unit.leader.ready()
+        except OSError:  # not listening yet
+            time.sleep(0.2)
+            continue
+        if code == 200:
+            # Loaded: neither the leader nor any follower names a phase any more.
+            assert body["loading"] is None and all(m["loading"] is None for m in body["members"])
+            break
+        if body and body.get("loading"):
+            seen["leader"].add(body["loading"]["phase"])
+        for member in (body or {}).get("members", []):
+            if member.get("loading"):
+                seen["follower"].add(member["loading"]["phase"])
+        time.sleep(0.2)
+    return seen
+
+
+def test_a_one_node_unit_says_it_is_compiling_in_its_ready_body_until_vllm_is_healthy(neuron_unit):
+    # No compile cache: vLLM compiles on start and says nothing on the way; the stand-in's /health
+    # answers 503 for its first 4 s, so the leader's ready body is seen naming the phase.
+    unit, _log = neuron_unit(STANDIN_HEALTH_AFTER="4")
+    seen = _phases_until_ready(unit, timeout_s=90)
+    assert "compile" in seen["leader"], (seen, unit.dump_logs())
+    assert seen["leader"] <= {"fetch_model", "compile"} and not seen["follower"]
+    unit.wait_ready(timeout=90)
+
+
 def test_standin_dying_mid_stream_errors_the_stream_and_the_unit_reforms(neuron_unit):
     unit, _log = neuron_unit(STANDIN_DIE_AFTER="2")
     unit.wait_ready(timeout=90)
@@ -217,23 +251,7 @@ def test_two_node_unit_serves_through_the_nxd_inference_loop_and_reforms_when_a_
         STANDIN_NXDI_WARMUP_S="3",
     )
     # While it loads, the leader's ready body says where its own engine and each follower's are.
-    seen: dict[str, set] = {"leader": set(), "follower": set()}
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            code, body = unit.leader.ready()
-        except OSError:  # not listening yet
-            time.sleep(0.2)
-            continue
-        if code == 200:
-            assert body["loading"] is None and body["members"][0]["loading"] is None  # loaded: said no more
-            break
-        if body and body.get("loading"):
-            seen["leader"].add(body["loading"]["phase"])
-        for member in (body or {}).get("members", []):
-            if member.get("loading"):
-                seen["follower"].add(member["loading"]["phase"])
-        time.sleep(0.2)
+    seen = _phases_until_ready(unit, timeout_s=300)
     # fetch_model and load pass too quickly to be sure of; a 3 s warm-up is seen on both nodes.
     assert "warmup" in seen["leader"] and "warmup" in seen["follower"], (seen, unit.dump_logs())
     assert seen["leader"] | seen["follower"] <= {"fetch_model", "fetch_compiled", "compile", "load", "warmup", "join"}

@@ -76,6 +76,50 @@ def test_a_node_that_runs_forward_on_other_inputs_fails_the_unit_instead_of_hang
     assert "forward #2" in str(results[0][1])
 
 
+# A node whose forward never returns, as when a collective inside it stops making progress while every
+# process lives: the loop must end itself (the node then re-forms the unit), not wait for ever.
+STUCK_NODE = """
+import datetime, sys, threading
+import torch.distributed as dist
+from runtime.engines.neuron import spmd
+
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+
+
+class StuckForward:
+    def forward(self, **inputs):
+        threading.Event().wait()
+
+
+node = spmd.Node(StuckForward(), node_rank=0, step_timeout_s=0.5)
+scheduler = spmd.Scheduler(batch_size=1, seq_len=8)
+scheduler.add(spmd.Request("r0", prompt=[1, 2], max_tokens=2))
+node.step(scheduler.next_step())
+print("the forward returned")
+"""
+
+
+def test_a_forward_that_never_returns_ends_the_nodes_loop_with_exit_1_naming_the_step():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", STUCK_NODE, f"tcp://127.0.0.1:{free_port()}"],
+        cwd=repo,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,  # a generous ceiling for a loaded machine, not the bound under test (0.5 s)
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "the forward returned" not in proc.stdout
+    stuck = [json.loads(line) for line in proc.stderr.splitlines() if "neuron_step_stuck" in line]
+    assert stuck and stuck[0]["node_rank"] == 0 and stuck[0]["step"] == 0 and stuck[0]["waited_s"] >= 0.5
+
+
 def test_every_load_phase_the_loop_reports_is_one_the_node_knows():
     # spmd.py runs without the flotilla package, so it spells the phases itself; the node parses
     # them as LoadPhase (runtime/engines/neuron/loading.py), and an unknown one would fail the load.

@@ -96,6 +96,29 @@ def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any, tracker: 
         ) from e
 
 
+def _store_compiled(prepared: Any, s: NeuronEngineSettings, s3: Any) -> None:
+    """Once this node's ranks are loaded: upload what it compiled under its own key (the key holds its
+    start_rank_id), so its next start, or a replacement node of the same rank, loads without compiling."""
+    from runtime.engines.neuron.prepare import store_compiled  # noqa: PLC0415
+
+    if not s.compile_cache_uri:
+        return
+    try:
+        stored = store_compiled(
+            prepared, compile_cache_uri=s.compile_cache_uri, compiled_dir=s.options.compiled_artifacts_dir, s3=s3
+        )
+        jlog(
+            "neuron_compile_cache",
+            logging.INFO,
+            logger=log,
+            stored=stored,
+            key=prepared.compile_key,
+            start_rank_id=prepared.plan.start_rank_id,
+        )
+    except Exception as e:  # noqa: BLE001 - a cache upload failure costs the next start time, not this one
+        jlog("neuron_compile_cache_store_failed", logging.WARNING, logger=log, error=str(e))
+
+
 def _s3_client() -> Any:
     import boto3  # noqa: PLC0415
 
@@ -140,7 +163,6 @@ class NeuronEngine:
     async def start(self) -> None:
         import aiohttp  # noqa: PLC0415
 
-        from runtime.engines.neuron.prepare import store_compiled  # noqa: PLC0415
         from runtime.models.tokenizers import HFTokenizer  # noqa: PLC0415
 
         s3 = self._s3 or await asyncio.to_thread(_s3_client)
@@ -180,18 +202,7 @@ class NeuronEngine:
         except BaseException:
             await self._close()
             raise
-        if self.s.compile_cache_uri:
-            try:
-                stored = await asyncio.to_thread(
-                    store_compiled,
-                    self.prepared,
-                    compile_cache_uri=self.s.compile_cache_uri,
-                    compiled_dir=self.s.options.compiled_artifacts_dir,
-                    s3=s3,
-                )
-                jlog("neuron_compile_cache", logging.INFO, logger=log, stored=stored, key=self.prepared.compile_key)
-            except Exception as e:  # noqa: BLE001 - a cache upload failure costs the next start time, not this one
-                jlog("neuron_compile_cache_store_failed", logging.WARNING, logger=log, error=str(e))
+        await asyncio.to_thread(_store_compiled, self.prepared, self.s, s3)
         self._state = EngineState.READY
         self._tasks = [asyncio.create_task(self._watch_process())]
         if self.api == "spmd":
@@ -572,7 +583,8 @@ def run_follower(
     report: Callable[[LoadProgress], None] | None = None,
 ) -> None:
     """A follower's formation: prepare the rank, then run the plan's worker command until it exits.
-    `report` hears this node's load progress (the node puts it in its ready body).
+    `report` hears this node's load progress (the node puts it in its ready body). Once the worker says
+    its ranks are loaded (the join phase), what it compiled goes to the compile cache, as the leader's does.
 
     The worker stays in this process's group, so the supervisor's killpg ends it with the formation.
     """
@@ -590,6 +602,8 @@ def run_follower(
                 continue
             if phase is not None:
                 tracker.phase(phase)
+            if phase is LoadPhase.JOIN:  # compiled (or loaded from the cache) and loaded: nothing changes after
+                _store_compiled(prepared, settings, s3)
         rc = worker.wait()
     if rc != 0:
         raise EngineBroken(f"neuron follower rank {membership.rank}: the worker exited with code {rc}")

@@ -555,7 +555,9 @@ def _multi_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankP
         "local_ranks_size": local_ranks_size,
     }
     # Each node compiles and loads its own rank range into its own directory (the example's "compiled-model
-    # path per node"); the compile cache keys it by nxdi_config, which holds this node's start_rank_id.
+    # path per node"); the compile cache keys it by nxdi_config, which holds this node's start_rank_id. The
+    # buckets follow from it too: bucketing is off unless set, one bucket of seq_len, no context-encoding or
+    # token-generation buckets (NXDI_2_28:src/neuronx_distributed_inference/models/config.py:186-191).
     compiled = o.compiled_artifacts_dir
     env = {
         "FI_PROVIDER": "efa",

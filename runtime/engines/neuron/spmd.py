@@ -34,7 +34,8 @@ import torch.distributed as dist
 KIND_STOP, KIND_CONTEXT, KIND_TOKEN, KIND_IDLE = 0, 1, 2, 3
 # Every wait on a peer is bounded: a follower that hears nothing this long raises out of the gloo
 # broadcast and exits 1, and the node re-forms the unit. The leader, while idle, sends IDLE every
-# KEEPALIVE_S, well inside that bound.
+# KEEPALIVE_S, well inside that bound. A forward is bounded the same way (StepWatchdog): its collectives
+# are the Neuron runtime's, which flotilla cannot time out from Python.
 STEP_TIMEOUT_S = 120.0
 KEEPALIVE_S = 20.0
 
@@ -319,16 +320,80 @@ class Scheduler:
         return done
 
 
+def exit_stuck(node_rank: int, step: int, waited_s: float) -> None:
+    """A forward has not returned: say so on stderr and end this process at once. The thread that runs
+    the forward is inside the Neuron runtime and cannot be interrupted; the node sees the loop exit,
+    ends the formation and re-forms the unit, which frees the NeuronCores."""
+    line = {"event": "neuron_step_stuck", "node_rank": node_rank, "step": step, "waited_s": round(waited_s, 1)}
+    print(json.dumps(line), file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+class StepWatchdog:
+    """Bounds every forward. A collective that stops making progress (a peer's NeuronCores wedged, a
+    link down while every process lives) leaves each node inside its forward, where neither the gloo
+    timeout nor the node's liveness checks reach: past timeout_s, on_stuck runs (exit_stuck: the loop
+    exits 1). The Neuron runtime's own execution timeout is no bound to rely on: the SDK 2.28 runtime
+    configuration page gives NEURON_RT_EXEC_TIMEOUT a default of 30 s in its table, 2 s in its text and
+    shows a 600000 ms timeout in its log example (aws-neuron/aws-neuron-sdk@86a9286833dc2a1cd23b674f7081061924aa587a,
+    tag v2.28.0: neuron-runtime/nrt-configurable-parameters.rst:48-52, 165-168, 182)."""
+
+    def __init__(self, *, node_rank: int, timeout_s: float, on_stuck: Callable[[int, int, float], None]) -> None:
+        self.node_rank, self.timeout_s, self.on_stuck = node_rank, timeout_s, on_stuck
+        self._lock = threading.Lock()
+        self._step: int | None = None
+        self._since = 0.0
+        self._thread: threading.Thread | None = None
+
+    def running(self, step: int) -> None:
+        with self._lock:
+            self._step, self._since = step, time.monotonic()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
+            self._thread.start()
+
+    def done(self) -> None:
+        with self._lock:
+            self._step = None
+
+    def _watch(self) -> None:
+        poll = min(1.0, self.timeout_s / 4)
+        while True:
+            time.sleep(poll)
+            with self._lock:
+                step, waited = self._step, time.monotonic() - self._since
+            if step is not None and waited > self.timeout_s:
+                self.on_stuck(self.node_rank, step, waited)
+                return
+
+
 class Node:
     """This node's part of the unit: the leader steps and broadcasts, a follower mirrors it."""
 
-    def __init__(self, model: CausalLM, *, node_rank: int, seed: int = 0, group: Any = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        node_rank: int,
+        seed: int = 0,
+        group: Any = None,
+        step_timeout_s: float = STEP_TIMEOUT_S,
+        on_stuck: Callable[[int, int, float], None] = exit_stuck,
+    ) -> None:
         self.model = model
         self.group = group  # the gloo group the steps go over (None: the default group)
         self.node_rank = node_rank
         self.is_leader = node_rank == 0
         self.generator = torch.Generator().manual_seed(seed)
         self.steps = 0
+        self.watchdog = StepWatchdog(node_rank=node_rank, timeout_s=step_timeout_s, on_stuck=on_stuck)
+
+    def _forward(self, step: Step) -> torch.Tensor:
+        self.watchdog.running(step.number)
+        try:
+            return run_forward(self.model, step, self.generator)
+        finally:
+            self.watchdog.done()
 
     def step(self, step: Step) -> torch.Tensor:
         """Leader: stamp-check, broadcast, run the same forward as every follower."""
@@ -337,7 +402,7 @@ class Node:
             raise StepMismatch(f"the scheduler stamped step {step.number}, the unit is at {self.steps}")
         broadcast_step(step, is_leader=True, group=self.group)
         self.steps += 1
-        return run_forward(self.model, step, self.generator)
+        return self._forward(step)
 
     def stop(self) -> None:
         broadcast_step(None, is_leader=True, group=self.group)
@@ -355,7 +420,7 @@ class Node:
             if step is IDLE:
                 continue
             assert isinstance(step, Step)
-            run_forward(self.model, step, self.generator)
+            self._forward(step)
             self.steps += 1
 
     def serve(self, scheduler: Scheduler, on_done: Callable[[Request], None] = lambda r: None) -> None:

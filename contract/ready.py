@@ -85,8 +85,8 @@ def _text(v: Any) -> str:
     return str(v) if v else ""  # null, "" and 0 all mean "not said": the reader keeps what it knew
 
 
-def _rank(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else -1  # anything else: not ranked
+def _known_int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else -1  # anything else: not said
 
 
 def _listed(v: Any) -> list[Any]:
@@ -135,7 +135,8 @@ class ReadyReport(BaseModel):
     unit: Annotated[str, BeforeValidator(_text)] = ""
     revision: Annotated[str, BeforeValidator(_text)] = ""
     cell: Annotated[str, BeforeValidator(_text)] = ""
-    rank: Annotated[int, BeforeValidator(_rank)] = -1
+    rank: Annotated[int, BeforeValidator(_known_int)] = -1
+    world_size: Annotated[int, BeforeValidator(_known_int)] = -1  # the members the unit forms with
     role: str | None = None  # None: a revision before roles (rank 0 leads)
     load: Annotated[LoadReport, BeforeValidator(lambda v: v or {})] = LoadReport()
     # Routing keys the leader admitted since its last line (balance.KeyHolders), taken as listed.

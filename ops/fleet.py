@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import contract
-from contract.ready import ReadyReport, read_ready
+from contract.ready import Loading, ReadyReport, read_ready
 from ops.aws import Aws, chunks
 from ops.errors import OpsError
 
@@ -82,7 +82,8 @@ class Node:
 
     @property
     def rank(self) -> int | None:
-        return self.health.get("rank") if self.health else None
+        r = self.report
+        return r.rank if r is not None and r.rank >= 0 else None
 
     @property
     def role(self) -> str:
@@ -92,12 +93,13 @@ class Node:
 
     @property
     def ready(self) -> bool:
-        return bool(self.health and self.health.get("ready") is True)
+        r = self.report
+        return r is not None and r.ready
 
     @property
     def state(self) -> str:
-        if self.health is not None:
-            return str(self.health.get("state", "?"))
+        if (r := self.report) is not None:
+            return r.state or "?"
         if self.stopping:
             return "stopping"
         return "unreachable" if self.health_error else "unknown"
@@ -150,28 +152,29 @@ class Unit:
                 out.append(f"not registered in Cloud Map: {', '.join(unregistered)}")
             return out
         for n in members:
-            if n.health is None:
+            r = n.report
+            if r is None:
                 out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
-            elif not n.ready:
-                loading = describe_loading(n.health.get("loading"))
+            elif not r.ready:
+                loading = describe_loading(r.loading)
                 out.append(
                     f"node {n.instance_id or n.task_id} (rank {n.rank}) is {n.state}, not ready"
                     + (f" ({loading})" if loading else "")
                 )
-        answered = [n for n in members if n.health is not None]
-        reports = [n.health for n in answered if n.health is not None]
-        revisions = sorted({str(h.get(contract.ATTR_REVISION)) for h in reports})
+        answered = [n for n in members if n.report is not None]
+        reports = [r for n in answered if (r := n.report) is not None]
+        revisions = sorted({r.revision for r in reports})
         if len(revisions) > 1:
             out.append(f"members report different revisions {', '.join(revisions)} (a unit must not mix them)")
-        ranks = sorted(n.rank for n in answered if isinstance(n.rank, int))
+        ranks = sorted(n.rank for n in answered if n.rank is not None)
         if answered and len(answered) == len(members) and ranks != list(range(len(members))):
             out.append(f"ranks {ranks} are not 0..{len(members) - 1}")
-        sizes = {h.get("world_size") for h in reports}
+        sizes = {r.world_size for r in reports}
         if any(s != n_want for s in sizes):
-            out.append(f"world_size {sorted(map(str, sizes))} != nodes_per_unit {n_want}")
-        units = {h.get(contract.ATTR_UNIT) for h in reports}
+            out.append(f"world_size {sorted(sizes)} != nodes_per_unit {n_want}")
+        units = {r.unit for r in reports}
         if any(u != self.unit_id for u in units):
-            out.append(f"members report unit {sorted(map(str, units))}, expected {self.unit_id}")
+            out.append(f"members report unit {sorted(units)}, expected {self.unit_id}")
         leader = next((n for n in members if n.rank == 0), None)
         if leader is not None and not leader.registered:
             out.append("the leader is not registered in Cloud Map: the router cannot reach this unit")
@@ -204,14 +207,14 @@ class Unit:
         return out
 
 
-def describe_loading(loading: Any) -> str:
+def describe_loading(loading: Loading | None) -> str:
     """A member's ready-body `loading` in a few words (docs/node.md), "" when it is not loading:
     "loading fetch_model 412.0/810.0 GB, 95 s in phase"."""
-    if not isinstance(loading, dict) or not loading.get("phase"):
+    if loading is None or not loading.phase:
         return ""
-    done, total = loading.get("done_bytes") or 0, loading.get("total_bytes") or 0
+    done, total = loading.done_bytes, loading.total_bytes
     amount = f" {done / 1e9:.1f}/{total / 1e9:.1f} GB" if total else ""
-    return f"loading {loading['phase']}{amount}, {loading.get('phase_s', 0):.0f} s in phase"
+    return f"loading {loading.phase}{amount}, {loading.phase_s:.0f} s in phase"
 
 
 @dataclass

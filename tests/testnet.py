@@ -32,8 +32,22 @@ class StalledReader:
 
     RCVBUF = 1024  # Linux doubles it and keeps a floor of a few KiB: the window stays tiny
 
-    def __init__(self, port: int, path: str, body: dict, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        port: int,
+        path: str,
+        body: dict,
+        *,
+        timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
+        mss: int | None = None,
+    ) -> None:
+        """`mss` (TCP_MAXSEG, set before connect) caps the segment size the server may send: Linux sizes
+        a socket's send buffer from it (2 x max(cwnd, 10) segments, torvalds/linux
+        net/ipv4/tcp_input.c `tcp_sndbuf_expand`), so on loopback (MSS ~64 KiB, buffers autotuned up to
+        tcp_wmem's max) a small one keeps the server's send buffer to tens of KiB: a short stream fills it."""
         self.port, self.path, self.body, self.timeout = port, path, body, timeout
+        self.headers, self.mss = headers or {}, mss
         self.sock: socket.socket | None = None
         self.head = b""
 
@@ -42,11 +56,14 @@ class StalledReader:
         payload = json.dumps(self.body).encode()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
+        if self.mss is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, self.mss)
         sock.settimeout(self.timeout)
         sock.connect(("127.0.0.1", self.port))
         self.sock = sock
+        extra = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
         sock.sendall(
-            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(payload)}\r\n\r\n".encode()
             + payload
         )

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-import contract
 from ops.aws import clients_for
 from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select, wait_until
@@ -98,7 +97,7 @@ def rollout_state(u: Unit) -> str:
     primary = [d for d in u.deployments if d.get("status") == "PRIMARY"]
     if len(u.deployments) > 1 or any(d.get("rolloutState") == IN_PROGRESS for d in primary):
         return IN_PROGRESS
-    reported = {str(n.health.get(contract.ATTR_REVISION)) for n in u.nodes if n.health}
+    reported = {r.revision for n in u.nodes if (r := n.report) is not None}
     if reported and reported != {u.revision}:
         return IN_PROGRESS
     return COMPLETED
@@ -118,7 +117,7 @@ def render_status(fleet: Fleet, units: list[Unit], console: Console) -> dict[str
             state = rollout_state(u)
             counts[state] += 1
             style = {COMPLETED: "green", IN_PROGRESS: "yellow", FAILED: "red"}[state]
-            reported = sorted({str(n.health.get(contract.ATTR_REVISION)) for n in u.nodes if n.health})
+            reported = sorted({r.revision for n in u.nodes if (r := n.report) is not None})
             deps = (
                 "; ".join(
                     f"{d.get('status', '?')} {arn_name(d.get('taskDefinition', '?'))} {d.get('rolloutState', '?')} "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ops.rehearsal import ecs_rules
 from ops.rehearsal.ecs_rules import breaker_threshold
 from ops.rehearsal.template import UnitService
 
@@ -291,8 +292,8 @@ class Service:
             mine = [t for t in running if t.deployment is primary]
             busy = {t.slot for t in holding if t.deployment is primary}
             free = [s for s in range(spec.desired_count) if s not in busy]
-            room = spec.max_tasks - len(holding)
-            for slot in free[: max(0, min(spec.desired_count - len(mine), room))]:
+            room = ecs_rules.room_to_start(spec.desired_count, spec.max_percent, counted=len(holding), have=len(mine))
+            for slot in free[:room]:
                 self._launch(primary, slot)
 
         # Old tasks stop while the healthy ones stay within minimumHealthyPercent: "a lower limit on
@@ -310,12 +311,13 @@ class Service:
             (t for t in running if t.deployment is not primary),
             key=lambda t: (t.health.status is HealthStatus.HEALTHY, t.slot),
         )
-        for task in old:
-            if task.health.status is not HealthStatus.HEALTHY:
-                self._stop(task, f"replaced by {primary.deployment_id}")
-            elif healthy - 1 >= spec.min_healthy_tasks:
-                self._stop(task, f"replaced by {primary.deployment_id}")
-                healthy -= 1
+        for task in ecs_rules.may_stop(
+            old,
+            healthy=lambda t: t.health.status is HealthStatus.HEALTHY,
+            healthy_now=healthy,
+            minimum=spec.min_healthy_tasks,
+        ):
+            self._stop(task, f"replaced by {primary.deployment_id}")
 
         # Steady state: "all container health checks must be in a HEALTHY status before a Service or
         # TaskSet can reach STEADY_STATE" (aws/containers-roadmap#897, AWS, 2020-09-16) and only the

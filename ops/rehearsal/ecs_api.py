@@ -689,26 +689,24 @@ class EcsModel:
             # Tasks of older deployments were counted healthy already; new ones once their check passes.
             return t.last_status == "RUNNING" and (t.health == "HEALTHY" or t.started_by != primary.id)
 
-        min_running = ecs_rules.min_healthy_tasks(s.desired, s.min_percent)
-        max_tasks = ecs_rules.max_tasks(s.desired, s.max_percent)
         # Retire old or draining tasks while enough healthy ones remain.
-        spare = sum(1 for t in new + retiring if healthy(t)) - min_running
-        for t in retiring:
-            if spare <= 0:
-                break
+        for t in ecs_rules.may_stop(
+            retiring,
+            healthy=healthy,
+            healthy_now=sum(1 for t in new + retiring if healthy(t)),
+            minimum=ecs_rules.min_healthy_tasks(s.desired, s.min_percent),
+        ):
             reason = (
                 "Task stopped because the container instance is draining"
                 if t.container_instance in draining
                 else f"Scaling activity initiated by (deployment {primary.id})"
             )
-            if healthy(t):
-                spare -= 1
             self._stop(s, t, reason)
         live = [t for t in self._service_tasks(s) if t.live]
         # Start the missing tasks of the primary deployment within maximumPercent.
         if primary.rollout_state != "FAILED":
             counted = sum(1 for t in live if t.last_status in LIFECYCLE_UP)
-            room = min(max_tasks - counted, s.desired - len(new))
+            room = ecs_rules.room_to_start(s.desired, s.max_percent, counted=counted, have=len(new))
             started = []
             s.unplaced = 0
             for i in range(max(0, room)):

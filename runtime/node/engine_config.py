@@ -5,11 +5,13 @@ the way (a missing or unknown key fails the engine's start, loudly).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from runtime.membership import Membership
+from runtime.membership import Member, Membership
 from runtime.node.settings import NeuronSettings, NodeSettings
 
 # The environment variable that carries the config to the engine process (its JSON).
@@ -37,6 +39,21 @@ class EngineConfig(BaseModel):
     echo_step_s: float
     neuron: NeuronSettings | None
     membership: Membership
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nested_keys_exact(cls, data: Any) -> Any:
+        """The nested parts are held to the top level's rule: every key sent, none unknown. Their own
+        models would fill a missing key from its default (Membership.members, Member.instance_id,
+        each neuron setting) and the dataclasses ignore an unknown one."""
+        if isinstance(data, dict):
+            membership = data.get("membership")
+            _exact_keys("membership", membership, (f.name for f in fields(Membership)))
+            if isinstance(membership, dict) and isinstance(membership.get("members"), list):
+                for i, member in enumerate(membership["members"]):
+                    _exact_keys(f"membership.members.{i}", member, (f.name for f in fields(Member)))
+            _exact_keys("neuron", data.get("neuron"), NeuronSettings.model_fields)
+        return data
 
     @classmethod
     def from_settings(cls, s: NodeSettings, membership: Membership) -> EngineConfig:
@@ -79,3 +96,15 @@ class EngineConfig(BaseModel):
             compile_cache_uri=n.compile_cache_uri,
             launcher=n.launcher,
         )
+
+
+def _exact_keys(where: str, given: Any, declared: Iterable[str]) -> None:
+    """ValueError naming the keys of `given` (a parsed JSON object) missing from or unknown to
+    `declared`; anything else (an object already built, null) is left to the model to judge."""
+    if not isinstance(given, dict):
+        return
+    want = set(declared)
+    missing, unknown = sorted(want - given.keys()), sorted(given.keys() - want)
+    if missing or unknown:
+        said = [f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(unknown)}" if unknown else ""]
+        raise ValueError(f"{where}: keys {'; '.join(s for s in said if s)}")

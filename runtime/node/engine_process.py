@@ -48,18 +48,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STEP_WINDOW_S = 60.0
 
 
-@dataclass
-class LoadReport:
-    state: EngineState = EngineState.STARTING
-    detail: str = ""
-    queue_depth: int = 0
-    running: int = 0
-    max_running: int = 0
-    kv_cache_used: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-
-
 class StepTimes:
     """The longest wait between two of the engine's tokens while it held work (a decode step, or a
     step that also prefilled new prompts), over the last window_s to 2 x window_s seconds: two
@@ -105,7 +93,7 @@ class EngineProcess:
         self.resumes = False  # from the ready event: the engine continues requests other units started
         self.resumes_choices = False  # and continues each of n > 1 choices from its own tokens
         self.exited = asyncio.Event()
-        self.load = LoadReport()
+        self.load = Load(state=EngineState.STARTING)  # the engine's last load event
         self.failure: str = ""
         # While the engine starts: its last load progress (engine_host's "progress" event) and when
         # it came; None before the first and once ready.
@@ -157,8 +145,7 @@ class EngineProcess:
                         # Broken is for good: a request that found the engine broken may arrive a
                         # moment before the engine's own load report says so, and a "ready" report
                         # sent in that moment must not make the unit routable again.
-                        fields = {k: getattr(ev, k) for k in LoadReport.__dataclass_fields__}
-                        self.load = LoadReport(**{**fields, "state": EngineState(ev.state)})
+                        self.load = ev
                 elif isinstance(ev, Progress):
                     self.progress, self.progress_at = ev, self.last_report
                 elif isinstance(ev, Ready):
@@ -173,7 +160,7 @@ class EngineProcess:
             jlog("engine_protocol_error", logging.ERROR, logger=log, error=str(e))
         finally:
             rc = await self.proc.wait()
-            self.load = LoadReport(
+            self.load = Load(
                 state=EngineState.STOPPED if rc == 0 else EngineState.BROKEN,
                 detail=self.failure or f"engine process exited with code {rc}",
             )
@@ -196,7 +183,7 @@ class EngineProcess:
             self.last_progress = self.last_report
         elif isinstance(ev, Error) and ev.kind == "broken":
             # Mark the unit unready before the client hears of the failure.
-            self.load = LoadReport(state=EngineState.BROKEN, detail=ev.message)
+            self.load = Load(state=EngineState.BROKEN, detail=ev.message)
         s = self._streams.get(ev.id)
         if s is not None:
             s.events.put_nowait(ev)

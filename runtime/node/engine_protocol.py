@@ -13,6 +13,8 @@ import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Union
 
+from runtime.engines.base import EngineState
+
 
 class ProtocolError(ValueError):
     """A line that is not a message of this protocol: a node and engine process of different code (a bug)."""
@@ -93,10 +95,11 @@ class Ready:
 
 @dataclass(slots=True, kw_only=True)
 class Load:
-    """The engine's health and load, every LOAD_EVERY_S: runtime.engines.base.EngineLoad's fields."""
+    """The engine's health and load, every LOAD_EVERY_S: runtime.engines.base.EngineLoad's fields. The
+    supervisor keeps the last one as its engine's load (EngineProcess.load)."""
 
     op: ClassVar[str] = "load"
-    state: str
+    state: EngineState  # a line carries its value; an unknown one is a ProtocolError
     detail: str = ""
     queue_depth: int = 0
     running: int = 0
@@ -104,6 +107,9 @@ class Load:
     kv_cache_used: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+
+    def __post_init__(self) -> None:
+        self.state = EngineState(self.state)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -190,7 +196,7 @@ def _decode(line: bytes | str, ops: dict[str, type]) -> Any:
         raise ProtocolError(f"not a message of the engine protocol ({e!r}): {line[:200]!r}") from None
     try:
         return cls(**d)
-    except TypeError as e:  # a key unknown to the class, or one it needs missing
+    except (TypeError, ValueError) as e:  # a key unknown to the class, one it needs missing, or a bad value
         raise ProtocolError(f"{op}: {e}") from None
 
 

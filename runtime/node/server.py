@@ -14,6 +14,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, AsyncIterator
 
 from aiohttp import web
@@ -36,7 +37,7 @@ from runtime.node.protocol import (
     parse_json_body,
 )
 from runtime.node.queue_wait import retry_after_s
-from runtime.node.serving import serving_for
+from runtime.node.serving import ChatServing, Collected, CompletionServing, serving_for
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
@@ -46,7 +47,6 @@ WATCH_INTERVAL_DEFAULT_S = 0.25
 _REQUEST_ID_OK = re.compile(contract.REQUEST_ID_PATTERN)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # as sent (client_max_size, else 413) and once decompressed
 BODY_READ_TIMEOUT_S = 30.0  # a body that trickles in slower than this is the client's problem (408)
-CLIENT_STALL_S = 60.0  # a client that accepts no bytes for this long counts as gone: its request is cancelled
 
 # How a request the engine ended with an error reaches the client (docs/node.md, "How a request
 # ends"): the error kind from engine_host -> (HTTP status, OpenAI error type, code). 503s and 429s
@@ -355,10 +355,11 @@ class LeaderApi:
         )
         return _error(err, {**headers, "Retry-After": str(retry_after_s(wait))})
 
-    def _timing(self, rec: dict[str, Any], arrival: float, first_token: float | None, n: int) -> None:
+    def _timing(self, rec: dict[str, Any], arrival: float, progress: _Progress) -> None:
         """The request's generation ended (done, failed or the client left): record its timing in
         /metrics and write its one EMF line (TimeToFirstToken if a token came, OutputTokens)."""
         finish = time.time()
+        first_token, n = progress.first_token, progress.tokens
         if first_token is not None:
             rec["first_token"] = round(first_token, 6)
             self.m.ttft.observe(first_token - arrival)
@@ -381,49 +382,6 @@ class LeaderApi:
         except OSError as e:  # stdout gone: a metric must never fail the request it measures
             rec["emf_error"] = str(e)
 
-    async def _collect(
-        self,
-        req: ParsedRequest,
-        move: _Move,
-        rid: str,
-        events: Any,
-        headers: dict[str, str],
-        rec: dict[str, Any],
-        arrival: float,
-        prompt_tokens: int,
-    ) -> web.Response:
-        n, first_token, cached = 0, None, 0
-        serving = serving_for(req)
-        collected = serving.collector()
-        async for ev in events:
-            if isinstance(ev, Done):
-                cached = ev.cached_tokens
-            if isinstance(ev, Token):
-                if first_token is None:
-                    first_token = time.time()
-                collected.add(ev)
-                n = collected.completion_tokens  # every choice's tokens
-                rec["completion_tokens"] = n
-                if move.resume and self._handing_over():
-                    # The router retries a non-streamed request whole on another unit (nothing has
-                    # reached its client yet), so a drain need not wait for it.
-                    self._cancel(rid)
-                    ev = _DRAIN_HANDOVER
-            if isinstance(ev, Error):
-                self._timing(rec, arrival, first_token, n)
-                return self._engine_error(ev, headers, rec)
-        self._timing(rec, arrival, first_token, n)
-        if not collected.whole:  # only the engine says an answer is whole: never assume it
-            return self._engine_error(_INCOMPLETE, headers, rec)
-        rec["status"] = 200
-        headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
-        if first_token is not None:
-            headers[contract.FIRST_TOKEN_HEADER] = f"{first_token:.6f}"
-        body = serving.response(
-            rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens, cached_tokens=cached
-        )
-        return web.json_response(body.model_dump(), headers=headers)
-
     def _cancel(self, rid: str) -> None:
         if self.sup.engine is not None:
             self.sup.engine.cancel(rid)
@@ -432,18 +390,209 @@ class LeaderApi:
         """The unit drains (this member, or a follower): resumable requests leave for another unit now."""
         return self.sup.draining or bool(self.sup.unit_draining)
 
+    # -- a non-streamed answer --------------------------------------------------------------------------
+    async def _collect(
+        self,
+        req: ParsedRequest,
+        move: _Move,
+        rid: str,
+        events: AsyncIterator[RequestEvent],
+        headers: dict[str, str],
+        rec: dict[str, Any],
+        arrival: float,
+        prompt_tokens: int,
+    ) -> web.Response:
+        """Gather the whole answer, then send it in one response (or the error it ended with)."""
+        serving = serving_for(req)
+        collected = serving.collector()
+        progress = _Progress()
+        failed, cached = await self._gather(events, collected, progress, move, rid, rec)
+        self._timing(rec, arrival, progress)
+        if failed is not None:
+            return self._engine_error(failed, headers, rec)
+        if not collected.whole:  # only the engine says an answer is whole: never assume it
+            return self._engine_error(_INCOMPLETE, headers, rec)
+        rec["status"] = 200
+        headers = {**headers, contract.FINISH_HEADER: f"{time.time():.6f}"}
+        if progress.first_token is not None:
+            headers[contract.FIRST_TOKEN_HEADER] = f"{progress.first_token:.6f}"
+        body = serving.response(
+            rid=rid, created=int(arrival), collected=collected, prompt_tokens=prompt_tokens, cached_tokens=cached
+        )
+        return web.json_response(body.model_dump(), headers=headers)
+
+    async def _gather(
+        self,
+        events: AsyncIterator[RequestEvent],
+        collected: Collected,
+        progress: _Progress,
+        move: _Move,
+        rid: str,
+        rec: dict[str, Any],
+    ) -> tuple[Error | None, int]:
+        """The engine's tokens into `collected`, until its end: (the error it ended with, or None;
+        the prompt tokens it found in its cache)."""
+        cached = 0
+        async for ev in events:
+            if isinstance(ev, Done):
+                cached = ev.cached_tokens
+            if isinstance(ev, Token):
+                progress.token()
+                collected.add(ev)
+                progress.tokens = rec["completion_tokens"] = collected.completion_tokens  # every choice's
+                if move.resume and self._handing_over():
+                    # The router retries a non-streamed request whole on another unit (nothing has
+                    # reached its client yet), so a drain need not wait for it.
+                    self._cancel(rid)
+                    return _DRAIN_HANDOVER, cached
+            if isinstance(ev, Error):
+                return ev, cached
+        return None, cached
+
+    # -- a streamed answer ------------------------------------------------------------------------------
     async def _stream(
         self,
         request: web.Request,
         req: ParsedRequest,
         move: _Move,
-        events: Any,
+        events: AsyncIterator[RequestEvent],
         headers: dict[str, str],
         rec: dict[str, Any],
         arrival: float,
         prompt_tokens: int,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(
+        """Relay the answer as server-sent events while the engine makes it, then end the stream: whole
+        (usage if asked for, then [DONE]) or with an error event. A client that goes away, or accepts
+        nothing for the client stall bound, ends it early (the caller cancels the request)."""
+        sse = _EventStream(request, headers, stall_s=self.sup.s.client_stall_s)
+        await sse.open()
+        serving = serving_for(req)
+        collected = _collector_so_far(serving, move)
+        progress = _Progress()
+        try:
+            last = await self._relay(sse, req, move, serving, collected, events, progress, rec)
+        except ConnectionError:  # the client went away mid-stream
+            rec["client_gone"] = True
+            self._timing(rec, arrival, progress)
+            return sse.resp
+        self._timing(rec, arrival, progress)
+        rec["status"] = 200  # the status line went out with the first event
+        try:
+            if isinstance(last, Error) or not collected.whole:
+                await self._fail_stream(sse, last if isinstance(last, Error) else _INCOMPLETE, move, rec)
+            else:
+                await self._finish_stream(sse, req, serving, move, last, progress, prompt_tokens)
+        except ConnectionError:
+            pass
+        return sse.resp
+
+    async def _relay(
+        self,
+        sse: _EventStream,
+        req: ParsedRequest,
+        move: _Move,
+        serving: ChatServing | CompletionServing,
+        collected: Collected,
+        events: AsyncIterator[RequestEvent],
+        progress: _Progress,
+        rec: dict[str, Any],
+    ) -> RequestEvent:
+        """The stream's opening, then each token's chunks as the engine makes them; returns the event
+        the engine's stream ended on (a drain hands a resumable stream over instead)."""
+        if move.resume and not move.continued:
+            await sse.write(resume_comment(None) + b"\n")  # the router learns it may move this stream
+        if not move.continued:  # a continued stream's client has had its opening
+            for chunk in serving.opening(rid=move.shown_id, created=move.created):
+                await sse.send(chunk)
+        ev: RequestEvent = _INCOMPLETE
+        async for ev in events:
+            if isinstance(ev, Error):
+                break
+            if not isinstance(ev, Token):
+                continue
+            progress.token()
+            chunks = serving.chunks(rid=move.shown_id, created=move.created, ev=ev, collected=collected)
+            # every choice's tokens, counted before the write may fail
+            progress.tokens = rec["completion_tokens"] = collected.completion_tokens
+            await sse.write(self._token_event(ev, chunks, req, move, collected))
+            if move.resume and self._handing_over() and not collected.whole:
+                self._cancel(move.key)
+                return _DRAIN_HANDOVER
+        return ev
+
+    @staticmethod
+    def _token_event(
+        ev: Token, chunks: Sequence[BaseModel], req: ParsedRequest, move: _Move, collected: Collected
+    ) -> bytes:
+        """What one token puts on the wire: its chunks (none while text is held), and on a resumable
+        stream the resume comment first. The token ids ride in the same SSE event as their text, so
+        the router learns of a token exactly when its client gets the text."""
+        data = b"".join(_sse_event(chunk) for chunk in chunks)
+        if not move.resume:
+            return data
+        sent = collected.choices[ev.index].sent if getattr(req, "tool_mode", None) == "auto" else None
+        comment = resume_comment(ev, held=move.restarts, choices=req.choices, content_sent=sent)
+        return comment + (data or b"\n")
+
+    async def _fail_stream(self, sse: _EventStream, ending: Error, move: _Move, rec: dict[str, Any]) -> None:
+        """An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
+        A resumable stream says first that the router may continue it elsewhere (it then drops the event)."""
+        err = self._ending(ending, rec)
+        hand_over = move_comment(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
+        await sse.write(hand_over + _sse_event(err.body()), last=True)
+
+    @staticmethod
+    async def _finish_stream(
+        sse: _EventStream,
+        req: ParsedRequest,
+        serving: ChatServing | CompletionServing,
+        move: _Move,
+        done: RequestEvent,
+        progress: _Progress,
+        prompt_tokens: int,
+    ) -> None:
+        """A whole answer's end: the usage chunk if the client asked for it, then [DONE]."""
+        if req.include_usage:
+            # usage counts the whole answer, the tokens another unit generated included.
+            cached = done.cached_tokens if isinstance(done, Done) else 0
+            await sse.send(
+                serving.usage_chunk(
+                    rid=move.shown_id,
+                    created=move.created,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=progress.tokens + move.sent,
+                    cached_tokens=cached,
+                )
+            )
+        await sse.write(b"data: [DONE]\n\n", last=True)
+
+
+class _Progress:
+    """A request's output so far: when its first token came, and its tokens (every choice's)."""
+
+    __slots__ = ("first_token", "tokens")
+
+    def __init__(self) -> None:
+        self.first_token: float | None = None
+        self.tokens = 0
+
+    def token(self) -> None:
+        if self.first_token is None:
+            self.first_token = time.time()
+
+
+def _sse_event(payload: BaseModel | dict) -> bytes:
+    body = payload.model_dump() if isinstance(payload, BaseModel) else payload
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _EventStream:
+    """One streamed response's server-sent events. Every write is bounded: a client that stops
+    reading must not hold its batch slot for ever (past the bound it counts as gone)."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str], *, stall_s: float) -> None:
+        self.request, self.stall_s = request, stall_s
+        self.resp = web.StreamResponse(
             status=200,
             headers={
                 **headers,
@@ -452,105 +601,40 @@ class LeaderApi:
                 "X-Accel-Buffering": "no",
             },
         )
-        await resp.prepare(request)
-        rid, created = move.shown_id, move.created
 
-        async def write(data: bytes, *, last: bool = False) -> None:
-            # Bounded: a client that stops reading must not hold its batch slot for ever. The last
-            # write (write_eof) drains the buffer too, so it is bounded the same way.
-            try:
-                async with asyncio.timeout(CLIENT_STALL_S):
-                    await (resp.write_eof(data) if last else resp.write(data))
-            except TimeoutError:
-                if request.transport is not None:
-                    request.transport.abort()
-                raise ConnectionError(f"the client accepted nothing for {CLIENT_STALL_S:g} s") from None
+    async def open(self) -> None:
+        await self.resp.prepare(self.request)
 
-        def event(payload: BaseModel | dict) -> bytes:
-            body = payload.model_dump() if isinstance(payload, BaseModel) else payload
-            return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
-        async def send(payload: BaseModel | dict, *, last: bool = False) -> None:
-            await write(event(payload), last=last)
-
-        n, first_token = 0, None
-        before = move.sent  # tokens the client already has from another unit (every choice's)
-        serving = serving_for(req)
-        collected = serving.collector()
-        for i in move.finished:  # choices whose end the client already has
-            collected.choices[i].finish_reason = "continued"
-        if move.content_sent is not None:
-            # tool_choice "auto": each choice's tool parser goes on from the whole text so far, of which
-            # the client has the first content_sent characters as content (the rest was held: it may be
-            # a call).
-            for i, text in move.replayed.items():
-                collected.choices[i].text.append(text)
-            for i, chars in move.content_sent.items():
-                collected.choices[i].sent = chars
-        auto = getattr(req, "tool_mode", None) == "auto"
-        ev: RequestEvent = _INCOMPLETE
+    async def write(self, data: bytes, *, last: bool = False) -> None:
+        """Write `data` if any (`last`: and end the stream; write_eof drains the buffer too, so it is
+        bounded the same way); ConnectionError when the client accepted nothing for the bound."""
+        if not data and not last:
+            return
         try:
-            if move.resume and not move.continued:
-                await write(resume_comment(None) + b"\n")  # the router learns it may move this stream
-            if not move.continued:  # a continued stream's client has had its opening
-                for chunk in serving.opening(rid=rid, created=created):
-                    await send(chunk)
-            async for ev in events:
-                if isinstance(ev, Token):
-                    if first_token is None:
-                        first_token = time.time()
-                    chunks = serving.chunks(rid=rid, created=created, ev=ev, collected=collected)
-                    n = collected.completion_tokens  # every choice's tokens, counted before the write may fail
-                    rec["completion_tokens"] = n
-                    data = b"".join(event(chunk) for chunk in chunks)
-                    if move.resume:
-                        # The token ids ride in the same SSE event as their text, so the router
-                        # learns of a token exactly when its client gets the text.
-                        sent = collected.choices[ev.index].sent if auto else None
-                        comment = resume_comment(ev, held=move.restarts, choices=req.choices, content_sent=sent)
-                        data = comment + (data or b"\n")
-                    if data:
-                        await write(data)
-                    if move.resume and self._handing_over() and not collected.whole:
-                        self._cancel(move.key)
-                        ev = _DRAIN_HANDOVER
-                        break
-                elif isinstance(ev, Error):
-                    break
-        except ConnectionError:  # the client went away mid-stream
-            rec["client_gone"] = True
-            self._timing(rec, arrival, first_token, n)
-            return resp
-        self._timing(rec, arrival, first_token, n)
-        rec["status"] = 200  # the status line went out with the first event
-        if isinstance(ev, Error) or not collected.whole:
-            ending = ev if isinstance(ev, Error) else _INCOMPLETE
-            err = self._ending(ending, rec)
-            # An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
-            # A resumable stream says first that the router may continue it elsewhere (it then drops the event).
-            hand_over = move_comment(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
-            try:
-                await write(hand_over + event(err.body()), last=True)
-            except ConnectionError:
-                pass
-            return resp
-        try:
-            if req.include_usage:
-                # usage counts the whole answer, the tokens another unit generated included.
-                cached = ev.cached_tokens if isinstance(ev, Done) else 0  # ev: the engine's `done`
-                await send(
-                    serving.usage_chunk(
-                        rid=rid,
-                        created=created,
-                        prompt_tokens=prompt_tokens,
-                        completion_tokens=n + before,
-                        cached_tokens=cached,
-                    )
-                )
-            await write(b"data: [DONE]\n\n", last=True)
-        except ConnectionError:
-            pass
-        return resp
+            async with asyncio.timeout(self.stall_s):
+                await (self.resp.write_eof(data) if last else self.resp.write(data))
+        except TimeoutError:
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            raise ConnectionError(f"the client accepted nothing for {self.stall_s:g} s") from None
+
+    async def send(self, payload: BaseModel | dict, *, last: bool = False) -> None:
+        await self.write(_sse_event(payload), last=last)
+
+
+def _collector_so_far(serving: ChatServing | CompletionServing, move: _Move) -> Collected:
+    """A continued stream's answer as its client already has it: the choices whose end it has, and
+    with tool_choice "auto" each choice's whole text so far, which its tool parser goes on from (the
+    client has the first content_sent characters of it as content; the rest was held: it may be a call)."""
+    collected = serving.collector()
+    for i in move.finished:
+        collected.choices[i].finish_reason = "continued"
+    if move.content_sent is not None:
+        for i, text in move.replayed.items():
+            collected.choices[i].text.append(text)
+        for i, chars in move.content_sent.items():
+            collected.choices[i].sent = chars
+    return collected
 
 
 def resume_comment(ev: Token | None, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
@@ -884,7 +968,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                         line = b'{"load":' + load + more + b"}\n"
                     else:
                         line = b"\n"
-                    async with asyncio.timeout(CLIENT_STALL_S):  # a watcher that reads nothing is gone
+                    async with asyncio.timeout(sup.s.client_stall_s):  # a watcher that reads nothing is gone
                         await resp.write(line)
                     last_rest, last_load, last_sent, last_signature = rest, load, now, signature
                 try:

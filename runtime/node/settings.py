@@ -451,6 +451,15 @@ class NodeSettings(_Settings):
         ge=0.01,
         allow_inf_nan=False,
     )
+    client_stall_s: float = setting(
+        60.0,
+        "--client-stall",
+        "FLOTILLA_CLIENT_STALL_S",
+        "seconds a streaming client (or a /health/watch watcher) may accept no bytes before it counts as gone: "
+        "its request is cancelled in the engine, freeing its batch slot",
+        gt=0.0,
+        allow_inf_nan=False,
+    )
     torch_threads: int = setting(
         1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process", ge=1, le=256
     )

@@ -32,8 +32,9 @@ from pydantic import ValidationError
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
 from runtime.membership import Member, Membership, Role
+from runtime.node import engine_protocol
 from runtime.node.engine_config import EngineConfig
-from runtime.node.engine_process import EngineProcess, LoadReport
+from runtime.node.engine_process import EngineProcess
 from runtime.node.handshake import (
     STATUS_PATH,
     Load,
@@ -79,7 +80,7 @@ class UnitSupervisor:
         self.engine: EngineProcess | None = None
         self.formation: str | None = None
         self.offer: Offer | None = None  # leader: the formation on offer
-        self.unit_load = LoadReport()  # followers: the leader's load, relayed
+        self.unit_load = engine_protocol.Load(state=EngineState.STARTING)  # followers: the leader's load, relayed
         self.leader_ready = False
         self.draining = False
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
@@ -161,9 +162,9 @@ class UnitSupervisor:
             self.started = True
             jlog("unit_started", unit=self.s.unit_id, rank=self.rank, settle_s=self.s.ready_settle_s)
 
-    def load(self) -> LoadReport:
+    def load(self) -> engine_protocol.Load:
         if self.is_leader:
-            return self.engine.load if self.engine is not None else LoadReport()
+            return self.engine.load if self.engine is not None else engine_protocol.Load(state=EngineState.STARTING)
         return self.unit_load
 
     def expected_wait(self) -> float | None:
@@ -546,7 +547,8 @@ class UnitSupervisor:
                     raise FormationEnded("the leader ended the formation")
                 last_seen = time.monotonic()
                 self.leader_ready = st.ready
-                self.unit_load = LoadReport(
+                self.unit_load = engine_protocol.Load(
+                    state=EngineState.READY if st.ready else EngineState.STARTING,
                     queue_depth=st.load.queue_depth,
                     running=st.load.running,
                     max_running=st.load.max_running,

@@ -256,7 +256,7 @@ class AccessControl:
             waiting = u.queue_timeout_s > 0 and u.wait_s >= u.queue_timeout_s * h
             return u.outstanding < out_cap and u.queue_depth < queue_cap and not waiting
 
-        routable = [u for u in fleet.units.values() if u.routable]
+        routable = [u for u in fleet.members.values() if u.routable]
         return not routable or any(room(u) for u in routable)
 
     def _count(self, kid: str, outcome: str) -> None:

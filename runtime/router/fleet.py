@@ -357,7 +357,7 @@ class Fleet:
     def __init__(self, *, settings: RouterSettings, discovery: Discovery) -> None:
         self._settings = settings
         self._discovery = discovery
-        self.units: dict[str, Member] = {}
+        self.members: dict[str, Member] = {}
         self.cells: set[str] = set()  # every cell a member ever reported: a cell whose members
         #                                 all vanished still reports ReadyUnits 0, never silence
         self._index = _RoutingIndex()
@@ -405,13 +405,13 @@ class Fleet:
         tasks = [
             t
             for t in [self._discovery_task, self._ready_units_task, self._stale_task]
-            + [u.poll_task for u in self.units.values()]
+            + [u.poll_task for u in self.members.values()]
             if t
         ]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for unit in self.units.values():
+        for unit in self.members.values():
             if unit.session is not None:
                 await unit.session.close()
         if self._poll_session is not None:
@@ -423,7 +423,7 @@ class Fleet:
             endpoints = await asyncio.to_thread(self._discovery.discover)
         except DiscoveryError as exc:
             self.discovery_errors += 1
-            log.warning("%s; keeping the last %d known members", exc, len(self.units))
+            log.warning("%s; keeping the last %d known members", exc, len(self.members))
             return
         self.apply_endpoints(endpoints)
 
@@ -431,23 +431,23 @@ class Fleet:
         wanted = {e.url: e for e in endpoints}
         added = False
         for url, endpoint in wanted.items():
-            unit = self.units.get(url)
+            unit = self.members.get(url)
             if unit is None:
                 unit = Member(endpoint, self._index)
-                self.units[url] = unit
+                self.members[url] = unit
                 added = True
                 log.debug("discovered member %s of %s", url, unit.unit)
                 unit.poll_task = asyncio.create_task(self._member_loop(unit), name=f"health {url}")
             elif unit.removed:
                 unit.removed = False  # came back before its old session was closed
                 log.info("unit at %s is back in discovery", url)
-        for url, unit in list(self.units.items()):
+        for url, unit in list(self.members.items()):
             if url not in wanted and not unit.removed:
                 log.info("member %s of %s left discovery; no new requests go there", url, unit.unit)
                 unit.removed = True
                 self.retire_if_idle(unit)
         if added:  # a leader's next report may now vouch for members discovery had not shown yet
-            for unit in self.units.values():
+            for unit in self.members.values():
                 unit.members_seen = None
 
     def retire_if_idle(self, unit: Member) -> None:
@@ -457,8 +457,8 @@ class Fleet:
         if unit.poll_task is not None:
             unit.poll_task.cancel()  # its finally closes the watch and releases the followers
             unit.poll_task = None
-        if self.units.get(unit.url) is unit:
-            del self.units[unit.url]
+        if self.members.get(unit.url) is unit:
+            del self.members[unit.url]
         self._release_followers(unit)
         if unit.vouched_by is not None:
             unit.vouched_by.followers.discard(unit.url)
@@ -634,7 +634,7 @@ class Fleet:
         else:
             self._release_followers(unit)
             hint = report.leader
-            leader = self.units.get(f"http://{hint}") if isinstance(hint, str) and hint else None
+            leader = self.members.get(f"http://{hint}") if isinstance(hint, str) and hint else None
             if leader is not None and leader is not unit and leader.role != "leader":
                 leader.wake.set()  # ask the member its follower names as leader now, not in a second
 
@@ -645,7 +645,7 @@ class Fleet:
         for m in members if isinstance(members, list) else []:
             if not isinstance(m, dict):
                 continue
-            f = self.units.get(f"http://{m.get('address')}")
+            f = self.members.get(f"http://{m.get('address')}")
             if f is None or f is leader or (f.role == "leader" and f.watch is not None):
                 continue  # unknown to discovery, or leading a formation of its own (its word wins)
             listed.add(f.url)
@@ -657,7 +657,7 @@ class Fleet:
             f.unit, f.cell = leader.unit, leader.cell
             f.revision = str(m.get("revision") or f.revision)
         for url in leader.followers - listed:
-            f = self.units.get(url)
+            f = self.members.get(url)
             if f is not None and f.vouched_by is leader:
                 f.vouched_by = None
                 f.wake.set()
@@ -667,7 +667,7 @@ class Fleet:
         """The leader went away or stopped leading: its followers must be asked again."""
         leader.members_seen = None
         for url in leader.followers:
-            f = self.units.get(url)
+            f = self.members.get(url)
             if f is not None and f.vouched_by is leader:
                 f.vouched_by = None
                 f.wake.set()
@@ -715,7 +715,7 @@ class Fleet:
     def _routable(self) -> list[Member]:
         index = self._index
         if index.dirty:
-            index.units = [u for u in self.units.values() if u.routable]
+            index.units = [u for u in self.members.values() if u.routable]
             index.ring_stale = True
             index.mean_at = -1e9
             index.dirty = False

@@ -60,7 +60,7 @@ class _FleetCollector(Collector):
             "prompt tokens waiting for their first token the unit reported (-1: it does not report them)",
             labels=labels,
         )
-        for u in list(self._fleet.units.values()):
+        for u in list(self._fleet.members.values()):
             lv = [u.url, u.unit, u.revision]
             routable.add_metric(lv, 1.0 if u.routable else 0.0)
             state.add_metric(lv + [u.state], 1.0)

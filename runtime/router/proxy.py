@@ -327,7 +327,10 @@ class Router:
         site = web.SockSite(self._runner, sock, backlog=1024)
         await site.start()
         log.info(
-            "router listening on %s:%d with %d unit(s) discovered", self.settings.host, self.port, len(self.fleet.units)
+            "router listening on %s:%d with %d member(s) discovered",
+            self.settings.host,
+            self.port,
+            len(self.fleet.members),
         )
 
     async def drain(self) -> bool:

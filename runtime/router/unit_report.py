@@ -21,7 +21,7 @@ def report(fleet: Fleet) -> list[dict]:
     routable when a member leading it is; a unit whose members answer but none leads is reported
     with the leaderless state, so "not routable" and "not seen" stay different things."""
     cells: dict[str, dict[str, dict]] = {}
-    for member in fleet.units.values():
+    for member in fleet.members.values():
         if member.removed:
             continue
         units = cells.setdefault(member.cell or "", {})

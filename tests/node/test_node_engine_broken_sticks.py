@@ -5,13 +5,15 @@ and read just after, must not make the unit routable again (its clients would re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 
 from runtime.engines.base import EngineState
 from runtime.membership import Membership
 from runtime.node.engine_config import EngineConfig
-from runtime.node.engine_process import EngineProcess, LoadReport
+from runtime.node.engine_process import EngineProcess
+from runtime.node.engine_protocol import Load
 from runtime.node.settings import load_settings
 
 SOLO = Membership(unit_id="u", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
@@ -21,7 +23,7 @@ CONFIG = EngineConfig.from_settings(
 
 
 def _load(state: str) -> dict:
-    return {"op": "load", **{k: 0 for k in LoadReport.__dataclass_fields__}, "state": state, "detail": ""}
+    return {"op": "load", **{f.name: 0 for f in dataclasses.fields(Load)}, "state": state, "detail": ""}
 
 
 def _state_after(lines: list[dict]) -> EngineState:

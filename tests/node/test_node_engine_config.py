@@ -13,7 +13,8 @@ import typing
 import pytest
 from pydantic import ValidationError
 
-from runtime.membership import Membership
+import contract
+from runtime.membership import Member, Membership
 from runtime.node import engine_host
 from runtime.node.engine_config import CONFIG_ENV, EngineConfig
 from runtime.node.settings import NodeSettings, load_settings
@@ -97,3 +98,46 @@ def test_the_engine_process_refuses_a_config_with_an_unknown_key_at_start():
     )
     assert done.returncode != 0
     assert b"max_runing" in done.stderr
+
+
+PAIR = Membership(
+    unit_id="u",
+    revision="1",
+    rank=0,
+    world_size=2,
+    dist_host="10.0.0.1",
+    dist_port=1,
+    members=(Member(rank=0, host="10.0.0.1", api_port=8000), Member(rank=1, host="10.0.0.2", api_port=8000)),
+)
+
+
+def _neuron_config_json() -> dict:
+    s = load_settings(["--engine", "neuron", *STATIC], {contract.ENV_MODEL_URI: "s3://bucket/model/"})
+    return json.loads(EngineConfig.from_settings(s, PAIR).to_json())
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["membership"].pop("members"), "membership: keys missing members"),
+        (lambda d: d["membership"].update(leader=0), "membership: keys unknown leader"),
+        (lambda d: d["membership"]["members"][1].pop("instance_id"), "membership.members.1: keys missing instance_id"),
+        (lambda d: d["membership"]["members"][0].update(zone="a"), "membership.members.0: keys unknown zone"),
+        (lambda d: d["neuron"].pop("seq_len"), "neuron: keys missing seq_len"),
+        (lambda d: d["neuron"].update(seq_length=1), "neuron: keys unknown seq_length"),
+    ],
+    ids=[
+        "members-missing",
+        "membership-unknown",
+        "member-missing",
+        "member-unknown",
+        "neuron-missing",
+        "neuron-unknown",
+    ],
+)
+def test_a_nested_part_with_a_key_missing_or_unknown_fails_naming_it_like_the_top_level(change, message):
+    d = _neuron_config_json()
+    assert EngineConfig.from_json(json.dumps(d)).membership == PAIR  # whole, it reads back as sent
+    change(d)
+    with pytest.raises(ValidationError, match=message):
+        EngineConfig.from_json(json.dumps(d))

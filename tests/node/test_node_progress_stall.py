@@ -11,8 +11,8 @@ import pytest
 from runtime.engines.base import EngineState
 from runtime.membership import Membership
 from runtime.node.engine_config import EngineConfig
-from runtime.node.engine_process import EngineProcess, LoadReport, StepTimes
-from runtime.node.engine_protocol import Token
+from runtime.node.engine_process import EngineProcess, StepTimes
+from runtime.node.engine_protocol import Load, Token
 from runtime.node.settings import load_settings
 
 SOLO = Membership(unit_id="u", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
@@ -23,7 +23,7 @@ CONFIG = EngineConfig.from_settings(
 
 def _engine(running: int, quiet_s: float) -> EngineProcess:
     e = EngineProcess(config=CONFIG)
-    e.load = LoadReport(state=EngineState.READY, running=running, max_running=8)
+    e.load = Load(state=EngineState.READY, running=running, max_running=8)
     e.last_progress = time.monotonic() - quiet_s
     return e
 
@@ -44,7 +44,7 @@ def test_the_first_request_of_an_idle_engine_starts_the_clock_afresh():
     e = _engine(running=0, quiet_s=3600.0)
     # not started: the request ends at once, but the clock was reset
     e.submit("r1", correlation_id="", prompt="x", max_tokens=1, default_max_tokens=1, temperature=0.0, top_p=1.0)
-    e.load = LoadReport(state=EngineState.READY, running=1, max_running=8)
+    e.load = Load(state=EngineState.READY, running=1, max_running=8)
     assert not e.stalled(3.0)
 
 

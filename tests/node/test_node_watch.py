@@ -57,7 +57,7 @@ def test_the_router_watches_a_node_and_the_open_watch_does_not_hold_up_its_shutd
                 if fleet.watch_lines >= 5:
                     break
                 await asyncio.sleep(0.01)
-            unit = fleet.units[url]
+            unit = fleet.members[url]
             assert fleet.watch_lines >= 5 and unit.watch is not None
             # A rank-0 member that is still forming: watched as a leader, not routable.
             assert (unit.role, unit.state, unit.routable, unit.unit, unit.cell) == (
@@ -89,7 +89,7 @@ def test_outstanding_prefill_tokens_reach_the_router_within_the_change_report():
         fleet = Fleet(settings=settings, discovery=StaticDiscovery(units=(url,)))
         try:
             await fleet.start()
-            unit = fleet.units[url]
+            unit = fleet.members[url]
             await _until(lambda: unit.watch is not None and unit.prefill_tokens == 0)
             assert unit.prefill_tokens == 0  # reported, not the -1 of a unit that does not say
             sup.prefill_tokens = 4096  # prompts accepted at the leader's API, not yet at a first token
@@ -140,7 +140,7 @@ def test_a_line_for_a_load_change_carries_the_load_only_and_the_router_takes_it(
             assert set(json.loads(line)) == {"load"}
             writer.close()
             await fleet.start()
-            unit = fleet.units[url]
+            unit = fleet.members[url]
             for _ in range(500):
                 if unit.watch is not None and unit.in_flight == 2:
                     break
@@ -182,7 +182,7 @@ def test_a_watch_line_lists_the_routing_keys_admitted_since_the_last_and_the_rou
             )
             try:
                 await fleet.start()
-                unit = fleet.units[url]
+                unit = fleet.members[url]
                 await _until(lambda: unit.watch is not None and unit.in_flight == 1)
                 sup.note_route_key(99)
                 await _until(lambda: fleet.holders.get(99) is unit)

@@ -64,6 +64,7 @@ def test_ops_reads_every_field_of_the_body_a_leader_writes(served):
         "cell0",
     )
     assert report.role == "leader" and report.leads
+    assert (report.rank, report.world_size) == (0, 2)  # what a unit's formation is judged by
     assert (report.load.running, report.load.in_flight, report.load.wait_s) == (5, 6, 0.5)
     assert report.members == [m.to_dict() for m in body.members]
     assert report.loading == handshake.Loading(phase="warmup", phase_s=3.0)
@@ -78,6 +79,7 @@ def test_ops_reads_a_body_of_an_older_revision_without_the_newer_keys(served):
     assert report.role is None and report.leads  # before roles, rank 0 leads
     assert report.members is None and report.loading is None
     assert report.load.in_flight == -1  # "does not say", not 0
+    assert report.world_size == -1  # not said: no unit's nodes_per_unit, so its formation is flagged
 
 
 def test_a_body_whose_load_cannot_be_read_is_an_error_naming_the_field(served):

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from ops.rehearsal import ecs_rules
 from ops.rehearsal.ecs import (
     Clock,
     ContainerHealth,
@@ -290,3 +291,18 @@ def test_a_stopping_task_is_deregistered_before_its_sigterm():
         assert not any(t.name in launcher.registered for t in old)
 
     run(unit(desired=2), body)
+
+
+def test_a_replaced_task_that_is_not_healthy_may_always_stop_and_a_healthy_one_only_above_the_minimum():
+    # Four old tasks, two healthy; three healthy tasks in all and a minimum of two: the unhealthy
+    # ones never counted toward the minimum, so both stop; one healthy one may stop, not two.
+    old = [("a", True), ("b", False), ("c", True), ("d", False)]
+    stops = ecs_rules.may_stop(old, healthy=lambda t: t[1], healthy_now=3, minimum=2)
+    assert [name for name, _ in stops] == ["a", "b", "d"]
+
+
+def test_new_tasks_start_up_to_the_desired_count_within_the_maximum_percent_rounded_down():
+    # desired 3 at 150 %: at most floor(4.5) = 4 tasks RUNNING or PENDING.
+    assert ecs_rules.room_to_start(3, 150, counted=3, have=0) == 1
+    assert ecs_rules.room_to_start(3, 150, counted=1, have=1) == 2  # the desired count bounds it first
+    assert ecs_rules.room_to_start(3, 100, counted=4, have=0) == 0  # never negative

@@ -168,7 +168,7 @@ def test_batch_keys_are_shed_first_when_units_near_their_caps_while_interactive_
         async with router_over([a], access=access, max_queue_depth=8) as router, aiohttp.ClientSession() as s:
             calm = await post(s, router, headers=bearer(batch_key))
             a.queue_depth = 6  # 75 % of the router's cap of 8: batch headroom is used up
-            await wait_for(lambda: router.fleet.units[a.url].queue_depth == 6)
+            await wait_for(lambda: router.fleet.members[a.url].queue_depth == 6)
             busy_batch = await post(s, router, headers=bearer(batch_key))
             busy_live = await post(s, router, headers=bearer(live_key))
         await a.stop()
@@ -191,7 +191,7 @@ def test_batch_keys_are_shed_when_the_units_reported_wait_nears_their_queue_time
         access = AccessControl(read=Secret(KeySet({batch_id: batch, live_id: live})).read)
         async with router_over([a], access=access) as router, aiohttp.ClientSession() as s:
             a.wait_s = 16.0  # 80 % of the queue timeout: past the batch headroom (75 %), not full
-            await wait_for(lambda: router.fleet.units[a.url].wait_s == 16.0)
+            await wait_for(lambda: router.fleet.members[a.url].wait_s == 16.0)
             busy_batch = await post(s, router, headers=bearer(batch_key))
             busy_live = await post(s, router, headers=bearer(live_key))
         await a.stop()

@@ -41,7 +41,7 @@ def test_a_limit_set_while_the_router_runs_lowers_the_queue_cap_and_clearing_it_
         a.queue_depth = 3  # below the router's own --max-queue-depth (32)
         param = Parameter()
         async with router_over([a], admission=control(param)) as router, aiohttp.ClientSession() as s:
-            await wait_for(lambda: router.fleet.units[a.url].queue_depth == 3)
+            await wait_for(lambda: router.fleet.members[a.url].queue_depth == 3)
             first = (await post(s, router))[0]
             param.value = AdmissionLimit(max_queue_depth=3, reason="INC-42").dumps()
             await wait_for(lambda: router.admission.limit is not None, what="the limit to be read")

@@ -298,7 +298,7 @@ def _fleet(n: int, **settings) -> Fleet:
                 {"ready": True, "state": "ready", "role": "leader", "unit": f"unit-{i}", "load": {"max_running": 8}}
             ),
         )
-        fleet.units[url] = u
+        fleet.members[url] = u
     return fleet
 
 
@@ -321,12 +321,12 @@ def test_an_unready_preferred_unit_hands_its_keys_to_the_next_and_gets_them_back
     assert first not in others and len(others) == 1  # all to the same next unit: still agreed on
     (second,) = others
     assert second is not None
-    fresh.units[first.url].mark_unready("broken")  # a router that sent nothing meanwhile agrees
+    fresh.members[first.url].mark_unready("broken")  # a router that sent nothing meanwhile agrees
     assert _pick_served(fresh, req).url == second.url
     first.apply_report(
         200, read_ready({"ready": True, "state": "ready", "role": "leader", "unit": first.unit, "load": {}})
     )
-    fresh.units[first.url].apply_report(
+    fresh.members[first.url].apply_report(
         200, read_ready({"ready": True, "state": "ready", "role": "leader", "unit": first.unit})
     )
     # The ring gives the key back to its unit (a router that never saw the conversation moved sends
@@ -354,7 +354,7 @@ def test_a_router_follows_a_conversation_another_router_sent_elsewhere_once_the_
     assert on_ring is not None and _pick_served(b, req).unit == on_ring.unit  # agreed, without the holder
     # Router a sent the conversation's last turn to another unit (its key's unit was busy then); that
     # turn has finished there.
-    elsewhere = next(u for u in b.units.values() if u.unit != on_ring.unit)
+    elsewhere = next(u for u in b.members.values() if u.unit != on_ring.unit)
     assert b.on_watch_line(elsewhere, b'{"load":{"in_flight":0},"keys":[%d]}' % req.key)
     assert b.holders.get(req.key) is elsewhere
     assert all(_pick_served(b, req) is elsewhere for _ in range(5))
@@ -366,10 +366,10 @@ def test_a_router_follows_a_conversation_another_router_sent_elsewhere_once_the_
 def test_a_watch_line_that_is_not_one_whole_json_object_marks_its_unit_unreadable():
     for bad in (b'{"load":{}}x', b'{"load":', b"[1]", b'{"load":{},"keys":7}'):
         fleet = _fleet(1)
-        (u,) = fleet.units.values()
+        (u,) = fleet.members.values()
         assert not fleet.on_watch_line(u, bad) and (u.routable, u.state) == (False, "bad_health_body"), bad
     fleet = _fleet(1)
-    (u,) = fleet.units.values()
+    (u,) = fleet.members.values()
     assert fleet.on_watch_line(u, b' {"load":{"in_flight":4},"keys":[5]} ') and (u.in_flight, u.routable) == (4, True)
 
 
@@ -378,7 +378,7 @@ def test_watch_lines_the_fast_parser_refuses_but_json_takes_are_read_as_before()
     bits (orjson 3.13.0 README, "Deserialize" and "int"); the standard library takes both, so they
     must still reach the unit as the standard library reads them."""
     fleet = _fleet(1)
-    (u,) = fleet.units.values()
+    (u,) = fleet.members.values()
     line = json.dumps({"load": {"in_flight": 3, "kv_cache_used": float("nan")}}).encode()
     assert b"NaN" in line
     assert fleet.on_watch_line(u, line) and u.in_flight == 3 and u.kv_cache_used != u.kv_cache_used  # NaN
@@ -404,7 +404,7 @@ def test_an_image_without_orjson_still_starts_and_reads_watch_lines_with_json():
 
 def test_the_router_counts_the_prompt_tokens_it_sends_until_the_next_report():
     fleet = _fleet(1)
-    (u,) = fleet.units.values()
+    (u,) = fleet.members.values()
     req = balance.RequestKey(key=None, tokens=700, source="none")
     assert fleet.pick((), req).unit is u and fleet.pick((), req).unit is u
     assert balance.estimated_prefill(u) == 1400
@@ -419,7 +419,7 @@ def test_the_router_reports_how_many_keyed_requests_reached_their_unit_and_how_h
         _pick_served(fleet, conv)
     fleet.pick((), balance.RequestKey(key=None, tokens=10, source="none"))
     assert fleet.routes == {"preferred": 3, "by_work": 0, "unkeyed": 1}
-    units = list(fleet.units.values())
+    units = list(fleet.members.values())
     for u, n in zip(units, (6, 2, 2, 2)):
         u.in_flight, u.outstanding, u.outstanding_at_report = n, 0, 0
     share, busiest = fleet.routing_figures()
@@ -438,12 +438,12 @@ def test_the_policy_setting_is_checked_and_least_requests_ignores_work():
     # the router's choices are the ones the CDK config and make local offer
     assert get_args(RouterSettings.model_fields["balance"].annotation) == contract.ROUTER_BALANCE_POLICIES
     fleet = _fleet(2, balance="least_requests")
-    a, b = fleet.units.values()
+    a, b = fleet.members.values()
     a.prefill_tokens, b.in_flight = 100_000, 1
     req = balance.RequestKey(key=None, tokens=10, source="none")
     assert fleet.pick((), req).unit is a
     fleet = _fleet(2, balance="least_work")
-    a, b = fleet.units.values()
+    a, b = fleet.members.values()
     a.prefill_tokens, b.in_flight = 100_000, 1
     assert fleet.pick((), req).unit is b
 

@@ -23,11 +23,11 @@ def test_units_file_changes_add_and_remove_units_without_a_restart(tmp_path):
         units_file.write_text(f"# leaders\n{a.url}\n")
         discovery = StaticDiscovery(units_file=str(units_file))
         async with router_over([a], discovery=discovery) as router:
-            assert set(router.fleet.units) == {a.url}
+            assert set(router.fleet.members) == {a.url}
             units_file.write_text(f"{a.url}\n{b.url}\n")
             await wait_for(lambda: router.fleet.routable_count() == 2)
             units_file.write_text(f"{b.url}\n")
-            await wait_for(lambda: set(router.fleet.units) == {b.url})
+            await wait_for(lambda: set(router.fleet.members) == {b.url})
         await a.stop()
         await b.stop()
 
@@ -225,9 +225,9 @@ def test_router_over_cloudmap_routes_only_to_the_members_that_lead():
                 register_like_ecs(sd, svc_id, f"t-{i}", "127.0.0.1", m.name, port=m.port)
             discovery = CloudMapDiscovery(namespace="flotilla", services=(CELL0,), client=sd)
             async with router_over(leaders, discovery=discovery) as router:
-                assert set(router.fleet.units) == {m.url for m in members}
+                assert set(router.fleet.members) == {m.url for m in members}
                 await wait_for(lambda: all(m.polls for m in members))
-                states = {u.url: (u.role, u.state, u.routable) for u in router.fleet.units.values()}
+                states = {u.url: (u.role, u.state, u.routable) for u in router.fleet.members.values()}
                 assert states == {
                     m.url: ("leader", "ready", True) if m.rank == 0 else ("follower", "follower", False)
                     for m in members
@@ -251,11 +251,11 @@ def test_when_leadership_moves_to_another_member_the_router_follows_it():
         a = await StandInUnit(name="u", rank=0).start()
         b = await StandInUnit(name="u", rank=1).start()
         async with router_over([a], discovery=StaticDiscovery(units=(a.url, b.url))) as router:
-            routable = lambda: {u.url for u in router.fleet.units.values() if u.routable}  # noqa: E731
+            routable = lambda: {u.url for u in router.fleet.members.values() if u.routable}  # noqa: E731
             assert routable() == {a.url}
             a.rank, b.rank = 1, 0  # the unit re-formed with the other member as rank 0
             await wait_for(lambda: routable() == {b.url})
-            assert router.fleet.units[a.url].state == "follower"
+            assert router.fleet.members[a.url].state == "follower"
         await a.stop()
         await b.stop()
 
@@ -290,7 +290,7 @@ def test_metrics_show_what_health_costs_watched_leaders_lines_and_polls_by_role(
         follower = await StandInUnit(name="u", rank=1).start()
         leader.members = [{"rank": 1, "address": f"127.0.0.1:{follower.port}", "state": "ready", "ready": True}]
         async with router_over([leader], discovery=StaticDiscovery(units=(leader.url, follower.url))) as router:
-            await wait_for(lambda: router.fleet.units[follower.url].vouched_by is not None, what="vouched")
+            await wait_for(lambda: router.fleet.members[follower.url].vouched_by is not None, what="vouched")
             async with aiohttp.ClientSession() as session:
                 async with session.get(base_url(router) + contract.METRICS_PATH) as r:
                     text = await r.text()

@@ -63,7 +63,7 @@ def test_ready_units_are_written_per_cell_and_fleet_wide(capsys):
             b0.state = "forming"  # cell1's only unit reloads its model
             await wait_for(lambda: out.rounds()[-1] == {"cell0": 2, "cell1": 0, "": 2})
             await b0.stop()  # and then is gone altogether: cell1 still reports 0
-            await wait_for(lambda: router.fleet.units[b0.url].state == "unreachable")
+            await wait_for(lambda: router.fleet.members[b0.url].state == "unreachable")
             seen = len(out.rounds())
             await wait_for(lambda: len(out.rounds()) > seen + 1)
             assert out.rounds()[-1] == {"cell0": 2, "cell1": 0, "": 2}

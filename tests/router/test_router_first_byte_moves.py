@@ -144,7 +144,7 @@ def test_with_no_other_unit_routable_a_request_keeps_waiting_for_its_unit():
             call = asyncio.create_task(_post(s, router, {"model": "tiny", "prompt": "hi", "max_tokens": 3}))
             await wait_for(lambda: len(a.received) == 1, what="the request to reach a")
             a.hang = True  # out of routing, and nowhere else to go
-            await wait_for(lambda: not router.fleet.units[a.url].ready, what="a to leave routing")
+            await wait_for(lambda: not router.fleet.members[a.url].ready, what="a to leave routing")
             await asyncio.sleep(2 * router.settings.stale_after_s)  # past the grace a move would need
             a.hang = False
             status, headers, _ = await asyncio.wait_for(call, 15)

@@ -65,10 +65,10 @@ def test_a_router_routes_across_200_units_it_found_in_cloud_map_and_never_to_any
                 router = Router(settings=settings, discovery=discovery)
                 await router.start()
                 try:
-                    assert len(router.fleet.units) == UNITS * NODES
+                    assert len(router.fleet.members) == UNITS * NODES
                     await wait_for(lambda: router.fleet.routable_count() == UNITS, timeout=30, what="200 routable")
                     # Once every leader vouches for its follower nobody asks the followers again.
-                    followers = [u for u in router.fleet.units.values() if u.role != "leader"]
+                    followers = [u for u in router.fleet.members.values() if u.role != "leader"]
                     await wait_for(
                         lambda: all(u.vouched_by is not None for u in followers),
                         timeout=10,
@@ -100,7 +100,7 @@ def test_a_router_routes_across_200_units_it_found_in_cloud_map_and_never_to_any
                         dead, sick = by_name["cell3-unit4"], by_name["cell7-unit11"]
                         await fleet.kill(dead, "exit")
                         await fleet.kill(sick, "unready")
-                        urls = {u.unit: u for u in router.fleet.units.values() if u.role == "leader"}
+                        urls = {u.unit: u for u in router.fleet.members.values() if u.role == "leader"}
                         await wait_for(
                             lambda: not urls[dead.name].routable and not urls[sick.name].routable,
                             timeout=10,

@@ -26,7 +26,7 @@ async def _open_on_a_then_leave(router, a, b, s, units_file):
     plain = asyncio.ensure_future(s.post(base_url(router) + "/v1/completions", json=PLAIN))
     await wait_for(lambda: a.active == 2, what="both requests to reach a")
     units_file.write_text(f"{b.url}\n")
-    await wait_for(lambda: router.fleet.units[a.url].removed, what="the router to see a leave")
+    await wait_for(lambda: router.fleet.members[a.url].removed, what="the router to see a leave")
     return stream, plain
 
 
@@ -49,13 +49,13 @@ def test_requests_open_on_a_member_that_leaves_discovery_complete_and_new_ones_g
                     async with s.post(base_url(router) + "/v1/completions", json=PLAIN, timeout=BOUNDED) as resp:
                         assert resp.status == 200 and (await resp.json())["unit"] == "b"
                 assert len(a.received) == received and len(b.received) == 4
-                assert a.url in router.fleet.units  # kept while its requests are open
+                assert a.url in router.fleet.members  # kept while its requests are open
                 a.gate.set()
                 rest = await asyncio.wait_for(stream.read(), 5)
                 answer = await asyncio.wait_for(plain, 5)
                 assert rest.endswith(b"data: [DONE]\n\n") and b"error" not in rest
                 assert answer.status == 200 and (await answer.json())["unit"] == "a"
-                await wait_for(lambda: a.url not in router.fleet.units, what="the router to forget a")
+                await wait_for(lambda: a.url not in router.fleet.members, what="the router to forget a")
                 assert router.inflight == 0
         finally:
             a.gate.set()
@@ -86,7 +86,7 @@ def test_requests_open_on_a_member_that_left_and_then_hangs_end_with_an_explicit
                 # The plain request is bounded by --first-byte-timeout (5 s here): a 504, not a hang.
                 answer = await asyncio.wait_for(plain, 15)
                 assert answer.status == 504 and (await answer.json())["error"]["code"] == "unit_timeout"
-                await wait_for(lambda: a.url not in router.fleet.units, what="the router to forget a")
+                await wait_for(lambda: a.url not in router.fleet.members, what="the router to forget a")
                 assert router.inflight == 0 and b.received == []
         finally:
             a.gate.set()

@@ -27,7 +27,7 @@ def test_a_busy_429_never_changes_a_units_routability():
         (a,) = us = await units("a")
         a.refuse, a.refuse_code, a.retry_after = 429, contract.BUSY_CODE_SHED, "7"
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
-            unit = router.fleet.units[a.url]
+            unit = router.fleet.members[a.url]
             answers = [await post(s, router) for _ in range(5)]
             routable_after_busy = unit.routable
             a.refuse = None  # room again: the very next request is served
@@ -47,7 +47,7 @@ def test_a_503_queue_timeout_of_an_older_revision_is_busy_not_broken():
         a.refuse, a.refuse_code = 503, contract.BUSY_CODE_QUEUE_TIMEOUT
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             status, _, _ = await post(s, router)
-            routable = router.fleet.units[a.url].routable
+            routable = router.fleet.members[a.url].routable
         await stop_all(us)
         assert status == 503 and routable
 
@@ -61,7 +61,7 @@ def test_a_503_from_a_unit_that_reports_itself_not_ready_takes_it_out():
         a.refuse, a.refuse_code = 503, "unit_unavailable"
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             status, headers, _ = await post(s, router)
-            routable = router.fleet.units[a.url].routable
+            routable = router.fleet.members[a.url].routable
         await stop_all(us)
         assert status == 200 and headers[contract.UNIT_HEADER] == "b"
         assert not routable
@@ -75,9 +75,9 @@ def test_a_unit_reporting_a_wait_past_its_queue_timeout_gets_nothing_and_stays_r
         b.queue_depth = 3  # by load alone a would be picked
         a.wait_s, a.queue_timeout_s = 40.0, 25.0
         async with router_over(us) as router, aiohttp.ClientSession() as s:
-            await wait_for(lambda: router.fleet.units[a.url].wait_s == 40.0)
+            await wait_for(lambda: router.fleet.members[a.url].wait_s == 40.0)
             answers = [await post(s, router) for _ in range(5)]
-            routable = router.fleet.units[a.url].routable
+            routable = router.fleet.members[a.url].routable
         await stop_all(us)
         assert [h[contract.UNIT_HEADER] for _, h, _ in answers] == ["b"] * 5
         assert a.received == [] and routable
@@ -92,7 +92,7 @@ def test_every_unit_full_gets_429_at_once_with_the_shortest_expected_wait():
         a.queue_timeout_s = b.queue_timeout_s = 25.0
         async with router_over(us) as router, aiohttp.ClientSession() as s:
             fleet = router.fleet
-            await wait_for(lambda: fleet.units[a.url].wait_s == 40.2 and fleet.units[b.url].wait_s == 31.5)
+            await wait_for(lambda: fleet.members[a.url].wait_s == 40.2 and fleet.members[b.url].wait_s == 31.5)
             status, headers, body = await asyncio.wait_for(post(s, router), 1.0)  # told at once, not queued
             routable = fleet.routable_count()
         await stop_all(us)

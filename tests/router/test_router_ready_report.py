@@ -105,7 +105,7 @@ def test_a_polled_member_whose_load_is_unusable_is_marked_and_still_polled():
         async with router_over([a]) as router:
             good = a.ready_body
             a.ready_body = lambda: {**good(), "load": {"running": "many"}}  # type: ignore[method-assign]
-            unit = router.fleet.units[a.url]
+            unit = router.fleet.members[a.url]
             await wait_for(lambda: unit.state == "bad_health_body", what="the body to be refused")
             polls = a.polls
             await wait_for(lambda: a.polls > polls + 2, what="the health loop to keep polling")

@@ -95,7 +95,7 @@ def test_least_loaded_unit_by_reported_load_receives_the_request():
         a.queue_depth, a.running = 5, 8
         b.queue_depth, b.running = 0, 2
         async with router_over(us) as router, aiohttp.ClientSession() as s:
-            await wait_for(lambda: router.fleet.units[a.url].queue_depth == 5)
+            await wait_for(lambda: router.fleet.members[a.url].queue_depth == 5)
             for _ in range(5):
                 await post(s, router)
         await stop_all(us)
@@ -136,7 +136,7 @@ def test_a_failed_poll_marks_the_unit_unready_at_once():
     async def scenario():
         a, b = us = await units("a", "b")
         async with router_over(us) as router:
-            unit = router.fleet.units[a.url]
+            unit = router.fleet.members[a.url]
             await a.stop()
             await router.fleet.poll_once(unit)
             assert not unit.routable and unit.state == "unreachable"
@@ -150,13 +150,15 @@ def test_unit_that_reforms_receives_traffic_again():
         a, b = us = await units("a", "b")
         async with router_over(us) as router, aiohttp.ClientSession() as s:
             a.state = "broken"
-            await wait_for(lambda: not router.fleet.units[a.url].routable)
+            await wait_for(lambda: not router.fleet.members[a.url].routable)
             for _ in range(4):
                 await post(s, router)
             assert a.received == []
             a.state = "ready"
             b.queue_depth = 10
-            await wait_for(lambda: router.fleet.units[a.url].routable and router.fleet.units[b.url].queue_depth == 10)
+            await wait_for(
+                lambda: router.fleet.members[a.url].routable and router.fleet.members[b.url].queue_depth == 10
+            )
             await post(s, router)
         await stop_all(us)
         assert len(a.received) == 1
@@ -176,7 +178,7 @@ def test_connect_failure_moves_the_request_to_another_unit():
             await a.stop()  # the router does not know yet: no poll for 30 s
             status, headers, _ = await post(s, router)
             text = (await (await s.get(base_url(router) + "/metrics")).read()).decode()
-            assert not router.fleet.units[a.url].routable
+            assert not router.fleet.members[a.url].routable
         await stop_all(us)
         assert status == 200 and headers[contract.UNIT_HEADER] == "b"
         assert 'flotilla_router_retries_total{reason="connect"} 1.0' in text
@@ -317,7 +319,7 @@ def test_client_that_goes_away_releases_the_unit_stream():
             await resp.content.readuntil(b"\n\n")
             resp.close()  # the client hangs up mid-stream
             await wait_for(lambda: a.disconnects == 1 and router.inflight == 0, timeout=5)
-            assert router.fleet.units[a.url].outstanding == 0
+            assert router.fleet.members[a.url].outstanding == 0
         await stop_all(us)
 
     run(scenario())
@@ -330,7 +332,7 @@ def test_kv_cache_use_breaks_a_tie_in_reported_load():
         a.kv_cache_used, b.kv_cache_used = 0.9, 0.1
         # The fewest-requests policy's tie-break (cache-aware routing ties by requests held, then chance).
         async with router_over(us, balance="least_requests") as router, aiohttp.ClientSession() as s:
-            await wait_for(lambda: router.fleet.units[a.url].kv_cache_used == 0.9)
+            await wait_for(lambda: router.fleet.members[a.url].kv_cache_used == 0.9)
             for _ in range(4):
                 await post(s, router)
         await stop_all(us)
@@ -346,7 +348,7 @@ def test_each_routed_request_leaves_one_json_log_line_and_sheds_leave_none(capsy
         a.refuse = 503
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
             await post(s, router, headers={contract.REQUEST_ID_HEADER: "logged-1"})
-            for u in router.fleet.units.values():
+            for u in router.fleet.members.values():
                 u.mark_unready("test")
             status, _, _ = await post(s, router, headers={contract.REQUEST_ID_HEADER: "shed-1"})
         await stop_all(us)
@@ -443,7 +445,7 @@ def test_a_client_that_hangs_up_before_a_plain_answer_releases_the_unit_request(
             await wait_for(lambda: len(unit.received) == 1, what="the request to reach the unit")
             call.cancel()  # the client hangs up while the unit is still working
             await wait_for(lambda: unit.hung_up == 1 and router.inflight == 0, what="the unit to be released")
-            assert router.fleet.units[unit.url].outstanding == 0
+            assert router.fleet.members[unit.url].outstanding == 0
         await unit.stop()
 
 
@@ -455,13 +457,13 @@ def test_a_leader_whose_watch_falls_silent_stops_taking_requests():
         async with router_over(us, stale_after_s=0.5) as router, aiohttp.ClientSession() as s:
             a.hang = True
             # "silent" stays the reason while the hung host still accepts the watch's reconnects
-            await wait_for(lambda: router.fleet.units[a.url].state == "silent", what="a to be found silent")
+            await wait_for(lambda: router.fleet.members[a.url].state == "silent", what="a to be found silent")
             before = len(a.received)
             for _ in range(6):
                 await post(s, router)
             assert len(a.received) == before and len(b.received) >= 6
             a.hang = False  # it answers again: the next watch brings it back
-            await wait_for(lambda: router.fleet.units[a.url].routable, what="a to come back")
+            await wait_for(lambda: router.fleet.members[a.url].routable, what="a to come back")
         await stop_all(us)
 
     run(scenario())
@@ -471,7 +473,7 @@ def test_a_member_of_an_older_revision_without_the_watch_is_polled_and_routed_to
     async def scenario():
         old = await StandInUnit(name="old", watch=False).start()
         async with router_over([old]) as router, aiohttp.ClientSession() as s:
-            unit = router.fleet.units[old.url]
+            unit = router.fleet.members[old.url]
             await wait_for(lambda: unit.watchable is False, what="the watch to be found missing (404)")
             assert unit.routable
             polls = old.polls

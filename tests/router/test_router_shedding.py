@@ -15,7 +15,7 @@ def test_every_unit_saturated_by_reported_queue_gets_429_with_retry_after():
         a = await StandInUnit(name="a").start()
         a.queue_depth = 4
         async with router_over([a], max_queue_depth=4) as router, aiohttp.ClientSession() as s:
-            await wait_for(lambda: router.fleet.units[a.url].queue_depth == 4)
+            await wait_for(lambda: router.fleet.members[a.url].queue_depth == 4)
             status, headers, body = await post(s, router)
         await a.stop()
         assert status == 429 and headers["Retry-After"] == "1"
@@ -99,7 +99,7 @@ def test_metrics_show_unit_state_routed_retries_shed_and_added_latency():
         async with router_over([a, b], max_queue_depth=2) as router, aiohttp.ClientSession() as s:
             await post(s, router)
             a.queue_depth = 2
-            await wait_for(lambda: router.fleet.units[a.url].queue_depth == 2)
+            await wait_for(lambda: router.fleet.members[a.url].queue_depth == 2)
             await post(s, router)
             async with s.get(base_url(router) + "/metrics") as resp:
                 text = await resp.text()

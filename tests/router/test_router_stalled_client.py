@@ -51,7 +51,7 @@ def test_a_client_that_stops_reading_is_dropped_after_the_idle_bound_and_the_uni
                     )
                     assert unit.stream_bytes < BOUND_BYTES, unit.stream_bytes
                     await wait_for(lambda: router.inflight == 0, what="the request to leave the in-flight count")
-                    assert router.fleet.units[unit.url].outstanding == 0
+                    assert router.fleet.members[unit.url].outstanding == 0
                     assert await asyncio.to_thread(client.closed_by_peer), "the router kept the client's connection"
                 finally:
                     client.close()

@@ -414,12 +414,24 @@ class RouterSettings(BaseModel):
     def _poll_timeout_follows_poll_interval(cls, values: Any) -> Any:
         # Unset, a poll may take twice the poll interval, and at least a second.
         if isinstance(values, dict) and values.get("poll_timeout_s") is None:
-            try:
-                poll = float(values.get("poll_interval_s", 0.25))
-            except (TypeError, ValueError):
-                return values  # poll_interval_s gets its own error
-            values = {**values, "poll_timeout_s": max(1.0, 2 * poll)}
+            poll = cls._given_poll_interval(values)
+            if poll is not None:
+                values = {**values, "poll_timeout_s": max(1.0, 2 * poll)}
         return values
+
+    @classmethod
+    def _given_poll_interval(cls, values: dict) -> float | None:
+        """poll_interval_s as given, or its default; None when it does not parse (it gets its own error)."""
+        try:
+            return float(values.get("poll_interval_s", cls.model_fields["poll_interval_s"].default))
+        except (TypeError, ValueError):
+            return None
+
+    @staticmethod
+    def _default_stale_after(poll: float) -> float:
+        # Three reports may go missing before a unit counts as silent: a leader reports every poll
+        # interval, so a silent one stops taking requests within 3 intervals (0.75 s by default).
+        return 3 * poll
 
     @model_validator(mode="before")
     @classmethod
@@ -441,14 +453,10 @@ class RouterSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _stale_after_follows_poll_interval(cls, values: Any) -> Any:
-        # Unset, three reports may go missing before a unit counts as silent: a leader reports every
-        # poll interval, so a silent one stops taking requests within 3 intervals (0.75 s by default).
         if isinstance(values, dict) and values.get("stale_after_s") is None:
-            try:
-                poll = float(values.get("poll_interval_s", 0.25))
-            except (TypeError, ValueError):
-                return values
-            values = {**values, "stale_after_s": 3 * poll}
+            poll = cls._given_poll_interval(values)
+            if poll is not None:
+                values = {**values, "stale_after_s": cls._default_stale_after(poll)}
         return values
 
     @model_validator(mode="before")
@@ -459,13 +467,14 @@ class RouterSettings(BaseModel):
         # second at 625 leaders every 0.25 s) that says only "still alive", and the silence bound
         # (--stale-after) stays what it was (docs/benchmarks.md, Fleet).
         if isinstance(values, dict) and values.get("keepalive_s") is None:
+            poll = cls._given_poll_interval(values)
             try:
-                poll = float(values.get("poll_interval_s", 0.25))
                 stale = values.get("stale_after_s")
-                stale = 3 * poll if stale is None else float(stale)
+                stale = None if poll is None else cls._default_stale_after(poll) if stale is None else float(stale)
             except (TypeError, ValueError):
-                return values  # poll_interval_s or stale_after_s gets its own error
-            values = {**values, "keepalive_s": min(1.5 * poll, stale / 2, 10.0)}
+                stale = None  # stale_after_s gets its own error
+            if poll is not None and stale is not None:
+                values = {**values, "keepalive_s": min(1.5 * poll, stale / 2, 10.0)}
         return values
 
     @model_validator(mode="after")

@@ -715,6 +715,8 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
                 ",".join(u.leader.url for u in units),
                 "--poll-interval",
                 "0.2",
+                "--drain-grace",
+                "0",  # stopping it at the end would otherwise wait out the grace (no ALB watches it)
             ],
             cwd=repo,
             stdout=subprocess.PIPE,

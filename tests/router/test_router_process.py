@@ -114,7 +114,16 @@ def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
         a.gate = asyncio.Event()  # the unit holds every request it accepts
         # The stand-in shares this loop with 400 concurrent clients: give its health answer time.
         proc, url = await start_router_process(
-            "--units", a.url, "--max-outstanding-per-unit", "4", "--poll-timeout", "10", "--stale-after", "10"
+            "--units",
+            a.url,
+            "--max-outstanding-per-unit",
+            "4",
+            "--poll-timeout",
+            "10",
+            "--stale-after",
+            "10",
+            "--drain-grace",
+            "0",  # the SIGTERM below only ends the test: nothing watches /health through a grace
         )
         try:
             connector = aiohttp.TCPConnector(limit=200)

@@ -133,9 +133,7 @@ def test_conversation_sample_finds_the_reuse_the_first_requests_lack():
     # conversations whose follow-up turns come long after the first requests: the first 3 are all first turns
     trace = rows((0, 1), (0, 2), (0, 3), (0, 1, 7), (0, 2, 8), (0, 3, 9))
     first = replay.scale(replay.select(trace, 3, "first"), block_tokens=2, max_input=100, max_output=4, rate=1)
-    convs = replay.scale(
-        replay.select(trace, 3, "conversations"), block_tokens=2, max_input=100, max_output=4, rate=1
-    )
+    convs = replay.scale(replay.select(trace, 3, "conversations"), block_tokens=2, max_input=100, max_output=4, rate=1)
     # by hand: the first three share block 0 only: 2 + 2 of 12 tokens; two whole conversations
     # (0,a),(0,b),(0,a,x),(0,b,y): 2 + 4 + 4 = 10 of 4+4+6+6 = 20 tokens
     assert replay.oracle_hit_rate(first, 2) == pytest.approx(4 / 12)

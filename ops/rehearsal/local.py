@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -201,8 +202,8 @@ class DrainLog:
 def drain_log(handle: TaskHandle) -> DrainLog | None:
     """What the node's log says of its drain; None when it never started one."""
     assert isinstance(handle, NodeProcess)
-    started: dict | None = None
-    finished: dict | None = None
+    started: dict[str, Any] | None = None
+    finished: dict[str, Any] | None = None
     handed_over = 0
     for text in handle.log.read_text(errors="replace").splitlines():
         try:

@@ -5,7 +5,8 @@ router, created and rolled from the synthesized templates under steady load, wit
 The emulator counts a task healthy as ECS does (its container health check passed), so the first
 test fails with the container health check that asked /health/live: ECS then stops the old unit as
 soon as the new one's HTTP server answers, while the new unit still loads. The last test keeps that
-proof: the same rollout under the old check takes units out of rotation.
+proof: the same rollout under the old check takes units out of rotation. The drain test rolls one
+unit of one node under long streamed answers: its old leader hands them over rather than wait.
 """
 
 from __future__ import annotations

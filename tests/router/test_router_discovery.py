@@ -303,14 +303,18 @@ def test_metrics_show_what_health_costs_watched_leaders_lines_and_polls_by_role(
     run(scenario())
 
 
-def revision_refused(sd, code: str = "AccessDeniedException") -> CountingClient:
-    """A client whose DiscoverInstancesRevision fails with `code`. A role without the permission gets
-    IAM's refusal, which botocore raises for a JSON-protocol service as a ClientError with code
-    AccessDeniedException."""
+def revision_refused(
+    sd,
+    code: str = "AccessDeniedException",
+    message: str = "not authorized to perform: servicediscovery:DiscoverInstancesRevision",
+) -> CountingClient:
+    """A client whose DiscoverInstancesRevision fails with `code` and `message`. A role without the
+    permission gets IAM's refusal, which botocore raises for a JSON-protocol service as a ClientError
+    with code AccessDeniedException."""
     from botocore.exceptions import ClientError
 
     client = CountingClient(sd)
-    error = {"Code": code, "Message": "not authorized to perform: servicediscovery:DiscoverInstancesRevision"}
+    error = {"Code": code, "Message": message}
     client.refusing["discover_instances_revision"] = ClientError({"Error": error}, "DiscoverInstancesRevision")
     return client
 
@@ -346,3 +350,30 @@ def test_another_error_of_discover_instances_revision_is_a_failed_pass_not_a_fal
         with pytest.raises(DiscoveryError, match="DiscoverInstancesRevision.*ThrottlingException"):
             discovery.discover()
         assert discovery.calls["DiscoverInstances"] == 0
+
+
+@mock_aws
+def test_an_error_whose_message_mentions_access_denied_under_another_code_is_no_refusal():
+    with documented_cloud_map(seed=7):
+        sd = boto3.client("servicediscovery", region_name="us-east-1")
+        services = cell_services(sd, cells=1)
+        register_fleet(sd, services, units_per_cell=1, nodes=2)
+        throttled = revision_refused(sd, code="ThrottlingException", message="AccessDenied checks are throttled")
+        discovery = CloudMapDiscovery(namespace="flotilla", services=tuple(services), client=throttled)
+        with pytest.raises(DiscoveryError, match="ThrottlingException"):
+            discovery.discover()  # a failed pass, not a fallback to full reads
+        assert discovery.calls["DiscoverInstances"] == 0
+
+
+@mock_aws
+def test_access_denied_exception_is_a_refusal_whatever_its_message_says():
+    with documented_cloud_map(seed=8):
+        sd = boto3.client("servicediscovery", region_name="us-east-1")
+        services = cell_services(sd, cells=1)
+        urls = register_fleet(sd, services, units_per_cell=1, nodes=2)
+        refused = revision_refused(sd, code="AccessDeniedException", message="request could not be authorized")
+        discovery = CloudMapDiscovery(namespace="flotilla", services=tuple(services), client=refused)
+        assert {e.url for e in discovery.discover()} == urls
+        discovery.discover()
+        asked = [op for op, _ in refused.calls if op == "discover_instances_revision"]
+        assert asked == ["discover_instances_revision"]  # refused once: read in full, not asked again

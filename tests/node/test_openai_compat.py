@@ -647,10 +647,11 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
     mid-answer, and the client ends with each choice's content and tool calls as the unmoved stream's
     (greedy)."""
     import subprocess
-    import sys
     import time
 
     from nodeproc import Unit, get_json
+
+    from runtime.router.settings import router_command
 
     model = _tool_model(smollm2_dir, tmp_path)
     units = [
@@ -702,20 +703,7 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
             u.wait_ready(180)
         log = open(tmp_path / "router.log", "ab")
         router = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--units",
-                ",".join(u.leader.url for u in units),
-                "--poll-interval",
-                "0.2",
-            ],
+            router_command(host="127.0.0.1", port=0, units=[u.leader.url for u in units], poll_interval_s=0.2),
             cwd=repo,
             stdout=subprocess.PIPE,
             stderr=log,

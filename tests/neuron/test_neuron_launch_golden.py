@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from memberships import membership
 
 from contract.neuron import MULTI_NODE_IMAGE, SINGLE_NODE_IMAGE
 from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_member, plan_unit
-from runtime.membership import Member, Membership
+from runtime.membership import Membership
 
 LEADER = "10.1.0.10"
 REPO = Path(__file__).resolve().parents[2]
@@ -204,17 +205,8 @@ def test_trn1n_differs_from_trn1_only_in_efa_interface_count(checkpoint):
 
 def test_a_member_gets_its_own_rank_of_the_unit_plan_with_the_rendezvous_leader(checkpoint):
     model_dir = str(checkpoint("llama-3.1-405b"))
-    members = tuple(Member(rank=r, host=f"10.1.0.{10 + r}", api_port=8000) for r in range(4))
-    membership = Membership(
-        unit_id="cell0-unit0",
-        revision="r1",
-        rank=2,
-        world_size=4,
-        dist_host="10.1.0.10",
-        dist_port=29500,
-        members=members,
-    )
-    got = plan_member(membership, instance_type="trn1.32xlarge", model=load_model_shape(model_dir), model_dir=model_dir)
+    unit = membership([(f"10.1.0.{10 + r}", 8000) for r in range(4)], rank=2, unit_id="cell0-unit0", revision="r1")
+    got = plan_member(unit, instance_type="trn1.32xlarge", model=load_model_shape(model_dir), model_dir=model_dir)
     assert got.rank == 2 and got.role == "follower" and got.start_rank_id == 64
     assert "--node-rank=2" in got.command
     assert got.env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.10:63423"

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+from memberships import membership
 from testnet import free_port
 
-from runtime.membership import Member, Membership
+from runtime.membership import Membership
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import load_settings
 from runtime.node.supervisor import UnitSupervisor
@@ -18,15 +19,7 @@ class FlippingRendezvous:
     """One member; reports a membership change when told to."""
 
     def __init__(self, port: int) -> None:
-        self.m = Membership(
-            unit_id="u",
-            revision="r",
-            rank=0,
-            world_size=1,
-            dist_host="127.0.0.1",
-            dist_port=free_port(),
-            members=(Member(rank=0, host="127.0.0.1", api_port=port),),
-        )
+        self.m = membership([("127.0.0.1", port)], dist_port=free_port())
         self.flip = False
         self.joins = 0
 
@@ -191,21 +184,11 @@ def test_the_leader_polls_its_followers_at_once_and_a_slow_one_delays_no_other()
         followers = StandInFollowers([1, 2, 3], slow={1, 2}, world_size=4)
         await followers.start()
         port = free_port()
-        members = (Member(rank=0, host="127.0.0.1", api_port=port),) + tuple(
-            Member(rank=r, host="127.0.0.1", api_port=p) for r, p in followers.ports.items()
-        )
-        peers = ",".join(f"127.0.0.1:{m.api_port}" for m in members)
+        addresses = [("127.0.0.1", port)] + [("127.0.0.1", p) for _, p in sorted(followers.ports.items())]
+        peers = ",".join(f"{host}:{p}" for host, p in addresses)
         s = load_settings(["--engine", "echo", "--peers", peers, "--rank", "0", "--unit", "u", "--revision", "r"], {})
         rdv = FlippingRendezvous(port)
-        rdv.m = Membership(
-            unit_id="u",
-            revision="r",
-            rank=0,
-            world_size=4,
-            dist_host="127.0.0.1",
-            dist_port=free_port(),
-            members=members,
-        )
+        rdv.m = membership(addresses, dist_port=free_port())
         sup = UnitSupervisor(settings=s, rendezvous=rdv, metrics=NodeMetrics())
         run = asyncio.create_task(sup.run())
         try:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 
+from ops_fakes import bare_unit
 from rich.console import Console
 
 from ops.commands import status
-from ops.fleet import Node, Unit
+from ops.fleet import Node
 
 
 def test_status_of_a_healthy_fleet_lists_every_node_and_exits_zero(fleet, run_cli):
@@ -425,18 +426,7 @@ def test_a_ready_body_that_cannot_be_read_shows_as_unreadable_not_a_crash():
     assert bad.report is None and bad.state == "unreadable"
     assert bad.unreadable is not None and "load.queue_depth" in bad.unreadable
     assert status._load(bad) == ("-", "-", "-", "-")
-    unit = Unit(
-        cell_id="cell0",
-        unit_id="cell0-unit0",
-        cluster_arn="c",
-        service_name="s",
-        service_arn="s",
-        desired=1,
-        task_definition_arn="td:1",
-        revision="1",
-        nodes_per_unit=1,
-        nodes=[bad],
-    )
+    unit = bare_unit(nodes=[bad])
     assert any("ready body cannot be read" in p and "load.queue_depth" in p for p in unit.problems())
     console = Console(record=True, width=300)
     status.render([unit], console)

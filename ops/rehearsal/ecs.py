@@ -28,6 +28,9 @@ from ops.rehearsal.template import UnitService
 # slow answer delays the next check and never overlaps it.
 MIN_PROBE_TIMEOUT_S = 2.0
 
+# Real seconds between looks at a stopping task: how exactly a drain's end (the process's exit) is timed.
+EXIT_POLL_S = 0.01
+
 
 class Clock:
     """Emulated seconds since the rehearsal started; `scale` real seconds per emulated second."""
@@ -154,6 +157,8 @@ class Task:
     state: TaskState = TaskState.RUNNING
     stop_reason: str = ""
     ever_healthy: bool = False
+    stop_sent_at: float | None = None  # emulated seconds: SIGTERM
+    exited_at: float | None = None  # emulated seconds: the process was gone (its drain ended)
 
 
 @dataclass(frozen=True)
@@ -380,7 +385,7 @@ class Service:
         self._spawn(self._health_loop(task))
 
     def _stop(self, task: Task, reason: str) -> None:
-        task.state, task.stop_reason = TaskState.STOPPING, reason
+        task.state, task.stop_reason, task.stop_sent_at = TaskState.STOPPING, reason, self.clock.now()
         # A stopping task is deregistered first (DEACTIVATING: "Amazon ECS performs additional steps
         # before stopping the task", API_HealthCheck.html; the timing for Cloud Map is not
         # documented), then gets the stop signal: "a stop signal value and a default 30-second
@@ -389,7 +394,7 @@ class Service:
         self.launcher.deregister(task.handle)
         task.handle.terminate()
         self.event(f"stopping {task.handle.name}: {reason} (SIGTERM)")
-        self._spawn(self._kill_after_stop_timeout(task))
+        self._spawn(self._watch_stop(task))
 
     def _reap(self) -> None:
         primary = self.primary
@@ -433,11 +438,15 @@ class Service:
             if dep is self.primary and dep.status is DeploymentStatus.IN_PROGRESS:
                 dep.failures = 0
 
-    async def _kill_after_stop_timeout(self, task: Task) -> None:
-        await self.clock.sleep(self.spec.stop_timeout_s)
+    async def _watch_stop(self, task: Task) -> None:
+        """Notes when a stopping task exits; SIGKILL once it outlives the stop timeout."""
+        deadline = time.monotonic() + self.clock.to_real(self.spec.stop_timeout_s)
+        while task.handle.running() and time.monotonic() < deadline:
+            await asyncio.sleep(EXIT_POLL_S)
         if task.handle.running():
             task.handle.kill()
             self.event(f"{task.handle.name} still running after stopTimeout {self.spec.stop_timeout_s:g} s: SIGKILL")
+        task.exited_at = self.clock.now()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         job = asyncio.ensure_future(coro)

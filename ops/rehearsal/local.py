@@ -9,6 +9,7 @@ starts it; only the router's command line is built from its settings (runtime.ro
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -189,10 +191,46 @@ class LocalFleet:
             await self._session.close()
 
 
+@dataclass(frozen=True)
+class DrainLog:
+    """A stopped node's own account of its drain, from its log lines."""
+
+    in_flight: int  # requests it held at SIGTERM (drain_started)
+    handed_over: int  # requests it ended by handing them over to the router (request lines)
+    unfinished: int | None  # still open when its drain timeout ran out (drain_finished); None: killed first
+
+
+def drain_log(handle: TaskHandle) -> DrainLog | None:
+    """What the node's log says of its drain; None when it never started one."""
+    assert isinstance(handle, NodeProcess)
+    started: dict[str, Any] | None = None
+    finished: dict[str, Any] | None = None
+    handed_over = 0
+    for text in handle.log.read_text(errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue  # not a log line (a crash's traceback): the lines around it still count
+        event = line.get("event") if isinstance(line, dict) else None
+        if event == "drain_started":
+            started = line
+        elif event == "drain_finished":
+            finished = line
+        elif event == "request" and line.get("handed_over"):
+            handed_over += 1
+    if started is None:
+        return None
+    return DrainLog(
+        in_flight=int(started.get("in_flight", 0)),
+        handed_over=handed_over,
+        unfinished=int(finished["unfinished"]) if finished is not None else None,
+    )
+
+
 class RouterProcess:
     """The real router, discovering members from the units file as it would from Cloud Map."""
 
-    def __init__(self, units_file: Path, log: Path, ports: set[int]) -> None:
+    def __init__(self, units_file: Path, log: Path, ports: set[int], *, max_moves: int | None = None) -> None:
         self.port = free_port(ports)
         cmd = router_command(
             host="127.0.0.1",
@@ -203,6 +241,7 @@ class RouterProcess:
             poll_interval_s=ROUTER_POLL_S,
             drain_grace_s=0,
             access_log="off",
+            max_moves=max_moves,  # 0: no stream moves, so a draining leader waits for its answers; None: the default
         )
         env = {k: v for k, v in os.environ.items() if k != contract.ENV_PORT}
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)

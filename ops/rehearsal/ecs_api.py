@@ -73,6 +73,12 @@ EPOCH = datetime(2026, 12, 1, tzinfo=timezone.utc)
 _ECS_MODEL = botocore.session.get_session().get_service_model("ecs")
 
 
+def step_down(last_status: str) -> str:
+    """The lastStatus a task ECS is stopping moves to next: RUNNING, DEACTIVATING, STOPPING,
+    DEPROVISIONING, STOPPED (task-lifecycle-explanation.html), one state per step."""
+    return LIFECYCLE_DOWN[LIFECYCLE_DOWN.index(last_status) + 1]
+
+
 def _arn(kind: str, name: str) -> str:
     return f"arn:aws:ecs:{REGION}:{ACCOUNT}:{kind}/{name}"
 
@@ -671,7 +677,7 @@ class EcsModel:
                         d.failed_tasks = 0
                 self._changed(t)
             return
-        t.last_status = LIFECYCLE_DOWN[LIFECYCLE_DOWN.index(t.last_status) + 1]
+        t.last_status = step_down(t.last_status)
         if t.last_status == "STOPPED":
             t.stopped_at = self.now
         self._changed(t)

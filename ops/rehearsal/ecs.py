@@ -117,10 +117,7 @@ class Launcher(Protocol):
     async def probe(self, handle: TaskHandle, path: str, timeout_s: float) -> bool: ...
 
 
-class DeploymentStatus(StrEnum):
-    IN_PROGRESS = "IN_PROGRESS"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
+DeploymentStatus = Rollout
 
 
 _ids = itertools.count(1)
@@ -249,7 +246,7 @@ class Service:
             ServiceView(
                 spec.desired_count, spec.min_healthy_percent, spec.max_percent, spec.circuit_breaker, spec.rollback
             ),
-            [DeploymentView(d.deployment_id, Rollout(d.status.value), d.failures) for d in reversed(self.deployments)],
+            [DeploymentView(d.deployment_id, d.status, d.failures) for d in reversed(self.deployments)],
             [
                 TaskView(
                     key=t,

@@ -107,6 +107,7 @@ def decide(
     # would start the replacement first (room left) the emulations still stop first: a replacement
     # reuses its predecessor's rank (static rendezvous stands in for ECS's).
     no_room = placeable <= 0 or len(live) >= ecs_rules.max_tasks(service.desired, service.max_percent)
+    # An unhealthy task already stopping (a stopping task keeps the health status it had).
     one_stopping = any(t.phase is Phase.STOPPING and t.health == UNHEALTHY for t in tasks)
     failures = first.failures
     stop_unhealthy: list[K] = []

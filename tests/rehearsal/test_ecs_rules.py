@@ -1,6 +1,6 @@
 """The emulated ECS scheduler's rules one at a time, with fake tasks whose health the test sets: no
 processes, no waiting. Each expectation is the documented ECS behaviour named in the test (sources
-in ops/rehearsal/ecs.py and ecs_rules.py next to the rule)."""
+in ops/rehearsal/ecs.py, ecs_scheduler.py and ecs_rules.py next to the rule)."""
 
 from __future__ import annotations
 

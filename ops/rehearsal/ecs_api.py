@@ -171,6 +171,12 @@ class Task:
     def live(self) -> bool:
         return self.desired_status == "RUNNING"
 
+    @property
+    def phase(self) -> Phase:
+        if not self.live:
+            return Phase.STOPPING
+        return Phase.STARTING if self.last_status in STARTING else Phase.RUNNING
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "taskArn": self.arn,
@@ -703,11 +709,7 @@ class EcsModel:
                 TaskView(
                     key=t,
                     deployment=t.started_by,
-                    phase=Phase.STOPPING
-                    if not t.live
-                    else Phase.STARTING
-                    if t.last_status in STARTING
-                    else Phase.RUNNING,
+                    phase=t.phase,
                     health=t.health,
                     rank=rank,
                     leaving=t.container_instance in draining,

@@ -3,8 +3,8 @@
 
 The tasks of one deployment of a unit find each other by static rendezvous on ports the deployment
 holds (ECS rendezvous groups tasks by task definition and deployment the same way): a replacement
-task takes its predecessor's rank and port. Nothing here imports the runtime; it is started as a
-program, the way `make local` starts it.
+task takes its predecessor's rank and port. The runtime is started as a program, the way `make local`
+starts it; only the router's command line is built from its settings (runtime.router.settings).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import aiohttp
 import contract
 from ops.rehearsal.ecs import Deployment, TaskHandle
 from ops.rehearsal.template import UnitService
+from runtime.router.settings import router_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,28 +194,16 @@ class RouterProcess:
 
     def __init__(self, units_file: Path, log: Path, ports: set[int]) -> None:
         self.port = free_port(ports)
-        cmd = [
-            sys.executable,
-            "-m",
-            "runtime",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--discovery",
-            "static",
-            "--units-file",
-            str(units_file),
-            "--discovery-interval",
-            str(ROUTER_DISCOVERY_S),
-            "--poll-interval",
-            str(ROUTER_POLL_S),
-            "--drain-grace",
-            "0",
-            "--access-log",
-            "off",
-        ]
+        cmd = router_command(
+            host="127.0.0.1",
+            port=self.port,
+            discovery="static",
+            units_file=units_file,
+            discovery_interval_s=ROUTER_DISCOVERY_S,
+            poll_interval_s=ROUTER_POLL_S,
+            drain_grace_s=0,
+            access_log="off",
+        )
         env = {k: v for k, v in os.environ.items() if k != contract.ENV_PORT}
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
         self.proc = NodeProcess("router", self.port, cmd, env, log)

@@ -8,9 +8,11 @@ import json
 import os
 import platform
 import subprocess
-import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from runtime.router.settings import router_command
 
 
 def cpu_model() -> str:
@@ -59,13 +61,13 @@ def start_router(
     *,
     cpus: str,
     port: int,
-    flags: list[str],
+    settings: Mapping[str, Any],
     router_args: str,
     cwd: str | Path,
     stderr: IO[bytes],
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """`python -m runtime router` on 127.0.0.1:`port`, pinned to `cpus`, with `flags` (its discovery)
+    """`python -m runtime router` on 127.0.0.1:`port`, pinned to `cpus`, with `settings` (its discovery)
     and then the run's own `router_args` (last, so they win). WARNING level and no drain grace:
     only the work of routing is measured, and stopping it is immediate. Its log goes to `stderr`, a
     file, as a container's would: writing it is part of the router's cost. `cwd` is the checkout
@@ -73,20 +75,14 @@ def start_router(
     return subprocess.Popen(
         pinned(
             cpus,
-            sys.executable,
-            "-m",
-            "runtime",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "WARNING",
-            "--drain-grace",
-            "0",
-            *flags,
-            *router_args.split(),
+            *router_command(
+                host="127.0.0.1",
+                port=port,
+                log_level="WARNING",
+                drain_grace_s=0,
+                **settings,
+                extra=router_args.split(),
+            ),
         ),
         cwd=cwd,
         env=env,

@@ -124,6 +124,11 @@ class LoadReport(BaseModel):
     prefill_tokens: _Int = -1
     step_s: _Float = 0.0  # the unit's longest recent step (stall_bound); 0: not said
 
+    def given(self, name: str) -> bool:
+        """Whether the member sent this figure: a follower or an older revision leaves some out, and
+        a reader that shows figures shows those as not said rather than as their default."""
+        return name in self.model_fields_set
+
 
 class ReadyReport(BaseModel):
     """A ready body (or a watch line) as readers take it. `state` None: a load-only watch line."""

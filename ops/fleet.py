@@ -71,10 +71,24 @@ class Node:
     def stopping(self) -> bool:
         return self.desired_status == "STOPPED"
 
+    def _read(self) -> tuple[ReadyReport | None, str | None]:
+        if self.health is None:
+            return None, None
+        try:
+            return read_ready(self.health), None
+        except ValueError as err:
+            return None, str(err)
+
     @property
     def report(self) -> ReadyReport | None:
-        """Its ready body as read_ready takes it (fetch_health kept only bodies it can read)."""
-        return read_ready(self.health) if self.health is not None else None
+        """Its ready body as read_ready takes it; None when it has none or one read_ready refuses
+        (fetch_health keeps only bodies it can read; `unreadable` says what is wrong with another)."""
+        return self._read()[0]
+
+    @property
+    def unreadable(self) -> str | None:
+        """What read_ready says is wrong with its ready body, or None (no body, or a usable one)."""
+        return self._read()[1]
 
     @property
     def task_id(self) -> str:
@@ -100,6 +114,8 @@ class Node:
     def state(self) -> str:
         if (r := self.report) is not None:
             return r.state or "?"
+        if self.unreadable:
+            return "unreadable"
         if self.stopping:
             return "stopping"
         return "unreachable" if self.health_error else "unknown"
@@ -153,7 +169,9 @@ class Unit:
             return out
         for n in members:
             r = n.report
-            if r is None:
+            if r is None and n.unreadable:
+                out.append(f"node {n.instance_id or n.task_id}: its ready body cannot be read: {n.unreadable}")
+            elif r is None:
                 out.append(f"node {n.instance_id or n.task_id} unreachable: {n.health_error}")
             elif not r.ready:
                 loading = describe_loading(r.loading)
@@ -503,8 +521,9 @@ def _through_leader(leader: Node, by_address: dict[str, Node]) -> list[Node]:
     answered themselves; the leader asks them every quarter second anyway. Returns the ones to ask
     directly: those it could not reach, and all of them when the leader is not ready (its last word
     on a follower may predate what broke the unit, and the operator needs each member's own)."""
-    body = leader.health or {}
-    report = read_ready(body)
+    report = leader.report
+    if report is None:
+        return []
     direct: list[Node] = []
     for m in report.members or []:
         n = by_address.get(str(m.get("address"))) if isinstance(m, dict) else None
@@ -519,10 +538,10 @@ def _through_leader(leader: Node, by_address: dict[str, Node]) -> list[Node]:
             contract.ATTR_UNIT: report.unit,
             contract.ATTR_REVISION: m.get("revision"),
             "rank": m.get("rank"),
-            "world_size": body.get("world_size"),
+            "world_size": report.world_size,
             contract.ATTR_ROLE: "follower",
             contract.ATTR_CELL: report.cell,
-            "load": body.get("load"),  # a follower reports its leader's load too
+            "load": report.load.model_dump(exclude_unset=True),  # its leader's load, as far as it was given
             contract.ATTR_LEADER: leader.address,
         }
         n.health_error, n.reported_by = None, leader.address

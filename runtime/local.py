@@ -22,6 +22,7 @@ from typing import Any
 
 import contract
 from runtime.ports import free_port, port_free
+from runtime.router.settings import router_command
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PUBLIC_PORT = 8080
@@ -192,20 +193,12 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
                 rank=None,
                 ports={"http": a.port},
                 # no load balancer watches a local router's /health: no drain grace
-                cmd=[
-                    sys.executable,
-                    "-m",
-                    "runtime",
-                    "router",
-                    "--host",
-                    "127.0.0.1",
-                    "--drain-grace",
-                    "0",
-                    # a laptop busy with the model answers polls late: not "unit gone"
-                    "--poll-timeout",
-                    "5",
-                    *(["--balance", a.balance] if a.balance else []),
-                ],
+                cmd=router_command(
+                    host="127.0.0.1",
+                    drain_grace_s=0,
+                    poll_timeout_s=5,  # a laptop busy with the model answers polls late: not "unit gone"
+                    balance=a.balance or None,
+                ),
                 env=env,
                 log=logs / "router.log",
             )

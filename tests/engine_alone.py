@@ -9,20 +9,13 @@ from typing import Sequence
 
 def greedy_texts(jobs: Sequence[tuple[str, bool, int]], model: str = "tiny") -> list[str]:
     """The text each (prompt, as a chat message?, max_tokens) generates, EOS ignored."""
+    from memberships import membership
+
     from runtime.engines.base import GenerationRequest, SamplingParams
     from runtime.engines.reference import ReferenceEngine
-    from runtime.membership import Member, Membership
 
     async def run() -> list[str]:
-        one = Membership(
-            unit_id="alone",
-            revision="x",
-            rank=0,
-            world_size=1,
-            dist_host="127.0.0.1",
-            dist_port=1,
-            members=(Member(rank=0, host="127.0.0.1", api_port=1),),
-        )
+        one = membership([("127.0.0.1", 1)], unit_id="alone", revision="x", dist_port=1)
         engine = ReferenceEngine(one, model=model, threads=1)
         await engine.start()
         out = []

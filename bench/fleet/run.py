@@ -238,7 +238,7 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         router = start_router(
             cpus=args.router_cpu,
             port=port,
-            flags=["--discovery", "cloudmap", "--cloudmap-namespace", NAMESPACE, "--cloudmap-service", services],
+            settings={"discovery": "cloudmap", "cloudmap_namespace": NAMESPACE, "cloudmap_services": services},
             router_args=args.router_args,
             cwd=REPO,
             env=env,

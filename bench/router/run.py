@@ -205,7 +205,7 @@ def main() -> int:
     router = start_router(
         cpus=args.router_cpu,
         port=router_port,
-        flags=["--units", f"http://127.0.0.1:{backend_port}", "--max-outstanding-per-unit", "1024"],
+        settings={"units": [f"http://127.0.0.1:{backend_port}"], "max_outstanding_per_unit": 1024},
         router_args=args.router_args,
         cwd=args.router_repo,
         stderr=router_log,

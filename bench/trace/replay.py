@@ -4,9 +4,15 @@ router under each routing policy in turn; TTFT p50/p90/p99, TPOT, prefix-cache h
 Run: `make bench-trace` (BENCH_ARGS passes flags; `--requests 12 --rates 1,2` is a short run). For each
 rate and policy it starts `python -m runtime.local --balance POLICY` (fresh units: no run inherits
 another's warm cache), replays the same requests open-loop at their scaled arrival times, and stops it.
-The defaults (100 requests at 0.5 and 1 req/s, three policies) are one quiet run of about 20 minutes:
-the plan is printed first. Results are appended to bench/results/trace_replay.json with the scaling
+The defaults (100 requests of whole conversations at 0.5 and 1 req/s, three policies) are one quiet run
+of about 20 minutes: the plan is printed first. Results are appended to bench/results/trace_replay.json with the scaling
 beside every figure, and the table for docs/benchmarks.md is printed at the end.
+
+Sampling (printed with the figures): by default whole conversations drawn at random from the whole hour
+until `--requests` (`--sample conversations`): three units of a fleet that keeps conversations together
+see every turn of theirs, where the hour's first N requests are mostly first turns whose follow-ups
+come after them (the first 100 requests reuse 5 % of their prompt tokens at best, the whole hour 39 %);
+`--sample first` replays the first N.
 
 Scaling (printed with the figures): each 512-token block hash of the trace becomes a fixed run of
 `--block-tokens` token ids (the same run wherever the hash appears, so requests that share a prefix in
@@ -92,6 +98,32 @@ def scale(
             )
         )
     return out
+
+
+def conversation_of(row: dict) -> tuple[int, ...]:
+    """A request's conversation: its first two prefix blocks (every request of the conversation trace
+    starts with the same block 0, the service's own preamble; the second is the conversation's first turn)."""
+    return tuple(row["hash_ids"][:2])
+
+
+def select(rows: list[dict], n: int, sample: str, seed: int = 0) -> list[dict]:
+    """The requests to replay. `first`: the trace's first n. `conversations`: whole conversations drawn at
+    random (seeded) from the whole trace until they hold at least n requests, every turn of each, in the
+    trace's order: what a few units of a large fleet see when the router keeps conversations together,
+    where the first n requests of the hour are mostly first turns whose follow-ups come later."""
+    if sample == "first":
+        return rows[:n]
+    by_conv: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        by_conv.setdefault(conversation_of(r), []).append(i)
+    convs = list(by_conv)
+    random.Random(seed).shuffle(convs)
+    chosen: list[int] = []
+    for c in convs:
+        if len(chosen) >= n:
+            break
+        chosen += by_conv[c]
+    return [rows[i] for i in sorted(chosen)]
 
 
 def oracle_hit_rate(requests: list[Scaled], block_tokens: int) -> float:
@@ -268,7 +300,14 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
-    ap.add_argument("--requests", type=int, default=100, help="the trace's first N requests")
+    ap.add_argument("--requests", type=int, default=100, help="how many requests (see --sample)")
+    ap.add_argument(
+        "--sample",
+        choices=("conversations", "first"),
+        default="conversations",
+        help="conversations: whole conversations drawn from the whole hour until N requests; first: the first N",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="which conversations --sample conversations draws")
     ap.add_argument(
         "--rates", default="0.5,1", help="mean arrivals per second after scaling, comma-separated: one run per rate"
     )
@@ -300,12 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--requests and --block-tokens must be at least 1 and every --rates above 0")
     path = trace_path(a.trace)
     try:
-        rows = [json.loads(line) for line in path.read_text().splitlines()[: a.requests] if line.strip()]
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except OSError as exc:
         ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
+    rows = select(rows, a.requests, a.sample, a.seed)
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     runs = len(a.rates) * len(policies)
-    arrivals_s = sum(a.requests / r for r in a.rates) * len(policies)
+    arrivals_s = sum(len(rows) / r for r in a.rates) * len(policies)
     print(
         f"plan: {runs} runs ({', '.join(policies)} at {', '.join(f'{r:g}' for r in a.rates)} req/s): "
         f"{arrivals_s / 60:.1f} min of arrivals, about {(arrivals_s + runs * RUN_OVERHEAD_S) / 60:.0f} min with "
@@ -325,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         scaling = {
             "trace": a.trace,
             "requests": len(requests),
+            "sample": a.sample,
+            "seed": a.seed,
             "block_tokens": a.block_tokens,
             "max_input_tokens": a.max_input_tokens,
             "max_output_tokens": a.max_output_tokens,
@@ -378,9 +420,15 @@ def _ms(x: float | None) -> str:
     return f"{1000 * x:,.0f}" if x is not None else "-"
 
 
+def _sampled(sc: dict) -> str:
+    if sc.get("sample", "first") == "first":
+        return f"first {sc['requests']} requests"
+    return f"{sc['requests']} requests of whole conversations drawn from the hour (seed {sc.get('seed', 0)})"
+
+
 def scaling_line(sc: dict) -> str:
     return (
-        f"trace {sc['trace']}: first {sc['requests']} requests, 512-token blocks -> {sc['block_tokens']} tokens, "
+        f"trace {sc['trace']}: {_sampled(sc)}, 512-token blocks -> {sc['block_tokens']} tokens, "
         f"prompts <= {sc['max_input_tokens']} (mean {sc['mean_prompt_tokens']:.0f}), outputs / "
         f"{sc['output_divisor']:.0f} <= {sc['max_output_tokens']}, {sc['rate_per_s']:g} req/s; {sc['units']} units x "
         f"{sc['nodes']} node(s) of {sc['model']}; oracle (infinite cache) hit rate "

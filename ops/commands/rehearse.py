@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,19 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="the new revision never becomes ready: rehearse the circuit breaker and its rollback",
     )
+    p.add_argument(
+        "--answer-tokens",
+        type=int,
+        metavar="N",
+        help="every client streams answers of N tokens (the echo engine takes FLOTILLA_ECHO_STEP_S, 0.01 s, "
+        "per token), so drains have long answers in flight; default: 8-token answers, half streamed",
+    )
+    p.add_argument(
+        "--no-handover",
+        action="store_true",
+        help="the router moves no stream (--max-moves 0): a draining leader waits for its answers, up to "
+        "its drain timeout, instead of handing them over",
+    )
     p.add_argument("--clients", type=int, default=4, help="concurrent clients through the router; default %(default)s")
     p.add_argument(
         "--concurrency",
@@ -78,6 +92,9 @@ def _check(args: argparse.Namespace) -> None:
         raise bad_arg("--load-seconds", args.load_seconds, "is out of range", "give 0 to 600")
     if not 1 <= args.clients <= 64:
         raise bad_arg("--clients", args.clients, "is out of range", "give 1 to 64")
+    # The echo engine's context is 2048 tokens, the prompt (about 25) included.
+    if args.answer_tokens is not None and not 1 <= args.answer_tokens <= 2000:
+        raise bad_arg("--answer-tokens", args.answer_tokens, "is out of range", "give 1 to 2000")
     if args.concurrency is not None and args.concurrency < 1:
         raise bad_arg("--concurrency", args.concurrency, "is out of range", "give 1 or more")
 
@@ -156,6 +173,25 @@ def render(report: Any, console: Console) -> None:
         f"rollout {report.rollout_s:.0f} emulated s ({report.rollout_s * report.scale:.1f} s real); "
         f"rehearsal {report.wall_s:.1f} s wall",
     )
+    t.add_row(
+        "answers",
+        (f"{report.answer_tokens} tokens, all streamed" if report.answer_tokens else "8 tokens, half streamed")
+        + "; drains "
+        + ("hand streams over to the router" if report.handover else "wait for their answers (no hand-over)"),
+    )
+    if report.drains:
+        t.add_row(
+            "leader drains",
+            f"SIGTERM to exit: median {report.drain_s(statistics.median):.1f}, max {report.drain_s(max):.1f} "
+            f"emulated s (drain timeout {report.drain_timeout_s:g} s)",
+        )
+    for d in report.drains:
+        t.add_row(
+            f"  {d.unit}",
+            f"{d.emulated_s:.1f} emulated s ({d.real_s:.2f} s real): {_count(d.in_flight)} in flight, "
+            f"{d.handed_over} handed over, "
+            + (f"{d.unfinished} unfinished at the drain timeout" if d.unfinished is not None else "killed first"),
+        )
     t.add_row("circuit breaker trips", ", ".join(f"{u}: {n}" for u, n in report.breaker_trips.items()))
     t.add_row("revisions at the end", ", ".join(f"{u}: {r}" for u, r in report.final_revisions.items()))
     console.print(t)
@@ -165,11 +201,17 @@ def render(report: Any, console: Console) -> None:
         console.print(f"logs: {report.log_dir}")
 
 
+def _count(n: int | None) -> str:
+    return "?" if n is None else str(n)  # None: the node's log says nothing of it
+
+
 def report_dict(report: Any) -> dict[str, Any]:
     out: dict[str, Any] = asdict(report)
     out["events"] = [f"{e.at:.1f}s {e.who}: {e.text}" for e in report.events]
     out["log_dir"] = str(report.log_dir) if report.log_dir else None
     out["ok"] = report.ok
+    out["drain_median_s"] = report.drain_s(statistics.median)
+    out["drain_max_s"] = report.drain_s(max)
     return out
 
 
@@ -194,6 +236,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         concurrency=args.concurrency,
         new_revision=args.revision,
         never_ready=args.never_ready,
+        answer_tokens=args.answer_tokens,
+        handover=not args.no_handover,
         work_dir=Path(args.keep_logs) if args.keep_logs else None,
     )
 

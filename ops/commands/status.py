@@ -83,20 +83,24 @@ def unit_state(u: Unit) -> str:
 
 
 def _load(n: Node) -> tuple[str, str, str, str]:
-    ld = (n.health or {}).get("load") or {}
-    if not ld:
+    """Queue, expected wait / queue timeout, running / max and KV cache use as the node's ready body
+    gives them; "-" for each figure it does not give (followers and older revisions leave some out)."""
+    r = n.report
+    if r is None or not r.load.model_fields_set:
         return "-", "-", "-", "-"
-    kv = ld.get("kv_cache_used")
+    ld = r.load
+
+    def shown(name: str) -> str:
+        return str(getattr(ld, name)) if ld.given(name) else "-"
+
     # The leader's expected wait for a batch slot; past its queue timeout it refuses with 429
-    # (docs/runbooks/at-capacity.md). Followers and older revisions do not say.
-    wait, timeout = ld.get("wait_s"), ld.get("queue_timeout_s")
+    # (docs/runbooks/at-capacity.md).
+    waits = ld.given("wait_s") and ld.given("queue_timeout_s") and ld.queue_timeout_s
     return (
-        str(ld.get("queue_depth", "-")),
-        f"{wait:g}/{timeout:g}"
-        if isinstance(wait, (int, float)) and isinstance(timeout, (int, float)) and timeout
-        else "-",
-        f"{ld.get('running', '-')}/{ld.get('max_running', '-')}",
-        f"{kv * 100:.0f}%" if isinstance(kv, (int, float)) else "-",
+        shown("queue_depth"),
+        f"{ld.wait_s:g}/{ld.queue_timeout_s:g}" if waits else "-",
+        f"{shown('running')}/{shown('max_running')}",
+        f"{ld.kv_cache_used * 100:.0f}%" if ld.given("kv_cache_used") else "-",
     )
 
 
@@ -129,7 +133,7 @@ def render(units: list[Unit], console: Console) -> None:
             if not u.nodes:
                 t.add_row(u.unit_id, f"[{style}]{state}[/]", u.revision, *["-"] * 11)
             for i, n in enumerate(u.nodes):
-                rev = str((n.health or {}).get("revision", u.revision))
+                rev = (r.revision if (r := n.report) is not None else "") or u.revision
                 queue, wait, running, kv = _load(n)
                 t.add_row(
                     u.unit_id if i == 0 else "",

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from ops.rehearsal import ecs_rules
-from ops.rehearsal.ecs_rules import breaker_threshold
+from ops.rehearsal.ecs_scheduler import DeploymentView, Phase, Rollout, ServiceView, TaskView, decide
 from ops.rehearsal.template import UnitService
 
 # Time scales; a node's answer does not. A local GET answers in milliseconds on an idle machine but
@@ -27,6 +26,9 @@ from ops.rehearsal.template import UnitService
 # Docker runs the next check "interval seconds after each previous check completes" (below), so a
 # slow answer delays the next check and never overlaps it.
 MIN_PROBE_TIMEOUT_S = 2.0
+
+# Real seconds between looks at a stopping task: how exactly a drain's end (the process's exit) is timed.
+EXIT_POLL_S = 0.01
 
 
 class Clock:
@@ -118,10 +120,7 @@ class Launcher(Protocol):
     async def probe(self, handle: TaskHandle, path: str, timeout_s: float) -> bool: ...
 
 
-class DeploymentStatus(StrEnum):
-    IN_PROGRESS = "IN_PROGRESS"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
+DeploymentStatus = Rollout
 
 
 _ids = itertools.count(1)
@@ -134,7 +133,6 @@ class Deployment:
     status: DeploymentStatus = DeploymentStatus.IN_PROGRESS
     failures: int = 0  # the circuit breaker's failure count
     stalled: bool = False  # failed with nothing to roll back to: launches nothing
-    completed_once: bool = False
     deployment_id: str = field(default_factory=lambda: f"ecs-svc/{next(_ids):04d}")
 
 
@@ -154,6 +152,8 @@ class Task:
     state: TaskState = TaskState.RUNNING
     stop_reason: str = ""
     ever_healthy: bool = False
+    stop_sent_at: float | None = None  # emulated seconds: SIGTERM
+    exited_at: float | None = None  # emulated seconds: the process was gone (its drain ended)
 
 
 @dataclass(frozen=True)
@@ -235,117 +235,64 @@ class Service:
 
     # -- the scheduler ------------------------------------------------------------------------------
     def tick(self) -> None:
+        """One scheduler pass: the decisions are ecs_scheduler.decide's (the same the API model takes);
+        this applies them to processes."""
         self._reap()
         primary = self.primary
         if primary is None:
             return
         spec, now = self.spec, self.clock.now()
-        running = [t for t in self.tasks if t.state is TaskState.RUNNING]
         holding = [t for t in self.tasks if t.state is not TaskState.STOPPED]
-
-        # Unhealthy tasks are replaced, once the grace period is over. "For tasks that are part of a
-        # service, if the task reports as unhealthy then the task will be stopped and the service
-        # scheduler will replace it." (API_HealthCheck.html); healthCheckGracePeriodSeconds: "The
-        # period of time, in seconds, that the Amazon ECS service scheduler ignores unhealthy ...
-        # container health checks after a task has first started." (API_CreateService.html). With no
-        # room above maximumPercent, "the scheduler stops the unhealthy tasks one-by-one — using the
-        # minimumHealthyPercent as a constraint" (API_DeploymentConfiguration.html). Where ECS would
-        # start the replacement first (room left), the emulator still stops first: a replacement
-        # reuses its predecessor's rank and port (static rendezvous stands in for ECS's).
-        no_room = len(holding) >= spec.max_tasks
-        stopping_unhealthy = any(
-            t.state is TaskState.STOPPING and t.stop_reason.startswith("failed") for t in self.tasks
+        # The unit's hosts: its Auto Scaling group's maximum, "room for a second revision of the unit
+        # when rolling out with surge" (stacks/config.py, max_nodes_per_unit), which is max_tasks for
+        # both rollouts the stacks configure (100/200 surge, 0/100 replace). A task holds its host
+        # (and host port) until it has exited.
+        decided = decide(
+            ServiceView(
+                spec.desired_count, spec.min_healthy_percent, spec.max_percent, spec.circuit_breaker, spec.rollback
+            ),
+            [DeploymentView(d.deployment_id, d.status, d.failures) for d in reversed(self.deployments)],
+            [
+                TaskView(
+                    key=t,
+                    deployment=t.deployment.deployment_id,
+                    phase=Phase.STOPPING if t.state is TaskState.STOPPING else Phase.RUNNING,
+                    health=t.health.status.value,
+                    rank=t.slot,
+                    in_grace=now - t.launched_at < spec.grace_s,
+                )
+                for t in holding
+            ],
+            placeable=spec.max_tasks - len(holding),
         )
-        for task in running:
-            if task.health.status is HealthStatus.UNHEALTHY and now - task.launched_at >= spec.grace_s:
-                if no_room and stopping_unhealthy:
-                    break
-                self._stop(task, "failed container health checks")
-                stopping_unhealthy = True
-                if task.deployment is primary and primary.status is DeploymentStatus.IN_PROGRESS:
-                    primary.failures += 1
-                    self.event(f"circuit breaker: {primary.failures} failed task(s) in {primary.deployment_id}")
-
-        # The circuit breaker: "If it is turned on, a service deployment will transition to a failed
-        # state and stop launching new tasks. You can also configure Amazon ECS to roll back your
-        # service to the last completed deployment after a failure." (API_DeploymentCircuitBreaker.html);
-        # it "monitor[s] task launch and health check failures ... When the number of consecutive
-        # failures breaches a threshold ... marks the deployment as failed" (AWS What's New,
-        # 2024-01-08, "Amazon ECS deployment monitoring responsiveness").
-        if (
-            primary.status is DeploymentStatus.IN_PROGRESS
-            and spec.circuit_breaker
-            and primary.failures >= breaker_threshold(spec.desired_count)
-        ):
-            self._fail(primary)
+        for task in decided.stop_unhealthy:
+            self._stop(task, "failed container health checks")
+        if decided.failures != primary.failures:
+            primary.failures = decided.failures
+            self.event(f"circuit breaker: {primary.failures} failed task(s) in {primary.deployment_id}")
+        if decided.failed:
+            self._fail(primary, decided.roll_back_to)
             primary = self.primary
             assert primary is not None
-            running = [t for t in self.tasks if t.state is TaskState.RUNNING]
-            holding = [t for t in self.tasks if t.state is not TaskState.STOPPED]
-
-        # New tasks for the primary deployment, within maximumPercent: "an upper limit on the number
-        # of your service's tasks that are allowed in the RUNNING or PENDING state during a
-        # deployment, as a percentage of the desiredCount (rounded down to the nearest integer)"
-        # (API_DeploymentConfiguration.html). A stopping task still holds its place (its instance and
-        # host port) until it has exited.
-        if primary.status is not DeploymentStatus.FAILED and not primary.stalled:
-            mine = [t for t in running if t.deployment is primary]
-            busy = {t.slot for t in holding if t.deployment is primary}
-            free = [s for s in range(spec.desired_count) if s not in busy]
-            room = ecs_rules.room_to_start(spec.desired_count, spec.max_percent, counted=len(holding), have=len(mine))
-            for slot in free[:room]:
-                self._launch(primary, slot)
-
-        # Old tasks stop while the healthy ones stay within minimumHealthyPercent: "a lower limit on
-        # the number of your service's tasks that must remain in the RUNNING state during a
-        # deployment ... (rounded up to the nearest integer)"; "If a task has one or more essential
-        # containers with a health check defined, the service scheduler will wait for the task to
-        # reach a healthy status before counting it towards the minimum healthy percent total. A task
-        # is considered healthy when all essential containers within the task have passed their
-        # health checks." (API_DeploymentConfiguration.html). ECS "may stop" old tasks as soon as that
-        # allows; the emulator always does, and stops the lowest rank (the leader) first: which of a
-        # unit's tasks ECS stops first is not documented.
-        running = [t for t in self.tasks if t.state is TaskState.RUNNING]
-        healthy = sum(1 for t in running if t.health.status is HealthStatus.HEALTHY)
-        old = sorted(
-            (t for t in running if t.deployment is not primary),
-            key=lambda t: (t.health.status is HealthStatus.HEALTHY, t.slot),
-        )
-        for task in ecs_rules.may_stop(
-            old,
-            healthy=lambda t: t.health.status is HealthStatus.HEALTHY,
-            healthy_now=healthy,
-            minimum=spec.min_healthy_tasks,
-        ):
+        for task in decided.stop_replaced:
             self._stop(task, f"replaced by {primary.deployment_id}")
+        # A new task takes a rank its deployment has no task holding (the static rendezvous' stand-in
+        # for ECS's placement).
+        busy = {t.slot for t in self.tasks if t.state is not TaskState.STOPPED and t.deployment is primary}
+        for slot in [s for s in range(spec.desired_count) if s not in busy][: decided.start]:
+            self._launch(primary, slot)
+        if decided.steady and primary.status is DeploymentStatus.IN_PROGRESS:
+            primary.status = DeploymentStatus.COMPLETED
+            self.event(f"deployment {primary.deployment_id} ({primary.revision.label}) COMPLETED: steady state")
 
-        # Steady state: "all container health checks must be in a HEALTHY status before a Service or
-        # TaskSet can reach STEADY_STATE" (aws/containers-roadmap#897, AWS, 2020-09-16) and only the
-        # primary deployment's tasks run (the services-stable waiter: "length(deployments) == 1 &&
-        # runningCount == desiredCount", docs.aws.amazon.com/cli/latest/reference/ecs/wait/services-stable.html).
-        if primary.status is DeploymentStatus.IN_PROGRESS:
-            mine = [t for t in running if t.deployment is primary]
-            others = [t for t in self.tasks if t.deployment is not primary and t.state is not TaskState.STOPPED]
-            if (
-                len(mine) == spec.desired_count
-                and all(t.health.status is HealthStatus.HEALTHY for t in mine)
-                and not others
-            ):
-                primary.status, primary.completed_once = DeploymentStatus.COMPLETED, True
-                self.event(f"deployment {primary.deployment_id} ({primary.revision.label}) COMPLETED: steady state")
-
-    def _fail(self, dep: Deployment) -> None:
+    def _fail(self, dep: Deployment, roll_back_to: str | None) -> None:
+        """The circuit breaker tripped on `dep`: roll back to the deployment decide() named, or stall
+        (the rule and its source are in ecs_scheduler.decide)."""
         dep.status = DeploymentStatus.FAILED
         self.breaker_trips += 1
         self.event(f"circuit breaker tripped: deployment {dep.deployment_id} ({dep.revision.label}) FAILED")
-        # "When the deployment circuit breaker determines that a deployment failed, it looks for the
-        # most recent deployment that is in a COMPLETED state. ... When the deployment circuit breaker
-        # does not find a deployment that is in a COMPLETED state, the circuit breaker does not launch
-        # new tasks and the deployment is stalled." (developerguide/deployment-circuit-breaker.html).
-        # Whether the rollback keeps the completed deployment's running tasks or starts fresh ones of
-        # the same task definition is not documented: the emulator keeps them.
-        target = next((d for d in reversed(self.deployments[:-1]) if d.completed_once), None)
-        if not self.spec.rollback or target is None:
+        target = next((d for d in self.deployments if d.deployment_id == roll_back_to), None)
+        if target is None:
             dep.stalled = True
             self.event("nothing to roll back to: the deployment is stalled" if self.spec.rollback else "no rollback")
             return
@@ -380,7 +327,7 @@ class Service:
         self._spawn(self._health_loop(task))
 
     def _stop(self, task: Task, reason: str) -> None:
-        task.state, task.stop_reason = TaskState.STOPPING, reason
+        task.state, task.stop_reason, task.stop_sent_at = TaskState.STOPPING, reason, self.clock.now()
         # A stopping task is deregistered first (DEACTIVATING: "Amazon ECS performs additional steps
         # before stopping the task", API_HealthCheck.html; the timing for Cloud Map is not
         # documented), then gets the stop signal: "a stop signal value and a default 30-second
@@ -389,7 +336,7 @@ class Service:
         self.launcher.deregister(task.handle)
         task.handle.terminate()
         self.event(f"stopping {task.handle.name}: {reason} (SIGTERM)")
-        self._spawn(self._kill_after_stop_timeout(task))
+        self._spawn(self._watch_stop(task))
 
     def _reap(self) -> None:
         primary = self.primary
@@ -433,11 +380,15 @@ class Service:
             if dep is self.primary and dep.status is DeploymentStatus.IN_PROGRESS:
                 dep.failures = 0
 
-    async def _kill_after_stop_timeout(self, task: Task) -> None:
-        await self.clock.sleep(self.spec.stop_timeout_s)
+    async def _watch_stop(self, task: Task) -> None:
+        """Notes when a stopping task exits; SIGKILL once it outlives the stop timeout."""
+        deadline = time.monotonic() + self.clock.to_real(self.spec.stop_timeout_s)
+        while task.handle.running() and time.monotonic() < deadline:
+            await asyncio.sleep(EXIT_POLL_S)
         if task.handle.running():
             task.handle.kill()
             self.event(f"{task.handle.name} still running after stopTimeout {self.spec.stop_timeout_s:g} s: SIGKILL")
+        task.exited_at = self.clock.now()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         job = asyncio.ensure_future(coro)

@@ -18,9 +18,10 @@ rejects is rejected here too). Behaviour and its source, rule by rule:
   the circuit breaker trips — botocore ecs Deployment.status / Deployment.rolloutState.
 - runningCount counts tasks "in the RUNNING status", pendingCount "in the PENDING status" — botocore
   ecs Deployment.runningCount / pendingCount. A task that is stopping no longer counts as running.
-- maximumPercent bounds tasks "in the RUNNING or PENDING state ... (rounded down)",
-  minimumHealthyPercent bounds tasks "in the RUNNING state ... (rounded up)"; a task with a container
-  health check counts toward the minimum only once healthy — botocore ecs DeploymentConfiguration.
+- The scheduler's decisions in each pass (unhealthy tasks stopped, the circuit breaker and its
+  rollback, tasks started within maximumPercent and the free instances, old tasks stopped within
+  minimumHealthyPercent, steady state) are ecs_scheduler.decide's, the same the rehearsal's
+  scheduler takes; the rules and their sources are there.
 - Desired-count changes resize the PRIMARY deployment; a new task definition (or
   forceNewDeployment) starts a new deployment — botocore ecs UpdateService operation doc.
 - "you can't update an existing service to reference an INACTIVE task definition" — botocore ecs
@@ -28,11 +29,11 @@ rejects is rejected here too). Behaviour and its source, rule by rule:
   aws/aws-cdk#33195). DescribeTaskDefinition still returns INACTIVE revisions; ListTaskDefinitions
   lists INACTIVE ones only "as long as an active task or service still references them" — botocore
   ecs ListTaskDefinitionsRequest.status.
-- Circuit breaker threshold "minimum ... 3 and a maximum ... 200 ... 0.5 * desired task count";
-  failedTasks "resets to zero and stops being evaluated" once the deployment has a running task;
-  with rollback on, "the service is rolled back to the last deployment that completed successfully"
-  — botocore ecs ServiceDeploymentCircuitBreaker.threshold, Deployment.failedTasks,
-  DeploymentCircuitBreaker.rollback.
+- Circuit breaker: failedTasks counts tasks that exit before they are healthy ("A task is
+  considered a failure if ... the task doesn't transition to a RUNNING state, or if it fails any of
+  its defined health checks and is stopped", botocore ecs Deployment.failedTasks) and a task that
+  turns healthy resets it ("resetOnHealthyTask ... The default is true", botocore ecs
+  DeploymentCircuitBreaker).
 - DRAINING container instances: "new tasks aren't placed on the container instance and any service
   tasks running on the container instance are removed if possible" — botocore ecs
   ContainerInstance.status; they are replaced within the same min/max percent as a deployment.
@@ -60,6 +61,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import ParamValidator
 
 from ops.rehearsal import ecs_rules
+from ops.rehearsal.ecs_scheduler import DeploymentView, Phase, Rollout, ServiceView, TaskView, decide
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 STARTING = ("PROVISIONING", "PENDING", "ACTIVATING")
@@ -69,6 +71,12 @@ LIFECYCLE_DOWN = ("RUNNING", *STOPPING, "STOPPED")
 EPOCH = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 _ECS_MODEL = botocore.session.get_session().get_service_model("ecs")
+
+
+def step_down(last_status: str) -> str:
+    """The lastStatus a task ECS is stopping moves to next: RUNNING, DEACTIVATING, STOPPING,
+    DEPROVISIONING, STOPPED (task-lifecycle-explanation.html), one state per step."""
+    return LIFECYCLE_DOWN[LIFECYCLE_DOWN.index(last_status) + 1]
 
 
 def _arn(kind: str, name: str) -> str:
@@ -163,6 +171,12 @@ class Task:
     def live(self) -> bool:
         return self.desired_status == "RUNNING"
 
+    @property
+    def phase(self) -> Phase:
+        if not self.live:
+            return Phase.STOPPING
+        return Phase.STARTING if self.last_status in STARTING else Phase.RUNNING
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "taskArn": self.arn,
@@ -197,7 +211,6 @@ class Deployment:
     failed_tasks: int = 0
     running: int = 0
     pending: int = 0
-    ever_running: bool = False
     created_at: datetime = EPOCH
 
     def describe(self) -> dict[str, Any]:
@@ -615,18 +628,17 @@ class EcsModel:
             t.stopped_at = self.now
         self._changed(t)
 
-    def _free_instance(self, s: Service) -> ContainerInstance | None:
+    def _free_instances(self, s: Service) -> list[ContainerInstance]:
         busy = {t.container_instance for t in self.tasks.values() if t.last_status != "STOPPED"}
-        for ci in self.instances.values():
-            if (
-                ci.cluster == s.cluster
-                and ci.capacity_provider == s.capacity_provider
-                and ci.status == "ACTIVE"
-                and not ci.terminated
-                and ci.arn not in busy
-            ):
-                return ci
-        return None
+        return [
+            ci
+            for ci in self.instances.values()
+            if ci.cluster == s.cluster
+            and ci.capacity_provider == s.capacity_provider
+            and ci.status == "ACTIVE"
+            and not ci.terminated
+            and ci.arn not in busy
+        ]
 
     def tick(self) -> None:
         self.ticks += 1
@@ -657,106 +669,60 @@ class EcsModel:
                 t.last_status = LIFECYCLE_UP[LIFECYCLE_UP.index(t.last_status) + 1]
                 self._changed(t)
             elif t.last_status == "RUNNING" and t.health == "UNKNOWN":
+                deployments = [d for s in self.services.values() for d in s.deployments if d.id == t.started_by]
                 if t.task_definition in self.failing_task_definitions:
                     t.desired_status, t.last_status, t.stopped_at = "STOPPED", "STOPPED", self.now
                     t.stop_code, t.stopped_reason = "EssentialContainerExited", "Essential container in task exited"
-                    for s in self.services.values():
-                        for d in s.deployments:
-                            if d.id == t.started_by:
-                                d.failed_tasks += 1
+                    for d in deployments:
+                        d.failed_tasks += 1
                 else:
                     t.health = "HEALTHY"  # the container health check passed
+                    # resetOnHealthyTask: "When set to true, a task that reaches a healthy state resets
+                    # the failure count to 0 ... The default is true." (API_DeploymentCircuitBreaker.html)
+                    for d in deployments:
+                        d.failed_tasks = 0
                 self._changed(t)
             return
-        t.last_status = LIFECYCLE_DOWN[LIFECYCLE_DOWN.index(t.last_status) + 1]
+        t.last_status = step_down(t.last_status)
         if t.last_status == "STOPPED":
             t.stopped_at = self.now
         self._changed(t)
 
     def _schedule(self, s: Service) -> None:
-        tasks = self._service_tasks(s)
+        """One scheduler pass: the decisions are ecs_scheduler.decide's (the same the rehearsal's
+        scheduler takes); this applies them to the task records."""
         draining = {ci.arn for ci in self.instances.values() if ci.status == "DRAINING"}
         primary = s.primary
-        live = [t for t in tasks if t.live]
-        new = [t for t in live if t.started_by == primary.id and t.container_instance not in draining]
-        retiring = [t for t in live if t not in new]
+        new = [
+            t
+            for t in self._service_tasks(s)
+            if t.live and t.started_by == primary.id and t.container_instance not in draining
+        ]
         # Desired count went down (a drain): stop the newest surplus tasks of the primary deployment.
         for t in sorted(new, key=lambda t: t.created_at, reverse=True)[: max(0, len(new) - s.desired)]:
             self._stop(s, t, "Scaling activity initiated by (deployment %s)" % primary.id)
-            new.remove(t)
-
-        def healthy(t: Task) -> bool:
-            # Tasks of older deployments were counted healthy already; new ones once their check passes.
-            return t.last_status == "RUNNING" and (t.health == "HEALTHY" or t.started_by != primary.id)
-
-        # Retire old or draining tasks while enough healthy ones remain.
-        for t in ecs_rules.may_stop(
-            retiring,
-            healthy=healthy,
-            healthy_now=sum(1 for t in new + retiring if healthy(t)),
-            minimum=ecs_rules.min_healthy_tasks(s.desired, s.min_percent),
-        ):
-            reason = (
-                "Task stopped because the container instance is draining"
-                if t.container_instance in draining
-                else f"Scaling activity initiated by (deployment {primary.id})"
-            )
-            self._stop(s, t, reason)
-        live = [t for t in self._service_tasks(s) if t.live]
-        # Start the missing tasks of the primary deployment within maximumPercent.
-        if primary.rollout_state != "FAILED":
-            counted = sum(1 for t in live if t.last_status in LIFECYCLE_UP)
-            room = ecs_rules.room_to_start(s.desired, s.max_percent, counted=counted, have=len(new))
-            started = []
-            s.unplaced = 0
-            for i in range(max(0, room)):
-                ci = self._free_instance(s)
-                if ci is None:
-                    s.unplaced = room - i
-                    self._event(
-                        s,
-                        "placement",
-                        f"service {s.name} was unable to place a task because no container instance met all "
-                        "of its requirements. The closest matching container-instance is already using a "
-                        "port required by your task.",
-                    )
-                    break
-                t = Task(
-                    arn=_arn("task", f"{s.cluster.rsplit('/', 1)[-1]}/{self._next_id()}"),
-                    cluster=s.cluster,
-                    task_definition=primary.task_definition,
-                    group=f"service:{s.name}",
-                    started_by=primary.id,
-                    container_instance=ci.arn,
-                    created_at=self.now,
+        free = self._free_instances(s)
+        decided = decide(
+            ServiceView(s.desired, s.min_percent, s.max_percent, s.circuit_breaker, s.rollback),
+            [DeploymentView(d.id, Rollout(d.rollout_state), d.failed_tasks) for d in s.deployments],
+            [
+                TaskView(
+                    key=t,
+                    deployment=t.started_by,
+                    phase=t.phase,
+                    health=t.health,
+                    rank=rank,
+                    leaving=t.container_instance in draining,
                 )
-                self.tasks[t.arn] = t
-                started.append(t)
-                self._changed(t)
-            if started:
-                s.last_event.pop("placement", None)
-                self._event(
-                    s,
-                    "started",
-                    f"service {s.name} has started {len(started)} tasks: "
-                    + ", ".join(f"(task {t.id})" for t in started)
-                    + ".",
-                )
-        # Counts, circuit breaker, completion.
-        all_tasks = self._service_tasks(s)
-        for d in s.deployments:
-            mine = [t for t in all_tasks if t.started_by == d.id]
-            d.running = sum(1 for t in mine if t.last_status == "RUNNING")
-            d.pending = sum(1 for t in mine if t.last_status in STARTING)
-            if any(t.last_status == "RUNNING" and t.health == "HEALTHY" for t in mine):
-                d.ever_running, d.failed_tasks = True, 0
-        threshold = ecs_rules.breaker_threshold(s.desired)
-        if (
-            s.circuit_breaker
-            and primary.rollout_state == "IN_PROGRESS"
-            and not primary.ever_running
-            and primary.failed_tasks >= threshold
-        ):
+                for rank, t in enumerate(self._service_tasks(s))
+                if t.last_status != "STOPPED"
+            ],
+            placeable=len(free),
+        )
+        for t in decided.stop_unhealthy:
+            self._stop(s, t, "Task failed container health checks")
+        primary.failed_tasks = decided.failures
+        if decided.failed:
             primary.rollout_state, primary.reason = "FAILED", "ECS deployment circuit breaker: tasks failed to start."
             self._event(
                 s,
@@ -764,13 +730,47 @@ class EcsModel:
                 f"(service {s.name}) (deployment {primary.id}) deployment failed: tasks failed to start.",
             )
             self.log.append((self.ticks, "failed", s.name))
-            previous = next((d for d in s.deployments[1:] if d.rollout_state == "COMPLETED"), None)
-            if s.rollback and previous is not None:
-                self._start_deployment(s, previous.task_definition)
-            return
-        others_alive = any(t.last_status != "STOPPED" for t in all_tasks if t.started_by != primary.id)
-        settled = sum(1 for t in all_tasks if t.started_by == primary.id and t.live and healthy(t)) == s.desired
-        if settled and not others_alive and not any(t.container_instance in draining and t.live for t in all_tasks):
+            target = next((d for d in s.deployments if d.id == decided.roll_back_to), None)
+            if target is not None:
+                s.deployments.remove(target)
+                s.deployments.insert(0, target)
+                primary.status, target.status, target.rollout_state = "ACTIVE", "PRIMARY", "IN_PROGRESS"
+                target.desired, s.task_definition = s.desired, target.task_definition
+                self.log.append((self.ticks, "rollback", s.name))
+            primary = s.primary
+        for t in decided.stop_replaced:
+            reason = (
+                "Task stopped because the container instance is draining"
+                if t.container_instance in draining
+                else f"Scaling activity initiated by (deployment {primary.id})"
+            )
+            self._stop(s, t, reason)
+        started = [self._place(s, primary, ci) for ci in free[: decided.start]]
+        s.unplaced = decided.unplaced
+        if decided.unplaced:
+            self._event(
+                s,
+                "placement",
+                f"service {s.name} was unable to place a task because no container instance met all "
+                "of its requirements. The closest matching container-instance is already using a "
+                "port required by your task.",
+            )
+        if started:
+            s.last_event.pop("placement", None)
+            self._event(
+                s,
+                "started",
+                f"service {s.name} has started {len(started)} tasks: "
+                + ", ".join(f"(task {t.id})" for t in started)
+                + ".",
+            )
+        # Counts and completion.
+        all_tasks = self._service_tasks(s)
+        for d in s.deployments:
+            mine = [t for t in all_tasks if t.started_by == d.id]
+            d.running = sum(1 for t in mine if t.last_status == "RUNNING")
+            d.pending = sum(1 for t in mine if t.last_status in STARTING)
+        if decided.steady:
             if primary.rollout_state == "IN_PROGRESS":
                 primary.rollout_state = "COMPLETED"
                 self._event(s, "deployment", f"(service {s.name}) (deployment {primary.id}) deployment completed.")
@@ -781,6 +781,20 @@ class EcsModel:
             self._event(s, "steady", f"service {s.name} has reached a steady state.")
         else:
             s.last_event.pop("steady", None)
+
+    def _place(self, s: Service, d: Deployment, ci: ContainerInstance) -> Task:
+        t = Task(
+            arn=_arn("task", f"{s.cluster.rsplit('/', 1)[-1]}/{self._next_id()}"),
+            cluster=s.cluster,
+            task_definition=d.task_definition,
+            group=f"service:{s.name}",
+            started_by=d.id,
+            container_instance=ci.arn,
+            created_at=self.now,
+        )
+        self.tasks[t.arn] = t
+        self._changed(t)
+        return t
 
 
 class _Paginator:

@@ -3,12 +3,13 @@
 
 The tasks of one deployment of a unit find each other by static rendezvous on ports the deployment
 holds (ECS rendezvous groups tasks by task definition and deployment the same way): a replacement
-task takes its predecessor's rank and port. Nothing here imports the runtime; it is started as a
-program, the way `make local` starts it.
+task takes its predecessor's rank and port. The runtime is started as a program, the way `make local`
+starts it; only the router's command line is built from its settings (runtime.router.settings).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,12 +18,14 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 import contract
 from ops.rehearsal.ecs import Deployment, TaskHandle
 from ops.rehearsal.template import UnitService
+from runtime.router.settings import router_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,33 +191,58 @@ class LocalFleet:
             await self._session.close()
 
 
+@dataclass(frozen=True)
+class DrainLog:
+    """A stopped node's own account of its drain, from its log lines."""
+
+    in_flight: int  # requests it held at SIGTERM (drain_started)
+    handed_over: int  # requests it ended by handing them over to the router (request lines)
+    unfinished: int | None  # still open when its drain timeout ran out (drain_finished); None: killed first
+
+
+def drain_log(handle: TaskHandle) -> DrainLog | None:
+    """What the node's log says of its drain; None when it never started one."""
+    assert isinstance(handle, NodeProcess)
+    started: dict[str, Any] | None = None
+    finished: dict[str, Any] | None = None
+    handed_over = 0
+    for text in handle.log.read_text(errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue  # not a log line (a crash's traceback): the lines around it still count
+        event = line.get("event") if isinstance(line, dict) else None
+        if event == "drain_started":
+            started = line
+        elif event == "drain_finished":
+            finished = line
+        elif event == "request" and line.get("handed_over"):
+            handed_over += 1
+    if started is None:
+        return None
+    return DrainLog(
+        in_flight=int(started.get("in_flight", 0)),
+        handed_over=handed_over,
+        unfinished=int(finished["unfinished"]) if finished is not None else None,
+    )
+
+
 class RouterProcess:
     """The real router, discovering members from the units file as it would from Cloud Map."""
 
-    def __init__(self, units_file: Path, log: Path, ports: set[int]) -> None:
+    def __init__(self, units_file: Path, log: Path, ports: set[int], *, max_moves: int | None = None) -> None:
         self.port = free_port(ports)
-        cmd = [
-            sys.executable,
-            "-m",
-            "runtime",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--discovery",
-            "static",
-            "--units-file",
-            str(units_file),
-            "--discovery-interval",
-            str(ROUTER_DISCOVERY_S),
-            "--poll-interval",
-            str(ROUTER_POLL_S),
-            "--drain-grace",
-            "0",
-            "--access-log",
-            "off",
-        ]
+        cmd = router_command(
+            host="127.0.0.1",
+            port=self.port,
+            discovery="static",
+            units_file=units_file,
+            discovery_interval_s=ROUTER_DISCOVERY_S,
+            poll_interval_s=ROUTER_POLL_S,
+            drain_grace_s=0,
+            access_log="off",
+            max_moves=max_moves,  # 0: no stream moves, so a draining leader waits for its answers; None: the default
+        )
         env = {k: v for k, v in os.environ.items() if k != contract.ENV_PORT}
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
         self.proc = NodeProcess("router", self.port, cmd, env, log)

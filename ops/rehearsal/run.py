@@ -17,7 +17,7 @@ import aiohttp
 import contract
 from ops.rehearsal import cloudformation as cfn
 from ops.rehearsal.ecs import Clock, Event, Revision, Service
-from ops.rehearsal.local import LocalFleet, LocalSettings, RouterProcess
+from ops.rehearsal.local import LocalFleet, LocalSettings, RouterProcess, drain_log
 from ops.rehearsal.template import SynthesizedFleet
 from ops.rehearsal.traffic import Failure, RotationWatch, Traffic
 
@@ -42,6 +42,21 @@ class Options:
     ready_settle_s: float = 0.5
     work_dir: Path | None = None  # logs; None: a temporary directory, removed afterwards
     give_up_s: float = 900.0  # real seconds for the whole rehearsal
+    answer_tokens: int | None = None  # every client streams answers this long; None: short answers, half streamed
+    handover: bool = True  # False: the router moves no stream, so a draining leader waits for its answers
+
+
+@dataclass(frozen=True)
+class Drain:
+    """One old leader's drain during the rollout: SIGTERM to its exit, and what its log says of it."""
+
+    unit: str
+    task: str
+    real_s: float
+    emulated_s: float
+    in_flight: int | None  # requests it held at SIGTERM (None: its log has no drain)
+    handed_over: int  # of those, handed over to the router at their next token
+    unfinished: int | None  # still open when its drain timeout ran out (None: killed before its drain ended)
 
 
 @dataclass
@@ -67,6 +82,10 @@ class Report:
     final_revisions: dict[str, str]  # unit -> revision its primary deployment runs at the end
     breaker_trips: dict[str, int]
     tasks_launched: dict[str, dict[str, int]]  # unit -> revision -> tasks started
+    answer_tokens: int | None = None
+    handover: bool = True
+    drain_timeout_s: float = 0.0  # emulated seconds: the node's, from the template
+    drains: list[Drain] = field(default_factory=list)  # each old leader stopped during the rollout
     events: list[Event] = field(default_factory=list)
     log_dir: Path | None = None
 
@@ -82,6 +101,10 @@ class Report:
     def ok(self) -> bool:
         """What a rollout must guarantee: no request lost, rotation never below the floor."""
         return not self.failures and self.floor_held
+
+    def drain_s(self, how: Callable[[list[float]], float]) -> float | None:
+        """`how` (statistics.median, max) of the leaders' drains in emulated seconds; None without one."""
+        return how([d.emulated_s for d in self.drains]) if self.drains else None
 
 
 async def _wait_routable(url: str, units: int, give_up_s: float) -> None:
@@ -143,9 +166,15 @@ async def rehearse(fleet: SynthesizedFleet, options: Options, log: Callable[[Eve
     )
     services = {s.unit_id: Service(s, clock=clock, launcher=local, log=record) for s in specs}
     schedulers = [asyncio.ensure_future(s.run()) for s in services.values()]
-    router = RouterProcess(work / "units.txt", logs / "router.log", local.ports)
+    router = RouterProcess(
+        work / "units.txt", logs / "router.log", local.ports, max_moves=None if options.handover else 0
+    )
     stop = asyncio.Event()
     traffic = Traffic(router.url, model=specs[0].model_name, clock=clock, clients=options.clients)
+    if options.answer_tokens:
+        traffic.max_tokens, traffic.stream_all = options.answer_tokens, True
+    # Requests that must end after the rollout, as before it (long answers: one per client).
+    settled = options.clients if options.answer_tokens else 20
     watch = RotationWatch(router.url, clock=clock)
     background: list[asyncio.Future[None]] = []
     try:
@@ -155,13 +184,17 @@ async def rehearse(fleet: SynthesizedFleet, options: Options, log: Callable[[Eve
             raise RehearsalError(f"creating the fleet failed: {create}; see {logs}")
         await _wait_routable(router.url, len(specs), give_up_s=60.0)
         background = [asyncio.ensure_future(watch.run(stop)), asyncio.ensure_future(traffic.run(stop))]
-        await _until(lambda: traffic.served >= 20 or bool(traffic.failures), give_up_s=60.0)
+        # The rollout starts once the fleet serves; with long answers, once every client has one open.
+        if options.answer_tokens:
+            await _until(lambda: traffic.answering >= options.clients or bool(traffic.failures), give_up_s=60.0)
+        else:
+            await _until(lambda: traffic.served >= settled or bool(traffic.failures), give_up_s=60.0)
         begin = clock.now()
         record(Event(begin, "rehearsal", f"rolling out revision {new_label} under load"))
         rollout = await cfn.deploy(fleet, services, new, concurrency=concurrency, log=record, now=clock.now)
         end = clock.now()
         served_at_end = traffic.served
-        await _until(lambda: traffic.served >= served_at_end + 20, give_up_s=30.0)
+        await _until(lambda: traffic.served >= served_at_end + settled, give_up_s=30.0)
         stop.set()
         await asyncio.gather(*background)
         samples = watch.between(begin, end)
@@ -189,6 +222,10 @@ async def rehearse(fleet: SynthesizedFleet, options: Options, log: Callable[[Eve
             },
             breaker_trips={u: s.breaker_trips for u, s in sorted(services.items())},
             tasks_launched={u: _launched(s) for u, s in sorted(services.items())},
+            answer_tokens=options.answer_tokens,
+            handover=options.handover,
+            drain_timeout_s=specs[0].drain_timeout_s,
+            drains=[d for s in services.values() for d in _drains(s, begin, end, clock.scale)],
             events=events,
             log_dir=logs if options.work_dir else None,
         )
@@ -207,6 +244,30 @@ async def rehearse(fleet: SynthesizedFleet, options: Options, log: Callable[[Eve
         await local.close()
         if options.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _drains(service: Service, begin: float, end: float, scale: float) -> list[Drain]:
+    """The leaders (rank 0) told to stop between begin and end (emulated s) that have exited."""
+    out = []
+    for task in service.tasks:
+        if task.slot != 0 or task.stop_sent_at is None or task.exited_at is None:
+            continue
+        if not begin <= task.stop_sent_at <= end:
+            continue
+        said = drain_log(task.handle)
+        took = task.exited_at - task.stop_sent_at
+        out.append(
+            Drain(
+                unit=service.name,
+                task=task.handle.name,
+                real_s=took * scale,
+                emulated_s=took,
+                in_flight=said.in_flight if said else None,
+                handed_over=said.handed_over if said else 0,
+                unfinished=said.unfinished if said else None,
+            )
+        )
+    return out
 
 
 def _launched(service: Service) -> dict[str, int]:

@@ -1,8 +1,8 @@
 """Steady load through the router and a watch on its rotation, for the rehearsal.
 
-Clients send completions in a loop, half of them streamed; a request counts as served when it ends
-as a client expects (200 and a body, or every SSE chunk up to [DONE]) and as failed otherwise. The
-watch reads the router's /health (`routable_units`: ready leaders it would route to) every 50 ms.
+Clients send completions in a loop, half of them streamed (all, for long answers); a request counts
+as served when it ends as a client expects (200 and a body, or every SSE chunk up to [DONE]) and as
+failed otherwise. The watch reads the router's /health (`routable_units`: ready leaders it would route to) every 50 ms.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class Traffic:
     clock: Clock
     clients: int = 4
     max_tokens: int = 8
+    stream_all: bool = False  # every client streams (long answers: what a drain may hand over)
     served: int = 0
+    answering: int = 0  # requests whose response has begun and not yet ended
     failures: list[Failure] = field(default_factory=list)
     revisions: dict[str, int] = field(default_factory=dict)  # responses per serving revision
 
@@ -42,7 +44,11 @@ class Traffic:
             body["stream"] = True
         try:
             async with session.post(f"{self.router_url}/v1/completions", json=body) as r:
-                text = await r.text()
+                self.answering += 1
+                try:
+                    text = await r.text()
+                finally:
+                    self.answering -= 1
                 revision = r.headers.get(contract.REVISION_HEADER, "?")
                 if r.status != 200:
                     self.failures.append(Failure(self.clock.now(), f"HTTP {r.status}: {text[:160]}"))
@@ -63,7 +69,7 @@ class Traffic:
             async def client(i: int) -> None:
                 n = 0
                 while not stop.is_set():
-                    await self._one(session, stream=i % 2 == 1, n=n)
+                    await self._one(session, stream=self.stream_all or i % 2 == 1, n=n)
                     n += 1
                     await asyncio.sleep(0.02)
 

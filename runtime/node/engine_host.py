@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -53,6 +54,8 @@ from runtime.node.tool_calls import template_format
 
 LOAD_EVERY_S = 0.1
 PROGRESS_POLL_S = 0.25
+# How often the engine process checks that its supervisor is still its parent (_exit_when_orphaned).
+ORPHAN_POLL_S = 1.0
 
 
 def _build_leader_engine(cfg: EngineConfig) -> Any:
@@ -208,6 +211,7 @@ class _Leader:
     async def _start(self) -> None:
         engine = self.engine
         self.out.send(Starting())
+        jlog("engine_starting", engine=self.cfg.engine, model=self.cfg.model)
         progress = asyncio.create_task(_report_progress(engine, self.out))
         try:
             await engine.start()
@@ -443,6 +447,21 @@ class _Leader:
         self._end(cmd, kind, generated, Error(id=cmd.id, kind=kind, message=message, param=param))
 
 
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit once the supervisor that started us is gone. It starts us in a session of our own
+    (engine_process.py), so its death does not take us with it, and a leader reads its stdin (whose
+    end would tell it) only once its engine has started: a leader killed while its engine loads a
+    model (minutes; a Neuron compile, longer) would leave the load running to the end, an orphan
+    holding memory and cores. The kernel gives an orphan a new parent, init or the nearest
+    subreaper ("reparented to the init process ... or the nearest 'subreaper'", prctl(2),
+    PR_SET_CHILD_SUBREAPER), so getppid(2) changes the moment the supervisor goes."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)  # any engine child (the neuron worker) with us
+    os._exit(1)
+
+
 def _exit_when_supervisor_goes() -> None:
     # A follower's worker blocks in collectives and never reads stdin: watch it here, so a killed
     # supervisor never leaves an orphan rank holding the unit's process group.
@@ -463,6 +482,7 @@ def main() -> int:
     sys.stdout = sys.stderr
     setup_logging()
     out = _Out(proto)
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     if cfg.engine not in ("echo", "neuron"):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
 

@@ -444,6 +444,7 @@ class LeaderApi:
                     # The router retries a non-streamed request whole on another unit (nothing has
                     # reached its client yet), so a drain need not wait for it.
                     self._cancel(rid)
+                    rec["handed_over"] = True
                     return _DRAIN_HANDOVER, cached
             if isinstance(ev, Error):
                 return ev, cached
@@ -517,6 +518,7 @@ class LeaderApi:
             await sse.write(self._token_event(ev, chunks, req, move, collected))
             if move.resume and self._handing_over() and not collected.whole:
                 self._cancel(move.key)
+                rec["handed_over"] = True
                 return _DRAIN_HANDOVER
         return ev
 

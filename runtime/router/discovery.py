@@ -70,6 +70,20 @@ class StaticDiscovery:
 DISCOVER_MAX_RESULTS = 1000
 
 
+# IAM's refusal of a Cloud Map action: one of the errors common to every action (Cloud Map API
+# Reference, "Common Errors", https://docs.aws.amazon.com/cloud-map/latest/api/CommonErrors.html).
+ACCESS_DENIED = "AccessDeniedException"
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether Cloud Map refused the call for want of permission: botocore raises a service's error
+    as a ClientError whose response["Error"]["Code"] is the service's code; the message is free text
+    and names nothing reliably."""
+    from botocore.exceptions import ClientError  # noqa: PLC0415 - loaded already once a Cloud Map client exists
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == ACCESS_DENIED
+
+
 class CloudMapDiscovery:
     """Every unit member ECS registered in the cells' Cloud Map services; no role filter (docs/discovery.md).
 
@@ -128,7 +142,7 @@ class CloudMapDiscovery:
                     "InstancesRevision"
                 ]
             except Exception as exc:  # botocore errors and endpoint failures alike
-                if "AccessDenied" in str(exc):
+                if _refused(exc):
                     log.warning("DiscoverInstancesRevision(%s) refused; reading instances in full every pass", where)
                     self._revision_refused = True
                 else:

@@ -8,7 +8,8 @@ one line in contract.bad_input's wording: the setting as given (its flag or vari
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -23,7 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 import contract
-from contract.bad_input import bad_input_line
+from contract.bad_input import NOT_GIVEN, bad_input_line
 
 _BAD = "router_setting"  # the error type of a rule across settings: its message is the line
 _BAD_VALUE = "router_setting_value"  # a field's own check: ctx holds the problem and the fix
@@ -558,6 +559,23 @@ class RouterSettings(BaseModel):
             return cls(**values)
         except SettingsError as exc:
             raise SettingsError(_one_line(exc.problems, sources), problems=exc.problems) from None
+
+
+def router_command(*, python: str = sys.executable, extra: Sequence[str] = (), **settings: Any) -> list[str]:
+    """The argv that starts a router: `python -m runtime router` with each setting given here as the
+    flag RouterSettings declares for it (a tuple comma-separated, as its flag takes it; None left
+    out), then `extra` flags as written, last so they win. The process checks the values, as it
+    checks an operator's; a name that is not a setting with a flag is refused here."""
+    options = _options()
+    argv = [python, "-m", "runtime", "router"]
+    for name, value in settings.items():
+        option = options.get(name)
+        if option is None:
+            fix = f"use one of {', '.join(options)}"
+            raise TypeError(bad_input_line(name, NOT_GIVEN, "is not a router setting with a flag", fix))
+        if value is not None:
+            argv += [option.flag, ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)]
+    return [*argv, *extra]
 
 
 def _options() -> dict[str, Option]:

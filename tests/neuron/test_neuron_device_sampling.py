@@ -17,7 +17,7 @@ import torch
 from nxdi_standin import SHAPE
 from spmd_harness import one_process_model, unsplit_greedy
 
-from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_unit, spmd
+from runtime.engines.neuron import spmd
 
 GLOBAL_TOPK = 8  # fewer candidates than the stand-in's 64-token vocabulary, as 256 is on a real one
 PROMPT = [9, 3, 17, 2]
@@ -85,16 +85,8 @@ def test_device_top_p_drops_the_token_that_crosses_top_p_where_the_host_keeps_it
 @pytest.mark.parametrize(
     "sampling, expected", [("cpu", None), ("device", {"do_sample": True, "dynamic": True, "global_topk": 256})]
 )
-def test_the_multi_node_launch_asks_nxd_inference_to_sample_only_with_device_sampling(checkpoint, sampling, expected):
-    model_dir = str(checkpoint("llama-3.1-405b"))
-    plan = plan_unit(
-        leader_host="10.1.0.10",
-        nodes=2,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        options=NeuronOptions(seq_len=4096, batch_size=8, sampling=sampling),
-    )
+def test_the_multi_node_launch_asks_nxd_inference_to_sample_only_with_device_sampling(unit_plan, sampling, expected):
+    plan = unit_plan("llama-3.1-405b", nodes=2, seq_len=4096, batch_size=8, sampling=sampling)
     for rank in plan.ranks:
         flag = next(a for a in rank.command if a.startswith("--neuron-config="))
         fields = json.loads(flag.split("=", 1)[1])

@@ -11,6 +11,7 @@ import time
 import boto3
 import pytest
 from llama_shapes import LLAMA_3_8B, SMOLLM2_135M
+from memberships import membership
 from moto import mock_aws
 from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, WEIGHTS, make_checkpoint, word_ids
 from testnet import free_port
@@ -19,7 +20,7 @@ from runtime.artifacts import publish
 from runtime.engines.base import EngineBroken, EngineError, EngineState, GenerationRequest, SamplingParams
 from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings
 from runtime.engines.neuron.launch import NeuronOptions
-from runtime.membership import Member, Membership
+from runtime.membership import Membership
 
 BUCKET = "flotilla-models"
 MODEL_URI = f"s3://{BUCKET}/llama/v1"
@@ -42,16 +43,7 @@ def s3(monkeypatch):
 
 
 def one_node() -> Membership:
-    port = free_port()
-    return Membership(
-        unit_id="u0",
-        revision="r1",
-        rank=0,
-        world_size=1,
-        members=(Member(rank=0, host="127.0.0.1", api_port=port),),
-        dist_host="127.0.0.1",
-        dist_port=free_port(),
-    )
+    return membership([("127.0.0.1", free_port())], unit_id="u0", revision="r1", dist_port=free_port())
 
 
 def engine_for(

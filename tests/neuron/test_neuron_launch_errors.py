@@ -4,43 +4,31 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.engines.neuron import ModelConfigError, NeuronOptions, NeuronPlanError, load_model_shape, plan_unit
-
-
-def _plan(checkpoint, shape="llama-3.1-70b", *, nodes=2, instance_type="trn1.32xlarge", **options):
-    model_dir = str(checkpoint(shape))
-    return plan_unit(
-        leader_host="10.1.0.10",
-        nodes=nodes,
-        instance_type=instance_type,
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        options=NeuronOptions(**options),
-    )
+from runtime.engines.neuron import ModelConfigError, NeuronPlanError, load_model_shape
 
 
 @pytest.mark.parametrize("instance_type", ["trn1.2xlarge", "trn2.3xlarge", "p5.48xlarge"])
-def test_instance_types_outside_the_table_are_refused(checkpoint, instance_type):
+def test_instance_types_outside_the_table_are_refused(unit_plan, instance_type):
     with pytest.raises(
         NeuronPlanError,
         match=rf"instance_type='{instance_type}'.*use one of trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge",
     ):
-        _plan(checkpoint, instance_type=instance_type)
+        unit_plan(instance_type=instance_type)
 
 
-def test_zero_nodes_is_refused(checkpoint):
+def test_zero_nodes_is_refused(unit_plan):
     with pytest.raises(NeuronPlanError, match=r"nodes=0 must be a positive integer"):
-        _plan(checkpoint, nodes=0)
+        unit_plan(nodes=0)
 
 
-def test_sequence_longer_than_the_models_positions_is_refused(checkpoint):
+def test_sequence_longer_than_the_models_positions_is_refused(unit_plan):
     with pytest.raises(
         NeuronPlanError,
         match=r"seq_len=8193 exceeds the model's "
         r"max_position_embeddings=8192; lower --seq-len "
         r"to at most 8192",
     ):
-        _plan(checkpoint, "llama-3-8b", seq_len=8193)
+        unit_plan("llama-3-8b", seq_len=8193)
 
 
 # cp_degree / attention_dp_degree reach NxD Inference only on single-node units (multi-node units run
@@ -48,46 +36,46 @@ def test_sequence_longer_than_the_models_positions_is_refused(checkpoint):
 TRN2 = {"nodes": 1, "instance_type": "trn2.48xlarge"}
 
 
-def test_multi_node_units_refuse_cp_and_dp_degrees_outside_the_documented_multi_node_layout(checkpoint):
+def test_multi_node_units_refuse_cp_and_dp_degrees_outside_the_documented_multi_node_layout(unit_plan):
     with pytest.raises(NeuronPlanError, match=r"cp_degree=2 applies to single-node units only.*cp_degree=1"):
-        _plan(checkpoint, "llama-3.1-405b", nodes=2, cp_degree=2)
+        unit_plan("llama-3.1-405b", nodes=2, cp_degree=2)
     with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=4 applies to single-node units only"):
-        _plan(checkpoint, "llama-3.1-405b", nodes=4, attention_dp_degree=4)
-    assert _plan(checkpoint, "llama-3.1-405b", nodes=2, cp_degree=1, attention_dp_degree=1).cp_degree == 1
+        unit_plan("llama-3.1-405b", nodes=4, attention_dp_degree=4)
+    assert unit_plan("llama-3.1-405b", nodes=2, cp_degree=1, attention_dp_degree=1).cp_degree == 1
 
 
-def test_cp_degree_must_divide_the_tp_degree(checkpoint):
+def test_cp_degree_must_divide_the_tp_degree(unit_plan):
     with pytest.raises(NeuronPlanError, match=r"cp_degree=3 must divide tp_degree=64 on 1 x trn2.48xlarge"):
-        _plan(checkpoint, cp_degree=3, **TRN2)
+        unit_plan(cp_degree=3, **TRN2)
 
 
-def test_attention_dp_degree_must_divide_the_tp_degree(checkpoint):
+def test_attention_dp_degree_must_divide_the_tp_degree(unit_plan):
     with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=6 must divide tp_degree=64"):
-        _plan(checkpoint, attention_dp_degree=6, **TRN2)
+        unit_plan(attention_dp_degree=6, **TRN2)
 
 
-def test_batch_must_split_evenly_over_attention_dp_groups(checkpoint):
+def test_batch_must_split_evenly_over_attention_dp_groups(unit_plan):
     with pytest.raises(
         NeuronPlanError,
         match=r"batch_size=3 must be a multiple of attention_dp_degree=2.*raise --batch-size to 4",
     ):
-        _plan(checkpoint, "llama-3-8b", cp_degree=2, attention_dp_degree=2, batch_size=3, **TRN2)
+        unit_plan("llama-3-8b", cp_degree=2, attention_dp_degree=2, batch_size=3, **TRN2)
 
 
-def test_attention_dp_degree_must_divide_cp_degree_when_both_are_used(checkpoint):
+def test_attention_dp_degree_must_divide_cp_degree_when_both_are_used(unit_plan):
     with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=8 must divide cp_degree=4"):
-        _plan(checkpoint, "llama-3-8b", cp_degree=4, attention_dp_degree=8, **TRN2)
+        unit_plan("llama-3-8b", cp_degree=4, attention_dp_degree=8, **TRN2)
 
 
-def test_sequence_must_split_evenly_over_context_parallel_ranks(checkpoint):
+def test_sequence_must_split_evenly_over_context_parallel_ranks(unit_plan):
     with pytest.raises(
         NeuronPlanError,
         match=r"seq_len=4095 must be a multiple of cp_degree=2.*--seq-len 4094",
     ):
-        _plan(checkpoint, "llama-3-8b", cp_degree=2, attention_dp_degree=2, seq_len=4095, **TRN2)
+        unit_plan("llama-3-8b", cp_degree=2, attention_dp_degree=2, seq_len=4095, **TRN2)
 
 
-def test_prefill_attention_over_more_ranks_than_heads_names_the_cp_degrees_that_fit(checkpoint):
+def test_prefill_attention_over_more_ranks_than_heads_names_the_cp_degrees_that_fit(unit_plan):
     # Llama-3-8B on trn2: 64 ranks for 32 query heads would pad every other rank's head.
     # Groups of 32, 16, ... ranks fit: cp_degree 2, 4, 8, 16, 32, 64.
     with pytest.raises(
@@ -96,10 +84,10 @@ def test_prefill_attention_over_more_ranks_than_heads_names_the_cp_degrees_that_
         r"num_attention_heads=32 / num_key_value_heads=8.*"
         r"use --cp-degree one of \[2, 4, 8, 16, 32, 64\]",
     ):
-        _plan(checkpoint, "llama-3-8b", cp_degree=1, attention_dp_degree=2, **TRN2)
+        unit_plan("llama-3-8b", cp_degree=1, attention_dp_degree=2, **TRN2)
 
 
-def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_fit(checkpoint):
+def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_fit(unit_plan):
     # Llama-3-8B on trn2: groups of 32 or fewer ranks fit the heads; batch 8 rules out 16 and up,
     # and cp_degree 4 allows only its divisors.
     with pytest.raises(
@@ -107,7 +95,7 @@ def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_f
         match=r"attention_dp_degree=1 leaves 64 ranks to share decode attention"
         r".*use --attention-dp-degree one of \[2, 4, 8\]",
     ):
-        _plan(checkpoint, "llama-3-8b", cp_degree=4, attention_dp_degree=1, **TRN2)
+        unit_plan("llama-3-8b", cp_degree=4, attention_dp_degree=1, **TRN2)
 
 
 @pytest.mark.parametrize(
@@ -123,8 +111,8 @@ def test_decode_attention_over_more_ranks_than_heads_names_the_dp_degrees_that_f
         ("llama-3.1-405b", "trn2.48xlarge", 1, 1),
     ],
 )
-def test_auto_degrees_are_the_smallest_that_split_heads_evenly(checkpoint, config, instance_type, cp, dp):
-    plan = _plan(checkpoint, config, nodes=1, instance_type=instance_type)
+def test_auto_degrees_are_the_smallest_that_split_heads_evenly(unit_plan, config, instance_type, cp, dp):
+    plan = unit_plan(config, nodes=1, instance_type=instance_type)
     assert (plan.cp_degree, plan.attention_dp_degree) == (cp, dp)
     layout = plan.to_dict()["parallelism"]
     heads = load_model_shape(plan.model_dir).num_attention_heads
@@ -132,44 +120,37 @@ def test_auto_degrees_are_the_smallest_that_split_heads_evenly(checkpoint, confi
     assert layout["prefill"]["kv_heads_per_rank"] == 1  # 8 KV heads replicated over >= 8 ranks
 
 
-def test_auto_dp_that_needs_a_bigger_batch_says_so(checkpoint):
+def test_auto_dp_that_needs_a_bigger_batch_says_so(unit_plan):
     # SmolLM2: 9 query / 3 KV heads. On 32 cores only groups of 1 rank fit -> degree 32 > batch 8.
     with pytest.raises(
         NeuronPlanError,
         match=r"no attention_dp_degree .* batch_size=8; raise --batch-size to a multiple of 32",
     ):
-        _plan(checkpoint, "smollm2-135m", nodes=1)
+        unit_plan("smollm2-135m", nodes=1)
 
 
-def test_a_model_whose_heads_do_not_split_over_the_units_cores_is_refused_naming_the_fix(checkpoint):
+def test_a_model_whose_heads_do_not_split_over_the_units_cores_is_refused_naming_the_fix(unit_plan):
     # tp_degree is every node's NeuronCores: 9 heads split over no multiple of 32.
     with pytest.raises(
         NeuronPlanError,
         match=r"nodes=2: tp_degree=64 \(2 x 32 NeuronCores of trn1.32xlarge\) does not split "
         r"num_attention_heads=9 .*; use another instance type",
     ):
-        _plan(checkpoint, "smollm2-135m", nodes=2)
+        unit_plan("smollm2-135m", nodes=2)
     # 70B's 64 heads split over 2 nodes (64 cores), not 4 (128).
     with pytest.raises(NeuronPlanError, match=r"nodes=4: tp_degree=128 .* num_attention_heads=64 .*; use --nodes 2$"):
-        _plan(checkpoint, "llama-3.1-70b", nodes=4)
+        unit_plan("llama-3.1-70b", nodes=4)
 
 
-def test_mlp_that_does_not_split_over_tp_is_refused(checkpoint):
-    model_dir = str(checkpoint("llama-3.1-70b", intermediate_size=28004))
+def test_mlp_that_does_not_split_over_tp_is_refused(checkpoint, unit_plan):
     with pytest.raises(NeuronPlanError, match=r"tp_degree=64 .* intermediate_size=28004\) evenly"):
-        plan_unit(
-            leader_host="h",
-            nodes=2,
-            instance_type="trn1.32xlarge",
-            model=load_model_shape(model_dir),
-            model_dir=model_dir,
-        )
+        unit_plan(checkpoint("llama-3.1-70b", intermediate_size=28004), nodes=2)
 
 
 @pytest.mark.parametrize("value", [0, -2, "two", True])
-def test_degrees_must_be_positive_integers_or_auto(checkpoint, value):
+def test_degrees_must_be_positive_integers_or_auto(unit_plan, value):
     with pytest.raises(NeuronPlanError, match=r"cp_degree=.* must be a positive integer or 'auto'"):
-        _plan(checkpoint, cp_degree=value)
+        unit_plan(cp_degree=value)
 
 
 def test_a_directory_without_config_json_is_named_with_the_fix(tmp_path):

@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from memberships import membership
 
 from contract.neuron import MULTI_NODE_IMAGE, SINGLE_NODE_IMAGE
 from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_member, plan_unit
-from runtime.membership import Member, Membership
+from runtime.membership import Membership
 
 LEADER = "10.1.0.10"
 REPO = Path(__file__).resolve().parents[2]
@@ -35,16 +36,8 @@ def _multi_node_md_rank(*, nodes: int, rank: int, cores: int = 32) -> dict:
 
 @pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1n.32xlarge"])
 @pytest.mark.parametrize("config, nodes", [("llama-3.1-70b", 2), ("llama-3.1-405b", 2), ("llama-3.1-405b", 4)])
-def test_multi_node_ranks_get_what_nxd_inferences_multi_node_example_runs(checkpoint, config, nodes, instance_type):
-    model_dir = str(checkpoint(config))
-    plan = plan_unit(
-        leader_host=LEADER,
-        nodes=nodes,
-        instance_type=instance_type,
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        options=NeuronOptions(seq_len=4096, batch_size=8),
-    )
+def test_multi_node_ranks_get_what_nxd_inferences_multi_node_example_runs(unit_plan, config, nodes, instance_type):
+    plan = unit_plan(config, nodes=nodes, instance_type=instance_type, seq_len=4096, batch_size=8)
     assert plan.mode == "multi-node" and plan.image is MULTI_NODE_IMAGE
     assert [r.role for r in plan.ranks] == ["leader"] + ["follower"] * (nodes - 1)
     for rank, got in enumerate(plan.ranks):
@@ -61,15 +54,8 @@ def test_multi_node_ranks_get_what_nxd_inferences_multi_node_example_runs(checkp
         assert got.nxdi_config["world_size"] == want["tp_degree"]  # config.py:381-383: tp x pp x ep
 
 
-def test_a_4_node_trn1_plan_for_405b_names_the_multi_node_image_on_sdk_2_28(checkpoint):
-    model_dir = str(checkpoint("llama-3.1-405b"))
-    doc = plan_unit(
-        leader_host=LEADER,
-        nodes=4,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-    ).to_dict()
+def test_a_4_node_trn1_plan_for_405b_names_the_multi_node_image_on_sdk_2_28(unit_plan):
+    doc = unit_plan("llama-3.1-405b", nodes=4).to_dict()
     assert doc["mode"] == "multi-node"
     # aws-neuron/deep-learning-containers@2.28.0:README.md:78; vllm/inference/0.13.0/Dockerfile.neuronx:166
     assert doc["image"]["base_image"] == (
@@ -86,16 +72,19 @@ def test_a_4_node_trn1_plan_for_405b_names_the_multi_node_image_on_sdk_2_28(chec
     # trn1: 16 chips x 2 NeuronCore-v2; trn2: 64 NeuronCores at LNC=2 (logical-neuroncore-config.rst:53-56).
     [("trn1.32xlarge", 32), ("trn1n.32xlarge", 32), ("trn2.48xlarge", 64)],
 )
-def test_a_single_node_rank_is_started_as_the_plugins_online_serving_quickstart_does(checkpoint, instance_type, cores):
+def test_a_single_node_rank_is_started_as_the_plugins_online_serving_quickstart_does(
+    checkpoint, unit_plan, instance_type, cores
+):
     model_dir = str(checkpoint("llama-3.1-70b"))
-    plan = plan_unit(
-        leader_host=LEADER,
+    # The quickstart samples on the device; flotilla's default (host sampling) adds one override, below.
+    plan = unit_plan(
+        Path(model_dir),
         nodes=1,
         instance_type=instance_type,
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        # The quickstart samples on the device; flotilla's default (host sampling) adds one override, below.
-        options=NeuronOptions(seq_len=4096, batch_size=8, served_model_name="llama", sampling="device"),
+        seq_len=4096,
+        batch_size=8,
+        served_model_name="llama",
+        sampling="device",
     )
     assert plan.mode == "single-node" and plan.image is SINGLE_NODE_IMAGE
     (leader,) = plan.ranks
@@ -129,35 +118,21 @@ def test_a_single_node_rank_is_started_as_the_plugins_online_serving_quickstart_
     assert dict(leader.override_neuron_config) == {}  # 64 heads split over 32 or 64 cores as they are
 
 
-def test_single_node_units_sample_on_the_host_unless_told_otherwise(checkpoint):
+def test_single_node_units_sample_on_the_host_unless_told_otherwise(unit_plan):
     # vllm-neuron samples on the host only when on_device_sampling_config is None (release-0.4.1
     # neuronx_distributed_model_runner.py:229-268); on the device it can use another request's row
     # (tests/neuron/test_neuron_sampling_rows.py), so host sampling is the default.
-    model_dir = str(checkpoint("llama-3.1-70b"))
-    (leader,) = plan_unit(
-        leader_host=LEADER,
-        nodes=1,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-    ).ranks
+    (leader,) = unit_plan("llama-3.1-70b", nodes=1).ranks
     flag = list(leader.command).index("--additional-config")
     assert json.loads(leader.command[flag + 1]) == {"override_neuron_config": {"on_device_sampling_config": None}}
 
 
-def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(checkpoint):
+def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(unit_plan):
     # Llama-3-8B's 32 query heads over trn2's 64 NeuronCores: groups of 32 ranks, degree 2 each. The
     # keys are NxD Inference's (neuronx-distributed-inference@v0.7.14366 models/config.py:334,336),
     # passed under override_neuron_config in --additional-config (quickstart :66-70).
-    model_dir = str(checkpoint("llama-3-8b"))
-    plan = plan_unit(
-        leader_host=LEADER,
-        nodes=1,
-        instance_type="trn2.48xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        options=NeuronOptions(sampling="device"),  # only the degrees, no host-sampling override
-    )
+    # sampling="device": only the degrees, no host-sampling override
+    plan = unit_plan("llama-3-8b", nodes=1, instance_type="trn2.48xlarge", sampling="device")
     (leader,) = plan.ranks
     flag = list(leader.command).index("--additional-config")
     assert json.loads(leader.command[flag + 1]) == {
@@ -166,15 +141,12 @@ def test_single_node_passes_cp_and_dp_degrees_only_when_the_heads_need_them(chec
 
 
 @pytest.mark.parametrize("nodes, sampling", [(1, "device"), (1, "cpu"), (2, "device"), (2, "cpu"), (4, "device")])
-def test_every_variable_and_flag_a_plan_emits_names_its_source(checkpoint, nodes, sampling):
-    model_dir = str(checkpoint("llama-3-8b" if nodes == 1 else "llama-3.1-405b"))
-    doc = plan_unit(
-        leader_host=LEADER,
+def test_every_variable_and_flag_a_plan_emits_names_its_source(unit_plan, nodes, sampling):
+    doc = unit_plan(
+        "llama-3-8b" if nodes == 1 else "llama-3.1-405b",
         nodes=nodes,
         instance_type="trn2.48xlarge" if nodes == 1 else "trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        options=NeuronOptions(sampling=sampling),
+        sampling=sampling,
     ).to_dict()
     sources = doc["sources"]
     assert "command" in sources
@@ -204,17 +176,8 @@ def test_trn1n_differs_from_trn1_only_in_efa_interface_count(checkpoint):
 
 def test_a_member_gets_its_own_rank_of_the_unit_plan_with_the_rendezvous_leader(checkpoint):
     model_dir = str(checkpoint("llama-3.1-405b"))
-    members = tuple(Member(rank=r, host=f"10.1.0.{10 + r}", api_port=8000) for r in range(4))
-    membership = Membership(
-        unit_id="cell0-unit0",
-        revision="r1",
-        rank=2,
-        world_size=4,
-        dist_host="10.1.0.10",
-        dist_port=29500,
-        members=members,
-    )
-    got = plan_member(membership, instance_type="trn1.32xlarge", model=load_model_shape(model_dir), model_dir=model_dir)
+    unit = membership([(f"10.1.0.{10 + r}", 8000) for r in range(4)], rank=2, unit_id="cell0-unit0", revision="r1")
+    got = plan_member(unit, instance_type="trn1.32xlarge", model=load_model_shape(model_dir), model_dir=model_dir)
     assert got.rank == 2 and got.role == "follower" and got.start_rank_id == 64
     assert "--node-rank=2" in got.command
     assert got.env["NEURON_RT_ROOT_COMM_ID"] == "10.1.0.10:63423"
@@ -249,18 +212,11 @@ def test_the_compile_cache_key_input_changes_with_what_nxd_inference_compiles(ch
     assert cfg(1)["tp_degree"] == 32 and cfg(2)["tp_degree"] == 64 and cfg(2)["world_size"] == 64
 
 
-def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoint):
+def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(unit_plan):
     from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings, rank_argv
     from runtime.engines.neuron.prepare import launch_spec
 
-    model_dir = str(checkpoint("llama-3.1-70b"))
-    plan = plan_unit(
-        leader_host=LEADER,
-        nodes=2,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-    )
+    plan = unit_plan("llama-3.1-70b", nodes=2)
     argv, env = launch_spec(plan.ranks[1], {"PATH": "/usr/bin", "NEURON_RT_ROOT_COMM_ID": "10.9.9.9:1"})
     assert argv == list(plan.ranks[1].command)
     assert env["PATH"] == "/usr/bin" and env["NEURON_RT_ROOT_COMM_ID"] == f"{LEADER}:63423"
@@ -271,7 +227,10 @@ def test_launch_spec_lets_the_plan_override_inherited_neuron_variables(checkpoin
     leader = NeuronEngine(
         Membership(unit_id="u", revision="r", rank=0, world_size=2, dist_host=LEADER, dist_port=29500),
         settings=NeuronEngineSettings(
-            model_uri="s3://bucket/model/", model_dir=model_dir, instance_type="trn1.32xlarge", options=NeuronOptions()
+            model_uri="s3://bucket/model/",
+            model_dir=plan.model_dir,
+            instance_type="trn1.32xlarge",
+            options=NeuronOptions(),
         ),
         model_name="llama",
         start_timeout_s=1.0,

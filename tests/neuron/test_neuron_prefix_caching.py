@@ -15,21 +15,12 @@ from standin_model import make_checkpoint
 from test_neuron_engine import MODEL_URI, collect, engine_for, s3  # noqa: F401 - s3 is a fixture
 
 from runtime.artifacts import publish
-from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_unit
 from runtime.engines.neuron.launch import NeuronPlanError
 from runtime.node.settings import SettingsError, load_settings
 
 
-def _leader(checkpoint, nodes: int = 1, **options):
-    model_dir = str(checkpoint("llama-3.1-70b"))
-    plan = plan_unit(
-        leader_host="10.1.0.10",
-        nodes=nodes,
-        instance_type="trn1.32xlarge",
-        model=load_model_shape(model_dir),
-        model_dir=model_dir,
-        options=NeuronOptions(**{"seq_len": 4096, "batch_size": 8, **options}),
-    )
+def _leader(unit_plan, nodes: int = 1, **options):
+    plan = unit_plan("llama-3.1-70b", nodes=nodes, **{"seq_len": 4096, "batch_size": 8, **options})
     return plan, plan.ranks[0]
 
 
@@ -37,16 +28,16 @@ def _after(command, flag):
     return command[list(command).index(flag) + 1]
 
 
-def test_prefix_caching_is_off_unless_a_block_size_is_given(checkpoint):
-    _, leader = _leader(checkpoint)
+def test_prefix_caching_is_off_unless_a_block_size_is_given(unit_plan):
+    _, leader = _leader(unit_plan)
     assert "--no-enable-prefix-caching" in leader.command
     assert "--enable-prefix-caching" not in leader.command and "--enable-prompt-tokens-details" not in leader.command
     assert _after(leader.command, "--num-gpu-blocks-override") == "8"  # exactly max_num_seqs without it
     assert leader.nxdi_config["is_prefix_caching"] is False and "is_block_kv_layout" not in leader.nxdi_config
 
 
-def test_a_block_size_turns_on_prefix_caching_with_the_plugins_block_count_and_cached_token_reports(checkpoint):
-    plan, leader = _leader(checkpoint, prefix_caching_block=32)
+def test_a_block_size_turns_on_prefix_caching_with_the_plugins_block_count_and_cached_token_reports(unit_plan):
+    plan, leader = _leader(unit_plan, prefix_caching_block=32)
     command = list(leader.command)
     assert "--no-enable-prefix-caching" not in command
     assert "--enable-prefix-caching" in command and "--enable-prompt-tokens-details" in command
@@ -65,8 +56,8 @@ def test_a_block_size_turns_on_prefix_caching_with_the_plugins_block_count_and_c
             assert arg in sources, f"{arg} has no source"
 
 
-def test_a_block_that_does_not_divide_the_sequence_rounds_the_block_count_up(checkpoint):
-    _, leader = _leader(checkpoint, prefix_caching_block=32, seq_len=4000)
+def test_a_block_that_does_not_divide_the_sequence_rounds_the_block_count_up(unit_plan):
+    _, leader = _leader(unit_plan, prefix_caching_block=32, seq_len=4000)
     assert _after(leader.command, "--num-gpu-blocks-override") == str(125 * 8)  # ceil(4000 / 32) = 125
 
 
@@ -92,19 +83,11 @@ def test_the_node_refuses_a_block_size_vllm_does_not_take_in_one_line():
     )
 
 
-def test_the_plan_refuses_prefix_caching_at_batch_size_1_and_across_nodes(checkpoint):
-    model_dir = str(checkpoint("llama-3.1-70b"))
+def test_the_plan_refuses_prefix_caching_at_batch_size_1_and_across_nodes(unit_plan):
     with pytest.raises(NeuronPlanError, match="batch_size=1: the plugin's prefix caching generates incorrect"):
-        plan_unit(
-            leader_host="10.1.0.10",
-            nodes=1,
-            instance_type="trn1.32xlarge",
-            model=load_model_shape(model_dir),
-            model_dir=model_dir,
-            options=NeuronOptions(batch_size=1, prefix_caching_block=32),
-        )
+        unit_plan("llama-3.1-70b", nodes=1, batch_size=1, prefix_caching_block=32)
     with pytest.raises(NeuronPlanError, match="applies to single-node units only"):
-        _leader(checkpoint, nodes=2, prefix_caching_block=32)
+        _leader(unit_plan, nodes=2, prefix_caching_block=32)
 
 
 def test_vllms_cached_tokens_and_prefix_cache_counters_come_through_the_engine(tmp_path, s3, monkeypatch):  # noqa: F811

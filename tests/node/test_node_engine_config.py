@@ -11,10 +11,11 @@ import sys
 import typing
 
 import pytest
+from memberships import membership
 from pydantic import ValidationError
 
 import contract
-from runtime.membership import Member, Membership
+from runtime.membership import Membership
 from runtime.node import engine_host
 from runtime.node.engine_config import CONFIG_ENV, EngineConfig
 from runtime.node.settings import NodeSettings, load_settings
@@ -100,15 +101,7 @@ def test_the_engine_process_refuses_a_config_with_an_unknown_key_at_start():
     assert b"max_runing" in done.stderr
 
 
-PAIR = Membership(
-    unit_id="u",
-    revision="1",
-    rank=0,
-    world_size=2,
-    dist_host="10.0.0.1",
-    dist_port=1,
-    members=(Member(rank=0, host="10.0.0.1", api_port=8000), Member(rank=1, host="10.0.0.2", api_port=8000)),
-)
+PAIR = membership([("10.0.0.1", 8000), ("10.0.0.2", 8000)], revision="1", dist_port=1)
 
 
 def _neuron_config_json() -> dict:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from memberships import membership
 
 import contract
 from runtime.membership import Member, Membership, Role
@@ -182,15 +183,7 @@ def test_a_fresh_member_reports_forming_as_a_follower_until_ranked():
     )
     status = sup.status_body().to_dict()
     assert (status["formation"], status["offer"], status["draining"]) == (None, None, False)
-    sup.membership = Membership(
-        unit_id="u",
-        revision="r",
-        rank=0,
-        world_size=1,
-        dist_host="127.0.0.1",
-        dist_port=29500,
-        members=(Member(rank=0, host="127.0.0.1", api_port=18000),),
-    )
+    sup.membership = membership([("127.0.0.1", 18000)])
     assert sup.ready_body().role is Role.LEADER
 
 
@@ -199,11 +192,9 @@ def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names
         ["--peers", "127.0.0.1:18000,127.0.0.1:18001,127.0.0.1:18002", "--rank", "0", "--unit", "u"],
         {},
     )
-    members = tuple(Member(rank=r, host="127.0.0.1", api_port=18000 + r) for r in range(3))
+    addresses = [("127.0.0.1", 18000 + r) for r in range(3)]
     sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
-    sup.membership = Membership(
-        unit_id="u", revision="dev", rank=0, world_size=3, dist_host="127.0.0.1", dist_port=29500, members=members
-    )
+    sup.membership = membership(addresses, revision="dev")
     answered = MemberStatus(
         **dict(
             ready_body(
@@ -222,8 +213,8 @@ def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names
         engine_alive=False,
         engine_ready=False,
     )
-    sup._note_follower(members[1], answered)
-    sup._note_follower(members[2], None)
+    sup._note_follower(sup.membership.members[1], answered)
+    sup._note_follower(sup.membership.members[2], None)
     body = sup.ready_body().to_dict()
     assert body["members"] == [
         {
@@ -244,9 +235,7 @@ def test_the_leader_reports_each_follower_as_it_last_saw_it_and_a_follower_names
         },
     ]
     assert body["leader"] == ""
-    sup.membership = Membership(
-        unit_id="u", revision="dev", rank=2, world_size=3, dist_host="127.0.0.1", dist_port=29500, members=members
-    )
+    sup.membership = membership(addresses, rank=2, revision="dev")
     follower = sup.ready_body().to_dict()
     assert (follower["members"], follower["leader"]) == ([], "127.0.0.1:18000")
 

@@ -131,9 +131,9 @@ def test_bad_settings_name_the_setting_and_the_fix(env, argv, names):
         assert n in msg
 
 
-def test_the_command_exits_2_with_a_one_line_error():
-    env = {"PATH": "/usr/bin:/bin", contract.ENV_PEERS: PEERS, contract.ENV_RANK: "5"}
-    r = subprocess.run(
+def run_node(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m runtime node` from the checkout with only `env`, to its exit."""
+    return subprocess.run(
         [sys.executable, "-m", "runtime", "node"],
         env=env,
         check=False,
@@ -142,6 +142,11 @@ def test_the_command_exits_2_with_a_one_line_error():
         timeout=60,
         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
     )
+
+
+def test_the_command_exits_2_with_a_one_line_error():
+    env = {"PATH": "/usr/bin:/bin", contract.ENV_PEERS: PEERS, contract.ENV_RANK: "5"}
+    r = run_node(env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"flotilla-node: error: {contract.ENV_RANK}=5 is out of range: give a value in 0..1"
@@ -160,15 +165,7 @@ def test_static_rendezvous_gives_ranks_in_peer_order_with_rank_0_leading():
 
 def test_ecs_rendezvous_outside_ecs_exits_2_naming_the_metadata_variable():
     env = {"PATH": "/usr/bin:/bin", contract.ENV_RENDEZVOUS: "ecs", contract.ENV_NODES_PER_UNIT: "2", "PORT": "18999"}
-    r = subprocess.run(
-        [sys.executable, "-m", "runtime", "node"],
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
-    )
+    r = run_node(env)
     assert r.returncode == 2
     assert "ECS_CONTAINER_METADATA_URI_V4 is not set" in r.stderr and "static" in r.stderr
 

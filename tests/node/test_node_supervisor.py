@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+from memberships import membership
 from testnet import free_port
 
-from runtime.membership import Member, Membership
+from runtime.membership import Membership
 from runtime.node.metrics import NodeMetrics
-from runtime.node.settings import load_settings
+from runtime.node.settings import NodeSettings, load_settings
 from runtime.node.supervisor import UnitSupervisor
 
 
@@ -18,15 +19,7 @@ class FlippingRendezvous:
     """One member; reports a membership change when told to."""
 
     def __init__(self, port: int) -> None:
-        self.m = Membership(
-            unit_id="u",
-            revision="r",
-            rank=0,
-            world_size=1,
-            dist_host="127.0.0.1",
-            dist_port=free_port(),
-            members=(Member(rank=0, host="127.0.0.1", api_port=port),),
-        )
+        self.m = membership([("127.0.0.1", port)], dist_port=free_port())
         self.flip = False
         self.joins = 0
 
@@ -41,6 +34,13 @@ class FlippingRendezvous:
         return False
 
 
+def echo_leader(peers: str, *flags: str) -> NodeSettings:
+    """Rank 0 of unit u at revision r over the echo engine, its peers `peers`, with `flags` added."""
+    return load_settings(
+        ["--engine", "echo", "--peers", peers, "--rank", "0", "--unit", "u", "--revision", "r", *flags], {}
+    )
+
+
 async def wait_until(pred, timeout: float = 30.0) -> None:
     async def loop():
         while not pred():
@@ -52,23 +52,7 @@ async def wait_until(pred, timeout: float = 30.0) -> None:
 def test_a_membership_change_reforms_the_unit_and_counts_against_the_budget():
     async def scenario():
         port = free_port()
-        s = load_settings(
-            [
-                "--engine",
-                "echo",
-                "--peers",
-                f"127.0.0.1:{port}",
-                "--rank",
-                "0",
-                "--unit",
-                "u",
-                "--revision",
-                "r",
-                "--rendezvous-watch",
-                "0.2",
-            ],
-            {},
-        )
+        s = echo_leader(f"127.0.0.1:{port}", "--rendezvous-watch", "0.2")
         rdv = FlippingRendezvous(port)
         sup = UnitSupervisor(settings=s, rendezvous=rdv, metrics=NodeMetrics())
         run = asyncio.create_task(sup.run())
@@ -92,23 +76,7 @@ def test_a_wedged_engine_process_is_detected_and_the_unit_reforms():
 
     async def scenario():
         port = free_port()
-        s = load_settings(
-            [
-                "--engine",
-                "echo",
-                "--peers",
-                f"127.0.0.1:{port}",
-                "--rank",
-                "0",
-                "--unit",
-                "u",
-                "--revision",
-                "r",
-                "--engine-stall",
-                "1",
-            ],
-            {},
-        )
+        s = echo_leader(f"127.0.0.1:{port}", "--engine-stall", "1")
         sup = UnitSupervisor(settings=s, rendezvous=FlippingRendezvous(port), metrics=NodeMetrics())
         run = asyncio.create_task(sup.run())
         await wait_until(sup.ready)
@@ -191,21 +159,11 @@ def test_the_leader_polls_its_followers_at_once_and_a_slow_one_delays_no_other()
         followers = StandInFollowers([1, 2, 3], slow={1, 2}, world_size=4)
         await followers.start()
         port = free_port()
-        members = (Member(rank=0, host="127.0.0.1", api_port=port),) + tuple(
-            Member(rank=r, host="127.0.0.1", api_port=p) for r, p in followers.ports.items()
-        )
-        peers = ",".join(f"127.0.0.1:{m.api_port}" for m in members)
-        s = load_settings(["--engine", "echo", "--peers", peers, "--rank", "0", "--unit", "u", "--revision", "r"], {})
+        addresses = [("127.0.0.1", port)] + [("127.0.0.1", p) for _, p in sorted(followers.ports.items())]
+        peers = ",".join(f"{host}:{p}" for host, p in addresses)
+        s = echo_leader(peers)
         rdv = FlippingRendezvous(port)
-        rdv.m = Membership(
-            unit_id="u",
-            revision="r",
-            rank=0,
-            world_size=4,
-            dist_host="127.0.0.1",
-            dist_port=free_port(),
-            members=members,
-        )
+        rdv.m = membership(addresses, dist_port=free_port())
         sup = UnitSupervisor(settings=s, rendezvous=rdv, metrics=NodeMetrics())
         run = asyncio.create_task(sup.run())
         try:

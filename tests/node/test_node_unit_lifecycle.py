@@ -4,10 +4,13 @@ the restart budget, and the SIGTERM drain."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from nodeproc import Unit, get_json, wait_for
@@ -177,3 +180,44 @@ def test_a_draining_follower_drains_the_whole_unit_then_the_unit_reforms_with_it
     follower.start()
     unit.wait_ready(timeout=120)
     assert completion(unit, temperature=0)[0] == 200
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its new parent to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _engine_processes(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if b"runtime.node.engine_host" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_a_leader_killed_while_its_engine_loads_leaves_no_engine_behind(tmp_path):
+    # The engine process runs in a session of its own and reads its stdin only once started, so
+    # nothing but its own watch ends it when its supervisor dies during a long load.
+    unit = Unit(tmp_path, name="unit-orphan", world_size=1, engine="echo", FLOTILLA_ECHO_LOAD_S="100000")
+    leader = unit.leader.start()
+    engines: list[int] = []
+    try:
+        engines = wait_for(lambda: _engine_processes(leader._tree()), timeout=60, what="the engine process")
+        # the engine told its supervisor it is starting and now only loads: it writes nothing more, so
+        # no broken pipe would end it either
+        leader.wait_for_event("engine_starting", timeout=60)
+        assert leader.ready()[0] == 503
+        leader.sigkill()
+        wait_for(lambda: not any(_alive(p) for p in engines), timeout=30, what="the engine gone with its leader")
+    finally:
+        for p in engines:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        leader.stop()

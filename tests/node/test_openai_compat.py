@@ -513,21 +513,28 @@ FEW_SHOT = [
 ]
 
 
+def _auto_tool_stream(messages: list[dict], **extra) -> dict:
+    """A streamed greedy chat request of up to 60 tokens the model may answer with the weather tool
+    (tool_choice "auto"); `extra` adds or overrides fields (n, sampling)."""
+    return {
+        "model": "smol-tools",
+        "messages": messages,
+        "max_tokens": 60,
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "temperature": 0,
+        "stream": True,
+        **extra,
+    }
+
+
 @pytest.mark.parametrize("prompt", ["fewshot", "hi"])
 def test_an_auto_tool_choice_stream_moved_mid_answer_ends_as_the_unmoved_one(tool_unit, prompt):
     """tool_choice "auto": every token is reported with how much of the text the client has as
     content; a continuation (what the router sends after a cut) replays the held text into the new
     tool parser, so the client's content and tool calls equal the unmoved stream's."""
     url = tool_unit.url + "/chat/completions"
-    body = {
-        "model": "smol-tools",
-        "messages": FEW_SHOT if prompt == "fewshot" else [{"role": "user", "content": prompt}],
-        "max_tokens": 60,
-        "tools": [WEATHER],
-        "tool_choice": "auto",
-        "temperature": 0,
-        "stream": True,
-    }
+    body = _auto_tool_stream(FEW_SHOT if prompt == "fewshot" else [{"role": "user", "content": prompt}])
     first = _sse_lines(url, body, {contract.RESUME_HEADER: "1"})
     marks = [k for k, line in enumerate(first) if line.startswith(contract.RESUME_COMMENT)]
     said = [json.loads(first[k][len(contract.RESUME_COMMENT) :]) for k in marks]
@@ -598,17 +605,9 @@ def test_an_auto_tool_choice_stream_of_two_choices_moved_mid_answer_ends_as_the_
     from runtime.router.resume import StreamLedger
 
     url = tool_unit.url + "/chat/completions"
-    body = {
-        "model": "smol-tools",
-        "messages": FEW_SHOT if prompt == "fewshot" else [{"role": "user", "content": prompt}],
-        "max_tokens": 60,
-        "n": 2,
-        "tools": [WEATHER],
-        "tool_choice": "auto",
-        "temperature": 0,
-        "stream": True,
-        **sampling,
-    }
+    body = _auto_tool_stream(
+        FEW_SHOT if prompt == "fewshot" else [{"role": "user", "content": prompt}], n=2, **sampling
+    )
     first = _sse_events(url, body, {contract.RESUME_HEADER: "1"})
     marked = [k for k, e in enumerate(first) if e.startswith(contract.RESUME_COMMENT.encode())]
     said = [json.loads(first[k].split(b"\n", 1)[0][len(contract.RESUME_COMMENT) :]) for k in marked]
@@ -647,10 +646,11 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
     mid-answer, and the client ends with each choice's content and tool calls as the unmoved stream's
     (greedy)."""
     import subprocess
-    import sys
     import time
 
     from nodeproc import Unit, get_json
+
+    from runtime.router.settings import router_command
 
     model = _tool_model(smollm2_dir, tmp_path)
     units = [
@@ -659,16 +659,7 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
     ]
     repo = Path(__file__).resolve().parents[2]
     router: subprocess.Popen | None = None
-    body = {
-        "model": "smol-tools",
-        "messages": FEW_SHOT,
-        "max_tokens": 60,
-        "n": 2,
-        "tools": [WEATHER],
-        "tool_choice": "auto",
-        "temperature": 0,
-        "stream": True,
-    }
+    body = _auto_tool_stream(FEW_SHOT, n=2)
 
     def run(base: str) -> tuple[list[dict], str]:
         req = urllib.request.Request(
@@ -702,22 +693,10 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
             u.wait_ready(180)
         log = open(tmp_path / "router.log", "ab")
         router = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--units",
-                ",".join(u.leader.url for u in units),
-                "--poll-interval",
-                "0.2",
-                "--drain-grace",
-                "0",  # stopping it at the end would otherwise wait out the grace (no ALB watches it)
-            ],
+            # No drain grace: stopping it at the end would otherwise wait out the grace (no ALB watches it).
+            router_command(
+                host="127.0.0.1", port=0, units=[u.leader.url for u in units], poll_interval_s=0.2, drain_grace_s=0
+            ),
             cwd=repo,
             stdout=subprocess.PIPE,
             stderr=log,

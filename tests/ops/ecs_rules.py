@@ -5,11 +5,12 @@ moto scales a service to 0 by setting its runningCount to 0 at once and leaves i
 (moto/ecs/models.py update_service); it deletes a stack whatever imports its exports, whatever
 protects its instances and whatever its cluster or Cloud Map service still holds
 (moto/cloudformation/models.py delete_stack). The real services, and their sources:
-- ECS stops a service's surplus tasks by sending SIGTERM; a task drains until it exits, with
-  desiredStatus STOPPED and lastStatus RUNNING meanwhile ("The task desired status ... STOPPED",
-  ECS ListTasks; StopTask: "a default 30-second timeout, after which the SIGKILL value is sent").
-  Modelled: a task of a service scaled down stops `drain_polls` ListTasks calls later, and
-  DescribeServices counts only tasks still RUNNING.
+- ECS stops a service's surplus tasks: desiredStatus STOPPED at once ("The task desired status ...
+  STOPPED", ECS ListTasks), then the stopping lifecycle the API model walks (ecs_api.step_down:
+  DEACTIVATING, STOPPING, DEPROVISIONING, STOPPED), SIGTERM in STOPPING, where the node drains until
+  it exits (StopTask: "a default 30-second timeout, after which the SIGKILL value is sent").
+  Modelled: one lifecycle state per ListTasks call, `drain_polls` calls in STOPPING, and
+  DescribeServices counts only tasks still RUNNING with desiredStatus RUNNING.
 - ECS deregisters a stopped task from the service's Cloud Map registry (docs/discovery.md;
   https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-discovery.html).
 - CloudFormation refuses to delete a stack whose export another stack imports ("you can't delete
@@ -34,6 +35,8 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
 from moto.ecs.models import ecs_backends
 from moto.servicediscovery.models import servicediscovery_backends
+
+from ops.rehearsal.ecs_api import step_down
 
 REGION = "us-east-1"
 
@@ -63,8 +66,7 @@ class EcsRules:
     cluster_of_stack: dict[str, str] = field(default_factory=dict)  # stack name -> cluster name
     deleted: list[str] = field(default_factory=list)  # stack names, in deletion order
     terminated: list[str] = field(default_factory=list)  # instance ids, in termination order
-    _stopping: dict[str, int] = field(default_factory=dict)  # task arn -> tick it stops at
-    _tick: int = 0
+    _draining: dict[str, int] = field(default_factory=dict)  # task arn -> ListTasks calls left in STOPPING
 
     def __post_init__(self) -> None:
         ecs = self.aws.ecs.meta.events
@@ -101,17 +103,22 @@ class EcsRules:
             return
         group = f"service:{params['service'].rsplit('/', 1)[-1]}"
         for task in self.tasks():
-            if task.group == group and task.last_status != "STOPPED" and task.task_arn not in self._stopping:
-                task.desired_status = "STOPPED"  # SIGTERM sent; still RUNNING while it drains
-                self._stopping[task.task_arn] = self._tick + self.drain_polls
+            if task.group == group and task.last_status != "STOPPED" and task.task_arn not in self._draining:
+                task.desired_status = "STOPPED"
+                self._draining[task.task_arn] = self.drain_polls
 
     def _advance(self, **_) -> None:
-        self._tick += 1
         for task in self.tasks():
-            due = self._stopping.get(task.task_arn)
-            if due is not None and due <= self._tick and task.last_status != "STOPPED":
+            left = self._draining.get(task.task_arn)
+            if left is None or task.last_status == "STOPPED":
+                continue
+            if task.last_status == "STOPPING" and left > 0:
+                self._draining[task.task_arn] = left - 1  # SIGTERM sent: the node drains
+            elif step_down(task.last_status) == "STOPPED":
                 self.ecs.stop_task(task.cluster_arn, task.task_arn, "Scaling activity initiated by deployment")
                 self._deregister_from_cloudmap(task.task_arn.rsplit("/", 1)[-1])
+            else:
+                task.last_status = step_down(task.last_status)
 
     def _deregister_from_cloudmap(self, instance_id: str) -> None:
         backend = servicediscovery_backends[DEFAULT_ACCOUNT_ID][REGION]

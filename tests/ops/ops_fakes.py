@@ -9,6 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import contract
+from ops.fleet import Unit
 
 
 class HealthServer:
@@ -80,3 +81,19 @@ def ready_body(
             "kv_cache_used": kv_cache_used,
         },
     }
+
+
+def bare_unit(**fields) -> Unit:
+    """An ops.fleet.Unit with no AWS behind it: cell0-unit0 of one node, with the fields a test names."""
+    base = {
+        "cell_id": "cell0",
+        "unit_id": "cell0-unit0",
+        "cluster_arn": "c",
+        "service_name": "s",
+        "service_arn": "a",
+        "desired": 1,
+        "task_definition_arn": "td:1",
+        "revision": "1",
+        "nodes_per_unit": 1,
+    }
+    return Unit(**{**base, **fields})

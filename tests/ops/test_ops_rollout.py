@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ops_fakes import bare_unit
+
 from ops.commands.rollout import FAILED, IN_PROGRESS, rollout_state
-from ops.fleet import Node, Unit
+from ops.fleet import Node
 
 
 def _task_definition(aws, unit) -> str:
@@ -55,12 +57,7 @@ def test_rollout_status_wait_gives_up_with_exit_one_when_the_budget_runs_out(aws
 
 
 def test_a_failed_ecs_deployment_marks_the_unit_failed_and_not_ready():
-    unit = Unit(
-        cell_id="cell0",
-        unit_id="cell0-unit0",
-        cluster_arn="c",
-        service_name="s",
-        service_arn="a",
+    unit = bare_unit(
         desired=2,
         task_definition_arn="arn:td/f:2",
         revision="2",

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import json
 
+from ops_fakes import bare_unit
+from rich.console import Console
+
+from ops.commands import status
+from ops.fleet import Node
+
 
 def test_status_of_a_healthy_fleet_lists_every_node_and_exits_zero(fleet, run_cli):
     a = fleet.add_unit(cell=0, index=0)
@@ -386,3 +392,42 @@ def test_health_via_router_logs_without_the_router_log_group_says_where_it_looke
     fleet.add_unit(cell=0, index=0)
     code, out = run_cli("status", "--health-via", "router-logs")
     assert code == 1 and "no log group named flotilla-Router-Logs*" in out
+
+
+def test_status_shows_load_figures_as_the_ready_body_parser_reads_them(fleet, run_cli):
+    # contract/ready.py takes a load figure as int() / float() would: a leader that sends them as
+    # strings still reports 50% KV cache and a 31.5 s wait against a 25 s queue timeout.
+    unit = fleet.add_unit(cell=0, index=0)
+    load = {"queue_depth": "9", "running": "7", "max_running": "16", "kv_cache_used": "0.5"}
+    unit.nodes[0].server.set(load={**load, "wait_s": "31.5", "queue_timeout_s": "25"})
+    code, out = run_cli("status")
+    assert code == 0, out
+    assert "50%" in out and "31.5/25" in out and "7/16" in out
+
+
+def _node(health: dict | None) -> Node:
+    return Node(
+        task_arn="arn:aws:ecs:us-east-1:1:task/c/t1", last_status="RUNNING", task_definition_arn="td:1", health=health
+    )
+
+
+def test_load_figures_a_member_does_not_give_show_as_not_said_not_as_defaults():
+    # A follower or an older revision leaves figures out; the typed reading fills defaults (0, 0.0)
+    # that status must not show as if the member had said them.
+    follower = _node({"ready": True, "state": "ready", "rank": 1, "load": {"queue_depth": 2}})
+    assert status._load(follower) == ("2", "-", "-/-", "-")
+    no_timeout = _node({"ready": True, "state": "ready", "rank": 0, "load": {"wait_s": 3, "running": 1}})
+    assert status._load(no_timeout) == ("-", "-", "1/-", "-")
+    assert status._load(_node({"ready": True, "state": "ready", "rank": 0})) == ("-", "-", "-", "-")
+
+
+def test_a_ready_body_that_cannot_be_read_shows_as_unreadable_not_a_crash():
+    bad = _node({"ready": True, "state": "ready", "rank": 0, "load": {"queue_depth": [1]}})
+    assert bad.report is None and bad.state == "unreadable"
+    assert bad.unreadable is not None and "load.queue_depth" in bad.unreadable
+    assert status._load(bad) == ("-", "-", "-", "-")
+    unit = bare_unit(nodes=[bad])
+    assert any("ready body cannot be read" in p and "load.queue_depth" in p for p in unit.problems())
+    console = Console(record=True, width=300)
+    status.render([unit], console)
+    assert "unreadable" in console.export_text()

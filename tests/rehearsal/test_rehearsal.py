@@ -5,7 +5,8 @@ router, created and rolled from the synthesized templates under steady load, wit
 The emulator counts a task healthy as ECS does (its container health check passed), so the first
 test fails with the container health check that asked /health/live: ECS then stops the old unit as
 soon as the new one's HTTP server answers, while the new unit still loads. The last test keeps that
-proof: the same rollout under the old check takes units out of rotation.
+proof: the same rollout under the old check takes units out of rotation. The drain test rolls one
+unit of one node under long streamed answers: its old leader hands them over rather than wait.
 """
 
 from __future__ import annotations
@@ -90,3 +91,25 @@ def test_under_the_old_liveness_health_check_the_same_rollout_takes_units_out_of
     report = rehearsal(cdk_out, tmp_path, load_s=2.0)
     assert report.rollout == {"Cell-0": cfn.StackOutcome.COMPLETE}  # CloudFormation calls it done...
     assert report.min_in_rotation < report.floor, report.rotation  # ...while units were out of rotation
+
+
+# Answers far longer than the rollout takes to reach the old leader: at 0.01 s a token (the echo
+# engine's FLOTILLA_ECHO_STEP_S) at least 15 s each, while the new unit is healthy within a few
+# seconds and the old leader's drain timeout is 1 s (100 s at scale 0.01). Every stream the clients
+# opened before the rollout is still in flight when the old leader gets SIGTERM.
+LONG_ANSWER_TOKENS = 1500
+
+
+def test_a_draining_leader_hands_its_long_answers_over_instead_of_waiting_for_them(tmp_path):
+    cdk_out = tmp_path / "cdk.out"
+    synthesize(config_with(units=1, nodes_per_unit=1, unit_rollout="surge"), cdk_out)
+    report = rehearsal(cdk_out, tmp_path, answer_tokens=LONG_ANSWER_TOKENS, clients=2)
+    assert report.rollout == {"Cell-0": cfn.StackOutcome.COMPLETE}
+    assert report.failures == [], report.failures[:5]
+    [drain] = report.drains  # the one unit's old leader
+    assert drain.unit == "cell0-unit0" and "/1/" in drain.task
+    assert drain.in_flight == 2, drain  # both clients' answers were on it at SIGTERM
+    # Each left at its next token, unfinished, for the router to continue on the new unit: none was
+    # still open when the drain timeout ran out.
+    assert drain.handed_over == drain.in_flight, drain
+    assert drain.unfinished == 0, drain

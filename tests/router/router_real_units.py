@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 import contract
+from runtime.router.settings import router_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ class RouterProcess:
     async def start(self) -> "RouterProcess":
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1", "--port", "0", *self.args],
+            router_command(host="127.0.0.1", port=0, extra=self.args),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=log,

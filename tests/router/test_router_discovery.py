@@ -303,25 +303,35 @@ def test_metrics_show_what_health_costs_watched_leaders_lines_and_polls_by_role(
     run(scenario())
 
 
-def revision_refused(sd, code: str = "AccessDeniedException") -> CountingClient:
-    """A client whose DiscoverInstancesRevision fails with `code`. A role without the permission gets
-    IAM's refusal, which botocore raises for a JSON-protocol service as a ClientError with code
-    AccessDeniedException."""
+def revision_refused(
+    sd,
+    code: str = "AccessDeniedException",
+    message: str = "not authorized to perform: servicediscovery:DiscoverInstancesRevision",
+) -> CountingClient:
+    """A client whose DiscoverInstancesRevision fails with `code` and `message`. A role without the
+    permission gets IAM's refusal, which botocore raises for a JSON-protocol service as a ClientError
+    with code AccessDeniedException."""
     from botocore.exceptions import ClientError
 
     client = CountingClient(sd)
-    error = {"Code": code, "Message": "not authorized to perform: servicediscovery:DiscoverInstancesRevision"}
+    error = {"Code": code, "Message": message}
     client.refusing["discover_instances_revision"] = ClientError({"Error": error}, "DiscoverInstancesRevision")
     return client
 
 
+# The refusal is told by its code alone: the message is free text, and one that names no refusal
+# still comes with AccessDeniedException.
+@pytest.mark.parametrize(
+    "message",
+    ["not authorized to perform: servicediscovery:DiscoverInstancesRevision", "request could not be authorized"],
+)
 @mock_aws
-def test_a_role_refused_discover_instances_revision_reads_every_service_in_full_and_stops_asking():
+def test_a_role_refused_discover_instances_revision_reads_every_service_in_full_and_stops_asking(message):
     with documented_cloud_map(seed=5):
         sd = boto3.client("servicediscovery", region_name="us-east-1")
         services = cell_services(sd, cells=2)
         urls = register_fleet(sd, services, units_per_cell=1, nodes=2)
-        client = revision_refused(sd)
+        client = revision_refused(sd, message=message)
         discovery = CloudMapDiscovery(namespace="flotilla", services=tuple(services), client=client)
         assert {e.url for e in discovery.discover()} == urls
         asked = [op for op, _ in client.calls if op == "discover_instances_revision"]
@@ -334,15 +344,16 @@ def test_a_role_refused_discover_instances_revision_reads_every_service_in_full_
         assert sorted(op for op, _ in client.calls) == ["discover_instances", "discover_instances"]
 
 
+# Another code is no refusal, even when its message mentions AccessDenied.
+@pytest.mark.parametrize("message", ["Rate exceeded", "AccessDenied checks are throttled"])
 @mock_aws
-def test_another_error_of_discover_instances_revision_is_a_failed_pass_not_a_fallback():
+def test_another_error_of_discover_instances_revision_is_a_failed_pass_not_a_fallback(message):
     with documented_cloud_map(seed=6):
         sd = boto3.client("servicediscovery", region_name="us-east-1")
         services = cell_services(sd, cells=1)
         register_fleet(sd, services, units_per_cell=1, nodes=2)
-        discovery = CloudMapDiscovery(
-            namespace="flotilla", services=tuple(services), client=revision_refused(sd, code="ThrottlingException")
-        )
+        throttled = revision_refused(sd, code="ThrottlingException", message=message)
+        discovery = CloudMapDiscovery(namespace="flotilla", services=tuple(services), client=throttled)
         with pytest.raises(DiscoveryError, match="DiscoverInstancesRevision.*ThrottlingException"):
             discovery.discover()
         assert discovery.calls["DiscoverInstances"] == 0

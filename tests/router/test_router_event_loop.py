@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.router import cli
+from runtime.router.settings import router_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,8 +31,9 @@ def start_and_stop_router(*flags: str) -> tuple[list[dict], str]:
     """A router over one unreachable unit, stopped as soon as it listens: its JSON log lines, and
     the shared objects its process had loaded."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime", "router", "--host", "127.0.0.1", "--port", "0"]
-        + ["--units", "http://127.0.0.1:9", "--drain-grace", "0", "--log-level", "INFO", *flags],
+        router_command(
+            host="127.0.0.1", port=0, units=["http://127.0.0.1:9"], drain_grace_s=0, log_level="INFO", extra=flags
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

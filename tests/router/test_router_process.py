@@ -6,31 +6,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from router_standins import StandInUnit
 from router_testkit import rss_kib, run, wait_for
 
+from runtime.router.settings import router_command
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def start_router_process(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_router_process(**settings: Any) -> tuple[asyncio.subprocess.Process, str]:
+    argv = router_command(host="127.0.0.1", port=0, poll_interval_s=0.05, log_level="WARNING", **settings)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "runtime",
-        "router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--poll-interval",
-        "0.05",
-        "--log-level",
-        "WARNING",
-        *args,
+        *argv,
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -58,7 +49,7 @@ def test_sigterm_fails_health_at_once_finishes_in_flight_streams_and_exits_0():
     async def scenario():
         a = await StandInUnit(name="a").start()
         a.gate = asyncio.Event()
-        proc, url = await start_router_process("--units", a.url, "--drain-grace", "0.3")
+        proc, url = await start_router_process(units=[a.url], drain_grace_s=0.3)
         try:
             async with aiohttp.ClientSession() as s:
                 await wait_routable(s, url, 1)
@@ -90,12 +81,7 @@ def test_sigterm_fails_health_at_once_finishes_in_flight_streams_and_exits_0():
 def test_router_process_rejects_bad_settings_with_a_message_naming_them():
     async def scenario():
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "runtime",
-            "router",
-            "--units",
-            "10.0.0.1:8000",
+            *router_command(units=["10.0.0.1:8000"]),
             cwd=REPO,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -114,16 +100,11 @@ def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
         a.gate = asyncio.Event()  # the unit holds every request it accepts
         # The stand-in shares this loop with 400 concurrent clients: give its health answer time.
         proc, url = await start_router_process(
-            "--units",
-            a.url,
-            "--max-outstanding-per-unit",
-            "4",
-            "--poll-timeout",
-            "10",
-            "--stale-after",
-            "10",
-            "--drain-grace",
-            "0",  # the SIGTERM below only ends the test: nothing watches /health through a grace
+            units=[a.url],
+            max_outstanding_per_unit=4,
+            poll_timeout_s=10,
+            stale_after_s=10,
+            drain_grace_s=0,  # the SIGTERM below only ends the test: nothing watches /health through a grace
         )
         try:
             connector = aiohttp.TCPConnector(limit=200)

@@ -9,7 +9,7 @@ import pytest
 
 import contract
 from runtime.__main__ import main
-from runtime.router.settings import RouterSettings, SettingsError
+from runtime.router.settings import RouterSettings, SettingsError, router_command
 
 UNIT = "http://127.0.0.1:8000"
 
@@ -201,3 +201,25 @@ def test_api_keys_come_from_one_source_only():
     assert str(err.value) == (
         "api_keys_secret and api_key are both set: give the keys one way (a secret, a file or one key)"
     )
+
+
+def test_the_command_that_starts_a_router_gives_each_setting_as_the_router_reads_it():
+    values = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "units": (UNIT, "http://10.0.0.2:8000"),
+        "poll_interval_s": 0.05,
+        "max_outstanding_per_unit": 4,
+        "access_log": "off",
+        "drain_grace_s": 0,
+        "balance": None,  # left out: the router's own default
+    }
+    argv = router_command(python="py", **values, extra=["--log-level", "warning"])
+    assert argv[:4] == ["py", "-m", "runtime", "router"]
+    read = from_cli(argv[4:])
+    assert read == RouterSettings(**{k: v for k, v in values.items() if v is not None}, log_level="WARNING")
+
+
+def test_the_router_command_refuses_a_name_that_is_not_a_setting_in_one_line():
+    with pytest.raises(TypeError, match="^poll_interval is not a router setting with a flag: use one of host, "):
+        router_command(poll_interval=0.2)

@@ -111,3 +111,30 @@ def test_rates_that_are_not_numbers_are_refused_naming_the_flag(capsys):
     with pytest.raises(SystemExit):
         replay.main(["--rates", "fast"])
     assert "--rates fast" in capsys.readouterr().err
+
+
+def test_conversation_sample_keeps_every_turn_of_each_conversation_it_draws():
+    # two-block conversation keys: (0, 1) has three turns spread over the trace, (0, 2) two, (0, 3) one
+    trace = rows((0, 1), (0, 2), (0, 3), (0, 1, 7), (0, 2, 8), (0, 1, 7, 9))
+    for seed in range(6):
+        got = replay.select(trace, 3, "conversations", seed)
+        convs = {replay.conversation_of(r) for r in got}
+        assert len(got) >= 3
+        for c in convs:  # whole conversations only
+            assert [r for r in got if replay.conversation_of(r) == c] == [
+                r for r in trace if replay.conversation_of(r) == c
+            ]
+        assert [r["timestamp"] for r in got] == sorted(r["timestamp"] for r in got)  # in the trace's order
+    assert replay.select(trace, 2, "first") == trace[:2]
+    assert replay.select(trace, 4, "conversations", 1) == replay.select(trace, 4, "conversations", 1)  # seeded
+
+
+def test_conversation_sample_finds_the_reuse_the_first_requests_lack():
+    # conversations whose follow-up turns come long after the first requests: the first 3 are all first turns
+    trace = rows((0, 1), (0, 2), (0, 3), (0, 1, 7), (0, 2, 8), (0, 3, 9))
+    first = replay.scale(replay.select(trace, 3, "first"), block_tokens=2, max_input=100, max_output=4, rate=1)
+    convs = replay.scale(replay.select(trace, 3, "conversations"), block_tokens=2, max_input=100, max_output=4, rate=1)
+    # by hand: the first three share block 0 only: 2 + 2 of 12 tokens; two whole conversations
+    # (0,a),(0,b),(0,a,x),(0,b,y): 2 + 4 + 4 = 10 of 4+4+6+6 = 20 tokens
+    assert replay.oracle_hit_rate(first, 2) == pytest.approx(4 / 12)
+    assert replay.oracle_hit_rate(convs, 2) == pytest.approx(10 / 20)

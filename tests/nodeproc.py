@@ -129,6 +129,16 @@ class Member:
         self.proc.kill()
         self.proc.wait(timeout=10)
 
+    def sigkill_with_engine(self) -> None:
+        """kill -9 this member and its engine process (which runs in a session of its own, so killing
+        the member alone would leave it running), then reap the member."""
+        for pid in reversed(self._tree()):  # the member last: its engine first
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.wait(timeout=10)
+
     def sigstop(self) -> None:
         """Freeze this member and its engine process (a gray failure, as a paused container: its
         sockets stay open, nothing it owes arrives). The engine runs in its own session, so it is

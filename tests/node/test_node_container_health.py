@@ -66,3 +66,7 @@ def test_a_member_whose_unit_never_gets_ready_never_passes(new_unit):
     wait_for(lambda: unit.leader.log_events("formation_offered"), timeout=60, what="the leader to start loading")
     polls = [(m.live()[0], container(m)) for _ in range(10) for m in unit.members]
     assert polls == [(200, 503)] * 20
+    # Nothing here is about stopping: an engine still loading answers no Shutdown, so a SIGTERM
+    # would wait out the member's 10 s grace for its engine (EngineProcess.stop) before killing it.
+    for m in unit.members:
+        m.sigkill_with_engine()

@@ -693,7 +693,10 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
             u.wait_ready(180)
         log = open(tmp_path / "router.log", "ab")
         router = subprocess.Popen(
-            router_command(host="127.0.0.1", port=0, units=[u.leader.url for u in units], poll_interval_s=0.2),
+            # No drain grace: stopping it at the end would otherwise wait out the grace (no ALB watches it).
+            router_command(
+                host="127.0.0.1", port=0, units=[u.leader.url for u in units], poll_interval_s=0.2, drain_grace_s=0
+            ),
             cwd=repo,
             stdout=subprocess.PIPE,
             stderr=log,

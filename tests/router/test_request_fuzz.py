@@ -27,7 +27,9 @@ def targets(tmp_path_factory):
     """{"leader": (host, port), "router": (host, port)} of one ready unit and a router in front of it."""
     log_dir = tmp_path_factory.mktemp("fuzz")
     unit = Unit(log_dir, name="fuzz", engine="echo", world_size=1)
-    router = RouterProcess(log_dir, name="fuzz", args=["--units", unit.leader.url, "--poll-interval", "0.2"])
+    # No drain grace: no load balancer watches this router, and stopping it would wait out the grace.
+    args = ["--units", unit.leader.url, "--poll-interval", "0.2", "--drain-grace", "0"]
+    router = RouterProcess(log_dir, name="fuzz", args=args)
     try:
         unit.start().wait_ready(timeout=120)
 

@@ -100,7 +100,11 @@ def test_overload_is_shed_with_429_and_router_memory_stays_bounded():
         a.gate = asyncio.Event()  # the unit holds every request it accepts
         # The stand-in shares this loop with 400 concurrent clients: give its health answer time.
         proc, url = await start_router_process(
-            units=[a.url], max_outstanding_per_unit=4, poll_timeout_s=10, stale_after_s=10
+            units=[a.url],
+            max_outstanding_per_unit=4,
+            poll_timeout_s=10,
+            stale_after_s=10,
+            drain_grace_s=0,  # the SIGTERM below only ends the test: nothing watches /health through a grace
         )
         try:
             connector = aiohttp.TCPConnector(limit=200)

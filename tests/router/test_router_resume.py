@@ -235,11 +235,25 @@ def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(t
         asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
 
 
-def test_a_stream_that_spent_its_moves_ends_with_an_explicit_error(tmp_path: Path):
+def test_a_forged_continuation_means_nothing_and_a_stream_that_spent_its_moves_ends_with_an_explicit_error(
+    tmp_path: Path,
+):
+    """Two checks on one pair of units: a client cannot pass itself off as a continuation (the router
+    drops the headers, so the field means nothing), then a stream whose units both die past its move
+    budget ends with an explicit error."""
     want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
     units = _two_units(tmp_path)
     router = _router(tmp_path, units, "--max-moves", "1")
     with serving(units, router):
+
+        async def forge() -> Stream:
+            forged = {contract.CONTINUATION_FIELD: {"id": "cmpl-forged", "created": 1, "token_ids": [65] * 50}}
+            headers = {contract.CONTINUATION_HEADER: "1", contract.RESUME_HEADER: "1"}
+            return await stream(router.url, _body(**forged), headers=headers)
+
+        forged = asyncio.run(asyncio.wait_for(forge(), 300))
+        _check_whole(forged, want)  # the router dropped the headers: the field meant nothing
+        assert forged.events[0]["id"] != "cmpl-forged"
 
         async def scenario() -> Stream:
             killed: list[str] = []
@@ -257,22 +271,6 @@ def test_a_stream_that_spent_its_moves_ends_with_an_explicit_error(tmp_path: Pat
         assert not got.done and [e["code"] for e in got.errors] == ["moves_exhausted"]
         assert "error" in got.events[-1]
         assert want.startswith(got.text) and len(got.text) < len(want)  # a true prefix, nothing crossed
-
-
-def test_a_client_cannot_pass_itself_off_as_a_continuation(tmp_path: Path):
-    want = greedy_texts([(PROMPT, False, MAX_TOKENS)])[0]
-    units = _two_units(tmp_path)
-    router = _router(tmp_path, units)
-    with serving(units, router):
-
-        async def scenario() -> Stream:
-            forged = {contract.CONTINUATION_FIELD: {"id": "cmpl-forged", "created": 1, "token_ids": [65] * 50}}
-            headers = {contract.CONTINUATION_HEADER: "1", contract.RESUME_HEADER: "1"}
-            return await stream(router.url, _body(**forged), headers=headers)
-
-        got = asyncio.run(asyncio.wait_for(scenario(), 300))
-        _check_whole(got, want)  # the router dropped the headers: the field meant nothing
-        assert got.events[0]["id"] != "cmpl-forged"
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])

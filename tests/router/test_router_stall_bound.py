@@ -57,12 +57,13 @@ def _want(max_tokens: int) -> str:
 
 
 def test_a_busy_unit_whose_steps_outlast_the_stall_floor_keeps_its_stream(tmp_path: Path):
-    # Steps of 2 s against floors of 0.5 s: by the floors alone the leader would report itself not
-    # ready, and the router would take the stream for stalled, at every step.
-    units = _units(tmp_path, "busy", 2.0, FLOTILLA_PROGRESS_STALL_S="0.5")
+    # Steps of 1 s against floors of 0.5 s: by the floors alone the leader would report itself not
+    # ready, and the router would take the stream for stalled, at every step (each step is twice
+    # the floor; a loaded host only lengthens steps, which the derived bound follows).
+    units = _units(tmp_path, "busy", 1.0, FLOTILLA_PROGRESS_STALL_S="0.5")
     router = _router(tmp_path, units, "--stream-stall", "0.5")
     with serving(units, router):
-        _learned_steps(units, 1.5)
+        _learned_steps(units, 0.8)
         asyncio.run(asyncio.wait_for(router.wait_routable(2), 60))
         got: Stream = asyncio.run(asyncio.wait_for(stream(router.url, _body(5)), 120))
         assert not got.errors and got.done, got.errors

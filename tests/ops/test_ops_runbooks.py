@@ -18,7 +18,7 @@ from ops.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks"
-MINE = [
+FLEET_RUNBOOKS = [
     "scale-for-peak.md",
     "unit-not-ready.md",
     "node-replacement.md",
@@ -55,13 +55,13 @@ def all_commands() -> list[tuple[str, str]]:
     return [(p.name, line) for p in sorted(RUNBOOKS.glob("*.md")) for line in flotilla_lines(p)]
 
 
-def test_every_runbook_of_the_ops_issue_exists_and_uses_the_cli():
-    for name in MINE:
+def test_every_fleet_operation_runbook_exists_and_uses_the_cli():
+    for name in FLEET_RUNBOOKS:
         path = RUNBOOKS / name
         assert path.is_file(), f"missing runbook {name}"
     used = {name for name, _ in all_commands()}
     # certificate rotation touches only the front door, but still checks the fleet before and after
-    assert set(MINE) <= used
+    assert set(FLEET_RUNBOOKS) <= used
 
 
 def check_flotilla(line: str) -> list[str]:

@@ -457,9 +457,7 @@ def _exit_when_orphaned(parent: int) -> None:
     PR_SET_CHILD_SUBREAPER), so getppid(2) changes the moment the supervisor goes."""
     while os.getppid() == parent:
         time.sleep(ORPHAN_POLL_S)
-    if os.getpgrp() == os.getpid():
-        os.killpg(os.getpid(), signal.SIGKILL)  # any engine child (the neuron worker) with us
-    os._exit(1)
+    _exit_with_our_group()
 
 
 def _exit_when_supervisor_goes() -> None:
@@ -467,9 +465,13 @@ def _exit_when_supervisor_goes() -> None:
     # supervisor never leaves an orphan rank holding the unit's process group.
     while sys.stdin.buffer.readline():
         pass
+    _exit_with_our_group()
+
+
+def _exit_with_our_group() -> None:
+    """The supervisor is gone: exit 1, and in our own group (the supervisor starts us with setsid)
+    take any engine child (the neuron worker) down with us."""
     if os.getpgrp() == os.getpid():
-        # Our own group (the supervisor starts us with setsid): take any engine child
-        # (the neuron worker) down with us.
         os.killpg(os.getpid(), signal.SIGKILL)
     os._exit(1)
 

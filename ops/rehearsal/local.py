@@ -88,7 +88,9 @@ class NodeProcess:
             self.popen.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL to the whole process group, like the end of a container (the engine child too)."""
+        """SIGKILL to the node's process group, like the end of a container. The engine process runs in
+        a session of its own, so the group does not reach it: it exits within a second of its node,
+        when it sees its parent gone (runtime/node/engine_host.py)."""
         try:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except ProcessLookupError:

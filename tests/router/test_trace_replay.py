@@ -22,6 +22,13 @@ def test_oracle_hit_rate_counts_leading_blocks_seen_before_over_all_prompt_token
     assert replay.oracle_hit_rate(qs, 2) == pytest.approx(6 / 16)
 
 
+def test_the_median_requests_reusable_share_is_the_median_of_each_requests_own_share():
+    qs = replay.scale(rows((1, 2), (1, 2, 3), (4,), (1, 5)), block_tokens=2, max_input=100, max_output=4, rate=1)
+    # by hand, per request: 0 of 4, 4 of 6, 0 of 2, 2 of 4 tokens; sorted 0, 0, 1/2, 2/3: median 1/4,
+    # where the token-weighted rate above is 6/16
+    assert replay.oracle_median_share(qs, 2) == pytest.approx(0.25)
+
+
 def test_every_rate_replays_the_same_prompts_only_sooner():
     trace = rows((1, 2), (1, 2, 3), (4,), (1, 5))
     slow = replay.scale(trace, block_tokens=4, max_input=100, max_output=4, rate=0.5)
@@ -81,6 +88,7 @@ def test_the_table_fills_every_column_and_states_the_scaling():
         "prompt_tokens": 18,
         "requests_digest": replay.requests_digest(qs),
         "oracle_hit_rate": replay.oracle_hit_rate(qs, 2),
+        "oracle_median_share": replay.oracle_median_share(qs, 2),
         "units": 3,
         "nodes": 1,
         "model": "smollm2",
@@ -96,7 +104,7 @@ def test_the_table_fills_every_column_and_states_the_scaling():
     entry = {"scaling": scaling, "results": {"cache_aware": result}, "loadavg_before": ["0.1"], "loadavg": ["0.2"]}
     lines = replay.table([entry])
     # by hand: prompts of 4, 6 and 8 tokens; the second reuses (1,2) = 4 tokens, the third (1,2,3) = 6
-    assert "oracle (infinite cache) hit rate 55.6 % of 18 prompt tokens" in lines[0]
+    assert "oracle (infinite cache) hit rate 55.6 % of 18 prompt tokens, 67 % of the median request's" in lines[0]
     assert "512-token blocks -> 2 tokens" in lines[0] and "1 req/s" in lines[0]
     header, row = lines[2], lines[4]
     cells = [c.strip() for c in row.strip("|").split("|")]

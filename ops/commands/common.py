@@ -69,6 +69,12 @@ def confirmed(args: argparse.Namespace, console: Console, question: str) -> bool
     return True
 
 
+# The pause between a wait's checks. Tests that play ECS by hand replace this name to poll without
+# sleeping: replacing time.sleep instead would take sleep away from every other thread of the process,
+# whose waiting loops then spin against the one under test.
+pause = time.sleep
+
+
 def wait_until(
     check: Callable[[], tuple[bool, str]], *, timeout_s: float, description: str, console: Console, poll_s: float = 5.0
 ) -> str:
@@ -92,4 +98,4 @@ def wait_until(
                 return status
             if elapsed >= timeout_s:
                 raise OpsError(f"{description}: not done after {timeout_s:.0f}s ({status})")
-            time.sleep(min(poll_s, max(0.0, timeout_s - elapsed)))
+            pause(min(poll_s, max(0.0, timeout_s - elapsed)))

@@ -39,7 +39,10 @@ def _generate(model, global_topk: int | None, **sampling) -> list[int]:
     node = spmd.Node(model, node_rank=0)
     scheduler = spmd.Scheduler(batch_size=2, seq_len=32, global_topk=global_topk)
     request = spmd.Request("r", prompt=list(PROMPT), max_tokens=MAX_TOKENS, **sampling)
-    return spmd.generate(node, scheduler, [request])["r"]
+    try:
+        return spmd.generate(node, scheduler, [request])["r"]
+    finally:
+        node.close()
 
 
 def test_no_top_k_reaches_the_device_as_global_topk_and_samples_like_the_model(model):

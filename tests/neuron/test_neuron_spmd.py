@@ -120,6 +120,40 @@ def test_a_forward_that_never_returns_ends_the_nodes_loop_with_exit_1_naming_the
     assert stuck and stuck[0]["node_rank"] == 0 and stuck[0]["step"] == 0 and stuck[0]["waited_s"] >= 0.5
 
 
+def test_the_step_watch_keeps_its_pace_without_time_sleep_and_ends_when_closed(monkeypatch):
+    """The watch waits on an event, not on time.sleep: with time.sleep replaced by a no-op (as a test
+    of other code in the same process may do) it neither spins nor fires early, and close() ends its
+    thread. Node objects dropped in a long test process (in-process models) would otherwise leave one
+    watch each, polling for ever."""
+    import threading
+    import time
+
+    from runtime.engines.neuron import spmd
+
+    sleeps = []
+    monkeypatch.setattr(time, "sleep", lambda s: sleeps.append(s))
+    fired = threading.Event()
+    stuck = []
+
+    def on_stuck(rank, step, waited):
+        stuck.append((rank, step, waited))
+        fired.set()
+
+    dog = spmd.StepWatchdog(node_rank=3, timeout_s=0.2, on_stuck=on_stuck)
+    dog.running(7)
+    assert fired.wait(5)
+    assert stuck[0][:2] == (3, 7) and stuck[0][2] > 0.2
+    assert sleeps == []
+
+    quiet = spmd.StepWatchdog(node_rank=0, timeout_s=0.2, on_stuck=on_stuck)
+    quiet.running(0)
+    quiet.done()
+    quiet.close()
+    quiet._thread.join(timeout=5)
+    assert not quiet._thread.is_alive()
+    assert len(stuck) == 1
+
+
 def test_every_load_phase_the_loop_reports_is_one_the_node_knows():
     # spmd.py runs without the flotilla package, so it spells the phases itself; the node parses
     # them as LoadPhase (runtime/engines/neuron/loading.py), and an unknown one would fail the load.

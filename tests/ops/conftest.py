@@ -330,7 +330,7 @@ def world(aws, monkeypatch):
 
     import ops.commands.common as common
 
-    monkeypatch.setattr(common.time, "sleep", lambda s: None)
+    monkeypatch.setattr(common, "pause", lambda s: None)
     w = build_world(aws)
     yield w
     w.close()

@@ -50,7 +50,7 @@ def test_rollout_status_wait_gives_up_with_exit_one_when_the_budget_runs_out(aws
     unit.nodes[0].server.set(revision="2")
     import ops.commands.common as common
 
-    monkeypatch.setattr(common.time, "sleep", lambda s: None)
+    monkeypatch.setattr(common, "pause", lambda s: None)
     code, out = run_cli("rollout", "status", "--wait", "0.01")
     assert code == 1
     assert "not done after" in out

@@ -4,12 +4,15 @@ runs out, every command says so the same way, on one line, with exit status 1.""
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
 
 import ops.commands.common as common
 from ops.errors import EXIT_FAILED
+
+PROCESS_SLEEP = time.sleep  # as the process has it before any fixture runs
 
 
 @pytest.fixture
@@ -22,7 +25,14 @@ def clock(monkeypatch):
         now[0] += 10.0
         return now[0]
 
-    monkeypatch.setattr(common, "time", types.SimpleNamespace(monotonic=monotonic, sleep=lambda s: None))
+    monkeypatch.setattr(common, "time", types.SimpleNamespace(monotonic=monotonic))
+
+
+def test_the_ecs_world_waits_without_sleeping_and_leaves_time_sleep_to_the_rest_of_the_process(world):
+    """The waits' pause is replaced, not time.sleep: every other thread of the test process (an
+    in-process node's step watch, a server's loop) keeps its own sleep instead of spinning."""
+    assert time.sleep is PROCESS_SLEEP
+    assert common.pause is not PROCESS_SLEEP
 
 
 def _error_lines(out: str) -> list[str]:

@@ -343,6 +343,7 @@ class StepWatchdog:
         self._lock = threading.Lock()
         self._step: int | None = None
         self._since = 0.0
+        self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
     def running(self, step: int) -> None:
@@ -356,10 +357,15 @@ class StepWatchdog:
         with self._lock:
             self._step = None
 
+    def close(self) -> None:
+        """End the watch (its thread exits within one poll); a forward after this is not bounded."""
+        self._closed.set()
+
     def _watch(self) -> None:
         poll = min(1.0, self.timeout_s / 4)
-        while True:
-            time.sleep(poll)
+        # Event.wait, not time.sleep: close() ends the wait at once, and the watch keeps its pace
+        # whatever else in the process does to the time module.
+        while not self._closed.wait(poll):
             with self._lock:
                 step, waited = self._step, time.monotonic() - self._since
             if step is not None and waited > self.timeout_s:
@@ -406,6 +412,10 @@ class Node:
 
     def stop(self) -> None:
         broadcast_step(None, is_leader=True, group=self.group)
+
+    def close(self) -> None:
+        """End this node's step watch: for a node object dropped while its process goes on."""
+        self.watchdog.close()
 
     def keepalive(self) -> None:
         broadcast_step(IDLE, is_leader=True, group=self.group)

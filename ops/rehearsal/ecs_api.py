@@ -22,6 +22,9 @@ rejects is rejected here too). Behaviour and its source, rule by rule:
   rollback, tasks started within maximumPercent and the free instances, old tasks stopped within
   minimumHealthyPercent, steady state) are ecs_scheduler.decide's, the same the rehearsal's
   scheduler takes; the rules and their sources are there.
+- healthCheckGracePeriodSeconds (default 0): the scheduler ignores a task's unhealthy status until
+  that long after the task's startedAt (PENDING to RUNNING); changing it in UpdateService starts no
+  deployment — botocore ecs CreateService / UpdateService healthCheckGracePeriodSeconds docs.
 - Desired-count changes resize the PRIMARY deployment; a new task definition (or
   forceNewDeployment) starts a new deployment — botocore ecs UpdateService operation doc.
 - "you can't update an existing service to reference an INACTIVE task definition" — botocore ecs
@@ -101,6 +104,16 @@ def _page(op: str, kw: dict[str, Any], items: list[str], default: int) -> tuple[
     return page, more
 
 
+def _grace_period(op: str, kw: dict[str, Any]) -> int:
+    """healthCheckGracePeriodSeconds: "If you don't specify a health check grace period value, the
+    default value of 0 is used." and "you can specify a health check grace period of up to
+    2,147,483,647 seconds" (API_CreateService.html, API_UpdateService.html)."""
+    value = kw.get("healthCheckGracePeriodSeconds", 0)
+    if not isinstance(value, int) or not 0 <= value <= 2_147_483_647:
+        raise client_error(op, "InvalidParameterException", "healthCheckGracePeriodSeconds must be 0 to 2147483647")
+    return value
+
+
 def _at_most(op: str, what: str, refs: list[str], limit: int) -> None:
     if len(refs) > limit:
         raise client_error(op, "InvalidParameterException", f"{what} cannot have more than {limit} entries.")
@@ -161,6 +174,7 @@ class Task:
     stopped_reason: str | None = None
     stop_code: str | None = None
     created_at: datetime = EPOCH
+    started_at: datetime | None = None  # when it went from PENDING to RUNNING (DescribeTasks startedAt)
     stopped_at: datetime | None = None
 
     @property
@@ -195,6 +209,8 @@ class Task:
             out["stoppedReason"] = self.stopped_reason
         if self.stop_code:
             out["stopCode"] = self.stop_code
+        if self.started_at:
+            out["startedAt"] = self.started_at
         if self.stopped_at:
             out["stoppedAt"] = self.stopped_at
         return out
@@ -242,6 +258,7 @@ class Service:
     capacity_provider: str = ""
     circuit_breaker: bool = True
     rollback: bool = True
+    grace_s: int = 0  # healthCheckGracePeriodSeconds
     deployments: list[Deployment] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     last_event: dict[str, str] = field(default_factory=dict)  # event kind -> message, to omit repeats
@@ -494,6 +511,7 @@ class EcsModel:
             capacity_provider=(kw.get("capacityProviderStrategy") or [{}])[0].get("capacityProvider", ""),
             circuit_breaker=breaker.get("enable", False),
             rollback=breaker.get("rollback", False),
+            grace_s=_grace_period("CreateService", kw),
         )
         svc.deployments.append(Deployment(id=f"ecs-svc/{next(self._ids)}", task_definition=td.arn, desired=svc.desired))
         self.services[(cluster, svc.name)] = svc
@@ -515,6 +533,7 @@ class EcsModel:
                 "deploymentCircuitBreaker": {"enable": s.circuit_breaker, "rollback": s.rollback},
             },
             "deployments": [d.describe() for d in s.deployments],
+            "healthCheckGracePeriodSeconds": s.grace_s,
             "events": list(s.events),
             "launchType": "EC2",
             "placementConstraints": [{"type": "distinctInstance"}],
@@ -547,6 +566,9 @@ class EcsModel:
         if "desiredCount" in kw:
             s.desired = kw["desiredCount"]
             s.primary.desired = s.desired
+        if "healthCheckGracePeriodSeconds" in kw:
+            # "This parameter doesn't trigger a new service deployment." (UpdateService API reference)
+            s.grace_s = _grace_period("UpdateService", kw)
         new_td = None
         if "taskDefinition" in kw:
             td = self._task_def(kw["taskDefinition"], "UpdateService")
@@ -667,6 +689,8 @@ class EcsModel:
         if t.live:
             if t.last_status in STARTING:
                 t.last_status = LIFECYCLE_UP[LIFECYCLE_UP.index(t.last_status) + 1]
+                if t.last_status == "RUNNING":
+                    t.started_at = self.now
                 self._changed(t)
             elif t.last_status == "RUNNING" and t.health == "UNKNOWN":
                 deployments = [d for s in self.services.values() for d in s.deployments if d.id == t.started_by]
@@ -687,6 +711,13 @@ class EcsModel:
         if t.last_status == "STOPPED":
             t.stopped_at = self.now
         self._changed(t)
+
+    def _in_grace(self, s: Service, t: Task) -> bool:
+        """Whether the scheduler still ignores the task's health: "The period of time, in seconds, that
+        the Amazon ECS service scheduler ignores unhealthy Elastic Load Balancing, VPC Lattice, and
+        container health checks after a task has first started." (API_CreateService.html,
+        healthCheckGracePeriodSeconds), counted from the task's startedAt."""
+        return t.started_at is not None and (self.now - t.started_at).total_seconds() < s.grace_s
 
     def _schedule(self, s: Service) -> None:
         """One scheduler pass: the decisions are ecs_scheduler.decide's (the same the rehearsal's
@@ -713,6 +744,7 @@ class EcsModel:
                     health=t.health,
                     rank=rank,
                     leaving=t.container_instance in draining,
+                    in_grace=self._in_grace(s, t),
                 )
                 for rank, t in enumerate(self._service_tasks(s))
                 if t.last_status != "STOPPED"

@@ -21,6 +21,7 @@ from ops_fakes import HealthServer, ready_body
 import contract
 from ops.aws import Aws
 from ops.rehearsal.ecs_api import EcsModel, Task
+from stacks.config import NodeConfig
 
 REGION = "us-east-1"
 _AUTOSCALING_MODEL = botocore.session.get_session().get_service_model("autoscaling")
@@ -132,6 +133,7 @@ class World:
                 "deploymentCircuitBreaker": {"enable": True, "rollback": True},
             },
             placementConstraints=[{"type": "distinctInstance"}],
+            healthCheckGracePeriodSeconds=NodeConfig().health_check_grace_s,
             tags=[{"key": "flotilla:unit", "value": unit_id}],
         )
         unit = WorldUnit(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from botocore.exceptions import ClientError
 
 from ops.rehearsal.ecs_api import LIFECYCLE_UP, EcsModel
 
@@ -60,3 +61,54 @@ def test_a_rolling_update_stays_within_minimum_healthy_and_maximum_percent(desir
         pytest.fail("the deployment did not complete in 200 ticks")
     running = [t for t in model.tasks.values() if t.live and t.last_status == "RUNNING"]
     assert len(running) == desired and {t.task_definition for t in running} == {new}
+
+
+def _one_task_service(model: EcsModel, **service) -> tuple[str, object]:
+    model.create_cluster(clusterName=CLUSTER)
+    cluster = f"arn:aws:ecs:us-east-1:123456789012:cluster/{CLUSTER}"
+    model.add_container_instance(cluster, "i-00000000000000001", capacity_provider="unit0")
+    model.create_service(
+        cluster=CLUSTER,
+        serviceName="unit0",
+        taskDefinition=_task_definition(model, "1"),
+        desiredCount=1,
+        capacityProviderStrategy=[{"capacityProvider": "unit0", "weight": 1}],
+        **service,
+    )
+    model.settle()
+    (task,) = [t for t in model.tasks.values() if t.live]
+    return cluster, task
+
+
+@pytest.mark.parametrize("grace_s", [0, 60])
+def test_an_unhealthy_task_is_replaced_only_once_the_grace_period_after_its_start_is_over(grace_s):
+    """ "The period of time, in seconds, that the Amazon ECS service scheduler ignores unhealthy ...
+    container health checks after a task has first started ... the default value of 0 is used"
+    (API_CreateService.html, healthCheckGracePeriodSeconds): a unit loading its model longer than the
+    container's startPeriod must not be replaced inside the service's grace period."""
+    model = EcsModel()
+    _, task = _one_task_service(model, healthCheckGracePeriodSeconds=grace_s)
+    assert task.started_at is not None and task.describe()["startedAt"] == task.started_at
+    task.health = "UNHEALTHY"
+    seen = []  # (seconds since startedAt at the pass, still live after it)
+    while task.live:
+        assert len(seen) < 100, "the unhealthy task was never replaced"
+        model.tick()
+        seen.append(((model.now - task.started_at).total_seconds(), task.live))
+    assert task.stopped_reason == "Task failed container health checks"
+    assert all(at < grace_s for at, live in seen if live)  # ignored inside the grace period
+    assert seen[-1][0] >= grace_s  # and stopped at the first pass past it
+    if grace_s:
+        assert len(seen) > 1
+
+
+def test_a_new_grace_period_applies_without_a_new_deployment_and_out_of_range_ones_are_refused():
+    model = EcsModel()
+    cluster, _ = _one_task_service(model)
+    service = model.services[(cluster, "unit0")]
+    model.update_service(cluster=CLUSTER, service="unit0", healthCheckGracePeriodSeconds=1800)
+    assert len(service.deployments) == 1
+    described = model.describe_services(cluster=CLUSTER, services=["unit0"])["services"][0]
+    assert described["healthCheckGracePeriodSeconds"] == 1800
+    with pytest.raises(ClientError, match="healthCheckGracePeriodSeconds"):
+        model.update_service(cluster=CLUSTER, service="unit0", healthCheckGracePeriodSeconds=2_147_483_648)

@@ -71,7 +71,10 @@ DISCOVER_MAX_RESULTS = 1000
 
 
 # IAM's refusal of a Cloud Map action: one of the errors common to every action (Cloud Map API
-# Reference, "Common Errors", https://docs.aws.amazon.com/cloud-map/latest/api/CommonErrors.html).
+# Reference, "Common Errors", https://docs.aws.amazon.com/cloud-map/latest/api/CommonErrors.html; the
+# list every AWS API reference shares, e.g. Amazon Transcribe's and Amazon DocumentDB's "Common Errors"
+# pages: "AccessDeniedException: You do not have sufficient access to perform this action. HTTP Status
+# Code: 400").
 ACCESS_DENIED = "AccessDeniedException"
 
 

@@ -338,6 +338,44 @@ class KeyHolders(Generic[V]):
         return self._units.get(key)
 
 
+# The trailing bytes of a completion prompt a router remembers per key. A completion prompt carries no
+# turns to tell its cached part by (a chat's earlier messages do: request_key), so a router remembers the
+# last prompt it sent under each key: a later prompt of the key with the same bytes before that length
+# is taken to resend it (the conversation's next turn, rendered by the client) and its unit to hold it.
+PROMPT_TAIL_BYTES = 64
+
+
+class KeyPrompts:
+    """Per key, the last completion prompt this router sent: its length in bytes, its tokens and a hash
+    of its last PROMPT_TAIL_BYTES bytes. Bounded like KeyHolders (about 10 MiB at 65,536 keys)."""
+
+    __slots__ = ("_prompts", "capacity")
+
+    def __init__(self, capacity: int = HOLDER_KEYS) -> None:
+        self.capacity = capacity
+        self._prompts: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def note(self, key: int, prompt: bytes, tokens: int) -> None:
+        prompts = self._prompts
+        prompts[key] = (len(prompt), tokens, key_hash(prompt[-PROMPT_TAIL_BYTES:]))
+        prompts.move_to_end(key)
+        if len(prompts) > self.capacity:
+            prompts.popitem(last=False)
+
+    def cached(self, key: int, prompt: bytes) -> int:
+        """Tokens of the key's last prompt if `prompt` resends it (0 if not, or if the key is unknown)."""
+        last = self._prompts.get(key)
+        if last is None:
+            return 0
+        length, tokens, tail = last
+        if len(prompt) < length or key_hash(prompt[max(0, length - PROMPT_TAIL_BYTES) : length]) != tail:
+            return 0
+        return tokens
+
+
 def by_cache_and_work(
     ring: Ring[W],
     candidates: Sequence[W],
@@ -390,6 +428,7 @@ class RequestKey:
     tokens: int
     source: str  # session | prefix | none
     cached: int = 0  # estimated tokens its key's unit already holds: what it resends of earlier turns
+    prompt: bytes = b""  # a completion prompt, as KeyPrompts compares it (its text, or its token ids)
 
 
 # The leading bytes of a completion prompt keyed on: about 1024 tokens (two of the trace's 512-token
@@ -423,11 +462,20 @@ def request_key(body: bytes, session: str | None = None) -> RequestKey:
             raw = json.dumps(lead, sort_keys=True, separators=(",", ":")).encode()
             key = key_hash(b"m:" + raw[:PREFIX_KEY_BYTES])
         return RequestKey(key, tokens, "session" if session else "prefix", cached)
-    if key is not None:
-        return RequestKey(key, tokens, "session")
+    text = b""
+    ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt[:8])
     if isinstance(prompt, str) and prompt:
-        return RequestKey(key_hash(b"p:" + prompt.encode()[:PREFIX_KEY_BYTES]), tokens, "prefix")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt[:8]):
+        text = prompt.encode()
+    elif ids:
+        tokens = len(prompt)
+        # Each id closed by a comma, so a prompt's bytes begin with an earlier prompt's exactly when its
+        # ids begin with that prompt's ids ("[1,2,3," is not a prefix of "[1,2,34,").
+        text = json.dumps(prompt, separators=(",", ":")).encode()[:-1] + b","
+    if key is not None:
+        return RequestKey(key, tokens, "session", prompt=text)
+    if isinstance(prompt, str) and prompt:
+        return RequestKey(key_hash(b"p:" + text[:PREFIX_KEY_BYTES]), tokens, "prefix", prompt=text)
+    if ids:
         lead_ids = ",".join(str(t) for t in prompt[: PREFIX_KEY_BYTES // BYTES_PER_TOKEN])
-        return RequestKey(key_hash(b"t:" + lead_ids.encode()), len(prompt), "prefix")
+        return RequestKey(key_hash(b"t:" + lead_ids.encode()), tokens, "prefix", prompt=text)
     return RequestKey(None, tokens, "none")

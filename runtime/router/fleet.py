@@ -379,6 +379,8 @@ class Fleet:
         # The unit that took each routing key's latest request: this router's sends and the keys units
         # report they admitted (from every router).
         self.holders: balance.KeyHolders[Member] = balance.KeyHolders()
+        # The last completion prompt this router sent under each key: what a later prompt resends of it.
+        self.prompts = balance.KeyPrompts()
         self._routes_reported = (0, 0)  # (preferred, by_work) at the last routing EMF line
         # A line on every change (within `changes`), a heartbeat when nothing changed for `interval`.
         interval, changes = settings.keepalive_s, min(settings.change_report_s, settings.keepalive_s)
@@ -754,6 +756,9 @@ class Fleet:
                 index.ring.update(units)
                 index.ring_stale = False
             holder = self.holders.get(request.key) if request.key is not None else None
+            cached = request.cached
+            if request.key is not None and request.prompt:
+                cached = max(cached, min(request.tokens, self.prompts.cached(request.key, request.prompt)))
             best = balance.by_cache_and_work(
                 index.ring,
                 units,
@@ -761,7 +766,7 @@ class Fleet:
                 self._rng,
                 key=request.key,
                 tokens=request.tokens,
-                cached=request.cached,
+                cached=cached,
                 mean_load=self._mean_load(units),
                 holder=holder,
             )
@@ -771,6 +776,8 @@ class Fleet:
                 preferred = holder or next(index.ring.walk(request.key), None)
                 self.routes["preferred" if best is preferred else "by_work"] += 1
                 self.holders.note(request.key, best)
+                if request.prompt:
+                    self.prompts.note(request.key, request.prompt, request.tokens)
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:

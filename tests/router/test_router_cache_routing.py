@@ -285,6 +285,28 @@ def test_key_holders_forget_the_least_recently_noted_key_past_their_capacity():
     assert (holders.get(1), holders.get(2), holders.get(3), holders.get(4), len(holders)) == ("d", None, "c", "e", 3)
 
 
+def test_a_completion_prompt_resending_the_keys_last_one_is_taken_as_cached_and_others_are_not():
+    prompts = balance.KeyPrompts()
+    first = balance.request_key(json.dumps({"prompt": list(range(100, 140))}).encode(), "conv-1")
+    assert (first.source, first.tokens) == ("session", 40)  # token ids counted as tokens, not bytes
+    prompts.note(first.key, first.prompt, first.tokens)
+
+    def cached(ids: list[int]) -> int:
+        return prompts.cached(first.key, balance.request_key(json.dumps({"prompt": ids}).encode(), "conv-1").prompt)
+
+    assert cached(list(range(100, 140)) + [7, 8, 9]) == 40  # the next turn resends the whole first
+    assert cached(list(range(100, 140))) == 40
+    assert cached(list(range(100, 139))) == 0  # shorter
+    assert cached(list(range(100, 139)) + [1390]) == 0  # "...,139," is not a prefix of "...,1390,"
+    assert cached(list(range(200, 260))) == 0  # another conversation under the same session
+    lead = "You are a shopping assistant. " * 200  # past PREFIX_KEY_BYTES: every turn has the same key
+    text = balance.request_key(json.dumps({"prompt": lead + "Red shoes?"}).encode())
+    prompts.note(text.key, text.prompt, text.tokens)
+    later = balance.request_key(json.dumps({"prompt": lead + "Red shoes? Size 9."}).encode())
+    assert later.key == text.key and prompts.cached(later.key, later.prompt) == text.tokens
+    assert prompts.cached(later.key, (lead + "Blue hat?").encode()) == 0
+
+
 # --- the router's fleet ------------------------------------------------------------------------------
 def _fleet(n: int, **settings) -> Fleet:
     s = RouterSettings(units=("http://127.0.0.1:1",), **settings)
@@ -344,6 +366,25 @@ def test_a_saturated_or_already_tried_preferred_unit_is_skipped():
     assert _pick_served(fleet, req, (first,)) not in (first, None)
     first.outstanding = 2
     assert _pick_served(fleet, req) not in (first, None)
+
+
+def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_whole_would_move_it():
+    """A session's second turn of token ids resends its first (200 ids) and adds 200. Its unit has 250
+    prompt tokens waiting; the other is idle. Counted whole, the turn looks cheaper on the idle unit
+    (250 + 400 against 400 + a quarter of 400); with the first turn's 200 tokens taken as cached it
+    stays (250 + 200 <= 500). A prompt that does not resend the first goes by work."""
+    fleet = _fleet(2)
+    first_ids = list(range(1000, 1200))
+    first = balance.request_key(json.dumps({"prompt": first_ids}).encode(), "conv-7")
+    unit = _pick_served(fleet, first)
+    assert unit is not None
+    assert fleet.on_watch_line(unit, b'{"load":{"prefill_tokens":250,"in_flight":1}}')
+    fleet._index.mean_at = -1e9  # the fleet's mean load is recomputed at most every 50 ms: that long passed
+    second = balance.request_key(json.dumps({"prompt": first_ids + list(range(5000, 5200))}).encode(), "conv-7")
+    assert second.cached == 0  # nothing in the request itself says what is cached
+    assert fleet.pick((), second).unit is unit
+    other = balance.request_key(json.dumps({"prompt": list(range(7000, 7400))}).encode(), "conv-7")
+    assert fleet.pick((), other).unit is not unit
 
 
 def test_a_router_follows_a_conversation_another_router_sent_elsewhere_once_the_unit_reports_its_key():

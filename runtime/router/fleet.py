@@ -80,7 +80,7 @@ class _RoutingIndex:
     """The routable units as a list the balancer samples from; rebuilt only after a unit's routability
     changed (load reports, which arrive thousands of times a second, do not touch it)."""
 
-    __slots__ = ("dirty", "mean_at", "mean_load", "ring", "ring_stale", "units")
+    __slots__ = ("dirty", "mean_at", "mean_load", "ring", "ring_stale", "sent_since_mean", "units")
 
     def __init__(self) -> None:
         self.dirty = True
@@ -89,6 +89,7 @@ class _RoutingIndex:
         self.ring_stale = True  # updated at the first keyed pick after a change of the routable units
         self.mean_load = 0.0  # requests per routable unit, as last computed (for the load bound)
         self.mean_at = -1e9
+        self.sent_since_mean = 0  # requests this router sent since then
 
 
 class Member:
@@ -724,14 +725,18 @@ class Fleet:
         return index.units
 
     def _mean_load(self, units: list[Member]) -> float:
-        """Requests per routable unit, recomputed at most every MEAN_LOAD_EVERY_S: a bound on the
-        fleet's mean moves slowly, and a sum over every unit per request would cost at 625 units."""
+        """Requests per routable unit: the sum over every unit recomputed at most every
+        MEAN_LOAD_EVERY_S (a sum per request would cost at 625 units), plus this router's sends since,
+        which the units' own estimates count at once. Without them a burst inside one period met the
+        mean of before it: at an idle fleet a bound of 1, so a conversation's second request in the
+        burst left its unit although the paper's bound for the requests placed allows it."""
         index = self._index
         now = time.monotonic()
         if now - index.mean_at >= MEAN_LOAD_EVERY_S:
             index.mean_load = sum(balance.estimated_load(u) for u in units) / len(units)
             index.mean_at = now
-        return index.mean_load
+            index.sent_since_mean = 0
+        return index.mean_load + index.sent_since_mean / len(units)
 
     def pick(self, exclude: tuple[Member, ...] = (), request: balance.RequestKey | None = None) -> Pick:
         """A routable, unsaturated leader by the router's policy (runtime/router/balance.py,
@@ -783,6 +788,7 @@ class Fleet:
         if best is not None:
             if request is not None:
                 best.sent_tokens += request.tokens
+            self._index.sent_since_mean += 1
             return Pick(best, "ok")
         routable = any(u.routable and u not in exclude for u in units)
         return Pick(None, "saturated" if routable else "no_unit")

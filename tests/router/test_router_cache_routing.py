@@ -11,6 +11,7 @@ import json
 import random
 import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
@@ -27,6 +28,7 @@ from runtime.node.engine_protocol import Done, Error, Token
 from runtime.node.handshake import read_ready
 from runtime.node.server import _Prefilling
 from runtime.router import balance
+from runtime.router import fleet as fleet_module
 from runtime.router.discovery import MemberEndpoint, StaticDiscovery
 from runtime.router.fleet import Fleet, Member
 from runtime.router.settings import RouterSettings
@@ -385,6 +387,26 @@ def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_w
     assert fleet.pick((), second).unit is unit
     other = balance.request_key(json.dumps({"prompt": list(range(7000, 7400))}).encode(), "conv-7")
     assert fleet.pick((), other).unit is not unit
+
+
+def test_a_burst_inside_one_period_of_the_mean_counts_the_routers_own_sends_in_it(monkeypatch):
+    """Three idle units, one key, three requests with no report between them (a burst inside the 50 ms
+    the fleet's mean is kept). The paper's bound with m requests placed, the new one counted, is
+    ceil((1 + eps) m / n): 1 for the first, 2 for the second and the third (eps 1, n 3). So the key's
+    unit takes two and the third goes by work; with the mean of before the burst (0) it took one."""
+    monkeypatch.setattr(fleet_module, "time", types.SimpleNamespace(monotonic=lambda: 100.0))  # one instant
+    fleet = _fleet(3)
+    req = balance.request_key(_chat("red shoes"))
+    picked: list[Member] = []
+    for _ in range(3):
+        unit = fleet.pick((), req).unit
+        assert unit is not None
+        unit.outstanding += 1  # what the proxy counts as it sends the request
+        picked.append(unit)
+        # Its prompt prefilled at once, the request decoding: the unit's report counts it in flight.
+        line = b'{"load":{"prefill_tokens":0,"in_flight":%d}}' % picked.count(unit)
+        assert fleet.on_watch_line(unit, line)
+    assert picked[0] is picked[1] and picked[2] is not picked[0]
 
 
 def test_a_router_follows_a_conversation_another_router_sent_elsewhere_once_the_unit_reports_its_key():

@@ -347,7 +347,8 @@ PROMPT_TAIL_BYTES = 64
 
 class KeyPrompts:
     """Per key, the last completion prompt this router sent: its length in bytes, its tokens and a hash
-    of its last PROMPT_TAIL_BYTES bytes. Bounded like KeyHolders (about 10 MiB at 65,536 keys)."""
+    of its last PROMPT_TAIL_BYTES bytes. Bounded like KeyHolders: 65,536 keys cost about 16 MiB
+    (measured with tracemalloc)."""
 
     __slots__ = ("_prompts", "capacity")
 

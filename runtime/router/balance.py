@@ -464,19 +464,20 @@ def request_key(body: bytes, session: str | None = None) -> RequestKey:
             key = key_hash(b"m:" + raw[:PREFIX_KEY_BYTES])
         return RequestKey(key, tokens, "session" if session else "prefix", cached)
     text = b""
-    ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt[:8])
+    ids: list[int] | None = None
     if isinstance(prompt, str) and prompt:
         text = prompt.encode()
-    elif ids:
-        tokens = len(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt[:8]):
+        ids = prompt
+        tokens = len(ids)
         # Each id closed by a comma, so a prompt's bytes begin with an earlier prompt's exactly when its
         # ids begin with that prompt's ids ("[1,2,3," is not a prefix of "[1,2,34,").
-        text = json.dumps(prompt, separators=(",", ":")).encode()[:-1] + b","
+        text = json.dumps(ids, separators=(",", ":")).encode()[:-1] + b","
     if key is not None:
         return RequestKey(key, tokens, "session", prompt=text)
-    if isinstance(prompt, str) and prompt:
-        return RequestKey(key_hash(b"p:" + text[:PREFIX_KEY_BYTES]), tokens, "prefix", prompt=text)
-    if ids:
-        lead_ids = ",".join(str(t) for t in prompt[: PREFIX_KEY_BYTES // BYTES_PER_TOKEN])
+    if ids is not None:
+        lead_ids = ",".join(str(t) for t in ids[: PREFIX_KEY_BYTES // BYTES_PER_TOKEN])
         return RequestKey(key_hash(b"t:" + lead_ids.encode()), tokens, "prefix", prompt=text)
+    if text:
+        return RequestKey(key_hash(b"p:" + text[:PREFIX_KEY_BYTES]), tokens, "prefix", prompt=text)
     return RequestKey(None, tokens, "none")

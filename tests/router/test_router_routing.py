@@ -7,6 +7,7 @@ import json
 
 import aiohttp
 import openai
+import pytest
 from router_standins import StandInUnit
 from router_testkit import base_url, post, router_over, run, wait_for
 
@@ -104,18 +105,29 @@ def test_least_loaded_unit_by_reported_load_receives_the_request():
     run(scenario())
 
 
-def test_router_outstanding_count_spreads_a_burst_between_idle_units():
+@pytest.mark.parametrize("policy", ["least_requests", "cache_aware"])
+def test_router_outstanding_count_spreads_a_burst_between_idle_units(policy):
+    """Ten requests of one prompt at once, reported load staying 0 (no poll in between): only what the
+    router counts itself spreads them. By request count, exactly 5 and 5. By cache and work, the unit
+    holding the prompt keeps a request while its queue is at most the other's plus the request's
+    uncached part plus a quarter prompt (docs/routing.md, step 4): the prompt resends the last one
+    whole, so up to one prompt more than the other unit's queue, and the two end at most 2 apart."""
+
     async def scenario():
         a, b = us = await units("a", "b")
         for u in us:
             u.first_byte_delay_s = 0.3
-        async with router_over(us, poll_interval_s=5.0) as router, aiohttp.ClientSession() as s:
+        async with router_over(us, poll_interval_s=5.0, balance=policy) as router, aiohttp.ClientSession() as s:
             await asyncio.gather(*(post(s, router) for _ in range(10)))
         await stop_all(us)
-        # Reported load stays 0 (no poll in between); only the live outstanding count spreads it.
-        assert len(a.received) == 5 and len(b.received) == 5
+        return len(a.received), len(b.received)
 
-    run(scenario())
+    got = run(scenario())
+    assert sum(got) == 10
+    if policy == "least_requests":
+        assert got == (5, 5)
+    else:
+        assert min(got) >= 4, got
 
 
 def test_unit_that_is_not_ready_or_draining_gets_no_traffic():

@@ -442,8 +442,12 @@ def test_a_stream_whose_unit_dies_while_the_other_is_full_waits_for_a_slot_and_c
             async def note_start(s: Stream) -> None:
                 long_started.set()
 
-            # The long answer holds its unit's only slot for the whole scenario.
-            long = asyncio.create_task(stream(router.url, _body(max_tokens=1500), on_event=note_start))
+            # The long answer holds its unit's only slot for the whole scenario. Another prompt than the
+            # moved stream's: the same one would count as cached on the long answer's unit, and a router
+            # that has not yet heard that unit is full would send the second stream there too.
+            long = asyncio.create_task(
+                stream(router.url, _body(max_tokens=1500, prompt="the long tide"), on_event=note_start)
+            )
             await asyncio.wait_for(long_started.wait(), 60)
             killed: list[str] = []
 

@@ -256,7 +256,27 @@ class _Leader:
             self.tasks[cmd.id].cancel()
             self.out.send(Error(id=cmd.id, kind="internal", message="request id submitted twice (bug)"))
             return
-        self.tasks[cmd.id] = asyncio.create_task(self._run(cmd))
+        task = asyncio.create_task(self._run(cmd))
+        self.tasks[cmd.id] = task
+        task.add_done_callback(lambda t: self._cancelled_unstarted(cmd, t))
+
+    def _cancelled_unstarted(self, cmd: Submit, task: asyncio.Task) -> None:
+        """A request cancelled before its task first ran still ends with its one error event.
+
+        A task cancelled before its first step never runs its coroutine's body, so _run's own
+        handler does not see the cancellation: the task's first step throws the pending
+        CancelledError into the coroutine (CPython 3.11 Lib/asyncio/tasks.py, Task.__step: "Call
+        either coro.throw(exc) or coro.send(None)"), and a coroutine that has not started raises a
+        thrown exception at once, outside any try in its body (PEP 342, throw()). That happens
+        whenever a submit and its cancel are read together: an engine frozen for a while (a stopped
+        process, a long step) finds both in its stdin, and readline returns the second line without
+        yielding to the new task. Without this the supervisor would wait for the request's end
+        forever: it counts as held, and a unit that holds work without producing a token reports
+        itself stalled, out of routing for good."""
+        if self.tasks.get(cmd.id) is task:
+            self.tasks.pop(cmd.id)
+        if task.cancelled():
+            self._fail_cancelled(cmd, 0)
 
     async def _end_open_requests(self) -> None:
         self.stop.set()
@@ -280,10 +300,7 @@ class _Leader:
             await self._generate(cmd, request, tool_parser, generated)
         except asyncio.CancelledError:
             self.engine.cancel(cmd.id)
-            if self.stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
-                self._fail(cmd, "unavailable", generated[0], self.stop_reason)
-            else:  # the server cancelled it: its client went away, or its queue or request timeout passed
-                self._fail(cmd, "cancelled", generated[0], "cancelled by the server")
+            self._fail_cancelled(cmd, generated[0])
         except RequestRejected as e:
             self._fail(cmd, "rejected", generated[0], str(e), param=e.param or None)
         except EngineBroken as e:
@@ -295,8 +312,12 @@ class _Leader:
         except Exception as e:  # a bug: report it on the request and in the log, keep serving others
             logging.exception("request %s failed", cmd.id)
             self._fail(cmd, "internal", generated[0], f"{type(e).__name__}: {e}")
-        finally:
-            self.tasks.pop(cmd.id, None)
+
+    def _fail_cancelled(self, cmd: Submit, generated: int) -> None:
+        if self.stop.is_set():  # the supervisor is shutting the engine down (drain timeout)
+            self._fail(cmd, "unavailable", generated, self.stop_reason)
+        else:  # the server cancelled it: its client went away, or its queue or request timeout passed
+            self._fail(cmd, "cancelled", generated, "cancelled by the server")
 
     def _tool_parser(self, cmd: Submit) -> str | None:
         """The model's tool-call format when tool_choice is auto; refuses tools the model cannot take."""

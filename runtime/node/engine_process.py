@@ -218,8 +218,14 @@ class EngineProcess:
         canary on an idle unit, or work sent to an engine that hung while idle) but produced no token
         for longer than stall_after() (a gray failure: its process answers, its steps do not
         complete: a stopped member, a stuck collective, a hung engine)."""
-        held = self.load.running > 0 or bool(self._streams)
-        return held and time.monotonic() - self.last_progress > self.stall_after(floor_s, ceiling_s)
+        return self.held_without_token_s() > self.stall_after(floor_s, ceiling_s)
+
+    def held_without_token_s(self) -> float:
+        """Seconds the engine has held requests (running, or submitted and not yet at their first
+        token) without producing a token; 0 while it holds none."""
+        if self.load.running > 0 or self._streams:
+            return time.monotonic() - self.last_progress
+        return 0.0
 
     def canary(self, idle_s: float) -> bool:
         """After `idle_s` without a request or a token, send the engine a one-token request so an

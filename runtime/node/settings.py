@@ -485,7 +485,8 @@ class NodeSettings(_Settings):
         60.0,
         "--engine-stall",
         "FLOTILLA_ENGINE_STALL_S",
-        "seconds of silence after which a ready engine process counts as wedged",
+        "seconds after which a ready engine process counts as wedged and the unit re-forms: silent (no report at "
+        "all), or holding requests without producing a token",
         ge=0.5,
         allow_inf_nan=False,
     )

@@ -491,6 +491,12 @@ class UnitSupervisor:
                 stalled = time.monotonic() - self.engine.last_report
                 if stalled > self.s.engine_stall_s:
                     raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
+                # It reports, but holds work and makes no token: out of routing since the progress
+                # stall bound (stalled()); this long, it will not come back by itself (a collective
+                # stuck without a timeout, a request the engine lost), so the unit re-forms.
+                hung = self.engine.held_without_token_s()
+                if hung > self.s.engine_stall_s:
+                    raise FormationEnded(f"engine held requests without a token for {hung:.0f}s (hung)")
                 self._set_state(UnitState.READY, formation=formation)
                 self.engine.canary(self.s.canary_idle_s)  # an idle unit's engine is still asked now and then
             elif time.monotonic() - started > self.s.form_timeout_s:

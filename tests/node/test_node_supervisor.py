@@ -92,6 +92,33 @@ def test_a_wedged_engine_process_is_detected_and_the_unit_reforms():
     asyncio.run(scenario())
 
 
+def test_an_engine_that_reports_but_holds_a_request_without_a_token_is_hung_and_the_unit_reforms():
+    """The engine process keeps reporting its load, so it is not silent, but the request it holds gets
+    no token (here: a 60 s step against a 1 s bound). Out of routing since the progress stall bound,
+    the unit would never come back by itself: past FLOTILLA_ENGINE_STALL_S it re-forms, and the held
+    request ends with an error instead of waiting on."""
+
+    async def scenario():
+        port = free_port()
+        s = echo_leader(f"127.0.0.1:{port}", "--engine-stall", "1", "--echo-step", "60", "--canary-idle", "0")
+        sup = UnitSupervisor(settings=s, rendezvous=FlippingRendezvous(port), metrics=NodeMetrics())
+        run = asyncio.create_task(sup.run())
+        await wait_until(sup.ready)
+        first, engine = sup.formation, sup.engine
+        held = engine.submit(
+            "r1", correlation_id="", prompt="x", max_tokens=1, default_max_tokens=1, temperature=0.0, top_p=1.0
+        )
+        await wait_until(lambda: sup.formation not in (None, first) and sup.ready())
+        assert len(sup._restarts) == 1
+        events = [ev async for ev in engine.events(held)]
+        assert events[-1].kind == "broken", events  # ended, not left waiting for a token
+        assert engine.held_without_token_s() == 0.0  # the old engine holds nothing any more
+        sup.begin_drain()
+        assert await asyncio.wait_for(run, 30) == 0
+
+    asyncio.run(scenario())
+
+
 class StandInFollowers:
     """HTTP servers answering the handshake's status path as waiting followers would; a `slow` one
     never answers. Records, in order, each poll's arrival and each poll the leader gave up on."""

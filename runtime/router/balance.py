@@ -316,7 +316,8 @@ class KeyHolders(Generic[V]):
     """The unit that took each key's latest request, as far as this router knows: its own sends at
     once, and the keys every unit reports it admitted (`keys` of its watch lines, sent by any router),
     so that every router follows a conversation that left its key's unit. Bounded: the least recently
-    noted keys are forgotten (a forgotten key falls back to the ring)."""
+    noted keys are forgotten (a forgotten key falls back to the ring). KeyPrompts keeps its prompt
+    summaries per key in one too."""
 
     __slots__ = ("_units", "capacity")
 
@@ -347,24 +348,19 @@ PROMPT_TAIL_BYTES = 64
 
 class KeyPrompts:
     """Per key, the last completion prompt this router sent: its length in bytes, its tokens and a hash
-    of its last PROMPT_TAIL_BYTES bytes. Bounded like KeyHolders: 65,536 keys cost about 16 MiB
-    (measured with tracemalloc)."""
+    of its last PROMPT_TAIL_BYTES bytes, kept in a KeyHolders (bounded the same way): 65,536 keys cost
+    about 16 MiB (measured with tracemalloc)."""
 
-    __slots__ = ("_prompts", "capacity")
+    __slots__ = ("_prompts",)
 
     def __init__(self, capacity: int = HOLDER_KEYS) -> None:
-        self.capacity = capacity
-        self._prompts: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        self._prompts: KeyHolders[tuple[int, int, int]] = KeyHolders(capacity)
 
     def __len__(self) -> int:
         return len(self._prompts)
 
     def note(self, key: int, prompt: bytes, tokens: int) -> None:
-        prompts = self._prompts
-        prompts[key] = (len(prompt), tokens, key_hash(prompt[-PROMPT_TAIL_BYTES:]))
-        prompts.move_to_end(key)
-        if len(prompts) > self.capacity:
-            prompts.popitem(last=False)
+        self._prompts.note(key, (len(prompt), tokens, key_hash(prompt[-PROMPT_TAIL_BYTES:])))
 
     def cached(self, key: int, prompt: bytes) -> int:
         """Tokens of the key's last prompt if `prompt` resends it (0 if not, or if the key is unknown)."""

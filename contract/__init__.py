@@ -55,7 +55,13 @@ MOVE_COMMENT = ": flotilla-move "  # + the reason: this stream should continue o
 # the keys it admits in its watch lines (`keys`), so every router learns which unit took a
 # conversation's latest turn, not only the router that sent it (docs/routing.md).
 ROUTE_KEY_HEADER = "X-Flotilla-Route-Key"
-INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER)
+# router -> leader, beside ROUTE_KEY_HEADER on a completion prompt: "<bytes>:<tail>", the prompt's length
+# and the hash of its last bytes as the router compares prompts (runtime/router/balance.py KeyPrompts).
+# The leader lists it with the prompt's token count in its watch lines (`prompts`: [key, bytes, tokens,
+# tail] each), so every router, not only the sender, credits the conversation's next completion prompt
+# with what its unit holds (docs/routing.md).
+ROUTE_PROMPT_HEADER = "X-Flotilla-Route-Prompt"
+INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER, ROUTE_PROMPT_HEADER)
 
 # --- Busy is not broken -----------------------------------------------------------------------------
 # A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes

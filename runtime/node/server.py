@@ -38,7 +38,7 @@ from runtime.node.protocol import (
 )
 from runtime.node.queue_wait import retry_after_s
 from runtime.node.serving import ChatServing, Collected, CompletionServing, serving_for
-from runtime.node.supervisor import UnitSupervisor
+from runtime.node.supervisor import RoutePrompt, UnitSupervisor
 
 RETRY_AFTER_S = "2"
 # /health/watch: the interval a watcher may ask for (?interval=seconds), and the default.
@@ -74,6 +74,16 @@ _DRAIN_HANDOVER = Error(kind="unavailable", message="this unit is draining for s
 
 # What the server makes of an engine stream that ended without a finish reason.
 _INCOMPLETE = Error(kind="incomplete", message="the engine ended the request without a finish reason; retry")
+
+
+def _route_prompt(header: str, prompt_tokens: int) -> RoutePrompt | None:
+    """The completion prompt a router sent, as contract.ROUTE_PROMPT_HEADER gives it ("<bytes>:<tail>",
+    two decimal integers of at most 64 bits), with the engine's token count; None when absent or
+    malformed (the key is still listed: only the prompt's credit is lost)."""
+    length, sep, tail = header.partition(":")
+    if not sep or not (length.isdigit() and tail.isdigit()) or len(length) > 20 or len(tail) > 20:
+        return None
+    return int(length), prompt_tokens, int(tail)
 
 
 def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
@@ -251,7 +261,9 @@ class LeaderApi:
             prefill = _Prefilling(self.sup, prompt_tokens)
             route_key = request.headers.get(contract.ROUTE_KEY_HEADER, "")
             if route_key.isdigit() and len(route_key) <= 20:  # a router's key (balance.key_hash: 64 bits)
-                self.sup.note_route_key(int(route_key))
+                self.sup.note_route_key(
+                    int(route_key), _route_prompt(request.headers.get(contract.ROUTE_PROMPT_HEADER, ""), prompt_tokens)
+                )
             events = prefill.until_first_token(events)
             if req.stream:
                 resp = await self._stream(request, req, move, events, headers, rec, arrival, prompt_tokens)
@@ -961,12 +973,17 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
                     rest = json.dumps(body, separators=(",", ":")).encode()
                     # The routing keys admitted since the last line: which unit took whose request.
-                    keys = sup.route_keys_since(keys_sent)
-                    more = b',"keys":' + json.dumps(keys, separators=(",", ":")).encode() if keys else b""
+                    admitted = sup.route_keys_since(keys_sent)
+                    more = b""
+                    if admitted:
+                        more = b',"keys":' + json.dumps([k for k, _ in admitted], separators=(",", ":")).encode()
+                        prompts = [[k, *p] for k, p in admitted if p is not None]
+                        if prompts:  # [key, bytes, tokens, tail] (contract.ROUTE_PROMPT_HEADER)
+                            more += b',"prompts":' + json.dumps(prompts, separators=(",", ":")).encode()
                     keys_sent = sup.route_keys_seen
                     if rest != last_rest:  # the whole body: something beyond the load changed
                         line = rest[:-1] + b',"load":' + load + more + b"}\n"
-                    elif load != last_load or keys:  # only the load: a short line, which is most of them
+                    elif load != last_load or admitted:  # only the load: a short line, which is most of them
                         line = b'{"load":' + load + more + b"}\n"
                     else:
                         line = b"\n"

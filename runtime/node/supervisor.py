@@ -56,6 +56,9 @@ STATUS_DEADLINE_S = 1.0
 # Routing keys a leader keeps for its watch streams: a stream that falls further behind (about 50 ms
 # of a busy unit's admissions) skips the oldest; the routers then lose only an estimate.
 ROUTE_KEYS_KEPT = 256
+# A completion prompt a router sent under a routing key: its bytes and tail hash as the router gave them
+# (contract.ROUTE_PROMPT_HEADER) and its token count as the engine counted it.
+RoutePrompt = tuple[int, int, int]  # (bytes, tokens, tail)
 
 
 class FormationEnded(Exception):
@@ -86,9 +89,10 @@ class UnitSupervisor:
         self.unit_draining: str | None = None  # leader: why the unit drains for a follower
         self.in_flight = 0
         self.prefill_tokens = 0  # leader: prompt tokens of API requests accepted and not yet at their first token
-        # leader: the routing keys of the latest admitted requests (contract.ROUTE_KEY_HEADER), and how
-        # many were ever admitted: each watch stream sends those it has not sent yet.
-        self.route_keys: collections.deque[int] = collections.deque(maxlen=ROUTE_KEYS_KEPT)
+        # leader: the routing keys of the latest admitted requests (contract.ROUTE_KEY_HEADER), each with
+        # its completion prompt's (bytes, tokens, tail) when the router sent one (ROUTE_PROMPT_HEADER),
+        # and how many were ever admitted: each watch stream sends those it has not sent yet.
+        self.route_keys: collections.deque[tuple[int, RoutePrompt | None]] = collections.deque(maxlen=ROUTE_KEYS_KEPT)
         self.route_keys_seen = 0
         self.queue_wait = QueueWait()  # leader: the API's requests, to tell the wait for a batch slot
         self._reported_wait = (-1.0, -1, 0.0)  # (when, requests held, wait): see reported_wait()
@@ -235,12 +239,12 @@ class UnitSupervisor:
             else None,
         }
 
-    def note_route_key(self, key: int) -> None:
-        """A request with this routing key was admitted (leader)."""
-        self.route_keys.append(key)
+    def note_route_key(self, key: int, prompt: RoutePrompt | None = None) -> None:
+        """A request with this routing key (and completion prompt) was admitted (leader)."""
+        self.route_keys.append((key, prompt))
         self.route_keys_seen += 1
 
-    def route_keys_since(self, seen: int) -> list[int]:
+    def route_keys_since(self, seen: int) -> list[tuple[int, RoutePrompt | None]]:
         """The routing keys admitted after the first `seen` (at most the ROUTE_KEYS_KEPT latest)."""
         new = min(self.route_keys_seen - seen, len(self.route_keys))
         return list(self.route_keys)[-new:] if new > 0 else []

@@ -359,8 +359,19 @@ class KeyPrompts:
     def __len__(self) -> int:
         return len(self._prompts)
 
+    @staticmethod
+    def summary(prompt: bytes) -> tuple[int, int]:
+        """What is kept of a prompt besides its tokens: its length in bytes and the hash of its tail
+        (also what the router tells the unit, contract.ROUTE_PROMPT_HEADER)."""
+        return len(prompt), key_hash(prompt[-PROMPT_TAIL_BYTES:])
+
     def note(self, key: int, prompt: bytes, tokens: int) -> None:
-        self._prompts.note(key, (len(prompt), tokens, key_hash(prompt[-PROMPT_TAIL_BYTES:])))
+        length, tail = self.summary(prompt)
+        self._prompts.note(key, (length, tokens, tail))
+
+    def note_summary(self, key: int, length: int, tokens: int, tail: int) -> None:
+        """A prompt another router sent under this key, as its unit reports it (`prompts` of a watch line)."""
+        self._prompts.note(key, (length, tokens, tail))
 
     def cached(self, key: int, prompt: bytes) -> int:
         """Tokens of the key's last prompt if `prompt` resends it (0 if not, or if the key is unknown)."""

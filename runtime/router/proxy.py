@@ -489,6 +489,9 @@ class Router:
         key = balance.request_key(body, request.headers.get(contract.SESSION_HEADER))
         if key.key is not None:  # the leader reports it back to every router (docs/routing.md)
             headers[contract.ROUTE_KEY_HEADER] = str(key.key)
+            if key.prompt:
+                length, tail = balance.KeyPrompts.summary(key.prompt)
+                headers[contract.ROUTE_PROMPT_HEADER] = f"{length}:{tail}"
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
         tried: tuple[Member, ...] = ()

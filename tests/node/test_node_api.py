@@ -215,6 +215,38 @@ def test_the_leader_lists_the_routing_key_of_each_request_it_admits_in_its_watch
     assert listed == [key]
 
 
+def test_the_leader_lists_a_completion_prompts_bytes_tail_and_engine_token_count_beside_its_key(shared_unit):
+    leader = shared_unit.members[0]
+    key = 2**64 - 54321
+    with socket.create_connection(("127.0.0.1", leader.port), timeout=30) as sock:
+        sock.sendall(f"GET {contract.NODE_WATCH_PATH}?interval=1&changes=0.02 HTTP/1.0\r\n\r\n".encode())
+        reader = sock.makefile("rb")
+        while reader.readline() not in (b"\r\n", b""):
+            pass  # the response head
+        reader.readline()  # the whole body
+        sent = {"bad": "12:x", "good": f"40:{2**64 - 1}"}  # a malformed prompt loses its credit, not its key
+        usage = {}
+        for name, header in sent.items():
+            out = client(shared_unit).completions.create(
+                model="tiny",
+                prompt=f"abc {name}",
+                max_tokens=2,
+                extra_headers={contract.ROUTE_KEY_HEADER: str(key), contract.ROUTE_PROMPT_HEADER: header},
+            )
+            usage[name] = out.usage.prompt_tokens
+        keys: list[int] = []
+        prompts: list[list[int]] = []
+        for _ in range(200):  # a line within 20 ms of each change; bounded by the socket's timeout
+            line = reader.readline().strip()
+            doc = json.loads(line) if line else {}
+            keys += doc.get("keys", [])
+            prompts += doc.get("prompts", [])
+            if len(keys) >= 2:
+                break
+    assert keys == [key, key]
+    assert prompts == [[key, 40, usage["good"], 2**64 - 1]]
+
+
 def test_the_watch_refuses_an_interval_out_of_range(shared_unit):
     status, body = get_json(shared_unit.members[0].url + contract.NODE_WATCH_PATH + "?interval=0")
     assert status == 400 and "interval" in body["error"]

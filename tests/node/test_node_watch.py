@@ -200,7 +200,11 @@ def test_a_leader_keeps_only_its_latest_routing_keys_for_a_watch_that_fell_behin
     sup = UnitSupervisor(settings=s, rendezvous=_NeverJoins(), metrics=NodeMetrics())
     seen = sup.route_keys_seen
     for k in range(ROUTE_KEYS_KEPT + 5):
-        sup.note_route_key(k)
-    assert sup.route_keys_since(seen) == list(range(5, ROUTE_KEYS_KEPT + 5))
-    assert sup.route_keys_since(sup.route_keys_seen - 2) == [ROUTE_KEYS_KEPT + 3, ROUTE_KEYS_KEPT + 4]
+        sup.note_route_key(k, (k, 1, 2) if k % 2 else None)  # odd keys came with a completion prompt
+    assert [k for k, _ in sup.route_keys_since(seen)] == list(range(5, ROUTE_KEYS_KEPT + 5))
+    last = ROUTE_KEYS_KEPT + 3
+    assert sup.route_keys_since(sup.route_keys_seen - 2) == [
+        (last, (last, 1, 2) if last % 2 else None),
+        (last + 1, (last + 1, 1, 2) if (last + 1) % 2 else None),
+    ]
     assert sup.route_keys_since(sup.route_keys_seen) == []

@@ -67,6 +67,7 @@ class StandInUnit:
         self.received: list[str] = []  # request ids, in arrival order
         self.authorizations: list[str] = []  # Authorization headers that reached the unit
         self.route_keys: list[str] = []  # contract.ROUTE_KEY_HEADER of each completion request ("" if none)
+        self.route_prompts: list[str] = []  # and its contract.ROUTE_PROMPT_HEADER ("" if none)
         self.active = 0
         self.max_active = 0
         self.disconnects = 0  # streams the client (router) abandoned
@@ -176,6 +177,7 @@ class StandInUnit:
         payload = await request.json()
         self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
         self.route_keys.append(request.headers.get(contract.ROUTE_KEY_HEADER, ""))
+        self.route_prompts.append(request.headers.get(contract.ROUTE_PROMPT_HEADER, ""))
         if "Authorization" in request.headers:
             self.authorizations.append(request.headers["Authorization"])
         if self.refuse is not None:

@@ -389,6 +389,41 @@ def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_w
     assert fleet.pick((), other).unit is not unit
 
 
+def test_another_router_credits_a_completion_prompts_next_turn_once_the_unit_reports_the_prompt():
+    """The same second turn as above, at a router that did not send the first: it learns the first
+    prompt only from the unit's watch line (`prompts`: [key, bytes, tokens, tail], the bytes and tail
+    as the sending router told the unit, the tokens as the engine counted them)."""
+    a, b = _fleet(2), _fleet(2)
+    first_ids = list(range(1000, 1200))
+    first = balance.request_key(json.dumps({"prompt": first_ids}).encode(), "conv-7")
+    unit = _pick_served(a, first)
+    assert unit is not None
+    second = balance.request_key(json.dumps({"prompt": first_ids + list(range(5000, 5200))}).encode(), "conv-7")
+    assert b.prompts.cached(second.key, second.prompt) == 0  # b sent nothing of this conversation
+    length, tail = balance.KeyPrompts.summary(first.prompt)
+    held = next(u for u in b.members.values() if u.url == unit.url)
+    line = b'{"load":{"prefill_tokens":250,"in_flight":1},"keys":[%d],"prompts":[[%d,%d,200,%d]]}' % (
+        first.key,
+        first.key,
+        length,
+        tail,
+    )
+    assert b.on_watch_line(held, line)
+    assert b.prompts.cached(second.key, second.prompt) == 200
+    b._index.mean_at = -1e9
+    assert b.pick((), second).unit is held  # stays with its cache, as at the router that sent the first
+    other = balance.request_key(json.dumps({"prompt": list(range(7000, 7400))}).encode(), "conv-7")
+    assert b.prompts.cached(other.key, other.prompt) == 0
+
+
+def test_a_watch_line_whose_prompts_are_not_four_integers_marks_its_unit_unreadable():
+    for bad in (b'"prompts":[[1,2,3]]', b'"prompts":[[1,"2",3,4]]', b'"prompts":[7]'):
+        fleet = _fleet(1)
+        (u,) = fleet.members.values()
+        line = b'{"load":{"in_flight":1},"keys":[1],' + bad + b"}"
+        assert not fleet.on_watch_line(u, line) and u.state == "bad_health_body", bad
+
+
 def test_a_burst_inside_one_period_of_the_mean_counts_the_routers_own_sends_in_it(monkeypatch):
     """Three idle units, one key, three requests with no report between them (a burst inside the 50 ms
     the fleet's mean is kept). The paper's bound with m requests placed, the new one counted, is
@@ -538,6 +573,23 @@ def test_two_routers_send_a_conversation_to_the_same_unit_end_to_end():
                     (unit,) = [u for u in units if u.name == resp.headers[contract.UNIT_HEADER]]
                 # a client's own route key never reaches a unit: the router's replaces it
                 assert unit.route_keys[-1] == str(balance.key_hash(b"s:another conversation"))
+                assert unit.route_prompts[-1] == ""  # a chat has no completion prompt to summarise
+                # A completion prompt: the router tells the unit its bytes and tail, as it compares them.
+                prompt = list(range(300, 340))
+                async with s.post(
+                    base_url(r2) + "/v1/completions",
+                    data=json.dumps({"model": "m", "prompt": prompt, "max_tokens": 2}).encode(),
+                    headers={contract.SESSION_HEADER: "conv-9", contract.ROUTE_PROMPT_HEADER: "1:1"},
+                ) as resp:
+                    assert resp.status == 200
+                    (unit,) = [u for u in units if u.name == resp.headers[contract.UNIT_HEADER]]
+                length, tail = balance.KeyPrompts.summary(
+                    balance.request_key(json.dumps({"prompt": prompt}).encode(), "conv-9").prompt
+                )
+                assert (unit.route_keys[-1], unit.route_prompts[-1]) == (
+                    str(balance.key_hash(b"s:conv-9")),
+                    f"{length}:{tail}",
+                )
         finally:
             for u in units:
                 await u.stop()

@@ -347,9 +347,10 @@ PROMPT_TAIL_BYTES = 64
 
 
 class KeyPrompts:
-    """Per key, the last completion prompt this router sent: its length in bytes, its tokens and a hash
-    of its last PROMPT_TAIL_BYTES bytes, kept in a KeyHolders (bounded the same way): 65,536 keys cost
-    about 16 MiB (measured with tracemalloc)."""
+    """Per key, the last completion prompt sent under it, by this router or, as the units report them
+    (`prompts` of their watch lines), by another: its length in bytes, its tokens and a hash of its
+    last PROMPT_TAIL_BYTES bytes, kept in a KeyHolders (bounded the same way): 65,536 keys cost about
+    16 MiB (measured with tracemalloc)."""
 
     __slots__ = ("_prompts",)
 

@@ -4,10 +4,12 @@ two-member unit (reference engine, `tiny` model, 127.0.0.1)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 
 import openai
 import pytest
@@ -193,37 +195,42 @@ def test_the_watch_streams_the_ready_body_then_empty_lines_while_nothing_changes
     assert rest[:3] == [b"", b"", b""]  # idle: nothing changed
 
 
-def test_the_leader_lists_the_routing_key_of_each_request_it_admits_in_its_watch(shared_unit):
-    leader = shared_unit.members[0]
-    key = 2**64 - 12345  # a router's 64-bit key (runtime/router/balance.py key_hash)
+@contextlib.contextmanager
+def _watching(leader) -> Iterator[Callable[[], dict]]:
+    """The leader's watch stream past its head and first whole body: each call gives its next line,
+    parsed ({} for a heartbeat). A line comes within 20 ms of each change; the socket bounds the wait."""
     with socket.create_connection(("127.0.0.1", leader.port), timeout=30) as sock:
         sock.sendall(f"GET {contract.NODE_WATCH_PATH}?interval=1&changes=0.02 HTTP/1.0\r\n\r\n".encode())
         reader = sock.makefile("rb")
         while reader.readline() not in (b"\r\n", b""):
             pass  # the response head
         reader.readline()  # the whole body
+
+        def next_line() -> dict:
+            line = reader.readline().strip()
+            return json.loads(line) if line else {}
+
+        yield next_line
+
+
+def test_the_leader_lists_the_routing_key_of_each_request_it_admits_in_its_watch(shared_unit):
+    key = 2**64 - 12345  # a router's 64-bit key (runtime/router/balance.py key_hash)
+    with _watching(shared_unit.members[0]) as next_line:
         for header in ("not-a-key", str(key)):  # a malformed key is ignored, not listed
             client(shared_unit).completions.create(
                 model="tiny", prompt="abc", max_tokens=2, extra_headers={contract.ROUTE_KEY_HEADER: header}
             )
         listed: list[int] = []
-        for _ in range(200):  # a line within 20 ms of each change; bounded by the socket's timeout
-            line = reader.readline().strip()
-            listed += json.loads(line).get("keys", []) if line else []
+        for _ in range(200):
+            listed += next_line().get("keys", [])
             if key in listed:
                 break
     assert listed == [key]
 
 
 def test_the_leader_lists_a_completion_prompts_bytes_tail_and_engine_token_count_beside_its_key(shared_unit):
-    leader = shared_unit.members[0]
     key = 2**64 - 54321
-    with socket.create_connection(("127.0.0.1", leader.port), timeout=30) as sock:
-        sock.sendall(f"GET {contract.NODE_WATCH_PATH}?interval=1&changes=0.02 HTTP/1.0\r\n\r\n".encode())
-        reader = sock.makefile("rb")
-        while reader.readline() not in (b"\r\n", b""):
-            pass  # the response head
-        reader.readline()  # the whole body
+    with _watching(shared_unit.members[0]) as next_line:
         sent = {"bad": "12:x", "good": f"40:{2**64 - 1}"}  # a malformed prompt loses its credit, not its key
         usage = {}
         for name, header in sent.items():
@@ -236,9 +243,8 @@ def test_the_leader_lists_a_completion_prompts_bytes_tail_and_engine_token_count
             usage[name] = out.usage.prompt_tokens
         keys: list[int] = []
         prompts: list[list[int]] = []
-        for _ in range(200):  # a line within 20 ms of each change; bounded by the socket's timeout
-            line = reader.readline().strip()
-            doc = json.loads(line) if line else {}
+        for _ in range(200):
+            doc = next_line()
             keys += doc.get("keys", [])
             prompts += doc.get("prompts", [])
             if len(keys) >= 2:

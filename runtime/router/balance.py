@@ -20,6 +20,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Generic, Protocol, TypeVar
 
 from runtime.router.body import json_object
@@ -366,12 +367,9 @@ class KeyPrompts:
         (also what the router tells the unit, contract.ROUTE_PROMPT_HEADER)."""
         return len(prompt), key_hash(prompt[-PROMPT_TAIL_BYTES:])
 
-    def note(self, key: int, prompt: bytes, tokens: int) -> None:
-        length, tail = self.summary(prompt)
-        self._prompts.note(key, (length, tokens, tail))
-
-    def note_summary(self, key: int, length: int, tokens: int, tail: int) -> None:
-        """A prompt another router sent under this key, as its unit reports it (`prompts` of a watch line)."""
+    def note(self, key: int, length: int, tokens: int, tail: int) -> None:
+        """The key's latest prompt: this router's own send (RequestKey.prompt_summary), or another
+        router's as its unit reports it (`prompts` of a watch line)."""
         self._prompts.note(key, (length, tokens, tail))
 
     def cached(self, key: int, prompt: bytes) -> int:
@@ -438,6 +436,12 @@ class RequestKey:
     source: str  # session | prefix | none
     cached: int = 0  # estimated tokens its key's unit already holds: what it resends of earlier turns
     prompt: bytes = b""  # a completion prompt, as KeyPrompts compares it (its text, or its token ids)
+
+    @cached_property
+    def prompt_summary(self) -> tuple[int, int]:
+        """KeyPrompts.summary of the prompt, worked out once per request: the proxy tells the unit,
+        and the pick notes it."""
+        return KeyPrompts.summary(self.prompt)
 
 
 # The leading bytes of a completion prompt keyed on: about 1024 tokens (two of the trace's 512-token

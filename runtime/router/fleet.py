@@ -587,7 +587,7 @@ class Fleet:
                     note(k, unit)
                 prompts = body.get("prompts")
                 if prompts:  # and their completion prompts: [key, bytes, tokens, tail] (balance.KeyPrompts)
-                    note_prompt = self.prompts.note_summary
+                    note_prompt = self.prompts.note
                     for k, length, tokens, tail in prompts:
                         if not (type(k) is int and type(length) is int and type(tokens) is int and type(tail) is int):
                             raise ValueError(f"a prompts entry is not four integers: {[k, length, tokens, tail]!r}")
@@ -789,7 +789,8 @@ class Fleet:
                 self.routes["preferred" if best is preferred else "by_work"] += 1
                 self.holders.note(request.key, best)
                 if request.prompt:
-                    self.prompts.note(request.key, request.prompt, request.tokens)
+                    length, tail = request.prompt_summary
+                    self.prompts.note(request.key, length, request.tokens, tail)
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:

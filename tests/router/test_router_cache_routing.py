@@ -291,7 +291,7 @@ def test_a_completion_prompt_resending_the_keys_last_one_is_taken_as_cached_and_
     prompts = balance.KeyPrompts()
     first = balance.request_key(json.dumps({"prompt": list(range(100, 140))}).encode(), "conv-1")
     assert (first.source, first.tokens) == ("session", 40)  # token ids counted as tokens, not bytes
-    prompts.note(first.key, first.prompt, first.tokens)
+    prompts.note(first.key, first.prompt_summary[0], first.tokens, first.prompt_summary[1])
 
     def cached(ids: list[int]) -> int:
         return prompts.cached(first.key, balance.request_key(json.dumps({"prompt": ids}).encode(), "conv-1").prompt)
@@ -303,7 +303,7 @@ def test_a_completion_prompt_resending_the_keys_last_one_is_taken_as_cached_and_
     assert cached(list(range(200, 260))) == 0  # another conversation under the same session
     lead = "You are a shopping assistant. " * 200  # past PREFIX_KEY_BYTES: every turn has the same key
     text = balance.request_key(json.dumps({"prompt": lead + "Red shoes?"}).encode())
-    prompts.note(text.key, text.prompt, text.tokens)
+    prompts.note(text.key, text.prompt_summary[0], text.tokens, text.prompt_summary[1])
     later = balance.request_key(json.dumps({"prompt": lead + "Red shoes? Size 9."}).encode())
     assert later.key == text.key and prompts.cached(later.key, later.prompt) == text.tokens
     assert prompts.cached(later.key, (lead + "Blue hat?").encode()) == 0

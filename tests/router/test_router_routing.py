@@ -187,6 +187,9 @@ def test_connect_failure_moves_the_request_to_another_unit():
         us = [a, b]
         b.queue_depth = 3  # a is preferred
         async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            # Routable after its first poll, a is then asked for its watch (a 404): stopped before that
+            # answer, the router would find it gone through the watch and never try to send to it.
+            await wait_for(lambda: router.fleet.members[a.url].watchable is False, what="a's watch to be found missing")
             await a.stop()  # the router does not know yet: no poll for 30 s
             status, headers, _ = await post(s, router)
             text = (await (await s.get(base_url(router) + "/metrics")).read()).decode()

@@ -76,14 +76,18 @@ _DRAIN_HANDOVER = Error(kind="unavailable", message="this unit is draining for s
 _INCOMPLETE = Error(kind="incomplete", message="the engine ended the request without a finish reason; retry")
 
 
+def _decimal_u64(text: str) -> int | None:
+    """A router's 64-bit value in decimal (balance.key_hash), as its headers carry it; None if not one."""
+    return int(text) if text.isdigit() and len(text) <= 20 else None
+
+
 def _route_prompt(header: str, prompt_tokens: int) -> RoutePrompt | None:
     """The completion prompt a router sent, as contract.ROUTE_PROMPT_HEADER gives it ("<bytes>:<tail>",
     two decimal integers of at most 64 bits), with the engine's token count; None when absent or
     malformed (the key is still listed: only the prompt's credit is lost)."""
-    length, sep, tail = header.partition(":")
-    if not sep or not (length.isdigit() and tail.isdigit()) or len(length) > 20 or len(tail) > 20:
-        return None
-    return int(length), prompt_tokens, int(tail)
+    length, _, tail = header.partition(":")
+    n, h = _decimal_u64(length), _decimal_u64(tail)
+    return None if n is None or h is None else (n, prompt_tokens, h)
 
 
 def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
@@ -259,10 +263,10 @@ class LeaderApi:
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
             prefill = _Prefilling(self.sup, prompt_tokens)
-            route_key = request.headers.get(contract.ROUTE_KEY_HEADER, "")
-            if route_key.isdigit() and len(route_key) <= 20:  # a router's key (balance.key_hash: 64 bits)
+            route_key = _decimal_u64(request.headers.get(contract.ROUTE_KEY_HEADER, ""))
+            if route_key is not None:
                 self.sup.note_route_key(
-                    int(route_key), _route_prompt(request.headers.get(contract.ROUTE_PROMPT_HEADER, ""), prompt_tokens)
+                    route_key, _route_prompt(request.headers.get(contract.ROUTE_PROMPT_HEADER, ""), prompt_tokens)
                 )
             events = prefill.until_first_token(events)
             if req.stream:

@@ -588,9 +588,10 @@ class Fleet:
                 prompts = body.get("prompts")
                 if prompts:  # and their completion prompts: [key, bytes, tokens, tail] (balance.KeyPrompts)
                     note_prompt = self.prompts.note
-                    for k, length, tokens, tail in prompts:
-                        if not (type(k) is int and type(length) is int and type(tokens) is int and type(tail) is int):
-                            raise ValueError(f"a prompts entry is not four integers: {[k, length, tokens, tail]!r}")
+                    for entry in prompts:
+                        k, length, tokens, tail = entry
+                        if not all(type(v) is int for v in entry):
+                            raise ValueError(f"a prompts entry is not four integers: {entry!r}")
                         note_prompt(k, length, tokens, tail)
             if "state" not in body:  # only the load changed: the rest of the last body holds
                 unit.take_load(body["load"])

@@ -21,7 +21,8 @@ the trace share it token for token); a request's prompt is its blocks' runs, at 
 `--max-output-tokens`; arrivals are compressed to each of `--rates` requests/s on average. Each request names its
 conversation (its first two blocks) in X-Session-Id, as a client that knows its conversations does:
 token-id prompts carry no messages to key on. Goodput: requests answered 200 within both targets,
-rejected and failed requests counted as misses.
+rejected and failed requests counted as misses. Each result line also says where the conversation hits
+a run missed went (missed_hits): routing, timing or eviction.
 
 A load generator of our own: aiperf 0.13.0 (aiperf/dataset/loader/mooncake_trace.py) and guidellm 0.8.1
 (guidellm/data/deserializers/trace_mooncake.py) both replay Mooncake traces, but each pulls dozens of
@@ -171,6 +172,8 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
     }
     sent = time.monotonic()
     rec: dict = {
+        "sent_s": sent - t0,
+        "first_s": None,  # when the first token came, from the replay's start
         "status": 0,
         "ttft_s": None,
         "tpot_s": None,
@@ -209,11 +212,43 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
                         rec["engine_prompt_tokens"] = int(usage["prompt_tokens"])
                 if first is not None:
                     rec["ttft_s"] = first - sent
+                    rec["first_s"] = first - t0
                     if tokens > 1 and last is not None:
                         rec["tpot_s"] = (last - first) / (tokens - 1)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         rec["error"] = repr(exc)
     return rec
+
+
+def missed_hits(requests: list[Scaled], recs: list[dict], block_tokens: int) -> dict:
+    """Where the oracle's hits that a run did not get went, in prompt tokens, per request that reuses
+    part of its conversation's earlier prompt: `elsewhere`, it went to another unit than its
+    conversation's previous request; `too_soon`, to the same unit before that request's first token
+    (its prompt not yet in the cache); `evicted`, to the same unit after it, so the unit no longer had
+    it. Hits the oracle finds in other conversations' prompts (the shared preamble) are not counted."""
+    out = {"elsewhere": 0, "too_soon": 0, "evicted": 0}
+    last: dict[str, int] = {}
+    for i, ((reuse, _), q, r) in enumerate(zip(oracle_reuse(requests, block_tokens), requests, recs)):
+        j = last.get(q.session)
+        last[q.session] = i
+        if j is None or r.get("status") != 200:
+            continue
+        prev = recs[j]
+        shared = 0
+        for a, b in zip(q.blocks, requests[j].blocks):
+            if a != b:
+                break
+            shared += 1
+        missed = min(reuse, shared * block_tokens, len(q.prompt)) - r["cached"]
+        if missed <= 0:
+            continue
+        if prev.get("unit") != r.get("unit"):
+            out["elsewhere"] += missed
+        elif prev.get("first_s") is None or prev["first_s"] > r["sent_s"]:
+            out["too_soon"] += missed
+        else:
+            out["evicted"] += missed
+    return out
 
 
 def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> dict:
@@ -309,7 +344,7 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace) -> di
         recs = asyncio.run(replay())
     finally:
         _stop(proc)
-    return summarize(recs, a.ttft_target, a.tpot_target)
+    return summarize(recs, a.ttft_target, a.tpot_target) | {"missed": missed_hits(requests, recs, a.block_tokens)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -467,6 +502,11 @@ def result_line(policy: str, r: dict, sc: dict) -> str:
         f"TPOT {_ms(r['tpot_mean_s'])} ms  hit {100 * r['hit_rate']:.1f} %  goodput {100 * r['goodput']:.1f} % "
         f"(TTFT <= {sc['ttft_target_s']:g} s, TPOT <= {sc['tpot_target_s']:g} s)  ok {r['ok']}/{r['requests']}  "
         f"units used {r['units_used']}; {same} ({r['engine_prompt_counted']} usage chunks)"
+        + (
+            "; conversation hits missed (tokens): " + ", ".join(f"{k} {v}" for k, v in r["missed"].items())
+            if "missed" in r
+            else ""
+        )
     )
 
 

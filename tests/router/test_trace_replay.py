@@ -146,3 +146,31 @@ def test_conversation_sample_finds_the_reuse_the_first_requests_lack():
     # (0,a),(0,b),(0,a,x),(0,b,y): 2 + 4 + 4 = 10 of 4+4+6+6 = 20 tokens
     assert replay.oracle_hit_rate(first, 2) == pytest.approx(4 / 12)
     assert replay.oracle_hit_rate(convs, 2) == pytest.approx(10 / 20)
+
+
+def test_missed_hits_say_whether_a_turn_went_elsewhere_came_too_soon_or_found_its_prompt_evicted():
+    # one conversation (its first two blocks 1, 2) growing by a block a turn, and another conversation
+    # that shares only the preamble block 1
+    qs = replay.scale(
+        rows((1, 2), (1, 2, 3), (1, 2, 3, 4), (1, 9), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5, 6)),
+        block_tokens=2,
+        max_input=100,
+        max_output=4,
+        rate=1,
+    )
+
+    def sent(unit: str, at: float, first: float | None, cached: int = 0) -> dict:
+        return {"status": 200, "unit": unit, "sent_s": at, "first_s": first, "cached": cached}
+
+    recs = [
+        sent("u1", 0.0, 0.5),
+        sent("u2", 1.0, 3.0),  # to another unit than its previous turn: its 4 reusable tokens went elsewhere
+        sent("u2", 2.0, 4.0),  # its previous turn's first token came at 3.0: 6 tokens too soon
+        sent("u3", 3.0, 3.5),  # another conversation's first turn: the oracle's 2 preamble tokens are not counted
+        sent("u2", 5.0, 5.5, cached=2),  # after 4.0, 8 reusable, 2 found: 6 evicted
+        sent("u2", 6.0, 6.5, cached=10),  # all 10 found: nothing missed
+    ]
+    assert replay.missed_hits(qs, recs, 2) == {"elsewhere": 4, "too_soon": 6, "evicted": 6}
+    # a failed request misses nothing the routing could have found
+    recs[1]["status"] = 503
+    assert replay.missed_hits(qs, recs, 2)["elsewhere"] == 0

@@ -124,8 +124,11 @@ BOUND_EPS = 1.0
 WALK = 1
 # How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
 # prompts of the request: placing a conversation's turn on its preferred unit is what lets its next turn
-# hit the cache there, a gain the estimate of this request alone does not see.
-AFFINITY_SLACK = 0.25
+# hit the cache there, a gain the estimate of this request alone does not see; and a holder's queue is
+# mostly resent turns, counted whole (its report, this router's sends) though most of each is cached.
+# The fleet model finds 0.25 to 1 within 1 % of each other; the replay on real engines found 1 keeping
+# 85-96 % of the oracle's hits at 1.6-2.0 req/s where 0.25 kept 67-83 % (docs/benchmarks.md, Routing by cache).
+AFFINITY_SLACK = 1.0
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by
 # request count suffers (measured: docs/benchmarks.md, Routing by cache).

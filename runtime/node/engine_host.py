@@ -258,10 +258,11 @@ class _Leader:
             return
         task = asyncio.create_task(self._run(cmd))
         self.tasks[cmd.id] = task
-        task.add_done_callback(lambda t: self._cancelled_unstarted(cmd, t))
+        task.add_done_callback(lambda t: self._task_done(cmd, t))
 
-    def _cancelled_unstarted(self, cmd: Submit, task: asyncio.Task) -> None:
-        """A request cancelled before its task first ran still ends with its one error event.
+    def _task_done(self, cmd: Submit, task: asyncio.Task) -> None:
+        """A request's task is forgotten once done, and a request cancelled before its task first ran
+        still ends with its one error event.
 
         A task cancelled before its first step never runs its coroutine's body, so _run's own
         handler does not see the cancellation: the task's first step throws the pending

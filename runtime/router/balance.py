@@ -168,6 +168,13 @@ def waiting_for_slot(u: WorkView) -> int:
     return waiting if waiting > 0 else 0
 
 
+def has_free_slot(u: WorkView) -> bool:
+    """Whether a new request finds a batch slot free on the unit, as far as this router can tell (always
+    when it does not say how many it has): where every slot is taken, it waits for a running answer to
+    end, however short the prefill queue."""
+    return u.max_running <= 0 or estimated_load(u) < u.max_running
+
+
 def estimated_ttft(u: WorkView, new_tokens: int) -> float:
     """Time to first token in units of one prefill token's time: the prefill ahead plus the request's
     own, and a prompt like this one for each request beyond the unit's batch slots (a new request there
@@ -301,14 +308,14 @@ def by_key(
     eps: float = BOUND_EPS,
     walk: int = WALK,
 ) -> W | None:
-    """The first of the key's `walk` preferred units that is usable, below the load bound and not
-    queueing requests for a batch slot; None when none is (the caller then takes the least work of a
+    """The first of the key's `walk` preferred units that is usable, below the load bound and with a
+    batch slot free for the request; None when none is (the caller then takes the least work of a
     sample)."""
     bound = load_bound(mean_load, len(ring), eps)
     for i, u in enumerate(ring.walk(key)):
         if i >= walk:
             return None
-        if usable(u) and estimated_load(u) + 1 <= bound and not waiting_for_slot(u):
+        if usable(u) and estimated_load(u) + 1 <= bound and has_free_slot(u):
             return u
     return None
 
@@ -406,7 +413,7 @@ def by_cache_and_work(
     sampled units, whichever has the lower estimated time to first token, the first counting only the
     tokens it is not expected to hold (`tokens` - `cached`) and winning ties up to `slack` prompts of the
     request. The unit expected to hold the cache is `holder`, the unit that took the key's latest request
-    (KeyHolders), when it is usable, below the load bound and not queueing for a batch slot; else the
+    (KeyHolders), when it is usable, below the load bound and has a batch slot free; else the
     key's preferred unit on the ring under the same conditions (within `walk` steps). Without a key:
     the sampled least work."""
     sampled = least_work(candidates, usable, rng, tokens, choices=choices)
@@ -415,7 +422,7 @@ def by_cache_and_work(
     preferred: W | None = None
     if holder is not None:
         bound = load_bound(mean_load, len(ring), eps)
-        if usable(holder) and estimated_load(holder) + 1 <= bound and not waiting_for_slot(holder):
+        if usable(holder) and estimated_load(holder) + 1 <= bound and has_free_slot(holder):
             preferred = holder
     if preferred is None:
         preferred = by_key(ring, key, usable, mean_load, eps=eps, walk=walk)

@@ -239,6 +239,27 @@ def test_a_preferred_unit_with_requests_waiting_for_a_batch_slot_is_passed_over(
     assert chosen is None
 
 
+def test_a_preferred_unit_whose_every_slot_is_taken_loses_to_an_idle_one_whatever_the_slack():
+    """Two units of one batch slot, the key's unit running one long answer and its prefill queue empty:
+    by prefill alone it ties with the idle unit, and the slack would keep the request there, where it
+    would wait for the long answer to end. A unit with no slot free is not the preferred one."""
+    units = [V("u0", max_running=1), V("u1", max_running=1)]
+    ring = _ring(units)
+    key = next(k for k in range(1000) if next(ring.walk(balance.key_hash(b"%d" % k))) is units[0])
+    key_h = balance.key_hash(b"%d" % key)
+    units[0].in_flight = units[0].running = 1
+    for seed in range(10):
+        chosen = balance.by_cache_and_work(
+            ring, units, _always, random.Random(seed), key=key_h, tokens=50, cached=0, mean_load=0.5, slack=4.0
+        )
+        assert chosen is units[1]
+    units[0].in_flight = units[0].running = 0  # its slot free again: the key's unit keeps its key
+    assert (
+        balance.by_cache_and_work(ring, units, _always, random.Random(0), key=key_h, tokens=50, cached=0, mean_load=0.0)
+        is units[0]
+    )
+
+
 # --- following a conversation that left its key's unit -------------------------------------------------
 def test_the_unit_that_took_a_keys_last_request_is_preferred_over_the_keys_unit_on_the_ring():
     units = [V(f"u{i}") for i in range(8)]

@@ -245,8 +245,7 @@ def test_a_preferred_unit_whose_every_slot_is_taken_loses_to_an_idle_one_whateve
     would wait for the long answer to end. A unit with no slot free is not the preferred one."""
     units = [V("u0", max_running=1), V("u1", max_running=1)]
     ring = _ring(units)
-    key = next(k for k in range(1000) if next(ring.walk(balance.key_hash(b"%d" % k))) is units[0])
-    key_h = balance.key_hash(b"%d" % key)
+    key_h = next(h for h in map(balance.key_hash, (b"%d" % k for k in range(1000))) if next(ring.walk(h)) is units[0])
     units[0].in_flight = units[0].running = 1
     for seed in range(10):
         chosen = balance.by_cache_and_work(

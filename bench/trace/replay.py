@@ -172,8 +172,7 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
     }
     sent = time.monotonic()
     rec: dict = {
-        "sent_s": sent - t0,
-        "first_s": None,  # when the first token came, from the replay's start
+        "sent_s": sent - t0,  # from the replay's start
         "status": 0,
         "ttft_s": None,
         "tpot_s": None,
@@ -212,7 +211,6 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
                         rec["engine_prompt_tokens"] = int(usage["prompt_tokens"])
                 if first is not None:
                     rec["ttft_s"] = first - sent
-                    rec["first_s"] = first - t0
                     if tokens > 1 and last is not None:
                         rec["tpot_s"] = (last - first) / (tokens - 1)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -239,12 +237,12 @@ def missed_hits(requests: list[Scaled], recs: list[dict], block_tokens: int) -> 
             if a != b:
                 break
             shared += 1
-        missed = min(reuse, shared * block_tokens, len(q.prompt)) - r["cached"]
+        missed = min(reuse, shared * block_tokens) - r["cached"]
         if missed <= 0:
             continue
         if prev.get("unit") != r.get("unit"):
             out["elsewhere"] += missed
-        elif prev.get("first_s") is None or prev["first_s"] > r["sent_s"]:
+        elif prev.get("ttft_s") is None or prev["sent_s"] + prev["ttft_s"] > r["sent_s"]:
             out["too_soon"] += missed
         else:
             out["evicted"] += missed

@@ -160,7 +160,13 @@ def test_missed_hits_say_whether_a_turn_went_elsewhere_came_too_soon_or_found_it
     )
 
     def sent(unit: str, at: float, first: float | None, cached: int = 0) -> dict:
-        return {"status": 200, "unit": unit, "sent_s": at, "first_s": first, "cached": cached}
+        return {
+            "status": 200,
+            "unit": unit,
+            "sent_s": at,
+            "ttft_s": None if first is None else first - at,
+            "cached": cached,
+        }
 
     recs = [
         sent("u1", 0.0, 0.5),

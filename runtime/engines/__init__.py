@@ -18,7 +18,7 @@ Leader (rank 0), inside the node's asyncio loop::
         start_timeout_s=300.0,        # how long start() waits for every follower to join
         threads=None,                 # torch.set_num_threads for this process (None: leave as is)
         model_name=None,              # name reported as engine.model_name (default: the model's)
-        max_prefill_tokens=2048,      # prompt tokens prefilled per iteration (bounds decode stalls)
+        max_prefill_tokens=2048,      # prompt tokens prefilled per step; longer prompts go in chunks
         collectives="auto",           # auto (shared memory on one host, else gloo) | shm | gloo
     )
     await engine.start()              # forms the process group, loads rank 0's tensors, warms up,

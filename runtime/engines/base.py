@@ -15,6 +15,7 @@ from typing import AsyncIterator, Protocol, Sequence
 # default member's does.
 DEFAULT_KV_BUDGET_TOKENS = 16384  # KV-cache tokens over all running sequences
 DEFAULT_MAX_RUNNING = 16  # batch slots
+DEFAULT_MAX_PREFILL_TOKENS = 2048  # prompt tokens prefilled per step (longer prompts go in chunks)
 DEFAULT_COLLECTIVE_TIMEOUT_S = 30.0  # seconds before a silent peer fails the unit
 
 

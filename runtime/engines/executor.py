@@ -46,6 +46,7 @@ _STRATEGY_NAME = {v: k for k, v in _STRATEGY_CODE.items()}
 
 
 HEADER_LEN = 8  # op, then the counts of free / prefill / decode / fork / load / store / drop entries
+_PREFILL_WIDTH = 5  # a prefill on the wire: seq_id, n_tokens, capacity, cached tokens, ongoing (0/1)
 
 
 @dataclass
@@ -68,11 +69,16 @@ class StepCommand:
     load: list[tuple[int, int, int]] = field(default_factory=list)
     store: list[tuple[int, int, int]] = field(default_factory=list)
     drop: list[int] = field(default_factory=list)
+    # Chunked prefill: the seq ids whose prompt continues in a later step. Such a prefill computes
+    # positions cached..n_tokens onto the sequence's own KV (a later chunk: the KV its earlier chunks
+    # left, in the prefill layout), and its KV is not re-sharded until its last chunk has run.
+    ongoing: list[int] = field(default_factory=list)
 
     def cached_tokens(self, i: int) -> int:
         return self.cached[i] if self.cached else 0
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ongoing = set(self.ongoing)
         header = torch.tensor(
             [
                 OP_STEP,
@@ -88,7 +94,7 @@ class StepCommand:
         )
         flat = (
             list(self.free)
-            + [v for i, p in enumerate(self.prefill) for v in (*p, self.cached_tokens(i))]
+            + [v for i, p in enumerate(self.prefill) for v in (*p, self.cached_tokens(i), int(p[0] in ongoing))]
             + list(self.decode)
             + [v for pair in self.fork for v in pair]
             + [v for t in self.load for v in t]
@@ -100,7 +106,7 @@ class StepCommand:
     @staticmethod
     def payload_len(header: torch.Tensor) -> int:
         h = [int(v) for v in header[1:HEADER_LEN]]
-        return h[0] + 4 * h[1] + h[2] + 2 * h[3] + 3 * h[4] + 3 * h[5] + h[6]
+        return h[0] + _PREFILL_WIDTH * h[1] + h[2] + 2 * h[3] + 3 * h[4] + 3 * h[5] + h[6]
 
     @classmethod
     def decode_payload(cls, header: torch.Tensor, payload: torch.Tensor) -> "StepCommand":
@@ -111,7 +117,7 @@ class StepCommand:
             return [tuple(next(vals) for _ in range(width)) for _ in range(n)]
 
         free = [v for (v,) in take(n_free, 1)]
-        pre = take(n_prefill, 4)
+        pre = take(n_prefill, _PREFILL_WIDTH)
         decode = [v for (v,) in take(n_decode, 1)]
         fork = take(n_fork, 2)
         load, store = take(n_load, 3), take(n_store, 3)
@@ -125,6 +131,7 @@ class StepCommand:
             load=load,
             store=store,
             drop=drop,
+            ongoing=[p[0] for p in pre if p[4]],
         )
 
 
@@ -353,8 +360,10 @@ class ShardExecutor:
             else:
                 result.prefill_logits = self._prefill_tensor(cmd)
             self._store_blocks(cmd.store)
-            if self.plan.needs_reshard():
-                self._reshard([p[0] for p in cmd.prefill])
+            ongoing = set(cmd.ongoing)
+            done = [p[0] for p in cmd.prefill if p[0] not in ongoing]
+            if done and self.plan.needs_reshard():
+                self._reshard(done)
         for src, dst in cmd.fork:
             kv = self.kv[src]
             self.kv[dst] = kv.copy_into(self._new_kv(self.plan.decode, kv.capacity))
@@ -400,9 +409,14 @@ class ShardExecutor:
             assert len(out[seq_id]) == block_no + 1, "cached blocks load from position 0 on, in order (bug)"
         return out
 
-    def _start_prefill(self, layout: str, seq_id: int, capacity: int, block_ids: list[int]) -> SeqKV:
+    def _start_prefill(self, layout: str, seq_id: int, capacity: int, block_ids: list[int], start: int) -> SeqKV:
         """A new sequence's cache in the prefill layout, its leading positions copied from cached
-        blocks: one copy of K and one of V per layer for the whole run of blocks."""
+        blocks: one copy of K and one of V per layer for the whole run of blocks. A later chunk of
+        a prompt continues the cache its earlier chunks left (still in the prefill layout)."""
+        kv = self.kv.get(seq_id)
+        if kv is not None:
+            assert not block_ids and kv.length == start, "a prompt's next chunk starts where the last ended (bug)"
+            return kv
         kv = self._new_kv(layout, capacity)
         self.kv[seq_id] = kv
         if block_ids:
@@ -442,7 +456,7 @@ class ShardExecutor:
         loads = self._loads(cmd)
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             c = cmd.cached_tokens(i)
-            kv = self._start_prefill("pipeline", seq_id, capacity, loads.get(seq_id, []))
+            kv = self._start_prefill("pipeline", seq_id, capacity, loads.get(seq_id, []), c)
             for a, b in pipeline_prefill_chunks(n - c, W):
                 a, b = a + c, b + c
                 seg = [Segment(kv=kv, start=a, n=b - a)]
@@ -472,7 +486,7 @@ class ShardExecutor:
         loads = self._loads(cmd)
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             c = cmd.cached_tokens(i)
-            kv = self._start_prefill("tensor", seq_id, capacity, loads.get(seq_id, []))
+            kv = self._start_prefill("tensor", seq_id, capacity, loads.get(seq_id, []), c)
             segments.append(Segment(kv=kv, start=c, n=n - c))
             total += n - c
         if self.rank == 0:

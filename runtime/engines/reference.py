@@ -36,6 +36,7 @@ import torch.distributed as dist
 from runtime.engines.base import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_KV_BUDGET_TOKENS,
+    DEFAULT_MAX_PREFILL_TOKENS,
     DEFAULT_MAX_RUNNING,
     EngineBroken,
     EngineError,
@@ -196,6 +197,8 @@ class _Request:
     keys: list[bytes] | None = None  # the prompt's block keys (prefix cache), computed at first look
     cache: Plan | None = None  # from admission until its prefill step ran
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    progress: int = 0  # prefill tokens whose KV the first choice holds (chunked prefill)
+    decoding: bool = False  # its prefill has run to the end: its choices decode
     own: dict[int, tuple[int, ...]] | None = None  # a continuation of n > 1: each choice's tokens
 
     def prefills(self) -> list[tuple[list[_Seq], tuple[int, ...]]]:
@@ -230,7 +233,20 @@ class _Request:
             pass
 
 
-_Prefill = tuple[_Request, list[_Seq], tuple[int, ...]]  # a request, the choices it starts, their tokens
+@dataclass
+class _Chunk:
+    """One step's prefill of one request: tokens start..end of ids onto the choices' first sequence
+    (start: what its cache or its earlier chunks hold; end: the prompt's end, or the step's budget)."""
+
+    st: _Request
+    seqs: list[_Seq]  # the choices that sample from this prefill
+    ids: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def final(self) -> bool:
+        return self.end == len(self.ids)
 
 
 class ReferenceEngine:
@@ -253,7 +269,7 @@ class ReferenceEngine:
         start_timeout_s: float = 300.0,
         threads: int | None = None,
         model_name: str | None = None,
-        max_prefill_tokens: int = 2048,
+        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         collectives: str = "auto",
         prefix_caching: bool = True,
     ) -> None:
@@ -262,8 +278,8 @@ class ReferenceEngine:
         check_requested(prefill, decode)
         if collectives not in TRANSPORTS:
             raise ValueError(f"collectives {collectives!r} is not one of {', '.join(TRANSPORTS)}")
-        if kv_budget_tokens < 1 or max_running < 1:
-            raise ValueError("kv_budget_tokens and max_running must be at least 1")
+        if kv_budget_tokens < 1 or max_running < 1 or max_prefill_tokens < 1:
+            raise ValueError("kv_budget_tokens, max_running and max_prefill_tokens must be at least 1")
         if not 0 < heartbeat_s < collective_timeout_s:
             raise ValueError(
                 f"heartbeat_s {heartbeat_s} must be positive and below "
@@ -276,8 +292,9 @@ class ReferenceEngine:
         self.collective_timeout_s, self.heartbeat_s = collective_timeout_s, heartbeat_s
         self.start_timeout_s, self.threads = start_timeout_s, threads
         self.model_name = model_name or model
-        # Prompt tokens prefilled per iteration: bounds how long running sequences wait for a
-        # decode step while a burst of new requests is admitted (at least one prompt always goes).
+        # Prompt tokens prefilled per iteration: bounds how long running sequences wait for a decode
+        # step. A prompt longer than what is left of it is prefilled in chunks over several
+        # iterations, each followed by a decode step (chunked prefill, as vLLM schedules by default).
         self.max_prefill_tokens = max_prefill_tokens
         self.collectives = collectives
         # Prompt blocks kept after their prefill and copied into later prompts that start with them,
@@ -298,6 +315,7 @@ class ReferenceEngine:
         self._stopping = False
         self._waiting: collections.deque[_Request] = collections.deque()
         self._running: dict[int, tuple[_Request, _Seq]] = {}  # by seq_id: every running choice
+        self._prefilling: list[_Request] = []  # admitted, prompt partly prefilled: in admission order
         self._by_id: dict[str, _Request] = {}
         self._reserved = 0
         self._seq_ids = itertools.count(1)
@@ -572,7 +590,7 @@ class ReferenceEngine:
             self._state, self._detail = state, detail
             running = list({id(st): st for st, _ in self._running.values()}.values())
             pending = list(self._waiting) + running + list(self._inbox)
-            self._waiting.clear(), self._running.clear(), self._inbox.clear()
+            self._waiting.clear(), self._running.clear(), self._inbox.clear(), self._prefilling.clear()
             self._by_id.clear(), self._cancels.clear()
             self._reserved = 0
         for st in pending:
@@ -596,7 +614,7 @@ class ReferenceEngine:
 
     def _loop(self, executor: ShardExecutor) -> None:
         """The scheduler: each iteration takes new requests and cancels, admits what fits, and runs one
-        step (the admitted requests' prefills and every running sequence's decode) on every rank."""
+        step (this iteration's prefill chunks and every decoding sequence's next token) on every rank."""
         free: list[int] = []  # seq ids whose KV slots the next step frees on every rank
         last_traffic = time.monotonic()
         while True:
@@ -608,25 +626,19 @@ class ReferenceEngine:
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
                 self._apply_cancels(free)
-                admitted = self._admit()
-                decoding = list(self._running.values())
-                for st in admitted:
-                    for seq in st.seqs:
-                        self._running[seq.seq_id] = (st, seq)
-            if not (admitted or decoding or free):
+                decoding = [(st, seq) for st, seq in self._running.values() if st.decoding]
+                chunks = self._plan_prefills()
+            if not (chunks or decoding or free):
                 if time.monotonic() - last_traffic >= self.heartbeat_s:
                     executor.leader_signal(OP_HEARTBEAT)
                     last_traffic = time.monotonic()
                 continue
-            # A request's first choice is prefilled; the others start as copies of its KV cache,
-            # so n choices cost one prefill (continued choices each have their own tokens: one each).
-            prefills = [(st, seqs, ids) for st in admitted for seqs, ids in st.prefills()]
-            cmd = self._step_command(prefills, decoding, free)
+            cmd = self._step_command(chunks, decoding, free)
             free = []
             result = executor.leader_step(cmd)
             last_traffic = time.monotonic()
             with self._lock:
-                self._after_step(admitted, prefills, decoding, result, free)
+                self._after_step(chunks, decoding, result, free)
 
     def _apply_cancels(self, free: list[int]) -> None:
         """Cancelled requests end: a queued one leaves the queue, a running one frees its sequences."""
@@ -641,59 +653,103 @@ class ReferenceEngine:
             else:
                 for seq in st.seqs:
                     self._finish(st, seq, free)
+                if not st.decoding:  # cancelled between chunks of its prefill
+                    self._prefilling.remove(st)
+                    if st.cache is not None and self.prefix_cache is not None:
+                        self.prefix_cache.release(st.cache.pinned)  # blocks never stored are dropped
+                        st.cache = None
             st.put(_END)
         self._cancels.clear()
 
-    def _admit(self) -> list[_Request]:
+    def _plan_prefills(self) -> list[_Chunk]:
+        """This step's prefill chunks within max_prefill_tokens: first the prompts already under
+        way, in admission order, then the queue's head requests that fit (vLLM's order: running
+        requests before waiting ones). A prompt gets what is left of the budget and continues at
+        the next step; a continuation of n > 1 choices is prefilled whole."""
+        budget = self.max_prefill_tokens
+        chunks: list[_Chunk] = []
+        for st in self._prefilling:
+            if budget <= 0:
+                break
+            end = min(len(st.prefill_ids), st.progress + budget)
+            chunks.append(_Chunk(st, st.seqs, st.prefill_ids, st.progress, end))
+            budget -= end - st.progress
+        for st in self._admit(budget, alone=not chunks):
+            for seqs, ids in st.prefills():
+                end = len(ids) if st.own is not None else min(len(ids), st.progress + max(budget, 1))
+                chunks.append(_Chunk(st, seqs, ids, st.progress, end))
+                budget -= end - st.progress
+            if st.own is None:
+                self._prefilling.append(st)
+        return chunks
+
+    def _admit(self, budget: int, *, alone: bool) -> list[_Request]:
         """The queue's head requests that fit the batch slots, the KV budget and this step's prefill
-        budget, in arrival order, each with its sequences numbered and its prefix-cache hit planned."""
+        budget (what is left of it: a prompt that does not fit whole starts with a chunk), in
+        arrival order, each with its sequences numbered, its prefix-cache hit planned and its
+        sequences in the batch. `alone`: no other prefill runs this step, so a request that
+        cannot be chunked goes even when it is larger than the budget."""
         admitted: list[_Request] = []
-        prefill_tokens = slots = 0
+        slots = 0
         while self._waiting and len(self._running) + slots + len(self._waiting[0].seqs) <= self.max_running:
             st = self._waiting[0]
+            if budget <= 0:
+                break  # the rest joins at a later iteration
             hit = self._match(st)
             if not self._fits(st.need):
                 self._unmatch(hit)
                 break  # FIFO: the head waits for budget rather than being overtaken
             prompt = sum(len(ids) - len(hit) * self._block_tokens for _, ids in st.prefills())
-            if admitted and prefill_tokens + prompt > self.max_prefill_tokens:
+            if st.own is not None and prompt > budget and not (alone and not admitted):
                 self._unmatch(hit)
-                break  # the rest joins at the next iteration
-            prefill_tokens += prompt
+                break
+            budget -= prompt
             slots += len(st.seqs)
             self._waiting.popleft()
             for seq in st.seqs:
                 seq.seq_id = next(self._seq_ids)
+                self._running[seq.seq_id] = (st, seq)
             self._reserved += st.need
             self._plan_cache(st, hit)
+            st.progress = st.cached_tokens
             admitted.append(st)
         return admitted
 
-    def _step_command(self, prefills: list, decoding: list, free: list[int]) -> StepCommand:
+    def _step_command(self, chunks: list[_Chunk], decoding: list, free: list[int]) -> StepCommand:
+        # A request's first choice is prefilled; the others start as copies of its KV cache after
+        # its last chunk, so n choices cost one prefill (continued choices each have their own tokens).
         cmd = StepCommand(
             free=free,
-            prefill=[(seqs[0].seq_id, len(ids), st.per_seq) for st, seqs, ids in prefills],
-            prefill_tokens=[ids for _, _, ids in prefills],
+            prefill=[(c.seqs[0].seq_id, c.end, c.st.per_seq) for c in chunks],
+            prefill_tokens=[c.ids[: c.end] for c in chunks],
             decode=[seq.seq_id for _, seq in decoding],
             decode_tokens=[seq.last_token for _, seq in decoding],
-            fork=[(seqs[0].seq_id, seq.seq_id) for _, seqs, _ in prefills for seq in seqs[1:]],
+            fork=[(c.seqs[0].seq_id, seq.seq_id) for c in chunks if c.final for seq in c.seqs[1:]],
+            cached=[c.start for c in chunks],
+            ongoing=[c.seqs[0].seq_id for c in chunks if not c.final],
         )
         if self.prefix_cache is not None:
-            self._cache_orders(self.prefix_cache, cmd, prefills)
+            self._cache_orders(self.prefix_cache, cmd, chunks)
         return cmd
 
-    def _after_step(
-        self, admitted: list[_Request], prefills: list, decoding: list, result: StepResult, free: list[int]
-    ) -> None:
-        """Every sequence of the step samples its next token; the admitted requests' cached blocks are unpinned."""
+    def _after_step(self, chunks: list[_Chunk], decoding: list, result: StepResult, free: list[int]) -> None:
+        """A prompt whose last chunk ran: its cached blocks are unpinned and every choice samples its
+        first token from the prefill (shared or its own). Every decoding sequence samples its next."""
         cache = self.prefix_cache
-        for st in admitted:  # its blocks are copied in and stored on every rank: unpin them
-            if cache is not None and st.cache is not None:
-                cache.done(st.cache)
-                st.cache = None
-        for i, (st, seqs, _) in enumerate(prefills):
-            for seq in seqs:  # every choice samples its first token from its prefill (shared or own)
-                self._advance(st, seq, result.prefill_logits[i], free)
+        for c in chunks:
+            c.st.progress = c.end
+            if c.final and not c.st.decoding:
+                st = c.st
+                st.decoding = True
+                if st in self._prefilling:
+                    self._prefilling.remove(st)
+                if cache is not None and st.cache is not None:  # its blocks are copied in and stored on every rank
+                    cache.done(st.cache)
+                    st.cache = None
+        for i, c in enumerate(chunks):
+            if c.final:
+                for seq in c.seqs:
+                    self._advance(c.st, seq, result.prefill_logits[i], free)
         for i, (st, seq) in enumerate(decoding):
             self._advance(st, seq, result.decode_logits[i], free)
 
@@ -745,17 +801,18 @@ class ReferenceEngine:
         st.cached_tokens = len(hit) * cache.block_tokens
 
     @staticmethod
-    def _cache_orders(cache: PrefixCache, cmd: StepCommand, prefills: list[_Prefill]) -> None:
-        """The step's prefix-cache orders for every rank: drop evicted blocks, copy hits in, store new.
-        A request's blocks are its prompt's: each of its prefills starts from the same hits, and the
-        first stores the new ones."""
+    def _cache_orders(cache: PrefixCache, cmd: StepCommand, chunks: list[_Chunk]) -> None:
+        """The step's prefix-cache orders for every rank: drop evicted blocks, copy hits in with a
+        prompt's first chunk, store new blocks after its last (the prompt's KV is whole then, and
+        still in the prefill layout). A request's blocks are its prompt's: each of its prefills
+        starts from the same hits, and the first stores the new ones."""
         cmd.drop = cache.take_dropped()
-        for st, seqs, _ in prefills:
-            seq_id, plan = seqs[0].seq_id, st.cache
-            assert plan is not None, "every admitted request has its cache plan (bug)"
-            cmd.cached.append(st.cached_tokens)
-            cmd.load += [(seq_id, i, b) for i, b in enumerate(plan.hit)]
-            if seqs[0] is st.seqs[0]:
+        for c in chunks:
+            st, seq_id, plan = c.st, c.seqs[0].seq_id, c.st.cache
+            assert plan is not None, "a request keeps its cache plan until its prefill's last chunk (bug)"
+            if c.start == st.cached_tokens:
+                cmd.load += [(seq_id, i, b) for i, b in enumerate(plan.hit)]
+            if c.final and c.seqs[0] is st.seqs[0]:
                 cmd.store += [(seq_id, i, b) for i, b in plan.store]
 
     def _advance(self, st: _Request, seq: _Seq, logits: torch.Tensor, free: list[int]) -> None:

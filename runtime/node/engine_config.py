@@ -34,6 +34,7 @@ class EngineConfig(BaseModel):
     torch_threads: int
     kv_budget_tokens: int
     max_running: int
+    max_prefill_tokens: int
     collective_timeout_s: float
     echo_load_s: float
     echo_step_s: float

@@ -86,6 +86,7 @@ def _build_leader_engine(cfg: EngineConfig) -> Any:
         decode=cfg.decode_strategy,
         kv_budget_tokens=cfg.kv_budget_tokens,
         max_running=cfg.max_running,
+        max_prefill_tokens=cfg.max_prefill_tokens,
         collective_timeout_s=cfg.collective_timeout_s,
         start_timeout_s=cfg.form_timeout_s,
         threads=cfg.torch_threads,

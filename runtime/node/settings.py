@@ -29,7 +29,12 @@ import contract
 from contract.bad_input import NOT_GIVEN, bad_input_line
 from contract.trainium import INSTANCES
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
-from runtime.engines.base import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_KV_BUDGET_TOKENS, DEFAULT_MAX_RUNNING
+from runtime.engines.base import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_KV_BUDGET_TOKENS,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    DEFAULT_MAX_RUNNING,
+)
 from runtime.engines.neuron.launch import (
     AUTO,
     DEFAULT_COMPILED_DIR,
@@ -472,6 +477,15 @@ class NodeSettings(_Settings):
     )
     max_running: int = setting(
         DEFAULT_MAX_RUNNING, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", ge=1, le=4096
+    )
+    max_prefill_tokens: int = setting(
+        DEFAULT_MAX_PREFILL_TOKENS,
+        "--max-prefill-tokens",
+        "FLOTILLA_MAX_PREFILL_TOKENS",
+        "engine=reference: prompt tokens prefilled per step; a longer prompt is prefilled in chunks over several "
+        "steps, each with a decode step of the running batch (bounds how long running answers wait for a token)",
+        ge=1,
+        le=1_048_576,
     )
     collective_timeout_s: float = setting(
         DEFAULT_COLLECTIVE_TIMEOUT_S,

@@ -163,6 +163,7 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                 collective_timeout_s=30,
                 start_timeout_s=60,
                 max_running=8,
+                **({"max_prefill_tokens": spec["max_prefill_tokens"]} if "max_prefill_tokens" in spec else {}),
             )
             say(phase="starting")
             await engine.start()

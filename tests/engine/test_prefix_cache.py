@@ -320,9 +320,14 @@ def test_a_cancelled_request_returns_its_pins_and_leaves_its_stored_blocks_usabl
 COMBOS = [("pipeline", "tensor"), ("pipeline", "pipeline"), ("tensor", "tensor"), ("tensor", "pipeline")]
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory, two_rank_job):
+# The default budget (each turn's uncached part prefilled in one step), and 40 tokens a step: then
+# the first turn goes in 2 chunks and the long fourth in 8 (its 306 uncached tokens after 96 cached),
+# chunks ending mid-block, the KV re-sharded and the blocks stored only after the last chunk.
+@pytest.fixture(scope="module", params=[None, 40], ids=["one-pass", "chunked"])
+def two_rank_runs(request, tmp_path_factory, two_rank_job):
     spec = {"model": "tiny", "combos": COMBOS, "prompts": [], "max_tokens": 6, "conversation": _conversation()}
+    if request.param is not None:
+        spec["max_prefill_tokens"] = request.param
     return two_rank_job("engine", spec, tmp_path_factory.mktemp("prefix"), ports=1)
 
 

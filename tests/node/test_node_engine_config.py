@@ -25,6 +25,7 @@ STATIC = ["--peers", "127.0.0.1:1", "--rank", "0"]
 # Each differs from its setting's default (runtime/node/settings.py), so a dropped one shows.
 CHANGED = {
     "FLOTILLA_MAX_RUNNING": "3",
+    "FLOTILLA_MAX_PREFILL_TOKENS": "96",
     "FLOTILLA_KV_BUDGET_TOKENS": "512",
     "FLOTILLA_COLLECTIVE_TIMEOUT_S": "7",
     "FLOTILLA_FORM_TIMEOUT_S": "42",
@@ -45,6 +46,7 @@ def _sent_and_parsed(engine: str) -> EngineConfig:
 def test_settings_changed_in_the_environment_reach_the_reference_engine_object():
     engine = engine_host._build_leader_engine(_sent_and_parsed("reference"))
     assert (engine.max_running, engine.kv_budget_tokens, engine.collective_timeout_s) == (3, 512, 7.0)
+    assert engine.max_prefill_tokens == 96
     assert (engine.start_timeout_s, engine.threads, engine.model_name) == (42.0, 2, "served-name")
     assert (engine.prefill, engine.decode, engine.membership) == ("pipeline", "tensor", SOLO)
 

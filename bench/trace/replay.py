@@ -56,6 +56,7 @@ if str(REPO) not in sys.path:
 import contract  # noqa: E402
 from bench.fleet.trace_sim import trace_path  # noqa: E402
 from bench.measure import append_run  # noqa: E402
+from runtime.engines.base import DEFAULT_MAX_PREFILL_TOKENS  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
@@ -275,6 +276,12 @@ def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> d
         "tpot_mean_s": sum(tpots) / len(tpots) if tpots else None,
         "hit_rate": sum(r["cached"] for r in recs) / prompt if prompt else 0.0,
         "goodput": good / len(recs) if recs else 0.0,
+        # Answered requests past each target (one can be past both), and the slowest TPOT among them.
+        "late": {
+            "ttft": sum(1 for r in ok if r["ttft_s"] > ttft_target_s),
+            "tpot": sum(1 for r in ok if (r["tpot_s"] or 0.0) > tpot_target_s),
+        },
+        "tpot_max_s": tpots[-1] if tpots else None,
         "units_used": len({r.get("unit") for r in ok}),
         "failures": [{k: r.get(k) for k in ("status", "error")} for r in recs if r not in ok][:3],
     }
@@ -314,8 +321,11 @@ def _start_local(policy: str, a: argparse.Namespace) -> tuple[subprocess.Popen, 
         port = free_port()
         cmd = [sys.executable, "-m", "runtime.local", "--units", str(a.units), "--nodes", str(a.nodes)]
         cmd += ["--model", a.model, "--balance", policy, "--port", str(port), "--state-dir", str(state)]
+        env = {**os.environ, "FLOTILLA_MAX_PREFILL_TOKENS": str(a.max_prefill_tokens)}  # every node inherits it
         with open(state / "launcher.log", "ab") as log:
-            proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_routable(url, a.units, proc, a.ready_timeout)
@@ -366,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--units", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=1, help="members per unit (1 keeps 3 units within 2 cores)")
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=DEFAULT_MAX_PREFILL_TOKENS,
+        help="each engine's prompt tokens per step (longer prompts are prefilled in chunks)",
+    )
     ap.add_argument("--vocab", type=int, default=40000, help="token ids are drawn below this (smollm2: 49,152)")
     ap.add_argument("--ttft-target", type=float, default=2.0, help="goodput: seconds to first token at most")
     ap.add_argument("--tpot-target", type=float, default=0.5, help="goodput: seconds per output token at most")
@@ -383,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         ap.error(f"--policies {bad[0]}: one of {', '.join(POLICIES)}")
-    if a.requests < 1 or min(a.rates) <= 0 or a.block_tokens < 1:
-        ap.error("--requests and --block-tokens must be at least 1 and every --rates above 0")
+    if a.requests < 1 or min(a.rates) <= 0 or a.block_tokens < 1 or a.max_prefill_tokens < 1:
+        ap.error("--requests, --block-tokens and --max-prefill-tokens must be at least 1 and every --rates above 0")
     path = trace_path(a.trace)
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -428,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             "units": a.units,
             "nodes": a.nodes,
             "model": a.model,
+            "max_prefill_tokens": a.max_prefill_tokens,
             "ttft_target_s": a.ttft_target,
             "tpot_target_s": a.tpot_target,
         }
@@ -480,7 +497,9 @@ def scaling_line(sc: dict) -> str:
         f"trace {sc['trace']}: {_sampled(sc)}, 512-token blocks -> {sc['block_tokens']} tokens, "
         f"prompts <= {sc['max_input_tokens']} (mean {sc['mean_prompt_tokens']:.0f}), outputs / "
         f"{sc['output_divisor']:.0f} <= {sc['max_output_tokens']}, {sc['rate_per_s']:g} req/s; {sc['units']} units x "
-        f"{sc['nodes']} node(s) of {sc['model']}; oracle (infinite cache) hit rate "
+        f"{sc['nodes']} node(s) of {sc['model']}"
+        + (f", {sc['max_prefill_tokens']} prompt tokens per step" if "max_prefill_tokens" in sc else "")
+        + "; oracle (infinite cache) hit rate "
         f"{100 * sc['oracle_hit_rate']:.1f} % of {sc['prompt_tokens']} prompt tokens"
         + (f", {100 * sc['oracle_median_share']:.0f} % of the median request's" if "oracle_median_share" in sc else "")
         + f" (requests {sc['requests_digest']})"
@@ -500,6 +519,12 @@ def result_line(policy: str, r: dict, sc: dict) -> str:
         f"TPOT {_ms(r['tpot_mean_s'])} ms  hit {100 * r['hit_rate']:.1f} %  goodput {100 * r['goodput']:.1f} % "
         f"(TTFT <= {sc['ttft_target_s']:g} s, TPOT <= {sc['tpot_target_s']:g} s)  ok {r['ok']}/{r['requests']}  "
         f"units used {r['units_used']}; {same} ({r['engine_prompt_counted']} usage chunks)"
+        + (
+            f"; answered late: TTFT {r['late']['ttft']}, TPOT {r['late']['tpot']} "
+            f"(slowest TPOT {_ms(r['tpot_max_s'])} ms)"
+            if "late" in r
+            else ""
+        )
         + (
             "; conversation hits missed (tokens): " + ", ".join(f"{k} {v}" for k, v in r["missed"].items())
             if "missed" in r

@@ -65,6 +65,7 @@ def test_goodput_counts_rejected_and_failed_requests_as_misses():
     s = replay.summarize(recs, ttft_target_s=2.0, tpot_target_s=0.5)
     assert s["goodput"] == pytest.approx(1 / 4)  # only the first meets both targets; the 429 is a miss
     assert (s["ok"], s["rejected_or_failed"]) == (3, 1)
+    assert s["late"] == {"ttft": 1, "tpot": 1} and s["tpot_max_s"] == 0.9  # the second and the fourth
     assert s["hit_rate"] == pytest.approx(5 / 40)  # the rejected request's prompt counts in the denominator
     assert (s["engine_prompt_mismatches"], s["engine_prompt_counted"]) == (0, 3)
 
@@ -92,6 +93,7 @@ def test_the_table_fills_every_column_and_states_the_scaling():
         "units": 3,
         "nodes": 1,
         "model": "smollm2",
+        "max_prefill_tokens": 256,
         "ttft_target_s": 2.0,
         "tpot_target_s": 0.5,
     }
@@ -106,6 +108,7 @@ def test_the_table_fills_every_column_and_states_the_scaling():
     # by hand: prompts of 4, 6 and 8 tokens; the second reuses (1,2) = 4 tokens, the third (1,2,3) = 6
     assert "oracle (infinite cache) hit rate 55.6 % of 18 prompt tokens, 67 % of the median request's" in lines[0]
     assert "512-token blocks -> 2 tokens" in lines[0] and "1 req/s" in lines[0]
+    assert "3 units x 1 node(s) of smollm2, 256 prompt tokens per step;" in lines[0]
     header, row = lines[2], lines[4]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == len(header.strip("|").split("|"))

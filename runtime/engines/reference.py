@@ -195,7 +195,7 @@ class _Request:
     per_seq: int  # KV tokens one choice reserves: prompt + max_tokens
     done: bool = False
     keys: list[bytes] | None = None  # the prompt's block keys (prefix cache), computed at first look
-    cache: Plan | None = None  # from admission until its prefill step ran
+    cache: Plan | None = None  # from admission until the step of its prefill's last chunk ran
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     progress: int = 0  # prefill tokens whose KV the first choice holds (chunked prefill)
     decoding: bool = False  # its prefill has run to the end: its choices decode

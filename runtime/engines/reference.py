@@ -674,9 +674,9 @@ class ReferenceEngine:
             end = min(len(st.prefill_ids), st.progress + budget)
             chunks.append(_Chunk(st, st.seqs, st.prefill_ids, st.progress, end))
             budget -= end - st.progress
-        for st in self._admit(budget, alone=not chunks):
+        for st in self._admit(budget, alone=not chunks):  # each admitted with budget left (> 0) for it
             for seqs, ids in st.prefills():
-                end = len(ids) if st.own is not None else min(len(ids), st.progress + max(budget, 1))
+                end = len(ids) if st.own is not None else min(len(ids), st.progress + budget)
                 chunks.append(_Chunk(st, seqs, ids, st.progress, end))
                 budget -= end - st.progress
             if st.own is None:

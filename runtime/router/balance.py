@@ -175,6 +175,12 @@ def has_free_slot(u: WorkView) -> bool:
     return u.max_running <= 0 or estimated_load(u) < u.max_running
 
 
+def can_prefer(u: W, usable: Callable[[W], bool], bound: float) -> bool:
+    """Whether a key's unit may take the request: usable, below the load bound with it, and with a
+    batch slot free for it."""
+    return usable(u) and estimated_load(u) + 1 <= bound and has_free_slot(u)
+
+
 def estimated_ttft(u: WorkView, new_tokens: int) -> float:
     """Time to first token in units of one prefill token's time: the prefill ahead plus the request's
     own, and a prompt like this one for each request beyond the unit's batch slots (a new request there
@@ -315,7 +321,7 @@ def by_key(
     for i, u in enumerate(ring.walk(key)):
         if i >= walk:
             return None
-        if usable(u) and estimated_load(u) + 1 <= bound and has_free_slot(u):
+        if can_prefer(u, usable, bound):
             return u
     return None
 
@@ -422,7 +428,7 @@ def by_cache_and_work(
     preferred: W | None = None
     if holder is not None:
         bound = load_bound(mean_load, len(ring), eps)
-        if usable(holder) and estimated_load(holder) + 1 <= bound and has_free_slot(holder):
+        if can_prefer(holder, usable, bound):
             preferred = holder
     if preferred is None:
         preferred = by_key(ring, key, usable, mean_load, eps=eps, walk=walk)

@@ -351,6 +351,13 @@ class ShardExecutor:
         for block_id in cmd.drop:
             self.blocks.pop(block_id, None)
         result = StepResult()
+        if cmd.prefill and cmd.decode and self._fuses():
+            result.prefill_logits, result.decode_logits = self._prefill_and_decode(cmd)
+            self._store_blocks(cmd.store)
+            for src, dst in cmd.fork:
+                kv = self.kv[src]
+                self.kv[dst] = kv.copy_into(self._new_kv(self.plan.decode, kv.capacity))
+            return result
         if cmd.prefill:
             # One rank has no stages to overlap: its prompts go through the layers as one batch (the
             # "tensor" path over the whole layer), 16 chat prompts in one pass instead of 16 passes
@@ -378,10 +385,17 @@ class ShardExecutor:
         return self.head.embed[torch.tensor(list(token_ids), device=self.device)]
 
     def _run_layers(
-        self, layers: dict[int, PackedLayer], order: Sequence[int], x: torch.Tensor, segments: list[Segment]
+        self,
+        layers: dict[int, PackedLayer],
+        order: Sequence[int],
+        x: torch.Tensor,
+        segments: list[Segment],
+        lead: int = 0,
     ) -> torch.Tensor:
+        """x through the layers in `order`; `lead`: how many of the segments, first, are prompt chunks
+        (the rest, one token each, attend per slab)."""
         cos, sin = self.rope(positions_of(segments, self.device), max(g.start + g.n for g in segments))
-        decode = plan_decode(segments, self.device)
+        decode = plan_decode(segments, self.device, lead)
         for n in order:
             x = decoder_layer(self.shape, n, layers[n], x, segments, cos, sin, self._all_reduce, decode)
         return x
@@ -480,29 +494,58 @@ class ShardExecutor:
             lasts.append(self.comm.recv(torch.empty(1, H, device=self.device), last_rank))
         return self._last_logits(lasts)
 
-    def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
-        H = self.shape.hidden_size
-        segments, total = [], 0
+    def _prefill_segments(self, cmd: StepCommand) -> list[Segment]:
+        """The step's prompt chunks as segments of caches in the tensor layout (one rank: the whole model)."""
+        segments = []
         loads = self._loads(cmd)
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             c = cmd.cached_tokens(i)
             kv = self._start_prefill("tensor", seq_id, capacity, loads.get(seq_id, []), c)
             segments.append(Segment(kv=kv, start=c, n=n - c))
-            total += n - c
+        return segments
+
+    def _tensor_pass(self, cmd: StepCommand, segments: list[Segment], decode: list[Segment]) -> torch.Tensor:
+        """One pass over every layer (whole, or this rank's tensor slice) of the prompt chunks, then the
+        decode tokens: rank 0 embeds them and broadcasts the rows; every rank returns the last hidden states."""
+        total = sum(g.n for g in segments) + len(decode)
         if self.rank == 0:
-            x = torch.cat([self._embed(t[g.start :]) for t, g in zip(cmd.prefill_tokens, segments)])
+            parts = [self._embed(t[g.start : g.start + g.n]) for t, g in zip(cmd.prefill_tokens, segments)]
+            if decode:
+                parts.append(self._embed(cmd.decode_tokens))
+            x = torch.cat(parts) if len(parts) > 1 else parts[0]
         else:
-            x = torch.empty(total, H, device=self.device)
+            x = torch.empty(total, self.shape.hidden_size, device=self.device)
         if self.world_size > 1:
             self._broadcast(x, 0)
-        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments)
-        for seg in segments:
+        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments + decode, lead=len(segments))
+        for seg in segments + decode:
             seg.kv.length = seg.start + seg.n
+        return x
+
+    def _prompt_logits(self, x: torch.Tensor, segments: list[Segment]) -> torch.Tensor | None:
+        """Each prompt's logits at its last position (rows of x in segment order; rank 0 gets them)."""
         ends = [sum(g.n for g in segments[: i + 1]) for i in range(len(segments))]
         if self.world_size == 1:
             return self._last_logits([x[e - 1 : e] for e in ends])
         per_seq = [self._tp_logits(x[e - 1 : e]) for e in ends]
         return torch.cat(per_seq) if self.rank == 0 else None
+
+    def _prefill_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
+        segments = self._prefill_segments(cmd)
+        return self._prompt_logits(self._tensor_pass(cmd, segments, []), segments)
+
+    def _fuses(self) -> bool:
+        """Whether a step's prompt chunks and decode tokens go through the layers in one pass: where
+        both phases hold the same layout and run every layer on every rank (one rank, or tensor for
+        both), so no re-shard separates them. That is vLLM's chunked prefill (docs/engine.md): the
+        decode tokens ride along with the chunk instead of costing a second pass over the weights."""
+        return self.world_size == 1 or (self.plan.prefill == "tensor" and self.plan.decode == "tensor")
+
+    def _prefill_and_decode(self, cmd: StepCommand) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        segments = self._prefill_segments(cmd)
+        x = self._tensor_pass(cmd, segments, self._decode_segments(cmd))
+        rows = sum(g.n for g in segments)
+        return self._prompt_logits(x[:rows], segments), self._rows_logits(x[rows:])
 
     def _last_logits(self, lasts: list[torch.Tensor]) -> torch.Tensor:
         # One LM-head product per sequence: a prompt's first-token logits do not depend on which
@@ -548,17 +591,10 @@ class ShardExecutor:
         return torch.cat(outs) if r == 0 else None
 
     def _decode_tensor(self, cmd: StepCommand) -> torch.Tensor | None:
-        H = self.shape.hidden_size
-        segs = self._decode_segments(cmd)
-        if self.rank == 0:
-            x = self._embed(cmd.decode_tokens)
-        else:
-            x = torch.empty(len(segs), H, device=self.device)
-        if self.world_size > 1:
-            self._broadcast(x, 0)
-        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segs)
-        for seg in segs:
-            seg.kv.length += 1
+        return self._rows_logits(self._tensor_pass(cmd, [], self._decode_segments(cmd)))
+
+    def _rows_logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The logits of every row of x, the final hidden states of a tensor pass (rank 0 gets them)."""
         if self.world_size == 1:
             return self.head.logits(self.shape, x)
         return self._tp_logits(x)

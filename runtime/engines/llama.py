@@ -315,21 +315,27 @@ class SlabRows:
 
 @dataclass
 class DecodePlan:
-    """How a step of single-token segments attends: a call per slab, and alone the rows whose cache
-    shares a slab with no other row of the step."""
+    """How a step's single-token segments attend: a call per slab, and alone the rows whose cache
+    shares a slab with no other row of the step. A step that also prefills has its prompt segments
+    first (`lead` segments over `lead_rows` rows), attended per segment; `alone` counts from the first
+    single-token segment."""
 
     groups: list[SlabRows]
     alone: list[int]
+    lead: int = 0
+    lead_rows: int = 0
 
 
-def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu") -> DecodePlan | None:
-    """None unless every segment is one token and at least two share a slab (then the per-sequence
-    path is just as good)."""
-    if any(g.n != 1 for g in segments):
+def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu", lead: int = 0) -> DecodePlan | None:
+    """None unless every segment after the first `lead` (a step's prompt chunks) is one token and at
+    least two of those share a slab (then the per-sequence path is just as good)."""
+    head, tail = segments[:lead], segments[lead:]
+    if not tail or any(g.n != 1 for g in tail):
         return None
+    base = sum(g.n for g in head)  # the rows before the first single-token segment
     by_slab: dict[int, tuple[KVSlab, list[int]]] = {}
     alone: list[int] = []
-    for i, seg in enumerate(segments):
+    for i, seg in enumerate(tail):
         if seg.kv.slab is None:
             alone.append(i)
         else:
@@ -339,9 +345,9 @@ def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu")
         if len(rows) == 1:
             alone += rows
             continue
-        rows.sort(key=lambda i: segments[i].kv.slot)
-        slots = [segments[i].kv.slot for i in rows]
-        pos = [segments[i].start for i in rows]
+        rows.sort(key=lambda i: tail[i].kv.slot)
+        slots = [tail[i].kv.slot for i in rows]
+        pos = [tail[i].start for i in rows]
         lo, hi, L = slots[0], slots[-1] + 1, max(pos) + 1
         # A slot in lo..hi that is not in the step attends to its position 0 (finite: slabs start
         # zeroed) and its output is dropped.
@@ -354,7 +360,7 @@ def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu")
         groups.append(
             SlabRows(
                 slab=slab,
-                rows=None if rows == list(range(len(segments))) else torch.tensor(rows, device=device),
+                rows=None if base == 0 and rows == list(range(len(tail))) else torch.tensor(rows, device=device) + base,
                 slots=torch.tensor(slots, device=device),
                 pos=torch.tensor(pos, device=device),
                 lo=lo,
@@ -364,7 +370,7 @@ def plan_decode(segments: Sequence[Segment], device: torch.device | str = "cpu")
                 L=L,
             )
         )
-    return DecodePlan(groups=groups, alone=sorted(alone)) if groups else None
+    return DecodePlan(groups=groups, alone=sorted(alone), lead=lead, lead_rows=base) if groups else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -582,16 +588,19 @@ def _attend_decode(
     pad: QueryPad,
 ) -> torch.Tensor:
     """A decode step's attention: one call per slab for its rows (_attend_slab), the other rows
-    alone, all placed back in the step's order."""
+    alone, a step's prompt chunks per segment (_attend_segments), all placed back in the step's order."""
     first = plan.groups[0]
     if first.rows is None:  # one slab holds every row of the step, in slot order
         return _attend_slab(layer, q, k, v, first, pad)
     T, nq, d = q.shape
     out = q.new_empty(T, nq * d)
+    r = plan.lead_rows
+    if plan.lead:
+        out[:r] = _attend_segments(layer, q[:r], k[:r], v[:r], segments[: plan.lead], pad)
     for g in plan.groups:
         out[g.rows] = _attend_slab(layer, q, k, v, g, pad)
     for i in plan.alone:
-        out[i] = _attend_one(layer, q[i], k[i], v[i], segments[i], pad)[0]
+        out[r + i] = _attend_one(layer, q[r + i], k[r + i], v[r + i], segments[plan.lead + i], pad)[0]
     return out
 
 

@@ -89,6 +89,54 @@ def test_rows_that_fill_their_slots_in_order_take_the_direct_path(tiny, monkeypa
         torch.testing.assert_close(out[i], _alone(tiny, PROMPTS[i], NEW[i][:1])[0], rtol=1e-5, atol=1e-5)
 
 
+def test_a_prompt_chunk_and_the_decode_tokens_of_a_step_share_one_pass(tiny, monkeypatch):
+    """vLLM's chunked prefill: a step's prompt chunk and its decode tokens are one batch through the
+    layers (docs/engine.md). Each still gets the logits it gets alone: the chunk those of the whole
+    prompt run by itself, each decoding row those of its own sequence."""
+    monkeypatch.setattr(llama, "SLAB_MAX_TOKENS", 256)
+    ex = _one_rank(tiny)
+    caps = [len(p) + 4 for p in PROMPTS[:4]]
+    caps[3] = 200  # a cache of its own: a row attended alone
+    ex.run(StepCommand(prefill=list(zip(range(4), map(len, PROMPTS), caps)), prefill_tokens=PROMPTS[:4]))
+    ex.run(StepCommand(free=[1]))  # a gap in the slab
+    long = [(7 * i) % 250 + 1 for i in range(30)]
+    ex.run(StepCommand(prefill=[(9, 12, 40)], prefill_tokens=[long[:12]], ongoing=[9]))  # its first chunk alone
+
+    plans = _capture_plans(monkeypatch)
+    passes: list[int] = []
+    real = executor_module.decoder_layer
+
+    def counting(shape, layer, lw, x, segments, *rest, **kw):
+        passes.append(x.shape[0])
+        return real(shape, layer, lw, x, segments, *rest, **kw)
+
+    monkeypatch.setattr(executor_module, "decoder_layer", counting)
+    order = [3, 0, 2]
+    out = ex.run(
+        StepCommand(
+            prefill=[(9, 30, 40)],
+            prefill_tokens=[long],
+            cached=[12],  # the chunk continues the sequence's own KV from position 12
+            decode=order,
+            decode_tokens=[NEW[i][0] for i in order],
+        )
+    )
+    assert passes == [18 + len(order)] * ex.shape.num_layers  # one pass per layer: the chunk's 18 rows and 3 tokens
+    plan = plans[0]
+    assert plan is not None and (plan.lead, plan.lead_rows) == (1, 18) and plan.alone == [0]  # sequence 3
+    assert plan.groups[0].rows.tolist() == [19, 20]  # sequences 0 and 2, after the chunk's rows
+    model = UnsplitLlama(tiny.shape, tiny.weights)
+    whole = model.forward(long, model.new_kv(40))
+    torch.testing.assert_close(out.prefill_logits[0], whole, rtol=1e-5, atol=1e-5)
+    for row, i in enumerate(order):
+        alone = _alone(tiny, PROMPTS[i], NEW[i][:1])[0]
+        torch.testing.assert_close(out.decode_logits[row], alone, rtol=1e-5, atol=1e-5)
+    assert ex.kv[9].length == 30 and all(ex.kv[i].length == len(PROMPTS[i]) + 1 for i in order)
+    # the prompt's first decode step attends over all 30 positions its two chunks left
+    nxt = ex.run(StepCommand(decode=[9], decode_tokens=[5])).decode_logits[0]
+    torch.testing.assert_close(nxt, _alone(tiny, long, [5])[0], rtol=1e-5, atol=1e-5)
+
+
 def test_slots_come_back_and_forks_decode_like_their_source(tiny):
     ex = _one_rank(tiny)
     p = PROMPTS[2]

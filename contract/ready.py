@@ -44,13 +44,14 @@ class Loading(Wire):
 
 
 # --- how long a unit may stay silent ---------------------------------------------------------------
-# Our own rule (docs/node.md, "Gray failures leave routing"): a leader reports step_s, the longest
-# wait between two of its engine's tokens while it held work over the last minute or two (a decode
-# step, or a step that also prefilled new prompts: the longest gap a healthy client of this unit
-# has just seen). Silence counts as a hang only past twice that plus a margin: a busy unit (long
-# prefills of other requests, a big batch, a loaded host) is slow, not hung. A setting is the floor
-# (the bound on a unit whose steps are short) and another the ceiling, so a unit that reports long
-# steps is still found when it hangs.
+# Our own rule (docs/node.md, "Gray failures leave routing"): a leader reports step_s, its engine's
+# longest step while it held work over the last minute or two: the wait between two of its tokens (a
+# decode step, or a step that also prefilled new prompts: the longest gap a healthy client of this
+# unit has just seen), or for a step that yielded none (a chunk of a long prompt's prefill). Silence
+# counts as a hang only past twice that plus a margin: a busy unit (long prefills of other requests,
+# a big batch, a loaded host) is slow, not hung. A setting is the floor (the bound on a unit whose
+# steps are short) and another the ceiling, so a unit that reports long steps is still found when it
+# hangs.
 STALL_STEP_FACTOR = 2.0
 STALL_MARGIN_S = 1.0
 

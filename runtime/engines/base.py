@@ -125,6 +125,10 @@ class EngineLoad:
     # a query, every token whose KV came from the cache a hit (vllm:prefix_cache_queries / _hits).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Steps the engine completed since start (each a forward pass of the running batch), or 0 on an
+    # engine that does not count them. A step that yields no token (one that only prefilled part of a
+    # long prompt) is still progress: the node's stall watch counts it (runtime/node/engine_process.py).
+    steps: int = 0
 
 
 @dataclass(frozen=True)

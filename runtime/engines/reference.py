@@ -318,6 +318,7 @@ class ReferenceEngine:
         self._prefilling: list[_Request] = []  # admitted, prompt partly prefilled: in admission order
         self._by_id: dict[str, _Request] = {}
         self._reserved = 0
+        self._steps = 0  # steps completed (EngineLoad.steps)
         self._seq_ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -369,6 +370,7 @@ class ReferenceEngine:
                 kv_cache_used=self._reserved / self.kv_budget_tokens,
                 prefix_cache_queries=cache.queries if cache is not None else 0,
                 prefix_cache_hits=cache.hits if cache is not None else 0,
+                steps=self._steps,
             )
 
     # --- requests ----------------------------------------------------------------------------
@@ -639,6 +641,7 @@ class ReferenceEngine:
             last_traffic = time.monotonic()
             with self._lock:
                 self._after_step(chunks, decoding, result, free)
+                self._steps += 1  # a step whose chunks end no prompt yields no token, and is progress all the same
 
     def _apply_cancels(self, free: list[int]) -> None:
         """Cancelled requests end: a queued one leaves the queue, a running one frees its sequences."""

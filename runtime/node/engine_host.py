@@ -119,6 +119,13 @@ def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     )
 
 
+def load_event(engine: Any) -> Load:
+    """The engine's health and load as the supervisor gets it every LOAD_EVERY_S (with the steps it
+    completed, where it counts them: EngineLoad.steps)."""
+    h = engine.health()
+    return Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load()))
+
+
 def progress_event(p: LoadProgress) -> Progress:
     return Progress(phase=p.phase.value, done_bytes=p.done_bytes, total_bytes=p.total_bytes, phase_s=p.phase_s)
 
@@ -231,8 +238,7 @@ class _Leader:
 
     async def _report_load(self) -> None:
         while not self.stop.is_set():
-            h = self.engine.health()
-            self.out.send(Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(self.engine.load())))
+            self.out.send(load_event(self.engine))
             await asyncio.sleep(LOAD_EVERY_S)
 
     async def _serve(self, reader: asyncio.StreamReader) -> None:

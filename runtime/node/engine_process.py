@@ -49,9 +49,9 @@ STEP_WINDOW_S = 60.0
 
 
 class StepTimes:
-    """The longest wait between two of the engine's tokens while it held work (a decode step, or a
-    step that also prefilled new prompts), over the last window_s to 2 x window_s seconds: two
-    buckets, so a long step is forgotten a window or two after the last one like it."""
+    """The engine's longest step while it held work (the wait between two of its tokens, or until a
+    step that yielded none completed: EngineProcess._progress), over the last window_s to 2 x window_s
+    seconds: two buckets, so a long step is forgotten a window or two after the last one like it."""
 
     __slots__ = ("_window", "_start", "_current", "_previous")
 
@@ -100,8 +100,10 @@ class EngineProcess:
         self.progress: Progress | None = None
         self.progress_at = 0.0
         self.last_report = time.monotonic()  # when the engine process last said anything
-        # When the engine last made progress: a token, or work arriving at an idle engine.
+        # When the engine last made progress: a token, a completed step that yielded none (a chunk of a
+        # long prompt's prefill: _loaded), or work arriving at an idle engine.
         self.last_progress = time.monotonic()
+        self._load_at = 0.0  # when the last load report came (_loaded)
         self.steps = StepTimes()  # its healthy pace: what the stall bound derives from
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
@@ -141,11 +143,7 @@ class EngineProcess:
                 if isinstance(ev, (Token, Accepted, Done, Error)):
                     self._relay(ev)
                 elif isinstance(ev, Load):
-                    if self.load.state is not EngineState.BROKEN:
-                        # Broken is for good: a request that found the engine broken may arrive a
-                        # moment before the engine's own load report says so, and a "ready" report
-                        # sent in that moment must not make the unit routable again.
-                        self.load = ev
+                    self._loaded(ev)
                 elif isinstance(ev, Progress):
                     self.progress, self.progress_at = ev, self.last_report
                 elif isinstance(ev, Ready):
@@ -175,12 +173,32 @@ class EngineProcess:
             self._streams.clear()
             self.exited.set()
 
+    def _loaded(self, ev: Load) -> None:
+        """The engine's load report (every engine_host.LOAD_EVERY_S). One whose step count rose while
+        the engine held work, with no token since the report before it, tells of a step that yielded no
+        token: a chunk of a long prompt's prefill on an engine with nothing else to decode (the
+        reference engine's chunked prefill, ReferenceEngine._plan_prefills). That is progress, not a
+        hang, and the wait for it one step's time, known to within a report's interval. Where a token
+        came since the report before, the tokens already told of the step, and to the millisecond."""
+        if self.load.state is EngineState.BROKEN:
+            # Broken is for good: a request that found the engine broken may arrive a moment before
+            # the engine's own load report says so, and a "ready" report sent in that moment must not
+            # make the unit routable again.
+            return
+        if ev.steps > self.load.steps and self.last_progress < self._load_at and (ev.running > 0 or self._streams):
+            self._progress()
+        self.load, self._load_at = ev, self.last_report
+
+    def _progress(self) -> None:
+        """The engine made progress as its last report came: the wait since the last progress (a
+        token, a step, or work reaching an idle engine; the idle time before that never) is one step's."""
+        self.steps.note(self.last_report - self.last_progress, self.last_report)
+        self.last_progress = self.last_report
+
     def _relay(self, ev: RequestEvent) -> None:
         """A request's event to its stream (a canary's few events are dropped with its stream)."""
         if isinstance(ev, Token):
-            # The wait since the last token (or since work reached an idle engine): one step's time.
-            self.steps.note(self.last_report - self.last_progress, self.last_report)
-            self.last_progress = self.last_report
+            self._progress()
         elif isinstance(ev, Error) and ev.kind == "broken":
             # Mark the unit unready before the client hears of the failure.
             self.load = Load(state=EngineState.BROKEN, detail=ev.message)
@@ -204,25 +222,25 @@ class EngineProcess:
         }
 
     def step_s(self) -> float:
-        """The longest wait between two tokens while the engine held work, lately (StepTimes)."""
+        """The engine's longest step while it held work, lately (StepTimes)."""
         return self.steps.longest(time.monotonic())
 
     def stall_after(self, floor_s: float, ceiling_s: float = math.inf) -> float:
-        """Seconds without a token after which the engine counts as stalled: derived from its own
+        """Seconds without progress after which the engine counts as stalled: derived from its own
         longest recent step (contract.ready.stall_bound), so a busy engine's long steps are not taken
         for a hang, within floor_s..ceiling_s."""
         return stall_bound(floor_s, self.step_s(), ceiling_s)
 
     def stalled(self, floor_s: float, ceiling_s: float = math.inf) -> bool:
         """The engine holds requests (running, or submitted and not yet at their first token: a
-        canary on an idle unit, or work sent to an engine that hung while idle) but produced no token
-        for longer than stall_after() (a gray failure: its process answers, its steps do not
-        complete: a stopped member, a stuck collective, a hung engine)."""
-        return self.held_without_token_s() > self.stall_after(floor_s, ceiling_s)
+        canary on an idle unit, or work sent to an engine that hung while idle) but made no progress
+        (no token, no completed step) for longer than stall_after() (a gray failure: its process
+        answers, its steps do not complete: a stopped member, a stuck collective, a hung engine)."""
+        return self.held_without_progress_s() > self.stall_after(floor_s, ceiling_s)
 
-    def held_without_token_s(self) -> float:
+    def held_without_progress_s(self) -> float:
         """Seconds the engine has held requests (running, or submitted and not yet at their first
-        token) without producing a token; 0 while it holds none."""
+        token) without producing a token or completing a step; 0 while it holds none."""
         if self.load.running > 0 or self._streams:
             return time.monotonic() - self.last_progress
         return 0.0

@@ -107,6 +107,7 @@ class Load:
     kv_cache_used: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    steps: int = 0  # completed since the engine started; 0: not counted (EngineLoad.steps)
 
     def __post_init__(self) -> None:
         self.state = EngineState(self.state)

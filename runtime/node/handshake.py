@@ -55,10 +55,11 @@ class Load(Wire):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_hit_rate: float = 0.0
-    # Leader: the longest wait in seconds between two of its engine's tokens while it held work, over
-    # the last minute or two (contract.ready.stall_bound): how long a healthy stream of this unit may
-    # go without a token. Routers and the leader itself count silence as a hang only past a bound
-    # derived from it. 0.0 before any step and on followers.
+    # Leader: its engine's longest step in seconds while it held work (the wait between two of its
+    # tokens, or for a step that yielded none: EngineProcess._loaded), over the last minute or two
+    # (contract.ready.stall_bound): how long a healthy stream of this unit may go without a token.
+    # Routers and the leader itself count silence as a hang only past a bound derived from it. 0.0
+    # before any step and on followers.
     step_s: float = 0.0
 
 

@@ -500,7 +500,7 @@ class NodeSettings(_Settings):
         "--engine-stall",
         "FLOTILLA_ENGINE_STALL_S",
         "seconds after which a ready engine process counts as wedged and the unit re-forms: silent (no report at "
-        "all), or holding requests without producing a token",
+        "all), or holding requests without progress (no token, no completed step)",
         ge=0.5,
         allow_inf_nan=False,
     )
@@ -508,9 +508,10 @@ class NodeSettings(_Settings):
         3.0,
         "--progress-stall",
         "FLOTILLA_PROGRESS_STALL_S",
-        "seconds the leader's engine may hold running sequences without producing a token (a stopped member, "
-        "a stuck collective) before the unit reports not ready, when its steps are short; a busy engine may go "
-        "twice its longest recent step plus 1 s (the stall bound, docs/node.md); ready again once tokens flow",
+        "seconds the leader's engine may hold running sequences without progress, no token and no completed step "
+        "(a stopped member, a stuck collective), before the unit reports not ready, when its steps are short; a "
+        "busy engine may go twice its longest recent step plus 1 s (the stall bound, docs/node.md); ready again "
+        "once its steps complete",
         ge=0.1,
         allow_inf_nan=False,
     )

@@ -124,11 +124,11 @@ class UnitSupervisor:
         return self.engine.ready.is_set() if self.is_leader else self.leader_ready
 
     def stalled(self) -> bool:
-        """The leader's engine holds running sequences but made no progress past its stall bound,
-        progress_stall_s or more on an engine whose recent steps were long (contract.ready.stall_bound;
-        a stopped member, a stuck collective). The ready body then says not ready, so routers stop
-        sending work here and its streams move (docs/node.md); the leader itself still admits: a
-        busy machine's slow step must not turn into refusals."""
+        """The leader's engine holds running sequences but made no progress (no token, no completed
+        step) past its stall bound, progress_stall_s or more on an engine whose recent steps were long
+        (contract.ready.stall_bound; a stopped member, a stuck collective). The ready body then says
+        not ready, so routers stop sending work here and its streams move (docs/node.md); the leader
+        itself still admits: a busy machine's slow step must not turn into refusals."""
         return (
             self.is_leader
             and self.engine is not None
@@ -495,12 +495,13 @@ class UnitSupervisor:
                 stalled = time.monotonic() - self.engine.last_report
                 if stalled > self.s.engine_stall_s:
                     raise FormationEnded(f"engine process silent for {stalled:.0f}s (wedged)")
-                # It reports, but holds work and makes no token: out of routing since the progress
-                # stall bound (stalled()); this long, it will not come back by itself (a collective
-                # stuck without a timeout, a request the engine lost), so the unit re-forms.
-                hung = self.engine.held_without_token_s()
+                # It reports, but holds work and makes no progress (no token, no completed step): out
+                # of routing since the progress stall bound (stalled()); this long, it will not come
+                # back by itself (a collective stuck without a timeout, a request the engine lost), so
+                # the unit re-forms.
+                hung = self.engine.held_without_progress_s()
                 if hung > self.s.engine_stall_s:
-                    raise FormationEnded(f"engine held requests without a token for {hung:.0f}s (hung)")
+                    raise FormationEnded(f"engine held requests without progress for {hung:.0f}s (hung)")
                 self._set_state(UnitState.READY, formation=formation)
                 self.engine.canary(self.s.canary_idle_s)  # an idle unit's engine is still asked now and then
             elif time.monotonic() - started > self.s.form_timeout_s:

@@ -112,7 +112,7 @@ def test_an_engine_that_reports_but_holds_a_request_without_a_token_is_hung_and_
         assert len(sup._restarts) == 1
         events = [ev async for ev in engine.events(held)]
         assert events[-1].kind == "broken", events  # ended, not left waiting for a token
-        assert engine.held_without_token_s() == 0.0  # the old engine holds nothing any more
+        assert engine.held_without_progress_s() == 0.0  # the old engine holds nothing any more
         sup.begin_drain()
         assert await asyncio.wait_for(run, 30) == 0
 

@@ -483,7 +483,8 @@ class NodeSettings(_Settings):
         "--max-prefill-tokens",
         "FLOTILLA_MAX_PREFILL_TOKENS",
         "engine=reference: prompt tokens prefilled per step; a longer prompt is prefilled in chunks over several "
-        "steps, each with a decode step of the running batch (bounds how long running answers wait for a token)",
+        "steps, each also decoding the running batch (bounds how long running answers wait for a token; on a one-rank "
+        "or tensor/tensor unit chunk and decode share one pass, so a small budget costs little: docs/engine.md)",
         ge=1,
         le=1_048_576,
     )

@@ -351,18 +351,14 @@ class ShardExecutor:
         for block_id in cmd.drop:
             self.blocks.pop(block_id, None)
         result = StepResult()
-        if cmd.prefill and cmd.decode and self._fuses():
-            result.prefill_logits, result.decode_logits = self._prefill_and_decode(cmd)
-            self._store_blocks(cmd.store)
-            for src, dst in cmd.fork:
-                kv = self.kv[src]
-                self.kv[dst] = kv.copy_into(self._new_kv(self.plan.decode, kv.capacity))
-            return result
+        one_pass = bool(cmd.prefill and cmd.decode) and self._fuses()
         if cmd.prefill:
             # One rank has no stages to overlap: its prompts go through the layers as one batch (the
             # "tensor" path over the whole layer), 16 chat prompts in one pass instead of 16 passes
             # of a few dozen rows each (about half the time, measured: docs/benchmarks.md).
-            if self.plan.prefill == "pipeline" and self.world_size > 1:
+            if one_pass:  # with the decode tokens, which then need no pass of their own
+                result.prefill_logits, result.decode_logits = self._prefill_and_decode(cmd)
+            elif self.plan.prefill == "pipeline" and self.world_size > 1:
                 result.prefill_logits = self._prefill_pipeline(cmd)
             else:
                 result.prefill_logits = self._prefill_tensor(cmd)
@@ -374,7 +370,7 @@ class ShardExecutor:
         for src, dst in cmd.fork:
             kv = self.kv[src]
             self.kv[dst] = kv.copy_into(self._new_kv(self.plan.decode, kv.capacity))
-        if cmd.decode:
+        if cmd.decode and not one_pass:
             if self.plan.decode == "pipeline":
                 result.decode_logits = self._decode_pipeline(cmd)
             else:

@@ -78,7 +78,10 @@ class Params:
     # Which unit took each key's last request, as routers learn it (balance.KeyHolders): "reported" (its
     # own sends, and units' watch lines report every router's), "own" (its own sends only), "none".
     holders: str = "reported"
-    report_uncached: bool = False  # units report prefill tokens net of their cache (else whole prompts)
+    # Units report prefill tokens net of what their cache holds at arrival, and routers count their own
+    # sends net of what they expected the unit to hold, as runtime/node and runtime/router do (else
+    # whole prompts, as they did before).
+    report_uncached: bool = True
     limit: int = 0  # replay only the first `limit` requests of each copy (0: all); for quick runs
     seed: int = 1
 
@@ -232,9 +235,11 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
     def note(u: _Unit) -> None:
         u.history.set(env.now, (u.held, u.running, u.prefill_queue))
 
-    def pick(q: Request) -> int:
+    def pick(q: Request) -> tuple[int, int]:
+        """The unit chosen for q, and the tokens of q the router expects it to hold."""
         r = q.router
         vs = views[r]
+        expected = 0
         if policy == "p4c":
             chosen = balance.sample_choices(vs, usable_for(r), rng)
         elif policy == "least_work":
@@ -278,6 +283,10 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                 slack=p.slack,
                 choices=p.choices,
             )
+            if chosen is not None and p.report_uncached:
+                preferred = held_by if held_by is not None else next(rings[r].walk(key)).index
+                if chosen.index == preferred:
+                    expected = min(q.tokens, shared * BLOCK_TOKENS)
             if chosen is not None:
                 if p.holders != "none":
                     holders[r].note(key, chosen.index)  # its own send, known at once
@@ -291,9 +300,9 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                 score = (u.prefill_work + uncached / p.prefill_tps + wait_slot * slot_wait_s, rng.random())
                 if score < best_key:
                     best, best_key = i, score
-            return best
+            return best, 0
         assert chosen is not None
-        return chosen.index
+        return chosen.index, expected
 
     def serve(q: Request, r: int, ui: int):
         u = units[ui]
@@ -339,10 +348,10 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
     def source():
         for q in requests:
             yield env.timeout(q.at - env.now)
-            ui = pick(q)
+            ui, expected = pick(q)
             v = views[q.router][ui]
             v.outstanding += 1
-            v.sent_tokens += q.tokens
+            v.sent_tokens += q.tokens - expected
             sent[q.router][ui].set(env.now, (v.outstanding, v.sent_tokens))
             env.process(serve(q, q.router, ui))
 
@@ -388,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         default=d.holders,
         help="how routers learn which unit took each key's last request",
     )
-    ap.add_argument("--report-uncached", action="store_true", help="units report prefill net of their cache")
+    ap.add_argument(
+        "--report-whole",
+        action="store_true",
+        help="units report, and routers count, whole prompts rather than net of the cache (the former code)",
+    )
     ap.add_argument("--limit", type=int, default=0, help="first N requests of each copy only (quick runs)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=d.seed)
@@ -419,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 choices=args.choices,
                 holders=args.holders,
                 limit=args.limit,
-                report_uncached=args.report_uncached,
+                report_uncached=not args.report_whole,
                 seed=args.seed,
             )
             started = time.monotonic()

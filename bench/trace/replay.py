@@ -250,6 +250,27 @@ def missed_hits(requests: list[Scaled], recs: list[dict], block_tokens: int) -> 
     return out
 
 
+def write_records(path: Path, requests: list[Scaled], recs: list[dict]) -> None:
+    """One line per request, in the trace's order: what it was (its conversation, its turn, its prompt
+    tokens, the blocks it shares with its conversation's previous request) and how it went (unit,
+    status, TTFT, TPOT, cached tokens): what a late or missed request is traced back with."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    last: dict[str, Scaled] = {}
+    turns: dict[str, int] = {}
+    with path.open("w") as f:
+        for q, r in zip(requests, recs):
+            prev = last.get(q.session)
+            shared = 0
+            for x, y in zip(q.blocks, prev.blocks if prev else ()):
+                if x != y:
+                    break
+                shared += 1
+            turns[q.session] = turns.get(q.session, 0) + 1
+            last[q.session] = q
+            line = {"at_s": round(q.at, 3), "session": q.session, "turn": turns[q.session], "shared_blocks": shared}
+            f.write(json.dumps(line | r) + "\n")
+
+
 def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> dict:
     ok = [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
     ttfts = sorted(r["ttft_s"] for r in ok)
@@ -338,7 +359,7 @@ def _start_local(policy: str, a: argparse.Namespace) -> tuple[subprocess.Popen, 
     raise AssertionError("unreachable")
 
 
-def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace) -> dict:
+def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace, rate: float = 0.0) -> dict:
     proc, url = _start_local(policy, a)
     try:
 
@@ -352,6 +373,8 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace) -> di
         recs = asyncio.run(replay())
     finally:
         _stop(proc)
+    if a.records:
+        write_records(Path(a.records) / f"{policy}-{rate:g}.jsonl", requests, recs)
     return summarize(recs, a.ttft_target, a.tpot_target) | {"missed": missed_hits(requests, recs, a.block_tokens)}
 
 
@@ -389,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-timeout", type=float, default=600.0)
     ap.add_argument("--state-dir", default=str(REPO / ".flotilla" / "bench-trace"))
     ap.add_argument("--label", default="")
+    ap.add_argument("--records", default="", help="a directory: each run's requests, one JSON line each")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_replay.json"))
     a = ap.parse_args(argv)
     try:
@@ -451,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         print(scaling_line(scaling), flush=True)
         results = {}
         for policy in policies:
-            r = run_policy(policy, requests, a)
+            r = run_policy(policy, requests, a, rate)
             # The oracle's figure and the policy's are over the same requests: the same prompts sent
             # (digest), the same token total, and the engine counted each prompt as sent.
             r["requests_digest"] = requests_digest(requests)
@@ -464,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_before": load_before,
                 "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else [],
                 "scaling": scaling,
-                "args": {k: v for k, v in vars(a).items() if k not in ("out",)},
+                "args": {k: v for k, v in vars(a).items() if k not in ("out", "records")},
                 "results": results,
             }
         )

@@ -94,6 +94,11 @@ class GenerationRequest:
     # the engine's counters (prefix-cache queries and hits).
     canary: bool = False
 
+    @property
+    def prefill_ids(self) -> tuple[int, ...]:
+        """What the first step prefills: the prompt, and a continuation's tokens after it."""
+        return self.prompt_token_ids + self.generated if self.generated else self.prompt_token_ids
+
 
 @dataclass(frozen=True)
 class TokenLogprob:

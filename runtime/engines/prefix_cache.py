@@ -94,9 +94,9 @@ class PrefixCache:
     def holds(self, block_id: int) -> bool:
         return block_id in self._by_id
 
-    def match(self, keys: Sequence[bytes], n_tokens: int) -> list[int]:
-        """Block ids of the longest stored prefix, pinned. At least one prompt token is always
-        left to compute, for the logits of the first output token (vLLM: max_cache_hit_length =
+    def _longest(self, keys: Sequence[bytes], n_tokens: int) -> list[int]:
+        """Block ids of the longest stored prefix. At least one prompt token is always left to
+        compute, for the logits of the first output token (vLLM: max_cache_hit_length =
         num_tokens - 1 in KVCacheManager.get_computed_blocks)."""
         limit = (n_tokens - 1) // self.block_tokens
         hit = []
@@ -105,8 +105,19 @@ class PrefixCache:
             if b is None or not b.ready:
                 break
             hit.append(b.block_id)
+        return hit
+
+    def match(self, keys: Sequence[bytes], n_tokens: int) -> list[int]:
+        """Block ids of the longest stored prefix, pinned."""
+        hit = self._longest(keys, n_tokens)
         self._pin(hit)
         return hit
+
+    def held(self, keys: Sequence[bytes], n_tokens: int) -> int:
+        """Tokens a prompt would take from the cache if admitted now: match without pinning, counted
+        nowhere. Only single-key dict reads, so another thread may ask while the scheduler changes
+        the cache (an answer a step stale is still an estimate)."""
+        return len(self._longest(keys, n_tokens)) * self.block_tokens
 
     def count(self, n_tokens: int, hit_blocks: int) -> None:
         """An admitted prompt's query and hit, as vLLM counts them: every prompt token is queried."""

@@ -211,9 +211,7 @@ class _Request:
 
     @property
     def prefill_ids(self) -> tuple[int, ...]:
-        """What the first step prefills: the prompt, and a continuation's tokens after it."""
-        r = self.request
-        return r.prompt_token_ids + r.generated if r.generated else r.prompt_token_ids
+        return self.request.prefill_ids
 
     @property
     def need(self) -> int:  # KV tokens the request reserves while it runs: all its choices
@@ -519,6 +517,16 @@ class ReferenceEngine:
         finally:
             if not finished:  # the consumer went away (client disconnect): free the slot
                 self.cancel(request.request_id)
+
+    def cached_tokens(self, request: GenerationRequest) -> int:
+        """Tokens of the request's first prefill that the prefix cache holds now: what its admission
+        would take from the cache if nothing were evicted or stored before it. The leader counts the
+        rest as the prefill it has ahead (`prefill_tokens` of the ready body)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return 0
+        ids = request.prefill_ids
+        return cache.held(block_hashes(ids, cache.block_tokens), len(ids))
 
     def cancel(self, request_id: str) -> None:
         with self._lock:

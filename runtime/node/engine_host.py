@@ -437,10 +437,12 @@ class _Leader:
                 replayed = text(request.generated)
             if request.resumed_choices:
                 choices = [[i, text(tokens)] for i, tokens in request.resumed_choices if tokens]
+        held = getattr(self.engine, "cached_tokens", None)  # the reference engine's prefix cache
         self.out.send(
             Accepted(
                 id=cmd.id,
                 prompt_tokens=len(request.prompt_token_ids),
+                cached_tokens=held(request) if held is not None else 0,
                 replayed_text=replayed,
                 replayed_choices=choices,
             )

@@ -126,6 +126,10 @@ class Accepted:
     op: ClassVar[str] = "accepted"
     id: str
     prompt_tokens: int
+    # Of those, the tokens the engine's prefix cache held at acceptance (0: none, or an engine that
+    # cannot tell): the leader counts the rest as prefill ahead, an estimate (a block may be evicted,
+    # or stored by an earlier prompt, before the request is admitted).
+    cached_tokens: int = 0
     replayed_text: str | None = None  # tool_choice auto, continued: the continued tokens' text
     # tool_choice auto, n > 1 continued: [index, text] of each continued choice's tokens
     replayed_choices: list[list[Any]] | None = None

@@ -96,7 +96,8 @@ def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
 
 class _Prefilling:
     """One request's prompt in the unit's outstanding prefill (`load.prefill_tokens` of the ready body)
-    from its acceptance until its first token, or its end if none comes, counted exactly once."""
+    from its acceptance until its first token, or its end if none comes, counted exactly once: the
+    tokens the engine's prefix cache did not hold at acceptance."""
 
     __slots__ = ("_sup", "_tokens")
 
@@ -262,7 +263,7 @@ class LeaderApi:
             move.replayed.update((int(i), str(t)) for i, t in first.replayed_choices or ())
             rec["prompt_tokens"] = prompt_tokens
             self.m.prompt_tokens.inc(prompt_tokens)
-            prefill = _Prefilling(self.sup, prompt_tokens)
+            prefill = _Prefilling(self.sup, prompt_tokens - min(prompt_tokens, first.cached_tokens))
             route_key = _decimal_u64(request.headers.get(contract.ROUTE_KEY_HEADER, ""))
             if route_key is not None:
                 self.sup.note_route_key(

@@ -123,12 +123,15 @@ BOUND_EPS = 1.0
 # Units tried along the ring before falling back to sampled least work.
 WALK = 1
 # How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
-# prompts of the request: placing a conversation's turn on its preferred unit is what lets its next turn
-# hit the cache there, a gain the estimate of this request alone does not see; and a holder's queue is
-# mostly resent turns, counted whole (its report, this router's sends) though most of each is cached.
-# The fleet model finds 0.25 to 1 within 1 % of each other; the replay on real engines found 1 keeping
-# 85-96 % of the oracle's hits at 1.6-2.0 req/s where 0.25 kept 67-83 % (docs/benchmarks.md, Routing by cache).
-AFFINITY_SLACK = 1.0
+# prompts of the request. A conversation's next turn follows whichever unit took this one, so the only
+# gain of the preferred unit is this turn's cached part, which the estimate already counts; units and
+# routers count queued prompts net of the cache each unit holds of them, so a holder's queue is not
+# overstated either. A larger slack keeps turns on a busy holder longer: with one prompt, a first turn
+# waited behind another prompt on its ring unit while a unit stood idle, and missed its TTFT target on
+# a slow host. The fleet model finds 0 to 1 within 2 % of each other; on real engines a quarter kept
+# 83-85 % of the oracle's hits and answered more requests within the targets than today's policy at
+# every rate tried (docs/benchmarks.md, Routing by cache).
+AFFINITY_SLACK = 0.25
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by
 # request count suffers (measured: docs/benchmarks.md, Routing by cache).
@@ -145,8 +148,10 @@ class WorkView(LoadView, Protocol):
     """What a router knows of one unit's work: the last report plus its own sends since."""
 
     max_running: int  # reported: batch slots (0: not said)
-    prefill_tokens: int  # reported: prompt tokens accepted and not yet at their first token; -1: not said
-    sent_tokens: int  # this router's estimated prompt tokens sent to the unit, ever
+    # reported: prompt tokens accepted and not yet at their first token, less what the unit's cache held
+    # of each at acceptance; -1: not said
+    prefill_tokens: int
+    sent_tokens: int  # this router's estimated prompt tokens sent to the unit, ever, less those it expected cached
     sent_tokens_at_report: int  # the same when the last report was taken
 
 

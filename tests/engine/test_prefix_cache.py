@@ -230,6 +230,35 @@ def test_greedy_outputs_with_the_cache_equal_outputs_without_it_and_cached_token
     assert (plain_load.prefix_cache_queries, plain_load.prefix_cache_hits) == (0, 0)
 
 
+def test_what_the_engine_says_it_holds_of_a_prompt_before_admission_is_what_admission_takes_and_pins_nothing():
+    """The leader counts a prompt's prefill ahead net of the engine's answer at acceptance
+    (ReferenceEngine.cached_tokens): for each turn of a conversation served one after another it is
+    the hit the turn then gets, worked out from the prompts alone; asking pins no block and counts
+    no query."""
+    turns = _conversation()
+
+    async def go():
+        engine = ReferenceEngine(SOLO, model="tiny", prefix_caching=True)
+        await engine.start()
+        told, got = [], []
+        for i, p in enumerate(turns):
+            req = GenerationRequest(request_id=f"t{i}", prompt_token_ids=tuple(p))
+            cache = engine.prefix_cache
+            assert cache is not None
+            before = (cache.queries, sorted(cache.refs(b) for b in cache.block_ids()))
+            told.append(engine.cached_tokens(req))
+            assert (cache.queries, sorted(cache.refs(b) for b in cache.block_ids())) == before
+            got.append((await _ask(engine, f"t{i}", p))[1])
+        await engine.shutdown()
+        return told, got
+
+    told, got = run(go())
+    want = [_expected_cached(turns[:i], p) for i, p in enumerate(turns)]
+    assert told == got == want
+    plain = ReferenceEngine(SOLO, model="tiny", prefix_caching=False)
+    assert plain.cached_tokens(GenerationRequest(request_id="x", prompt_token_ids=tuple(turns[1]))) == 0
+
+
 def test_prompts_admitted_in_one_step_share_blocks_stored_before_it_and_match_alone():
     """A burst of prompts with one system prompt, the cache warmed by one of them: each copies the
     same blocks in (one block read by several sequences of one step), and gets the tokens it gets

@@ -212,11 +212,11 @@ def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outwei
         ring, units, _always, random.Random(1), key=req.key, tokens=1000, cached=900, mean_load=0.0
     )
     # The preferred unit wins while 100 new tokens behind its queue take no longer than 1,000 behind
-    # nothing plus the slack (docs/routing.md: 1,000 + 1.0 x 1,000 = 2,000, so a queue of 1,900).
-    assert balance.AFFINITY_SLACK == 1.0
-    preferred.prefill_tokens = 1900
+    # nothing plus the slack (docs/routing.md: 1,000 + 0.25 x 1,000 = 1,250, so a queue of 1,150).
+    assert balance.AFFINITY_SLACK == 0.25
+    preferred.prefill_tokens = 1150
     assert pick() is preferred
-    preferred.prefill_tokens = 2000  # 2,100 > 2,000: the work wins
+    preferred.prefill_tokens = 1151  # 1,251 > 1,250: the work wins
     assert pick() is not preferred
 
 
@@ -393,20 +393,26 @@ def test_a_saturated_or_already_tried_preferred_unit_is_skipped():
 def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_whole_would_move_it():
     """A session's second turn of token ids resends its first (200 ids) and adds 200. Its unit has 250
     prompt tokens waiting; the other is idle. Counted whole, the turn looks cheaper on the idle unit
-    (500 + 400 against 400 + one prompt of slack, 400); with the first turn's 200 tokens taken as cached
-    it stays (500 + 200 <= 800). A prompt that does not resend the first goes by work."""
+    (250 + 400 against 400 + a quarter prompt of slack, 100); with the first turn's 200 tokens taken as
+    cached it stays (250 + 200 <= 500). A prompt that does not resend the first goes by work."""
     fleet = _fleet(2)
     first_ids = list(range(1000, 1200))
     first = balance.request_key(json.dumps({"prompt": first_ids}).encode(), "conv-7")
     unit = _pick_served(fleet, first)
     assert unit is not None
-    assert fleet.on_watch_line(unit, b'{"load":{"prefill_tokens":500,"in_flight":1}}')
+    assert fleet.on_watch_line(unit, b'{"load":{"prefill_tokens":250,"in_flight":1}}')
     fleet._index.mean_at = -1e9  # the fleet's mean load is recomputed at most every 50 ms: that long passed
     second = balance.request_key(json.dumps({"prompt": first_ids + list(range(5000, 5200))}).encode(), "conv-7")
     assert second.cached == 0  # nothing in the request itself says what is cached
+    before = balance.estimated_prefill(unit)
     assert fleet.pick((), second).unit is unit
+    # Until the unit's next report the router counts what it sent there as the unit will: the prefill
+    # it adds is the 200 new tokens, not the whole 400 (the unit counts net of its cache).
+    assert balance.estimated_prefill(unit) - before == 200
     other = balance.request_key(json.dumps({"prompt": list(range(7000, 7400))}).encode(), "conv-7")
-    assert fleet.pick((), other).unit is not unit
+    elsewhere = fleet.pick((), other).unit
+    assert elsewhere is not None and elsewhere is not unit
+    assert balance.estimated_prefill(elsewhere) == other.tokens  # nothing expected cached there: whole
 
 
 def test_another_router_credits_a_completion_prompts_next_turn_once_the_unit_reports_the_prompt():
@@ -422,7 +428,7 @@ def test_another_router_credits_a_completion_prompts_next_turn_once_the_unit_rep
     assert b.prompts.cached(second.key, second.prompt) == 0  # b sent nothing of this conversation
     length, tail = balance.KeyPrompts.summary(first.prompt)
     held = next(u for u in b.members.values() if u.url == unit.url)
-    line = b'{"load":{"prefill_tokens":500,"in_flight":1},"keys":[%d],"prompts":[[%d,%d,200,%d]]}' % (
+    line = b'{"load":{"prefill_tokens":250,"in_flight":1},"keys":[%d],"prompts":[[%d,%d,200,%d]]}' % (
         first.key,
         first.key,
         length,

@@ -185,7 +185,7 @@ class EngineProcess:
             # the engine's own load report says so, and a "ready" report sent in that moment must not
             # make the unit routable again.
             return
-        if ev.steps > self.load.steps and self.last_progress < self._load_at and (ev.running > 0 or self._streams):
+        if ev.steps > self.load.steps and self.last_progress < self._load_at and self._holds_work(ev.running):
             self._progress()
         self.load, self._load_at = ev, self.last_report
 
@@ -241,9 +241,13 @@ class EngineProcess:
     def held_without_progress_s(self) -> float:
         """Seconds the engine has held requests (running, or submitted and not yet at their first
         token) without producing a token or completing a step; 0 while it holds none."""
-        if self.load.running > 0 or self._streams:
+        if self._holds_work(self.load.running):
             return time.monotonic() - self.last_progress
         return 0.0
+
+    def _holds_work(self, running: int) -> bool:
+        """Whether the engine holds requests: `running` in its batch, or streams not yet ended."""
+        return running > 0 or bool(self._streams)
 
     def canary(self, idle_s: float) -> bool:
         """After `idle_s` without a request or a token, send the engine a one-token request so an

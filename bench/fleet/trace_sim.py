@@ -78,9 +78,8 @@ class Params:
     # Which unit took each key's last request, as routers learn it (balance.KeyHolders): "reported" (its
     # own sends, and units' watch lines report every router's), "own" (its own sends only), "none".
     holders: str = "reported"
-    # Units report prefill tokens net of what their cache holds at arrival, and routers count their own
-    # sends net of what they expected the unit to hold, as runtime/node and runtime/router do (else
-    # whole prompts, as they did before).
+    # Units report prefill tokens net of what their cache holds at arrival, as runtime/node does (else
+    # whole prompts, as it did before); routers count their own sends whole, as runtime/router does.
     report_uncached: bool = True
     limit: int = 0  # replay only the first `limit` requests of each copy (0: all); for quick runs
     seed: int = 1
@@ -235,11 +234,9 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
     def note(u: _Unit) -> None:
         u.history.set(env.now, (u.held, u.running, u.prefill_queue))
 
-    def pick(q: Request) -> tuple[int, int]:
-        """The unit chosen for q, and the tokens of q the router expects it to hold."""
+    def pick(q: Request) -> int:
         r = q.router
         vs = views[r]
-        expected = 0
         if policy == "p4c":
             chosen = balance.sample_choices(vs, usable_for(r), rng)
         elif policy == "least_work":
@@ -283,10 +280,6 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                 slack=p.slack,
                 choices=p.choices,
             )
-            if chosen is not None and p.report_uncached:
-                preferred = held_by if held_by is not None else next(rings[r].walk(key)).index
-                if chosen.index == preferred:
-                    expected = min(q.tokens, shared * BLOCK_TOKENS)
             if chosen is not None:
                 if p.holders != "none":
                     holders[r].note(key, chosen.index)  # its own send, known at once
@@ -300,9 +293,9 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                 score = (u.prefill_work + uncached / p.prefill_tps + wait_slot * slot_wait_s, rng.random())
                 if score < best_key:
                     best, best_key = i, score
-            return best, 0
+            return best
         assert chosen is not None
-        return chosen.index, expected
+        return chosen.index
 
     def serve(q: Request, r: int, ui: int):
         u = units[ui]
@@ -348,10 +341,10 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
     def source():
         for q in requests:
             yield env.timeout(q.at - env.now)
-            ui, expected = pick(q)
+            ui = pick(q)
             v = views[q.router][ui]
             v.outstanding += 1
-            v.sent_tokens += q.tokens - expected
+            v.sent_tokens += q.tokens
             sent[q.router][ui].set(env.now, (v.outstanding, v.sent_tokens))
             env.process(serve(q, q.router, ui))
 
@@ -400,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--report-whole",
         action="store_true",
-        help="units report, and routers count, whole prompts rather than net of the cache (the former code)",
+        help="units report whole prompts rather than net of their cache (the former code)",
     )
     ap.add_argument("--limit", type=int, default=0, help="first N requests of each copy only (quick runs)")
     ap.add_argument("--policies", default=",".join(POLICIES))

@@ -124,13 +124,14 @@ BOUND_EPS = 1.0
 WALK = 1
 # How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
 # prompts of the request. A conversation's next turn follows whichever unit took this one, so the only
-# gain of the preferred unit is this turn's cached part, which the estimate already counts; units and
-# routers count queued prompts net of the cache each unit holds of them, so a holder's queue is not
-# overstated either. A larger slack keeps turns on a busy holder longer: with one prompt, a first turn
-# waited behind another prompt on its ring unit while a unit stood idle, and missed its TTFT target on
-# a slow host. The fleet model finds 0 to 1 within 2 % of each other; on real engines (an AMD EPYC host,
-# 0.4 and 1.0 req/s, two runs each) a quarter kept 83-85 % of the oracle's hits and answered more
-# requests within the targets than today's policy (docs/benchmarks.md, Routing by cache).
+# gain of the preferred unit is this turn's cached part, which the estimate already counts; units report
+# their queued prompts net of what their cache holds of each, so a holder's queue is not overstated
+# either (beyond a router's own sends of the last 50 ms, counted whole). A larger slack keeps turns on a
+# busy holder longer: with one prompt, a first turn waited behind another prompt on its ring unit while
+# a unit stood idle, and missed its TTFT target on a slow host. The fleet model finds 0 to 1 within 2 %
+# of each other; on real engines (an AMD EPYC host, 0.4 and 1.0 req/s, two runs each) a quarter kept
+# 83-85 % of the oracle's hits and answered more requests within the targets than today's policy
+# (docs/benchmarks.md, Routing by cache).
 AFFINITY_SLACK = 0.25
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by
@@ -151,7 +152,7 @@ class WorkView(LoadView, Protocol):
     # reported: prompt tokens accepted and not yet at their first token, less what the unit's cache held
     # of each at acceptance; -1: not said
     prefill_tokens: int
-    sent_tokens: int  # this router's estimated prompt tokens sent to the unit, ever, less those it expected cached
+    sent_tokens: int  # this router's estimated prompt tokens sent to the unit, ever (whole prompts)
     sent_tokens_at_report: int  # the same when the last report was taken
 
 

@@ -149,7 +149,7 @@ class Member:
         self.step_s = 0.0  # reported: its longest recent step, what a stream's silence bound derives from
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
-        self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever, less those expected cached
+        self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever (whole prompts)
         self.sent_tokens_at_report = 0  # the same when the last report arrived
         self._points: tuple[str, list[int]] | None = None  # the unit's ring points, by the name they came from
         self.reported_at = 0.0  # time.monotonic() of the last report (watch line or poll)
@@ -759,7 +759,6 @@ class Fleet:
             return u not in exclude and u.routable and not self.saturated(u)
 
         policy = self._settings.balance
-        held = 0  # tokens of the request the chosen unit is expected to hold in its cache
         if request is None or policy == "least_requests":
             best = balance.sample_choices(units, usable, self._rng)
         elif policy == "least_work":
@@ -789,8 +788,6 @@ class Fleet:
             elif best is not None:
                 preferred = holder or next(index.ring.walk(request.key), None)
                 self.routes["preferred" if best is preferred else "by_work"] += 1
-                if best is preferred:
-                    held = cached
                 self.holders.note(request.key, best)
                 if request.prompt:
                     length, tail = request.prompt_summary
@@ -798,8 +795,11 @@ class Fleet:
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:
-            if request is not None:  # the prefill it adds there, as the unit's report will count it
-                best.sent_tokens += request.tokens - held if request.tokens > held else 0
+            if request is not None:
+                # Whole, though the unit may hold some of it: a prompt resent before the one it resends
+                # has been prefilled there (a burst of one prompt) finds nothing cached, and the unit's
+                # next report, within 50 ms, counts it net of what its cache does hold.
+                best.sent_tokens += request.tokens
             self._index.sent_since_mean += 1
             return Pick(best, "ok")
         routable = any(u.routable and u not in exclude for u in units)

@@ -110,9 +110,10 @@ def test_router_outstanding_count_spreads_a_burst_between_idle_units(policy):
     """Ten requests of one prompt at once, reported load staying 0 (no poll in between): only what the
     router counts itself spreads them. By request count, exactly 5 and 5. By cache and work, the unit
     holding the prompt keeps a request while its queue is at most the other's plus the request's
-    uncached part plus one prompt (docs/routing.md, step 4): the prompt resends the last one whole, so
-    up to two prompts more than the other unit's queue; ten requests then end at most 2 apart (an odd
-    gap cannot split an even count)."""
+    uncached part plus a quarter of a prompt (docs/routing.md, step 4): the prompt resends the last one
+    whole, so up to 1.25 prompts more than the other unit's queue, the router counting each of its own
+    sends whole until the unit reports (none of them is cached there yet); ten requests then end at
+    most 2 apart (an odd gap cannot split an even count)."""
 
     async def scenario():
         a, b = us = await units("a", "b")

@@ -130,7 +130,7 @@ WALK = 1
 # busy holder longer: with one prompt, a first turn waited behind another prompt on its ring unit while
 # a unit stood idle, and missed its TTFT target on a slow host. The fleet model finds 0 to 1 within 2 %
 # of each other; on real engines (an AMD EPYC host, 0.4 and 1.0 req/s, two runs each) a quarter kept
-# 83-85 % of the oracle's hits and answered more requests within the targets than today's policy
+# 80-84 % of the oracle's hits and answered more requests within the targets than today's policy
 # (docs/benchmarks.md, Routing by cache).
 AFFINITY_SLACK = 0.25
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate

@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--policies {bad[0]}: one of {', '.join(POLICIES)}")
     if a.requests < 1 or min(a.rates) <= 0 or a.block_tokens < 1 or a.max_prefill_tokens < 1:
         ap.error("--requests, --block-tokens and --max-prefill-tokens must be at least 1 and every --rates above 0")
+    if a.records and Path(a.records).exists() and not Path(a.records).is_dir():
+        ap.error(f"--records {a.records}: a file is there; give a directory (it is made if missing)")
     path = trace_path(a.trace)
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -4,6 +4,8 @@ column filled. The replay itself runs against `make local` (`make bench-trace`),
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.trace import replay
@@ -122,6 +124,32 @@ def test_rates_that_are_not_numbers_are_refused_naming_the_flag(capsys):
     with pytest.raises(SystemExit):
         replay.main(["--rates", "fast"])
     assert "--rates fast" in capsys.readouterr().err
+
+
+def test_records_name_each_requests_turn_and_the_blocks_it_shares_with_its_conversations_last_one(tmp_path):
+    def q(at: float, session: str, blocks: tuple[int, ...]) -> replay.Scaled:
+        return replay.Scaled(at=at, prompt=[1, 2, 3], max_tokens=2, session=session, blocks=blocks)
+
+    requests = [q(0.0, "a", (1, 2)), q(1.0, "b", (5,)), q(2.0, "a", (1, 2, 3)), q(3.0, "a", (1, 9))]
+    recs = [{"status": 200, "unit": f"u{i}", "ttft_s": 0.1 * i} for i in range(4)]
+    out = tmp_path / "runs" / "cache_aware-0.4.jsonl"
+    replay.write_records(out, requests, recs)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["session"], x["turn"], x["shared_blocks"]) for x in lines] == [
+        ("a", 1, 0),
+        ("b", 1, 0),
+        ("a", 2, 2),
+        ("a", 3, 1),  # shares only the first block with the turn before it
+    ]
+    assert [x["unit"] for x in lines] == ["u0", "u1", "u2", "u3"]
+
+
+def test_records_given_a_file_are_refused_before_any_run_naming_the_flag(capsys, tmp_path):
+    there = tmp_path / "records.jsonl"
+    there.write_text("")
+    with pytest.raises(SystemExit):
+        replay.main(["--records", str(there)])
+    assert f"--records {there}: a file is there; give a directory" in capsys.readouterr().err
 
 
 def test_conversation_sample_keeps_every_turn_of_each_conversation_it_draws():

@@ -219,6 +219,16 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
     return rec
 
 
+def shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading blocks two prompts share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def missed_hits(requests: list[Scaled], recs: list[dict], block_tokens: int) -> dict:
     """Where the oracle's hits that a run did not get went, in prompt tokens, per request that reuses
     part of its conversation's earlier prompt: `elsewhere`, it went to another unit than its
@@ -233,11 +243,7 @@ def missed_hits(requests: list[Scaled], recs: list[dict], block_tokens: int) -> 
         if j is None or r.get("status") != 200:
             continue
         prev = recs[j]
-        shared = 0
-        for a, b in zip(q.blocks, requests[j].blocks):
-            if a != b:
-                break
-            shared += 1
+        shared = shared_blocks(q.blocks, requests[j].blocks)
         missed = min(reuse, shared * block_tokens) - r["cached"]
         if missed <= 0:
             continue
@@ -260,11 +266,7 @@ def write_records(path: Path, requests: list[Scaled], recs: list[dict]) -> None:
     with path.open("w") as f:
         for q, r in zip(requests, recs):
             prev = last.get(q.session)
-            shared = 0
-            for x, y in zip(q.blocks, prev.blocks if prev else ()):
-                if x != y:
-                    break
-                shared += 1
+            shared = shared_blocks(q.blocks, prev.blocks) if prev else 0
             turns[q.session] = turns.get(q.session, 0) + 1
             last[q.session] = q
             line = {"at_s": round(q.at, 3), "session": q.session, "turn": turns[q.session], "shared_blocks": shared}

@@ -169,8 +169,10 @@ def estimated_prefill(u: WorkView, new_tokens: int = 0) -> int:
 
 
 def waiting_for_slot(u: WorkView) -> int:
-    """Requests the unit holds beyond its batch slots (0 when it does not say how many it has)."""
-    waiting = estimated_load(u) - u.max_running if u.max_running > 0 else 0
+    """Running answers that must end before a new request finds a batch slot on the unit: the requests
+    it holds, the new one counted, beyond its slots (0 when it does not say how many it has). A unit with
+    every slot taken and none waiting makes the new request wait for one answer, not none."""
+    waiting = estimated_load(u) + 1 - u.max_running if u.max_running > 0 else 0
     return waiting if waiting > 0 else 0
 
 
@@ -178,7 +180,7 @@ def has_free_slot(u: WorkView) -> bool:
     """Whether a new request finds a batch slot free on the unit, as far as this router can tell (always
     when it does not say how many it has): where every slot is taken, it waits for a running answer to
     end, however short the prefill queue."""
-    return u.max_running <= 0 or estimated_load(u) < u.max_running
+    return waiting_for_slot(u) == 0
 
 
 def can_prefer(u: W, usable: Callable[[W], bool], bound: float) -> bool:
@@ -189,9 +191,9 @@ def can_prefer(u: W, usable: Callable[[W], bool], bound: float) -> bool:
 
 def estimated_ttft(u: WorkView, new_tokens: int) -> float:
     """Time to first token in units of one prefill token's time: the prefill ahead plus the request's
-    own, and a prompt like this one for each request beyond the unit's batch slots (a new request there
-    first waits for a slot, and a unit of an older revision does not report its prefill). Only the
-    order matters: the units of one fleet run the same model."""
+    own, and a prompt like this one for each running answer that must end before it finds a batch slot
+    (waiting_for_slot: the requests waiting there are prompts too, and a unit of an older revision does
+    not report its prefill). Only the order matters: the units of one fleet run the same model."""
     return float(estimated_prefill(u, new_tokens) + new_tokens * (1 + waiting_for_slot(u)))
 
 

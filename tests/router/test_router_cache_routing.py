@@ -224,9 +224,17 @@ def test_the_estimate_adds_the_prompt_tokens_this_router_sent_since_the_report()
     u = V("u", prefill_tokens=500, sent_tokens=1700, sent_tokens_at_report=1200)
     assert balance.estimated_prefill(u) == 1000
     assert balance.estimated_ttft(u, 300) == 1300
-    # two requests beyond its 8 batch slots: a new one waits for a slot, charged a prompt like its own each
+    # 10 requests on 8 batch slots: a new one is the third beyond them and waits for three running
+    # answers to end, charged a prompt like its own for each
     u.in_flight, u.max_running = 10, 8
-    assert balance.estimated_ttft(u, 300) == 1000 + 300 * 3
+    assert balance.estimated_ttft(u, 300) == 1000 + 300 * 4
+    # every slot taken and none waiting: the new request still waits for one answer to end
+    u.in_flight = 8
+    assert not balance.has_free_slot(u)
+    assert balance.estimated_ttft(u, 300) == 1000 + 300 * 2
+    u.in_flight = 7  # a slot free: its own prompt only
+    assert balance.has_free_slot(u)
+    assert balance.estimated_ttft(u, 300) == 1000 + 300
 
 
 def test_a_preferred_unit_with_requests_waiting_for_a_batch_slot_is_passed_over():

@@ -18,10 +18,13 @@ The model (each choice a stated assumption, not a measurement of Trainium):
   longest run of leading blocks present when its prefill starts, and leaves all its blocks cached.
 - Each router knows each unit's report as of its last watch tick (every `report_s`, its own phase per
   router and unit): requests held, sequences running, prompt tokens waiting for their first token
-  (the whole prompt: the unit cannot tell the cached part before the request is scheduled), plus its
-  own sends since. Requests reach one of `routers` routers at random.
+  (less what the unit's cache held of each when it arrived, as a leader reports them; `--report-whole`:
+  whole prompts), plus its own sends since, whole. Requests reach one of `routers` routers at random.
 - The router's key of a request is its first `key_blocks` block hashes: what hashing a chat's leading
-  messages (system prompt and first user turn) gives when they end within that many blocks.
+  messages (system prompt and first user turn) gives when they end within that many blocks. Its
+  expected cached tokens are the blocks it shares with the key's previous request (a chat's earlier
+  turns), and the key's own blocks on the unit that took the key's last request (a prefix key's lead
+  tokens).
 Policies, all but the oracle runtime/router/balance.py's code: `p4c` (the least requests held of four
 sampled units), `least_work` (the lowest estimated TTFT of four sampled units, no cache knowledge),
 `affinity` (the key's unit on the ring under the load bound, else least_work), `cache_aware` (the unit
@@ -275,6 +278,7 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
                 cached=min(q.tokens, shared * BLOCK_TOKENS),
                 mean_load=total_held[0] / p.units,
                 holder=None if held_by is None else vs[held_by],
+                lead=min(q.tokens, len(lead) * BLOCK_TOKENS),  # the key's blocks, which its holder holds
                 eps=p.eps,
                 walk=p.walk,
                 slack=p.slack,

@@ -418,6 +418,7 @@ def by_cache_and_work(
     cached: int,
     mean_load: float,
     holder: W | None = None,
+    lead: int = 0,
     eps: float = BOUND_EPS,
     walk: int = WALK,
     choices: int = CACHE_CHOICES,
@@ -428,8 +429,9 @@ def by_cache_and_work(
     tokens it is not expected to hold (`tokens` - `cached`) and winning ties up to `slack` prompts of the
     request. The unit expected to hold the cache is `holder`, the unit that took the key's latest request
     (KeyHolders), when it is usable, below the load bound and has a batch slot free; else the
-    key's preferred unit on the ring under the same conditions (within `walk` steps). Without a key:
-    the sampled least work."""
+    key's preferred unit on the ring under the same conditions (within `walk` steps). `lead`: tokens
+    every request of the key begins with (RequestKey.lead_tokens), which the holder holds whoever sent
+    the request it took, so they count as cached there too. Without a key: the sampled least work."""
     sampled = least_work(candidates, usable, rng, tokens, choices=choices)
     if key is None:
         return sampled
@@ -444,6 +446,8 @@ def by_cache_and_work(
         return sampled
     if sampled is None or sampled is preferred:
         return preferred
+    if preferred is holder and lead > cached:
+        cached = lead
     new = tokens - cached if tokens > cached else 0
     if estimated_ttft(preferred, new) <= estimated_ttft(sampled, tokens) + slack * tokens:
         return preferred
@@ -460,6 +464,10 @@ class RequestKey:
     source: str  # session | prefix | none
     cached: int = 0  # estimated tokens its key's unit already holds: what it resends of earlier turns
     prompt: bytes = b""  # a completion prompt, as KeyPrompts compares it (its text, or its token ids)
+    # Estimated tokens every request of its key begins with: what a prefix key hashes (the chat's leading
+    # messages, the completion prompt's first bytes or ids), which any unit that took a request of the
+    # key holds, another conversation's included (a shared opening question); 0 for a session key.
+    lead_tokens: int = 0
 
     @cached_property
     def prompt_summary(self) -> tuple[int, int]:
@@ -494,11 +502,13 @@ def request_key(body: bytes, session: str | None = None) -> RequestKey:
         if len(users) > 1:  # a later turn: its unit holds the turns before (the first holds nothing special)
             earlier = json.dumps(messages[: users[-1]], separators=(",", ":")).encode()
             cached = min(tokens, len(earlier) // BYTES_PER_TOKEN)
-        if key is None:
-            lead = messages[: users[0] + 1] if users else messages
-            raw = json.dumps(lead, sort_keys=True, separators=(",", ":")).encode()
-            key = key_hash(b"m:" + raw[:PREFIX_KEY_BYTES])
-        return RequestKey(key, tokens, "session" if session else "prefix", cached)
+        if key is not None:
+            return RequestKey(key, tokens, "session", cached)
+        lead = messages[: users[0] + 1] if users else messages
+        raw = json.dumps(lead, sort_keys=True, separators=(",", ":")).encode()[:PREFIX_KEY_BYTES]
+        return RequestKey(
+            key_hash(b"m:" + raw), tokens, "prefix", cached, lead_tokens=min(tokens, len(raw) // BYTES_PER_TOKEN)
+        )
     text = b""
     ids: list[int] | None = None
     if isinstance(prompt, str) and prompt:
@@ -512,8 +522,16 @@ def request_key(body: bytes, session: str | None = None) -> RequestKey:
     if key is not None:
         return RequestKey(key, tokens, "session", prompt=text)
     if ids is not None:
-        lead_ids = ",".join(str(t) for t in ids[: PREFIX_KEY_BYTES // BYTES_PER_TOKEN])
-        return RequestKey(key_hash(b"t:" + lead_ids.encode()), tokens, "prefix", prompt=text)
+        lead_ids = ids[: PREFIX_KEY_BYTES // BYTES_PER_TOKEN]
+        key = key_hash(b"t:" + ",".join(str(t) for t in lead_ids).encode())
+        return RequestKey(key, tokens, "prefix", prompt=text, lead_tokens=len(lead_ids))
     if text:
-        return RequestKey(key_hash(b"p:" + text[:PREFIX_KEY_BYTES]), tokens, "prefix", prompt=text)
+        lead_text = text[:PREFIX_KEY_BYTES]
+        return RequestKey(
+            key_hash(b"p:" + lead_text),
+            tokens,
+            "prefix",
+            prompt=text,
+            lead_tokens=min(tokens, len(lead_text) // BYTES_PER_TOKEN),
+        )
     return RequestKey(None, tokens, "none")

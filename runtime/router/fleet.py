@@ -782,6 +782,7 @@ class Fleet:
                 cached=cached,
                 mean_load=self._mean_load(units),
                 holder=holder,
+                lead=request.lead_tokens,
             )
             if request.key is None:
                 self.routes["unkeyed"] += 1

@@ -417,6 +417,48 @@ def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_w
     assert fleet.pick((), other).unit is not unit
 
 
+def test_another_conversations_same_opening_counts_as_cached_on_the_unit_that_took_it():
+    """Two conversations open with the same system prompt and question: a prefix key, the same for
+    both. The unit that took the first holds those messages, so the second's first turn counts them as
+    cached there (docs/routing.md, step 4: it stays while its queue ahead, plus what it lacks, is within a
+    quarter prompt of an idle unit's whole prompt). A session key says nothing of what another session
+    left, and a router that knows no unit for the key credits nothing."""
+    fleet = _fleet(2)
+    body = _chat("the same question everybody asks")
+    first = balance.request_key(body)
+    assert first.source == "prefix" and first.cached == 0 and 0 < first.lead_tokens <= first.tokens
+    unit = _pick_served(fleet, first)
+    assert unit is not None
+    tokens, lead = first.tokens, first.lead_tokens
+    stays = lead + tokens // 4  # its queue + (tokens - lead) <= tokens + tokens / 4
+    assert stays > tokens // 4  # counted whole, that queue would move the turn
+
+    def report(queued: int) -> None:
+        line = json.dumps({"load": {"prefill_tokens": queued, "in_flight": 1}}).encode()
+        assert fleet.on_watch_line(unit, line)
+        fleet._index.mean_at = -1e9  # the fleet's mean load is recomputed at most every 50 ms: that long passed
+
+    report(stays)
+    assert _pick_served(fleet, balance.request_key(body)) is unit
+    report(stays + 1)
+    assert _pick_served(fleet, balance.request_key(body)) is not unit
+    report(stays)
+    session = balance.request_key(body, "conv-9")
+    assert session.lead_tokens == 0
+    fleet.holders.note(session.key, unit)  # its own earlier turn there: still nothing said to be cached
+    assert fleet.pick((), session).unit is not unit
+    units = [V("a"), V("b")]
+    ring = _ring(units)
+    on_ring = next(ring.walk(first.key))
+    on_ring.prefill_tokens = stays
+    for holder, expected in ((on_ring, on_ring), (None, next(u for u in units if u is not on_ring))):
+        chosen = balance.by_cache_and_work(
+            ring, units, _always, random.Random(0), key=first.key, tokens=tokens, cached=0, mean_load=0.0,
+            holder=holder, lead=lead,
+        )  # fmt: skip
+        assert chosen is expected  # the key's ring unit, not known to have taken the key, gets no credit
+
+
 def test_another_router_credits_a_completion_prompts_next_turn_once_the_unit_reports_the_prompt():
     """The same second turn as above, at a router that did not send the first: it learns the first
     prompt only from the unit's watch line (`prompts`: [key, bytes, tokens, tail], the bytes and tail

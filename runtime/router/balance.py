@@ -129,9 +129,9 @@ WALK = 1
 # either (beyond a router's own sends of the last 50 ms, counted whole). A larger slack keeps turns on a
 # busy holder longer: with one prompt, a first turn waited behind another prompt on its ring unit while
 # a unit stood idle, and missed its TTFT target on a slow host. The fleet model finds 0 to 1 within 2 %
-# of each other; on real engines (an AMD EPYC host, 0.4 and 1.0 req/s, two runs each) a quarter kept
-# 80-84 % of the oracle's hits and answered more requests within the targets than today's policy
-# (docs/benchmarks.md, Routing by cache).
+# of each other; on real engines (an AMD EPYC host, 0.4 and 1.0 req/s, four runs each) a quarter kept
+# 80-86 % of the oracle's hits and answered more requests within the targets than today's policy, and
+# did at 1.4 req/s too (docs/benchmarks.md, Routing by cache).
 AFFINITY_SLACK = 0.25
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by

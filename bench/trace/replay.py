@@ -18,7 +18,10 @@ Scaling (printed with the figures): each 512-token block hash of the trace becom
 `--block-tokens` token ids (the same run wherever the hash appears, so requests that share a prefix in
 the trace share it token for token); a request's prompt is its blocks' runs, at most
 `--max-input-tokens`; its output is the trace's divided by 512 / block tokens, at least 1 and at most
-`--max-output-tokens`; arrivals are compressed to each of `--rates` requests/s on average. Each request names its
+`--max-output-tokens`; arrivals are compressed to each of `--rates` requests/s on average. With
+`--resend` a later turn resends its previous turn's prompt whole, as a client that renders its
+conversation does (`resent`: the trace's hash of a partial last block changes once the next turn fills
+it, so without it most later turns share all but their previous prompt's last block). Each request names its
 conversation (its first two blocks) in X-Session-Id, as a client that knows its conversations does:
 token-id prompts carry no messages to key on. Goodput: requests answered 200 within both targets,
 rejected and failed requests counted as misses. Each result line also says where the conversation hits
@@ -76,16 +79,49 @@ class Scaled:
     blocks: tuple[int, ...]
 
 
+def resent(rows: list[dict]) -> list[tuple[int, ...]]:
+    """Each request's block hashes with its conversation's previous prompt resent whole, as a client
+    that renders its conversation sends it. The trace hashes 512-token blocks, so a prompt's partial last
+    block gets another hash once the next turn fills it: a later turn that repeats every block of the
+    turn before but that one (3,825 of the conversation trace's 4,658 later turns; 122 repeat all) takes
+    the earlier hash there, and its prompt then begins with the earlier prompt token for token."""
+    last: dict[tuple[int, ...], tuple[list[int], int]] = {}  # conversation -> its last blocks, as resent, and tokens
+    renamed: dict[tuple[int, ...], dict[int, int]] = {}  # conversation -> hashes taken back, for its later turns
+    out = []
+    for r in rows:
+        conv = conversation_of(r)
+        names = renamed.setdefault(conv, {})
+        blocks = [names.get(h, h) for h in r["hash_ids"]]
+        if conv in last:
+            prev, tokens = last[conv]
+            n = len(prev)
+            if tokens % TRACE_BLOCK_TOKENS and len(blocks) >= n and blocks[: n - 1] == prev[: n - 1]:
+                if blocks[n - 1] != prev[n - 1]:
+                    names[r["hash_ids"][n - 1]] = prev[n - 1]
+                    blocks[n - 1] = prev[n - 1]
+        last[conv] = (blocks, r["input_length"])
+        out.append(tuple(blocks))
+    return out
+
+
 def scale(
-    rows: list[dict], *, block_tokens: int, max_input: int, max_output: int, rate: float, vocab: int = 40000
+    rows: list[dict],
+    *,
+    block_tokens: int,
+    max_input: int,
+    max_output: int,
+    rate: float,
+    vocab: int = 40000,
+    resend: bool = False,
 ) -> list[Scaled]:
     span = max(1.0, (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000.0)
     # The trace's own rate is len(rows) / span; times are divided by how much faster `rate` is than that
     # (before, this was the inverse: a higher --rate replayed slower, and a lower one far faster).
     compress = rate / (len(rows) / span)
+    hashes = resent(rows) if resend else [tuple(r["hash_ids"]) for r in rows]
     out = []
-    for r in rows:
-        blocks = tuple(r["hash_ids"])[: max(1, max_input // block_tokens)]
+    for r, all_blocks in zip(rows, hashes):
+        blocks = all_blocks[: max(1, max_input // block_tokens)]
         prompt: list[int] = []
         for h in blocks:
             rng = random.Random(h)  # the same run wherever the hash appears
@@ -395,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
         "--rates", default="0.5,1", help="mean arrivals per second after scaling, comma-separated: one run per rate"
     )
     ap.add_argument("--block-tokens", type=int, default=16)
+    ap.add_argument(
+        "--resend",
+        action="store_true",
+        help="a later turn resends its previous turn's prompt whole, as a client rendering its conversation does "
+        "(the trace's partial last block changes hash when the next turn fills it: replay.resent)",
+    )
     ap.add_argument("--max-input-tokens", type=int, default=512)
     ap.add_argument("--max-output-tokens", type=int, default=16)
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -453,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             max_output=a.max_output_tokens,
             rate=rate,
             vocab=a.vocab,
+            resend=a.resend,
         )
         scaling = {
             "trace": a.trace,
@@ -460,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             "sample": a.sample,
             "seed": a.seed,
             "block_tokens": a.block_tokens,
+            "resend": a.resend,
             "max_input_tokens": a.max_input_tokens,
             "max_output_tokens": a.max_output_tokens,
             "output_divisor": TRACE_BLOCK_TOKENS / a.block_tokens,
@@ -522,7 +566,9 @@ def _sampled(sc: dict) -> str:
 
 def scaling_line(sc: dict) -> str:
     return (
-        f"trace {sc['trace']}: {_sampled(sc)}, 512-token blocks -> {sc['block_tokens']} tokens, "
+        f"trace {sc['trace']}: {_sampled(sc)}, 512-token blocks -> {sc['block_tokens']} tokens"
+        + (", later turns resending their previous prompt whole" if sc.get("resend") else "")
+        + ", "
         f"prompts <= {sc['max_input_tokens']} (mean {sc['mean_prompt_tokens']:.0f}), outputs / "
         f"{sc['output_divisor']:.0f} <= {sc['max_output_tokens']}, {sc['rate_per_s']:g} req/s; {sc['units']} units x "
         f"{sc['nodes']} node(s) of {sc['model']}"

@@ -211,3 +211,32 @@ def test_missed_hits_say_whether_a_turn_went_elsewhere_came_too_soon_or_found_it
     # a failed request misses nothing the routing could have found
     recs[1]["status"] = 503
     assert replay.missed_hits(qs, recs, 2)["elsewhere"] == 0
+
+
+def test_resend_has_a_later_turn_begin_with_its_previous_prompt_where_the_trace_refilled_its_last_block():
+    """The trace hashes 512-token blocks: turn 1 of 1,200 tokens ends in a partial block (hash 3), and
+    turn 2 resends its 1,200 tokens then fills that block, which gets another hash (4). Replayed with
+    --resend, turn 2 takes hash 3 there and begins with turn 1's prompt token for token. A previous turn
+    that ended on a whole block, and a turn of another conversation, keep their hashes."""
+
+    def row(t: int, blocks: tuple[int, ...], tokens: int) -> dict:
+        return {"timestamp": t, "hash_ids": list(blocks), "input_length": tokens, "output_length": 64}
+
+    trace = [
+        row(0, (1, 2, 3), 1200),  # conversation (1, 2): a partial last block
+        row(1000, (1, 2, 4, 5), 1800),  # its next turn: every block but the last, which filled
+        row(2000, (1, 7, 3), 1536),  # conversation (1, 7): whole blocks only
+        row(3000, (1, 7, 8, 9), 1900),  # its next turn: block 3 was whole, so 8 is new text
+        row(4000, (1, 2, 4, 10, 11), 2400),  # conversation (1, 2) again: turn 2's blocks, the last refilled
+    ]
+    kw = {"block_tokens": 2, "max_input": 100, "max_output": 4, "rate": 1}
+    plain = replay.scale(trace, **kw)
+    sent = replay.scale(trace, resend=True, **kw)
+    # turn 3 of (1, 2) carries turn 2's hash 4, which the replay took back to 3: it resends turn 2 as replayed
+    assert [q.blocks for q in sent] == [(1, 2, 3), (1, 2, 3, 5), (1, 7, 3), (1, 7, 8, 9), (1, 2, 3, 5, 11)]
+    assert sent[1].prompt[: len(sent[0].prompt)] == sent[0].prompt
+    assert plain[1].prompt[: len(plain[0].prompt)] != plain[0].prompt
+    assert sent[4].prompt[: len(sent[1].prompt)] == sent[1].prompt
+    assert [q.session for q in sent] == [q.session for q in plain]  # the conversations stay the same
+    # the oracle counts what is now resent: turn 2's third block, and turn 3's third and fourth
+    assert replay.oracle_hit_rate(sent, 2) > replay.oracle_hit_rate(plain, 2)

@@ -101,6 +101,16 @@ def trace_path(name: str) -> Path:
     return TRACES / f"mooncake-{name}.jsonl" if name in ("conversation", "synthetic") else Path(name)
 
 
+def shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading blocks two prompts share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def load_trace(p: Params) -> tuple[list[Request], dict[str, float]]:
     """The replayed requests, in arrival order, and the scaling applied to the trace."""
     path = trace_path(p.trace)
@@ -255,12 +265,7 @@ def simulate(p: Params, policy: str, requests: list[Request]) -> dict[str, float
             key = balance.key_hash(repr(lead).encode())
             # What the request resends of its conversation's previous turn: the router reads it from
             # the messages before the last user message; here, the blocks it shares with that turn.
-            before = previous.get(lead, ())
-            shared = 0
-            for a, b in zip(before, q.blocks):
-                if a != b:
-                    break
-                shared += 1
+            shared = shared_blocks(previous.get(lead, ()), q.blocks)
             previous[lead] = q.blocks
             while reported and reported[0][0] <= env.now:  # units' reports of the keys they admitted
                 _, k, name, by = reported.popleft()

@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402
-from bench.fleet.trace_sim import trace_path  # noqa: E402
+from bench.fleet.trace_sim import shared_blocks, trace_path  # noqa: E402
 from bench.measure import append_run  # noqa: E402
 from runtime.engines.base import DEFAULT_MAX_PREFILL_TOKENS  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
@@ -253,16 +253,6 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, q: Scaled, t
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         rec["error"] = repr(exc)
     return rec
-
-
-def shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """How many leading blocks two prompts share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def missed_hits(requests: list[Scaled], recs: list[dict], block_tokens: int) -> dict:

@@ -25,6 +25,12 @@ The model (each choice a stated assumption, not a measurement of Trainium):
   expected cached tokens are the blocks it shares with the key's previous request (a chat's earlier
   turns), and the key's own blocks on the unit that took the key's last request (a prefix key's lead
   tokens).
+- A later turn keeps the trace's block hashes. The trace hashes whole 512-token blocks, so the previous
+  turn's partial last block (k tokens) has another hash once this turn fills it: the model counts the
+  k tokens as not cached, for every policy and the oracle alike. Taking that hash back, as the replay
+  does to resend prompts token for token (bench/trace/replay.py `resent`), would count all 512 tokens
+  of the filled block as cached where the unit holds k of them; of the two errors the model keeps the
+  smaller reuse. Routers credit the blocks shared with the previous turn either way.
 Policies, all but the oracle runtime/router/balance.py's code: `p4c` (the least requests held of four
 sampled units), `least_work` (the lowest estimated TTFT of four sampled units, no cache knowledge),
 `affinity` (the key's unit on the ring under the load bound, else least_work), `cache_aware` (the unit

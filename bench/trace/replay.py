@@ -18,10 +18,11 @@ Scaling (printed with the figures): each 512-token block hash of the trace becom
 `--block-tokens` token ids (the same run wherever the hash appears, so requests that share a prefix in
 the trace share it token for token); a request's prompt is its blocks' runs, at most
 `--max-input-tokens`; its output is the trace's divided by 512 / block tokens, at least 1 and at most
-`--max-output-tokens`; arrivals are compressed to each of `--rates` requests/s on average. With
-`--resend` a later turn resends its previous turn's prompt whole, as a client that renders its
-conversation does (`resent`: the trace's hash of a partial last block changes once the next turn fills
-it, so without it most later turns share all but their previous prompt's last block). Each request names its
+`--max-output-tokens`; arrivals are compressed to each of `--rates` requests/s on average. A later
+turn resends its previous turn's prompt whole, as a client that renders its conversation does
+(`resent`: the trace's hash of a partial last block changes once the next turn fills it, so as the
+trace has them most later turns share all but their previous prompt's last block; `--no-resend` replays
+them so). Each request names its
 conversation (its first two blocks) in X-Session-Id, as a client that knows its conversations does:
 token-id prompts carry no messages to key on. Goodput: requests answered 200 within both targets,
 rejected and failed requests counted as misses. Each result line also says where the conversation hits
@@ -299,14 +300,16 @@ def write_records(path: Path, requests: list[Scaled], recs: list[dict]) -> None:
             f.write(json.dumps(line | r) + "\n")
 
 
+def quantile(xs: list[float], x: float) -> float | None:
+    """The x-quantile of sorted xs, nearest rank (the median of 100 values is the 51st)."""
+    return xs[min(len(xs) - 1, int(len(xs) * x))] if xs else None
+
+
 def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> dict:
     ok = [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
     ttfts = sorted(r["ttft_s"] for r in ok)
     tpots = sorted(r["tpot_s"] for r in ok if r["tpot_s"] is not None)
-
-    def q(xs: list[float], x: float) -> float | None:
-        return xs[min(len(xs) - 1, int(len(xs) * x))] if xs else None
-
+    q = quantile
     good = sum(1 for r in ok if r["ttft_s"] <= ttft_target_s and (r["tpot_s"] or 0.0) <= tpot_target_s)
     prompt = sum(r["prompt_tokens"] for r in recs)
     counted = [r for r in recs if r.get("engine_prompt_tokens") is not None]
@@ -406,7 +409,7 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace, rate:
     return summarize(recs, a.ttft_target, a.tpot_target) | {"missed": missed_hits(requests, recs, a.block_tokens)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
     ap.add_argument("--requests", type=int, default=100, help="how many requests (see --sample)")
@@ -423,9 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument(
         "--resend",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="a later turn resends its previous turn's prompt whole, as a client rendering its conversation does "
-        "(the trace's partial last block changes hash when the next turn fills it: replay.resent)",
+        "(the trace's partial last block changes hash when the next turn fills it: replay.resent); --no-resend: "
+        'the trace\'s hashes as they are (results whose scaling has no "resend": true)',
     )
     ap.add_argument("--max-input-tokens", type=int, default=512)
     ap.add_argument("--max-output-tokens", type=int, default=16)
@@ -448,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--records", default="", help="a directory: each run's requests, one JSON line each")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_replay.json"))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
     try:
         a.rates = [float(r) for r in a.rates.split(",")]

@@ -122,17 +122,20 @@ VNODES = 64
 BOUND_EPS = 1.0
 # Units tried along the ring before falling back to sampled least work.
 WALK = 1
-# How much longer an estimated wait the preferred unit may have than the sampled one and still win, in
-# prompts of the request. A conversation's next turn follows whichever unit took this one, so the only
-# gain of the preferred unit is this turn's cached part, which the estimate already counts; units report
-# their queued prompts net of what their cache holds of each, so a holder's queue is not overstated
-# either (beyond a router's own sends of the last 50 ms, counted whole). A larger slack keeps turns on a
-# busy holder longer: with one prompt, a first turn waited behind another prompt on its ring unit while
-# a unit stood idle, and missed its TTFT target on a slow host. The fleet model finds 0 to 1 within 2 %
-# of each other; on real engines (an AMD EPYC host, 0.4 and 1.0 req/s, four runs each) a quarter kept
-# 80-86 % of the oracle's hits and answered more requests within the targets than today's policy, and
-# did at 1.4 req/s too (docs/benchmarks.md, Routing by cache).
-AFFINITY_SLACK = 0.25
+# How much longer an estimated wait the preferred unit may have than the sampled one and still win, as a
+# multiple of the tokens of the request it is expected to hold (its earlier turns, or its key's lead
+# tokens): the prefill another unit would do again, work that delays every request queued behind it
+# there. Nothing for a request it is expected to hold nothing of, such as a first turn: keeping that one
+# gains no cache, and it waited behind another prompt on its ring unit while a unit stood idle. Units
+# report their queued prompts net of what their cache holds of each, so a holder's queue is not
+# overstated either (beyond a router's own sends of the last 50 ms, counted whole). Against a quarter of
+# the whole prompt, on real engines with later turns resending their previous prompt (an AMD EPYC host,
+# three runs at 1.0 and 1.4 req/s, two at 0.4), it kept 88-96 % of the oracle's hits where a quarter
+# kept 82-95 %, and answered as many requests within the targets or more (76-77 against 71-73 % at 1.4
+# req/s, past capacity); the fleet model finds it faster on both traces. Where the router credits a later
+# turn with nothing (a completion prompt that does not begin with its key's last prompt) the turn goes
+# by work alone (docs/benchmarks.md, Routing by cache).
+AFFINITY_SLACK = 1.0
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by
 # request count suffers (measured: docs/benchmarks.md, Routing by cache).
@@ -426,10 +429,11 @@ def by_cache_and_work(
 ) -> W | None:
     """The shipped policy: the unit expected to hold the key's cache against the least work of `choices`
     sampled units, whichever has the lower estimated time to first token, the first counting only the
-    tokens it is not expected to hold (`tokens` - `cached`) and winning ties up to `slack` prompts of the
-    request. The unit expected to hold the cache is `holder`, the unit that took the key's latest request
-    (KeyHolders), when it is usable, below the load bound and has a batch slot free; else the
-    key's preferred unit on the ring under the same conditions (within `walk` steps). `lead`: tokens
+    tokens it is not expected to hold (`tokens` - `cached`) and winning while its estimate is longer by
+    at most `slack` x the tokens it is expected to hold. The unit expected to hold the cache is
+    `holder`, the unit that took the key's latest request (KeyHolders), when it is usable, below the
+    load bound and has a batch slot free; else the key's preferred unit on the ring under the same
+    conditions (within `walk` steps). `lead`: tokens
     every request of the key begins with (RequestKey.lead_tokens), which the holder holds whoever sent
     the request it took, so they count as cached there too. Without a key: the sampled least work."""
     sampled = least_work(candidates, usable, rng, tokens, choices=choices)
@@ -449,7 +453,7 @@ def by_cache_and_work(
     if preferred is holder and lead > cached:
         cached = lead
     new = tokens - cached if tokens > cached else 0
-    if estimated_ttft(preferred, new) <= estimated_ttft(sampled, tokens) + slack * tokens:
+    if estimated_ttft(preferred, new) <= estimated_ttft(sampled, tokens) + slack * (tokens - new):
         return preferred
     return sampled
 

@@ -212,11 +212,12 @@ def test_the_preferred_unit_loses_to_a_sampled_one_when_its_prefill_queue_outwei
         ring, units, _always, random.Random(1), key=req.key, tokens=1000, cached=900, mean_load=0.0
     )
     # The preferred unit wins while 100 new tokens behind its queue take no longer than 1,000 behind
-    # nothing plus the slack (docs/routing.md: 1,000 + 0.25 x 1,000 = 1,250, so a queue of 1,150).
-    assert balance.AFFINITY_SLACK == 0.25
-    preferred.prefill_tokens = 1150
+    # nothing plus the slack, the 900 tokens it holds (docs/routing.md: 1,000 + 1 x 900 = 1,900, so a
+    # queue of 1,800).
+    assert balance.AFFINITY_SLACK == 1.0
+    preferred.prefill_tokens = 1800
     assert pick() is preferred
-    preferred.prefill_tokens = 1151  # 1,251 > 1,250: the work wins
+    preferred.prefill_tokens = 1801  # 1,901 > 1,900: the work wins
     assert pick() is not preferred
 
 
@@ -249,15 +250,16 @@ def test_a_preferred_unit_with_requests_waiting_for_a_batch_slot_is_passed_over(
 
 def test_a_preferred_unit_whose_every_slot_is_taken_loses_to_an_idle_one_whatever_the_slack():
     """Two units of one batch slot, the key's unit running one long answer and its prefill queue empty:
-    by prefill alone it ties with the idle unit, and the slack would keep the request there, where it
-    would wait for the long answer to end. A unit with no slot free is not the preferred one."""
+    by prefill alone it is ahead of the idle unit (it holds 40 of the request's 50 tokens), and the slack
+    would keep the request there, where it would wait for the long answer to end. A unit with no slot
+    free is not the preferred one."""
     units = [V("u0", max_running=1), V("u1", max_running=1)]
     ring = _ring(units)
     key_h = next(h for h in map(balance.key_hash, (b"%d" % k for k in range(1000))) if next(ring.walk(h)) is units[0])
     units[0].in_flight = units[0].running = 1
     for seed in range(10):
         chosen = balance.by_cache_and_work(
-            ring, units, _always, random.Random(seed), key=key_h, tokens=50, cached=0, mean_load=0.5, slack=4.0
+            ring, units, _always, random.Random(seed), key=key_h, tokens=50, cached=40, mean_load=0.5, slack=4.0
         )
         assert chosen is units[1]
     units[0].in_flight = units[0].running = 0  # its slot free again: the key's unit keeps its key
@@ -401,8 +403,9 @@ def test_a_saturated_or_already_tried_preferred_unit_is_skipped():
 def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_whole_would_move_it():
     """A session's second turn of token ids resends its first (200 ids) and adds 200. Its unit has 250
     prompt tokens waiting; the other is idle. Counted whole, the turn looks cheaper on the idle unit
-    (250 + 400 against 400 + a quarter prompt of slack, 100); with the first turn's 200 tokens taken as
-    cached it stays (250 + 200 <= 500). A prompt that does not resend the first goes by work."""
+    (250 + 400 against 400, and no slack for a turn expected to hold nothing); with the first turn's 200
+    tokens taken as cached it stays (250 + 200 <= 400 + a slack of those 200). A prompt that does not
+    resend the first goes by work."""
     fleet = _fleet(2)
     first_ids = list(range(1000, 1200))
     first = balance.request_key(json.dumps({"prompt": first_ids}).encode(), "conv-7")
@@ -420,8 +423,8 @@ def test_a_completion_prompts_next_turn_stays_with_its_cache_where_counting_it_w
 def test_another_conversations_same_opening_counts_as_cached_on_the_unit_that_took_it():
     """Two conversations open with the same system prompt and question: a prefix key, the same for
     both. The unit that took the first holds those messages, so the second's first turn counts them as
-    cached there (docs/routing.md, step 4: it stays while its queue ahead, plus what it lacks, is within a
-    quarter prompt of an idle unit's whole prompt). A session key says nothing of what another session
+    cached there (docs/routing.md, step 4: it stays while its queue ahead, plus what it lacks, is within
+    an idle unit's whole prompt plus a slack of the lead tokens). A session key says nothing of what another session
     left, and a router that knows no unit for the key credits nothing."""
     fleet = _fleet(2)
     body = _chat("the same question everybody asks")
@@ -430,8 +433,8 @@ def test_another_conversations_same_opening_counts_as_cached_on_the_unit_that_to
     unit = _pick_served(fleet, first)
     assert unit is not None
     tokens, lead = first.tokens, first.lead_tokens
-    stays = lead + tokens // 4  # its queue + (tokens - lead) <= tokens + tokens / 4
-    assert stays > tokens // 4  # counted whole, that queue would move the turn
+    stays = 2 * lead  # its queue + (tokens - lead) <= tokens + 1 x lead
+    assert stays > 0  # counted whole, any queue would move the turn: nothing to keep it
 
     def report(queued: int) -> None:
         line = json.dumps({"load": {"prefill_tokens": queued, "in_flight": 1}}).encode()

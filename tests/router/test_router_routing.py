@@ -109,11 +109,13 @@ def test_least_loaded_unit_by_reported_load_receives_the_request():
 def test_router_outstanding_count_spreads_a_burst_between_idle_units(policy):
     """Ten requests of one prompt at once, reported load staying 0 (no poll in between): only what the
     router counts itself spreads them. By request count, exactly 5 and 5. By cache and work, the unit
-    holding the prompt keeps a request while its queue is at most the other's plus the request's
-    uncached part plus a quarter of a prompt (docs/routing.md, step 4): the prompt resends the last one
-    whole, so up to 1.25 prompts more than the other unit's queue, the router counting each of its own
-    sends whole until the unit reports (none of them is cached there yet); ten requests then end at
-    most 2 apart (an odd gap cannot split an even count)."""
+    that took the key's last request keeps the next while its queue plus the request's uncached part is
+    at most the other's plus the whole request plus a slack of what it is expected to hold
+    (docs/routing.md, step 4): here the key's lead, about the whole prompt, so while its queue is at most
+    about two prompts longer, the router counting each of its own sends whole until the unit reports
+    (none of them is cached there yet). The first unit takes 3, the other then holds the key and takes
+    6, until its queue is more than two prompts longer than the first's 3, and the last goes back: 4 and
+    6, never further apart."""
 
     async def scenario():
         a, b = us = await units("a", "b")

@@ -5,10 +5,11 @@ column filled. The replay itself runs against `make local` (`make bench-trace`),
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from bench.trace import replay
+from bench.trace import bound, replay
 
 
 def rows(*blocks: tuple[int, ...], gap_ms: int = 1000, output: int = 64) -> list[dict]:
@@ -242,3 +243,51 @@ def test_resend_has_a_later_turn_begin_with_its_previous_prompt_where_the_trace_
     # 10 as resent: turn 2's third block and turn 3's fourth besides
     assert replay.oracle_hit_rate(plain, 2) == 8 / 19
     assert replay.oracle_hit_rate(sent, 2) == 10 / 19
+
+
+def test_the_replay_resends_previous_prompts_unless_told_not_to():
+    """A client rendering its conversation resends the earlier turns whole, so that is the default."""
+    assert replay.parser().parse_args([]).resend is True
+    assert replay.parser().parse_args(["--no-resend"]).resend is False
+
+
+def test_the_prefill_line_is_the_lower_edge_of_the_answers_not_their_mean():
+    """Half the answers sit on 50 ms + 3 ms a token; the rest waited 0.2-1 s behind other work. The
+    line is the first half's, which a least-squares fit through all of them would miss."""
+    rng = random.Random(7)
+    on_line = [(n, 0.05 + 0.003 * n) for n in range(0, 520, 16)]
+    waited = [(n, 0.05 + 0.003 * n + rng.uniform(0.2, 1.0)) for n in range(8, 520, 16)]
+    a, b = bound.prefill_line(on_line + waited, 32)
+    assert a == pytest.approx(0.05, abs=1e-9) and b == pytest.approx(0.003, abs=1e-12)
+
+
+def test_the_floor_bounds_every_policy_and_records_of_other_requests_are_refused(tmp_path, capsys):
+    """A replay's records of three requests: the floor counts the oracle's hits with no queueing, so it
+    is at most any policy's median; records whose prompt sizes are not the requests drawn again (another
+    --requests, --seed or --resend) are refused naming the flags."""
+    trace = rows((1, 2), (1, 2, 3), (1, 2, 3, 4))
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in trace))
+    sizes = [4, 6, 8]  # block tokens 2: the oracle reuses 0, 4 and 6 of them
+
+    def write(policy: str, cached: list[int], ttft: list[float], sizes: list[int] = sizes) -> None:
+        recs = [{"status": 200, "ttft_s": t, "cached": c, "prompt_tokens": n} for c, t, n in zip(cached, ttft, sizes)]
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        (tmp_path / "runs" / f"{policy}-0.5.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+
+    # on the line 0.1 s + 0.01 s an uncached token, but least_requests' last two answers waited
+    write("least_requests", [0, 0, 4], [0.14, 0.30, 0.24])  # uncached 4, 6, 4
+    write("cache_aware", [0, 0, 6], [0.14, 0.16, 0.12])  # uncached 4, 6, 2
+    flags = ["--trace", str(path), "--requests", "3", "--sample", "first", "--block-tokens", "2"]
+    assert bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill line 100 ms + 10.00 ms per uncached token" in out
+    # the oracle leaves 4, 2 and 2 tokens uncached: 140, 120 and 120 ms on the line, median 120 ms
+    assert "floor p50 (every oracle hit, no queueing) 120 ms" in out
+    # medians by nearest rank, the 2nd of 3, as the replay's result lines give them
+    assert "| 0.5 | least_requests | 240 | 1.00 x | 140 | 100 | 20 | 0.50 x |" in out
+    assert "| 0.5 | cache_aware | 140 | 0.58 x | 140 | 0 | 20 |  |" in out
+    write("least_requests", [0, 0], [0.14, 0.18], sizes=[4, 6])
+    with pytest.raises(SystemExit):
+        bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"])
+    assert "least_requests at 0.5 req/s did not replay these requests" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""The lowest TTFT any router could give the replayed requests on these units, from a replay's records:
+how far a policy's median is from what the cache allows, and how much of the rest is queueing.
+
+Run: `python bench/trace/bound.py --records DIR [the replay's scaling flags]`, DIR being a
+`bench/trace/replay.py --records DIR` run's (one `POLICY-RATE.jsonl` per run) and the flags the ones
+that run was given (`--requests`, `--seed`, `--no-resend`, ...: the requests are drawn again and each
+record's prompt size checked against them).
+
+- The prefill line: a request's TTFT on a unit with nothing ahead of it is about a + b x the prompt
+  tokens its cache lacks. a and b are fitted to the lower edge of the lightest rate's records: least
+  squares through the fastest answer of each class of uncached sizes one scaled block wide (prompts
+  are whole blocks; an answer above the edge waited for another's prefill or step).
+- A policy's own line: the median, over its answered requests, of the line at the tokens its unit had
+  not cached (usage.prompt_tokens_details.cached_tokens): its TTFT without any queueing.
+- The floor: the median of the line at the tokens the oracle (one infinite cache) had not cached:
+  every hit found and nothing queued. No router does better; its ratio to least_requests' measured
+  median bounds the p50 ratio any policy can reach at that rate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from bench.fleet.trace_sim import trace_path  # noqa: E402
+from bench.measure import cpu_model  # noqa: E402
+from bench.trace import replay  # noqa: E402
+from bench.trace.replay import oracle_reuse, quantile  # noqa: E402
+
+
+def prefill_line(points: list[tuple[int, float]], width: int) -> tuple[float, float]:
+    """(a, b) of TTFT ~ a + b x uncached tokens along the lower edge of (uncached tokens, TTFT) points:
+    least squares through the fastest answer of each `width`-token size class. An answer above the
+    edge waited behind other work, which a fit through all of them would count as prefill."""
+    fastest: dict[int, tuple[int, float]] = {}
+    for x, y in points:
+        c = x // width
+        if c not in fastest or y < fastest[c][1]:
+            fastest[c] = (x, y)
+    pts = list(fastest.values())
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        raise ValueError("the answers' uncached prompt sizes fall in one size class: no line to fit")
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return my - b * mx, b
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def median(xs) -> float:
+    """The replay's own median (nearest rank), so that figures match its result lines."""
+    m = quantile(sorted(xs), 0.5)
+    assert m is not None, "no answered requests"
+    return m
+
+
+def answered(recs: list[dict]) -> list[dict]:
+    """The requests answered 200 with a first token: those the replay's TTFT percentiles count."""
+    return [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = replay.parser()
+    ap.description = __doc__.splitlines()[0]
+    a = ap.parse_args(argv)
+    if not a.records:
+        ap.error("--records: give the directory a replay run wrote with --records")
+    runs: dict[tuple[str, float], list[dict]] = {}
+    for path in sorted(Path(a.records).glob("*.jsonl")):
+        policy, _, rate = path.stem.rpartition("-")
+        try:
+            runs[(policy, float(rate))] = read_records(path)
+        except ValueError:
+            ap.error(f"--records {a.records}: {path.name} is not POLICY-RATE.jsonl of JSON lines")
+    if not runs:
+        ap.error(f"--records {a.records}: no POLICY-RATE.jsonl records there")
+    trace = trace_path(a.trace)
+    rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    rows = replay.select(rows, a.requests, a.sample, a.seed)
+    requests = replay.scale(
+        rows,
+        block_tokens=a.block_tokens,
+        max_input=a.max_input_tokens,
+        max_output=a.max_output_tokens,
+        rate=1.0,  # the oracle's reuse does not depend on the rate
+        vocab=a.vocab,
+        resend=a.resend,
+    )
+    for (policy, rate), recs in runs.items():
+        sizes = [r["prompt_tokens"] for r in recs]
+        if sizes != [len(q.prompt) for q in requests]:
+            ap.error(
+                f"--records {a.records}: {policy} at {rate:g} req/s did not replay these requests; "
+                "give the flags its run was given (--requests, --seed, --resend or --no-resend, ...)"
+            )
+    lightest = min(rate for _, rate in runs)
+    points = [
+        (r["prompt_tokens"] - r["cached"], r["ttft_s"])
+        for (_, rate), recs in runs.items()
+        if rate == lightest
+        for r in answered(recs)
+    ]
+    line_a, line_b = prefill_line(points, a.block_tokens)
+    floor = median(line_a + line_b * (t - h) for h, t in oracle_reuse(requests, a.block_tokens))
+    print(
+        f"{cpu_model()}: prefill line {1000 * line_a:.0f} ms + {1000 * line_b:.2f} ms per uncached token "
+        f"(fitted at {lightest:g} req/s, {len(points)} answers); floor p50 (every oracle hit, no queueing) "
+        f"{1000 * floor:.0f} ms"
+    )
+    print()
+    print(
+        "| rate (req/s) | policy | TTFT p50 (ms) | / least_requests' | its line's p50 (no queueing) | p50 above its "
+        "line (queueing) | its line above the floor (hits missed) | floor / least_requests' p50 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for rate in sorted({rate for _, rate in runs}):
+        base = runs.get(("least_requests", rate))
+        base_p50 = median(r["ttft_s"] for r in answered(base)) if base else None
+        for (policy, r_), recs in sorted(runs.items(), key=lambda kv: kv[0][0] != "least_requests"):
+            if r_ != rate:
+                continue
+            ok = answered(recs)
+            p50 = median(r["ttft_s"] for r in ok)
+            own = median(line_a + line_b * (r["prompt_tokens"] - r["cached"]) for r in ok)
+            vs = f"{p50 / base_p50:.2f} x" if base_p50 else ""
+            bound = f"{floor / base_p50:.2f} x" if base_p50 and policy == "least_requests" else ""
+            print(
+                f"| {rate:g} | {policy} | {1000 * p50:,.0f} | {vs} | {1000 * own:,.0f} | {1000 * (p50 - own):,.0f} | "
+                f"{1000 * (own - floor):,.0f} | {bound} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--records: give the directory a replay run wrote with --records")
     runs: dict[tuple[str, float], list[dict]] = {}
     for path in sorted(Path(a.records).glob("*.jsonl")):
-        policy, _, rate = path.stem.rpartition("-")
+        policy, _, rate_text = path.stem.rpartition("-")
         try:
-            runs[(policy, float(rate))] = read_records(path)
+            runs[(policy, float(rate_text))] = read_records(path)
         except ValueError:
             ap.error(f"--records {a.records}: {path.name} is not POLICY-RATE.jsonl of JSON lines")
     if not runs:

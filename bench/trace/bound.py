@@ -43,12 +43,12 @@ def prefill_line(points: list[tuple[int, float]], width: int) -> tuple[float, fl
             fastest[c] = (x, y)
     pts = list(fastest.values())
     n = len(pts)
+    if n < 2:
+        raise ValueError(f"answers in {n} class(es) of uncached prompt sizes: a line needs two")
     mx = sum(x for x, _ in pts) / n
     my = sum(y for _, y in pts) / n
     sxx = sum((x - mx) ** 2 for x, _ in pts)
-    if sxx == 0:
-        raise ValueError("the answers' uncached prompt sizes fall in one size class: no line to fit")
-    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx  # two classes: two distinct sizes, sxx > 0
     return my - b * mx, b
 
 
@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--records {a.records}: {path.name} is not POLICY-RATE.jsonl of JSON lines")
     if not runs:
         ap.error(f"--records {a.records}: no POLICY-RATE.jsonl records there")
-    trace = trace_path(a.trace)
-    rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    try:
+        rows = [json.loads(line) for line in trace_path(a.trace).read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
     rows = replay.select(rows, a.requests, a.sample, a.seed)
     requests = replay.scale(
         rows,
@@ -109,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         if rate == lightest
         for r in answered(recs)
     ]
-    line_a, line_b = prefill_line(points, a.block_tokens)
+    try:
+        line_a, line_b = prefill_line(points, a.block_tokens)
+    except ValueError as exc:
+        ap.error(f"--records {a.records}: at {lightest:g} req/s, {exc}; give runs with more answers")
     floor = median(line_a + line_b * (t - h) for h, t in oracle_reuse(requests, a.block_tokens))
     print(
         f"{cpu_model()}: prefill line {1000 * line_a:.0f} ms + {1000 * line_b:.2f} ms per uncached token "
@@ -123,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|")
     for rate in sorted({rate for _, rate in runs}):
-        base = runs.get(("least_requests", rate))
-        base_p50 = median(r["ttft_s"] for r in answered(base)) if base else None
+        base = answered(runs.get(("least_requests", rate), []))
+        base_p50 = median(r["ttft_s"] for r in base) if base else None
         for (policy, r_), recs in sorted(runs.items(), key=lambda kv: kv[0][0] != "least_requests"):
             if r_ != rate:
                 continue
             ok = answered(recs)
+            if not ok:
+                print(f"| {rate:g} | {policy} | no request answered | | | | | |")
+                continue
             p50 = median(r["ttft_s"] for r in ok)
             own = median(line_a + line_b * (r["prompt_tokens"] - r["cached"]) for r in ok)
             vs = f"{p50 / base_p50:.2f} x" if base_p50 else ""

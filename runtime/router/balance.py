@@ -433,9 +433,9 @@ def by_cache_and_work(
     at most `slack` x the tokens it is expected to hold. The unit expected to hold the cache is
     `holder`, the unit that took the key's latest request (KeyHolders), when it is usable, below the
     load bound and has a batch slot free; else the key's preferred unit on the ring under the same
-    conditions (within `walk` steps). `lead`: tokens
-    every request of the key begins with (RequestKey.lead_tokens), which the holder holds whoever sent
-    the request it took, so they count as cached there too. Without a key: the sampled least work."""
+    conditions (within `walk` steps). `lead`: tokens every request of the key begins with
+    (RequestKey.lead_tokens), which the holder holds whoever sent the request it took, so they count as
+    cached there too. Without a key: the sampled least work."""
     sampled = least_work(candidates, usable, rng, tokens, choices=choices)
     if key is None:
         return sampled

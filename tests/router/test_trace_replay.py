@@ -259,6 +259,8 @@ def test_the_prefill_line_is_the_lower_edge_of_the_answers_not_their_mean():
     waited = [(n, 0.05 + 0.003 * n + rng.uniform(0.2, 1.0)) for n in range(8, 520, 16)]
     a, b = bound.prefill_line(on_line + waited, 32)
     assert a == pytest.approx(0.05, abs=1e-9) and b == pytest.approx(0.003, abs=1e-12)
+    with pytest.raises(ValueError, match="a line needs two"):  # every answer of one size class: no slope
+        bound.prefill_line([(5, 0.1), (20, 0.2)], 32)
 
 
 def test_the_floor_bounds_every_policy_and_records_of_other_requests_are_refused(tmp_path, capsys):

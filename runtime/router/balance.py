@@ -130,11 +130,12 @@ WALK = 1
 # report their queued prompts net of what their cache holds of each, so a holder's queue is not
 # overstated either (beyond a router's own sends of the last 50 ms, counted whole). Against a quarter of
 # the whole prompt, on real engines with later turns resending their previous prompt (an AMD EPYC host,
-# three runs at 1.0 and 1.4 req/s, two at 0.4), it kept 88-96 % of the oracle's hits where a quarter
+# four runs at 1.0 and 1.4 req/s, three at 0.4), it kept 86-97 % of the oracle's hits where a quarter
 # kept 82-95 %, and answered as many requests within the targets or more (76-77 against 71-73 % at 1.4
 # req/s, past capacity); the fleet model finds it faster on both traces. Where the router credits a later
 # turn with nothing (a completion prompt that does not begin with its key's last prompt) the turn goes
-# by work alone (docs/benchmarks.md, Routing by cache).
+# by work alone: past capacity on such traffic it answered no more within the targets than today's
+# policy (docs/benchmarks.md, Routing by cache, "The slack decided").
 AFFINITY_SLACK = 1.0
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by

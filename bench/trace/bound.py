@@ -26,7 +26,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from bench.fleet.trace_sim import trace_path  # noqa: E402
 from bench.measure import cpu_model  # noqa: E402
 from bench.trace import replay  # noqa: E402
 from bench.trace.replay import oracle_reuse, quantile  # noqa: E402
@@ -83,13 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--records {a.records}: {path.name} is not POLICY-RATE.jsonl of JSON lines")
     if not runs:
         ap.error(f"--records {a.records}: no POLICY-RATE.jsonl records there")
-    try:
-        rows = [json.loads(line) for line in trace_path(a.trace).read_text().splitlines() if line.strip()]
-    except OSError as exc:
-        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
-    rows = replay.select(rows, a.requests, a.sample, a.seed)
     requests = replay.scale(
-        rows,
+        replay.selected_rows(ap, a),
         block_tokens=a.block_tokens,
         max_input=a.max_input_tokens,
         max_output=a.max_output_tokens,

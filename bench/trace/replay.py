@@ -309,7 +309,6 @@ def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> d
     ok = [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
     ttfts = sorted(r["ttft_s"] for r in ok)
     tpots = sorted(r["tpot_s"] for r in ok if r["tpot_s"] is not None)
-    q = quantile
     good = sum(1 for r in ok if r["ttft_s"] <= ttft_target_s and (r["tpot_s"] or 0.0) <= tpot_target_s)
     prompt = sum(r["prompt_tokens"] for r in recs)
     counted = [r for r in recs if r.get("engine_prompt_tokens") is not None]
@@ -322,9 +321,9 @@ def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> d
         # so than the oracle's): 0 when the hit rates compare the same tokens.
         "engine_prompt_mismatches": sum(1 for r in counted if r["engine_prompt_tokens"] != r["prompt_tokens"]),
         "engine_prompt_counted": len(counted),
-        "ttft_p50_s": q(ttfts, 0.5),
-        "ttft_p90_s": q(ttfts, 0.9),
-        "ttft_p99_s": q(ttfts, 0.99),
+        "ttft_p50_s": quantile(ttfts, 0.5),
+        "ttft_p90_s": quantile(ttfts, 0.9),
+        "ttft_p99_s": quantile(ttfts, 0.99),
         "tpot_mean_s": sum(tpots) / len(tpots) if tpots else None,
         "hit_rate": sum(r["cached"] for r in recs) / prompt if prompt else 0.0,
         "goodput": good / len(recs) if recs else 0.0,
@@ -456,6 +455,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def selected_rows(ap: argparse.ArgumentParser, a: argparse.Namespace) -> list[dict]:
+    """The trace's requests that --trace, --requests, --sample and --seed select (a trace that cannot
+    be read is refused naming the flag)."""
+    try:
+        rows = [json.loads(line) for line in trace_path(a.trace).read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
+    return select(rows, a.requests, a.sample, a.seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     a = ap.parse_args(argv)
@@ -471,12 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--requests, --block-tokens and --max-prefill-tokens must be at least 1 and every --rates above 0")
     if a.records and Path(a.records).exists() and not Path(a.records).is_dir():
         ap.error(f"--records {a.records}: a file is there; give a directory (it is made if missing)")
-    path = trace_path(a.trace)
-    try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except OSError as exc:
-        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
-    rows = select(rows, a.requests, a.sample, a.seed)
+    rows = selected_rows(ap, a)
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     runs = len(a.rates) * len(policies)
     arrivals_s = sum(len(rows) / r for r in a.rates) * len(policies)

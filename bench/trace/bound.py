@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from bench.measure import cpu_model  # noqa: E402
 from bench.trace import replay  # noqa: E402
-from bench.trace.replay import oracle_reuse, quantile  # noqa: E402
+from bench.trace.replay import answered, oracle_reuse, quantile  # noqa: E402
 
 
 def prefill_line(points: list[tuple[int, float]], width: int) -> tuple[float, float]:
@@ -60,11 +60,6 @@ def median(xs) -> float:
     m = quantile(sorted(xs), 0.5)
     assert m is not None, "no answered requests"
     return m
-
-
-def answered(recs: list[dict]) -> list[dict]:
-    """The requests answered 200 with a first token: those the replay's TTFT percentiles count."""
-    return [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -305,8 +305,13 @@ def quantile(xs: list[float], x: float) -> float | None:
     return xs[min(len(xs) - 1, int(len(xs) * x))] if xs else None
 
 
+def answered(recs: list[dict]) -> list[dict]:
+    """The requests answered 200 with a first token: those the TTFT percentiles count."""
+    return [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
+
+
 def summarize(recs: list[dict], ttft_target_s: float, tpot_target_s: float) -> dict:
-    ok = [r for r in recs if r["status"] == 200 and r["ttft_s"] is not None]
+    ok = answered(recs)
     ttfts = sorted(r["ttft_s"] for r in ok)
     tpots = sorted(r["tpot_s"] for r in ok if r["tpot_s"] is not None)
     good = sum(1 for r in ok if r["ttft_s"] <= ttft_target_s and (r["tpot_s"] or 0.0) <= tpot_target_s)

@@ -61,7 +61,14 @@ ROUTE_KEY_HEADER = "X-Flotilla-Route-Key"
 # tail] each), so every router, not only the sender, credits the conversation's next completion prompt
 # with what its unit holds (docs/routing.md).
 ROUTE_PROMPT_HEADER = "X-Flotilla-Route-Prompt"
-INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER, ROUTE_PROMPT_HEADER)
+# router -> leader, beside ROUTE_PROMPT_HEADER: "<mark>,<mark>,...", the hashes at the prompt's
+# checkpoints, the furthest first (KeyPrompts again), at most ROUTE_MARKS_MAX. The leader lists them in
+# its watch lines as `marks`, one list per `prompts` entry and in the same order ([] when the header was
+# absent or malformed), so every router credits a next prompt that resends most of this one. A separate
+# header and field, so that members of the revision before, which read neither, keep working beside these.
+ROUTE_MARKS_HEADER = "X-Flotilla-Route-Marks"
+ROUTE_MARKS_MAX = 8
+INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER, ROUTE_PROMPT_HEADER, ROUTE_MARKS_HEADER)
 
 # --- Busy is not broken -----------------------------------------------------------------------------
 # A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes

@@ -81,13 +81,19 @@ def _decimal_u64(text: str) -> int | None:
     return int(text) if text.isdigit() and len(text) <= 20 else None
 
 
-def _route_prompt(header: str, prompt_tokens: int) -> RoutePrompt | None:
+def _route_prompt(header: str, marks_header: str, prompt_tokens: int) -> RoutePrompt | None:
     """The completion prompt a router sent, as contract.ROUTE_PROMPT_HEADER gives it ("<bytes>:<tail>",
-    two decimal integers of at most 64 bits), with the engine's token count; None when absent or
-    malformed (the key is still listed: only the prompt's credit is lost)."""
+    two decimal integers of at most 64 bits), with the engine's token count and its checkpoint hashes
+    (contract.ROUTE_MARKS_HEADER: at most ROUTE_MARKS_MAX of them, comma-separated); None when the
+    prompt header is absent or malformed (the key is still listed: only the prompt's credit is lost),
+    no marks when theirs is (only the credit of a partial resend is lost)."""
     length, _, tail = header.partition(":")
     n, h = _decimal_u64(length), _decimal_u64(tail)
-    return None if n is None or h is None else (n, prompt_tokens, h)
+    if n is None or h is None:
+        return None
+    parts = marks_header.split(",") if marks_header else []
+    marks = [m for m in map(_decimal_u64, parts[: contract.ROUTE_MARKS_MAX + 1]) if m is not None]
+    return n, prompt_tokens, h, tuple(marks) if len(marks) == len(parts) <= contract.ROUTE_MARKS_MAX else ()
 
 
 def _error(e: ApiError, headers: dict[str, str]) -> web.Response:
@@ -267,7 +273,12 @@ class LeaderApi:
             route_key = _decimal_u64(request.headers.get(contract.ROUTE_KEY_HEADER, ""))
             if route_key is not None:
                 self.sup.note_route_key(
-                    route_key, _route_prompt(request.headers.get(contract.ROUTE_PROMPT_HEADER, ""), prompt_tokens)
+                    route_key,
+                    _route_prompt(
+                        request.headers.get(contract.ROUTE_PROMPT_HEADER, ""),
+                        request.headers.get(contract.ROUTE_MARKS_HEADER, ""),
+                        prompt_tokens,
+                    ),
                 )
             events = prefill.until_first_token(events)
             if req.stream:
@@ -982,9 +993,12 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                     more = b""
                     if admitted:
                         more = b',"keys":' + json.dumps([k for k, _ in admitted], separators=(",", ":")).encode()
-                        prompts = [[k, *p] for k, p in admitted if p is not None]
-                        if prompts:  # [key, bytes, tokens, tail] (contract.ROUTE_PROMPT_HEADER)
-                            more += b',"prompts":' + json.dumps(prompts, separators=(",", ":")).encode()
+                        prompts = [(k, p) for k, p in admitted if p is not None]
+                        if prompts:  # [key, bytes, tokens, tail] each, and its marks (contract.ROUTE_MARKS_HEADER)
+                            listed = [[k, n, t, h] for k, (n, t, h, _) in prompts]
+                            marks = [p[3] for _, p in prompts]
+                            more += b',"prompts":' + json.dumps(listed, separators=(",", ":")).encode()
+                            more += b',"marks":' + json.dumps(marks, separators=(",", ":")).encode()
                     keys_sent = sup.route_keys_seen
                     if rest != last_rest:  # the whole body: something beyond the load changed
                         line = rest[:-1] + b',"load":' + load + more + b"}\n"

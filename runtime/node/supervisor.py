@@ -57,8 +57,9 @@ STATUS_DEADLINE_S = 1.0
 # of a busy unit's admissions) skips the oldest; the routers then lose only an estimate.
 ROUTE_KEYS_KEPT = 256
 # A completion prompt a router sent under a routing key: its bytes and tail hash as the router gave them
-# (contract.ROUTE_PROMPT_HEADER) and its token count as the engine counted it.
-RoutePrompt = tuple[int, int, int]  # (bytes, tokens, tail)
+# (contract.ROUTE_PROMPT_HEADER), its token count as the engine counted it, and its checkpoint hashes
+# (contract.ROUTE_MARKS_HEADER; empty when the router sent none).
+RoutePrompt = tuple[int, int, int, tuple[int, ...]]  # (bytes, tokens, tail, marks)
 
 
 class FormationEnded(Exception):
@@ -90,7 +91,7 @@ class UnitSupervisor:
         self.in_flight = 0
         self.prefill_tokens = 0  # leader: prompt tokens of API requests accepted and not yet at their first token
         # leader: the routing keys of the latest admitted requests (contract.ROUTE_KEY_HEADER), each with
-        # its completion prompt's (bytes, tokens, tail) when the router sent one (ROUTE_PROMPT_HEADER),
+        # its completion prompt's (bytes, tokens, tail, marks) when the router sent one (ROUTE_PROMPT_HEADER),
         # and how many were ever admitted: each watch stream sends those it has not sent yet.
         self.route_keys: collections.deque[tuple[int, RoutePrompt | None]] = collections.deque(maxlen=ROUTE_KEYS_KEPT)
         self.route_keys_seen = 0

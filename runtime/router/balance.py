@@ -373,42 +373,65 @@ class KeyHolders(Generic[V]):
 # last prompt it sent under each key: a later prompt of the key with the same bytes before that length
 # is taken to resend it (the conversation's next turn, rendered by the client) and its unit to hold it.
 PROMPT_TAIL_BYTES = 64
+# And the same hash before each of 1/2, 3/4, 7/8 and 15/16 of that length: a later prompt that resends
+# all but the end of the last one (a client that re-renders or trims the end of its last turn, token ids
+# whose last few change once more text follows them) is credited with the tokens before the furthest of
+# these checkpoints it resends, in proportion to the bytes, instead of nothing.
+PROMPT_CHECKPOINTS = 4
+
+
+def prompt_checkpoints(length: int) -> tuple[int, ...]:
+    """The byte offsets of a prompt of `length` bytes whose preceding PROMPT_TAIL_BYTES a router
+    remembers besides its end, the furthest first: length - length / 2**i for i = 4, 3, 2, 1."""
+    return tuple(length - (length >> i) for i in range(PROMPT_CHECKPOINTS, 0, -1))
+
+
+def _window_hash(prompt: bytes, end: int) -> int:
+    return key_hash(prompt[max(0, end - PROMPT_TAIL_BYTES) : end])
 
 
 class KeyPrompts:
     """Per key, the last completion prompt sent under it, by this router or, as the units report them
-    (`prompts` of their watch lines), by another: its length in bytes, its tokens and a hash of its
-    last PROMPT_TAIL_BYTES bytes, kept in a KeyHolders (bounded the same way): 65,536 keys cost about
-    16 MiB (measured with tracemalloc)."""
+    (`prompts` and `marks` of their watch lines), by another: its length in bytes, its tokens, the hash
+    of its last PROMPT_TAIL_BYTES bytes and the hashes at its checkpoints (prompt_checkpoints), kept in a
+    KeyHolders (bounded the same way): 65,536 keys cost about 32 MiB (measured with tracemalloc)."""
 
     __slots__ = ("_prompts",)
 
     def __init__(self, capacity: int = HOLDER_KEYS) -> None:
-        self._prompts: KeyHolders[tuple[int, int, int]] = KeyHolders(capacity)
+        self._prompts: KeyHolders[tuple[int, int, int, tuple[int, ...]]] = KeyHolders(capacity)
 
     def __len__(self) -> int:
         return len(self._prompts)
 
     @staticmethod
-    def summary(prompt: bytes) -> tuple[int, int]:
-        """What is kept of a prompt besides its tokens: its length in bytes and the hash of its tail
-        (also what the router tells the unit, contract.ROUTE_PROMPT_HEADER)."""
-        return len(prompt), key_hash(prompt[-PROMPT_TAIL_BYTES:])
+    def summary(prompt: bytes) -> tuple[int, int, tuple[int, ...]]:
+        """What is kept of a prompt besides its tokens: its length in bytes, the hash of its tail and
+        the hashes at its checkpoints, the furthest first (also what the router tells the unit,
+        contract.ROUTE_PROMPT_HEADER and contract.ROUTE_MARKS_HEADER)."""
+        n = len(prompt)
+        return n, _window_hash(prompt, n), tuple(_window_hash(prompt, c) for c in prompt_checkpoints(n))
 
-    def note(self, key: int, length: int, tokens: int, tail: int) -> None:
+    def note(self, key: int, length: int, tokens: int, tail: int, marks: tuple[int, ...] = ()) -> None:
         """The key's latest prompt: this router's own send (RequestKey.prompt_summary), or another
-        router's as its unit reports it (`prompts` of a watch line)."""
-        self._prompts.note(key, (length, tokens, tail))
+        router's as its unit reports it (`prompts` and `marks` of a watch line; a unit of an older
+        revision reports no marks, and a resend of the whole prompt is still credited)."""
+        self._prompts.note(key, (length, tokens, tail, marks))
 
     def cached(self, key: int, prompt: bytes) -> int:
-        """Tokens of the key's last prompt if `prompt` resends it (0 if not, or if the key is unknown)."""
+        """Tokens of the key's last prompt if `prompt` resends it; if it resends it only up to one of its
+        checkpoints, the tokens before the furthest such, in proportion to the bytes; 0 if neither, or
+        if the key is unknown."""
         last = self._prompts.get(key)
         if last is None:
             return 0
-        length, tokens, tail = last
-        if len(prompt) < length or key_hash(prompt[max(0, length - PROMPT_TAIL_BYTES) : length]) != tail:
-            return 0
-        return tokens
+        length, tokens, tail, marks = last
+        if len(prompt) >= length and _window_hash(prompt, length) == tail:
+            return tokens
+        for end, mark in zip(prompt_checkpoints(length), marks):
+            if len(prompt) >= end and _window_hash(prompt, end) == mark:
+                return tokens * end // length
+        return 0
 
 
 def by_cache_and_work(
@@ -475,7 +498,7 @@ class RequestKey:
     lead_tokens: int = 0
 
     @cached_property
-    def prompt_summary(self) -> tuple[int, int]:
+    def prompt_summary(self) -> tuple[int, int, tuple[int, ...]]:
         """KeyPrompts.summary of the prompt, worked out once per request: the proxy tells the unit,
         and the pick notes it."""
         return KeyPrompts.summary(self.prompt)

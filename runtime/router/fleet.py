@@ -587,12 +587,21 @@ class Fleet:
                     note(k, unit)
                 prompts = body.get("prompts")
                 if prompts:  # and their completion prompts: [key, bytes, tokens, tail] (balance.KeyPrompts)
+                    marks = body.get("marks")  # and each one's checkpoint hashes, in the same order
+                    if marks is not None and (type(marks) is not list or len(marks) != len(prompts)):
+                        raise ValueError(f"marks is not one list per prompts entry: {marks!r}")
                     note_prompt = self.prompts.note
-                    for entry in prompts:
+                    for i, entry in enumerate(prompts):
                         k, length, tokens, tail = entry
                         if not all(type(v) is int for v in entry):
                             raise ValueError(f"a prompts entry is not four integers: {entry!r}")
-                        note_prompt(k, length, tokens, tail)
+                        if marks is None:  # a unit of the revision before
+                            note_prompt(k, length, tokens, tail)
+                            continue
+                        m = marks[i]
+                        if type(m) is not list or not all(type(v) is int for v in m):
+                            raise ValueError(f"a marks entry is not a list of integers: {m!r}")
+                        note_prompt(k, length, tokens, tail, tuple(m))
             if "state" not in body:  # only the load changed: the rest of the last body holds
                 unit.take_load(body["load"])
                 unit.reported_at = time.monotonic()
@@ -791,8 +800,8 @@ class Fleet:
                 self.routes["preferred" if best is preferred else "by_work"] += 1
                 self.holders.note(request.key, best)
                 if request.prompt:
-                    length, tail = request.prompt_summary
-                    self.prompts.note(request.key, length, request.tokens, tail)
+                    length, tail, marks = request.prompt_summary
+                    self.prompts.note(request.key, length, request.tokens, tail, marks)
         if best is None:
             best = balance.least_loaded(units, usable, self._rng)
         if best is not None:

@@ -490,8 +490,9 @@ class Router:
         if key.key is not None:  # the leader reports it back to every router (docs/routing.md)
             headers[contract.ROUTE_KEY_HEADER] = str(key.key)
             if key.prompt:
-                length, tail = key.prompt_summary
+                length, tail, marks = key.prompt_summary
                 headers[contract.ROUTE_PROMPT_HEADER] = f"{length}:{tail}"
+                headers[contract.ROUTE_MARKS_HEADER] = ",".join(map(str, marks))
         if self.settings.max_moves and resumable_request(request.method, request.path, headers):
             headers[contract.RESUME_HEADER] = "1"
         tried: tuple[Member, ...] = ()

@@ -228,29 +228,45 @@ def test_the_leader_lists_the_routing_key_of_each_request_it_admits_in_its_watch
     assert listed == [key]
 
 
-def test_the_leader_lists_a_completion_prompts_bytes_tail_and_engine_token_count_beside_its_key(shared_unit):
+def test_the_leader_lists_a_completion_prompts_bytes_tail_marks_and_engine_token_count_beside_its_key(shared_unit):
     key = 2**64 - 54321
     with _watching(shared_unit.members[0]) as next_line:
-        sent = {"bad": "12:x", "good": f"40:{2**64 - 1}"}  # a malformed prompt loses its credit, not its key
+        # A malformed prompt loses its credit, not its key; malformed marks lose only the marks; a router
+        # of the revision before sends no marks.
+        sent = {
+            "bad": ("12:x", "1,2"),
+            "good": (f"40:{2**64 - 1}", f"7,{2**64 - 2}"),
+            "bad marks": ("41:5", "7,-8"),
+            "too many marks": ("42:5", ",".join(["1"] * (contract.ROUTE_MARKS_MAX + 1))),
+            "no marks": ("43:5", None),
+        }
         usage = {}
-        for name, header in sent.items():
+        for name, (header, marks) in sent.items():
+            headers = {contract.ROUTE_KEY_HEADER: str(key), contract.ROUTE_PROMPT_HEADER: header}
+            if marks is not None:
+                headers[contract.ROUTE_MARKS_HEADER] = marks
             out = client(shared_unit).completions.create(
-                model="tiny",
-                prompt=f"abc {name}",
-                max_tokens=2,
-                extra_headers={contract.ROUTE_KEY_HEADER: str(key), contract.ROUTE_PROMPT_HEADER: header},
+                model="tiny", prompt=f"abc {name}", max_tokens=2, extra_headers=headers
             )
             usage[name] = out.usage.prompt_tokens
         keys: list[int] = []
         prompts: list[list[int]] = []
+        marks_listed: list[list[int]] = []
         for _ in range(200):
             doc = next_line()
             keys += doc.get("keys", [])
             prompts += doc.get("prompts", [])
-            if len(keys) >= 2:
+            marks_listed += doc.get("marks", [])
+            if len(keys) >= len(sent):
                 break
-    assert keys == [key, key]
-    assert prompts == [[key, 40, usage["good"], 2**64 - 1]]
+    assert keys == [key] * len(sent)
+    assert prompts == [
+        [key, 40, usage["good"], 2**64 - 1],
+        [key, 41, usage["bad marks"], 5],
+        [key, 42, usage["too many marks"], 5],
+        [key, 43, usage["no marks"], 5],
+    ]
+    assert marks_listed == [[7, 2**64 - 2], [], [], []]  # one list per prompts entry, in its order
 
 
 def test_the_watch_refuses_an_interval_out_of_range(shared_unit):

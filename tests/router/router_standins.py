@@ -68,6 +68,7 @@ class StandInUnit:
         self.authorizations: list[str] = []  # Authorization headers that reached the unit
         self.route_keys: list[str] = []  # contract.ROUTE_KEY_HEADER of each completion request ("" if none)
         self.route_prompts: list[str] = []  # and its contract.ROUTE_PROMPT_HEADER ("" if none)
+        self.route_marks: list[str] = []  # and its contract.ROUTE_MARKS_HEADER ("" if none)
         self.active = 0
         self.max_active = 0
         self.disconnects = 0  # streams the client (router) abandoned
@@ -178,6 +179,7 @@ class StandInUnit:
         self.received.append(request.headers.get(contract.REQUEST_ID_HEADER, ""))
         self.route_keys.append(request.headers.get(contract.ROUTE_KEY_HEADER, ""))
         self.route_prompts.append(request.headers.get(contract.ROUTE_PROMPT_HEADER, ""))
+        self.route_marks.append(request.headers.get(contract.ROUTE_MARKS_HEADER, ""))
         if "Authorization" in request.headers:
             self.authorizations.append(request.headers["Authorization"])
         if self.refuse is not None:

@@ -321,7 +321,8 @@ def test_a_completion_prompt_resending_the_keys_last_one_is_taken_as_cached_and_
     prompts = balance.KeyPrompts()
     first = balance.request_key(json.dumps({"prompt": list(range(100, 140))}).encode(), "conv-1")
     assert (first.source, first.tokens) == ("session", 40)  # token ids counted as tokens, not bytes
-    prompts.note(first.key, first.prompt_summary[0], first.tokens, first.prompt_summary[1])
+    length, tail, _ = first.prompt_summary
+    prompts.note(first.key, length, first.tokens, tail)  # no checkpoints: a whole resend or nothing
 
     def cached(ids: list[int]) -> int:
         return prompts.cached(first.key, balance.request_key(json.dumps({"prompt": ids}).encode(), "conv-1").prompt)
@@ -333,10 +334,40 @@ def test_a_completion_prompt_resending_the_keys_last_one_is_taken_as_cached_and_
     assert cached(list(range(200, 260))) == 0  # another conversation under the same session
     lead = "You are a shopping assistant. " * 200  # past PREFIX_KEY_BYTES: every turn has the same key
     text = balance.request_key(json.dumps({"prompt": lead + "Red shoes?"}).encode())
-    prompts.note(text.key, text.prompt_summary[0], text.tokens, text.prompt_summary[1])
+    prompts.note(text.key, *text.prompt_summary[:1], text.tokens, *text.prompt_summary[1:])
     later = balance.request_key(json.dumps({"prompt": lead + "Red shoes? Size 9."}).encode())
     assert later.key == text.key and prompts.cached(later.key, later.prompt) == text.tokens
-    assert prompts.cached(later.key, (lead + "Blue hat?").encode()) == 0
+    # Another question after the same lead: what it resends of the last prompt, through its checkpoints.
+    assert text.tokens * 15 // 16 - 1 <= prompts.cached(later.key, (lead + "Blue hat?").encode()) < text.tokens
+
+
+def test_a_completion_prompt_resending_most_of_the_keys_last_one_is_credited_with_about_what_it_resends():
+    """A next prompt that changes the end of the last one (its last few token ids re-tokenized, the last
+    turn re-rendered) is credited from the last prompt's checkpoints: never more than the tokens it
+    resends, at least half of those when it resends at least half of the last prompt, nothing when it
+    resends less than half, and its key's whole prompt when it resends all of it."""
+    prompts = balance.KeyPrompts()
+    last = list(range(100_000, 100_400))  # 400 ids of 7 bytes each in the compared text ("100000,")
+    first = balance.request_key(json.dumps({"prompt": last}).encode(), "conv-1")
+    length, tail, marks = first.prompt_summary
+    assert len(marks) == balance.PROMPT_CHECKPOINTS
+    prompts.note(first.key, length, first.tokens, tail, marks)
+
+    def cached(kept: int) -> int:
+        """Credit for a prompt that resends the first `kept` ids of the last one, then goes on differently."""
+        ids = last[:kept] + list(range(900_000, 900_000 + 400 - kept + 50))
+        return prompts.cached(first.key, balance.request_key(json.dumps({"prompt": ids}).encode(), "conv-1").prompt)
+
+    assert cached(400) == 400  # the whole of it
+    for kept in (397, 390, 376, 350, 300, 250, 200):
+        assert kept // 2 <= cached(kept) <= kept, kept
+    assert cached(397) >= 400 * 15 // 16 - 1  # all but its last 3 ids: the furthest checkpoint, 15/16
+    assert cached(199) == 0  # less than half of it: nothing, as before
+    assert cached(0) == 0
+    unmarked = balance.KeyPrompts()  # a unit of the revision before reports no marks
+    unmarked.note(first.key, length, first.tokens, tail)
+    ids = last[:397] + [1, 2, 3]
+    assert unmarked.cached(first.key, balance.request_key(json.dumps({"prompt": ids}).encode(), "conv-1").prompt) == 0
 
 
 # --- the router's fleet ------------------------------------------------------------------------------
@@ -473,7 +504,7 @@ def test_another_router_credits_a_completion_prompts_next_turn_once_the_unit_rep
     assert unit is not None
     second = balance.request_key(json.dumps({"prompt": first_ids + list(range(5000, 5200))}).encode(), "conv-7")
     assert b.prompts.cached(second.key, second.prompt) == 0  # b sent nothing of this conversation
-    length, tail = balance.KeyPrompts.summary(first.prompt)
+    length, tail, _ = balance.KeyPrompts.summary(first.prompt)
     held = next(u for u in b.members.values() if u.url == unit.url)
     line = b'{"load":{"prefill_tokens":250,"in_flight":1},"keys":[%d],"prompts":[[%d,%d,200,%d]]}' % (
         first.key,
@@ -489,8 +520,40 @@ def test_another_router_credits_a_completion_prompts_next_turn_once_the_unit_rep
     assert b.prompts.cached(other.key, other.prompt) == 0
 
 
-def test_a_watch_line_whose_prompts_are_not_four_integers_marks_its_unit_unreadable():
-    for bad in (b'"prompts":[[1,2,3]]', b'"prompts":[[1,"2",3,4]]', b'"prompts":[7]'):
+def test_another_router_credits_most_of_a_prompt_resent_but_for_its_end_from_the_units_marks():
+    """A second prompt that keeps all but the first prompt's last 8 of 200 ids: a router that did not
+    send the first credits it from the `marks` the unit reports beside `prompts`, and sends it to the
+    unit holding the first, as the router that sent the first does."""
+    a, b = _fleet(2), _fleet(2)
+    first_ids = list(range(1000, 1200))
+    first = balance.request_key(json.dumps({"prompt": first_ids}).encode(), "conv-8")
+    unit = _pick_served(a, first)
+    assert unit is not None
+    second = balance.request_key(json.dumps({"prompt": first_ids[:-8] + list(range(5000, 5200))}).encode(), "conv-8")
+    assert 0 < a.prompts.cached(second.key, second.prompt) <= 192  # the sender's own note has the marks
+    length, tail, marks = balance.KeyPrompts.summary(first.prompt)
+    held = next(u for u in b.members.values() if u.url == unit.url)
+    entry = {"keys": [first.key], "prompts": [[first.key, length, 200, tail]]}
+    assert b.on_watch_line(held, json.dumps({"load": {"prefill_tokens": 250, "in_flight": 1}, **entry}).encode())
+    assert b.prompts.cached(second.key, second.prompt) == 0  # no marks (a unit of the revision before)
+    line = {"load": {"prefill_tokens": 250, "in_flight": 1}, **entry, "marks": [list(marks)]}
+    assert b.on_watch_line(held, json.dumps(line).encode())
+    credit = b.prompts.cached(second.key, second.prompt)
+    assert credit == a.prompts.cached(second.key, second.prompt) and 200 * 7 // 8 <= credit <= 192
+    b._index.mean_at = -1e9
+    assert b.pick((), second).unit is held  # stays with its cache
+
+
+def test_a_watch_line_whose_prompts_are_not_four_integers_or_marks_not_one_list_each_marks_its_unit_unreadable():
+    for bad in (
+        b'"prompts":[[1,2,3]]',
+        b'"prompts":[[1,"2",3,4]]',
+        b'"prompts":[7]',
+        b'"prompts":[[1,2,3,4]],"marks":[]',
+        b'"prompts":[[1,2,3,4]],"marks":[[1,"2"]]',
+        b'"prompts":[[1,2,3,4]],"marks":[5]',
+        b'"prompts":[[1,2,3,4]],"marks":{"1":[]}',
+    ):
         fleet = _fleet(1)
         (u,) = fleet.members.values()
         line = b'{"load":{"in_flight":1},"keys":[1],' + bad + b"}"
@@ -652,16 +715,21 @@ def test_two_routers_send_a_conversation_to_the_same_unit_end_to_end():
                 async with s.post(
                     base_url(r2) + "/v1/completions",
                     data=json.dumps({"model": "m", "prompt": prompt, "max_tokens": 2}).encode(),
-                    headers={contract.SESSION_HEADER: "conv-9", contract.ROUTE_PROMPT_HEADER: "1:1"},
+                    headers={
+                        contract.SESSION_HEADER: "conv-9",
+                        contract.ROUTE_PROMPT_HEADER: "1:1",
+                        contract.ROUTE_MARKS_HEADER: "1,2",
+                    },
                 ) as resp:
                     assert resp.status == 200
                     (unit,) = [u for u in units if u.name == resp.headers[contract.UNIT_HEADER]]
-                length, tail = balance.KeyPrompts.summary(
+                length, tail, marks = balance.KeyPrompts.summary(
                     balance.request_key(json.dumps({"prompt": prompt}).encode(), "conv-9").prompt
                 )
-                assert (unit.route_keys[-1], unit.route_prompts[-1]) == (
+                assert (unit.route_keys[-1], unit.route_prompts[-1], unit.route_marks[-1]) == (
                     str(balance.key_hash(b"s:conv-9")),
                     f"{length}:{tail}",
+                    ",".join(map(str, marks)),
                 )
         finally:
             for u in units:

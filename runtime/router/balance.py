@@ -132,10 +132,12 @@ WALK = 1
 # the whole prompt, on real engines with later turns resending their previous prompt (an AMD EPYC host,
 # four runs at 1.0 and 1.4 req/s, three at 0.4), it kept 86-97 % of the oracle's hits where a quarter
 # kept 82-95 %, and answered as many requests within the targets or more (76-77 against 71-73 % at 1.4
-# req/s, past capacity); the fleet model finds it faster on both traces. Where the router credits a later
-# turn with nothing (a completion prompt that does not begin with its key's last prompt) the turn goes
-# by work alone: past capacity on such traffic it answered no more within the targets than today's
-# policy (docs/benchmarks.md, Routing by cache, "The slack decided").
+# req/s, past capacity); the fleet model finds it faster on both traces. A later turn the router credits
+# with nothing goes by work alone: while only a whole resend of a completion prompt was credited, a
+# replay of the trace's own hashes (most later turns resending all but their previous prompt's last
+# block) answered no more within the targets past capacity than today's policy; with KeyPrompts'
+# checkpoints it answers as many as with resent prompts (docs/benchmarks.md, Routing by cache,
+# "The slack decided" and "Checkpoints").
 AFFINITY_SLACK = 1.0
 # Units sampled for the least-work fallback of routing by cache: more than CHOICES because the estimate
 # counts this router's own sends at once, which spreads routers without the herding that sampling by

@@ -334,7 +334,8 @@ def test_a_completion_prompt_resending_the_keys_last_one_is_taken_as_cached_and_
     assert cached(list(range(200, 260))) == 0  # another conversation under the same session
     lead = "You are a shopping assistant. " * 200  # past PREFIX_KEY_BYTES: every turn has the same key
     text = balance.request_key(json.dumps({"prompt": lead + "Red shoes?"}).encode())
-    prompts.note(text.key, *text.prompt_summary[:1], text.tokens, *text.prompt_summary[1:])
+    length, tail, marks = text.prompt_summary
+    prompts.note(text.key, length, text.tokens, tail, marks)
     later = balance.request_key(json.dumps({"prompt": lead + "Red shoes? Size 9."}).encode())
     assert later.key == text.key and prompts.cached(later.key, later.prompt) == text.tokens
     # Another question after the same lead: what it resends of the last prompt, through its checkpoints.

@@ -595,10 +595,7 @@ class Fleet:
                         k, length, tokens, tail = entry
                         if not all(type(v) is int for v in entry):
                             raise ValueError(f"a prompts entry is not four integers: {entry!r}")
-                        if marks is None:  # a unit of the revision before
-                            note_prompt(k, length, tokens, tail)
-                            continue
-                        m = marks[i]
+                        m = [] if marks is None else marks[i]  # none from a unit of the revision before
                         if type(m) is not list or not all(type(v) is int for v in m):
                             raise ValueError(f"a marks entry is not a list of integers: {m!r}")
                         note_prompt(k, length, tokens, tail, tuple(m))

@@ -15,6 +15,13 @@ record's prompt size checked against them).
 - The floor: the median of the line at the tokens the oracle (one infinite cache) had not cached:
   every hit found and nothing queued. No router does better; its ratio to least_requests' measured
   median bounds the p50 ratio any policy can reach at that rate.
+- What each answer waited for: its TTFT above the line, by what the host was doing while it waited
+  for its first token: nothing else ("alone": the line's own scatter, since the line is an edge and a
+  typical lone answer sits above it), only other units (the units share the host's cores), its own
+  unit serving others, none of them sent before it and still before their first token ("its unit
+  busy"), or its own unit still prefilling a request sent before it ("behind a prefill"). A request
+  runs from its send to about its first token plus TPOT x (max_tokens - 1): the replay ignores EOS.
+  The lone answers' median at the lightest rate added to the floor is a typical answer's floor.
 """
 
 from __future__ import annotations
@@ -62,6 +69,37 @@ def median(xs) -> float:
     return m
 
 
+WAITS = ("alone", "other units busy", "its unit busy", "behind a prefill")
+
+
+def waits(recs: list[dict], requests: list[replay.Scaled], line: tuple[float, float]) -> dict[str, list[float]]:
+    """Each answered request's TTFT above the line (seconds), by what the host was doing when it was
+    sent (WAITS, the module's docstring). Records align with requests by position."""
+    spans = []
+    for r, q in zip(recs, requests):
+        if r["status"] == 200 and r["ttft_s"] is not None:
+            first = r["sent_s"] + r["ttft_s"]
+            spans.append((r, first, first + (r["tpot_s"] or 0.0) * (q.max_tokens - 1)))
+    out: dict[str, list[float]] = {w: [] for w in WAITS}
+    for r, first, _ in spans:
+        sent = r["sent_s"]
+        busy = [(o, o_first) for o, o_first, o_end in spans if o is not r and o["sent_s"] < first and o_end > sent]
+        mine = [(o, o_first) for o, o_first in busy if o["unit"] == r["unit"]]
+        if any(o["sent_s"] < sent < o_first for o, o_first in mine):
+            kind = "behind a prefill"
+        elif mine:
+            kind = "its unit busy"
+        else:
+            kind = "other units busy" if busy else "alone"
+        out[kind].append(r["ttft_s"] - (line[0] + line[1] * (r["prompt_tokens"] - r["cached"])))
+    return out
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds to the nearest one, without the "-0" of a float a hair below zero."""
+    return f"{round(1000 * seconds):,}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = replay.parser()
     ap.description = __doc__.splitlines()[0]
@@ -105,17 +143,30 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(f"--records {a.records}: at {lightest:g} req/s, {exc}; give runs with more answers")
     floor = median(line_a + line_b * (t - h) for h, t in oracle_reuse(requests, a.block_tokens))
+    by_run = {
+        run: waits(recs, requests, (line_a, line_b))
+        for run, recs in runs.items()
+        if all("sent_s" in r and "unit" in r for r in answered(recs))
+    }
+    lone = [x for (_, rate), by in by_run.items() if rate == lightest for x in by["alone"]]
+    scatter = median(lone) if lone else None
     print(
         f"{cpu_model()}: prefill line {1000 * line_a:.0f} ms + {1000 * line_b:.2f} ms per uncached token "
         f"(fitted at {lightest:g} req/s, {len(points)} answers); floor p50 (every oracle hit, no queueing) "
-        f"{1000 * floor:.0f} ms"
+        f"{ms(floor)} ms"
     )
+    if scatter is not None:
+        print(
+            f"answers alone on the host at {lightest:g} req/s sit a median {ms(scatter)} ms above the line "
+            f"({len(lone)} answers): a typical answer's floor is {ms(floor + scatter)} ms"
+        )
     print()
     print(
         "| rate (req/s) | policy | TTFT p50 (ms) | / least_requests' | its line's p50 (no queueing) | p50 above its "
-        "line (queueing) | its line above the floor (hits missed) | floor / least_requests' p50 |"
+        "line's p50 | its line above the floor (hits missed) | floor / least_requests' p50 | typical floor / "
+        "least_requests' p50 |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rate in sorted({rate for _, rate in runs}):
         base = answered(runs.get(("least_requests", rate), []))
         base_p50 = median(r["ttft_s"] for r in base) if base else None
@@ -124,16 +175,36 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ok = answered(recs)
             if not ok:
-                print(f"| {rate:g} | {policy} | no request answered | | | | | |")
+                print(f"| {rate:g} | {policy} | no request answered | | | | | | |")
                 continue
             p50 = median(r["ttft_s"] for r in ok)
             own = median(line_a + line_b * (r["prompt_tokens"] - r["cached"]) for r in ok)
             vs = f"{p50 / base_p50:.2f} x" if base_p50 else ""
-            bound = f"{floor / base_p50:.2f} x" if base_p50 and policy == "least_requests" else ""
+            bound = typical = ""
+            if base_p50 and policy == "least_requests":
+                bound = f"{floor / base_p50:.2f} x"
+                typical = f"{(floor + scatter) / base_p50:.2f} x" if scatter is not None else ""
             print(
-                f"| {rate:g} | {policy} | {1000 * p50:,.0f} | {vs} | {1000 * own:,.0f} | {1000 * (p50 - own):,.0f} | "
-                f"{1000 * (own - floor):,.0f} | {bound} |"
+                f"| {rate:g} | {policy} | {ms(p50)} | {vs} | {ms(own)} | {ms(p50 - own)} | "
+                f"{ms(own - floor)} | {bound} | {typical} |"
             )
+    print()
+    print(
+        "What each answer waited for: its TTFT above the line, median ms (answers), by what the host was "
+        "doing when it was sent"
+    )
+    print()
+    print("| rate (req/s) | policy | " + " | ".join(WAITS) + " | every answer |")
+    print("|---|---|" + "---|" * (len(WAITS) + 1))
+    for (policy, rate), recs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0] != "least_requests")):
+        by = by_run.get((policy, rate))
+        if by is None:
+            print(f"| {rate:g} | {policy} | records without sent_s or unit: no breakdown |" + " |" * len(WAITS))
+            continue
+        cells = [f"{ms(median(by[w]))} ({len(by[w])})" if by[w] else "- (0)" for w in WAITS]
+        every = [x for w in WAITS for x in by[w]]
+        whole = f"{ms(median(every))} ({len(every)})" if every else "- (0)"
+        print(f"| {rate:g} | {policy} | " + " | ".join(cells) + f" | {whole} |")
     return 0
 
 

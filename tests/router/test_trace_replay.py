@@ -287,9 +287,42 @@ def test_the_floor_bounds_every_policy_and_records_of_other_requests_are_refused
     # the oracle leaves 4, 2 and 2 tokens uncached: 140, 120 and 120 ms on the line, median 120 ms
     assert "floor p50 (every oracle hit, no queueing) 120 ms" in out
     # medians by nearest rank, the 2nd of 3, as the replay's result lines give them
-    assert "| 0.5 | least_requests | 240 | 1.00 x | 140 | 100 | 20 | 0.50 x |" in out
-    assert "| 0.5 | cache_aware | 140 | 0.58 x | 140 | 0 | 20 |  |" in out
+    assert "| 0.5 | least_requests | 240 | 1.00 x | 140 | 100 | 20 | 0.50 x |  |" in out
+    assert "| 0.5 | cache_aware | 140 | 0.58 x | 140 | 0 | 20 |  |  |" in out
+    assert "| 0.5 | cache_aware | records without sent_s or unit: no breakdown |" in out
     write("least_requests", [0, 0], [0.14, 0.18], sizes=[4, 6])
     with pytest.raises(SystemExit):
         bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"])
     assert "least_requests at 0.5 req/s did not replay these requests" in capsys.readouterr().err
+
+
+def test_each_answers_wait_is_put_down_to_what_the_host_was_doing_and_lone_answers_raise_the_floor(tmp_path, capsys):
+    """Three requests of two output tokens each (a request runs until its first token plus one TPOT),
+    on the line 0.1 s + 0.01 s an uncached token. least_requests: the second is sent to unit u0 while
+    the first is still before its first token (behind a prefill, 140 ms above the line), the first
+    shares u0 with it (its unit busy, on the line), the third runs alone 100 ms above the line.
+    cache_aware: the first two overlap on two units (other units busy), the third runs alone on it."""
+    trace = rows((1, 2), (1, 2, 3), (1, 2, 3, 4))
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in trace))
+    sizes = [4, 6, 8]
+
+    def write(policy: str, cached: list[int], sent: list[float], ttft: list[float], units: list[str]) -> None:
+        recs = [
+            {"status": 200, "sent_s": s, "ttft_s": t, "tpot_s": 0.01, "cached": c, "prompt_tokens": n, "unit": u}
+            for c, s, t, n, u in zip(cached, sent, ttft, sizes, units)
+        ]
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        (tmp_path / "runs" / f"{policy}-0.5.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+
+    write("least_requests", [0, 0, 4], [0.0, 0.1, 1.0], [0.14, 0.30, 0.24], ["u0", "u0", "u1"])
+    write("cache_aware", [0, 0, 6], [0.0, 0.05, 1.0], [0.14, 0.16, 0.12], ["u0", "u1", "u0"])
+    flags = ["--trace", str(path), "--requests", "3", "--sample", "first", "--block-tokens", "2"]
+    assert bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"]) == 0
+    out = capsys.readouterr().out
+    # lone answers 0 and 100 ms above the line: the nearest-rank median of two is the second, and the
+    # floor of 120 ms (the test above) becomes 220 ms, 0.92 x least_requests' p50 of 240 ms
+    assert "sit a median 100 ms above the line (2 answers): a typical answer's floor is 220 ms" in out
+    assert "| 0.5 | least_requests | 240 | 1.00 x | 140 | 100 | 20 | 0.50 x | 0.92 x |" in out
+    assert "| 0.5 | least_requests | 100 (1) | - (0) | 0 (1) | 140 (1) | 100 (3) |" in out
+    assert "| 0.5 | cache_aware | 0 (1) | 0 (2) | - (0) | - (0) | 0 (3) |" in out

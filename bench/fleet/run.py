@@ -262,7 +262,10 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         record["idle_cpu_pct"] = round(100 * (cpu_seconds(router.pid) - c0) / (time.monotonic() - w0), 2)
         record["rss_mib"] = round(rss_mib(router.pid), 1)
         # The same while every unit's load changes as a fleet's under load does (other routers' traffic).
-        get_json(f"http://127.0.0.1:{control}/control/load", {"changes_per_s": args.load_changes})
+        get_json(
+            f"http://127.0.0.1:{control}/control/load",
+            {"changes_per_s": args.load_changes, "prompt_share": args.prompt_share},
+        )
         time.sleep(1.0)
         # Watch lines read in the window: on a loaded machine the stand-in fleet sends fewer than asked,
         # so CPU per line is the figure that compares runs; the percentage is the goal's.
@@ -279,6 +282,7 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         record["busy_fleet_watch_lines_per_s"] = round(lines / busy_wall, 1)
         record["router_cpu_us_per_watch_line"] = round(1e6 * busy_cpu / lines, 1) if lines else None
         record["load_changes_per_unit_s"] = args.load_changes
+        record["prompt_share"] = args.prompt_share
         after = get_json(f"http://127.0.0.1:{control}/control/stats")
         record["follower_polls_steady"] = sum(u["follower_polls"] for u in after["units"]) - sum(  # type: ignore[index]
             u["follower_polls"]
@@ -383,6 +387,13 @@ def main() -> int:
     ap.add_argument(
         "--load-changes", type=float, default=6.4, help="background load changes per unit per second (busy fleet)"
     )
+    ap.add_argument(
+        "--prompt-share",
+        type=float,
+        default=1.0,
+        help="share of the busy fleet's admitted requests that are completion prompts, each listed with its "
+        "size and checkpoint hashes in the watch line (1: every one, the heaviest lines)",
+    )
     ap.add_argument("--startup-timeout", type=float, default=180.0)
     ap.add_argument("--router-cpu", default="0")
     ap.add_argument("--load-cpu", default="1")
@@ -390,6 +401,8 @@ def main() -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet.json"))
     args = ap.parse_args()
+    if not 0 <= args.prompt_share <= 1:
+        ap.error(f"--prompt-share {args.prompt_share:g}: a share of the admitted requests, from 0 to 1")
     pin_self(args.load_cpu)
     load_before = os.getloadavg()
     from moto import mock_aws  # noqa: PLC0415 - the benchmark's own dependency, not the router's

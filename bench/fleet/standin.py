@@ -24,9 +24,15 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from runtime.router.balance import PROMPT_CHECKPOINTS  # noqa: E402 - after the path to this checkout is known
 
 READY_PATH = "/health/ready"
 WATCH_PATH = "/health/watch"
@@ -48,6 +54,8 @@ class Unit:
     background: int = 0  # requests other routers keep in flight there (scripted random walk)
     keys: list[int] = field(default_factory=list)  # routing keys of the latest background requests
     keys_seen: int = 0  # background requests ever admitted (each a key in the watch lines, as the node's)
+    # each one's completion prompt as the node lists it ([key, bytes, tokens, tail], and its marks), or None
+    prompts: list[tuple[list[int], list[int]] | None] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)  # monotonic arrival time of every API request
     refused_after_event: int = 0  # API requests answered 503 or dropped after the event
     tombstone: list[tuple[float, str]] = field(default_factory=list)  # (time, "api" | "watch") after exit
@@ -140,6 +148,9 @@ class Fleet:
         self.latency_cv = latency_cv
         self.rng = random.Random(seed)
         self.changes_per_s = 0.0  # background load changes per unit per second
+        # of the admitted background requests, the share that are completion prompts: the node lists
+        # each one's size, tail hash and checkpoint hashes beside its key (`prompts` and `marks`)
+        self.prompt_share = 0.0
         self.watch_lines = 0
 
     # --- serving ---------------------------------------------------------------------------
@@ -190,9 +201,11 @@ class Fleet:
                     before = unit.background
                     unit.background = min(unit.max_running, max(0, unit.background + step))
                     if unit.background > before:  # admitted: the node lists its routing key
-                        unit.keys.append(self.rng.getrandbits(64))
+                        key = self.rng.getrandbits(64)
+                        unit.keys.append(key)
+                        unit.prompts.append(self.prompt(key) if self.rng.random() < self.prompt_share else None)
                         unit.keys_seen += 1
-                        del unit.keys[:-256]
+                        del unit.keys[:-256], unit.prompts[:-256]
                 if not unit.watchers:
                     continue
                 sig = unit.signature()
@@ -207,7 +220,13 @@ class Fleet:
                         parts = _split(unit.body(unit.members[0]))
                     rest, load = parts
                     new = min(unit.keys_seen - w.keys_sent, len(unit.keys))
-                    more = b',"keys":' + json.dumps(unit.keys[-new:]).replace(" ", "").encode() if new > 0 else b""
+                    more = b""
+                    if new > 0:
+                        more = b',"keys":' + json.dumps(unit.keys[-new:], separators=(",", ":")).encode()
+                        listed = [p for p in unit.prompts[-new:] if p is not None]
+                        if listed:  # as the node's watch: the prompts, and their marks in the same order
+                            more += b',"prompts":' + json.dumps([e for e, _ in listed], separators=(",", ":")).encode()
+                            more += b',"marks":' + json.dumps([m for _, m in listed], separators=(",", ":")).encode()
                     w.keys_sent = unit.keys_seen
                     # as the node's watch: the whole body, a load-only line, or a heartbeat
                     if rest != w.last_rest:
@@ -218,6 +237,13 @@ class Fleet:
                         w.transport.write(b"\n")
                     w.last_rest, w.last_load, w.last_sent, w.last_signature = rest, load, now, sig
                     self.watch_lines += 1
+
+    def prompt(self, key: int) -> tuple[list[int], list[int]]:
+        """A completion prompt as a leader lists it: [key, bytes, tokens, tail hash] and the hashes of
+        its checkpoints (balance.PROMPT_CHECKPOINTS of them, each a 64-bit hash as the tail's)."""
+        length = self.rng.randrange(256, 32768)
+        marks = [self.rng.getrandbits(64) for _ in range(PROMPT_CHECKPOINTS)]
+        return [key, length, length // 4, self.rng.getrandbits(64)], marks
 
     # --- the report ------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -460,8 +486,11 @@ async def main_async(args: argparse.Namespace) -> None:
         return web.json_response({"at": await fleet.kill(unit, doc["mode"])})
 
     async def load(request: web.Request) -> web.Response:
-        holder["fleet"].changes_per_s = float((await request.json())["changes_per_s"])
-        return web.json_response({"changes_per_s": holder["fleet"].changes_per_s})
+        doc = await request.json()
+        fleet = holder["fleet"]
+        fleet.changes_per_s = float(doc["changes_per_s"])
+        fleet.prompt_share = float(doc.get("prompt_share", fleet.prompt_share))
+        return web.json_response({"changes_per_s": fleet.changes_per_s, "prompt_share": fleet.prompt_share})
 
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(holder["fleet"].stats())

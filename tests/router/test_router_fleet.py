@@ -119,3 +119,43 @@ def test_a_router_routes_across_200_units_it_found_in_cloud_map_and_never_to_any
             await close_fleet(fleet, ticker)
 
     run(scenario(), timeout=120)
+
+
+def test_a_router_reads_the_stand_in_fleets_prompts_and_marks_as_a_units_and_keeps_every_unit_routable():
+    """The fleet benchmark's busy fleet lists completion prompts with their marks in its watch lines, as
+    a leader does (runtime/node/server.py): the router must read them as it reads a unit's, or the
+    benchmark would time the path of unreadable lines (a unit marked unready) instead of this one."""
+
+    async def scenario():
+        fleet, ticker = await start_fleet(units=20, nodes=2, units_per_cell=20, latency_ms=2, seed=9)
+        try:
+            with mock_aws(), documented_cloud_map(seed=5):
+                sd = boto3.client("servicediscovery", region_name="us-east-1")
+                services = register(sd, fleet)
+                settings = fast_settings(poll_interval_s=0.25, stale_after_s=2.0, discovery_interval_s=0.5)
+                discovery = CloudMapDiscovery(namespace="flotilla.internal", services=services, client=sd)
+                router = Router(settings=settings, discovery=discovery)
+                await router.start()
+                try:
+                    await wait_for(lambda: router.fleet.routable_count() == 20, timeout=30, what="20 routable")
+                    fleet.prompt_share, fleet.changes_per_s = 0.5, 40.0
+                    await wait_for(lambda: sum(u.keys_seen for u in fleet.units) >= 400, timeout=30, what="keys")
+                    fleet.changes_per_s = 0.0
+                    listed = {p[0][0]: p for u in fleet.units for p in u.prompts if p is not None}
+                    keys = {k for u in fleet.units for k in u.keys}
+                    assert 0 < len(listed) < len(keys)  # about half the admitted requests are prompts
+                    await wait_for(
+                        lambda: len(router.fleet.holders) == len(keys) and len(router.fleet.prompts) == len(listed),
+                        timeout=10,
+                        what="every listed key and prompt read",
+                    )
+                    for key, (entry, marks) in listed.items():
+                        _, length, tokens, tail = entry
+                        assert router.fleet.prompts._prompts.get(key) == (length, tokens, tail, tuple(marks))
+                    assert router.fleet.routable_count() == 20  # no line was unreadable
+                finally:
+                    await router.close()
+        finally:
+            await close_fleet(fleet, ticker)
+
+    run(scenario(), timeout=120)

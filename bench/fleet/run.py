@@ -2,7 +2,9 @@
 registers it, at 160 units / 1,280 members and 625 units / 5,000 members.
 
 Measures, per size: router CPU per second spent on discovery and health (an idle fleet, then one whose
-load changes as a loaded fleet's does), router memory, time from a unit's death (process exit, hung
+load changes as a loaded fleet's does, its leaders listing each admitted request's routing key and,
+for the --prompt-share of them that are completion prompts, the prompt's size and checkpoints, as a
+node's watch does), router memory, time from a unit's death (process exit, hung
 host, unit turned unready, unit deregistered) to no new requests, routing errors, requests to members
 that are not in the fleet or not leaders, and request throughput. Run: `make bench-fleet` (not part of
 `make test`); results are appended to bench/results/fleet.json and bench/fleet/table.py prints them.

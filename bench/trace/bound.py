@@ -73,8 +73,8 @@ WAITS = ("alone", "other units busy", "its unit busy", "behind a prefill")
 
 
 def waits(recs: list[dict], requests: list[replay.Scaled], line: tuple[float, float]) -> dict[str, list[float]]:
-    """Each answered request's TTFT above the line (seconds), by what the host was doing when it was
-    sent (WAITS, the module's docstring). Records align with requests by position."""
+    """Each answered request's TTFT above the line (seconds), by what the host was doing while it waited
+    for its first token (WAITS, the module's docstring). Records align with requests by position."""
     spans = []
     for r, q in zip(recs, requests):
         if r["status"] == 200 and r["ttft_s"] is not None:
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         "What each answer waited for: its TTFT above the line, median ms (answers), by what the host was "
-        "doing when it was sent"
+        "doing while it waited for its first token"
     )
     print()
     print("| rate (req/s) | policy | " + " | ".join(WAITS) + " | every answer |")

@@ -263,25 +263,38 @@ def test_the_prefill_line_is_the_lower_edge_of_the_answers_not_their_mean():
         bound.prefill_line([(5, 0.1), (20, 0.2)], 32)
 
 
+BOUND_SIZES = [4, 6, 8]  # the bound tests' three prompts, block tokens 2: the oracle reuses 0, 4 and 6
+
+
+def bound_flags(tmp_path) -> list[str]:
+    """bound.py's flags for three requests of 2, 3 and 4 blocks sharing their leading blocks, and the
+    records directory the tests write (write_records)."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows((1, 2), (1, 2, 3), (1, 2, 3, 4))))
+    flags = ["--trace", str(path), "--requests", "3", "--sample", "first", "--block-tokens", "2"]
+    return [*flags, "--records", str(tmp_path / "runs"), "--no-resend"]
+
+
+def write_records(tmp_path, policy: str, cached: list[int], ttft: list[float], sizes=BOUND_SIZES, **per) -> None:
+    """A run's records at 0.5 req/s: each request's cached tokens and TTFT, and any other field given
+    as a list (sent_s, unit, tpot_s)."""
+    recs = [
+        {"status": 200, "ttft_s": t, "cached": c, "prompt_tokens": n, **{k: v[i] for k, v in per.items()}}
+        for i, (c, t, n) in enumerate(zip(cached, ttft, sizes))
+    ]
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    (tmp_path / "runs" / f"{policy}-0.5.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+
+
 def test_the_floor_bounds_every_policy_and_records_of_other_requests_are_refused(tmp_path, capsys):
     """A replay's records of three requests: the floor counts the oracle's hits with no queueing, so it
     is at most any policy's median; records whose prompt sizes are not the requests drawn again (another
     --requests, --seed or --resend) are refused naming the flags."""
-    trace = rows((1, 2), (1, 2, 3), (1, 2, 3, 4))
-    path = tmp_path / "trace.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in trace))
-    sizes = [4, 6, 8]  # block tokens 2: the oracle reuses 0, 4 and 6 of them
-
-    def write(policy: str, cached: list[int], ttft: list[float], sizes: list[int] = sizes) -> None:
-        recs = [{"status": 200, "ttft_s": t, "cached": c, "prompt_tokens": n} for c, t, n in zip(cached, ttft, sizes)]
-        (tmp_path / "runs").mkdir(exist_ok=True)
-        (tmp_path / "runs" / f"{policy}-0.5.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
-
+    flags = bound_flags(tmp_path)
     # on the line 0.1 s + 0.01 s an uncached token, but least_requests' last two answers waited
-    write("least_requests", [0, 0, 4], [0.14, 0.30, 0.24])  # uncached 4, 6, 4
-    write("cache_aware", [0, 0, 6], [0.14, 0.16, 0.12])  # uncached 4, 6, 2
-    flags = ["--trace", str(path), "--requests", "3", "--sample", "first", "--block-tokens", "2"]
-    assert bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"]) == 0
+    write_records(tmp_path, "least_requests", [0, 0, 4], [0.14, 0.30, 0.24])  # uncached 4, 6, 4
+    write_records(tmp_path, "cache_aware", [0, 0, 6], [0.14, 0.16, 0.12])  # uncached 4, 6, 2
+    assert bound.main(flags) == 0
     out = capsys.readouterr().out
     assert "prefill line 100 ms + 10.00 ms per uncached token" in out
     # the oracle leaves 4, 2 and 2 tokens uncached: 140, 120 and 120 ms on the line, median 120 ms
@@ -290,9 +303,9 @@ def test_the_floor_bounds_every_policy_and_records_of_other_requests_are_refused
     assert "| 0.5 | least_requests | 240 | 1.00 x | 140 | 100 | 20 | 0.50 x |  |" in out
     assert "| 0.5 | cache_aware | 140 | 0.58 x | 140 | 0 | 20 |  |  |" in out
     assert "| 0.5 | cache_aware | records without sent_s or unit: no breakdown |" in out
-    write("least_requests", [0, 0], [0.14, 0.18], sizes=[4, 6])
+    write_records(tmp_path, "least_requests", [0, 0], [0.14, 0.18], sizes=[4, 6])
     with pytest.raises(SystemExit):
-        bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"])
+        bound.main(flags)
     assert "least_requests at 0.5 req/s did not replay these requests" in capsys.readouterr().err
 
 
@@ -302,23 +315,13 @@ def test_each_answers_wait_is_put_down_to_what_the_host_was_doing_and_lone_answe
     the first is still before its first token (behind a prefill, 140 ms above the line), the first
     shares u0 with it (its unit busy, on the line), the third runs alone 100 ms above the line.
     cache_aware: the first two overlap on two units (other units busy), the third runs alone on it."""
-    trace = rows((1, 2), (1, 2, 3), (1, 2, 3, 4))
-    path = tmp_path / "trace.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in trace))
-    sizes = [4, 6, 8]
-
-    def write(policy: str, cached: list[int], sent: list[float], ttft: list[float], units: list[str]) -> None:
-        recs = [
-            {"status": 200, "sent_s": s, "ttft_s": t, "tpot_s": 0.01, "cached": c, "prompt_tokens": n, "unit": u}
-            for c, s, t, n, u in zip(cached, sent, ttft, sizes, units)
-        ]
-        (tmp_path / "runs").mkdir(exist_ok=True)
-        (tmp_path / "runs" / f"{policy}-0.5.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
-
-    write("least_requests", [0, 0, 4], [0.0, 0.1, 1.0], [0.14, 0.30, 0.24], ["u0", "u0", "u1"])
-    write("cache_aware", [0, 0, 6], [0.0, 0.05, 1.0], [0.14, 0.16, 0.12], ["u0", "u1", "u0"])
-    flags = ["--trace", str(path), "--requests", "3", "--sample", "first", "--block-tokens", "2"]
-    assert bound.main([*flags, "--records", str(tmp_path / "runs"), "--no-resend"]) == 0
+    flags = bound_flags(tmp_path)
+    for policy, cached, ttft, sent, units in (
+        ("least_requests", [0, 0, 4], [0.14, 0.30, 0.24], [0.0, 0.1, 1.0], ["u0", "u0", "u1"]),
+        ("cache_aware", [0, 0, 6], [0.14, 0.16, 0.12], [0.0, 0.05, 1.0], ["u0", "u1", "u0"]),
+    ):
+        write_records(tmp_path, policy, cached, ttft, sent_s=sent, unit=units, tpot_s=[0.01] * 3)
+    assert bound.main(flags) == 0
     out = capsys.readouterr().out
     # lone answers 0 and 100 ms above the line: the nearest-rank median of two is the second, and the
     # floor of 120 ms (the test above) becomes 220 ms, 0.92 x least_requests' p50 of 240 ms

@@ -32,10 +32,11 @@ from aiohttp import web
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from runtime.router.balance import PROMPT_CHECKPOINTS  # noqa: E402 - after the path to this checkout is known
+import contract  # noqa: E402 - after the path to this checkout is known
+from runtime.router.balance import PROMPT_CHECKPOINTS  # noqa: E402
 
-READY_PATH = "/health/ready"
-WATCH_PATH = "/health/watch"
+READY_PATH = contract.NODE_READY_PATH
+WATCH_PATH = contract.NODE_WATCH_PATH
 _MAX_HEAD = 64 * 1024
 
 

@@ -70,7 +70,7 @@ USABLE_IPS_PER_PRIVATE_SUBNET = usable_ips(PRIVATE_SUBNET_MASK)
 # emit exactly this; tests/stacks/test_cell_stack.py checks it against the synthesized templates,
 # so the quota check below can run before anything is built.
 CELL_FIXED_RESOURCES = 10
-UNIT_RESOURCES = 9
+UNIT_RESOURCES = 10
 # The Discovery stack: the namespace, the ALB security group and its ALB -> router ingress rule, plus
 # one Cloud Map service per cell (stacks/discovery.py).
 DISCOVERY_FIXED_RESOURCES = 3

@@ -30,6 +30,7 @@ import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
+from stacks.front_door import BODY_RULE_NAMES, check_front_door
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
@@ -409,6 +410,10 @@ class FrontConfig(_Section):
     ] = ()
     # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
     waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
+    # internet-facing only: body rules WAF blocks again instead of counting (stacks/front_door.py)
+    waf_blocked_body_rules: Annotated[
+        tuple[Annotated[str, one_of(BODY_RULE_NAMES)], ...], BeforeValidator(_list_of("WAF body rule names"))
+    ] = ()
     # Routers require an API key (flotilla keys); off only for a deployment nobody else can reach.
     api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
@@ -538,6 +543,7 @@ class FlotillaConfig(_Section):
                 "names with those prefixes, and each unit's is named after its stack)",
             )
         check_engine_fits_instance(self)
+        check_front_door(self)
         check_capacity(self)
         check_quotas(self)
         known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}

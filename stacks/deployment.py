@@ -134,7 +134,10 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         certificate_arn=config.certificate_arn,
         live_target_group=router.live_target_group,
         internet_facing=config.front.scheme == "internet-facing",
+        deployment_name=config.deployment_name,
         waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+        waf_blocked_body_rules=config.front.waf_blocked_body_rules,
+        waf_log_retention=retention(config.node.log_retention_days),
         privatelink_principals=config.front.privatelink_principals,
         **common("Front"),
     )

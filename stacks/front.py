@@ -15,8 +15,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_elasticloadbalancingv2_targets as elb_targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_wafv2 as wafv2
 from aws_cdk import region_info
 from constructs import Construct
 
@@ -27,6 +27,7 @@ from stacks.config import LIVE_TARGET_GROUPS
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
 from stacks.network import VPC_CIDR
+from stacks.waf import FrontDoorWaf
 
 # Without a certificate the redirect listener waits here, a port the ALB security group does not
 # admit, so that adding or removing certificate_arn moves listeners between ports in place (see
@@ -55,7 +56,10 @@ class FrontStack(cdk.Stack):
         certificate_arn: str | None,
         live_target_group: str = "blue",
         internet_facing: bool = False,
+        deployment_name: str = "flotilla",
         waf_requests_per_5_min: int = 3000,
+        waf_blocked_body_rules: Sequence[str] = (),
+        waf_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         privatelink_principals: Sequence[str] = (),
         health_check_interval: cdk.Duration = cdk.Duration.seconds(10),
         health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
@@ -113,7 +117,19 @@ class FrontStack(cdk.Stack):
             idle_timeout=idle_timeout,
         )
         self._log_access(prefix="alb")
-        self.web_acl = self._web_acl(waf_requests_per_5_min) if internet_facing else None
+        self.waf = (
+            FrontDoorWaf(
+                self,
+                "Waf",
+                load_balancer_arn=self.load_balancer.load_balancer_arn,
+                deployment_name=deployment_name,
+                requests_per_5_min=waf_requests_per_5_min,
+                blocked_body_rules=waf_blocked_body_rules,
+                log_retention=waf_log_retention,
+            )
+            if internet_facing
+            else None
+        )
 
         def target_group(name: str) -> elbv2.ApplicationTargetGroup:
             return elbv2.ApplicationTargetGroup(
@@ -194,6 +210,9 @@ class FrontStack(cdk.Stack):
         cdk.CfnOutput(self, "TestRuleArn", value=self.test_rule.listener_rule_arn)
         cdk.CfnOutput(self, "BlueTargetGroupArn", value=self.blue_target_group.target_group_arn)
         cdk.CfnOutput(self, "GreenTargetGroupArn", value=self.green_target_group.target_group_arn)
+        if self.waf is not None:  # for docs/runbooks/waf-body-rules.md
+            cdk.CfnOutput(self, "WebAclArn", value=self.waf.web_acl.attr_arn)
+            cdk.CfnOutput(self, "WafLogGroup", value=self.waf.log_group.log_group_name)
 
         acknowledge(
             self.access_log_bucket.node.default_child,
@@ -257,71 +276,6 @@ class FrontStack(cdk.Stack):
             "logs record each one.",
         )
         return service
-
-    def _web_acl(self, requests_per_5_min: int) -> wafv2.CfnWebACL:
-        """AWS WAF in front of an internet-facing ALB: a per-client-IP rate limit, then AWS managed
-        rule groups (reputation, known bad inputs, the core rule set)."""
-
-        def visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
-            return wafv2.CfnWebACL.VisibilityConfigProperty(
-                cloud_watch_metrics_enabled=True, metric_name=f"flotilla-{name}", sampled_requests_enabled=True
-            )
-
-        def managed(priority: int, name: str, overrides: tuple[str, ...] = ()) -> wafv2.CfnWebACL.RuleProperty:
-            return wafv2.CfnWebACL.RuleProperty(
-                name=name,
-                priority=priority,
-                override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
-                statement=wafv2.CfnWebACL.StatementProperty(
-                    managed_rule_group_statement=wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(
-                        vendor_name="AWS",
-                        name=name,
-                        rule_action_overrides=[
-                            wafv2.CfnWebACL.RuleActionOverrideProperty(
-                                name=rule, action_to_use=wafv2.CfnWebACL.RuleActionProperty(count={})
-                            )
-                            for rule in overrides
-                        ]
-                        or None,
-                    )
-                ),
-                visibility_config=visibility(name),
-            )
-
-        acl = wafv2.CfnWebACL(
-            self,
-            "WebAcl",
-            scope="REGIONAL",  # an ALB's web ACL is regional (CLOUDFRONT is for distributions)
-            default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
-            visibility_config=visibility("front"),
-            rules=[
-                # Per client IP over AWS WAF's default 5-minute window; the lowest limit WAF takes is 10
-                # ("Rate-based rule high-level settings in AWS WAF", developer guide). It caps a single
-                # source; the routers' per-key limits are what meter legitimate callers.
-                wafv2.CfnWebACL.RuleProperty(
-                    name="RequestsPerClientIp",
-                    priority=0,
-                    action=wafv2.CfnWebACL.RuleActionProperty(block={}),
-                    statement=wafv2.CfnWebACL.StatementProperty(
-                        rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
-                            limit=requests_per_5_min, aggregate_key_type="IP", evaluation_window_sec=300
-                        )
-                    ),
-                    visibility_config=visibility("requests-per-client-ip"),
-                ),
-                managed(1, "AWSManagedRulesAmazonIpReputationList"),
-                managed(2, "AWSManagedRulesKnownBadInputsRuleSet"),
-                # The core rule set's SizeRestrictions_BODY blocks every body over 8 KB (AWS WAF
-                # developer guide, baseline rule groups): a long prompt or chat history is a
-                # legitimate request here, so that one rule only counts. The routers bound body
-                # size themselves (--max-body-bytes, 4 MiB).
-                managed(3, "AWSManagedRulesCommonRuleSet", ("SizeRestrictions_BODY",)),
-            ],
-        )
-        wafv2.CfnWebACLAssociation(
-            self, "WebAclAssociation", resource_arn=self.load_balancer.load_balancer_arn, web_acl_arn=acl.attr_arn
-        )
-        return acl
 
     def _listeners(
         self, certificate_arn: str | None, not_found: elbv2.ListenerAction

@@ -165,7 +165,6 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         blue_target_group=front.blue_target_group,
         green_target_group=front.green_target_group,
         production_rule=front.production_rule,
-        test_rule=front.test_rule,
         deployment_alarms=deployment.observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_names=discovery.service_names,

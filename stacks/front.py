@@ -29,6 +29,9 @@ from stacks.nag import acknowledge
 from stacks.network import VPC_CIDR
 from stacks.waf import FrontDoorWaf
 
+# What the production rule forwards to the routers; the listener answers 404 to everything else.
+FRONT_DOOR_PATHS = (contract.API_PATH_PATTERN, contract.ROUTER_HEALTH_PATH)
+
 # Without a certificate the redirect listener waits here, a port the ALB security group does not
 # admit, so that adding or removing certificate_arn moves listeners between ports in place (see
 # FrontStack._listeners) instead of replacing the production listener and its rules.
@@ -37,10 +40,10 @@ PARKED_PORT = 8081
 
 class FrontStack(cdk.Stack):
     """ALB, internal in private subnets (or internet-facing in public subnets, behind AWS WAF);
-    production listener (HTTPS, or HTTP with a warning); internal test listener; blue and green
-    target groups health-checking the router.
+    production listener (HTTPS, or HTTP with a warning) whose one rule forwards the API and the
+    health check; blue and green target groups health-checking the router.
 
-    `live_target_group` names the target group the production and test rules send 100 % to in the
+    `live_target_group` names the target group the production rule sends 100 % to in the
     template. ECS blue/green moves the live weight at every router deployment; when a later deploy
     must update a listener rule, set it to the group that is live *now* so CloudFormation does not
     send traffic back to an empty group (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
@@ -169,45 +172,39 @@ class FrontStack(cdk.Stack):
                 "443 with HTTP redirected to it.",
             )
         self.production_listener, self.redirect_listener = self._listeners(certificate_arn, not_found)
-        # The test listener carries ECS's pre-shift test traffic to the green tasks: VPC only.
-        self.test_listener = self.load_balancer.add_listener(
-            "Test",
-            port=contract.ROUTER_TEST_PORT,
-            protocol=elbv2.ApplicationProtocol.HTTP,
-            open=False,
-            default_action=not_found,
-        )
+        # No test listener: ECS native blue/green takes one only to send test traffic to the green
+        # tasks before the production shift, for lifecycle hooks to check (TestListenerRule
+        # "Required: No", AWS::ECS::Service AdvancedConfiguration), and this deployment has none.
 
         live, idle = (
             (self.blue_target_group, self.green_target_group)
             if live_target_group == "blue"
             else (self.green_target_group, self.blue_target_group)
         )
-
-        def rule(name: str, listener: elbv2.ApplicationListener) -> elbv2.ApplicationListenerRule:
-            # ECS native blue/green rewrites these weights during each router deployment.
-            return elbv2.ApplicationListenerRule(
-                self,
-                name,
-                listener=listener,
-                priority=1,
-                conditions=[elbv2.ListenerCondition.path_patterns(["/*"])],
-                action=elbv2.ListenerAction.weighted_forward(
-                    [
-                        elbv2.WeightedTargetGroup(target_group=live, weight=100),
-                        elbv2.WeightedTargetGroup(target_group=idle, weight=0),
-                    ]
-                ),
-            )
-
-        self.production_rule = rule("ProductionRule", self.production_listener)
-        self.test_rule = rule("TestRule", self.test_listener)
+        # Only the API and the health check reach the routers: everything else (/metrics, any path a
+        # router may serve later) gets the listener's 404. A path pattern is compared, case
+        # sensitively, with the URL's path only; several values match if any does
+        # (ListenerRule PathPatternConfig, CloudFormation reference). One rule, not two: ECS
+        # blue/green shifts the weights of exactly the production rule it is given (ECS rewrites
+        # them during each router deployment, aws/aws-cdk#36649).
+        self.production_rule = elbv2.ApplicationListenerRule(
+            self,
+            "ProductionRule",
+            listener=self.production_listener,
+            priority=1,
+            conditions=[elbv2.ListenerCondition.path_patterns(list(FRONT_DOOR_PATHS))],
+            action=elbv2.ListenerAction.weighted_forward(
+                [
+                    elbv2.WeightedTargetGroup(target_group=live, weight=100),
+                    elbv2.WeightedTargetGroup(target_group=idle, weight=0),
+                ]
+            ),
+        )
         self.endpoint_service = self._privatelink(vpc, privatelink_principals) if privatelink_principals else None
 
         scheme = "https" if self.https else "http"
         cdk.CfnOutput(self, "Url", value=f"{scheme}://{self.load_balancer.load_balancer_dns_name}")
         cdk.CfnOutput(self, "ProductionRuleArn", value=self.production_rule.listener_rule_arn)
-        cdk.CfnOutput(self, "TestRuleArn", value=self.test_rule.listener_rule_arn)
         cdk.CfnOutput(self, "BlueTargetGroupArn", value=self.blue_target_group.target_group_arn)
         cdk.CfnOutput(self, "GreenTargetGroupArn", value=self.green_target_group.target_group_arn)
         if self.waf is not None:  # for docs/runbooks/waf-body-rules.md

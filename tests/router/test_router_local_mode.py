@@ -40,7 +40,7 @@ def test_local_mode_with_two_units_routes_to_both_behind_the_router_and_stops_on
             if len(served) == 2:
                 break
         assert served == {"local-unit0", "local-unit1"}
-        with urllib.request.urlopen(f"{local.url}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(local.metrics_url(), timeout=5) as r:
             assert "flotilla_router_routable_units 2.0" in r.read().decode()
         local.ctrl_c(procs)
     finally:

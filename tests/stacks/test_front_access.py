@@ -127,14 +127,18 @@ def test_the_router_reaches_units_only_on_the_api_port_and_the_alb_only_the_rout
     assert "AlbSecurityGroup" in json.dumps(router_from_alb["SourceSecurityGroupId"])
 
 
-def test_the_test_listener_admits_only_the_vpc_when_internal(default_synth):
-    (alb_sg,) = [
-        v
-        for k, v in default_synth.templates["Discovery"]["Resources"].items()
-        if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup"
-    ]
-    test_port = [r for r in alb_sg["Properties"]["SecurityGroupIngress"] if r["FromPort"] == contract.ROUTER_TEST_PORT]
-    assert [(r["CidrIp"], r["ToPort"]) for r in test_port] == [(VPC_CIDR, contract.ROUTER_TEST_PORT)]
+def test_the_alb_admits_nothing_but_the_client_ports(default_synth, https_front_door_synth):
+    """The ALB has no test listener: no port beside the two client ports is admitted."""
+    for synth in (default_synth, https_front_door_synth):
+        (alb_sg,) = [
+            v
+            for k, v in synth.templates["Discovery"]["Resources"].items()
+            if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup"
+        ]
+        assert {(r["FromPort"], r["ToPort"]) for r in alb_sg["Properties"]["SecurityGroupIngress"]} == {
+            (443, 443),
+            (80, 80),
+        }
 
 
 PRINCIPAL = "arn:aws:iam::210987654321:root"

@@ -30,7 +30,7 @@ import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
-from stacks.front_door import BODY_RULE_NAMES, check_front_door
+from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE, check_front_door
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
@@ -408,6 +408,10 @@ class FrontConfig(_Section):
         tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
         BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
     ] = ()
+    # The name consumers' endpoints answer to (the certificate's name), once its domain is verified
+    privatelink_private_dns_name: Annotated[
+        str | None, matches(DNS_NAME_RE, "a DNS name like api.example.com", optional=True)
+    ] = None
     # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
     waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
     # internet-facing only: body rules WAF blocks again instead of counting (stacks/front_door.py)

@@ -139,6 +139,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         waf_blocked_body_rules=config.front.waf_blocked_body_rules,
         waf_log_retention=retention(config.node.log_retention_days),
         privatelink_principals=config.front.privatelink_principals,
+        privatelink_private_dns_name=config.front.privatelink_private_dns_name,
         **common("Front"),
     )
     front = deployment.front

@@ -64,6 +64,7 @@ class FrontStack(cdk.Stack):
         waf_blocked_body_rules: Sequence[str] = (),
         waf_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         privatelink_principals: Sequence[str] = (),
+        privatelink_private_dns_name: str | None = None,
         health_check_interval: cdk.Duration = cdk.Duration.seconds(10),
         health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
         healthy_threshold: int = 2,
@@ -200,7 +201,11 @@ class FrontStack(cdk.Stack):
                 ]
             ),
         )
-        self.endpoint_service = self._privatelink(vpc, privatelink_principals) if privatelink_principals else None
+        self.endpoint_service = (
+            self._privatelink(vpc, privatelink_principals, privatelink_private_dns_name)
+            if privatelink_principals
+            else None
+        )
 
         scheme = "https" if self.https else "http"
         cdk.CfnOutput(self, "Url", value=f"{scheme}://{self.load_balancer.load_balancer_dns_name}")
@@ -218,10 +223,20 @@ class FrontStack(cdk.Stack):
             "recurse and to another bucket would only move the finding.",
         )
 
-    def _privatelink(self, vpc: ec2.IVpc, principals: Sequence[str]) -> ec2.VpcEndpointService:
+    def _privatelink(
+        self, vpc: ec2.IVpc, principals: Sequence[str], private_dns_name: str | None
+    ) -> ec2.VpcEndpointService:
         """An endpoint service for consumers in other VPCs or accounts: an internal NLB whose TCP
         listener forwards to the ALB's production listener (an `alb` target group), offered to the
-        named principals, each connection accepted by the operator."""
+        named principals, each connection accepted by the operator.
+
+        TLS ends at the ALB, so an HTTPS consumer checks the certificate against the name it
+        called: the endpoint's own DNS names (vpce-...amazonaws.com) never match it. With a private
+        DNS name (a name the certificate covers), a consumer's endpoint with private DNS enabled
+        answers to that name in its VPC, once the provider has verified the domain
+        (StartVpcEndpointServicePrivateDnsVerification: "The service provider must successfully
+        perform the verification before the consumer can use the name"; EC2 API reference);
+        docs/runbooks/front-door.md has the steps."""
         port = HTTPS_PORT if self.https else HTTP_PORT
         nlb_sg = ec2.SecurityGroup(
             self, "PrivateLinkSg", vpc=vpc, allow_all_outbound=False, description="flotilla PrivateLink NLB: to the ALB"
@@ -258,11 +273,27 @@ class FrontStack(cdk.Stack):
             acceptance_required=True,
             allowed_principals=[iam.ArnPrincipal(p) for p in principals],
         )
+        # CDK names the L1 after the construct ("EndpointService"), not "Resource": no default_child.
+        (cfn_service,) = [c for c in service.node.children if isinstance(c, ec2.CfnVPCEndpointService)]
+        if private_dns_name:
+            # AWS::EC2::VPCEndpointService PrivateDnsName (CloudFormation reference); CDK's
+            # VpcEndpointService construct has no setting for it.
+            cfn_service.private_dns_name = private_dns_name
+        elif self.https:
+            cdk.Annotations.of(self).add_warning_v2(
+                "flotilla:front:privatelink-dns",
+                "PrivateLink with certificate_arn but no front.privatelink_private_dns_name: consumers "
+                "calling the endpoint's own DNS name get a certificate mismatch. Set "
+                "front.privatelink_private_dns_name to a name the certificate covers and verify its "
+                "domain (docs/runbooks/front-door.md), or have each consumer map that name to its "
+                "endpoint in a private hosted zone.",
+            )
         cdk.CfnOutput(
             self,
             "EndpointServiceName",
             value=f"com.amazonaws.vpce.{self.region}.{service.vpc_endpoint_service_id}",
         )
+        cdk.CfnOutput(self, "EndpointServiceId", value=service.vpc_endpoint_service_id)
         nlb_resource = nlb.node.default_child
         assert nlb_resource is not None  # the AWS::ElasticLoadBalancingV2::LoadBalancer under the construct
         acknowledge(

@@ -4,6 +4,7 @@ checks run before anything is built."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from contract.bad_input import NOT_GIVEN
@@ -34,6 +35,9 @@ COUNTED_BODY_RULES: dict[str, tuple[str, ...]] = {
     "AWSManagedRulesKnownBadInputsRuleSet": ("Log4JRCE_BODY", "JavaDeserializationRCE_BODY"),
 }
 BODY_RULE_NAMES: tuple[str, ...] = tuple(r for rules in COUNTED_BODY_RULES.values() for r in rules)
+# A private DNS name for the PrivateLink endpoint service: lowercase labels of letters, digits and
+# hyphens (pydantic-core's regex engine has no look-ahead, so the 253-character total is not checked).
+DNS_NAME_RE = re.compile(r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 # WAF's log destination must be named with this prefix (WAF API reference, LoggingConfiguration:
 # "The name that you give the destination must start with aws-waf-logs-").
 WAF_LOG_GROUP_PREFIX = "aws-waf-logs-"
@@ -75,4 +79,11 @@ def check_front_door(cfg: FlotillaConfig) -> None:
             False,
             f"set front.api_keys: true and issue keys with flotilla keys create, or {undo}",
             problem=f"is not allowed with {reach} (anyone admitted could call the fleet)",
+        )
+    if front.privatelink_private_dns_name and not front.privatelink_principals:
+        raise ConfigError(
+            "front.privatelink_private_dns_name",
+            front.privatelink_private_dns_name,
+            "set front.privatelink_principals too, or remove the name",
+            problem="names the PrivateLink endpoint service, which exists only with front.privatelink_principals",
         )

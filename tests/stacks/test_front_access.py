@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from synth_helpers import REPO_ROOT, cdk_json_context, config_with, synthesize
+from aws_cdk.assertions import Annotations, Match
+from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, cdk_json_context, config_with, synthesize
 
 import contract
 from stacks.config import ConfigError
@@ -222,3 +223,45 @@ def test_privatelink_with_an_internet_facing_alb_is_refused():
             }
         )
     assert err.value.key == "front.privatelink_principals" and "only with front.scheme internal" in str(err.value)
+
+
+def test_a_private_dns_name_goes_on_the_endpoint_service_so_https_consumers_match_the_certificate(tmp_path):
+    """TLS ends at the ALB: a consumer calling vpce-...amazonaws.com would check the certificate
+    against that name. The endpoint service's PrivateDnsName (AWS::EC2::VPCEndpointService) makes a
+    consumer's endpoint answer to the certificate's name once the domain is verified."""
+    synth = synthesize(
+        config_with(
+            certificate_arn=CERTIFICATE_ARN,
+            front={"privatelink_principals": [PRINCIPAL], "privatelink_private_dns_name": "api.example.com"},
+        ),
+        tmp_path,
+    )
+    (service,) = synth.resources("Front", "AWS::EC2::VPCEndpointService").values()
+    assert service["Properties"]["PrivateDnsName"] == "api.example.com"
+    outputs = synth.templates["Front"]["Outputs"]
+    assert "EndpointServiceId" in outputs  # what the verification commands take
+    Annotations.from_stack(synth.deployment.front).has_no_warning("*", Match.string_like_regexp("certificate mismatch"))
+
+
+def test_https_privatelink_without_a_private_dns_name_warns_of_the_certificate_mismatch(tmp_path):
+    synth = synthesize(
+        config_with(certificate_arn=CERTIFICATE_ARN, front={"privatelink_principals": [PRINCIPAL]}), tmp_path
+    )
+    (service,) = synth.resources("Front", "AWS::EC2::VPCEndpointService").values()
+    assert "PrivateDnsName" not in service["Properties"]
+    Annotations.from_stack(synth.deployment.front).has_warning(
+        "/Front", Match.string_like_regexp("certificate mismatch.*front.privatelink_private_dns_name")
+    )
+
+
+@pytest.mark.parametrize(
+    "front, fragment",
+    [
+        ({"privatelink_private_dns_name": "api.example.com"}, "only with front.privatelink_principals"),
+        ({"privatelink_principals": [PRINCIPAL], "privatelink_private_dns_name": "API.Example"}, "a DNS name"),
+    ],
+)
+def test_a_private_dns_name_without_privatelink_or_not_a_dns_name_is_refused(front, fragment):
+    with pytest.raises(ConfigError) as err:
+        config_with(front=front)
+    assert err.value.key == "front.privatelink_private_dns_name" and fragment in str(err.value)

@@ -146,6 +146,7 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
             "AWS::EC2::PlacementGroup",
             "AWS::EC2::SecurityGroup",
             "AWS::EC2::SecurityGroupIngress",
+            "AWS::EC2::SecurityGroupEgress",
             "AWS::EC2::LaunchTemplate",
             "AWS::AutoScaling::AutoScalingGroup",
             "AWS::ECS::CapacityProvider",

@@ -269,3 +269,62 @@ def test_an_answer_moved_mid_stream_with_speculation_on_equals_the_unmoved_one(s
     assert "".join(e.text for e in split) == "".join(e.text for e in whole)
     (plain, _), _ = _both([list(prompt)], sampling)
     assert [t for _, t, *_ in plain[0]] == [e.token_id for e in whole]
+
+
+# --- SmolLM2 on 2 ranks: both decode strategies, batched -----------------------------------------------
+
+QUOTING = [
+    "Product 1. TrailPeak 40L backpack: aluminium frame, rain cover, 1.4 kg, 89 dollars. Review: the frame "
+    "carried a heavy load comfortably.\nProduct 2. SummitLite 38L backpack: frameless, roll-top, 0.9 kg, 119 "
+    "dollars. Review: uncomfortable above 10 kg.\nCompare the TrailPeak 40L and the SummitLite 38L.",
+    "Product 1. BrewMaster Pro coffee maker: 12 cup glass carafe, keep-warm plate. Product 2. ThermaBrew coffee "
+    "maker: 10 cup thermal stainless steel carafe. Which keeps coffee hot longer, the BrewMaster Pro or the "
+    "ThermaBrew?",
+    "Repeat the product name exactly: AquaPure Water Filter Pitcher 2.4 litre. Then repeat it again.",
+]
+SPEC_TOKENS = 24
+SPEC_COMBOS = [("tensor", "tensor"), ("pipeline", "pipeline")]  # decode split by heads, and by layers
+
+
+@pytest.fixture(scope="module")
+def quoting_prompts(smollm2_dir):
+    from runtime.models import resolve_model
+
+    tok = resolve_model("smollm2").make_tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUOTING]
+
+
+@pytest.fixture(scope="module")
+def speculative_runs(quoting_prompts, tmp_path_factory, two_rank_job):
+    spec = {
+        "model": "smollm2",
+        "combos": SPEC_COMBOS,
+        "prompts": quoting_prompts,
+        "max_tokens": SPEC_TOKENS,
+        "speculation": {"max_batch": 8},
+    }
+    return two_rank_job("engine", spec, tmp_path_factory.mktemp("speculative"), ports=1)
+
+
+def test_smollm2_greedy_answers_with_speculation_equal_the_unsplit_model_in_both_decode_strategies(
+    speculative_runs, quoting_prompts
+):
+    from runtime.engines.llama import UnsplitLlama
+    from runtime.models import resolve_model
+
+    src = resolve_model("smollm2")
+    model, eos = UnsplitLlama(src.shape, src.weights), src.make_tokenizer().eos_token_id
+    want = []
+    for p in quoting_prompts:
+        kv = model.new_kv(len(p) + SPEC_TOKENS)
+        toks = [int(model.forward(p, kv).argmax())]
+        while len(toks) < SPEC_TOKENS and toks[-1] != eos:
+            toks.append(int(model.forward([toks[-1]], kv).argmax()))
+        want.append(toks)
+    assert [tuple(r["combo"]) for r in speculative_runs] == SPEC_COMBOS
+    for run in speculative_runs:
+        assert run["together"] == want, run["combo"]  # three answers decoding as one batch
+        assert run["alone"] == want, run["combo"]
+        drafted, kept = run["spec"]
+        assert 0 < kept < drafted, run["combo"]  # drafts were both kept and rejected
+        assert run["kv_held"] == 0 and run["load_after"] == (0, 0, 0.0), run["combo"]

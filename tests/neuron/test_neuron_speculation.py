@@ -43,7 +43,7 @@ def test_one_node_passes_the_eagle_draft_to_vllm_and_compiles_fused_speculation(
     argv = list(plan.command)
     config = json.loads(argv[argv.index("--speculative-config") + 1])
     assert config == {"method": "eagle", "model": str(tmp_path / "model" / "eagle-draft"), "num_speculative_tokens": 5}
-    # the compile-cache key changes with speculation (the plugin sets these: neuronx_distributed_model_loader.py:785-791)
+    # the compile-cache key changes with it (the plugin sets these: neuronx_distributed_model_loader.py:785-791)
     assert plan.nxdi_config["enable_fused_speculation"] is True and plan.nxdi_config["speculation_length"] == 5
     plain = _plan(tmp_path, 1, ("none", 0, ""))
     assert "--speculative-config" not in plain.command and "speculation_length" not in plain.nxdi_config

@@ -40,6 +40,7 @@ class Aws:
     servicequotas: Any = None  # the Trainium vCPU quota (preflight; moto has no EC2 quotas: tests stub it)
     capacity: Any = None  # EC2 client used only for describe_capacity_reservations (moto lacks it: tests stub it)
     ami: Any = None  # SSM client used only for the pinned AMI's public parameter (moto has not that one)
+    sts: Any = None  # which account the credentials are for (preflight)
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -68,6 +69,7 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         servicequotas=session.client("service-quotas"),
         capacity=session.client("ec2"),
         ami=session.client("ssm"),
+        sts=session.client("sts"),
     )
 
 

@@ -20,6 +20,7 @@ from ops.commands import (
     drain,
     keys,
     plan,
+    preflight,
     publish,
     rehearse,
     replace,
@@ -77,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     rehearse.add_parser(sub)
     check_update.add_parser(sub)
-    for p in publish.add_parser(sub):
-        _add_account_options(p)
+    for module in (publish, preflight):
+        for p in module.add_parser(sub):
+            _add_account_options(p)
     for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)

@@ -296,6 +296,7 @@ def aws(monkeypatch):
             servicequotas=session.client("service-quotas"),
             capacity=session.client("ec2"),
             ami=session.client("ssm"),
+            sts=session.client("sts"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from botocore.stub import Stubber
 
 from contract.apikeys import KeyEntry, KeySet, digest, new_key, secret_name
 from contract.manifest import publish
+from ops.cli import build_parser
+from ops.commands.preflight import run as run_preflight
 from ops.preflight import BOOTSTRAP_VERSION_PARAMETER, MIN_BOOTSTRAP_VERSION
 from stacks.hosts import NEURON_AMI_PARAMETER
 
@@ -340,3 +343,32 @@ def test_a_region_flag_that_contradicts_the_config_is_bad_input(account, run_cli
     path.write_text(yaml.safe_dump(account.config))
     code, _, err = run_cli_err("preflight", "--config", str(path), "--region", "us-west-2", "--json")
     assert code == 2 and "differs from the config's region us-east-1" in err
+
+
+# --- make deploy runs it first ----------------------------------------------------------------------
+def _make_n(*argv: str) -> list[str]:
+    """The commands `make -n ARGV` would run, installs left out (stamps may be missing in a checkout)."""
+    proc = subprocess.run(["make", "-n", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stdout.splitlines() if "pip " not in line and "ops-requirements" not in line]
+
+
+@pytest.mark.parametrize("target", ["deploy", "deploy-new-units"])
+def test_make_deploy_runs_preflight_on_the_same_config_before_cdk_deploy(target):
+    lines = _make_n(target, "CONFIG=examples/staging.yaml")
+    (deploy,) = [i for i, line in enumerate(lines) if line.startswith("node_modules/.bin/cdk deploy")]
+    (preflight,) = [i for i, line in enumerate(lines) if " -m ops preflight" in line]
+    assert preflight < deploy and "-c config=examples/staging.yaml" in lines[deploy]
+    argv = lines[preflight].split(" -m ops ", 1)[1].split()
+    args = build_parser().parse_args(argv)  # the line is a real `flotilla` command
+    assert args.handler is run_preflight and args.config == "examples/staging.yaml"
+    # Make stops at the first command that fails: a FAIL (exit 1) never reaches cdk deploy.
+    assert not lines[preflight].lstrip().startswith("-")
+
+
+@pytest.mark.parametrize("target", ["deploy", "deploy-new-units"])
+def test_preflight_0_skips_it_and_says_so(target):
+    lines = _make_n(target, "PREFLIGHT=0")
+    assert not any(" -m ops preflight" in line for line in lines)
+    assert 'echo "preflight skipped (PREFLIGHT=0)"' in lines
+    assert any(line.startswith("node_modules/.bin/cdk deploy --all") for line in lines)

@@ -5,13 +5,10 @@ in one line), and inside the VPC unit members reachable only from the routers an
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from aws_cdk.assertions import Annotations, Match
-from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, cdk_json_context, config_with, synthesize
+from synth_helpers import CERTIFICATE_ARN, config_with, run_app, synthesize
 
 import contract
 from stacks.config import ConfigError
@@ -49,20 +46,7 @@ def test_default_synth_has_an_internal_alb_and_no_ingress_from_anywhere(default_
 
 
 def test_internet_facing_without_client_cidrs_is_refused_at_synth_with_one_line(tmp_path):
-    config = tmp_path / "public.yaml"
-    config.write_text("front:\n  scheme: internet-facing\n")
-    context = {**cdk_json_context(), "config": str(config)}
-    env = {
-        **os.environ,
-        "CDK_CONTEXT_JSON": json.dumps(context),
-        "CDK_OUTDIR": str(tmp_path / "out"),
-        # as `make synth` runs it: Node 22 from node_modules, no end-of-life banner from jsii
-        "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    }
-    proc = subprocess.run(
-        [sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_app("front:\n  scheme: internet-facing\n", tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: front.scheme='internet-facing' is not allowed: internet-facing needs "

@@ -7,12 +7,9 @@ core rule set and Known bad inputs), not read from the stacks."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, cdk_json_context, config_with, synthesize
+from synth_helpers import CERTIFICATE_ARN, REPO_ROOT, cdk_json_context, config_with, run_app, synthesize
 
 from stacks.config import ConfigError
 
@@ -81,18 +78,7 @@ def test_an_internal_door_may_go_without_keys_and_certificate():
 
 
 def test_synth_refuses_the_plain_http_public_door_with_one_line(tmp_path):
-    config = tmp_path / "public.yaml"
-    config.write_text("front:\n  scheme: internet-facing\n  client_cidrs: [203.0.113.0/24]\n")
-    env = {
-        **os.environ,
-        "CDK_CONTEXT_JSON": json.dumps({**cdk_json_context(), "config": str(config)}),
-        "CDK_OUTDIR": str(tmp_path / "out"),
-        "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    }
-    proc = subprocess.run(
-        [sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_app("front:\n  scheme: internet-facing\n  client_cidrs: [203.0.113.0/24]\n", tmp_path)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: certificate_arn is required with front.scheme internet-facing")

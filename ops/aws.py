@@ -33,6 +33,7 @@ class Aws:
     ssm: Any = None  # the router's admission parameter (shed)
     logs: Any = None  # the routers' unit states (status --health-via router-logs)
     secretsmanager: Any = None  # the API keys' secret (keys)
+    s3: Any = None  # the nodes' boot artifacts (node-boot)
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -55,6 +56,7 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         ssm=session.client("ssm"),
         logs=session.client("logs"),
         secretsmanager=session.client("secretsmanager"),
+        s3=session.client("s3"),
     )
 
 

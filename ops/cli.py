@@ -19,6 +19,7 @@ from ops.commands import (
     check_update,
     drain,
     keys,
+    node_boot,
     plan,
     rehearse,
     replace,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     rehearse.add_parser(sub)
     check_update.add_parser(sub)
+    node_boot.add_parser(sub)  # its own --region/--profile: it reads a config, not a running fleet
     for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)

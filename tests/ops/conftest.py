@@ -22,6 +22,16 @@ from ops.aws import Aws
 REGION = "us-east-1"
 # One botocore session for every test: it caches the parsed service models (~0.2 s per client).
 _BOTOCORE = botocore.session.get_session()
+# S3 clients come from one boto3 session of their own: every boto3.Session registers S3's transfer
+# methods on its botocore session's client class, and a second registration on the shared session
+# above raises "Cannot inject class attribute upload_file".
+_S3_SESSION: list[boto3.Session] = []
+
+
+def _s3_client():
+    if not _S3_SESSION:
+        _S3_SESSION.append(boto3.Session(region_name=REGION))
+    return _S3_SESSION[0].client("s3")
 
 
 @dataclass
@@ -288,6 +298,7 @@ def aws(monkeypatch):
             ssm=session.client("ssm"),
             logs=session.client("logs"),
             secretsmanager=session.client("secretsmanager"),
+            s3=_s3_client(),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:

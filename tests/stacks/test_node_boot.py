@@ -31,7 +31,9 @@ URL = re.compile(r"[a-z][a-z0-9+.-]*://[^\s\"'<>)]*")
 HOSTNAME = re.compile(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|net|org|io|dev|aws|cn|gov|sh)\b", re.I)
 # Commands that fetch or install from somewhere else than the bucket.
 FETCHERS = re.compile(r"(?:^|[\s;&|(`$])(dnf|yum|rpm|curl|wget|pip3?|aws|git|apt-get)\s", re.M)
-EC2_USER_DATA_LIMIT = 16 * 1024  # "User data is limited to 16 KB, in raw form, before it is base64-encoded"
+# "User data is limited to 16 KB, in raw form, before it is base64-encoded" (EC2 user guide,
+# instancedata-add-user-data.html); the cluster name CDK appends counts as one character here.
+EC2_USER_DATA_LIMIT = 16 * 1024
 
 
 def user_data_of(synth, stack: str) -> list[str]:

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 # aws/aws-cdk#34689 moved CDK from "inf", the Amazon Linux 2 variant). The per-release child,
 # .../neuron/<AMI name>/image_id, follows the guide's "metadata of a specific Amazon ECS-optimized AMI
 # version by specifying the AMI name" (its example is Amazon Linux 2's) and the "sub-parameter
-# image_id"; no AWS page lists an AL2023 Neuron one, so `flotilla preflight` asks SSM before a deploy
-# (ops/ami.py) and node.ami_ids can pin the image per region instead (docs/hardware.md, "The unit AMI").
+# image_id". That it exists: AWS's own GetParametersByPath listing of /aws/service/ecs/optimized-ami, as
+# captured in moto 5.2.5 (getmoto/moto scripts/ssm_get_optimized_amis.py), holds it in 28 regions
+# (docs/hardware.md, "The unit AMI"); `flotilla node-boot check` and preflight ask SSM before a deploy.
 # The AMI name is the al2023neu build's, <prefix>-neuron-hvm-2023.0.<version><kernel>-x86_64
 # (al2023neu.pkr.hcl:2) with version 20260403 and kernel -kernel-6.1 (release-al2023.auto.pkrvars.hcl:1,10)
 # and the public prefix al2023-ami-ecs (the release notes name al2023-ami-ecs-neuron-hvm-... AMIs).
@@ -39,10 +40,6 @@ NEURON_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/neuron
 # metadata: /aws/service/ecs/optimized-ami/amazon-linux-2023/<version>", same guide page).
 X86_AMI_NAME = "al2023-ami-ecs-hvm-2023.0.20260403-kernel-6.1-x86_64"
 X86_AMI_PARAMETER = f"/aws/service/ecs/optimized-ami/amazon-linux-2023/{X86_AMI_NAME}/image_id"
-
-# An AMI id as EC2 prints it: "ami-" and 8 (older) or 17 hexadecimal digits.
-AMI_ID_RE = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
-REGION_RE = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d$")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What a unit's node needs from the account before it can boot, checked and staged: the artifacts its
 user data installs (in the model bucket under flotilla-node-artifacts/, with their SHA-256, in the
 deployment's region so the VPC's S3 gateway endpoint reaches them) and the AMI it boots (the pinned
-release's public SSM parameter, or the config's per-region pins). `flotilla node-boot` and
-`flotilla preflight` call ami_checks / artifact_checks; stage_artifacts uploads what is missing.
+release's public SSM parameter and the image it names). `flotilla node-boot` and `flotilla preflight`
+call ami_checks / artifact_checks; stage_artifacts uploads what is missing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class BootCheck:
 
     name: str
     ok: bool
-    detail: str
+    detail: str  # what was found
+    fix: str = ""  # what to do when not ok
 
 
 def _sha256_b64(hex_digest: str) -> str:
@@ -64,7 +65,7 @@ def _object_check(s3: Any, bucket: str, artifact: BootArtifact, stage_hint: str)
         head = s3.head_object(Bucket=bucket, Key=artifact.key, ChecksumMode="ENABLED")
     except botocore.exceptions.ClientError as err:
         if _error_code(err) in ("404", "NoSuchKey", "NotFound"):
-            return BootCheck(name, False, f"missing: nodes with EFA cannot boot; {stage_hint}")
+            return BootCheck(name, False, "missing: nodes with EFA cannot boot", stage_hint)
         raise
     recorded = head.get("ChecksumSHA256")
     if recorded != _sha256_b64(artifact.sha256):
@@ -73,7 +74,8 @@ def _object_check(s3: Any, bucket: str, artifact: BootArtifact, stage_hint: str)
             name,
             False,
             f"{found}, not the pinned {artifact.sha256} of {artifact.name} {artifact.version}: every node "
-            f"would refuse it; {stage_hint}",
+            "would refuse it",
+            stage_hint,
         )
     return BootCheck(name, True, f"{artifact.name} {artifact.version}, SHA-256 {artifact.sha256}")
 
@@ -85,7 +87,7 @@ def artifact_checks(config: FlotillaConfig, *, s3: Any, region: str, config_path
     if not artifacts:
         return []
     bucket = config.model.bucket
-    stage_hint = f"run `flotilla node-boot stage --config {config_path} --region {region}` ({RUNBOOK})"
+    stage_hint = f"flotilla node-boot stage --config {config_path} --region {region} ({RUNBOOK})"
     where = bucket_region(s3, bucket)
     if where != region:
         return [
@@ -93,67 +95,58 @@ def artifact_checks(config: FlotillaConfig, *, s3: Any, region: str, config_path
                 f"s3://{bucket}",
                 False,
                 f"in {where}, not the deployment's region {region}: the S3 gateway endpoint reaches only buckets "
-                "of its own region, so the boot would need the NAT gateways; use a model bucket in "
-                f"{region} (model.s3_uri)",
+                "of its own region, so the boot would need the NAT gateways",
+                f"use a model bucket in {region} (model.s3_uri)",
             )
         ]
     return [_object_check(s3, bucket, artifact, stage_hint) for artifact in artifacts]
 
 
-def _pinned_image_check(ec2: Any, *, region: str, image_id: str, expected: str, via: str) -> BootCheck:
-    name = f"AMI {image_id} in {region} ({via})"
+def ami_checks(config: FlotillaConfig, *, ssm: Any, region: str, ec2: Any = None) -> list[BootCheck]:
+    """The AMI this config's nodes boot resolves in `region`: the pinned release's public SSM parameter
+    exists there (a missing one fails every Cell stack at change-set creation) and, given an EC2
+    client, names an available image of that release (its name is the release's AMI name)."""
+    from stacks.hosts import is_trainium  # noqa: PLC0415 - stacks/ only when a config is read
+
+    ami = node_ami(trainium=is_trainium(config.instance_type))
+    try:
+        image_id = ssm.get_parameter(Name=ami.parameter)["Parameter"]["Value"]
+    except botocore.exceptions.ClientError as err:
+        if _error_code(err) != "ParameterNotFound":
+            raise
+        return [
+            BootCheck(
+                ami.parameter,
+                False,
+                f"does not resolve in {region}: the pinned AMI release {ami.name} is not published there",
+                "deploy to a region that has it, or pin a release published there (contract/node_boot.py, "
+                "docs/hardware.md, The unit AMI)",
+            )
+        ]
+    checks = [BootCheck(ami.parameter, True, f"resolves to {image_id} in {region}")]
+    if ec2 is None:
+        return checks
     try:
         images = ec2.describe_images(ImageIds=[image_id]).get("Images", [])
     except botocore.exceptions.ClientError as err:
-        if _error_code(err).startswith("InvalidAMIID"):
-            images = []
-        else:
+        if not _error_code(err).startswith("InvalidAMIID"):
             raise
+        images = []
+    name = f"AMI {image_id}"
     if not images:
-        return BootCheck(name, False, f"does not exist in {region}: pin the id of {expected} there")
+        return [*checks, BootCheck(name, False, f"not found in {region}", "ask AWS support: the parameter is theirs")]
     image = images[0]
-    if image.get("Name") != expected:
-        return BootCheck(
-            name,
-            False,
-            f"is {image.get('Name')!r}, not the pinned release {expected}: its Neuron driver may not match the "
-            "containers' SDK (docs/hardware.md, Version pairings)",
-        )
-    if image.get("State") != "available":
-        return BootCheck(name, False, f"is {image.get('State')}, not available")
-    return BootCheck(name, True, expected)
-
-
-def ami_checks(config: FlotillaConfig, *, ssm: Any, ec2: Any, region: str) -> list[BootCheck]:
-    """The AMI this config's nodes boot resolves in `region`: its per-region pin (node.ami_ids) names an
-    available image of the pinned release, or, without pins, the release's public SSM parameter exists
-    there (a missing one fails every Cell stack at change-set creation) and names that release."""
-    ami = node_ami(trainium=bool(config.shape.chips))
-    find = (
-        f"aws ec2 describe-images --owners amazon --filters Name=name,Values={ami.name} --region {region} "
-        "--query Images[0].ImageId"
-    )
-    pins = dict(config.node.ami_ids)
-    if pins:
-        if region not in pins:
-            return [BootCheck("node.ami_ids", False, f"no AMI for {region}: add {region}: <the id `{find}` prints>")]
-        return [_pinned_image_check(ec2, region=region, image_id=pins[region], expected=ami.name, via="node.ami_ids")]
-    found = ssm.get_parameters(Names=[ami.parameter])
-    values = {p["Name"]: p["Value"] for p in found.get("Parameters", [])}
-    if ami.parameter not in values:
+    if image.get("Name") != ami.name or image.get("State") != "available":
         return [
+            *checks,
             BootCheck(
-                f"SSM {ami.parameter}",
+                name,
                 False,
-                f"does not exist in {region}: pin the image instead, node.ami_ids: {{{region}: <the id `{find}` "
-                "prints>} (docs/hardware.md, The unit AMI)",
-            )
+                f"is {image.get('Name')!r} ({image.get('State')}), not the available release {ami.name}",
+                "the public parameter moved: check docs/hardware.md, The unit AMI, before deploying",
+            ),
         ]
-    image_id = values[ami.parameter]
-    return [
-        BootCheck(f"SSM {ami.parameter}", True, image_id),
-        _pinned_image_check(ec2, region=region, image_id=image_id, expected=ami.name, via="SSM"),
-    ]
+    return [*checks, BootCheck(name, True, ami.name)]
 
 
 # --- staging ---------------------------------------------------------------------------------------
@@ -237,4 +230,4 @@ def stage_artifacts(
                     ServerSideEncryption="AES256",
                     Metadata={"sha256": artifact.sha256, "source": artifact.upstream_url},
                 )
-        yield _object_check(s3, bucket, artifact, "upload it again")
+        yield _object_check(s3, bucket, artifact, "stage it again")

@@ -167,7 +167,6 @@ class CellStack(Stack):
                         health_check_grace=Duration.seconds(config.node.health_check_grace_s),
                         instance_store=config.node.instance_store,
                         artifact_bucket=config.model.bucket,
-                        ami_ids=config.node.ami_ids,
                         capacity_reservation_id=config.capacity.reservation_id,
                         capacity_reservation_group_arn=config.capacity.reservation_group_arn,
                         market_type=config.capacity.market,

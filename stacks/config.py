@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError, core_schema
 
 import contract
@@ -24,7 +31,6 @@ from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
-from stacks.node_ami import AmiIds, check_node_ami
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -301,8 +307,6 @@ class NodeConfig(_Section):
     # neuron engine, one node: 0 runs without prefix caching; a block size opts in to vLLM's prefix
     # caching (off by default: no trn1 run has checked its outputs and memory, docs/hardware.md).
     neuron_prefix_caching_block: Annotated[int, one_of(NEURON_PREFIX_CACHING_BLOCKS)] = 0
-    # Per-region AMI ids instead of the pinned release's SSM parameter (stacks/node_ami.py, docs/hardware.md).
-    ami_ids: AmiIds = ()
 
 
 class RouterConfig(_Section):
@@ -534,7 +538,6 @@ class FlotillaConfig(_Section):
                 "names with those prefixes, and each unit's is named after its stack)",
             )
         check_engine_fits_instance(self)
-        check_node_ami(self)
         check_capacity(self)
         check_quotas(self)
         known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}

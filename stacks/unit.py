@@ -23,13 +23,9 @@ from stacks.hosts import UnitHost
 from stacks.node_boot import SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, node_user_data
 
 
-def unit_ami(*, trainium: bool, ami_ids: tuple[tuple[str, str], ...]) -> ec2.IMachineImage:
-    """The pinned release of the host type (contract/node_boot.py) by its public SSM parameter, or the
-    config's per-region pins (node.ami_ids, stacks/node_ami.py): Trainium hosts boot the Neuron AMI
-    (its driver exposes /dev/neuron*), x86 hosts the plain one. The pins become a CloudFormation
-    mapping keyed by AWS::Region in an environment-agnostic stack."""
-    if ami_ids:
-        return ec2.MachineImage.generic_linux(dict(ami_ids))
+def unit_ami(*, trainium: bool) -> ec2.IMachineImage:
+    """The pinned release of the host type (contract/node_boot.py) by its public SSM parameter:
+    Trainium hosts boot the Neuron AMI (its driver exposes /dev/neuron*), x86 hosts the plain one."""
     return ec2.MachineImage.from_ssm_parameter(node_ami(trainium=trainium).parameter, os=ec2.OperatingSystemType.LINUX)
 
 
@@ -122,8 +118,6 @@ class UnitProps:
     instance_store: bool = False
     # The bucket the boot installs its artifacts from (contract/node_boot.py): the model bucket.
     artifact_bucket: str = ""
-    # Per-region AMI pins (node.ami_ids); empty: the pinned release by its SSM parameter.
-    ami_ids: tuple[tuple[str, str], ...] = ()
     capacity_reservation_id: str | None = None
     capacity_reservation_group_arn: str | None = None
     market_type: str = "on-demand"
@@ -198,7 +192,7 @@ class TrainiumUnit(Construct):
             self,
             "LaunchTemplate",
             instance_type=ec2.InstanceType(props.instance_type),
-            machine_image=unit_ami(trainium=bool(shape.chips), ami_ids=props.ami_ids),
+            machine_image=unit_ami(trainium=bool(shape.chips)),
             instance_profile=props.instance_profile,
             # On the instance's one interface without EFA; with EFA it moves to the interfaces below.
             security_group=self.security_group,

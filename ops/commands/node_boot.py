@@ -72,7 +72,9 @@ def _report(console: Console, title: str, checks: list[BootCheck]) -> int:
     table.add_column("")
     table.add_column("found / fix", overflow="fold")
     for c in checks:
-        table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+        table.add_row(
+            c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail + (f"; fix: {c.fix}" if c.fix else "")
+        )
     console.print(table)
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 

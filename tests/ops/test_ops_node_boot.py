@@ -107,9 +107,9 @@ def test_check_names_a_missing_artifact_and_the_command_that_stages_it(run_cli, 
     assert code == 1 and "FAIL" in out
     (check,) = artifact_checks(read(path), s3=aws.s3, region="us-east-1", config_path=path)
     assert not check.ok
-    assert check.detail == (
-        f"missing: nodes with EFA cannot boot; run `flotilla node-boot stage --config {path} --region us-east-1` "
-        "(docs/runbooks/node-boot-artifacts.md)"
+    assert check.detail == "missing: nodes with EFA cannot boot"
+    assert check.fix == (
+        f"flotilla node-boot stage --config {path} --region us-east-1 (docs/runbooks/node-boot-artifacts.md)"
     )
 
 
@@ -153,37 +153,34 @@ def test_the_pinned_release_resolves_through_aws_own_ssm_listing(aws, monkeypatc
     monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "true")  # before this test's first EC2 call
     checks = ami_checks(read(config_file(tmp_path)), ssm=aws.ssm, ec2=aws.ec2, region="us-east-1")
     assert [c.ok for c in checks] == [True, True], checks
-    assert checks[0].name == f"SSM {NEURON_AMI_PARAMETER}" and checks[0].detail.startswith("ami-")
+    assert checks[0].name == NEURON_AMI_PARAMETER and checks[0].detail.startswith("resolves to ami-")
     assert checks[1].detail == NEURON_AMI_NAME
+    # Without an EC2 client only the parameter is read (preflight's use).
+    assert [c.ok for c in ami_checks(read(config_file(tmp_path)), ssm=aws.ssm, region="us-east-1")] == [True]
 
 
-def test_a_region_without_the_parameter_is_told_to_pin_the_image(aws, tmp_path):
+def test_a_region_without_the_parameter_fails_naming_the_release(aws, tmp_path):
     # moto's capture for me-south-1 predates release 20260403: the parameter is absent there.
+    import boto3
+
     (check,) = ami_checks(
-        read(config_file(tmp_path)),
-        ssm=__import__("boto3").client("ssm", region_name="me-south-1"),
-        ec2=aws.ec2,
-        region="me-south-1",
+        read(config_file(tmp_path)), ssm=boto3.client("ssm", region_name="me-south-1"), region="me-south-1"
     )
-    assert not check.ok
-    assert "does not exist in me-south-1: pin the image instead, node.ami_ids: {me-south-1:" in check.detail
-    assert f"Name=name,Values={NEURON_AMI_NAME} --region me-south-1" in check.detail
+    assert not check.ok and check.name == NEURON_AMI_PARAMETER
+    assert (
+        check.detail
+        == f"does not resolve in me-south-1: the pinned AMI release {NEURON_AMI_NAME} is not published there"
+    )
+    assert check.fix.startswith("deploy to a region that has it")
 
 
-def test_per_region_pins_must_name_an_available_image_of_the_pinned_release(aws, tmp_path):
-    right = aws.ec2.register_image(Name=NEURON_AMI_NAME, RootDeviceName="/dev/xvda", BlockDeviceMappings=[])["ImageId"]
-    wrong = aws.ec2.register_image(Name="my-own-image", RootDeviceName="/dev/xvda", BlockDeviceMappings=[])["ImageId"]
+def test_a_parameter_naming_another_image_fails(aws, tmp_path):
+    from botocore.stub import Stubber
 
-    def checks(pins: dict[str, str]):
-        extra = "  ami_ids:\n" + "".join(f"    {r}: {a}\n" for r, a in pins.items())
-        path = tmp_path / "pinned.yaml"
-        path.write_text(f"model:\n  s3_uri: s3://{BUCKET}/llama/\nnode:\n{extra}")
-        return ami_checks(read(str(path)), ssm=aws.ssm, ec2=aws.ec2, region="us-east-1")
-
-    assert [c.ok for c in checks({"us-east-1": right})] == [True]
-    (c,) = checks({"us-east-1": wrong})
-    assert not c.ok and f"is 'my-own-image', not the pinned release {NEURON_AMI_NAME}" in c.detail
-    (c,) = checks({"us-east-1": "ami-0123456789abcdef0"})
-    assert not c.ok and c.detail.startswith("does not exist in us-east-1")
-    (c,) = checks({"eu-west-1": right})
-    assert not c.ok and c.name == "node.ami_ids" and c.detail.startswith("no AMI for us-east-1")
+    other = aws.ec2.register_image(Name="my-own-image", RootDeviceName="/dev/xvda", BlockDeviceMappings=[])["ImageId"]
+    ssm = __import__("boto3").client("ssm", region_name="us-east-1")
+    with Stubber(ssm) as stub:
+        stub.add_response("get_parameter", {"Parameter": {"Name": NEURON_AMI_PARAMETER, "Value": other}})
+        checks = ami_checks(read(config_file(tmp_path)), ssm=ssm, ec2=aws.ec2, region="us-east-1")
+    assert [c.ok for c in checks] == [True, False]
+    assert f"is 'my-own-image' (available), not the available release {NEURON_AMI_NAME}" in checks[1].detail

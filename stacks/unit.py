@@ -17,16 +17,14 @@ from aws_cdk import aws_servicediscovery as cloudmap
 from constructs import Construct
 
 import contract
-from contract.node_boot import node_ami
 from stacks.discovery import register_unit_members
-from stacks.hosts import UnitHost
+from stacks.hosts import UnitHost, ami_parameter
 from stacks.node_boot import SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, node_user_data
 
 
-def unit_ami(*, trainium: bool) -> ec2.IMachineImage:
-    """The pinned release of the host type (contract/node_boot.py) by its public SSM parameter:
-    Trainium hosts boot the Neuron AMI (its driver exposes /dev/neuron*), x86 hosts the plain one."""
-    return ec2.MachineImage.from_ssm_parameter(node_ami(trainium=trainium).parameter, os=ec2.OperatingSystemType.LINUX)
+def unit_ami(shape: UnitHost) -> ec2.IMachineImage:
+    """The pinned ECS AMI release the unit's hosts boot (stacks/hosts.py says which and why)."""
+    return ec2.MachineImage.from_ssm_parameter(ami_parameter(shape.instance_type), os=ec2.OperatingSystemType.LINUX)
 
 
 def memory_reservation_mib(shape: UnitHost) -> int:
@@ -192,7 +190,7 @@ class TrainiumUnit(Construct):
             self,
             "LaunchTemplate",
             instance_type=ec2.InstanceType(props.instance_type),
-            machine_image=unit_ami(trainium=bool(shape.chips)),
+            machine_image=unit_ami(shape),
             instance_profile=props.instance_profile,
             # On the instance's one interface without EFA; with EFA it moves to the interfaces below.
             security_group=self.security_group,

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
-from ops.commands.rollout import read_config
+from ops.deploy_config import read_config
 from ops.errors import EXIT_FAILED, EXIT_OK, bad_arg
 from ops.node_boot import BootCheck, ami_checks, artifact_checks, needed_artifacts, stage_artifacts
 
@@ -51,10 +51,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     check.set_defaults(handler=run_check)
     for q in (stage, check):
         q.add_argument("--config", required=True, metavar="PATH", help="the flotilla config YAML the deploy uses")
-        g = q.add_argument_group("AWS")
-        g.add_argument("--region", help="the deployment's region (default: the config's region, else AWS_REGION)")
-        g.add_argument("--profile", help="AWS named profile")
-    return [stage, check]
+    return [stage, check]  # ops/cli.py adds --region and --profile
 
 
 def _clients(args: argparse.Namespace, config_region: str | None) -> tuple[Aws, str]:
@@ -62,7 +59,7 @@ def _clients(args: argparse.Namespace, config_region: str | None) -> tuple[Aws, 
     aws = clients_for(args)
     region = str(aws.s3.meta.region_name)
     if config_region and region != config_region:
-        raise bad_arg("--region", region, f"is not the config's region {config_region}", f"use {config_region}")
+        raise bad_arg("--region", region, f"differs from the config's region {config_region}", "drop --region")
     return aws, region
 
 

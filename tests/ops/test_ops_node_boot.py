@@ -34,7 +34,7 @@ def config_file(tmp_path: Path, extra: str = "") -> str:
 
 
 def read(path: str):
-    from ops.commands.rollout import read_config
+    from ops.deploy_config import read_config
 
     return read_config(path)
 
@@ -49,8 +49,8 @@ def test_artifact(monkeypatch):
 
 
 @pytest.fixture
-def bucket(aws):
-    aws.s3.create_bucket(Bucket=BUCKET)
+def bucket(s3):
+    s3.create_bucket(Bucket=BUCKET)
     return BUCKET
 
 
@@ -129,7 +129,7 @@ def test_check_refuses_an_object_uploaded_without_the_pinned_checksum(aws, bucke
     assert not check.ok and check.detail.startswith(f"SHA-256 {hashlib.sha256(other).hexdigest()}, not the pinned")
 
 
-def test_a_model_bucket_in_another_region_is_refused_before_anything_is_uploaded(aws, test_artifact, tmp_path):
+def test_a_model_bucket_in_another_region_is_refused_before_anything_is_uploaded(aws, s3, test_artifact, tmp_path):
     import boto3
 
     boto3.client("s3", region_name="eu-west-1").create_bucket(
@@ -140,7 +140,7 @@ def test_a_model_bucket_in_another_region_is_refused_before_anything_is_uploaded
     assert check.name == f"s3://{BUCKET}" and "in eu-west-1, not the deployment's region us-east-1" in check.detail
 
 
-def test_x86_staging_hosts_need_no_boot_artifacts(run_cli, aws, tmp_path):
+def test_x86_staging_hosts_need_no_boot_artifacts(run_cli, aws, s3, tmp_path):
     path = config_file(tmp_path, "instance_type: m6i.large\nnode:\n  engine: reference\n")
     code, out = run_cli("node-boot", "stage", "--config", path)
     assert code == 0 and "install nothing at boot" in " ".join(out.split())

@@ -40,6 +40,16 @@ def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[U
     return units
 
 
+def cell_id(text: str) -> str:
+    """An argparse type for a cell: `cell3` as status shows it, or just `3`; always `cell3`."""
+    value = text.strip()
+    if value.isdigit():
+        return f"cell{int(value)}"
+    if value.startswith("cell") and value[4:].isdigit():
+        return f"cell{int(value[4:])}"
+    raise argparse.ArgumentTypeError(f"{text!r} is not a cell: give it as status shows it (cell0) or its number (0)")
+
+
 def add_json_option(p: argparse.ArgumentParser, what: str = "the report") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout (everything else on stderr)")
 

@@ -21,7 +21,7 @@ import contract
 from contract.rollout import default_units_per_wave
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
-from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
+from ops.commands.common import add_confirm_options, cell_id, confirmed, fleet_from_args, wait_until
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
 from ops.commands.status import health_unreadable
 from ops.errors import CannotTell, OpsError, bad_arg
@@ -77,7 +77,9 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     which = b.add_mutually_exclusive_group(required=True)
     which.add_argument("--unit", action="append", metavar="UNIT", help="a unit (repeatable)")
-    which.add_argument("--cell", action="append", metavar="CELL", help="every unit of a cell (repeatable)")
+    which.add_argument(
+        "--cell", action="append", type=cell_id, metavar="CELL", help="every unit of a cell, cell0 or 0 (repeatable)"
+    )
     which.add_argument("--all", action="store_true", help="every unit of the deployment")
     b.add_argument(
         "--to-revision",

@@ -70,7 +70,9 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_deprecated_alias(p: argparse.ArgumentParser, old: str, new: str, *, dest: str, **kwargs: Any) -> None:
+def add_deprecated_alias(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str, *, dest: str, **kwargs: Any
+) -> None:
     p.add_argument(old, dest=dest, action=_DeprecatedAlias, new=new, help=argparse.SUPPRESS, **kwargs)
 
 

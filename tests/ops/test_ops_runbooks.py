@@ -70,7 +70,9 @@ def check_flotilla(line: str) -> list[str]:
     try:
         with contextlib.redirect_stderr(err):
             args = build_parser().parse_args(argv_of(line))
-    except SystemExit:  # argparse names the problem on stderr and exits 2
+    except SystemExit as done:  # argparse names the problem on stderr and exits 2
+        if done.code == 0:  # --version (or --help): a line that runs and prints
+            return []
         return [err.getvalue().strip().splitlines()[-1]]
     return [] if callable(getattr(args, "handler", None)) else ["parses to no command"]
 

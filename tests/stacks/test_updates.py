@@ -496,16 +496,27 @@ class DeployedStacks:
         self.stubber.activate()
 
 
-def check_update_cli(after, deployed: DeployedStacks, monkeypatch, capsys) -> tuple[int, str]:
+def check_update_cli(after, deployed: DeployedStacks, monkeypatch, capsys, *extra: str) -> tuple[int, str]:
     import ops.aws
     from ops.cli import main
 
     clients = ops.aws.Aws(ecs=None, ec2=None, autoscaling=None, servicediscovery=None, topology=None)
     clients.cloudformation = deployed.client
     monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
-    code = main(["check-update", "--cdk-out", str(after.outdir), "--region", "us-east-1"])
+    code = main(["check-update", "--cdk-out", str(after.outdir), "--region", "us-east-1", *extra])
     deployed.stubber.assert_no_pending_responses()
     return code, " ".join(capsys.readouterr().out.split())
+
+
+def test_check_update_json_lists_the_compared_cells_and_each_refusal_with_its_fix(synths, monkeypatch, capsys):
+    before, after = synths("azs-units-2"), synths("azs-units-3")
+    deployed = DeployedStacks(before, ["Cell-0", "Cell-1"], after)
+    code, out = check_update_cli(after, deployed, monkeypatch, capsys, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["compared"] == ["Cell-0", "Cell-1"]
+    (refusal,) = doc["refused"]
+    assert [p.split(" ")[0] for p in refusal["problems"]] == ["cell1-unit0"]
+    assert "`flotilla shrink --units 2`" in refusal["fix"]
 
 
 def test_check_update_refuses_a_deploy_that_moves_running_units_and_names_the_units_that_can_stay(

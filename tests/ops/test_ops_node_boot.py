@@ -61,7 +61,7 @@ def test_stage_uploads_the_pinned_bytes_with_their_sha256_and_then_check_passes(
     source.mkdir()
     (source / test_artifact.filename).write_bytes(PAYLOAD)
     path = config_file(tmp_path)
-    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source))
+    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--yes")
     assert code == 0, out
     head = aws.s3.head_object(Bucket=bucket, Key=test_artifact.key, ChecksumMode="ENABLED")
     assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(PAYLOAD).digest()).decode()
@@ -71,7 +71,7 @@ def test_stage_uploads_the_pinned_bytes_with_their_sha256_and_then_check_passes(
     checks = artifact_checks(read(path), s3=aws.s3, region="us-east-1")
     assert [(c.name, c.ok) for c in checks] == [(f"s3://{bucket}/{test_artifact.key}", True)]
     # A second run finds it in place and uploads nothing.
-    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source))
+    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--yes")
     assert code == 0 and "already staged" in out
 
 
@@ -92,7 +92,7 @@ def test_stage_refuses_bytes_that_are_not_the_pinned_ones_and_uploads_nothing(ru
     source = tmp_path / "downloads"
     source.mkdir()
     (source / EFA_INSTALLER.filename).write_bytes(b"not the installer AWS published")
-    code, out = run_cli("node-boot", "stage", "--config", config_file(tmp_path), "--from", str(source))
+    code, out = run_cli("node-boot", "stage", "--config", config_file(tmp_path), "--from", str(source), "--yes")
     assert code == 1
     text = " ".join(out.split())
     actual = hashlib.sha256(b"not the installer AWS published").hexdigest()
@@ -142,7 +142,7 @@ def test_a_model_bucket_in_another_region_is_refused_before_anything_is_uploaded
 
 def test_x86_staging_hosts_need_no_boot_artifacts(run_cli, aws, s3, tmp_path):
     path = config_file(tmp_path, "instance_type: m6i.large\nnode:\n  engine: reference\n")
-    code, out = run_cli("node-boot", "stage", "--config", path)
+    code, out = run_cli("node-boot", "stage", "--config", path, "--yes")
     assert code == 0 and "install nothing at boot" in " ".join(out.split())
     assert artifact_checks(read(path), s3=aws.s3, region="us-east-1") == []
 
@@ -184,3 +184,14 @@ def test_a_parameter_naming_another_image_fails(aws, tmp_path):
         checks = ami_checks(read(config_file(tmp_path)), ssm=ssm, ec2=aws.ec2, region="us-east-1")
     assert [c.ok for c in checks] == [True, False]
     assert f"is 'my-own-image' (available), not the available release {NEURON_AMI_NAME}" in checks[1].detail
+
+
+def test_stage_without_yes_off_a_terminal_uploads_nothing_and_names_the_flag(
+    run_cli, aws, bucket, test_artifact, tmp_path
+):
+    source = tmp_path / "downloads"
+    source.mkdir()
+    (source / test_artifact.filename).write_bytes(PAYLOAD)
+    code, out = run_cli("node-boot", "stage", "--config", config_file(tmp_path), "--from", str(source))
+    assert code == 1 and "--yes" in out
+    assert aws.s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0

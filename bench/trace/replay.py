@@ -58,10 +58,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402
-from bench.fleet.trace_sim import shared_blocks, trace_path  # noqa: E402
+from bench.fleet.trace_sim import shared_blocks  # noqa: E402
 from bench.measure import append_run  # noqa: E402
 from runtime.engines.base import DEFAULT_MAX_PREFILL_TOKENS  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
+from traces import mooncake_rows, unreadable  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
 # A run's start (3 units loading SmolLM2, then routable) and drain (the last requests, bounded by the
@@ -415,7 +416,9 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace, rate:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
+    ap.add_argument(
+        "--trace", default="conversation", help="conversation, synthetic (shipped in traces/) or a Mooncake JSONL path"
+    )
     ap.add_argument("--requests", type=int, default=100, help="how many requests (see --sample)")
     ap.add_argument(
         "--sample",
@@ -464,9 +467,9 @@ def selected_rows(ap: argparse.ArgumentParser, a: argparse.Namespace) -> list[di
     """The trace's requests that --trace, --requests, --sample and --seed select (a trace that cannot
     be read is refused naming the flag)."""
     try:
-        rows = [json.loads(line) for line in trace_path(a.trace).read_text().splitlines() if line.strip()]
+        rows = mooncake_rows(a.trace)
     except OSError as exc:
-        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
+        ap.error(unreadable("--trace", a.trace, exc))
     return select(rows, a.requests, a.sample, a.seed)
 
 

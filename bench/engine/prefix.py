@@ -1,6 +1,6 @@
 """The reference engine's prefix cache on a production conversation trace, one rank:
-`python bench/engine/prefix.py [--model smollm2] [--requests 300]` (prints a table, appends JSON
-to bench/results/prefix.json).
+`make bench-prefix` or `python -m bench.engine.prefix [--model smollm2] [--requests 300]` (prints a
+table, appends JSON to bench/results/prefix.json; --tiny: the tiny model, 5 requests).
 
 The first --requests of the Mooncake conversation trace (traces/), in arrival order, one
 after the other through one engine, with the cache and without it. Scaled to a small model: each
@@ -28,10 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-# This folder's bench.py would shadow the bench folder that bench.measure is in.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from bench.measure import append_run  # noqa: E402
+from bench.measure import append_run, results_file, tiny_mode  # noqa: E402
 from traces import open_trace, unreadable  # noqa: E402
 
 TRACE_BLOCK, BLOCK = 512, 16  # the trace's block, and the tokens each of its ids becomes here
@@ -92,6 +90,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--out", default=str(results_file("prefix.json", tiny=False)))
+    tiny_mode(ap, model="tiny", requests=5, max_prompt=64, out=str(results_file("prefix.json", tiny=True)))
     a = ap.parse_args()
     import torch  # noqa: PLC0415
 
@@ -138,7 +138,7 @@ def main() -> None:
     assert with_cache["queries"] == total and without["hits"] == 0
     print(json.dumps(row, indent=1))
     if not a.no_save:
-        append_run(REPO / "bench" / "results" / "prefix.json", row)
+        append_run(a.out, row)
 
 
 if __name__ == "__main__":

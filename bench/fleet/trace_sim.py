@@ -1,8 +1,9 @@
 """A SimPy model of routers in front of hundreds of units with prefix caches, driven by a production
 request trace: which routing policy gives the lowest time to first token without hot units.
 
-Run: `python bench/fleet/trace_sim.py` (the last step of `make bench-fleet`; beside policy_sim.py,
-whose step-function history it reuses); the table goes to docs/benchmarks.md (Routing by cache).
+Run: `python -m bench.fleet.trace_sim` (a step of `make bench-fleet`; --tiny: 300 requests on 8 units;
+beside policy_sim.py, whose step-function history it reuses); the table goes to docs/benchmarks.md
+(Routing by cache).
 tests/router/test_router_cache_routing.py runs it small in `make test`.
 
 The model (each choice a stated assumption, not a measurement of Trainium):
@@ -58,7 +59,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from bench.fleet.policy_sim import _History  # noqa: E402 - after the path to this checkout is known
-from bench.measure import append_run  # noqa: E402
+from bench.measure import append_run, results_file, tiny_mode  # noqa: E402
 from runtime.router import balance  # noqa: E402
 from traces import mooncake_rows, unreadable  # noqa: E402
 
@@ -406,7 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--label", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_sim.json"))
+    ap.add_argument("--out", default=str(results_file("trace_sim.json", tiny=False)))
+    tiny_mode(
+        ap,
+        argv,
+        traces="conversation",
+        units=8,
+        copies=1,
+        limit=300,
+        out=str(results_file("trace_sim.json", tiny=True)),
+    )
     args = ap.parse_args(argv)
     policies = tuple(args.policies.split(","))
     bad = [x for x in policies if x not in POLICIES]

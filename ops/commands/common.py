@@ -40,6 +40,20 @@ def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[U
     return units
 
 
+def add_json_option(p: argparse.ArgumentParser, what: str = "the report") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout (everything else on stderr)")
+
+
+def stderr_console() -> Console:
+    """A console on stderr, sized like the CLI's own: for what a script reading stdout must not get."""
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 160, highlight=False)
+
+
+def prose_console(args: argparse.Namespace, console: Console) -> Console:
+    """Where a command's prose goes: stderr under --json (stdout carries one JSON document), else stdout."""
+    return stderr_console() if getattr(args, "json", False) else console
+
+
 def add_confirm_options(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument(

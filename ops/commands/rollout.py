@@ -13,7 +13,7 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -22,12 +22,10 @@ from ops.aws import clients_for
 from ops.commands import Subparsers
 from ops.commands.common import fleet_from_args, select, wait_until
 from ops.commands.plan import render_rollout, rollout_dict
-from ops.errors import UsageError, bad_arg
+from ops.deploy_config import read_config
+from ops.errors import bad_arg
 from ops.fleet import Fleet, Unit, arn_name, router_services
 from ops.rollout_sim import FleetModel, Recommendation, Summary, recommend_wave
-
-if TYPE_CHECKING:
-    from stacks.config import FlotillaConfig
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
@@ -215,31 +213,6 @@ def _check_plan_flags(args: argparse.Namespace) -> None:
         raise bad_arg(
             "--node-failures-per-day", args.node_failures_per_day, "is out of range", "give 0 to 1 (per node per day)"
         )
-
-
-def read_config(path: str) -> FlotillaConfig:
-    """The config the CDK app would build from `-c config=PATH` in this directory, validated by the
-    app's own loader (stacks/config.py, which imports no aws_cdk); its errors become exit status 2."""
-    try:
-        # Imported here: the operations CLI installs without stacks/ (pyproject's packages), and only
-        # this subcommand needs it.
-        from stacks.config import ConfigError, load_config  # noqa: PLC0415
-    except ImportError as err:
-        raise UsageError(
-            f"--config {path}: reading a flotilla config needs a flotilla checkout with its requirements "
-            f"(stacks/config.py): run from the repository root ({err})"
-        ) from None
-    context: Any = None
-    cdk_json = Path("cdk.json")
-    if cdk_json.is_file():
-        try:
-            context = json.loads(cdk_json.read_text()).get("context", {}).get("flotilla")
-        except (ValueError, AttributeError):
-            raise UsageError(f"{cdk_json.resolve()}: not a cdk.json (a JSON object with a `context` object)") from None
-    try:
-        return load_config(context, path)
-    except ConfigError as err:
-        raise UsageError(f"--config {path}: {err}") from None
 
 
 def config_change(path: str, current: int, recommended: int) -> tuple[int | None, str]:

@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doccheck
+
 ROOT = Path(__file__).resolve().parents[2]
-MAKEFILE = ROOT / "Makefile"
 # Where published figures live: a tiny run must leave every byte of them as it was.
 PUBLISHED = [
     ROOT / "docs" / "benchmarks.md",
@@ -22,7 +23,6 @@ PUBLISHED = [
 # whose .venv is shared can see its requirement files as newer than the install stamps).
 NO_INSTALL = [f"--old-file={f}" for f in ("deps", "dev-deps", ".venv/.dev-deps", ".venv/.synth-deps")]
 NO_INSTALL += ["--old-file=node_modules/.installed", "--old-file=.venv/bin/python"]
-RULE = re.compile(r"^(bench-[\w-]+)\s*:(?!=)", re.M)
 FAILED = re.compile(r"\[Makefile:\d+: (bench-[\w-]+)\] Error")  # make's line for a recipe that failed
 # Top-level names a script's folder must not shadow when a benchmark is run as a file: the checkout's
 # packages and the standard library's modules.
@@ -31,19 +31,7 @@ TOP_LEVEL |= set(sys.stdlib_module_names)
 
 
 def bench_targets() -> list[str]:
-    return sorted(set(RULE.findall(MAKEFILE.read_text())))
-
-
-def recipe(target: str) -> list[str]:
-    """The recipe lines of a target (tab-indented lines after its rule)."""
-    lines = MAKEFILE.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(rf"^{re.escape(target)}\s*:(?!=)", line))
-    out = []
-    for line in lines[start + 1 :]:
-        if not line.startswith("\t"):
-            break
-        out.append(line.strip())
-    return out
+    return sorted(t for t in doccheck.make_targets() if t.startswith("bench-"))
 
 
 def digest(paths: list[Path]) -> dict[str, str]:
@@ -54,7 +42,7 @@ def test_the_makefile_declares_the_benchmarks_and_each_runs_its_scripts_as_modul
     targets = bench_targets()
     assert {"bench-engine", "bench-synth", "bench-fleet", "bench-trace"} <= set(targets)  # the scan sees them
     for target in targets:
-        python = [line for line in recipe(target) if "$(PY)" in line]
+        python = [line for line in doccheck.recipe(target) if "$(PY)" in line]
         assert python, f"{target}: no $(PY) step"
         for line in python:
             # `python bench/x/y.py` puts bench/x/ first on sys.path, where a sibling can shadow a package.

@@ -21,6 +21,7 @@ from stacks.image import builtin_model_setting, unit_image
 from stacks.nag import acknowledge
 from stacks.network import NetworkStack
 from stacks.retention import retention
+from stacks.speculation import speculation_environment
 from stacks.unit import TrainiumUnit, UnitProps, UnitSurge
 
 
@@ -128,6 +129,7 @@ class CellStack(Stack):
                 environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
                 environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
                 environment[contract.ENV_NEURON_PREFIX_CACHING_BLOCK] = str(config.node.neuron_prefix_caching_block)
+            environment.update(speculation_environment(config))
             self.units.append(
                 TrainiumUnit(
                     self,

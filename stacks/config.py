@@ -16,14 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 import contract
@@ -31,6 +24,7 @@ from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
+from stacks.speculation import SpeculationConfig, SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -504,6 +498,7 @@ class FlotillaConfig(_Section):
     # is undone by the next deploy that touches the unit.
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
+    speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:

@@ -182,6 +182,7 @@ class _View:
         "outstanding_at_report",
         "sent_tokens",
         "sent_tokens_at_report",
+        "tokens_per_step",
     )
 
     def __init__(self, index: int, slots: int) -> None:
@@ -192,6 +193,7 @@ class _View:
         self.kv_cache_used = 0.0
         self.outstanding = self.outstanding_at_report = 0
         self.sent_tokens = self.sent_tokens_at_report = 0
+        self.tokens_per_step = 0.0  # the simulated units decode one token per step
 
 
 def _percentiles(xs: list[float]) -> dict[str, float]:

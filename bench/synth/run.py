@@ -64,6 +64,8 @@ def median_run(cmd: list[str], env: dict | None = None) -> dict:
 
 def make_synth(config: str | None = None) -> dict:
     # `-o deps`: this target's own prerequisite already brought them up to date; the synth is what is timed.
+    # Said here, not inherited: make never passes -o to a sub-make (GNU make manual, "Communicating Options to a
+    # Sub-make": "The options '-C', '-f', '-o', and '-W' are not put into MAKEFLAGS").
     cmd = ["make", "-s", "-o", "deps", "synth"] + ([f"CONFIG={config}"] if config else [])
     return median_run(cmd)
 

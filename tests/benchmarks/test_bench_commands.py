@@ -20,7 +20,8 @@ PUBLISHED = [
     *sorted((ROOT / "bench" / "results").glob("*")),
 ]
 # `make test` has just brought the dependencies up to date; make must not reinstall them here (a checkout
-# whose .venv is shared can see its requirement files as newer than the install stamps).
+# whose .venv is shared can see its requirement files as newer than the install stamps). bench-synth's own
+# `make synth` says `-o deps` itself: make passes no -o to a sub-make (GNU make manual, Options/Recursion).
 NO_INSTALL = [f"--old-file={f}" for f in ("deps", "dev-deps", ".venv/.dev-deps", ".venv/.synth-deps")]
 NO_INSTALL += ["--old-file=node_modules/.installed", "--old-file=.venv/bin/python"]
 FAILED = re.compile(r"\[Makefile:\d+: (bench-[\w-]+)\] Error")  # make's line for a recipe that failed

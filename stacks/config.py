@@ -416,23 +416,6 @@ class FrontConfig(_Section):
     api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
 
-    @model_validator(mode="after")
-    def _internet_facing_names_its_clients(self) -> FrontConfig:
-        if self.scheme == "internet-facing" and not (self.client_cidrs or self.client_prefix_lists):
-            raise ConfigError(
-                "front.scheme",
-                self.scheme,
-                "internet-facing needs front.client_cidrs or front.client_prefix_lists (the clients the ALB "
-                "admits; there is no 0.0.0.0/0 default), or use internal",
-            )
-        if self.scheme == "internet-facing" and self.privatelink_principals:
-            raise ConfigError(
-                "front.privatelink_principals",
-                list(self.privatelink_principals),
-                "only with front.scheme internal (PrivateLink consumers reach the internal ALB privately)",
-            )
-        return self
-
 
 @dataclass(frozen=True)
 class UnitPlacement:

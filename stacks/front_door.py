@@ -53,8 +53,8 @@ def counted_rules(group: str, blocked: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def check_front_door(cfg: FlotillaConfig) -> None:
-    """Refuse a front door that carries keys and prompts in clear text over the internet, or admits
-    callers from outside the VPC without API keys.
+    """Refuse a front door that admits everyone by default, carries keys and prompts in clear text
+    over the internet, or admits callers from outside the VPC without API keys.
 
     No opt-out: a caller that authenticates users upstream (its own gateway) or the one account
     behind a PrivateLink endpoint can hold a key like any client (`flotilla keys create`), and a
@@ -63,6 +63,19 @@ def check_front_door(cfg: FlotillaConfig) -> None:
 
     front = cfg.front
     internet = front.scheme == "internet-facing"
+    if internet and not (front.client_cidrs or front.client_prefix_lists):
+        raise ConfigError(
+            "front.scheme",
+            front.scheme,
+            "internet-facing needs front.client_cidrs or front.client_prefix_lists (the clients the ALB "
+            "admits; there is no 0.0.0.0/0 default), or use internal",
+        )
+    if internet and front.privatelink_principals:
+        raise ConfigError(
+            "front.privatelink_principals",
+            list(front.privatelink_principals),
+            "only with front.scheme internal (PrivateLink consumers reach the internal ALB privately)",
+        )
     if internet and cfg.certificate_arn is None:
         raise ConfigError(
             "certificate_arn",

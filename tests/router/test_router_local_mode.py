@@ -29,8 +29,10 @@ def test_local_mode_with_two_units_routes_to_both_behind_the_router_and_stops_on
         router = next(p for p in procs if p["role"] == "router")
         assert router["ports"]["http"] == local.port
         served = set()
-        body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 3}).encode()
-        for _ in range(40):
+        # Distinct prompts: one prompt sent again would stay on the unit holding its cache (routing by
+        # cache), so only prompts of different keys can show both units serving.
+        for i in range(40):
+            body = json.dumps({"model": "tiny", "prompt": f"question {i}: hi", "max_tokens": 3}).encode()
             req = urllib.request.Request(
                 f"{local.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
             )

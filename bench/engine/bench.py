@@ -292,11 +292,11 @@ def foreign_share(before: tuple[float, float, float], after: tuple[float, float,
 
 
 def weight_bytes() -> int:
-    from runtime.models.smollm2 import smollm2_shape  # noqa: PLC0415
+    from contract.llama import SMOLLM2  # noqa: PLC0415
 
-    s = smollm2_shape()
+    s = SMOLLM2
     # every decode step reads each layer and the LM head (= the tied embedding) once
-    return 4 * (s.num_layers * s.layer_params + s.vocab_size * s.hidden_size + s.hidden_size)
+    return 4 * (s.num_hidden_layers * s.layer_params + s.vocab_size * s.hidden_size + s.hidden_size)
 
 
 def versions() -> dict:

@@ -112,7 +112,7 @@ def test_plan_without_a_model_exits_two_naming_the_missing_flags(run_cli):
     flags = "--layers, --hidden, --heads, --context-length"
     assert " ".join(out.split()) == (
         f"error: --config-json is not given and neither are {flags}: "
-        f"describe the model with --config-json PATH or {flags}"
+        f"describe the model with --config-json PATH, --preset NAME or {flags}"
     )
 
 
@@ -121,6 +121,10 @@ def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
         "plan",
         "--params",
         "20e12",
+        "--intermediate",
+        "131072",
+        "--vocab",
+        "128256",
         "--layers",
         "200",
         "--hidden",

@@ -43,10 +43,10 @@ def trn2_single_node_synth(tmp_path_factory):
 @pytest.mark.parametrize(
     "synth_name, dockerfile",
     [
-        # nodes_per_unit 2 (the default): the multi-node image (NxD Inference split over the unit).
-        ("default_synth", "runtime/Dockerfile.neuron-multinode"),
+        # nodes_per_unit 2: the multi-node image (NxD Inference split over the unit).
         ("trn1n_synth", "runtime/Dockerfile.neuron-multinode"),
-        # one node: the supported V1 plugin image.
+        # one node (the default on trn1, and on trn2): the supported V1 plugin image.
+        ("default_synth", "runtime/Dockerfile.neuron"),
         ("trn2_single_node_synth", "runtime/Dockerfile.neuron"),
     ],
 )

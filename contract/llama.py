@@ -109,6 +109,11 @@ class LlamaShape:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def layout_fields(self) -> dict[str, Any]:
+        """The fields that decide how the model shards and what it weighs: what a deployment config's
+        inline `model.shape` needs (the rest only matters to the reference engine's arithmetic)."""
+        return {name: getattr(self, name) for name in LAYOUT_FIELDS}
+
     @classmethod
     def from_config(cls, raw: object, *, source: str) -> LlamaShape:
         """A parsed config.json (or a config's inline `model.shape`); `source` names it in every error."""
@@ -159,6 +164,7 @@ class LlamaShape:
 
 
 FIELDS = tuple(f.name for f in fields(LlamaShape))  # what an inline shape may name
+LAYOUT_FIELDS = (*REQUIRED, "num_key_value_heads", "head_dim", "tie_word_embeddings", "dtype")
 
 
 def load_config_json(path: str | Path) -> LlamaShape:
@@ -278,3 +284,9 @@ def preset(name: str) -> LlamaShape | None:
 
 def preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
+
+
+def preset_of(shape: LlamaShape) -> str | None:
+    """The preset whose layout fields are `shape`'s, if one is (its name says the shape in a config)."""
+    fields_ = shape.layout_fields()
+    return next((name for name, known in PRESETS.items() if known.layout_fields() == fields_), None)

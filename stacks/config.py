@@ -31,6 +31,7 @@ from stacks.model_config import (
     check_engine_fits_instance,
     check_model_layout,
 )
+from stacks.speculation import SpeculationConfig, SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -383,6 +384,7 @@ class FlotillaConfig(Section):
     # is undone by the next deploy that touches the unit.
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
+    speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:

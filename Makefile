@@ -28,8 +28,9 @@ $(VENV)/bin/python:
 # The toolchain everything here runs on (docs/toolchain.md): Python 3.11 (PYTHON, from which the venv
 # is made; constraints.txt is locked on it) and the Node.js package.json pins (npm ci installs it into
 # node_modules/node, first on PATH above). Checked before synth, deploy and the tests build anything:
-# a wrong one fails in one line naming the fix.
-toolchain: | $(VENV)/bin/python node_modules/.installed
+# a wrong one fails in one line naming the fix. It runs after the targets' install steps (deps,
+# dev-deps come first in their prerequisites) and installs nothing itself.
+toolchain:
 	@tools/check_toolchain.sh venv $(PY)
 	@tools/check_toolchain.sh node
 

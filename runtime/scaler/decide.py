@@ -214,11 +214,12 @@ def _scale_in(view: _View) -> tuple[str, int, tuple[str, ...], str]:
     active = len(signals.active)
     ahead = view.demand * view.hold_growth
     needed = policy.units_for(ahead, view.slots, policy.scale_in_occupancy)
-    survivors = max(view.minimum, needed, 1)
+    keep, keep_why = policy.minimum(signals.now_s, within_s=policy.hold)
+    survivors = max(keep, needed, 1)
     count = min(active - survivors, max(1, math.floor(active * policy.step_down_fraction)))
     if count <= 0:
         if needed < survivors:
-            return "floor", signals.current, (), f"{view.why}; none removed: {view.floor_why} is {view.minimum}"
+            return "floor", signals.current, (), f"{view.why}; none removed: {keep_why} is {keep}"
         fill = ahead / (max(active - 1, 1) * view.slots)
         return (
             "absorb",

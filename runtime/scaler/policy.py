@@ -92,12 +92,14 @@ class ScalingPolicy:
         stated): a unit added is worth keeping at least as long as it took to start two."""
         return self.hold_s if self.hold_s >= 0 else 2 * self.cold_start_s
 
-    def minimum(self, now_s: float) -> tuple[int, str]:
+    def minimum(self, now_s: float, within_s: float = 0.0) -> tuple[int, str]:
         """The floor in force now and what sets it: the configured floor, a booked peak (from a cold
-        start before it, so its units are ready at its start), or an operator's temporary floor."""
+        start before it, so its units are ready at its start), or an operator's temporary floor.
+        With within_s, a booked peak that comes into force in the next within_s counts already: a
+        unit it would need that soon is not let go (it would have to start again: a reversal)."""
         best, why = self.floor, "the floor"
         for entry in self.schedule:
-            if entry.applies(now_s, self.cold_start_s) and entry.units > best:
+            if entry.applies(now_s, self.cold_start_s + within_s) and entry.units > best:
                 best, why = entry.units, f"scheduled {entry.name}"
         temp = self.temporary_floor
         if temp is not None and temp.in_force(now_s) and temp.units > best:

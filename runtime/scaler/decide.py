@@ -251,7 +251,9 @@ def _finish(
     asked = max(view.wanted, view.minimum)
     unmet = max(0, asked - view.usable)
     if unmet:
-        lacking = f", {signals.unavailable} given back for lack of EC2 capacity" if signals.unavailable else ""
+        lacking = ""
+        if signals.unavailable:
+            lacking = f", {signals.unavailable} given back: they could not get their instances"
         reason += (
             f"; wants {asked} units, more than capacity allows ({view.usable}: ceiling {view.policy.ceiling}{lacking})"
         )

@@ -10,12 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.scaler.local import LocalScaler
+from runtime.scaler.local import LocalScaler, summary
 from runtime.scaler.local_units import LocalUnits, Member
 from runtime.scaler.policy import ScalingPolicy
 
 UNITS_FILE = "units.txt"  # in --state-dir: the leaders the router routes to, rewritten as units come and go
 DECISIONS_FILE = "scaler.jsonl"
+SUMMARY_FILE = "scaler-summary.json"
 DISCOVERY_INTERVAL_S = 0.5  # the router re-reads the units file this often
 
 
@@ -98,9 +99,13 @@ def write_manifest(manifest: Path, procs: list[Any], units: LocalUnits) -> None:
 
 
 def stop(scaler: LocalScaler, procs: list[Any], timeout_s: float) -> None:
-    """Stop the router first (procs), then every unit the scaler holds, like make local's own stop."""
+    """Stop the router first (procs), then every unit the scaler holds, like make local's own stop;
+    then write what the run paid (scaler-summary.json: unit-seconds, units added and removed)."""
     for p in procs:
         if p.role == "router" and p.alive():
             p.process.terminate()
             p.process.wait(timeout=timeout_s)
+    paid = summary(scaler)  # up to the stop: what stopping costs is not the scaler's doing
     scaler.units.stop_all(timeout_s)
+    if scaler.log_path is not None:
+        (scaler.log_path.parent / SUMMARY_FILE).write_text(json.dumps(paid) + "\n")

@@ -63,7 +63,7 @@ class FleetSignals:
     pending: int = 0  # units started and not ready yet (instances launching, model loading)
     draining: int = 0  # units handing their streams over before their instances are released
     traffic: Traffic = Traffic()
-    unavailable: int = 0  # units given back because EC2 had no capacity for them (not started again yet)
+    unavailable: int = 0  # units given back because they could not get their instances (EC2 capacity, quota)
 
     @property
     def current(self) -> int:

@@ -206,7 +206,7 @@ def test_units_ec2_could_not_give_lower_what_capacity_allows():
         FleetSignals(NOW, units(4, 16, 16), unavailable=3, traffic=Traffic(40, history=flat(40))), policy(ceiling=10)
     )
     assert d.target == 7 and d.unmet == 4
-    assert "3 given back for lack of EC2 capacity" in d.reason
+    assert "3 given back: they could not get their instances" in d.reason
 
 
 def test_a_schedule_above_the_ceiling_is_refused_when_the_policy_is_made():

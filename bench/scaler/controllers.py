@@ -25,8 +25,8 @@ import math
 import numpy as np
 
 from bench.scaler.fleet_model import Snapshot
+from contract.scaling import ScalingPolicy
 from runtime.scaler.decide import ScalerMemory, decide
-from runtime.scaler.policy import ScalingPolicy
 from runtime.scaler.signals import FleetSignals, Traffic, UnitLoad
 
 KV_THRESHOLD, QUEUE_THRESHOLD, KV_SPARE_TRIGGER, QUEUE_SPARE_TRIGGER = 0.80, 5, 0.10, 3

@@ -36,8 +36,7 @@ from bench.scaler.fleet_model import (  # noqa: E402
     reversals,
     unit_hours,
 )
-from contract.scaling import ScheduledMinimum  # noqa: E402
-from runtime.scaler.policy import ScalingPolicy  # noqa: E402
+from contract.scaling import ScalingPolicy, ScheduledMinimum  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "scaler_sim.json"
 POLICIES = ("static", "threshold", "flotilla", "oracle")

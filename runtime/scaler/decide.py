@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from runtime.scaler.policy import ScalingPolicy
+from contract.scaling import ScalingPolicy
 from runtime.scaler.predict import growth
 from runtime.scaler.signals import FleetSignals, UnitLoad
 
@@ -106,6 +106,8 @@ def _pressure(signals: FleetSignals, policy: ScalingPolicy) -> str | None:
 def _demand(signals: FleetSignals, policy: ScalingPolicy, slots: float) -> float:
     """Batch slots demanded now: running plus queued, grown by the share refused with 429."""
     busy = float(sum(u.running + u.queue_depth for u in signals.active))
+    if signals.unreported and signals.active:  # the unseen units at the seen ones' mean
+        busy *= signals.serving / len(signals.active)
     traffic = signals.traffic
     if traffic.busy_rate <= 0 or traffic.request_rate <= 0:
         return busy
@@ -153,7 +155,7 @@ class _View:
             f"{slots:.0f} slots at {policy.target_occupancy:.0%}"
         )
         pressure = _pressure(signals, policy)
-        active = len(signals.active)
+        active = signals.serving
         if pressure and signals.pending == 0 and wanted <= active:
             wanted = active + max(1, math.ceil(active * policy.pressure_step_fraction))
             rule, why = "pressure", f"{pressure} with no unit starting: {wanted} unit(s)"
@@ -198,6 +200,8 @@ def _scale_in_blocker(view: _View, memory: ScalerMemory) -> tuple[str, str] | No
     signals = view.signals
     if signals.pending:
         return "pending", f"{signals.pending} unit(s) still starting"
+    if signals.unreported:
+        return "unreported", f"{signals.unreported} unit(s) in rotation with no recent load report"
     if signals.draining:
         return "draining", f"{signals.draining} unit(s) still handing their streams over"
     if view.pressure:
@@ -266,7 +270,7 @@ def _finish(
         memory = replace(memory, last_down_s=now)
     return Decision(
         now_s=now,
-        active=len(signals.active),
+        active=signals.serving,
         pending=signals.pending,
         draining=signals.draining,
         target=target,

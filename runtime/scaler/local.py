@@ -17,10 +17,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 import contract
-from contract.scaling import DECISION_EVENT
+from contract.scaling import DECISION_EVENT, ScalingPolicy
 from runtime.scaler.decide import Decision, ScalerMemory, decide
 from runtime.scaler.local_units import ACTIVE, DRAINING, PENDING, LocalUnits
-from runtime.scaler.policy import ScalingPolicy
 from runtime.scaler.signals import FleetSignals, Traffic
 
 # How long a unit that could not start counts against what capacity allows (decide()'s

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from contract.scaling import ScalingPolicy
 from runtime.scaler.local import LocalScaler, summary
 from runtime.scaler.local_units import LocalUnits, Member
-from runtime.scaler.policy import ScalingPolicy
 
 UNITS_FILE = "units.txt"  # in --state-dir: the leaders the router routes to, rewritten as units come and go
 DECISIONS_FILE = "scaler.jsonl"

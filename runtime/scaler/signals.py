@@ -64,8 +64,15 @@ class FleetSignals:
     draining: int = 0  # units handing their streams over before their instances are released
     traffic: Traffic = Traffic()
     unavailable: int = 0  # units given back because they could not get their instances (EC2 capacity, quota)
+    # Units in rotation whose load no router reported lately (a router restarting, logs late): they
+    # count as serving, with the reported units' mean load, and no unit is removed while any is unseen.
+    unreported: int = 0
+
+    @property
+    def serving(self) -> int:
+        return len(self.active) + self.unreported
 
     @property
     def current(self) -> int:
         """Units serving or on their way: what the scaler has asked for and not taken back."""
-        return len(self.active) + self.pending
+        return self.serving + self.pending

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from contract.scaling import ScheduledMinimum, TemporaryFloor
+from contract.scaling import ScalingPolicy, ScheduledMinimum, TemporaryFloor
 from runtime.scaler.decide import ScalerMemory, decide
-from runtime.scaler.policy import ScalingPolicy
 from runtime.scaler.signals import FleetSignals, Traffic, UnitLoad
 
 SLOTS = 16
@@ -219,3 +218,17 @@ def test_the_policy_round_trips_through_its_json_form():
     peak = ScheduledMinimum(name="prime-day", start_s=NOW, end_s=NOW + 60, units=6, reservation="cr-0123456789abcdef0")
     p = policy(schedule=(peak,), ttft_target_s=1.5)
     assert ScalingPolicy.loads(p.dumps()) == p
+
+
+# --- blind spots: units in rotation whose load nobody reported ----------------------------------
+def test_no_unit_leaves_while_a_unit_in_rotation_has_not_reported_its_load():
+    quiet = units(10, 2)
+    assert decide(FleetSignals(NOW, quiet, traffic=Traffic(5, history=flat(5))), policy()).remove  # control
+    d = decide(FleetSignals(NOW, quiet, unreported=1, traffic=Traffic(5, history=flat(5))), policy())
+    assert d.remove == () and d.rule == "unreported"
+
+
+def test_units_that_did_not_report_count_at_the_mean_load_of_those_that_did():
+    # 2 units seen at 16 running + 8 queued each, 2 unseen: 4 x 24 = 96 slots of demand, 8 units.
+    d = decide(FleetSignals(NOW, units(2, 16, 8), unreported=2, traffic=Traffic(40, history=flat(40))), policy())
+    assert d.target == 8 and d.add == 4

@@ -6,9 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.scaling import ScheduledMinimum, TemporaryFloor
+from contract.scaling import ScalingPolicy, ScheduledMinimum, TemporaryFloor
 from runtime.scaler.decide import DOWN, UP, ScalerMemory, decide
-from runtime.scaler.policy import ScalingPolicy
 from runtime.scaler.signals import FleetSignals, Traffic, UnitLoad
 
 NOW = 1_000_000.0

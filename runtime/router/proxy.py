@@ -307,7 +307,7 @@ class Router:
             await self.access.start()
         await self.fleet.start()
         self._unit_report = asyncio.create_task(
-            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
+            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s, self.metrics), name="unit report"
         )
         # handler_cancellation: a client that hangs up before a plain (non-streamed) answer cancels
         # its handler, which closes the unit connection, so the unit cancels the work and frees its

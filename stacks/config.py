@@ -31,6 +31,7 @@ from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
+from stacks.scaling_config import ScalingConfig, check_scaling, section_type
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -504,6 +505,7 @@ class FlotillaConfig(_Section):
     # is undone by the next deploy that touches the unit.
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
+    scaling: ScalingConfig | None = None  # with it, units is the ceiling (stacks/scaling_config.py)
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:
@@ -540,6 +542,7 @@ class FlotillaConfig(_Section):
         check_engine_fits_instance(self)
         check_capacity(self)
         check_quotas(self)
+        check_scaling(self)
         known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}
         unknown = [u for u in self.drained_units if u not in known]
         if unknown:
@@ -978,7 +981,7 @@ def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
 def _section_at(path: tuple[str, ...]) -> type[BaseModel]:
     section: type[BaseModel] = FlotillaConfig
     for key in path:
-        section = section.model_fields[key].annotation  # type: ignore[assignment]
+        section = section_type(section.model_fields[key].annotation)
     return section
 
 

@@ -34,10 +34,12 @@ UP, DOWN, HOLD = "up", "down", "hold"
 
 @dataclass(frozen=True)
 class ScalerMemory:
-    """What one pass leaves for the next: when the fleet last grew and last shrank."""
+    """What one pass leaves for the next: when the fleet last grew and last shrank, and how long a
+    request holds a batch slot (learned while nothing queued or was refused)."""
 
     last_up_s: float | None = None
     last_down_s: float | None = None
+    service_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +48,8 @@ class ScalerMemory:
     def from_json(cls, doc: Any) -> ScalerMemory:
         if not isinstance(doc, dict):
             return cls()
-        return cls(**{k: float(v) for k, v in doc.items() if k in ("last_up_s", "last_down_s") and v is not None})
+        known = ("last_up_s", "last_down_s", "service_s")
+        return cls(**{k: float(v) for k, v in doc.items() if k in known and v is not None})
 
 
 @dataclass(frozen=True)
@@ -103,12 +106,47 @@ def _pressure(signals: FleetSignals, policy: ScalingPolicy) -> str | None:
     return None
 
 
-def _demand(signals: FleetSignals, policy: ScalingPolicy, slots: float) -> float:
-    """Batch slots demanded now: running plus queued, grown by the share refused with 429."""
-    busy = float(sum(u.running + u.queue_depth for u in signals.active))
-    if signals.unreported and signals.active:  # the unseen units at the seen ones' mean
-        busy *= signals.serving / len(signals.active)
+# How far one clear pass moves the learned time a request holds a slot (an exponential average).
+SERVICE_SMOOTHING = 0.2
+# "Nothing queued": at most this share of the running sequences waits for a slot.
+CLEAR_QUEUE_SHARE = 0.05
+
+
+def _busy(signals: FleetSignals) -> tuple[float, float]:
+    """(sequences running, requests queued) over the units serving, the unseen at the seen's mean."""
+    running = float(sum(u.running for u in signals.active))
+    queued = float(sum(u.queue_depth for u in signals.active))
+    if signals.unreported and signals.active:
+        scale = signals.serving / len(signals.active)
+        running, queued = running * scale, queued * scale
+    return running, queued
+
+
+def service_time(signals: FleetSignals, memory: ScalerMemory) -> float | None:
+    """The time a request holds a batch slot, by Little's law (running = arrival rate x time in a
+    slot) from the passes where every request got a slot at once: nothing refused, (almost) nothing
+    queued. Averaged over passes; the one remembered while the fleet is saturated."""
+    running, queued = _busy(signals)
     traffic = signals.traffic
+    clear = traffic.busy_rate <= 0 and queued <= CLEAR_QUEUE_SHARE * running
+    if not clear or traffic.request_rate <= 0 or running <= 0:
+        return memory.service_s
+    sample = running / traffic.request_rate
+    if memory.service_s is None:
+        return sample
+    return memory.service_s + SERVICE_SMOOTHING * (sample - memory.service_s)
+
+
+def _demand(signals: FleetSignals, policy: ScalingPolicy, slots: float, service_s: float | None) -> float:
+    """Batch slots demanded now. With a learned time in a slot, the offered rate times it (Little's
+    law: what the requests arriving now would hold, however many wait or are refused; a queue is
+    a backlog, not a rate, and counting it whole would buy units for a burst already past). Without
+    one (a new fleet), running plus queued, grown by the share refused with 429."""
+    running, queued = _busy(signals)
+    traffic = signals.traffic
+    if service_s is not None and traffic.request_rate > 0:
+        return max(running, traffic.request_rate * service_s)
+    busy = running + queued
     if traffic.busy_rate <= 0 or traffic.request_rate <= 0:
         return busy
     served = traffic.request_rate - traffic.busy_rate
@@ -141,9 +179,9 @@ class _View:
     usable: int
 
     @classmethod
-    def of(cls, signals: FleetSignals, policy: ScalingPolicy) -> _View:
+    def of(cls, signals: FleetSignals, policy: ScalingPolicy, service_s: float | None) -> _View:
         slots = _slots_per_unit(signals.active, policy)
-        demand = _demand(signals, policy, slots)
+        demand = _demand(signals, policy, slots, service_s)
         history = signals.traffic.history
         up = growth(history, policy.predict_window_s, policy.cold_start_s, policy.max_growth)
         hold = growth(history, policy.predict_window_s, policy.hold, policy.max_growth)
@@ -165,7 +203,8 @@ class _View:
 
 
 def decide(signals: FleetSignals, policy: ScalingPolicy, memory: ScalerMemory = ScalerMemory()) -> Decision:
-    view = _View.of(signals, policy)
+    memory = replace(memory, service_s=service_time(signals, memory))
+    view = _View.of(signals, policy, memory.service_s)
     rule, target, remove, reason = _choose(view, memory)
     return _finish(view, memory, rule, target, remove, reason)
 

@@ -232,3 +232,20 @@ def test_units_that_did_not_report_count_at_the_mean_load_of_those_that_did():
     # 2 units seen at 16 running + 8 queued each, 2 unseen: 4 x 24 = 96 slots of demand, 8 units.
     d = decide(FleetSignals(NOW, units(2, 16, 8), unreported=2, traffic=Traffic(40, history=flat(40))), policy())
     assert d.target == 8 and d.add == 4
+
+
+# --- demand by Little's law once the time a request holds a slot is known ----------------------
+def test_the_time_in_a_slot_is_learned_only_while_every_request_gets_a_slot_at_once():
+    clear = decide(FleetSignals(NOW, units(4, 10), traffic=Traffic(20, history=flat(20))), policy())
+    assert clear.memory.service_s == pytest.approx(2.0)  # 40 running / 20 requests/s
+    queued = decide(FleetSignals(NOW, units(4, 16, 6), traffic=Traffic(40, history=flat(40))), policy(), clear.memory)
+    assert queued.memory.service_s == pytest.approx(2.0)  # a queue: kept, not learned
+
+
+def test_a_saturated_fleet_asks_for_the_offered_rate_times_the_time_in_a_slot_not_its_backlog():
+    # Known: a request holds a slot 2 s. Now 40 requests/s arrive (80 slots of demand), 4 units are
+    # full with 30 queued each and a fifth of the requests refused. 80 slots at 12 a unit: 7 units.
+    # Counting the queue whole (64 + 120 = 184, x1.25 for the refusals) would start 20.
+    memory = ScalerMemory(service_s=2.0)
+    d = decide(FleetSignals(NOW, units(4, 16, 30), traffic=Traffic(40, busy_rate=8, history=flat(40))), policy(), memory)
+    assert d.target == 7, d.reason

@@ -24,6 +24,7 @@ from ops.commands import (
     replace,
     rollback,
     rollout,
+    scale,
     shed,
     smoke,
     status,
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     rehearse.add_parser(sub)
     check_update.add_parser(sub)
-    for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
+    for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, scale, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser

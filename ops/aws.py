@@ -1,7 +1,8 @@
 """The AWS clients the CLI uses, made once per command from --region/--profile.
 
-DescribeInstanceTopology gets its own EC2 client so that tests can stub that one call (moto does
-not implement it) while every other EC2 call still goes to moto.
+DescribeInstanceTopology, DescribeCapacityReservations and the pinned AMI's public SSM parameter
+get their own clients so that tests can stub those calls (moto does not implement the first two and
+does not hold that parameter) while every other call still goes to moto.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ class Aws:
     cloudwatch: Any = None  # the FleetReadyUnits alarm's threshold (status)
     ssm: Any = None  # the router's admission parameter (shed)
     logs: Any = None  # the routers' unit states (status --health-via router-logs)
-    secretsmanager: Any = None  # the API keys' secret (keys)
+    secretsmanager: Any = None  # the API keys' secret (keys, teardown, preflight)
+    s3: Any = None  # the model artifacts (publish, preflight)
+    acm: Any = None  # the front door's certificate (preflight)
+    ecr: Any = None  # the configured image (preflight)
+    servicequotas: Any = None  # the Trainium vCPU quota (preflight; moto has no EC2 quotas: tests stub it)
+    capacity: Any = None  # EC2 client used only for describe_capacity_reservations (moto lacks it: tests stub it)
+    ami: Any = None  # SSM client used only for the pinned AMI's public parameter (tests stub its answers)
+    sts: Any = None  # which account the credentials are for (preflight)
 
 
 def make_clients(*, region: str | None = None, profile: str | None = None) -> Aws:
@@ -55,6 +63,13 @@ def make_clients(*, region: str | None = None, profile: str | None = None) -> Aw
         ssm=session.client("ssm"),
         logs=session.client("logs"),
         secretsmanager=session.client("secretsmanager"),
+        s3=session.client("s3"),
+        acm=session.client("acm"),
+        ecr=session.client("ecr"),
+        servicequotas=session.client("service-quotas"),
+        capacity=session.client("ec2"),
+        ami=session.client("ssm"),
+        sts=session.client("sts"),
     )
 
 

@@ -193,9 +193,16 @@ class PlanSettings:
     hbm_reserve: float = 0.10  # HBM kept back for the runtime, activations, scratch
     max_nodes: int = 8
     efficiency: float = 1.0  # measured fraction of the roofline a unit reaches
-    units_per_cell: int = MAX_UNITS_PER_CELL
+    # None: the config's default (20). Fixed once deployed (a new value moves units to other cells), so
+    # a written config carries it only when asked for.
+    units_per_cell: int | None = None
     availability_zones: tuple[str, ...] = ()
     pad_heads: bool = False  # allow head counts tp_degree does not divide (padded heads)
+
+    @property
+    def cell_size(self) -> int:
+        """Units per cell the fleet is laid out with."""
+        return self.units_per_cell or MAX_UNITS_PER_CELL
 
     def __post_init__(self) -> None:
         try:
@@ -203,7 +210,7 @@ class PlanSettings:
         except ValueError as err:  # its message says which types are supported and why
             problem, _, fix = str(err).removeprefix(f"instance type {self.instance_type!r} ").partition(": ")
             raise bad_plan_input("--instance-type", self.instance_type, problem, fix) from None
-        _positive("--batch", self.batch)
+        _positive("--batch-size", self.batch)
         _positive("--max-nodes", self.max_nodes)
         if self.seq_len is not None:
             _positive("--seq-len", self.seq_len)
@@ -213,7 +220,7 @@ class PlanSettings:
             raise bad_plan_input("--hbm-reserve", self.hbm_reserve, "is out of range", "give a fraction in [0, 1)")
         if not 0 < self.efficiency <= 1:
             raise bad_plan_input("--efficiency", self.efficiency, "is out of range", "give a fraction in (0, 1]")
-        if not 1 <= self.units_per_cell <= MAX_UNITS_PER_CELL:
+        if self.units_per_cell is not None and not 1 <= self.units_per_cell <= MAX_UNITS_PER_CELL:
             raise bad_plan_input(
                 "--units-per-cell",
                 self.units_per_cell,
@@ -304,7 +311,7 @@ class Plan:
 
     @property
     def cells(self) -> int:
-        return math.ceil(self.units / self.settings.units_per_cell)
+        return math.ceil(self.units / self.settings.cell_size)
 
     @property
     def total_nodes(self) -> int:
@@ -316,8 +323,9 @@ class Plan:
             "instance_type": self.instance.instance_type,
             "nodes_per_unit": self.nodes_per_unit,
             "units": self.units,
-            "units_per_cell": min(self.settings.units_per_cell, self.units),
         }
+        if self.settings.units_per_cell is not None:
+            cfg["units_per_cell"] = self.settings.units_per_cell
         if self.settings.availability_zones:
             cfg["availability_zones"] = list(self.settings.availability_zones)
         return cfg
@@ -447,5 +455,5 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         settings.max_nodes,
         f"{fits} ({'; '.join(skipped)})",
         f"the least it needs is {smallest_need.total / GIB:.2f} GiB per NeuronCore; raise --max-nodes, lower "
-        "--batch or --seq-len, or use a smaller --kv-dtype",
+        "--batch-size or --seq-len, or use a smaller --kv-dtype",
     )

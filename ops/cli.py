@@ -19,7 +19,10 @@ from ops.commands import (
     check_update,
     drain,
     keys,
+    node_boot,
     plan,
+    preflight,
+    publish,
     rehearse,
     replace,
     rollback,
@@ -31,14 +34,21 @@ from ops.commands import (
     teardown,
     topology,
 )
+from ops.commands.common import stderr_console
 from ops.errors import EXIT_OK, EXIT_UNKNOWN, OpsError
 from ops.fleet import UNITS_CLOUDMAP_SERVICE
+from ops.version import version
 
 
-def _add_aws_options(p: argparse.ArgumentParser) -> None:
+def _add_account_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g = p.add_argument_group("AWS")
     g.add_argument("--region", help="AWS region (default: the AWS_REGION / profile setting)")
     g.add_argument("--profile", help="AWS named profile")
+    return g
+
+
+def _add_aws_options(p: argparse.ArgumentParser) -> None:
+    g = _add_account_options(p)
     g.add_argument(
         "--deployment",
         default="flotilla",
@@ -65,10 +75,14 @@ def _add_aws_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flotilla", description=_package_doc.strip().splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan.add_parser(sub)
     rehearse.add_parser(sub)
     check_update.add_parser(sub)
+    for module in (publish, preflight, node_boot):
+        for p in module.add_parser(sub):
+            _add_account_options(p)
     for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, scale, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)
@@ -84,18 +98,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = make_console()
+    # A command whose stdout is data for a script (--json, a key, a digest) reports errors on stderr,
+    # so that `X=$(flotilla ...)` never captures an error line as the data.
+    errors = stderr_console() if getattr(args, "json", False) or getattr(args, "data_on_stdout", False) else console
     try:
         return int(args.handler(args, console) or EXIT_OK)
     except OpsError as err:
-        console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
+        errors.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
         return err.exit_code
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
         # Credentials, permissions, throttling: the operator needs the AWS message, not a traceback,
         # and a script must tell "AWS would not answer" from "the fleet is unhealthy".
-        console.print(f"[bold red]error:[/] AWS: {err}", markup=True, highlight=False)
+        errors.print(f"[bold red]error:[/] AWS: {err}", markup=True, highlight=False)
         return EXIT_UNKNOWN
     except KeyboardInterrupt:
-        console.print("interrupted")
+        errors.print("interrupted")
         return 130
 
 

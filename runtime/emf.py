@@ -97,6 +97,17 @@ def request_line(
     return emf_line(metrics, cell=cell, timestamp_s=timestamp_s, properties={"request_id": request_id})
 
 
+def speculation_line(
+    *, acceptance_pct: float, tokens_per_step: float, cell: str, timestamp_s: float | None = None
+) -> str:
+    """A leader's speculative-decoding line (runtime/node/speculation.py): fleet-wide and per cell."""
+    metrics = {
+        contract.METRIC_SPEC_ACCEPTANCE: (round(acceptance_pct, 2), PERCENT),
+        contract.METRIC_DECODE_TOKENS_PER_STEP: (round(tokens_per_step, 3), COUNT),
+    }
+    return emf_line(metrics, cell=cell, timestamp_s=timestamp_s)
+
+
 def ready_units_lines(*, per_cell: Mapping[str, int], fleet: int, timestamp_s: float | None = None) -> list[str]:
     """A router's ReadyUnits: one line per cell ([Service, Cell] only, so a cell's count never lands
     in the fleet-wide series whose Minimum the FleetReadyUnits alarm reads), then the fleet line."""

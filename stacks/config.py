@@ -16,14 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 import contract
@@ -32,6 +25,7 @@ from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 from stacks.scaling_config import ScalingConfig, check_scaling, section_type
+from stacks.speculation import SpeculationConfig, SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -505,6 +499,7 @@ class FlotillaConfig(_Section):
     # is undone by the next deploy that touches the unit.
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
+    speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
     scaling: ScalingConfig | None = None  # with it, units is the ceiling (stacks/scaling_config.py)
 
     @model_validator(mode="after")

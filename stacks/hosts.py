@@ -1,4 +1,5 @@
-"""The x86 instance types a unit may run on besides Trainium: the staging fleet's hosts.
+"""The x86 instance types a unit may run on besides Trainium (the staging fleet's hosts), and the
+public SSM parameter of the pinned AMI release each kind of host boots.
 
 A staging fleet deploys every stack and runbook of a Trainium fleet on small x86 instances running
 the reference engine (examples/staging.yaml). Standard library only: stacks/config.py reads it.
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from contract.node_boot import node_ami
 from contract.trainium import INSTANCES as TRAINIUM_INSTANCES
 from contract.trainium import TrainiumInstance
 
@@ -52,3 +54,10 @@ HOST_INSTANCES: Mapping[str, UnitHost] = MappingProxyType({**TRAINIUM_INSTANCES,
 
 def is_trainium(instance_type: str) -> bool:
     return instance_type in TRAINIUM_INSTANCES
+
+
+def ami_parameter(instance_type: str) -> str:
+    """The public SSM parameter of the AMI a unit of this type boots (stacks/unit.py unit_ami): Trainium
+    hosts the Neuron AMI (its driver exposes /dev/neuron*), x86 hosts the plain one. The pinned
+    releases, and why these, are in contract/node_boot.py."""
+    return node_ami(trainium=is_trainium(instance_type)).parameter

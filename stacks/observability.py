@@ -349,6 +349,15 @@ class ObservabilityStack(cdk.Stack):
                 right=[runtime_metric(contract.METRIC_BUSIEST_UNIT_LOAD, statistic="Maximum")],
             ),
         )
+        # Speculative decoding (docs/engine.md): leaders write these only while their engines draft.
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Speculative decoding: draft tokens kept (%); tokens per decode step",
+                width=24,
+                left=[runtime_metric(contract.METRIC_SPEC_ACCEPTANCE, statistic="Average")],
+                right=[runtime_metric(contract.METRIC_DECODE_TOKENS_PER_STEP, statistic="Average")],
+            ),
+        )
         self.dashboard.add_widgets(
             cw.GraphWidget(title="5xx a router caused, % of requests", left=[router_5xx_percent], width=12),
             cw.GraphWidget(title="Latency the routers add (ms): p99", left=[router_added_p99], width=12),

@@ -2,8 +2,8 @@
 through vLLM's AsyncLLM and prints one JSON line of TTFT, TPOT and tokens/s per concurrency.
 
 `python vllm_cpu_run.py SPEC.json` with SPEC {"model": dir, "prompts": [[ids]...], "max_tokens": n,
-"concurrency": [1, 4, 16], "repeats": r, "max_num_seqs": n}. Threads and cores come from the
-environment the caller sets (VLLM_CPU_OMP_THREADS_BIND, OMP_NUM_THREADS).
+"concurrency": [1, 4, 16], "repeats": r, "max_num_seqs": n} and optionally "speculative_config". Threads and
+cores come from the environment the caller sets (VLLM_CPU_OMP_THREADS_BIND, OMP_NUM_THREADS).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ async def main(spec: dict) -> dict:
         max_num_seqs=spec["max_num_seqs"],
         enforce_eager=spec.get("enforce_eager", False),
         disable_log_stats=True,
+        # e.g. {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        # (vLLM's --speculative-config; bench/engine/speculation.py)
+        speculative_config=spec.get("speculative_config"),
     )
     engine = AsyncLLM.from_engine_args(args)
     counter = iter(range(10**9))

@@ -11,15 +11,14 @@ Arrivals are Poisson within each second at that second's rate (numpy, seeded).
 from __future__ import annotations
 
 import csv
-import gzip
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-AZURE_CONV = REPO / "traces" / "azure-llm-2023-conv.csv.gz"
+from traces import open_trace
+
+AZURE_CONV = "azure-conv"  # traces/README.md: one hour of an Azure conversation service, 2023
 DAY_S = 86_400
 
 
@@ -71,11 +70,11 @@ class Day:
         return r
 
 
-def trace_lengths(path: Path = AZURE_CONV) -> tuple[np.ndarray, np.ndarray]:
+def trace_lengths(name: str = AZURE_CONV) -> tuple[np.ndarray, np.ndarray]:
     """(ContextTokens, GeneratedTokens) of every request of the trace, in file order."""
     ctx: list[int] = []
     gen: list[int] = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    with open_trace(name) as f:
         for row in csv.DictReader(f):
             ctx.append(int(row["ContextTokens"]))
             gen.append(max(1, int(row["GeneratedTokens"])))

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="")
     a = p.parse_args(argv)
     if a.tiny:
-        a.model, a.nodes, a.max_units, a.steps, a.step_seconds, a.max_tokens = "tiny", 1, 2, "1,24,24,1,1", 8.0, 24
+        a.model, a.nodes, a.max_units, a.steps, a.step_seconds, a.max_tokens = "tiny", 1, 2, "1,24,1", 5.0, 16
     steps = [int(x) for x in a.steps.split(",")]
     modes = ["scaler"] if a.tiny else ["scaler", "static"]
     results = [run_mode(mode, a, steps) for mode in modes]

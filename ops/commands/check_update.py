@@ -31,6 +31,7 @@ from rich.console import Console
 import contract
 from ops.aws import clients_for
 from ops.commands import Subparsers
+from ops.commands.common import add_json_option
 from ops.errors import EXIT_FAILED, EXIT_OK, UsageError
 from ops.fleet import UNIT_TAG
 
@@ -214,6 +215,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     # Only GetTemplate is called: the region and credentials, none of the fleet options.
     p.add_argument("--region", help="AWS region of the deployment (default: the AWS_REGION / profile setting)")
     p.add_argument("--profile", help="AWS named profile")
+    add_json_option(p, "the verdict and each refusal")
     p.set_defaults(handler=run)
     return [p]
 
@@ -229,13 +231,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 deployed[stack_id] = template
     templates = {k: t for k, (_, t) in synthesized.items()}
     layout, moves = layout_change(deployed, templates), units_moving_az(deployed, templates)
-    if layout is None and not moves:
+    refusals = ([layout_refusal(layout)] if layout is not None else []) + ([refusal(moves, deployed)] if moves else [])
+    if args.json:
+        doc = {
+            "compared": sorted(deployed),
+            "refused": [{"problems": problems, "fix": fix} for *problems, fix in refusals],
+        }
+        console.print_json(json.dumps(doc))
+        return EXIT_FAILED if refusals else EXIT_OK
+    if not refusals:
         console.print(
             f"check-update: {len(deployed)} deployed cell stack(s) compared; no unit changes cell or AZ",
             highlight=False,
         )
         return EXIT_OK
-    refusals = ([layout_refusal(layout)] if layout is not None else []) + ([refusal(moves, deployed)] if moves else [])
     for *problems, fix in refusals:
         for line in problems:
             console.print(f"refused: {line}", highlight=False, markup=False)

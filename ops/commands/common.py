@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -38,6 +39,55 @@ def select(fleet: Fleet, *, cell: str | None, unit: str | None = None) -> list[U
     if cell:
         units = [u for u in units if u.cell_id == cell]
     return units
+
+
+def cell_id(text: str) -> str:
+    """An argparse type for a cell: `cell3` as status shows it, or just `3`; always `cell3`."""
+    value = text.strip()
+    if value.isdigit():
+        return f"cell{int(value)}"
+    if value.startswith("cell") and value[4:].isdigit():
+        return f"cell{int(value[4:])}"
+    raise argparse.ArgumentTypeError(f"{text!r} is not a cell: give it as status shows it (cell0) or its number (0)")
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, kept for scripts and runbooks that use it: hidden from --help, it
+    sets the new option's value and says on stderr which name to use."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"warning: {option_string} is deprecated: use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str, *, dest: str, **kwargs: Any
+) -> None:
+    p.add_argument(old, dest=dest, action=_DeprecatedAlias, new=new, help=argparse.SUPPRESS, **kwargs)
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "the report") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout (everything else on stderr)")
+
+
+def stderr_console() -> Console:
+    """A console on stderr, sized like the CLI's own: for what a script reading stdout must not get."""
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 160, highlight=False)
+
+
+def prose_console(args: argparse.Namespace, console: Console) -> Console:
+    """Where a command's prose goes: stderr under --json (stdout carries one JSON document), else stdout."""
+    return stderr_console() if getattr(args, "json", False) else console
 
 
 def add_confirm_options(p: argparse.ArgumentParser) -> None:

@@ -2,12 +2,13 @@
 
 Keys live hashed in the deployment's Secrets Manager secret (contract/apikeys.py); every router
 re-reads it every 30 s (--api-keys-ttl), so a new key, a revocation or a changed limit takes effect
-without a redeploy. A new key is printed once: only its SHA-256 is stored.
+without a redeploy. A new key is printed once, alone on stdout: only its SHA-256 is stored.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -28,7 +29,7 @@ from contract.apikeys import (
 )
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
-from ops.commands.common import add_confirm_options, confirmed
+from ops.commands.common import add_confirm_options, add_json_option, confirmed, stderr_console
 from ops.errors import OpsError, UsageError
 
 ROUTER_TTL_S = 30  # runtime/router/settings.py api_keys_ttl_s default
@@ -83,11 +84,20 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         f"Routers apply a change within about {ROUTER_TTL_S} s; no redeploy.",
     )
     psub = p.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
-    c = psub.add_parser("create", help="issue a key (printed once)", description="Issue a key; it is printed once.")
+    c = psub.add_parser(
+        "create",
+        help="issue a key (printed once)",
+        description="Issue a key. Only the key goes to stdout (`export FLOTILLA_API_KEY=$(flotilla keys create "
+        "--name NAME --yes)`), printed once; everything else goes to stderr. Every router accepts it within "
+        f"about {ROUTER_TTL_S} s. Dry run unless confirmed.",
+    )
     c.add_argument("--name", required=True, help="who holds the key (a team or an application)")
     _add_limit_options(c)
-    c.set_defaults(handler=run_create)
+    add_confirm_options(c)
+    add_json_option(c, "the key with its id and limits")
+    c.set_defaults(handler=run_create, data_on_stdout=True)
     s = psub.add_parser("list", help="the keys in force", description="Every key: id, holder, class, limits.")
+    add_json_option(s, "the keys (never the keys themselves: only their ids)")
     s.set_defaults(handler=run_list)
     r = psub.add_parser("revoke", help="revoke a key", description="Revoke a key. Dry run unless confirmed.")
     r.add_argument("key_id", help="the key's id (the 8 hex digits after flt_, as `keys list` shows)")
@@ -151,6 +161,7 @@ def _entry(base: KeyEntry, args: argparse.Namespace) -> KeyEntry:
 
 
 def run_create(args: argparse.Namespace, console: Console) -> int:
+    say = stderr_console()  # stdout carries the key alone, for `FLOTILLA_API_KEY=$(flotilla keys create ...)`
     aws = clients_for(args)
     name = secret_name(args.deployment)
     current = read_keys(aws, name)
@@ -163,24 +174,46 @@ def run_create(args: argparse.Namespace, console: Console) -> int:
         tokens_per_min=args.tokens_per_min,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    where = f"{name} (a new secret)" if current is None else name
+    say.print(f"keys create on {args.deployment}: a key for {args.name} ({describe(entry)}) in {where}")
+    if not confirmed(args, say, f"issue a key for {args.name}"):
+        return 0
     keys = dict(current.keys) if current else {}
     keys[kid] = entry
     write_keys(aws, name, KeySet(keys), exists=current is not None)
-    console.print(f"key {kid} for {args.name} ({describe(entry)}) in {name}; routers accept it within {ROUTER_TTL_S} s")
-    console.print("the key (shown once, store it now; only its hash is kept):")
-    console.print(key, soft_wrap=True)
+    say.print(
+        f"key {kid} for {args.name}: routers accept it within {ROUTER_TTL_S} s; shown once, only its hash is kept"
+    )
+    if args.json:
+        console.print_json(json.dumps({"id": kid, "key": key, "secret": name, **_entry_dict(entry)}))
+    else:
+        console.print(key, soft_wrap=True, markup=False, highlight=False)
     return 0
+
+
+def _entry_dict(e: KeyEntry) -> dict[str, object]:
+    return {
+        "name": e.name,
+        "priority": e.priority,
+        "requests_per_s": e.requests_per_s,
+        "tokens_per_min": e.tokens_per_min,
+        "created": e.created,
+    }
 
 
 def run_list(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     name = secret_name(args.deployment)
     keys = read_keys(aws, name)
-    if not keys or not keys.keys:
+    entries = sorted(keys.keys.items(), key=lambda kv: kv[1].created) if keys else []
+    if args.json:
+        console.print_json(json.dumps({"secret": name, "keys": [{"id": k, **_entry_dict(e)} for k, e in entries]}))
+        return 0
+    if not entries:
         console.print(f"no API keys in {name}: every request to the routers gets 401 (flotilla keys create)")
         return 0
     table = Table("id", "name", "priority", "requests/s", "tokens/min", "created", title=name)
-    for kid, e in sorted(keys.keys.items(), key=lambda kv: kv[1].created):
+    for kid, e in entries:
         rps = f"{e.requests_per_s:g}" if e.requests_per_s is not None else "-"
         tpm = str(e.tokens_per_min) if e.tokens_per_min is not None else "-"
         table.add_row(kid, e.name, e.priority, rps, tpm, e.created)

@@ -21,6 +21,8 @@ from contract.bad_input import NOT_GIVEN
 from contract.trainium import GIB, INSTANCES
 from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, bad_plan_input, plan
 from ops.commands import Subparsers
+from ops.commands.common import add_deprecated_alias
+from ops.deploy_config import config_error
 from ops.errors import UsageError, bad_arg
 from ops.rollout_sim import ROLLOUTS, FleetModel, Recommendation, recommend_wave
 
@@ -55,11 +57,13 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     d = PlanSettings()
     s.add_argument("--instance-type", default=d.instance_type, choices=sorted(INSTANCES))
     s.add_argument(
-        "--batch",
+        "--batch-size",
         type=int,
         default=d.batch,
-        help="sequences a unit decodes at once (its max_running); default %(default)s",
+        help="sequences a unit decodes at once (its max_running; the neuron engine's --batch-size); "
+        "default %(default)s",
     )
+    add_deprecated_alias(s, "--batch", "--batch-size", dest="batch_size", type=int)
     s.add_argument("--seq-len", type=int, help="KV-cache tokens per sequence (default: prompt + output)")
     s.add_argument("--kv-dtype", help="KV-cache dtype (default: --dtype)")
     s.add_argument(
@@ -75,7 +79,12 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         default=d.efficiency,
         help="measured fraction of the roofline a unit reaches (0-1]; default %(default)s",
     )
-    s.add_argument("--units-per-cell", type=int, default=d.units_per_cell)
+    s.add_argument(
+        "--units-per-cell",
+        type=int,
+        metavar="N",
+        help="units per cell (default: the config's 20; written only when given: it is fixed once deployed)",
+    )
     s.add_argument("--availability-zones", help="comma-separated AZs for the config, e.g. us-east-1a,us-east-1b")
     s.add_argument(
         "--pad-heads",
@@ -106,7 +115,17 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
         help="failures per node per day to simulate during the rollout; default %(default)s",
     )
     o = p.add_argument_group("output")
-    o.add_argument("--write", metavar="PATH", help="write the flotilla config YAML here")
+    o.add_argument(
+        "--write",
+        metavar="PATH",
+        help="write the flotilla config YAML here: a config `make deploy CONFIG=PATH` takes as it is (needs "
+        "--model-uri)",
+    )
+    o.add_argument(
+        "--model-uri",
+        metavar="S3_URI",
+        help="the config's model.s3_uri: where `flotilla publish` put the model (needed with --write)",
+    )
     o.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(handler=run)
     return p
@@ -150,7 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         )
     return PlanSettings(
         instance_type=args.instance_type,
-        batch=args.batch,
+        batch=args.batch_size,
         seq_len=args.seq_len,
         kv_dtype=args.kv_dtype,
         hbm_reserve=args.hbm_reserve,
@@ -162,7 +181,7 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     )
 
 
-def config_yaml(p: Plan, rollout: dict[str, Any] | None = None) -> str:
+def config_yaml(p: Plan, rollout: dict[str, Any] | None = None, model_uri: str | None = None) -> str:
     header = (
         f"# flotilla config from `flotilla plan` for {p.model.name}: {p.traffic.requests_per_s:g} req/s, "
         f"{p.traffic.prompt_tokens} prompt + {p.traffic.output_tokens} output tokens.\n"
@@ -171,7 +190,10 @@ def config_yaml(p: Plan, rollout: dict[str, Any] | None = None) -> str:
         f"# {p.mode} units: with node.engine neuron the image is built from {p.image.dockerfile} "
         f"(FROM {p.image.base_image}).\n"
     )
-    body: str = yaml.safe_dump({**p.config(), **(rollout or {})}, sort_keys=False)
+    doc: dict[str, Any] = {**p.config(), **(rollout or {})}
+    if model_uri:
+        doc["model"] = {"s3_uri": model_uri, "name": p.model.name}
+    body: str = yaml.safe_dump(doc, sort_keys=False)
     return header + body
 
 
@@ -189,7 +211,7 @@ def rollout_recommendation(p: Plan, args: argparse.Namespace) -> Recommendation:
     model = FleetModel(
         units=p.units,
         nodes_per_unit=p.nodes_per_unit,
-        units_per_cell=min(p.settings.units_per_cell, p.units),
+        units_per_cell=min(p.settings.cell_size, p.units),
         rollout=args.rollout,
         load_s=args.load_minutes * 60.0,
         node_failures_per_node_day=args.node_failures_per_day,
@@ -341,10 +363,24 @@ def render(p: Plan, console: Console) -> None:
 
     fleet = Table(title=f"Fleet for {p.traffic.requests_per_s:g} req/s", show_header=False)
     fleet.add_row("units", str(p.units))
-    fleet.add_row("cells", f"{p.cells} (<= {p.settings.units_per_cell} units each)")
+    fleet.add_row("cells", f"{p.cells} (<= {p.settings.cell_size} units each)")
     fleet.add_row("nodes", f"{p.total_nodes} {p.instance.instance_type}")
     fleet.add_row("Trainium chips", str(p.total_nodes * p.instance.chips))
     console.print(fleet)
+
+
+def check_deployable(args: argparse.Namespace, text: str) -> None:
+    """--write writes only a config the CDK app takes as it is: validated by its own loader first."""
+    if not args.model_uri:
+        raise bad_arg(
+            "--model-uri",
+            NOT_GIVEN,
+            "is needed with --write",
+            "give the s3://bucket/prefix/ `flotilla publish` put the model at, so the written config serves it",
+        )
+    problem = config_error(text)
+    if problem is not None:
+        raise bad_arg("--write", args.write, f"would write a config `cdk synth` refuses ({problem})", "fix that input")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -358,7 +394,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     except PlanError as err:
         raise UsageError(str(err)) from None
     rollout = {"unit_rollout": args.rollout, "units_per_wave": rec.units_per_wave}
-    text = config_yaml(result, rollout)
+    text = config_yaml(result, rollout, args.model_uri)
+    if args.write:
+        check_deployable(args, text)
     if args.json:
         doc = plan_dict(result)
         doc["config"].update(rollout)

@@ -21,7 +21,14 @@ import contract
 from contract.rollout import default_units_per_wave
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
-from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
+from ops.commands.common import (
+    add_confirm_options,
+    add_deprecated_alias,
+    cell_id,
+    confirmed,
+    fleet_from_args,
+    wait_until,
+)
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
 from ops.commands.status import health_unreadable
 from ops.errors import CannotTell, OpsError, bad_arg
@@ -77,7 +84,9 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     which = b.add_mutually_exclusive_group(required=True)
     which.add_argument("--unit", action="append", metavar="UNIT", help="a unit (repeatable)")
-    which.add_argument("--cell", action="append", metavar="CELL", help="every unit of a cell (repeatable)")
+    which.add_argument(
+        "--cell", action="append", type=cell_id, metavar="CELL", help="every unit of a cell, cell0 or 0 (repeatable)"
+    )
     which.add_argument("--all", action="store_true", help="every unit of the deployment")
     b.add_argument(
         "--to-revision",
@@ -86,12 +95,13 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         "are left alone, so a rollback that stopped half-way can be run again)",
     )
     b.add_argument(
-        "--wave-size",
+        "--units-per-wave",
         type=positive_int,
         metavar="N",
-        help="units updated at once (default: 10%% of the selected units, at least 1; never every unit "
-        "of the deployment)",
+        help="units updated at once, as the config's units_per_wave (default: 10%% of the selected units, at "
+        "least 1; never every unit of the deployment)",
     )
+    add_deprecated_alias(b, "--wave-size", "--units-per-wave", dest="units_per_wave", type=positive_int)
     b.add_argument(
         "--wait",
         type=float,
@@ -194,11 +204,11 @@ def waves(fleet: Fleet, steps: list[Step], size: int) -> list[list[Step]]:
 
 
 def wave_size(args: argparse.Namespace, fleet: Fleet, selected: int) -> int:
-    size = args.wave_size or default_units_per_wave(selected)
+    size = args.units_per_wave or default_units_per_wave(selected)
     total = len(fleet.units)
     if total > 1 and size >= total:
         raise bad_arg(
-            "--wave-size",
+            "--units-per-wave",
             size,
             f"would roll back all {total} units of deployment {fleet.deployment!r} at once "
             "(no unit left serving while they re-form)",

@@ -13,21 +13,19 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ops.aws import clients_for
 from ops.commands import Subparsers
-from ops.commands.common import fleet_from_args, select, wait_until
+from ops.commands.common import add_json_option, cell_id, fleet_from_args, prose_console, select, wait_until
 from ops.commands.plan import render_rollout, rollout_dict
-from ops.errors import UsageError, bad_arg
+from ops.deploy_config import read_config
+from ops.errors import bad_arg
 from ops.fleet import Fleet, Unit, arn_name, router_services
 from ops.rollout_sim import FleetModel, Recommendation, Summary, recommend_wave
-
-if TYPE_CHECKING:
-    from stacks.config import FlotillaConfig
 
 COMPLETED, IN_PROGRESS, FAILED = "COMPLETED", "IN_PROGRESS", "FAILED"
 
@@ -41,10 +39,11 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         description="Show each unit's ECS deployments and the revisions its members report. "
         "Exit status 1 when a deployment failed (or --wait ran out).",
     )
-    s.add_argument("--cell", help="only this cell")
+    s.add_argument("--cell", type=cell_id, metavar="CELL", help="only this cell (cell0 or 0)")
     s.add_argument(
         "--wait", type=float, default=0, metavar="SECONDS", help="wait up to this long for every rollout to finish"
     )
+    add_json_option(s, "each unit's rollout and the router's deployments")
     s.set_defaults(handler=run_status)
 
     # No AWS options: `rollout plan` reads a config file and simulates; it asks AWS nothing.
@@ -146,9 +145,10 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
         units = select(fleet, cell=args.cell)
         return fleet, units
 
+    say = prose_console(args, console)
     fleet, units = look()
     if not units:
-        console.print(f"[red]no units found for deployment {args.deployment!r}[/]")
+        say.print(f"[red]no units found for deployment {args.deployment!r}[/]")
         return 1
     if args.wait:
 
@@ -161,11 +161,43 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
             busy = states.count(IN_PROGRESS)
             return busy == 0, f"{busy} unit(s) in progress"
 
-        wait_until(check, timeout_s=args.wait, description="rollout", console=console, poll_s=10.0)
+        wait_until(check, timeout_s=args.wait, description="rollout", console=say, poll_s=10.0)
+    routers = router_services(aws, args.deployment)
+    if args.json:
+        doc = status_json(units, routers)
+        console.print_json(json.dumps(doc, default=str))
+        return 1 if doc["failed"] else 0
     counts = render_status(fleet, units, console)
-    router_failed = render_router(router_services(aws, args.deployment), console)
+    router_failed = render_router(routers, console)
     console.print(f"{counts[COMPLETED]} completed, {counts[IN_PROGRESS]} in progress, {counts[FAILED]} failed")
     return 1 if counts[FAILED] or router_failed else 0
+
+
+def status_json(units: list[Unit], routers: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `rollout status` shows, for a script; `failed` names a unit or router deployment that FAILED."""
+    unit_rows = [
+        {
+            "unit": u.unit_id,
+            "cell": u.cell_id,
+            "rollout": rollout_state(u),
+            "task_definition": arn_name(u.task_definition_arn),
+            "revision": u.revision,
+            "members_report": sorted({r.revision for n in u.nodes if (r := n.report) is not None}),
+            "deployments": [
+                {k: d.get(k) for k in ("status", "taskDefinition", "rolloutState", "runningCount", "desiredCount")}
+                for d in u.deployments
+            ],
+        }
+        for u in units
+    ]
+    router_rows = [
+        {"service": s["serviceName"], **{k: d.get(k) for k in ("id", "status", "taskDefinition", "rolloutState")}}
+        for s in routers
+        for d in s.get("deployments", [])
+    ]
+    failed = [r["unit"] for r in unit_rows if r["rollout"] == FAILED]
+    failed += [r["service"] for r in router_rows if r["rolloutState"] == FAILED]
+    return {"units": unit_rows, "router": router_rows, "failed": failed}
 
 
 def render_router(services: list[dict[str, Any]], console: Console) -> bool:
@@ -215,31 +247,6 @@ def _check_plan_flags(args: argparse.Namespace) -> None:
         raise bad_arg(
             "--node-failures-per-day", args.node_failures_per_day, "is out of range", "give 0 to 1 (per node per day)"
         )
-
-
-def read_config(path: str) -> FlotillaConfig:
-    """The config the CDK app would build from `-c config=PATH` in this directory, validated by the
-    app's own loader (stacks/config.py, which imports no aws_cdk); its errors become exit status 2."""
-    try:
-        # Imported here: the operations CLI installs without stacks/ (pyproject's packages), and only
-        # this subcommand needs it.
-        from stacks.config import ConfigError, load_config  # noqa: PLC0415
-    except ImportError as err:
-        raise UsageError(
-            f"--config {path}: reading a flotilla config needs a flotilla checkout with its requirements "
-            f"(stacks/config.py): run from the repository root ({err})"
-        ) from None
-    context: Any = None
-    cdk_json = Path("cdk.json")
-    if cdk_json.is_file():
-        try:
-            context = json.loads(cdk_json.read_text()).get("context", {}).get("flotilla")
-        except (ValueError, AttributeError):
-            raise UsageError(f"{cdk_json.resolve()}: not a cdk.json (a JSON object with a `context` object)") from None
-    try:
-        return load_config(context, path)
-    except ConfigError as err:
-        raise UsageError(f"--config {path}: {err}") from None
 
 
 def config_change(path: str, current: int, recommended: int) -> tuple[int | None, str]:

@@ -11,6 +11,7 @@ router read access to exactly this one parameter.
 from __future__ import annotations
 
 import argparse
+import json
 
 import botocore.exceptions
 from rich.console import Console
@@ -18,7 +19,7 @@ from rich.console import Console
 from contract.admission import MAX_LIMIT, AdmissionError, AdmissionLimit, parameter_name
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
-from ops.commands.common import add_confirm_options, confirmed
+from ops.commands.common import add_confirm_options, add_json_option, confirmed
 from ops.errors import OpsError, UsageError
 
 ROUTER_READ_INTERVAL_S = 10  # runtime/router/settings.py admission_interval_s default
@@ -84,6 +85,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     add_confirm_options(c)
     c.set_defaults(handler=run_clear)
     w = psub.add_parser("show", help="the limit in force", description="Print the limit in force, if any.")
+    add_json_option(w, "the limit (null when none)")
     w.set_defaults(handler=run_show)
     return [s, c, w]
 
@@ -176,7 +178,10 @@ def run_show(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     name = parameter_name(args.deployment)
     limit, when = read_limit(aws, name)
-    if limit is None:
+    if args.json:
+        doc = {"parameter": name, "limit": json.loads(limit.dumps()) if limit else None, "since": when or None}
+        console.print_json(json.dumps(doc))
+    elif limit is None:
         console.print(f"no admission limit on {args.deployment} ({name} does not exist)")
     else:
         console.print(f"admission limit on {args.deployment} since {when}: {describe(limit)}")

@@ -18,6 +18,7 @@ ready on the target revision; every request sent meanwhile must succeed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import threading
 import time
@@ -30,7 +31,14 @@ from rich.table import Table
 
 from ops.aws import clients_for
 from ops.commands import Subparsers
-from ops.commands.common import fleet_from_args, wait_until
+from ops.commands.common import (
+    add_confirm_options,
+    add_json_option,
+    confirmed,
+    fleet_from_args,
+    prose_console,
+    wait_until,
+)
 from ops.commands.rollback import _describe, _registerable, revision_of
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
 from ops.errors import EXIT_FAILED, EXIT_OK, OpsError, bad_arg
@@ -102,6 +110,8 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         metavar="SECONDS",
         help="with --roll-unit: how long each of the two deployments may take; default %(default)s",
     )
+    add_confirm_options(p)  # the roll changes the unit's service: asked first, like every change
+    add_json_option(p, "each check's result")
     p.set_defaults(handler=run_smoke)
     return [p]
 
@@ -294,6 +304,16 @@ def roll_unit(args: argparse.Namespace, client: Any, *, model: str, console: Con
     return Check(f"roll {unit.unit_id}", ok, saw, time.monotonic() - t0)
 
 
+def roll_confirmed(args: argparse.Namespace, say: Console) -> bool:
+    """Ask before --roll-unit changes anything (False: a dry run, the roll row says so)."""
+    say.print(
+        f"smoke --roll-unit {args.roll_unit} on {args.deployment}: register a copy of the unit's task definition, "
+        "roll the unit to it and back (ECS UpdateService, two deployments) while requests keep flowing, then "
+        "deregister the copy"
+    )
+    return confirmed(args, say, f"roll {args.roll_unit} to a copy of its task definition and back")
+
+
 def run_smoke(args: argparse.Namespace, console: Console) -> int:
     import openai  # noqa: PLC0415 - loaded only by this command (every other command starts faster)
 
@@ -307,19 +327,38 @@ def run_smoke(args: argparse.Namespace, console: Console) -> int:
             "has no scheme",
             "give the base URL with it, e.g. http://internal-alb-….elb.amazonaws.com",
         )
+    say = prose_console(args, console)
+    roll = bool(args.roll_unit) and roll_confirmed(args, say)  # refused (no terminal, no --yes): nothing sent
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=args.api_key, max_retries=0, timeout=args.timeout)
     seen: dict[str, Any] = {}
     checks = run_checks(client, max_tokens=args.max_tokens, seen=seen)
-    expected = 5
-    if args.roll_unit:
-        expected += 1
-        if all(c.ok for c in checks) and len(checks) == 5:
-            checks.append(roll_unit(args, client, model=seen["model"], console=console))
-        else:
-            checks.append(Check(f"roll {args.roll_unit}", False, "not tried: a check above failed", 0.0))
+    expected = 6
+    if roll and all(c.ok for c in checks) and len(checks) == 5:
+        checks.append(roll_unit(args, client, model=seen["model"], console=say))
+    elif roll:
+        checks.append(Check(f"roll {args.roll_unit}", False, "not tried: a check above failed", 0.0))
+    elif args.roll_unit:
+        checks.append(Check(f"roll {args.roll_unit}", True, "skipped: dry run (nothing changed)", 0.0, skipped=True))
     else:
         checks.append(Check("roll a unit", True, ROLL_SKIPPED, 0.0, skipped=True))
-        expected += 1
+    failed = [c.name for c in checks if not c.ok]
+    passed = not failed and len(checks) >= expected
+    if args.json:
+        doc = {
+            "url": base,
+            "passed": passed,
+            "checks": [
+                {
+                    "check": c.name,
+                    "result": "SKIP" if c.skipped else "PASS" if c.ok else "FAIL",
+                    "seconds": c.seconds,
+                    "saw": c.saw,
+                }
+                for c in checks
+            ],
+        }
+        console.print_json(json.dumps(doc))
+        return EXIT_OK if passed else EXIT_FAILED
     table = Table(title=f"smoke test of {base}")
     for col in ("check", "result", "seconds", "what it saw"):
         table.add_column(col)
@@ -327,8 +366,7 @@ def run_smoke(args: argparse.Namespace, console: Console) -> int:
         result = "[yellow]SKIP[/]" if c.skipped else "[green]PASS[/]" if c.ok else "[red]FAIL[/]"
         table.add_row(c.name, result, f"{c.seconds:.2f}", c.saw)
     console.print(table)
-    failed = [c.name for c in checks if not c.ok]
-    if failed or len(checks) < expected:
+    if not passed:
         console.print(f"[red]FAIL[/]: {', '.join(failed)}")
         return EXIT_FAILED
     console.print("PASS: every check" + (" (the unit roll skipped)" if checks[-1].skipped else ""))

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
-from ops.commands.common import fleet_from_args, select
+from ops.commands.common import cell_id, fleet_from_args, select
 from ops.commands.shed import admission_note
 from ops.diagnose import Diagnosis, diagnose
 from ops.errors import EXIT_CRITICAL, EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN
@@ -40,7 +40,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         description="Show every unit of the deployment from ECS, Cloud Map and the nodes' "
         "/health/ready. Exit status 1 when anything is not ready.",
     )
-    p.add_argument("--cell", help="only this cell, e.g. cell0")
+    p.add_argument("--cell", type=cell_id, metavar="CELL", help="only this cell: cell0 or 0")
     p.add_argument("--unit", help="only this unit, e.g. cell0-unit3")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(

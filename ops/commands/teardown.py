@@ -32,9 +32,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import botocore.exceptions
 from rich.console import Console
 
 import contract
+from contract import apikeys
 from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
@@ -69,6 +71,12 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         description="Drain every unit (its nodes finish in-flight requests), release the Trainium "
         "instances once no task runs on them, then delete every CloudFormation stack of the "
         "deployment in dependency order. Dry run unless confirmed.",
+    )
+    t.add_argument(
+        "--keep-keys",
+        action="store_true",
+        help="keep the API-key secret (flotilla/<deployment>/api-keys): a redeploy under this name then accepts "
+        "the same keys; by default it is deleted for good, last",
     )
     _add_common(t)
     t.set_defaults(handler=run_teardown)
@@ -358,22 +366,54 @@ def _print_plan(console: Console, release: Release, stacks: Sequence[Stack]) -> 
             console.print(f"       {s.name}")
 
 
+def keys_secret(aws: Aws, deployment: str) -> dict[str, Any] | None:
+    """The deployment's API-key secret (DescribeSecret), None when there is none."""
+    try:
+        return dict(aws.secretsmanager.describe_secret(SecretId=apikeys.secret_name(deployment)))
+    except botocore.exceptions.ClientError as err:
+        if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            return None
+        raise
+
+
+def delete_keys_secret(aws: Aws, name: str, console: Console) -> None:
+    """Delete the keys' secret for good. Not with a recovery window: while a secret is scheduled for
+    deletion, Secrets Manager refuses to create or write one of that name (InvalidRequestException, "The
+    secret is scheduled for deletion", Secrets Manager API reference), so a redeploy under the same
+    name could not issue keys for 7 to 30 days (DeleteSecret: "The minimum recovery window is 7 days"),
+    and restoring it would bring back exactly the keys a new deployment must not accept.
+    ForceDeleteWithoutRecovery deletes it without a recovery window ("you have no opportunity to recover
+    the secret", DeleteSecret); --keep-keys is the way to keep the keys, and teardown asks first."""
+    aws.secretsmanager.delete_secret(SecretId=name, ForceDeleteWithoutRecovery=True)
+    console.print(f"{name}: deleted (its keys work nowhere any more)")
+
+
 def run_teardown(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws, health=False)
     stacks = deletion_order(deployment_stacks(aws, args.deployment), args.deployment)
-    if not stacks and not fleet.units:
-        console.print(f"deployment {args.deployment!r}: no stacks and no units: nothing to tear down")
+    secret = None if args.keep_keys else keys_secret(aws, args.deployment)
+    if not stacks and not fleet.units and secret is None:
+        console.print(f"deployment {args.deployment!r}: no stacks, no units, no API keys: nothing to tear down")
         return 0
     release = plan_release(aws, args.deployment, fleet.units, stacks)
     console.print(f"teardown {args.deployment}:")
     _print_plan(console, release, stacks)
-    console.print("  kept: the Front stack's access-log bucket (DeletionPolicy Retain) and the CDK bootstrap stack")
+    name = apikeys.secret_name(args.deployment)
+    if secret is not None:
+        console.print(
+            f"  4. delete the API-key secret {name} for good, without a recovery window: a redeploy under this "
+            "name starts with no keys (--keep-keys keeps it)"
+        )
+    kept = "the Front stack's access-log bucket (DeletionPolicy Retain) and the CDK bootstrap stack"
+    console.print(f"  kept: {kept}" + (f", and {name} (--keep-keys)" if args.keep_keys else ""))
     if not confirmed(args, console, f"tear down deployment {args.deployment}"):
         return 0
     drain_services(aws, release.units, timeout_s=args.wait, console=console)
     release_instances(aws, release, timeout_s=args.wait, console=console)
     delete_stacks(aws, stacks, timeout_s=args.wait, console=console)
+    if secret is not None:
+        delete_keys_secret(aws, name, console)
     console.print(f"deployment {args.deployment}: torn down")
     return 0
 

@@ -9,6 +9,7 @@ sit under different spines, pays for it on every pipeline hop.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from rich.console import Console
@@ -16,7 +17,7 @@ from rich.table import Table
 
 from ops.aws import chunks, clients_for
 from ops.commands import Subparsers
-from ops.commands.common import fleet_from_args, select
+from ops.commands.common import add_json_option, cell_id, fleet_from_args, prose_console, select
 from ops.fleet import Node, Unit
 
 
@@ -29,7 +30,8 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         "a unit's ranks are out of topology order.",
     )
     p.add_argument("--unit", help="only this unit")
-    p.add_argument("--cell", help="only this cell")
+    p.add_argument("--cell", type=cell_id, metavar="CELL", help="only this cell (cell0 or 0)")
+    add_json_option(p, "each unit's nodes, network nodes and problems")
     p.set_defaults(handler=run)
     return [p]
 
@@ -73,14 +75,39 @@ def check_unit(u: Unit, paths: dict[str, tuple[str, ...]]) -> list[str]:
     return problems
 
 
+def as_json(units: list[Unit], paths: dict[str, tuple[str, ...]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "unit": u.unit_id,
+            "cell": u.cell_id,
+            "nodes": [
+                {
+                    "rank": n.rank,
+                    "role": n.role,
+                    "instance_id": n.instance_id,
+                    "availability_zone": n.availability_zone,
+                    "network_nodes": list(paths.get(n.instance_id or "", ())),
+                }
+                for n in u.nodes
+            ],
+            "problems": check_unit(u, paths),
+        }
+        for u in units
+    ]
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws)
     units = select(fleet, cell=args.cell, unit=args.unit)
     if not units:
-        console.print(f"[red]no units found for deployment {args.deployment!r}[/]")
+        prose_console(args, console).print(f"[red]no units found for deployment {args.deployment!r}[/]")
         return 1
     paths = network_nodes(aws.topology, [n.instance_id for u in units for n in u.nodes if n.instance_id])
+    if args.json:
+        doc = as_json(units, paths)
+        console.print_json(json.dumps(doc))
+        return 1 if any(u["problems"] for u in doc) else 0
     bad = 0
     for u in units:
         t = Table(title=f"{u.unit_id} ({u.cell_id})", title_justify="left")

@@ -134,6 +134,13 @@ class EngineLoad:
     # engine that does not count them. A step that yields no token (one that only prefilled part of a
     # long prompt) is still progress: the node's stall watch counts it (runtime/node/engine_process.py).
     steps: int = 0
+    # Speculative decoding since start, in tokens as vLLM counts them (vllm:spec_decode_num_draft_tokens
+    # and vllm:spec_decode_num_accepted_tokens): draft tokens verified, and of those, kept. 0 without it.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    # Tokens a decoding sequence gained per step lately: 1.0 without speculation, more with it (what makes
+    # a unit's decode faster than its step time says); 0.0 on an engine that does not say.
+    tokens_per_step: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ _STRATEGY_CODE = {"auto": 0, "pipeline": 1, "tensor": 2}
 _STRATEGY_NAME = {v: k for k, v in _STRATEGY_CODE.items()}
 
 
-HEADER_LEN = 8  # op, then the counts of free / prefill / decode / fork / load / store / drop entries
+HEADER_LEN = 10  # op, then the counts of free / prefill / decode / fork / load / store / drop / draft / trim entries
 _PREFILL_WIDTH = 5  # a prefill on the wire: seq_id, n_tokens, capacity, cached tokens, ongoing (0/1)
 
 
@@ -73,6 +73,14 @@ class StepCommand:
     # positions cached..n_tokens onto the sequence's own KV (a later chunk: the KV its earlier chunks
     # left, in the prefill layout), and its KV is not re-sharded until its last chunk has run.
     ongoing: list[int] = field(default_factory=list)
+    # Speculative decoding (runtime/engines/speculative.py): (seq_id, k) for a decode entry that also
+    # verifies k draft tokens, and draft_tokens (rank 0 only) the drafts of every decode entry. Such an
+    # entry is one segment of 1 + k tokens and gets 1 + k rows of logits; the leader lists these entries
+    # first among the decode entries, so the single-token rest still attends per slab. trim: (seq_id,
+    # positions) a sequence's cache gives back from its end before anything else (rejected drafts).
+    drafts: list[tuple[int, int]] = field(default_factory=list)
+    draft_tokens: list[Sequence[int]] = field(default_factory=list)
+    trim: list[tuple[int, int]] = field(default_factory=list)
 
     def cached_tokens(self, i: int) -> int:
         return self.cached[i] if self.cached else 0
@@ -89,6 +97,8 @@ class StepCommand:
                 len(self.load),
                 len(self.store),
                 len(self.drop),
+                len(self.drafts),
+                len(self.trim),
             ],
             dtype=torch.int64,
         )
@@ -100,17 +110,20 @@ class StepCommand:
             + [v for t in self.load for v in t]
             + [v for t in self.store for v in t]
             + list(self.drop)
+            + [v for pair in (*self.drafts, *self.trim) for v in pair]
         )
         return header, torch.tensor(flat, dtype=torch.int64)
 
     @staticmethod
     def payload_len(header: torch.Tensor) -> int:
         h = [int(v) for v in header[1:HEADER_LEN]]
-        return h[0] + _PREFILL_WIDTH * h[1] + h[2] + 2 * h[3] + 3 * h[4] + 3 * h[5] + h[6]
+        return h[0] + _PREFILL_WIDTH * h[1] + h[2] + 2 * h[3] + 3 * h[4] + 3 * h[5] + h[6] + 2 * h[7] + 2 * h[8]
 
     @classmethod
     def decode_payload(cls, header: torch.Tensor, payload: torch.Tensor) -> "StepCommand":
-        n_free, n_prefill, n_decode, n_fork, n_load, n_store, n_drop = (int(v) for v in header[1:HEADER_LEN])
+        n_free, n_prefill, n_decode, n_fork, n_load, n_store, n_drop, n_drafts, n_trim = (
+            int(v) for v in header[1:HEADER_LEN]
+        )
         vals = iter(payload.tolist())
 
         def take(n: int, width: int) -> list:
@@ -122,6 +135,7 @@ class StepCommand:
         fork = take(n_fork, 2)
         load, store = take(n_load, 3), take(n_store, 3)
         drop = [v for (v,) in take(n_drop, 1)]
+        drafts, trim = take(n_drafts, 2), take(n_trim, 2)
         return cls(
             free=free,
             prefill=[p[:3] for p in pre],
@@ -132,13 +146,15 @@ class StepCommand:
             store=store,
             drop=drop,
             ongoing=[p[0] for p in pre if p[4]],
+            drafts=drafts,
+            trim=trim,
         )
 
 
 @dataclass
 class StepResult:
     prefill_logits: torch.Tensor | None = None  # rank 0: [n_prefill, vocab], last positions
-    decode_logits: torch.Tensor | None = None  # rank 0: [n_decode, vocab]
+    decode_logits: torch.Tensor | None = None  # rank 0: [decode rows, vocab]: one per entry, 1 + k if drafted
 
 
 PIPELINE_CHUNK_TOKENS = 128
@@ -255,7 +271,8 @@ class ShardExecutor:
         """Rank 0: send the command to the followers, then run it."""
         try:
             if self.world_size > 1:
-                repeat = not (cmd.free or cmd.prefill or cmd.fork or cmd.drop) and cmd.decode == self._last_decode
+                changed = cmd.free or cmd.prefill or cmd.fork or cmd.drop or cmd.drafts or cmd.trim
+                repeat = not changed and cmd.decode == self._last_decode
                 if repeat and cmd.decode:
                     self._broadcast(self._signal(OP_REPEAT_DECODE), 0)
                 else:
@@ -346,6 +363,8 @@ class ShardExecutor:
     # --- the step itself (identical collective sequence on every rank) ------------------------
     def run(self, cmd: StepCommand) -> StepResult:
         self._last_decode = list(cmd.decode)
+        for seq_id, n in cmd.trim:
+            self.kv[seq_id].length -= n
         for seq_id in cmd.free:
             self._drop_kv(seq_id)
         for block_id in cmd.drop:
@@ -503,17 +522,19 @@ class ShardExecutor:
     def _tensor_pass(self, cmd: StepCommand, segments: list[Segment], decode: list[Segment]) -> torch.Tensor:
         """One pass over every layer (whole, or this rank's tensor slice) of the prompt chunks, then the
         decode tokens: rank 0 embeds them and broadcasts the rows; every rank returns the last hidden states."""
-        total = sum(g.n for g in segments) + len(decode)
+        total = sum(g.n for g in segments + decode)
         if self.rank == 0:
             parts = [self._embed(t[g.start : g.start + g.n]) for t, g in zip(cmd.prefill_tokens, segments)]
             if decode:
-                parts.append(self._embed(cmd.decode_tokens))
+                parts.append(self._embed(self._decode_rows(cmd)))
             x = torch.cat(parts) if len(parts) > 1 else parts[0]
         else:
             x = torch.empty(total, self.shape.hidden_size, device=self.device)
         if self.world_size > 1:
             self._broadcast(x, 0)
-        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments + decode, lead=len(segments))
+        # Drafted decode entries come first and attend per segment, as prompt chunks do.
+        lead = len(segments) + len(cmd.drafts)
+        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments + decode, lead=lead)
         for seg in segments + decode:
             seg.kv.length = seg.start + seg.n
         return x
@@ -549,13 +570,21 @@ class ShardExecutor:
         return torch.stack([self.head.logits(self.shape, x)[0] for x in lasts])
 
     def _decode_segments(self, cmd: StepCommand) -> list[Segment]:
-        segs = []
+        """One segment per decode entry: its last token, and its draft's tokens when it has one."""
+        segs, drafted = [], dict(cmd.drafts)
         for seq_id in cmd.decode:
-            kv = self.kv[seq_id]
-            if kv.length >= kv.capacity:
+            kv, n = self.kv[seq_id], 1 + drafted.get(seq_id, 0)
+            if kv.length + n > kv.capacity:
                 raise RuntimeError(f"sequence {seq_id} outgrew its KV capacity {kv.capacity} (bug)")
-            segs.append(Segment(kv=kv, start=kv.length, n=1))
+            segs.append(Segment(kv=kv, start=kv.length, n=n))
         return segs
+
+    @staticmethod
+    def _decode_rows(cmd: StepCommand) -> list[int]:
+        """Rank 0: the token ids of the decode entries' rows, each entry's draft after its last token."""
+        if not cmd.draft_tokens:
+            return list(cmd.decode_tokens)
+        return [t for last, draft in zip(cmd.decode_tokens, cmd.draft_tokens, strict=True) for t in (last, *draft)]
 
     def _decode_pipeline(self, cmd: StepCommand) -> torch.Tensor | None:
         """The batch goes through the stages in up to world_size micro-batches, so every stage
@@ -564,23 +593,27 @@ class ShardExecutor:
         segs = self._decode_segments(cmd)
         B = len(segs)
         bounds = [(a, b) for a, b in split_even(B, min(W, B))]
+        first = [0]  # each segment's first row: a drafted entry has 1 + k rows
+        for seg in segs:
+            first.append(first[-1] + seg.n)
+        rows = self._decode_rows(cmd) if r == 0 else []
         pending, outs = [], []
         for a, b in bounds:
             mb = segs[a:b]
             if r == 0:
-                x = self._embed(cmd.decode_tokens[a:b])
+                x = self._embed(rows[first[a] : first[b]])
             else:
-                x = self.comm.recv(torch.empty(b - a, H, device=self.device), r - 1)
-            x = self._run_layers(self.pp_layers, self.stage.layers, x, mb)
+                x = self.comm.recv(torch.empty(first[b] - first[a], H, device=self.device), r - 1)
+            x = self._run_layers(self.pp_layers, self.stage.layers, x, mb, lead=sum(g.n > 1 for g in mb))
             for seg in mb:
-                seg.kv.length += 1
+                seg.kv.length += seg.n
             if W == 1:
                 outs.append(self.head.logits(self.shape, x))
             else:
                 pending.append(self.comm.isend(x.contiguous(), (r + 1) % W))
         if r == 0 and W > 1:
             for a, b in bounds:
-                x = self.comm.recv(torch.empty(b - a, H, device=self.device), W - 1)
+                x = self.comm.recv(torch.empty(first[b] - first[a], H, device=self.device), W - 1)
                 outs.append(self.head.logits(self.shape, x))
         for work in pending:
             work.wait()

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import dataclasses
 import datetime
+import functools
 import itertools
 import logging
 import threading
@@ -55,6 +56,8 @@ from runtime.engines.grammar import Grammars, Matcher
 from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
 from runtime.engines.prefix_cache import Plan, PrefixCache, block_hashes
 from runtime.engines.sampling import Draws, TextTracker, choose
+from runtime.engines.speculative import SeqSpeculation, SpeculationSettings, Speculator
+from runtime.engines.validation import validate_request
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource, resolve_model
 
@@ -184,6 +187,7 @@ class _Seq:
     generated: int = 0
     last_token: int = -1
     done: bool = False
+    spec: SeqSpeculation | None = None  # speculative decoding: its lookup and this step's draft
 
 
 @dataclass
@@ -270,6 +274,7 @@ class ReferenceEngine:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         collectives: str = "auto",
         prefix_caching: bool = True,
+        speculation: SpeculationSettings | None = None,
     ) -> None:
         if not membership.is_leader:
             raise ValueError(f"ReferenceEngine runs on rank 0; rank {membership.rank} calls run_worker")
@@ -298,6 +303,7 @@ class ReferenceEngine:
         # Prompt blocks kept after their prefill and copied into later prompts that start with them,
         # in the part of kv_budget_tokens running sequences do not reserve (None: off).
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_caching else None
+        self.speculator = Speculator(speculation)  # drafts and verifies (None: one token per step)
         self.transport = "none"  # after start(): shm or gloo (the unit's ranks' transport)
         self.max_context = 0
         self.tokenizer = None
@@ -369,64 +375,19 @@ class ReferenceEngine:
                 prefix_cache_queries=cache.queries if cache is not None else 0,
                 prefix_cache_hits=cache.hits if cache is not None else 0,
                 steps=self._steps,
+                **self.speculator.load(),
             )
 
     # --- requests ----------------------------------------------------------------------------
     def _validate(self, request: GenerationRequest) -> int:
-        p = request.sampling
-        n = len(request.prompt_token_ids)
-        if n == 0:
-            raise RequestRejected("the prompt is empty: send at least one token")
-        bad = [t for t in request.prompt_token_ids if not 0 <= t < self._vocab]
-        if bad:
-            raise RequestRejected(f"prompt token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
-        if p.max_tokens < 1:
-            raise RequestRejected(f"max_tokens {p.max_tokens} must be at least 1")
-        if p.temperature < 0 or not 0 < p.top_p <= 1:
-            raise RequestRejected(f"temperature {p.temperature} must be >= 0 and top_p {p.top_p} in (0, 1]")
-        need = n + p.max_tokens
-        if need > self.max_context:
-            raise RequestRejected(
-                f"the request needs {need} tokens of context (prompt {n} + max_tokens "
-                f"{p.max_tokens}) but this unit holds at most {self.max_context} per sequence "
-                f"(KV-cache budget {self.kv_budget_tokens}, model limit "
-                f"{self.plan.shape.max_position_embeddings}); lower max_tokens or shorten the prompt"
-            )
-        if p.n < 1 or p.n > self.max_running:
-            raise RequestRejected(
-                f"n {p.n} must be between 1 and {self.max_running} (the sequences this unit runs at once)", param="n"
-            )
-        if p.n * need > self.kv_budget_tokens:
-            raise RequestRejected(
-                f"n {p.n} choices of {need} tokens each (prompt {n} + max_tokens {p.max_tokens}) need "
-                f"{p.n * need} tokens of KV cache but the unit has {self.kv_budget_tokens}; lower n or max_tokens",
-                param="n",
-            )
-        if request.generated or request.resumed_choices:
-            self._validate_continuation(request)
-        if p.logprobs is not None and not 0 <= p.logprobs <= self._vocab:
-            raise RequestRejected(
-                f"logprobs {p.logprobs} must be between 0 and the vocabulary size {self._vocab}", param="logprobs"
-            )
-        return need
-
-    def _validate_continuation(self, request: GenerationRequest) -> None:
-        p = request.sampling
-        if request.generated and p.n != 1:
-            raise RequestRejected(f"a continuation carries one choice's tokens, but n is {p.n}", param="n")
-        indexes = [i for i, _ in request.resumed_choices]
-        if request.resumed_choices and (request.generated or len(set(indexes)) != len(indexes)):
-            raise RequestRejected("a continuation names each choice once, and its tokens only there (bug)")
-        if any(not 0 <= i < p.n for i in indexes):
-            raise RequestRejected(f"a continued choice's index is outside 0..{p.n - 1}", param="n")
-        for tokens in (request.generated, *(t for _, t in request.resumed_choices)):
-            if len(tokens) >= p.max_tokens:
-                raise RequestRejected(
-                    f"the continuation already has {len(tokens)} of max_tokens {p.max_tokens}: nothing is left"
-                )
-            bad = [t for t in tokens if not 0 <= t < self._vocab]
-            if bad:
-                raise RequestRejected(f"continuation token id {bad[0]} is outside the vocabulary 0..{self._vocab - 1}")
+        return validate_request(
+            request,
+            vocab=self._vocab,
+            max_context=self.max_context,
+            model_limit=self.plan.shape.max_position_embeddings,
+            kv_budget_tokens=self.kv_budget_tokens,
+            max_running=self.max_running,
+        )
 
     def _replay(self, seq: _Seq, generated: tuple[int, ...]) -> None:
         """Bring a choice to where another unit left it: its text (what the client already has),
@@ -636,7 +597,7 @@ class ReferenceEngine:
                 while self._inbox:
                     self._waiting.append(self._inbox.popleft())
                 self._apply_cancels(free)
-                decoding = [(st, seq) for st, seq in self._running.values() if st.decoding]
+                decoding = self.speculator.plan([(st, seq) for st, seq in self._running.values() if st.decoding])
                 chunks = self._plan_prefills()
             if not (chunks or decoding or free):
                 if time.monotonic() - last_traffic >= self.heartbeat_s:
@@ -738,6 +699,7 @@ class ReferenceEngine:
             fork=[(c.seqs[0].seq_id, seq.seq_id) for c in chunks if c.final for seq in c.seqs[1:]],
             cached=[c.start for c in chunks],
             ongoing=[c.seqs[0].seq_id for c in chunks if not c.final],
+            **self.speculator.orders(decoding),
         )
         if self.prefix_cache is not None:
             self._cache_orders(self.prefix_cache, cmd, chunks)
@@ -760,9 +722,10 @@ class ReferenceEngine:
         for i, c in enumerate(chunks):
             if c.final:
                 for seq in c.seqs:
-                    self._advance(c.st, seq, result.prefill_logits[i], free)
-        for i, (st, seq) in enumerate(decoding):
-            self._advance(st, seq, result.decode_logits[i], free)
+                    self._advance(c.st, seq, result.prefill_logits[i], free=free)
+        rows = iter(result.decode_logits if result.decode_logits is not None else [])  # 1 + k if k drafted
+        for st, seq in decoding:
+            self.speculator.take(seq, rows, functools.partial(self._advance, st, seq, free=free))
 
     # --- prefix cache (leader's index; the ranks hold the blocks: executor.ShardExecutor.blocks) ---
     @property
@@ -826,7 +789,7 @@ class ReferenceEngine:
             if c.final and c.seqs[0] is st.seqs[0]:
                 cmd.store += [(seq_id, i, b) for i, b in plan.store]
 
-    def _advance(self, st: _Request, seq: _Seq, logits: torch.Tensor, free: list[int]) -> None:
+    def _advance(self, st: _Request, seq: _Seq, logits: torch.Tensor, *, free: list[int]) -> None:
         if seq.done:  # cancelled while its step ran
             return
         p = st.request.sampling

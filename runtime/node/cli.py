@@ -14,9 +14,11 @@ from typing import Callable, Sequence
 
 from aiohttp import web
 
+from contract.bad_input import BadInput
 from runtime.logs import jlog, setup_logging
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import NodeSettings, SettingsError, build_parser, load_settings, settings_from_args
+from runtime.node.speculation import speculation_from_env
 from runtime.node.supervisor import UnitSupervisor
 from runtime.rendezvous import Rendezvous, RendezvousError
 
@@ -97,7 +99,8 @@ def _run(load: Callable[[], NodeSettings]) -> int:
     setup_logging()
     try:
         s = load()
-    except SettingsError as e:
+        speculation_from_env(os.environ, s)  # refused now, not at every formation
+    except (SettingsError, BadInput) as e:
         print(f"flotilla-node: error: {e}", file=sys.stderr)
         return 2
     return asyncio.run(serve(s))

@@ -5,6 +5,7 @@ the way (a missing or unknown key fails the engine's start, loudly).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from runtime.membership import Member, Membership
 from runtime.node.settings import NeuronSettings, NodeSettings
+from runtime.node.speculation import Speculation, speculation_from_env
 
 # The environment variable that carries the config to the engine process (its JSON).
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
@@ -39,6 +41,7 @@ class EngineConfig(BaseModel):
     echo_load_s: float
     echo_step_s: float
     neuron: NeuronSettings | None
+    speculation: Speculation
     membership: Membership
 
     @model_validator(mode="before")
@@ -58,8 +61,8 @@ class EngineConfig(BaseModel):
 
     @classmethod
     def from_settings(cls, s: NodeSettings, membership: Membership) -> EngineConfig:
-        fields = {name: getattr(s, name) for name in cls.model_fields if name != "membership"}
-        return cls(**fields, membership=membership)
+        fields = {name: getattr(s, name) for name in cls.model_fields if name not in ("membership", "speculation")}
+        return cls(**fields, speculation=speculation_from_env(os.environ, s), membership=membership)
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -69,6 +72,12 @@ class EngineConfig(BaseModel):
         """Parse the supervisor's JSON; raises pydantic's ValidationError naming each missing,
         unknown or ill-typed key (a node and its engine process of different code is a bug)."""
         return cls.model_validate_json(text)
+
+    def reference_speculation(self) -> Any:
+        """The reference engine's speculation settings, or None (imported here: it imports torch)."""
+        from runtime.engines.speculative import SpeculationSettings  # noqa: PLC0415
+
+        return SpeculationSettings(num_tokens=self.speculation.tokens) if self.speculation.method == "ngram" else None
 
     def neuron_settings(self) -> Any:
         """engine=neuron: the engine's own settings object (imported here: other engines load less)."""
@@ -88,6 +97,7 @@ class EngineConfig(BaseModel):
             engine_port=n.engine_port,
             sampling=n.sampling,
             prefix_caching_block=n.prefix_caching_block,
+            speculation=(self.speculation.method, self.speculation.tokens, self.speculation.draft),
         )
         return NeuronEngineSettings(
             model_uri=n.model_uri,

@@ -91,6 +91,7 @@ def _build_leader_engine(cfg: EngineConfig) -> Any:
         start_timeout_s=cfg.form_timeout_s,
         threads=cfg.torch_threads,
         model_name=cfg.model_name,
+        speculation=cfg.reference_speculation(),
     )
 
 

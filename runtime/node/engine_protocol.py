@@ -108,6 +108,9 @@ class Load:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     steps: int = 0  # completed since the engine started; 0: not counted (EngineLoad.steps)
+    spec_draft_tokens: int = 0  # speculative decoding since start (EngineLoad.spec_draft_tokens)
+    spec_accepted_tokens: int = 0
+    tokens_per_step: float = 0.0  # recent tokens per decoding sequence per step; 0.0: not said
 
     def __post_init__(self) -> None:
         self.state = EngineState(self.state)

@@ -61,6 +61,15 @@ class Load(Wire):
     # Routers and the leader itself count silence as a hang only past a bound derived from it. 0.0
     # before any step and on followers.
     step_s: float = 0.0
+    # Leader: speculative decoding (docs/engine.md): draft tokens verified and kept since the engine
+    # started (vLLM's vllm:spec_decode_num_draft_tokens / _num_accepted_tokens), acceptance = kept /
+    # verified (0 before any), and the tokens a decoding answer gained per step lately: 1.0 without
+    # speculation, more with it. Routers count a unit's answers that much faster (docs/routing.md).
+    # 0 on followers and engines that do not say.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_acceptance_rate: float = 0.0
+    tokens_per_step: float = 0.0
 
 
 class MemberReport(Wire):

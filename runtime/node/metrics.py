@@ -50,14 +50,34 @@ class NodeMetrics:
         self.prefix_cache_hits = Counter(
             "flotilla_prefix_cache_hits", "prompt tokens whose KV came from the prefix cache", registry=r
         )
-        self._prefix_seen = (0, 0)  # the engine's totals at the last scrape
+        # Speculative decoding, vLLM's names (vllm:spec_decode_num_draft_tokens / _num_accepted_tokens).
+        self.spec_draft_tokens = Counter(
+            "flotilla_spec_decode_num_draft_tokens", "draft tokens verified (speculative decoding)", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            "flotilla_spec_decode_num_accepted_tokens", "draft tokens verified and kept", registry=r
+        )
+        self.tokens_per_step = Gauge(
+            "flotilla_decode_tokens_per_step", "tokens a decoding sequence gained per step lately", registry=r
+        )
+        self._seen: dict[str, tuple[int, ...]] = {}  # the engine's totals at the last scrape, per group
 
-    def prefix_cache(self, queries: int, hits: int) -> None:
+    def _add_since(self, group: str, counters: tuple[Counter, ...], totals: tuple[int, ...]) -> None:
         """Add what the engine counted since the last call. Its totals start again at 0 when the
         unit re-forms (a new engine process): then all of them are new."""
-        q0, h0 = self._prefix_seen
-        if queries < q0 or hits < h0:
-            q0 = h0 = 0
-        self.prefix_cache_queries.inc(queries - q0)
-        self.prefix_cache_hits.inc(hits - h0)
-        self._prefix_seen = (queries, hits)
+        before = self._seen.get(group, (0,) * len(totals))
+        if any(t < b for t, b in zip(totals, before)):
+            before = (0,) * len(totals)
+        for counter, t, b in zip(counters, totals, before):
+            counter.inc(t - b)
+        self._seen[group] = totals
+
+    def prefix_cache(self, queries: int, hits: int) -> None:
+        self._add_since("prefix", (self.prefix_cache_queries, self.prefix_cache_hits), (queries, hits))
+
+    def engine_counters(self, ld) -> None:
+        """The engine's counters and figures from its last load report (engine_protocol.Load)."""
+        self.prefix_cache(ld.prefix_cache_queries, ld.prefix_cache_hits)
+        totals = (int(ld.spec_draft_tokens), int(ld.spec_accepted_tokens))
+        self._add_since("speculation", (self.spec_draft_tokens, self.spec_accepted_tokens), totals)
+        self.tokens_per_step.set(ld.tokens_per_step)

@@ -1027,7 +1027,7 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         metrics.max_running.set(ld.max_running)
         metrics.kv_cache_used.set(ld.kv_cache_used)
         metrics.expected_wait.set(sup.reported_wait() if sup.is_leader else 0.0)
-        metrics.prefix_cache(ld.prefix_cache_queries, ld.prefix_cache_hits)
+        metrics.engine_counters(ld)
         metrics.ready.set(1 if sup.ready() else 0)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

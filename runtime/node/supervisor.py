@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from runtime import emf
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
 from runtime.membership import Member, Membership, Role
@@ -47,6 +48,7 @@ from runtime.node.handshake import (
 from runtime.node.metrics import NodeMetrics
 from runtime.node.queue_wait import QueueWait
 from runtime.node.settings import NodeSettings
+from runtime.node.speculation import SpeculationLine, speculation_report
 from runtime.rendezvous import Rendezvous, RendezvousError
 
 log = logging.getLogger("flotilla.node")
@@ -96,6 +98,7 @@ class UnitSupervisor:
         self.route_keys: collections.deque[tuple[int, RoutePrompt | None]] = collections.deque(maxlen=ROUTE_KEYS_KEPT)
         self.route_keys_seen = 0
         self.queue_wait = QueueWait()  # leader: the API's requests, to tell the wait for a batch slot
+        self.speculation_line = SpeculationLine()  # leader: the engine's speculation, a minute's line at a time
         self._reported_wait = (-1.0, -1, 0.0)  # (when, requests held, wait): see reported_wait()
         self.not_ready_since = time.monotonic()
         self.ready_since: float | None = None  # when the unit last became ready (None: not ready now)
@@ -230,6 +233,7 @@ class UnitSupervisor:
                 prefix_cache_hit_rate=ld.prefix_cache_hits / ld.prefix_cache_queries
                 if ld.prefix_cache_queries
                 else 0.0,
+                **speculation_report(ld) if self.is_leader else {},
             ),
             "members": members,
             "leader": leader,
@@ -505,6 +509,8 @@ class UnitSupervisor:
                     raise FormationEnded(f"engine held requests without progress for {hung:.0f}s (hung)")
                 self._set_state(UnitState.READY, formation=formation)
                 self.engine.canary(self.s.canary_idle_s)  # an idle unit's engine is still asked now and then
+                if line := self.speculation_line.tick(self.engine.load, self.s.cell_id):
+                    emf.write_lines([line])
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
             for f, st in zip(followers, await self._statuses(followers)):

@@ -160,6 +160,7 @@ class WorkView(LoadView, Protocol):
     prefill_tokens: int
     sent_tokens: int  # this router's estimated prompt tokens sent to the unit, ever (whole prompts)
     sent_tokens_at_report: int  # the same when the last report was taken
+    tokens_per_step: float  # reported: tokens an answer gains per decode step (speculation); 0: not said
 
 
 W = TypeVar("W", bound=WorkView)
@@ -199,8 +200,11 @@ def estimated_ttft(u: WorkView, new_tokens: int) -> float:
     """Time to first token in units of one prefill token's time: the prefill ahead plus the request's
     own, and a prompt like this one for each running answer that must end before it finds a batch slot
     (waiting_for_slot: the requests waiting there are prompts too, and a unit of an older revision does
-    not report its prefill). Only the order matters: the units of one fleet run the same model."""
-    return float(estimated_prefill(u, new_tokens) + new_tokens * (1 + waiting_for_slot(u)))
+    not report its prefill). A unit whose answers gain several tokens per decode step (speculative
+    decoding: tokens_per_step) ends them that many times sooner, so each one it must wait for counts
+    that much less. Only the order matters: the units of one fleet run the same model."""
+    speed = u.tokens_per_step if u.tokens_per_step > 1.0 else 1.0  # 0: not said, as by an older revision
+    return float(estimated_prefill(u, new_tokens) + new_tokens * (1 + waiting_for_slot(u) / speed))
 
 
 def least_work(

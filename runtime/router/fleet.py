@@ -111,6 +111,7 @@ class Member:
         "wait_s",
         "queue_timeout_s",
         "step_s",
+        "tokens_per_step",
         "outstanding",
         "outstanding_at_report",
         "sent_tokens",
@@ -139,14 +140,14 @@ class Member:
         self.state = "unknown"  # as the unit reports it, or "unreachable" / "silent"
         self._ready = False
         self.in_flight = -1  # reported by leaders of this revision on; -1: use queue_depth + running
-        self.queue_depth = 0
-        self.running = 0
+        self.queue_depth = self.running = 0
         self.max_running = 0
         self.kv_cache_used = 0.0
         self.prefill_tokens = -1  # reported: prompt tokens accepted, not yet at their first token; -1: not said
         self.wait_s = 0.0  # reported: the wait for a batch slot a request arriving now would have
         self.queue_timeout_s = 0.0  # reported: past this wait the leader refuses (0: it does not say)
         self.step_s = 0.0  # reported: its longest recent step, what a stream's silence bound derives from
+        self.tokens_per_step = 0.0  # reported: tokens an answer gains per step (speculation); 0: not said
         self.outstanding = 0  # requests this router has in flight to the unit
         self.outstanding_at_report = 0  # the same count when the last report arrived
         self.sent_tokens = 0  # estimated prompt tokens this router sent to the unit, ever (whole prompts)
@@ -220,18 +221,17 @@ class Member:
         self.in_flight = int(load.get("in_flight", -1))
         self.queue_depth = int(load.get("queue_depth", 0))
         self.running = int(load.get("running", 0))
-        self.max_running = int(load.get("max_running", 0))
-        self.kv_cache_used = float(load.get("kv_cache_used", 0.0))
+        self.max_running, self.kv_cache_used = int(load.get("max_running", 0)), float(load.get("kv_cache_used", 0.0))
         self.wait_s = float(load.get("wait_s", 0.0))
         self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
         self.prefill_tokens = int(load.get("prefill_tokens", -1))
-        self.step_s = float(load.get("step_s", 0.0))
+        self.step_s, self.tokens_per_step = float(load.get("step_s", 0.0)), float(load.get("tokens_per_step", 0.0))
 
     def take_load_report(self, load: LoadReport) -> None:
         self.in_flight, self.queue_depth, self.running = load.in_flight, load.queue_depth, load.running
         self.max_running, self.kv_cache_used, self.wait_s = load.max_running, load.kv_cache_used, load.wait_s
         self.queue_timeout_s, self.prefill_tokens = load.queue_timeout_s, load.prefill_tokens
-        self.step_s = load.step_s
+        self.step_s, self.tokens_per_step = load.step_s, load.tokens_per_step
 
     def apply_report(self, status: int, report: ReadyReport) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,

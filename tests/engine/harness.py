@@ -135,6 +135,7 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
     """Each strategy combo in turn (a fresh unit, same processes): greedy tokens per prompt, run
     all together and each alone."""
     from runtime.engines.reference import ReferenceEngine, run_worker
+    from runtime.engines.speculative import SpeculationSettings
 
     found = []
     for n, (prefill, decode) in enumerate(spec["combos"]):
@@ -164,6 +165,7 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                 start_timeout_s=60,
                 max_running=8,
                 **({"max_prefill_tokens": spec["max_prefill_tokens"]} if "max_prefill_tokens" in spec else {}),
+                **({"speculation": SpeculationSettings(**spec["speculation"])} if "speculation" in spec else {}),
             )
             say(phase="starting")
             await engine.start()
@@ -219,6 +221,8 @@ def job_engine(rank: int, port: int, spec: dict, out_path: str) -> None:
                 "blocks_held": engine.executor.cached_blocks(),
                 "load_after": (load.running, load.queue_depth, load.kv_cache_used),
                 "state": engine.health().state.value,
+                "spec": (load.spec_draft_tokens, load.spec_accepted_tokens),
+                "kv_held": engine.executor.kv_slots_held(),
             }
 
         found.append(asyncio.run(run()))

@@ -64,9 +64,21 @@ def test_the_batch_slots_setting_reaches_a_running_echo_unit(new_unit):
 
 
 def test_each_engine_config_field_is_the_node_setting_of_that_name_and_type():
+    # membership: the formation's; speculation: the stacks' FLOTILLA_SPECULATIVE_* variables
+    # (contract/speculation.py), read and checked by runtime/node/speculation.py
     hints = typing.get_type_hints(EngineConfig)
     node = typing.get_type_hints(NodeSettings)
-    assert {k: hints[k] for k in hints if k != "membership"} == {k: node[k] for k in hints if k != "membership"}
+    own = ("membership", "speculation")
+    assert {k: hints[k] for k in hints if k not in own} == {k: node[k] for k in hints if k not in own}
+
+
+def test_the_speculation_variables_reach_the_reference_engine_object(monkeypatch):
+    monkeypatch.setenv("FLOTILLA_SPECULATIVE_METHOD", "ngram")
+    monkeypatch.setenv("FLOTILLA_SPECULATIVE_TOKENS", "6")
+    engine = engine_host._build_leader_engine(_sent_and_parsed("reference"))
+    assert engine.speculator.s is not None and engine.speculator.s.num_tokens == 6
+    monkeypatch.delenv("FLOTILLA_SPECULATIVE_METHOD")
+    assert engine_host._build_leader_engine(_sent_and_parsed("reference")).speculator.s is None
 
 
 def _config_json() -> dict:

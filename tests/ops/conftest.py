@@ -288,12 +288,29 @@ def aws(monkeypatch):
             ssm=session.client("ssm"),
             logs=session.client("logs"),
             secretsmanager=session.client("secretsmanager"),
+            cloudformation=session.client("cloudformation"),
+            acm=session.client("acm"),
+            ecr=session.client("ecr"),
+            # moto has no EC2 quotas, no DescribeCapacityReservations and not the pinned AMI's public
+            # parameter: tests queue those answers on Stubbers over these three clients
+            servicequotas=session.client("service-quotas"),
+            capacity=session.client("ec2"),
+            ami=session.client("ssm"),
+            sts=session.client("sts"),
         )
         monkeypatch.setattr(ops.aws, "make_clients", lambda **_: clients)
         try:
             yield clients
         finally:
             state_manager.unset_transition(model_name="ecs::task")  # global in moto: leave it as found
+
+
+@pytest.fixture
+def s3(aws):
+    """moto's S3 on aws.s3. Its own boto3 session: boto3 adds upload_file to the S3 client class once
+    per boto3 session, and a second session over the shared botocore session fails to add it again."""
+    aws.s3 = boto3.client("s3", region_name=REGION)
+    return aws.s3
 
 
 @pytest.fixture
@@ -318,6 +335,19 @@ def run_cli(capsys):
     def run(*argv: str) -> tuple[int, str]:
         code = main(list(argv))
         return code, capsys.readouterr().out
+
+    return run
+
+
+@pytest.fixture
+def run_cli_err(capsys):
+    """Run `flotilla ARGS...` in-process; returns (exit status, stdout, stderr)."""
+    from ops.cli import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
 
     return run
 

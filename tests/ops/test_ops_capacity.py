@@ -90,7 +90,8 @@ def test_70b_fits_one_node_and_needs_four_units_for_ten_requests_per_second():
     assert p.prefill_compute_s == pytest.approx(0.0464169, rel=1e-5)
     assert p.requests_per_s_per_unit == pytest.approx(3.0158, rel=1e-4)
     assert p.units == 4
-    assert p.config() == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4, "units_per_cell": 4}
+    # units_per_cell stays the config's default (20) unless asked: it is fixed once deployed
+    assert p.config() == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4}
 
 
 def test_405b_needs_two_nodes_and_pays_efa_for_the_all_reduces_of_both_phases():
@@ -156,7 +157,13 @@ def test_efficiency_derates_units_and_cells_follow_units_per_cell():
     assert p.units == 67
     assert p.cells == 4
     assert p.total_nodes == 67
-    assert p.config()["units_per_cell"] == 20
+    assert "units_per_cell" not in p.config()
+    asked = plan(
+        llama70b(),
+        Traffic(requests_per_s=100, prompt_tokens=1000, output_tokens=200),
+        PlanSettings(batch=8, efficiency=0.5, units_per_cell=10),
+    )
+    assert asked.cells == 7 and asked.config()["units_per_cell"] == 10
 
 
 def test_smollm2_heads_cannot_be_split_over_32_cores_without_padding():
@@ -231,7 +238,7 @@ def test_unknown_parameter_count_asks_for_params_or_the_mlp_and_vocab():
         (dict(efficiency=0), r"^--efficiency=0 is out of range: give a fraction in \(0, 1\]$"),
         (dict(hbm_reserve=1.5), r"^--hbm-reserve=1\.5 is out of range: give a fraction in \[0, 1\)$"),
         (dict(instance_type="trn1.2xlarge"), r"^--instance-type=trn1\.2xlarge is not supported: use one of .*EFA"),
-        (dict(batch=0), "^--batch=0 is not a positive number: give a number above 0$"),
+        (dict(batch=0), "^--batch-size=0 is not a positive number: give a number above 0$"),
     ],
 )
 def test_impossible_settings_are_refused(kwargs, message):

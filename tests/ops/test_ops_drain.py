@@ -6,6 +6,8 @@ from __future__ import annotations
 import builtins
 import sys
 
+import pytest
+
 from ops.fleet import DRAINED_IN_CONFIG_TAG, DRAINED_TAG
 
 
@@ -150,3 +152,45 @@ def test_drain_unit_tells_how_to_keep_the_drain_across_deploys(aws, fleet, run_c
     code, out = run_cli("drain-unit", "cell0-unit0", "--dry-run")
     assert code == 0
     assert "add cell0-unit0 to drained_units in the config and deploy" in " ".join(out.split())
+
+
+# --- a cell, or every unit: the emergency stop ---------------------------------------------------------
+def test_drain_a_cell_stops_exactly_its_units_and_a_cell_holding_the_last_ready_units_needs_force(world, run_cli):
+    a, b = world.add_unit(cell=0, index=0), world.add_unit(cell=0, index=1)
+    c = world.add_unit(cell=1, index=0)
+    code, out = run_cli("drain-unit", "--cell", "0", "--yes", "--wait", "600")
+    assert code == 0, out
+    assert "cell0-unit0: drained" in out and "cell0-unit1: drained" in out
+    assert [world.service(u)["desiredCount"] for u in (a, b, c)] == [0, 0, 2]
+    code, out = run_cli("drain-unit", "--cell", "cell1", "--yes")
+    assert code == 1 and "draining 1 unit(s) of cell1 stops all serving; pass --force" in " ".join(out.split())
+    assert world.service(c)["desiredCount"] == 2
+    code, out = run_cli("drain-unit", "--cell", "cell7", "--yes")
+    assert code == 1 and "cell 'cell7' not found" in out and "cell0, cell1" in out
+
+
+def test_drain_all_is_the_emergency_stop_and_restore_all_undoes_it(world, run_cli):
+    units = [world.add_unit(cell=0, index=0), world.add_unit(cell=0, index=1), world.add_unit(cell=1, index=0)]
+    code, out = run_cli("drain-unit", "--all", "--dry-run")
+    assert code == 0 and "0 other ready unit(s) keep serving" in out
+    assert all(world.service(u)["desiredCount"] == 2 for u in units)
+    code, out = run_cli("drain-unit", "--all")  # stdin is not a terminal
+    assert code == 1 and "refusing to drain all 3 unit(s)" in " ".join(out.split())
+    code, out = run_cli("drain-unit", "--all", "--yes", "--wait", "600")  # no --force: stopping all is the point
+    assert code == 0, out
+    assert all(world.service(u)["desiredCount"] == 0 and world.running_instances(u) == [] for u in units)
+    code, out = run_cli("status")  # below the FleetReadyUnits threshold, drained or not: critical
+    assert code == 3 and "0/3 units ready, 3 drained" in " ".join(out.split())
+    code, out = run_cli("restore-unit", "--all", "--yes", "--wait", "600")
+    assert code == 0, out
+    assert all(world.service(u)["desiredCount"] == 2 for u in units)
+    assert run_cli("status")[0] == 0
+
+
+def test_a_unit_and_a_selection_flag_together_or_neither_are_bad_input(world, run_cli, capsys):
+    world.add_unit(cell=0, index=0)
+    for argv in (["cell0-unit0", "--all"], ["--cell", "0", "--all"], [], ["--cell", "zero"]):
+        with pytest.raises(SystemExit) as exc:
+            run_cli("drain-unit", *argv, "--dry-run")
+        assert exc.value.code == 2, argv
+    assert "'zero' is not a cell" in capsys.readouterr().err

@@ -5,6 +5,7 @@ keys' TTL, a changed limit applies, and the key itself is printed once and store
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -17,10 +18,34 @@ KEY_RE = re.compile(r"flt_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 
 
 def _create(run_cli, *argv: str) -> tuple[str, str]:
-    code, out = run_cli("keys", "create", *argv)
+    code, out = run_cli("keys", "create", *argv, "--yes")
     assert code == 0, out
     key = KEY_RE.search(out).group(0)
     return key.split("_")[1], key
+
+
+def test_create_prints_the_key_alone_on_stdout_and_everything_else_on_stderr(aws, run_cli_err):
+    code, out, err = run_cli_err("keys", "create", "--name", "shop-frontend", "--yes")
+    assert code == 0
+    assert KEY_RE.fullmatch(out.rstrip("\n")) and out.count("\n") == 1  # `X=$(flotilla keys create ...)` works
+    kid = out.split("_")[1]
+    assert f"key {kid} for shop-frontend" in " ".join(err.split()) and "flt_" not in err
+    code, out, err = run_cli_err("keys", "create", "--name", "batch-jobs", "--priority", "batch", "--yes", "--json")
+    doc = json.loads(out)
+    assert code == 0 and KEY_RE.fullmatch(doc["key"]) and doc["id"] == doc["key"].split("_")[1]
+    assert doc["priority"] == "batch" and doc["secret"] == NAME
+    code, out, _ = run_cli_err("keys", "list", "--json")
+    listed = json.loads(out)
+    assert {k["name"] for k in listed["keys"]} == {"shop-frontend", "batch-jobs"} and "flt_" not in out
+
+
+def test_create_without_confirmation_issues_no_key_and_says_why_on_stderr(aws, run_cli_err):
+    code, out, err = run_cli_err("keys", "create", "--name", "x")  # stdin is not a terminal
+    assert (code, out) == (1, "") and "refusing to issue a key for x" in " ".join(err.split())
+    code, out, err = run_cli_err("keys", "create", "--name", "x", "--dry-run")
+    assert (code, out) == (0, "") and "dry run: nothing changed" in err
+    with pytest.raises(aws.secretsmanager.exceptions.ResourceNotFoundException):
+        aws.secretsmanager.get_secret_value(SecretId=NAME)
 
 
 def test_a_created_key_works_and_a_revoked_one_is_refused_by_a_router_within_the_ttl(aws, run_cli):

@@ -23,13 +23,23 @@ LLAMA_70B = [
     "--context-length",
     "8192",
 ]
-TRAFFIC = ["--rps", "10", "--prompt-tokens", "1000", "--output-tokens", "200", "--batch", "8"]
+TRAFFIC = ["--rps", "10", "--prompt-tokens", "1000", "--output-tokens", "200", "--batch-size", "8"]
 
 
 def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cli, tmp_path):
     out_path = tmp_path / "flotilla.yaml"
     code, out = run_cli(
-        "plan", *LLAMA_70B, *TRAFFIC, "--availability-zones", "us-east-1a,us-east-1b", "--write", str(out_path)
+        "plan",
+        *LLAMA_70B,
+        *TRAFFIC,
+        "--availability-zones",
+        "us-east-1a,us-east-1b",
+        "--name",
+        "llama-3.1-70b-instruct",
+        "--model-uri",
+        "s3://my-models/llama-3.1-70b-instruct/",
+        "--write",
+        str(out_path),
     )
     assert code == 0, out
     assert "nodes per unit" in out and "Memory per NeuronCore" in out and "decode step" in out
@@ -39,11 +49,12 @@ def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cl
         "instance_type": "trn1.32xlarge",
         "nodes_per_unit": 1,
         "units": 4,
-        "units_per_cell": 4,
+        # no units_per_cell: the config's default (20), as it is fixed once deployed
         "availability_zones": ["us-east-1a", "us-east-1b"],
         # from the simulated rollout: 4 units roll one at a time (10 %, at least 1)
         "unit_rollout": "surge",
         "units_per_wave": 1,
+        "model": {"s3_uri": "s3://my-models/llama-3.1-70b-instruct/", "name": "llama-3.1-70b-instruct"},
     }
     assert out_path.read_text().startswith("# flotilla config from `flotilla plan`")
     assert "Rollout (simulated" in out and "units_per_wave 1 (*)" in out
@@ -165,6 +176,8 @@ def test_the_written_config_is_accepted_by_the_cdk_apps_config_loader(run_cli, t
         "8",
         "--availability-zones",
         "us-east-1a,us-east-1b",
+        "--model-uri",
+        "s3://my-models/llama-3.1-70b-instruct/",
         "--write",
         str(out_path),
     )
@@ -205,3 +218,23 @@ def test_plan_json_says_a_multi_node_neuron_unit_runs_both_phases_tensor_paralle
         f"prefill (context encoding) and decode (token generation) both tensor parallel, tp_degree={tp}, "
         "cp_degree=1, attention_dp_degree=1"
     )
+
+
+def test_plan_write_needs_the_model_uri_and_writes_units_per_cell_only_when_asked(run_cli, tmp_path):
+    out_path = tmp_path / "flotilla.yaml"
+    code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--write", str(out_path))
+    assert code == 2 and "--model-uri is needed with --write" in " ".join(out.split())
+    assert not out_path.exists()
+    uri = ["--model-uri", "s3://my-models/llama-3.1-70b/"]
+    code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, *uri, "--units-per-cell", "10", "--write", str(out_path))
+    assert code == 0, out
+    assert yaml.safe_load(out_path.read_text())["units_per_cell"] == 10
+
+
+def test_plan_write_refuses_a_config_the_cdk_app_would_refuse(run_cli, tmp_path):
+    out_path = tmp_path / "flotilla.yaml"
+    uri = ["--model-uri", "s3://my-models/llama-3.1-70b/"]
+    code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, *uri, "--name", "llama 70b", "--write", str(out_path))
+    flat = " ".join(out.split())
+    assert code == 2 and "would write a config `cdk synth` refuses (model.name='llama 70b'" in flat
+    assert not out_path.exists()

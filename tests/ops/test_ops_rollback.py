@@ -68,7 +68,7 @@ def test_rollback_of_all_units_goes_in_waves_each_completed_before_the_next(worl
     _deploy(world, units)
     calls_before = len(world.model.calls)
     log_before = len(world.model.log)
-    code, out = run_cli("rollback", "--all", "--yes", "--wave-size", "2")
+    code, out = run_cli("rollback", "--all", "--yes", "--units-per-wave", "2")
     assert code == 0, out
     assert "6 unit(s) in 4 wave(s) of at most 2" in out  # cell0: 2 + 1, cell1: 2 + 1
     updates = [kw["service"] for op, kw in world.model.calls[calls_before:] if op == "UpdateService"]
@@ -107,18 +107,18 @@ def test_the_default_wave_is_a_tenth_of_the_selected_units_and_at_least_one(worl
 def test_a_wave_that_would_take_every_unit_at_once_is_refused(world, run_cli):
     units = _fleet(world, per_cell=2)
     _deploy(world, units)
-    code, out = run_cli("rollback", "--all", "--yes", "--wave-size", "2")
+    code, out = run_cli("rollback", "--all", "--yes", "--units-per-wave", "2")
     assert code == 2
-    assert "--wave-size=2 would roll back all 2 units" in out and "give 1 to 1" in out
+    assert "--units-per-wave=2 would roll back all 2 units" in out and "give 1 to 1" in out
     assert all(world.revision_of(u) == "2" for u in units)
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "ten"])
 def test_a_wave_size_below_one_or_not_a_number_is_a_usage_error(world, run_cli, capsys, value):
     with pytest.raises(SystemExit) as exc:
-        run_cli("rollback", "--all", "--wave-size", value)
+        run_cli("rollback", "--all", "--units-per-wave", value)
     assert exc.value.code == 2
-    assert "--wave-size" in capsys.readouterr().err
+    assert "--units-per-wave" in capsys.readouterr().err
 
 
 def test_a_failed_wave_stops_the_rollback_and_says_how_to_go_on(world, run_cli):
@@ -127,7 +127,7 @@ def test_a_failed_wave_stops_the_rollback_and_says_how_to_go_on(world, run_cli):
     units = _fleet(world, per_cell=3)
     (old0, old1, old2) = _deploy(world, units, policy="Retain")
     world.model.failing_task_definitions.add(old0)
-    code, out = run_cli("rollback", "--all", "--yes", "--wave-size", "1")
+    code, out = run_cli("rollback", "--all", "--yes", "--units-per-wave", "1")
     assert code == 1
     assert "wave 1: the rollback deployment of cell0-unit0 FAILED" in out
     flat = " ".join(out.split())  # the console wraps long lines
@@ -180,7 +180,7 @@ def test_rollback_of_a_cell_moves_only_that_cell_back(world, run_cli):
     a, b = _fleet(world, per_cell=2)
     c = world.add_unit(cell=1, index=0)
     _deploy(world, [a, b, c])
-    code, out = run_cli("rollback", "--cell", "cell0", "--yes", "--wave-size", "1")
+    code, out = run_cli("rollback", "--cell", "cell0", "--yes", "--units-per-wave", "1")
     assert code == 0, out
     assert [world.revision_of(u) for u in (a, b, c)] == ["1", "1", "2"]
 

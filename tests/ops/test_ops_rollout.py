@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from ops_fakes import bare_unit
 
 from ops.commands.rollout import FAILED, IN_PROGRESS, rollout_state
@@ -137,3 +139,15 @@ def test_rollout_status_shows_the_router_deployments_and_fails_on_a_failed_one(a
     assert code == 1
     code, out = run_cli("status")
     assert code == 0 and "flotilla-Router" not in out  # the router is not a unit
+
+
+def test_rollout_status_json_names_each_units_rollout_and_the_failed_ones(aws, fleet, run_cli):
+    fleet.add_unit(cell=0, index=0)
+    unit = fleet.add_unit(cell=1, index=0)
+    fleet.set_deployment(unit, FAILED, "tasks failed to start")
+    code, out = run_cli("rollout", "status", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["failed"] == ["cell1-unit0"]
+    assert {u["unit"]: u["rollout"] for u in doc["units"]} == {"cell0-unit0": "COMPLETED", "cell1-unit0": FAILED}
+    code, out = run_cli("rollout", "status", "--cell", "0", "--json")
+    assert code == 0 and [u["unit"] for u in json.loads(out)["units"]] == ["cell0-unit0"]

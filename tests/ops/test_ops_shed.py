@@ -4,6 +4,7 @@ in the format the routers read, dry run and refusal by default."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -71,3 +72,14 @@ def test_status_says_when_a_limit_is_in_force(aws, fleet, run_cli):
     assert run_cli("shed", "set", "--max-outstanding-per-unit", "4", "--reason", "INC-7", "--yes")[0] == 0
     code, out = run_cli("status")
     assert code == 0 and "admission limit in force" in out and "INC-7" in out
+
+
+def test_show_json_gives_the_limit_or_null(aws, run_cli):
+    code, out = run_cli("shed", "show", "--json")
+    assert code == 0 and json.loads(out) == {"parameter": NAME, "limit": None, "since": None}
+    assert run_cli("shed", "set", "--admit-percent", "0", "--reason", "INC-1 stop", "--yes")[0] == 0
+    code, out = run_cli("shed", "show", "--json")
+    doc = json.loads(out)
+    assert code == 0 and AdmissionLimit.loads(json.dumps(doc["limit"])) == AdmissionLimit(
+        admit_percent=0, reason="INC-1 stop"
+    )

@@ -143,7 +143,9 @@ def test_smoke_rolls_a_surge_unit_to_a_new_revision_and_back_without_a_failed_re
     unit = world.add_unit(cell=0, index=0, rollout="surge")
     before = world.service(unit)["taskDefinition"]
     ticks = world.model.ticks
-    code, out = run_cli("smoke", "--url", door.url, "--roll-unit", "cell0-unit0", "--wait", "3000", "--timeout", "10")
+    code, out = run_cli(
+        "smoke", "--url", door.url, "--roll-unit", "cell0-unit0", "--wait", "3000", "--timeout", "10", "--yes"
+    )
     flat = " ".join(out.split())
     assert code == 0, out
     assert "roll cell0-unit0" in flat and "PASS: every check" in flat
@@ -165,7 +167,9 @@ def test_smoke_roll_fails_when_requests_fail_while_the_unit_rolls(paced, run_cli
     other unit, requests meet a front door without a ready unit, and the roll row says so."""
     world, door = paced
     world.add_unit(cell=0, index=0, rollout="replace")
-    code, out = run_cli("smoke", "--url", door.url, "--roll-unit", "cell0-unit0", "--wait", "3000", "--timeout", "10")
+    code, out = run_cli(
+        "smoke", "--url", door.url, "--roll-unit", "cell0-unit0", "--wait", "3000", "--timeout", "10", "--yes"
+    )
     flat = " ".join(out.split())
     assert code == 1, out
     assert "FAIL: roll cell0-unit0" in flat
@@ -176,5 +180,36 @@ def test_smoke_roll_fails_when_requests_fail_while_the_unit_rolls(paced, run_cli
 def test_smoke_roll_of_a_unit_the_fleet_does_not_have_is_an_error_naming_it(paced, run_cli):
     world, door = paced
     world.add_unit(cell=0, index=0)
-    code, out = run_cli("smoke", "--url", door.url, "--roll-unit", "cell3-unit9", "--timeout", "10")
+    code, out = run_cli("smoke", "--url", door.url, "--roll-unit", "cell3-unit9", "--timeout", "10", "--yes")
     assert code != 0 and "cell3-unit9" in " ".join(out.split())
+
+
+def test_smoke_roll_asks_first_refuses_without_a_terminal_and_a_dry_run_rolls_nothing(paced, run_cli):
+    world, door = paced
+    world.add_unit(cell=0, index=0, rollout="surge")
+    calls = len(world.model.calls)
+    code, out = run_cli("smoke", "--url", door.url, "--roll-unit", "cell0-unit0", "--timeout", "10")
+    assert code == 1 and "refusing to roll cell0-unit0 to a copy of its task definition" in " ".join(out.split())
+    assert door.answers == []  # refused before any request
+    code, out = run_cli("smoke", "--url", door.url, "--roll-unit", "cell0-unit0", "--timeout", "10", "--dry-run")
+    flat = " ".join(out.split())
+    assert code == 0 and "skipped: dry run (nothing changed)" in flat and "PASS: every check" in flat
+    changes = [op for op, _ in world.model.calls[calls:] if op in ("UpdateService", "RegisterTaskDefinition")]
+    assert changes == []
+
+
+def test_smoke_json_reports_every_check_on_stdout(paced, run_cli):
+    world, door = paced
+    world.add_unit(cell=0, index=0)
+    code, out = run_cli("smoke", "--url", door.url, "--timeout", "10", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] is True and doc["url"] == door.url
+    assert [c["check"] for c in doc["checks"]] == [
+        "models",
+        "chat",
+        "chat, streamed",
+        "completion",
+        "bad request refused",
+        "roll a unit",
+    ]
+    assert [c["result"] for c in doc["checks"]] == ["PASS"] * 5 + ["SKIP"]

@@ -15,6 +15,7 @@ from ecs_rules import REGION, EcsRules
 from moto.cloudformation import parsing
 
 import ops.commands.teardown as teardown
+from contract.apikeys import KeySet, secret_name
 
 DEPLOYMENT = "flotilla"
 NETWORK = f"{DEPLOYMENT}-Network:Vpc"
@@ -251,7 +252,46 @@ def test_teardown_releases_no_instance_while_tasks_still_drain(aws, deployment, 
 
 def test_teardown_of_nothing_says_so(aws, deployment, run_cli):
     code, out = run_cli("teardown", "--deployment", "other", "--yes")
-    assert code == 0 and "no stacks and no units" in out
+    assert code == 0 and "no stacks, no units, no API keys" in out
+
+
+def _issue_key(run_cli) -> str:
+    code, out = run_cli("keys", "create", "--name", "shop", "--yes")
+    assert code == 0
+    return out.strip()
+
+
+def _accepted(aws, key: str) -> bool:
+    """Whether the deployment's secret, as every router reads it, accepts the key."""
+    text = aws.secretsmanager.get_secret_value(SecretId=secret_name(DEPLOYMENT))["SecretString"]
+    return KeySet.loads(text).lookup(key) is not None
+
+
+def test_teardown_deletes_the_api_keys_last_and_a_redeploy_under_the_name_accepts_none_of_them(
+    aws, deployment, rules, run_cli
+):
+    _three_units_in_two_cells(deployment)
+    old = _issue_key(run_cli)
+    code, out = run_cli("teardown", "--dry-run")
+    assert code == 0 and f"delete the API-key secret {secret_name(DEPLOYMENT)} for good" in " ".join(out.split())
+    assert _accepted(aws, old)
+    code, out = run_cli("teardown", "--yes", "--wait", "60")
+    assert code == 0, out
+    assert out.index(f"{DEPLOYMENT}-Network: deleted") < out.index(f"{secret_name(DEPLOYMENT)}: deleted")
+    # Redeployed under the same name: a key can be issued at once (no secret is scheduled for deletion
+    # under the name), and the old key is not accepted.
+    new = _issue_key(run_cli)
+    assert _accepted(aws, new) and not _accepted(aws, old)
+
+
+def test_teardown_keep_keys_leaves_the_secret_and_its_keys(aws, deployment, rules, run_cli):
+    _three_units_in_two_cells(deployment)
+    key = _issue_key(run_cli)
+    code, out = run_cli("teardown", "--yes", "--wait", "60", "--keep-keys")
+    assert code == 0 and "(--keep-keys)" in out and "api-keys: deleted" not in out
+    assert _accepted(aws, key)
+    code, out = run_cli("teardown", "--yes", "--wait", "60")  # run again without it: the keys go
+    assert code == 0 and f"{secret_name(DEPLOYMENT)}: deleted" in out
 
 
 # --- shrink ---------------------------------------------------------------------------------------

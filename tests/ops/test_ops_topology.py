@@ -3,6 +3,8 @@ whether the ranks follow topology order (moto lacks the API: a botocore Stubber 
 
 from __future__ import annotations
 
+import json
+
 
 def _topology(unit, paths: dict[str, list[str]]) -> dict:
     return {
@@ -47,7 +49,7 @@ def test_ranks_out_of_topology_order_exit_one_and_show_both_orders(fleet, topolo
     assert f"rank order ['{a}', '{b}'] does not follow topology order ['{b}', '{a}']" in out
 
 
-def test_nodes_under_different_spines_are_reported(fleet, topology_stub, run_cli):
+def _unit_under_two_spines(fleet, topology_stub):
     unit = fleet.add_unit(cell=0, index=0)
     a, b = (n.instance_id for n in unit.nodes)
     topology_stub.add_response(
@@ -55,6 +57,23 @@ def test_nodes_under_different_spines_are_reported(fleet, topology_stub, run_cli
         _topology(unit, {a: ["nn-spine-1", "nn-agg-1", "nn-leaf-1"], b: ["nn-spine-2", "nn-agg-2", "nn-leaf-2"]}),
         {"InstanceIds": sorted([a, b])},
     )
+    return unit
+
+
+def test_nodes_under_different_spines_are_reported(fleet, topology_stub, run_cli):
+    _unit_under_two_spines(fleet, topology_stub)
     code, out = run_cli("topology")
     assert code == 1
     assert "2 different top-layer network nodes" in out
+
+
+def test_topology_json_gives_each_units_network_nodes_and_problems(fleet, topology_stub, run_cli):
+    _unit_under_two_spines(fleet, topology_stub)
+    code, out = run_cli("topology", "--cell", "0", "--json")
+    (doc,) = json.loads(out)
+    assert code == 1 and doc["unit"] == "cell0-unit0"
+    assert [n["network_nodes"] for n in doc["nodes"]] == [
+        ["nn-spine-1", "nn-agg-1", "nn-leaf-1"],
+        ["nn-spine-2", "nn-agg-2", "nn-leaf-2"],
+    ]
+    assert any("2 different top-layer network nodes" in p for p in doc["problems"])

@@ -49,6 +49,7 @@ class V:
     outstanding_at_report: int = 0
     sent_tokens: int = 0
     sent_tokens_at_report: int = 0
+    tokens_per_step: float = 0.0
 
 
 def _ring(units: list[V]) -> balance.Ring[V]:
@@ -236,6 +237,25 @@ def test_the_estimate_adds_the_prompt_tokens_this_router_sent_since_the_report()
     u.in_flight = 7  # a slot free: its own prompt only
     assert balance.has_free_slot(u)
     assert balance.estimated_ttft(u, 300) == 1000 + 300
+
+
+def test_answers_that_gain_several_tokens_per_step_end_sooner_in_the_estimate():
+    """A unit that speculates (tokens_per_step 2) ends the answers a new request waits for in half the
+    steps: each counts half a prompt; its own prefill and the prefill queued there count in full. A
+    unit that does not say (0, an older revision) or gains one token per step counts as before."""
+    slow = V("slow", prefill_tokens=1000, in_flight=10, max_running=8)
+    fast = V("fast", prefill_tokens=1000, in_flight=10, max_running=8, tokens_per_step=2.0)
+    own = 1000 + 300  # the prefill ahead and the request's own
+    waiting = balance.estimated_ttft(slow, 300) - own  # three answers to wait for, a prompt each
+    assert waiting == 3 * 300
+    assert balance.estimated_ttft(fast, 300) - own == waiting / 2
+    for said in (0.0, 1.0):
+        assert (
+            balance.estimated_ttft(V("u", prefill_tokens=1000, in_flight=10, tokens_per_step=said), 300)
+            == own + waiting
+        )
+    pick = balance.least_work([slow, fast], _always, random.Random(0), 300)
+    assert pick is fast
 
 
 def test_a_preferred_unit_with_requests_waiting_for_a_batch_slot_is_passed_over():

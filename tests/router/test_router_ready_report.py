@@ -23,6 +23,7 @@ LOAD_FIELDS = (
     "queue_timeout_s",
     "prefill_tokens",
     "step_s",
+    "tokens_per_step",
 )
 
 
@@ -40,6 +41,7 @@ def _taken(unit: Member) -> tuple:
         {},
         {"in_flight": 3, "running": 2, "max_running": 8, "kv_cache_used": 0.5, "wait_s": 1.5, "prefill_tokens": 70},
         {"running": 2, "step_s": 4.2},  # a busy unit's longest recent step
+        {"running": 1, "tokens_per_step": 2.4, "spec_draft_tokens": 90},  # a unit that speculates
         {"running": "4", "kv_cache_used": "0.25"},  # numbers as strings convert, as int()/float() do
         {"running": True, "queue_depth": 2.0},
         {"prefix_cache_hits": 9, "something_newer": [1]},  # keys a reader does not use are ignored

@@ -31,8 +31,10 @@ from contract.neuron import (
     mode_for,
 )
 from contract.sizing import CoreMemory, LlamaDims, core_memory, llama_params
+from contract.speculation import SOURCES as SPECULATION_SOURCES
 from contract.trainium import INSTANCES, TrainiumInstance
 from runtime.engines.neuron.model import ModelShape
+from runtime.engines.neuron.speculation import draft_dir, nxdi_speculation, speculative_flags
 from runtime.membership import Membership
 
 
@@ -167,6 +169,8 @@ class NeuronOptions:
     # Single node: 0 runs without prefix caching; B > 0 runs vLLM's prefix caching over NxD Inference's
     # block KV layout in blocks of B tokens (opt-in: no trn1 run has checked outputs and memory with it).
     prefix_caching_block: int = 0
+    # (method, num_speculative_tokens, draft directory inside the model's): contract/speculation.py
+    speculation: tuple[str, int, str] = ("none", 0, "")
 
 
 def prefix_cache_blocks(seq_len: int, batch_size: int, block: int) -> int:
@@ -351,6 +355,10 @@ def plan_unit(
         )
     if not isinstance(o.batch_size, int) or o.batch_size < 1:
         raise NeuronPlanError(f"batch_size={o.batch_size!r} must be a positive integer")
+    if nodes > 1 and o.speculation[0] != "none":
+        raise NeuronPlanError(
+            f"speculation {o.speculation[0]} runs on one-node units only: {SPECULATION_SOURCES['one node']}"
+        )
     cp = _check_degree("cp_degree", o.cp_degree)
     dp = _check_degree("attention_dp_degree", o.attention_dp_degree)
     if o.prefix_caching_block:
@@ -547,6 +555,8 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         command += ["--no-enable-prefix-caching", "--num-gpu-blocks-override", str(blocks)]
     if override:
         command += ["--additional-config", json.dumps({"override_neuron_config": override})]
+    method, tokens, draft = o.speculation
+    command += speculative_flags(method, tokens, draft_dir(plan.model_dir, draft))
     command += [
         "--served-model-name",
         o.served_model_name or plan.model_dir,
@@ -570,6 +580,7 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         "pa_block_size": block or plan.seq_len,
         "is_prefix_caching": bool(block),
         **override,
+        **nxdi_speculation(method, tokens),
     }
     if block:  # the compiled model differs: NxD Inference's block KV layout (PREFIX_CACHING_SOURCES)
         nxdi["is_block_kv_layout"] = True

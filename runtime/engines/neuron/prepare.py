@@ -51,6 +51,13 @@ def prepare_rank(
         raise ValueError(
             f"{model_uri}: the published model has no config.json; publish the whole Hugging Face checkpoint directory"
         )
+    draft = options.speculation[2]
+    if draft and f"{draft}/config.json" not in {f.path for f in manifest.files}:
+        raise ValueError(
+            f"{model_uri}: speculation's draft {draft!r} is not in the published model's manifest (no "
+            f"{draft}/config.json); put the EAGLE draft checkpoint in the model directory's {draft}/ and publish "
+            "the directory again, so the model's manifest lists and verifies the draft with it"
+        )
     bucket, prefix = parse_s3_uri(model_uri)
     raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "config.json")["Body"].read())
     shape = parse_model_shape(raw, source=f"{model_uri.rstrip('/')}/config.json")

@@ -1,0 +1,163 @@
+"""Which proposer the reference engine's speculative decoding uses, measured: prompt lookup against the
+model's own first layers (early exit), on SmolLM2's greedy answers to both benchmark workloads.
+
+`python bench/engine/spec_proposers.py [--tiny] [--max-tokens N]`. For every position of each answer it
+counts the draft tokens a proposer would have had accepted (the run of its proposals that equal the
+model's own next tokens, at most k): deterministic counts, the same on any machine. Costs are CPU time
+(time.process_time, one thread): a forward of 1 + k rows against one of 1 row at the same context, and
+a draft token of the first m layers plus the LM head; CPU time, not wall-clock, because the machines
+this was written on were shared. A smaller draft model is not measured: the only other model the
+project ships (`tiny`) has random weights and a 256-token vocabulary, not SmolLM2's. Results:
+bench/results/spec_proposers.json; docs/engine.md says what was decided from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+# This folder's bench.py would shadow the bench folder that bench.engine.shopping is in.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from bench.engine.shopping import free_messages, quoting_messages  # noqa: E402
+from runtime.engines.llama import Segment, UnsplitLlama, decoder_layer, positions_of  # noqa: E402
+from runtime.engines.speculative import Lookup  # noqa: E402
+from runtime.models import resolve_model  # noqa: E402
+
+K = 4  # draft tokens per step, the engine's default
+EXIT_LAYERS = (4, 8, 15)
+
+
+def greedy(m: UnsplitLlama, prompt: list[int], n: int) -> list[int]:
+    kv = m.new_kv(len(prompt) + n + 1)
+    tok = int(m.forward(prompt, kv).argmax())
+    out = [tok]
+    for _ in range(n - 1):
+        tok = int(m.forward([tok], kv).argmax())
+        out.append(tok)
+    return out
+
+
+def run_lengths(match: list[bool], k: int) -> list[int]:
+    """At each position, how many consecutive matches start there (at most k)."""
+    out = []
+    for t in range(len(match)):
+        n = 0
+        while n < k and t + n < len(match) and match[t + n]:
+            n += 1
+        out.append(n)
+    return out
+
+
+def lookup_accepted(prompt: list[int], answer: list[int], k: int) -> tuple[int, int, int]:
+    """(steps that proposed, draft tokens proposed, draft tokens accepted) replaying the answer."""
+    look = Lookup(prompt, 2, 4)
+    proposed = drafted = accepted = 0
+    t = 1  # the first answer token comes from the prefill
+    while t < len(answer):
+        draft = look.propose(answer[:t], min(k, len(answer) - t))
+        kept = 0
+        for d, want in zip(draft, answer[t:]):
+            if d != want:
+                break
+            kept += 1
+        if draft:
+            proposed += 1
+            drafted += len(draft)
+            accepted += kept
+        t += kept + 1
+    return proposed, drafted, accepted
+
+
+def early_exit_matches(m: UnsplitLlama, prompt: list[int], answer: list[int], layers: int) -> list[bool]:
+    """Teacher-forced: whether the first `layers` layers + final norm + LM head predict each answer token."""
+    ids = prompt + answer
+    kv = m.new_kv(len(ids))
+    seg = Segment(kv=kv, start=0, n=len(ids))
+    x = m.head.embed[torch.tensor(ids)]
+    cos, sin = m.rope(positions_of([seg]), len(ids))
+    for n in range(layers):
+        x = decoder_layer(m.shape, n, m.layers[n], x, [seg], cos, sin)
+    pred = m.head.logits(m.shape, x).argmax(-1).tolist()
+    # position len(prompt) - 1 + i predicts answer[i]; the first answer token comes from the prefill
+    return [pred[len(prompt) - 1 + i] == answer[i] for i in range(1, len(answer))]
+
+
+def cpu_ms(fn, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best * 1000
+
+
+def costs(m: UnsplitLlama, context: int) -> dict:
+    """CPU ms of a decode step of 1 row and of 1 + K rows at `context` positions, and of one early-exit
+    draft token per exit depth (its layers at 1 row, then the LM head)."""
+    kv = m.new_kv(context + K + 2)
+    m.forward(list(range(1, context + 1)), kv)
+
+    def step(rows: int):
+        kv.length = context
+        m.forward(list(range(1, rows + 1)), kv)
+
+    out = {"step_1_row_ms": cpu_ms(lambda: step(1)), f"step_{1 + K}_rows_ms": cpu_ms(lambda: step(1 + K))}
+    x = m.head.embed[torch.tensor([1])]
+    seg = Segment(kv=kv, start=context, n=1)
+    cos, sin = m.rope(positions_of([seg]), context + 1)
+
+    def exit_draft(layers: int):
+        h = x
+        for n in range(layers):
+            h = decoder_layer(m.shape, n, m.layers[n], h, [seg], cos, sin)
+        m.head.logits(m.shape, h)
+
+    for layers in EXIT_LAYERS:
+        out[f"early_exit_{layers}_layers_draft_token_ms"] = cpu_ms(lambda layers=layers: exit_draft(layers))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="two prompts of each workload, 24 tokens: a check that it runs")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    src = resolve_model("smollm2")
+    m = UnsplitLlama(src.shape, src.weights)
+    tok: Any = src.make_tokenizer()
+    n = 24 if args.tiny else args.max_tokens
+    result: dict = {"k": K, "max_tokens": n, "workloads": {}}
+    for name, messages in (("quoting", quoting_messages()), ("free", free_messages())):
+        chosen = messages[:2] if args.tiny else messages
+        prompts = [tok.apply_chat_template(msgs) for msgs in chosen]
+        answers = [greedy(m, p, n) for p in prompts]
+        w: dict = {"prompts": len(prompts), "answer_tokens": sum(len(a) for a in answers)}
+        prop = [lookup_accepted(p, a, K) for p, a in zip(prompts, answers)]
+        w["lookup"] = {
+            "steps_proposing": sum(p[0] for p in prop),
+            "draft_tokens": sum(p[1] for p in prop),
+            "accepted": sum(p[2] for p in prop),
+        }
+        for layers in EXIT_LAYERS:
+            runs = [x for p, a in zip(prompts, answers) for x in run_lengths(early_exit_matches(m, p, a, layers), K)]
+            w[f"early_exit_{layers}"] = {"positions": len(runs), "mean_accepted_of_k": sum(runs) / max(1, len(runs))}
+        result["workloads"][name] = w
+        print(name, json.dumps(w), flush=True)
+    result["cpu_costs"] = costs(m, 400)
+    print(json.dumps(result["cpu_costs"]), flush=True)
+    if not args.tiny:
+        (REPO / "bench" / "results" / "spec_proposers.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

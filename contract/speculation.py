@@ -1,0 +1,114 @@
+"""Speculative decoding as a deployment may ask for it: which method each engine runs, the limits, and
+the one check the deployment config (at synth) and the node (at start) both apply. Standard library only.
+
+reference engine: `ngram` (prompt lookup, runtime/engines/speculative.py). neuron engine, one node:
+`eagle` / `eagle3` through the vllm-neuron plugin, with an EAGLE draft checkpoint published inside the
+model's own artifact directory (so the model's one manifest lists and verifies it). Every neuron rule
+below names where the pinned stack says it.
+"""
+
+from __future__ import annotations
+
+from contract.bad_input import BadInput
+from contract.neuron import NXDI_2_28, SDK_DOCS_2_28_0
+
+# What a neuron unit's vLLM reads (PLUGIN_MAIN: the newest stored revision of vllm-project/vllm-neuron;
+# its release-0.4.1 branch, the pinned one, was not stored where this was written, as for prefix caching
+# in runtime/engines/neuron/launch.py: check these lines against release-0.4.1 before a trn1 run).
+PLUGIN_MAIN = "vllm-project/vllm-neuron@a5ef7c88c3e4e44bea9af9051d8fb113588c0a21"
+_V1_GUIDE = f"{SDK_DOCS_2_28_0}:libraries/nxd-inference/developer_guides/vllm-user-guide-v1.rst"
+_FEATURES = f"{SDK_DOCS_2_28_0}:libraries/nxd-inference/developer_guides/feature-guide.rst"
+_LOADER = f"{PLUGIN_MAIN}:vllm_neuron/worker/neuronx_distributed_model_loader.py"
+_MODEL_BASE = f"{NXDI_2_28}:src/neuronx_distributed_inference/models/model_base.py"
+
+NONE = "none"
+NGRAM = "ngram"
+EAGLE, EAGLE3 = "eagle", "eagle3"
+METHODS = (NONE, NGRAM, EAGLE, EAGLE3)
+METHODS_BY_ENGINE = {"reference": (NONE, NGRAM), "neuron": (NONE, EAGLE, EAGLE3), "echo": (NONE,)}
+MAX_SPECULATIVE_TOKENS = 16  # flotilla's bound: verifying more rows a step stops paying long before
+DEFAULT_SPECULATIVE_TOKENS = 4
+
+# The node's settings (the stacks set them from the deployment config's `speculation` section).
+ENV_SPECULATIVE_METHOD = "FLOTILLA_SPECULATIVE_METHOD"
+ENV_SPECULATIVE_TOKENS = "FLOTILLA_SPECULATIVE_TOKENS"
+ENV_SPECULATIVE_DRAFT = "FLOTILLA_SPECULATIVE_DRAFT"
+
+SOURCES = {
+    "neuron methods": f"{_V1_GUIDE}:141-143 (Speculative Decoding: Eagle V1 and V3 are supported), :602 (a draft "
+    f"model, not EAGLE, only in the unsupported V0 fork); {_LOADER}:785-791 (num_speculative_tokens becomes "
+    "speculation_length, method eagle sets enable_eagle_speculation)",
+    "draft holds the LM head": f"{_FEATURES}:643-646 (the EAGLE draft must include the target's LM head weights)",
+    "device sampling": f"{_MODEL_BASE}:1676-1677 (the fused draft's sampler is built from a copy of "
+    f"on_device_sampling_config); {_LOADER}:350-363 (the plugin reads fused speculation's accepted tokens "
+    "only under on_device_sampling_config; host sampling takes logits[:, -1])",
+    "eagle3 without prefix caching": f"{_MODEL_BASE}:1700 (EAGLE3 and prefix caching not integrated)",
+    "one node": "flotilla's multi-node loop (runtime/engines/neuron/spmd.py) drives NxD Inference's "
+    "token-generation model one token per step; NxD Inference's multi-node example runs no speculation "
+    f"({NXDI_2_28}:examples/multi_node.md) and its fused speculation returns accepted tokens and positions the "
+    "loop does not read",
+}
+
+
+def draft_path_problem(draft: str) -> str | None:
+    """Why `draft` cannot name a directory inside the model's artifact directory, or None."""
+    parts = draft.strip("/").split("/")
+    if not draft.strip("/") or any(p in ("", ".", "..") for p in parts) or draft.startswith("/"):
+        return "is not a relative directory inside the model's artifact directory"
+    return None
+
+
+def check_speculation(
+    *,
+    method: str,
+    tokens: int,
+    draft: str,
+    engine: str,
+    nodes: int,
+    neuron_sampling: str,
+    prefix_caching_block: int,
+    key: str = "speculation",
+) -> None:
+    """Refuse a speculation layout the engine cannot run, naming the key (`key`.method, ...) and the fix."""
+    allowed = METHODS_BY_ENGINE.get(engine, (NONE,))
+    if method not in allowed:
+        raise BadInput(
+            f"{key}.method", method, f"is not a method engine {engine} runs", f"use one of {', '.join(allowed)}"
+        )
+    if not 1 <= tokens <= MAX_SPECULATIVE_TOKENS:
+        raise BadInput(f"{key}.num_speculative_tokens", tokens, "is out of range", f"give 1..{MAX_SPECULATIVE_TOKENS}")
+    if method in (EAGLE, EAGLE3):
+        if nodes > 1:
+            raise BadInput(
+                f"{key}.method",
+                method,
+                f"cannot run on a unit of {nodes} nodes",
+                "use nodes_per_unit 1 or method none (flotilla's multi-node loop decodes one token per step; "
+                "NxD Inference's multi-node example runs no speculation)",
+            )
+        problem = draft_path_problem(draft)
+        if problem:
+            raise BadInput(
+                f"{key}.draft",
+                draft,
+                problem,
+                "name the EAGLE draft checkpoint's directory inside model.s3_uri, e.g. eagle-draft (published with "
+                "the model, in its manifest; the draft must hold the target's LM head weights)",
+            )
+        if neuron_sampling != "device":
+            raise BadInput(
+                f"{key}.method",
+                method,
+                f"needs node.neuron_sampling device, not {neuron_sampling}",
+                "set node.neuron_sampling device (NxD Inference's fused speculation samples on the NeuronCores)",
+            )
+        if method == EAGLE3 and prefix_caching_block:
+            raise BadInput(
+                f"{key}.method",
+                method,
+                "cannot run with prefix caching",
+                "use method eagle, or node.neuron_prefix_caching_block 0 (NxD Inference does not combine EAGLE3 "
+                "with prefix caching)",
+            )
+    elif draft:
+        raise BadInput(f"{key}.draft", draft, f"is not used by method {method}", "leave it empty")

@@ -183,7 +183,7 @@ def run_mode(mode: str, a: argparse.Namespace, steps: list[int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/scaler/local_ramp.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.scaler.local_ramp", description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="a short ramp, the scaler alone, one-node tiny units")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--nodes", type=int, default=2)

@@ -136,7 +136,7 @@ def goals(results: list[dict]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/scaler/run.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.scaler.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="two hours around the surge, a small fleet; writes nothing")
     p.add_argument("--peak-rate", type=float, default=None, help="requests/s at the diurnal peak (default 120)")
     p.add_argument("--start-hour", type=float, default=0.0, help="hour of the day the run starts (default 0)")

@@ -92,7 +92,7 @@ REJECTED = [
         "nodes_per_units=2 is not a known key: use one of deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
         "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, "
-        "capacity, drained_units, front, scaling",
+        "capacity, drained_units, front, speculation, scaling",
     ),
     (
         {"node": {"neuron_prefix_caching_block": 48}},

@@ -249,3 +249,12 @@ def test_a_saturated_fleet_asks_for_the_offered_rate_times_the_time_in_a_slot_no
     memory = ScalerMemory(service_s=2.0)
     d = decide(FleetSignals(NOW, units(4, 16, 30), traffic=Traffic(40, busy_rate=8, history=flat(40))), policy(), memory)
     assert d.target == 7, d.reason
+
+
+def test_a_step_already_in_the_load_is_not_predicted_again_a_cold_start_ahead():
+    # The rate stepped from 20 to 40 requests/s five minutes ago and has been flat since: what the
+    # units run already holds the step. A line through the ten minutes would see +2 requests/s a
+    # minute and ask for the doubling again a cold start ahead; neither half of the window rises.
+    step = tuple((NOW - 60 * k, 20.0 if k > 5 else 40.0) for k in range(10, -1, -1))
+    d = decide(FleetSignals(NOW, units(8, 9), traffic=Traffic(40, history=step)), policy())
+    assert d.add == 0 and d.growth == 1.0, d.reason

@@ -247,7 +247,9 @@ def test_a_saturated_fleet_asks_for_the_offered_rate_times_the_time_in_a_slot_no
     # full with 30 queued each and a fifth of the requests refused. 80 slots at 12 a unit: 7 units.
     # Counting the queue whole (64 + 120 = 184, x1.25 for the refusals) would start 20.
     memory = ScalerMemory(service_s=2.0)
-    d = decide(FleetSignals(NOW, units(4, 16, 30), traffic=Traffic(40, busy_rate=8, history=flat(40))), policy(), memory)
+    d = decide(
+        FleetSignals(NOW, units(4, 16, 30), traffic=Traffic(40, busy_rate=8, history=flat(40))), policy(), memory
+    )
     assert d.target == 7, d.reason
 
 

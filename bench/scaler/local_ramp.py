@@ -3,7 +3,8 @@ under the same load ramp up and down (closed-loop streaming clients, their numbe
 --steps). Reports for each: every request answered (200) or shed (429 with Retry-After), the ones
 that failed otherwise (a scale-in that cut a stream would show here), unit-seconds paid, and p50 /
 p99 time to first token. Wall-clock figures: run it on a quiet machine (docs/benchmarks.md, "Scaling,
-locally"). `--tiny` runs a short ramp of the scaler alone on one-node `tiny` units and writes nothing.
+locally"). `--tiny` runs a short ramp of the scaler alone on one-node `tiny` units (figures in
+.cache/bench-tiny/).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402 - after the path to this checkout is known
-from bench.measure import append_run, pct, process_tree  # noqa: E402
+from bench.measure import append_run, pct, process_tree, results_file, tiny_mode  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
 
-RESULTS = REPO / "bench" / "results" / "scaler_local.json"
+RESULTS = "scaler_local.json"
 READY_BANNER = "Ctrl-C stops everything"
 
 
@@ -184,7 +185,6 @@ def run_mode(mode: str, a: argparse.Namespace, steps: list[int]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scaler.local_ramp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="a short ramp, the scaler alone, one-node tiny units")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--max-units", type=int, default=3)
@@ -192,26 +192,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-seconds", type=float, default=45.0)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--label", default="")
+    # Tiny: the scaler alone on one-node tiny units, a ramp of fifteen seconds (after the flags: its
+    # defaults win).
+    tiny = tiny_mode(p, argv, model="tiny", nodes=1, max_units=2, steps="1,24,1", step_seconds=5.0, max_tokens=16)
     a = p.parse_args(argv)
-    if a.tiny:
-        a.model, a.nodes, a.max_units, a.steps, a.step_seconds, a.max_tokens = "tiny", 1, 2, "1,24,1", 5.0, 16
     steps = [int(x) for x in a.steps.split(",")]
-    modes = ["scaler"] if a.tiny else ["scaler", "static"]
+    modes = ["scaler"] if tiny else ["scaler", "static"]
     results = [run_mode(mode, a, steps) for mode in modes]
     for r in results:
         print(json.dumps(r))
     bad = [r for r in results if r["failed"] or r["shed_without_retry_after"]]
-    if not a.tiny:
-        append_run(
-            RESULTS,
-            {
-                "label": a.label,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "load_average": os.getloadavg()[0],
-                "settings": {k: v for k, v in vars(a).items() if k != "tiny"},
-                "results": results,
-            },
-        )
+    append_run(
+        results_file(RESULTS, tiny),
+        {
+            "label": a.label,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_average": os.getloadavg()[0],
+            "settings": {k: v for k, v in vars(a).items() if k != "tiny"},
+            "results": results,
+        },
+    )
     return 1 if bad else 0
 
 

@@ -5,7 +5,7 @@ oracle that knows the future and pays the same cold start), with the goals of do
 <= 1.15 x the oracle's (<= 1.05 x over the announced surge); no reversal within twice the cold start;
 no request dropped by scale-in. Deterministic (seeded): the figures do not depend on the machine.
 
-`--tiny` runs two hours of a small fleet around the surge in seconds and writes nothing.
+`--tiny` runs two hours of a small fleet around the surge in seconds (its figures in .cache/bench-tiny/).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import simpy
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from bench.scaler import controllers  # noqa: E402 - after the path to this checkout is known
+from bench.measure import append_run, results_file, tiny_mode  # noqa: E402 - after the path to this checkout is known
+from bench.scaler import controllers  # noqa: E402
 from bench.scaler.day import Day, requests  # noqa: E402
 from bench.scaler.fleet_model import (  # noqa: E402
     Controller,
@@ -38,7 +39,7 @@ from bench.scaler.fleet_model import (  # noqa: E402
 )
 from contract.scaling import ScalingPolicy, ScheduledMinimum  # noqa: E402
 
-RESULTS = REPO / "bench" / "results" / "scaler_sim.json"
+RESULTS = "scaler_sim.json"
 POLICIES = ("static", "threshold", "flotilla", "oracle")
 GOAL_MINUTES, GOAL_HOURS, GOAL_SURGE_HOURS = 0.995, 1.15, 1.05
 
@@ -137,8 +138,7 @@ def goals(results: list[dict]) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.scaler.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="two hours around the surge, a small fleet; writes nothing")
-    p.add_argument("--peak-rate", type=float, default=None, help="requests/s at the diurnal peak (default 120)")
+    p.add_argument("--peak-rate", type=float, default=120.0, help="requests/s at the diurnal peak (default 120)")
     p.add_argument("--start-hour", type=float, default=0.0, help="hour of the day the run starts (default 0)")
     p.add_argument("--hours", type=float, default=24.0, help="hours simulated (default 24)")
     p.add_argument("--cold-start", type=float, default=600.0, help="seconds from start to serving (default 600)")
@@ -148,25 +148,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="", help="stored with the results")
-    p.add_argument("--out", default=str(RESULTS), help="results file (appended; not with --tiny)")
+    p.add_argument("--out", default=None, help="results file (appended; default bench/results/scaler_sim.json)")
+    # Tiny: two hours of a small fleet around the surge, seconds (after the flags: its defaults win).
+    tiny_mode(p, argv, peak_rate=12.0, start_hour=10.5, hours=2.0, floor=2)
     a = p.parse_args(argv)
     unknown = sorted(set(a.policies.split(",")) - set(POLICIES))
     if unknown:
         p.error(f"--policies={','.join(unknown)} is not known: use some of {','.join(POLICIES)}")
-    if a.cold_start <= 0 or a.ttft_target <= 0 or a.floor < 1 or a.ceiling < a.floor:
-        p.error("--cold-start and --ttft-target must be positive and 1 <= --floor <= --ceiling")
+    if a.cold_start <= 0 or a.ttft_target <= 0 or a.floor < 1 or a.ceiling < a.floor or a.hours <= 0:
+        p.error("--cold-start, --ttft-target and --hours must be positive and 1 <= --floor <= --ceiling")
+    a.out = a.out or str(results_file(RESULTS, a.tiny))
     return a
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     model = UnitModel(cold_start_s=a.cold_start)
-    day = Day(seed=a.seed)
-    if a.tiny:
-        day = replace(day, peak_rate=a.peak_rate or 12.0, start_h=10.5, hours=2.0)
-        a.floor = min(a.floor, 2)
-    else:
-        day = replace(day, peak_rate=a.peak_rate or day.peak_rate, start_h=a.start_hour, hours=a.hours)
+    day = Day(seed=a.seed, peak_rate=a.peak_rate, start_h=a.start_hour, hours=a.hours)
     started = time.monotonic()
     reqs = requests(day)
     mean_s = mean_service_s(reqs, model)
@@ -189,23 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results, day))
     if {"oracle", "flotilla"} <= {r["policy"] for r in results}:
         print("\n" + "\n".join(goals(results)))
-    if not a.tiny:
-        out = Path(a.out)
-        previous = json.loads(out.read_text()) if out.exists() else []
-        previous.append(
-            {
-                "label": a.label,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "day": asdict(day),
-                "unit": asdict(model),
-                "policy": policy.to_json(),
-                "requests": len(reqs),
-                "booked_units": booked,
-                "results": results,
-                "seconds": round(time.monotonic() - started),
-            }
-        )
-        out.write_text(json.dumps(previous, indent=1) + "\n")
+    # Simulated time: the figures do not depend on the machine, so no CPU is recorded with them.
+    append_run(
+        a.out,
+        {
+            "label": a.label,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "day": asdict(day),
+            "unit": asdict(model),
+            "policy": policy.to_json(),
+            "requests": len(reqs),
+            "booked_units": booked,
+            "results": results,
+            "seconds": round(time.monotonic() - started),
+        },
+    )
     return 0
 
 

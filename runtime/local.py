@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import contract
 from runtime.ports import free_port, port_free
 from runtime.router.settings import router_command
 from runtime.scaler import local_cli as local_scaler
+from runtime.scaler.local_units import Member
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PUBLIC_PORT = 8080
@@ -249,7 +251,7 @@ def prepare_model(model: str, engine: str) -> None:
     subprocess.run([sys.executable, "-c", code], cwd=str(REPO), check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def stop_all(procs: list[Proc], timeout_s: float) -> None:
+def stop_all(procs: Sequence[Member], timeout_s: float) -> None:
     # Router first (stop taking requests), then leaders (drain), then followers.
     for role in ("router", "leader", "follower"):
         group = [p for p in procs if p.role == role and p.alive()]
@@ -377,9 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         print("stopping (draining in-flight requests) ...", flush=True)
-        if scaler is not None:
-            local_scaler.stop(scaler, procs, a.drain_timeout + 15)
-        stop_all(procs, a.drain_timeout + 15)
+        held = local_scaler.finish(scaler) if scaler is not None else []
+        stop_all([*procs, *(p for p in held if p not in procs)], a.drain_timeout + 15)
         manifest.unlink(missing_ok=True)
         print("stopped.", flush=True)
 

@@ -385,34 +385,51 @@ class ObservabilityStack(cdk.Stack):
         capacity allows (the ceiling, or units EC2 could not give), and it stopped deciding."""
         unmet = runtime_metric(scaling.METRIC_UNMET_UNITS, statistic="Maximum")
         passes = runtime_metric(scaling.METRIC_TARGET_UNITS, statistic="SampleCount")
-        wants_more = unmet.create_alarm(
-            self,
+
+        def page(
+            name: str,
+            metric: cw.Metric,
+            *,
+            operator: cw.ComparisonOperator,
+            minutes: int,
+            missing: cw.TreatMissingData,
+            description: str,
+        ) -> cw.Alarm:  # noqa: E501
+            a = metric.create_alarm(
+                self,
+                name,
+                threshold=1,
+                comparison_operator=operator,
+                evaluation_periods=minutes,
+                datapoints_to_alarm=minutes,
+                treat_missing_data=missing,
+                alarm_description=description,
+            )
+            a.add_alarm_action(action)
+            a.add_ok_action(action)
+            return a
+
+        wants_more = page(
             "ScalerWantsMoreThanCapacity",
-            threshold=1,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=3,
-            datapoints_to_alarm=3,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
-            alarm_description="For 3 minutes the scaler wanted more units than capacity allows: the ceiling "
+            unmet,
+            operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            minutes=3,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+            description="For 3 minutes the scaler wanted more units than capacity allows: the ceiling "
             "(units), or units given back because EC2 had no capacity or a quota. Runbook: "
             "docs/runbooks/scale-for-peak.md",
         )
         # One decision a minute: none for 5 minutes means the function fails or is not scheduled. Missing
         # data breaches here: silence is the failure.
-        stopped = passes.create_alarm(
-            self,
+        stopped = page(
             "ScalerNotDeciding",
-            threshold=1,
-            comparison_operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
-            evaluation_periods=5,
-            datapoints_to_alarm=5,
-            treat_missing_data=cw.TreatMissingData.BREACHING,
-            alarm_description="The scaler made no decision for 5 minutes (its function fails or is not "
+            passes,
+            operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+            minutes=5,
+            missing=cw.TreatMissingData.BREACHING,
+            description="The scaler made no decision for 5 minutes (its function fails or is not "
             "scheduled): the fleet stays at its size. Runbook: docs/runbooks/scale-for-peak.md",
         )
-        for a in (wants_more, stopped):
-            a.add_alarm_action(action)
-            a.add_ok_action(action)
         units = [
             runtime_metric(name, statistic="Maximum")
             for name in (

@@ -26,6 +26,7 @@ from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed
 from ops.errors import OpsError, bad_arg
+from runtime.scaler.aws_signals import json_lines
 
 DECISION_FILTER = '{ $.event = "scaler_decision" }'  # CloudWatch Logs JSON filter pattern
 MAX_FOR_S = 7 * 86400  # a temporary floor lasts at most a week: a forgotten one must lapse
@@ -97,27 +98,11 @@ def scaler_log_group(aws: Aws, deployment: str) -> str:
 
 def decisions(aws: Aws, deployment: str, since_s: float, now: float) -> list[dict[str, Any]]:
     """The scaler's decision lines of the last since_s, oldest first."""
-    kwargs: dict[str, Any] = {
-        "logGroupName": scaler_log_group(aws, deployment),
-        "startTime": int((now - since_s) * 1000),
-        "endTime": int(now * 1000) + 1,
-        "filterPattern": DECISION_FILTER,
-    }
-    out: list[dict[str, Any]] = []
-    for _ in range(50):
-        page = aws.logs.filter_log_events(**kwargs)
-        for event in page.get("events", []):
-            try:
-                line = json.loads(event.get("message", ""))
-            except ValueError:
-                continue
-            if isinstance(line, dict) and line.get("event") == DECISION_EVENT:
-                line["at"] = event.get("timestamp", 0) / 1000
-                out.append(line)
-        if not page.get("nextToken"):
-            break
-        kwargs["nextToken"] = page["nextToken"]
-    return sorted(out, key=lambda d: d["at"])
+    group = scaler_log_group(aws, deployment)
+    found = json_lines(
+        aws.logs, group, pattern=DECISION_FILTER, event=DECISION_EVENT, start_s=now - since_s, end_s=now, max_pages=50
+    )
+    return sorted(({**line, "at": at} for at, line in found), key=lambda d: d["at"])
 
 
 def summary(lines: list[dict[str, Any]], floor: TemporaryFloor | None, last: int, now: float) -> dict[str, Any]:

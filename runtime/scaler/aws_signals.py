@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -89,32 +90,44 @@ def router_log_group(logs: Any, deployment: str) -> str | None:
     return str(groups[0]["logGroupName"]) if groups else None
 
 
-def unit_reports(logs: Any, group: str, now: float) -> dict[str, dict[str, Any]]:
-    """The newest state any router reported for each unit within REPORT_MAX_AGE_S."""
+def json_lines(
+    logs: Any, group: str, *, pattern: str, event: str, start_s: float, end_s: float, max_pages: int = MAX_PAGES
+) -> Iterator[tuple[float, dict[str, Any]]]:
+    """(event time in seconds, the line) of each JSON log line of `event` in the group between the
+    two times. `pattern` filters server side (CloudWatch Logs JSON filter pattern); lines are checked
+    again here, and a line that is not JSON is skipped."""
     kwargs: dict[str, Any] = {
         "logGroupName": group,
-        "startTime": int((now - REPORT_MAX_AGE_S) * 1000),
-        "endTime": int(now * 1000) + 1,
-        "filterPattern": UNIT_STATES_FILTER,
+        "startTime": int(start_s * 1000),
+        "endTime": int(end_s * 1000) + 1,
+        "filterPattern": pattern,
     }
-    newest: dict[str, tuple[float, dict[str, Any]]] = {}
-    for _ in range(MAX_PAGES):
+    for _ in range(max_pages):
         page = logs.filter_log_events(**kwargs)
-        for event in page.get("events", []):
+        for item in page.get("events", []):
             try:
-                line = json.loads(event.get("message", ""))
+                line = json.loads(item.get("message", ""))
             except ValueError:
                 continue
-            if not isinstance(line, dict) or line.get("event") != UNIT_STATES_EVENT:
-                continue
-            ts = float(line.get("ts", event.get("timestamp", 0) / 1000))
-            for unit_id, state in (line.get("units") or {}).items():
-                if isinstance(state, dict) and (unit_id not in newest or newest[unit_id][0] < ts):
-                    newest[unit_id] = (ts, state)
+            if isinstance(line, dict) and line.get("event") == event:
+                yield item.get("timestamp", 0) / 1000, line
         token = page.get("nextToken")
         if not token:
-            break
+            return
         kwargs["nextToken"] = token
+
+
+def unit_reports(logs: Any, group: str, now: float) -> dict[str, dict[str, Any]]:
+    """The newest state any router reported for each unit within REPORT_MAX_AGE_S."""
+    newest: dict[str, tuple[float, dict[str, Any]]] = {}
+    lines = json_lines(
+        logs, group, pattern=UNIT_STATES_FILTER, event=UNIT_STATES_EVENT, start_s=now - REPORT_MAX_AGE_S, end_s=now
+    )
+    for at, line in lines:
+        ts = float(line.get("ts", at))
+        for unit_id, state in (line.get("units") or {}).items():
+            if isinstance(state, dict) and (unit_id not in newest or newest[unit_id][0] < ts):
+                newest[unit_id] = (ts, state)
     return {unit_id: state for unit_id, (_, state) in newest.items()}
 
 

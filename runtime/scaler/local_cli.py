@@ -98,14 +98,10 @@ def write_manifest(manifest: Path, procs: list[Any], units: LocalUnits) -> None:
     manifest.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def stop(scaler: LocalScaler, procs: list[Any], timeout_s: float) -> None:
-    """Stop the router first (procs), then every unit the scaler holds, like make local's own stop;
-    then write what the run paid (scaler-summary.json: unit-seconds, units added and removed)."""
-    for p in procs:
-        if p.role == "router" and p.alive():
-            p.process.terminate()
-            p.process.wait(timeout=timeout_s)
-    paid = summary(scaler)  # up to the stop: what stopping costs is not the scaler's doing
-    scaler.units.stop_all(timeout_s)
+def finish(scaler: LocalScaler) -> list[Member]:
+    """At make local's stop, before anything stops: write what the run paid (scaler-summary.json:
+    unit-seconds, units added and removed; stopping is not the scaler's doing), and hand back every
+    member the scaler holds, for make local's own stop (router first, then leaders, then followers)."""
     if scaler.log_path is not None:
-        (scaler.log_path.parent / SUMMARY_FILE).write_text(json.dumps(paid) + "\n")
+        (scaler.log_path.parent / SUMMARY_FILE).write_text(json.dumps(summary(scaler)) + "\n")
+    return [m for m in scaler.units.members() if m.alive()]

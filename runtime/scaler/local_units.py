@@ -155,19 +155,6 @@ class LocalUnits:
         self.write_units_file()
         self._event("unit_given_back", unit, why=why)
 
-    def stop_all(self, timeout_s: float) -> None:
-        """SIGTERM every live member, then kill what is still alive after timeout_s."""
-        members = [m for u in self.units.values() for m in u.members if m.alive()]
-        for m in members:
-            m.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for m in members:
-            try:
-                m.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                m.process.kill()
-                m.process.wait(timeout=10)
-
     # --- views -----------------------------------------------------------------------------------
     def in_state(self, state: str) -> list[LocalUnit]:
         return [u for u in self.units.values() if u.state == state]

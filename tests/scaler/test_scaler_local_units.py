@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime import local
 from runtime.scaler.local_units import GIVEN_BACK, PENDING, LocalUnits
 
 
@@ -66,7 +67,7 @@ def test_a_unit_whose_member_exits_while_starting_is_given_back_whole_and_report
         assert event["event"] == "unit_given_back" and "exited with 3" in event["why"]
         assert units.given_back_since(0) == 1
     finally:
-        units.stop_all(5)
+        local.stop_all(units.members(), 5)
 
 
 def test_a_unit_not_ready_within_its_start_timeout_is_given_back(tmp_path):
@@ -80,4 +81,4 @@ def test_a_unit_not_ready_within_its_start_timeout_is_given_back(tmp_path):
         poll_until(units, unit.unit_id, GIVEN_BACK)
         assert "not ready" in unit.why and not unit.members[0].alive()
     finally:
-        units.stop_all(5)
+        local.stop_all(units.members(), 5)

@@ -100,7 +100,7 @@ def test_scale_in_under_streaming_load_hands_every_stream_over_and_fails_none(tm
         outcomes, metrics, leaving, staying = run(scenario(), timeout=240.0)
     finally:
         router.stop()
-        units.stop_all(20)
+        local.stop_all(units.members(), 20)
     failed = [o for o in outcomes if not o.ok]
     print(f"scale-in: {describe(outcomes)}; {marks['streams']} stream(s) on the unit when it drained")
     assert failed == [], describe(failed)

@@ -21,12 +21,12 @@ from rich.console import Console
 from rich.table import Table
 
 from contract.bad_input import NOT_GIVEN
+from contract.log_lines import json_lines
 from contract.scaling import DECISION_EVENT, ScalingError, TemporaryFloor, format_utc, parameter_name
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed
 from ops.errors import OpsError, bad_arg
-from runtime.scaler.aws_signals import json_lines
 
 DECISION_FILTER = '{ $.event = "scaler_decision" }'  # CloudWatch Logs JSON filter pattern
 MAX_FOR_S = 7 * 86400  # a temporary floor lasts at most a week: a forgotten one must lapse

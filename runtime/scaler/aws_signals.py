@@ -6,15 +6,14 @@ lines). boto3 clients are passed in (the runner's, or moto's in tests)."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import contract
+from contract.log_lines import json_lines
 from contract.scaling import METRIC_BUSY_REFUSALS, METRIC_REQUESTS
 from runtime.scaler.signals import Traffic
 
@@ -24,7 +23,6 @@ UNIT_STATES_EVENT = "unit_states"  # runtime/router/unit_report.py EVENT
 # routers' access lines in the same log group are not downloaded. Lines are checked again here.
 UNIT_STATES_FILTER = '{ $.event = "unit_states" }'
 REPORT_MAX_AGE_S = 180  # three report intervals: an older line says nothing about now
-MAX_PAGES = 20
 _UNIT_RE = re.compile(r"^" + contract.UNIT_ID_PATTERN + r"$")
 
 
@@ -88,33 +86,6 @@ def router_log_group(logs: Any, deployment: str) -> str | None:
     None before the Router stack exists."""
     groups = logs.describe_log_groups(logGroupNamePrefix=f"{deployment}-Router-Logs").get("logGroups", [])
     return str(groups[0]["logGroupName"]) if groups else None
-
-
-def json_lines(
-    logs: Any, group: str, *, pattern: str, event: str, start_s: float, end_s: float, max_pages: int = MAX_PAGES
-) -> Iterator[tuple[float, dict[str, Any]]]:
-    """(event time in seconds, the line) of each JSON log line of `event` in the group between the
-    two times. `pattern` filters server side (CloudWatch Logs JSON filter pattern); lines are checked
-    again here, and a line that is not JSON is skipped."""
-    kwargs: dict[str, Any] = {
-        "logGroupName": group,
-        "startTime": int(start_s * 1000),
-        "endTime": int(end_s * 1000) + 1,
-        "filterPattern": pattern,
-    }
-    for _ in range(max_pages):
-        page = logs.filter_log_events(**kwargs)
-        for item in page.get("events", []):
-            try:
-                line = json.loads(item.get("message", ""))
-            except ValueError:
-                continue
-            if isinstance(line, dict) and line.get("event") == event:
-                yield item.get("timestamp", 0) / 1000, line
-        token = page.get("nextToken")
-        if not token:
-            return
-        kwargs["nextToken"] = token
 
 
 def unit_reports(logs: Any, group: str, now: float) -> dict[str, dict[str, Any]]:

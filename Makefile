@@ -203,3 +203,21 @@ bench-fleet: dev-deps
 	$(PY) -m bench.fleet.trace_sim $(BENCH_TINY) --label "128 units, 10 routers, 4 copies, load 0.8"
 	$(PY) -m bench.fleet.table $(BENCH_TINY)
 	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"
+
+# Scaler benchmark, simulated: one day of a fleet of hundreds of units (SimPy; bench/scaler/run.py):
+# static for the peak, a threshold autoscaler in the style of llm-d's WVA, flotilla's scaler and an
+# oracle, on a diurnal curve with an announced 5x surge and an unannounced 2x spike (docs/benchmarks.md,
+# "Scaling, simulated"). Deterministic (seeded). Not part of `make test`: tens of minutes of one core.
+# TINY=1 runs two hours of a small fleet in seconds and writes nothing.
+# Results: bench/results/scaler_sim.json.
+.PHONY: bench-scaler
+bench-scaler: dev-deps
+	$(PY) -m bench.scaler.run $(BENCH_TINY) $(BENCH_ARGS)
+
+# Scaler benchmark, locally: `make local --scaler` against static provisioning for the peak under the
+# same load ramp up and down (bench/scaler/local_ramp.py; docs/benchmarks.md, "Scaling, locally").
+# Wall-clock: run it on a quiet machine. TINY=1 runs a short ramp of the scaler alone on one-node
+# `tiny` units (about half a minute) and writes nothing. Results: bench/results/scaler_local.json.
+.PHONY: bench-scaler-local
+bench-scaler-local: dev-deps
+	$(PY) -m bench.scaler.local_ramp $(BENCH_TINY) $(BENCH_ARGS)

@@ -27,6 +27,7 @@ from ops.commands import (
     replace,
     rollback,
     rollout,
+    scale,
     shed,
     smoke,
     status,
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (publish, preflight, node_boot):
         for p in module.add_parser(sub):
             _add_account_options(p)
-    for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):
+    for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, scale, keys, teardown):
         for p in module.add_parser(sub):
             _add_aws_options(p)
     return parser

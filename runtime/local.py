@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 import contract
 from runtime.ports import free_port, port_free
 from runtime.router.settings import router_command
+from runtime.scaler import local_cli as local_scaler
+from runtime.scaler.local_units import Member
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PUBLIC_PORT = 8080
@@ -42,6 +45,7 @@ class Proc:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def start(self) -> None:
+        self.extra["started"] = time.monotonic()
         with open(self.log, "ab") as f:
             # Own process group (setsid): Ctrl-C reaches only this launcher, which stops everything in order.
             self.popen = subprocess.Popen(
@@ -114,6 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--state-dir", default=str(REPO / ".flotilla"), help="where local.json and logs go")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for readiness")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on stop")
+    local_scaler.add_arguments(p)
     a = p.parse_args(argv)
     if a.units < 1 or a.nodes < 1:
         p.error("--units and --nodes must be at least 1")
@@ -122,6 +127,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.use_router = a.router == "on" or (a.router == "auto" and router_available)
     if os.environ.get(contract.ENV_API_KEY) and not a.use_router:
         p.error(f"{contract.ENV_API_KEY} (make local API_KEY=...) is checked by the router: drop --router off")
+    local_scaler.check_arguments(p, a)
     if a.port is None:
         raw = os.environ.get(contract.ENV_PORT) or str(DEFAULT_PUBLIC_PORT)
         try:
@@ -133,57 +139,83 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def base_environment() -> dict[str, str]:
+    """What every process inherits: this environment without the public port and the API key (the
+    key goes to the router alone: it is the only one that checks it), with the checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k not in (contract.ENV_PORT, contract.ENV_API_KEY)}
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
+    return env
+
+
+def unit_processes(
+    a: argparse.Namespace,
+    unit_id: str,
+    logs: Path,
+    taken: set[int],
+    base_env: dict[str, str],
+    public_port: int | None = None,
+) -> list[Proc]:
+    """The members of one unit on free ports (added to `taken`), rank 0 leading; with public_port the
+    leader listens there (no router in front)."""
+    ports: list[int] = []
+    for _ in range(a.nodes):
+        ports.append(free_port(avoid=taken))
+        taken.add(ports[-1])
+    if public_port is not None:
+        ports[0] = public_port
+    dist = free_port(avoid=taken)
+    taken.add(dist)
+    peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    procs = []
+    for r in range(a.nodes):
+        env = {
+            **base_env,
+            contract.ENV_UNIT_ID: unit_id,
+            contract.ENV_REVISION: "local",
+            contract.ENV_PEERS: peers,
+            contract.ENV_RANK: str(r),
+            contract.ENV_ENGINE: a.engine,
+            contract.ENV_MODEL: a.model,
+            "FLOTILLA_DIST_PORT": str(dist),
+            "FLOTILLA_BIND_HOST": "127.0.0.1",
+            contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout),
+        }
+        procs.append(
+            Proc(
+                role="leader" if r == 0 else "follower",
+                unit=unit_id,
+                rank=r,
+                ports={"api": ports[r], **({"dist": dist} if r == 0 else {})},
+                cmd=[sys.executable, "-m", "runtime", "node"],
+                env=env,
+                log=logs / f"{unit_id}-rank{r}.log",
+            )
+        )
+    return procs
+
+
 def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
-    # The API key (`make local API_KEY=...`) goes to the router alone: it is the only one that checks it.
-    base_env = {k: v for k, v in os.environ.items() if k not in (contract.ENV_PORT, contract.ENV_API_KEY)}
-    base_env["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
+    base_env = base_environment()
     procs: list[Proc] = []
     leaders: list[str] = []
     taken = {a.port}  # every port handed out must differ
     for u in range(a.units):
-        unit_id = f"local-unit{u}"
-        ports: list[int] = []
-        for _ in range(a.nodes):
-            ports.append(free_port(avoid=taken))
-            taken.add(ports[-1])
-        if u == 0 and not a.use_router:
-            ports[0] = a.port  # no router yet: the first leader is public
-        dist = free_port(avoid=taken)
-        taken.add(dist)
-        peers = ",".join(f"127.0.0.1:{p}" for p in ports)
-        leaders.append(f"http://127.0.0.1:{ports[0]}")
-        for r in range(a.nodes):
-            env = {
-                **base_env,
-                contract.ENV_UNIT_ID: unit_id,
-                contract.ENV_REVISION: "local",
-                contract.ENV_PEERS: peers,
-                contract.ENV_RANK: str(r),
-                contract.ENV_ENGINE: a.engine,
-                contract.ENV_MODEL: a.model,
-                "FLOTILLA_DIST_PORT": str(dist),
-                "FLOTILLA_BIND_HOST": "127.0.0.1",
-                contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout),
-            }
-            procs.append(
-                Proc(
-                    role="leader" if r == 0 else "follower",
-                    unit=unit_id,
-                    rank=r,
-                    ports={"api": ports[r], **({"dist": dist} if r == 0 else {})},
-                    cmd=[sys.executable, "-m", "runtime", "node"],
-                    env=env,
-                    log=logs / f"{unit_id}-rank{r}.log",
-                )
-            )
+        members = unit_processes(
+            a, f"local-unit{u}", logs, taken, base_env, public_port=a.port if u == 0 and not a.use_router else None
+        )
+        leaders.append(f"http://127.0.0.1:{members[0].ports['api']}")
+        procs.extend(members)
     if a.use_router:
         env = {
             **base_env,
             contract.ENV_PORT: str(a.port),
-            contract.ENV_UNITS: ",".join(leaders),
             contract.ENV_DISCOVERY: "static",
             contract.ENV_DRAIN_TIMEOUT: str(a.drain_timeout),
         }
+        # With the scaler the units come and go: the router re-reads them from a file.
+        discovery = local_scaler.router_discovery(a, leaders) if a.scaler else {}
+        if not a.scaler:
+            env[contract.ENV_UNITS] = ",".join(leaders)
         if os.environ.get(contract.ENV_API_KEY):
             env[contract.ENV_API_KEY] = os.environ[contract.ENV_API_KEY]
         metrics = free_port(avoid=taken)
@@ -200,6 +232,7 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
                     drain_grace_s=0,
                     poll_timeout_s=5,  # a laptop busy with the model answers polls late: not "unit gone"
                     balance=a.balance or None,
+                    **discovery,
                 ),
                 env=env,
                 log=logs / "router.log",
@@ -220,7 +253,7 @@ def prepare_model(model: str, engine: str) -> None:
     subprocess.run([sys.executable, "-c", code], cwd=str(REPO), check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def stop_all(procs: list[Proc], timeout_s: float) -> None:
+def stop_all(procs: Sequence[Member], timeout_s: float) -> None:
     # Router first (stop taking requests), then leaders (drain), then followers.
     for role in ("router", "leader", "follower"):
         group = [p for p in procs if p.role == role and p.alive()]
@@ -252,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"local: preparing model {a.model} failed (exit {e.returncode}); see the messages above", file=sys.stderr)
         return 1
     procs = plan_processes(a, logs)
+    base_env = base_environment()
     stopping = {"flag": False}
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -261,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     manifest = state / "local.json"
     url = f"http://127.0.0.1:{a.port}"
+    scaler = None
     try:
         for p in procs:
             p.start()
@@ -326,8 +361,13 @@ def main(argv: list[str] | None = None) -> int:
             f"       -d '{body}'\n\nCtrl-C stops everything.",
             flush=True,
         )
+        if a.scaler:
+            scaler = local_scaler.start(
+                a, procs, url, manifest, plan=lambda unit_id, taken: unit_processes(a, unit_id, logs, taken, base_env)
+            )
         while not stopping["flag"]:
-            for p in procs:
+            watched = procs if scaler is None else [p for p in procs if p.role == "router"]
+            for p in watched:
                 if p.popen is not None and p.popen.poll() is not None and not p.extra.get("reported"):
                     p.extra["reported"] = True
                     print(
@@ -335,11 +375,14 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+            if scaler is not None:
+                scaler.tick()
             time.sleep(0.3)
         return 0
     finally:
         print("stopping (draining in-flight requests) ...", flush=True)
-        stop_all(procs, a.drain_timeout + 15)
+        held = local_scaler.finish(scaler) if scaler is not None else []
+        stop_all([*procs, *(p for p in held if p not in procs)], a.drain_timeout + 15)
         manifest.unlink(missing_ok=True)
         print("stopped.", flush=True)
 

@@ -23,6 +23,7 @@ from stacks.image import builtin_model_setting, unit_image
 from stacks.nag import acknowledge
 from stacks.network import NetworkStack
 from stacks.retention import retention
+from stacks.scaler import scaled_counts
 from stacks.speculation import speculation_environment
 from stacks.unit import TrainiumUnit, UnitProps, UnitSurge
 
@@ -118,6 +119,7 @@ class CellStack(Stack):
             builtin_model=config.model.builtin,
         )
         surge = UnitSurge.for_rollout(config.unit_rollout)
+        scaled = scaled_counts(self, cell=cell, config=config)
         self.units: list[TrainiumUnit] = []
         for placement in config.units_in_cell(cell):
             environment = {
@@ -181,6 +183,7 @@ class CellStack(Stack):
                         capacity_reservation_group_arn=config.capacity.reservation_group_arn,
                         market_type=config.capacity.market,
                         drained=placement.unit_id in config.drained_units,
+                        scaled_count=scaled.get(placement.unit_id),
                         own_placement_group=config.own_placement_groups,
                         placement_group_name=config.unit_placement_group,
                     ),

@@ -32,6 +32,7 @@ from stacks.model_config import (
     check_engine_fits_instance,
     check_model_layout,
 )
+from stacks.scaling_config import ScalingConfig, check_scaling, section_type
 from stacks.speculation import SpeculationConfig, SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
@@ -377,6 +378,7 @@ class FlotillaConfig(Section):
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
     speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
+    scaling: ScalingConfig | None = None  # with it, units is the ceiling (stacks/scaling_config.py)
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:
@@ -414,6 +416,7 @@ class FlotillaConfig(Section):
         check_front_door(self)
         check_capacity(self)
         check_quotas(self)
+        check_scaling(self)
         known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}
         unknown = [u for u in self.drained_units if u not in known]
         if unknown:
@@ -818,7 +821,7 @@ def quota_notices(cfg: FlotillaConfig) -> list[QuotaNotice]:
 def _section_at(path: tuple[str, ...]) -> type[BaseModel]:
     section: type[BaseModel] = FlotillaConfig
     for key in path:
-        section = section.model_fields[key].annotation  # type: ignore[assignment]
+        section = section_type(section.model_fields[key].annotation)
     return section
 
 

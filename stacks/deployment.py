@@ -22,6 +22,8 @@ from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
 from stacks.retention import retention
 from stacks.router import RouterStack
+from stacks.scaler import ScalerStack
+from stacks.scaling_config import floor_per_cell
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Deployment:
     front: FrontStack | None = None
     observability: ObservabilityStack | None = None
     router: RouterStack | None = None
+    scaler: ScalerStack | None = None
 
 
 def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=None) -> Deployment:
@@ -105,6 +108,9 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     for n, warning in enumerate(cloudmap_quota_warnings(config)):
         cdk.Annotations.of(discovery).add_warning_v2(f"flotilla:cloudmap-quota-{n}", warning)
     deployment = Deployment(config=config, network=network, discovery=discovery)
+    if config.scaling is not None:
+        # Before the cells: their stacks read the counts parameters it creates.
+        deployment.scaler = ScalerStack(app, "Scaler", config=config, **common("Scaler"))
     for cell in range(config.cells):
         stack = CellStack(
             app,
@@ -120,6 +126,8 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         # permitting)", cdk deploy --help, CLI 2.1148.1) rolls that many cells side by side within
         # the wave budget; after a failed stack the CLI starts no other (its WorkGraph skips the
         # rest), so a bad revision stops at the first cell it breaks (config.wave_plan).
+        if deployment.scaler is not None:
+            stack.add_stack_dependency(deployment.scaler)
         after = config.wave_plan.cell_after(cell)
         if after is not None:
             stack.add_stack_dependency(deployment.cells[after])
@@ -150,7 +158,11 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         "Observability",
         load_balancer=front.load_balancer,
         target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell={contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
+        # With the scaler, a cell is expected to keep only its share of the floor ready.
+        units_per_cell=floor_per_cell(config)
+        if config.scaling is not None
+        else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
+        scaler=config.scaling is not None,
         # The per-cell ready-units alarms allow what a rollout of these settings takes out.
         unit_rollout=config.unit_rollout,
         wave_in_cell=config.wave_plan.wave_in_cell,

@@ -20,6 +20,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from constructs import Construct
 
 import contract
+from contract import scaling
 from stacks.config import UNIT_ROLLOUTS
 
 MINUTE = cdk.Duration.minutes(1)
@@ -92,6 +93,7 @@ class ObservabilityStack(cdk.Stack):
         max_p99_latency: cdk.Duration = cdk.Duration.seconds(10),
         max_router_added_latency: cdk.Duration = cdk.Duration.millis(500),
         min_ready_units: int = 1,
+        scaler: bool = False,
         **kwargs,
     ) -> None:
         super().__init__(scope, id_, **kwargs)
@@ -373,5 +375,75 @@ class ObservabilityStack(cdk.Stack):
                 ],
             ),
         )
+        self.scaler_alarms = self._scaler_row(action) if scaler else []
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)
+
+    def _scaler_row(self, action: cw_actions.SnsAction) -> list[cw.Alarm]:
+        """The scaler's row (docs/scaling.md): units it wants, serving, starting, draining and beyond
+        what capacity allows; the routers' requests and 429s; and two alarms: it wants more units than
+        capacity allows (the ceiling, or units EC2 could not give), and it stopped deciding."""
+        unmet = runtime_metric(scaling.METRIC_UNMET_UNITS, statistic="Maximum")
+        passes = runtime_metric(scaling.METRIC_TARGET_UNITS, statistic="SampleCount")
+
+        def page(
+            name: str,
+            metric: cw.Metric,
+            *,
+            operator: cw.ComparisonOperator,
+            minutes: int,
+            missing: cw.TreatMissingData,
+            description: str,
+        ) -> cw.Alarm:  # noqa: E501
+            a = metric.create_alarm(
+                self,
+                name,
+                threshold=1,
+                comparison_operator=operator,
+                evaluation_periods=minutes,
+                datapoints_to_alarm=minutes,
+                treat_missing_data=missing,
+                alarm_description=description,
+            )
+            a.add_alarm_action(action)
+            a.add_ok_action(action)
+            return a
+
+        wants_more = page(
+            "ScalerWantsMoreThanCapacity",
+            unmet,
+            operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            minutes=3,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+            description="For 3 minutes the scaler wanted more units than capacity allows: the ceiling "
+            "(units), or units given back because EC2 had no capacity or a quota. Runbook: "
+            "docs/runbooks/scale-for-peak.md",
+        )
+        # One decision a minute: none for 5 minutes means the function fails or is not scheduled. Missing
+        # data breaches here: silence is the failure.
+        stopped = page(
+            "ScalerNotDeciding",
+            passes,
+            operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+            minutes=5,
+            missing=cw.TreatMissingData.BREACHING,
+            description="The scaler made no decision for 5 minutes (its function fails or is not "
+            "scheduled): the fleet stays at its size. Runbook: docs/runbooks/scale-for-peak.md",
+        )
+        units = [
+            runtime_metric(name, statistic="Maximum")
+            for name in (
+                scaling.METRIC_TARGET_UNITS,
+                scaling.METRIC_ACTIVE_UNITS,
+                scaling.METRIC_PENDING_UNITS,
+                scaling.METRIC_DRAINING_UNITS,
+                scaling.METRIC_UNMET_UNITS,
+            )
+        ]
+        traffic = [runtime_metric(n, statistic="Sum") for n in (scaling.METRIC_REQUESTS, scaling.METRIC_BUSY_REFUSALS)]
+        self.dashboard.add_widgets(
+            cw.GraphWidget(title="Scaler: units wanted, serving, starting, draining, unmet", left=units, width=12),
+            cw.GraphWidget(title="Routers: requests and 429s / min", left=traffic, width=6),
+            cw.AlarmStatusWidget(title="Scaler alarms", alarms=[wants_more, stopped], width=6),
+        )
+        return [wants_more, stopped]

@@ -122,6 +122,9 @@ class UnitProps:
     own_placement_group: bool = True
     placement_group_name: str | None = None
     drained: bool = False
+    # With the scaler: the unit's desired count as the cell's counts parameter holds it (a token),
+    # instead of nodes; CloudFormation then writes back what the scaler set (docs/scaling.md).
+    scaled_count: float | None = None
 
     def __post_init__(self) -> None:
         if self.own_placement_group and self.placement_group_name:
@@ -380,7 +383,7 @@ class TrainiumUnit(Construct):
             task_definition=self.task_definition,
             # A unit in the config's drained_units stays at 0 across deploys (a drain made with
             # `flotilla drain-unit` alone is written back by the next update of the service).
-            desired_count=0 if props.drained else props.nodes,
+            desired_count=0 if props.drained else props.nodes if props.scaled_count is None else props.scaled_count,
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity_provider.capacity_provider_name, weight=1)
             ],

@@ -309,8 +309,7 @@ class Router:
         await self.fleet.start()
         await self.metrics_server.start()
         self._unit_report = asyncio.create_task(
-            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s, self.metrics.registry),
-            name="unit report",
+            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s, self.metrics), name="unit report"
         )
         # handler_cancellation: a client that hangs up before a plain (non-streamed) answer cancels
         # its handler, which closes the unit connection, so the unit cancels the work and frees its

@@ -23,7 +23,7 @@ class Captured:
 
     def read(self) -> list[dict]:
         for raw in self.capsys.readouterr().out.splitlines():
-            if raw.startswith('{"_aws"'):
+            if raw.startswith('{"_aws"') and f'"{READY}"' in raw:  # not the traffic line of the same pass
                 self.lines.append(json.loads(raw))
         return self.lines
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 from router_standins import StandInUnit
-from router_testkit import router_over, run, wait_for
+from router_testkit import post, router_over, run, wait_for
 
+from contract import METRICS_NAMESPACE
+from contract.scaling import METRIC_BUSY_REFUSALS, METRIC_REQUESTS, TRAFFIC_EVENT
 from runtime.router.unit_report import EVENT
 
 
@@ -42,5 +45,38 @@ def test_each_interval_every_unit_s_state_is_written_one_line_per_cell(capsys):
         "running": 0,
         "in_flight": -1,
         "prefill_tokens": -1,
+        "max_running": 8,  # the stand-in's batch slots
+        "wait_s": 0.0,
     }
     assert set(latest["cell1"]) == {"cell1-unit0"}
+
+
+def test_each_interval_the_router_writes_its_requests_and_429s_of_the_interval_as_metrics(capsys):
+    """The traffic line the scaler sums over routers: requests answered or refused, and those
+    answered 429 (here: refused by the router because the only unit reports a full queue)."""
+
+    async def scenario():
+        unit = await StandInUnit(name="cell0-unit0", cell="cell0").start()
+        lines: list[dict] = []
+        async with router_over([unit], ready_units_interval_s=0.2, max_queue_depth=4) as router:
+            async with aiohttp.ClientSession() as s:
+                codes = [(await post(s, router))[0] for _ in range(5)]
+                unit.queue_depth = 4
+                await wait_for(lambda: router.fleet.members[unit.url].queue_depth == 4)
+                codes += [(await post(s, router))[0] for _ in range(3)]
+
+            def collect() -> bool:
+                out = capsys.readouterr().out
+                lines.extend(json.loads(line) for line in out.splitlines() if f'"{TRAFFIC_EVENT}"' in line)
+                return sum(r[METRIC_REQUESTS] for r in lines) >= 8
+
+            await wait_for(collect, timeout=10, what="traffic lines counting every request")
+        await unit.stop()
+        return codes, lines
+
+    codes, lines = run(scenario())
+    assert codes == [200] * 5 + [429] * 3
+    assert sum(r[METRIC_REQUESTS] for r in lines) == 8
+    assert sum(r[METRIC_BUSY_REFUSALS] for r in lines) == 3
+    declared = lines[0]["_aws"]["CloudWatchMetrics"][0]
+    assert declared["Namespace"] == METRICS_NAMESPACE and declared["Dimensions"] == [["Service"]]

@@ -412,7 +412,38 @@ def _model_fixes() -> list:
             cls, resource_name, {**cloudformation_json, "Properties": props}, account_id, region_name, **kwargs
         )
 
+    # moto's SSM parameter model iterates CloudFormation's Tags as a list of {"Key", "Value"}, but
+    # AWS::SSM::Parameter's Tags is a map of key to value (CloudFormation resource reference,
+    # AWS::SSM::Parameter "Tags: Json"): every tagged parameter fails to create. Hand it the list.
+    from moto.ssm.models import Parameter
+
+    parameter_create = Parameter.create_from_cloudformation_json.__func__
+
+    def parameter_from_cloudformation(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs):
+        props = dict(cloudformation_json.get("Properties", {}))
+        if isinstance(props.get("Tags"), dict):
+            props["Tags"] = [{"Key": k, "Value": v} for k, v in props["Tags"].items()]
+        return parameter_create(
+            cls, resource_name, {**cloudformation_json, "Properties": props}, account_id, region_name, **kwargs
+        )
+
+    # CloudFormation takes a number as a string for an Integer property (a unit's DesiredCount read from
+    # an SSM StringList parameter is one); moto's ECS service model does arithmetic on it as given.
+    from moto.ecs.models import Service
+
+    service_create = Service.create_from_cloudformation_json.__func__
+
+    def service_from_cloudformation(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs):
+        props = dict(cloudformation_json.get("Properties", {}))
+        if isinstance(props.get("DesiredCount"), str):
+            props["DesiredCount"] = int(props["DesiredCount"])
+        return service_create(
+            cls, resource_name, {**cloudformation_json, "Properties": props}, account_id, region_name, **kwargs
+        )
+
     return [
+        mock.patch.object(Service, "create_from_cloudformation_json", classmethod(service_from_cloudformation)),
+        mock.patch.object(Parameter, "create_from_cloudformation_json", classmethod(parameter_from_cloudformation)),
         mock.patch.object(Key, "create_from_cloudformation_json", classmethod(key_from_cloudformation)),
         mock.patch.object(FakeLoadBalancer, "get_cfn_attribute", lb_attribute),
         mock.patch.object(FakeTargetGroup, "get_cfn_attribute", tg_attribute, create=True),

@@ -54,11 +54,14 @@ def front_door_acknowledgements(plugin) -> set[tuple[str, str]]:
     }
 
 
-@pytest.fixture(scope="module", params=[*FRONT_DOORS, "staging"])
+@pytest.fixture(scope="module", params=[*FRONT_DOORS, "staging", "scaled"])
 def nagged(request, tmp_path_factory):
     """Two cells (3 units) so per-cell and per-unit acknowledgements are both exercised; "staging" is
-    examples/staging.yaml (x86 units on the reference engine), held to the same rules."""
-    if request.param == "staging":
+    examples/staging.yaml (x86 units on the reference engine), held to the same rules; "scaled" adds
+    the scaler (the Scaler stack, units above a floor of one)."""
+    if request.param == "scaled":
+        config = config_with(units=3, units_per_cell=2, scaling={"floor": 1})
+    elif request.param == "staging":
         config = load_config(cdk_json_context()["flotilla"], str(REPO_ROOT / "examples" / "staging.yaml"))
         assert (config.units, config.cells) == (3, 2)
     else:

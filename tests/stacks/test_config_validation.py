@@ -92,7 +92,7 @@ REJECTED = [
         "nodes_per_units=2 is not a known key: use one of deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
         "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, "
-        "capacity, drained_units, front, speculation",
+        "capacity, drained_units, front, speculation, scaling",
     ),
     (
         {"node": {"neuron_prefix_caching_block": 48}},
@@ -265,12 +265,18 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
 
 def test_default_yaml_and_readme_document_every_config_key():
     from stacks.config import CapacityConfig, FrontConfig, ModelConfig, NodeConfig, RouterConfig
+    from stacks.scaling_config import ScalingConfig
     from stacks.speculation import SpeculationConfig
 
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     # The configuration reference: README.md, and the docs/ pages keys are documented on as it moves there.
     readme = "\n".join(p.read_text() for p in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))])
-    sections = ("model", "node", "router", "capacity", "front", "speculation")
+    sections = ("model", "node", "router", "capacity", "front", "speculation", "scaling")
+    # The scaling section's reference is docs/scaling.md's table.
+    scaling_doc = (REPO_ROOT / "docs" / "scaling.md").read_text()
+    for name in ["scaling", *(f"scaling.{f}" for f in ScalingConfig.model_fields)]:
+        assert f"{name.split('.')[-1]}:" in text, f"examples/default.yaml lacks {name}"
+        assert f"`{name}`" in scaling_doc, f"docs/scaling.md's configuration table lacks {name}"
     keys = [name for name in FlotillaConfig.model_fields if name not in sections]
     for section, cls in (
         ("model", ModelConfig),

@@ -76,6 +76,11 @@ VARIANTS: dict[str, dict] = {
     "staging": STAGING,
     "staging-revision": {**STAGING, "revision": "2"},
     "staging-m6i-xlarge": {**STAGING, "instance_type": "m6i.xlarge"},
+    # With the scaler (docs/scaling.md): a floor of one, the other units read their counts from it.
+    "scaled": {**BASE, "scaling": {"floor": 1}},
+    "scaled-revision": {**BASE, "scaling": {"floor": 1}, "revision": "2"},
+    "scaled-units-4": {**BASE, "units": 4, "scaling": {"floor": 1}},
+    "scaled-floor-3": {**BASE, "scaling": {"floor": 3}},
 }
 # change -> (before variant, after variant)
 CHANGES: dict[str, tuple[str, str]] = {
@@ -96,6 +101,10 @@ CHANGES: dict[str, tuple[str, str]] = {
     "change instance_type (replace)": ("replace", "trn1n-replace"),
     "bump revision (staging)": ("staging", "staging-revision"),
     "change instance_type (staging)": ("staging", "staging-m6i-xlarge"),
+    "turn scaling on": ("base", "scaled"),
+    "bump revision (scaled)": ("scaled", "scaled-revision"),
+    "raise the ceiling (scaled)": ("scaled", "scaled-units-4"),
+    "lower the floor (scaled)": ("scaled-floor-3", "scaled"),
 }
 # Changes the review must refuse: what they break and how the operator does them instead.
 REFUSED_CHANGES: dict[str, tuple[str, str]] = {
@@ -129,6 +138,17 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
         (change, cell, "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON
         for change in ("bump revision (staging)", "change instance_type (staging)")
         for cell in ("Cell-0", "Cell-1")
+    },
+    **{
+        ("bump revision (scaled)", cell, "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON
+        for cell in ("Cell-0", "Cell-1")
+    },
+    **{
+        (change, "Observability", "AWS::CloudWatch::Alarm", "ReadyUnitsCell1", "destroy"): (
+            "with the scaler a cell keeps ready only its share of the floor: Cell-1 then holds none, its units "
+            "come and go, and a ready-units alarm there would page for the scaler's own scale-in"
+        )
+        for change in ("turn scaling on", "lower the floor (scaled)")
     },
     ("change node.drain_timeout_s", "Cell-0", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
     ("change node.drain_timeout_s", "Cell-1", "AWS::ECS::TaskDefinition", "Unit", "replace"): TASK_DEFINITION_REASON,
@@ -666,3 +686,30 @@ def test_adding_host_efa_to_deployed_units_updates_their_launch_templates_in_pla
         modified = [line for line in output.splitlines() if line.strip().startswith("[~] AWS::EC2::LaunchTemplate")]
         assert len(modified) == (2 if stack_id == "Cell-0" else 1), output[-3000:]
         assert "UserData" in output
+
+
+def scaled_counts(synth) -> dict[str, object]:
+    """unit id -> DesiredCount of every unit service of the deployment."""
+    out = {}
+    for stack_id, template in synth.templates.items():
+        for resource in template["Resources"].values():
+            if resource["Type"] == "AWS::ECS::Service" and stack_id.startswith("Cell-"):
+                props = resource["Properties"]
+                unit = next(t["Value"] for t in props["Tags"] if t["Key"] == "flotilla:unit")
+                out[unit] = props["DesiredCount"]
+    return out
+
+
+@pytest.mark.parametrize("change", ["bump revision (scaled)", "raise the ceiling (scaled)", "lower the floor (scaled)"])
+def test_no_update_with_the_scaler_states_a_count_for_a_unit_above_the_floor(change, synths):
+    """CloudFormation writes a service's DesiredCount on every update (aws/containers-roadmap#493): above
+    the floor it must be the scaler's parameter, before and after, or a deploy would undo the scaler."""
+    _, after = (synths(v) for v in CHANGES[change])
+    counts = scaled_counts(after)
+    floor = after.deployment.config.scaling.floor
+    for unit, count in counts.items():
+        cell, index = (int(x) for x in unit.replace("cell", "").split("-unit"))
+        if cell * 2 + index >= floor:  # BASE has two units per cell
+            assert isinstance(count, dict) and "Fn::Select" in count, (unit, count)
+        else:
+            assert count == 2, (unit, count)

@@ -33,6 +33,8 @@ REPORTING = (
     ["publish", "--source", "d", "--uri", "s3://b/p/"],
     ["node-boot", "check", "--config", "x.yaml"],
     ["node-boot", "stage", "--config", "x.yaml"],
+    ["scale", "show"],
+    ["scale", "floor", "--units", "4", "--for", "2h"],
 )
 # Commands that change something: each asks first, takes --yes, and --dry-run only says what it would do.
 CHANGING = (
@@ -51,6 +53,7 @@ CHANGING = (
     ["smoke", "--url", "http://x", "--roll-unit", "cell0-unit0"],
     ["publish", "--source", "d", "--uri", "s3://b/p/"],
     ["node-boot", "stage", "--config", "x.yaml"],
+    ["scale", "floor", "--units", "4", "--for", "2h"],
 )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cdk_nag import AwsSolutionsChecks
 from moto_cfn import MotoCloudFormation
-from synth_helpers import config_with, synthesize
+from synth_helpers import LLAMA_70B, config_with, synthesize
 from test_cfn_lint import assert_lints_clean
 
 from contract import scaling
@@ -26,8 +26,9 @@ PEAK = {"name": "prime-day", "start": "2026-07-08T06:00:00Z", "end": "2026-07-08
 
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
-    """Six units in two cells of four, two of them the floor; cdk-nag runs (a finding fails synth)."""
-    config = config_with(units=6, units_per_cell=4, scaling={"floor": 2, "cold_start_s": 900, "scheduled": [PEAK]})
+    """Six two-node units (70B) in two cells of four, two of them the floor; cdk-nag runs (a finding
+    fails synth)."""
+    config = config_with(units=6, units_per_cell=4, nodes_per_unit=2, model=LLAMA_70B, scaling={"floor": 2, "cold_start_s": 900, "scheduled": [PEAK]})
     return synthesize(config, tmp_path_factory.mktemp("scaled"), plugins=[AwsSolutionsChecks()])
 
 

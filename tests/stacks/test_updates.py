@@ -712,4 +712,4 @@ def test_no_update_with_the_scaler_states_a_count_for_a_unit_above_the_floor(cha
         if cell * 2 + index >= floor:  # BASE has two units per cell
             assert isinstance(count, dict) and "Fn::Select" in count, (unit, count)
         else:
-            assert count == 2, (unit, count)
+            assert count == after.deployment.config.nodes_per_unit, (unit, count)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract import scaling
 from contract.scaling import ScalingError, ScalingPolicy, ScheduledMinimum
+from stacks.config_rules import refuse
 
 if TYPE_CHECKING:
     from stacks.config import FlotillaConfig
@@ -26,10 +27,8 @@ MAX_RESOURCES_PER_STACK = 500  # CloudFormation, as stacks/config.py
 
 
 def _refused(allowed: str) -> Exception:
-    """The config's own refusal (stacks/config.py words it as key=value is not allowed: allowed)."""
-    from stacks.config import _refuse  # noqa: PLC0415 - config imports this module at its top
-
-    return _refuse(allowed)
+    """The config's own refusal (worded as key=value is not allowed: allowed)."""
+    return refuse(allowed)
 
 
 def _number(lo: float, hi: float) -> Any:

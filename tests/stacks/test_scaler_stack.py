@@ -28,7 +28,13 @@ PEAK = {"name": "prime-day", "start": "2026-07-08T06:00:00Z", "end": "2026-07-08
 def scaled(tmp_path_factory):
     """Six two-node units (70B) in two cells of four, two of them the floor; cdk-nag runs (a finding
     fails synth)."""
-    config = config_with(units=6, units_per_cell=4, nodes_per_unit=2, model=LLAMA_70B, scaling={"floor": 2, "cold_start_s": 900, "scheduled": [PEAK]})
+    config = config_with(
+        units=6,
+        units_per_cell=4,
+        nodes_per_unit=2,
+        model=LLAMA_70B,
+        scaling={"floor": 2, "cold_start_s": 900, "scheduled": [PEAK]},
+    )
     return synthesize(config, tmp_path_factory.mktemp("scaled"), plugins=[AwsSolutionsChecks()])
 
 

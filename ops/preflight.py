@@ -281,9 +281,21 @@ def check_model(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
         manifest = Manifest.from_json(body, source=f"{uri}{MANIFEST_NAME}")
     except ManifestError as err:
         return [Finding("model", FAIL, str(err), publish)]
-    if MODEL_CONFIG_NAME not in {f.path for f in manifest.files}:
+    listed = {f.path for f in manifest.files}
+    if MODEL_CONFIG_NAME not in listed:
         return [
             Finding("model", FAIL, f"{uri} lists no {MODEL_CONFIG_NAME}: nodes read the model's shape there", publish)
+        ]
+    draft = cfg.speculation.draft
+    if draft and f"{draft}/{MODEL_CONFIG_NAME}" not in listed:
+        # The node refuses the same (runtime/engines/neuron/prepare.py): the draft comes in the manifest.
+        return [
+            Finding(
+                "model",
+                FAIL,
+                f"{uri} lists no {draft}/{MODEL_CONFIG_NAME}: speculation.draft {draft!r} is not published with it",
+                f"put the EAGLE draft checkpoint in the model directory's {draft}/, then {publish}",
+            )
         ]
     saw = f"{uri}: {len(manifest.files)} files, {manifest.total_bytes / GIB:.2f} GiB, digest {manifest.digest[:12]}"
     return [Finding("model", PASS, saw)]

@@ -372,3 +372,10 @@ def test_preflight_0_skips_it_and_says_so(target):
     assert not any(" -m ops preflight" in line for line in lines)
     assert 'echo "preflight skipped (PREFLIGHT=0)"' in lines
     assert any(line.startswith("node_modules/.bin/cdk deploy --all") for line in lines)
+
+
+def test_an_eagle_draft_the_published_model_does_not_hold_fails(account):
+    account.config["speculation"] = {"method": "eagle", "draft": "eagle-draft"}
+    account.config["node"] = {"neuron_sampling": "device"}  # what EAGLE needs (stacks/speculation.py)
+    code, status, text = account.status("model")
+    assert (code, status) == (1, "FAIL") and "lists no eagle-draft/config.json" in text

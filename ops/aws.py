@@ -39,7 +39,7 @@ class Aws:
     ecr: Any = None  # the configured image (preflight)
     servicequotas: Any = None  # the Trainium vCPU quota (preflight; moto has no EC2 quotas: tests stub it)
     capacity: Any = None  # EC2 client used only for describe_capacity_reservations (moto lacks it: tests stub it)
-    ami: Any = None  # SSM client used only for the pinned AMI's public parameter (moto has not that one)
+    ami: Any = None  # SSM client used only for the pinned AMI's public parameter (tests stub its answers)
     sts: Any = None  # which account the credentials are for (preflight)
 
 

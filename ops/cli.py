@@ -19,6 +19,7 @@ from ops.commands import (
     check_update,
     drain,
     keys,
+    node_boot,
     plan,
     preflight,
     publish,
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     rehearse.add_parser(sub)
     check_update.add_parser(sub)
-    for module in (publish, preflight):
+    for module in (publish, preflight, node_boot):
         for p in module.add_parser(sub):
             _add_account_options(p)
     for module in (smoke, status, topology, drain, replace, rollout, rollback, shed, keys, teardown):

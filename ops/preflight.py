@@ -18,6 +18,7 @@ import botocore.exceptions
 from contract.apikeys import KeySet, KeySetError, secret_name
 from contract.manifest import MANIFEST_NAME, MODEL_CONFIG_NAME, Manifest, ManifestError, parse_s3_uri
 from ops.aws import Aws
+from ops.node_boot import BootCheck, ami_checks, artifact_checks
 
 if TYPE_CHECKING:
     from stacks.config import FlotillaConfig
@@ -245,24 +246,22 @@ def check_capacity(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Findin
     return [Finding("capacity", status, f"{saw}: it {what}", fix) for status, what, fix in problems]
 
 
-def check_ami(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
-    from stacks.hosts import ami_parameter  # noqa: PLC0415 - stacks/ only when a config is read
+def _findings(check: str, boot_checks: list[BootCheck]) -> list[Finding]:
+    return [Finding(check, PASS if c.ok else FAIL, f"{c.name} {c.detail}", c.fix) for c in boot_checks]
 
-    name = ami_parameter(cfg.instance_type)
-    try:
-        value = aws.ami.get_parameter(Name=name)["Parameter"]["Value"]
-    except botocore.exceptions.ClientError as err:
-        if _code(err) != "ParameterNotFound":
-            raise
-        return [
-            Finding(
-                "ami",
-                FAIL,
-                f"{name} does not resolve in {target.region}: the pinned AMI release is not published there",
-                "deploy to a region that has it, or pin a release published there (stacks/hosts.py)",
-            )
-        ]
-    return [Finding("ami", PASS, f"{name} resolves to {value} in {target.region}")]
+
+def check_ami(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
+    """The pinned AMI release's public parameter resolves in the region (ops/node_boot.py)."""
+    return _findings("ami", ami_checks(cfg, ssm=aws.ami, region=target.region))
+
+
+def check_boot_artifacts(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
+    """What the nodes' user data installs is staged in the model bucket with its pinned SHA-256, in
+    the region: else every node powers off at boot (ops/node_boot.py)."""
+    found = artifact_checks(cfg, s3=aws.s3, region=target.region)
+    if not found:
+        return [Finding("boot-artifacts", PASS, f"{cfg.instance_type} nodes install nothing at boot")]
+    return _findings("boot-artifacts", found)
 
 
 def check_model(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:  # noqa: ARG001 - every check has one signature
@@ -437,6 +436,7 @@ CHECKS: tuple[tuple[str, Check, tuple[str, ...]], ...] = (
     ("availability-zones", check_offerings, ("ec2:DescribeInstanceTypeOfferings",)),
     ("capacity", check_capacity, ("ec2:DescribeCapacityReservations",)),
     ("ami", check_ami, ("ssm:GetParameter",)),
+    ("boot-artifacts", check_boot_artifacts, ("s3:GetBucketLocation", "s3:GetObject")),
     ("model", check_model, ("s3:GetObject",)),
     ("certificate", check_certificate, ("acm:DescribeCertificate",)),
     ("api-keys", check_api_keys, ("secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue")),

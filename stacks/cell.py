@@ -15,6 +15,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
 import contract
+from contract.node_boot import boot_artifacts
 from stacks.config import FlotillaConfig
 from stacks.discovery import DiscoveryStack
 from stacks.image import builtin_model_setting, unit_image
@@ -70,8 +71,8 @@ class CellStack(Stack):
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
 
-        # Instance role: only what the ECS agent needs (CDK adds those statements, scoped to this
-        # cluster, when each unit's capacity provider is added).
+        # Instance role: what the ECS agent needs (CDK adds those statements, scoped to this cluster,
+        # when each unit's capacity provider is added) and the boot's artifacts.
         instance_role = iam.Role(
             self,
             "InstanceRole",
@@ -79,6 +80,17 @@ class CellStack(Stack):
             description=f"flotilla {cell_id} Trainium instances: ECS agent",
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=instance_role)
+        # The boot (user data, before any task) reads the artifacts it installs with this role, each
+        # object by its exact key: nothing else in the bucket (contract/node_boot.py).
+        artifacts = boot_artifacts(efa_interfaces=config.shape.efa_interfaces)
+        if artifacts:
+            instance_role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="ReadNodeBootArtifacts",
+                    actions=["s3:GetObject"],
+                    resources=[f"arn:{self.partition}:s3:::{config.model.bucket}/{a.key}" for a in artifacts],
+                )
+            )
 
         self.log_group = logs.LogGroup(
             self, "Logs", retention=retention(config.node.log_retention_days), removal_policy=RemovalPolicy.DESTROY
@@ -156,6 +168,7 @@ class CellStack(Stack):
                         units_service=discovery.cell_services[cell_id],
                         health_check_grace=Duration.seconds(config.node.health_check_grace_s),
                         instance_store=config.node.instance_store,
+                        artifact_bucket=config.model.bucket,
                         capacity_reservation_id=config.capacity.reservation_id,
                         capacity_reservation_group_arn=config.capacity.reservation_group_arn,
                         market_type=config.capacity.market,

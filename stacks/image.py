@@ -14,6 +14,7 @@ from aws_cdk import aws_ecs as ecs
 from constructs import Construct
 
 from contract.neuron import image_for
+from contract.node_boot import EFA_INSTALLER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "runtime/Dockerfile"
@@ -73,6 +74,16 @@ _ASSET_IDS = {
 }
 
 
+# The multi-node image installs the EFA installer the nodes' boot installs, at the same pins
+# (contract/node_boot.py); the Dockerfile's own defaults are kept equal to them by its test.
+_BUILD_ARGS = {
+    image_for(2).dockerfile: {
+        "EFA_INSTALLER_VERSION": EFA_INSTALLER.version,
+        "EFA_INSTALLER_SHA256": EFA_INSTALLER.sha256,
+    },
+}
+
+
 # Where runtime/Dockerfile's BUILTIN_MODEL=smollm2 step converts SmolLM2 to (its FLOTILLA_CACHE_DIR plus
 # runtime/models/smollm2.py CHECKPOINT_NAME; tests/stacks/test_staging.py keeps the three in step).
 BAKED_MODEL_DIRS = {"smollm2": "/opt/flotilla/models/smollm2-135m-instruct-fp32"}
@@ -93,4 +104,4 @@ def unit_image(
         return _asset(scope, "StagingRuntimeImage", DOCKERFILE, build_args={"BUILTIN_MODEL": builtin_model})
     if image_uri or dockerfile == DOCKERFILE:
         return node_image(scope, image_uri=image_uri)
-    return _asset(scope, _ASSET_IDS[dockerfile], dockerfile)
+    return _asset(scope, _ASSET_IDS[dockerfile], dockerfile, build_args=_BUILD_ARGS.get(dockerfile))

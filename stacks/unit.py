@@ -19,6 +19,7 @@ from constructs import Construct
 import contract
 from stacks.discovery import register_unit_members
 from stacks.hosts import UnitHost, ami_parameter
+from stacks.node_boot import SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, node_user_data
 
 
 def unit_ami(shape: UnitHost) -> ec2.IMachineImage:
@@ -44,134 +45,6 @@ SHARED_MEMORY_MIB = 64 * 1024
 # within the startPeriod, then the container is considered healthy", API_HealthCheck.html); 300 s is
 # ECS's maximum. Loading takes longer: the service's health-check grace period covers the rest.
 HEALTH_START_PERIOD = Duration.seconds(300)
-# Model artifacts and the compile cache: where the node container writes them (the image's
-# FLOTILLA_CACHE_DIR and the parent of the node's default model and compiled-artifact directories,
-# runtime/node/settings.py) and the host directory the instance store is mounted at.
-SCRATCH_CONTAINER_PATH = "/var/cache/flotilla"
-SCRATCH_HOST_PATH = "/mnt/flotilla"
-
-# User data: stripe the instance's NVMe instance-store volumes into one RAID0 XFS file system at
-# SCRATCH_HOST_PATH. EC2 exposes them without a block device mapping ("NVMe instance store volumes
-# are automatically enumerated and assigned a device name. Including them in your block device
-# mapping has no effect." -- EC2 API reference, BlockDeviceMapping.VirtualName) under the NVMe
-# model name "Amazon EC2 NVMe Instance Storage", which udev links as
-# /dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_* (the EKS AMI finds them the same way:
-# awslabs/amazon-eks-ami@029ecebc:templates/shared/runtime/bin/setup-local-disks). User data runs
-# before the ECS agent starts (the agent reads the /etc/ecs/ecs.config it writes,
-# https://docs.aws.amazon.com/AmazonECS/latest/developerguide/bootstrap_container_instance.html),
-# so no task starts before the mount. The fstab entry (by UUID, nofail) brings it back after a
-# reboot; without instance-store volumes the directory stays on the root volume.
-SCRATCH_SETUP = f"""\
-scratch={SCRATCH_HOST_PATH}
-by_id=/dev/disk/by-id
-mkdir -p "$scratch"
-if ! mountpoint -q "$scratch"; then
-  mapfile -t disks < <(for link in "$by_id"/*NVMe_Instance_Storage_*; do
-    [ -e "$link" ] && readlink -f "$link"
-  done | sort -u)
-  device=""
-  if [ "${{#disks[@]}}" -gt 1 ]; then
-    command -v mdadm >/dev/null || dnf install -y mdadm
-    mdadm --create /dev/md/flotilla --level=0 --raid-devices="${{#disks[@]}}" --run "${{disks[@]}}"
-    device=/dev/md/flotilla
-  elif [ "${{#disks[@]}}" -eq 1 ]; then
-    device="${{disks[0]}}"
-  fi
-  if [ -n "$device" ]; then
-    mkfs.xfs -f "$device"
-    echo "UUID=$(blkid -s UUID -o value "$device") $scratch xfs defaults,noatime,nofail 0 2" >> /etc/fstab
-    mount "$scratch"
-  else
-    echo "flotilla: no NVMe instance store found; $scratch stays on the root volume" >&2
-  fi
-fi
-mkdir -p "$scratch/model" "$scratch/neuron-compiled"
-"""
-
-
-# First lines of the user data: a failed boot step (a failed `dnf install mdadm`, a RAID that does not
-# assemble) must not leave a node that joins its unit with the model on the 128 GiB root volume and
-# fails hours later. Every error stops the script, says which command failed on stderr (cloud-init
-# copies it to /var/log/cloud-init-output.log and the console output,
-# https://cloudinit.readthedocs.io/en/latest/reference/base_config_reference.html#output) and powers
-# the instance off before the ECS agent starts (ecs.service runs after cloud-final.service on the ECS
-# AMI, https://docs.aws.amazon.com/AmazonECS/latest/developerguide/bootstrap_container_instance.html).
-# Auto Scaling counts an instance in any state but running as unhealthy and replaces it ("Amazon EC2
-# Auto Scaling considers ... unhealthy" a stopped instance, ec2-auto-scaling-health-checks.html), so
-# the failure shows as a replaced node in the group's activities, which `flotilla status` reads.
-# The ERR trap names the failed command; the EXIT trap catches what stops the script without ERR:
-# under `set -u` an unset variable ends a non-interactive bash at once, running the EXIT trap and
-# not the ERR one (bash manual, "The Set Builtin" -u and "Bourne Shell Builtins" trap; checked with
-# bash 5), and the ECS agent would then start on a half-booted node: ecs.service is ordered After=
-# cloud-final.service, an ordering only, which "is independent of the requirement dependencies"
-# (systemd.unit(5), After=), so it starts whatever the user data's exit status.
-BOOT_PROLOGUE = """\
-set -euo pipefail
-boot_failed() {
-  trap - EXIT
-  echo "flotilla: boot failed (exit $1) at line $2: $3; powering off" >&2
-  poweroff
-  exit "$1"
-}
-trap 'boot_failed $? $LINENO "$BASH_COMMAND"' ERR
-trap 'status=$?; if [ "$status" -ne 0 ]; then boot_failed "$status" "$LINENO" "the script stopped"; fi' EXIT
-"""
-
-
-# Host EFA: the ECS Neuron AMI installs no EFA component (aws/amazon-ecs-ami@eb80a9f
-# scripts/enable-ecs-agent-inferentia-support.sh), and the container's libfabric (installed with
-# --skip-kmod) needs the host's EFA kernel driver and rdma-core; AWS's EKS AL2023 AMI puts them on
-# the host with `efa_installer.sh --minimal -y` (awslabs/amazon-eks-ami@1403405
-# templates/al2023/provisioners/install-efa.sh). docs/hardware.md "Host EFA" has the decision.
-# Version and download URL: EC2 user guide, "Get started with EFA and MPI" (efa-start.html, step
-# "Install the EFA software": curl -O https://efa-installer.amazonaws.com/aws-efa-installer-1.47.0.tar.gz).
-# The SHA256 is the one AWS publishes for 1.47.0 (EC2 user guide, "Verify the EFA installer using a
-# checksum", efa-verify.html: "If the checksums do not match, do not run the installation script"):
-# pinned here, it checks the tarball without trusting a key fetched from the same host.
-EFA_INSTALLER_VERSION = "1.47.0"
-EFA_INSTALLER_URL = f"https://efa-installer.amazonaws.com/aws-efa-installer-{EFA_INSTALLER_VERSION}.tar.gz"
-EFA_INSTALLER_SHA256 = "2df4201e046833c7dc8160907bee7f52b76ff80ed147376a2d0ed8a0dd66b2db"
-# Written once the installer has run: a second run of the script (cloud-init runs user data once per
-# instance, but an operator may re-run it) goes straight to the checks. The DKMS-built module and
-# rdma-core stay installed across reboots, and udev loads the module when the EFA devices appear.
-EFA_INSTALLED_MARKER = f"/var/lib/flotilla/efa-installer-{EFA_INSTALLER_VERSION}"
-
-
-def efa_setup(efa_interfaces: int) -> str:
-    """User data for a host with EFA interfaces: install the pinned EFA installer's host part
-    (kernel driver and rdma-core), verified against AWS's published checksum, then check that the
-    host shows one verbs device per EFA interface, the devices the task definition maps
-    (/dev/infiniband/uverbs0..N-1): without them ECS could not start the task at all.
-
-    Runs under BOOT_PROLOGUE: any failure (download, checksum, installer, device count) powers the
-    instance off before the ECS agent starts. Every wait is bounded (curl's --max-time, udevadm's
-    --timeout)."""
-    return f"""\
-efa_marker={EFA_INSTALLED_MARKER}
-if [ ! -e "$efa_marker" ]; then
-  command -v tar >/dev/null || dnf install -y tar gzip
-  efa_dir=$(mktemp -d)
-  curl --fail --silent --show-error --location --retry 5 --retry-connrefused --connect-timeout 10 \\
-    --max-time 600 -o "$efa_dir/aws-efa-installer.tar.gz" {EFA_INSTALLER_URL}
-  echo "{EFA_INSTALLER_SHA256}  $efa_dir/aws-efa-installer.tar.gz" | sha256sum --check --strict -
-  tar -xzf "$efa_dir/aws-efa-installer.tar.gz" -C "$efa_dir"
-  cd "$efa_dir/aws-efa-installer"
-  ./efa_installer.sh --minimal -y
-  cd /
-  rm -rf "$efa_dir"
-  mkdir -p "$(dirname "$efa_marker")"
-  touch "$efa_marker"
-fi
-modprobe efa
-udevadm settle --timeout=60
-shopt -s nullglob
-uverbs=(/dev/infiniband/uverbs*)
-shopt -u nullglob
-if [ "${{#uverbs[@]}}" -ne {efa_interfaces} ]; then
-  echo "flotilla: ${{#uverbs[@]}} EFA verbs devices, expected {efa_interfaces} (one per EFA interface)" >&2
-  false
-fi
-"""
 
 
 @dataclass(frozen=True)
@@ -241,6 +114,8 @@ class UnitProps:
     units_service: cloudmap.IService
     health_check_grace: Duration
     instance_store: bool = False
+    # The bucket the boot installs its artifacts from (contract/node_boot.py): the model bucket.
+    artifact_bucket: str = ""
     capacity_reservation_id: str | None = None
     capacity_reservation_group_arn: str | None = None
     market_type: str = "on-demand"
@@ -305,15 +180,12 @@ class TrainiumUnit(Construct):
 
     def _launch_template(self, props: UnitProps) -> None:
         shape = props.shape
-        user_data = ec2.UserData.for_linux()
-        user_data.add_commands(BOOT_PROLOGUE)
-        if props.instance_store:
-            user_data.add_commands(SCRATCH_SETUP)
-        # Only where the instance has EFA interfaces (every Trainium type; no x86 staging type).
-        if shape.efa_interfaces:
-            user_data.add_commands(efa_setup(shape.efa_interfaces))
-        # Host-network tasks only get their task role credentials when the agent allows it.
-        user_data.add_commands("echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> /etc/ecs/ecs.config")
+        # Installs from props.artifact_bucket only, verified, before the ECS agent starts (stacks/node_boot.py).
+        user_data = node_user_data(
+            instance_store=props.instance_store,
+            efa_interfaces=shape.efa_interfaces,
+            artifact_bucket=props.artifact_bucket,
+        )
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",

@@ -1,10 +1,12 @@
 """`flotilla preflight` against an account in moto: every check passes on an account ready for the
 config, and each fails (or warns) when the one thing it checks is missing or wrong. moto has no EC2
-quotas, no DescribeCapacityReservations and not the pinned AMI's public parameter: those three
-answers come from botocore Stubbers, shaped and validated by botocore's own service models."""
+quotas and no DescribeCapacityReservations, and its copy of the pinned AMI's public parameter cannot
+be made to fail: those three answers come from botocore Stubbers, shaped and validated by botocore's
+own service models."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -18,10 +20,10 @@ from botocore.stub import Stubber
 
 from contract.apikeys import KeyEntry, KeySet, digest, new_key, secret_name
 from contract.manifest import publish
+from contract.node_boot import EFA_INSTALLER, NEURON_AMI_PARAMETER
 from ops.cli import build_parser
 from ops.commands.preflight import run as run_preflight
 from ops.preflight import BOOTSTRAP_VERSION_PARAMETER, MIN_BOOTSTRAP_VERSION
-from stacks.hosts import NEURON_AMI_PARAMETER
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -35,6 +37,7 @@ CHECKS = (
     "availability-zones",
     "capacity",
     "ami",
+    "boot-artifacts",
     "model",
     "certificate",
     "api-keys",
@@ -81,6 +84,15 @@ class Account:
         (model / "model.safetensors").write_bytes(b"\0" * 100)
         aws.s3.create_bucket(Bucket="my-models")
         publish(model, MODEL_URI, s3=aws.s3)
+        # The EFA installer, staged as `flotilla node-boot stage` leaves it: S3 recorded the pinned
+        # SHA-256 (moto keeps the checksum the upload names; S3 itself would refuse other bytes).
+        aws.s3.put_object(
+            Bucket="my-models",
+            Key=EFA_INSTALLER.key,
+            Body=b"stand-in bytes",
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=base64.b64encode(bytes.fromhex(EFA_INSTALLER.sha256)).decode(),
+        )
         _, key = new_key()
         keys = KeySet({"0badc0de": KeyEntry(name="smoke", sha256=digest(key))})
         aws.secretsmanager.create_secret(Name=secret_name("flotilla"), SecretString=keys.dumps())
@@ -269,6 +281,14 @@ def test_a_pinned_ami_the_region_does_not_publish_fails(account):
     account.ami = False
     code, status, text = account.status("ami")
     assert (code, status) == (1, "FAIL") and f"{NEURON_AMI_PARAMETER} does not resolve in {REGION}" in text
+
+
+def test_an_efa_installer_not_staged_in_the_model_bucket_fails_with_the_command_that_stages_it(account):
+    account.aws.s3.delete_object(Bucket="my-models", Key=EFA_INSTALLER.key)
+    code, status, text = account.status("boot-artifacts")
+    assert (code, status) == (1, "FAIL")
+    assert f"s3://my-models/{EFA_INSTALLER.key} missing: nodes with EFA cannot boot" in text
+    assert "flotilla node-boot stage --config" in text
 
 
 def test_a_model_prefix_without_a_manifest_or_without_config_json_fails(account):

@@ -290,13 +290,15 @@ def test_task_role_reads_only_the_model_prefix_and_its_own_cluster(default_synth
     assert statements["ReadInstancesAndTopology"]["Action"] == ["ec2:DescribeInstanceTopology", "ec2:DescribeInstances"]
 
 
-def test_instance_role_has_only_the_ecs_agent_essentials(default_synth):
+def test_instance_role_has_only_the_ecs_agent_essentials_and_the_boot_artifacts(default_synth):
     policies = default_synth.resources("Cell-0", "AWS::IAM::Policy")
     instance_policy = next(p for k, p in policies.items() if k.startswith("InstanceRole"))
     actions = set()
     for s in instance_policy["Properties"]["PolicyDocument"]["Statement"]:
         actions |= set([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    # s3:GetObject: the boot reads its artifacts, each by its exact key (tests/stacks/test_node_boot.py).
     assert actions == {
+        "s3:GetObject",
         "ecs:DeregisterContainerInstance",
         "ecs:RegisterContainerInstance",
         "ecs:Submit*",

@@ -59,6 +59,16 @@ def test_neuron_units_build_the_image_of_their_size(request, synth_name, dockerf
     assert asset_hash in image
 
 
+def test_the_multi_node_image_is_built_with_the_efa_installer_the_nodes_boot_installs(default_synth):
+    from contract.node_boot import EFA_INSTALLER
+
+    (image,) = _docker_images(default_synth).values()
+    assert image["source"]["dockerBuildArgs"] == {
+        "EFA_INSTALLER_VERSION": EFA_INSTALLER.version,
+        "EFA_INSTALLER_SHA256": EFA_INSTALLER.sha256,
+    }
+
+
 def test_reference_engine_units_keep_the_cpu_runtime_image(reference_synth):
     images = _docker_images(reference_synth)
     assert [img["source"]["dockerFile"] for img in images.values()] == ["runtime/Dockerfile"]

@@ -5,26 +5,38 @@ bind mount, and the directories the node writes to."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from synth_helpers import config_with, synthesize
 
-from stacks.unit import BOOT_PROLOGUE, SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, SCRATCH_SETUP
+from stacks.node_boot import BOOT_PROLOGUE, SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, SCRATCH_SETUP
 
-TOOLS = ("mountpoint", "mdadm", "mkfs.xfs", "blkid", "mount", "dnf", "poweroff")
+TOOLS = ("mountpoint", "mdadm", "mkfs.xfs", "blkid", "mount", "poweroff")
+# What SCRATCH_SETUP runs from the system besides bash builtins and the stand-ins above.
+SYSTEM_TOOLS = ("mkdir", "readlink", "sort")
 
 
 def run_setup(
-    tmp_path: Path, devices: list[str], *, failing: str = "", prologue: str = "", after: str = ""
-) -> tuple[list[str], Path, Path]:
+    tmp_path: Path,
+    devices: list[str],
+    *,
+    failing: str = "",
+    prologue: str = "",
+    after: str = "",
+    mdadm: bool = True,
+) -> tuple[list[str], Path, Path, str]:
     """Run SCRATCH_SETUP with /dev/disk/by-id, the mount point and /etc/fstab moved under tmp_path
     and the disk tools replaced by stand-ins that log their arguments; `failing` names a tool that
-    exits 1; `prologue` / `after` run before / after it. -> (tool calls, scratch, fstab)"""
-    by_id, dev, bin_dir = tmp_path / "by-id", tmp_path / "dev", tmp_path / "bin"
-    for d in (by_id, dev, bin_dir):
+    exits 1; `prologue` / `after` run before / after it; mdadm=False: a host without mdadm (PATH holds
+    only the stand-ins and the system tools the script needs). -> (tool calls, scratch, fstab, stderr)"""
+    by_id, dev, bin_dir, system = tmp_path / "by-id", tmp_path / "dev", tmp_path / "bin", tmp_path / "system"
+    for d in (by_id, dev, bin_dir, system):
         d.mkdir()
+    for tool in SYSTEM_TOOLS:
+        (system / tool).symlink_to(shutil.which(tool))
     for name in devices:
         (dev / name).touch()
         # udev links each instance-store volume twice (model+serial, and with a namespace suffix)
@@ -33,7 +45,7 @@ def run_setup(
         (by_id / f"{serial}_1").symlink_to(dev / name)
     (by_id / "nvme-Amazon_Elastic_Block_Store_vol0123").symlink_to(dev / "root")  # never the EBS root
     log = tmp_path / "calls.log"
-    for tool in TOOLS:
+    for tool in (t for t in TOOLS if mdadm or t != "mdadm"):
         body = f'echo "{tool} $*" >> {log}\n'
         if tool == "mountpoint":
             body += "exit 1\n"  # nothing mounted yet
@@ -50,17 +62,18 @@ def run_setup(
         .replace("/dev/disk/by-id", str(by_id))
         .replace("/etc/fstab", str(fstab))
     )
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    path = f"{bin_dir}{os.pathsep}{system}" if not mdadm else f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path}
+    proc = subprocess.run([shutil.which("bash"), "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert (proc.returncode != 0) == bool(failing), proc.stderr
     if failing:
         assert "flotilla: boot failed (exit 1) at line" in proc.stderr and failing in proc.stderr, proc.stderr
     calls = log.read_text().splitlines() if log.exists() else []
-    return calls, scratch, fstab
+    return calls, scratch, fstab, proc.stderr
 
 
 def test_four_nvme_volumes_become_one_raid0_xfs_mounted_at_boot_and_after_reboots(tmp_path):
-    calls, scratch, fstab = run_setup(tmp_path, ["nvme1n1", "nvme2n1", "nvme3n1", "nvme4n1"])
+    calls, scratch, fstab, _ = run_setup(tmp_path, ["nvme1n1", "nvme2n1", "nvme3n1", "nvme4n1"])
     dev = tmp_path / "dev"
     raid = [c for c in calls if c.startswith("mdadm")]
     assert raid == [
@@ -75,7 +88,7 @@ def test_four_nvme_volumes_become_one_raid0_xfs_mounted_at_boot_and_after_reboot
 
 def test_a_failed_raid_stops_the_boot_loudly_and_powers_off_before_the_ecs_agent_config(tmp_path):
     after = f"echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> {tmp_path / 'ecs.config'}\n"
-    calls, scratch, fstab = run_setup(
+    calls, scratch, fstab, _ = run_setup(
         tmp_path, ["nvme1n1", "nvme2n1"], failing="mdadm", prologue=BOOT_PROLOGUE, after=after
     )
     assert [c.split()[0] for c in calls] == ["mountpoint", "mdadm", "poweroff"]
@@ -84,7 +97,7 @@ def test_a_failed_raid_stops_the_boot_loudly_and_powers_off_before_the_ecs_agent
 
 
 def test_the_boot_prologue_lets_a_healthy_boot_through(tmp_path):
-    calls, scratch, _ = run_setup(tmp_path, ["nvme1n1", "nvme2n1"], prologue=BOOT_PROLOGUE)
+    calls, scratch, _, _ = run_setup(tmp_path, ["nvme1n1", "nvme2n1"], prologue=BOOT_PROLOGUE)
     assert "poweroff" not in [c.split()[0] for c in calls]
     assert (scratch / "model").is_dir()
 
@@ -92,15 +105,15 @@ def test_the_boot_prologue_lets_a_healthy_boot_through(tmp_path):
 @pytest.mark.parametrize(
     "step, reported",
     [
-        ("dnf install -y mdadm", "at line"),  # a command that fails
-        ("dnf install -y mdadm | cat", "at line"),  # ... at the head of a pipeline (pipefail)
+        ("mkfs.xfs -f /dev/md/flotilla", "at line"),  # a command that fails
+        ("mkfs.xfs -f /dev/md/flotilla | cat", "at line"),  # ... at the head of a pipeline (pipefail)
         ('echo "$flotilla_never_set"', "the script stopped"),  # an unset variable: set -u exits without ERR
     ],
 )
 def test_every_way_a_boot_step_can_fail_powers_the_node_off_before_the_ecs_agent_config(tmp_path, step, reported):
     bin_dir, log, ecs_config = tmp_path / "bin", tmp_path / "calls.log", tmp_path / "ecs.config"
     bin_dir.mkdir()
-    for tool, body in (("dnf", "exit 1"), ("poweroff", "exit 0")):
+    for tool, body in (("mkfs.xfs", "exit 1"), ("poweroff", "exit 0")):
         (bin_dir / tool).write_text(f'#!/bin/bash\necho "{tool} $*" >> {log}\n{body}\n')
         (bin_dir / tool).chmod(0o755)
     script = BOOT_PROLOGUE + step + "\n" + f"echo ECS_ENABLE_TASK_IAM_ROLE_NETWORK_HOST=true >> {ecs_config}\n"
@@ -112,14 +125,27 @@ def test_every_way_a_boot_step_can_fail_powers_the_node_off_before_the_ecs_agent
     assert not ecs_config.exists()  # the ECS agent never gets its config
 
 
+def test_without_mdadm_on_the_ami_the_boot_installs_nothing_and_takes_one_volume(tmp_path):
+    """The stock ECS AMI has no mdadm and the boot installs no package: the scratch directory takes
+    the first instance-store volume, says so on the console, and the boot goes on."""
+    calls, scratch, fstab, stderr = run_setup(
+        tmp_path, ["nvme1n1", "nvme2n1", "nvme3n1", "nvme4n1"], prologue=BOOT_PROLOGUE, mdadm=False
+    )
+    assert [c.split()[0] for c in calls] == ["mountpoint", "mkfs.xfs", "blkid", "mount"]
+    assert f"mkfs.xfs -f {tmp_path / 'dev' / 'nvme1n1'}" in calls
+    assert f"flotilla: no mdadm on this AMI: {scratch} uses 1 of 4 instance-store volumes" in stderr
+    assert fstab.read_text() == f"UUID=0d5c-uuid {scratch} xfs defaults,noatime,nofail 0 2\n"
+    assert (scratch / "model").is_dir()
+
+
 def test_a_single_volume_is_formatted_without_raid(tmp_path):
-    calls, scratch, _ = run_setup(tmp_path, ["nvme1n1"])
+    calls, scratch, _, _ = run_setup(tmp_path, ["nvme1n1"])
     assert not [c for c in calls if c.startswith("mdadm")]
     assert f"mkfs.xfs -f {tmp_path / 'dev' / 'nvme1n1'}" in calls
 
 
 def test_without_instance_store_the_directory_stays_on_the_root_volume(tmp_path):
-    calls, scratch, fstab = run_setup(tmp_path, [])
+    calls, scratch, fstab, _ = run_setup(tmp_path, [])
     assert not [c for c in calls if c.split()[0] in ("mdadm", "mkfs.xfs", "mount")]
     assert not fstab.exists()
     assert (scratch / "model").is_dir()

@@ -629,18 +629,19 @@ def test_switching_the_front_door_scheme_replaces_the_alb_so_it_is_not_an_in_pla
 
 
 def test_adding_host_efa_to_deployed_units_updates_their_launch_templates_in_place(synths, tmp_path):
-    """A unit deployed before its user data installed host EFA, updated to this revision: the pinned
-    CLI's diff reports each unit's launch template as modified and nothing replaced. EC2 keeps a
-    launch template immutable and adds a version ("Launch templates are immutable ... create a new
-    version", EC2 API reference, CreateLaunchTemplateVersion); the group follows it (its Version is the
-    template's LatestVersionNumber) while running instances keep the version they booted (no
-    AutoScalingRollingUpdate policy). The operator replaces them (docs/runbooks/node-replacement.md)
-    so each node boots with EFA."""
-    from stacks.unit import efa_setup
+    """A unit deployed before its user data installed host EFA (from the deployment's bucket), updated
+    to this revision: the pinned CLI's diff reports each unit's launch template as modified and nothing
+    replaced. EC2 keeps a launch template immutable and adds a version ("Launch templates are immutable
+    ... create a new version", EC2 API reference, CreateLaunchTemplateVersion); the group follows it (its
+    Version is the template's LatestVersionNumber) while running instances keep the version they booted
+    (no AutoScalingRollingUpdate policy). The operator replaces them (docs/runbooks/node-replacement.md)
+    so each node boots with EFA; docs/runbooks/node-boot-artifacts.md rolls the change back the same way."""
+    from stacks.node_boot import efa_setup, fetch_helper_setup
 
     after = synths("base")
     before_templates = json.loads(json.dumps(after.templates))
-    setup = efa_setup(8)  # trn1.32xlarge: 8 EFA interfaces
+    # trn1.32xlarge: 8 EFA interfaces; the boot writes its fetch helper just before the EFA step.
+    setup = fetch_helper_setup() + efa_setup(8, bucket=after.deployment.config.model.bucket)
     stripped = 0
     for stack_id, template in before_templates.items():
         for resource in template["Resources"].values():
@@ -649,7 +650,7 @@ def test_adding_host_efa_to_deployed_units_updates_their_launch_templates_in_pla
             data = resource["Properties"]["LaunchTemplateData"]["UserData"]
             text = json.dumps(data)
             assert json.dumps(setup)[1:-1] in text, stack_id
-            data_before = json.loads(text.replace(json.dumps(setup + "\n")[1:-1], "", 1))
+            data_before = json.loads(text.replace(json.dumps(setup)[1:-1], "", 1))
             resource["Properties"]["LaunchTemplateData"]["UserData"] = data_before
             stripped += 1
     assert stripped == 3  # base: three units

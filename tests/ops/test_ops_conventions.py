@@ -31,6 +31,8 @@ REPORTING = (
     ["keys", "create", "--name", "x"],
     ["preflight"],
     ["publish", "--source", "d", "--uri", "s3://b/p/"],
+    ["node-boot", "check", "--config", "x.yaml"],
+    ["node-boot", "stage", "--config", "x.yaml"],
 )
 # Commands that change something: each asks first, takes --yes, and --dry-run only says what it would do.
 CHANGING = (
@@ -48,6 +50,7 @@ CHANGING = (
     ["shrink", "--units", "1"],
     ["smoke", "--url", "http://x", "--roll-unit", "cell0-unit0"],
     ["publish", "--source", "d", "--uri", "s3://b/p/"],
+    ["node-boot", "stage", "--config", "x.yaml"],
 )
 
 

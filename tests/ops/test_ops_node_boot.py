@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_stage_uploads_the_pinned_bytes_with_their_sha256_and_then_check_passes(
     source.mkdir()
     (source / test_artifact.filename).write_bytes(PAYLOAD)
     path = config_file(tmp_path)
-    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source))
+    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--yes")
     assert code == 0, out
     head = aws.s3.head_object(Bucket=bucket, Key=test_artifact.key, ChecksumMode="ENABLED")
     assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(PAYLOAD).digest()).decode()
@@ -71,8 +72,23 @@ def test_stage_uploads_the_pinned_bytes_with_their_sha256_and_then_check_passes(
     checks = artifact_checks(read(path), s3=aws.s3, region="us-east-1")
     assert [(c.name, c.ok) for c in checks] == [(f"s3://{bucket}/{test_artifact.key}", True)]
     # A second run finds it in place and uploads nothing.
-    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source))
+    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--yes")
     assert code == 0 and "already staged" in out
+
+
+def test_stage_asks_before_uploading_and_check_json_names_each_artifact(run_cli, aws, bucket, test_artifact, tmp_path):
+    source = tmp_path / "downloads"
+    source.mkdir()
+    (source / test_artifact.filename).write_bytes(PAYLOAD)
+    path = config_file(tmp_path)
+    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source))  # stdin is not a terminal
+    assert code == 1 and "refusing to stage 1 boot artifact(s)" in " ".join(out.split())
+    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--dry-run")
+    assert code == 0 and "dry run: nothing changed" in out
+    assert "Contents" not in aws.s3.list_objects_v2(Bucket=bucket)
+    code, out = run_cli("node-boot", "check", "--config", path, "--json")
+    rows = json.loads(out)
+    assert code == 1 and rows[0]["check"] == f"s3://{bucket}/{test_artifact.key}" and rows[0]["ok"] is False
 
 
 def test_stage_downloads_from_the_upstream_url_when_not_given_the_files(aws, bucket, test_artifact, tmp_path):
@@ -92,7 +108,7 @@ def test_stage_refuses_bytes_that_are_not_the_pinned_ones_and_uploads_nothing(ru
     source = tmp_path / "downloads"
     source.mkdir()
     (source / EFA_INSTALLER.filename).write_bytes(b"not the installer AWS published")
-    code, out = run_cli("node-boot", "stage", "--config", config_file(tmp_path), "--from", str(source))
+    code, out = run_cli("node-boot", "stage", "--config", config_file(tmp_path), "--from", str(source), "--yes")
     assert code == 1
     text = " ".join(out.split())
     actual = hashlib.sha256(b"not the installer AWS published").hexdigest()

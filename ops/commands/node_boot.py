@@ -8,6 +8,7 @@ deploy and after a change of the pins (docs/runbooks/node-boot-artifacts.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,7 +44,6 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         metavar="DIR",
         help="a directory holding the artifacts under their upstream names (for a machine without internet)",
     )
-    add_confirm_options(stage)
     stage.set_defaults(handler=run_stage)
     check = psub.add_parser(
         "check",
@@ -54,7 +54,8 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     check.set_defaults(handler=run_check)
     for q in (stage, check):
         q.add_argument("--config", required=True, metavar="PATH", help="the flotilla config YAML the deploy uses")
-        add_json_option(q, "one row per artifact or AMI check")
+        add_json_option(q, "one finding per artifact")
+    add_confirm_options(stage)
     return [stage, check]  # ops/cli.py adds --region and --profile
 
 
@@ -68,10 +69,12 @@ def _clients(args: argparse.Namespace, config_region: str | None) -> tuple[Aws, 
 
 
 def _report(args: argparse.Namespace, console: Console, title: str, checks: list[BootCheck]) -> int:
-    code = EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
+    status = EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
     if args.json:
-        console.print_json(json.dumps([{"check": c.name, "ok": c.ok, "found": c.detail, "fix": c.fix} for c in checks]))
-        return code
+        console.print_json(
+            json.dumps({"title": title, "ok": status == EXIT_OK, "checks": [dataclasses.asdict(c) for c in checks]})
+        )
+        return status
     table = Table(title=title, show_lines=False)
     table.add_column("needed for boot", overflow="fold")  # whole S3 keys and parameter names, to copy
     table.add_column("")
@@ -81,26 +84,27 @@ def _report(args: argparse.Namespace, console: Console, title: str, checks: list
             c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail + (f"; fix: {c.fix}" if c.fix else "")
         )
     console.print(table)
-    return code
+    return status
 
 
 def run_stage(args: argparse.Namespace, console: Console) -> int:
-    say = prose_console(args, console)
     config = read_config(args.config)
+    prose = prose_console(args, console)
     if not needed_artifacts(config):
-        say.print(f"{config.instance_type} has no EFA interfaces: its nodes install nothing at boot.")
-        return _report(args, console, "", []) if args.json else EXIT_OK
+        prose.print(f"{config.instance_type} has no EFA interfaces: its nodes install nothing at boot.")
+        return EXIT_OK
     source_dir = Path(args.source_dir) if args.source_dir else None
     if source_dir is not None and not source_dir.is_dir():
         raise bad_arg("--from", args.source_dir, "is not a directory", "give the directory holding the artifacts")
     aws, region = _clients(args, config.region)
-    missing = [c for c in artifact_checks(config, s3=aws.s3, region=region, config_path=args.config) if not c.ok]
-    # A bucket in another region is no upload to confirm: stage_artifacts reports it and uploads nothing.
-    if missing and all(c.name != f"s3://{config.model.bucket}" for c in missing):
-        for c in missing:
-            say.print(f"node-boot stage: {c.name}: {c.detail}: upload it with its pinned SHA-256", highlight=False)
-        if not confirmed(args, say, f"stage {len(missing)} boot artifact(s) in s3://{config.model.bucket}"):
-            return EXIT_OK
+    names = ", ".join(a.key for a in needed_artifacts(config))
+    if not confirmed(args, prose, f"upload {names} to s3://{config.model.bucket} in {region} where missing"):
+        return _report(
+            args,
+            console,
+            f"boot artifacts of {args.config} in {region} (dry run)",
+            artifact_checks(config, s3=aws.s3, region=region, config_path=args.config),
+        )
     checks = list(stage_artifacts(config, s3=aws.s3, region=region, source_dir=source_dir, config_path=args.config))
     return _report(args, console, f"boot artifacts of {args.config} in {region}", checks)
 

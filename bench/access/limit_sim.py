@@ -2,7 +2,7 @@
 requests/s with the router's own buckets (runtime/router/access.py KeyLimits, on the simulated clock):
 how far the fleet-wide admitted rate strays from the key's limit.
 
-Run: `python bench/access/limit_sim.py`; the table goes to docs/benchmarks.md (Per-key limits).
+Run: `python -m bench.access.limit_sim`; the table goes to docs/benchmarks.md (Per-key limits).
 tests/router/test_router_limit_sim.py runs it small in `make test`.
 
 The model (each choice a stated assumption): the key's requests arrive as a Poisson stream at

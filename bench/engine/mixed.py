@@ -1,6 +1,6 @@
 """What a step that prefills a prompt chunk and decodes the running batch costs, in one pass through the
 layers or in two (the prefill's, then the decode's): executor only, SmolLM2 on one rank with one thread
-(a `make local` unit's engine). `python bench/engine/mixed.py` prints one JSON line per case and appends
+(a `make local` unit's engine). `python -m bench.engine.mixed` prints one JSON line per case and appends
 them to bench/results/mixed_step.json; wall-clock, so run it on a quiet machine.
 
 Each case: a running batch of `decode` sequences (64-token prompts), then steps that each prefill a

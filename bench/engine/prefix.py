@@ -1,8 +1,8 @@
 """The reference engine's prefix cache on a production conversation trace, one rank:
-`python bench/engine/prefix.py [--model smollm2] [--requests 300]` (prints a table, appends JSON
-to bench/results/prefix.json).
+`make bench-prefix` or `python -m bench.engine.prefix [--model smollm2] [--requests 300]` (prints a
+table, appends JSON to bench/results/prefix.json; --tiny: the tiny model, 5 requests).
 
-The first --requests of the Mooncake conversation trace (../shared/traces), in arrival order, one
+The first --requests of the Mooncake conversation trace (traces/), in arrival order, one
 after the other through one engine, with the cache and without it. Scaled to a small model: each
 512-token block id of the trace becomes a fixed run of 16 token ids (so requests that share a prefix
 in the trace share it token for token, at 1/32 of the length), a prompt is its input_length / 32
@@ -28,19 +28,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-# This folder's bench.py would shadow the bench folder that bench.measure is in.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from bench.measure import append_run  # noqa: E402
+from bench.measure import append_run, results_file, tiny_mode  # noqa: E402
+from traces import open_trace, unreadable  # noqa: E402
 
-TRACE = REPO.parent / "shared" / "traces" / "mooncake-conversation.jsonl"
 TRACE_BLOCK, BLOCK = 512, 16  # the trace's block, and the tokens each of its ids becomes here
 
 
-def scaled_prompts(path: Path, n: int, vocab: int, max_prompt: int) -> list[list[int]]:
+def scaled_prompts(trace: str, n: int, vocab: int, max_prompt: int) -> list[list[int]]:
     """Prompts whose shared prefixes follow the trace's hash ids, block for block."""
     out: list[list[int]] = []
-    with open(path) as f:
+    with open_trace(trace) as f:
         for line in f:
             if len(out) == n:
                 break
@@ -90,8 +88,10 @@ def main() -> None:
     ap.add_argument("--max-prompt", type=int, default=1024, help="cap on a scaled prompt's tokens")
     ap.add_argument("--budget", type=int, default=16384, help="the engine's kv_budget_tokens")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--out", default=str(results_file("prefix.json", tiny=False)))
+    tiny_mode(ap, model="tiny", requests=5, max_prompt=64, out=str(results_file("prefix.json", tiny=True)))
     a = ap.parse_args()
     import torch  # noqa: PLC0415
 
@@ -99,7 +99,10 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     vocab = resolve_model(a.model).shape.vocab_size
-    prompts = scaled_prompts(a.trace, a.requests, vocab, a.max_prompt)
+    try:
+        prompts = scaled_prompts(a.trace, a.requests, vocab, a.max_prompt)
+    except OSError as exc:
+        ap.error(unreadable("--trace", a.trace, exc))
     with_cache = asyncio.run(replay(a.model, prompts, caching=True, max_tokens=a.max_tokens, budget=a.budget))
     without = asyncio.run(replay(a.model, prompts, caching=False, max_tokens=a.max_tokens, budget=a.budget))
     total = sum(map(len, prompts))
@@ -135,7 +138,7 @@ def main() -> None:
     assert with_cache["queries"] == total and without["hits"] == 0
     print(json.dumps(row, indent=1))
     if not a.no_save:
-        append_run(REPO / "bench" / "results" / "prefix.json", row)
+        append_run(a.out, row)
 
 
 if __name__ == "__main__":

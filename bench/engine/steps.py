@@ -1,5 +1,5 @@
 """Where a batch-1 decode step's time goes, executor only (no server, no scheduler): part of
-`make bench-engine`, or on its own `python bench/engine/steps.py` (cores 0-1, prints one JSON line).
+`make bench-engine`, or on its own `python -m bench.engine.steps` (cores 0-1, prints one JSON line).
 
 Four ways on the same two cores, the same 30-token prompt, the same fed-back token, medians over
 --steps steps after --warm ones:
@@ -28,12 +28,12 @@ PROMPT = list(range(1, 31))
 TOKEN = 5
 
 
-def _executor(ranks: int, rank: int, comm=None):
+def _executor(model: str, ranks: int, rank: int, comm=None):
     from runtime.engines.executor import ShardExecutor  # noqa: PLC0415
     from runtime.engines.layout import make_plan  # noqa: PLC0415
     from runtime.models.registry import resolve_model  # noqa: PLC0415
 
-    src = resolve_model("smollm2")
+    src = resolve_model(model)
     uneven = comm is not None and comm.transport == "shm"
     plan = make_plan(src.shape, ranks, prefill="tensor", decode="tensor", split_uneven_heads=uneven)
     return ShardExecutor(plan=plan, rank=rank, weights=src.weights, comm=comm)
@@ -54,16 +54,16 @@ def _decode_loop(step, warm: int, steps: int, on_timed=None) -> list[float]:
     return times[warm:]
 
 
-def one_rank(threads: int, warm: int, steps: int) -> dict:
+def one_rank(model: str, threads: int, warm: int, steps: int) -> dict:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(threads)
-    ex = _executor(1, 0)
+    ex = _executor(model, 1, 0)
     times = _decode_loop(ex.run, warm, steps)
     return {"step_ms": 1e3 * statistics.median(times)}
 
 
-def _rank(rank: int, port: int, skip: bool, warm: int, steps: int, out: str) -> None:
+def _rank(rank: int, model: str, port: int, skip: bool, warm: int, steps: int, out: str) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -76,7 +76,7 @@ def _rank(rank: int, port: int, skip: bool, warm: int, steps: int, out: str) -> 
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120)
     )
     comm = connect(rank, 2, timeout_s=120, transport="shm")
-    ex = _executor(2, rank, comm)
+    ex = _executor(model, 2, rank, comm)
     spent = [0.0]
     if skip:
         ex._all_reduce = lambda t: t
@@ -103,7 +103,7 @@ def _rank(rank: int, port: int, skip: bool, warm: int, steps: int, out: str) -> 
     dist.destroy_process_group()
 
 
-def two_ranks(skip: bool, warm: int, steps: int) -> dict:
+def two_ranks(model: str, skip: bool, warm: int, steps: int) -> dict:
     import tempfile  # noqa: PLC0415
 
     import torch.multiprocessing as mp  # noqa: PLC0415
@@ -112,7 +112,7 @@ def two_ranks(skip: bool, warm: int, steps: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.spawn(_rank, args=(free_port(), skip, warm, steps, out), nprocs=2)
+        mp.spawn(_rank, args=(model, free_port(), skip, warm, steps, out), nprocs=2)
         return json.loads(Path(out).read_text())
 
 
@@ -121,14 +121,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warm", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3, help="each way this many times, interleaved; medians")
+    ap.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint directory")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two cores (run under taskset -c 0-1)")
     ways = {
-        "1 rank, 1 thread": lambda: _in_child(one_rank, 1, args.warm, args.steps),
-        "1 rank, 2 threads": lambda: _in_child(one_rank, 2, args.warm, args.steps),
-        "2 ranks, shared memory": lambda: two_ranks(False, args.warm, args.steps),
-        "2 ranks, all-reduce skipped": lambda: two_ranks(True, args.warm, args.steps),
+        "1 rank, 1 thread": lambda: _in_child(one_rank, args.model, 1, args.warm, args.steps),
+        "1 rank, 2 threads": lambda: _in_child(one_rank, args.model, 2, args.warm, args.steps),
+        "2 ranks, shared memory": lambda: two_ranks(args.model, False, args.warm, args.steps),
+        "2 ranks, all-reduce skipped": lambda: two_ranks(args.model, True, args.warm, args.steps),
     }
     runs: dict[str, list[dict]] = {name: [] for name in ways}
     for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every way

@@ -10,9 +10,10 @@ Three scenarios, each on a fresh local fleet (runtime.local):
   drain    long answers in flight; SIGTERM a leader (drain timeout 300 s): how long until it exits,
            and failed requests.
 
-    python bench/failover/run.py                # full: smollm2, 32 streams, 1,500-token drain answers
-    python bench/failover/run.py --short        # tiny, 8 streams, short answers: checks the command works
-    python bench/failover/run.py --scenarios kill9-follower --streams 16 --diagnose   # one blow, where it differs
+    python -m bench.failover.run                # full: smollm2, 32 streams, 1,500-token drain answers
+    python -m bench.failover.run --short        # tiny model, 8 streams, short answers, every scenario
+    python -m bench.failover.run --tiny         # one blow (kill -9 of a follower), 4 streams: the command runs
+    python -m bench.failover.run --scenarios kill9-follower --streams 16 --diagnose   # one blow, where it differs
 
 Each unit gets --max-running batch slots (full run: 48, so the unit that survives a blow has a slot for
 every stream, the headroom the goals assume; --short: 16) and a KV budget for them (--kv-budget-tokens);
@@ -40,10 +41,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import cpu_model, process_tree  # noqa: E402
+from bench.measure import cpu_model, process_tree, results_file, tiny_mode  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
-
-RESULTS = REPO / "bench" / "results" / "failover.json"
 
 
 class Fleet:
@@ -380,7 +379,20 @@ def main(argv: list[str] | None = None) -> int:
         default="kill9,sigstop,drain",
         help="comma-separated: kill9 (leader, then follower), kill9-leader, kill9-follower, sigstop, drain",
     )
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=str(results_file("failover.json", tiny=False)))
+    tiny_mode(
+        p,
+        argv,
+        short=True,
+        streams=4,
+        max_tokens=128,  # long enough on the tiny model that the blow lands mid-stream
+        drain_tokens=32,
+        blow_after_s=0.3,
+        max_running=8,
+        scenarios="kill9-follower",
+        ready_timeout=300.0,
+        out=str(results_file("failover.json", tiny=True)),
+    )
     a = p.parse_args(argv)
     short = a.short
     a.model = a.model or ("tiny" if short else "smollm2")
@@ -427,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     history = json.loads(out.read_text()) if out.exists() else []
     history.append(record)
     out.write_text(json.dumps(history, indent=2) + "\n")

@@ -3,7 +3,7 @@ shipped policy (a full unit refuses at once with 429 and stays in rotation) agai
 full unit held a request for its queue timeout, answered 503, and every router that saw the 503
 took the unit out of rotation).
 
-Run: `python bench/fleet/policy_sim.py --scenario overload` (the table goes to docs/benchmarks.md,
+Run: `python -m bench.fleet.policy_sim --scenario overload` (the table goes to docs/benchmarks.md,
 Overload); tests/router/test_router_overload_sim.py runs it small in `make test`.
 
 The model runs the code the fleet runs: the router's unit choice (runtime/router/balance.py), its

@@ -1,7 +1,7 @@
 """A SimPy model of N routers in front of M units, each router seeing every unit's load only as of its
 last report: which balancing policy keeps queue wait close to one ideal central queue.
 
-Run: `python bench/fleet/policy_sim.py` (part of `make bench-fleet`); the table goes to
+Run: `python -m bench.fleet.policy_sim` (part of `make bench-fleet`; --tiny: 2,000 requests); the table goes to
 docs/benchmarks.md (Fleet). tests/router/test_router_balance.py runs it small in `make test`.
 
 The model (each choice is a stated assumption, not a measurement of Trainium):
@@ -41,7 +41,8 @@ import simpy
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from runtime.router import balance  # noqa: E402 - after the path to this checkout is known
+from bench.measure import results_file, tiny_mode  # noqa: E402 - after the path to this checkout is known
+from runtime.router import balance  # noqa: E402
 
 LOADS_DEFAULT = "0.5,0.7,0.8,0.9"
 POLICIES = ("p4c", "p2c", "least_loaded", "least_loaded_corrected", "p2c_own", "random")
@@ -253,7 +254,7 @@ def compare(p: Params, policies: tuple[str, ...] = POLICIES) -> dict[str, dict[s
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--routers", type=int, default=10)
     ap.add_argument("--units", type=int, default=100)
@@ -277,10 +278,11 @@ def main() -> int:
     ap.add_argument(
         "--durations", default="60,300", help="overload: seconds the overload lasts, one run each (comma-separated)"
     )
-    args = ap.parse_args()
+    tiny = tiny_mode(ap, argv, units=20, requests=2000, reports="0.05", durations="5")
+    args = ap.parse_args(argv)
+    args.out = args.out or str(results_file(f"{'policy' if args.scenario == 'balance' else 'overload'}_sim.json", tiny))
     if args.scenario == "overload":
         return _overload_main(args)
-    args.out = args.out or str(REPO / "bench" / "results" / "policy_sim.json")
     runs = []
     policies = tuple(args.policies.split(","))
     for report, load in ((float(r), float(x)) for r in args.reports.split(",") for x in args.loads.split(",")):
@@ -342,7 +344,7 @@ def _overload_main(args: argparse.Namespace) -> int:
             took = time.monotonic() - started
             print(f"{duration:g} s at {load:.2f}: {behaviour} {json.dumps(result)} ({took:.0f} s)", flush=True)
     print(overload_sim.table(rows))
-    out = Path(args.out or REPO / "bench" / "results" / "overload_sim.json")
+    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(out.read_text()) if out.exists() else []
     previous.append({"label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": rows})

@@ -6,8 +6,9 @@ load changes as a loaded fleet's does, its leaders listing each admitted request
 for the --prompt-share of them that are completion prompts, the prompt's size and checkpoints, as a
 node's watch does), router memory, time from a unit's death (process exit, hung
 host, unit turned unready, unit deregistered) to no new requests, routing errors, requests to members
-that are not in the fleet or not leaders, and request throughput. Run: `make bench-fleet` (not part of
-`make test`); results are appended to bench/results/fleet.json and bench/fleet/table.py prints them.
+that are not in the fleet or not leaders, and request throughput. Run: `make bench-fleet` (its tiny mode,
+--tiny: 6 units of 2 members for a few seconds, is part of `make test`); results are appended to
+bench/results/fleet.json and bench/fleet/table.py prints them.
 
 Set-up: Cloud Map is moto's, with the documented quotas, caps and revisions (bench/fleet/cloudmap.py),
 served over HTTP on 127.0.0.1; the router (`python -m runtime router --discovery cloudmap`, default
@@ -36,7 +37,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402 - after the path to this checkout is known
 from bench.fleet.cloudmap import documented_cloud_map, ecs_attributes, serve_http  # noqa: E402
-from bench.measure import append_run, cpu_seconds, cpu_split, pct, pin_self, pinned, start_router  # noqa: E402
+from bench.measure import (  # noqa: E402
+    append_run,
+    cpu_seconds,
+    cpu_split,
+    pct,
+    pin_self,
+    pinned,
+    results_file,
+    start_router,
+    tiny_mode,
+)
 from runtime.ports import free_port  # noqa: E402
 
 NAMESPACE = "flotilla.internal"
@@ -197,7 +208,8 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         pinned(
             args.load_cpu,
             sys.executable,
-            str(Path(__file__).with_name("standin.py")),
+            "-m",
+            "bench.fleet.standin",
             "--units",
             str(units),
             "--nodes",
@@ -317,7 +329,7 @@ async def traffic_and_failover(
 ) -> dict:
     load = Load(port, args.concurrency)
     load.start()
-    await asyncio.sleep(2.0)  # warm-up
+    await asyncio.sleep(args.warmup)
     load.reset()
     c0, w0 = cpu_seconds(router_pid), time.monotonic()
     await asyncio.sleep(args.seconds)
@@ -375,13 +387,14 @@ async def traffic_and_failover(
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="160,625", help="units per run; 8 members each by default")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--decoys", type=int, default=2)
     ap.add_argument("--idle-seconds", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=20.0, help="traffic window")
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds of traffic before the window")
     ap.add_argument("--event-gap", type=float, default=3.0, help="seconds between failover events")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds after every unit is routable")
     ap.add_argument("--concurrency", type=int, default=64)
@@ -401,8 +414,22 @@ def main() -> int:
     ap.add_argument("--load-cpu", default="1")
     ap.add_argument("--router-args", default="")
     ap.add_argument("--label", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "fleet.json"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=str(results_file("fleet.json", tiny=False)))
+    tiny_mode(
+        ap,
+        argv,
+        sizes="6",  # the failover events take four units
+        nodes=2,
+        decoys=1,
+        idle_seconds=0.5,
+        seconds=0.5,
+        warmup=0.5,
+        event_gap=0.5,
+        settle=0.2,
+        concurrency=4,
+        out=str(results_file("fleet.json", tiny=True)),
+    )
+    args = ap.parse_args(argv)
     if not 0 <= args.prompt_share <= 1:
         ap.error(f"--prompt-share {args.prompt_share:g}: a share of the admitted requests, from 0 to 1")
     pin_self(args.load_cpu)

@@ -1,13 +1,17 @@
 """Print bench/results/fleet.json and bench/results/policy_sim.json as the tables of docs/benchmarks.md
-(Fleet)."""
+(Fleet): `python -m bench.fleet.table` (--tiny: the tiny runs' files in .cache/bench-tiny/)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from bench.measure import results_file, tiny_mode  # noqa: E402
 
 
 def fleet_table(path: Path) -> None:
@@ -52,13 +56,15 @@ def policy_table(path: Path) -> None:
                 )
 
 
-def main() -> int:
-    results = REPO / "bench" / "results"
-    if (results / "fleet.json").exists():
-        fleet_table(results / "fleet.json")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    tiny = tiny_mode(ap, argv)
+    ap.parse_args(argv)
+    if results_file("fleet.json", tiny).exists():
+        fleet_table(results_file("fleet.json", tiny))
         print()
-    if (results / "policy_sim.json").exists():
-        policy_table(results / "policy_sim.json")
+    if results_file("policy_sim.json", tiny).exists():
+        policy_table(results_file("policy_sim.json", tiny))
     return 0
 
 

@@ -1,12 +1,13 @@
 """A SimPy model of routers in front of hundreds of units with prefix caches, driven by a production
 request trace: which routing policy gives the lowest time to first token without hot units.
 
-Run: `python bench/fleet/trace_sim.py` (the last step of `make bench-fleet`; beside policy_sim.py,
-whose step-function history it reuses); the table goes to docs/benchmarks.md (Routing by cache).
+Run: `python -m bench.fleet.trace_sim` (a step of `make bench-fleet`; --tiny: 300 requests on 8 units;
+beside policy_sim.py, whose step-function history it reuses); the table goes to docs/benchmarks.md
+(Routing by cache).
 tests/router/test_router_cache_routing.py runs it small in `make test`.
 
 The model (each choice a stated assumption, not a measurement of Trainium):
-- The trace is Mooncake's (`../shared/traces`, FAST '25): arrival, input and output tokens and the
+- The trace is Mooncake's (`traces/`, FAST '25): arrival, input and output tokens and the
   hashes of 512-token prefix blocks of each request. To load hundreds of units it is replayed as
   `copies` copies with disjoint block hashes, copy k shifted by k/copies of the trace's span (wrapped
   round), and time compressed by a factor chosen so the offered prefill work, with no cache at all,
@@ -44,7 +45,6 @@ contents and exact queues of every unit: the lowest true TTFT estimate).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -59,10 +59,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from bench.fleet.policy_sim import _History  # noqa: E402 - after the path to this checkout is known
-from bench.measure import append_run  # noqa: E402
+from bench.measure import append_run, results_file, tiny_mode  # noqa: E402
 from runtime.router import balance  # noqa: E402
+from traces import mooncake_rows, unreadable  # noqa: E402
 
-TRACES = REPO.parent / "shared" / "traces"
 BLOCK_TOKENS = 512  # the trace's block size (its README)
 POLICIES = ("p4c", "least_work", "affinity", "cache_aware", "oracle")
 
@@ -103,10 +103,6 @@ class Request:
     router: int
 
 
-def trace_path(name: str) -> Path:
-    return TRACES / f"mooncake-{name}.jsonl" if name in ("conversation", "synthetic") else Path(name)
-
-
 def shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """How many leading blocks two prompts share."""
     n = 0
@@ -119,13 +115,10 @@ def shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 def load_trace(p: Params) -> tuple[list[Request], dict[str, float]]:
     """The replayed requests, in arrival order, and the scaling applied to the trace."""
-    path = trace_path(p.trace)
     try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = mooncake_rows(p.trace, p.limit)
     except OSError as exc:
-        raise SystemExit(f"--trace {p.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path") from None
-    if p.limit:
-        rows = rows[: p.limit]
+        raise SystemExit(unreadable("--traces", p.trace, exc)) from None
     span = max(r["timestamp"] for r in rows) / 1000.0 + 1.0
     offered = sum(r["input_length"] for r in rows) * p.copies / span  # prefill tokens/s, uncompressed
     compress = p.load * p.units * p.prefill_tps / offered
@@ -416,7 +409,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--label", default="")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_sim.json"))
+    ap.add_argument("--out", default=str(results_file("trace_sim.json", tiny=False)))
+    tiny_mode(
+        ap,
+        argv,
+        traces="conversation",
+        units=8,
+        copies=1,
+        limit=300,
+        out=str(results_file("trace_sim.json", tiny=True)),
+    )
     args = ap.parse_args(argv)
     policies = tuple(args.policies.split(","))
     bad = [x for x in policies if x not in POLICIES]

@@ -3,7 +3,7 @@ and decoded by the supervisor, as typed messages (runtime.node.engine_protocol) 
 dicts the protocol used before (their code copied below, as it was).
 
 In-process and CPU-bound: figures move with the machine's load; print them with the load average.
-Run: .venv/bin/python bench/node/engine_protocol.py [--tokens N]
+Run: .venv/bin/python -m bench.node.engine_protocol [--tokens N]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ after the new formation entered the router's rotation the old one left it. The s
 that delay as the node's settle plus uniform(0, health-check interval); this prints the measured
 phases beside that model and the rehearsal's per-unit rollout times. Not part of `make test`.
 
-    .venv/bin/python bench/rollout/calibrate.py --cdk-out cdk.out --runs 3
+    .venv/bin/python -m bench.rollout.calibrate --cdk-out cdk.out --runs 3
 """
 
 from __future__ import annotations

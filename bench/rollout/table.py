@@ -4,7 +4,7 @@ in both modes (ops/rollout_sim.py; step times and their sources in StepTimes). P
 `--drains` prints the drain table instead: the same fleet with a unit's drain waiting for its
 answers (the 100 s bound, a typical 20 s) against handing its streams over (5 s).
 
-    .venv/bin/python bench/rollout/table.py [--drains]
+    .venv/bin/python -m bench.rollout.table [--drains]
 """
 
 from __future__ import annotations

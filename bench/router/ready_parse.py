@@ -2,7 +2,7 @@
 Member.take_load on the dict) against the typed ready-body parser (runtime.node.handshake.read_ready).
 
 In-process and CPU-bound: figures move with the machine's load; print them with the load average.
-Run: .venv/bin/python bench/router/ready_parse.py [--lines N]
+Run: .venv/bin/python -m bench.router.ready_parse [--lines N]
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Starts the fast stand-in backend and the router (`python -m runtime router`) as processes, the router
 pinned to one core (taskset), the backend and this load generator to the other, then measures the
-same closed-loop load against the backend directly and through the router. Run: make bench-router.
+same closed-loop load against the backend directly and through the router. Run: make bench-router
+(`python -m bench.router.run`; --tiny: a fifth of a second per scenario).
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 # Imported after the path to this checkout is known:
-from bench.measure import append_run, cpu_seconds, pct, pin_self, pinned, start_router  # noqa: E402
+from bench.measure import (  # noqa: E402
+    append_run,
+    cpu_seconds,
+    pct,
+    pin_self,
+    pinned,
+    results_file,
+    start_router,
+    tiny_mode,
+)
 from runtime.ports import free_port  # noqa: E402
 
 perf_counter = time.perf_counter
@@ -167,22 +177,26 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
     raise RuntimeError(f"nothing listens on {port} after {timeout} s")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=5.0, help="measurement window per scenario")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each window")
     ap.add_argument("--router-cpu", default="0")
     ap.add_argument("--load-cpu", default="1", help="core for the backend and the load generator")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--events", type=int, default=32, help="SSE events per streamed response")
     ap.add_argument("--label", default="", help="name of this run in the results file")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "router.json"))
+    ap.add_argument("--out", default=str(results_file("router.json", tiny=False)))
     ap.add_argument("--router-args", default="", help="extra router flags, e.g. '--event-loop asyncio'")
     ap.add_argument(
         "--router-repo",
         default=str(REPO),
         help="checkout whose runtime/ is benchmarked (compare revisions on one machine)",
     )
-    args = ap.parse_args()
+    tiny_mode(
+        ap, argv, seconds=0.2, warmup=0.1, concurrency=4, events=4, out=str(results_file("router.json", tiny=True))
+    )
+    args = ap.parse_args(argv)
 
     pin_self(args.load_cpu)
     backend_port = free_port()
@@ -194,7 +208,8 @@ def main() -> int:
         pinned(
             args.load_cpu,
             py,
-            str(Path(__file__).with_name("backend.py")),
+            "-m",
+            "bench.router.backend",
             "--port",
             str(backend_port),
             "--events",
@@ -232,6 +247,7 @@ def main() -> int:
                     port,
                     concurrency=conc,
                     seconds=args.seconds,
+                    warmup=args.warmup,
                     stream=stream,
                     cpu_pid=router.pid if port == router_port else None,
                     paced=name.startswith("paced"),

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from bench.measure import append_run, cpu_model  # noqa: E402
+from bench.measure import append_run, cpu_model, results_file, tiny_mode  # noqa: E402
 from runtime.engines.neuron.spmd import sample_on_host  # noqa: E402
 
 VOCAB = 128_256  # Llama 3.1 vocab_size
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,2,4,8,16,32,64", help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=9, help="timed calls per point (median reported)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the leader's loop thread)")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "host_sampling.json"))
+    p.add_argument("--out", default=str(results_file("host_sampling.json", tiny=False)))
+    tiny_mode(p, argv, batches="1,2", repeats=1, out=str(results_file("host_sampling.json", tiny=True)))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ throw-away virtualenv, e.g.
     /tmp/gram-venv/bin/pip install torch==2.13.0 transformers==5.23.0 tokenizers==0.23.3 numpy==2.4.6 \\
         llguidance==1.9.1 outlines-core==0.2.14 xgrammar==0.2.8
     for lib in llguidance xgrammar outlines; do
-        /tmp/gram-venv/bin/python bench/structured/compare_libraries.py $lib
+        /tmp/gram-venv/bin/python -m bench.structured.compare_libraries $lib
     done
 
 TOK names a converted SmolLM2 checkpoint directory (default: the node's cache under ~/.cache/flotilla).

@@ -1,6 +1,6 @@
 """Per-token cost of structured output in the reference engine's sampler: the grammar mask (llguidance
 bitmask fill + unpack + apply to the logits) at batch 1 and 16, against plain sampling of the same
-logits. Run: `.venv/bin/python bench/structured/run.py` (writes bench/results/structured.json).
+logits. Run: `.venv/bin/python -m bench.structured.run` (writes bench/results/structured.json).
 
 The logits are random (the model's forward pass is the same with or without a grammar, so it is left
 out); each row samples at temperature 0.7 under a product-attributes JSON schema, and a row whose

@@ -1,7 +1,7 @@
 """The lowest TTFT any router could give the replayed requests on these units, from a replay's records:
 how far a policy's median is from what the cache allows, and how much of the rest is queueing.
 
-Run: `python bench/trace/bound.py --records DIR [the replay's scaling flags]`, DIR being a
+Run: `python -m bench.trace.bound --records DIR [the replay's scaling flags]`, DIR being a
 `bench/trace/replay.py --records DIR` run's (one `POLICY-RATE.jsonl` per run) and the flags the ones
 that run was given (`--requests`, `--seed`, `--no-resend`, ...: the requests are drawn again and each
 record's prompt size checked against them).
@@ -101,7 +101,7 @@ def ms(seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = replay.parser()
+    ap = replay.parser(argv)
     ap.description = __doc__.splitlines()[0]
     a = ap.parse_args(argv)
     if not a.records:

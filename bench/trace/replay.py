@@ -1,7 +1,8 @@
 """Trace replay against `make local`: the Mooncake conversation trace, scaled to SmolLM2, through the
 router under each routing policy in turn; TTFT p50/p90/p99, TPOT, prefix-cache hit rate and goodput.
 
-Run: `make bench-trace` (BENCH_ARGS passes flags; `--requests 12 --rates 1,2` is a short run). For each
+Run: `make bench-trace` (`python -m bench.trace.replay`; BENCH_ARGS passes flags; `--requests 12 --rates 1,2`
+is a short run; --tiny: 4 requests on one unit of the tiny model under one policy). For each
 rate and policy it starts `python -m runtime.local --balance POLICY` (fresh units: no run inherits
 another's warm cache), replays the same requests open-loop at their scaled arrival times, and stops it.
 The defaults (100 requests of whole conversations at 0.5 and 1 req/s, three policies) are one quiet run
@@ -58,10 +59,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 import contract  # noqa: E402
-from bench.fleet.trace_sim import shared_blocks, trace_path  # noqa: E402
-from bench.measure import append_run  # noqa: E402
+from bench.fleet.trace_sim import shared_blocks  # noqa: E402
+from bench.measure import TINY_RESULTS, append_run, results_file, tiny_mode  # noqa: E402
 from runtime.engines.base import DEFAULT_MAX_PREFILL_TOKENS  # noqa: E402
 from runtime.ports import free_port  # noqa: E402
+from traces import mooncake_rows, unreadable  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
 # A run's start (3 units loading SmolLM2, then routable) and drain (the last requests, bounded by the
@@ -413,9 +415,13 @@ def run_policy(policy: str, requests: list[Scaled], a: argparse.Namespace, rate:
     return summarize(recs, a.ttft_target, a.tpot_target) | {"missed": missed_hits(requests, recs, a.block_tokens)}
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The replay's flags (bound.py takes them too, to select the same requests); `argv` says whether
+    --tiny's defaults apply."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default="conversation", help="conversation, synthetic or a Mooncake JSONL path")
+    ap.add_argument(
+        "--trace", default="conversation", help="conversation, synthetic (shipped in traces/) or a Mooncake JSONL path"
+    )
     ap.add_argument("--requests", type=int, default=100, help="how many requests (see --sample)")
     ap.add_argument(
         "--sample",
@@ -456,7 +462,23 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--state-dir", default=str(REPO / ".flotilla" / "bench-trace"))
     ap.add_argument("--label", default="")
     ap.add_argument("--records", default="", help="a directory: each run's requests, one JSON line each")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trace_replay.json"))
+    ap.add_argument("--out", default=str(results_file("trace_replay.json", tiny=False)))
+    tiny_mode(
+        ap,
+        argv,
+        requests=4,
+        sample="first",
+        rates="4",
+        policies=POLICIES[-1],
+        units=1,
+        model="tiny",
+        vocab=261,  # the tiny model's vocabulary
+        max_input_tokens=32,
+        max_output_tokens=2,
+        ready_timeout=300.0,
+        state_dir=str(TINY_RESULTS / "bench-trace"),
+        out=str(results_file("trace_replay.json", tiny=True)),
+    )
     return ap
 
 
@@ -464,14 +486,14 @@ def selected_rows(ap: argparse.ArgumentParser, a: argparse.Namespace) -> list[di
     """The trace's requests that --trace, --requests, --sample and --seed select (a trace that cannot
     be read is refused naming the flag)."""
     try:
-        rows = [json.loads(line) for line in trace_path(a.trace).read_text().splitlines() if line.strip()]
+        rows = mooncake_rows(a.trace)
     except OSError as exc:
-        ap.error(f"--trace {a.trace}: {exc.strerror}; give conversation, synthetic or a JSONL path")
+        ap.error(unreadable("--trace", a.trace, exc))
     return select(rows, a.requests, a.sample, a.seed)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser()
+    ap = parser(argv)
     a = ap.parse_args(argv)
     try:
         a.rates = [float(r) for r in a.rates.split(",")]

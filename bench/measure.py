@@ -93,6 +93,7 @@ def start_router(
     cwd: str | Path,
     stderr: IO[bytes],
     env: dict[str, str] | None = None,
+    metrics_port: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """`python -m runtime router` on 127.0.0.1:`port`, pinned to `cpus`, with `settings` (its discovery)
     and then the run's own `router_args` (last, so they win). WARNING level and no drain grace:
@@ -105,6 +106,7 @@ def start_router(
             *router_command(
                 host="127.0.0.1",
                 port=port,
+                metrics_port=metrics_port,  # None: the flag left out (a checkout that predates it)
                 log_level="WARNING",
                 drain_grace_s=0,
                 **settings,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 # --- Ports -------------------------------------------------------------------------------------
 NODE_API_PORT = 8000  # a unit member's HTTP server (the leader serves the API here)
-ROUTER_PORT = 8080  # the router's HTTP server; the ALB targets it
-ROUTER_TEST_PORT = 9080  # the ALB's blue/green test listener
+ROUTER_PORT = 8080  # the router's public HTTP server (the API and its health check); the ALB targets it
+# The router's /metrics, on loopback by default: a port no target group forwards to (runtime/router/metrics_port.py)
+ROUTER_METRICS_PORT = 9464
 DIST_PORT = 29500  # torch.distributed / collectives bootstrap on the leader
 # Ports the units use between their own members only (unit security group, self-referencing)
 UNIT_INTERNAL_PORT_RANGE = (29500, 29600)
@@ -23,6 +24,7 @@ NODE_READY_PATH = "/health/ready"  # ready: unit formed, engine warm, not draini
 NODE_WATCH_PATH = "/health/watch"  # the ready body as a stream, one line per interval: the router watches leaders
 ROUTER_HEALTH_PATH = "/health"  # the ALB's target-group health check on the router
 METRICS_PATH = "/metrics"
+API_PATH_PATTERN = "/v1/*"  # the OpenAI API: with ROUTER_HEALTH_PATH, all the front door forwards
 
 # --- Request identity ----------------------------------------------------------------------------
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -99,6 +101,7 @@ ENV_PREFILL_STRATEGY = "FLOTILLA_PREFILL_STRATEGY"  # auto | pipeline | tensor
 ENV_DECODE_STRATEGY = "FLOTILLA_DECODE_STRATEGY"  # auto | pipeline | tensor
 ENV_DRAIN_TIMEOUT = "FLOTILLA_DRAIN_TIMEOUT_S"
 ENV_PORT = "PORT"  # HTTP port override (node API or router)
+ENV_METRICS_PORT = "FLOTILLA_METRICS_PORT"  # router: its metrics port (ROUTER_METRICS_PORT)
 ENV_DISCOVERY = "FLOTILLA_DISCOVERY"  # router: static | cloudmap
 ENV_UNITS = "FLOTILLA_UNITS"  # router, static discovery: comma-separated leader URLs
 ENV_CLOUDMAP_NAMESPACE = "FLOTILLA_CLOUDMAP_NAMESPACE"

@@ -186,15 +186,17 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
         }
         if os.environ.get(contract.ENV_API_KEY):
             env[contract.ENV_API_KEY] = os.environ[contract.ENV_API_KEY]
+        metrics = free_port(avoid=taken)
         procs.append(
             Proc(
                 role="router",
                 unit=None,
                 rank=None,
-                ports={"http": a.port},
+                ports={"http": a.port, "metrics": metrics},
                 # no load balancer watches a local router's /health: no drain grace
                 cmd=router_command(
                     host="127.0.0.1",
+                    metrics_port=metrics,
                     drain_grace_s=0,
                     poll_timeout_s=5,  # a laptop busy with the model answers polls late: not "unit gone"
                     balance=a.balance or None,

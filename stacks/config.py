@@ -23,6 +23,7 @@ import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.bad_input import BadInput
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
+from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE, check_front_door
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 from stacks.speculation import SpeculationConfig, SpeculationSection
 
@@ -64,7 +65,7 @@ USABLE_IPS_PER_PRIVATE_SUBNET = usable_ips(PRIVATE_SUBNET_MASK)
 # emit exactly this; tests/stacks/test_cell_stack.py checks it against the synthesized templates,
 # so the quota check below can run before anything is built.
 CELL_FIXED_RESOURCES = 10
-UNIT_RESOURCES = 9
+UNIT_RESOURCES = 10
 # The Discovery stack: the namespace, the ALB security group and its ALB -> router ingress rule, plus
 # one Cloud Map service per cell (stacks/discovery.py).
 DISCOVERY_FIXED_RESOURCES = 3
@@ -401,28 +402,19 @@ class FrontConfig(_Section):
         tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
         BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
     ] = ()
+    # The name consumers' endpoints answer to (the certificate's name), once its domain is verified
+    privatelink_private_dns_name: Annotated[
+        str | None, matches(DNS_NAME_RE, "a DNS name like api.example.com", optional=True)
+    ] = None
     # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
     waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
+    # internet-facing only: body rules WAF blocks again instead of counting (stacks/front_door.py)
+    waf_blocked_body_rules: Annotated[
+        tuple[Annotated[str, one_of(BODY_RULE_NAMES)], ...], BeforeValidator(_list_of("WAF body rule names"))
+    ] = ()
     # Routers require an API key (flotilla keys); off only for a deployment nobody else can reach.
     api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
-
-    @model_validator(mode="after")
-    def _internet_facing_names_its_clients(self) -> FrontConfig:
-        if self.scheme == "internet-facing" and not (self.client_cidrs or self.client_prefix_lists):
-            raise ConfigError(
-                "front.scheme",
-                self.scheme,
-                "internet-facing needs front.client_cidrs or front.client_prefix_lists (the clients the ALB "
-                "admits; there is no 0.0.0.0/0 default), or use internal",
-            )
-        if self.scheme == "internet-facing" and self.privatelink_principals:
-            raise ConfigError(
-                "front.privatelink_principals",
-                list(self.privatelink_principals),
-                "only with front.scheme internal (PrivateLink consumers reach the internal ALB privately)",
-            )
-        return self
 
 
 @dataclass(frozen=True)
@@ -533,6 +525,7 @@ class FlotillaConfig(_Section):
                 "names with those prefixes, and each unit's is named after its stack)",
             )
         check_engine_fits_instance(self)
+        check_front_door(self)
         check_capacity(self)
         check_quotas(self)
         known = {p.unit_id for c in range(self.cells) for p in self.units_in_cell(c)}

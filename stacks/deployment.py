@@ -134,8 +134,12 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         certificate_arn=config.certificate_arn,
         live_target_group=router.live_target_group,
         internet_facing=config.front.scheme == "internet-facing",
+        deployment_name=config.deployment_name,
         waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+        waf_blocked_body_rules=config.front.waf_blocked_body_rules,
+        waf_log_retention=retention(config.node.log_retention_days),
         privatelink_principals=config.front.privatelink_principals,
+        privatelink_private_dns_name=config.front.privatelink_private_dns_name,
         **common("Front"),
     )
     front = deployment.front
@@ -162,7 +166,6 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         blue_target_group=front.blue_target_group,
         green_target_group=front.green_target_group,
         production_rule=front.production_rule,
-        test_rule=front.test_rule,
         deployment_alarms=deployment.observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_names=discovery.service_names,

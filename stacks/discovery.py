@@ -36,8 +36,7 @@ class DiscoveryStack(cdk.Stack):
     """Cloud Map namespace + one service per cell; the ALB security group with exact rules.
 
     clients -> ALB on the client ports (443 and 80): the VPC and the configured client ranges when
-    internal, only the configured ranges when internet-facing; the test port from the VPC (internal)
-    or the VPC's NAT gateways (internet-facing); ALB -> router on the router port. (The router SG's
+    internal, only the configured ranges when internet-facing; ALB -> router on the router port. (The router SG's
     own egress, node serving port in the VPC and HTTPS, is set in Network; each unit SG admits the
     router SG on the serving port.)
     """
@@ -98,26 +97,6 @@ class DiscoveryStack(cdk.Stack):
         for peer, who in peers:
             for port in (HTTPS_PORT, HTTP_PORT):
                 self.alb_security_group.add_ingress_rule(peer, ec2.Port.tcp(port), f"clients on {port} from {who}")
-        if internet_facing:
-            # An internet-facing ALB's DNS name resolves to public addresses ("The nodes of an
-            # Internet-facing load balancer have public IP addresses", ELBv2 CreateLoadBalancer,
-            # Scheme), so a caller in a private subnet reaches the test listener through its AZ's NAT
-            # gateway and arrives from the NAT's Elastic IP, never from the VPC CIDR
-            # (aws-samples/ecs-refarch-cloudformation#45). Admit exactly those addresses.
-            for az, nat_ip in enumerate(nat_public_ips(vpc)):
-                self.alb_security_group.add_ingress_rule(
-                    ec2.Peer.ipv4(f"{nat_ip}/32"),
-                    ec2.Port.tcp(contract.ROUTER_TEST_PORT),
-                    f"blue/green test listener, from the VPC through NAT gateway {az + 1}",
-                )
-        else:
-            # An internal ALB has private addresses only ("The nodes of an internal load balancer
-            # have only private IP addresses", same reference): callers in the VPC arrive from it.
-            self.alb_security_group.add_ingress_rule(
-                ec2.Peer.ipv4(VPC_CIDR),
-                ec2.Port.tcp(contract.ROUTER_TEST_PORT),
-                "blue/green test listener, from the VPC",
-            )
         # Both rules of the ALB -> router hop are written here, explicitly. Front and Router attach
         # the groups as immutable imports, so CDK's automatic target-group rules add nothing (and
         # cannot land in Network, which would make Network depend on this stack).
@@ -136,34 +115,18 @@ class DiscoveryStack(cdk.Stack):
             to_port=contract.ROUTER_PORT,
             description="ALB to router port",
         )
-        if internet_facing:
-            # cdk-nag cannot evaluate the test port's NAT addresses (imported Elastic IPs, an
-            # intrinsic) and reports EC23 as an error; an explicit 0.0.0.0/0 client range is EC23 too.
+        if "0.0.0.0/0" in client_cidrs:
             acknowledge(
                 self.alb_security_group.node.default_child,
                 "EC23",
-                "Internet-facing by the operator's choice: the client ports (443/80) admit exactly "
-                "front.client_cidrs / front.client_prefix_lists (0.0.0.0/0 only if listed there), behind "
-                "the ALB's WAF web ACL and the routers' API keys; the test port admits only the /32 "
-                "Elastic IPs of the VPC's own NAT gateways, which cdk-nag cannot resolve at synth.",
+                "0.0.0.0/0 is listed in front.client_cidrs by the operator's choice, on the client ports "
+                "(443/80) only: an internal ALB has private addresses only; an internet-facing one serves "
+                "HTTPS behind the WAF web ACL, and synth refuses it without a certificate or the routers' "
+                "API keys.",
             )
         cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
         cdk.CfnOutput(self, "CloudMapServicePrefix", value=contract.CLOUDMAP_UNITS_SERVICE_PREFIX)
         cdk.CfnOutput(self, "CloudMapServiceCount", value=str(len(cells)))
-
-
-def nat_public_ips(vpc: ec2.IVpc) -> list[str]:
-    """The Elastic IP of each NAT gateway of the VPC (one per public subnet, stacks/network.py)."""
-    ips = []
-    for subnet in vpc.public_subnets:
-        eip = subnet.node.try_find_child("EIP")
-        if isinstance(eip, ec2.CfnEIP):
-            # Ref of an AWS::EC2::EIP is its address (CloudFormation resource reference, EIP
-            # return values).
-            ips.append(eip.ref)
-    if not ips:
-        raise ValueError(f"{vpc.node.path}: no NAT gateway Elastic IPs found in the public subnets")
-    return ips
 
 
 def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.IService) -> None:

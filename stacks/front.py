@@ -15,8 +15,8 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_elasticloadbalancingv2_targets as elb_targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_wafv2 as wafv2
 from aws_cdk import region_info
 from constructs import Construct
 
@@ -27,6 +27,10 @@ from stacks.config import LIVE_TARGET_GROUPS
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
 from stacks.nag import acknowledge
 from stacks.network import VPC_CIDR
+from stacks.waf import FrontDoorWaf
+
+# What the production rule forwards to the routers; the listener answers 404 to everything else.
+FRONT_DOOR_PATHS = (contract.API_PATH_PATTERN, contract.ROUTER_HEALTH_PATH)
 
 # Without a certificate the redirect listener waits here, a port the ALB security group does not
 # admit, so that adding or removing certificate_arn moves listeners between ports in place (see
@@ -36,10 +40,10 @@ PARKED_PORT = 8081
 
 class FrontStack(cdk.Stack):
     """ALB, internal in private subnets (or internet-facing in public subnets, behind AWS WAF);
-    production listener (HTTPS, or HTTP with a warning); internal test listener; blue and green
-    target groups health-checking the router.
+    production listener (HTTPS, or HTTP with a warning) whose one rule forwards the API and the
+    health check; blue and green target groups health-checking the router.
 
-    `live_target_group` names the target group the production and test rules send 100 % to in the
+    `live_target_group` names the target group the production rule sends 100 % to in the
     template. ECS blue/green moves the live weight at every router deployment; when a later deploy
     must update a listener rule, set it to the group that is live *now* so CloudFormation does not
     send traffic back to an empty group (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
@@ -55,8 +59,12 @@ class FrontStack(cdk.Stack):
         certificate_arn: str | None,
         live_target_group: str = "blue",
         internet_facing: bool = False,
+        deployment_name: str = "flotilla",
         waf_requests_per_5_min: int = 3000,
+        waf_blocked_body_rules: Sequence[str] = (),
+        waf_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         privatelink_principals: Sequence[str] = (),
+        privatelink_private_dns_name: str | None = None,
         health_check_interval: cdk.Duration = cdk.Duration.seconds(10),
         health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
         healthy_threshold: int = 2,
@@ -113,7 +121,19 @@ class FrontStack(cdk.Stack):
             idle_timeout=idle_timeout,
         )
         self._log_access(prefix="alb")
-        self.web_acl = self._web_acl(waf_requests_per_5_min) if internet_facing else None
+        self.waf = (
+            FrontDoorWaf(
+                self,
+                "Waf",
+                load_balancer_arn=self.load_balancer.load_balancer_arn,
+                deployment_name=deployment_name,
+                requests_per_5_min=waf_requests_per_5_min,
+                blocked_body_rules=waf_blocked_body_rules,
+                log_retention=waf_log_retention,
+            )
+            if internet_facing
+            else None
+        )
 
         def target_group(name: str) -> elbv2.ApplicationTargetGroup:
             return elbv2.ApplicationTargetGroup(
@@ -153,47 +173,48 @@ class FrontStack(cdk.Stack):
                 "443 with HTTP redirected to it.",
             )
         self.production_listener, self.redirect_listener = self._listeners(certificate_arn, not_found)
-        # The test listener carries ECS's pre-shift test traffic to the green tasks: VPC only.
-        self.test_listener = self.load_balancer.add_listener(
-            "Test",
-            port=contract.ROUTER_TEST_PORT,
-            protocol=elbv2.ApplicationProtocol.HTTP,
-            open=False,
-            default_action=not_found,
-        )
+        # No test listener: ECS native blue/green takes one only to send test traffic to the green
+        # tasks before the production shift, for lifecycle hooks to check (TestListenerRule
+        # "Required: No", AWS::ECS::Service AdvancedConfiguration), and this deployment has none.
 
         live, idle = (
             (self.blue_target_group, self.green_target_group)
             if live_target_group == "blue"
             else (self.green_target_group, self.blue_target_group)
         )
-
-        def rule(name: str, listener: elbv2.ApplicationListener) -> elbv2.ApplicationListenerRule:
-            # ECS native blue/green rewrites these weights during each router deployment.
-            return elbv2.ApplicationListenerRule(
-                self,
-                name,
-                listener=listener,
-                priority=1,
-                conditions=[elbv2.ListenerCondition.path_patterns(["/*"])],
-                action=elbv2.ListenerAction.weighted_forward(
-                    [
-                        elbv2.WeightedTargetGroup(target_group=live, weight=100),
-                        elbv2.WeightedTargetGroup(target_group=idle, weight=0),
-                    ]
-                ),
-            )
-
-        self.production_rule = rule("ProductionRule", self.production_listener)
-        self.test_rule = rule("TestRule", self.test_listener)
-        self.endpoint_service = self._privatelink(vpc, privatelink_principals) if privatelink_principals else None
+        # Only the API and the health check reach the routers: everything else (/metrics, any path a
+        # router may serve later) gets the listener's 404. A path pattern is compared, case
+        # sensitively, with the URL's path only; several values match if any does
+        # (ListenerRule PathPatternConfig, CloudFormation reference). One rule, not two: ECS
+        # blue/green shifts the weights of exactly the production rule it is given (ECS rewrites
+        # them during each router deployment, aws/aws-cdk#36649).
+        self.production_rule = elbv2.ApplicationListenerRule(
+            self,
+            "ProductionRule",
+            listener=self.production_listener,
+            priority=1,
+            conditions=[elbv2.ListenerCondition.path_patterns(list(FRONT_DOOR_PATHS))],
+            action=elbv2.ListenerAction.weighted_forward(
+                [
+                    elbv2.WeightedTargetGroup(target_group=live, weight=100),
+                    elbv2.WeightedTargetGroup(target_group=idle, weight=0),
+                ]
+            ),
+        )
+        self.endpoint_service = (
+            self._privatelink(vpc, privatelink_principals, privatelink_private_dns_name)
+            if privatelink_principals
+            else None
+        )
 
         scheme = "https" if self.https else "http"
         cdk.CfnOutput(self, "Url", value=f"{scheme}://{self.load_balancer.load_balancer_dns_name}")
         cdk.CfnOutput(self, "ProductionRuleArn", value=self.production_rule.listener_rule_arn)
-        cdk.CfnOutput(self, "TestRuleArn", value=self.test_rule.listener_rule_arn)
         cdk.CfnOutput(self, "BlueTargetGroupArn", value=self.blue_target_group.target_group_arn)
         cdk.CfnOutput(self, "GreenTargetGroupArn", value=self.green_target_group.target_group_arn)
+        if self.waf is not None:  # for docs/runbooks/waf-body-rules.md
+            cdk.CfnOutput(self, "WebAclArn", value=self.waf.web_acl.attr_arn)
+            cdk.CfnOutput(self, "WafLogGroup", value=self.waf.log_group.log_group_name)
 
         acknowledge(
             self.access_log_bucket.node.default_child,
@@ -202,10 +223,20 @@ class FrontStack(cdk.Stack):
             "recurse and to another bucket would only move the finding.",
         )
 
-    def _privatelink(self, vpc: ec2.IVpc, principals: Sequence[str]) -> ec2.VpcEndpointService:
+    def _privatelink(
+        self, vpc: ec2.IVpc, principals: Sequence[str], private_dns_name: str | None
+    ) -> ec2.VpcEndpointService:
         """An endpoint service for consumers in other VPCs or accounts: an internal NLB whose TCP
         listener forwards to the ALB's production listener (an `alb` target group), offered to the
-        named principals, each connection accepted by the operator."""
+        named principals, each connection accepted by the operator.
+
+        TLS ends at the ALB, so an HTTPS consumer checks the certificate against the name it
+        called: the endpoint's own DNS names (vpce-...amazonaws.com) never match it. With a private
+        DNS name (a name the certificate covers), a consumer's endpoint with private DNS enabled
+        answers to that name in its VPC, once the provider has verified the domain
+        (StartVpcEndpointServicePrivateDnsVerification: "The service provider must successfully
+        perform the verification before the consumer can use the name"; EC2 API reference);
+        docs/runbooks/front-door.md has the steps."""
         port = HTTPS_PORT if self.https else HTTP_PORT
         nlb_sg = ec2.SecurityGroup(
             self, "PrivateLinkSg", vpc=vpc, allow_all_outbound=False, description="flotilla PrivateLink NLB: to the ALB"
@@ -242,11 +273,27 @@ class FrontStack(cdk.Stack):
             acceptance_required=True,
             allowed_principals=[iam.ArnPrincipal(p) for p in principals],
         )
+        # CDK names the L1 after the construct ("EndpointService"), not "Resource": no default_child.
+        (cfn_service,) = [c for c in service.node.children if isinstance(c, ec2.CfnVPCEndpointService)]
+        if private_dns_name:
+            # AWS::EC2::VPCEndpointService PrivateDnsName (CloudFormation reference); CDK's
+            # VpcEndpointService construct has no setting for it.
+            cfn_service.private_dns_name = private_dns_name
+        elif self.https:
+            cdk.Annotations.of(self).add_warning_v2(
+                "flotilla:front:privatelink-dns",
+                "PrivateLink with certificate_arn but no front.privatelink_private_dns_name: consumers "
+                "calling the endpoint's own DNS name get a certificate mismatch. Set "
+                "front.privatelink_private_dns_name to a name the certificate covers and verify its "
+                "domain (docs/runbooks/front-door.md), or have each consumer map that name to its "
+                "endpoint in a private hosted zone.",
+            )
         cdk.CfnOutput(
             self,
             "EndpointServiceName",
             value=f"com.amazonaws.vpce.{self.region}.{service.vpc_endpoint_service_id}",
         )
+        cdk.CfnOutput(self, "EndpointServiceId", value=service.vpc_endpoint_service_id)
         nlb_resource = nlb.node.default_child
         assert nlb_resource is not None  # the AWS::ElasticLoadBalancingV2::LoadBalancer under the construct
         acknowledge(
@@ -257,71 +304,6 @@ class FrontStack(cdk.Stack):
             "logs record each one.",
         )
         return service
-
-    def _web_acl(self, requests_per_5_min: int) -> wafv2.CfnWebACL:
-        """AWS WAF in front of an internet-facing ALB: a per-client-IP rate limit, then AWS managed
-        rule groups (reputation, known bad inputs, the core rule set)."""
-
-        def visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
-            return wafv2.CfnWebACL.VisibilityConfigProperty(
-                cloud_watch_metrics_enabled=True, metric_name=f"flotilla-{name}", sampled_requests_enabled=True
-            )
-
-        def managed(priority: int, name: str, overrides: tuple[str, ...] = ()) -> wafv2.CfnWebACL.RuleProperty:
-            return wafv2.CfnWebACL.RuleProperty(
-                name=name,
-                priority=priority,
-                override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
-                statement=wafv2.CfnWebACL.StatementProperty(
-                    managed_rule_group_statement=wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(
-                        vendor_name="AWS",
-                        name=name,
-                        rule_action_overrides=[
-                            wafv2.CfnWebACL.RuleActionOverrideProperty(
-                                name=rule, action_to_use=wafv2.CfnWebACL.RuleActionProperty(count={})
-                            )
-                            for rule in overrides
-                        ]
-                        or None,
-                    )
-                ),
-                visibility_config=visibility(name),
-            )
-
-        acl = wafv2.CfnWebACL(
-            self,
-            "WebAcl",
-            scope="REGIONAL",  # an ALB's web ACL is regional (CLOUDFRONT is for distributions)
-            default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
-            visibility_config=visibility("front"),
-            rules=[
-                # Per client IP over AWS WAF's default 5-minute window; the lowest limit WAF takes is 10
-                # ("Rate-based rule high-level settings in AWS WAF", developer guide). It caps a single
-                # source; the routers' per-key limits are what meter legitimate callers.
-                wafv2.CfnWebACL.RuleProperty(
-                    name="RequestsPerClientIp",
-                    priority=0,
-                    action=wafv2.CfnWebACL.RuleActionProperty(block={}),
-                    statement=wafv2.CfnWebACL.StatementProperty(
-                        rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
-                            limit=requests_per_5_min, aggregate_key_type="IP", evaluation_window_sec=300
-                        )
-                    ),
-                    visibility_config=visibility("requests-per-client-ip"),
-                ),
-                managed(1, "AWSManagedRulesAmazonIpReputationList"),
-                managed(2, "AWSManagedRulesKnownBadInputsRuleSet"),
-                # The core rule set's SizeRestrictions_BODY blocks every body over 8 KB (AWS WAF
-                # developer guide, baseline rule groups): a long prompt or chat history is a
-                # legitimate request here, so that one rule only counts. The routers bound body
-                # size themselves (--max-body-bytes, 4 MiB).
-                managed(3, "AWSManagedRulesCommonRuleSet", ("SizeRestrictions_BODY",)),
-            ],
-        )
-        wafv2.CfnWebACLAssociation(
-            self, "WebAclAssociation", resource_arn=self.load_balancer.load_balancer_arn, web_acl_arn=acl.attr_arn
-        )
-        return acl
 
     def _listeners(
         self, certificate_arn: str | None, not_found: elbv2.ListenerAction

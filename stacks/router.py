@@ -1,8 +1,8 @@
 """Router: the stateless proxy tier as a Fargate service with ECS native blue/green.
 
-Each router deployment starts green tasks in the idle target group, lets the internal test listener
-reach them, shifts the production rule, bakes while the Observability alarms watch, and rolls back
-on an alarm or a failed circuit breaker. Autoscaling tracks ALB requests per healthy target.
+Each router deployment starts green tasks in the idle target group, shifts the production rule to
+them, bakes while the Observability alarms watch, and rolls back on an alarm or a failed circuit
+breaker. Autoscaling tracks ALB requests per healthy target.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ class RouterStack(cdk.Stack):
         blue_target_group: elbv2.ApplicationTargetGroup,
         green_target_group: elbv2.ApplicationTargetGroup,
         production_rule: elbv2.ApplicationListenerRule,
-        test_rule: elbv2.ApplicationListenerRule,
         deployment_alarms: Sequence[cw.IAlarm],
         cloudmap_namespace_name: str,
         cloudmap_service_names: Sequence[str],
@@ -211,7 +210,6 @@ class RouterStack(cdk.Stack):
                 "GreenTarget",
                 alternate_target_group=green_target_group,
                 production_listener=ecs.ListenerRuleConfiguration.application_listener_rule(production_rule),
-                test_listener=ecs.ListenerRuleConfiguration.application_listener_rule(test_rule),
             ),
         ).attach_to_application_target_group(blue_target_group)
 

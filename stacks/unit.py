@@ -159,18 +159,37 @@ class TrainiumUnit(Construct):
         )
 
     def _security_group(self, props: UnitProps) -> None:
-        # EFA needs all traffic allowed between the unit's own interfaces (and nothing else in).
+        """EFA as the EC2 user guide prepares it ("Prepare an EFA-enabled security group": a group
+        that "allows all inbound and outbound traffic to and from the security group itself"): the
+        OS-bypass traffic matches only a rule that references the group, never a CIDR rule, so the
+        self egress is its own rule. Every other outbound rule is stated here: with
+        allow_all_outbound=True CDK keeps only 0.0.0.0/0 and drops added egress rules
+        (aws/aws-cdk#38558), which is how the self egress went missing before."""
         self.security_group = ec2.SecurityGroup(
             self,
             "Sg",
             vpc=props.vpc,
-            allow_all_outbound=True,
+            allow_all_outbound=False,
             description=f"flotilla {props.unit_id}: EFA and collectives between the unit nodes",
         )
         self.security_group.add_ingress_rule(
             self.security_group,
             ec2.Port.all_traffic(),
             "EFA requires all traffic from members of the same security group",
+        )
+        self.security_group.add_egress_rule(
+            self.security_group,
+            ec2.Port.all_traffic(),
+            "EFA requires all traffic to members of the same security group",
+        )
+        # The ECS agent, image pulls (ECR and its S3 layers), the model bucket, CloudWatch Logs and
+        # the AWS APIs rendezvous calls: all HTTPS, through the VPC endpoints or the NAT gateways.
+        # DNS, NTP and instance metadata go to the VPC's link-local services, which security groups
+        # do not filter (Amazon VPC user guide, "Control traffic to your AWS resources using
+        # security groups": not filtered are Amazon DNS, DHCP, EC2 instance metadata, ECS task
+        # metadata endpoints and the Amazon Time Sync Service).
+        self.security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "AWS APIs, image pulls and the model bucket over HTTPS"
         )
         self.security_group.add_ingress_rule(
             props.router_security_group,

@@ -610,18 +610,28 @@ class App:
     deployment_name: str  # the stacks' names are "<deployment_name>-<id>"
 
 
+# Front doors whose stacks carry outputs the default lacks (the WAF's, the PrivateLink service's):
+# the runbooks for them cite those outputs.
+FRONT_DOOR_VARIANTS = (
+    '{"certificate_arn": "arn:aws:acm:us-east-1:123456789012:certificate/11111111-2222-3333-4444-555555555555",'
+    ' "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}}',
+    '{"front": {"privatelink_principals": ["arn:aws:iam::210987654321:root"]}}',
+)
+
+
 @cache
-def synthesized() -> App:
-    """The default deployment (cdk.json), synthesized in-process as app.py does, once per session."""
+def synthesized(overrides: str = "{}") -> App:
+    """The default deployment (cdk.json), with `overrides` (JSON of config keys) merged in, synthesized
+    in-process as app.py does, once per session."""
     import tempfile
 
     import aws_cdk as cdk
 
-    from stacks.config import load_config
+    from stacks.config import _deep_merge, parse_config
     from stacks.deployment import build_deployment
 
     context = json.loads((ROOT / "cdk.json").read_text())["context"]
-    config = load_config(context["flotilla"], None)
+    config = parse_config(_deep_merge(context["flotilla"], json.loads(overrides)))
     app = cdk.App(builtin_cloud_formation_validation=False, context=context, outdir=tempfile.mkdtemp(prefix="docs-"))
     build_deployment(app, config)
     assembly = app.synth()

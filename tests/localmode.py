@@ -64,6 +64,11 @@ class LocalMode:
     def processes(self) -> list[dict[str, Any]]:
         return json.loads((self.state / "local.json").read_text())["processes"]
 
+    def metrics_url(self) -> str:
+        """The router's /metrics: its own port, never the public one."""
+        router = next(p for p in self.processes() if p["role"] == "router")
+        return f"http://127.0.0.1:{router['ports']['metrics']}{contract.METRICS_PATH}"
+
     def ctrl_c(self, processes: list[dict[str, Any]]) -> None:
         """Ctrl-C: the launcher exits 0 and every process it listed is gone."""
         self.proc.send_signal(signal.SIGINT)

@@ -72,11 +72,17 @@ class Fleet:
                 return
         raise RuntimeError(f"the local fleet did not serve within {timeout:g} s; logs in {self.state}/logs")
 
+    @property
+    def metrics_url(self) -> str:
+        """The router's /metrics: its own port (runtime.local lists it), not the public one."""
+        (router,) = [p for p in self.processes if p["role"] == "router"]
+        return f"http://127.0.0.1:{router['ports']['metrics']}/metrics"
+
     def member(self, unit: str, role: str) -> dict:
         return next(p for p in self.processes if p["unit"] == unit and p["role"] == role)
 
     async def routable(self, unit: str) -> bool:
-        async with aiohttp.ClientSession() as s, s.get(self.url + "/metrics") as r:
+        async with aiohttp.ClientSession() as s, s.get(self.metrics_url) as r:
             text = await r.text()
         return any(
             line.startswith("flotilla_router_unit_routable{") and f'unit="{unit}"' in line and line.endswith(" 1.0")
@@ -84,7 +90,7 @@ class Fleet:
         )
 
     async def moves(self) -> int:
-        async with aiohttp.ClientSession() as s, s.get(self.url + "/metrics") as r:
+        async with aiohttp.ClientSession() as s, s.get(self.metrics_url) as r:
             text = await r.text()
         return int(
             sum(

@@ -193,8 +193,8 @@ def routable_units(port: int) -> int:
         return -1
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{contract.METRICS_PATH}", timeout=30) as r:  # noqa: S310
+def scrape(metrics_port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{contract.METRICS_PATH}", timeout=30) as r:  # noqa: S310
         return r.read().decode()
 
 
@@ -240,6 +240,7 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         cells = sorted({m["cell"] for m in members if not m["decoy"]}, key=lambda c: int(c[4:]))
         services = ",".join(f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}{c}" for c in cells)
         port = free_port(avoid={control})
+        metrics_port = free_port(avoid={control, port})
         env = {
             **os.environ,
             "AWS_ENDPOINT_URL_SERVICEDISCOVERY": f"http://127.0.0.1:{args.cloudmap_port}",
@@ -257,6 +258,7 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
             cwd=REPO,
             env=env,
             stderr=router_log,
+            metrics_port=metrics_port,
         )
         t0 = time.monotonic()
         deadline = t0 + args.startup_timeout
@@ -283,12 +285,12 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         time.sleep(1.0)
         # Watch lines read in the window: on a loaded machine the stand-in fleet sends fewer than asked,
         # so CPU per line is the figure that compares runs; the percentage is the goal's.
-        lines0 = metric_sum(scrape(port), "flotilla_router_watch_lines")
+        lines0 = metric_sum(scrape(metrics_port), "flotilla_router_watch_lines")
         (u0, s0), w0 = cpu_split(router.pid), time.monotonic()
         time.sleep(args.idle_seconds)
         (u1, s1), busy_wall = cpu_split(router.pid), time.monotonic() - w0
         busy_cpu = (u1 - u0) + (s1 - s0)
-        lines = metric_sum(scrape(port), "flotilla_router_watch_lines") - lines0
+        lines = metric_sum(scrape(metrics_port), "flotilla_router_watch_lines") - lines0
         record["busy_fleet_cpu_pct"] = round(100 * busy_cpu / busy_wall, 2)
         # Python's share (user) and the kernel's (system: socket reads): which one a change can cut.
         record["busy_fleet_user_pct"] = round(100 * (u1 - u0) / busy_wall, 2)
@@ -309,7 +311,7 @@ def run_size(args: argparse.Namespace, units: int, sd) -> dict:
         record["rss_mib_after"] = round(rss_mib(router.pid), 1)
         record.update(asyncio.run(traffic_and_failover(args, port, control, registered, sd, router.pid)))
         record["rss_mib_end"] = round(rss_mib(router.pid), 1)
-        metrics = scrape(port)
+        metrics = scrape(metrics_port)
         record["router_retries"] = metric_sum(metrics, "flotilla_router_retries_total")
         record["router_shed"] = metric_sum(metrics, "flotilla_router_shed_total")
         return record

@@ -12,7 +12,6 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-import botocore.exceptions
 from rich.console import Console
 from rich.table import Table
 
@@ -27,6 +26,7 @@ from contract.apikeys import (
     new_key,
     secret_name,
 )
+from ops import key_store
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, add_json_option, confirmed, stderr_console
@@ -118,25 +118,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
 
 def read_keys(aws: Aws, name: str) -> KeySet | None:
     """The key set in the secret, None when the secret does not exist yet."""
-    try:
-        text = aws.secretsmanager.get_secret_value(SecretId=name)["SecretString"]
-    except botocore.exceptions.ClientError as err:
-        if err.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            return None
-        raise
-    try:
-        return KeySet.loads(text)
-    except KeySetError as err:
-        raise OpsError(f"secret {name} holds no key set ({err}): restore a previous version of it") from None
-
-
-def write_keys(aws: Aws, name: str, keys: KeySet, *, exists: bool) -> None:
-    if exists:
-        aws.secretsmanager.put_secret_value(SecretId=name, SecretString=keys.dumps())
-    else:
-        aws.secretsmanager.create_secret(
-            Name=name, SecretString=keys.dumps(), Description="flotilla API keys, hashed (flotilla keys)"
-        )
+    return key_store.read(aws.secretsmanager, name).keys
 
 
 def describe(entry: KeyEntry) -> str:
@@ -178,9 +160,8 @@ def run_create(args: argparse.Namespace, console: Console) -> int:
     say.print(f"keys create on {args.deployment}: a key for {args.name} ({describe(entry)}) in {where}")
     if not confirmed(args, say, f"issue a key for {args.name}"):
         return 0
-    keys = dict(current.keys) if current else {}
-    keys[kid] = entry
-    write_keys(aws, name, KeySet(keys), exists=current is not None)
+    # Written onto the version read at write time, re-read if another `keys` run changed it (ops/key_store.py).
+    key_store.update(aws.secretsmanager, name, lambda latest: KeySet({**(latest.keys if latest else {}), kid: entry}))
     say.print(
         f"key {kid} for {args.name}: routers accept it within {ROUTER_TTL_S} s; shown once, only its hash is kept"
     )
@@ -228,17 +209,31 @@ def _existing(aws: Aws, name: str, kid: str) -> tuple[KeySet, KeyEntry]:
     return keys, keys.keys[kid]
 
 
+def _without(current: KeySet | None, name: str, kid: str) -> KeySet:
+    """The keys read at write time less `kid` (gone meanwhile: refused, nothing written)."""
+    if current is None or kid not in current.keys:
+        raise OpsError(f"no key {kid!r} in {name} any more: another `flotilla keys` run removed it")
+    return KeySet({k: e for k, e in current.keys.items() if k != kid})
+
+
+def _with(current: KeySet | None, name: str, kid: str, change: Callable[[KeyEntry], KeyEntry]) -> KeySet:
+    """The keys read at write time with `kid`'s entry changed (gone meanwhile: refused)."""
+    if current is None or kid not in current.keys:
+        raise OpsError(f"no key {kid!r} in {name} any more: another `flotilla keys` run removed it")
+    return KeySet({**current.keys, kid: change(current.keys[kid])})
+
+
 def run_revoke(args: argparse.Namespace, console: Console) -> int:
     aws = clients_for(args)
     name = secret_name(args.deployment)
-    keys, entry = _existing(aws, name, args.key_id)
+    _, entry = _existing(aws, name, args.key_id)
     console.print(
         f"keys revoke on {args.deployment}: key {args.key_id} of {entry.name} ({describe(entry)}); every "
         f"router refuses it (401) within about {ROUTER_TTL_S} s"
     )
     if not confirmed(args, console, f"revoke key {args.key_id}"):
         return 0
-    write_keys(aws, name, KeySet({k: e for k, e in keys.keys.items() if k != args.key_id}), exists=True)
+    key_store.update(aws.secretsmanager, name, lambda current: _without(current, name, args.key_id))
     console.print(f"key {args.key_id}: revoked")
     return 0
 
@@ -248,7 +243,7 @@ def run_limit(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("keys limit: give at least one of --requests-per-s, --tokens-per-min, --priority")
     aws = clients_for(args)
     name = secret_name(args.deployment)
-    keys, entry = _existing(aws, name, args.key_id)
+    _, entry = _existing(aws, name, args.key_id)
     after = _entry(entry, args)
     console.print(f"keys limit on {args.deployment}: key {args.key_id} of {entry.name}")
     console.print(f"  now:   {describe(entry)}")
@@ -256,6 +251,8 @@ def run_limit(args: argparse.Namespace, console: Console) -> int:
     console.print(f"  every router applies it within about {ROUTER_TTL_S} s")
     if not confirmed(args, console, f"change the limits of key {args.key_id}"):
         return 0
-    write_keys(aws, name, KeySet({**keys.keys, args.key_id: after}), exists=True)
-    console.print(f"key {args.key_id}: {describe(after)}")
+    stored = key_store.update(
+        aws.secretsmanager, name, lambda current: _with(current, name, args.key_id, lambda e: _entry(e, args))
+    )
+    console.print(f"key {args.key_id}: {describe(stored.keys[args.key_id])}")
     return 0

@@ -237,6 +237,7 @@ class RouterProcess:
         cmd = router_command(
             host="127.0.0.1",
             port=self.port,
+            metrics_port=0,  # several rehearsals may run on one host; none reads the router's metrics
             discovery="static",
             units_file=units_file,
             discovery_interval_s=ROUTER_DISCOVERY_S,

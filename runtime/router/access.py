@@ -2,9 +2,10 @@
 priority classes, as an aiohttp middleware in front of the proxy.
 
 Keys come from the deployment's secret (contract/apikeys.py), re-read every TTL so revocation needs
-no restart; a failed read keeps the last set. Each router enforces 1/n of every key's limits, n the
-routers sharing them (docs/runbooks/api-keys.md states what that guarantees). The key itself never
-goes past this module: not to the unit, not into a log.
+no restart; a failed read keeps the last set, a secret deleted or scheduled for deletion ends them
+all. Each router enforces 1/n of every key's limits, n the routers sharing them
+(docs/runbooks/api-keys.md states what that guarantees). The key itself never goes past this
+module: not to the unit, not into a log.
 """
 
 from __future__ import annotations
@@ -55,8 +56,19 @@ class SecretSource:
 
     def read(self) -> str | None:
         try:
-            return str(self._client.get_secret_value(SecretId=self.name)["SecretString"])
+            # The current version, which `flotilla keys` moves by staging label (ops/key_store.py);
+            # named, though it is the default, for moto (5.2.5), whose default ignores label moves.
+            answer = self._client.get_secret_value(SecretId=self.name, VersionStage="AWSCURRENT")
+            return str(answer["SecretString"])
         except self._client.exceptions.ResourceNotFoundException:
+            return None
+        except self._client.exceptions.InvalidRequestException as err:
+            # GetSecretValue's answer for a secret scheduled for deletion ("A parameter value is not
+            # valid for the current state of the resource. Possible causes: The secret is scheduled
+            # for deletion", Secrets Manager API reference, InvalidRequestException): not a passing
+            # fault to ride out with the last keys, but the keys' end. No key works until it is
+            # restored (aws secretsmanager restore-secret) or created anew (flotilla keys create).
+            log.error("API keys secret %s cannot be read in its state (%s): no key is accepted", self.name, err)
             return None
 
 

@@ -61,6 +61,7 @@ async def serve(settings: RouterSettings) -> int:
     gc.freeze()
     # The line tests and `make local` wait for; the port matters when it was 0.
     print(f"router listening on http://{settings.host}:{router.port}", flush=True)
+    print(f"router metrics on {router.metrics_server.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

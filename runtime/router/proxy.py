@@ -1,4 +1,5 @@
-"""The router's HTTP server: /health for the ALB, /metrics, and the proxied OpenAI API (/v1/...).
+"""The router's public HTTP server: /health for the ALB and the proxied OpenAI API (/v1/...), nothing
+else (/metrics has its own port, runtime/router/metrics_port.py).
 
 Each request goes to the least-loaded routable unit; it moves to another unit while nothing has
 reached the client (connect failure, 503/429 before the first byte). Responses stream through as the
@@ -22,7 +23,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import contract
 from contract.ready import stall_bound
@@ -33,6 +33,7 @@ from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery
 from runtime.router.fleet import Fleet, Member
 from runtime.router.metrics import RouterMetrics
+from runtime.router.metrics_port import MetricsServer
 from runtime.router.resume import RESUMABLE_PATHS, StreamLedger, resumable_request
 from runtime.router.settings import RouterSettings
 
@@ -278,6 +279,7 @@ class Router:
         self._unit_report: asyncio.Task | None = None
         self.metrics = RouterMetrics(self.fleet)
         self.metrics.inflight.set_function(lambda: self.inflight)  # read at scrape, not per request
+        self.metrics_server = MetricsServer(self.metrics.registry, settings.metrics_host, settings.metrics_port)
         self.access_log = AccessLog()
         self.access = access  # API keys and per-key limits, checked before a request reaches the proxy
         if access is not None:
@@ -296,8 +298,7 @@ class Router:
         middlewares = [self.access.middleware] if self.access is not None else []
         app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=middlewares)
         app.router.add_get(contract.ROUTER_HEALTH_PATH, self.handle_health)
-        app.router.add_get(contract.METRICS_PATH, self.handle_metrics)
-        app.router.add_route("*", "/v1/{tail:.*}", self.handle_proxy)
+        app.router.add_route("*", "/v1/{tail:.*}", self.handle_proxy)  # contract.API_PATH_PATTERN
         return app
 
     async def start(self) -> None:
@@ -306,8 +307,10 @@ class Router:
         if self.access is not None:
             await self.access.start()
         await self.fleet.start()
+        await self.metrics_server.start()
         self._unit_report = asyncio.create_task(
-            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s), name="unit report"
+            unit_report.report_loop(self.fleet, self.settings.ready_units_interval_s, self.metrics.registry),
+            name="unit report",
         )
         # handler_cancellation: a client that hangs up before a plain (non-streamed) answer cancels
         # its handler, which closes the unit connection, so the unit cancels the work and frees its
@@ -358,6 +361,7 @@ class Router:
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.metrics_server.close()
         if self._unit_report is not None:
             self._unit_report.cancel()
             await asyncio.gather(self._unit_report, return_exceptions=True)
@@ -375,10 +379,6 @@ class Router:
         if self.healthy:
             return web.json_response({"status": "ok", "routable_units": self.fleet.routable_count()})
         return web.json_response({"status": "draining"}, status=503)
-
-    async def handle_metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # --- the proxy ---------------------------------------------------------------------------
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:

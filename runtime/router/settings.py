@@ -121,6 +121,15 @@ class RouterSettings(BaseModel):
     port: Annotated[
         int, within(0, 65535), Option("--port", "listen port; 0 = any free port", env=contract.ENV_PORT)
     ] = contract.ROUTER_PORT
+    # /metrics has its own listener: the public port serves only the API and /health
+    metrics_host: Annotated[
+        str, Option("--metrics-host", "address /metrics listens on (loopback: only the router's own host or task)")
+    ] = "127.0.0.1"
+    metrics_port: Annotated[
+        int,
+        within(0, 65535),
+        Option("--metrics-port", "/metrics listen port; 0 = any free port", env=contract.ENV_METRICS_PORT),
+    ] = contract.ROUTER_METRICS_PORT
     # discovery: "static" (units and/or units_file) or "cloudmap" (namespace + service)
     discovery: Annotated[
         Literal["static", "cloudmap"],

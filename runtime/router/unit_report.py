@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from prometheus_client import CollectorRegistry
+
 from runtime import emf, logs
+from runtime.router.counters_report import CounterDeltas
 from runtime.router.fleet import Fleet
 
 log = logging.getLogger("flotilla.router.unit_report")
@@ -41,10 +44,13 @@ def report(fleet: Fleet) -> list[dict]:
     return [logs.record(EVENT, cell=cell, units=units) for cell, units in sorted(cells.items())]
 
 
-async def report_loop(fleet: Fleet, interval_s: float) -> None:
+async def report_loop(fleet: Fleet, interval_s: float, registry: CollectorRegistry | None = None) -> None:
+    """Every interval: the unit states, then the router's counters that moved (runtime/router/counters_report.py)."""
+    counters = CounterDeltas(registry) if registry is not None else None
     while True:
         await asyncio.sleep(interval_s)
         try:
-            emf.write_lines(logs.dumps(r) for r in report(fleet))
+            records = report(fleet) + (counters.records() if counters is not None else [])
+            emf.write_lines(logs.dumps(r) for r in records)
         except (OSError, ValueError):  # stdout gone: reporting must never stop routing
             log.exception("writing the unit states failed")

@@ -181,6 +181,10 @@ def test_stack_names_and_outputs_the_docs_cite_are_the_apps():
     outputs = {sid: set(t.get("Outputs", {})) for sid, t in app.templates.items()}
     generic = {re.sub(r"-\d+$", "-0", sid): names for sid, names in outputs.items()}
     every_output = set().union(*outputs.values())
+    for variant in doccheck.FRONT_DOOR_VARIANTS:  # outputs only an internet-facing or PrivateLink door has
+        every_output |= set().union(
+            *(set(t.get("Outputs", {})) for t in doccheck.synthesized(variant).templates.values())
+        )
     placeholder = rf"{doccheck.PLACEHOLDER}\w+{doccheck.PLACEHOLDER}|\$\w+|\$\{{\w+\}}"  # <deployment>, $NAME
     prefix = rf"(?:{re.escape(app.deployment_name)}(?:-[a-z0-9]+)*|{placeholder})"
     wrong = []

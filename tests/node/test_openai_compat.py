@@ -696,7 +696,12 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
         router = subprocess.Popen(
             # No drain grace: stopping it at the end would otherwise wait out the grace (no ALB watches it).
             router_command(
-                host="127.0.0.1", port=0, units=[u.leader.url for u in units], poll_interval_s=0.2, drain_grace_s=0
+                host="127.0.0.1",
+                port=0,
+                metrics_port=0,
+                units=[u.leader.url for u in units],
+                poll_interval_s=0.2,
+                drain_grace_s=0,
             ),
             cwd=repo,
             stdout=subprocess.PIPE,

@@ -30,11 +30,12 @@ class RouterProcess:
         self.args = args
         self.proc: subprocess.Popen | None = None
         self.url = ""
+        self.metrics_url = ""
 
     async def start(self) -> "RouterProcess":
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            router_command(host="127.0.0.1", port=0, extra=self.args),
+            router_command(host="127.0.0.1", port=0, metrics_port=0, extra=self.args),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -45,6 +46,9 @@ class RouterProcess:
         if not line.startswith(b"router listening on "):
             raise AssertionError(f"router {self.name} did not start: {line!r}\n{self.log_path.read_text()}")
         self.url = line.decode().split()[-1]
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 30)
+        assert line.startswith(b"router metrics on "), line
+        self.metrics_url = line.decode().split()[-1]
         return self
 
     async def wait_routable(self, count: int, timeout: float = 60.0) -> None:
@@ -60,7 +64,7 @@ class RouterProcess:
 
     async def metrics(self) -> str:
         async with aiohttp.ClientSession() as s:
-            async with s.get(self.url + contract.METRICS_PATH) as r:
+            async with s.get(self.metrics_url) as r:
                 return await r.text()
 
     def sigterm(self) -> None:

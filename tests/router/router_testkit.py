@@ -32,6 +32,7 @@ def fast_settings(**overrides) -> RouterSettings:
     base = dict(
         host="127.0.0.1",
         port=0,
+        metrics_port=0,
         units=("http://127.0.0.1:1",),
         poll_interval_s=0.05,
         poll_timeout_s=0.5,
@@ -81,6 +82,11 @@ def rss_kib(pid: int) -> int:
 
 def base_url(router: Router) -> str:
     return f"http://127.0.0.1:{router.port}"
+
+
+def metrics_url(router: Router) -> str:
+    """The router's /metrics, on its own port (never the public one)."""
+    return router.metrics_server.url
 
 
 async def post(

@@ -10,7 +10,7 @@ import math
 import aiohttp
 import pytest
 from router_standins import StandInUnit
-from router_testkit import post, router_over, run, wait_for
+from router_testkit import metrics_url, post, router_over, run, wait_for
 
 from contract.apikeys import (
     BYTES_PER_TOKEN,
@@ -98,7 +98,7 @@ def test_one_key_over_its_request_rate_gets_429_with_retry_after_while_another_k
             others = [await post(s, router, headers=bearer(free_key)) for _ in range(20)]
             clock.t += 0.5  # half a second refills one request at 2 requests/s
             after = await post(s, router, headers=bearer(slow_key))
-            async with s.get(f"http://127.0.0.1:{router.port}/metrics") as r:
+            async with s.get(metrics_url(router)) as r:
                 metrics = await r.text()
         await a.stop()
         return limited, others, after, metrics

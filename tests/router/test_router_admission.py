@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 from router_standins import StandInUnit
-from router_testkit import base_url, post, router_over, run, wait_for
+from router_testkit import base_url, metrics_url, post, router_over, run, wait_for
 
 from contract.admission import AdmissionError, AdmissionLimit, parameter_name
 from runtime.router.admission import AdmissionControl, ParameterSource
@@ -64,7 +64,7 @@ def test_admit_percent_zero_sheds_every_new_request_before_choosing_a_unit():
         param = Parameter(AdmissionLimit(admit_percent=0).dumps())
         async with router_over([a], admission=control(param)) as router, aiohttp.ClientSession() as s:
             results = [await post(s, router) for _ in range(5)]
-            async with s.get(base_url(router) + "/metrics") as resp:
+            async with s.get(metrics_url(router)) as resp:
                 metrics = await resp.text()
         await a.stop()
         assert {status for status, _, _ in results} == {429}

@@ -8,7 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 from router_standins import StandInUnit
-from router_testkit import base_url, post, router_over, run, wait_for
+from router_testkit import metrics_url, post, router_over, run, wait_for
 
 import contract
 from bench.fleet.cloudmap import documented_cloud_map, ecs_attributes
@@ -234,7 +234,7 @@ def test_router_over_cloudmap_routes_only_to_the_members_that_lead():
                 }
                 async with aiohttp.ClientSession() as session:
                     answers = [await post(session, router) for _ in range(8)]
-                    async with session.get(base_url(router) + contract.METRICS_PATH) as r:
+                    async with session.get(metrics_url(router)) as r:
                         metrics = await r.text()
                 assert [status for status, _, _ in answers] == [200] * 8
                 assert sum(len(m.received) for m in leaders) == 8
@@ -292,7 +292,7 @@ def test_metrics_show_what_health_costs_watched_leaders_lines_and_polls_by_role(
         async with router_over([leader], discovery=StaticDiscovery(units=(leader.url, follower.url))) as router:
             await wait_for(lambda: router.fleet.members[follower.url].vouched_by is not None, what="vouched")
             async with aiohttp.ClientSession() as session:
-                async with session.get(base_url(router) + contract.METRICS_PATH) as r:
+                async with session.get(metrics_url(router)) as r:
                     text = await r.text()
         await leader.stop()
         await follower.stop()

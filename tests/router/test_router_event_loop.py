@@ -32,7 +32,13 @@ def start_and_stop_router(*flags: str) -> tuple[list[dict], str]:
     the shared objects its process had loaded."""
     proc = subprocess.Popen(
         router_command(
-            host="127.0.0.1", port=0, units=["http://127.0.0.1:9"], drain_grace_s=0, log_level="INFO", extra=flags
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            units=["http://127.0.0.1:9"],
+            drain_grace_s=0,
+            log_level="INFO",
+            extra=flags,
         ),
         cwd=REPO,
         stdout=subprocess.PIPE,

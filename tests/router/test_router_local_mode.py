@@ -29,8 +29,10 @@ def test_local_mode_with_two_units_routes_to_both_behind_the_router_and_stops_on
         router = next(p for p in procs if p["role"] == "router")
         assert router["ports"]["http"] == local.port
         served = set()
-        body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 3}).encode()
-        for _ in range(40):
+        # Distinct prompts: one prompt sent again would stay on the unit holding its cache (routing by
+        # cache), so only prompts of different keys can show both units serving.
+        for i in range(40):
+            body = json.dumps({"model": "tiny", "prompt": f"question {i}: hi", "max_tokens": 3}).encode()
             req = urllib.request.Request(
                 f"{local.url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
             )
@@ -40,7 +42,7 @@ def test_local_mode_with_two_units_routes_to_both_behind_the_router_and_stops_on
             if len(served) == 2:
                 break
         assert served == {"local-unit0", "local-unit1"}
-        with urllib.request.urlopen(f"{local.url}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(local.metrics_url(), timeout=5) as r:
             assert "flotilla_router_routable_units 2.0" in r.read().decode()
         local.ctrl_c(procs)
     finally:

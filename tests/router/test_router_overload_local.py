@@ -35,12 +35,12 @@ def test_a_full_unit_refuses_short_requests_at_once_with_429_and_stays_in_rotati
     local = LocalMode(tmp_path, env={"FLOTILLA_QUEUE_TIMEOUT_S": QUEUE_TIMEOUT_S})
     try:
         local.wait_ready(timeout=180)
-        asyncio.run(asyncio.wait_for(_overload(local.url), 120))
+        asyncio.run(asyncio.wait_for(_overload(local.url, local.metrics_url()), 120))
     finally:
         local.kill()
 
 
-async def _overload(url: str) -> None:
+async def _overload(url: str, metrics_url: str) -> None:
     timeout = aiohttp.ClientTimeout(total=90)
     async with aiohttp.ClientSession(timeout=timeout) as s:
         started = [0]  # long streams that have produced tokens
@@ -67,7 +67,7 @@ async def _overload(url: str) -> None:
                 return r.status, dict(r.headers), await r.read(), time.monotonic() - t0
 
         async def routable() -> float:
-            async with s.get(url + contract.METRICS_PATH) as r:
+            async with s.get(metrics_url) as r:
                 return routable_units(await r.text())
 
         longs = [asyncio.create_task(long_stream()) for _ in range(LONG_STREAMS)]

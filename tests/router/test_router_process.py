@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 async def start_router_process(**settings: Any) -> tuple[asyncio.subprocess.Process, str]:
-    argv = router_command(host="127.0.0.1", port=0, poll_interval_s=0.05, log_level="WARNING", **settings)
+    argv = router_command(
+        host="127.0.0.1", port=0, metrics_port=0, poll_interval_s=0.05, log_level="WARNING", **settings
+    )
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=REPO,

@@ -9,7 +9,7 @@ import aiohttp
 import openai
 import pytest
 from router_standins import StandInUnit
-from router_testkit import base_url, post, router_over, run, wait_for
+from router_testkit import base_url, metrics_url, post, router_over, run, wait_for
 
 import contract
 
@@ -196,7 +196,7 @@ def test_connect_failure_moves_the_request_to_another_unit():
             await wait_for(lambda: router.fleet.members[a.url].watchable is False, what="a's watch to be found missing")
             await a.stop()  # the router does not know yet: no poll for 30 s
             status, headers, _ = await post(s, router)
-            text = (await (await s.get(base_url(router) + "/metrics")).read()).decode()
+            text = (await (await s.get(metrics_url(router))).read()).decode()
             assert not router.fleet.members[a.url].routable
         await stop_all(us)
         assert status == 200 and headers[contract.UNIT_HEADER] == "b"

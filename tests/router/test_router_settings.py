@@ -134,6 +134,8 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
     assert set(flags) == {
         "--host",
         "--port",
+        "--metrics-host",
+        "--metrics-port",
         "--discovery",
         "--units",
         "--units-file",
@@ -170,6 +172,7 @@ def test_every_flag_and_environment_variable_of_the_router_is_declared():
     }
     envs = {
         "--port": contract.ENV_PORT,
+        "--metrics-port": contract.ENV_METRICS_PORT,
         "--discovery": contract.ENV_DISCOVERY,
         "--units": contract.ENV_UNITS,
         "--cloudmap-namespace": contract.ENV_CLOUDMAP_NAMESPACE,

@@ -7,7 +7,7 @@ import json
 
 import aiohttp
 from router_standins import StandInUnit
-from router_testkit import base_url, post, router_over, run, wait_for
+from router_testkit import base_url, metrics_url, post, router_over, run, wait_for
 
 
 def test_every_unit_saturated_by_reported_queue_gets_429_with_retry_after():
@@ -101,7 +101,7 @@ def test_metrics_show_unit_state_routed_retries_shed_and_added_latency():
             a.queue_depth = 2
             await wait_for(lambda: router.fleet.members[a.url].queue_depth == 2)
             await post(s, router)
-            async with s.get(base_url(router) + "/metrics") as resp:
+            async with s.get(metrics_url(router)) as resp:
                 text = await resp.text()
         await a.stop()
         await b.stop()

@@ -98,7 +98,6 @@ def build(
         blue_target_group=front.blue_target_group,
         green_target_group=front.green_target_group,
         production_rule=front.production_rule,
-        test_rule=front.test_rule,
         deployment_alarms=observability.deployment_alarms,
         cloudmap_namespace_name=discovery.namespace_name,
         cloudmap_service_names=discovery.service_names,

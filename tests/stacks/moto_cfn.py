@@ -334,7 +334,8 @@ class SecurityGroupEgress(StandIn):
 
     def create(self) -> None:
         p = self.properties
-        permission = {"IpProtocol": p["IpProtocol"], "FromPort": p["FromPort"], "ToPort": p["ToPort"]}
+        # IpProtocol -1 (every protocol) carries no ports: CloudFormation leaves them out.
+        permission = {"IpProtocol": p["IpProtocol"], **{k: p[k] for k in ("FromPort", "ToPort") if k in p}}
         if "DestinationSecurityGroupId" in p:
             permission["UserIdGroupPairs"] = [{"GroupId": p["DestinationSecurityGroupId"]}]
         else:
@@ -371,6 +372,7 @@ STAND_INS: list[type[StandIn]] = [
     _generic("AWS::CloudWatch::Dashboard", ("Name",)),
     _generic("AWS::WAFv2::WebACL", ("Arn", "Id", "LabelNamespace"), ("Scope", "DefaultAction", "VisibilityConfig")),
     _generic("AWS::WAFv2::WebACLAssociation", (), ("ResourceArn", "WebACLArn")),
+    _generic("AWS::WAFv2::LoggingConfiguration", (), ("ResourceArn", "LogDestinationConfigs")),
 ]
 
 

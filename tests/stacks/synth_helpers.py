@@ -7,6 +7,9 @@ stacks and their CloudFormation templates keyed by stack id ("Network", "Cell-0"
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +102,20 @@ def synthesize(config: FlotillaConfig, outdir: Path, *, plugins=()) -> Synthesiz
     stacks = [c for c in app.node.children if isinstance(c, cdk.Stack)]
     templates = {s.node.id: assembly.get_stack_by_name(s.stack_name).template for s in stacks}
     return Synthesized(app=app, deployment=deployment, assembly=assembly, templates=templates, outdir=Path(outdir))
+
+
+def run_app(config_yaml: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`python app.py` with `config_yaml` as the -c config file, as `make synth` runs it: Node 22 from
+    node_modules, no end-of-life banner from jsii. For what synth prints and its exit status."""
+    config = tmp_path / "config.yaml"
+    config.write_text(config_yaml)
+    env = {
+        **os.environ,
+        "CDK_CONTEXT_JSON": json.dumps({**cdk_json_context(), "config": str(config)}),
+        "CDK_OUTDIR": str(tmp_path / "out"),
+        "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )

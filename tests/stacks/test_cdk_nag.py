@@ -26,8 +26,8 @@ FRONT_DOOR_ACKNOWLEDGEMENTS = {
     ),
     ("AwsSolutions-ECS2", "Router/TaskDefinition/Resource"),
 }
-# Only when the front door is internet-facing (the NAT gateways' addresses on the test port).
-INTERNET_FACING_ACKNOWLEDGEMENT = ("AwsSolutions-EC23", "Discovery/AlbSecurityGroup/Resource")
+# Only when front.client_cidrs lists 0.0.0.0/0 (the operator's explicit choice).
+OPEN_CLIENT_RANGE_ACKNOWLEDGEMENT = ("AwsSolutions-EC23", "Discovery/AlbSecurityGroup/Resource")
 # Only when the router's image is built from this repository (no `image` configured): CDK then
 # grants the ECR token, which has no resource-level permissions.
 BUILT_IMAGE_ACKNOWLEDGEMENT = (
@@ -90,8 +90,8 @@ def test_each_acknowledgement_is_on_the_resource_it_excuses_with_a_specific_reas
 def test_the_front_door_acknowledges_exactly_the_expected_findings(nagged):
     synth, plugin = nagged
     expected = FRONT_DOOR_ACKNOWLEDGEMENTS | ({BUILT_IMAGE_ACKNOWLEDGEMENT} if built_image(synth) else set())
-    if synth.deployment.config.front.scheme == "internet-facing":
-        expected |= {INTERNET_FACING_ACKNOWLEDGEMENT}
+    if "0.0.0.0/0" in synth.deployment.config.front.client_cidrs:
+        expected |= {OPEN_CLIENT_RANGE_ACKNOWLEDGEMENT}
     assert front_door_acknowledgements(plugin) == expected
 
 

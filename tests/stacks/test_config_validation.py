@@ -92,7 +92,7 @@ REJECTED = [
         "nodes_per_units=2 is not a known key: use one of deployment_name, "
         "instance_type, nodes_per_unit, units, units_per_cell, availability_zones, account, region, "
         "model, image, certificate_arn, alarm_email, revision, unit_rollout, units_per_wave, node, router, "
-        "capacity, drained_units, front",
+        "capacity, drained_units, front, speculation",
     ),
     (
         {"node": {"neuron_prefix_caching_block": 48}},
@@ -264,10 +264,11 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
 
 def test_default_yaml_and_readme_document_every_config_key():
     from stacks.config import CapacityConfig, FrontConfig, ModelConfig, NodeConfig, RouterConfig
+    from stacks.speculation import SpeculationConfig
 
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     readme = (REPO_ROOT / "README.md").read_text()
-    sections = ("model", "node", "router", "capacity", "front")
+    sections = ("model", "node", "router", "capacity", "front", "speculation")
     keys = [name for name in FlotillaConfig.model_fields if name not in sections]
     for section, cls in (
         ("model", ModelConfig),
@@ -275,6 +276,7 @@ def test_default_yaml_and_readme_document_every_config_key():
         ("router", RouterConfig),
         ("capacity", CapacityConfig),
         ("front", FrontConfig),
+        ("speculation", SpeculationConfig),
     ):
         keys += [f"{section}.{name}" for name in cls.model_fields]
     for key in keys:

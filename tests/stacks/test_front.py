@@ -79,18 +79,18 @@ def test_router_service_rolls_back_on_every_observability_deployment_alarm():
         assert any(f"ExportsOutputRef{logical}" in name for name in imported), logical
 
 
-def test_router_service_targets_blue_with_green_as_alternate_on_production_and_test_rules():
+def test_router_service_targets_blue_with_green_as_alternate_on_the_production_rule_and_no_test_rule():
     (lb,) = router_service()["LoadBalancers"]
     assert lb["ContainerName"] == "router" and lb["ContainerPort"] == contract.ROUTER_PORT
     blue = logical_id("Front", "AWS::ElasticLoadBalancingV2::TargetGroup", "Blue")
     green = logical_id("Front", "AWS::ElasticLoadBalancingV2::TargetGroup", "Green")
     prod = logical_id("Front", "AWS::ElasticLoadBalancingV2::ListenerRule", "ProductionRule")
-    test = logical_id("Front", "AWS::ElasticLoadBalancingV2::ListenerRule", "TestRule")
     assert f"Ref{blue}" in lb["TargetGroupArn"]["Fn::ImportValue"]
     advanced = lb["AdvancedConfiguration"]
     assert f"Ref{green}" in advanced["AlternateTargetGroupArn"]["Fn::ImportValue"]
     assert f"Ref{prod}" in advanced["ProductionListenerRule"]["Fn::ImportValue"]
-    assert f"Ref{test}" in advanced["TestListenerRule"]["Fn::ImportValue"]
+    # No lifecycle hook reads test traffic, so no test listener (TestListenerRule is optional).
+    assert "TestListenerRule" not in advanced
     role = resources("Router", "AWS::IAM::Role")[advanced["RoleArn"]["Fn::GetAtt"][0]]
     assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
         "Service": "ecs.amazonaws.com"
@@ -283,7 +283,7 @@ def test_https_listener_uses_the_certificate_and_http_redirects_to_it():
         v["Properties"]["Port"]: v["Properties"]
         for v in resources("Front", "AWS::ElasticLoadBalancingV2::Listener").values()
     }
-    assert set(listeners) == {443, 80, contract.ROUTER_TEST_PORT}
+    assert set(listeners) == {443, 80}
     https = listeners[443]
     assert https["Protocol"] == "HTTPS"
     assert https["Certificates"] == [{"CertificateArn": CERTIFICATE_ARN}]
@@ -291,7 +291,6 @@ def test_https_listener_uses_the_certificate_and_http_redirects_to_it():
     assert listeners[80]["DefaultActions"] == [
         {"Type": "redirect", "RedirectConfig": {"Port": "443", "Protocol": "HTTPS", "StatusCode": "HTTP_301"}}
     ]
-    assert listeners[contract.ROUTER_TEST_PORT]["Protocol"] == "HTTP"
 
 
 def test_without_certificate_the_alb_serves_http_only_and_synth_warns():
@@ -301,7 +300,7 @@ def test_without_certificate_the_alb_serves_http_only_and_synth_warns():
         for v in template("Front", certificate_arn=None)["Resources"].values()
         if v["Type"] == "AWS::ElasticLoadBalancingV2::Listener"
     }
-    assert set(listeners) == {80, PARKED_PORT, contract.ROUTER_TEST_PORT}
+    assert set(listeners) == {80, PARKED_PORT}
     assert listeners[80]["Protocol"] == "HTTP"
     # The redirect listener waits on a port the ALB security group does not admit (it exists so
     # that adding and removing a certificate are updates: test_aws_rules.py, test_updates.py).
@@ -343,15 +342,13 @@ def _rule_weights(stack_template: dict) -> dict[str, dict[str, int]]:
     return out
 
 
-def test_production_and_test_rules_forward_everything_to_the_live_target_group():
+def test_the_production_rule_forwards_the_api_and_the_health_check_to_the_live_target_group():
     weights = _rule_weights(template("Front"))
-    assert sorted(k.rstrip("0123456789ABCDEF") for k in weights) == ["ProductionRule", "TestRule"]
+    assert sorted(k.rstrip("0123456789ABCDEF") for k in weights) == ["ProductionRule"]
     assert all(w == {"Blue": 100, "Green": 0} for w in weights.values())
-    rules = resources("Front", "AWS::ElasticLoadBalancingV2::ListenerRule").values()
-    listeners = {r["Properties"]["ListenerArn"]["Ref"] for r in rules}
-    assert {name.rstrip("0123456789ABCDEF") for name in listeners} == {"AlbProduction", "AlbTest"}
-    for rule in rules:
-        assert rule["Properties"]["Conditions"] == [{"Field": "path-pattern", "PathPatternConfig": {"Values": ["/*"]}}]
+    (rule,) = resources("Front", "AWS::ElasticLoadBalancingV2::ListenerRule").values()
+    assert rule["Properties"]["ListenerArn"]["Ref"].startswith("AlbProduction")
+    # What reaches the routers through the front door: tests/stacks/test_front_paths.py.
 
 
 def test_live_target_group_green_makes_the_template_match_traffic_after_a_swap():
@@ -393,9 +390,7 @@ def _rules(stack: str, **variant) -> set[tuple]:
         raise AssertionError(rule)
 
     def cidr(value) -> str:
-        if isinstance(value, dict):
-            return "nat-eip" if "EIP" in json.dumps(value) else "vpc-cidr"
-        return value
+        return "vpc-cidr" if isinstance(value, dict) else value
 
     out = set()
     for logical, res in t.items():
@@ -419,7 +414,6 @@ def test_security_groups_allow_exactly_the_request_path_and_nothing_wider():
     assert _rules("Discovery") == {
         ("in", "AlbSecurityGroup", VPC_CIDR, 443, 443),
         ("in", "AlbSecurityGroup", VPC_CIDR, 80, 80),
-        ("in", "AlbSecurityGroup", VPC_CIDR, contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
         ("out", "AlbSecurityGroup", "sg:RouterSg", contract.ROUTER_PORT, contract.ROUTER_PORT),
         ("in", "RouterSg", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
     }
@@ -438,11 +432,7 @@ def test_without_certificate_clients_may_reach_both_client_ports_but_only_80_lis
     443 without a certificate."""
     t = template("Discovery", certificate_arn=None)["Resources"]
     alb = next(v for k, v in t.items() if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup")
-    clients = sorted(
-        r["FromPort"]
-        for r in alb["Properties"]["SecurityGroupIngress"]
-        if r["CidrIp"] == VPC_CIDR and r["FromPort"] != contract.ROUTER_TEST_PORT
-    )
+    clients = sorted(r["FromPort"] for r in alb["Properties"]["SecurityGroupIngress"] if r["CidrIp"] == VPC_CIDR)
     assert clients == [80, 443]
     ports = {
         v["Properties"]["Port"]
@@ -452,11 +442,10 @@ def test_without_certificate_clients_may_reach_both_client_ports_but_only_80_lis
     assert 443 not in ports
 
 
-def test_internet_facing_alb_admits_only_the_configured_clients_and_the_test_port_only_the_nat_gateways():
+def test_internet_facing_alb_admits_only_the_configured_clients():
     assert _rules("Discovery", internet_facing=True) == {
         ("in", "AlbSecurityGroup", CLIENT_CIDR, 443, 443),
         ("in", "AlbSecurityGroup", CLIENT_CIDR, 80, 80),
-        ("in", "AlbSecurityGroup", "nat-eip", contract.ROUTER_TEST_PORT, contract.ROUTER_TEST_PORT),
         ("out", "AlbSecurityGroup", "sg:RouterSg", contract.ROUTER_PORT, contract.ROUTER_PORT),
         ("in", "RouterSg", "sg:AlbSecurityGroup", contract.ROUTER_PORT, contract.ROUTER_PORT),
     }
@@ -481,12 +470,11 @@ def test_managed_prefix_lists_are_admitted_on_the_client_ports():
     t = Template.from_stack(discovery)
     (sg,) = t.find_resources("AWS::EC2::SecurityGroup").values()
     # CDK writes prefix-list rules as their own resources, address rules inline.
-    rules = sg["Properties"]["SecurityGroupIngress"] + [
+    rules = sg["Properties"].get("SecurityGroupIngress", []) + [
         r["Properties"] for r in t.find_resources("AWS::EC2::SecurityGroupIngress").values()
     ]
     assert sorted((r.get("SourcePrefixListId", ""), r["FromPort"]) for r in rules) == [
         ("", contract.ROUTER_PORT),  # ALB -> router, on the router's group
-        ("", contract.ROUTER_TEST_PORT),  # the NAT gateway's address
         ("pl-0123456789abcdef0", 80),
         ("pl-0123456789abcdef0", 443),
     ]
@@ -511,10 +499,7 @@ def test_internet_facing_alb_sits_behind_a_waf_rate_rule_and_aws_managed_rule_gr
         "AWSManagedRulesCommonRuleSet",
     }
     assert all(m["VendorName"] == "AWS" for m in managed.values())
-    # Long prompts are legitimate: the core rule set's 8 KB body rule only counts.
-    assert managed["AWSManagedRulesCommonRuleSet"]["RuleActionOverrides"] == [
-        {"Name": "SizeRestrictions_BODY", "ActionToUse": {"Count": {}}}
-    ]
+    # Which body rules only count, and the WAF logs: test_front_waf.py.
     assert sorted(r["Priority"] for r in rules.values()) == [0, 1, 2, 3]
     association = only("Front", "AWS::WAFv2::WebACLAssociation", internet_facing=True)["Properties"]
     alb_id = logical_id("Front", "AWS::ElasticLoadBalancingV2::LoadBalancer", "Alb")

@@ -5,12 +5,10 @@ in one line), and inside the VPC unit members reachable only from the routers an
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from synth_helpers import REPO_ROOT, cdk_json_context, config_with, synthesize
+from aws_cdk.assertions import Annotations, Match
+from synth_helpers import CERTIFICATE_ARN, config_with, run_app, synthesize
 
 import contract
 from stacks.config import ConfigError
@@ -48,20 +46,7 @@ def test_default_synth_has_an_internal_alb_and_no_ingress_from_anywhere(default_
 
 
 def test_internet_facing_without_client_cidrs_is_refused_at_synth_with_one_line(tmp_path):
-    config = tmp_path / "public.yaml"
-    config.write_text("front:\n  scheme: internet-facing\n")
-    context = {**cdk_json_context(), "config": str(config)}
-    env = {
-        **os.environ,
-        "CDK_CONTEXT_JSON": json.dumps(context),
-        "CDK_OUTDIR": str(tmp_path / "out"),
-        # as `make synth` runs it: Node 22 from node_modules, no end-of-life banner from jsii
-        "PATH": f"{REPO_ROOT / 'node_modules' / 'node' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    }
-    proc = subprocess.run(
-        [sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_app("front:\n  scheme: internet-facing\n", tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: front.scheme='internet-facing' is not allowed: internet-facing needs "
@@ -127,14 +112,18 @@ def test_the_router_reaches_units_only_on_the_api_port_and_the_alb_only_the_rout
     assert "AlbSecurityGroup" in json.dumps(router_from_alb["SourceSecurityGroupId"])
 
 
-def test_the_test_listener_admits_only_the_vpc_when_internal(default_synth):
-    (alb_sg,) = [
-        v
-        for k, v in default_synth.templates["Discovery"]["Resources"].items()
-        if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup"
-    ]
-    test_port = [r for r in alb_sg["Properties"]["SecurityGroupIngress"] if r["FromPort"] == contract.ROUTER_TEST_PORT]
-    assert [(r["CidrIp"], r["ToPort"]) for r in test_port] == [(VPC_CIDR, contract.ROUTER_TEST_PORT)]
+def test_the_alb_admits_nothing_but_the_client_ports(default_synth, https_front_door_synth):
+    """The ALB has no test listener: no port beside the two client ports is admitted."""
+    for synth in (default_synth, https_front_door_synth):
+        (alb_sg,) = [
+            v
+            for k, v in synth.templates["Discovery"]["Resources"].items()
+            if k.startswith("AlbSecurityGroup") and v["Type"] == "AWS::EC2::SecurityGroup"
+        ]
+        assert {(r["FromPort"], r["ToPort"]) for r in alb_sg["Properties"]["SecurityGroupIngress"]} == {
+            (443, 443),
+            (80, 80),
+        }
 
 
 PRINCIPAL = "arn:aws:iam::210987654321:root"
@@ -218,3 +207,45 @@ def test_privatelink_with_an_internet_facing_alb_is_refused():
             }
         )
     assert err.value.key == "front.privatelink_principals" and "only with front.scheme internal" in str(err.value)
+
+
+def test_a_private_dns_name_goes_on_the_endpoint_service_so_https_consumers_match_the_certificate(tmp_path):
+    """TLS ends at the ALB: a consumer calling vpce-...amazonaws.com would check the certificate
+    against that name. The endpoint service's PrivateDnsName (AWS::EC2::VPCEndpointService) makes a
+    consumer's endpoint answer to the certificate's name once the domain is verified."""
+    synth = synthesize(
+        config_with(
+            certificate_arn=CERTIFICATE_ARN,
+            front={"privatelink_principals": [PRINCIPAL], "privatelink_private_dns_name": "api.example.com"},
+        ),
+        tmp_path,
+    )
+    (service,) = synth.resources("Front", "AWS::EC2::VPCEndpointService").values()
+    assert service["Properties"]["PrivateDnsName"] == "api.example.com"
+    outputs = synth.templates["Front"]["Outputs"]
+    assert "EndpointServiceId" in outputs  # what the verification commands take
+    Annotations.from_stack(synth.deployment.front).has_no_warning("*", Match.string_like_regexp("certificate mismatch"))
+
+
+def test_https_privatelink_without_a_private_dns_name_warns_of_the_certificate_mismatch(tmp_path):
+    synth = synthesize(
+        config_with(certificate_arn=CERTIFICATE_ARN, front={"privatelink_principals": [PRINCIPAL]}), tmp_path
+    )
+    (service,) = synth.resources("Front", "AWS::EC2::VPCEndpointService").values()
+    assert "PrivateDnsName" not in service["Properties"]
+    Annotations.from_stack(synth.deployment.front).has_warning(
+        "/Front", Match.string_like_regexp("certificate mismatch.*front.privatelink_private_dns_name")
+    )
+
+
+@pytest.mark.parametrize(
+    "front, fragment",
+    [
+        ({"privatelink_private_dns_name": "api.example.com"}, "only with front.privatelink_principals"),
+        ({"privatelink_principals": [PRINCIPAL], "privatelink_private_dns_name": "API.Example"}, "a DNS name"),
+    ],
+)
+def test_a_private_dns_name_without_privatelink_or_not_a_dns_name_is_refused(front, fragment):
+    with pytest.raises(ConfigError) as err:
+        config_with(front=front)
+    assert err.value.key == "front.privatelink_private_dns_name" and fragment in str(err.value)

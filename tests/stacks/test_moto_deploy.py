@@ -167,7 +167,7 @@ def test_listeners_and_weighted_rules_read_back(deployed):
     listeners = {
         lst["Port"]: lst for lst in elbv2.describe_listeners(LoadBalancerArn=alb["LoadBalancerArn"])["Listeners"]
     }
-    assert set(listeners) == {*listener_ports(synth), contract.ROUTER_TEST_PORT}
+    assert set(listeners) == set(listener_ports(synth))
     production = listener_ports(synth)[0]
     if production == HTTPS_PORT:
         assert listeners[HTTPS_PORT]["Protocol"] == "HTTPS"
@@ -181,13 +181,12 @@ def test_listeners_and_weighted_rules_read_back(deployed):
     else:
         assert listeners[HTTP_PORT]["Protocol"] == "HTTP"
     groups = {g["TargetGroupArn"] for g in elbv2.describe_target_groups()["TargetGroups"]}
-    for port in (production, contract.ROUTER_TEST_PORT):
-        (rule,) = [
-            r for r in elbv2.describe_rules(ListenerArn=listeners[port]["ListenerArn"])["Rules"] if not r["IsDefault"]
-        ]
-        forward = rule["Actions"][0]["ForwardConfig"]["TargetGroups"]
-        assert sorted(tg["Weight"] for tg in forward) == [0, 100]
-        assert {tg["TargetGroupArn"] for tg in forward} == groups
+    (rule,) = [
+        r for r in elbv2.describe_rules(ListenerArn=listeners[production]["ListenerArn"])["Rules"] if not r["IsDefault"]
+    ]
+    forward = rule["Actions"][0]["ForwardConfig"]["TargetGroups"]
+    assert sorted(tg["Weight"] for tg in forward) == [0, 100]
+    assert {tg["TargetGroupArn"] for tg in forward} == groups
 
 
 def test_front_door_security_groups_read_back_with_exactly_the_request_path_rules(deployed):
@@ -211,19 +210,10 @@ def test_front_door_security_groups_read_back_with_exactly_the_request_path_rule
         return out
 
     front = synth.deployment.config.front
-    if front.scheme == "internet-facing":
-        # The named clients only; the test port admits each NAT gateway's Elastic IP (callers in the
-        # VPC reach an internet-facing ALB through it).
-        nat_ips = {a["PublicIp"] for a in ec2.describe_addresses()["Addresses"]}
-        assert len(nat_ips) == 3
-        clients, tests = set(front.client_cidrs), {f"{ip}/32" for ip in nat_ips}
-    else:
-        clients, tests = {VPC_CIDR}, {VPC_CIDR}  # internal: the VPC calls it
-    assert rules(alb["IpPermissions"]) == {
-        # Both client ports with or without a certificate (test_aws_rules.py says why).
-        *((port, cidr) for port in (HTTPS_PORT, HTTP_PORT) for cidr in clients),
-        *((contract.ROUTER_TEST_PORT, cidr) for cidr in tests),
-    }
+    # internet-facing: the named clients only; internal: the VPC calls it
+    clients = set(front.client_cidrs) if front.scheme == "internet-facing" else {VPC_CIDR}
+    # Both client ports with or without a certificate (test_aws_rules.py says why).
+    assert rules(alb["IpPermissions"]) == {(port, cidr) for port in (HTTPS_PORT, HTTP_PORT) for cidr in clients}
     assert rules(router["IpPermissions"]) == {(contract.ROUTER_PORT, "flotilla ALB")}
 
 

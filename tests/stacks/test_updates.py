@@ -67,7 +67,11 @@ VARIANTS: dict[str, dict] = {
         "capacity": {"availability_zones": ["us-east-1b", "us-east-1c", "us-east-1a"]},
     },
     "cells-of-1": {**BASE, "units_per_cell": 1},
-    "internet-facing": {**BASE, "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]}},
+    "internet-facing": {
+        **BASE,
+        "certificate_arn": CERTIFICATE_ARN,
+        "front": {"scheme": "internet-facing", "client_cidrs": ["203.0.113.0/24"]},
+    },
     # The staging fleet as shipped (x86 units, reference engine, SmolLM2 baked into a built image).
     "staging": STAGING,
     "staging-revision": {**STAGING, "revision": "2"},
@@ -142,6 +146,7 @@ ALLOWED: dict[tuple[str, str, str, str, str], str] = {
             "AWS::EC2::PlacementGroup",
             "AWS::EC2::SecurityGroup",
             "AWS::EC2::SecurityGroupIngress",
+            "AWS::EC2::SecurityGroupEgress",
             "AWS::EC2::LaunchTemplate",
             "AWS::AutoScaling::AutoScalingGroup",
             "AWS::ECS::CapacityProvider",

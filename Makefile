@@ -19,10 +19,20 @@ export CDK_HOME := $(CURDIR)/.cache/cdk-home
 # the system node before `npm ci`.
 export PATH := $(CURDIR)/node_modules/node/bin:$(PATH)
 
-.PHONY: synth deploy deploy-new-units test lint deps dev-deps clean bench-synth
+.PHONY: synth deploy deploy-new-units test lint deps dev-deps clean bench-synth toolchain
 
 $(VENV)/bin/python:
+	@tools/check_toolchain.sh python $(PYTHON)
 	$(PYTHON) -m venv $(VENV)
+
+# The toolchain everything here runs on (docs/toolchain.md): Python 3.11 (PYTHON, from which the venv
+# is made; constraints.txt is locked on it) and the Node.js package.json pins (npm ci installs it into
+# node_modules/node, first on PATH above). Checked before synth, deploy and the tests build anything:
+# a wrong one fails in one line naming the fix. It runs after the targets' install steps (deps,
+# dev-deps come first in their prerequisites) and installs nothing itself.
+toolchain:
+	@tools/check_toolchain.sh venv $(PY)
+	@tools/check_toolchain.sh node
 
 $(VENV)/.synth-deps: requirements.txt | $(VENV)/bin/python
 	$(PIP) install -r requirements.txt -c constraints.txt
@@ -49,7 +59,7 @@ dev-deps: $(VENV)/.dev-deps node_modules/.installed
 
 # CONFIG=path.yaml overrides the cdk.json defaults (e.g. CONFIG=examples/fleet-20k-chips.yaml).
 # cdk.out is emptied first so templates of stacks a smaller config no longer has don't linger.
-synth: deps
+synth: deps toolchain
 	rm -rf cdk.out
 	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
 
@@ -69,11 +79,11 @@ CONCURRENCY ?= 1
 PREFLIGHT ?= 1
 DEPLOY = $(CDK) deploy --all --require-approval broadening --concurrency $(CONCURRENCY) $(if $(CONFIG),-c config=$(CONFIG))
 PREFLIGHT_FIRST = $(if $(filter 0,$(PREFLIGHT)),@echo "preflight skipped (PREFLIGHT=0)",$(PY) -m ops preflight $(if $(CONFIG),--config $(CONFIG)))
-deploy: deps $(VENV)/.ops-deps
+deploy: deps toolchain $(VENV)/.ops-deps
 	$(PREFLIGHT_FIRST)
 	$(DEPLOY)
 
-deploy-new-units: deps $(VENV)/.ops-deps
+deploy-new-units: deps toolchain $(VENV)/.ops-deps
 	$(PREFLIGHT_FIRST)
 	$(DEPLOY) --no-rollback
 
@@ -86,7 +96,7 @@ lint: $(VENV)/.dev-deps
 	$(PY) tools/mypy_baseline.py || status=1; \
 	exit $$status
 
-test: dev-deps lint
+test: dev-deps toolchain lint
 	$(PY) -m pytest
 
 # --- Benchmarks (docs/benchmarks.md). Each runs as a module (`python -m bench.x.y`): run as a file, a

@@ -213,3 +213,8 @@ ENV_NEURON_SAMPLING = "FLOTILLA_NEURON_SAMPLING"  # which of them; decides the O
 # neuron engine, one node: 0 (off) or the KV block size in tokens of vLLM's prefix caching (an opt-in)
 ENV_NEURON_PREFIX_CACHING_BLOCK = "FLOTILLA_NEURON_PREFIX_CACHING_BLOCK"
 NEURON_PREFIX_CACHING_BLOCKS = (0, 1, 8, 16, 32, 64, 128, 256)  # 0, or what vLLM 0.13.0's --block-size takes
+# neuron engine: the layout the node checks at start (contract/layout.py), as the stacks set it
+ENV_NEURON_SEQ_LEN = "FLOTILLA_NEURON_SEQ_LEN"  # prompt + output tokens of a sequence
+ENV_NEURON_BATCH_SIZE = "FLOTILLA_NEURON_BATCH_SIZE"  # sequences decoded together
+ENV_NEURON_CP_DEGREE = "FLOTILLA_NEURON_CP_DEGREE"
+ENV_NEURON_ATTENTION_DP_DEGREE = "FLOTILLA_NEURON_ATTENTION_DP_DEGREE"

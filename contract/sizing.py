@@ -1,8 +1,8 @@
 """Memory per NeuronCore of a Llama-family model sharded over a unit: the one rule both planners use.
 
-`flotilla plan` (ops/) and `python -m runtime plan --engine neuron` (runtime/) decide single-node vs
-multi-node with it, so they cannot disagree. Standard library only; the formulas are in
-docs/hardware.md.
+`flotilla plan` (ops/), `python -m runtime plan --engine neuron` (runtime/), the node at start and
+synth (contract/layout.py) size a unit with it, so they cannot disagree. Standard library only; the
+formulas are in docs/hardware.md.
 """
 
 from __future__ import annotations
@@ -10,39 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contract.llama import DTYPE_BYTES, LlamaShape
 from contract.trainium import TrainiumInstance
 
 # HBM kept back for the Neuron runtime, activations and scratch: a planner assumption, not an AWS
 # figure (docs/hardware.md).
 DEFAULT_HBM_RESERVE = 0.10
-
-
-@dataclass(frozen=True, kw_only=True)
-class LlamaDims:
-    """What decides memory: the model's shape and the bytes per weight and per KV-cache element."""
-
-    params: int
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    weight_bytes: int = 2  # bfloat16
-    kv_bytes: int = 2
-
-
-def llama_params(
-    *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, vocab: int, tied: bool
-) -> int:
-    """Parameters of a Llama decoder: attention, gated MLP, two norms per layer, embeddings, final norm."""
-    per_layer = (
-        hidden * heads * head_dim  # q_proj
-        + 2 * hidden * kv_heads * head_dim  # k_proj, v_proj
-        + heads * head_dim * hidden  # o_proj
-        + 3 * hidden * intermediate  # gate, up, down
-        + 2 * hidden  # two RMSNorms
-    )
-    return layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
 
 
 @dataclass(frozen=True)
@@ -64,35 +37,42 @@ class CoreMemory:
         return self.total <= self.usable
 
 
-def kv_heads_per_core(dims: LlamaDims, tp_degree: int) -> int:
+def kv_heads_per_core(shape: LlamaShape, tp_degree: int) -> int:
     # KV heads are replicated, one per core, once there are more cores than KV heads.
-    return math.ceil(dims.kv_heads / tp_degree)
+    return math.ceil(shape.num_key_value_heads / tp_degree)
 
 
-def kv_bytes_per_token(dims: LlamaDims, tp_degree: int) -> int:
-    return dims.layers * 2 * kv_heads_per_core(dims, tp_degree) * dims.head_dim * dims.kv_bytes
+def kv_bytes_per_token(shape: LlamaShape, tp_degree: int, kv_bytes: int) -> int:
+    return shape.num_hidden_layers * 2 * kv_heads_per_core(shape, tp_degree) * shape.head_dim * kv_bytes
 
 
 def core_memory(
-    dims: LlamaDims,
+    shape: LlamaShape,
     instance: TrainiumInstance,
     *,
     nodes: int,
     batch: int,
     seq_len: int,
     hbm_reserve: float = DEFAULT_HBM_RESERVE,
+    kv_dtype: str | None = None,
+    params: int | None = None,
 ) -> CoreMemory:
-    """Weights + KV cache per NeuronCore with every core of `nodes` nodes in one tensor-parallel group."""
+    """Weights + KV cache per NeuronCore with every core of `nodes` nodes in one tensor-parallel group.
+    The KV cache is in the weights' dtype unless `kv_dtype` says otherwise; `params` replaces the count
+    from the shape (a planner told the total)."""
     tp = instance.neuron_cores * nodes
-    kv_projection = dims.layers * 2 * dims.hidden * dims.kv_heads * dims.head_dim
+    layers, hidden, head_dim = shape.num_hidden_layers, shape.hidden_size, shape.head_dim
+    kv_projection = layers * 2 * hidden * shape.num_key_value_heads * head_dim
+    total = shape.params if params is None else params
     # k/v projections are replicated, not sharded, once tp exceeds the KV heads.
-    weight_params = math.ceil((dims.params - kv_projection) / tp) + dims.layers * 2 * dims.hidden * dims.head_dim * (
-        kv_heads_per_core(dims, tp)
+    weight_params = math.ceil((total - kv_projection) / tp) + layers * 2 * hidden * head_dim * (
+        kv_heads_per_core(shape, tp)
     )
+    kv_bytes = DTYPE_BYTES[kv_dtype.lower()] if kv_dtype else shape.weight_bytes
     return CoreMemory(
         tp_degree=tp,
-        weights=weight_params * dims.weight_bytes,
-        kv_cache=batch * seq_len * kv_bytes_per_token(dims, tp),
+        weights=weight_params * shape.weight_bytes,
+        kv_cache=batch * seq_len * kv_bytes_per_token(shape, tp, kv_bytes),
         usable=instance.hbm_bytes_per_core * (1 - hbm_reserve),
         hbm=instance.hbm_bytes_per_core,
     )

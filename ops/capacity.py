@@ -9,30 +9,19 @@ nodes, running NxD Inference split over every node's NeuronCores (contract/neuro
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from contract.bad_input import NOT_GIVEN
+from contract.layout import heads_fit
+from contract.llama import DTYPE_BYTES, LlamaShape, ShapeError, load_config_json, preset, preset_names
 from contract.neuron import NeuronImage, image_for, mode_for
-from contract.sizing import CoreMemory, LlamaDims, core_memory, llama_params
+from contract.sizing import CoreMemory, core_memory
 from contract.trainium import GIB, TrainiumInstance
 from ops.errors import arg_line
 from ops.hardware import instance_spec
-
-DTYPE_BYTES = {
-    "float32": 4,
-    "fp32": 4,
-    "bfloat16": 2,
-    "bf16": 2,
-    "float16": 2,
-    "fp16": 2,
-    "float8": 1,
-    "fp8": 1,
-    "int8": 1,
-}
 
 # ECS allows at most 20 capacity providers per cluster and each unit has its own (one ASG per
 # unit placement group), so a cell holds at most 20 units.
@@ -63,113 +52,134 @@ def _positive(name: str, value: float | int | None) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelShape:
-    """The parts of a decoder-only (Llama-family) model that decide memory and bandwidth."""
+class PlanModel:
+    """The model `flotilla plan` sizes: its shape (contract/llama.py, the declaration the node and synth
+    check), the name the operator knows it by, and its parameter count when told one."""
 
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    context_length: int
-    dtype: str = "bfloat16"
-    params: int | None = None  # total parameters; derived from the shape when None
-    head_dim: int | None = None  # hidden // heads when None
-    intermediate: int | None = None  # MLP width (needed only to derive params)
-    vocab: int | None = None  # vocabulary size (needed only to derive params)
-    tied_embeddings: bool = False
+    shape: LlamaShape
     name: str = "model"
-
-    def __post_init__(self) -> None:
-        for flag, value in (
-            ("--layers", self.layers),
-            ("--hidden", self.hidden),
-            ("--heads", self.heads),
-            ("--kv-heads", self.kv_heads),
-            ("--context-length", self.context_length),
-        ):
-            _positive(flag, value)
-        dtype_bytes(self.dtype)
-        if self.heads % self.kv_heads:
-            raise bad_plan_input(
-                "--heads",
-                self.heads,
-                f"is not a multiple of --kv-heads {self.kv_heads} (grouped-query attention shares each KV "
-                "head among a whole number of query heads)",
-                "give a --kv-heads that divides --heads",
-            )
-        if self.head_dim is None and self.hidden % self.heads:
-            raise bad_plan_input(
-                "--hidden", self.hidden, f"is not divisible by --heads {self.heads}", "give --head-dim explicitly"
-            )
-        if self.params is None and (self.intermediate is None or self.vocab is None):
-            raise bad_plan_input(
-                "--params",
-                NOT_GIVEN,
-                "is not given and cannot be counted from the shape",
-                "give --params, or --intermediate and --vocab so the planner can count them",
-            )
-        if self.params is not None:
-            _positive("--params", self.params)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+    params: int | None = None  # replaces the count from the shape (e.g. a model with extra parts)
 
     @property
     def total_params(self) -> int:
-        if self.params is not None:
-            return self.params
-        # __post_init__ refuses a shape that has neither params nor these two.
-        assert self.intermediate is not None and self.vocab is not None
-        return llama_params(
-            layers=self.layers,
-            hidden=self.hidden,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.resolved_head_dim,
-            intermediate=self.intermediate,
-            vocab=self.vocab,
-            tied=self.tied_embeddings,
-        )
+        return self.params if self.params is not None else self.shape.params
 
-    @classmethod
-    def from_config_json(cls, path: str | Path, **overrides: Any) -> ModelShape:
-        """Read a Hugging Face config.json (Llama family); explicit overrides win."""
-        p = Path(path)
+    @property
+    def context_length(self) -> int:
+        return self.shape.max_position_embeddings
+
+
+def model_from_flags(
+    *,
+    layers: int | None,
+    hidden: int | None,
+    heads: int | None,
+    kv_heads: int | None = None,
+    context_length: int | None,
+    intermediate: int | None = None,
+    vocab: int | None = None,
+    head_dim: int | None = None,
+    tied_embeddings: bool = False,
+    dtype: str = "bfloat16",
+    params: int | None = None,
+    name: str = "model",
+) -> PlanModel:
+    """The model described flag by flag; every refusal names the flag to fix."""
+    for flag, value in (
+        ("--layers", layers),
+        ("--hidden", hidden),
+        ("--heads", heads),
+        ("--context-length", context_length),
+    ):
+        _positive(flag, value)
+    assert layers and hidden and heads and context_length  # _positive refused None and <= 0
+    kv_heads = heads if kv_heads is None else kv_heads
+    _positive("--kv-heads", kv_heads)
+    dtype_bytes(dtype)
+    if heads % kv_heads:
+        raise bad_plan_input(
+            "--heads",
+            heads,
+            f"is not a multiple of --kv-heads {kv_heads} (grouped-query attention shares each KV "
+            "head among a whole number of query heads)",
+            "give a --kv-heads that divides --heads",
+        )
+    if head_dim is None and hidden % heads:
+        raise bad_plan_input("--hidden", hidden, f"is not divisible by --heads {heads}", "give --head-dim explicitly")
+    if intermediate is None or vocab is None:
+        missing = "--intermediate" if intermediate is None else "--vocab"
+        raise bad_plan_input(
+            missing,
+            NOT_GIVEN,
+            "is not given: the layout check needs the MLP width and the vocabulary",
+            "give --intermediate and --vocab, or describe the model with --config-json PATH or --preset",
+        )
+    _positive("--intermediate", intermediate)
+    _positive("--vocab", vocab)
+    if params is not None:
+        _positive("--params", params)
+    shape = LlamaShape(
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=context_length,
+        head_dim=head_dim or 0,
+        tie_word_embeddings=tied_embeddings,
+        dtype=dtype,
+    )
+    return PlanModel(shape=shape, name=name, params=params)
+
+
+def model_from_config_json(path: str | Path, **overrides: Any) -> PlanModel:
+    """A Hugging Face config.json (Llama family); flags given in `overrides` win."""
+    p = Path(path)
+    if not p.is_file():
+        raise bad_plan_input("--config-json", str(p), "is not a file", "give the path of the model's config.json")
+    try:
+        shape = load_config_json(p)
+    except ShapeError as err:
+        raise bad_plan_input("--config-json", str(p), f"is not a usable config.json ({err})", "fix the file") from None
+    return override_model(PlanModel(shape=shape, name=p.parent.name or "model"), **overrides)
+
+
+def model_from_preset(preset_name: str, **overrides: Any) -> PlanModel:
+    shape = preset(preset_name)
+    if shape is None:
+        raise bad_plan_input("--preset", preset_name, "is not a known model", f"use one of {', '.join(preset_names())}")
+    return override_model(PlanModel(shape=shape, name=preset_name), **overrides)
+
+
+# Flags that may override a shape read from a file or a preset, and the config.json field each sets.
+_OVERRIDES = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "intermediate": "intermediate_size",
+    "vocab": "vocab_size",
+    "tied_embeddings": "tie_word_embeddings",
+    "context_length": "max_position_embeddings",
+    "dtype": "dtype",
+}
+
+
+def override_model(model: PlanModel, **overrides: Any) -> PlanModel:
+    given = {k: v for k, v in overrides.items() if v is not None}
+    fields = {_OVERRIDES[k]: v for k, v in given.items() if k in _OVERRIDES}
+    raw = {**model.shape.as_dict(), **fields}
+    if "dtype" in fields:
+        dtype_bytes(str(fields["dtype"]))
+    shape = model.shape
+    if fields:
         try:
-            cfg = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise bad_plan_input(
-                "--config-json", str(p), "is not a file", "give the path of the model's config.json"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise bad_plan_input(
-                "--config-json", str(p), f"is not valid JSON ({exc})", "give the model's config.json as it ships"
-            ) from None
-        keys = {
-            "layers": "num_hidden_layers",
-            "hidden": "hidden_size",
-            "heads": "num_attention_heads",
-            "context_length": "max_position_embeddings",
-        }
-        values: dict[str, Any] = {}
-        for field_name, key in keys.items():
-            if field_name in overrides and overrides[field_name] is not None:
-                continue
-            if key not in cfg:
-                raise bad_plan_input(
-                    "--config-json", str(p), f"has no {key!r}", f"give --{field_name.replace('_', '-')} instead"
-                )
-            values[field_name] = cfg[key]
-        values["kv_heads"] = cfg.get("num_key_value_heads", cfg.get("num_attention_heads"))
-        values["head_dim"] = cfg.get("head_dim")
-        values["intermediate"] = cfg.get("intermediate_size")
-        values["vocab"] = cfg.get("vocab_size")
-        values["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-        values["dtype"] = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-        values["name"] = p.parent.name or "model"
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+            shape = LlamaShape.from_config(raw, source="the model flags")
+        except ShapeError as err:
+            raise bad_plan_input("--config-json", NOT_GIVEN, f"with these flags: {err}", "fix the flags") from None
+    return replace(model, shape=shape, name=given.get("name", model.name), params=given.get("params", model.params))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +241,7 @@ class PlanSettings:
 
 @dataclass(frozen=True)
 class Plan:
-    model: ModelShape
+    model: PlanModel
     traffic: Traffic
     settings: PlanSettings
     instance: TrainiumInstance
@@ -328,13 +338,16 @@ class Plan:
             cfg["units_per_cell"] = self.settings.units_per_cell
         if self.settings.availability_zones:
             cfg["availability_zones"] = list(self.settings.availability_zones)
+        # The sequence and batch the memory was sized at: synth checks the units' layout at these too
+        # (docs/model-layout.md), and the nodes serve with them.
+        cfg["node"] = {"neuron_seq_len": self.seq_len, "neuron_batch_size": self.settings.batch}
         return cfg
 
 
-def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
+def plan(model: PlanModel, traffic: Traffic, settings: PlanSettings) -> Plan:
     inst = instance_spec(settings.instance_type)
-    w_bytes = dtype_bytes(model.dtype)
-    kv_bytes = dtype_bytes(settings.kv_dtype or model.dtype, what="--kv-dtype")
+    w_bytes = dtype_bytes(model.shape.dtype)
+    kv_bytes = dtype_bytes(settings.kv_dtype or model.shape.dtype, what="--kv-dtype")
     seq_len = settings.seq_len or traffic.prompt_tokens + traffic.output_tokens
     if traffic.prompt_tokens + traffic.output_tokens > model.context_length:
         raise bad_plan_input(
@@ -359,40 +372,36 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         )
 
     params = model.total_params
-    hd = model.resolved_head_dim
+    shape = model.shape
+    hd = shape.head_dim
     usable = inst.hbm_bytes_per_core * (1 - settings.hbm_reserve)
-    dims = LlamaDims(
-        params=params,
-        layers=model.layers,
-        hidden=model.hidden,
-        heads=model.heads,
-        kv_heads=model.kv_heads,
-        head_dim=hd,
-        weight_bytes=w_bytes,
-        kv_bytes=kv_bytes,
-    )
     skipped: list[str] = []
     smallest_need: CoreMemory | None = None
 
     for nodes in range(1, settings.max_nodes + 1):
         tp = inst.neuron_cores * nodes
-        heads_ok = model.heads % tp == 0
-        kv_ok = model.kv_heads % tp == 0 or tp % model.kv_heads == 0
-        if not (heads_ok and kv_ok) and not settings.pad_heads:
-            why = f"{model.heads} heads" if not heads_ok else f"{model.kv_heads} KV heads"
+        # The node's own test of a split (contract/layout.py), with the padded-heads escape the planner offers.
+        heads_ok = shape.num_attention_heads % tp == 0
+        if not heads_fit(shape, tp) and not settings.pad_heads:
+            why = f"{shape.num_attention_heads} heads" if not heads_ok else f"{shape.num_key_value_heads} KV heads"
             skipped.append(f"{nodes} nodes: tp_degree {tp} does not divide {why}")
             continue
-        q_per_core = math.ceil(model.heads / tp)
-        kv_per_core = math.ceil(model.kv_heads / tp)
-        kv_per_token = model.layers * 2 * kv_per_core * hd * kv_bytes
-        # The one rule the runtime's planner uses too (contract/sizing.py).
+        if shape.intermediate_size % tp and not settings.pad_heads:
+            skipped.append(f"{nodes} nodes: tp_degree {tp} does not divide intermediate_size {shape.intermediate_size}")
+            continue
+        q_per_core = math.ceil(shape.num_attention_heads / tp)
+        kv_per_core = math.ceil(shape.num_key_value_heads / tp)
+        kv_per_token = shape.num_hidden_layers * 2 * kv_per_core * hd * kv_bytes
+        # The one rule the runtime's planner and the layout check use too (contract/sizing.py).
         memory = core_memory(
-            dims,
+            shape,
             inst,
             nodes=nodes,
             batch=settings.batch,
             seq_len=seq_len,
             hbm_reserve=settings.hbm_reserve,
+            kv_dtype=settings.kv_dtype,
+            params=model.params,
         )
         if smallest_need is None or memory.total < smallest_need.total:
             smallest_need = memory
@@ -408,16 +417,16 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         decode_hbm_s = step_bytes / inst.hbm_bytes_per_s_per_core
         # Two all-reduces per layer (attention out, MLP out) of batch x hidden activations; across
         # nodes a ring moves 2 (N-1)/N of the message through each node's EFA.
-        message = settings.batch * model.hidden * w_bytes
+        message = settings.batch * shape.hidden_size * w_bytes
         inter_node = 2 * (nodes - 1) / nodes * message
-        decode_efa_s = model.layers * 2 * inter_node / inst.efa_bytes_per_s
+        decode_efa_s = shape.num_hidden_layers * 2 * inter_node / inst.efa_bytes_per_s
         # Prefill: 2 FLOPs per parameter per prompt token (attention's quadratic term left out: a
         # lower bound), every node at once. Context encoding is tensor parallel over the same cores
         # as decode (cp_degree 1 across nodes, runtime/engines/neuron/launch.py): the same two
         # all-reduces per layer, of prompt x hidden activations, through each node's EFA.
         prefill_compute_s = 2 * params * traffic.prompt_tokens / (nodes * inst.bf16_flops)
-        prompt_message = traffic.prompt_tokens * model.hidden * w_bytes
-        prefill_efa_s = model.layers * 2 * (2 * (nodes - 1) / nodes * prompt_message) / inst.efa_bytes_per_s
+        prompt_message = traffic.prompt_tokens * shape.hidden_size * w_bytes
+        prefill_efa_s = shape.num_hidden_layers * 2 * (2 * (nodes - 1) / nodes * prompt_message) / inst.efa_bytes_per_s
 
         partial = Plan(
             model=model,
@@ -445,9 +454,10 @@ def plan(model: ModelShape, traffic: Traffic, settings: PlanSettings) -> Plan:
         cores = inst.neuron_cores
         raise bad_plan_input(
             "--heads",
-            model.heads,
+            shape.num_attention_heads,
             f"{fits}: no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x "
-            f"1..{settings.max_nodes} nodes) splits {model.heads} heads and {model.kv_heads} KV heads evenly",
+            f"1..{settings.max_nodes} nodes) splits {shape.num_attention_heads} heads and "
+            f"{shape.num_key_value_heads} KV heads evenly",
             f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of {cores} x nodes",
         )
     raise bad_plan_input(

@@ -13,6 +13,7 @@ from typing import Any
 
 import botocore.exceptions
 
+from contract import node_exit
 from ops.aws import Aws, chunks
 from ops.fleet import DEPLOYMENT_TAG, UNIT_TAG, Unit
 
@@ -99,7 +100,27 @@ def stopped_tasks(aws: Aws, unit: Unit, limit: int = STOPPED_TASKS) -> list[str]
         last = t.get("lastStatus", "?")
         # desiredStatus STOPPED covers tasks ECS is still stopping: they have not stopped yet.
         kind = "stopped" if last == "STOPPED" else "stopping"
-        out.append(f"{kind} task: {t['taskArn'].rsplit('/', 1)[-1][:12]} {last} {code}: {reason}".replace(" :", ":"))
+        line = f"{kind} task: {t['taskArn'].rsplit('/', 1)[-1][:12]} {last} {code}: {reason}".replace(" :", ":")
+        out.append(line + "".join(container_exits(t)))
+    return out
+
+
+def container_exits(task: dict[str, Any]) -> list[str]:
+    """Why each of a stopped task's containers ended: its exit status (DescribeTasks
+    containers[].exitCode), what a node's status means (contract/node_exit.py), and the reason ECS
+    gives (containers[].reason, e.g. CannotPullContainerError)."""
+    out = []
+    for c in task.get("containers", []):
+        exit_code, reason = c.get("exitCode"), c.get("reason")
+        if exit_code in (None, node_exit.DRAINED) and not reason:
+            continue
+        text = f"; container {c.get('name', '?')}"
+        if exit_code is not None:
+            meaning = node_exit.meaning(exit_code)
+            text += f" exited {exit_code}" + (f" ({meaning})" if meaning else "")
+        if exit_code in node_exit.CANNOT_SERVE:
+            text += f": its log's {node_exit.CANNOT_SERVE_EVENT} line says why"
+        out.append(text + (f": {reason}" if reason else ""))
     return out
 
 

@@ -15,6 +15,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
 import contract
+from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from contract.node_boot import boot_artifacts
 from stacks.config import FlotillaConfig
 from stacks.discovery import DiscoveryStack
@@ -141,6 +142,13 @@ class CellStack(Stack):
                 environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
                 environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
                 environment[contract.ENV_NEURON_PREFIX_CACHING_BLOCK] = str(config.node.neuron_prefix_caching_block)
+                # The sequence and batch synth checked the layout at (contract/layout.py). Left out at the
+                # node's own defaults (the same constants), so a deployment that keeps them keeps its task
+                # definitions, and with them its running units, across this setting's arrival.
+                if config.node.neuron_seq_len != DEFAULT_SEQ_LEN:
+                    environment[contract.ENV_NEURON_SEQ_LEN] = str(config.node.neuron_seq_len)
+                if config.node.neuron_batch_size != DEFAULT_BATCH_SIZE:
+                    environment[contract.ENV_NEURON_BATCH_SIZE] = str(config.node.neuron_batch_size)
             environment.update(speculation_environment(config))
             self.units.append(
                 TrainiumUnit(

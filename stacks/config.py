@@ -16,15 +16,22 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError, core_schema
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic_core import core_schema
 
 import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
-from contract.bad_input import BadInput
+from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
+from stacks.config_rules import REFUSED, Rule, Section, between, matches, one_of, refuse
+from stacks.config_rules import ConfigError as ConfigError  # re-exported: callers import it from here
 from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE, check_front_door
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
+from stacks.model_config import (
+    ModelConfig,
+    check_engine_fits_instance,
+    check_model_layout,
+)
 from stacks.speculation import SpeculationConfig, SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
@@ -111,10 +118,6 @@ LOG_RETENTION_DAYS = (
     3653,
 )
 UNIT_ROLLOUTS = ("replace", "surge")
-# The reference engine's built-in models ('' = none: the node's default), and the x86 type the
-# staging fleet runs on (stacks/hosts.py says why it takes a cluster placement group).
-BUILTIN_MODELS = ("", "tiny", "smollm2")
-STAGING_INSTANCE_TYPE = "m6i.large"
 # LaunchTemplateInstanceMarketOptionsRequest.MarketType values flotilla uses: on-demand capacity
 # (optionally from a Capacity Reservation) or an EC2 Capacity Block for ML.
 MARKETS = ("on-demand", "capacity-block")
@@ -132,8 +135,6 @@ ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
 _AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
-_S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^\s]*)?$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _IMAGE_RE = re.compile(r"^[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+(:[\w.-]{1,128}|@sha256:[0-9a-f]{64})$")
 _CERT_RE = re.compile(r"^arn:aws(-[a-z]+)*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -145,140 +146,21 @@ _UNIT_ID_RE = re.compile(r"^cell\d+-unit\d+$")
 _RESOURCE_GROUP_ARN_RE = re.compile(
     r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
 )
-_S3_URI_ALLOWED = "an S3 URI like s3://bucket/prefix/"
-
-
-class ConfigError(BadInput):
-    """A configuration value the user must fix: one line naming key, value and what is allowed."""
-
-    def __init__(self, key: str, value: Any, allowed: str, *, problem: str = "is not allowed"):
-        self.key, self.allowed = key, allowed
-        super().__init__(key, value, problem, allowed)
-
-
-# --- Field rules: pydantic does the checking, the rule words the refusal ------------------------
-_REFUSED = "flotilla_refused"  # error type whose context carries the `allowed` text
-
-
-def _refuse(allowed: str) -> PydanticCustomError:
-    return PydanticCustomError(_REFUSED, "{allowed}", {"allowed": allowed})
-
-
-class Rule:
-    """Annotated metadata: validate with a pydantic-core schema; on any failure report `allowed`.
-
-    It supplies the field's whole schema, so it comes first in Annotated[...]; a BeforeValidator
-    after it runs before it.
-    """
-
-    def __init__(self, schema: core_schema.CoreSchema, allowed: str):
-        self.schema, self.allowed = schema, allowed
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
-        def check(value: Any, validate: Callable[[Any], Any]) -> Any:
-            try:
-                return validate(value)
-            except ValidationError:
-                raise _refuse(self.allowed) from None
-
-        return core_schema.no_info_wrap_validator_function(check, self.schema)
-
-
-def between(lo: int, hi: int, why: str = "") -> Rule:
-    """An int (not a bool, not a numeric string) from lo to hi."""
-    return Rule(
-        core_schema.int_schema(ge=lo, le=hi, strict=True),
-        f"an integer from {lo} to {hi}" + (f" ({why})" if why else ""),
-    )
-
-
-def one_of(choices: tuple[Any, ...]) -> Rule:
-    schema: core_schema.CoreSchema = core_schema.literal_schema(list(choices))
-    if all(isinstance(c, int) for c in choices):
-        # A literal 1 also takes True (True == 1): demand a real int first.
-        schema = core_schema.chain_schema([core_schema.int_schema(strict=True), schema])
-    return Rule(schema, "one of " + ", ".join(map(str, choices)))
-
-
-def matches(pattern: re.Pattern[str], allowed: str, *, optional: bool = False) -> Rule:
-    """A string matching pattern; with optional, None (the key left out) too."""
-    # pydantic-core matches with Rust's regex crate (ConfigDict.regex_engine defaults to
-    # 'rust-regex', docs.pydantic.dev/latest/api/config/): the patterns above mean the same there,
-    # except that `$` is the end of the text only, where Python's also allows a final newline.
-    schema: core_schema.CoreSchema = core_schema.str_schema(pattern=pattern.pattern, strict=True)
-    if optional:
-        return Rule(core_schema.nullable_schema(schema), allowed + " (or omit it)")
-    return Rule(schema, allowed)
 
 
 def _az_list(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and (len(value) == 0 or 2 <= len(value) <= 6):
         return value
-    raise _refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three")
+    raise refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three")
 
 
 def _unit_az_list(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and len(value) <= 6:
         return value
-    raise _refuse("a list of up to 6 AZ names from availability_zones, or [] for all of them")
+    raise refuse("a list of up to 6 AZ names from availability_zones, or [] for all of them")
 
 
-def _split_s3_uri(uri: str) -> tuple[str, str]:
-    """s3://bucket/some/prefix/ -> ("bucket", "some/prefix/"); the prefix is '' for a bare bucket."""
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    return bucket, prefix
-
-
-class _Section(BaseModel):
-    # Unknown keys are typos: refuse them rather than ignore a setting the operator meant.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Section):
-    """Where the compiled/sharded model artifacts live and the name clients ask for."""
-
-    s3_uri: Annotated[str, matches(_S3_URI_RE, _S3_URI_ALLOWED)] = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
-    name: Annotated[str, matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = "llama-3.1-8b-instruct"
-    # Where the neuron engine caches NxD Inference's compiled artifacts ('' = the model bucket's
-    # neuron-compile-cache/ prefix). Nodes may read and write only there; the model stays read-only.
-    compile_cache_uri: Annotated[
-        str,
-        Rule(core_schema.str_schema(pattern=f"^$|{_S3_URI_RE.pattern}", strict=True), _S3_URI_ALLOWED),
-        BeforeValidator(lambda v: v or ""),
-    ] = ""
-    # The reference engine's model baked into the unit image at build (a staging fleet needs no model
-    # bucket to serve): tiny or smollm2; '' = the node's default. Never with the neuron engine.
-    builtin: Annotated[
-        str,
-        Rule(
-            core_schema.literal_schema(list(BUILTIN_MODELS)),
-            "tiny or smollm2 (the reference engine's built-in models), or omit it",
-        ),
-    ] = ""
-
-    @property
-    def compile_cache(self) -> str:
-        return self.compile_cache_uri or f"s3://{self.bucket}/neuron-compile-cache/"
-
-    @property
-    def compile_cache_bucket(self) -> str:
-        return _split_s3_uri(self.compile_cache)[0]
-
-    @property
-    def compile_cache_prefix(self) -> str:
-        return _split_s3_uri(self.compile_cache)[1]
-
-    @property
-    def bucket(self) -> str:
-        return _split_s3_uri(self.s3_uri)[0]
-
-    @property
-    def prefix(self) -> str:
-        """Key prefix inside the bucket, no leading slash; '' means the whole bucket."""
-        return _split_s3_uri(self.s3_uri)[1]
-
-
-class NodeConfig(_Section):
+class NodeConfig(Section):
     """Settings of the unit members' container (the `node` command)."""
 
     engine: Annotated[str, one_of(ENGINES)] = "neuron"
@@ -302,9 +184,13 @@ class NodeConfig(_Section):
     # neuron engine, one node: 0 runs without prefix caching; a block size opts in to vLLM's prefix
     # caching (off by default: no trn1 run has checked its outputs and memory, docs/hardware.md).
     neuron_prefix_caching_block: Annotated[int, one_of(NEURON_PREFIX_CACHING_BLOCKS)] = 0
+    # neuron engine: prompt + output tokens of a sequence (vLLM --max-model-len, the API's context
+    # length) and sequences decoded together (--max-num-seqs). Synth checks the units' memory at these.
+    neuron_seq_len: Annotated[int, between(1, 1_048_576)] = DEFAULT_SEQ_LEN
+    neuron_batch_size: Annotated[int, between(1, 4096)] = DEFAULT_BATCH_SIZE
 
 
-class RouterConfig(_Section):
+class RouterConfig(Section):
     """Settings of the router service (Router stack) and its ALB rules (Front stack)."""
 
     desired_count: Annotated[int, between(1, 100)] = 2  # also the autoscaling minimum
@@ -329,7 +215,7 @@ class RouterConfig(_Section):
         return self
 
 
-class CapacityConfig(_Section):
+class CapacityConfig(Section):
     """Where the units' instances come from: On-Demand capacity (optionally a Capacity
     Reservation or a group of them) or an EC2 Capacity Block, and in which AZs."""
 
@@ -376,12 +262,12 @@ def _list_of(what: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, (list, tuple)):
             return value
-        raise _refuse(f"a list of {what}")
+        raise refuse(f"a list of {what}")
 
     return check
 
 
-class FrontConfig(_Section):
+class FrontConfig(Section):
     """The front door: internal (the default, reachable from the VPC and client_cidrs) or
     internet-facing (only client_cidrs / client_prefix_lists, behind AWS WAF); API keys."""
 
@@ -431,7 +317,7 @@ class UnitPlacement:
         return contract.unit_id(self.cell, self.index)
 
 
-class FlotillaConfig(_Section):
+class FlotillaConfig(Section):
     """The whole deployment. Built by load_config(); read-only afterwards."""
 
     deployment_name: Annotated[
@@ -440,7 +326,7 @@ class FlotillaConfig(_Section):
     # Trainium for serving; the x86 types (stacks/hosts.py) for a staging fleet on the reference engine.
     instance_type: Annotated[str, one_of(tuple(HOST_INSTANCES))] = "trn1.32xlarge"
     # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
-    nodes_per_unit: Annotated[int, between(1, 64)] = 2
+    nodes_per_unit: Annotated[int, between(1, 64)] = 1
     units: Annotated[int, between(1, 10000)] = 1
     units_per_cell: Annotated[
         int,
@@ -534,6 +420,7 @@ class FlotillaConfig(_Section):
             raise ConfigError(
                 "drained_units", list(self.drained_units), f"unit ids of this layout ({', '.join(unknown)} is not one)"
             )
+        check_model_layout(self)
         return self
 
     # --- derived layout ---------------------------------------------------------------------
@@ -610,41 +497,6 @@ class FlotillaConfig(_Section):
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html; the list grows:
 # add a type here when AWS does).
 CAPACITY_BLOCK_INSTANCE_TYPES = ("trn1.32xlarge",)
-
-
-def check_engine_fits_instance(cfg: FlotillaConfig) -> None:
-    """The neuron engine needs Trainium's Neuron devices; the CPU engines (reference, echo) belong on
-    the x86 staging types, where they cost cents, not on Trainium, where they would leave every
-    NeuronCore idle. A built-in model is the reference engine's only."""
-    engine, trainium = cfg.node.engine, is_trainium(cfg.instance_type)
-    if engine == "neuron" and not trainium:
-        raise ConfigError(
-            "node.engine",
-            engine,
-            f"reference with instance_type {cfg.instance_type} (the neuron engine needs Trainium; "
-            "or set instance_type to a trn type)",
-        )
-    if engine != "neuron" and trainium:
-        raise ConfigError(
-            "node.engine",
-            engine,
-            f"neuron with instance_type {cfg.instance_type} (the {engine} engine runs on CPU: stage it on an x86 "
-            f"type such as {STAGING_INSTANCE_TYPE}, examples/staging.yaml)",
-        )
-    block = cfg.node.neuron_prefix_caching_block
-    if block and (engine != "neuron" or cfg.nodes_per_unit > 1):
-        raise ConfigError(
-            "node.neuron_prefix_caching_block",
-            block,
-            f"0 with node.engine {engine} and nodes_per_unit {cfg.nodes_per_unit} (prefix caching runs on "
-            "one-node neuron units only: set nodes_per_unit 1 and node.engine neuron, or 0)",
-        )
-    if cfg.model.builtin and engine != "reference":
-        raise ConfigError(
-            "model.builtin",
-            cfg.model.builtin,
-            "unset with node.engine neuron or echo (built-in models are the reference engine's)",
-        )
 
 
 def check_capacity(cfg: FlotillaConfig) -> None:
@@ -981,7 +833,7 @@ def _config_error(exc: ValidationError) -> ConfigError:
         return raised
     path = tuple(part for part in err["loc"] if isinstance(part, str))  # list indexes dropped
     key = ".".join(path) or "flotilla"
-    if err["type"] == _REFUSED:
+    if err["type"] == REFUSED:
         allowed = ctx["allowed"]
     elif err["type"] == "extra_forbidden":
         known = ", ".join(_section_at(path[:-1]).model_fields)
@@ -1026,5 +878,9 @@ def load_config(context: Mapping[str, Any] | None, config_path: str | None) -> F
             raise ConfigError("config", config_path, f"valid YAML ({first})") from None
         if not isinstance(overrides, Mapping):
             raise ConfigError("config", config_path, "a YAML mapping of flotilla settings at top level")
+        model = overrides.get("model")
+        if isinstance(model, Mapping) and isinstance(model.get("config_json"), str):
+            # A model's config.json is named relative to the YAML file that names it.
+            overrides = {**overrides, "model": {**model, "config_json": str(path.parent / model["config_json"])}}
         raw = _deep_merge(raw, overrides)
     return parse_config(raw)

@@ -44,6 +44,10 @@ READY_LOAD_KEYS = {
     "prefix_cache_hits",
     "prefix_cache_hit_rate",
     "step_s",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_acceptance_rate",
+    "tokens_per_step",
 }
 
 

@@ -315,12 +315,12 @@ def foreign_share(before: tuple[float, float, float], after: tuple[float, float,
 
 
 def weight_bytes(model: str) -> int:
+    from contract.llama import PRESETS  # noqa: PLC0415
     from runtime.models.registry import resolve_model  # noqa: PLC0415
-    from runtime.models.smollm2 import smollm2_shape  # noqa: PLC0415
 
-    s = smollm2_shape() if model == "smollm2" else resolve_model(model).shape
+    s = PRESETS[model] if model in PRESETS else resolve_model(model).shape
     # every decode step reads each layer and the LM head (= the tied embedding) once
-    return 4 * (s.num_layers * s.layer_params + s.vocab_size * s.hidden_size + s.hidden_size)
+    return 4 * (s.num_hidden_layers * s.layer_params + s.vocab_size * s.hidden_size + s.hidden_size)
 
 
 def versions() -> dict:

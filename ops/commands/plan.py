@@ -18,8 +18,20 @@ from rich.console import Console
 from rich.table import Table
 
 from contract.bad_input import NOT_GIVEN
+from contract.llama import preset_names, preset_of
 from contract.trainium import GIB, INSTANCES
-from ops.capacity import ModelShape, Plan, PlanError, PlanSettings, Traffic, bad_plan_input, plan
+from ops.capacity import (
+    Plan,
+    PlanError,
+    PlanModel,
+    PlanSettings,
+    Traffic,
+    bad_plan_input,
+    model_from_config_json,
+    model_from_flags,
+    model_from_preset,
+    plan,
+)
 from ops.commands import Subparsers
 from ops.commands.common import add_deprecated_alias
 from ops.deploy_config import config_error
@@ -37,6 +49,7 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     )
     m = p.add_argument_group("model (flags override --config-json)")
     m.add_argument("--config-json", metavar="PATH", help="a Hugging Face config.json (Llama family)")
+    m.add_argument("--preset", metavar="NAME", help=f"a known model: {', '.join(preset_names())}")
     m.add_argument("--name", help="model name (default: the config.json's folder)")
     m.add_argument("--params", type=float, help="total parameters, e.g. 70e9 (default: counted from the shape)")
     m.add_argument("--layers", type=int)
@@ -44,8 +57,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     m.add_argument("--heads", type=int, help="attention (query) heads")
     m.add_argument("--kv-heads", type=int, help="key/value heads (grouped-query attention)")
     m.add_argument("--head-dim", type=int, help="default: hidden / heads")
-    m.add_argument("--intermediate", type=int, help="MLP width (to count parameters)")
-    m.add_argument("--vocab", type=int, help="vocabulary size (to count parameters)")
+    m.add_argument("--intermediate", type=int, help="MLP width")
+    m.add_argument("--vocab", type=int, help="vocabulary size")
     m.add_argument("--tied-embeddings", action="store_true", default=None)
     m.add_argument("--context-length", type=int)
     m.add_argument("--dtype", help="weights: bfloat16 (default), float16, float32, fp8, int8")
@@ -131,8 +144,8 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def model_from_args(args: argparse.Namespace) -> ModelShape:
-    shape = dict(
+def model_from_args(args: argparse.Namespace) -> PlanModel:
+    flags = dict(
         layers=args.layers,
         hidden=args.hidden,
         heads=args.heads,
@@ -146,19 +159,21 @@ def model_from_args(args: argparse.Namespace) -> ModelShape:
         params=int(args.params) if args.params is not None else None,
         name=args.name,
     )
+    if args.config_json and args.preset:
+        raise bad_plan_input("--preset", args.preset, "is given with --config-json", "describe the model with one")
     if args.config_json:
-        return ModelShape.from_config_json(args.config_json, **shape)
-    missing = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "heads", "context_length") if shape[k] is None]
+        return model_from_config_json(args.config_json, **flags)
+    if args.preset:
+        return model_from_preset(args.preset, **flags)
+    missing = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "heads", "context_length") if flags[k] is None]
     if missing:
         raise bad_plan_input(
             "--config-json",
             NOT_GIVEN,
             f"is not given and neither are {', '.join(missing)}",
-            f"describe the model with --config-json PATH or {', '.join(missing)}",
+            f"describe the model with --config-json PATH, --preset NAME or {', '.join(missing)}",
         )
-    if shape["kv_heads"] is None:
-        shape["kv_heads"] = shape["heads"]
-    return ModelShape(**{k: v for k, v in shape.items() if v is not None})
+    return model_from_flags(**{k: v for k, v in flags.items() if v is not None})
 
 
 def settings_from_args(args: argparse.Namespace) -> PlanSettings:
@@ -192,7 +207,10 @@ def config_yaml(p: Plan, rollout: dict[str, Any] | None = None, model_uri: str |
     )
     doc: dict[str, Any] = {**p.config(), **(rollout or {})}
     if model_uri:
-        doc["model"] = {"s3_uri": model_uri, "name": p.model.name}
+        # The shape too: synth checks the units' layout against it (docs/model-layout.md). A known
+        # model's by its preset name, any other's by its config.json fields.
+        shape = p.model.shape
+        doc["model"] = {"s3_uri": model_uri, "name": p.model.name, "shape": preset_of(shape) or shape.layout_fields()}
     body: str = yaml.safe_dump(doc, sort_keys=False)
     return header + body
 
@@ -259,12 +277,12 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "model": {
             "name": p.model.name,
             "params": p.model.total_params,
-            "layers": p.model.layers,
-            "hidden": p.model.hidden,
-            "heads": p.model.heads,
-            "kv_heads": p.model.kv_heads,
-            "head_dim": p.model.resolved_head_dim,
-            "dtype": p.model.dtype,
+            "layers": p.model.shape.num_hidden_layers,
+            "hidden": p.model.shape.hidden_size,
+            "heads": p.model.shape.num_attention_heads,
+            "kv_heads": p.model.shape.num_key_value_heads,
+            "head_dim": p.model.shape.head_dim,
+            "dtype": p.model.shape.dtype,
         },
         "nodes_per_unit": p.nodes_per_unit,
         "mode": p.mode,
@@ -333,7 +351,7 @@ def render(p: Plan, console: Console) -> None:
     unit.add_row("why", p.why)
     unit.add_row("tp_degree", f"{p.tp_degree} (= {p.instance.neuron_cores} NeuronCores x {p.nodes_per_unit})")
     unit.add_row("neuron launch", neuron_layout(p))
-    replicated = " (KV heads replicated)" if p.model.kv_heads < p.tp_degree else ""
+    replicated = " (KV heads replicated)" if p.model.shape.num_key_value_heads < p.tp_degree else ""
     unit.add_row("heads per NeuronCore", f"{p.q_heads_per_core} query, {p.kv_heads_per_core} KV{replicated}")
     for why in p.skipped:
         unit.add_row("not smaller because", why)

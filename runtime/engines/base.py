@@ -22,6 +22,17 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 30.0  # seconds before a silent peer fails the un
 class EngineError(Exception):
     """Base of every error an engine raises into a request's stream."""
 
+    exit_code = 1  # the engine process's exit status when this ends it: the unit re-forms
+
+
+class EngineCannotServe(EngineError):
+    """The engine can never serve this model with these settings: the same start fails the same way.
+    Its process exits with `exit_code` (contract/node_exit.py CANNOT_SERVE), and the node with it."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
 
 class RequestRejected(EngineError):
     """The request can never be served as asked (e.g. it cannot fit the KV-cache budget).

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import contract
+from contract.llama import PRESETS
 
 STRATEGY_CHOICES = contract.STRATEGY_CHOICES
 
@@ -63,21 +64,18 @@ def run(args: argparse.Namespace) -> int:
         return run_neuron_plan(args)
     from runtime.engines.calibrate import loading_pair  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
     from runtime.engines.layout import make_plan  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
-    from runtime.models.registry import TINY_SHAPE, LlamaShape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
-    from runtime.models.smollm2 import smollm2_shape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
+    from runtime.models.registry import BUILTIN_MODELS, reference_shape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     # The plan needs only the shape: never convert weights just to print it.
-    if args.model == "tiny":
-        shape = TINY_SHAPE
-    elif args.model == "smollm2":
-        shape = smollm2_shape()
+    if args.model in BUILTIN_MODELS:
+        shape = PRESETS[args.model]
     else:
         config = Path(args.model) / "config.json"
         if not config.is_file():
             raise SystemExit(
                 f"--model {args.model!r}: expected tiny, smollm2 or a checkpoint directory containing config.json"
             )
-        shape = LlamaShape.from_config(json.loads(config.read_text()), source=str(config))
+        shape = reference_shape(json.loads(config.read_text()), source=str(config))
     prefill, decode = loading_pair(args.prefill, args.decode)
     try:
         plan = make_plan(

@@ -206,7 +206,7 @@ class ShardExecutor:
         pipeline = plan.uses("pipeline") or self.world_size == 1
         tensor = plan.uses("tensor") and self.world_size > 1
         t = self.tslice
-        for n in range(s.num_layers):
+        for n in range(s.num_hidden_layers):
             full = LayerWeights.load(weights, n, shape=s) if pipeline and n in self.stage.layers else None
             if full is not None:
                 self.pp_layers[n] = PackedLayer.pack(full)
@@ -422,10 +422,10 @@ class ShardExecutor:
         if alloc is None:
             s = self.shape
             if layout == "pipeline":
-                alloc = KVAllocator(self.stage.layers, s.num_kv_heads, s.head_dim, self.device)
+                alloc = KVAllocator(self.stage.layers, s.num_key_value_heads, s.head_dim, self.device)
             else:
                 kv0, kv1 = self.tslice.kv_heads
-                alloc = KVAllocator(range(s.num_layers), kv1 - kv0, s.head_dim, self.device)
+                alloc = KVAllocator(range(s.num_hidden_layers), kv1 - kv0, s.head_dim, self.device)
             self._kv_alloc[layout] = alloc
         return alloc.new(capacity)
 
@@ -534,7 +534,7 @@ class ShardExecutor:
             self._broadcast(x, 0)
         # Drafted decode entries come first and attend per segment, as prompt chunks do.
         lead = len(segments) + len(cmd.drafts)
-        x = self._run_layers(self.tp_layers, range(self.shape.num_layers), x, segments + decode, lead=lead)
+        x = self._run_layers(self.tp_layers, range(self.shape.num_hidden_layers), x, segments + decode, lead=lead)
         for seg in segments + decode:
             seg.kv.length = seg.start + seg.n
         return x
@@ -664,9 +664,9 @@ class ShardExecutor:
             for src in range(W):
                 if to_tensor:
                     src_layers = list(plan.stage(src).layers)
-                    src_heads = (0, s.num_kv_heads)
+                    src_heads = (0, s.num_key_value_heads)
                 else:
-                    src_layers = list(range(s.num_layers))
+                    src_layers = list(range(s.num_hidden_layers))
                     src_heads = plan.tensor_slice(src).kv_heads
                 nh = src_heads[1] - src_heads[0]
                 sizes = [len(src_layers) * 2 * nh * old[sid].length * d for sid in seq_ids]

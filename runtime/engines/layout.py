@@ -77,7 +77,7 @@ class ParallelPlan:
             kv = t.kv_heads[1] - t.kv_heads[0]
             m = t.mlp[1] - t.mlp[0]
             sliced = h * d * (2 * q + 2 * kv) + 3 * h * m + 2 * h
-            total += sliced * (s.num_layers - len(full_layers))
+            total += sliced * (s.num_hidden_layers - len(full_layers))
             if rank != 0 and self.world_size > 1:  # rank 0 already holds the whole LM head
                 total += (t.vocab[1] - t.vocab[0]) * h + h
         total += s.layer_params * len(full_layers)
@@ -96,8 +96,8 @@ class ParallelPlan:
             return f"{a}" if b - a == 1 else f"{a}-{b - 1}"
 
         lines = [
-            f"model: {s.num_layers} layers, hidden {s.hidden_size}, {s.num_heads} query / "
-            f"{s.num_kv_heads} KV heads (head_dim {s.head_dim}), MLP intermediate "
+            f"model: {s.num_hidden_layers} layers, hidden {s.hidden_size}, {s.num_attention_heads} query / "
+            f"{s.num_key_value_heads} KV heads (head_dim {s.head_dim}), MLP intermediate "
             f"{s.intermediate_size}, vocab {s.vocab_size}, "
             f"{'tied' if s.tie_word_embeddings else 'untied'} embeddings",
             f"unit: world_size {self.world_size}; prefill={self.prefill}, decode={self.decode}",
@@ -151,7 +151,7 @@ def split_even(n: int, parts: int) -> list[tuple[int, int]]:
 
 def _balanced_stages(s: LlamaShape, world_size: int) -> list[tuple[int, int]]:
     """Contiguous layer ranges minimising the largest stage cost (exact DP; L and P are small)."""
-    L, P, c = s.num_layers, world_size, s.layer_params
+    L, P, c = s.num_hidden_layers, world_size, s.layer_params
     head = _head_cost(s)
     inf = float("inf")
     # best[p][n]: minimal max-cost putting layers [0, n) on stages [0, p)
@@ -208,9 +208,9 @@ def make_plan(
     check_strategies(prefill, decode)
     if world_size < 1:
         raise ValueError(f"world_size {world_size} must be at least 1")
-    if world_size > shape.num_layers:
+    if world_size > shape.num_hidden_layers:
         raise ValueError(
-            f"world_size {world_size} exceeds the model's {shape.num_layers} layers: "
+            f"world_size {world_size} exceeds the model's {shape.num_hidden_layers} layers: "
             "every pipeline stage needs at least one layer; use fewer nodes"
         )
     if world_size > shape.intermediate_size:
@@ -218,11 +218,11 @@ def make_plan(
     notes = []
     stages = []
     if boundaries is not None:
-        cuts = [0, *boundaries, shape.num_layers]
+        cuts = [0, *boundaries, shape.num_hidden_layers]
         if len(boundaries) != world_size - 1 or any(a >= b for a, b in zip(cuts, cuts[1:])):
             raise ValueError(
                 f"boundaries {boundaries} must be {world_size - 1} increasing layer "
-                f"indices inside 1..{shape.num_layers - 1}"
+                f"indices inside 1..{shape.num_hidden_layers - 1}"
             )
         ranges = list(zip(cuts, cuts[1:]))
         notes.append(f"layer split forced at {list(boundaries)} (not cost-balanced)")
@@ -231,21 +231,21 @@ def make_plan(
     for rank, (a, b) in enumerate(ranges):
         cost = (b - a) * shape.layer_params + (_head_cost(shape) if rank == 0 else 0)
         stages.append(PipelineStage(rank=rank, first_layer=a, stop_layer=b, holds_embedding=rank == 0, cost=cost))
-    replicated = shape.num_kv_heads % world_size != 0
-    group = shape.num_heads // shape.num_kv_heads
+    replicated = shape.num_key_value_heads % world_size != 0
+    group = shape.num_attention_heads // shape.num_key_value_heads
     mlp = split_even(shape.intermediate_size, world_size)
     vocab = split_even(shape.vocab_size, world_size)
-    uneven = replicated and split_uneven_heads and shape.num_kv_heads >= world_size
+    uneven = replicated and split_uneven_heads and shape.num_key_value_heads >= world_size
     if uneven:
         # Query heads split as evenly as they go; a rank holds every KV head its query heads read, so
         # a KV head whose group straddles two ranks is computed (and cached) on both. The two blocks
         # between all-reduces (attention, MLP) are then each near-even, which is what the ranks wait
         # on; whole KV groups per rank (SmolLM2: 3 and 6 query heads) left one rank idle in one block
         # of every layer and the other in the next, whatever the MLP split.
-        q = _uneven_heads(shape.num_heads, world_size)
+        q = _uneven_heads(shape.num_attention_heads, world_size)
         kv = [(a // group, -(-b // group)) for a, b in q]
         notes.append(
-            f"attention split UNEVENLY: {shape.num_heads} query heads over tp_degree {world_size} "
+            f"attention split UNEVENLY: {shape.num_attention_heads} query heads over tp_degree {world_size} "
             f"({', '.join(str(b - a) for a, b in q)} per rank, the extra ones away from rank 0, which "
             "also embeds and samples); a KV head shared by two ranks' query heads is held by both "
             f"(KV heads {', '.join(f'{a}-{b - 1}' for a, b in kv)}); MLP split evenly; two all-reduces "
@@ -257,7 +257,7 @@ def make_plan(
         replicated = False
     elif replicated:
         notes.append(
-            f"attention REPLICATED on every rank: {shape.num_heads} query / {shape.num_kv_heads} KV "
+            f"attention REPLICATED on every rank: {shape.num_attention_heads} query / {shape.num_key_value_heads} KV "
             f"heads do not divide by tp_degree {world_size}; the MLP is still split, so tensor-"
             "parallel layers all-reduce once (after the MLP) instead of twice. An uneven split "
             "of the KV groups saves the duplicated attention but adds an all-reduce per layer: "
@@ -265,12 +265,16 @@ def make_plan(
         )
         slices = tuple(
             TensorSlice(
-                rank=r, q_heads=(0, shape.num_heads), kv_heads=(0, shape.num_kv_heads), mlp=mlp[r], vocab=vocab[r]
+                rank=r,
+                q_heads=(0, shape.num_attention_heads),
+                kv_heads=(0, shape.num_key_value_heads),
+                mlp=mlp[r],
+                vocab=vocab[r],
             )
             for r in range(world_size)
         )
     else:
-        kv = split_even(shape.num_kv_heads, world_size)
+        kv = split_even(shape.num_key_value_heads, world_size)
         slices = tuple(
             TensorSlice(
                 rank=r, q_heads=(kv[r][0] * group, kv[r][1] * group), kv_heads=kv[r], mlp=mlp[r], vocab=vocab[r]

@@ -28,7 +28,7 @@ QueryPad = tuple[int, int] | None
 
 
 def query_pad(q_heads: tuple[int, int], kv_heads: tuple[int, int], shape: LlamaShape) -> QueryPad:
-    group = shape.num_heads // shape.num_kv_heads
+    group = shape.num_attention_heads // shape.num_key_value_heads
     (qa, qb), (ka, kb) = q_heads, kv_heads
     if (qa, qb) == (ka * group, kb * group):
         return None
@@ -68,10 +68,10 @@ class LayerWeights:
         """Full layer when the slices are None; otherwise only the rows/columns of the slice."""
         p = f"model.layers.{layer}."
         d = shape.head_dim
-        qh = q_heads or (0, shape.num_heads)
-        kvh = kv_heads or (0, shape.num_kv_heads)
+        qh = q_heads or (0, shape.num_attention_heads)
+        kvh = kv_heads or (0, shape.num_key_value_heads)
         m = mlp or (0, shape.intermediate_size)
-        full_attn = qh == (0, shape.num_heads)
+        full_attn = qh == (0, shape.num_attention_heads)
         full_mlp = m == (0, shape.intermediate_size)
 
         def get(name: str, dim: int, span: tuple[int, int], full: bool) -> torch.Tensor:
@@ -102,7 +102,7 @@ class LayerWeights:
         """A tensor slice of this full layer without re-reading the checkpoint: row slices are
         views; column slices (o_proj, down_proj) are copied so the matmuls see contiguous memory."""
         d = shape.head_dim
-        full_attn = q_heads == (0, shape.num_heads)
+        full_attn = q_heads == (0, shape.num_attention_heads)
         full_mlp = mlp == (0, shape.intermediate_size)
 
         def rows(w, a, b):
@@ -664,18 +664,22 @@ class UnsplitLlama:
     def __init__(self, shape: LlamaShape, weights: WeightSource) -> None:
         self.shape = shape
         self.head = HeadWeights.load(weights, shape)
-        self.layers = {n: PackedLayer.pack(LayerWeights.load(weights, n, shape=shape)) for n in range(shape.num_layers)}
+        self.layers = {
+            n: PackedLayer.pack(LayerWeights.load(weights, n, shape=shape)) for n in range(shape.num_hidden_layers)
+        }
         self.rope = RopeTable(shape)
 
     def new_kv(self, capacity: int) -> SeqKV:
-        return SeqKV.empty(range(self.shape.num_layers), self.shape.num_kv_heads, self.shape.head_dim, capacity)
+        return SeqKV.empty(
+            range(self.shape.num_hidden_layers), self.shape.num_key_value_heads, self.shape.head_dim, capacity
+        )
 
     def forward(self, token_ids: Sequence[int], kv: SeqKV, *, all_positions: bool = False) -> torch.Tensor:
         """Logits of the last position ([vocab]) or all positions ([n, vocab]); extends the cache."""
         seg = Segment(kv=kv, start=kv.length, n=len(token_ids))
         x = self.head.embed[torch.tensor(list(token_ids))]
         cos, sin = self.rope(positions_of([seg]), seg.start + seg.n)
-        for n in range(self.shape.num_layers):
+        for n in range(self.shape.num_hidden_layers):
             x = decoder_layer(self.shape, n, self.layers[n], x, [seg], cos, sin)
         kv.length += seg.n
         return self.head.logits(self.shape, x if all_positions else x[-1:])[... if all_positions else 0]

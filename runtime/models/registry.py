@@ -12,84 +12,30 @@ from typing import Callable, Protocol
 
 import torch
 
+from contract.llama import TINY, LlamaShape
 from runtime.models.tokenizers import ByteTokenizer, HFTokenizer
 
 BUILTIN_MODELS = ("tiny", "smollm2")
 
 
-@dataclass(frozen=True)
-class LlamaShape:
-    """What the parallel plan and the layers need to know about a Llama-family model."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-
-    @classmethod
-    def from_config(cls, config: dict, *, source: str = "config.json") -> "LlamaShape":
-        arch = config.get("model_type", "llama")
-        if arch != "llama":
-            raise ValueError(
-                f"{source}: model_type {arch!r} is not supported; the reference "
-                "engine runs Llama-family checkpoints (model_type 'llama')"
-            )
-        if config.get("attention_bias") or config.get("mlp_bias"):
-            raise ValueError(f"{source}: attention_bias/mlp_bias are not supported")
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in (None, "default"):
-            raise ValueError(f"{source}: rope type {rope_type!r} is not supported (only default RoPE)")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{source}: hidden_act {config['hidden_act']!r} is not supported (silu)")
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        return cls(
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+def reference_shape(config: dict, *, source: str = "config.json") -> LlamaShape:
+    """A checkpoint's shape, refused when its config.json asks for what the reference engine's layers
+    do not compute (runtime/engines/llama.py: no biases, default RoPE, SiLU)."""
+    arch = config.get("model_type", "llama")
+    if arch != "llama":
+        raise ValueError(
+            f"{source}: model_type {arch!r} is not supported; the reference "
+            "engine runs Llama-family checkpoints (model_type 'llama')"
         )
-
-    def to_hf_config(self) -> dict:
-        return {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "max_position_embeddings": self.max_position_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-        }
-
-    @property
-    def layer_params(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
-        return attn + 3 * h * self.intermediate_size + 2 * h
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise ValueError(f"{source}: attention_bias/mlp_bias are not supported")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in (None, "default"):
+        raise ValueError(f"{source}: rope type {rope_type!r} is not supported (only default RoPE)")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{source}: hidden_act {config['hidden_act']!r} is not supported (silu)")
+    return LlamaShape.from_config(config, source=source)
 
 
 class WeightSource(Protocol):
@@ -168,12 +114,12 @@ def hf_tensor_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h), "model.norm.weight": (h,)}
     if not shape.tie_word_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, h)
-    for n in range(shape.num_layers):
+    for n in range(shape.num_hidden_layers):
         p = f"model.layers.{n}."
-        out[p + "self_attn.q_proj.weight"] = (shape.num_heads * d, h)
-        out[p + "self_attn.k_proj.weight"] = (shape.num_kv_heads * d, h)
-        out[p + "self_attn.v_proj.weight"] = (shape.num_kv_heads * d, h)
-        out[p + "self_attn.o_proj.weight"] = (h, shape.num_heads * d)
+        out[p + "self_attn.q_proj.weight"] = (shape.num_attention_heads * d, h)
+        out[p + "self_attn.k_proj.weight"] = (shape.num_key_value_heads * d, h)
+        out[p + "self_attn.v_proj.weight"] = (shape.num_key_value_heads * d, h)
+        out[p + "self_attn.o_proj.weight"] = (h, shape.num_attention_heads * d)
         out[p + "mlp.gate_proj.weight"] = (i, h)
         out[p + "mlp.up_proj.weight"] = (i, h)
         out[p + "mlp.down_proj.weight"] = (h, i)
@@ -183,19 +129,7 @@ def hf_tensor_shapes(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
 
 
 TINY_SEED = 20261202
-TINY_SHAPE = LlamaShape(
-    vocab_size=256 + 5,
-    hidden_size=64,
-    intermediate_size=160,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    max_position_embeddings=2048,
-)
+TINY_SHAPE = TINY  # its numbers are a preset (contract/llama.py)
 
 
 @dataclass
@@ -232,7 +166,7 @@ def _from_dir(name: str, model_dir: Path) -> ModelSource:
             f"{model_dir} has no config.json; a checkpoint directory needs "
             "config.json, *.safetensors and tokenizer.json"
         )
-    shape = LlamaShape.from_config(json.loads(config_path.read_text()), source=str(config_path))
+    shape = reference_shape(json.loads(config_path.read_text()), source=str(config_path))
     return ModelSource(
         name=name, shape=shape, weights=SafetensorsWeights(model_dir), make_tokenizer=lambda: HFTokenizer(model_dir)
     )

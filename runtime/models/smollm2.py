@@ -72,11 +72,11 @@ def _convert(gguf: Path, out: Path) -> None:
     from safetensors.torch import save_file  # noqa: PLC0415 - weights libraries load only when a model is read
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - transformers loads only when a tokenizer is built
 
-    from runtime.models.registry import LlamaShape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
+    from runtime.models.registry import reference_shape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    shape = LlamaShape.from_config(model.config.to_dict(), source=str(gguf))
+    shape = reference_shape(model.config.to_dict(), source=str(gguf))
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and shape.tie_word_embeddings:
@@ -93,23 +93,3 @@ def _convert(gguf: Path, out: Path) -> None:
     )
     tokenizer.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps(config, indent=2))
-
-
-def smollm2_shape():
-    """SmolLM2-135M's shape without converting (the converted config.json agrees; a test checks)."""
-    from runtime.models.registry import LlamaShape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
-
-    # rms_norm_eps is the GGUF's float32 1e-5, widened to float64.
-    return LlamaShape(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_layers=30,
-        num_heads=9,
-        num_kv_heads=3,
-        head_dim=64,
-        rope_theta=100000.0,
-        rms_norm_eps=9.999999747378752e-06,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-    )

@@ -1,6 +1,8 @@
 """`python -m runtime node` / `flotilla-node`: run one member of a unit until drained.
 
-Exit codes: 0 drained cleanly, 1 the unit's restart budget ran out, 2 bad settings.
+Exit codes (contract/node_exit.py): 0 drained cleanly, 1 the unit's restart budget ran out, 2 bad
+settings, 3-5 the engine can never serve this model here (layout refused, model not published as its
+manifest says, model unreadable).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Callable, Sequence
 
 from aiohttp import web
 
+from contract import node_exit
 from contract.bad_input import BadInput
 from runtime.logs import jlog, setup_logging
 from runtime.node.metrics import NodeMetrics
@@ -60,7 +63,7 @@ async def serve(s: NodeSettings) -> int:
         rendezvous = make_rendezvous(s)
     except (RendezvousError, OSError) as e:
         print(f"flotilla-node: error: {s.rendezvous} rendezvous cannot start: {e}", file=sys.stderr)
-        return 2
+        return node_exit.BAD_SETTINGS
     sup = UnitSupervisor(settings=s, rendezvous=rendezvous, metrics=metrics)
     from runtime.node.server import build_app  # noqa: PLC0415
 
@@ -102,7 +105,7 @@ def _run(load: Callable[[], NodeSettings]) -> int:
         speculation_from_env(os.environ, s)  # refused now, not at every formation
     except (SettingsError, BadInput) as e:
         print(f"flotilla-node: error: {e}", file=sys.stderr)
-        return 2
+        return node_exit.BAD_SETTINGS
     return asyncio.run(serve(s))
 
 

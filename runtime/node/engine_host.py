@@ -526,7 +526,7 @@ def main() -> int:
             return asyncio.run(_serve_leader(cfg, out))
         except EngineError as e:
             out.send(Failed(message=str(e)))
-            return 1
+            return e.exit_code
     out.send(Starting())
     threading.Thread(target=_exit_when_supervisor_goes, daemon=True).start()
     try:
@@ -534,7 +534,7 @@ def main() -> int:
         rc = 0
     except EngineError as e:
         out.send(Failed(message=str(e)))
-        rc = 1
+        rc = e.exit_code
     # os._exit: the stdin watchdog thread must not race interpreter shutdown.
     sys.stderr.flush()
     os._exit(rc)

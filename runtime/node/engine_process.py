@@ -276,6 +276,11 @@ class EngineProcess:
         return True
 
     @property
+    def returncode(self) -> int | None:
+        """The engine process's exit status once it has exited, else None."""
+        return self.proc.returncode if self.proc is not None and self.exited.is_set() else None
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None and not self.exited.is_set()
 

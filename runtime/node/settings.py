@@ -165,24 +165,24 @@ class NeuronSettings(_Settings):
     seq_len: int = setting(
         NeuronOptions.seq_len,
         "--seq-len",
-        "FLOTILLA_NEURON_SEQ_LEN",
+        contract.ENV_NEURON_SEQ_LEN,
         "prompt + output tokens (vLLM `--max-model-len`); also the API's context length",
         ge=1,
     )
     batch_size: int = setting(
         NeuronOptions.batch_size,
         "--batch-size",
-        "FLOTILLA_NEURON_BATCH_SIZE",
+        contract.ENV_NEURON_BATCH_SIZE,
         "sequences decoded together (vLLM `--max-num-seqs`)",
         ge=1,
     )
     cp_degree: int | str = setting(
-        AUTO, "--cp-degree", "FLOTILLA_NEURON_CP_DEGREE", "context-parallel degree for prefill, or auto"
+        AUTO, "--cp-degree", contract.ENV_NEURON_CP_DEGREE, "context-parallel degree for prefill, or auto"
     )
     attention_dp_degree: int | str = setting(
         AUTO,
         "--attention-dp-degree",
-        "FLOTILLA_NEURON_ATTENTION_DP_DEGREE",
+        contract.ENV_NEURON_ATTENTION_DP_DEGREE,
         "attention data-parallel degree for decode, or auto",
     )
     engine_port: int = setting(

@@ -8,6 +8,10 @@ Group semantics (the one place they are spelled out, like LeaderWorkerSet's recr
   failing ends the formation on every member: children are killed and the unit re-forms after a
   backoff. More than max_restarts re-forms inside restart_window_s exhausts the budget: the member
   reports broken (liveness fails) and exits 1 so its orchestrator replaces it.
+- An engine that can never serve (its process exits with a contract/node_exit.py CANNOT_SERVE status:
+  the layout cannot run the model, the model is not published as its manifest says or cannot be read)
+  spends no budget: the member logs why in one line and exits at once with that status, so ECS counts
+  a failed task within seconds and its deployment circuit breaker stops the rollout (docs/node.md).
 - A member never forms with a member of another revision.
 - SIGTERM drains: not-ready at once, in-flight requests finish within the drain timeout, exit 0.
   A unit drains as a group: when a follower is told to drain (e.g. its task is replaced in a
@@ -29,6 +33,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from contract import node_exit
 from runtime import emf
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
@@ -62,6 +67,14 @@ ROUTE_KEYS_KEPT = 256
 # (contract.ROUTE_PROMPT_HEADER), its token count as the engine counted it, and its checkpoint hashes
 # (contract.ROUTE_MARKS_HEADER; empty when the router sent none).
 RoutePrompt = tuple[int, int, int, tuple[int, ...]]  # (bytes, tokens, tail, marks)
+
+
+class CannotServe(Exception):
+    """The engine process exited with a CANNOT_SERVE status: the member stops with it (no re-form)."""
+
+    def __init__(self, reason: str, *, exit_code: int) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
 
 class FormationEnded(Exception):
@@ -284,7 +297,8 @@ class UnitSupervisor:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def run(self) -> int:
-        """Run until drained (returns 0) or the restart budget is exhausted (returns 1)."""
+        """Run until drained (returns 0), the restart budget is exhausted (returns 1) or the engine can
+        never serve (returns its contract/node_exit.py CANNOT_SERVE status)."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATUS_DEADLINE_S))
         try:
             while not self.draining:
@@ -294,11 +308,13 @@ class UnitSupervisor:
                         await self._lead(self.membership)
                     else:
                         await self._follow(self.membership)
+                except CannotServe as e:
+                    return self._cannot_serve(e)
                 except FormationEnded as e:
                     if self.draining:
                         break
                     if not await self._after_failure(str(e), count=not e.clean):
-                        return 1
+                        return node_exit.RESTART_BUDGET_EXHAUSTED
                 except RendezvousError as e:
                     if self.draining:
                         break
@@ -309,6 +325,26 @@ class UnitSupervisor:
         finally:
             await self._end_formation()
             await self._session.close()
+
+    def _cannot_serve(self, e: CannotServe) -> int:
+        """Stop for good: the same settings and model would fail the same way on every re-form."""
+        self._set_state(UnitState.BROKEN, reason=str(e))
+        jlog(
+            node_exit.CANNOT_SERVE_EVENT,
+            logging.ERROR,
+            unit=self.s.unit_id,
+            rank=self.rank,
+            exit_code=e.exit_code,
+            meaning=node_exit.meaning(e.exit_code),
+            reason=str(e),
+        )
+        return e.exit_code
+
+    def _stop_if_engine_cannot_serve(self) -> None:
+        code = self.engine.returncode if self.engine is not None else None
+        if code in node_exit.CANNOT_SERVE:
+            assert self.engine is not None and code is not None
+            raise CannotServe(self.engine.failure or f"engine process exited with code {code}", exit_code=code)
 
     async def _join(self) -> Membership:
         self._set_state(UnitState.FORMING)
@@ -492,6 +528,7 @@ class UnitSupervisor:
         drain_until = 0.0
         while True:
             if not self.engine.alive:
+                self._stop_if_engine_cannot_serve()
                 raise FormationEnded(f"engine process ended: {self.engine.load.detail}")
             if self.engine.load.state == EngineState.BROKEN:
                 raise FormationEnded(f"engine broken: {self.engine.load.detail}")
@@ -557,7 +594,8 @@ class UnitSupervisor:
         last_seen = time.monotonic()
         while True:
             if not self.engine.alive:
-                rc = self.engine.proc.returncode if self.engine.proc else None
+                self._stop_if_engine_cannot_serve()
+                rc = self.engine.returncode
                 raise FormationEnded(f"worker process ended: {self.engine.load.detail}", clean=rc == 0)
             st = await self._status(leader)
             if st is not None:

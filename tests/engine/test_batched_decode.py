@@ -121,7 +121,9 @@ def test_a_prompt_chunk_and_the_decode_tokens_of_a_step_share_one_pass(tiny, mon
             decode_tokens=[NEW[i][0] for i in order],
         )
     )
-    assert passes == [18 + len(order)] * ex.shape.num_layers  # one pass per layer: the chunk's 18 rows and 3 tokens
+    assert (
+        passes == [18 + len(order)] * ex.shape.num_hidden_layers
+    )  # one pass per layer: the chunk's 18 rows and 3 tokens
     plan = plans[0]
     assert plan is not None and (plan.lead, plan.lead_rows) == (1, 18) and plan.alone == [0]  # sequence 3
     assert plan.groups[0].rows.tolist() == [19, 20]  # sequences 0 and 2, after the chunk's rows

@@ -9,32 +9,32 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.llama import SMOLLM2
 from runtime.engines.layout import make_plan
 from runtime.engines.llama import _sdpa, query_pad
 from runtime.models.registry import TINY_SHAPE
-from runtime.models.smollm2 import smollm2_shape
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_stages_are_contiguous_and_cover_every_layer(world_size):
-    plan = make_plan(smollm2_shape(), world_size)
+    plan = make_plan(SMOLLM2, world_size)
     layers = [n for st in plan.stages for n in st.layers]
     assert layers == list(range(30))
     assert all(len(st.layers) >= 1 for st in plan.stages)
 
 
 def test_stage_zero_takes_fewer_layers_because_it_holds_embedding_and_lm_head():
-    plan = make_plan(smollm2_shape(), 2)
+    plan = make_plan(SMOLLM2, 2)
     assert len(plan.stage(0).layers) < len(plan.stage(1).layers)
     costs = [st.cost for st in plan.stages]
     # no single layer moved between the stages would balance them better
-    assert max(costs) - min(costs) <= smollm2_shape().layer_params
+    assert max(costs) - min(costs) <= SMOLLM2.layer_params
 
 
 def test_smollm2_heads_do_not_divide_by_two_so_attention_is_replicated_and_said_so():
-    plan = make_plan(smollm2_shape(), 2)
+    plan = make_plan(SMOLLM2, 2)
     assert plan.attention_replicated
     assert [t.q_heads for t in plan.tensor_slices] == [(0, 9), (0, 9)]
     assert [t.mlp for t in plan.tensor_slices] == [(0, 768), (768, 1536)]
@@ -42,7 +42,7 @@ def test_smollm2_heads_do_not_divide_by_two_so_attention_is_replicated_and_said_
 
 
 def test_smollm2_splits_heads_when_the_degree_divides_them():
-    plan = make_plan(smollm2_shape(), 3)
+    plan = make_plan(SMOLLM2, 3)
     assert not plan.attention_replicated
     assert [t.kv_heads for t in plan.tensor_slices] == [(0, 1), (1, 2), (2, 3)]
     assert [t.q_heads for t in plan.tensor_slices] == [(0, 3), (3, 6), (6, 9)]
@@ -65,7 +65,7 @@ def test_tiny_splits_query_heads_with_their_kv_group():
 )
 def test_bad_plan_inputs_are_rejected_with_the_fix(kwargs, words):
     with pytest.raises(ValueError, match=words):
-        make_plan(smollm2_shape(), **kwargs)
+        make_plan(SMOLLM2, **kwargs)
 
 
 def test_plan_command_prints_the_smollm2_plan_without_converting_weights(tmp_path):
@@ -85,14 +85,14 @@ def test_plan_command_prints_the_smollm2_plan_without_converting_weights(tmp_pat
 
 
 def test_over_shared_memory_smollm2_splits_the_query_heads_and_shares_the_straddled_kv_head():
-    plan = make_plan(smollm2_shape(), 2, split_uneven_heads=True)
+    plan = make_plan(SMOLLM2, 2, split_uneven_heads=True)
     assert not plan.attention_replicated
     # 9 query heads: 4 and 5, the extra one away from rank 0 (it also embeds and samples). Query
     # heads 3-5 read KV head 1, so both ranks hold it.
     assert [t.q_heads for t in plan.tensor_slices] == [(0, 4), (4, 9)]
     assert [t.kv_heads for t in plan.tensor_slices] == [(0, 2), (1, 3)]
     assert [t.mlp for t in plan.tensor_slices] == [(0, 768), (768, 1536)]
-    s = smollm2_shape()
+    s = SMOLLM2
     # Ranks wait for each other at each of the two all-reduces of a layer, so each block must be
     # near-even by itself (whole KV groups were 3 and 6 query heads: one rank idle in every
     # attention block, whatever the MLP split did for the layer's total).
@@ -107,7 +107,7 @@ def test_over_shared_memory_smollm2_splits_the_query_heads_and_shares_the_stradd
 
 def test_attention_of_query_heads_that_cut_through_a_kv_group():
     # Held query heads 4-8 of 9 (groups of 3) read held KV heads 1-2: head 4 and 5 read KV head 1.
-    shape = smollm2_shape()
+    shape = SMOLLM2
     pad = query_pad((4, 9), (1, 3), shape)
     torch.manual_seed(0)
     B, L, d = 3, 7, shape.head_dim
@@ -124,7 +124,7 @@ def test_attention_of_query_heads_that_cut_through_a_kv_group():
 
 
 def test_uneven_split_falls_back_to_replication_with_fewer_kv_heads_than_ranks():
-    plan = make_plan(smollm2_shape(), 4, split_uneven_heads=True)
+    plan = make_plan(SMOLLM2, 4, split_uneven_heads=True)
     assert plan.attention_replicated
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from contract.llama import SMOLLM2
 from runtime.engines.llama import UnsplitLlama
 from runtime.models import resolve_model
-from runtime.models.smollm2 import smollm2_shape
 from runtime.models.tokenizers import ByteTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_smollm2_checkpoint_reads_only_requested_slices(smollm2_dir):
 
 def test_converted_smollm2_config_agrees_with_the_shape_the_planner_assumes(smollm2_dir):
     shape = resolve_model("smollm2").shape
-    assert shape == smollm2_shape()
+    assert shape == SMOLLM2
     config = json.loads((smollm2_dir / "config.json").read_text())
     assert config["num_key_value_heads"] == 3 and config["tie_word_embeddings"]
 

@@ -40,7 +40,7 @@ def test_a_tensor_parallel_follower_reads_only_its_slice_of_every_layer():
     t = plan.tensor_slice(1)
     d = plan.shape.head_dim
     q = [(n, dim, a, b) for n, dim, a, b in reads if n.endswith("q_proj.weight")]
-    assert len(q) == plan.shape.num_layers
+    assert len(q) == plan.shape.num_hidden_layers
     assert all((dim, a, b) == (0, t.q_heads[0] * d, t.q_heads[1] * d) for _, dim, a, b in q)
     down = [(dim, a, b) for n, dim, a, b in reads if n.endswith("down_proj.weight")]
     assert set(down) == {(1, t.mlp[0], t.mlp[1])}

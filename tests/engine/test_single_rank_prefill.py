@@ -38,7 +38,7 @@ def test_one_rank_prefills_a_steps_prompts_in_one_pass_with_the_logits_each_gets
     together = ex.run(
         StepCommand(prefill=[(i, len(p), len(p) + 2) for i, p in enumerate(PROMPTS)], prefill_tokens=PROMPTS)
     ).prefill_logits
-    assert passes == [len(PROMPTS)] * ex.shape.num_layers  # one pass per layer, every prompt in it
+    assert passes == [len(PROMPTS)] * ex.shape.num_hidden_layers  # one pass per layer, every prompt in it
     after_together = ex.run(StepCommand(decode=[0, 1, 2], decode_tokens=[3, 4, 5])).decode_logits
 
     # A GEMM over more rows may sum in another order: equal to float tolerance, same greedy choice.

@@ -30,7 +30,8 @@ def unit_plan(checkpoint):
     """unit_plan(config, nodes=, instance_type=, **options) -> plan_unit's plan for a unit of `nodes`
     `instance_type` instances led by 10.1.0.10, serving the checkpoint of `config` (as checkpoint takes
     it, or a checkpoint directory already made) with NeuronOptions(**options)."""
-    from runtime.engines.neuron import NeuronOptions, load_model_shape, plan_unit
+    from contract.llama import load_config_json
+    from runtime.engines.neuron import NeuronOptions, plan_unit
 
     def plan(config="llama-3.1-70b", *, nodes: int = 2, instance_type: str = "trn1.32xlarge", **options):
         model_dir = str(config if isinstance(config, Path) else checkpoint(config))
@@ -38,7 +39,7 @@ def unit_plan(checkpoint):
             leader_host="10.1.0.10",
             nodes=nodes,
             instance_type=instance_type,
-            model=load_model_shape(model_dir),
+            model=load_config_json(model_dir),
             model_dir=model_dir,
             options=NeuronOptions(**options),
         )

@@ -44,7 +44,7 @@ COMPILED_MODEL_FILE_NAME = "model.pt"  # NXDI models/application_base.py:47
 DEVICE_BYTES_PER_NODE: int | None = None  # set by the test: one node's device memory
 # The tiny model with 8 query heads (2 KV heads) and a wider MLP, so tp_degree 4 and 8 split it and the
 # layers, not the embeddings, hold most of the bytes. Vocabulary 64 (STANDIN_NXDI_VOCAB overrides it).
-SHAPE = replace(TINY_SHAPE, vocab_size=64, num_heads=8, head_dim=8, intermediate_size=256)
+SHAPE = replace(TINY_SHAPE, vocab_size=64, num_attention_heads=8, head_dim=8, intermediate_size=256)
 SEED = 7
 
 
@@ -134,8 +134,12 @@ class NeuronLlamaForCausalLM:
         k = cores_per_partition()
         start, local, tp = start // k, local // k, nc.tp_degree // k
         self.tp = tp
-        if s.num_heads % tp or s.intermediate_size % tp or (s.num_kv_heads % tp and tp % s.num_kv_heads):
-            raise RuntimeError(f"tp_degree={tp} does not split heads {s.num_heads}/{s.num_kv_heads}")
+        if (
+            s.num_attention_heads % tp
+            or s.intermediate_size % tp
+            or (s.num_key_value_heads % tp and tp % s.num_key_value_heads)
+        ):
+            raise RuntimeError(f"tp_degree={tp} does not split heads {s.num_attention_heads}/{s.num_key_value_heads}")
         self.group = start // tp  # the tensor-parallel group this node's ranks belong to
         self.local = local
         self.partitions = [self._partition(r % tp) for r in range(start, start + local)]
@@ -158,22 +162,22 @@ class NeuronLlamaForCausalLM:
                 torch.zeros(slots, p.n_kv, nc.seq_len, s.head_dim),
             )
             for p in self.partitions
-            for n in range(s.num_layers)
+            for n in range(s.num_hidden_layers)
         }
         if not nc.skip_warmup and not skip_warmup:  # application_base.py:339-340
             self.warmup()
 
     def _partition(self, p: int) -> _Partition:
         s, tp = self.shape, self.tp
-        nq, m = s.num_heads // tp, s.intermediate_size // tp
-        if s.num_kv_heads >= tp:
-            nkv = s.num_kv_heads // tp
+        nq, m = s.num_attention_heads // tp, s.intermediate_size // tp
+        if s.num_key_value_heads >= tp:
+            nkv = s.num_key_value_heads // tp
             kv = (p * nkv, (p + 1) * nkv)
         else:
-            nkv, head = 1, p * s.num_kv_heads // tp
+            nkv, head = 1, p * s.num_key_value_heads // tp
             kv = (head, head + 1)
         layers = []
-        for n in range(s.num_layers):
+        for n in range(s.num_hidden_layers):
             lw = LayerWeights.load(
                 self.weights, n, q_heads=(p * nq, (p + 1) * nq), kv_heads=kv, mlp=(p * m, (p + 1) * m), shape=s
             )
@@ -222,7 +226,7 @@ class NeuronLlamaForCausalLM:
         B, T = input_ids.shape
         x = self.embed[input_ids]  # [B, T, hidden]
         cos, sin = rope_tables(s, position_ids.reshape(-1))
-        for n in range(s.num_layers):
+        for n in range(s.num_hidden_layers):
             h = F.rms_norm(x, (s.hidden_size,), self.partitions[0].layers[n].input_norm, s.rms_norm_eps)
             attn = sum(self._attention(p, n, h, seq_ids, position_ids, cos, sin) for p in self.partitions)
             x = x + self._all_reduce(attn)

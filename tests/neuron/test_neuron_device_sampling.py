@@ -89,7 +89,7 @@ def test_device_top_p_drops_the_token_that_crosses_top_p_where_the_host_keeps_it
     "sampling, expected", [("cpu", None), ("device", {"do_sample": True, "dynamic": True, "global_topk": 256})]
 )
 def test_the_multi_node_launch_asks_nxd_inference_to_sample_only_with_device_sampling(unit_plan, sampling, expected):
-    plan = unit_plan("llama-3.1-405b", nodes=2, seq_len=4096, batch_size=8, sampling=sampling)
+    plan = unit_plan("llama-3.1-405b", nodes=4, seq_len=4096, batch_size=8, sampling=sampling)
     for rank in plan.ranks:
         flag = next(a for a in rank.command if a.startswith("--neuron-config="))
         fields = json.loads(flag.split("=", 1)[1])

@@ -16,8 +16,17 @@ from moto import mock_aws
 from standin_model import STANDIN_LAUNCHER, VLLM_0_13_0, WEIGHTS, make_checkpoint, word_ids
 from testnet import free_port
 
+import contract
+from contract import node_exit
 from runtime.artifacts import publish
-from runtime.engines.base import EngineBroken, EngineError, EngineState, GenerationRequest, SamplingParams
+from runtime.engines.base import (
+    EngineBroken,
+    EngineCannotServe,
+    EngineError,
+    EngineState,
+    GenerationRequest,
+    SamplingParams,
+)
 from runtime.engines.neuron.engine import NeuronEngine, NeuronEngineSettings
 from runtime.engines.neuron.launch import NeuronOptions
 from runtime.membership import Membership
@@ -84,11 +93,13 @@ def test_start_refuses_an_impossible_layout_before_fetching_any_weights(tmp_path
     log = tmp_path / "standin.jsonl"
     monkeypatch.setenv("STANDIN_LOG", str(log))
     engine = engine_for(tmp_path, s3)
-    with pytest.raises(EngineError) as e:
+    with pytest.raises(EngineCannotServe) as e:
         asyncio.run(engine.start())
     msg = str(e.value)
+    assert e.value.exit_code == node_exit.LAYOUT_REFUSED  # the node stops with it: no re-form can help
     assert "refused before fetching weights" in msg and "num_attention_heads=9" in msg
-    assert "use fewer nodes" in msg or "--" in msg  # the planner's fix
+    # The planner's fix, in the variable the node was given its batch size by.
+    assert msg.endswith(f": raise {contract.ENV_NEURON_BATCH_SIZE} to a multiple of 32")
     assert not (tmp_path / "model" / WEIGHTS).exists()
     assert not log.exists() and engine._proc is None  # no server was started
 

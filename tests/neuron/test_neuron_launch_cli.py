@@ -68,9 +68,10 @@ def test_405b_on_four_trn1_nodes_prints_each_nodes_nxd_inference_launch():
 def test_405b_on_three_trn1_nodes_is_refused_naming_the_head_count():
     proc = _plan("--model", str(LLAMA_405B), "--nodes", "3", "--instance-type", "trn1.32xlarge")
     assert proc.returncode == 2 and proc.stdout == ""
+    # 2 nodes split the heads too, but hold 14.64 GiB per NeuronCore at batch 8 x 4096 (> 14.40 usable).
     assert proc.stderr == (
-        "error: nodes=3: tp_degree=96 (3 x 32 NeuronCores of trn1.32xlarge) does not split num_attention_heads=128 "
-        "(num_key_value_heads=8, intermediate_size=53248) evenly; use --nodes 2 or 4\n"
+        f"error: --nodes=3 cannot serve {LLAMA_405B} on trn1.32xlarge: tp_degree=96 (3 x 32 NeuronCores) does not "
+        "split num_attention_heads=128 (num_key_value_heads=8, intermediate_size=53248) evenly: use --nodes 4\n"
     )
 
 
@@ -94,7 +95,7 @@ def test_405b_is_recommended_on_one_trn2_and_across_trn1_nodes_split_by_nxd_infe
     plan = json.loads(trn2.stdout)
     assert plan["recommendation"]["nodes"] == 1 and plan["mode"] == "single-node" and trn2.stderr == ""
     assert plan["ranks"][0]["command"][plan["ranks"][0]["command"].index("--tensor-parallel-size") + 1] == "64"
-    trn1 = _plan("--model", model_dir, "--nodes", "1", "--seq-len", "2048", "--batch-size", "1")
+    trn1 = _plan("--model", model_dir, "--nodes", "2", "--seq-len", "2048", "--batch-size", "1")
     rec = json.loads(trn1.stdout)["recommendation"]
     assert rec["nodes"] == 2 and rec["mode"] == "multi-node"
     assert "sdk2.28.0" in rec["base_image"] and "does not fit one trn1.32xlarge" in rec["why"]
@@ -103,7 +104,7 @@ def test_405b_is_recommended_on_one_trn2_and_across_trn1_nodes_split_by_nxd_infe
 
 def test_the_recommendation_skips_node_counts_whose_tp_degree_does_not_split_the_heads():
     # 405B at batch 8 x 4096 needs more than 2 trn1 nodes; 3 would fit the memory but 96 does not divide 128.
-    proc = _plan("--model", str(LLAMA_405B), "--nodes", "1")
+    proc = _plan("--model", str(LLAMA_405B), "--nodes", "4")
     rec = json.loads(proc.stdout)["recommendation"]
     assert rec["nodes"] == 4 and "not 3 node(s): tp_degree would not split num_attention_heads=128" in rec["why"]
 
@@ -129,11 +130,21 @@ def test_plan_command_with_an_impossible_layout_exits_2_with_one_error_line(chec
     )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
-    assert err.startswith("error: cp_degree=1 leaves 64 ranks to share prefill attention")
+    assert err.startswith("error: --cp-degree=1 leaves 64 ranks to share prefill attention")
     assert err.count("\n") == 1
 
 
 def test_plan_command_with_a_missing_checkpoint_names_the_directory(tmp_path, capsys):
     code = main(["plan", "--engine", "neuron", "--model", str(tmp_path / "nope"), "--nodes", "2"])
     assert code == 2
-    assert f"--model {tmp_path / 'nope'}: not a directory" in capsys.readouterr().err
+    assert f"{tmp_path / 'nope'}: no such directory or file" in capsys.readouterr().err
+
+
+def test_plan_command_refuses_a_unit_whose_neuroncores_cannot_hold_the_model():
+    # trn1.32xlarge: 32 NeuronCores of 16 GiB (contract/trainium.py); 405B's bfloat16 weights are ~780 GB,
+    # more than the node's 512 GB of device memory, so no batch fits one node.
+    proc = _plan("--model", str(LLAMA_405B), "--nodes", "1", "--batch-size", "1", "--seq-len", "128")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: --nodes=1 cannot hold {LLAMA_405B} on trn1.32xlarge: ")
+    assert proc.stderr.endswith(": use --nodes 2 or 4, or lower --batch-size or --seq-len\n")
+    assert proc.stderr.count("\n") == 1

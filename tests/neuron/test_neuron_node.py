@@ -22,6 +22,7 @@ from standin_model import NXDI_2_28, STANDIN_LAUNCHER, VLLM_0_13_0, WORDS, make_
 from testnet import free_port
 
 import contract
+from contract import node_exit
 from runtime.models.tokenizers import HFTokenizer
 from runtime.node.settings import SettingsError, load_settings
 
@@ -386,14 +387,46 @@ def test_two_node_unit_serves_through_the_nxd_inference_loop_and_reforms_when_a_
     assert not any(_alive(p) for p in loops)  # stopping the unit leaves no engine behind
 
 
+def _stopped_for_good(unit, code: int) -> dict:
+    """The leader exited with `code` at its first failure (no re-form, no restart budget spent) and
+    said why in one `node_cannot_serve` line; that line."""
+    assert unit.leader.wait(timeout=90) == code, unit.dump_logs()
+    (line,) = unit.leader.log_events(node_exit.CANNOT_SERVE_EVENT)
+    assert line["exit_code"] == code and line["meaning"] == node_exit.meaning(code)
+    assert "\n" not in line["reason"]
+    assert not unit.leader.log_events("unit_reform") and not unit.leader.log_events("restart_budget_exhausted")
+    assert unit.leader.log_events("node_exit")[-1]["code"] == code
+    return line
+
+
 @pytest.mark.parametrize("neuron_unit", [SMOLLM2_135M], indirect=True)
-def test_a_node_with_an_impossible_layout_says_why_and_never_fetches_the_weights(neuron_unit, tmp_path):
-    # SmolLM2's 9 attention heads cannot split over a trn1.32xlarge's 32 NeuronCores.
-    unit, log = neuron_unit(FLOTILLA_MAX_RESTARTS="0")
-    assert unit.leader.wait(timeout=60) == 1, unit.dump_logs()
-    (broken,) = [e for e in unit.leader.log_events("unit_state") if e["new"] == "broken"]
-    assert "refused before fetching weights" in broken["reason"] and "num_attention_heads=9" in broken["reason"]
-    assert "raise --batch-size" in broken["reason"]  # the planner's fix, in the node's own flag names
-    assert unit.leader.log_events("restart_budget_exhausted")
+def test_a_node_with_an_impossible_layout_says_why_and_stops_before_fetching_the_weights(neuron_unit, tmp_path):
+    # SmolLM2's 9 attention heads cannot split over a trn1.32xlarge's 32 NeuronCores: no retry can change
+    # that, so the node stops at once (exit 3), not after its restart budget of re-forms.
+    unit, log = neuron_unit()
+    line = _stopped_for_good(unit, node_exit.LAYOUT_REFUSED)
+    assert "refused before fetching weights" in line["reason"] and "num_attention_heads=9" in line["reason"]
+    # The fix in the names the node was given its settings by (the stacks set these variables).
+    assert f"raise {contract.ENV_NEURON_BATCH_SIZE} to a multiple of 32" in line["reason"]
     assert unit.leader.log_events("node_listening")[0]["model"] == MODEL_URI
     assert not (tmp_path / "model" / "model.safetensors").exists() and not log.exists()
+
+
+def test_a_node_whose_model_was_never_published_stops_naming_the_manifest(neuron_unit):
+    unit, _log = neuron_unit(**{contract.ENV_MODEL_URI: "s3://flotilla-models/llama/never-published"})
+    line = _stopped_for_good(unit, node_exit.MODEL_NOT_PUBLISHED)
+    assert "s3://flotilla-models/llama/never-published/flotilla-manifest.json not found" in line["reason"]
+
+
+def test_a_node_whose_published_files_differ_from_the_manifest_stops_before_downloading_them(neuron_unit, tmp_path):
+    unit, _log = neuron_unit(STANDIN_S3_TAMPER="model.safetensors")
+    line = _stopped_for_good(unit, node_exit.MODEL_NOT_PUBLISHED)
+    assert "model.safetensors is 8 bytes but the manifest says 200000" in line["reason"]
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_a_node_whose_config_json_cannot_be_read_stops_naming_the_file(neuron_unit, tmp_path):
+    (tmp_path / "published" / "config.json").write_text("{not json")  # published as is when the node starts
+    unit, _log = neuron_unit()
+    line = _stopped_for_good(unit, node_exit.MODEL_UNREADABLE)
+    assert f"{MODEL_URI}/config.json: not valid JSON" in line["reason"]

@@ -14,8 +14,8 @@ from llama_shapes import LLAMA_3_8B
 from standin_model import make_checkpoint
 from test_neuron_engine import MODEL_URI, collect, engine_for, s3  # noqa: F401 - s3 is a fixture
 
+from contract.layout import LayoutError
 from runtime.artifacts import publish
-from runtime.engines.neuron.launch import NeuronPlanError
 from runtime.node.settings import SettingsError, load_settings
 
 
@@ -84,9 +84,9 @@ def test_the_node_refuses_a_block_size_vllm_does_not_take_in_one_line():
 
 
 def test_the_plan_refuses_prefix_caching_at_batch_size_1_and_across_nodes(unit_plan):
-    with pytest.raises(NeuronPlanError, match="batch_size=1: the plugin's prefix caching generates incorrect"):
+    with pytest.raises(LayoutError, match="batch_size=1: the plugin's prefix caching generates incorrect"):
         unit_plan("llama-3.1-70b", nodes=1, batch_size=1, prefix_caching_block=32)
-    with pytest.raises(NeuronPlanError, match="applies to single-node units only"):
+    with pytest.raises(LayoutError, match="applies to single-node units only"):
         _leader(unit_plan, nodes=2, prefix_caching_block=32)
 
 

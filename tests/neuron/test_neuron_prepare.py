@@ -51,7 +51,8 @@ def test_prepare_rank_plans_from_config_then_fetches_and_a_restart_hits_the_comp
 
 
 def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, tmp_path, checkpoint):
-    from runtime.engines.neuron import NeuronOptions, NeuronPlanError
+    from contract.layout import LayoutError
+    from runtime.engines.neuron import NeuronOptions
     from runtime.engines.neuron.prepare import prepare_rank
     from runtime.membership import Membership
 
@@ -60,7 +61,7 @@ def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, t
     publish(model_src, URI, s3=s3)
     membership = Membership(unit_id="u", revision="r", rank=0, world_size=2, dist_host="10.1.0.10", dist_port=29500)
     # A multi-node unit runs tensor parallelism only: no attention-dp degree.
-    with pytest.raises(NeuronPlanError, match=r"attention_dp_degree=2 applies to single-node units only"):
+    with pytest.raises(LayoutError, match=r"FLOTILLA_NEURON_ATTENTION_DP_DEGREE=2 applies to single-node units only"):
         prepare_rank(
             membership,
             model_uri=URI,

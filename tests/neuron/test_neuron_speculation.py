@@ -9,6 +9,8 @@ import os
 import pytest
 from s3_fixture import URI
 
+from contract.layout import LayoutError
+from contract.llama import LlamaShape
 from runtime.artifacts import publish
 from runtime.artifacts.fetch import ChecksumMismatch, fetch
 
@@ -16,7 +18,6 @@ from runtime.artifacts.fetch import ChecksumMismatch, fetch
 def _plan(tmp_path, nodes: int, speculation):
     from runtime.engines.neuron import NeuronOptions
     from runtime.engines.neuron.launch import plan_member
-    from runtime.engines.neuron.model import parse_model_shape
     from runtime.membership import Membership
 
     raw = {
@@ -30,7 +31,7 @@ def _plan(tmp_path, nodes: int, speculation):
         "vocab_size": 128256,
         "max_position_embeddings": 8192,
     }
-    shape = parse_model_shape(raw, source="config.json")
+    shape = LlamaShape.from_config(raw, source="config.json")
     m = Membership(unit_id="u", revision="r", rank=0, world_size=nodes, dist_host="10.0.0.1", dist_port=29500)
     options = NeuronOptions(sampling="device", speculation=speculation)
     return plan_member(
@@ -50,9 +51,7 @@ def test_one_node_passes_the_eagle_draft_to_vllm_and_compiles_fused_speculation(
 
 
 def test_a_multi_node_unit_refuses_speculation_naming_why(tmp_path):
-    from runtime.engines.neuron import NeuronPlanError
-
-    with pytest.raises(NeuronPlanError, match="one-node units only.*one token per step"):
+    with pytest.raises(LayoutError, match="one-node units only.*one token per step"):
         _plan(tmp_path, 2, ("eagle", 5, "eagle-draft"))
 
 

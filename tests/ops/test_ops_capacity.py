@@ -13,7 +13,16 @@ import json
 
 import pytest
 
-from ops.capacity import ModelShape, PlanError, PlanSettings, Traffic, plan
+from contract.llama import SMOLLM2
+from ops.capacity import (
+    PlanError,
+    PlanModel,
+    PlanSettings,
+    Traffic,
+    model_from_config_json,
+    model_from_flags,
+    plan,
+)
 
 USABLE = 17_179_869_184 * 0.9
 HBM_PER_CORE_BPS = 440_234_147_840
@@ -21,8 +30,8 @@ NODE_FLOPS = 3_040e12
 EFA_TRN1 = 1e11
 
 
-def llama70b(**kw) -> ModelShape:
-    return ModelShape(
+def llama70b(**kw) -> PlanModel:
+    return model_from_flags(
         layers=80,
         hidden=8192,
         heads=64,
@@ -35,8 +44,8 @@ def llama70b(**kw) -> ModelShape:
     )
 
 
-def llama405b(**kw) -> ModelShape:
-    return ModelShape(
+def llama405b(**kw) -> PlanModel:
+    return model_from_flags(
         layers=126,
         hidden=16384,
         heads=128,
@@ -91,7 +100,12 @@ def test_70b_fits_one_node_and_needs_four_units_for_ten_requests_per_second():
     assert p.requests_per_s_per_unit == pytest.approx(3.0158, rel=1e-4)
     assert p.units == 4
     # units_per_cell stays the config's default (20) unless asked: it is fixed once deployed
-    assert p.config() == {"instance_type": "trn1.32xlarge", "nodes_per_unit": 1, "units": 4}
+    assert p.config() == {
+        "instance_type": "trn1.32xlarge",
+        "nodes_per_unit": 1,
+        "units": 4,
+        "node": {"neuron_seq_len": 1200, "neuron_batch_size": 8},  # what the memory above was sized at
+    }
 
 
 def test_405b_needs_two_nodes_and_pays_efa_for_the_all_reduces_of_both_phases():
@@ -167,7 +181,7 @@ def test_efficiency_derates_units_and_cells_follow_units_per_cell():
 
 
 def test_smollm2_heads_cannot_be_split_over_32_cores_without_padding():
-    model = ModelShape(layers=30, hidden=576, heads=9, kv_heads=3, params=134_515_008, context_length=8192)
+    model = PlanModel(shape=SMOLLM2)  # 30 layers, hidden 576, 9 query / 3 KV heads, 8192 positions
     traffic = Traffic(requests_per_s=1, prompt_tokens=100, output_tokens=100)
     with pytest.raises(
         PlanError, match=r"^--heads=9 fits no unit of model on 1\.\.8 .*9 heads and 3 KV heads.*: use --pad-heads"
@@ -215,17 +229,19 @@ def test_requests_longer_than_the_context_are_refused():
 def test_inconsistent_model_shapes_are_refused_with_the_flag_to_fix(kwargs, message):
     base = dict(layers=80, hidden=8192, heads=64, kv_heads=8, context_length=8192, params=70_000_000_000)
     with pytest.raises(PlanError) as err:
-        ModelShape(**{**base, **kwargs})
+        model_from_flags(**{**base, **kwargs})
     assert str(err.value).startswith(message) and "\n" not in str(err.value)  # contract.bad_input's one line
 
 
-def test_unknown_parameter_count_asks_for_params_or_the_mlp_and_vocab():
+def test_a_shape_without_the_mlp_width_and_vocabulary_asks_for_them():
+    # The layout check needs intermediate_size (the MLP must split over tp_degree), and the parameter
+    # count needs both: --params alone no longer describes a model.
     with pytest.raises(
         PlanError,
-        match="^--params is not given and cannot be counted from the shape: "
-        "give --params, or --intermediate and --vocab",
+        match="^--intermediate is not given: the layout check needs the MLP width and the vocabulary: "
+        "give --intermediate and --vocab, or describe the model with --config-json PATH or --preset$",
     ):
-        ModelShape(layers=2, hidden=64, heads=4, kv_heads=4, context_length=128)
+        model_from_flags(layers=2, hidden=64, heads=4, kv_heads=4, context_length=128, params=1_000_000)
 
 
 @pytest.mark.parametrize(
@@ -261,22 +277,24 @@ def test_config_json_of_a_llama_checkpoint_gives_the_same_plan_as_flags(tmp_path
     (tmp_path / "llama-70b").mkdir()
     path = tmp_path / "llama-70b" / "config.json"
     path.write_text(json.dumps(cfg))
-    model = ModelShape.from_config_json(path)
+    model = model_from_config_json(path)
     assert model.name == "llama-70b"
     assert model.total_params == 70_553_706_496
     # a flag overrides the file
-    assert ModelShape.from_config_json(path, context_length=4096).context_length == 4096
+    assert model_from_config_json(path, context_length=4096).context_length == 4096
 
 
 def test_config_json_without_the_layer_count_names_the_key_and_the_flag(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"hidden_size": 64}))
-    with pytest.raises(PlanError, match=r"^--config-json=\S+ has no 'num_hidden_layers': give --layers instead$"):
-        ModelShape.from_config_json(path)
+    with pytest.raises(
+        PlanError, match=r"^--config-json=\S+ is not a usable config\.json \(\S+: missing num_hidden_layers, "
+    ):
+        model_from_config_json(path)
     with pytest.raises(
         PlanError, match=r"^--config-json=\S+missing\.json is not a file: give the path of the model's config\.json$"
     ):
-        ModelShape.from_config_json(tmp_path / "missing.json")
+        model_from_config_json(tmp_path / "missing.json")
 
 
 def test_a_unit_that_fits_one_node_is_single_node_on_the_v1_plugin_image_and_says_why():

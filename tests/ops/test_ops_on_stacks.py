@@ -24,10 +24,11 @@ def default_synth(tmp_path_factory):
     # The stack tests' helpers: the same synth (cdk.json context) and moto stand-ins they use.
     sys.path.insert(0, str(STACK_TESTS))
     try:
-        from synth_helpers import default_config, synthesize
+        from synth_helpers import LLAMA_70B, config_with, synthesize
     finally:
         sys.path.remove(str(STACK_TESTS))
-    return synthesize(default_config(), tmp_path_factory.mktemp("cdk-ops"))
+    # A unit of two members (leader and follower): Llama-3.1-70B, whose heads split over 2 trn1 nodes.
+    return synthesize(config_with(nodes_per_unit=2, model=LLAMA_70B), tmp_path_factory.mktemp("cdk-ops"))
 
 
 @pytest.fixture

@@ -52,9 +52,28 @@ def test_plan_prints_the_unit_the_memory_the_bounds_and_writes_the_config(run_cl
         # no units_per_cell: the config's default (20), as it is fixed once deployed
         "availability_zones": ["us-east-1a", "us-east-1b"],
         # from the simulated rollout: 4 units roll one at a time (10 %, at least 1)
+        # the sequence (1,000 + 200 tokens) and batch the memory was sized at, which synth checks again
+        "node": {"neuron_seq_len": 1200, "neuron_batch_size": 8},
         "unit_rollout": "surge",
         "units_per_wave": 1,
-        "model": {"s3_uri": "s3://my-models/llama-3.1-70b-instruct/", "name": "llama-3.1-70b-instruct"},
+        # The shape synth checks the units' layout against: the flags' (8,192 positions, not the
+        # llama-3.1-70b preset's 131,072), as config.json fields.
+        "model": {
+            "s3_uri": "s3://my-models/llama-3.1-70b-instruct/",
+            "name": "llama-3.1-70b-instruct",
+            "shape": {
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "hidden_size": 8192,
+                "intermediate_size": 28672,
+                "vocab_size": 128256,
+                "max_position_embeddings": 8192,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "tie_word_embeddings": False,
+                "dtype": "bfloat16",
+            },
+        },
     }
     assert out_path.read_text().startswith("# flotilla config from `flotilla plan`")
     assert "Rollout (simulated" in out and "units_per_wave 1 (*)" in out
@@ -123,7 +142,7 @@ def test_plan_without_a_model_exits_two_naming_the_missing_flags(run_cli):
     flags = "--layers, --hidden, --heads, --context-length"
     assert " ".join(out.split()) == (
         f"error: --config-json is not given and neither are {flags}: "
-        f"describe the model with --config-json PATH or {flags}"
+        f"describe the model with --config-json PATH, --preset NAME or {flags}"
     )
 
 
@@ -132,6 +151,10 @@ def test_plan_for_a_model_no_unit_can_hold_exits_two(run_cli):
         "plan",
         "--params",
         "20e12",
+        "--intermediate",
+        "131072",
+        "--vocab",
+        "128256",
         "--layers",
         "200",
         "--hidden",
@@ -229,6 +252,17 @@ def test_plan_write_needs_the_model_uri_and_writes_units_per_cell_only_when_aske
     code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, *uri, "--units-per-cell", "10", "--write", str(out_path))
     assert code == 0, out
     assert yaml.safe_load(out_path.read_text())["units_per_cell"] == 10
+
+
+def test_plan_write_names_a_known_models_shape_by_its_preset(run_cli, tmp_path):
+    out_path = tmp_path / "flotilla.yaml"
+    uri = ["--model-uri", "s3://my-models/llama-3.1-405b-instruct/"]
+    code, out = run_cli("plan", "--preset", "llama-3.1-405b", *TRAFFIC, *uri, "--write", str(out_path))
+    assert code == 0, out
+    written = yaml.safe_load(out_path.read_text())
+    # 2 nodes hold 405B at 8 sequences of 1,200 tokens: the config carries that sequence, so synth agrees.
+    assert written["model"]["shape"] == "llama-3.1-405b" and written["nodes_per_unit"] == 2
+    assert written["node"] == {"neuron_seq_len": 1200, "neuron_batch_size": 8}
 
 
 def test_plan_write_refuses_a_config_the_cdk_app_would_refuse(run_cli, tmp_path):

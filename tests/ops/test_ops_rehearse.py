@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks"))
-from synth_helpers import config_with, synthesize  # noqa: E402
+from synth_helpers import LLAMA_70B, config_with, synthesize  # noqa: E402
 
 
 def test_rehearse_without_a_synthesized_assembly_says_to_run_make_synth(run_cli, tmp_path):
@@ -39,7 +39,7 @@ def test_rehearse_refuses_out_of_range_flags_naming_the_flag(run_cli, tmp_path, 
 @pytest.mark.timeout(300)
 def test_a_replace_rollout_takes_one_unit_out_at_a_time_and_the_other_serves_every_request(run_cli, tmp_path):
     out = tmp_path / "cdk.out"
-    synthesize(config_with(units=2, nodes_per_unit=2, unit_rollout="replace", units_per_wave=1), out)
+    synthesize(config_with(units=2, nodes_per_unit=2, unit_rollout="replace", units_per_wave=1, model=LLAMA_70B), out)
     code, text = run_cli("rehearse", "--cdk-out", str(out), "--json", "--keep-logs", str(tmp_path / "run"))
     report = json.loads(text)
     assert code == 0, report["failures"][:5]

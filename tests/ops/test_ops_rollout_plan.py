@@ -7,6 +7,12 @@ import json
 
 import pytest
 
+# Units of 4 nodes need a model whose heads split over them (synth's layout check, which the config loader
+# runs): Llama-3.1-405B's 128 over 128 NeuronCores. The simulated rollout depends on the unit count, not
+# the model.
+UNITS_OF_4 = "nodes_per_unit: 4\nmodel: {name: llama-3.1-405b-instruct}\n"
+UNITS_OF_2 = "nodes_per_unit: 2\nmodel: {name: llama-3.1-70b-instruct}\n"
+
 
 def write(tmp_path, text: str, name: str = "flotilla.yaml") -> str:
     path = tmp_path / name
@@ -21,8 +27,8 @@ def plan_json(run_cli, *argv: str) -> dict:
 
 
 def test_the_recommendation_follows_the_configs_fleet_size(run_cli, tmp_path):
-    big = write(tmp_path, "units: 160\nnodes_per_unit: 8\nunit_rollout: surge\n", "big.yaml")
-    small = write(tmp_path, "units: 40\nnodes_per_unit: 8\nunit_rollout: surge\n", "small.yaml")
+    big = write(tmp_path, "units: 160\n" + UNITS_OF_4 + "unit_rollout: surge\n", "big.yaml")
+    small = write(tmp_path, "units: 40\n" + UNITS_OF_4 + "unit_rollout: surge\n", "small.yaml")
     doc = plan_json(run_cli, "--config", big, "--load-minutes", "10")
     # surge keeps every unit in rotation: the largest wave up to ~10 % of 160 units, so at most 10
     # sequential waves of 16 instead of 160 one at a time
@@ -34,7 +40,7 @@ def test_the_recommendation_follows_the_configs_fleet_size(run_cli, tmp_path):
 
 
 def test_replace_with_a_tight_floor_recommends_a_smaller_wave_than_surge(run_cli, tmp_path):
-    fleet = "units: 160\nnodes_per_unit: 8\nunits_per_cell: 20\n"
+    fleet = "units: 160\n" + UNITS_OF_4 + "units_per_cell: 20\n"
     surge = write(tmp_path, fleet + "unit_rollout: surge\n", "surge.yaml")
     replace = write(tmp_path, fleet + "unit_rollout: replace\n", "replace.yaml")
     busy = ("--demand", "0.95")  # 152 units' worth of demand: a wave of 16 out leaves 144
@@ -46,27 +52,27 @@ def test_replace_with_a_tight_floor_recommends_a_smaller_wave_than_surge(run_cli
 
 
 def test_surge_waves_fit_the_spare_nodes_at_the_configs_nodes_per_unit(run_cli, tmp_path):
-    eight = write(tmp_path, "units: 160\nnodes_per_unit: 8\n", "eight.yaml")
-    four = write(tmp_path, "units: 160\nnodes_per_unit: 4\n", "four.yaml")
-    spare = ("--spare-nodes", "64")
-    assert plan_json(run_cli, "--config", eight, *spare)["units_per_wave"] == 8  # 8 x 8 nodes
-    assert plan_json(run_cli, "--config", four, *spare)["units_per_wave"] == 16  # 16 x 4 nodes
+    four = write(tmp_path, "units: 160\n" + UNITS_OF_4, "four.yaml")
+    two = write(tmp_path, "units: 160\n" + UNITS_OF_2, "two.yaml")
+    spare = ("--spare-nodes", "32")
+    assert plan_json(run_cli, "--config", four, *spare)["units_per_wave"] == 8  # 8 x 4 nodes
+    assert plan_json(run_cli, "--config", two, *spare)["units_per_wave"] == 16  # 16 x 2 nodes
 
 
 def test_current_and_recommended_are_printed_with_the_config_line_to_change(run_cli, tmp_path):
-    path = write(tmp_path, "units: 160\nnodes_per_unit: 8\nunits_per_wave: 32   # fast\nunit_rollout: replace\n")
+    path = write(tmp_path, "units: 160\nunits_per_wave: 32   # fast\nunit_rollout: replace\n" + UNITS_OF_4)
     code, out = run_cli("rollout", "plan", "--config", path, "--demand", "0.95")
     assert code == 0, out
     text = " ".join(out.split())
     assert "unit_rollout replace, units_per_wave 32" in text
     assert "current │ 32 │" in text and "128 of 160 (80%; floor 128)" in text
     assert "recommended │ 8 │" in text and "152 of 160 (95%; floor 152) │ 0 min │ 0.00%" in text
-    assert f"change {path} line 3: `units_per_wave: 32` -> `units_per_wave: 8`" in text
+    assert f"change {path} line 2: `units_per_wave: 32` -> `units_per_wave: 8`" in text
     assert f"cdk deploy --all --concurrency 3 -c config={path}" in text
 
 
 def test_a_config_that_leaves_the_wave_unset_and_fits_needs_no_change(run_cli, tmp_path):
-    path = write(tmp_path, "units: 160\nnodes_per_unit: 8\nunit_rollout: replace\n")
+    path = write(tmp_path, "units: 160\n" + UNITS_OF_4 + "unit_rollout: replace\n")
     code, out = run_cli("rollout", "plan", "--config", path)
     assert code == 0, out
     assert f"no change: {path} leaves units_per_wave unset, which is 16" in " ".join(out.split())
@@ -76,7 +82,7 @@ def test_a_config_that_leaves_the_wave_unset_and_fits_needs_no_change(run_cli, t
 
 def test_the_example_fleet_config_is_read(run_cli):
     doc = plan_json(run_cli, "--config", "examples/fleet-20k-chips.yaml")
-    assert (doc["units"], doc["nodes_per_unit"], doc["unit_rollout"]) == (160, 8, "replace")
+    assert (doc["units"], doc["nodes_per_unit"], doc["unit_rollout"]) == (320, 4, "replace")
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from ops.rehearsal.ecs import Clock, DeploymentStatus, HealthStatus, Revision, S
 from ops.rehearsal.template import CellStack, UnitService, read_fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks"))
-from synth_helpers import config_with, synthesize  # noqa: E402
+from synth_helpers import LLAMA_70B, config_with, synthesize  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,7 +71,7 @@ class Capacity:
 def cell0(tmp_path_factory) -> CellStack:
     """Cell-0 of three units of two nodes, all three in the first wave (created in parallel)."""
     out = tmp_path_factory.mktemp("cell-create") / "cdk.out"
-    synthesize(config_with(units=3, units_per_cell=3, units_per_wave=3, nodes_per_unit=2), out)
+    synthesize(config_with(units=3, units_per_cell=3, units_per_wave=3, nodes_per_unit=2, model=LLAMA_70B), out)
     (stack,) = [s for s in read_fleet(out).stacks if s.name.endswith("Cell-0")]
     assert [s.unit_id for s in stack.services] == ["cell0-unit0", "cell0-unit1", "cell0-unit2"]
     assert all(s.depends_on == () for s in stack.services)

@@ -23,7 +23,7 @@ from ops.rehearsal.run import Options, rehearse
 from ops.rehearsal.template import read_fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks"))
-from synth_helpers import config_with, synthesize  # noqa: E402
+from synth_helpers import LLAMA_70B, config_with, synthesize  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,7 +32,7 @@ LOAD_S = 1.0  # real seconds a unit takes to load (100 emulated seconds at scale
 
 def synth(tmp_path: Path, **overrides) -> Path:
     out = tmp_path / "cdk.out"
-    synthesize(config_with(units=3, nodes_per_unit=2, unit_rollout="surge", **overrides), out)
+    synthesize(config_with(units=3, nodes_per_unit=2, unit_rollout="surge", model=LLAMA_70B, **overrides), out)
     return out
 
 

@@ -25,7 +25,7 @@ from ops.rehearsal.template import read_fleet
 from ops.rehearsal.traffic import Traffic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks"))
-from synth_helpers import config_with, synthesize  # noqa: E402
+from synth_helpers import LLAMA_70B, config_with, synthesize  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -193,7 +193,7 @@ def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Pa
 
     monkeypatch.setattr(rehearsal_run, "Traffic", TimedTraffic)
     cdk_out = tmp_path / "cdk.out"
-    synthesize(config_with(units=1, nodes_per_unit=2, unit_rollout="surge", revision="1"), cdk_out)
+    synthesize(config_with(units=1, nodes_per_unit=2, unit_rollout="surge", revision="1", model=LLAMA_70B), cdk_out)
     report = asyncio.run(
         rehearsal_run.rehearse(
             read_fleet(cdk_out), rehearsal_run.Options(new_revision="2", clients=8, work_dir=tmp_path / "run")

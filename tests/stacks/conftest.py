@@ -21,7 +21,7 @@ from synth_helpers import FRONT_DOORS, config_with, default_config, synthesize  
 
 @pytest.fixture(scope="session")
 def default_synth(tmp_path_factory):
-    """The default deployment (cdk.json): Network + Cell-0 with one unit of 2 trn1.32xlarge."""
+    """The default deployment (cdk.json): Network + Cell-0 with one unit of 1 trn1.32xlarge."""
     return synthesize(default_config(), tmp_path_factory.mktemp("cdk-default"))
 
 
@@ -42,13 +42,17 @@ def deployment_synth(request):
 
 @pytest.fixture(scope="session")
 def trn1n_synth(tmp_path_factory):
-    """One unit of 2 trn1n.32xlarge: 16 EFA interfaces per instance."""
-    return synthesize(config_with(instance_type="trn1n.32xlarge"), tmp_path_factory.mktemp("cdk-trn1n"))
+    """One unit of 2 trn1n.32xlarge serving Llama-3.1-70B (its 64 heads split over the 64 NeuronCores): 16 EFA
+    interfaces per instance, and the multi-member unit the stack tests check leader and follower tasks on."""
+    from synth_helpers import LLAMA_70B
+
+    config = config_with(instance_type="trn1n.32xlarge", nodes_per_unit=2, model=LLAMA_70B)
+    return synthesize(config, tmp_path_factory.mktemp("cdk-trn1n"))
 
 
 @pytest.fixture(scope="session")
 def fleet_synth(tmp_path_factory):
-    """The 20,480-chip example: 160 units of 8 trn1.32xlarge in 8 cells."""
+    """The 20,480-chip example: 320 units of 4 trn1.32xlarge (Llama-3.1-405B) in 16 cells."""
     from synth_helpers import cdk_json_context
 
     from stacks.config import load_config

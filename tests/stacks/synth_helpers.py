@@ -39,6 +39,29 @@ FRONT_DOORS: dict[str, dict] = {
 }
 
 
+# Models for the tests about units of a given size: synth refuses a unit the model's shape cannot be split
+# over (contract/layout.py). Llama-3.1-70B's 64 query heads split over 2 trn1.32xlarge (64 NeuronCores),
+# Llama-3.1-405B's 128 over 4: the tests of multi-member units (leader and followers) use them.
+LLAMA_70B = {"s3_uri": "s3://flotilla-models-example/llama-3.1-70b-instruct/", "name": "llama-3.1-70b-instruct"}
+LLAMA_405B = {"s3_uri": "s3://flotilla-models-example/llama-3.1-405b-instruct/", "name": "llama-3.1-405b-instruct"}
+# A made-up Llama shape whose heads, KV heads and MLP split over a unit of any size the quota tests use
+# (tp_degree 32 x nodes, up to 64 x 32 = 2,048; 51,200 = 2^11 x 25 is a multiple of every one) and fit its
+# memory, so those tests exercise the quota arithmetic they are about rather than the model.
+ANY_UNIT_MODEL = {
+    "name": "any-unit-test-model",
+    "shape": {
+        "num_hidden_layers": 1,
+        "num_attention_heads": 51200,
+        "num_key_value_heads": 51200,
+        "hidden_size": 51200,
+        "head_dim": 1,
+        "intermediate_size": 51200,
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+    },
+}
+
+
 def cdk_json_context() -> dict:
     """The context block of cdk.json: feature flags and the default `flotilla` config."""
     return json.loads((REPO_ROOT / "cdk.json").read_text())["context"]

@@ -165,7 +165,7 @@ def test_a_cluster_has_at_most_20_capacity_providers(fleet_synth):
     """ECS service quotas: "Capacity providers per cluster Each supported Region: 20 No"
     (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html)."""
     associations = list(all_of(fleet_synth, "AWS::ECS::ClusterCapacityProviderAssociations"))
-    assert len(associations) == 8
+    assert len(associations) == 16  # 320 units, 20 per cell
     for stack_id, _, association in associations:
         assert len(association["Properties"]["CapacityProviders"]) <= 20, stack_id
 

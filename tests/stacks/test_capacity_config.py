@@ -5,7 +5,7 @@ one-line error, accepted ones reach the templates."""
 from __future__ import annotations
 
 import pytest
-from synth_helpers import config_with, synthesize
+from synth_helpers import ANY_UNIT_MODEL, LLAMA_405B, config_with, synthesize
 
 from stacks.config import ConfigError, quota_notices
 
@@ -134,7 +134,9 @@ def test_a_capacity_reservation_group_targets_the_group_in_every_unit_launch_tem
 # --- adjustable quotas ------------------------------------------------------------------------------
 def test_the_20480_chip_trn1n_fleet_needs_more_network_interfaces_than_the_default_quota():
     # 1,280 trn1n.32xlarge x 16 EFA interfaces = 20,480 interfaces; with surge up to twice the nodes.
-    config = config_with(instance_type="trn1n.32xlarge", nodes_per_unit=8, units=160, unit_rollout="surge")
+    config = config_with(
+        instance_type="trn1n.32xlarge", nodes_per_unit=4, units=320, unit_rollout="surge", model=LLAMA_405B
+    )
     enis, vcpus, *_ = quota_notices(config)
     assert enis.quota == "Network interfaces per Region" and enis.default == 5000
     fixed = 2 * 10 + 4 * 3  # router tasks (blue/green) + 3 endpoint services and a NAT gateway per AZ
@@ -156,7 +158,9 @@ def stack_messages(synth, stack) -> list[tuple[str, str]]:
 
 def test_synth_warns_with_the_quotas_to_request(tmp_path):
     # 40 units x 8 trn1n nodes x 16 EFA interfaces = 5,120 (+32 router/endpoint/NAT) > 5,000.
-    config = config_with(instance_type="trn1n.32xlarge", units=40, nodes_per_unit=8, unit_rollout="replace")
+    config = config_with(
+        instance_type="trn1n.32xlarge", units=40, nodes_per_unit=8, unit_rollout="replace", model=ANY_UNIT_MODEL
+    )
     synth = synthesize(config, tmp_path)
     warnings = [text for level, text in stack_messages(synth, synth.deployment.network) if level == "warning"]
     (enis,) = [w for w in warnings if "Network interfaces per Region" in w]
@@ -172,4 +176,4 @@ def test_a_small_fleet_is_told_its_trn_vcpus_but_not_warned_about_network_interf
     assert not [w for w in warnings if "Network interfaces" in w]
     assert any(level == "info" and "Network interfaces per Region" in text for level, text in messages)
     (vcpus,) = [w for w in warnings if "Running On-Demand Trn instances" in w]
-    assert "needs 256" in vcpus and "up to 512 while units roll out with surge" in vcpus
+    assert "needs 128" in vcpus and "up to 256 while units roll out with surge" in vcpus  # 1 x 128-vCPU node

@@ -144,9 +144,9 @@ def test_asg_spans_exactly_one_private_subnet_starts_empty_and_holds_nodes_per_u
     export = asg["VPCZoneIdentifier"][0]["Fn::ImportValue"]
     assert "PrivateSubnet1" in export  # unit 0 -> AZ slot 0
     # Created empty (the unit's tasks bring it up through the capacity provider, so a unit short of
-    # capacity never holds its stack); surge (default): room for the new revision's nodes beside
-    # the old ones during a rollout.
-    assert (asg["MinSize"], asg["MaxSize"]) == ("0", "4")
+    # capacity never holds its stack); surge (default): room for the new revision's node beside
+    # the old one during a rollout.
+    assert (asg["MinSize"], asg["MaxSize"]) == ("0", "2")
     assert "DesiredCapacity" not in asg  # owned by the capacity provider's managed scaling
     assert asg["NewInstancesProtectedFromScaleIn"] is True
 
@@ -160,9 +160,9 @@ def test_units_rotate_over_the_three_private_subnets(fleet_synth):
 
 
 def test_replace_rollout_caps_the_asg_at_nodes_and_stops_the_old_tasks_first(tmp_path):
-    from synth_helpers import config_with, synthesize
+    from synth_helpers import LLAMA_70B, config_with, synthesize
 
-    synth = synthesize(config_with(unit_rollout="replace"), tmp_path)
+    synth = synthesize(config_with(unit_rollout="replace", nodes_per_unit=2, model=LLAMA_70B), tmp_path)
     asg = only(synth.resources("Cell-0", "AWS::AutoScaling::AutoScalingGroup"))["Properties"]
     assert (asg["MinSize"], asg["MaxSize"]) == ("0", "2")
     service = only(synth.resources("Cell-0", "AWS::ECS::Service"))["Properties"]
@@ -185,13 +185,13 @@ def test_capacity_provider_uses_managed_scaling_and_is_associated_with_the_clust
     assert assoc["Properties"]["CapacityProviders"] == [{"Ref": cp_logical}]
 
 
-def test_service_runs_one_task_per_node_on_distinct_instances_via_the_capacity_provider(default_synth):
-    services = default_synth.resources("Cell-0", "AWS::ECS::Service")
+def test_service_runs_one_task_per_node_on_distinct_instances_via_the_capacity_provider(trn1n_synth):
+    services = trn1n_synth.resources("Cell-0", "AWS::ECS::Service")
     ((_, service),) = services.items()
     props = service["Properties"]
-    cp_logical = next(iter(default_synth.resources("Cell-0", "AWS::ECS::CapacityProvider")))
-    assoc_logical = next(iter(default_synth.resources("Cell-0", "AWS::ECS::ClusterCapacityProviderAssociations")))
-    assert props["DesiredCount"] == 2
+    cp_logical = next(iter(trn1n_synth.resources("Cell-0", "AWS::ECS::CapacityProvider")))
+    assoc_logical = next(iter(trn1n_synth.resources("Cell-0", "AWS::ECS::ClusterCapacityProviderAssociations")))
+    assert props["DesiredCount"] == 2  # its unit of 2 nodes
     assert props["CapacityProviderStrategy"] == [{"CapacityProvider": {"Ref": cp_logical}, "Weight": 1}]
     assert "LaunchType" not in props
     assert props["PlacementConstraints"] == [{"Type": "distinctInstance"}]
@@ -243,7 +243,7 @@ def test_container_runs_the_node_command_with_its_unit_identity(default_synth):
     assert env[contract.ENV_ROLE] == "node"
     assert env[contract.ENV_UNIT_ID] == "cell0-unit0"
     assert env[contract.ENV_CELL_ID] == "cell0"
-    assert env[contract.ENV_NODES_PER_UNIT] == "2"
+    assert env[contract.ENV_NODES_PER_UNIT] == "1"
     assert env[contract.ENV_RENDEZVOUS] == "ecs"
     assert env[contract.ENV_REVISION] == "1"
     assert env[contract.ENV_MODEL_URI] == "s3://flotilla-models-example/llama-3.1-8b-instruct/"
@@ -320,10 +320,10 @@ def test_resource_estimate_matches_what_cells_synthesize(default_synth, fleet_sy
             assert len(template["Resources"]) == estimate_cell_resources(20)
 
 
-def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_cells_in_four_lanes(fleet_synth):
+def test_twenty_thousand_chip_fleet_fits_quotas_in_sixteen_cells_in_eight_lanes(fleet_synth):
     cells = fleet_synth.deployment.cells
     assert fleet_synth.deployment.config.chips == 20480
-    assert [c.node.id for c in cells] == [f"Cell-{i}" for i in range(8)]
+    assert [c.node.id for c in cells] == [f"Cell-{i}" for i in range(16)]
     for stack_id, template in fleet_synth.templates.items():
         assert len(template["Resources"]) <= MAX_RESOURCES_PER_STACK, stack_id
     for i, cell in enumerate(cells):
@@ -331,9 +331,9 @@ def test_twenty_thousand_chip_fleet_fits_quotas_in_eight_cells_in_four_lanes(fle
         assert len(cps) == 20
         assert len(fleet_synth.resources(cell.node.id, "AWS::ECS::Cluster")) == 1
         deps = {d.node.id for d in cell.dependencies}
-        # Discovery: the Cloud Map service the unit tasks register in. 16 units roll at once (10 %
-        # of 160) as 4 units in each of 4 cells: Cell-n waits for Cell-(n-4).
-        assert deps == ({"Network", "Discovery"} if i < 4 else {"Network", "Discovery", f"Cell-{i - 4}"})
+        # Discovery: the Cloud Map service the unit tasks register in. 32 units roll at once (10 %
+        # of 320) as 4 units in each of 8 cells: Cell-n waits for Cell-(n-8).
+        assert deps == ({"Network", "Discovery"} if i < 8 else {"Network", "Discovery", f"Cell-{i - 8}"})
 
 
 def test_unit_resources_and_instances_carry_deployment_cell_and_unit_tags(default_synth):
@@ -381,7 +381,9 @@ def test_node_runtime_accepts_the_environment_the_task_definition_gives_it(tmp_p
 
     from runtime.node.settings import load_settings
 
-    synth = synthesize(config_with(instance_type="m6i.large", node={"engine": "reference"}, revision="7"), tmp_path)
+    synth = synthesize(
+        config_with(instance_type="m6i.large", node={"engine": "reference"}, revision="7", nodes_per_unit=2), tmp_path
+    )
     env = {e["Name"]: e["Value"] for e in node_container(synth)["Environment"]}
     settings = load_settings(argv=[], env=env)
     assert (

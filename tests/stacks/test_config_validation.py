@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from synth_helpers import REPO_ROOT, cdk_json_context, config_with
+from synth_helpers import ANY_UNIT_MODEL, LLAMA_70B, REPO_ROOT, cdk_json_context, config_with
 
 from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 
@@ -54,7 +54,7 @@ REJECTED = [
     ({"model": {"name": ""}}, "model.name='' is not allowed: 1-128 characters: letters, digits, . _ : / -"),
     (
         {"model": {"weights": "x"}},
-        "model.weights='x' is not a known key: use one of s3_uri, name, compile_cache_uri, builtin",
+        "model.weights='x' is not a known key: use one of s3_uri, name, shape, config_json, compile_cache_uri, builtin",
     ),
     (
         {"image": "flotilla"},
@@ -99,7 +99,7 @@ REJECTED = [
         "node.neuron_prefix_caching_block=48 is not allowed: one of 0, 1, 8, 16, 32, 64, 128, 256",
     ),
     (
-        {"node": {"neuron_prefix_caching_block": 32}},  # the default unit has two nodes
+        {"nodes_per_unit": 2, "model": LLAMA_70B, "node": {"neuron_prefix_caching_block": 32}},
         "node.neuron_prefix_caching_block=32 is not allowed: 0 with node.engine neuron and nodes_per_unit 2 "
         "(prefix caching runs on one-node neuron units only: set nodes_per_unit 1 and node.engine neuron, or 0)",
     ),
@@ -134,9 +134,9 @@ def test_container_instance_limit_per_cluster_counts_surge_instances(monkeypatch
     monkeypatch.setattr(config_module, "MAX_CONTAINER_INSTANCES_PER_CLUSTER", 2000)
     # (20 x 64 members would also overfill a cell's Cloud Map service: not what this test is about.)
     monkeypatch.setattr(config_module, "CLOUDMAP_INSTANCES_PER_SERVICE", 10_000)
-    config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="replace")
+    config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="replace", model=ANY_UNIT_MODEL)
     with pytest.raises(ConfigError) as err:
-        config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge")
+        config_with(nodes_per_unit=64, units=40, units_per_cell=20, unit_rollout="surge", model=ANY_UNIT_MODEL)
     assert str(err.value) == (
         "units_per_cell=20 is not allowed: at most 15 with 128 instances per unit "
         "(ECS allows 2000 container instances per cluster)"
@@ -166,17 +166,18 @@ def test_resource_estimate_guards_the_500_resource_stack_limit(monkeypatch):
     )
 
 
-def test_defaults_are_one_cell_with_one_unit_of_two_trn1_nodes():
+def test_defaults_are_one_cell_with_one_unit_of_one_trn1_node():
+    # Llama-3.1-8B's 32 query heads split over one trn1.32xlarge's 32 NeuronCores, not over 2 nodes' 64.
     config = load_config(cdk_json_context()["flotilla"], None)
-    assert (config.instance_type, config.nodes_per_unit, config.units, config.cells) == ("trn1.32xlarge", 2, 1, 1)
+    assert (config.instance_type, config.nodes_per_unit, config.units, config.cells) == ("trn1.32xlarge", 1, 1, 1)
     assert parse_config({}) == FlotillaConfig()
 
 
 def test_yaml_file_overrides_cdk_json_context_key_by_key(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("units: 45\nmodel:\n  name: m\n")
+    path.write_text("units: 45\nmodel:\n  name: m\n  shape: llama-3.1-8b\n")
     config = load_config(cdk_json_context()["flotilla"], str(path))
-    assert (config.units, config.cells, config.model.name) == (45, 3, "m")
+    assert (config.units, config.cells, config.model.name, config.model.shape) == (45, 3, "m", "llama-3.1-8b")
     assert config.model.s3_uri == cdk_json_context()["flotilla"]["model"]["s3_uri"]
     assert [len(config.units_in_cell(c)) for c in range(3)] == [20, 20, 5]
 
@@ -267,7 +268,8 @@ def test_default_yaml_and_readme_document_every_config_key():
     from stacks.speculation import SpeculationConfig
 
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
-    readme = (REPO_ROOT / "README.md").read_text()
+    # The configuration reference: README.md, and the docs/ pages keys are documented on as it moves there.
+    readme = "\n".join(p.read_text() for p in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))])
     sections = ("model", "node", "router", "capacity", "front", "speculation")
     keys = [name for name in FlotillaConfig.model_fields if name not in sections]
     for section, cls in (
@@ -281,7 +283,7 @@ def test_default_yaml_and_readme_document_every_config_key():
         keys += [f"{section}.{name}" for name in cls.model_fields]
     for key in keys:
         assert f"{key.split('.')[-1]}:" in text, f"examples/default.yaml lacks {key}"
-        assert f"`{key}`" in readme, f"README's configuration reference lacks {key}"
+        assert f"`{key}`" in readme, f"neither README's configuration reference nor docs/ documents {key}"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ instances and has no pagination (Cloud Map API reference, DiscoverInstances).
 from __future__ import annotations
 
 import pytest
-from synth_helpers import REPO_ROOT, cdk_json_context, config_with
+from synth_helpers import ANY_UNIT_MODEL, REPO_ROOT, cdk_json_context, config_with
 
 import contract
 from stacks.config import (
@@ -33,7 +33,7 @@ def test_every_cell_of_the_example_fleet_registers_in_its_own_service_well_under
     config = fleet_synth.deployment.config
     services = fleet_synth.resources("Discovery", "AWS::ServiceDiscovery::Service")
     names = sorted(s["Properties"]["Name"] for s in services.values())
-    assert names == sorted(f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}cell{c}" for c in range(8))
+    assert names == sorted(f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}cell{c}" for c in range(16))
     logical = {s["Properties"]["Name"]: lid for lid, s in services.items()}
     for cell in range(config.cells):
         units = fleet_synth.resources(f"Cell-{cell}", "AWS::ECS::Service")
@@ -41,29 +41,31 @@ def test_every_cell_of_the_example_fleet_registers_in_its_own_service_well_under
         exports = {_registry_service(u) for u in units.values()}
         (export,) = exports  # every unit of the cell in one service ...
         assert logical[f"units-cell{cell}"] in export  # ... its own cell's
-        # 20 units x 8 nodes (x 1: replace rollout) per service
-        assert len(config.units_in_cell(cell)) * config.max_nodes_per_unit == 160 < CLOUDMAP_INSTANCES_PER_SERVICE
-    assert len(fleet_synth.resources("Discovery")) == estimate_discovery_resources(8) == DISCOVERY_FIXED_RESOURCES + 8
+        # 20 units x 4 nodes (x 1: replace rollout) per service
+        assert len(config.units_in_cell(cell)) * config.max_nodes_per_unit == 80 < CLOUDMAP_INSTANCES_PER_SERVICE
+    discovery = len(fleet_synth.resources("Discovery"))
+    assert discovery == estimate_discovery_resources(16) == DISCOVERY_FIXED_RESOURCES + 16
 
 
 def test_the_router_is_told_every_cell_service(fleet_synth):
     (task,) = fleet_synth.resources("Router", "AWS::ECS::TaskDefinition").values()
     (container,) = task["Properties"]["ContainerDefinitions"]
     env = {e["Name"]: e["Value"] for e in container["Environment"]}
-    assert env[contract.ENV_CLOUDMAP_SERVICE].split(",") == [f"units-cell{c}" for c in range(8)]
+    assert env[contract.ENV_CLOUDMAP_SERVICE].split(",") == [f"units-cell{c}" for c in range(16)]
 
 
 def test_the_example_fleet_needs_no_quota_raised():
     config = load_config(cdk_json_context()["flotilla"], str(REPO_ROOT / "examples" / "fleet-20k-chips.yaml"))
-    assert config.units * config.max_nodes_per_unit == 1280  # members, in 8 services of 160
+    assert config.units * config.max_nodes_per_unit == 1280  # members, in 16 services of 80
     assert cloudmap_quota_warnings(config) == []
 
 
 def test_a_cell_whose_members_overfill_its_service_during_a_surge_is_refused():
-    config_with(nodes_per_unit=25, units=40, units_per_cell=20, unit_rollout="surge")  # 20 x 50 = 1,000
-    config_with(nodes_per_unit=32, units=40, units_per_cell=20, unit_rollout="replace")  # 20 x 32 = 640
+    unit = dict(units=40, units_per_cell=20, model=ANY_UNIT_MODEL)
+    config_with(nodes_per_unit=25, unit_rollout="surge", **unit)  # 20 x 50 = 1,000
+    config_with(nodes_per_unit=32, unit_rollout="replace", **unit)  # 20 x 32 = 640
     with pytest.raises(ConfigError) as err:
-        config_with(nodes_per_unit=32, units=40, units_per_cell=20, unit_rollout="surge")
+        config_with(nodes_per_unit=32, unit_rollout="surge", **unit)
     assert str(err.value) == (
         "units_per_cell=20 is not allowed: at most 15 with 64 members per unit during a surge "
         "rollout (a cell's Cloud Map service would hold 1,280 instances; Cloud Map allows 1,000 per "
@@ -89,10 +91,11 @@ def test_more_cells_than_the_discovery_stack_can_hold_services_for_are_refused()
 
 def test_a_fleet_past_the_default_namespace_quota_warns_with_the_number_to_request():
     # 625 units x 8 nodes = 5,000 members: past the 2,000 default of the adjustable namespace quota.
-    config = config_with(nodes_per_unit=8, units=625, units_per_cell=20, unit_rollout="replace", capacity=NO_GROUPS)
+    eight = dict(nodes_per_unit=8, units_per_cell=20, model=ANY_UNIT_MODEL)
+    config = config_with(units=625, unit_rollout="replace", capacity=NO_GROUPS, **eight)
     (warning,) = cloudmap_quota_warnings(config)
     assert "'Instances per namespace'" in warning and "request at least 5,000" in warning
-    surge = config_with(nodes_per_unit=8, units=200, units_per_cell=20, unit_rollout="surge")
+    surge = config_with(units=200, unit_rollout="surge", **eight)
     (warning,) = cloudmap_quota_warnings(surge)
     assert "3,200 unit members during a surge rollout" in warning
 
@@ -115,11 +118,11 @@ def test_synth_prints_the_quota_warnings_on_the_discovery_stack(tmp_path, monkey
     import stacks.config as config_module
     from stacks.deployment import build_deployment
 
-    # A quota of 3 makes the default deployment (1 unit x 2 nodes, 4 members during a surge) warn
+    # A quota of 1 makes the default deployment (1 unit x 1 node, 2 members during a surge) warn
     # without synthesizing a 5,000-member fleet.
-    monkeypatch.setattr(config_module, "CLOUDMAP_INSTANCES_PER_NAMESPACE", 3)
+    monkeypatch.setattr(config_module, "CLOUDMAP_INSTANCES_PER_NAMESPACE", 1)
     app = cdk.App(builtin_cloud_formation_validation=False, context=cdk_json_context(), outdir=str(tmp_path))
     deployment = build_deployment(app, config_with())
     Annotations.from_stack(deployment.discovery).has_warning(
-        "/Discovery", Match.string_like_regexp("'Instances per namespace'.*request at least 4 ")
+        "/Discovery", Match.string_like_regexp("'Instances per namespace'.*request at least 2 ")
     )

@@ -81,12 +81,12 @@ def container_image(synth, stack: str) -> str:
 
 
 def test_router_runs_the_runtime_image_and_neuron_units_the_neuron_image(two_cells):
-    # The router needs no Neuron SDK: it runs runtime/Dockerfile. Units of 2 nodes on the neuron
-    # engine run runtime/Dockerfile.neuron-multinode (NxD Inference on the SDK 2.28 image), so the two differ.
+    # The router needs no Neuron SDK: it runs runtime/Dockerfile. Units of 1 node on the neuron
+    # engine run runtime/Dockerfile.neuron (vLLM's Neuron plugin on the SDK 2.28 image), so the two differ.
     assets = json.loads((two_cells.outdir / "Router.assets.json").read_text())["dockerImages"]
     cell_assets = json.loads((two_cells.outdir / "Cell-0.assets.json").read_text())["dockerImages"]
     assert [a["source"]["dockerFile"] for a in assets.values()] == ["runtime/Dockerfile"]
-    assert [a["source"]["dockerFile"] for a in cell_assets.values()] == ["runtime/Dockerfile.neuron-multinode"]
+    assert [a["source"]["dockerFile"] for a in cell_assets.values()] == ["runtime/Dockerfile.neuron"]
     assert container_image(two_cells, "Router") != container_image(two_cells, "Cell-0")
 
 

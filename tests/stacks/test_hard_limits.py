@@ -115,7 +115,7 @@ def test_more_cells_than_observability_can_alarm_on_are_refused(monkeypatch):
 
 
 def test_the_limit_formulas_match_the_synthesized_templates(default_synth, fleet_synth):
-    for synth, cells in ((default_synth, 1), (fleet_synth, 8)):
+    for synth, cells in ((default_synth, 1), (fleet_synth, 16)):
         assert len(synth.template("Discovery")["Outputs"]) == cells + DISCOVERY_FIXED_OUTPUTS
         assert len(synth.resources("Observability")) == cells + OBSERVABILITY_FIXED_RESOURCES
 
@@ -183,5 +183,5 @@ def test_synth_warns_that_surge_needs_twice_a_fleet_sized_reservation(tmp_path):
     (warning,) = [
         str(m.entry.data) for m in artifact.messages if "unit_rollout surge with a reservation" in str(m.entry.data)
     ]
-    assert "up to 4 trn1.32xlarge instances (2 serving plus as many for the new revision)" in warning
+    assert "up to 2 trn1.32xlarge instances (1 serving plus as many for the new revision)" in warning
     assert "Use unit_rollout: replace" in warning

@@ -43,10 +43,10 @@ def trn2_single_node_synth(tmp_path_factory):
 @pytest.mark.parametrize(
     "synth_name, dockerfile",
     [
-        # nodes_per_unit 2 (the default): the multi-node image (NxD Inference split over the unit).
-        ("default_synth", "runtime/Dockerfile.neuron-multinode"),
+        # nodes_per_unit 2: the multi-node image (NxD Inference split over the unit).
         ("trn1n_synth", "runtime/Dockerfile.neuron-multinode"),
-        # one node: the supported V1 plugin image.
+        # one node (the default on trn1, and on trn2): the supported V1 plugin image.
+        ("default_synth", "runtime/Dockerfile.neuron"),
         ("trn2_single_node_synth", "runtime/Dockerfile.neuron"),
     ],
 )
@@ -59,10 +59,10 @@ def test_neuron_units_build_the_image_of_their_size(request, synth_name, dockerf
     assert asset_hash in image
 
 
-def test_the_multi_node_image_is_built_with_the_efa_installer_the_nodes_boot_installs(default_synth):
+def test_the_multi_node_image_is_built_with_the_efa_installer_the_nodes_boot_installs(trn1n_synth):
     from contract.node_boot import EFA_INSTALLER
 
-    (image,) = _docker_images(default_synth).values()
+    (image,) = _docker_images(trn1n_synth).values()  # a unit of 2 nodes: the multi-node image
     assert image["source"]["dockerBuildArgs"] == {
         "EFA_INSTALLER_VERSION": EFA_INSTALLER.version,
         "EFA_INSTALLER_SHA256": EFA_INSTALLER.sha256,

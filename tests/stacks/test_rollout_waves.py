@@ -41,18 +41,18 @@ def per_step(steps: dict[str, tuple[int, str]]) -> list[int]:
     return [sum(1 for s, _ in steps.values() if s == t) for t in range(n)]
 
 
-def test_the_160_unit_example_rolls_in_ten_waves_of_sixteen(fleet_synth):
+def test_the_320_unit_example_rolls_in_ten_waves_of_thirty_two(fleet_synth):
     steps = schedule(fleet_synth)
-    assert len(steps) == 160
+    assert len(steps) == 320
     counts = per_step(steps)
     # At most 16 sequential waves (10 here), never more than 10 % of the fleet at once.
     assert len(counts) == 10 <= 16
-    assert counts == [16] * 10
-    # 4 cells at once, 4 units of each.
+    assert counts == [32] * 10
+    # 8 cells at once, 4 units of each.
     for t in range(10):
         cells = {cell for s, cell in steps.values() if s == t}
-        assert len(cells) == 4
-    assert fleet_synth.deployment.config.wave_plan.parallel_cells == 4
+        assert len(cells) == 8
+    assert fleet_synth.deployment.config.wave_plan.parallel_cells == 8
 
 
 def test_first_creation_uses_the_same_waves(fleet_synth):

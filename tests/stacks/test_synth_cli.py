@@ -11,7 +11,8 @@ import yaml
 from synth_helpers import REPO_ROOT
 
 
-def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
+def _cdk_synth(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The pinned CDK CLI's `synth` (as `make synth` runs it), offline, into tmp_path/cdk.out."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
         {
@@ -25,15 +26,19 @@ def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
             "AWS_EC2_METADATA_DISABLED": "true",
         }
     )
-    out = tmp_path / "cdk.out"
-    proc = subprocess.run(
-        [str(REPO_ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--quiet", "-o", str(out)],
+    return subprocess.run(
+        [str(REPO_ROOT / "node_modules" / ".bin" / "cdk"), "synth", "--quiet", "-o", str(tmp_path / "cdk.out"), *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
+    proc = _cdk_synth(tmp_path)
+    out = tmp_path / "cdk.out"
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     stacks = {
@@ -53,6 +58,21 @@ def test_cdk_cli_synthesizes_the_default_deployment_offline(tmp_path):
     )
 
 
+def test_cdk_synth_refuses_llama_8b_on_two_trn1_nodes_in_one_line_naming_the_layout_that_serves(tmp_path):
+    # The node would refuse this unit at start (contract/layout.py): 2 x 32 NeuronCores = tp_degree 64 does
+    # not split Llama-3.1-8B's 32 query heads. Synth runs the node's check and refuses it before any stack.
+    config = tmp_path / "eight-b-on-two-nodes.yaml"
+    config.write_text("nodes_per_unit: 2\nmodel:\n  name: llama-3.1-8b-instruct\n")
+    proc = _cdk_synth(tmp_path, "-c", f"config={config}")
+    assert proc.returncode != 0 and not (tmp_path / "cdk.out" / "manifest.json").exists()
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert ours == [
+        "error: nodes_per_unit=2 cannot serve llama-3.1-8b-instruct on trn1.32xlarge: tp_degree=64 (2 x 32 "
+        "NeuronCores) does not split num_attention_heads=32 (num_key_value_heads=8, intermediate_size=14336) "
+        "evenly: use nodes_per_unit 1"
+    ], proc.stderr
+
+
 def test_cdk_json_turns_off_notices_telemetry_and_version_reporting():
     cdk_json = json.loads((REPO_ROOT / "cdk.json").read_text())
     assert cdk_json["notices"] is False
@@ -61,8 +81,8 @@ def test_cdk_json_turns_off_notices_telemetry_and_version_reporting():
 
 
 def test_image_assets_stage_only_runtime_contract_and_the_lock_file(default_synth):
-    # Two images: the CPU runtime image (router) and the multi-node Neuron image (the default unit
-    # spans 2 nodes on the neuron engine).
+    # Two images: the CPU runtime image (router) and the single-node Neuron image (the default unit
+    # is one node on the neuron engine).
     assets = [p for p in default_synth.outdir.iterdir() if p.name.startswith("asset.")]
     assert len(assets) == 2
     for asset in assets:

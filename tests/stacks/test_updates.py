@@ -607,16 +607,17 @@ def test_a_unit_drained_in_the_config_stays_drained_across_a_deploy_that_updates
     assert before.resources("Cell-0")[task_ref] != after.resources("Cell-0")[task_ref]
     assert service_count_after_update(drained_after, running=0) == 0
     tags = {t["Key"]: t["Value"] for t in drained_after["Properties"]["Tags"]}
-    assert tags["flotilla:drained-desired-count"] == "2" and tags["flotilla:drained-in-config"] == "true"
+    # The desired count it returns to is the unit's node count: 1 in the default unit.
+    assert tags["flotilla:drained-desired-count"] == "1" and tags["flotilla:drained-in-config"] == "true"
     serving = unit_service(after, "Cell-0", "cell0-unit0")
-    assert service_count_after_update(serving, running=2) == 2
+    assert service_count_after_update(serving, running=1) == 1
     assert "flotilla:drained-in-config" not in {t["Key"] for t in serving["Properties"].get("Tags", [])}
 
 
 def test_a_drain_made_only_out_of_band_is_undone_by_the_next_deploy(synths):
     """Why drained_units exists: the same revision bump brings a unit drained with drain-unit back."""
     after = synths("revision")
-    assert service_count_after_update(unit_service(after, "Cell-0", "cell0-unit1"), running=0) == 2
+    assert service_count_after_update(unit_service(after, "Cell-0", "cell0-unit1"), running=0) == 1
 
 
 @pytest.mark.parametrize("before, after", [("base", "internet-facing"), ("internet-facing", "base")])

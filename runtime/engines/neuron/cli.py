@@ -11,17 +11,16 @@ import argparse
 import json
 import sys
 
+from contract.layout import AUTO, LayoutError
+from contract.llama import ShapeError, load_config_json
 from contract.trainium import INSTANCES
 from runtime.engines.neuron.launch import (
-    AUTO,
     DEFAULT_COMPILED_DIR,
     NeuronOptions,
-    NeuronPlanError,
     Recommendation,
     plan_unit,
     recommend,
 )
-from runtime.engines.neuron.model import ModelConfigError, load_model_shape
 
 
 def _degree(text: str) -> int | str:
@@ -81,7 +80,7 @@ def run_neuron_plan(args: argparse.Namespace, out=None, err=None) -> int:
     """Print the plan; on bad input print one error line naming the input and the fix, exit 2."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        shape = load_model_shape(args.model)
+        shape = load_config_json(args.model)
         plan = plan_unit(
             leader_host=args.leader_host,
             nodes=args.nodes,
@@ -97,7 +96,7 @@ def run_neuron_plan(args: argparse.Namespace, out=None, err=None) -> int:
                 compiled_artifacts_dir=args.compiled_dir,
             ),
         )
-    except (ModelConfigError, NeuronPlanError) as exc:
+    except (ShapeError, LayoutError) as exc:
         print(f"error: {exc}", file=err)
         return 2
     rec = recommend(shape, args.instance_type, seq_len=args.seq_len, batch_size=args.batch_size)

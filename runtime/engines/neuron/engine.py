@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import contract
+from contract import node_exit
 from runtime.engines.base import (
     EngineBroken,
+    EngineCannotServe,
     EngineError,
     EngineHealth,
     EngineLoad,
@@ -71,9 +73,13 @@ def rank_argv(plan: RankPlan, base_env: dict[str, str], launcher: str | None) ->
 
 
 def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any, tracker: LoadTracker):
-    """prepare_rank with every expected failure turned into one EngineError line."""
-    from runtime.engines.neuron.launch import NeuronPlanError  # noqa: PLC0415
-    from runtime.engines.neuron.model import ModelConfigError  # noqa: PLC0415
+    """prepare_rank with every expected failure turned into one EngineError line: EngineCannotServe
+    (the node stops, contract/node_exit.py) for what no retry changes, EngineError (the unit re-forms)
+    for the rest (S3 unreachable, no credentials yet, a full disk)."""
+    from contract.layout import LayoutError  # noqa: PLC0415
+    from contract.llama import ShapeError  # noqa: PLC0415
+    from runtime.artifacts.fetch import ArtifactError  # noqa: PLC0415
+    from runtime.artifacts.manifest import ManifestError  # noqa: PLC0415
     from runtime.engines.neuron.prepare import prepare_rank  # noqa: PLC0415
 
     try:
@@ -87,8 +93,19 @@ def _prepare(membership: Membership, s: NeuronEngineSettings, s3: Any, tracker: 
             compile_cache_uri=s.compile_cache_uri,
             tracker=tracker,
         )
-    except (NeuronPlanError, ModelConfigError) as e:
-        raise EngineError(f"neuron layout refused before fetching weights: {e}") from e
+    except LayoutError as e:
+        raise EngineCannotServe(
+            f"neuron layout refused before fetching weights: {e}", exit_code=node_exit.LAYOUT_REFUSED
+        ) from e
+    except ShapeError as e:
+        raise EngineCannotServe(
+            f"neuron: the model at {s.model_uri} cannot be read: {e}", exit_code=node_exit.MODEL_UNREADABLE
+        ) from e
+    except (ArtifactError, ManifestError) as e:
+        raise EngineCannotServe(
+            f"neuron: the model at {s.model_uri} is not published as its manifest says: {e}",
+            exit_code=node_exit.MODEL_NOT_PUBLISHED,
+        ) from e
     except (ValueError, OSError) as e:
         raise EngineError(f"neuron rank {membership.rank}: preparing {s.model_uri} failed: {e}") from e
     except Exception as e:  # botocore errors: no credentials, no bucket, access denied
@@ -179,7 +196,10 @@ class NeuronEngine:
         try:
             self.tokenizer = HFTokenizer(self.s.model_dir)
         except (OSError, ValueError) as e:
-            raise EngineError(f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}") from e
+            raise EngineCannotServe(
+                f"neuron: the checkpoint at {self.s.model_uri} has no usable tokenizer: {e}",
+                exit_code=node_exit.MODEL_UNREADABLE,
+            ) from e
         argv, env = rank_argv(self.prepared.plan, dict(os.environ), self.s.launcher)
         jlog(
             "neuron_engine_spawn",

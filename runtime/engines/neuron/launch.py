@@ -16,6 +16,18 @@ from pathlib import Path
 from typing import Mapping
 
 import contract
+from contract.layout import (
+    AUTO,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_SEQ_LEN,
+    RUNTIME_NAMES,
+    LayoutError,
+    Names,
+    check_layout,
+    describe_memory,
+    splits,
+)
+from contract.llama import LlamaShape
 from contract.neuron import (
     FORK_2_24,
     IMAGES,
@@ -30,19 +42,12 @@ from contract.neuron import (
     image_for,
     mode_for,
 )
-from contract.sizing import CoreMemory, LlamaDims, core_memory, llama_params
+from contract.sizing import CoreMemory, core_memory
 from contract.speculation import SOURCES as SPECULATION_SOURCES
 from contract.trainium import INSTANCES, TrainiumInstance
-from runtime.engines.neuron.model import ModelShape
 from runtime.engines.neuron.speculation import draft_dir, nxdi_speculation, speculative_flags
 from runtime.membership import Membership
 
-
-class NeuronPlanError(ValueError):
-    """The requested layout cannot run; the message names the input and the fix."""
-
-
-AUTO = "auto"
 DEFAULT_COMPILED_DIR = "/var/cache/flotilla/neuron-compiled"
 OPENAI_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Each node of a multi-node unit runs this file with the image's Python (the one that has NxD Inference).
@@ -152,8 +157,8 @@ MULTI_NODE_DEVICE_SAMPLING: Mapping[str, object] = {"do_sample": True, "dynamic"
 
 @dataclass(frozen=True)
 class NeuronOptions:
-    seq_len: int = 4096  # prompt + generated tokens, vLLM --max-model-len
-    batch_size: int = 8  # sequences decoded together, vLLM --max-num-seqs
+    seq_len: int = DEFAULT_SEQ_LEN  # prompt + generated tokens, vLLM --max-model-len
+    batch_size: int = DEFAULT_BATCH_SIZE  # sequences decoded together, vLLM --max-num-seqs
     cp_degree: int | str = AUTO  # single-node: context parallel (prefill); "auto": smallest that fits
     attention_dp_degree: int | str = AUTO  # single-node: attention data parallel (decode); "auto" likewise
     served_model_name: str | None = None
@@ -208,7 +213,7 @@ class NeuronUnitPlan:
     attention_dp_degree: int
     seq_len: int
     batch_size: int
-    model: ModelShape
+    model: LlamaShape
     model_dir: str
     ranks: tuple[RankPlan, ...] = field(default_factory=tuple)
 
@@ -281,7 +286,7 @@ class NeuronUnitPlan:
         }
 
 
-def _head_layout(shape: ModelShape, attention_tp: int) -> dict:
+def _head_layout(shape: LlamaShape, attention_tp: int) -> dict:
     return {
         "attention_tp": attention_tp,
         "q_heads_per_rank": shape.num_attention_heads // attention_tp,
@@ -291,123 +296,53 @@ def _head_layout(shape: ModelShape, attention_tp: int) -> dict:
     }
 
 
-def _heads_fit(shape: ModelShape, attention_tp: int) -> bool:
-    """Heads split evenly and KV heads replicate evenly: no padded heads, no MHA fallback."""
-    kv = shape.num_key_value_heads
-    return shape.num_attention_heads % attention_tp == 0 and (attention_tp % kv == 0 or kv % attention_tp == 0)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _fitting_degrees(
-    shape: ModelShape, tp: int, *, batch_size: int | None = None, seq_len: int | None = None
-) -> list[int]:
-    out = []
-    for d in _divisors(tp):
-        if not _heads_fit(shape, tp // d):
-            continue
-        if batch_size is not None and batch_size % d:
-            continue
-        if seq_len is not None and seq_len % d:
-            continue
-        out.append(d)
-    return out
-
-
-def _check_degree(name: str, value: int | str) -> int | str:
-    if value == AUTO:
-        return value
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise NeuronPlanError(f"{name}={value!r} must be a positive integer or 'auto'")
-    return value
-
-
 def plan_unit(
     *,
     leader_host: str,
     nodes: int,
     instance_type: str,
-    model: ModelShape,
+    model: LlamaShape,
     model_dir: str,
     options: NeuronOptions = NeuronOptions(),
     dist_port: int = contract.DIST_PORT,
+    model_name: str | None = None,
+    names: Names = RUNTIME_NAMES,
 ) -> NeuronUnitPlan:
-    """Validate the layout and build every rank's plan. Raises NeuronPlanError naming the fix."""
-    instance = INSTANCES.get(instance_type)
-    if instance is None:
-        raise NeuronPlanError(
-            f"instance_type={instance_type!r} cannot host a Neuron unit; use one of {', '.join(sorted(INSTANCES))}"
-        )
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise NeuronPlanError(f"nodes={nodes!r} must be a positive integer (Trainium nodes per unit)")
+    """Check the layout (contract/layout.py, the check synth runs too) and build every rank's plan.
+    Raises LayoutError naming the input and the fix.
+
+    Across nodes this is NxD Inference's multi-node mode: tp_degree is the whole unit's NeuronCores,
+    each node loads ranks start_rank_id .. start_rank_id + local_ranks_size - 1 (NXDI_2_28:
+    examples/multi_node.md:106-145, "two process with tp=64 on two Trn1 nodes"). A node-sized
+    tp_degree would make every node load partitions 0..31 again (NXD_2_28:src/neuronx_distributed/
+    trace/trace.py:801, partition_rank = rank % num_partitions): replicas that cannot hold a model too
+    big for one node."""
     if not leader_host:
-        raise NeuronPlanError("leader_host is empty; rendezvous must name the leader's address")
+        raise LayoutError("leader_host", "", "is empty", "rendezvous must name the leader's address", names={})
     o = options
-    if not isinstance(o.seq_len, int) or o.seq_len < 1:
-        raise NeuronPlanError(f"seq_len={o.seq_len!r} must be a positive integer")
-    if o.seq_len > model.max_position_embeddings:
-        raise NeuronPlanError(
-            f"seq_len={o.seq_len} exceeds the model's max_position_embeddings="
-            f"{model.max_position_embeddings}; lower --seq-len to at most "
-            f"{model.max_position_embeddings}"
-        )
-    if not isinstance(o.batch_size, int) or o.batch_size < 1:
-        raise NeuronPlanError(f"batch_size={o.batch_size!r} must be a positive integer")
     if nodes > 1 and o.speculation[0] != "none":
-        raise NeuronPlanError(
-            f"speculation {o.speculation[0]} runs on one-node units only: {SPECULATION_SOURCES['one node']}"
+        raise LayoutError(
+            "nodes",
+            nodes,
+            f"with speculation {o.speculation[0]}: speculation runs on one-node units only "
+            f"({SPECULATION_SOURCES['one node']})",
+            "use 1 node or no speculation",
+            names=names,
         )
-    cp = _check_degree("cp_degree", o.cp_degree)
-    dp = _check_degree("attention_dp_degree", o.attention_dp_degree)
-    if o.prefix_caching_block:
-        if nodes > 1:
-            raise NeuronPlanError(
-                f"prefix_caching_block={o.prefix_caching_block} applies to single-node units only: flotilla's "
-                f"multi-node loop runs NxD Inference's contiguous KV layout (docs/hardware.md); set it to 0 or use "
-                f"1 node"
-            )
-        if o.batch_size < 2:
-            raise NeuronPlanError(
-                f"prefix_caching_block={o.prefix_caching_block} with batch_size={o.batch_size}: the plugin's prefix "
-                f"caching generates incorrect outputs at batch size 1 (its known issues); raise the batch size"
-            )
-
-    local_tp = instance.neuron_cores
-    if nodes == 1:
-        tp = local_tp
-        where = f"1 x {instance_type} (tp_degree={tp})"
-        cp, dp = _auto_degrees(model, tp, cp, dp, o, where)
-    else:
-        # NxD Inference's multi-node mode: tp_degree is the whole unit's NeuronCores, each node loads
-        # ranks start_rank_id .. start_rank_id + local_ranks_size - 1 (NXDI_2_28:examples/multi_node.md:
-        # 106-145, "two process with tp=64 on two Trn1 nodes"). A node-sized tp_degree would make every
-        # node load partitions 0..31 again (NXD_2_28:src/neuronx_distributed/trace/trace.py:801,
-        # partition_rank = rank % num_partitions): replicas that cannot hold a model too big for one node.
-        tp = local_tp * nodes
-        where = f"{nodes} x {instance_type} (tp_degree={tp} = {local_tp} NeuronCores x {nodes} nodes)"
-        _check_heads_over_nodes(model, instance_type, local_tp, nodes)
-        for name, value in (("cp_degree", cp), ("attention_dp_degree", dp)):
-            if value not in (AUTO, 1):
-                raise NeuronPlanError(
-                    f"{name}={value} applies to single-node units only: across nodes flotilla runs NxD "
-                    f"Inference's documented multi-node layout (tensor parallel over every NeuronCore of "
-                    f"the unit, cp_degree=1, attention_dp_degree=1); leave it auto or use 1 node"
-                )
-        cp, dp = 1, 1
-
-    _validate_degrees(
+    layout = check_layout(
         model,
-        tp=tp,
-        cp=int(cp),
-        dp=int(dp),
+        instance_type=instance_type,
+        nodes=nodes,
         seq_len=o.seq_len,
         batch_size=o.batch_size,
-        where=where,
-        tunable=nodes == 1,
+        cp_degree=o.cp_degree,
+        attention_dp_degree=o.attention_dp_degree,
+        prefix_caching_block=o.prefix_caching_block,
+        model=model_name or model_dir,
+        names=names,
     )
-
+    instance = INSTANCES[instance_type]
+    tp, cp, dp = layout.tp_degree, layout.cp_degree, layout.attention_dp_degree
     plan = NeuronUnitPlan(
         instance=instance,
         nodes=nodes,
@@ -415,8 +350,8 @@ def plan_unit(
         dist_port=dist_port,
         tp_degree=tp,
         world_size=tp,  # NxD Inference: tp_degree x pp_degree x ep_degree (pp = ep = 1)
-        cp_degree=int(cp),
-        attention_dp_degree=int(dp),
+        cp_degree=cp,
+        attention_dp_degree=dp,
         seq_len=o.seq_len,
         batch_size=o.batch_size,
         model=model,
@@ -425,93 +360,6 @@ def plan_unit(
     build = _single_node_rank if nodes == 1 else _multi_node_rank
     ranks = tuple(build(plan, rank, o) for rank in range(nodes))
     return dataclasses.replace(plan, ranks=ranks)
-
-
-def _auto_degrees(
-    model: ModelShape, tp: int, cp: int | str, dp: int | str, o: NeuronOptions, where: str
-) -> tuple[int | str, int | str]:
-    if cp == AUTO:
-        fits = _fitting_degrees(model, tp, seq_len=o.seq_len)
-        if not fits:
-            raise NeuronPlanError(
-                f"no cp_degree lets prefill attention split num_attention_heads="
-                f"{model.num_attention_heads} (num_key_value_heads={model.num_key_value_heads}) "
-                f"evenly on {where} with seq_len={o.seq_len}"
-            )
-        cp = fits[0]
-    if dp == AUTO:
-        fits = [d for d in _fitting_degrees(model, tp, batch_size=o.batch_size) if cp == 1 or d == 1 or cp % d == 0]
-        if not fits:
-            needed = [d for d in _fitting_degrees(model, tp) if cp == 1 or d == 1 or cp % d == 0]
-            fix = f"raise --batch-size to a multiple of {needed[0]}" if needed else "use another instance type"
-            raise NeuronPlanError(
-                f"no attention_dp_degree lets decode attention split num_attention_heads="
-                f"{model.num_attention_heads} evenly on {where} with batch_size={o.batch_size}; "
-                f"{fix}"
-            )
-        dp = fits[0]
-    return cp, dp
-
-
-def _validate_degrees(
-    model: ModelShape, *, tp: int, cp: int, dp: int, seq_len: int, batch_size: int, where: str, tunable: bool
-) -> None:
-    """tunable: cp/attention-dp degrees can be changed (single-node); the fork's launch has neither."""
-    # The first four mirror NxD Inference's own NeuronConfig checks (config.py:342, 576-583 at
-    # v0.7.14366), caught here with a fix.
-    if tp % cp:
-        raise NeuronPlanError(f"cp_degree={cp} must divide tp_degree={tp} on {where}; use one of {_divisors(tp)}")
-    if tp % dp:
-        raise NeuronPlanError(
-            f"attention_dp_degree={dp} must divide tp_degree={tp} on {where}; use one of {_divisors(tp)}"
-        )
-    if batch_size % dp:
-        raise NeuronPlanError(
-            f"batch_size={batch_size} must be a multiple of attention_dp_degree="
-            f"{dp} (each data-parallel group decodes batch_size/{dp} "
-            f"sequences); raise --batch-size to {dp * -(-batch_size // dp)} "
-            "or lower --attention-dp-degree"
-        )
-    if cp > 1 and dp > 1 and cp % dp:
-        raise NeuronPlanError(
-            f"attention_dp_degree={dp} must divide cp_degree={cp} when both "
-            "are above 1 (NxD Inference re-uses the context-parallel groups "
-            "for decode); pick attention_dp_degree from "
-            f"{[d for d in _divisors(cp) if d > 1]} or set cp_degree=1"
-        )
-    # Ours: each context-parallel rank takes an equal slice of the prompt.
-    if seq_len % cp:
-        raise NeuronPlanError(
-            f"seq_len={seq_len} must be a multiple of cp_degree={cp} so every "
-            f"context-parallel rank holds an equal slice; use "
-            f"--seq-len {cp * (seq_len // cp) or cp}"
-        )
-    for phase, flag, degree in (("prefill", "cp_degree", cp), ("decode", "attention_dp_degree", dp)):
-        attention_tp = tp // degree
-        if not _heads_fit(model, attention_tp):
-            good = _fitting_degrees(
-                model,
-                tp,
-                batch_size=batch_size if phase == "decode" else None,
-                seq_len=seq_len if phase == "prefill" else None,
-            )
-            hint = (
-                f"use --{flag.replace('_', '-')} one of {good}"
-                if good and tunable
-                else f"this model's heads do not split over {tp} NeuronCores: use another instance type"
-                + ("" if tunable else " or a one-node unit")
-            )
-            raise NeuronPlanError(
-                f"{flag}={degree} leaves {attention_tp} ranks to share {phase} attention, which "
-                f"does not split num_attention_heads={model.num_attention_heads} / "
-                f"num_key_value_heads={model.num_key_value_heads} evenly on {where} "
-                f"(it would pad heads); {hint}"
-            )
-    if model.intermediate_size % tp:
-        raise NeuronPlanError(
-            f"intermediate_size={model.intermediate_size} does not split over tp_degree={tp} "
-            f"on {where}; this model's MLP does not shard over this instance's NeuronCores"
-        )
 
 
 def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
@@ -596,20 +444,6 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
     )
 
 
-def _check_heads_over_nodes(model: ModelShape, instance_type: str, local_tp: int, nodes: int) -> None:
-    """The unit's tp_degree must split the heads as NxD Inference shards them; name the node counts that do."""
-    tp = local_tp * nodes
-    if _heads_fit(model, tp) and model.intermediate_size % tp == 0:
-        return
-    good = [n for n in range(2, 9) if _heads_fit(model, local_tp * n) and model.intermediate_size % (local_tp * n) == 0]
-    fix = f"use --nodes {' or '.join(map(str, good))}" if good else "use another instance type"
-    raise NeuronPlanError(
-        f"nodes={nodes}: tp_degree={tp} ({nodes} x {local_tp} NeuronCores of {instance_type}) does not split "
-        f"num_attention_heads={model.num_attention_heads} (num_key_value_heads={model.num_key_value_heads}, "
-        f"intermediate_size={model.intermediate_size}) evenly; {fix}"
-    )
-
-
 def _multi_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> RankPlan:
     """One node of NxD Inference's multi-node layout, driven by flotilla's leader/follower loop."""
     local_ranks_size = plan.instance.neuron_cores
@@ -673,9 +507,11 @@ def plan_member(
     membership: Membership,
     *,
     instance_type: str,
-    model: ModelShape,
+    model: LlamaShape,
     model_dir: str,
     options: NeuronOptions = NeuronOptions(),
+    model_name: str | None = None,
+    names: Names = RUNTIME_NAMES,
 ) -> RankPlan:
     """This process's plan: the whole unit is validated so every member fails the same way."""
     unit = plan_unit(
@@ -686,6 +522,8 @@ def plan_member(
         model_dir=model_dir,
         options=options,
         dist_port=membership.dist_port,
+        model_name=model_name,
+        names=names,
     )
     return unit.ranks[membership.rank]
 
@@ -701,42 +539,17 @@ class Recommendation:
     why: str
 
 
-def model_dims(model: ModelShape) -> LlamaDims:
-    params = llama_params(
-        layers=model.num_hidden_layers,
-        hidden=model.hidden_size,
-        heads=model.num_attention_heads,
-        kv_heads=model.num_key_value_heads,
-        head_dim=model.head_dim,
-        intermediate=model.intermediate_size,
-        vocab=model.vocab_size,
-        tied=model.tie_word_embeddings,
-    )
-    return LlamaDims(
-        params=params,
-        layers=model.num_hidden_layers,
-        hidden=model.hidden_size,
-        heads=model.num_attention_heads,
-        kv_heads=model.num_key_value_heads,
-        head_dim=model.head_dim,
-    )
-
-
 def recommend(
-    model: ModelShape, instance_type: str, *, seq_len: int, batch_size: int, max_nodes: int = 8
+    model: LlamaShape, instance_type: str, *, seq_len: int, batch_size: int, max_nodes: int = 8
 ) -> Recommendation:
     """One node whenever the weights and the KV cache for batch_size x seq_len fit it; more only if not.
 
     Memory per NeuronCore follows contract/sizing.py (docs/hardware.md), the rule `flotilla plan` uses.
     """
     instance = INSTANCES[instance_type]
-    dims = model_dims(model)
     gib = 2**30
-    one = core_memory(dims, instance, nodes=1, batch=batch_size, seq_len=seq_len)
-    need = (
-        f"{one.total / gib:.2f} GiB per NeuronCore (weights {one.weights / gib:.2f} + KV cache "
-        f"{one.kv_cache / gib:.2f} for {batch_size} x {seq_len} tokens)"
-    )
+    one = core_memory(model, instance, nodes=1, batch=batch_size, seq_len=seq_len)
+    need = describe_memory(one, batch_size, seq_len)
     if one.fits:
         image = image_for(1)
         return Recommendation(
@@ -751,10 +564,10 @@ def recommend(
     skipped = []
     for nodes in range(2, max_nodes + 1):
         tp = instance.neuron_cores * nodes
-        if not (_heads_fit(model, tp) and model.intermediate_size % tp == 0):
+        if not splits(model, tp):
             skipped.append(nodes)
             continue
-        memory = core_memory(dims, instance, nodes=nodes, batch=batch_size, seq_len=seq_len)
+        memory = core_memory(model, instance, nodes=nodes, batch=batch_size, seq_len=seq_len)
         if memory.fits:
             image = image_for(nodes)
             not_split = (

@@ -13,15 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import contract
+from contract.llama import LlamaShape, ShapeError
 from runtime.artifacts import CompileCache, Manifest, compile_cache_key, fetch, parse_s3_uri
-from runtime.artifacts.fetch import read_manifest
+from runtime.artifacts.fetch import ArtifactError, read_manifest
 from runtime.engines.base import LoadPhase
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan, plan_member
 from runtime.engines.neuron.loading import LoadTracker
-from runtime.engines.neuron.model import parse_model_shape
 from runtime.membership import Membership
 
 log = logging.getLogger("flotilla.neuron")
+# A node's refusal names the environment variables the stacks set it from (contract/layout.py Names).
+NODE_NAMES = {
+    "instance_type": contract.ENV_INSTANCE_TYPE,
+    "nodes": contract.ENV_NODES_PER_UNIT,
+    "seq_len": contract.ENV_NEURON_SEQ_LEN,
+    "batch_size": contract.ENV_NEURON_BATCH_SIZE,
+    "cp_degree": contract.ENV_NEURON_CP_DEGREE,
+    "attention_dp_degree": contract.ENV_NEURON_ATTENTION_DP_DEGREE,
+    "prefix_caching_block": contract.ENV_NEURON_PREFIX_CACHING_BLOCK,
+}
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,7 @@ def prepare_rank(
     sdk = neuron_sdk_version or os.environ.get(contract.ENV_NEURON_SDK_VERSION, "")
     manifest = read_manifest(model_uri, s3=s3)
     if "config.json" not in {f.path for f in manifest.files}:
-        raise ValueError(
+        raise ArtifactError(
             f"{model_uri}: the published model has no config.json; publish the whole Hugging Face checkpoint directory"
         )
     draft = options.speculation[2]
@@ -59,9 +69,21 @@ def prepare_rank(
             "the directory again, so the model's manifest lists and verifies the draft with it"
         )
     bucket, prefix = parse_s3_uri(model_uri)
-    raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "config.json")["Body"].read())
-    shape = parse_model_shape(raw, source=f"{model_uri.rstrip('/')}/config.json")
-    plan = plan_member(membership, instance_type=instance_type, model=shape, model_dir=str(model_dir), options=options)
+    source = f"{model_uri.rstrip('/')}/config.json"
+    try:
+        raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "config.json")["Body"].read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShapeError(f"{source}: not valid JSON ({exc}); republish the checkpoint") from None
+    shape = LlamaShape.from_config(raw, source=source)
+    plan = plan_member(
+        membership,
+        instance_type=instance_type,
+        model=shape,
+        model_dir=str(model_dir),
+        options=options,
+        model_name=model_uri,
+        names=NODE_NAMES,
+    )
     tracker.phase(LoadPhase.FETCH_MODEL, total_bytes=manifest.total_bytes)
     manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest, on_bytes=tracker.bytes)
     key = compile_cache_key(model_digest=manifest.digest, nxdi_config=plan.nxdi_config, neuron_sdk_version=sdk)

@@ -19,3 +19,8 @@ if os.environ.get("STANDIN_S3_SEED_DIR"):
     _client = boto3.client("s3", region_name="us-east-1")
     _client.create_bucket(Bucket=parse_s3_uri(_uri)[0])
     publish(os.environ["STANDIN_S3_SEED_DIR"], _uri, s3=_client)
+    if os.environ.get("STANDIN_S3_TAMPER"):
+        # A file replaced after publishing (a half-finished re-publish, an `aws s3 sync` over the set):
+        # the bucket no longer holds what the manifest lists.
+        _bucket, _prefix = parse_s3_uri(_uri)
+        _client.put_object(Bucket=_bucket, Key=_prefix + os.environ["STANDIN_S3_TAMPER"], Body=b"replaced")

@@ -19,6 +19,7 @@ import yaml
 from botocore.stub import Stubber
 
 from contract.apikeys import KeyEntry, KeySet, digest, new_key, secret_name
+from contract.llama import preset
 from contract.manifest import publish
 from contract.node_boot import EFA_INSTALLER, NEURON_AMI_PARAMETER
 from ops.cli import build_parser
@@ -81,7 +82,8 @@ class Account:
         }
         model = tmp_path / "model"
         model.mkdir()
-        (model / "config.json").write_text(json.dumps({"num_attention_heads": 32, "num_hidden_layers": 32}))
+        # the model the config names (llama-3.1-8b-instruct: contract/llama.py's llama-3.1-8b)
+        (model / "config.json").write_text(json.dumps(preset("llama-3.1-8b").to_hf_config()))
         (model / "model.safetensors").write_bytes(b"\0" * 100)
         aws.s3.create_bucket(Bucket="my-models")
         publish(model, MODEL_URI, s3=aws.s3)
@@ -313,6 +315,18 @@ def test_a_model_prefix_without_a_manifest_or_without_config_json_fails(account)
     (weights / "model.safetensors").write_bytes(b"\1")
     publish(weights, "s3://my-models/llama-3.1-8b-synced/", s3=account.aws.s3)
     assert "lists no config.json" in account.status("model")[2]
+
+
+def test_a_published_model_of_another_shape_than_the_config_gives_fails(account):
+    other = account.tmp / "llama-3.1-70b"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(preset("llama-3.1-70b").to_hf_config()))
+    (other / "model.safetensors").write_bytes(b"\2")
+    publish(other, "s3://my-models/llama-3.1-70b/", s3=account.aws.s3)
+    account.config["model"]["s3_uri"] = "s3://my-models/llama-3.1-70b/"  # the config still says 8B
+    code, status, text = account.status("model")
+    assert (code, status) == (1, "FAIL") and "is another model than the config's" in text
+    assert "num_hidden_layers 80 (the config: 32)" in text and "num_attention_heads 64 (the config: 32)" in text
 
 
 def test_a_certificate_not_issued_or_in_another_region_fails_and_none_warns(account, monkeypatch):

@@ -6,6 +6,7 @@ bootstrap) fails here in seconds instead.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions
 
 from contract.apikeys import KeySet, KeySetError, secret_name
+from contract.llama import LlamaShape, ShapeError
 from contract.manifest import MANIFEST_NAME, MODEL_CONFIG_NAME, Manifest, ManifestError, parse_s3_uri
 from ops.aws import Aws
 from ops.node_boot import BootCheck, ami_checks, artifact_checks
@@ -101,7 +103,9 @@ def check_quota(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
     except botocore.exceptions.ClientError as err:
         if _code(err) != "NoSuchResourceException":
             raise
-        # No value applied to the account: AWS's default is in force.
+        # GetServiceQuota: "For some quotas, only the default values are available. If the applied
+        # quota value is not available for a quota, the quota is not retrieved" (Service Quotas API
+        # reference): then AWS's default is what is in force.
         quota = aws.servicequotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=notice.code)["Quota"]
     value = int(quota["Value"])
     saw = (
@@ -280,12 +284,51 @@ def check_model(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:
         manifest = Manifest.from_json(body, source=f"{uri}{MANIFEST_NAME}")
     except ManifestError as err:
         return [Finding("model", FAIL, str(err), publish)]
-    if MODEL_CONFIG_NAME not in {f.path for f in manifest.files}:
+    listed = {f.path for f in manifest.files}
+    if MODEL_CONFIG_NAME not in listed:
         return [
             Finding("model", FAIL, f"{uri} lists no {MODEL_CONFIG_NAME}: nodes read the model's shape there", publish)
         ]
+    draft = cfg.speculation.draft
+    if draft and f"{draft}/{MODEL_CONFIG_NAME}" not in listed:
+        # The node refuses the same (runtime/engines/neuron/prepare.py): the draft comes in the manifest.
+        return [
+            Finding(
+                "model",
+                FAIL,
+                f"{uri} lists no {draft}/{MODEL_CONFIG_NAME}: speculation.draft {draft!r} is not published with it",
+                f"put the EAGLE draft checkpoint in the model directory's {draft}/, then {publish}",
+            )
+        ]
     saw = f"{uri}: {len(manifest.files)} files, {manifest.total_bytes / GIB:.2f} GiB, digest {manifest.digest[:12]}"
-    return [Finding("model", PASS, saw)]
+    body = aws.s3.get_object(Bucket=bucket, Key=prefix + MODEL_CONFIG_NAME)["Body"].read()
+    mismatch = published_shape_mismatch(cfg, body, source=f"{uri}{MODEL_CONFIG_NAME}")
+    if mismatch:
+        return [Finding("model", FAIL, f"{saw}; {mismatch}", f"{publish} (the model the config describes)")]
+    return [Finding("model", PASS, f"{saw}; its {MODEL_CONFIG_NAME} is the shape synth checked the layout of")]
+
+
+def published_shape_mismatch(cfg: FlotillaConfig, body: bytes, *, source: str) -> str | None:
+    """How the published config.json differs from the shape the config gives (None: it does not).
+    Synth checks the units' layout against the config's shape (stacks/model_config.py); the nodes check
+    it again at start against the config.json they fetch (runtime/engines/neuron/prepare.py), so the
+    two must be one shape, or a layout synth accepted is refused by every node."""
+    from stacks.model_config import model_shape  # noqa: PLC0415 - stacks/ only when a config is read
+
+    resolved = model_shape(cfg)
+    if resolved is None:
+        return None
+    try:
+        published = LlamaShape.from_config(json.loads(body), source=source)
+    except (ShapeError, ValueError) as err:
+        return f"{source} is not a usable config.json ({err})"
+    configured = resolved[0].layout_fields()
+    differ = [
+        f"{k} {v} (the config: {configured[k]})" for k, v in published.layout_fields().items() if v != configured[k]
+    ]
+    if differ:
+        return f"{source} is another model than the config's: {', '.join(differ)}"
+    return None
 
 
 def check_certificate(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:

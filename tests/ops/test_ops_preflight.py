@@ -19,6 +19,7 @@ import yaml
 from botocore.stub import Stubber
 
 from contract.apikeys import KeyEntry, KeySet, digest, new_key, secret_name
+from contract.llama import preset
 from contract.manifest import publish
 from contract.node_boot import EFA_INSTALLER, NEURON_AMI_PARAMETER
 from ops.cli import build_parser
@@ -63,6 +64,7 @@ class Account:
     def __init__(self, aws, tmp_path: Path, run_cli) -> None:
         self.aws, self.tmp, self.run_cli = aws, tmp_path, run_cli
         self.quota: int | None = 1024  # None: AWS refuses the call
+        self.default_quota: int | None = None  # set: no applied value, AWS's default is this
         self.ami = True
         self.reservation: dict | str | None = None  # the answer, or an error code
         cert = aws.acm.request_certificate(DomainName="llm.example.com", ValidationMethod="DNS")
@@ -80,7 +82,8 @@ class Account:
         }
         model = tmp_path / "model"
         model.mkdir()
-        (model / "config.json").write_text(json.dumps({"num_attention_heads": 32, "num_hidden_layers": 32}))
+        # the model the config names (llama-3.1-8b-instruct: contract/llama.py's llama-3.1-8b)
+        (model / "config.json").write_text(json.dumps(preset("llama-3.1-8b").to_hf_config()))
         (model / "model.safetensors").write_bytes(b"\0" * 100)
         aws.s3.create_bucket(Bucket="my-models")
         publish(model, MODEL_URI, s3=aws.s3)
@@ -106,6 +109,10 @@ class Account:
         code = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
         if self.quota is None:
             quotas.add_client_error("get_service_quota", "AccessDeniedException", "not authorized", 403, None, code)
+        elif self.default_quota is not None:  # no value applied to the account: the default is in force
+            quotas.add_client_error("get_service_quota", "NoSuchResourceException", "not applied", 400, None, code)
+            answer = {"Quota": {**code, "Value": float(self.default_quota)}}
+            quotas.add_response("get_aws_default_service_quota", answer, code)
         else:
             answer = {"Quota": {**code, "QuotaName": "Running On-Demand Trn instances", "Value": float(self.quota)}}
             quotas.add_response("get_service_quota", answer, code)
@@ -192,6 +199,12 @@ def test_the_text_report_is_a_line_per_check_with_its_fix_and_ends_with_the_verd
 def test_the_trainium_vcpu_quota_must_cover_the_fleet_and_should_cover_a_surge(account, quota, status, code):
     account.quota = quota
     assert account.status("quota")[:2] == (code, status)
+
+
+def test_a_quota_without_an_applied_value_is_judged_by_aws_default(account):
+    account.default_quota = 0
+    code, status, text = account.status("quota")
+    assert (code, status) == (1, "FAIL") and "is 0 vCPUs" in text
 
 
 def test_an_aws_refusal_is_a_failure_naming_the_iam_actions(account):
@@ -304,6 +317,18 @@ def test_a_model_prefix_without_a_manifest_or_without_config_json_fails(account)
     assert "lists no config.json" in account.status("model")[2]
 
 
+def test_a_published_model_of_another_shape_than_the_config_gives_fails(account):
+    other = account.tmp / "llama-3.1-70b"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(preset("llama-3.1-70b").to_hf_config()))
+    (other / "model.safetensors").write_bytes(b"\2")
+    publish(other, "s3://my-models/llama-3.1-70b/", s3=account.aws.s3)
+    account.config["model"]["s3_uri"] = "s3://my-models/llama-3.1-70b/"  # the config still says 8B
+    code, status, text = account.status("model")
+    assert (code, status) == (1, "FAIL") and "is another model than the config's" in text
+    assert "num_hidden_layers 80 (the config: 32)" in text and "num_attention_heads 64 (the config: 32)" in text
+
+
 def test_a_certificate_not_issued_or_in_another_region_fails_and_none_warns(account, monkeypatch):
     monkeypatch.setattr(moto.settings, "ACM_VALIDATION_WAIT", 3600)
     pending = account.aws.acm.request_certificate(DomainName="new.example.com", ValidationMethod="DNS")
@@ -392,3 +417,10 @@ def test_preflight_0_skips_it_and_says_so(target):
     assert not any(" -m ops preflight" in line for line in lines)
     assert 'echo "preflight skipped (PREFLIGHT=0)"' in lines
     assert any(line.startswith("node_modules/.bin/cdk deploy --all") for line in lines)
+
+
+def test_an_eagle_draft_the_published_model_does_not_hold_fails(account):
+    account.config["speculation"] = {"method": "eagle", "draft": "eagle-draft"}
+    account.config["node"] = {"neuron_sampling": "device"}  # what EAGLE needs (stacks/speculation.py)
+    code, status, text = account.status("model")
+    assert (code, status) == (1, "FAIL") and "lists no eagle-draft/config.json" in text

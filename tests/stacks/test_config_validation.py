@@ -85,7 +85,8 @@ REJECTED = [
     ({"router": {"cpu": 300}}, "router.cpu=300 is not allowed: one of 256, 512, 1024, 2048, 4096"),
     (
         {"scaling": {"scheduled": "prime-day"}},
-        "scaling.scheduled='prime-day' is not allowed: a list of booked peaks: [{name, start, end, units, reservation}]",
+        "scaling.scheduled='prime-day' is not allowed: "
+        "a list of booked peaks: [{name, start, end, units, reservation}]",
     ),
     (
         {"router": {"balance": "round_robin"}},

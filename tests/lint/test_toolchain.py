@@ -66,11 +66,17 @@ def test_node_must_be_the_major_version_package_json_pins(tmp_path, version, ok)
 @pytest.mark.parametrize("target", ["synth", "deploy", "deploy-new-units", "test"])
 def test_make_checks_the_toolchain_before_it_builds_anything(target):
     # -o: the venv and node_modules count as up to date, so the dry run shows only the target's own steps.
+    # CI runs the suite under `make test`: a make started from another make inherits MAKELEVEL and
+    # MAKEFLAGS and prints "make[1]: Entering directory ..." (GNU make manual, "The '--print-directory'
+    # Option": -w is turned on automatically for sub-makes), so the dry run starts from a clean slate.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     dry = subprocess.run(
-        ["make", "-n", "-o", ".venv/.dev-deps", "-o", ".venv/.synth-deps", "-o", "node_modules/.installed", target],
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.dev-deps", "-o", ".venv/.synth-deps"]
+        + ["-o", "node_modules/.installed", target],
         cwd=REPO,
         capture_output=True,
         text=True,
+        env=env,
         timeout=60,
     )
     lines = dry.stdout.splitlines()

@@ -1,5 +1,5 @@
 """Per-line cost of reading a leader's load-only watch line: the router's hand parse (orjson, then
-Member.take_load on the dict) against the typed ready-body parser (runtime.node.handshake.read_ready).
+contract.ready.load_figures on the dict) against the typed ready-body parser (runtime.node.handshake.read_ready).
 
 In-process and CPU-bound: figures move with the machine's load; print them with the load average.
 Run: .venv/bin/python -m bench.router.ready_parse [--lines N]
@@ -19,9 +19,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 # Imported after the path to this checkout is known:
+from contract.ready import load_figures  # noqa: E402
+from contract.watch import watch_json  # noqa: E402
 from runtime.node.handshake import Load, ReadyReport, read_ready  # noqa: E402
 from runtime.router.discovery import MemberEndpoint  # noqa: E402
-from runtime.router.fleet import Member, _watch_json  # noqa: E402
+from runtime.router.fleet import Member  # noqa: E402
 
 # What a busy leader sends for a load change: its whole load and the routing keys it admitted.
 LINE = json.dumps(
@@ -33,17 +35,17 @@ LINE = json.dumps(
 
 
 def hand(unit: Member, line: bytes = LINE) -> None:
-    body = _watch_json(line)
+    body = watch_json(line)
     if not isinstance(body, dict):
         raise ValueError("not an object")
     for _k in body.get("keys") or ():
         pass
     if "state" not in body:
-        unit.take_load(body["load"])
+        unit.take_load(load_figures(body["load"]))
 
 
 def typed(unit: Member, line: bytes = LINE) -> None:
-    report = read_ready(_watch_json(line))
+    report = read_ready(watch_json(line))
     for _k in report.keys:
         pass
     if report.state is None:

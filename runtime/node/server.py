@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 import contract
+from contract.watch import RoutePrompt, WatchWriter
 from runtime import emf
 from runtime.logs import jlog
 from runtime.node.engine_protocol import Accepted, Done, Error, RequestEvent, Token
@@ -38,7 +39,7 @@ from runtime.node.protocol import (
 )
 from runtime.node.queue_wait import retry_after_s
 from runtime.node.serving import ChatServing, Collected, CompletionServing, serving_for
-from runtime.node.supervisor import RoutePrompt, UnitSupervisor
+from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
 # /health/watch: the interval a watcher may ask for (?interval=seconds), and the default.
@@ -966,7 +967,8 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         tick = min(interval, changes)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        last_rest, last_load, last_sent, last_signature = b"", b"", -1e9, None
+        writer = WatchWriter()
+        last_sent, last_signature = -1e9, None
         keys_sent = sup.route_keys_seen  # routing keys admitted before the watch began are not sent
         loop = asyncio.get_running_loop()
         try:
@@ -985,30 +987,12 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
                 )
                 now = loop.time()
                 if signature != last_signature or now - last_sent >= interval - tick / 2:
-                    body = sup.ready_body().to_dict()
-                    load = json.dumps(body.pop("load"), separators=(",", ":")).encode()
-                    rest = json.dumps(body, separators=(",", ":")).encode()
                     # The routing keys admitted since the last line: which unit took whose request.
-                    admitted = sup.route_keys_since(keys_sent)
-                    more = b""
-                    if admitted:
-                        more = b',"keys":' + json.dumps([k for k, _ in admitted], separators=(",", ":")).encode()
-                        prompts = [(k, p) for k, p in admitted if p is not None]
-                        if prompts:  # [key, bytes, tokens, tail] each, and its marks (contract.ROUTE_MARKS_HEADER)
-                            listed = [[k, n, t, h] for k, (n, t, h, _) in prompts]
-                            marks = [p[3] for _, p in prompts]
-                            more += b',"prompts":' + json.dumps(listed, separators=(",", ":")).encode()
-                            more += b',"marks":' + json.dumps(marks, separators=(",", ":")).encode()
+                    line = writer.line(sup.ready_body().to_dict(), sup.route_keys_since(keys_sent))
                     keys_sent = sup.route_keys_seen
-                    if rest != last_rest:  # the whole body: something beyond the load changed
-                        line = rest[:-1] + b',"load":' + load + more + b"}\n"
-                    elif load != last_load or admitted:  # only the load: a short line, which is most of them
-                        line = b'{"load":' + load + more + b"}\n"
-                    else:
-                        line = b"\n"
                     async with asyncio.timeout(sup.s.client_stall_s):  # a watcher that reads nothing is gone
                         await resp.write(line)
-                    last_rest, last_load, last_sent, last_signature = rest, load, now, signature
+                    last_sent, last_signature = now, signature
                 try:
                     await asyncio.wait_for(shutting_down.wait(), tick)
                 except asyncio.TimeoutError:

@@ -34,6 +34,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from contract import node_exit
+from contract.watch import RoutePrompt
 from runtime import emf
 from runtime.engines.base import EngineState
 from runtime.logs import jlog
@@ -66,7 +67,6 @@ ROUTE_KEYS_KEPT = 256
 # A completion prompt a router sent under a routing key: its bytes and tail hash as the router gave them
 # (contract.ROUTE_PROMPT_HEADER), its token count as the engine counted it, and its checkpoint hashes
 # (contract.ROUTE_MARKS_HEADER; empty when the router sent none).
-RoutePrompt = tuple[int, int, int, tuple[int, ...]]  # (bytes, tokens, tail, marks)
 
 
 class CannotServe(Exception):

@@ -18,14 +18,15 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, cast
+from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
 
 import contract
+from contract.ready import LoadFigures, ReadyReport, load_figures, read_ready
+from contract.watch import read_watch_line
 from runtime import emf
-from runtime.node.handshake import LoadReport, ReadyReport, read_ready
 from runtime.router import balance, overload
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, MemberEndpoint
@@ -46,34 +47,6 @@ _WATCH_HEAD_LIMIT = 16 * 1024
 _CONCURRENT_ASKS = 64
 # How often the fleet's mean requests per unit (the cache-aware policy's load bound) is recomputed.
 MEAN_LOAD_EVERY_S = 0.05
-
-
-def _orjson() -> Callable[[bytes], object] | None:
-    """orjson's loads, or None where it is not installed: the Neuron node images import the router's
-    modules (runtime/__main__.py loads every subcommand) without the router's pins."""
-    try:
-        import orjson  # noqa: PLC0415 - optional outside the router's image
-    except ImportError:
-        return None
-    return orjson.loads
-
-
-_orjson_loads = _orjson()
-
-
-def _watch_json(line: bytes) -> object:
-    """One watch line parsed: by orjson, which takes the bytes as they are and parses a load line
-    about four times faster than the standard library's scanner (the router's whole reading of one:
-    half the time, docs/benchmarks.md, Fleet); thousands of lines a second reach a router from 625
-    leaders. What orjson refuses goes to json.loads, which takes what the standard library takes and
-    says what is wrong: orjson rejects NaN and Infinity (which json.dumps writes) and integers beyond
-    64 bits, raising JSONDecodeError, a ValueError (orjson 3.13.0 README, "Deserialize" and "int")."""
-    if _orjson_loads is not None:
-        try:
-            return _orjson_loads(line)
-        except ValueError:
-            pass
-    return json.loads(line)
 
 
 class _RoutingIndex:
@@ -215,23 +188,20 @@ class Member:
         self.ready = False
         self.state = state
 
-    def take_load(self, load: dict) -> None:
-        """The `load` of a load-only watch line, read by hand: the same reading as LoadReport (a test
-        holds them equal) at a third of its cost per line (bench/router/ready_parse.py)."""
-        self.in_flight = int(load.get("in_flight", -1))
-        self.queue_depth = int(load.get("queue_depth", 0))
-        self.running = int(load.get("running", 0))
-        self.max_running, self.kv_cache_used = int(load.get("max_running", 0)), float(load.get("kv_cache_used", 0.0))
-        self.wait_s = float(load.get("wait_s", 0.0))
-        self.queue_timeout_s = float(load.get("queue_timeout_s", 0.0))
-        self.prefill_tokens = int(load.get("prefill_tokens", -1))
-        self.step_s, self.tokens_per_step = float(load.get("step_s", 0.0)), float(load.get("tokens_per_step", 0.0))
-
-    def take_load_report(self, load: LoadReport) -> None:
-        self.in_flight, self.queue_depth, self.running = load.in_flight, load.queue_depth, load.running
-        self.max_running, self.kv_cache_used, self.wait_s = load.max_running, load.kv_cache_used, load.wait_s
-        self.queue_timeout_s, self.prefill_tokens = load.queue_timeout_s, load.prefill_tokens
-        self.step_s, self.tokens_per_step = load.step_s, load.tokens_per_step
+    def take_load(self, figures: LoadFigures) -> None:
+        """A leader's load figures (contract.ready.load_figures, LoadReport.figures)."""
+        (
+            self.in_flight,
+            self.queue_depth,
+            self.running,
+            self.max_running,
+            self.kv_cache_used,
+            self.wait_s,
+            self.queue_timeout_s,
+            self.prefill_tokens,
+            self.step_s,
+            self.tokens_per_step,
+        ) = figures
 
     def apply_report(self, status: int, report: ReadyReport) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,
@@ -259,7 +229,7 @@ class Member:
             self.ready = False
             self.state = "follower"
             return
-        self.take_load_report(report.load)
+        self.take_load(report.load.figures())
         state = report.state if report.state is not None else "unknown"
         ready = status == 200 and report.ready and state == "ready"
         if state == "ready" and not ready:
@@ -568,48 +538,33 @@ class Fleet:
         return outcome
 
     def on_watch_line(self, unit: Member, line: bytes) -> bool:
-        """One line of a leader's watch: its ready body, or empty when nothing changed since the last.
-        False when the member no longer leads (the stream is then closed)."""
+        """One line of a leader's watch (contract.watch): its ready body, its load alone, or empty when
+        nothing changed since the last. False when the member no longer leads (the stream is then closed)."""
         self.watch_lines += 1
-        if not line.strip():
-            unit.reported_at = time.monotonic()
-            unit.outstanding_at_report = unit.outstanding
-            unit.sent_tokens_at_report = unit.sent_tokens
-            return True
+        report = None
         try:
-            body = _watch_json(line)
-            if not isinstance(body, dict):
-                raise ValueError("a watch line is not a JSON object")
-            keys = body.get("keys")
-            if keys:  # routing keys the unit admitted since its last line (balance.KeyHolders)
+            read = read_watch_line(line)
+            if read is not None:
+                keys, prompts, load, body = read
                 note = self.holders.note
-                for k in keys:
+                for k in keys:  # routing keys the unit admitted since its last line (balance.KeyHolders)
                     note(k, unit)
-                prompts = body.get("prompts")
-                if prompts:  # and their completion prompts: [key, bytes, tokens, tail] (balance.KeyPrompts)
-                    marks = body.get("marks")  # and each one's checkpoint hashes, in the same order
-                    if marks is not None and (type(marks) is not list or len(marks) != len(prompts)):
-                        raise ValueError(f"marks is not one list per prompts entry: {marks!r}")
-                    note_prompt = self.prompts.note
-                    for i, entry in enumerate(prompts):
-                        k, length, tokens, tail = entry
-                        if not all(type(v) is int for v in entry):
-                            raise ValueError(f"a prompts entry is not four integers: {entry!r}")
-                        m = [] if marks is None else marks[i]  # none from a unit of the revision before
-                        if type(m) is not list or not all(type(v) is int for v in m):
-                            raise ValueError(f"a marks entry is not a list of integers: {m!r}")
-                        note_prompt(k, length, tokens, tail, tuple(m))
-            if "state" not in body:  # only the load changed: the rest of the last body holds
-                unit.take_load(body["load"])
-                unit.reported_at = time.monotonic()
-                unit.outstanding_at_report = unit.outstanding
-                unit.sent_tokens_at_report = unit.sent_tokens
-                return True
-            report = read_ready(body)  # a whole body: typed (load-only lines stay on the fast path above)
+                note_prompt = self.prompts.note
+                for k, length, tokens, tail, marks in prompts:  # and their prompts (balance.KeyPrompts)
+                    note_prompt(k, length, tokens, tail, marks)
+                if load is not None:  # only the load changed: the rest of the last body holds
+                    unit.take_load(load_figures(load))
+                else:  # a whole body: typed (load-only lines stay on the fast path above)
+                    report = read_ready(body)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             unit.mark_unready("bad_health_body")
             log.warning("unit at %s sent an unreadable %s line: %r", unit.url, contract.NODE_WATCH_PATH, exc)
             return False
+        if report is None:  # a heartbeat or a load: the rest of the last body holds
+            unit.reported_at = time.monotonic()
+            unit.outstanding_at_report = unit.outstanding
+            unit.sent_tokens_at_report = unit.sent_tokens
+            return True
         self._take_report(unit, 200 if report.ready else 503, report)
         return unit.role == "leader"
 

@@ -649,8 +649,8 @@ def test_an_image_without_orjson_still_starts_and_reads_watch_lines_with_json():
     code = (
         "import sys; sys.modules['orjson'] = None\n"
         "import runtime.__main__\n"
-        "from runtime.router.fleet import _watch_json\n"
-        'print(_watch_json(b\'{"load":{"in_flight":2},"keys":[7]}\'))\n'
+        "from contract.watch import watch_json\n"
+        'print(watch_json(b\'{"load":{"in_flight":2},"keys":[7]}\'))\n'
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

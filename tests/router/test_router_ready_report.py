@@ -9,6 +9,7 @@ import pytest
 from router_standins import StandInUnit
 from router_testkit import router_over, run, wait_for
 
+from contract.ready import LoadReport, load_figures
 from runtime.node.handshake import read_ready
 from runtime.router.discovery import MemberEndpoint
 from runtime.router.fleet import Member
@@ -49,8 +50,8 @@ def _taken(unit: Member) -> tuple:
 )
 def test_the_hand_read_load_fast_path_takes_what_the_typed_report_takes(load):
     fast, typed = _unit(), _unit()
-    fast.take_load(load)
-    typed.take_load_report(read_ready({"load": load}).load)
+    fast.take_load(load_figures(load))
+    typed.take_load(read_ready({"load": load}).load.figures())
     assert _taken(fast) == _taken(typed)
 
 
@@ -65,7 +66,7 @@ def test_a_leader_in_state_ready_that_says_not_ready_is_named_stalled():
 @pytest.mark.parametrize("load", [{"running": [1]}, {"wait_s": "soon"}, {"in_flight": None}, {"running": {}}])
 def test_a_load_figure_that_is_not_a_number_is_refused_by_both_readings(load):
     with pytest.raises((ValueError, TypeError)):
-        _unit().take_load(load)
+        load_figures(load)
     with pytest.raises(ValueError, match="load"):
         read_ready({"load": load})
 
@@ -116,3 +117,9 @@ def test_a_polled_member_whose_load_is_unusable_is_marked_and_still_polled():
         await a.stop()
 
     run(scenario())
+
+
+def test_the_fast_load_reading_takes_every_figure_of_the_declaration_in_its_place():
+    assert tuple(LoadReport.model_fields) == LOAD_FIELDS
+    for i, name in enumerate(LOAD_FIELDS):
+        assert load_figures({name: 7})[i] == 7 == LoadReport.model_validate({name: 7}).figures()[i], name

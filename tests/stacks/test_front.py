@@ -232,7 +232,6 @@ def test_router_autoscaling_tracks_requests_per_healthy_target_over_both_target_
     assert "BlueTargetGroup" in tg_dims["rb"] and "GreenTargetGroup" in tg_dims["rg"]
 
 
-
 def test_router_refuses_an_autoscaling_floor_above_its_ceiling_naming_both_counts():
     fa = front_app()
     with pytest.raises(ValueError, match=r"desired_count=3, max_count=2: need 1 <= desired_count <= max_count"):

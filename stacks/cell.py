@@ -1,4 +1,5 @@
-"""A Cell-<n> stack: one ECS cluster holding up to 20 units (Trainium, or x86 for staging) (one capacity provider each).
+"""A Cell-<n> stack: one ECS cluster holding up to contract.MAX_UNITS_PER_CELL units (Trainium, or x86 for
+staging), one capacity provider each.
 
 Cells are the blast radius of a deployment: a cell waits for the cell `parallel_cells` before it
 (contract/rollout.py), so a rollout moves a few cells at a time and stops at the first cell it

@@ -40,12 +40,6 @@ from stacks.scaling_config import ScalingConfig, check_scaling, section_type
 from stacks.speculation import SpeculationConfig, SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
-# ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
-# (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html); the older ECS
-# user guide page (AmazonECS/latest/userguide/service-quotas.html) and
-# aws-cloudformation/cloudformation-coverage-roadmap#1086 say 10. We follow the developer guide, the
-# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (README "Configuration").
-MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20  # one capacity provider per unit
 MAX_CONTAINER_INSTANCES_PER_CLUSTER = 5000  # ECS
 MAX_RESOURCES_PER_STACK = 500  # CloudFormation
 MAX_OUTPUTS_PER_STACK = 200  # CloudFormation quotas: "Outputs: 200 per template", not adjustable
@@ -156,8 +150,12 @@ class FlotillaConfig(Section):
     """Model replicas in the fleet; with `scaling`, the most the scaler may run."""
     units_per_cell: Annotated[
         int,
-        between(1, MAX_CAPACITY_PROVIDERS_PER_CLUSTER, "ECS allows 20 capacity providers per cluster, one per unit"),
-    ] = 20
+        between(
+            1,
+            contract.MAX_UNITS_PER_CELL,
+            f"ECS allows {contract.MAX_UNITS_PER_CELL} capacity providers per cluster, one per unit",
+        ),
+    ] = contract.MAX_UNITS_PER_CELL
     """Units per ECS cluster (`Cell-<n>` stack). Fixed once deployed: a new value moves units to other
     cells, which `flotilla check-update` refuses. An account whose ECS quota is 10 sets 10."""
     availability_zones: Annotated[

@@ -21,7 +21,7 @@ from stacks.front import FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
 from stacks.retention import retention
-from stacks.router import RouterStack
+from stacks.router import RouterProps, RouterStack
 from stacks.scaler import ScalerStack
 from stacks.scaling_config import floor_per_cell
 
@@ -172,27 +172,29 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     deployment.router = RouterStack(
         app,
         "Router",
-        vpc=network.vpc,
-        router_security_group=network.router_security_group,
-        image_uri=config.image,
-        blue_target_group=front.blue_target_group,
-        green_target_group=front.green_target_group,
-        production_rule=front.production_rule,
-        deployment_alarms=deployment.observability.deployment_alarms,
-        cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_names=discovery.service_names,
-        admission_parameter_name=admission.parameter_name(config.deployment_name),
-        balance=router.balance,
-        min_tasks=router.desired_count,
-        max_tasks=router.max_count,
-        cpu=router.cpu,
-        memory_mib=router.memory_mib,
-        bake_time=cdk.Duration.minutes(router.bake_time_minutes),
-        api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
-        api_keys_ttl_s=config.front.api_keys_ttl_s,
-        # Each router takes 1/n of every key's limits; n is the router count the tier runs at
-        # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
-        limit_routers=router.desired_count,
+        RouterProps(
+            vpc=network.vpc,
+            router_security_group=network.router_security_group,
+            image_uri=config.image,
+            blue_target_group=front.blue_target_group,
+            green_target_group=front.green_target_group,
+            production_rule=front.production_rule,
+            deployment_alarms=deployment.observability.deployment_alarms,
+            cloudmap_namespace_name=discovery.namespace_name,
+            cloudmap_service_names=discovery.service_names,
+            admission_parameter_name=admission.parameter_name(config.deployment_name),
+            balance=router.balance,
+            desired_count=router.desired_count,
+            max_count=router.max_count,
+            cpu=router.cpu,
+            memory_mib=router.memory_mib,
+            bake_time=cdk.Duration.minutes(router.bake_time_minutes),
+            api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
+            api_keys_ttl_s=config.front.api_keys_ttl_s,
+            # Each router takes 1/n of every key's limits; n is the router count the tier runs at
+            # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
+            limit_routers=router.desired_count,
+        ),
         **common("Router"),
     )
     return deployment

@@ -20,7 +20,7 @@ from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityStack
-from stacks.router import RouterStack
+from stacks.router import RouterProps, RouterStack
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
 NAMESPACE = "flotilla.internal"
@@ -92,18 +92,20 @@ def build(
     router = RouterStack(
         app,
         "Router",
-        vpc=vpc,
-        router_security_group=network.router_security_group,
-        image_uri=ROUTER_IMAGE,
-        blue_target_group=front.blue_target_group,
-        green_target_group=front.green_target_group,
-        production_rule=front.production_rule,
-        deployment_alarms=observability.deployment_alarms,
-        cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_names=discovery.service_names,
-        admission_parameter_name=ADMISSION_PARAMETER,
-        api_keys_secret_name=API_KEYS_SECRET,
-        limit_routers=2,
+        RouterProps(
+            vpc=vpc,
+            router_security_group=network.router_security_group,
+            image_uri=ROUTER_IMAGE,
+            blue_target_group=front.blue_target_group,
+            green_target_group=front.green_target_group,
+            production_rule=front.production_rule,
+            deployment_alarms=observability.deployment_alarms,
+            cloudmap_namespace_name=discovery.namespace_name,
+            cloudmap_service_names=discovery.service_names,
+            admission_parameter_name=ADMISSION_PARAMETER,
+            api_keys_secret_name=API_KEYS_SECRET,
+            limit_routers=2,
+        ),
         synthesizer=synthesizer(),
     )
     return FrontApp(app, network, discovery, front, observability, router)

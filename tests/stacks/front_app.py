@@ -19,7 +19,7 @@ from contract.apikeys import secret_name
 from stacks.discovery import DiscoveryStack
 from stacks.front import FrontStack
 from stacks.network import NetworkStack
-from stacks.observability import ObservabilityStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.router import RouterProps, RouterStack
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
@@ -81,12 +81,14 @@ def build(
     observability = ObservabilityStack(
         app,
         "Observability",
-        load_balancer=front.load_balancer,
-        target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell=UNITS_PER_CELL,
-        unit_rollout="surge",
-        wave_in_cell=1,
-        alarm_email="oncall@example.com",
+        ObservabilityProps(
+            load_balancer=front.load_balancer,
+            target_groups=[front.blue_target_group, front.green_target_group],
+            units_per_cell=UNITS_PER_CELL,
+            unit_rollout="surge",
+            wave_in_cell=1,
+            alarm_email="oncall@example.com",
+        ),
         synthesizer=synthesizer(),
     )
     router = RouterStack(

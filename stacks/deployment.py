@@ -17,9 +17,9 @@ from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
-from stacks.observability import ObservabilityStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.retention import retention
 from stacks.router import RouterProps, RouterStack
 from stacks.scaler import ScalerStack
@@ -137,17 +137,19 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     deployment.front = FrontStack(
         app,
         "Front",
-        vpc=network.vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=config.certificate_arn,
-        live_target_group=router.live_target_group,
-        internet_facing=config.front.scheme == "internet-facing",
-        deployment_name=config.deployment_name,
-        waf_requests_per_5_min=config.front.waf_requests_per_5_min,
-        waf_blocked_body_rules=config.front.waf_blocked_body_rules,
-        waf_log_retention=retention(config.node.log_retention_days),
-        privatelink_principals=config.front.privatelink_principals,
-        privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        FrontProps(
+            vpc=network.vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=config.certificate_arn,
+            live_target_group=router.live_target_group,
+            internet_facing=config.front.scheme == "internet-facing",
+            deployment_name=config.deployment_name,
+            waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+            waf_blocked_body_rules=config.front.waf_blocked_body_rules,
+            waf_log_retention=retention(config.node.log_retention_days),
+            privatelink_principals=config.front.privatelink_principals,
+            privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        ),
         **common("Front"),
     )
     front = deployment.front
@@ -156,17 +158,19 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     deployment.observability = ObservabilityStack(
         app,
         "Observability",
-        load_balancer=front.load_balancer,
-        target_groups=[front.blue_target_group, front.green_target_group],
-        # With the scaler, a cell is expected to keep only its share of the floor ready.
-        units_per_cell=floor_per_cell(config)
-        if config.scaling is not None
-        else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
-        scaler=config.scaling is not None,
-        # The per-cell ready-units alarms allow what a rollout of these settings takes out.
-        unit_rollout=config.unit_rollout,
-        wave_in_cell=config.wave_plan.wave_in_cell,
-        alarm_email=config.alarm_email,
+        ObservabilityProps(
+            load_balancer=front.load_balancer,
+            target_groups=[front.blue_target_group, front.green_target_group],
+            # With the scaler, a cell is expected to keep only its share of the floor ready.
+            units_per_cell=floor_per_cell(config)
+            if config.scaling is not None
+            else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
+            scaler=config.scaling is not None,
+            # The per-cell ready-units alarms allow what a rollout of these settings takes out.
+            unit_rollout=config.unit_rollout,
+            wave_in_cell=config.wave_plan.wave_in_cell,
+            alarm_email=config.alarm_email,
+        ),
         **common("Observability"),
     )
     deployment.router = RouterStack(

@@ -17,9 +17,9 @@ from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 from contract.admission import parameter_name
 from contract.apikeys import secret_name
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
-from stacks.observability import ObservabilityStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.router import RouterProps, RouterStack
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
@@ -71,22 +71,26 @@ def build(
     front = FrontStack(
         app,
         "Front",
-        vpc=vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=certificate_arn,
-        live_target_group=live_target_group,
-        internet_facing=internet_facing,
+        FrontProps(
+            vpc=vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=certificate_arn,
+            live_target_group=live_target_group,
+            internet_facing=internet_facing,
+        ),
         synthesizer=synthesizer(),
     )
     observability = ObservabilityStack(
         app,
         "Observability",
-        load_balancer=front.load_balancer,
-        target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell=UNITS_PER_CELL,
-        unit_rollout="surge",
-        wave_in_cell=1,
-        alarm_email="oncall@example.com",
+        ObservabilityProps(
+            load_balancer=front.load_balancer,
+            target_groups=[front.blue_target_group, front.green_target_group],
+            units_per_cell=UNITS_PER_CELL,
+            unit_rollout="surge",
+            wave_in_cell=1,
+            alarm_email="oncall@example.com",
+        ),
         synthesizer=synthesizer(),
     )
     router = RouterStack(

@@ -195,7 +195,7 @@ class CellStack(Stack):
         # created) in parallel. CloudFormation finishes a service update when its ECS deployment
         # reaches a steady state, which needs every new task HEALTHY (aws/containers-roadmap#897),
         # and stops at the first unit whose deployment fails (the circuit breaker), rolling the
-        # cell back. README "Rollouts" has the whole sequence.
+        # cell back. docs/rollouts.md has the whole sequence.
         plan = config.wave_plan
         waves: dict[int, list[TrainiumUnit]] = {}
         for index, unit in enumerate(self.units):

@@ -56,6 +56,14 @@ class Rule:
         return core_schema.no_info_wrap_validator_function(check, self.schema)
 
 
+class Allowed:
+    """Annotated metadata for a field whose checking lives elsewhere (a validator function): the values
+    it takes, in its refusal's words, for the configuration reference (stacks/config_doc.py)."""
+
+    def __init__(self, allowed: str):
+        self.allowed = allowed
+
+
 def between(lo: int, hi: int, why: str = "") -> Rule:
     """An int (not a bool, not a numeric string) from lo to hi."""
     return Rule(
@@ -91,4 +99,5 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 class Section(BaseModel):
     # Unknown keys are typos: refuse them rather than ignore a setting the operator meant.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A field's docstring is its description: its meaning in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

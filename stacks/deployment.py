@@ -17,7 +17,7 @@ from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.retention import retention
@@ -137,17 +137,19 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     deployment.front = FrontStack(
         app,
         "Front",
-        vpc=network.vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=config.certificate_arn,
-        live_target_group=router.live_target_group,
-        internet_facing=config.front.scheme == "internet-facing",
-        deployment_name=config.deployment_name,
-        waf_requests_per_5_min=config.front.waf_requests_per_5_min,
-        waf_blocked_body_rules=config.front.waf_blocked_body_rules,
-        waf_log_retention=retention(config.node.log_retention_days),
-        privatelink_principals=config.front.privatelink_principals,
-        privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        FrontProps(
+            vpc=network.vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=config.certificate_arn,
+            live_target_group=router.live_target_group,
+            internet_facing=config.front.scheme == "internet-facing",
+            deployment_name=config.deployment_name,
+            waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+            waf_blocked_body_rules=config.front.waf_blocked_body_rules,
+            waf_log_retention=retention(config.node.log_retention_days),
+            privatelink_principals=config.front.privatelink_principals,
+            privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        ),
         **common("Front"),
     )
     front = deployment.front

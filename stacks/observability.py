@@ -42,7 +42,7 @@ def cell_ready_threshold(units: int, *, unit_rollout: str, wave_in_cell: int) ->
     (`wave_in_cell` units, contract/rollout.py; fewer if the cell is smaller) for the whole of
     their drain, restart and model load, tens of minutes per wave; with `surge` (minimum healthy
     100 %) none, because ECS stops a unit's old tasks only after the new ones pass their container
-    check, which they pass only once the new unit is ready (README "Rollouts", rehearsed). Beyond
+    check, which they pass only once the new unit is ready (docs/rollouts.md, rehearsed). Beyond
     that, NODE_FAILURE_UNITS_TOLERATED for a node failure recovering by itself. Never below 1: a
     cell with no ready unit serves nothing, which pages even when a replace wave planned it.
     """

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 import contract.speculation as spec
 from contract.bad_input import BadInput
+from stacks.config_rules import Allowed
 
 if TYPE_CHECKING:
     from stacks.config import FlotillaConfig
@@ -19,11 +20,19 @@ class SpeculationConfig(BaseModel):
     draft: eagle only, the EAGLE draft checkpoint's directory inside model.s3_uri, so the model's
     manifest lists and verifies it (publish the model directory with the draft in it)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # A field's docstring is its description in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
-    method: str = spec.NONE
-    num_speculative_tokens: Annotated[int, Field(strict=True)] = spec.DEFAULT_SPECULATIVE_TOKENS
-    draft: str = ""
+    method: Annotated[str, Allowed("one of " + ", ".join(spec.METHODS) + ", as the units' engine runs it")] = spec.NONE
+    """Speculative decoding: `ngram` (prompt lookup) on the reference engine, EAGLE (`eagle`, `eagle3`) on
+    one-node `neuron` units; `none` decodes one token a step ([engine.md](engine.md))."""
+    num_speculative_tokens: Annotated[
+        int, Field(strict=True), Allowed(f"an integer from 1 to {spec.MAX_SPECULATIVE_TOKENS}")
+    ] = spec.DEFAULT_SPECULATIVE_TOKENS
+    """Tokens proposed per step."""
+    draft: Annotated[str, Allowed("a directory inside model.s3_uri")] = ""
+    """`eagle`, `eagle3`: the draft checkpoint's directory inside `model.s3_uri`, so the model's manifest
+    lists and verifies it (publish the model directory with the draft in it)."""
 
 
 def _check(section: SpeculationConfig, info: ValidationInfo) -> SpeculationConfig:

@@ -3,7 +3,7 @@
 A leader reports the wait a request arriving now would have for a batch slot and its queue timeout
 (runtime/node/queue_wait.py); past the timeout it refuses such a request at once with 429. A router
 sends nothing to a unit it knows to be that full, tries another, and answers 429 at once when every
-unit is; it never takes a full unit out of rotation (runtime/router/proxy.py `_refused`). Both the
+unit is; it never takes a full unit out of rotation (runtime/router/first_byte.py `_refused`). Both the
 router and the fleet model (bench/fleet/overload_sim.py) run this code.
 """
 

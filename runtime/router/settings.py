@@ -291,7 +291,7 @@ class RouterSettings(BaseModel):
     max_queue_depth: Annotated[
         int, within(1, 100_000), Option("--max-queue-depth", "a unit reporting this queue depth is saturated")
     ] = 32
-    retry_after_s: Annotated[int, within(1, 3600)] = 1
+    retry_after_s: Annotated[int, within(1, contract.RETRY_AFTER_MAX_S)] = 1
     # routing: which policy of runtime/router/balance.py picks a unit (docs/routing.md)
     balance: Annotated[
         Literal["cache_aware", "least_work", "least_requests"],

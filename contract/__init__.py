@@ -6,6 +6,8 @@ aws-cdk-lib and of torch so that either side can import it without pulling in th
 
 from __future__ import annotations
 
+import math
+
 # --- Ports -------------------------------------------------------------------------------------
 NODE_API_PORT = 8000  # a unit member's HTTP server (the leader serves the API here)
 ROUTER_PORT = 8080  # the router's public HTTP server (the API and its health check); the ALB targets it
@@ -83,6 +85,13 @@ BUSY_CODE_SHED = "unit_busy"  # refused at once: the expected wait for a batch s
 BUSY_CODE_QUEUE_TIMEOUT = "queue_timeout"  # waited the whole queue timeout without a batch slot
 BUSY_CODES = frozenset({BUSY_CODE_SHED, BUSY_CODE_QUEUE_TIMEOUT})
 RETRY_AFTER_MAX_S = 120
+
+
+def retry_after_s(wait_s: float, floor_s: int = 1) -> int:
+    """Retry-After for a refusal, as a leader and a router both give it: the expected wait in whole
+    seconds, at least floor_s, at most RETRY_AFTER_MAX_S."""
+    return max(floor_s, min(RETRY_AFTER_MAX_S, math.ceil(wait_s)))
+
 
 # --- Environment variables (container settings) --------------------------------------------------
 ENV_ROLE = "FLOTILLA_ROLE"  # node | router (the image command also picks it)

@@ -20,8 +20,6 @@ import collections
 import heapq
 import math
 
-import contract
-
 # How much one finished request moves the learned step time (exponential average).
 _SMOOTHING = 0.2
 # The length share is this quantile of the last _SHARES_KEPT finished requests' shares of max_tokens.
@@ -119,9 +117,3 @@ class QueueWait:
         for h in queued:
             heapq.heappush(frees, heapq.heappop(frees) + self._left_steps(h, 0.0) * pace)
         return frees[0]
-
-
-def retry_after_s(wait_s: float, floor_s: int = 1) -> int:
-    """Retry-After for a refusal: the expected wait in whole seconds, at least floor_s, at most what
-    OpenAI SDKs still honour (contract.RETRY_AFTER_MAX_S)."""
-    return max(floor_s, min(contract.RETRY_AFTER_MAX_S, math.ceil(wait_s)))

@@ -38,7 +38,6 @@ from runtime.node.protocol import (
     parse_completion,
     parse_json_body,
 )
-from runtime.node.queue_wait import retry_after_s
 from runtime.node.serving import ChatServing, Collected, CompletionServing, serving_for
 from runtime.node.stream_moves import StreamMove, collector_so_far, resume_comment
 from runtime.node.supervisor import UnitSupervisor
@@ -370,7 +369,7 @@ class LeaderApi:
             headers = {**headers, "Retry-After": RETRY_AFTER_S}
         elif err.status == contract.BUSY_STATUS:
             wait = self.sup.expected_wait()
-            headers = {**headers, "Retry-After": str(retry_after_s(wait or 0.0, int(RETRY_AFTER_S)))}
+            headers = {**headers, "Retry-After": str(contract.retry_after_s(wait or 0.0, int(RETRY_AFTER_S)))}
         return _error(err, headers)
 
     def _busy(self, wait: float, headers: dict[str, str]) -> web.Response:
@@ -384,7 +383,7 @@ class LeaderApi:
             type_="rate_limit_error",
             code=contract.BUSY_CODE_SHED,
         )
-        return _error(err, {**headers, "Retry-After": str(retry_after_s(wait))})
+        return _error(err, {**headers, "Retry-After": str(contract.retry_after_s(wait))})
 
     def _timing(self, rec: dict[str, Any], arrival: float, progress: RequestProgress) -> None:
         """The request's generation ended (done, failed or the client left): record its timing in

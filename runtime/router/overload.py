@@ -4,7 +4,8 @@ A leader reports the wait a request arriving now would have for a batch slot and
 (runtime/node/queue_wait.py); past the timeout it refuses such a request at once with 429. A router
 sends nothing to a unit it knows to be that full, tries another, and answers 429 at once when every
 unit is; it never takes a full unit out of rotation (runtime/router/first_byte.py `_refused`). Both the
-router and the fleet model (bench/fleet/overload_sim.py) run this code.
+router and the fleet model (bench/fleet/overload_sim.py) run this code; leader and router give the
+same Retry-After for a wait (contract.retry_after_s).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from runtime.node.queue_wait import retry_after_s as _retry_after
+import contract
 
 
 class WaitView(Protocol):
@@ -31,4 +32,4 @@ def retry_after_s(units: Iterable[WaitView], floor_s: int) -> int:
     waits = [u.wait_s for u in units if full(u)]
     if not waits:
         return floor_s
-    return _retry_after(min(waits), floor_s)
+    return contract.retry_after_s(min(waits), floor_s)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.node.queue_wait import QueueWait, retry_after_s
+from contract import retry_after_s
+from runtime.node.queue_wait import QueueWait
 
 
 def _run(q: QueueWait, rid: str, max_tokens: int, *, first: float, tokens: int, pace: float) -> None:

@@ -20,6 +20,8 @@ import collections
 import heapq
 import math
 
+from contract.busy import retry_after_s as retry_after_s  # a refusal's Retry-After, shared with the router
+
 # How much one finished request moves the learned step time (exponential average).
 _SMOOTHING = 0.2
 # The length share is this quantile of the last _SHARES_KEPT finished requests' shares of max_tokens.

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 import contract
+from contract.busy import retry_after_s
 from contract.resume import move_line
 from contract.watch import RoutePrompt, WatchWriter
 from runtime import emf
@@ -369,7 +370,7 @@ class LeaderApi:
             headers = {**headers, "Retry-After": RETRY_AFTER_S}
         elif err.status == contract.BUSY_STATUS:
             wait = self.sup.expected_wait()
-            headers = {**headers, "Retry-After": str(contract.retry_after_s(wait or 0.0, int(RETRY_AFTER_S)))}
+            headers = {**headers, "Retry-After": str(retry_after_s(wait or 0.0, int(RETRY_AFTER_S)))}
         return _error(err, headers)
 
     def _busy(self, wait: float, headers: dict[str, str]) -> web.Response:
@@ -383,7 +384,7 @@ class LeaderApi:
             type_="rate_limit_error",
             code=contract.BUSY_CODE_SHED,
         )
-        return _error(err, {**headers, "Retry-After": str(contract.retry_after_s(wait))})
+        return _error(err, {**headers, "Retry-After": str(retry_after_s(wait))})
 
     def _timing(self, rec: dict[str, Any], arrival: float, progress: RequestProgress) -> None:
         """The request's generation ended (done, failed or the client left): record its timing in

@@ -20,10 +20,11 @@ def error_response(
     retry_after: int | None = None,
     close: bool = False,
 ) -> web.Response:
-    """An error in OpenAI's shape, so SDK clients surface the message."""
+    """An error in OpenAI's shape, so SDK clients surface the message; a Retry-After they still honour
+    (contract/busy.py)."""
     headers = {contract.REQUEST_ID_HEADER: request_id}
     if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
+        headers["Retry-After"] = str(min(retry_after, contract.RETRY_AFTER_MAX_S))
     if close:
         headers["Connection"] = "close"
     body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}

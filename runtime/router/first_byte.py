@@ -13,6 +13,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 import contract
+from contract import busy
 from runtime.router import balance
 from runtime.router.accounting import Trace
 from runtime.router.answers import busy_answer, error_response
@@ -229,7 +230,7 @@ class FirstByte:
             unit.mark_unready("refused")  # draining or not ready: the next report tells which
         refusal_headers = {
             contract.REQUEST_ID_HEADER: request_id,
-            "Retry-After": upstream.headers.get("Retry-After", str(self.settings.retry_after_s)),
+            "Retry-After": busy.retry_after_header(upstream.headers.get("Retry-After"), self.settings.retry_after_s),
         }
         ctype = upstream.headers.get("Content-Type")
         if ctype:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from contract import retry_after_s
-from runtime.node.queue_wait import QueueWait
+from runtime.node.queue_wait import QueueWait, retry_after_s
 
 
 def _run(q: QueueWait, rid: str, max_tokens: int, *, first: float, tokens: int, pace: float) -> None:

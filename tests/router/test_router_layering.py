@@ -77,3 +77,14 @@ def test_the_server_names_every_piece_and_each_fits_on_a_screen_or_two():
         assert ast.get_docstring(ast.parse(source)), f"runtime/router/{module}.py has no docstring"
         lines = source.count("\n")
         assert lines <= SCREENS, f"runtime/router/{module}.py is {lines} lines: split it along its jobs"
+
+
+def test_the_router_imports_nothing_of_the_node_or_the_engines():
+    """What the router and a unit share lives in contract/ (busy answers, the watch line, the ready
+    body), so a router revision never carries node code along."""
+    for path in sorted(ROUTER.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        inside = [m for m in names if m.startswith(("runtime.node", "runtime.engines"))]
+        assert not inside, f"runtime/router/{path.name} imports {inside}: declare what both share in contract/"

@@ -23,6 +23,7 @@ import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
 from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
+from contract.speculation import Speculation
 from stacks.config_rules import REFUSED, Rule, Section, between, matches, one_of, refuse
 from stacks.config_rules import ConfigError as ConfigError  # re-exported: callers import it from here
 from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE, check_front_door
@@ -33,7 +34,7 @@ from stacks.model_config import (
     check_model_layout,
 )
 from stacks.scaling_config import ScalingConfig, check_scaling, section_type
-from stacks.speculation import SpeculationConfig, SpeculationSection
+from stacks.speculation import SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 # ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
@@ -377,7 +378,7 @@ class FlotillaConfig(Section):
     # is undone by the next deploy that touches the unit.
     drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
     front: FrontConfig = Field(default_factory=FrontConfig)
-    speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
+    speculation: SpeculationSection = Field(default_factory=Speculation)  # after node: checked against it
     scaling: ScalingConfig | None = None  # with it, units is the ceiling (stacks/scaling_config.py)
 
     @model_validator(mode="after")

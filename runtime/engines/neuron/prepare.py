@@ -61,7 +61,7 @@ def prepare_rank(
         raise ArtifactError(
             f"{model_uri}: the published model has no config.json; publish the whole Hugging Face checkpoint directory"
         )
-    draft = options.speculation[2]
+    draft = options.speculation.draft_dir
     if draft and f"{draft}/config.json" not in {f.path for f in manifest.files}:
         raise ValueError(
             f"{model_uri}: speculation's draft {draft!r} is not in the published model's manifest (no "

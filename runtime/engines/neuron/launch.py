@@ -307,9 +307,11 @@ def plan_unit(
     dist_port: int = contract.DIST_PORT,
     model_name: str | None = None,
     names: Names = RUNTIME_NAMES,
+    draft: LlamaShape | None = None,
 ) -> NeuronUnitPlan:
     """Check the layout (contract/layout.py, the check synth runs too) and build every rank's plan.
-    Raises LayoutError naming the input and the fix.
+    Raises LayoutError naming the input and the fix. `draft`: the EAGLE draft's shape, whose memory the
+    check counts beside the model's (without it, contract.sizing's estimate).
 
     Across nodes this is NxD Inference's multi-node mode: tp_degree is the whole unit's NeuronCores,
     each node loads ranks start_rank_id .. start_rank_id + local_ranks_size - 1 (NXDI_2_28:
@@ -340,6 +342,8 @@ def plan_unit(
         prefix_caching_block=o.prefix_caching_block,
         model=model_name or model_dir,
         names=names,
+        speculation=o.speculation.method,
+        draft=draft,
     )
     instance = INSTANCES[instance_type]
     tp, cp, dp = layout.tp_degree, layout.cp_degree, layout.attention_dp_degree
@@ -512,6 +516,7 @@ def plan_member(
     options: NeuronOptions = NeuronOptions(),
     model_name: str | None = None,
     names: Names = RUNTIME_NAMES,
+    draft: LlamaShape | None = None,
 ) -> RankPlan:
     """This process's plan: the whole unit is validated so every member fails the same way."""
     unit = plan_unit(
@@ -524,6 +529,7 @@ def plan_member(
         dist_port=membership.dist_port,
         model_name=model_name,
         names=names,
+        draft=draft,
     )
     return unit.ranks[membership.rank]
 

@@ -70,7 +70,7 @@ synth: deps toolchain
 # "do **not** disable this flag for deployments with resource replacements, as that will always fail"
 # (`cdk deploy --help`, CLI 2.1148.1) and every revision replaces task definitions. For the same reason
 # cdk.json sets no "rollback": false, though the CLI would read it (settings merge cdk.json under the
-# command line). CONCURRENCY runs that many cell lanes side by side (README "Rollouts").
+# command line). CONCURRENCY runs that many cell lanes side by side (docs/rollouts.md).
 # Both run `flotilla preflight` on the same config first (read-only checks against the account: quota,
 # AZs, capacity, AMI, model manifest, certificate, API keys, image, CDK bootstrap;
 # docs/runbooks/first-deploy.md) and stop on any FAIL. PREFLIGHT=0 skips it, e.g. to re-run a deploy
@@ -110,6 +110,13 @@ BENCH_TINY = $(if $(TINY),--tiny)
 # Synth wall time / peak memory / resources per stack (docs/benchmarks.md).
 bench-synth: deps
 	$(PY) -m bench.synth.run $(BENCH_TINY)
+
+# docs/configuration.md from the typed config (stacks/config_doc.py): every key, the values it allows,
+# its default and meaning. Run it after changing a config field; tests/stacks/test_config_doc.py fails
+# until the committed file matches.
+.PHONY: docs-config
+docs-config: deps
+	$(PY) -m stacks.config_doc
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .cache

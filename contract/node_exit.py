@@ -16,7 +16,7 @@ RESTART_BUDGET_EXHAUSTED = 1  # re-formed more than max_restarts times within th
 BAD_SETTINGS = 2  # a flag or environment variable the node refused at start
 LAYOUT_REFUSED = 3  # the unit's layout cannot serve the model (contract/layout.py)
 MODEL_NOT_PUBLISHED = 4  # no flotilla-manifest.json at the model URI, or the files differ from it
-MODEL_UNREADABLE = 5  # the model's config.json or tokenizer cannot be read
+MODEL_UNREADABLE = 5  # the model's config.json, weights or tokenizer cannot be read
 
 CANNOT_SERVE = frozenset({LAYOUT_REFUSED, MODEL_NOT_PUBLISHED, MODEL_UNREADABLE})
 
@@ -27,7 +27,7 @@ MEANINGS: Mapping[int, str] = MappingProxyType(
         BAD_SETTINGS: "the node refused a setting at start",
         LAYOUT_REFUSED: "the unit's layout cannot serve the model (nodes per unit, instance type, memory)",
         MODEL_NOT_PUBLISHED: "the model is not published as its flotilla-manifest.json says (or has none)",
-        MODEL_UNREADABLE: "the model's config.json or tokenizer cannot be read",
+        MODEL_UNREADABLE: "the model's config.json, weights or tokenizer cannot be read",
     }
 )
 # The node's log event that carries the one-line reason of a CANNOT_SERVE exit.

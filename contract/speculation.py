@@ -14,10 +14,11 @@ neuron engine's options (runtime/engines/neuron/launch.py) are all this model. S
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
-from contract.bad_input import BadInput
+from contract.bad_input import Allowed, BadInput
 from contract.neuron import NXDI_2_28, SDK_DOCS_2_28_0
 
 # What a neuron unit's vLLM reads (PLUGIN_MAIN: the newest stored revision of vllm-project/vllm-neuron;
@@ -133,11 +134,19 @@ class Speculation(BaseModel):
     checkpoint's directory inside the model's artifact directory (so the model's manifest lists and
     verifies it). check() holds it to what the unit's engine runs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # A field's docstring is its description in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
-    method: str = NONE
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
-    draft: str = ""
+    method: Annotated[str, Allowed("one of " + ", ".join(METHODS) + ", as the units' engine runs it")] = NONE
+    """Speculative decoding: `ngram` (prompt lookup) on the reference engine, EAGLE (`eagle`, `eagle3`) on
+    one-node `neuron` units; `none` decodes one token a step ([engine.md](engine.md))."""
+    num_speculative_tokens: Annotated[int, Allowed(f"an integer from 1 to {MAX_SPECULATIVE_TOKENS}")] = (
+        DEFAULT_SPECULATIVE_TOKENS
+    )
+    """Tokens proposed per step."""
+    draft: Annotated[str, Allowed("a directory inside model.s3_uri")] = ""
+    """`eagle`, `eagle3`: the draft checkpoint's directory inside `model.s3_uri`, so the model's manifest
+    lists and verifies it (publish the model directory with the draft in it)."""
 
     @property
     def on(self) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contract import MAX_UNITS_PER_CELL
 from contract.bad_input import NOT_GIVEN
 from contract.layout import heads_fit
 from contract.llama import DTYPE_BYTES, LlamaShape, ShapeError, load_config_json, preset, preset_names
@@ -22,10 +23,6 @@ from contract.sizing import CoreMemory, core_memory
 from contract.trainium import GIB, TrainiumInstance
 from ops.errors import arg_line
 from ops.hardware import instance_spec
-
-# ECS allows at most 20 capacity providers per cluster and each unit has its own (one ASG per
-# unit placement group), so a cell holds at most 20 units.
-MAX_UNITS_PER_CELL = 20
 
 
 class PlanError(ValueError):

@@ -1,4 +1,5 @@
-"""A Cell-<n> stack: one ECS cluster holding up to 20 units (Trainium, or x86 for staging) (one capacity provider each).
+"""A Cell-<n> stack: one ECS cluster holding up to contract.MAX_UNITS_PER_CELL units (Trainium, or x86 for
+staging), one capacity provider each.
 
 Cells are the blast radius of a deployment: a cell waits for the cell `parallel_cells` before it
 (contract/rollout.py), so a rollout moves a few cells at a time and stops at the first cell it
@@ -194,7 +195,7 @@ class CellStack(Stack):
         # created) in parallel. CloudFormation finishes a service update when its ECS deployment
         # reaches a steady state, which needs every new task HEALTHY (aws/containers-roadmap#897),
         # and stops at the first unit whose deployment fails (the circuit breaker), rolling the
-        # cell back. README "Rollouts" has the whole sequence.
+        # cell back. docs/rollouts.md has the whole sequence.
         plan = config.wave_plan
         waves: dict[int, list[TrainiumUnit]] = {}
         for index, unit in enumerate(self.units):

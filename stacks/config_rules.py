@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract.bad_input import Allowed as Allowed  # re-exported: the sections import it from here
 from contract.bad_input import BadInput
 
 S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^\s]*)?$")
@@ -91,4 +92,5 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 class Section(BaseModel):
     # Unknown keys are typos: refuse them rather than ignore a setting the operator meant.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A field's docstring is its description: its meaning in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -17,11 +17,11 @@ from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
-from stacks.observability import ObservabilityStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.retention import retention
-from stacks.router import RouterStack
+from stacks.router import RouterProps, RouterStack
 from stacks.scaler import ScalerStack
 from stacks.scaling_config import floor_per_cell
 
@@ -137,17 +137,19 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     deployment.front = FrontStack(
         app,
         "Front",
-        vpc=network.vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=config.certificate_arn,
-        live_target_group=router.live_target_group,
-        internet_facing=config.front.scheme == "internet-facing",
-        deployment_name=config.deployment_name,
-        waf_requests_per_5_min=config.front.waf_requests_per_5_min,
-        waf_blocked_body_rules=config.front.waf_blocked_body_rules,
-        waf_log_retention=retention(config.node.log_retention_days),
-        privatelink_principals=config.front.privatelink_principals,
-        privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        FrontProps(
+            vpc=network.vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=config.certificate_arn,
+            live_target_group=router.live_target_group,
+            internet_facing=config.front.scheme == "internet-facing",
+            deployment_name=config.deployment_name,
+            waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+            waf_blocked_body_rules=config.front.waf_blocked_body_rules,
+            waf_log_retention=retention(config.node.log_retention_days),
+            privatelink_principals=config.front.privatelink_principals,
+            privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        ),
         **common("Front"),
     )
     front = deployment.front
@@ -156,43 +158,47 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
     deployment.observability = ObservabilityStack(
         app,
         "Observability",
-        load_balancer=front.load_balancer,
-        target_groups=[front.blue_target_group, front.green_target_group],
-        # With the scaler, a cell is expected to keep only its share of the floor ready.
-        units_per_cell=floor_per_cell(config)
-        if config.scaling is not None
-        else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
-        scaler=config.scaling is not None,
-        # The per-cell ready-units alarms allow what a rollout of these settings takes out.
-        unit_rollout=config.unit_rollout,
-        wave_in_cell=config.wave_plan.wave_in_cell,
-        alarm_email=config.alarm_email,
+        ObservabilityProps(
+            load_balancer=front.load_balancer,
+            target_groups=[front.blue_target_group, front.green_target_group],
+            # With the scaler, a cell is expected to keep only its share of the floor ready.
+            units_per_cell=floor_per_cell(config)
+            if config.scaling is not None
+            else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
+            scaler=config.scaling is not None,
+            # The per-cell ready-units alarms allow what a rollout of these settings takes out.
+            unit_rollout=config.unit_rollout,
+            wave_in_cell=config.wave_plan.wave_in_cell,
+            alarm_email=config.alarm_email,
+        ),
         **common("Observability"),
     )
     deployment.router = RouterStack(
         app,
         "Router",
-        vpc=network.vpc,
-        router_security_group=network.router_security_group,
-        image_uri=config.image,
-        blue_target_group=front.blue_target_group,
-        green_target_group=front.green_target_group,
-        production_rule=front.production_rule,
-        deployment_alarms=deployment.observability.deployment_alarms,
-        cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_names=discovery.service_names,
-        admission_parameter_name=admission.parameter_name(config.deployment_name),
-        balance=router.balance,
-        min_tasks=router.desired_count,
-        max_tasks=router.max_count,
-        cpu=router.cpu,
-        memory_mib=router.memory_mib,
-        bake_time=cdk.Duration.minutes(router.bake_time_minutes),
-        api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
-        api_keys_ttl_s=config.front.api_keys_ttl_s,
-        # Each router takes 1/n of every key's limits; n is the router count the tier runs at
-        # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
-        limit_routers=router.desired_count,
+        RouterProps(
+            vpc=network.vpc,
+            router_security_group=network.router_security_group,
+            image_uri=config.image,
+            blue_target_group=front.blue_target_group,
+            green_target_group=front.green_target_group,
+            production_rule=front.production_rule,
+            deployment_alarms=deployment.observability.deployment_alarms,
+            cloudmap_namespace_name=discovery.namespace_name,
+            cloudmap_service_names=discovery.service_names,
+            admission_parameter_name=admission.parameter_name(config.deployment_name),
+            balance=router.balance,
+            desired_count=router.desired_count,
+            max_count=router.max_count,
+            cpu=router.cpu,
+            memory_mib=router.memory_mib,
+            bake_time=cdk.Duration.minutes(router.bake_time_minutes),
+            api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
+            api_keys_ttl_s=config.front.api_keys_ttl_s,
+            # Each router takes 1/n of every key's limits; n is the router count the tier runs at
+            # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
+            limit_routers=router.desired_count,
+        ),
         **common("Router"),
     )
     return deployment

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 import contract
+from contract.resume import ContinuationError, ResumeNote, move_line, read_continuation, resume_line
 from contract.watch import RoutePrompt, WatchWriter
 from runtime import emf
 from runtime.logs import jlog
@@ -569,7 +570,7 @@ class LeaderApi:
         """An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
         A resumable stream says first that the router may continue it elsewhere (it then drops the event)."""
         err = self._ending(ending, rec)
-        hand_over = move_comment(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
+        hand_over = move_line(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
         await sse.write(hand_over + _sse_event(err.body()), last=True)
 
     @staticmethod
@@ -669,25 +670,21 @@ def _collector_so_far(serving: ChatServing | CompletionServing, move: _Move) -> 
 
 
 def resume_comment(ev: Token | None, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
-    """The SSE comment line that tells the router which token ids an event carries (the router strips
-    it). A held token (a forced tool call's: its text goes out whole at the end) reached no client, so
-    it is not reported as sent; "h" still tells the router the stream makes progress. With n > 1 it
-    names the event's choice ("i") and whether the event ends it ("f"). With tool_choice "auto" every
-    token is reported and "c" says how much of the text the client has as content (the rest is held)."""
+    """The resume comment for an event (contract.resume). A held token (a forced tool call's: its text
+    goes out whole at the end) reached no client, so it is not reported as sent, only as progress. With
+    n > 1 it names the event's choice and whether the event ends it. With tool_choice "auto" every token
+    is reported, with how much of the text the client has as content (the rest is held)."""
     token = ev is not None and ev.token_id >= 0
-    body: dict[str, Any] = {"t": [], "h": 1} if held and token else {"t": [ev.token_id] if ev and token else []}
-    if choices > 1 and ev is not None:
-        body["i"] = ev.index
-        if ev.finish_reason:
-            body["f"] = 1
-    if content_sent is not None:
-        body["c"] = content_sent
-    return (contract.RESUME_COMMENT + json.dumps(body, separators=(",", ":")) + "\n").encode()
-
-
-def move_comment(kind: str) -> bytes:
-    """The SSE comment line that opens a movable error event: the router continues the stream elsewhere."""
-    return (contract.MOVE_COMMENT + kind + "\n").encode()
+    many = choices > 1 and ev is not None
+    return resume_line(
+        ResumeNote(
+            [] if held or ev is None or not token else [ev.token_id],
+            held=int(held and token),
+            choice_index=ev.index if many and ev is not None else None,
+            finished=many and ev is not None and bool(ev.finish_reason),
+            content_sent=content_sent,
+        )
+    )
 
 
 class _Move:
@@ -774,22 +771,15 @@ class _Move:
                 key=rid,
                 restarts=restarts,
             )
-        cont: Any = body.get(contract.CONTINUATION_FIELD) if isinstance(body, dict) else None
-        ok = (
-            isinstance(cont, dict)
-            and isinstance(cont.get("id"), str)
-            and _REQUEST_ID_OK.match(cont["id"]) is not None
-            and type(cont.get("created")) is int
-            and isinstance(cont.get("token_ids"), list)
-            and all(type(t) is int and t >= 0 for t in cont["token_ids"])
-        )
-        if not ok:
-            raise ApiError(
-                400,
-                f'\'{contract.CONTINUATION_FIELD}\' must be {{"id": str, "created": int, "token_ids": [int, ...]}} '
-                f"when {contract.CONTINUATION_HEADER} is set",
-                param=contract.CONTINUATION_FIELD,
+        auto = getattr(req, "tool_mode", None) == "auto"
+        try:
+            cont = read_continuation(
+                body.get(contract.CONTINUATION_FIELD) if isinstance(body, dict) else None,
+                req.choices,
+                content_sent=auto,
             )
+        except ContinuationError as e:
+            raise ApiError(400, str(e), param=contract.CONTINUATION_FIELD) from None
         if not (movable and req.stream):
             raise ApiError(
                 400,
@@ -797,92 +787,38 @@ class _Move:
                 "choice), or with a forced tool call, can be continued",
                 param=contract.CONTINUATION_FIELD,
             )
-        auto = getattr(req, "tool_mode", None) == "auto"
-        if req.choices > 1 and not restarts:
-            move = cls._choices(cont, req.choices, resume=resume, key=rid)
-            if auto:
-                move.content_sent = cls._content_sent(cont, req.choices)
-            return move
-        if restarts and cont["token_ids"]:
+        if cont.choices is not None:  # n > 1: each choice continues from its own tokens
+            if len(cont.finished) == req.choices:
+                raise ApiError(400, "every choice of the continuation has ended: nothing is left to generate")
+            tokens = {**cont.choices, 0: cont.token_ids}
+            move = cls(
+                resume=resume,
+                continued=True,
+                before=[],
+                shown_id=cont.id,
+                created=cont.created,
+                key=rid,
+                choices=[[i, tokens.get(i, [])] for i in range(req.choices) if i not in cont.finished],
+                finished=cont.finished,
+            )
+        elif restarts and cont.token_ids:
             raise ApiError(
                 400,
                 "a forced tool call starts again from the prompt: its continuation carries no token ids",
                 param=contract.CONTINUATION_FIELD,
             )
-        move = cls(
-            resume=resume,
-            continued=True,
-            before=cont["token_ids"],
-            shown_id=cont["id"],
-            created=cont["created"],
-            key=rid,
-            restarts=restarts,
-        )
-        if auto:
-            move.content_sent = cls._content_sent(cont, 1)
+        else:
+            move = cls(
+                resume=resume,
+                continued=True,
+                before=cont.token_ids,
+                shown_id=cont.id,
+                created=cont.created,
+                key=rid,
+                restarts=restarts,
+            )
+        move.content_sent = cont.content_sent
         return move
-
-    @staticmethod
-    def _content_sent(cont: dict, n: int) -> dict[int, int]:
-        """tool_choice "auto": the characters of content the client has, by choice: an int (choice 0's),
-        or with n > 1 [[index, characters], ...]."""
-        sent = cont.get("content_sent", 0)
-        if type(sent) is int and sent >= 0:
-            return {0: sent}
-        pairs = sent if n > 1 and isinstance(sent, list) else None
-        if pairs is not None and all(
-            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) and 0 <= p[0] < n and p[1] >= 0
-            for p in pairs
-        ):
-            return {i: c for i, c in pairs}
-        shape = "an int >= 0" if n == 1 else f"an int >= 0, or [[index 0..{n - 1}, int >= 0], ...]"
-        raise ApiError(
-            400,
-            f"'{contract.CONTINUATION_FIELD}.content_sent' must be the characters of content the client has ({shape})",
-            param=contract.CONTINUATION_FIELD,
-        )
-
-    @classmethod
-    def _choices(cls, cont: dict, n: int, *, resume: bool, key: str) -> _Move:
-        """A continued stream of n > 1 choices: "token_ids" are choice 0's, "choices" [[index, token
-        ids], ...] the others' that have any, "finished" the indexes of choices whose end the client has."""
-        tokens: dict[int, list[int]] = {0: cont["token_ids"]}
-        more, ended = cont.get("choices", []), cont.get("finished", [])
-        ok = (
-            isinstance(more, list)
-            and all(
-                isinstance(c, list)
-                and len(c) == 2
-                and type(c[0]) is int
-                and 0 < c[0] < n
-                and isinstance(c[1], list)
-                and all(type(t) is int and t >= 0 for t in c[1])
-                for c in more
-            )
-            and isinstance(ended, list)
-            and all(type(i) is int and 0 <= i < n for i in ended)
-        )
-        if not ok:
-            raise ApiError(
-                400,
-                f"'{contract.CONTINUATION_FIELD}' with n = {n} takes \"choices\": [[index 1..{n - 1}, [int, ...]], "
-                f'...] and "finished": [index, ...]',
-                param=contract.CONTINUATION_FIELD,
-            )
-        tokens.update((i, t) for i, t in more)
-        finished = frozenset(ended)
-        if len(finished) == n:
-            raise ApiError(400, "every choice of the continuation has ended: nothing is left to generate")
-        return cls(
-            resume=resume,
-            continued=True,
-            before=[],
-            shown_id=cont["id"],
-            created=cont["created"],
-            key=key,
-            choices=[[i, tokens.get(i, [])] for i in range(n) if i not in finished],
-            finished=finished,
-        )
 
 
 @web.middleware

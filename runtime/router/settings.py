@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 import contract
+from contract import apikeys
 from contract.bad_input import NOT_GIVEN, bad_input_line
 
 _BAD = "router_setting"  # the error type of a rule across settings: its message is the line
@@ -365,7 +366,7 @@ class RouterSettings(BaseModel):
             "seconds between reads of the keys: a revoked key stops working within this",
             env=contract.ENV_API_KEYS_TTL,
         ),
-    ] = 30.0
+    ] = float(apikeys.API_KEYS_TTL_S)
     limit_routers: Annotated[
         int,
         within(1, 10_000),

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 import contract
+from contract.busy import retry_after_s
 from contract.resume import move_line
 from contract.watch import RoutePrompt, WatchWriter
 from runtime import emf
@@ -38,7 +39,6 @@ from runtime.node.protocol import (
     parse_completion,
     parse_json_body,
 )
-from runtime.node.queue_wait import retry_after_s
 from runtime.node.serving import ChatServing, Collected, CompletionServing, serving_for
 from runtime.node.stream_moves import StreamMove, collector_so_far, resume_comment
 from runtime.node.supervisor import UnitSupervisor

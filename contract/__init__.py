@@ -6,6 +6,13 @@ aws-cdk-lib and of torch so that either side can import it without pulling in th
 
 from __future__ import annotations
 
+# Declared beside the Retry-After rounding both sides run; named here with every other shared name.
+from contract.busy import BUSY_CODE_QUEUE_TIMEOUT as BUSY_CODE_QUEUE_TIMEOUT
+from contract.busy import BUSY_CODE_SHED as BUSY_CODE_SHED
+from contract.busy import BUSY_CODES as BUSY_CODES
+from contract.busy import BUSY_STATUS as BUSY_STATUS
+from contract.busy import RETRY_AFTER_MAX_S as RETRY_AFTER_MAX_S
+
 # --- Ports -------------------------------------------------------------------------------------
 NODE_API_PORT = 8000  # a unit member's HTTP server (the leader serves the API here)
 ROUTER_PORT = 8080  # the router's public HTTP server (the API and its health check); the ALB targets it
@@ -71,18 +78,6 @@ ROUTE_PROMPT_HEADER = "X-Flotilla-Route-Prompt"
 ROUTE_MARKS_HEADER = "X-Flotilla-Route-Marks"
 ROUTE_MARKS_MAX = 8
 INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER, ROUTE_PROMPT_HEADER, ROUTE_MARKS_HEADER)
-
-# --- Busy is not broken -----------------------------------------------------------------------------
-# A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes
-# a unit's routability for them (only the unit's own health reports and real failures do).
-# OpenAI SDKs retry 429 and honour a Retry-After of up to 120 s (openai==3.51.0
-# openai/_base_client.py `_should_retry` / `_calculate_retry_timeout`, openai/_constants.py
-# MAX_RETRY_AFTER_DELAY): a longer value makes them give up at once, so none is ever sent.
-BUSY_STATUS = 429
-BUSY_CODE_SHED = "unit_busy"  # refused at once: the expected wait for a batch slot exceeds the queue timeout
-BUSY_CODE_QUEUE_TIMEOUT = "queue_timeout"  # waited the whole queue timeout without a batch slot
-BUSY_CODES = frozenset({BUSY_CODE_SHED, BUSY_CODE_QUEUE_TIMEOUT})
-RETRY_AFTER_MAX_S = 120
 
 # --- Environment variables (container settings) --------------------------------------------------
 ENV_ROLE = "FLOTILLA_ROLE"  # node | router (the image command also picks it)

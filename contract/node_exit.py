@@ -4,6 +4,15 @@ container's exitCode, and `flotilla status` names it beside the task. Declared o
 A node that can never serve (the unit's layout cannot run the model, the model is not published as
 its manifest says, the model cannot be read) exits at once with its own status instead of spending
 its restart budget: the same settings and model would fail the same way every time.
+
+That exit is what stops a rollout of such a node within minutes. ECS's deployment circuit breaker
+counts a task as failed "if the service scheduler can't launch the task, the task doesn't transition
+to a RUNNING state, or if it fails any of its defined health checks and is stopped" (ECS API
+reference, API_Deployment.html, failedTasks); "if a Task fails before reporting a health check, the
+failedTask count is not reset" (the ECS team in aws/containers-roadmap#1206, 2021-12-16), and a node
+never passes its container health check before its unit has served. The deployment fails at
+0.5 x the desired task count failed, at least 3 (API_ServiceDeploymentCircuitBreaker.html,
+threshold), and rolls back (stacks/unit.py). docs/node.md, "Exit status", has the arithmetic.
 """
 
 from __future__ import annotations

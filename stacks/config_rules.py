@@ -14,14 +14,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract.bad_input import Allowed as Allowed  # re-exported: the sections import it from here
 from contract.bad_input import BadInput
+from contract.settings import SettingsError
 
 S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^\s]*)?$")
 S3_URI_ALLOWED = "an S3 URI like s3://bucket/prefix/"
 
 
-class ConfigError(BadInput):
-    """A configuration value the user must fix: one line naming key, value and what is allowed."""
+class ConfigError(BadInput, SettingsError):
+    """A configuration value the user must fix: one line naming key, value and what is allowed (the
+    settings error of every layer, contract/settings.py)."""
 
     def __init__(self, key: str, value: Any, allowed: str, *, problem: str = "is not allowed"):
         self.key, self.allowed = key, allowed
@@ -54,14 +57,6 @@ class Rule:
                 raise refuse(self.allowed) from None
 
         return core_schema.no_info_wrap_validator_function(check, self.schema)
-
-
-class Allowed:
-    """Annotated metadata for a field whose checking lives elsewhere (a validator function): the values
-    it takes, in its refusal's words, for the configuration reference (stacks/config_doc.py)."""
-
-    def __init__(self, allowed: str):
-        self.allowed = allowed
 
 
 def between(lo: int, hi: int, why: str = "") -> Rule:

@@ -13,7 +13,7 @@ from pydantic import BeforeValidator, model_validator
 from pydantic_core import core_schema
 
 import contract
-from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
+from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES, apikeys
 from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from stacks.config_rules import ConfigError, Rule, Section, between, matches, one_of, refuse
 from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE
@@ -242,5 +242,5 @@ class FrontConfig(Section):
     api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
     """Routers require `Authorization: Bearer <key>`, checked against the hashed keys of `flotilla keys`
     (Secrets Manager `flotilla/<deployment>/api-keys`); `false` only for a fleet nobody else can reach."""
-    api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
+    api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = apikeys.API_KEYS_TTL_S
     """Seconds between the routers' reads of the keys: a revoked key stops working within it."""

@@ -176,6 +176,7 @@ class Task:
     created_at: datetime = EPOCH
     started_at: datetime | None = None  # when it went from PENDING to RUNNING (DescribeTasks startedAt)
     stopped_at: datetime | None = None
+    containers: list[dict[str, Any]] = field(default_factory=list)  # DescribeTasks containers[] (name, exitCode)
 
     @property
     def id(self) -> str:
@@ -213,6 +214,8 @@ class Task:
             out["startedAt"] = self.started_at
         if self.stopped_at:
             out["stoppedAt"] = self.stopped_at
+        if self.containers:
+            out["containers"] = self.containers
         return out
 
 

@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 import contract
 from contract.bad_input import NOT_GIVEN, bad_input_line
+from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 from contract.trainium import INSTANCES
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
 from runtime.engines.base import (
@@ -54,10 +55,6 @@ DOCS_BEGIN = (
     "`python -m runtime.node.settings --write-docs`; edit the declarations, not this table -->"
 )
 DOCS_END = "<!-- END settings -->"
-
-
-class SettingsError(ValueError):
-    """A setting the operator gave is wrong; the message names it and the fix."""
 
 
 class Misplaced(ValueError):

@@ -21,7 +21,7 @@ from contract.resume import (
     resume_line,
 )
 from runtime.node.engine_protocol import Token
-from runtime.node.server import resume_comment
+from runtime.node.stream_moves import resume_comment
 from runtime.router.resume import StreamLedger
 
 # Comment lines exactly as leaders wrote them before the format was declared in one module (the

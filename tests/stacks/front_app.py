@@ -17,7 +17,7 @@ from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 from contract.admission import parameter_name
 from contract.apikeys import secret_name
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
 from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.router import RouterProps, RouterStack
@@ -71,11 +71,13 @@ def build(
     front = FrontStack(
         app,
         "Front",
-        vpc=vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=certificate_arn,
-        live_target_group=live_target_group,
-        internet_facing=internet_facing,
+        FrontProps(
+            vpc=vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=certificate_arn,
+            live_target_group=live_target_group,
+            internet_facing=internet_facing,
+        ),
         synthesizer=synthesizer(),
     )
     observability = ObservabilityStack(

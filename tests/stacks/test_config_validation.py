@@ -269,9 +269,9 @@ def test_examples_load_and_default_yaml_spells_out_the_cdk_json_defaults():
 
 
 def test_default_yaml_and_the_reference_document_every_config_key():
+    from contract.speculation import Speculation
     from stacks.config import CapacityConfig, FrontConfig, ModelConfig, NodeConfig, RouterConfig
     from stacks.scaling_config import ScalingConfig
-    from stacks.speculation import SpeculationConfig
 
     text = (REPO_ROOT / "examples" / "default.yaml").read_text()
     # The configuration reference, generated from the config (tests/stacks/test_config_doc.py holds it so).
@@ -287,7 +287,7 @@ def test_default_yaml_and_the_reference_document_every_config_key():
         ("router", RouterConfig),
         ("capacity", CapacityConfig),
         ("front", FrontConfig),
-        ("speculation", SpeculationConfig),
+        ("speculation", Speculation),
     ):
         keys += [f"{section}.{name}" for name in cls.model_fields]
     for key in keys:

@@ -27,7 +27,7 @@ from front_app import (
 
 import contract
 from stacks.discovery import DiscoveryStack, register_unit_members
-from stacks.front import PARKED_PORT, FrontStack
+from stacks.front import PARKED_PORT, FrontProps
 from stacks.network import VPC_CIDR
 from stacks.router import RouterProps
 
@@ -381,7 +381,7 @@ def test_unknown_live_target_group_is_rejected_with_the_allowed_values():
     vpc = ec2.Vpc(cdk.Stack(app, "V"), "Vpc", max_azs=2)
     sg = ec2.SecurityGroup(cdk.Stack(app, "S"), "Sg", vpc=vpc)
     with pytest.raises(ValueError, match=r"live_target_group='purple'.*blue.*green"):
-        FrontStack(app, "F", vpc=vpc, alb_security_group=sg, certificate_arn=None, live_target_group="purple")
+        FrontProps(vpc=vpc, alb_security_group=sg, certificate_arn=None, live_target_group="purple")
 
 
 # --- security groups: exactly the request path ---------------------------------------------------

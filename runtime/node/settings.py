@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 import contract
+from contract import Engine
 from contract.bad_input import NOT_GIVEN, bad_input_line
 from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 from contract.trainium import INSTANCES
@@ -627,7 +628,7 @@ class NodeSettings(_Settings):
     @field_validator("model", mode="after")
     @classmethod
     def _model(cls, v: str, info: ValidationInfo) -> str:
-        if info.data.get("engine") == "neuron":
+        if info.data.get("engine") == Engine.NEURON:
             return v  # the neuron engine fetches the model URI instead
         if not v:
             raise ValueError("is empty: use tiny, smollm2 or a checkpoint directory")
@@ -730,7 +731,8 @@ def _declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Dec
 
 
 SETTINGS = _declared(NodeSettings)
-NEURON_SETTINGS = _declared(NeuronSettings, ("neuron",))
+NEURON_FIELD = "neuron"  # the NodeSettings field that holds the neuron group
+NEURON_SETTINGS = _declared(NeuronSettings, (NEURON_FIELD,))
 NEURON_DEFAULTS = {d.path[-1]: d.neuron_default for d in SETTINGS if d.neuron_default is not None}
 NEURON_GROUP = "neuron engine (engine=neuron only)"
 NEURON_GROUP_DOC = (
@@ -781,9 +783,9 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         elif env.get(d.env, "") != "":
             given[d.path] = (d.env, env[d.env])
     data: dict[str, Any] = {path[0]: raw for path, (_, raw) in given.items() if len(path) == 1}
-    if data.get("engine", "reference") == "neuron":
+    if data.get("engine", Engine.REFERENCE) == Engine.NEURON:
         data = {**NEURON_DEFAULTS, **data}
-        data["neuron"] = {path[1]: raw for path, (_, raw) in given.items() if path[0] == "neuron"}
+        data[NEURON_FIELD] = {path[1]: raw for path, (_, raw) in given.items() if path[0] == NEURON_FIELD}
     try:
         return NodeSettings.model_validate(data)
     except ValidationError as e:

@@ -146,7 +146,7 @@ UNIT_ID_PATTERN = CELL_ID_PATTERN + r"-unit(\d+)"
 # (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html); the older ECS
 # user guide page (AmazonECS/latest/userguide/service-quotas.html) and
 # aws-cloudformation/cloudformation-coverage-roadmap#1086 say 10. We follow the developer guide, the
-# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (README "Configuration").
+# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (docs/configuration.md).
 # A cell is one cluster and each unit has its own capacity provider, so a cell holds at most this many.
 MAX_UNITS_PER_CELL = 20
 

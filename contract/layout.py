@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from contract import Engine
 from contract.bad_input import BadInput
 from contract.llama import LlamaShape
 from contract.sizing import DEFAULT_HBM_RESERVE, EAGLE_FC_INPUTS, CoreMemory, core_memory
@@ -161,9 +162,9 @@ class _Unit:
         return self.names.get(setting, setting)
 
     def check(self, cp: int | str, dp: int | str, block: int) -> UnitLayout:
-        if self.engine == "neuron":
+        if self.engine == Engine.NEURON:
             return self._neuron(cp, dp, block)
-        if self.engine == "reference":
+        if self.engine == Engine.REFERENCE:
             return self._reference()
         return self._accepted()
 

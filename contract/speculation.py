@@ -18,6 +18,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from contract import Engine
 from contract.bad_input import Allowed, BadInput
 from contract.neuron import NXDI_2_28, SDK_DOCS_2_28_0
 
@@ -34,7 +35,11 @@ NONE = "none"
 NGRAM = "ngram"
 EAGLE, EAGLE3 = "eagle", "eagle3"
 METHODS = (NONE, NGRAM, EAGLE, EAGLE3)
-METHODS_BY_ENGINE = {"reference": (NONE, NGRAM), "neuron": (NONE, EAGLE, EAGLE3), "echo": (NONE,)}
+METHODS_BY_ENGINE: dict[str, tuple[str, ...]] = {
+    Engine.REFERENCE: (NONE, NGRAM),
+    Engine.NEURON: (NONE, EAGLE, EAGLE3),
+    Engine.ECHO: (NONE,),
+}
 MAX_SPECULATIVE_TOKENS = 16  # flotilla's bound: verifying more rows a step stops paying long before
 DEFAULT_SPECULATIVE_TOKENS = 4
 

@@ -63,7 +63,7 @@ synth: deps toolchain
 	rm -rf cdk.out
 	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
 
-# Deploy to the account of your AWS credentials (README "Bootstrap and deploy"). Two targets, because
+# Deploy to the account of your AWS credentials (README "Production"). Two targets, because
 # the CDK CLI's rollback setting must differ: `deploy-new-units` (the first deploy, a new cell, more
 # units) passes --no-rollback, so a unit short of capacity fails alone and the cell's other units keep
 # serving (docs/runbooks/partial-cell.md); `deploy` (new revisions, settings) keeps the rollback, since

@@ -6,6 +6,8 @@ aws-cdk-lib and of torch so that either side can import it without pulling in th
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 # Declared beside the Retry-After rounding both sides run; named here with every other shared name.
 from contract.busy import BUSY_CODE_QUEUE_TIMEOUT as BUSY_CODE_QUEUE_TIMEOUT
 from contract.busy import BUSY_CODE_SHED as BUSY_CODE_SHED
@@ -111,9 +113,25 @@ ENV_API_KEYS_TTL = "FLOTILLA_API_KEYS_TTL_S"  # router: seconds between reads of
 ENV_API_KEY = "FLOTILLA_API_KEY"  # router: the one key local mode accepts (`make local API_KEY=...`)
 ENV_LIMIT_ROUTERS = "FLOTILLA_LIMIT_ROUTERS"  # router: routers sharing each key's limits (each takes 1/n)
 
+
 # --- Choices both the deployment config and the node settings offer -----------------------------
-ENGINES = ("reference", "echo", "neuron")  # FLOTILLA_ENGINE: torch on CPU, a test engine, Trainium
-STRATEGIES = ("pipeline", "tensor")  # how a phase (prefill, decode) splits the model over a unit
+class Engine(StrEnum):
+    """FLOTILLA_ENGINE: what runs the model. A str, so a name read from a flag or JSON compares equal."""
+
+    REFERENCE = "reference"  # torch on CPU
+    ECHO = "echo"  # a test engine: no model
+    NEURON = "neuron"  # vLLM with NxD Inference on Trainium
+
+
+class Strategy(StrEnum):
+    """How a phase (prefill, decode) splits the model over a unit's members."""
+
+    PIPELINE = "pipeline"  # each member holds some layers
+    TENSOR = "tensor"  # each member holds a share of every layer's heads
+
+
+ENGINES = tuple(e.value for e in Engine)
+STRATEGIES = tuple(s.value for s in Strategy)
 AUTO_STRATEGY = "auto"  # the reference engine times both strategies at formation and keeps the faster
 STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)  # FLOTILLA_PREFILL_STRATEGY / FLOTILLA_DECODE_STRATEGY
 
@@ -128,7 +146,7 @@ UNIT_ID_PATTERN = CELL_ID_PATTERN + r"-unit(\d+)"
 # (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html); the older ECS
 # user guide page (AmazonECS/latest/userguide/service-quotas.html) and
 # aws-cloudformation/cloudformation-coverage-roadmap#1086 say 10. We follow the developer guide, the
-# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (README "Configuration").
+# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (docs/configuration.md).
 # A cell is one cluster and each unit has its own capacity provider, so a cell holds at most this many.
 MAX_UNITS_PER_CELL = 20
 

@@ -21,6 +21,7 @@ from pydantic_core import core_schema
 
 import contract
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
+from contract.speculation import Speculation
 from stacks.config_rules import REFUSED, Rule, Section, between, matches, one_of, refuse
 from stacks.config_rules import ConfigError as ConfigError  # re-exported: callers import it from here
 from stacks.config_sections import AZ_RE
@@ -37,7 +38,7 @@ from stacks.model_config import (
     check_model_layout,
 )
 from stacks.scaling_config import ScalingConfig, check_scaling, section_type
-from stacks.speculation import SpeculationConfig, SpeculationSection
+from stacks.speculation import SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
 MAX_CONTAINER_INSTANCES_PER_CLUSTER = 5000  # ECS
@@ -218,7 +219,7 @@ class FlotillaConfig(Section):
     drained."""
     front: FrontConfig = Field(default_factory=FrontConfig)
     """Who may call the fleet: the ALB's scheme and clients, API keys."""
-    speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
+    speculation: SpeculationSection = Field(default_factory=Speculation)  # after node: checked against it
     """Speculative decoding on every unit."""
     scaling: ScalingConfig | None = None  # with it, units is the ceiling (stacks/scaling_config.py)
     """Units follow demand between `scaling.floor` and `units` ([scaling.md](scaling.md)); unset: `units`

@@ -40,7 +40,7 @@ value and what is allowed, e.g.
 Examples: `examples/default.yaml` (every key spelled out), `examples/llama-405b.yaml` (a model split
 over four nodes), `examples/fleet-20k-chips.yaml` and `examples/staging.yaml` (the x86 staging fleet).
 What synth checks beyond single values (quotas, capacity, the model's layout) is in
-[infrastructure.md](infrastructure.md#validation-layers).
+[infrastructure.md](infrastructure.md#six-validation-layers-testsstacks).
 
 A key written `section.key` goes under its section in YAML (`node: {{drain_timeout_s: 60}}`).
 """

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract.bad_input import Allowed as Allowed  # re-exported: the sections import it from here
 from contract.bad_input import BadInput
 from contract.settings import SettingsError
 
@@ -56,14 +57,6 @@ class Rule:
                 raise refuse(self.allowed) from None
 
         return core_schema.no_info_wrap_validator_function(check, self.schema)
-
-
-class Allowed:
-    """Annotated metadata for a field whose checking lives elsewhere (a validator function): the values
-    it takes, in its refusal's words, for the configuration reference (stacks/config_doc.py)."""
-
-    def __init__(self, allowed: str):
-        self.allowed = allowed
 
 
 def between(lo: int, hi: int, why: str = "") -> Rule:

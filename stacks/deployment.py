@@ -8,6 +8,7 @@ emits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aws_cdk as cdk
@@ -38,6 +39,9 @@ class Deployment:
     observability: ObservabilityStack | None = None
     router: RouterStack | None = None
     scaler: ScalerStack | None = None
+
+
+StackSettings = Callable[[str], dict]  # a stack id -> the keyword settings every stack takes
 
 
 def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=None) -> Deployment:
@@ -76,6 +80,23 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         client_prefix_lists=config.front.client_prefix_lists,
         **common("Discovery"),
     )
+    _warn_at_synth(config, network, discovery)
+    deployment = Deployment(config=config, network=network, discovery=discovery)
+    if config.scaling is not None:
+        # Before the cells: their stacks read the counts parameters it creates.
+        deployment.scaler = ScalerStack(app, "Scaler", config=config, **common("Scaler"))
+    _add_cells(app, deployment, common)
+    front = deployment.front = _front(app, deployment, common)
+    # Between Front (its alarms read the ALB's metrics) and Router (which needs the alarms at
+    # construction to roll back on them, aws/aws-cdk#36308).
+    observability = deployment.observability = _observability(app, deployment.config, front, common)
+    deployment.router = _router(app, deployment, front, observability, common)
+    return deployment
+
+
+def _warn_at_synth(config: FlotillaConfig, network: NetworkStack, discovery: DiscoveryStack) -> None:
+    """What synth tells the operator about the config: quotas to raise, AZs to name, a surge the
+    reservation cannot hold, Cloud Map limits."""
     # Adjustable quotas: a synth warning with the number to request when AWS's default is too
     # small or set per account (hard limits fail in stacks/config.py instead); info otherwise.
     for notice in quota_notices(config):
@@ -107,10 +128,10 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         )
     for n, warning in enumerate(cloudmap_quota_warnings(config)):
         cdk.Annotations.of(discovery).add_warning_v2(f"flotilla:cloudmap-quota-{n}", warning)
-    deployment = Deployment(config=config, network=network, discovery=discovery)
-    if config.scaling is not None:
-        # Before the cells: their stacks read the counts parameters it creates.
-        deployment.scaler = ScalerStack(app, "Scaler", config=config, **common("Scaler"))
+
+
+def _add_cells(app: cdk.App, deployment: Deployment, common: StackSettings) -> None:
+    config, network, discovery = deployment.config, deployment.network, deployment.discovery
     for cell in range(config.cells):
         stack = CellStack(
             app,
@@ -133,8 +154,11 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             stack.add_stack_dependency(deployment.cells[after])
         deployment.cells.append(stack)
 
+
+def _front(app: cdk.App, deployment: Deployment, common: StackSettings) -> FrontStack:
+    config, network, discovery = deployment.config, deployment.network, deployment.discovery
     router = config.router
-    deployment.front = FrontStack(
+    return FrontStack(
         app,
         "Front",
         FrontProps(
@@ -152,10 +176,12 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         ),
         **common("Front"),
     )
-    front = deployment.front
-    # Between Front (its alarms read the ALB's metrics) and Router (which needs the alarms at
-    # construction to roll back on them, aws/aws-cdk#36308).
-    deployment.observability = ObservabilityStack(
+
+
+def _observability(
+    app: cdk.App, config: FlotillaConfig, front: FrontStack, common: StackSettings
+) -> ObservabilityStack:
+    return ObservabilityStack(
         app,
         "Observability",
         ObservabilityProps(
@@ -173,7 +199,22 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         ),
         **common("Observability"),
     )
-    deployment.router = RouterStack(
+
+
+def _router(
+    app: cdk.App,
+    deployment: Deployment,
+    front: FrontStack,
+    observability: ObservabilityStack,
+    common: StackSettings,
+) -> RouterStack:
+    config, network, discovery, router = (
+        deployment.config,
+        deployment.network,
+        deployment.discovery,
+        deployment.config.router,
+    )
+    return RouterStack(
         app,
         "Router",
         RouterProps(
@@ -183,7 +224,7 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             blue_target_group=front.blue_target_group,
             green_target_group=front.green_target_group,
             production_rule=front.production_rule,
-            deployment_alarms=deployment.observability.deployment_alarms,
+            deployment_alarms=observability.deployment_alarms,
             cloudmap_namespace_name=discovery.namespace_name,
             cloudmap_service_names=discovery.service_names,
             admission_parameter_name=admission.parameter_name(config.deployment_name),
@@ -201,4 +242,3 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         ),
         **common("Router"),
     )
-    return deployment

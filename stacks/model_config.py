@@ -40,6 +40,7 @@ CONFIG_NAMES: Mapping[str, str] = MappingProxyType(
         "seq_len": "node.neuron_seq_len",
         "batch_size": "node.neuron_batch_size",
         "prefix_caching_block": "node.neuron_prefix_caching_block",
+        "speculation": "speculation.method",
     }
 )
 SHAPE_ALLOWED = (
@@ -201,6 +202,7 @@ def check_model_layout(cfg: FlotillaConfig) -> None:
             prefix_caching_block=cfg.node.neuron_prefix_caching_block,
             model=name,
             names=CONFIG_NAMES,
+            speculation=cfg.speculation.method,  # an EAGLE draft's memory, estimated (contract/sizing.py)
         )
     except LayoutError as err:
         raise ConfigError(err.name, err.value, err.fix, problem=err.problem) from None

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
+from contract import Engine
 from runtime.engines.base import (
     EngineBroken,
     EngineError,
@@ -60,13 +61,13 @@ ORPHAN_POLL_S = 1.0
 
 def _build_leader_engine(cfg: EngineConfig) -> Any:
     m = cfg.membership
-    if cfg.engine == "neuron":
+    if cfg.engine == Engine.NEURON:
         from runtime.engines.neuron.engine import NeuronEngine  # noqa: PLC0415
 
         return NeuronEngine(
             m, settings=cfg.neuron_settings(), model_name=cfg.model_name, start_timeout_s=cfg.form_timeout_s
         )
-    if cfg.engine == "echo":
+    if cfg.engine == Engine.ECHO:
         from runtime.engines.echo import EchoEngine  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return EchoEngine(
@@ -97,12 +98,12 @@ def _build_leader_engine(cfg: EngineConfig) -> Any:
 
 def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     m = cfg.membership
-    if cfg.engine == "neuron":
+    if cfg.engine == Engine.NEURON:
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
         run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(progress_event(p)))
         return
-    if cfg.engine == "echo":
+    if cfg.engine == Engine.ECHO:
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         run_echo_worker(m, timeout_s=cfg.form_timeout_s)
@@ -517,7 +518,7 @@ def main() -> int:
     setup_logging()
     out = _Out(proto)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    if cfg.engine not in ("echo", "neuron"):
+    if cfg.engine not in (Engine.ECHO, Engine.NEURON):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
 
         torch.set_num_threads(cfg.torch_threads)

@@ -15,7 +15,7 @@ from pydantic_core import core_schema
 import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES, apikeys
 from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
-from stacks.config_rules import ConfigError, Rule, Section, between, matches, one_of, refuse
+from stacks.config_rules import Allowed, ConfigError, Rule, Section, between, matches, one_of, refuse
 from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE
 
 LOG_RETENTION_DAYS = (
@@ -58,10 +58,13 @@ _RESOURCE_GROUP_ARN_RE = re.compile(
 )
 
 
+UNIT_AZ_LIST_ALLOWED = "a list of up to 6 AZ names from availability_zones, or [] for all of them"
+
+
 def _unit_az_list(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and len(value) <= 6:
         return value
-    raise refuse("a list of up to 6 AZ names from availability_zones, or [] for all of them")
+    raise refuse(UNIT_AZ_LIST_ALLOWED)
 
 
 class NodeConfig(Section):
@@ -146,7 +149,9 @@ class CapacityConfig(Section):
     Reservation or a group of them) or an EC2 Capacity Block, and in which AZs."""
 
     availability_zones: Annotated[
-        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_unit_az_list)
+        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...],
+        BeforeValidator(_unit_az_list),
+        Allowed(UNIT_AZ_LIST_ALLOWED),
     ] = ()
     """Up to 6 AZs of `availability_zones` (which must then be set) units go to, round-robin, while the VPC
     and ALB span all of them; `[]`: every AZ of the VPC. Changing it on a running fleet moves units away

@@ -54,6 +54,15 @@ def test_the_allowed_column_is_what_the_refusal_of_a_bad_value_says():
         assert (refused.value.key, refused.value.allowed) == (row.key, row.allowed)
 
 
+@pytest.mark.parametrize(("key", "bad"), [("availability_zones", ["us-east-1a"]), ("capacity.availability_zones", "x")])
+def test_a_list_key_states_the_refusal_of_a_bad_list(key, bad):
+    """A list whose length or kind is checked before its items states that check's words."""
+    (row,) = [r for r in config_doc.rows() if r.key == key]
+    with pytest.raises(ConfigError) as refused:
+        parse_config(_raw(key, bad))
+    assert (refused.value.key, refused.value.allowed) == (key, row.allowed)
+
+
 def _leaf_fields():
     from stacks.config import FlotillaConfig
     from stacks.scaling_config import section_type

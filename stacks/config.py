@@ -22,7 +22,7 @@ from pydantic_core import core_schema
 import contract
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.speculation import Speculation
-from stacks.config_rules import REFUSED, Rule, Section, between, matches, one_of, refuse
+from stacks.config_rules import REFUSED, Listed, Rule, Section, between, matches, one_of
 from stacks.config_rules import ConfigError as ConfigError  # re-exported: callers import it from here
 from stacks.config_sections import AZ_RE
 from stacks.config_sections import LIVE_TARGET_GROUPS as LIVE_TARGET_GROUPS  # stacks/front.py reads it here
@@ -110,12 +110,6 @@ _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _UNIT_ID_RE = re.compile(r"^cell\d+-unit\d+$")
 
 
-def _az_list(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and (len(value) == 0 or 2 <= len(value) <= 6):
-        return value
-    raise refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three")
-
-
 @dataclass(frozen=True)
 class UnitPlacement:
     """Where one unit lives: its cell, its index inside the cell and its AZ slot."""
@@ -160,7 +154,11 @@ class FlotillaConfig(Section):
     """Units per ECS cluster (`Cell-<n>` stack). Fixed once deployed: a new value moves units to other
     cells, which `flotilla check-update` refuses. An account whose ECS quota is 10 sets 10."""
     availability_zones: Annotated[
-        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_az_list)
+        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...],
+        Listed(
+            "a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three",
+            lambda n: n == 0 or 2 <= n <= 6,
+        ),
     ] = ()
     """2 to 6 AZs of one region the VPC spans, in order; `[]`: the region's first three (`Fn::GetAZs`,
     environment-agnostic). Trainium is offered in a few AZs only: name those of your capacity (with
@@ -212,7 +210,10 @@ class FlotillaConfig(Section):
     """The router service."""
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     """Where the Trainium instances come from."""
-    drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
+    drained_units: Annotated[
+        tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...],
+        Listed("a list of unit ids like [cell0-unit3]"),
+    ] = ()
     """Units of the layout the template holds at desired count 0, so a deploy never brings them back:
     CloudFormation writes a service's desired count on every update, so a drain made only with
     `flotilla drain-unit` is undone by the next deploy that updates the unit. `flotilla status` shows them

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from stacks.config import ConfigError, FlotillaConfig, parse_config
-from stacks.config_rules import Allowed, Rule
+from stacks.config_rules import Allowed, Listed, Rule
 from stacks.scaling_config import section_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ class Row:
 
 def _rule_text(metadata: list[Any] | tuple[Any, ...]) -> str | None:
     for item in metadata:
-        if isinstance(item, (Allowed, Rule)):
+        if isinstance(item, (Allowed, Listed, Rule)):
             return item.allowed
     lo = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
     hi = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)

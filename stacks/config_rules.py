@@ -59,6 +59,22 @@ class Rule:
         return core_schema.no_info_wrap_validator_function(check, self.schema)
 
 
+class Listed:
+    """Annotated metadata for a list field: a list (or tuple) of `sizes` items, else a refusal in the
+    words `allowed` gives; each item is then checked by its own rule. Comes after the tuple type."""
+
+    def __init__(self, allowed: str, sizes: Callable[[int], bool] = lambda n: True):
+        self.allowed, self.sizes = allowed, sizes
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        def check(value: Any) -> Any:
+            if isinstance(value, (list, tuple)) and self.sizes(len(value)):
+                return value
+            raise refuse(self.allowed)
+
+        return core_schema.no_info_before_validator_function(check, handler(source))
+
+
 def between(lo: int, hi: int, why: str = "") -> Rule:
     """An int (not a bool, not a numeric string) from lo to hi."""
     return Rule(

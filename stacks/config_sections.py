@@ -6,16 +6,15 @@ deployment (stacks/config.py) holds one of each. Must not import aws_cdk (config
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BeforeValidator, model_validator
+from pydantic import model_validator
 from pydantic_core import core_schema
 
 import contract
 from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES, apikeys
 from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
-from stacks.config_rules import ConfigError, Rule, Section, between, matches, one_of, refuse
+from stacks.config_rules import ConfigError, Listed, Rule, Section, between, matches, one_of
 from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE
 
 LOG_RETENTION_DAYS = (
@@ -56,12 +55,6 @@ _PLACEMENT_GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 _RESOURCE_GROUP_ARN_RE = re.compile(
     r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
 )
-
-
-def _unit_az_list(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and len(value) <= 6:
-        return value
-    raise refuse("a list of up to 6 AZ names from availability_zones, or [] for all of them")
 
 
 class NodeConfig(Section):
@@ -146,7 +139,8 @@ class CapacityConfig(Section):
     Reservation or a group of them) or an EC2 Capacity Block, and in which AZs."""
 
     availability_zones: Annotated[
-        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_unit_az_list)
+        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...],
+        Listed("a list of up to 6 AZ names from availability_zones, or [] for all of them", lambda n: n <= 6),
     ] = ()
     """Up to 6 AZs of `availability_zones` (which must then be set) units go to, round-robin, while the VPC
     and ALB span all of them; `[]`: every AZ of the VPC. Changing it on a running fleet moves units away
@@ -191,15 +185,6 @@ _PRINCIPAL_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(root|role/[\w+=,.@/
 WAF_RATE_LIMIT_RANGE = (10, 2_000_000_000)
 
 
-def _list_of(what: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return value
-        raise refuse(f"a list of {what}")
-
-    return check
-
-
 class FrontConfig(Section):
     """The front door: internal (the default, reachable from the VPC and client_cidrs) or
     internet-facing (only client_cidrs / client_prefix_lists, behind AWS WAF); API keys."""
@@ -211,18 +196,18 @@ class FrontConfig(Section):
     ([runbook](runbooks/front-door.md))."""
     client_cidrs: Annotated[
         tuple[Annotated[str, matches(_CIDR_RE, "IPv4 CIDRs like 203.0.113.0/24")], ...],
-        BeforeValidator(_list_of("IPv4 CIDRs like [203.0.113.0/24]")),
+        Listed("a list of IPv4 CIDRs like [203.0.113.0/24]"),
     ] = ()
     """Client ranges admitted on 443/80 besides the VPC (peered VPCs, on-premises, partners); an
     internet-facing ALB admits only these and the prefix lists, and no 0.0.0.0/0 unless listed."""
     client_prefix_lists: Annotated[
         tuple[Annotated[str, matches(_PREFIX_LIST_RE, "managed prefix list ids like pl-0123456789abcdef0")], ...],
-        BeforeValidator(_list_of("managed prefix list ids like [pl-0123456789abcdef0]")),
+        Listed("a list of managed prefix list ids like [pl-0123456789abcdef0]"),
     ] = ()
     """Managed prefix lists admitted on 443/80, like `client_cidrs`."""
     privatelink_principals: Annotated[
         tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
-        BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
+        Listed("a list of IAM principal ARNs like [arn:aws:iam::123456789012:root]"),
     ] = ()
     """Internal only: an endpoint service (PrivateLink, an internal NLB forwarding to the ALB) these IAM
     principals may create endpoints to, each connection accepted by you
@@ -235,7 +220,7 @@ class FrontConfig(Section):
     waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
     """Internet-facing only: AWS WAF blocks a client IP above this many requests in 5 minutes."""
     waf_blocked_body_rules: Annotated[
-        tuple[Annotated[str, one_of(BODY_RULE_NAMES)], ...], BeforeValidator(_list_of("WAF body rule names"))
+        tuple[Annotated[str, one_of(BODY_RULE_NAMES)], ...], Listed("a list of WAF body rule names")
     ] = ()
     """Internet-facing only: managed-group body rules WAF blocks on instead of counting (long prompts are
     legitimate, so they count by default; [runbook](runbooks/waf-body-rules.md))."""

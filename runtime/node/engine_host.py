@@ -25,7 +25,6 @@ from runtime.engines.base import (
     EngineState,
     EngineUnavailable,
     GenerationRequest,
-    LoadProgress,
     RequestRejected,
     SamplingParams,
     StructuredOutput,
@@ -42,7 +41,6 @@ from runtime.node.engine_protocol import (
     Event,
     Failed,
     Load,
-    Progress,
     Ready,
     Shutdown,
     Starting,
@@ -101,7 +99,7 @@ def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     if cfg.engine == Engine.NEURON:
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(progress_event(p)))
+        run_follower(m, settings=cfg.neuron_settings(), report=out.send)
         return
     if cfg.engine == Engine.ECHO:
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
@@ -128,10 +126,6 @@ def load_event(engine: Any) -> Load:
     return Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load()))
 
 
-def progress_event(p: LoadProgress) -> Progress:
-    return Progress(phase=p.phase.value, done_bytes=p.done_bytes, total_bytes=p.total_bytes, phase_s=p.phase_s)
-
-
 async def _report_progress(engine: Any, out: "_Out") -> None:
     """While the engine starts: its load progress (engines that tell it), on change and every second."""
     sent: tuple = ()
@@ -142,7 +136,7 @@ async def _report_progress(engine: Any, out: "_Out") -> None:
         if p is not None:
             key = (p.phase, p.done_bytes, p.total_bytes)
             if key != sent or loop.time() - last >= 1.0:
-                out.send(progress_event(p))
+                out.send(p)
                 sent, last = key, loop.time()
         await asyncio.sleep(PROGRESS_POLL_S)
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Union
 
-from runtime.engines.base import EngineState
+from runtime.engines.base import EngineState, LoadProgress
 
 
 class ProtocolError(ValueError):
@@ -72,15 +72,8 @@ class Starting:
     op: ClassVar[str] = "starting"
 
 
-@dataclass(slots=True, kw_only=True)
-class Progress:
-    """While the engine loads: runtime.engines.base.LoadProgress's fields."""
-
-    op: ClassVar[str] = "progress"
-    phase: str
-    done_bytes: int = 0
-    total_bytes: int = 0
-    phase_s: float = 0.0
+# While the engine loads: the engine's own LoadProgress, sent as it is (an unknown phase is a ProtocolError).
+Progress = LoadProgress
 
 
 @dataclass(slots=True, kw_only=True)

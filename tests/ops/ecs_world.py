@@ -1,4 +1,4 @@
-"""A flotilla deployment on the ECS model (ops/rehearsal/ecs_api.py): units whose ECS services, tasks and
+"""A flotilla deployment on the ECS model (tests/ecs_api.py): units whose ECS services, tasks and
 deployments move as ECS moves them, on Auto Scaling groups and EC2 instances in moto, with a real
 HTTP server on 127.0.0.1 per RUNNING task answering /health/ready, and Cloud Map registrations made
 and removed as ECS makes and removes them. Also CloudFormation's part of a `cdk deploy` of a cell
@@ -16,11 +16,12 @@ from typing import Any
 import botocore.session
 from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import ParamValidator
+from ecs_api import EcsModel
+from ecs_api_records import Task
 from ops_fakes import HealthServer, ready_body
 
 import contract
 from ops.aws import Aws
-from ops.rehearsal.ecs_api import EcsModel, Task
 from stacks.config import NodeConfig
 
 REGION = "us-east-1"

@@ -10,12 +10,12 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 from botocore.exceptions import ClientError
+from ecs_api_records import EPOCH
 from ops_fakes import bare_unit
 
 from contract import node_exit
 from ops.diagnose import STOPPED_TASKS, stopped_tasks
 from ops.errors import EXIT_CRITICAL
-from ops.rehearsal.ecs_api import EPOCH
 from stacks.config import NodeConfig
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from stacks import config_doc
 from stacks.config import ConfigError, parse_config
-from stacks.config_rules import Rule, Section, between
+from stacks.config_rules import Listed, Rule, Section, between
 
 
 def test_the_committed_reference_is_the_one_the_config_generates():
@@ -51,6 +51,18 @@ def test_the_allowed_column_is_what_the_refusal_of_a_bad_value_says():
     for row in rows:
         with pytest.raises(ConfigError) as refused:
             parse_config(_raw(row.key, {"not": "a value"}))
+        assert (refused.value.key, refused.value.allowed) == (row.key, row.allowed)
+
+
+def test_a_list_key_states_the_refusal_of_a_bad_list():
+    """A list checked as a whole (its kind, its length) before its items states that check's words."""
+    listed = {key for key, field in _leaf_fields() if any(isinstance(m, Listed) for m in field.metadata)}
+    rows = [r for r in config_doc.rows() if r.key in listed]
+    assert {"availability_zones", "capacity.availability_zones", "front.client_cidrs", "drained_units"} <= listed
+    cases = [(r, "not a list") for r in rows] + [(r, ["us-east-1a"]) for r in rows if r.key == "availability_zones"]
+    for row, bad in cases:
+        with pytest.raises(ConfigError) as refused:
+            parse_config(_raw(row.key, bad))
         assert (refused.value.key, refused.value.allowed) == (row.key, row.allowed)
 
 

@@ -133,10 +133,13 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class EngineLoad:
-    queue_depth: int  # submitted, not yet running
-    running: int  # sequences in the running batch
-    max_running: int  # batch slots
-    kv_cache_used: float  # fraction of the KV-cache budget in use, 0.0..1.0
+    """An engine's load; the engine process sends it to its supervisor with the engine's state
+    (runtime/node/engine_protocol.py Load, which adds only those two fields)."""
+
+    queue_depth: int = 0  # submitted, not yet running
+    running: int = 0  # sequences in the running batch
+    max_running: int = 0  # batch slots
+    kv_cache_used: float = 0.0  # fraction of the KV-cache budget in use, 0.0..1.0
     # Prefix cache since start, in prompt tokens as vLLM counts them: every admitted prompt token is
     # a query, every token whose KV came from the cache a hit (vllm:prefix_cache_queries / _hits).
     prefix_cache_queries: int = 0

@@ -63,14 +63,14 @@ synth: deps toolchain
 	rm -rf cdk.out
 	$(CDK) synth --quiet $(if $(CONFIG),-c config=$(CONFIG))
 
-# Deploy to the account of your AWS credentials (README "Bootstrap and deploy"). Two targets, because
+# Deploy to the account of your AWS credentials (README "Production"). Two targets, because
 # the CDK CLI's rollback setting must differ: `deploy-new-units` (the first deploy, a new cell, more
 # units) passes --no-rollback, so a unit short of capacity fails alone and the cell's other units keep
 # serving (docs/runbooks/partial-cell.md); `deploy` (new revisions, settings) keeps the rollback, since
 # "do **not** disable this flag for deployments with resource replacements, as that will always fail"
 # (`cdk deploy --help`, CLI 2.1148.1) and every revision replaces task definitions. For the same reason
 # cdk.json sets no "rollback": false, though the CLI would read it (settings merge cdk.json under the
-# command line). CONCURRENCY runs that many cell lanes side by side (README "Rollouts").
+# command line). CONCURRENCY runs that many cell lanes side by side (docs/rollouts.md).
 # Both run `flotilla preflight` on the same config first (read-only checks against the account: quota,
 # AZs, capacity, AMI, model manifest, certificate, API keys, image, CDK bootstrap;
 # docs/runbooks/first-deploy.md) and stop on any FAIL. PREFLIGHT=0 skips it, e.g. to re-run a deploy
@@ -110,6 +110,13 @@ BENCH_TINY = $(if $(TINY),--tiny)
 # Synth wall time / peak memory / resources per stack (docs/benchmarks.md).
 bench-synth: deps
 	$(PY) -m bench.synth.run $(BENCH_TINY)
+
+# docs/configuration.md from the typed config (stacks/config_doc.py): every key, the values it allows,
+# its default and meaning. Run it after changing a config field; tests/stacks/test_config_doc.py fails
+# until the committed file matches.
+.PHONY: docs-config
+docs-config: deps
+	$(PY) -m stacks.config_doc
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .cache

@@ -6,6 +6,15 @@ aws-cdk-lib and of torch so that either side can import it without pulling in th
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+# Declared beside the Retry-After rounding both sides run; named here with every other shared name.
+from contract.busy import BUSY_CODE_QUEUE_TIMEOUT as BUSY_CODE_QUEUE_TIMEOUT
+from contract.busy import BUSY_CODE_SHED as BUSY_CODE_SHED
+from contract.busy import BUSY_CODES as BUSY_CODES
+from contract.busy import BUSY_STATUS as BUSY_STATUS
+from contract.busy import RETRY_AFTER_MAX_S as RETRY_AFTER_MAX_S
+
 # --- Ports -------------------------------------------------------------------------------------
 NODE_API_PORT = 8000  # a unit member's HTTP server (the leader serves the API here)
 ROUTER_PORT = 8080  # the router's public HTTP server (the API and its health check); the ALB targets it
@@ -72,18 +81,6 @@ ROUTE_MARKS_HEADER = "X-Flotilla-Route-Marks"
 ROUTE_MARKS_MAX = 8
 INTERNAL_HEADERS = (RESUME_HEADER, CONTINUATION_HEADER, ROUTE_KEY_HEADER, ROUTE_PROMPT_HEADER, ROUTE_MARKS_HEADER)
 
-# --- Busy is not broken -----------------------------------------------------------------------------
-# A unit that is full answers 429 + Retry-After with one of these error codes; a router never changes
-# a unit's routability for them (only the unit's own health reports and real failures do).
-# OpenAI SDKs retry 429 and honour a Retry-After of up to 120 s (openai==3.51.0
-# openai/_base_client.py `_should_retry` / `_calculate_retry_timeout`, openai/_constants.py
-# MAX_RETRY_AFTER_DELAY): a longer value makes them give up at once, so none is ever sent.
-BUSY_STATUS = 429
-BUSY_CODE_SHED = "unit_busy"  # refused at once: the expected wait for a batch slot exceeds the queue timeout
-BUSY_CODE_QUEUE_TIMEOUT = "queue_timeout"  # waited the whole queue timeout without a batch slot
-BUSY_CODES = frozenset({BUSY_CODE_SHED, BUSY_CODE_QUEUE_TIMEOUT})
-RETRY_AFTER_MAX_S = 120
-
 # --- Environment variables (container settings) --------------------------------------------------
 ENV_ROLE = "FLOTILLA_ROLE"  # node | router (the image command also picks it)
 ENV_UNIT_ID = "FLOTILLA_UNIT_ID"  # e.g. "cell0-unit3"
@@ -116,9 +113,25 @@ ENV_API_KEYS_TTL = "FLOTILLA_API_KEYS_TTL_S"  # router: seconds between reads of
 ENV_API_KEY = "FLOTILLA_API_KEY"  # router: the one key local mode accepts (`make local API_KEY=...`)
 ENV_LIMIT_ROUTERS = "FLOTILLA_LIMIT_ROUTERS"  # router: routers sharing each key's limits (each takes 1/n)
 
+
 # --- Choices both the deployment config and the node settings offer -----------------------------
-ENGINES = ("reference", "echo", "neuron")  # FLOTILLA_ENGINE: torch on CPU, a test engine, Trainium
-STRATEGIES = ("pipeline", "tensor")  # how a phase (prefill, decode) splits the model over a unit
+class Engine(StrEnum):
+    """FLOTILLA_ENGINE: what runs the model. A str, so a name read from a flag or JSON compares equal."""
+
+    REFERENCE = "reference"  # torch on CPU
+    ECHO = "echo"  # a test engine: no model
+    NEURON = "neuron"  # vLLM with NxD Inference on Trainium
+
+
+class Strategy(StrEnum):
+    """How a phase (prefill, decode) splits the model over a unit's members."""
+
+    PIPELINE = "pipeline"  # each member holds some layers
+    TENSOR = "tensor"  # each member holds a share of every layer's heads
+
+
+ENGINES = tuple(e.value for e in Engine)
+STRATEGIES = tuple(s.value for s in Strategy)
 AUTO_STRATEGY = "auto"  # the reference engine times both strategies at formation and keeps the faster
 STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)  # FLOTILLA_PREFILL_STRATEGY / FLOTILLA_DECODE_STRATEGY
 
@@ -127,6 +140,15 @@ STRATEGY_CHOICES = (AUTO_STRATEGY, *STRATEGIES)  # FLOTILLA_PREFILL_STRATEGY / F
 # FLOTILLA_UNIT_ID. Parsed back by the operations CLI, so both forms are declared here only.
 CELL_ID_PATTERN = r"cell(\d+)"
 UNIT_ID_PATTERN = CELL_ID_PATTERN + r"-unit(\d+)"
+
+
+# ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
+# (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html); the older ECS
+# user guide page (AmazonECS/latest/userguide/service-quotas.html) and
+# aws-cloudformation/cloudformation-coverage-roadmap#1086 say 10. We follow the developer guide, the
+# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (docs/configuration.md).
+# A cell is one cluster and each unit has its own capacity provider, so a cell holds at most this many.
+MAX_UNITS_PER_CELL = 20
 
 
 def cell_id(cell: int) -> str:

@@ -28,6 +28,10 @@ MAX_TOKENS_PER_MIN = 1_000_000_000
 DEFAULT_COMPLETION_ESTIMATE = 256
 BYTES_PER_TOKEN = 4
 LOCAL_KEY_ID = "local"  # the id of the one key `make local API_KEY=...` accepts
+# Seconds a router serves the keys it last read before reading the secret again: a revoked key
+# works at most this long after `flotilla keys` writes. The default of the config's
+# front.api_keys_ttl_s, which the stacks pass to every router (contract.ENV_API_KEYS_TTL).
+API_KEYS_TTL_S = 30
 
 
 def secret_name(deployment: str) -> str:

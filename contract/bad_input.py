@@ -46,3 +46,12 @@ class BadInput(ValueError):
     def __init__(self, name: str, value: Any, problem: str, fix: str, *, text: bool = False) -> None:
         self.name, self.value, self.problem, self.fix = name, value, problem, fix
         super().__init__(bad_input_line(name, value, problem, fix, text=text))
+
+
+class Allowed:
+    """Annotated metadata for a field whose checking lives elsewhere (a validator function): the values
+    it takes, in its refusal's words, for the configuration reference (stacks/config_doc.py). Here, not
+    in stacks/, so a section the node shares (contract.speculation.Speculation) can state them too."""
+
+    def __init__(self, allowed: str):
+        self.allowed = allowed

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from contract import Engine
 from contract.bad_input import BadInput
 from contract.llama import LlamaShape
-from contract.sizing import DEFAULT_HBM_RESERVE, CoreMemory, core_memory
+from contract.sizing import DEFAULT_HBM_RESERVE, EAGLE_FC_INPUTS, CoreMemory, core_memory
 from contract.trainium import GIB, INSTANCES
 
 AUTO = "auto"
@@ -82,9 +83,13 @@ def check_layout(
     hbm_reserve: float = DEFAULT_HBM_RESERVE,
     model: str = "the model",
     names: Names = RUNTIME_NAMES,
+    speculation: str = "none",
+    draft: LlamaShape | None = None,
 ) -> UnitLayout:
     """The layout `nodes` x `instance_type` runs `shape` with, or LayoutError naming the input, the
-    model (`model`: how the caller knows it) and the unit sizes that would serve."""
+    model (`model`: how the caller knows it) and the unit sizes that would serve. `speculation` (the
+    method, contract/speculation.py): eagle / eagle3 count the EAGLE draft in the memory, `draft` (its
+    config.json's shape, the node's) or contract.sizing's estimate (synth's)."""
     unit = _Unit(
         shape=shape,
         engine=engine,
@@ -95,6 +100,8 @@ def check_layout(
         reserve=hbm_reserve,
         model=model,
         names=names,
+        speculation=speculation,
+        draft=draft,
     )
     return unit.check(cp_degree, attention_dp_degree, prefix_caching_block)
 
@@ -145,6 +152,8 @@ class _Unit:
     model: str = "the model"
     names: Names = field(default_factory=lambda: RUNTIME_NAMES)
     suggest: bool = True
+    speculation: str = "none"
+    draft: LlamaShape | None = None
 
     def refuse(self, setting: str, value: Any, problem: str, fix: str) -> LayoutError:
         return LayoutError(setting, value, problem, fix, names=self.names)
@@ -153,9 +162,9 @@ class _Unit:
         return self.names.get(setting, setting)
 
     def check(self, cp: int | str, dp: int | str, block: int) -> UnitLayout:
-        if self.engine == "neuron":
+        if self.engine == Engine.NEURON:
             return self._neuron(cp, dp, block)
-        if self.engine == "reference":
+        if self.engine == Engine.REFERENCE:
             return self._reference()
         return self._accepted()
 
@@ -240,18 +249,35 @@ class _Unit:
             cp, dp = 1, 1
         self._validate_degrees(tp, int(cp), int(dp), where, tunable=nodes == 1)
         memory = core_memory(
-            shape, instance, nodes=nodes, batch=self.batch_size, seq_len=self.seq_len, hbm_reserve=self.reserve
+            shape,
+            instance,
+            nodes=nodes,
+            batch=self.batch_size,
+            seq_len=self.seq_len,
+            hbm_reserve=self.reserve,
+            speculation=self.speculation,
+            draft=self.draft,
         )
         if not memory.fits:
-            raise self.refuse(
-                "nodes",
-                nodes,
-                f"cannot hold {self.model} on {self.instance_type}: "
-                f"{describe_memory(memory, self.batch_size, self.seq_len)} > {memory.usable / GIB:.2f} GiB usable "
-                f"per NeuronCore ({memory.hbm / GIB:.0f} GiB HBM less {self.reserve:.0%} for the runtime)",
-                f"{self._nodes_fix()}, or lower {self.name('batch_size')} or {self.name('seq_len')}",
-            )
+            self._too_big(memory)
         return self._accepted(tp_degree=tp, cp_degree=int(cp), attention_dp_degree=int(dp), memory=memory)
+
+    def _too_big(self, memory: CoreMemory) -> None:
+        setting: str = "nodes"
+        value: Any = self.nodes  # or the speculation method's name
+        fix = f"{self._nodes_fix()}, or lower {self.name('batch_size')} or {self.name('seq_len')}"
+        if self.speculation in EAGLE_FC_INPUTS:  # one node only (contract.speculation): more nodes are no fix
+            fix = f"lower {self.name('batch_size')} or {self.name('seq_len')}, or set {self.name('speculation')} none"
+            if memory.total - memory.draft <= memory.usable:  # the draft is what does not fit
+                setting, value = "speculation", self.speculation
+        raise self.refuse(
+            setting,
+            value,
+            f"cannot hold {self.model} on {self.instance_type}: "
+            f"{describe_memory(memory, self.batch_size, self.seq_len)} > {memory.usable / GIB:.2f} GiB usable "
+            f"per NeuronCore ({memory.hbm / GIB:.0f} GiB HBM less {self.reserve:.0%} for the runtime)",
+            fix,
+        )
 
     def _nodes_fix(self) -> str:
         if not self.suggest:
@@ -410,9 +436,10 @@ class _Unit:
 
 
 def describe_memory(memory: CoreMemory, batch_size: int, seq_len: int) -> str:
+    draft = f" + EAGLE draft {memory.draft / GIB:.2f}" if memory.draft else ""
     return (
         f"{memory.total / GIB:.2f} GiB per NeuronCore (weights {memory.weights / GIB:.2f} + KV cache "
-        f"{memory.kv_cache / GIB:.2f} for {batch_size} x {seq_len} tokens)"
+        f"{memory.kv_cache / GIB:.2f} for {batch_size} x {seq_len} tokens{draft})"
     )
 
 

@@ -4,6 +4,15 @@ container's exitCode, and `flotilla status` names it beside the task. Declared o
 A node that can never serve (the unit's layout cannot run the model, the model is not published as
 its manifest says, the model cannot be read) exits at once with its own status instead of spending
 its restart budget: the same settings and model would fail the same way every time.
+
+That exit is what stops a rollout of such a node within minutes. ECS's deployment circuit breaker
+counts a task as failed "if the service scheduler can't launch the task, the task doesn't transition
+to a RUNNING state, or if it fails any of its defined health checks and is stopped" (ECS API
+reference, API_Deployment.html, failedTasks); "if a Task fails before reporting a health check, the
+failedTask count is not reset" (the ECS team in aws/containers-roadmap#1206, 2021-12-16), and a node
+never passes its container health check before its unit has served. The deployment fails at
+0.5 x the desired task count failed, at least 3 (API_ServiceDeploymentCircuitBreaker.html,
+threshold), and rolls back (stacks/unit.py). docs/node.md, "Exit status", has the arithmetic.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ RESTART_BUDGET_EXHAUSTED = 1  # re-formed more than max_restarts times within th
 BAD_SETTINGS = 2  # a flag or environment variable the node refused at start
 LAYOUT_REFUSED = 3  # the unit's layout cannot serve the model (contract/layout.py)
 MODEL_NOT_PUBLISHED = 4  # no flotilla-manifest.json at the model URI, or the files differ from it
-MODEL_UNREADABLE = 5  # the model's config.json or tokenizer cannot be read
+MODEL_UNREADABLE = 5  # the model's config.json, weights or tokenizer cannot be read
 
 CANNOT_SERVE = frozenset({LAYOUT_REFUSED, MODEL_NOT_PUBLISHED, MODEL_UNREADABLE})
 
@@ -27,7 +36,7 @@ MEANINGS: Mapping[int, str] = MappingProxyType(
         BAD_SETTINGS: "the node refused a setting at start",
         LAYOUT_REFUSED: "the unit's layout cannot serve the model (nodes per unit, instance type, memory)",
         MODEL_NOT_PUBLISHED: "the model is not published as its flotilla-manifest.json says (or has none)",
-        MODEL_UNREADABLE: "the model's config.json or tokenizer cannot be read",
+        MODEL_UNREADABLE: "the model's config.json, weights or tokenizer cannot be read",
     }
 )
 # The node's log event that carries the one-line reason of a CANNOT_SERVE exit.

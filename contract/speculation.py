@@ -1,15 +1,25 @@
 """Speculative decoding as a deployment may ask for it: which method each engine runs, the limits, and
-the one check the deployment config (at synth) and the node (at start) both apply. Standard library only.
+the one check the deployment config (at synth) and the node (at start) both apply.
 
 reference engine: `ngram` (prompt lookup, runtime/engines/speculative.py). neuron engine, one node:
 `eagle` / `eagle3` through the vllm-neuron plugin, with an EAGLE draft checkpoint published inside the
 model's own artifact directory (so the model's one manifest lists and verifies it). Every neuron rule
 below names where the pinned stack says it.
+
+`Speculation` is the one declaration of the setting: the deployment config's `speculation` section
+(stacks/speculation.py), the node's FLOTILLA_SPECULATIVE_* variables (runtime/node/speculation.py) and the
+neuron engine's options (runtime/engines/neuron/launch.py) are all this model. Standard library and pydantic.
 """
 
 from __future__ import annotations
 
-from contract.bad_input import BadInput
+from collections.abc import Mapping
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict
+
+from contract import Engine
+from contract.bad_input import Allowed, BadInput
 from contract.neuron import NXDI_2_28, SDK_DOCS_2_28_0
 
 # What a neuron unit's vLLM reads (PLUGIN_MAIN: the newest stored revision of vllm-project/vllm-neuron;
@@ -25,7 +35,11 @@ NONE = "none"
 NGRAM = "ngram"
 EAGLE, EAGLE3 = "eagle", "eagle3"
 METHODS = (NONE, NGRAM, EAGLE, EAGLE3)
-METHODS_BY_ENGINE = {"reference": (NONE, NGRAM), "neuron": (NONE, EAGLE, EAGLE3), "echo": (NONE,)}
+METHODS_BY_ENGINE: dict[str, tuple[str, ...]] = {
+    Engine.REFERENCE: (NONE, NGRAM),
+    Engine.NEURON: (NONE, EAGLE, EAGLE3),
+    Engine.ECHO: (NONE,),
+}
 MAX_SPECULATIVE_TOKENS = 16  # flotilla's bound: verifying more rows a step stops paying long before
 DEFAULT_SPECULATIVE_TOKENS = 4
 
@@ -43,6 +57,11 @@ SOURCES = {
     f"on_device_sampling_config); {_LOADER}:350-363 (the plugin reads fused speculation's accepted tokens "
     "only under on_device_sampling_config; host sampling takes logits[:, -1])",
     "eagle3 without prefix caching": f"{_MODEL_BASE}:1700 (EAGLE3 and prefix caching not integrated)",
+    # A risk, not a rule: the SDK guide lists EAGLE3, but the plugin revision read here turns NxD Inference's
+    # EAGLE path on for method "eagle" alone, so an "eagle3" draft would compile as a plain fused draft
+    # model. The runbook's EAGLE step (docs/runbooks/trainium-smoke-test.md) checks release-0.4.1 first.
+    "eagle3 (unverified)": f"{_LOADER}:789-791 (enable_eagle_speculation only when method == 'eagle'; nothing "
+    f"in the file sets is_eagle3); {_V1_GUIDE}:141-143 (Eagle V1 and V3 supported)",
     "one node": "flotilla's multi-node loop (runtime/engines/neuron/spmd.py) drives NxD Inference's "
     "token-generation model one token per step; NxD Inference's multi-node example runs no speculation "
     f"({NXDI_2_28}:examples/multi_node.md) and its fused speculation returns accepted tokens and positions the "
@@ -112,3 +131,79 @@ def check_speculation(
             )
     elif draft:
         raise BadInput(f"{key}.draft", draft, f"is not used by method {method}", "leave it empty")
+
+
+class Speculation(BaseModel):
+    """A unit's speculative decoding: method (METHODS), draft tokens per step (vLLM's
+    num_speculative_tokens, 1..MAX_SPECULATIVE_TOKENS) and, for eagle / eagle3, the EAGLE draft
+    checkpoint's directory inside the model's artifact directory (so the model's manifest lists and
+    verifies it). check() holds it to what the unit's engine runs."""
+
+    # A field's docstring is its description in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+
+    method: Annotated[str, Allowed("one of " + ", ".join(METHODS) + ", as the units' engine runs it")] = NONE
+    """Speculative decoding: `ngram` (prompt lookup) on the reference engine, EAGLE (`eagle`, `eagle3`) on
+    one-node `neuron` units; `none` decodes one token a step ([engine.md](engine.md))."""
+    num_speculative_tokens: Annotated[int, Allowed(f"an integer from 1 to {MAX_SPECULATIVE_TOKENS}")] = (
+        DEFAULT_SPECULATIVE_TOKENS
+    )
+    """Tokens proposed per step."""
+    draft: Annotated[str, Allowed("a directory inside model.s3_uri")] = ""
+    """`eagle`, `eagle3`: the draft checkpoint's directory inside `model.s3_uri`, so the model's manifest
+    lists and verifies it (publish the model directory with the draft in it)."""
+
+    @property
+    def on(self) -> bool:
+        return self.method != NONE
+
+    @property
+    def eagle(self) -> bool:
+        return self.method in (EAGLE, EAGLE3)
+
+    def check(
+        self, *, engine: str, nodes: int, neuron_sampling: str, prefix_caching_block: int, key: str = "speculation"
+    ) -> Speculation:
+        """self, or BadInput naming `key`.<field> and the fix (check_speculation)."""
+        check_speculation(
+            method=self.method,
+            tokens=self.num_speculative_tokens,
+            draft=self.draft,
+            engine=engine,
+            nodes=nodes,
+            neuron_sampling=neuron_sampling,
+            prefix_caching_block=prefix_caching_block,
+            key=key,
+        )
+        return self
+
+    def environment(self) -> dict[str, str]:
+        """The node's variables for it (none while it is off)."""
+        if not self.on:
+            return {}
+        env = {ENV_SPECULATIVE_METHOD: self.method, ENV_SPECULATIVE_TOKENS: str(self.num_speculative_tokens)}
+        if self.draft:
+            env[ENV_SPECULATIVE_DRAFT] = self.draft.strip("/")
+        return env
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> Speculation:
+        """What the node's variables say (unchecked: check() it against the node's engine), or BadInput
+        naming the variable."""
+        raw = env.get(ENV_SPECULATIVE_TOKENS, str(DEFAULT_SPECULATIVE_TOKENS))
+        try:
+            tokens = int(raw)
+        except ValueError:
+            raise BadInput(
+                ENV_SPECULATIVE_TOKENS, raw, "is not an integer", f"give 1..{MAX_SPECULATIVE_TOKENS}", text=True
+            ) from None
+        return cls(
+            method=env.get(ENV_SPECULATIVE_METHOD, NONE) or NONE,
+            num_speculative_tokens=tokens,
+            draft=env.get(ENV_SPECULATIVE_DRAFT, ""),
+        )
+
+    @property
+    def draft_dir(self) -> str:
+        """The draft's directory relative to the model's, without surrounding slashes."""
+        return self.draft.strip("/")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contract import MAX_UNITS_PER_CELL
 from contract.bad_input import NOT_GIVEN
 from contract.layout import heads_fit
 from contract.llama import DTYPE_BYTES, LlamaShape, ShapeError, load_config_json, preset, preset_names
@@ -22,10 +23,6 @@ from contract.sizing import CoreMemory, core_memory
 from contract.trainium import GIB, TrainiumInstance
 from ops.errors import arg_line
 from ops.hardware import instance_spec
-
-# ECS allows at most 20 capacity providers per cluster and each unit has its own (one ASG per
-# unit placement group), so a cell holds at most 20 units.
-MAX_UNITS_PER_CELL = 20
 
 
 class PlanError(ValueError):
@@ -345,9 +342,56 @@ class Plan:
 
 
 def plan(model: PlanModel, traffic: Traffic, settings: PlanSettings) -> Plan:
+    """The smallest unit (1..max_nodes nodes) whose NeuronCores hold the model and the batch's KV
+    cache, and how many such units the traffic needs; PlanError when none fits."""
     inst = instance_spec(settings.instance_type)
     w_bytes = dtype_bytes(model.shape.dtype)
     kv_bytes = dtype_bytes(settings.kv_dtype or model.shape.dtype, what="--kv-dtype")
+    seq_len = _seq_len(model, traffic, settings)
+    usable = inst.hbm_bytes_per_core * (1 - settings.hbm_reserve)
+    skipped: list[str] = []
+    smallest_need: CoreMemory | None = None
+    for nodes in range(1, settings.max_nodes + 1):
+        split_fails = _split_fails(model.shape, inst.neuron_cores * nodes, settings)
+        if split_fails:
+            skipped.append(f"{nodes} nodes: {split_fails}")
+            continue
+        # The one rule the runtime's planner and the layout check use too (contract/sizing.py).
+        memory = core_memory(
+            model.shape,
+            inst,
+            nodes=nodes,
+            batch=settings.batch,
+            seq_len=seq_len,
+            hbm_reserve=settings.hbm_reserve,
+            kv_dtype=settings.kv_dtype,
+            params=model.params,
+        )
+        if smallest_need is None or memory.total < smallest_need.total:
+            smallest_need = memory
+        if not memory.fits:
+            skipped.append(
+                f"{nodes} nodes: {memory.total / GIB:.2f} GiB per NeuronCore > {usable / GIB:.2f} GiB usable"
+            )
+            continue
+        one_unit = _one_unit(
+            model,
+            traffic,
+            settings,
+            inst,
+            nodes=nodes,
+            seq_len=seq_len,
+            memory=memory,
+            w_bytes=w_bytes,
+            kv_bytes=kv_bytes,
+        )
+        units = max(1, math.ceil(traffic.requests_per_s / one_unit.requests_per_s_per_unit - 1e-9))
+        return replace(one_unit, units=units, skipped=tuple(skipped))
+    raise _no_unit_fits(model, settings, inst, skipped, smallest_need)
+
+
+def _seq_len(model: PlanModel, traffic: Traffic, settings: PlanSettings) -> int:
+    """The KV-cache length per sequence the plan sizes memory for: --seq-len, or a whole request."""
     seq_len = settings.seq_len or traffic.prompt_tokens + traffic.output_tokens
     if traffic.prompt_tokens + traffic.output_tokens > model.context_length:
         raise bad_plan_input(
@@ -370,89 +414,90 @@ def plan(model: PlanModel, traffic: Traffic, settings: PlanSettings) -> Plan:
             f"is shorter than a request ({traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens)",
             "raise --seq-len or drop it",
         )
+    return seq_len
 
-    params = model.total_params
-    shape = model.shape
-    hd = shape.head_dim
-    usable = inst.hbm_bytes_per_core * (1 - settings.hbm_reserve)
-    skipped: list[str] = []
-    smallest_need: CoreMemory | None = None
 
-    for nodes in range(1, settings.max_nodes + 1):
-        tp = inst.neuron_cores * nodes
-        # The node's own test of a split (contract/layout.py), with the padded-heads escape the planner offers.
+def _split_fails(shape: LlamaShape, tp: int, settings: PlanSettings) -> str | None:
+    """Why tensor parallelism over tp NeuronCores cannot split the model, or None when it can: the
+    node's own test of a split (contract/layout.py), with the padded-heads escape the planner offers."""
+    if settings.pad_heads:
+        return None
+    if not heads_fit(shape, tp):
         heads_ok = shape.num_attention_heads % tp == 0
-        if not heads_fit(shape, tp) and not settings.pad_heads:
-            why = f"{shape.num_attention_heads} heads" if not heads_ok else f"{shape.num_key_value_heads} KV heads"
-            skipped.append(f"{nodes} nodes: tp_degree {tp} does not divide {why}")
-            continue
-        if shape.intermediate_size % tp and not settings.pad_heads:
-            skipped.append(f"{nodes} nodes: tp_degree {tp} does not divide intermediate_size {shape.intermediate_size}")
-            continue
-        q_per_core = math.ceil(shape.num_attention_heads / tp)
-        kv_per_core = math.ceil(shape.num_key_value_heads / tp)
-        kv_per_token = shape.num_hidden_layers * 2 * kv_per_core * hd * kv_bytes
-        # The one rule the runtime's planner and the layout check use too (contract/sizing.py).
-        memory = core_memory(
-            shape,
-            inst,
-            nodes=nodes,
-            batch=settings.batch,
-            seq_len=seq_len,
-            hbm_reserve=settings.hbm_reserve,
-            kv_dtype=settings.kv_dtype,
-            params=model.params,
-        )
-        if smallest_need is None or memory.total < smallest_need.total:
-            smallest_need = memory
-        if not memory.fits:
-            skipped.append(
-                f"{nodes} nodes: {memory.total / GIB:.2f} GiB per NeuronCore > {usable / GIB:.2f} GiB usable"
-            )
-            continue
+        why = f"{shape.num_attention_heads} heads" if not heads_ok else f"{shape.num_key_value_heads} KV heads"
+        return f"tp_degree {tp} does not divide {why}"
+    if shape.intermediate_size % tp:
+        return f"tp_degree {tp} does not divide intermediate_size {shape.intermediate_size}"
+    return None
 
-        # Decode: every NeuronCore reads its weights and its KV cache once per step.
-        avg_context = traffic.prompt_tokens + traffic.output_tokens / 2
-        step_bytes = memory.weights + settings.batch * avg_context * kv_per_token
-        decode_hbm_s = step_bytes / inst.hbm_bytes_per_s_per_core
-        # Two all-reduces per layer (attention out, MLP out) of batch x hidden activations; across
-        # nodes a ring moves 2 (N-1)/N of the message through each node's EFA.
-        message = settings.batch * shape.hidden_size * w_bytes
-        inter_node = 2 * (nodes - 1) / nodes * message
-        decode_efa_s = shape.num_hidden_layers * 2 * inter_node / inst.efa_bytes_per_s
-        # Prefill: 2 FLOPs per parameter per prompt token (attention's quadratic term left out: a
-        # lower bound), every node at once. Context encoding is tensor parallel over the same cores
-        # as decode (cp_degree 1 across nodes, runtime/engines/neuron/launch.py): the same two
-        # all-reduces per layer, of prompt x hidden activations, through each node's EFA.
-        prefill_compute_s = 2 * params * traffic.prompt_tokens / (nodes * inst.bf16_flops)
-        prompt_message = traffic.prompt_tokens * shape.hidden_size * w_bytes
-        prefill_efa_s = shape.num_hidden_layers * 2 * (2 * (nodes - 1) / nodes * prompt_message) / inst.efa_bytes_per_s
 
-        partial = Plan(
-            model=model,
-            traffic=traffic,
-            settings=settings,
-            instance=inst,
-            nodes_per_unit=nodes,
-            tp_degree=tp,
-            q_heads_per_core=q_per_core,
-            kv_heads_per_core=kv_per_core,
-            seq_len=seq_len,
-            memory=memory,
-            decode_hbm_s=decode_hbm_s,
-            decode_efa_s=decode_efa_s,
-            prefill_compute_s=prefill_compute_s,
-            prefill_efa_s=prefill_efa_s,
-            units=1,
-            skipped=tuple(skipped),
-        )
-        units = max(1, math.ceil(traffic.requests_per_s / partial.requests_per_s_per_unit - 1e-9))
-        return replace(partial, units=units)
+def _one_unit(
+    model: PlanModel,
+    traffic: Traffic,
+    settings: PlanSettings,
+    inst: TrainiumInstance,
+    *,
+    nodes: int,
+    seq_len: int,
+    memory: CoreMemory,
+    w_bytes: int,
+    kv_bytes: int,
+) -> Plan:
+    """A one-unit plan of `nodes` nodes whose memory fits: its decode and prefill times, bounded by
+    HBM bandwidth, FLOPS and EFA."""
+    shape = model.shape
+    tp = inst.neuron_cores * nodes
+    q_per_core = math.ceil(shape.num_attention_heads / tp)
+    kv_per_core = math.ceil(shape.num_key_value_heads / tp)
+    kv_per_token = shape.num_hidden_layers * 2 * kv_per_core * shape.head_dim * kv_bytes
+    # Decode: every NeuronCore reads its weights and its KV cache once per step.
+    avg_context = traffic.prompt_tokens + traffic.output_tokens / 2
+    step_bytes = memory.weights + settings.batch * avg_context * kv_per_token
+    decode_hbm_s = step_bytes / inst.hbm_bytes_per_s_per_core
+    # Two all-reduces per layer (attention out, MLP out) of batch x hidden activations; across
+    # nodes a ring moves 2 (N-1)/N of the message through each node's EFA.
+    message = settings.batch * shape.hidden_size * w_bytes
+    inter_node = 2 * (nodes - 1) / nodes * message
+    decode_efa_s = shape.num_hidden_layers * 2 * inter_node / inst.efa_bytes_per_s
+    # Prefill: 2 FLOPs per parameter per prompt token (attention's quadratic term left out: a
+    # lower bound), every node at once. Context encoding is tensor parallel over the same cores
+    # as decode (cp_degree 1 across nodes, runtime/engines/neuron/launch.py): the same two
+    # all-reduces per layer, of prompt x hidden activations, through each node's EFA.
+    prefill_compute_s = 2 * model.total_params * traffic.prompt_tokens / (nodes * inst.bf16_flops)
+    prompt_message = traffic.prompt_tokens * shape.hidden_size * w_bytes
+    prefill_efa_s = shape.num_hidden_layers * 2 * (2 * (nodes - 1) / nodes * prompt_message) / inst.efa_bytes_per_s
+    return Plan(
+        model=model,
+        traffic=traffic,
+        settings=settings,
+        instance=inst,
+        nodes_per_unit=nodes,
+        tp_degree=tp,
+        q_heads_per_core=q_per_core,
+        kv_heads_per_core=kv_per_core,
+        seq_len=seq_len,
+        memory=memory,
+        decode_hbm_s=decode_hbm_s,
+        decode_efa_s=decode_efa_s,
+        prefill_compute_s=prefill_compute_s,
+        prefill_efa_s=prefill_efa_s,
+        units=1,
+    )
 
+
+def _no_unit_fits(
+    model: PlanModel,
+    settings: PlanSettings,
+    inst: TrainiumInstance,
+    skipped: list[str],
+    smallest_need: CoreMemory | None,
+) -> PlanError:
+    """The error when no unit size works: no tensor-parallel degree splits the heads, or none fits."""
+    shape = model.shape
     fits = f"fits no unit of {model.name} on 1..{settings.max_nodes} {inst.instance_type} nodes"
     if smallest_need is None:
         cores = inst.neuron_cores
-        raise bad_plan_input(
+        return bad_plan_input(
             "--heads",
             shape.num_attention_heads,
             f"{fits}: no tp_degree in {cores}..{cores * settings.max_nodes} ({cores} NeuronCores x "
@@ -460,7 +505,7 @@ def plan(model: PlanModel, traffic: Traffic, settings: PlanSettings) -> Plan:
             f"{shape.num_key_value_heads} KV heads evenly",
             f"use --pad-heads to plan with padded heads, or a model whose head count is a multiple of {cores} x nodes",
         )
-    raise bad_plan_input(
+    return bad_plan_input(
         "--max-nodes",
         settings.max_nodes,
         f"{fits} ({'; '.join(skipped)})",

@@ -5,6 +5,8 @@ up there first). Read only; called for the units `status` finds not ready.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,6 +96,7 @@ def stopped_tasks(aws: Aws, unit: Unit, limit: int = STOPPED_TASKS) -> list[str]
         tasks.extend(aws.ecs.describe_tasks(cluster=unit.cluster_arn, tasks=batch)["tasks"])
     tasks.sort(key=lambda t: t.get("stoppedAt") or t.get("createdAt") or datetime.min, reverse=True)
     out = []
+    task_defs: dict[str, dict[str, Any]] = {}  # DescribeTaskDefinition once per revision
     for t in tasks[:limit]:
         code = t.get("stopCode", "")
         reason = t.get("stoppedReason", "no reason given")
@@ -101,14 +104,15 @@ def stopped_tasks(aws: Aws, unit: Unit, limit: int = STOPPED_TASKS) -> list[str]
         # desiredStatus STOPPED covers tasks ECS is still stopping: they have not stopped yet.
         kind = "stopped" if last == "STOPPED" else "stopping"
         line = f"{kind} task: {t['taskArn'].rsplit('/', 1)[-1][:12]} {last} {code}: {reason}".replace(" :", ":")
-        out.append(line + "".join(container_exits(t)))
+        out.append(line + "".join(container_exits(t, functools.partial(node_reason, aws, t, task_defs=task_defs))))
     return out
 
 
-def container_exits(task: dict[str, Any]) -> list[str]:
+def container_exits(task: dict[str, Any], reason_of: Callable[[str], str] | None = None) -> list[str]:
     """Why each of a stopped task's containers ended: its exit status (DescribeTasks
-    containers[].exitCode), what a node's status means (contract/node_exit.py), and the reason ECS
-    gives (containers[].reason, e.g. CannotPullContainerError)."""
+    containers[].exitCode), what a node's status means (contract/node_exit.py), the reason a node
+    that can never serve logged (`reason_of(container name)`), and the reason ECS gives
+    (containers[].reason, e.g. CannotPullContainerError)."""
     out = []
     for c in task.get("containers", []):
         exit_code, reason = c.get("exitCode"), c.get("reason")
@@ -119,9 +123,70 @@ def container_exits(task: dict[str, Any]) -> list[str]:
             meaning = node_exit.meaning(exit_code)
             text += f" exited {exit_code}" + (f" ({meaning})" if meaning else "")
         if exit_code in node_exit.CANNOT_SERVE:
-            text += f": its log's {node_exit.CANNOT_SERVE_EVENT} line says why"
+            text += ": " + (reason_of(c.get("name", "")) if reason_of else WHERE_THE_REASON_IS)
         out.append(text + (f": {reason}" if reason else ""))
     return out
+
+
+# The line a node that can never serve logs before it exits, read from the stopped task's own log
+# stream. The awslogs driver names it from awslogs-stream-prefix (stacks/unit.py: the unit id): "If
+# you specify a prefix with this option, then the log stream takes the following format:
+# prefix-name/container-name/ecs-task-id" (aws_cdk.aws_ecs.AwsLogDriverProps stream_prefix, after
+# the ECS awslogs driver's options). A JSON filter pattern has CloudWatch Logs match it server side
+# (CloudWatch Logs FilterAndPatternSyntax.html); lines are checked again here.
+WHERE_THE_REASON_IS = f"its log's {node_exit.CANNOT_SERVE_EVENT} line says why"
+REASON_FILTER = f'{{ $.event = "{node_exit.CANNOT_SERVE_EVENT}" }}'
+REASON_PAGES = 5  # FilterLogEvents may answer empty pages with a nextToken while it searches
+
+
+def node_reason(aws: Aws, task: dict[str, Any], container: str, task_defs: dict[str, dict[str, Any]]) -> str:
+    """The one-line reason the node in `container` of the stopped `task` logged, or where it is and
+    why it could not be read (the caller's role may not read logs: the rest of status still works)."""
+    try:
+        where = log_stream(aws, task, container, task_defs)
+        if where is None:
+            return f"{WHERE_THE_REASON_IS} (its container does not log to CloudWatch Logs under a stream prefix)"
+        reason = logged_reason(aws, *where)
+    except botocore.exceptions.ClientError as err:
+        return f"{WHERE_THE_REASON_IS} (could not read it: {err.response.get('Error', {}).get('Code', 'error')})"
+    return reason or f"{WHERE_THE_REASON_IS} (none in log group {where[0]}, stream {where[1]})"
+
+
+def log_stream(
+    aws: Aws, task: dict[str, Any], container: str, task_defs: dict[str, dict[str, Any]]
+) -> tuple[str, str] | None:
+    """The container's log group and stream, from its task definition's awslogs options."""
+    arn = task.get("taskDefinitionArn")
+    if not arn:
+        return None
+    if arn not in task_defs:
+        task_defs[arn] = aws.ecs.describe_task_definition(taskDefinition=arn)["taskDefinition"]
+    for c in task_defs[arn].get("containerDefinitions", []):
+        logging = c.get("logConfiguration") or {}
+        options = logging.get("options") or {}
+        group, prefix = options.get("awslogs-group"), options.get("awslogs-stream-prefix")
+        if c.get("name") == container and logging.get("logDriver") == "awslogs" and group and prefix:
+            return str(group), f"{prefix}/{container}/{task['taskArn'].rsplit('/', 1)[-1]}"
+    return None
+
+
+def logged_reason(aws: Aws, group: str, stream: str) -> str | None:
+    """The `reason` of the stream's last node_cannot_serve line (a task's container runs once)."""
+    kwargs: dict[str, Any] = {"logGroupName": group, "logStreamNames": [stream], "filterPattern": REASON_FILTER}
+    reason = None
+    for _ in range(REASON_PAGES):
+        page = aws.logs.filter_log_events(**kwargs)
+        for event in page.get("events", []):
+            try:
+                line = json.loads(event.get("message", ""))
+            except ValueError:
+                continue
+            if isinstance(line, dict) and line.get("event") == node_exit.CANNOT_SERVE_EVENT and line.get("reason"):
+                reason = str(line["reason"])
+        if not page.get("nextToken"):
+            break
+        kwargs["nextToken"] = page["nextToken"]
+    return reason
 
 
 def unit_auto_scaling_group(aws: Aws, unit: Unit, deployment: str) -> str | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
 
+from contract import Engine
 from contract.apikeys import KeySet, KeySetError, secret_name
 from contract.llama import LlamaShape, ShapeError
 from contract.manifest import MANIFEST_NAME, MODEL_CONFIG_NAME, Manifest, ManifestError, parse_s3_uri
@@ -269,7 +270,7 @@ def check_boot_artifacts(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[
 
 
 def check_model(cfg: FlotillaConfig, aws: Aws, target: Target) -> list[Finding]:  # noqa: ARG001 - every check has one signature
-    if cfg.node.engine != "neuron":
+    if cfg.node.engine != Engine.NEURON:
         return [Finding("model", PASS, f"node.engine {cfg.node.engine} reads no model from S3")]
     uri = cfg.model.s3_uri
     bucket, prefix = parse_s3_uri(uri)

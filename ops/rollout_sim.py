@@ -22,6 +22,7 @@ from typing import Any
 
 import simpy
 
+from contract import MAX_UNITS_PER_CELL
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 
 ROLLOUTS = ("surge", "replace")
@@ -54,7 +55,7 @@ class StepTimes:
 class FleetModel:
     units: int
     nodes_per_unit: int
-    units_per_cell: int = 20
+    units_per_cell: int = MAX_UNITS_PER_CELL
     rollout: str = "surge"
     units_per_wave: int | None = None  # None: the stacks' default (about 10 %)
     concurrency: int | None = None  # cdk deploy --concurrency; None: the plan's parallel cells

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import contract
+from contract import Engine
 from runtime.ports import free_port, port_free
 from runtime.router.settings import router_command
 from runtime.scaler import local_cli as local_scaler
@@ -243,7 +244,7 @@ def plan_processes(a: argparse.Namespace, logs: Path) -> list[Proc]:
 
 def prepare_model(model: str, engine: str) -> None:
     """Convert smollm2 once, up front, with progress on the terminal (the nodes then just load it)."""
-    if engine != "reference" or model != "smollm2":
+    if engine != Engine.REFERENCE or model != "smollm2":
         return
     print(
         "preparing smollm2 (converted once to safetensors and cached; the first time takes about a minute) ...",

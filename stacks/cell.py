@@ -1,4 +1,5 @@
-"""A Cell-<n> stack: one ECS cluster holding up to 20 units (Trainium, or x86 for staging) (one capacity provider each).
+"""A Cell-<n> stack: one ECS cluster holding up to contract.MAX_UNITS_PER_CELL units (Trainium, or x86 for
+staging), one capacity provider each.
 
 Cells are the blast radius of a deployment: a cell waits for the cell `parallel_cells` before it
 (contract/rollout.py), so a rollout moves a few cells at a time and stops at the first cell it
@@ -6,6 +7,8 @@ breaks. Roles and the log group are shared by the cell's units to keep the stack
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import jsii
 from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack, Tags
@@ -17,7 +20,7 @@ from constructs import Construct, IConstruct
 import contract
 from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from contract.node_boot import boot_artifacts
-from stacks.config import FlotillaConfig
+from stacks.config import FlotillaConfig, UnitPlacement
 from stacks.discovery import DiscoveryStack
 from stacks.image import builtin_model_setting, unit_image
 from stacks.nag import acknowledge
@@ -25,7 +28,7 @@ from stacks.network import NetworkStack
 from stacks.retention import retention
 from stacks.scaler import scaled_counts
 from stacks.speculation import speculation_environment
-from stacks.unit import TrainiumUnit, UnitProps, UnitSurge
+from stacks.unit import ServingUnit, UnitProps, UnitSurge
 
 
 @jsii.implements(IAspect)
@@ -48,7 +51,7 @@ class _ServicesAfterCapacityProviderAssociation:
 
 
 class CellStack(Stack):
-    """ECS cluster, the cell's shared node roles and log group, and its TrainiumUnits."""
+    """ECS cluster, the cell's shared node roles and log group, and its ServingUnits."""
 
     def __init__(
         self,
@@ -63,23 +66,51 @@ class CellStack(Stack):
     ) -> None:
         super().__init__(scope, id_, **kwargs)
         self.cell = cell
-        cell_id = contract.cell_id(cell)
-        Tags.of(self).add("flotilla:cell", cell_id)
+        self.cell_id = contract.cell_id(cell)
+        Tags.of(self).add("flotilla:cell", self.cell_id)
         self.cluster = ecs.Cluster(
             self,
             "Cluster",
             vpc=network.vpc,
-            cluster_name=f"{config.deployment_name}-{cell_id}",
+            cluster_name=f"{config.deployment_name}-{self.cell_id}",
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
+        instance_role = self._shared_by_units(config)
+        image = unit_image(
+            self,
+            image_uri=config.image,
+            engine=config.node.engine,
+            nodes_per_unit=config.nodes_per_unit,
+            builtin_model=config.model.builtin,
+        )
+        surge = UnitSurge.for_rollout(config.unit_rollout)
+        scaled = scaled_counts(self, cell=cell, config=config)
+        self.units: list[ServingUnit] = [
+            ServingUnit(
+                self,
+                f"Unit{placement.index}",
+                self._unit_props(
+                    config, placement, network=network, discovery=discovery, image=image, surge=surge, scaled=scaled
+                ),
+            )
+            for placement in config.units_in_cell(cell)
+        ]
+        self._roll_in_waves(config)
+        Aspects.of(self.cluster).add(
+            _ServicesAfterCapacityProviderAssociation(self.cluster, [u.service for u in self.units])
+        )
+        self._acknowledge_nag_findings(config, instance_role, image)
 
+    def _shared_by_units(self, config: FlotillaConfig) -> iam.Role:
+        """The instance role and profile, log group, execution role and task role every unit of the
+        cell shares; returns the instance role, whose findings the acknowledgements name."""
         # Instance role: what the ECS agent needs (CDK adds those statements, scoped to this cluster,
         # when each unit's capacity provider is added) and the boot's artifacts.
         instance_role = iam.Role(
             self,
             "InstanceRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description=f"flotilla {cell_id} Trainium instances: ECS agent",
+            description=f"flotilla {self.cell_id} Trainium instances: ECS agent",
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=instance_role)
         # The boot (user data, before any task) reads the artifacts it installs with this role, each
@@ -93,7 +124,6 @@ class CellStack(Stack):
                     resources=[f"arn:{self.partition}:s3:::{config.model.bucket}/{a.key}" for a in artifacts],
                 )
             )
-
         self.log_group = logs.LogGroup(
             self, "Logs", retention=retention(config.node.log_retention_days), removal_policy=RemovalPolicy.DESTROY
         )
@@ -101,112 +131,110 @@ class CellStack(Stack):
             self,
             "ExecutionRole",
             assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-            description=f"flotilla {cell_id}: pull the node image, write container logs",
+            description=f"flotilla {self.cell_id}: pull the node image, write container logs",
         )
         self.task_role = iam.Role(
             self,
             "TaskRole",
             assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
-            description=f"flotilla {cell_id} nodes: read the model, rendezvous within the cluster",
+            description=f"flotilla {self.cell_id} nodes: read the model, rendezvous within the cluster",
         )
         self._grant_node_permissions(config)
+        return instance_role
 
-        image = unit_image(
-            self,
-            image_uri=config.image,
-            engine=config.node.engine,
-            nodes_per_unit=config.nodes_per_unit,
-            builtin_model=config.model.builtin,
+    def _node_environment(self, config: FlotillaConfig, unit_id: str) -> dict[str, str]:
+        """The environment of one unit's node containers (contract's ENV_* names)."""
+        environment = {
+            contract.ENV_ROLE: "node",
+            contract.ENV_UNIT_ID: unit_id,
+            contract.ENV_CELL_ID: self.cell_id,
+            contract.ENV_REVISION: config.revision,
+            contract.ENV_NODES_PER_UNIT: str(config.nodes_per_unit),
+            contract.ENV_RENDEZVOUS: "ecs",
+            contract.ENV_ENGINE: config.node.engine,
+            contract.ENV_MODEL_URI: config.model.s3_uri,
+            contract.ENV_MODEL_NAME: config.model.name,
+            contract.ENV_PREFILL_STRATEGY: config.node.prefill_strategy,
+            contract.ENV_DECODE_STRATEGY: config.node.decode_strategy,
+            contract.ENV_DRAIN_TIMEOUT: str(config.node.drain_timeout_s),
+            contract.ENV_PORT: str(contract.NODE_API_PORT),
+        }
+        if config.model.builtin:
+            environment[contract.ENV_MODEL] = builtin_model_setting(config.model.builtin)
+        if config.node.engine == "neuron":
+            environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
+            environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
+            environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
+            environment[contract.ENV_NEURON_PREFIX_CACHING_BLOCK] = str(config.node.neuron_prefix_caching_block)
+            # The sequence and batch synth checked the layout at (contract/layout.py). Left out at the
+            # node's own defaults (the same constants), so a deployment that keeps them keeps its task
+            # definitions, and with them its running units, across this setting's arrival.
+            if config.node.neuron_seq_len != DEFAULT_SEQ_LEN:
+                environment[contract.ENV_NEURON_SEQ_LEN] = str(config.node.neuron_seq_len)
+            if config.node.neuron_batch_size != DEFAULT_BATCH_SIZE:
+                environment[contract.ENV_NEURON_BATCH_SIZE] = str(config.node.neuron_batch_size)
+        environment.update(speculation_environment(config))
+        return environment
+
+    def _unit_props(
+        self,
+        config: FlotillaConfig,
+        placement: UnitPlacement,
+        *,
+        network: NetworkStack,
+        discovery: DiscoveryStack,
+        image: ecs.ContainerImage,
+        surge: UnitSurge,
+        scaled: Mapping[str, float],
+    ) -> UnitProps:
+        """One unit's props: the cell's shared resources, its subnet and its settings."""
+        return UnitProps(
+            unit_id=placement.unit_id,
+            family=f"{config.deployment_name}-{placement.unit_id}",
+            cluster=self.cluster,
+            vpc=network.vpc,
+            router_security_group=network.router_security_group,
+            subnet=network.private_subnet(placement.az_index),
+            instance_type=config.instance_type,
+            shape=config.shape,
+            nodes=config.nodes_per_unit,
+            max_nodes=config.max_nodes_per_unit,
+            surge=surge,
+            instance_profile=self.instance_profile,
+            root_volume_gib=config.node.root_volume_gib,
+            image=image,
+            task_role=self.task_role,
+            execution_role=self.execution_role,
+            log_group=self.log_group,
+            environment=self._node_environment(config, placement.unit_id),
+            units_service=discovery.cell_services[self.cell_id],
+            health_check_grace=Duration.seconds(config.node.health_check_grace_s),
+            instance_store=config.node.instance_store,
+            artifact_bucket=config.model.bucket,
+            capacity_reservation_id=config.capacity.reservation_id,
+            capacity_reservation_group_arn=config.capacity.reservation_group_arn,
+            market_type=config.capacity.market,
+            drained=placement.unit_id in config.drained_units,
+            scaled_count=scaled.get(placement.unit_id),
+            own_placement_group=config.own_placement_groups,
+            placement_group_name=config.unit_placement_group,
         )
-        surge = UnitSurge.for_rollout(config.unit_rollout)
-        scaled = scaled_counts(self, cell=cell, config=config)
-        self.units: list[TrainiumUnit] = []
-        for placement in config.units_in_cell(cell):
-            environment = {
-                contract.ENV_ROLE: "node",
-                contract.ENV_UNIT_ID: placement.unit_id,
-                contract.ENV_CELL_ID: cell_id,
-                contract.ENV_REVISION: config.revision,
-                contract.ENV_NODES_PER_UNIT: str(config.nodes_per_unit),
-                contract.ENV_RENDEZVOUS: "ecs",
-                contract.ENV_ENGINE: config.node.engine,
-                contract.ENV_MODEL_URI: config.model.s3_uri,
-                contract.ENV_MODEL_NAME: config.model.name,
-                contract.ENV_PREFILL_STRATEGY: config.node.prefill_strategy,
-                contract.ENV_DECODE_STRATEGY: config.node.decode_strategy,
-                contract.ENV_DRAIN_TIMEOUT: str(config.node.drain_timeout_s),
-                contract.ENV_PORT: str(contract.NODE_API_PORT),
-            }
-            if config.model.builtin:
-                environment[contract.ENV_MODEL] = builtin_model_setting(config.model.builtin)
-            if config.node.engine == "neuron":
-                environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
-                environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
-                environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
-                environment[contract.ENV_NEURON_PREFIX_CACHING_BLOCK] = str(config.node.neuron_prefix_caching_block)
-                # The sequence and batch synth checked the layout at (contract/layout.py). Left out at the
-                # node's own defaults (the same constants), so a deployment that keeps them keeps its task
-                # definitions, and with them its running units, across this setting's arrival.
-                if config.node.neuron_seq_len != DEFAULT_SEQ_LEN:
-                    environment[contract.ENV_NEURON_SEQ_LEN] = str(config.node.neuron_seq_len)
-                if config.node.neuron_batch_size != DEFAULT_BATCH_SIZE:
-                    environment[contract.ENV_NEURON_BATCH_SIZE] = str(config.node.neuron_batch_size)
-            environment.update(speculation_environment(config))
-            self.units.append(
-                TrainiumUnit(
-                    self,
-                    f"Unit{placement.index}",
-                    UnitProps(
-                        unit_id=placement.unit_id,
-                        family=f"{config.deployment_name}-{placement.unit_id}",
-                        cluster=self.cluster,
-                        vpc=network.vpc,
-                        router_security_group=network.router_security_group,
-                        subnet=network.private_subnet(placement.az_index),
-                        instance_type=config.instance_type,
-                        shape=config.shape,
-                        nodes=config.nodes_per_unit,
-                        max_nodes=config.max_nodes_per_unit,
-                        surge=surge,
-                        instance_profile=self.instance_profile,
-                        root_volume_gib=config.node.root_volume_gib,
-                        image=image,
-                        task_role=self.task_role,
-                        execution_role=self.execution_role,
-                        log_group=self.log_group,
-                        environment=environment,
-                        units_service=discovery.cell_services[cell_id],
-                        health_check_grace=Duration.seconds(config.node.health_check_grace_s),
-                        instance_store=config.node.instance_store,
-                        artifact_bucket=config.model.bucket,
-                        capacity_reservation_id=config.capacity.reservation_id,
-                        capacity_reservation_group_arn=config.capacity.reservation_group_arn,
-                        market_type=config.capacity.market,
-                        drained=placement.unit_id in config.drained_units,
-                        scaled_count=scaled.get(placement.unit_id),
-                        own_placement_group=config.own_placement_groups,
-                        placement_group_name=config.unit_placement_group,
-                    ),
-                )
-            )
-        # Units roll in waves (config.wave_plan): every service of in-cell wave k DependsOn every
-        # service of wave k-1, and services without a DependsOn between them are updated (and
-        # created) in parallel. CloudFormation finishes a service update when its ECS deployment
-        # reaches a steady state, which needs every new task HEALTHY (aws/containers-roadmap#897),
-        # and stops at the first unit whose deployment fails (the circuit breaker), rolling the
-        # cell back. README "Rollouts" has the whole sequence.
+
+    def _roll_in_waves(self, config: FlotillaConfig) -> None:
+        """Units roll in waves (config.wave_plan): every service of in-cell wave k DependsOn every
+        service of wave k-1, and services without a DependsOn between them are updated (and
+        created) in parallel. CloudFormation finishes a service update when its ECS deployment
+        reaches a steady state, which needs every new task HEALTHY (aws/containers-roadmap#897),
+        and stops at the first unit whose deployment fails (the circuit breaker), rolling the
+        cell back. docs/rollouts.md has the whole sequence."""
         plan = config.wave_plan
-        waves: dict[int, list[TrainiumUnit]] = {}
+        waves: dict[int, list[ServingUnit]] = {}
         for index, unit in enumerate(self.units):
             waves.setdefault(plan.wave_of(index), []).append(unit)
         for wave, members in waves.items():
             for unit in members:
                 for previous in waves.get(wave - 1, []):
                     unit.service.node.add_dependency(previous.service)
-        Aspects.of(self.cluster).add(
-            _ServicesAfterCapacityProviderAssociation(self.cluster, [u.service for u in self.units])
-        )
-        self._acknowledge_nag_findings(config, instance_role, image)
 
     def _grant_node_permissions(self, config: FlotillaConfig) -> None:
         """Task role: read the model artifacts, see its own cluster's tasks, read peer instances."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,12 +20,17 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_v
 from pydantic_core import core_schema
 
 import contract
-from contract import NEURON_PREFIX_CACHING_BLOCKS, NEURON_SAMPLING_MODES, ROUTER_BALANCE_POLICIES
-from contract.layout import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
-from stacks.config_rules import REFUSED, Rule, Section, between, matches, one_of, refuse
+from contract.speculation import Speculation
+from stacks.config_rules import REFUSED, Listed, Rule, Section, between, matches, one_of
 from stacks.config_rules import ConfigError as ConfigError  # re-exported: callers import it from here
-from stacks.front_door import BODY_RULE_NAMES, DNS_NAME_RE, check_front_door
+from stacks.config_sections import AZ_RE
+from stacks.config_sections import LIVE_TARGET_GROUPS as LIVE_TARGET_GROUPS  # stacks/front.py reads it here
+from stacks.config_sections import CapacityConfig as CapacityConfig  # re-exported: callers import the sections here
+from stacks.config_sections import FrontConfig as FrontConfig
+from stacks.config_sections import NodeConfig as NodeConfig
+from stacks.config_sections import RouterConfig as RouterConfig
+from stacks.front_door import check_front_door
 from stacks.hosts import HOST_INSTANCES, UnitHost, is_trainium
 from stacks.model_config import (
     ModelConfig,
@@ -33,15 +38,9 @@ from stacks.model_config import (
     check_model_layout,
 )
 from stacks.scaling_config import ScalingConfig, check_scaling, section_type
-from stacks.speculation import SpeculationConfig, SpeculationSection
+from stacks.speculation import SpeculationSection
 
 # --- Limits that shape the layout (AWS service quotas) -------------------------------------------
-# ECS "Capacity providers per cluster": 20, not adjustable, in the current developer guide
-# (https://docs.aws.amazon.com/AmazonECS/latest/developerguide/service-quotas.html); the older ECS
-# user guide page (AmazonECS/latest/userguide/service-quotas.html) and
-# aws-cloudformation/cloudformation-coverage-roadmap#1086 say 10. We follow the developer guide, the
-# page AWS maintains; an account that still has 10 sets units_per_cell: 10 (README "Configuration").
-MAX_CAPACITY_PROVIDERS_PER_CLUSTER = 20  # one capacity provider per unit
 MAX_CONTAINER_INSTANCES_PER_CLUSTER = 5000  # ECS
 MAX_RESOURCES_PER_STACK = 500  # CloudFormation
 MAX_OUTPUTS_PER_STACK = 200  # CloudFormation quotas: "Outputs: 200 per template", not adjustable
@@ -94,46 +93,13 @@ CLOUDMAP_DISCOVER_REVISION_PER_S = 3000  # DiscoverInstancesRevision, per accoun
 # for its revision and reads again the services that moved.
 ROUTER_DISCOVERY_INTERVAL_S = contract.CLOUDMAP_DISCOVERY_INTERVAL_S
 
-LOG_RETENTION_DAYS = (
-    1,
-    3,
-    5,
-    7,
-    14,
-    30,
-    60,
-    90,
-    120,
-    150,
-    180,
-    365,
-    400,
-    545,
-    731,
-    1096,
-    1827,
-    2192,
-    2557,
-    2922,
-    3288,
-    3653,
-)
 UNIT_ROLLOUTS = ("replace", "surge")
-# LaunchTemplateInstanceMarketOptionsRequest.MarketType values flotilla uses: on-demand capacity
-# (optionally from a Capacity Reservation) or an EC2 Capacity Block for ML.
-MARKETS = ("on-demand", "capacity-block")
 # ECS: "The name can't be prefixed with "aws", "ecs", or "fargate"." (CreateCapacityProvider,
 # https://docs.aws.amazon.com/AmazonECS/latest/APIReference/API_CreateCapacityProvider.html).
 # CloudFormation names each unit's capacity provider after its stack, <deployment_name>-Cell-<n>;
 # CDK renames only lowercase matches (aws/aws-cdk#29151, still open for `Ecs...`/`AWS...`:
 # aws/aws-cdk#36584), so the config refuses the prefixes in any case.
 RESERVED_NAME_PREFIXES = ("aws", "ecs", "fargate")
-LIVE_TARGET_GROUPS = ("blue", "green")
-ENGINES = contract.ENGINES
-STRATEGIES = contract.STRATEGY_CHOICES  # auto: the reference engine times both at formation
-ROUTER_CPUS = (256, 512, 1024, 2048, 4096)
-
-_AZ_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 _REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _ACCOUNT_RE = re.compile(r"^\d{12}$")
 _IMAGE_RE = re.compile(r"^[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+(:[\w.-]{1,128}|@sha256:[0-9a-f]{64})$")
@@ -141,167 +107,7 @@ _CERT_RE = re.compile(r"^arn:aws(-[a-z]+)*:acm:[a-z0-9-]+:\d{12}:certificate/[0-
 _EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _DEPLOYMENT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,23}$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_CAPACITY_RESERVATION_RE = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_PLACEMENT_GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 _UNIT_ID_RE = re.compile(r"^cell\d+-unit\d+$")
-_RESOURCE_GROUP_ARN_RE = re.compile(
-    r"^arn:aws(-[a-z]+)*:resource-groups:[a-z0-9-]+:\d{12}:group/[A-Za-z0-9_.-]{1,300}$"
-)
-
-
-def _az_list(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and (len(value) == 0 or 2 <= len(value) <= 6):
-        return value
-    raise refuse("a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three")
-
-
-def _unit_az_list(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and len(value) <= 6:
-        return value
-    raise refuse("a list of up to 6 AZ names from availability_zones, or [] for all of them")
-
-
-class NodeConfig(Section):
-    """Settings of the unit members' container (the `node` command)."""
-
-    engine: Annotated[str, one_of(ENGINES)] = "neuron"
-    prefill_strategy: Annotated[str, one_of(STRATEGIES)] = "auto"
-    decode_strategy: Annotated[str, one_of(STRATEGIES)] = "auto"
-    # ECS (EC2 launch type) waits at most 120 s between SIGTERM and SIGKILL; the node must finish
-    # draining inside that window.
-    drain_timeout_s: Annotated[int, between(1, 115, "ECS sends SIGKILL 120 s after SIGTERM")] = 100
-    # ECS ignores failed health checks of a new task this long: loading (and on Neuron, compiling)
-    # a sharded model takes minutes, and the container's start period stops at 300 s.
-    health_check_grace_s: Annotated[int, between(0, 86400, "time a unit may take to load its model")] = 1800
-    # The root volume holds the OS and the container images; with instance_store the model and the
-    # compile cache live on the instance's NVMe instance store instead (docs/infrastructure.md).
-    root_volume_gib: Annotated[int, between(64, 16384)] = 128
-    instance_store: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
-    log_retention_days: Annotated[int, one_of(LOG_RETENTION_DAYS)] = 30
-    # neuron engine: "cpu" (default) runs vLLM's sampler on the host, each request with its own
-    # parameters, and also serves logprobs, structured output and penalties; "device" samples on the
-    # NeuronCores (temperature/top_p only), where the pinned plugin can mix up requests' parameters.
-    neuron_sampling: Annotated[str, one_of(NEURON_SAMPLING_MODES)] = "cpu"
-    # neuron engine, one node: 0 runs without prefix caching; a block size opts in to vLLM's prefix
-    # caching (off by default: no trn1 run has checked its outputs and memory, docs/hardware.md).
-    neuron_prefix_caching_block: Annotated[int, one_of(NEURON_PREFIX_CACHING_BLOCKS)] = 0
-    # neuron engine: prompt + output tokens of a sequence (vLLM --max-model-len, the API's context
-    # length) and sequences decoded together (--max-num-seqs). Synth checks the units' memory at these.
-    neuron_seq_len: Annotated[int, between(1, 1_048_576)] = DEFAULT_SEQ_LEN
-    neuron_batch_size: Annotated[int, between(1, 4096)] = DEFAULT_BATCH_SIZE
-
-
-class RouterConfig(Section):
-    """Settings of the router service (Router stack) and its ALB rules (Front stack)."""
-
-    desired_count: Annotated[int, between(1, 100)] = 2  # also the autoscaling minimum
-    max_count: Annotated[int, between(1, 1000)] = 10  # autoscaling maximum
-    cpu: Annotated[int, one_of(ROUTER_CPUS)] = 1024
-    memory_mib: Annotated[int, between(512, 30720)] = 2048
-    bake_time_minutes: Annotated[int, between(0, 1440)] = 10
-    # The target group the listener rules send 100 % to in the template. ECS blue/green flips the
-    # live group at every router deployment; set this to the live one before a deploy that updates
-    # a listener rule (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
-    live_target_group: Annotated[str, one_of(LIVE_TARGET_GROUPS)] = "blue"
-    # How each router picks a unit (docs/routing.md); least_work is the lever when routing by cache
-    # makes a unit hot (docs/runbooks/hot-unit.md).
-    balance: Annotated[str, one_of(ROUTER_BALANCE_POLICIES)] = ROUTER_BALANCE_POLICIES[0]
-
-    @model_validator(mode="after")
-    def _max_covers_desired(self) -> RouterConfig:
-        if self.max_count < self.desired_count:
-            raise ConfigError(
-                "router.max_count", self.max_count, f"at least router.desired_count ({self.desired_count})"
-            )
-        return self
-
-
-class CapacityConfig(Section):
-    """Where the units' instances come from: On-Demand capacity (optionally a Capacity
-    Reservation or a group of them) or an EC2 Capacity Block, and in which AZs."""
-
-    # Units go only to these AZs (each one of availability_zones); the VPC and the ALB still span
-    # all of availability_zones. [] = every AZ of the VPC.
-    availability_zones: Annotated[
-        tuple[Annotated[str, matches(_AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_unit_az_list)
-    ] = ()
-    reservation_id: Annotated[
-        str | None,
-        matches(_CAPACITY_RESERVATION_RE, "a Capacity Reservation id like cr-0123456789abcdef0", optional=True),
-    ] = None
-    reservation_group_arn: Annotated[
-        str | None,
-        matches(
-            _RESOURCE_GROUP_ARN_RE,
-            "a Capacity Reservation resource group ARN like arn:aws:resource-groups:us-east-1:123456789012:group/trn1",
-            optional=True,
-        ),
-    ] = None
-    market: Annotated[str, one_of(MARKETS)] = "on-demand"
-    # The cluster placement group every unit launches into, instead of one new group per unit: with a
-    # reservation, the name of the group the reservation was created in (EC2 launches into a
-    # reservation in a cluster placement group only from that group), or "none" for no placement
-    # group (a Capacity Block's instances are already placed together; EC2 refuses a placement group
-    # with one). Unset: a new cluster placement group per unit (no reservation only).
-    placement_group: Annotated[
-        str | None,
-        matches(_PLACEMENT_GROUP_RE, "a placement group name (1-255 letters, digits, - _ .) or none", optional=True),
-    ] = None
-
-
-# --- Front door: who may reach the ALB and how the routers check callers --------------------------
-SCHEMES = ("internal", "internet-facing")
-_CIDR_RE = re.compile(r"^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)/(3[0-2]|[12]?\d)$")
-_PREFIX_LIST_RE = re.compile(r"^pl-[0-9a-f]{8,17}$")
-_PRINCIPAL_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::\d{12}:(root|role/[\w+=,.@/-]+|user/[\w+=,.@/-]+)$")
-# AWS WAF rate-based rule: Limit from 10 to 2,000,000,000 requests per evaluation window
-# (RateBasedStatement, AWS WAF API reference).
-WAF_RATE_LIMIT_RANGE = (10, 2_000_000_000)
-
-
-def _list_of(what: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return value
-        raise refuse(f"a list of {what}")
-
-    return check
-
-
-class FrontConfig(Section):
-    """The front door: internal (the default, reachable from the VPC and client_cidrs) or
-    internet-facing (only client_cidrs / client_prefix_lists, behind AWS WAF); API keys."""
-
-    scheme: Annotated[str, one_of(SCHEMES)] = "internal"
-    # IPv4 ranges (and managed prefix lists) admitted to the client ports, besides the VPC itself
-    # when internal; internet-facing admits only these.
-    client_cidrs: Annotated[
-        tuple[Annotated[str, matches(_CIDR_RE, "IPv4 CIDRs like 203.0.113.0/24")], ...],
-        BeforeValidator(_list_of("IPv4 CIDRs like [203.0.113.0/24]")),
-    ] = ()
-    client_prefix_lists: Annotated[
-        tuple[Annotated[str, matches(_PREFIX_LIST_RE, "managed prefix list ids like pl-0123456789abcdef0")], ...],
-        BeforeValidator(_list_of("managed prefix list ids like [pl-0123456789abcdef0]")),
-    ] = ()
-    # An endpoint service (PrivateLink) for consumers in other VPCs or accounts: the IAM principals
-    # allowed to create endpoints to it (each connection still needs acceptance). Internal only.
-    privatelink_principals: Annotated[
-        tuple[Annotated[str, matches(_PRINCIPAL_RE, "IAM principal ARNs like arn:aws:iam::123456789012:root")], ...],
-        BeforeValidator(_list_of("IAM principal ARNs like [arn:aws:iam::123456789012:root]")),
-    ] = ()
-    # The name consumers' endpoints answer to (the certificate's name), once its domain is verified
-    privatelink_private_dns_name: Annotated[
-        str | None, matches(DNS_NAME_RE, "a DNS name like api.example.com", optional=True)
-    ] = None
-    # internet-facing only: requests one client IP may make in 5 minutes before WAF blocks it
-    waf_requests_per_5_min: Annotated[int, between(*WAF_RATE_LIMIT_RANGE, "AWS WAF rate-based rule limit")] = 3000
-    # internet-facing only: body rules WAF blocks again instead of counting (stacks/front_door.py)
-    waf_blocked_body_rules: Annotated[
-        tuple[Annotated[str, one_of(BODY_RULE_NAMES)], ...], BeforeValidator(_list_of("WAF body rule names"))
-    ] = ()
-    # Routers require an API key (flotilla keys); off only for a deployment nobody else can reach.
-    api_keys: Annotated[bool, Rule(core_schema.bool_schema(strict=True), "true or false")] = True
-    api_keys_ttl_s: Annotated[int, between(1, 3600, "a revoked key works at most this long")] = 30
 
 
 @dataclass(frozen=True)
@@ -324,23 +130,46 @@ class FlotillaConfig(Section):
     deployment_name: Annotated[
         str, matches(_DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")
     ] = "flotilla"
-    # Trainium for serving; the x86 types (stacks/hosts.py) for a staging fleet on the reference engine.
+    """Prefix of the CloudFormation stack names (`flotilla-Cell-0`); not starting with aws, ecs or fargate
+    in any case (ECS refuses capacity providers so named, aws/aws-cdk#29151)."""
     instance_type: Annotated[str, one_of(tuple(HOST_INSTANCES))] = "trn1.32xlarge"
-    # 64 nodes = 1,024 Trainium chips per replica; the node runtime accepts at most 64 too.
+    """The node type. Trainium (16 chips; 32, 32 or 64 NeuronCores; 8, 16 or 16 EFA interfaces,
+    [hardware.md](hardware.md)) takes the `neuron` engine only; the x86 types (2 or 4 vCPUs, no EFA) take
+    the `reference` or `echo` engine only, for a staging fleet ([staging](runbooks/staging-before-production.md))."""
     nodes_per_unit: Annotated[int, between(1, 64)] = 1
+    """Instances per model replica (rank 0 leads); the node runtime accepts at most 64 too. With the
+    `neuron` engine it also picks the image: 1 runs AWS's vLLM image, more NxD Inference split over every
+    node's NeuronCores. Synth refuses a layout the model's shape does not split into
+    ([model-layout.md](model-layout.md)); `flotilla plan` recommends 1 whenever the model fits."""
     units: Annotated[int, between(1, 10000)] = 1
+    """Model replicas in the fleet; with `scaling`, the most the scaler may run."""
     units_per_cell: Annotated[
         int,
-        between(1, MAX_CAPACITY_PROVIDERS_PER_CLUSTER, "ECS allows 20 capacity providers per cluster, one per unit"),
-    ] = 20
-    # Empty: the VPC takes the first three AZs of the deployment region (environment-agnostic).
-    # Trainium is offered in a few AZs only: a real deployment should name them.
+        between(
+            1,
+            contract.MAX_UNITS_PER_CELL,
+            f"ECS allows {contract.MAX_UNITS_PER_CELL} capacity providers per cluster, one per unit",
+        ),
+    ] = contract.MAX_UNITS_PER_CELL
+    """Units per ECS cluster (`Cell-<n>` stack). Fixed once deployed: a new value moves units to other
+    cells, which `flotilla check-update` refuses. An account whose ECS quota is 10 sets 10."""
     availability_zones: Annotated[
-        tuple[Annotated[str, matches(_AZ_RE, "AZ names like us-east-1a")], ...], BeforeValidator(_az_list)
+        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...],
+        Listed(
+            "a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three",
+            lambda n: n == 0 or 2 <= n <= 6,
+        ),
     ] = ()
+    """2 to 6 AZs of one region the VPC spans, in order; `[]`: the region's first three (`Fn::GetAZs`,
+    environment-agnostic). Trainium is offered in a few AZs only: name those of your capacity (with
+    `region` set synth refuses `[]` for a Trainium type). New AZs on a running deployment are a new
+    deployment (CloudFormation refuses to replace subnets other stacks import)."""
     account: Annotated[str | None, matches(_ACCOUNT_RE, "a 12-digit account id", optional=True)] = None
+    """The AWS account to deploy to; unset with `region`: environment-agnostic templates."""
     region: Annotated[str | None, matches(_REGION_RE, "a region like us-east-1", optional=True)] = None
+    """The AWS region to deploy to; unset: environment-agnostic templates."""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model: where it is published, its name and its shape."""
     image: Annotated[
         str | None,
         matches(
@@ -349,19 +178,22 @@ class FlotillaConfig(Section):
             optional=True,
         ),
     ] = None
+    """A prebuilt image; unset: built at `make deploy`, for `neuron` units from `runtime/Dockerfile.neuron`
+    (one node) or `runtime/Dockerfile.neuron-multinode` (more), for the others from `runtime/Dockerfile`."""
     certificate_arn: Annotated[str | None, matches(_CERT_RE, "an ACM certificate ARN", optional=True)] = None
+    """HTTPS on the ALB (Front stack), with this certificate of the deployment's region; unset: HTTP on 80."""
     alarm_email: Annotated[str | None, matches(_EMAIL_RE, "an e-mail address", optional=True)] = None
+    """Subscribes this address to the alarms' SNS topic (Observability stack)."""
     # YAML reads `revision: 2` as a number; the revision is a label, so take its text.
     revision: Annotated[str, matches(_REVISION_RE, "1-64 characters: letters, digits, . _ -"), BeforeValidator(str)] = (
         "1"
     )
-    # surge (default, zero-downtime): the ASG may grow to twice nodes_per_unit so the new revision
-    # forms beside the old one, then the old one drains (min healthy 100 %, max 200 %). replace:
-    # a unit's tasks are stopped, then started on the same instances (the unit is out of rotation
-    # while it re-forms; the router routes around it): for fleets without spare Trainium capacity.
+    """The deployment revision every task carries: change it to roll every unit."""
     unit_rollout: Annotated[str, one_of(UNIT_ROLLOUTS)] = "surge"
-    # How many units roll at once, fleet-wide (contract/rollout.py lays it out on cells); omitted:
-    # about 10 % of units, at least 1. First creation uses the same waves.
+    """How a unit rolls to a new revision. `surge` (zero downtime): minimum healthy 100 %, maximum 200 %;
+    the ASG may grow to twice `nodes_per_unit` so the new revision forms beside the old one, which then
+    drains (needs that spare capacity in the AZ). `replace`: the unit's tasks stop, then start on the same
+    instances; the unit is out of rotation while it re-forms ([rollouts](rollouts.md))."""
     units_per_wave: Annotated[
         int | None,
         Rule(
@@ -369,16 +201,30 @@ class FlotillaConfig(Section):
             "an integer from 1 to 10000 (units that roll at once), or omit it for about 10 % of units",
         ),
     ] = None
+    """Units that roll at once, fleet-wide, at most `units` (`contract/rollout.py` lays it out as units per
+    cell wave times cells at once); unset: about 10 % of `units`, at least 1. First creation uses the same
+    waves."""
     node: NodeConfig = Field(default_factory=NodeConfig)
+    """The unit members' container."""
     router: RouterConfig = Field(default_factory=RouterConfig)
+    """The router service."""
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
-    # Units kept out of service in the template's own terms (desired count 0): CloudFormation writes
-    # a service's DesiredCount back on every update, so a drain made only with `flotilla drain-unit`
-    # is undone by the next deploy that touches the unit.
-    drained_units: tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...] = ()
+    """Where the Trainium instances come from."""
+    drained_units: Annotated[
+        tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...],
+        Listed("a list of unit ids like [cell0-unit3]"),
+    ] = ()
+    """Units of the layout the template holds at desired count 0, so a deploy never brings them back:
+    CloudFormation writes a service's desired count on every update, so a drain made only with
+    `flotilla drain-unit` is undone by the next deploy that updates the unit. `flotilla status` shows them
+    drained."""
     front: FrontConfig = Field(default_factory=FrontConfig)
-    speculation: SpeculationSection = Field(default_factory=SpeculationConfig)  # after node: checked against it
+    """Who may call the fleet: the ALB's scheme and clients, API keys."""
+    speculation: SpeculationSection = Field(default_factory=Speculation)  # after node: checked against it
+    """Speculative decoding on every unit."""
     scaling: ScalingConfig | None = None  # with it, units is the ceiling (stacks/scaling_config.py)
+    """Units follow demand between `scaling.floor` and `units` ([scaling.md](scaling.md)); unset: `units`
+    always serve."""
 
     @model_validator(mode="after")
     def _fits_aws(self) -> FlotillaConfig:

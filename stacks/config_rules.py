@@ -14,14 +14,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
+from contract.bad_input import Allowed as Allowed  # re-exported: the sections import it from here
 from contract.bad_input import BadInput
+from contract.settings import SettingsError
 
 S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^\s]*)?$")
 S3_URI_ALLOWED = "an S3 URI like s3://bucket/prefix/"
 
 
-class ConfigError(BadInput):
-    """A configuration value the user must fix: one line naming key, value and what is allowed."""
+class ConfigError(BadInput, SettingsError):
+    """A configuration value the user must fix: one line naming key, value and what is allowed (the
+    settings error of every layer, contract/settings.py)."""
 
     def __init__(self, key: str, value: Any, allowed: str, *, problem: str = "is not allowed"):
         self.key, self.allowed = key, allowed
@@ -54,6 +57,22 @@ class Rule:
                 raise refuse(self.allowed) from None
 
         return core_schema.no_info_wrap_validator_function(check, self.schema)
+
+
+class Listed:
+    """Annotated metadata for a list field: a list (or tuple) of `sizes` items, else a refusal in the
+    words `allowed` gives; each item is then checked by its own rule. Comes after the tuple type."""
+
+    def __init__(self, allowed: str, sizes: Callable[[int], bool] = lambda n: True):
+        self.allowed, self.sizes = allowed, sizes
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        def check(value: Any) -> Any:
+            if isinstance(value, (list, tuple)) and self.sizes(len(value)):
+                return value
+            raise refuse(self.allowed)
+
+        return core_schema.no_info_before_validator_function(check, handler(source))
 
 
 def between(lo: int, hi: int, why: str = "") -> Rule:
@@ -91,4 +110,5 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 class Section(BaseModel):
     # Unknown keys are typos: refuse them rather than ignore a setting the operator meant.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A field's docstring is its description: its meaning in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -8,6 +8,7 @@ emits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aws_cdk as cdk
@@ -17,11 +18,11 @@ from contract import admission, apikeys
 from stacks.cell import CellStack
 from stacks.config import FlotillaConfig, cloudmap_quota_warnings, quota_notices
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
-from stacks.observability import ObservabilityStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
 from stacks.retention import retention
-from stacks.router import RouterStack
+from stacks.router import RouterProps, RouterStack
 from stacks.scaler import ScalerStack
 from stacks.scaling_config import floor_per_cell
 
@@ -38,6 +39,9 @@ class Deployment:
     observability: ObservabilityStack | None = None
     router: RouterStack | None = None
     scaler: ScalerStack | None = None
+
+
+StackSettings = Callable[[str], dict]  # a stack id -> the keyword settings every stack takes
 
 
 def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=None) -> Deployment:
@@ -76,6 +80,23 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         client_prefix_lists=config.front.client_prefix_lists,
         **common("Discovery"),
     )
+    _warn_at_synth(config, network, discovery)
+    deployment = Deployment(config=config, network=network, discovery=discovery)
+    if config.scaling is not None:
+        # Before the cells: their stacks read the counts parameters it creates.
+        deployment.scaler = ScalerStack(app, "Scaler", config=config, **common("Scaler"))
+    _add_cells(app, deployment, common)
+    front = deployment.front = _front(app, deployment, common)
+    # Between Front (its alarms read the ALB's metrics) and Router (which needs the alarms at
+    # construction to roll back on them, aws/aws-cdk#36308).
+    observability = deployment.observability = _observability(app, deployment.config, front, common)
+    deployment.router = _router(app, deployment, front, observability, common)
+    return deployment
+
+
+def _warn_at_synth(config: FlotillaConfig, network: NetworkStack, discovery: DiscoveryStack) -> None:
+    """What synth tells the operator about the config: quotas to raise, AZs to name, a surge the
+    reservation cannot hold, Cloud Map limits."""
     # Adjustable quotas: a synth warning with the number to request when AWS's default is too
     # small or set per account (hard limits fail in stacks/config.py instead); info otherwise.
     for notice in quota_notices(config):
@@ -107,10 +128,10 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
         )
     for n, warning in enumerate(cloudmap_quota_warnings(config)):
         cdk.Annotations.of(discovery).add_warning_v2(f"flotilla:cloudmap-quota-{n}", warning)
-    deployment = Deployment(config=config, network=network, discovery=discovery)
-    if config.scaling is not None:
-        # Before the cells: their stacks read the counts parameters it creates.
-        deployment.scaler = ScalerStack(app, "Scaler", config=config, **common("Scaler"))
+
+
+def _add_cells(app: cdk.App, deployment: Deployment, common: StackSettings) -> None:
+    config, network, discovery = deployment.config, deployment.network, deployment.discovery
     for cell in range(config.cells):
         stack = CellStack(
             app,
@@ -133,66 +154,91 @@ def build_deployment(app: cdk.App, config: FlotillaConfig, synthesizer_factory=N
             stack.add_stack_dependency(deployment.cells[after])
         deployment.cells.append(stack)
 
+
+def _front(app: cdk.App, deployment: Deployment, common: StackSettings) -> FrontStack:
+    config, network, discovery = deployment.config, deployment.network, deployment.discovery
     router = config.router
-    deployment.front = FrontStack(
+    return FrontStack(
         app,
         "Front",
-        vpc=network.vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=config.certificate_arn,
-        live_target_group=router.live_target_group,
-        internet_facing=config.front.scheme == "internet-facing",
-        deployment_name=config.deployment_name,
-        waf_requests_per_5_min=config.front.waf_requests_per_5_min,
-        waf_blocked_body_rules=config.front.waf_blocked_body_rules,
-        waf_log_retention=retention(config.node.log_retention_days),
-        privatelink_principals=config.front.privatelink_principals,
-        privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        FrontProps(
+            vpc=network.vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=config.certificate_arn,
+            live_target_group=router.live_target_group,
+            internet_facing=config.front.scheme == "internet-facing",
+            deployment_name=config.deployment_name,
+            waf_requests_per_5_min=config.front.waf_requests_per_5_min,
+            waf_blocked_body_rules=config.front.waf_blocked_body_rules,
+            waf_log_retention=retention(config.node.log_retention_days),
+            privatelink_principals=config.front.privatelink_principals,
+            privatelink_private_dns_name=config.front.privatelink_private_dns_name,
+        ),
         **common("Front"),
     )
-    front = deployment.front
-    # Between Front (its alarms read the ALB's metrics) and Router (which needs the alarms at
-    # construction to roll back on them, aws/aws-cdk#36308).
-    deployment.observability = ObservabilityStack(
+
+
+def _observability(
+    app: cdk.App, config: FlotillaConfig, front: FrontStack, common: StackSettings
+) -> ObservabilityStack:
+    return ObservabilityStack(
         app,
         "Observability",
-        load_balancer=front.load_balancer,
-        target_groups=[front.blue_target_group, front.green_target_group],
-        # With the scaler, a cell is expected to keep only its share of the floor ready.
-        units_per_cell=floor_per_cell(config)
-        if config.scaling is not None
-        else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
-        scaler=config.scaling is not None,
-        # The per-cell ready-units alarms allow what a rollout of these settings takes out.
-        unit_rollout=config.unit_rollout,
-        wave_in_cell=config.wave_plan.wave_in_cell,
-        alarm_email=config.alarm_email,
+        ObservabilityProps(
+            load_balancer=front.load_balancer,
+            target_groups=[front.blue_target_group, front.green_target_group],
+            # With the scaler, a cell is expected to keep only its share of the floor ready.
+            units_per_cell=floor_per_cell(config)
+            if config.scaling is not None
+            else {contract.cell_id(c): len(config.units_in_cell(c)) for c in range(config.cells)},
+            scaler=config.scaling is not None,
+            # The per-cell ready-units alarms allow what a rollout of these settings takes out.
+            unit_rollout=config.unit_rollout,
+            wave_in_cell=config.wave_plan.wave_in_cell,
+            alarm_email=config.alarm_email,
+        ),
         **common("Observability"),
     )
-    deployment.router = RouterStack(
+
+
+def _router(
+    app: cdk.App,
+    deployment: Deployment,
+    front: FrontStack,
+    observability: ObservabilityStack,
+    common: StackSettings,
+) -> RouterStack:
+    config, network, discovery, router = (
+        deployment.config,
+        deployment.network,
+        deployment.discovery,
+        deployment.config.router,
+    )
+    return RouterStack(
         app,
         "Router",
-        vpc=network.vpc,
-        router_security_group=network.router_security_group,
-        image_uri=config.image,
-        blue_target_group=front.blue_target_group,
-        green_target_group=front.green_target_group,
-        production_rule=front.production_rule,
-        deployment_alarms=deployment.observability.deployment_alarms,
-        cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_names=discovery.service_names,
-        admission_parameter_name=admission.parameter_name(config.deployment_name),
-        balance=router.balance,
-        min_tasks=router.desired_count,
-        max_tasks=router.max_count,
-        cpu=router.cpu,
-        memory_mib=router.memory_mib,
-        bake_time=cdk.Duration.minutes(router.bake_time_minutes),
-        api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
-        api_keys_ttl_s=config.front.api_keys_ttl_s,
-        # Each router takes 1/n of every key's limits; n is the router count the tier runs at
-        # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
-        limit_routers=router.desired_count,
+        RouterProps(
+            vpc=network.vpc,
+            router_security_group=network.router_security_group,
+            image_uri=config.image,
+            blue_target_group=front.blue_target_group,
+            green_target_group=front.green_target_group,
+            production_rule=front.production_rule,
+            deployment_alarms=observability.deployment_alarms,
+            cloudmap_namespace_name=discovery.namespace_name,
+            cloudmap_service_names=discovery.service_names,
+            admission_parameter_name=admission.parameter_name(config.deployment_name),
+            balance=router.balance,
+            desired_count=router.desired_count,
+            max_count=router.max_count,
+            cpu=router.cpu,
+            memory_mib=router.memory_mib,
+            bake_time=cdk.Duration.minutes(router.bake_time_minutes),
+            api_keys_secret_name=apikeys.secret_name(config.deployment_name) if config.front.api_keys else None,
+            api_keys_ttl_s=config.front.api_keys_ttl_s,
+            # Each router takes 1/n of every key's limits; n is the router count the tier runs at
+            # (its autoscaling minimum): docs/runbooks/api-keys.md states the bound when it scales out.
+            limit_routers=router.desired_count,
+        ),
         **common("Router"),
     )
-    return deployment

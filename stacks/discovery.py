@@ -56,6 +56,20 @@ class DiscoveryStack(cdk.Stack):
         **kwargs,
     ) -> None:
         super().__init__(scope, id_, **kwargs)
+        self._cell_services(namespace_name, cells)
+        self._alb_security_group(
+            vpc,
+            router_security_group,
+            internet_facing=internet_facing,
+            client_cidrs=client_cidrs,
+            client_prefix_lists=client_prefix_lists,
+        )
+        cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
+        cdk.CfnOutput(self, "CloudMapServicePrefix", value=contract.CLOUDMAP_UNITS_SERVICE_PREFIX)
+        cdk.CfnOutput(self, "CloudMapServiceCount", value=str(len(cells)))
+
+    def _cell_services(self, namespace_name: str, cells: Sequence[str]) -> None:
+        """The HTTP namespace and one Cloud Map service per cell, where ECS registers unit members."""
         self.namespace = cloudmap.HttpNamespace(
             self,
             "Namespace",
@@ -77,6 +91,17 @@ class DiscoveryStack(cdk.Stack):
         self.namespace_name = namespace_name
         self.service_names = tuple(units_service_name(cell) for cell in cells)
 
+    def _alb_security_group(
+        self,
+        vpc: ec2.IVpc,
+        router_security_group: ec2.ISecurityGroup,
+        *,
+        internet_facing: bool,
+        client_cidrs: Sequence[str],
+        client_prefix_lists: Sequence[str],
+    ) -> None:
+        """The ALB's security group: the clients in on both client ports, the router port out, and
+        the router group's rule admitting the ALB."""
         self.alb_security_group = ec2.SecurityGroup(
             self,
             "AlbSecurityGroup",
@@ -124,9 +149,6 @@ class DiscoveryStack(cdk.Stack):
                 "HTTPS behind the WAF web ACL, and synth refuses it without a certificate or the routers' "
                 "API keys.",
             )
-        cdk.CfnOutput(self, "CloudMapNamespace", value=namespace_name)
-        cdk.CfnOutput(self, "CloudMapServicePrefix", value=contract.CLOUDMAP_UNITS_SERVICE_PREFIX)
-        cdk.CfnOutput(self, "CloudMapServiceCount", value=str(len(cells)))
 
 
 def register_unit_members(service: ecs.BaseService, *, units_service: cloudmap.IService) -> None:

@@ -9,6 +9,7 @@ needs the alarms at construction (aws/aws-cdk#36308).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
@@ -38,6 +39,43 @@ FRONT_DOOR_PATHS = (contract.API_PATH_PATTERN, contract.ROUTER_HEALTH_PATH)
 PARKED_PORT = 8081
 
 
+@dataclass(frozen=True, kw_only=True)
+class FrontProps:
+    """Everything the front door is built from: the VPC and the ALB security group (Network,
+    Discovery), the config's front-door settings, and the target groups' health check and timeouts."""
+
+    vpc: ec2.IVpc
+    alb_security_group: ec2.ISecurityGroup
+    certificate_arn: str | None  # None: plain HTTP on port 80, with a synth warning
+    live_target_group: str = "blue"
+    internet_facing: bool = False
+    deployment_name: str = "flotilla"
+    waf_requests_per_5_min: int = 3000
+    waf_blocked_body_rules: Sequence[str] = ()
+    waf_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    privatelink_principals: Sequence[str] = ()
+    privatelink_private_dns_name: str | None = None
+    health_check_interval: cdk.Duration = cdk.Duration.seconds(10)
+    health_check_timeout: cdk.Duration = cdk.Duration.seconds(5)
+    healthy_threshold: int = 2
+    unhealthy_threshold: int = 3
+    deregistration_delay: cdk.Duration = cdk.Duration.seconds(60)
+    idle_timeout: cdk.Duration = cdk.Duration.seconds(120)
+    access_log_retention: cdk.Duration = cdk.Duration.days(90)
+
+    def __post_init__(self) -> None:
+        if self.live_target_group not in LIVE_TARGET_GROUPS:
+            raise ValueError(
+                f"live_target_group={self.live_target_group!r} is not one of {LIVE_TARGET_GROUPS}: pass the "
+                "target group that serves production now (see docs/runbooks/routine-deploy.md)"
+            )
+        if self.health_check_timeout.to_seconds() >= self.health_check_interval.to_seconds():
+            raise ValueError(
+                f"health_check_timeout ({self.health_check_timeout.to_seconds()} s) must be shorter than "
+                f"health_check_interval ({self.health_check_interval.to_seconds()} s)"
+            )
+
+
 class FrontStack(cdk.Stack):
     """ALB, internal in private subnets (or internet-facing in public subnets, behind AWS WAF);
     production listener (HTTPS, or HTTP with a warning) whose one rule forwards the API and the
@@ -49,46 +87,44 @@ class FrontStack(cdk.Stack):
     send traffic back to an empty group (aws/aws-cdk#36649, docs/runbooks/routine-deploy.md).
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id_: str,
-        *,
-        vpc: ec2.IVpc,
-        alb_security_group: ec2.ISecurityGroup,
-        certificate_arn: str | None,
-        live_target_group: str = "blue",
-        internet_facing: bool = False,
-        deployment_name: str = "flotilla",
-        waf_requests_per_5_min: int = 3000,
-        waf_blocked_body_rules: Sequence[str] = (),
-        waf_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        privatelink_principals: Sequence[str] = (),
-        privatelink_private_dns_name: str | None = None,
-        health_check_interval: cdk.Duration = cdk.Duration.seconds(10),
-        health_check_timeout: cdk.Duration = cdk.Duration.seconds(5),
-        healthy_threshold: int = 2,
-        unhealthy_threshold: int = 3,
-        deregistration_delay: cdk.Duration = cdk.Duration.seconds(60),
-        idle_timeout: cdk.Duration = cdk.Duration.seconds(120),
-        access_log_retention: cdk.Duration = cdk.Duration.days(90),
-        **kwargs,
-    ) -> None:
+    def __init__(self, scope: Construct, id_: str, props: FrontProps, **kwargs) -> None:
         super().__init__(scope, id_, **kwargs)
-        if live_target_group not in LIVE_TARGET_GROUPS:
-            raise ValueError(
-                f"live_target_group={live_target_group!r} is not one of {LIVE_TARGET_GROUPS}: pass the "
-                "target group that serves production now (see docs/runbooks/routine-deploy.md)"
+        self.https = props.certificate_arn is not None
+        self.live_target_group = props.live_target_group
+        self.internet_facing = props.internet_facing
+        self._load_balancer(props)
+        self.blue_target_group = self._target_group("blue", props)
+        self.green_target_group = self._target_group("green", props)
+        if not self.https:
+            cdk.Annotations.of(self).add_warning_v2(
+                "flotilla:front:no-certificate",
+                "No certificate_arn configured: the ALB serves plain HTTP on port 80, so prompts, "
+                f"completions and API keys cross {'the internet' if props.internet_facing else 'the network'} "
+                "unencrypted. Set certificate_arn (an ACM certificate in this region) to serve HTTPS on "
+                "443 with HTTP redirected to it.",
             )
-        if health_check_timeout.to_seconds() >= health_check_interval.to_seconds():
-            raise ValueError(
-                f"health_check_timeout ({health_check_timeout.to_seconds()} s) must be shorter than "
-                f"health_check_interval ({health_check_interval.to_seconds()} s)"
-            )
-        self.https = certificate_arn is not None
-        self.live_target_group = live_target_group
-        self.internet_facing = internet_facing
+        not_found = elbv2.ListenerAction.fixed_response(404, content_type="text/plain", message_body="no route")
+        self.production_listener, self.redirect_listener = self._listeners(props.certificate_arn, not_found)
+        # No test listener: ECS native blue/green takes one only to send test traffic to the green
+        # tasks before the production shift, for lifecycle hooks to check (TestListenerRule
+        # "Required: No", AWS::ECS::Service AdvancedConfiguration), and this deployment has none.
+        self.production_rule = self._production_rule(props.live_target_group)
+        self.endpoint_service = (
+            self._privatelink(props.vpc, props.privatelink_principals, props.privatelink_private_dns_name)
+            if props.privatelink_principals
+            else None
+        )
+        self._outputs()
+        acknowledge(
+            self.access_log_bucket.node.default_child,
+            "S1",
+            "This bucket receives the ALB's access logs; logging its own accesses to itself would "
+            "recurse and to another bucket would only move the finding.",
+        )
 
+    def _load_balancer(self, props: FrontProps) -> None:
+        """The ALB in the Discovery stack's security group, its access-log bucket, and the WAF web
+        ACL in front of it when it faces the internet."""
         self.access_log_bucket = s3.Bucket(
             self,
             "AccessLogs",
@@ -97,28 +133,31 @@ class FrontStack(cdk.Stack):
             enforce_ssl=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=access_log_retention)],
+            lifecycle_rules=[s3.LifecycleRule(expiration=props.access_log_retention)],
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
-
         # Owned by the Discovery stack with its exact rules; imported immutable so that listeners
         # and target groups attached here add no rules of their own.
         self.alb_security_group = ec2.SecurityGroup.from_security_group_id(
-            self, "AlbSecurityGroup", alb_security_group.security_group_id, mutable=False, allow_all_outbound=False
+            self,
+            "AlbSecurityGroup",
+            props.alb_security_group.security_group_id,
+            mutable=False,
+            allow_all_outbound=False,
         )
         self.load_balancer = elbv2.ApplicationLoadBalancer(
             self,
             "Alb",
-            vpc=vpc,
+            vpc=props.vpc,
             # Scheme is create-only: switching it replaces the ALB (docs/runbooks/front-door.md).
-            internet_facing=internet_facing,
+            internet_facing=props.internet_facing,
             vpc_subnets=ec2.SubnetSelection(
-                subnet_type=ec2.SubnetType.PUBLIC if internet_facing else ec2.SubnetType.PRIVATE_WITH_EGRESS
+                subnet_type=ec2.SubnetType.PUBLIC if props.internet_facing else ec2.SubnetType.PRIVATE_WITH_EGRESS
             ),
             security_group=self.alb_security_group,
             drop_invalid_header_fields=True,
             # Long prefills of big prompts can keep a stream quiet for a while.
-            idle_timeout=idle_timeout,
+            idle_timeout=props.idle_timeout,
         )
         self._log_access(prefix="alb")
         self.waf = (
@@ -126,69 +165,54 @@ class FrontStack(cdk.Stack):
                 self,
                 "Waf",
                 load_balancer_arn=self.load_balancer.load_balancer_arn,
-                deployment_name=deployment_name,
-                requests_per_5_min=waf_requests_per_5_min,
-                blocked_body_rules=waf_blocked_body_rules,
-                log_retention=waf_log_retention,
+                deployment_name=props.deployment_name,
+                requests_per_5_min=props.waf_requests_per_5_min,
+                blocked_body_rules=props.waf_blocked_body_rules,
+                log_retention=props.waf_log_retention,
             )
-            if internet_facing
+            if props.internet_facing
             else None
         )
 
-        def target_group(name: str) -> elbv2.ApplicationTargetGroup:
-            return elbv2.ApplicationTargetGroup(
-                self,
-                f"{name.capitalize()}TargetGroup",
-                vpc=vpc,
-                port=contract.ROUTER_PORT,
-                protocol=elbv2.ApplicationProtocol.HTTP,
-                target_type=elbv2.TargetType.IP,
-                health_check=elbv2.HealthCheck(
-                    path=contract.ROUTER_HEALTH_PATH,
-                    port=str(contract.ROUTER_PORT),
-                    protocol=elbv2.Protocol.HTTP,
-                    interval=health_check_interval,
-                    timeout=health_check_timeout,
-                    healthy_threshold_count=healthy_threshold,
-                    unhealthy_threshold_count=unhealthy_threshold,
-                    healthy_http_codes="200",
-                ),
-                # ECS deregisters a retiring router, waits this long while the ALB lets in-flight
-                # requests finish (then closes them), and only then sends SIGTERM. Shorter than
-                # the ALB's 300 s default so blue/green and scale-in finish quickly; long enough
-                # for a typical generation stream (as long as the router's own drain timeout).
-                deregistration_delay=deregistration_delay,
-            )
+    def _target_group(self, name: str, props: FrontProps) -> elbv2.ApplicationTargetGroup:
+        """The blue or the green router target group, health-checking the router."""
+        return elbv2.ApplicationTargetGroup(
+            self,
+            f"{name.capitalize()}TargetGroup",
+            vpc=props.vpc,
+            port=contract.ROUTER_PORT,
+            protocol=elbv2.ApplicationProtocol.HTTP,
+            target_type=elbv2.TargetType.IP,
+            health_check=elbv2.HealthCheck(
+                path=contract.ROUTER_HEALTH_PATH,
+                port=str(contract.ROUTER_PORT),
+                protocol=elbv2.Protocol.HTTP,
+                interval=props.health_check_interval,
+                timeout=props.health_check_timeout,
+                healthy_threshold_count=props.healthy_threshold,
+                unhealthy_threshold_count=props.unhealthy_threshold,
+                healthy_http_codes="200",
+            ),
+            # ECS deregisters a retiring router, waits this long while the ALB lets in-flight
+            # requests finish (then closes them), and only then sends SIGTERM. Shorter than
+            # the ALB's 300 s default so blue/green and scale-in finish quickly; long enough
+            # for a typical generation stream (as long as the router's own drain timeout).
+            deregistration_delay=props.deregistration_delay,
+        )
 
-        self.blue_target_group = target_group("blue")
-        self.green_target_group = target_group("green")
-
-        not_found = elbv2.ListenerAction.fixed_response(404, content_type="text/plain", message_body="no route")
-        if not self.https:
-            cdk.Annotations.of(self).add_warning_v2(
-                "flotilla:front:no-certificate",
-                "No certificate_arn configured: the ALB serves plain HTTP on port 80, so prompts, "
-                f"completions and API keys cross {'the internet' if internet_facing else 'the network'} "
-                "unencrypted. Set certificate_arn (an ACM certificate in this region) to serve HTTPS on "
-                "443 with HTTP redirected to it.",
-            )
-        self.production_listener, self.redirect_listener = self._listeners(certificate_arn, not_found)
-        # No test listener: ECS native blue/green takes one only to send test traffic to the green
-        # tasks before the production shift, for lifecycle hooks to check (TestListenerRule
-        # "Required: No", AWS::ECS::Service AdvancedConfiguration), and this deployment has none.
-
+    def _production_rule(self, live_target_group: str) -> elbv2.ApplicationListenerRule:
+        """Only the API and the health check reach the routers: everything else (/metrics, any path a
+        router may serve later) gets the listener's 404. A path pattern is compared, case
+        sensitively, with the URL's path only; several values match if any does
+        (ListenerRule PathPatternConfig, CloudFormation reference). One rule, not two: ECS
+        blue/green shifts the weights of exactly the production rule it is given (ECS rewrites
+        them during each router deployment, aws/aws-cdk#36649)."""
         live, idle = (
             (self.blue_target_group, self.green_target_group)
             if live_target_group == "blue"
             else (self.green_target_group, self.blue_target_group)
         )
-        # Only the API and the health check reach the routers: everything else (/metrics, any path a
-        # router may serve later) gets the listener's 404. A path pattern is compared, case
-        # sensitively, with the URL's path only; several values match if any does
-        # (ListenerRule PathPatternConfig, CloudFormation reference). One rule, not two: ECS
-        # blue/green shifts the weights of exactly the production rule it is given (ECS rewrites
-        # them during each router deployment, aws/aws-cdk#36649).
-        self.production_rule = elbv2.ApplicationListenerRule(
+        return elbv2.ApplicationListenerRule(
             self,
             "ProductionRule",
             listener=self.production_listener,
@@ -201,12 +225,8 @@ class FrontStack(cdk.Stack):
                 ]
             ),
         )
-        self.endpoint_service = (
-            self._privatelink(vpc, privatelink_principals, privatelink_private_dns_name)
-            if privatelink_principals
-            else None
-        )
 
+    def _outputs(self) -> None:
         scheme = "https" if self.https else "http"
         cdk.CfnOutput(self, "Url", value=f"{scheme}://{self.load_balancer.load_balancer_dns_name}")
         cdk.CfnOutput(self, "ProductionRuleArn", value=self.production_rule.listener_rule_arn)
@@ -215,13 +235,6 @@ class FrontStack(cdk.Stack):
         if self.waf is not None:  # for docs/runbooks/waf-body-rules.md
             cdk.CfnOutput(self, "WebAclArn", value=self.waf.web_acl.attr_arn)
             cdk.CfnOutput(self, "WafLogGroup", value=self.waf.log_group.log_group_name)
-
-        acknowledge(
-            self.access_log_bucket.node.default_child,
-            "S1",
-            "This bucket receives the ALB's access logs; logging its own accesses to itself would "
-            "recurse and to another bucket would only move the finding.",
-        )
 
     def _privatelink(
         self, vpc: ec2.IVpc, principals: Sequence[str], private_dns_name: str | None

@@ -19,7 +19,7 @@ from pydantic_core import core_schema
 from contract.bad_input import NOT_GIVEN
 from contract.layout import LayoutError, check_layout
 from contract.llama import FIELDS, PRESETS, LlamaShape, ShapeError, load_config_json, preset, preset_names
-from stacks.config_rules import S3_URI_ALLOWED, S3_URI_RE, ConfigError, Rule, Section, matches, split_s3_uri
+from stacks.config_rules import S3_URI_ALLOWED, S3_URI_RE, Allowed, ConfigError, Rule, Section, matches, split_s3_uri
 from stacks.hosts import is_trainium
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ CONFIG_NAMES: Mapping[str, str] = MappingProxyType(
         "seq_len": "node.neuron_seq_len",
         "batch_size": "node.neuron_batch_size",
         "prefix_caching_block": "node.neuron_prefix_caching_block",
+        "speculation": "speculation.method",
     }
 )
 SHAPE_ALLOWED = (
@@ -79,23 +80,25 @@ class ModelConfig(Section):
     (what synth checks the unit's layout against)."""
 
     s3_uri: Annotated[str, matches(S3_URI_RE, S3_URI_ALLOWED)] = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
+    """Where the model is published (`python -m runtime artifacts publish`, which writes the
+    `flotilla-manifest.json` the nodes verify against); nodes may read only this prefix."""
     name: Annotated[str, matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = "llama-3.1-8b-instruct"
-    # The model's shape: a known model's name (contract/llama.py presets), or its config.json fields
-    # inline. Unset: the preset model.name names (llama-3.1-8b-instruct is llama-3.1-8b), else
-    # model.config_json. A config that names neither a known model nor a shape is refused.
-    shape: Annotated[Any, BeforeValidator(_shape_value)] = None
-    # The path of the model's config.json instead of model.shape; relative to the YAML file it is
-    # written in (to the project directory in cdk.json).
+    """The name clients send as `model`."""
+    shape: Annotated[Any, BeforeValidator(_shape_value), Allowed(SHAPE_ALLOWED)] = None
+    """The model's shape, which synth checks the unit's layout and memory against: a known model's name
+    (`contract/llama.py` presets) or its `config.json` fields inline. Unset: the preset `model.name` names
+    (`llama-3.1-8b-instruct` is `llama-3.1-8b`), else `model.config_json`; a config that names neither a
+    known model nor a shape is refused ([model-layout.md](model-layout.md))."""
     config_json: Annotated[str | None, matches(_PATH_RE, "the path of the model's config.json", optional=True)] = None
-    # Where the neuron engine caches NxD Inference's compiled artifacts ('' = the model bucket's
-    # neuron-compile-cache/ prefix). Nodes may read and write only there; the model stays read-only.
+    """The path of the model's `config.json` instead of `model.shape`, relative to the YAML file it is
+    written in (to the project directory in `cdk.json`)."""
     compile_cache_uri: Annotated[
         str,
         Rule(core_schema.str_schema(pattern=f"^$|{S3_URI_RE.pattern}", strict=True), S3_URI_ALLOWED),
         BeforeValidator(lambda v: v or ""),
     ] = ""
-    # The reference engine's model baked into the unit image at build (a staging fleet needs no model
-    # bucket to serve): tiny or smollm2; '' = the node's default. Never with the neuron engine.
+    """`neuron` engine: where nodes cache NxD Inference's compiled artifacts, the one prefix they may write
+    (the model stays read-only); unset: `s3://<model bucket>/neuron-compile-cache/`."""
     builtin: Annotated[
         str,
         Rule(
@@ -103,6 +106,8 @@ class ModelConfig(Section):
             "tiny or smollm2 (the reference engine's built-in models), or omit it",
         ),
     ] = ""
+    """`reference` engine only: the built-in model baked into the unit image at build (`runtime/Dockerfile`,
+    `BUILTIN_MODEL`), so a staging fleet needs no model bucket; unset: the node's default."""
 
     @model_validator(mode="after")
     def _one_description(self) -> ModelConfig:
@@ -197,6 +202,7 @@ def check_model_layout(cfg: FlotillaConfig) -> None:
             prefix_caching_block=cfg.node.neuron_prefix_caching_block,
             model=name,
             names=CONFIG_NAMES,
+            speculation=cfg.speculation.method,  # an EAGLE draft's memory, estimated (contract/sizing.py)
         )
     except LayoutError as err:
         raise ConfigError(err.name, err.value, err.fix, problem=err.problem) from None

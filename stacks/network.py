@@ -35,6 +35,12 @@ class NetworkStack(Stack):
         self._azs = tuple(availability_zones)
         super().__init__(scope, id_, **kwargs)
 
+        self._vpc(log_retention)
+        self._endpoints()
+        self._router_security_group()
+
+    def _vpc(self, log_retention: logs.RetentionDays) -> None:
+        """The VPC over the deployment's AZs, a NAT gateway in each, with flow logs."""
         self.vpc = ec2.Vpc(
             self,
             "Vpc",
@@ -69,6 +75,8 @@ class NetworkStack(Stack):
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
 
+    def _endpoints(self) -> None:
+        """The S3 gateway endpoint and the interface endpoints for ECR and CloudWatch Logs."""
         # Gateway endpoint: model artifacts (tens to hundreds of GB per node) never cross a NAT.
         self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
         # Interface endpoints: image pulls and container logs stay inside the VPC.
@@ -99,6 +107,7 @@ class NetworkStack(Stack):
                 subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             )
 
+    def _router_security_group(self) -> None:
         # The router's security group lives here, not in the Front stack, so each Cell stack can
         # admit it to its units (router -> node API port) without depending on the Front stack.
         # The Front stack attaches it to the router service and adds the ALB -> router rule.

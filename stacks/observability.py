@@ -7,7 +7,8 @@ metrics (TTFT, tokens, ready units) arrive as EMF log lines under contract.METRI
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cw
@@ -41,7 +42,7 @@ def cell_ready_threshold(units: int, *, unit_rollout: str, wave_in_cell: int) ->
     (`wave_in_cell` units, contract/rollout.py; fewer if the cell is smaller) for the whole of
     their drain, restart and model load, tens of minutes per wave; with `surge` (minimum healthy
     100 %) none, because ECS stops a unit's old tasks only after the new ones pass their container
-    check, which they pass only once the new unit is ready (README "Rollouts", rehearsed). Beyond
+    check, which they pass only once the new unit is ready (docs/rollouts.md, rehearsed). Beyond
     that, NODE_FAILURE_UNITS_TOLERATED for a node failure recovering by itself. Never below 1: a
     cell with no ready unit serves nothing, which pages even when a replace wave planned it.
     """
@@ -67,68 +68,63 @@ def runtime_metric(name: str, *, statistic: str, cell: str | None = None, period
     )
 
 
-class ObservabilityStack(cdk.Stack):
-    """Dashboard + alarms + encrypted SNS topic.
+@dataclass(frozen=True, kw_only=True)
+class ObservabilityProps:
+    """What the dashboard and alarms watch (Front's load balancer and the router's target groups), the
+    cells and their unit counts, the rollout whose dip the per-cell alarms allow, and the thresholds."""
 
-    `deployment_alarms` are the ones the router's blue/green deployment watches, and they measure
-    only what a router revision can break: the 5xx the router causes (the ALB's own 5xx when a
-    router crashes, resets or hangs, plus the router's own faults), the latency the router adds, and
-    router targets failing their health check. Slow units and shedding (429/503 by design) must not
-    roll a healthy router back, so the fleet-wide 5xx rate, the time to first token and the
-    ready-unit alarms only page.
-    """
+    load_balancer: elbv2.ApplicationLoadBalancer
+    target_groups: Sequence[elbv2.ApplicationTargetGroup]
+    units_per_cell: Mapping[str, int]  # cell id -> the units it is expected to keep ready
+    unit_rollout: str
+    wave_in_cell: int
+    alarm_email: str | None = None
+    max_5xx_percent: float = 5.0
+    max_p99_latency: cdk.Duration = cdk.Duration.seconds(10)
+    max_router_added_latency: cdk.Duration = cdk.Duration.millis(500)
+    min_ready_units: int = 1
+    scaler: bool = False  # the Scaler stack is deployed: add its row and alarms
 
-    def __init__(
-        self,
-        scope: Construct,
-        id_: str,
-        *,
-        load_balancer: elbv2.ApplicationLoadBalancer,
-        target_groups: Sequence[elbv2.ApplicationTargetGroup],
-        units_per_cell: dict[str, int],
-        unit_rollout: str,
-        wave_in_cell: int,
-        alarm_email: str | None = None,
-        max_5xx_percent: float = 5.0,
-        max_p99_latency: cdk.Duration = cdk.Duration.seconds(10),
-        max_router_added_latency: cdk.Duration = cdk.Duration.millis(500),
-        min_ready_units: int = 1,
-        scaler: bool = False,
-        **kwargs,
-    ) -> None:
-        super().__init__(scope, id_, **kwargs)
-        if not 0 < max_5xx_percent < 100:
-            raise ValueError(f"max_5xx_percent={max_5xx_percent}: use a percentage between 0 and 100")
-        if not 0 < max_router_added_latency.to_milliseconds() < max_p99_latency.to_milliseconds():
+    def __post_init__(self) -> None:
+        if not 0 < self.max_5xx_percent < 100:
+            raise ValueError(f"max_5xx_percent={self.max_5xx_percent}: use a percentage between 0 and 100")
+        added_ms, p99_ms = self.max_router_added_latency.to_milliseconds(), self.max_p99_latency.to_milliseconds()
+        if not 0 < added_ms < p99_ms:
             raise ValueError(
-                f"max_router_added_latency={max_router_added_latency.to_milliseconds()} ms: use more than 0 and "
-                f"less than max_p99_latency ({max_p99_latency.to_milliseconds()} ms)"
+                f"max_router_added_latency={added_ms} ms: use more than 0 and less than max_p99_latency ({p99_ms} ms)"
             )
-        if min_ready_units < 1:
-            raise ValueError(f"min_ready_units={min_ready_units}: at least one unit must be ready")
-        if not units_per_cell or any(n < 1 for n in units_per_cell.values()):
-            raise ValueError(f"units_per_cell={units_per_cell!r}: give every cell id its unit count (>= 1)")
-        ready_floor = {
-            cell: cell_ready_threshold(count, unit_rollout=unit_rollout, wave_in_cell=wave_in_cell)
-            for cell, count in units_per_cell.items()
+        if self.min_ready_units < 1:
+            raise ValueError(f"min_ready_units={self.min_ready_units}: at least one unit must be ready")
+        if not self.units_per_cell or any(n < 1 for n in self.units_per_cell.values()):
+            raise ValueError(f"units_per_cell={self.units_per_cell!r}: give every cell id its unit count (>= 1)")
+        _ = self.ready_floor  # cell_ready_threshold refuses a bad unit_rollout or wave_in_cell
+
+    @property
+    def ready_floor(self) -> dict[str, int]:
+        """Each cell's ReadyUnits alarm threshold (cell_ready_threshold)."""
+        return {
+            cell: cell_ready_threshold(count, unit_rollout=self.unit_rollout, wave_in_cell=self.wave_in_cell)
+            for cell, count in self.units_per_cell.items()
         }
 
-        key = kms.Key(self, "AlarmTopicKey", enable_key_rotation=True, description="flotilla alarm topic encryption")
-        # CloudWatch must be able to publish to the encrypted topic.
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                resources=["*"],
-                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
-            )
-        )
-        self.topic = sns.Topic(self, "AlarmTopic", display_name="flotilla alarms", master_key=key, enforce_ssl=True)
-        if alarm_email:
-            self.topic.add_subscription(subs.EmailSubscription(alarm_email))
-        action = cw_actions.SnsAction(self.topic)
 
-        alb = load_balancer.metrics
+@dataclass(frozen=True)
+class _FleetMetrics:
+    """The load balancer's and the runtime's series that both the alarms and the dashboard read."""
+
+    alb: elbv2.IApplicationLoadBalancerMetrics
+    requests: cw.Metric
+    elb_5xx: cw.Metric
+    target_5xx: cw.Metric
+    five_xx_percent: cw.MathExpression
+    router_5xx_percent: cw.MathExpression
+    router_added_p99: cw.Metric
+    healthy: cw.MathExpression
+    unhealthy: cw.MathExpression
+
+    @classmethod
+    def of(cls, props: ObservabilityProps) -> _FleetMetrics:
+        alb = props.load_balancer.metrics
         requests = alb.request_count(period=MINUTE, statistic="Sum")
         elb_5xx = alb.http_code_elb(elbv2.HttpCodeElb.ELB_5XX_COUNT, period=MINUTE, statistic="Sum")
         target_5xx = alb.http_code_target(elbv2.HttpCodeTarget.TARGET_5XX_COUNT, period=MINUTE, statistic="Sum")
@@ -143,120 +139,169 @@ class ObservabilityStack(cdk.Stack):
                 period=MINUTE,
             )
 
-        five_xx_percent = percent_of_requests("5xx % of requests", {"e5": elb_5xx, "t5": target_5xx})
+        def over_target_groups(label: str, prefix: str, metric) -> cw.MathExpression:
+            """The sum of one target-group metric over the blue and green groups (missing is 0)."""
+            return cw.MathExpression(
+                expression=" + ".join(f"FILL({prefix}{i}, 0)" for i in range(len(props.target_groups))),
+                using_metrics={f"{prefix}{i}": metric(tg) for i, tg in enumerate(props.target_groups)},
+                label=label,
+                period=MINUTE,
+            )
+
         # HTTPCode_ELB_5XX_Count: "HTTP 5XX server error codes that originate from the load balancer.
         # This count does not include any response codes generated by the targets" (ALB user guide,
         # CloudWatch metrics for your Application Load Balancer): 502/503/504 when a router crashes,
         # resets, is missing or does not answer. The router's shedding 503s are target codes.
         router_faults = runtime_metric(contract.METRIC_ROUTER_FAULTS, statistic="Sum")
-        router_5xx_percent = percent_of_requests(
-            "5xx a router caused, % of requests", {"e5": elb_5xx, "rf": router_faults}
-        )
-        router_added_p99 = runtime_metric(contract.METRIC_ROUTER_ADDED_LATENCY, statistic="p99")
-        p99 = alb.target_response_time(period=MINUTE, statistic="p99")
-        p50 = alb.target_response_time(period=MINUTE, statistic="p50")
-        unhealthy = cw.MathExpression(
-            expression=" + ".join(f"FILL(u{i}, 0)" for i in range(len(target_groups))),
-            using_metrics={
-                f"u{i}": tg.metrics.unhealthy_host_count(period=MINUTE, statistic="Maximum")
-                for i, tg in enumerate(target_groups)
-            },
-            label="unhealthy router targets",
-            period=MINUTE,
-        )
-        healthy = cw.MathExpression(
-            expression=" + ".join(f"FILL(h{i}, 0)" for i in range(len(target_groups))),
-            using_metrics={
-                f"h{i}": tg.metrics.healthy_host_count(period=MINUTE, statistic="Minimum")
-                for i, tg in enumerate(target_groups)
-            },
-            label="healthy router targets",
-            period=MINUTE,
+        return cls(
+            alb=alb,
+            requests=requests,
+            elb_5xx=elb_5xx,
+            target_5xx=target_5xx,
+            five_xx_percent=percent_of_requests("5xx % of requests", {"e5": elb_5xx, "t5": target_5xx}),
+            router_5xx_percent=percent_of_requests(
+                "5xx a router caused, % of requests", {"e5": elb_5xx, "rf": router_faults}
+            ),
+            router_added_p99=runtime_metric(contract.METRIC_ROUTER_ADDED_LATENCY, statistic="p99"),
+            healthy=over_target_groups(
+                "healthy router targets",
+                "h",
+                lambda tg: tg.metrics.healthy_host_count(period=MINUTE, statistic="Minimum"),
+            ),
+            unhealthy=over_target_groups(
+                "unhealthy router targets",
+                "u",
+                lambda tg: tg.metrics.unhealthy_host_count(period=MINUTE, statistic="Maximum"),
+            ),
         )
 
-        def alarm(
-            name: str,
-            metric: cw.IMetric,
-            *,
-            threshold: float,
-            operator: cw.ComparisonOperator,
-            periods: int,
-            description: str,
-        ) -> cw.Alarm:
-            a = metric.create_alarm(
-                self,
-                name,
-                threshold=threshold,
-                comparison_operator=operator,
-                evaluation_periods=periods,
-                datapoints_to_alarm=periods,
-                # Quiet until there is traffic or a router reporting: a first deploy starts with no
-                # data, and ECS must not roll that deployment back for it.
-                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
-                alarm_description=description,
+
+class ObservabilityStack(cdk.Stack):
+    """Dashboard + alarms + encrypted SNS topic.
+
+    `deployment_alarms` are the ones the router's blue/green deployment watches, and they measure
+    only what a router revision can break: the 5xx the router causes (the ALB's own 5xx when a
+    router crashes, resets or hangs, plus the router's own faults), the latency the router adds, and
+    router targets failing their health check. Slow units and shedding (429/503 by design) must not
+    roll a healthy router back, so the fleet-wide 5xx rate, the time to first token and the
+    ready-unit alarms only page.
+    """
+
+    def __init__(self, scope: Construct, id_: str, props: ObservabilityProps, **kwargs) -> None:
+        super().__init__(scope, id_, **kwargs)
+        self._alarm_topic(props)
+        metrics = _FleetMetrics.of(props)
+        self._fleet_alarms(props, metrics)
+        self._cell_alarms(props)
+        self._dashboard(props, metrics)
+        self.scaler_alarms = self._scaler_row() if props.scaler else []
+        cdk.CfnOutput(self, "AlarmTopicArn", value=self.topic.topic_arn)
+        cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)
+
+    def _alarm_topic(self, props: ObservabilityProps) -> None:
+        """The encrypted SNS topic every alarm pages, on alarm and on recovery."""
+        key = kms.Key(self, "AlarmTopicKey", enable_key_rotation=True, description="flotilla alarm topic encryption")
+        # CloudWatch must be able to publish to the encrypted topic.
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": self.account}},
             )
-            a.add_alarm_action(action)
-            a.add_ok_action(action)
-            return a
+        )
+        self.topic = sns.Topic(self, "AlarmTopic", display_name="flotilla alarms", master_key=key, enforce_ssl=True)
+        if props.alarm_email:
+            self.topic.add_subscription(subs.EmailSubscription(props.alarm_email))
+        self._page = cw_actions.SnsAction(self.topic)
 
-        self.five_xx_alarm = alarm(
+    def _alarm(
+        self,
+        name: str,
+        metric: cw.IMetric,
+        *,
+        threshold: float,
+        operator: cw.ComparisonOperator,
+        periods: int,
+        description: str,
+        missing: cw.TreatMissingData = cw.TreatMissingData.NOT_BREACHING,
+    ) -> cw.Alarm:
+        """An alarm that pages the topic when it fires and when it recovers. Missing data does not
+        breach unless said: a first deploy starts with no traffic and no router reporting, and ECS
+        must not roll that deployment back for it."""
+        a = metric.create_alarm(
+            self,
+            name,
+            threshold=threshold,
+            comparison_operator=operator,
+            evaluation_periods=periods,
+            datapoints_to_alarm=periods,
+            treat_missing_data=missing,
+            alarm_description=description,
+        )
+        a.add_alarm_action(self._page)
+        a.add_ok_action(self._page)
+        return a
+
+    def _fleet_alarms(self, props: ObservabilityProps, m: _FleetMetrics) -> None:
+        """The fleet-wide alarms, and of them the router's deployment alarms."""
+        self.five_xx_alarm = self._alarm(
             "FiveXxRate",
-            five_xx_percent,
-            threshold=max_5xx_percent,
+            m.five_xx_percent,
+            threshold=props.max_5xx_percent,
             operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             periods=3,
-            description=f"More than {max_5xx_percent} % of requests answered 5xx (ALB, router or unit, "
+            description=f"More than {props.max_5xx_percent} % of requests answered 5xx (ALB, router or unit, "
             "shedding included) for 3 minutes. Runbook: docs/runbooks/incident-triage.md",
         )
         # Time to first token from the leaders, not the ALB's TargetResponseTime: that is the time to
         # the response headers, which a non-streamed completion sends only when generation ends, so
         # its p99 sits above any first-token bound whenever some requests generate a few hundred tokens.
-        self.latency_alarm = alarm(
+        self.latency_alarm = self._alarm(
             "P99Latency",
             runtime_metric(contract.METRIC_TIME_TO_FIRST_TOKEN, statistic="p99"),
-            threshold=max_p99_latency.to_milliseconds(),
+            threshold=props.max_p99_latency.to_milliseconds(),
             operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             periods=3,
-            description=f"p99 time to first token above {max_p99_latency.to_seconds()} s for 3 minutes "
+            description=f"p99 time to first token above {props.max_p99_latency.to_seconds()} s for 3 minutes "
             "(units slow or queued). Runbook: docs/runbooks/incident-triage.md",
         )
-        self.router_five_xx_alarm = alarm(
+        self.router_five_xx_alarm = self._alarm(
             "RouterFiveXxRate",
-            router_5xx_percent,
-            threshold=max_5xx_percent,
+            m.router_5xx_percent,
+            threshold=props.max_5xx_percent,
             operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             periods=3,
-            description=f"More than {max_5xx_percent} % of requests failed because of a router (the ALB's "
+            description=f"More than {props.max_5xx_percent} % of requests failed because of a router (the ALB's "
             "own 5xx: no router answered; or the router's own faults) for 3 minutes. Rolls a router "
             "deployment back. Runbook: docs/runbooks/rollback.md",
         )
-        self.router_latency_alarm = alarm(
+        self.router_latency_alarm = self._alarm(
             "RouterAddedLatency",
-            router_added_p99,
-            threshold=max_router_added_latency.to_milliseconds(),
+            m.router_added_p99,
+            threshold=props.max_router_added_latency.to_milliseconds(),
             operator=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             periods=3,
-            description=f"p99 latency the routers add above {max_router_added_latency.to_milliseconds()} ms "
+            description=f"p99 latency the routers add above {props.max_router_added_latency.to_milliseconds()} ms "
             "for 3 minutes (the units' own time is not counted). Rolls a router deployment back. "
             "Runbook: docs/runbooks/rollback.md",
         )
-        self.unhealthy_targets_alarm = alarm(
+        self.unhealthy_targets_alarm = self._alarm(
             "UnhealthyRouterTargets",
-            unhealthy,
+            m.unhealthy,
             threshold=1,
             operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             periods=3,
             description="At least one router task failed the ALB health check for 3 minutes "
             "(blue or green target group).",
         )
-        fleet_ready = runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum")
-        self.ready_units_alarm = alarm(
+        self.ready_units_alarm = self._alarm(
             "FleetReadyUnits",
-            fleet_ready,
-            threshold=min_ready_units,
+            runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum"),
+            threshold=props.min_ready_units,
             operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
             periods=3,
-            description=f"Some router saw fewer than {min_ready_units} ready units for 3 minutes "
+            description=f"Some router saw fewer than {props.min_ready_units} ready units for 3 minutes "
             "(Minimum across routers: a new router that cannot discover units fires it).",
         )
         # ECS rolls a deployment back when any of its alarms is in ALARM during it
@@ -268,13 +313,16 @@ class ObservabilityStack(cdk.Stack):
             self.unhealthy_targets_alarm,
         ]
 
-        # Per cell, below what the cell keeps during a correct rollout (cell_ready_threshold) for 10
-        # minutes: a rollout's own dip, or one node failure recovering, never pages.
+    def _cell_alarms(self, props: ObservabilityProps) -> None:
+        """Per cell, below what the cell keeps during a correct rollout (cell_ready_threshold) for 10
+        minutes: a rollout's own dip, or one node failure recovering, never pages."""
+        ready_floor = props.ready_floor
+
         def cell_description(cell: str, count: int) -> str:
             floor = ready_floor[cell]
-            if unit_rollout == "replace":
+            if props.unit_rollout == "replace":
                 rollout = (
-                    f"a replace rollout takes up to {min(wave_in_cell, count)} of its units out at once "
+                    f"a replace rollout takes up to {min(props.wave_in_cell, count)} of its units out at once "
                     "while they reload"
                 )
             else:
@@ -288,7 +336,7 @@ class ObservabilityStack(cdk.Stack):
             )
 
         self.cell_ready_alarms: dict[str, cw.Alarm] = {
-            cell: alarm(
+            cell: self._alarm(
                 f"ReadyUnits{cell.capitalize()}",
                 runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=cell),
                 threshold=ready_floor[cell],
@@ -296,9 +344,12 @@ class ObservabilityStack(cdk.Stack):
                 periods=10,
                 description=cell_description(cell, count),
             )
-            for cell, count in units_per_cell.items()
+            for cell, count in props.units_per_cell.items()
         }
 
+    def _dashboard(self, props: ObservabilityProps, m: _FleetMetrics) -> None:
+        """The fleet dashboard: traffic and errors, latency and throughput, readiness, routing,
+        speculation, the router's own health, and every alarm's state."""
         ttft = {s: runtime_metric(contract.METRIC_TIME_TO_FIRST_TOKEN, statistic=s) for s in ("p50", "p99")}
         tokens_per_second = cw.MathExpression(
             expression="FILL(tok, 0) / PERIOD(tok)",
@@ -306,24 +357,26 @@ class ObservabilityStack(cdk.Stack):
             label="output tokens/s (fleet)",
             period=MINUTE,
         )
+        p99 = m.alb.target_response_time(period=MINUTE, statistic="p99")
+        p50 = m.alb.target_response_time(period=MINUTE, statistic="p50")
         self.dashboard = cw.Dashboard(self, "Dashboard", default_interval=cdk.Duration.hours(3))
         self.dashboard.add_widgets(
-            cw.GraphWidget(title="Requests / min", left=[requests], width=8),
+            cw.GraphWidget(title="Requests / min", left=[m.requests], width=8),
             cw.GraphWidget(
                 title="4xx / 5xx / min",
                 width=8,
                 left=[
-                    alb.http_code_elb(elbv2.HttpCodeElb.ELB_4XX_COUNT, period=MINUTE, statistic="Sum"),
-                    alb.http_code_target(elbv2.HttpCodeTarget.TARGET_4XX_COUNT, period=MINUTE, statistic="Sum"),
-                    elb_5xx,
-                    target_5xx,
+                    m.alb.http_code_elb(elbv2.HttpCodeElb.ELB_4XX_COUNT, period=MINUTE, statistic="Sum"),
+                    m.alb.http_code_target(elbv2.HttpCodeTarget.TARGET_4XX_COUNT, period=MINUTE, statistic="Sum"),
+                    m.elb_5xx,
+                    m.target_5xx,
                 ],
             ),
             cw.GraphWidget(
                 title="5xx % of requests",
-                left=[five_xx_percent],
+                left=[m.five_xx_percent],
                 width=8,
-                left_annotations=[cw.HorizontalAnnotation(value=max_5xx_percent)],
+                left_annotations=[cw.HorizontalAnnotation(value=props.max_5xx_percent)],
             ),
         )
         self.dashboard.add_widgets(
@@ -335,9 +388,12 @@ class ObservabilityStack(cdk.Stack):
             cw.GraphWidget(
                 title="Ready units per cell (minimum over routers)",
                 width=12,
-                left=[runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=c) for c in units_per_cell],
+                left=[
+                    runtime_metric(contract.METRIC_READY_UNITS, statistic="Minimum", cell=c)
+                    for c in props.units_per_cell
+                ],
             ),
-            cw.GraphWidget(title="Router targets: healthy / unhealthy", left=[healthy, unhealthy], width=12),
+            cw.GraphWidget(title="Router targets: healthy / unhealthy", left=[m.healthy, m.unhealthy], width=12),
         )
         # Routing by cache (docs/routing.md): how often requests reach their key's unit, and how far the
         # busiest unit is above the mean (a hot unit: docs/runbooks/hot-unit.md).
@@ -359,8 +415,8 @@ class ObservabilityStack(cdk.Stack):
             ),
         )
         self.dashboard.add_widgets(
-            cw.GraphWidget(title="5xx a router caused, % of requests", left=[router_5xx_percent], width=12),
-            cw.GraphWidget(title="Latency the routers add (ms): p99", left=[router_added_p99], width=12),
+            cw.GraphWidget(title="5xx a router caused, % of requests", left=[m.router_5xx_percent], width=12),
+            cw.GraphWidget(title="Latency the routers add (ms): p99", left=[m.router_added_p99], width=12),
         )
         self.dashboard.add_widgets(
             cw.AlarmStatusWidget(
@@ -375,45 +431,20 @@ class ObservabilityStack(cdk.Stack):
                 ],
             ),
         )
-        self.scaler_alarms = self._scaler_row(action) if scaler else []
-        cdk.CfnOutput(self, "AlarmTopicArn", value=self.topic.topic_arn)
-        cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name)
 
-    def _scaler_row(self, action: cw_actions.SnsAction) -> list[cw.Alarm]:
+    def _scaler_row(self) -> list[cw.Alarm]:
         """The scaler's row (docs/scaling.md): units it wants, serving, starting, draining and beyond
         what capacity allows; the routers' requests and 429s; and two alarms: it wants more units than
         capacity allows (the ceiling, or units EC2 could not give), and it stopped deciding."""
         unmet = runtime_metric(scaling.METRIC_UNMET_UNITS, statistic="Maximum")
         passes = runtime_metric(scaling.METRIC_TARGET_UNITS, statistic="SampleCount")
 
-        def page(
-            name: str,
-            metric: cw.Metric,
-            *,
-            operator: cw.ComparisonOperator,
-            minutes: int,
-            missing: cw.TreatMissingData,
-            description: str,
-        ) -> cw.Alarm:  # noqa: E501
-            a = metric.create_alarm(
-                self,
-                name,
-                threshold=1,
-                comparison_operator=operator,
-                evaluation_periods=minutes,
-                datapoints_to_alarm=minutes,
-                treat_missing_data=missing,
-                alarm_description=description,
-            )
-            a.add_alarm_action(action)
-            a.add_ok_action(action)
-            return a
-
-        wants_more = page(
+        wants_more = self._alarm(
             "ScalerWantsMoreThanCapacity",
             unmet,
+            threshold=1,
             operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            minutes=3,
+            periods=3,
             missing=cw.TreatMissingData.NOT_BREACHING,
             description="For 3 minutes the scaler wanted more units than capacity allows: the ceiling "
             "(units), or units given back because EC2 had no capacity or a quota. Runbook: "
@@ -421,11 +452,12 @@ class ObservabilityStack(cdk.Stack):
         )
         # One decision a minute: none for 5 minutes means the function fails or is not scheduled. Missing
         # data breaches here: silence is the failure.
-        stopped = page(
+        stopped = self._alarm(
             "ScalerNotDeciding",
             passes,
+            threshold=1,
             operator=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
-            minutes=5,
+            periods=5,
             missing=cw.TreatMissingData.BREACHING,
             description="The scaler made no decision for 5 minutes (its function fails or is not "
             "scheduled): the fleet stays at its size. Runbook: docs/runbooks/scale-for-peak.md",

@@ -29,5 +29,5 @@ _BY_DAYS = {
 
 
 def retention(days: int) -> logs.RetentionDays:
-    """config.LOG_RETENTION_DAYS lists the same values; config validation rejects any other."""
+    """config_sections.LOG_RETENTION_DAYS lists the same values; config validation rejects any other."""
     return getattr(logs.RetentionDays, _BY_DAYS[days])

@@ -8,6 +8,7 @@ breaker. Autoscaling tracks ALB requests per healthy target.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -20,6 +21,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 import contract
+from contract import apikeys
 from stacks.image import node_image
 from stacks.nag import acknowledge
 
@@ -27,67 +29,92 @@ CONTAINER_NAME = "router"
 FARGATE_MAX_STOP_TIMEOUT_S = 120
 
 
-class RouterStack(cdk.Stack):
-    """Fargate router service behind the Front stack's blue and green target groups."""
+@dataclass(frozen=True, kw_only=True)
+class RouterProps:
+    """Everything the router tier is built from: where it runs (Network), the target groups, rule and
+    alarms it deploys behind (Front, Observability), what it reads at run time (Discovery's Cloud Map
+    services, the admission parameter, the API keys' secret), and the service's own settings, named as
+    the config's `router` section names them."""
 
-    def __init__(
-        self,
-        scope: Construct,
-        id_: str,
-        *,
-        vpc: ec2.IVpc,
-        router_security_group: ec2.ISecurityGroup,
-        image_uri: str | None,
-        blue_target_group: elbv2.ApplicationTargetGroup,
-        green_target_group: elbv2.ApplicationTargetGroup,
-        production_rule: elbv2.ApplicationListenerRule,
-        deployment_alarms: Sequence[cw.IAlarm],
-        cloudmap_namespace_name: str,
-        cloudmap_service_names: Sequence[str],
-        admission_parameter_name: str,
-        balance: str = contract.ROUTER_BALANCE_POLICIES[0],
-        api_keys_secret_name: str | None = None,
-        api_keys_ttl_s: int = 30,
-        limit_routers: int = 1,
-        min_tasks: int = 2,
-        max_tasks: int = 10,
-        cpu: int = 1024,
-        memory_mib: int = 2048,
-        requests_per_target_per_minute: int = 600,
-        bake_time: cdk.Duration = cdk.Duration.minutes(10),
-        drain_timeout: cdk.Duration = cdk.Duration.seconds(60),
-        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        **kwargs,
-    ) -> None:
-        super().__init__(scope, id_, **kwargs)
-        if not 1 <= min_tasks <= max_tasks:
-            raise ValueError(f"router min_tasks={min_tasks}, max_tasks={max_tasks}: need 1 <= min <= max")
-        if not deployment_alarms:
+    vpc: ec2.IVpc
+    router_security_group: ec2.ISecurityGroup
+    image_uri: str | None  # a registry URI, or None for the runtime/ asset
+    blue_target_group: elbv2.ApplicationTargetGroup
+    green_target_group: elbv2.ApplicationTargetGroup
+    production_rule: elbv2.ApplicationListenerRule
+    deployment_alarms: Sequence[cw.IAlarm]
+    cloudmap_namespace_name: str
+    cloudmap_service_names: Sequence[str]
+    admission_parameter_name: str
+    balance: str = contract.ROUTER_BALANCE_POLICIES[0]
+    api_keys_secret_name: str | None = None  # None: the routers take requests without a key
+    api_keys_ttl_s: int = apikeys.API_KEYS_TTL_S
+    limit_routers: int = 1  # routers sharing each key's limits (each admits 1/n)
+    desired_count: int = 2  # the autoscaling minimum (the service states no count of its own)
+    max_count: int = 10  # the autoscaling maximum
+    cpu: int = 1024
+    memory_mib: int = 2048
+    requests_per_target_per_minute: int = 600
+    bake_time: cdk.Duration = cdk.Duration.minutes(10)
+    drain_timeout: cdk.Duration = cdk.Duration.seconds(60)
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.desired_count <= self.max_count:
+            raise ValueError(
+                f"router desired_count={self.desired_count}, max_count={self.max_count}: "
+                "need 1 <= desired_count <= max_count"
+            )
+        if not self.deployment_alarms:
             raise ValueError(
                 "deployment_alarms is empty: the router's blue/green rollback needs the "
                 "Observability stack's alarms (pass them at construction, aws-cdk#36308)"
             )
-        drain_s = int(drain_timeout.to_seconds())
-        # ECS sends SIGTERM, waits stopTimeout, then SIGKILL: leave the router 10 s beyond its drain.
-        stop_timeout_s = drain_s + 10
-        if stop_timeout_s > FARGATE_MAX_STOP_TIMEOUT_S:
+        if self.stop_timeout_s > FARGATE_MAX_STOP_TIMEOUT_S:
             raise ValueError(
-                f"router drain_timeout={drain_s} s: Fargate stops a task at most "
+                f"router drain_timeout={self.drain_s} s: Fargate stops a task at most "
                 f"{FARGATE_MAX_STOP_TIMEOUT_S} s after SIGTERM; use <= "
                 f"{FARGATE_MAX_STOP_TIMEOUT_S - 10} s"
             )
 
+    @property
+    def drain_s(self) -> int:
+        return int(self.drain_timeout.to_seconds())
+
+    @property
+    def stop_timeout_s(self) -> int:
+        """ECS sends SIGTERM, waits stopTimeout, then SIGKILL: the router gets 10 s beyond its drain."""
+        return self.drain_s + 10
+
+
+class RouterStack(cdk.Stack):
+    """Fargate router service behind the Front stack's blue and green target groups."""
+
+    def __init__(self, scope: Construct, id_: str, props: RouterProps, **kwargs) -> None:
+        super().__init__(scope, id_, **kwargs)
+        self._task_definition(props)
+        access_env = self._read_api_keys(props.api_keys_secret_name, props.api_keys_ttl_s, props.limit_routers)
+        image = self._container(props, access_env)
+        self._service(props)
+        self._autoscale(props)
+        cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
+        cdk.CfnOutput(self, "ServiceName", value=self.service.service_name)
+        self._acknowledge_findings(image)
+
+    def _task_definition(self, props: RouterProps) -> None:
+        """The cluster and the Fargate task definition, with the task role's read access to the unit
+        members in Cloud Map and to the admission limit."""
         self.cluster = ecs.Cluster(
             self,
             "Cluster",
-            vpc=vpc,
+            vpc=props.vpc,
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
         self.task_definition = ecs.FargateTaskDefinition(
             self,
             "TaskDefinition",
-            cpu=cpu,
-            memory_limit_mib=memory_mib,
+            cpu=props.cpu,
+            memory_limit_mib=props.memory_mib,
             runtime_platform=ecs.RuntimePlatform(
                 cpu_architecture=ecs.CpuArchitecture.X86_64,
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
@@ -103,7 +130,7 @@ class RouterStack(cdk.Stack):
                 actions=["servicediscovery:DiscoverInstances", "servicediscovery:DiscoverInstancesRevision"],
                 resources=["*"],
                 conditions={
-                    "StringEquals": {"servicediscovery:NamespaceName": cloudmap_namespace_name},
+                    "StringEquals": {"servicediscovery:NamespaceName": props.cloudmap_namespace_name},
                     "StringLike": {"servicediscovery:ServiceName": f"{contract.CLOUDMAP_UNITS_SERVICE_PREFIX}*"},
                 },
             )
@@ -117,16 +144,19 @@ class RouterStack(cdk.Stack):
                 actions=["ssm:GetParameter"],
                 resources=[
                     self.format_arn(
-                        service="ssm", resource="parameter", resource_name=admission_parameter_name.lstrip("/")
+                        service="ssm", resource="parameter", resource_name=props.admission_parameter_name.lstrip("/")
                     )
                 ],
             )
         )
-        access_env = self._read_api_keys(api_keys_secret_name, api_keys_ttl_s, limit_routers)
-        log_group = logs.LogGroup(self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
+
+    def _container(self, props: RouterProps, access_env: dict[str, str]) -> ecs.ContainerImage:
+        """The router container (the node image, command `router`) with its log group and a
+        read-only root; returns the image, whose kind decides an acknowledgement."""
+        log_group = logs.LogGroup(self, "Logs", retention=props.log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
         health_url = f"http://127.0.0.1:{contract.ROUTER_PORT}{contract.ROUTER_HEALTH_PATH}"
         # The node image (same image, command `router`): a registry URI, else the runtime/ asset.
-        image = node_image(self, image_uri=image_uri)
+        image = node_image(self, image_uri=props.image_uri)
         self.container = self.task_definition.add_container(
             CONTAINER_NAME,
             image=image,
@@ -135,11 +165,11 @@ class RouterStack(cdk.Stack):
                 contract.ENV_ROLE: "router",
                 contract.ENV_PORT: str(contract.ROUTER_PORT),
                 contract.ENV_DISCOVERY: "cloudmap",
-                contract.ENV_CLOUDMAP_NAMESPACE: cloudmap_namespace_name,
-                contract.ENV_CLOUDMAP_SERVICE: ",".join(cloudmap_service_names),
-                contract.ENV_DRAIN_TIMEOUT: str(drain_s),
-                contract.ENV_ADMISSION_PARAMETER: admission_parameter_name,
-                contract.ENV_BALANCE: balance,
+                contract.ENV_CLOUDMAP_NAMESPACE: props.cloudmap_namespace_name,
+                contract.ENV_CLOUDMAP_SERVICE: ",".join(props.cloudmap_service_names),
+                contract.ENV_DRAIN_TIMEOUT: str(props.drain_s),
+                contract.ENV_ADMISSION_PARAMETER: props.admission_parameter_name,
+                contract.ENV_BALANCE: props.balance,
                 **access_env,
             },
             port_mappings=[ecs.PortMapping(container_port=contract.ROUTER_PORT, protocol=ecs.Protocol.TCP)],
@@ -157,13 +187,17 @@ class RouterStack(cdk.Stack):
                 start_period=cdk.Duration.seconds(15),
             ),
             logging=ecs.LogDrivers.aws_logs(stream_prefix="router", log_group=log_group),
-            stop_timeout=cdk.Duration.seconds(stop_timeout_s),
+            stop_timeout=cdk.Duration.seconds(props.stop_timeout_s),
             readonly_root_filesystem=True,
         )
         # Read-only root; /tmp on the task's ephemeral storage for anything a library writes.
         self.task_definition.add_volume(name="tmp")
         self.container.add_mount_points(ecs.MountPoint(container_path="/tmp", source_volume="tmp", read_only=False))
+        return image
 
+    def _service(self, props: RouterProps) -> None:
+        """The Fargate service, deployed blue/green behind the Front stack's two target groups and
+        rolled back on the Observability stack's alarms."""
         self.service = ecs.FargateService(
             self,
             "Service",
@@ -176,7 +210,7 @@ class RouterStack(cdk.Stack):
             # removeDefaultDesiredCount flag covers only ecs-patterns). Registering the scalable
             # target below "changes the resource's current capacity to a value that is inside of
             # this range" (Application Auto Scaling API, RegisterScalableTarget), so the service
-            # reaches min_tasks right after create and never drops below it.
+            # reaches desired_count right after create and never drops below it.
             desired_count=None,
             # Owned by Network (egress) and Discovery (ALB ingress); immutable here so the
             # target-group attachment adds no rules of its own.
@@ -184,7 +218,7 @@ class RouterStack(cdk.Stack):
                 ec2.SecurityGroup.from_security_group_id(
                     self,
                     "RouterSecurityGroup",
-                    router_security_group.security_group_id,
+                    props.router_security_group.security_group_id,
                     mutable=False,
                     allow_all_outbound=False,
                 )
@@ -192,11 +226,11 @@ class RouterStack(cdk.Stack):
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             assign_public_ip=False,
             deployment_strategy=ecs.DeploymentStrategy.BLUE_GREEN,
-            bake_time=bake_time,
+            bake_time=props.bake_time,
             circuit_breaker=ecs.DeploymentCircuitBreaker(enable=True, rollback=True),
             # Passed here, not via enable_deployment_alarms() later: aws/aws-cdk#36308.
             deployment_alarms=ecs.DeploymentAlarmConfig(
-                alarm_names=[a.alarm_name for a in deployment_alarms],
+                alarm_names=[a.alarm_name for a in props.deployment_alarms],
                 behavior=ecs.AlarmBehavior.ROLLBACK_ON_ALARM,
             ),
             min_healthy_percent=100,
@@ -208,21 +242,10 @@ class RouterStack(cdk.Stack):
             container_port=contract.ROUTER_PORT,
             alternate_target=ecs.AlternateTarget(
                 "GreenTarget",
-                alternate_target_group=green_target_group,
-                production_listener=ecs.ListenerRuleConfiguration.application_listener_rule(production_rule),
+                alternate_target_group=props.green_target_group,
+                production_listener=ecs.ListenerRuleConfiguration.application_listener_rule(props.production_rule),
             ),
-        ).attach_to_application_target_group(blue_target_group)
-
-        self._autoscale(
-            blue_target_group=blue_target_group,
-            green_target_group=green_target_group,
-            min_tasks=min_tasks,
-            max_tasks=max_tasks,
-            requests_per_target_per_minute=requests_per_target_per_minute,
-        )
-        cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name)
-        cdk.CfnOutput(self, "ServiceName", value=self.service.service_name)
-        self._acknowledge_findings(image)
+        ).attach_to_application_target_group(props.blue_target_group)
 
     def _read_api_keys(self, secret_name: str | None, ttl_s: int, limit_routers: int) -> dict[str, str]:
         """The router's environment for API keys, and read access to exactly the keys' secret.
@@ -256,9 +279,7 @@ class RouterStack(cdk.Stack):
             contract.ENV_LIMIT_ROUTERS: str(limit_routers),
         }
 
-    def _autoscale(
-        self, *, blue_target_group, green_target_group, min_tasks, max_tasks, requests_per_target_per_minute
-    ) -> None:
+    def _autoscale(self, props: RouterProps) -> None:
         """Target tracking on requests per healthy router target, summed over BOTH target groups.
 
         The predefined ALBRequestCountPerTarget metric names one target group, and blue/green
@@ -266,8 +287,9 @@ class RouterStack(cdk.Stack):
         no data, which blocks scale-in. One metric-math policy over both groups follows the live
         one whichever it is.
         """
+        blue_target_group, green_target_group = props.blue_target_group, props.green_target_group
         load_balancer_full_name = blue_target_group.first_load_balancer_full_name
-        scalable = self.service.auto_scale_task_count(min_capacity=min_tasks, max_capacity=max_tasks)
+        scalable = self.service.auto_scale_task_count(min_capacity=props.desired_count, max_capacity=props.max_count)
 
         def alb_metric(
             query_id: str, name: str, stat: str, tg
@@ -299,7 +321,7 @@ class RouterStack(cdk.Stack):
             policy_type="TargetTrackingScaling",
             scaling_target_id=scalable.node.find_child("Target").node.default_child.ref,
             target_tracking_scaling_policy_configuration=appscaling.CfnScalingPolicy.TargetTrackingScalingPolicyConfigurationProperty(
-                target_value=requests_per_target_per_minute,
+                target_value=props.requests_per_target_per_minute,
                 scale_in_cooldown=300,
                 scale_out_cooldown=60,
                 customized_metric_specification=appscaling.CfnScalingPolicy.CustomizedMetricSpecificationProperty(

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract import scaling
 from contract.scaling import ScalingError, ScalingPolicy, ScheduledMinimum
-from stacks.config_rules import refuse
+from stacks.config_rules import Allowed, refuse
 
 if TYPE_CHECKING:
     from stacks.config import FlotillaConfig
@@ -47,20 +47,30 @@ def _schedule(value: Any) -> Any:
 class ScalingConfig(BaseModel):
     """Whole units follow demand between `floor` and `units` (docs/scaling.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    # A field's docstring is its description in docs/configuration.md (stacks/config_doc.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
     floor: Annotated[int, Field(ge=1, le=scaling.MAX_UNITS, strict=True)] = 1
-    # Seconds from a unit's start to its first request: instance launch, image, model, compile
-    # cache, warm-up (docs/scaling.md, "Cold start"). The scaler adds units this far ahead.
+    """Units that always serve, at most `units`: the first ones of the layout (cell 0 first); their desired
+    count is in the template and the scaler never drains them."""
     cold_start_s: Annotated[float, _number(60, 7200)] = 900.0
-    # No reversal of direction within this many seconds; 0: twice the cold start.
+    """Seconds from a unit's start to its first request (instance launch, image, model, compile cache,
+    warm-up; [scaling.md](scaling.md#cold-start)): the scaler adds units this far ahead, and gives back a
+    unit that does not serve within three of them."""
     hold_s: Annotated[float, _number(0, 86400)] = 0.0
+    """No reversal of direction within this many seconds; 0: twice the cold start."""
     ttft_target_s: Annotated[float, _number(0.05, 600)] = 2.0
+    """The p99 time to first token above which the fleet counts as pressed."""
     target_occupancy: Annotated[float, _number(0.1, 1.0)] = scaling.TARGET_OCCUPANCY
+    """The share of the batch slots the fleet may fill before another unit is wanted."""
     scale_in_occupancy: Annotated[float, _number(0.05, 0.95)] = scaling.SCALE_IN_OCCUPANCY
-    # Booked peaks: at least `units` from `start` to `end` (ISO 8601 with an offset), started a cold
-    # start early; `reservation` names the Capacity Block or future-dated ODCR bought for it.
-    scheduled: tuple[ScheduledMinimum, ...] = ()
+    """The share the other units may fill after one leaves; below `target_occupancy`."""
+    scheduled: Annotated[
+        tuple[ScheduledMinimum, ...], Allowed("a list of booked peaks: [{name, start, end, units, reservation}]")
+    ] = ()
+    """Booked peaks: at least `units` from `start` to `end` (ISO 8601 with an offset), started a cold start
+    early; `reservation` names the Capacity Block or future-dated ODCR bought for it
+    ([runbook](runbooks/scale-for-peak.md))."""
 
     @field_validator("scheduled", mode="before")
     @classmethod

@@ -1,42 +1,30 @@
 """The deployment config's `speculation` section: speculative decoding for every unit (docs/engine.md,
-docs/hardware.md). The rules are contract.speculation's, shared with the node; a refusal names the key."""
+docs/hardware.md). The section is contract.speculation.Speculation, the node's own declaration of the
+setting (method none, ngram on the reference engine, eagle or eagle3 on one-node neuron units; draft: the
+EAGLE draft's directory inside model.s3_uri, so the model's manifest lists and verifies it), and its rules
+are the node's; a refusal names the key."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, ValidationInfo
 
-import contract.speculation as spec
 from contract.bad_input import BadInput
+from contract.speculation import Speculation
 
 if TYPE_CHECKING:
     from stacks.config import FlotillaConfig
 
 
-class SpeculationConfig(BaseModel):
-    """method: none (default), ngram (reference engine), eagle or eagle3 (neuron engine, one node).
-    draft: eagle only, the EAGLE draft checkpoint's directory inside model.s3_uri, so the model's
-    manifest lists and verifies it (publish the model directory with the draft in it)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    method: str = spec.NONE
-    num_speculative_tokens: Annotated[int, Field(strict=True)] = spec.DEFAULT_SPECULATIVE_TOKENS
-    draft: str = ""
-
-
-def _check(section: SpeculationConfig, info: ValidationInfo) -> SpeculationConfig:
-    """Refuse, at synth, what the units' engine could not run (contract.speculation.check_speculation),
-    against the sections declared before this one (node, nodes_per_unit)."""
+def _check(section: Speculation, info: ValidationInfo) -> Speculation:
+    """Refuse, at synth, what the units' engine could not run (Speculation.check), against the sections
+    declared before this one (node, nodes_per_unit)."""
     from stacks.config import ConfigError, NodeConfig  # noqa: PLC0415 - stacks.config imports this module
 
     node: Any = info.data.get("node", NodeConfig())
     try:
-        spec.check_speculation(
-            method=section.method,
-            tokens=section.num_speculative_tokens,
-            draft=section.draft,
+        section.check(
             engine=node.engine,
             nodes=info.data.get("nodes_per_unit", 1),
             neuron_sampling=node.neuron_sampling,
@@ -48,15 +36,9 @@ def _check(section: SpeculationConfig, info: ValidationInfo) -> SpeculationConfi
 
 
 # FlotillaConfig.speculation's type: the section, checked against the node section and the unit's size.
-SpeculationSection = Annotated[SpeculationConfig, AfterValidator(_check)]
+SpeculationSection = Annotated[Speculation, AfterValidator(_check)]
 
 
 def speculation_environment(cfg: FlotillaConfig) -> dict[str, str]:
     """The node's speculation settings (contract.speculation's variables); none while it is off."""
-    s = cfg.speculation
-    if s.method == spec.NONE:
-        return {}
-    env = {spec.ENV_SPECULATIVE_METHOD: s.method, spec.ENV_SPECULATIVE_TOKENS: str(s.num_speculative_tokens)}
-    if s.draft:
-        env[spec.ENV_SPECULATIVE_DRAFT] = s.draft.strip("/")
-    return env
+    return cfg.speculation.environment()

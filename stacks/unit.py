@@ -134,8 +134,9 @@ class UnitProps:
             )
 
 
-class TrainiumUnit(Construct):
-    """Placement group, launch template, single-subnet ASG, capacity provider and ECS service."""
+class ServingUnit(Construct):
+    """One unit serving the model, on Trainium or on the x86 hosts of a staging fleet: placement
+    group, launch template, single-subnet ASG, capacity provider and ECS service."""
 
     def __init__(self, scope: Construct, id_: str, props: UnitProps) -> None:
         super().__init__(scope, id_)

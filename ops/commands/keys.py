@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contract.apikeys import (
+    API_KEYS_TTL_S,
     MAX_REQUESTS_PER_S,
     MAX_TOKENS_PER_MIN,
     PRIORITIES,
@@ -31,8 +32,6 @@ from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, add_json_option, confirmed, stderr_console
 from ops.errors import OpsError, UsageError
-
-ROUTER_TTL_S = 30  # runtime/router/settings.py api_keys_ttl_s default
 
 
 def _limit(high: float, whole: bool) -> Callable[[str], float | int | None]:
@@ -81,7 +80,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         "keys",
         help="API keys: `keys create`, `keys list`, `keys revoke`, `keys limit`",
         description="The API keys every router checks (Secrets Manager secret flotilla/<deployment>/api-keys). "
-        f"Routers apply a change within about {ROUTER_TTL_S} s; no redeploy.",
+        f"Routers apply a change within about {API_KEYS_TTL_S} s; no redeploy.",
     )
     psub = p.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
     c = psub.add_parser(
@@ -89,7 +88,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
         help="issue a key (printed once)",
         description="Issue a key. Only the key goes to stdout (`export FLOTILLA_API_KEY=$(flotilla keys create "
         "--name NAME --yes)`), printed once; everything else goes to stderr. Every router accepts it within "
-        f"about {ROUTER_TTL_S} s. Dry run unless confirmed.",
+        f"about {API_KEYS_TTL_S} s. Dry run unless confirmed.",
     )
     c.add_argument("--name", required=True, help="who holds the key (a team or an application)")
     _add_limit_options(c)
@@ -163,7 +162,7 @@ def run_create(args: argparse.Namespace, console: Console) -> int:
     # Written onto the version read at write time, re-read if another `keys` run changed it (ops/key_store.py).
     key_store.update(aws.secretsmanager, name, lambda latest: KeySet({**(latest.keys if latest else {}), kid: entry}))
     say.print(
-        f"key {kid} for {args.name}: routers accept it within {ROUTER_TTL_S} s; shown once, only its hash is kept"
+        f"key {kid} for {args.name}: routers accept it within {API_KEYS_TTL_S} s; shown once, only its hash is kept"
     )
     if args.json:
         console.print_json(json.dumps({"id": kid, "key": key, "secret": name, **_entry_dict(entry)}))
@@ -229,7 +228,7 @@ def run_revoke(args: argparse.Namespace, console: Console) -> int:
     _, entry = _existing(aws, name, args.key_id)
     console.print(
         f"keys revoke on {args.deployment}: key {args.key_id} of {entry.name} ({describe(entry)}); every "
-        f"router refuses it (401) within about {ROUTER_TTL_S} s"
+        f"router refuses it (401) within about {API_KEYS_TTL_S} s"
     )
     if not confirmed(args, console, f"revoke key {args.key_id}"):
         return 0
@@ -248,7 +247,7 @@ def run_limit(args: argparse.Namespace, console: Console) -> int:
     console.print(f"keys limit on {args.deployment}: key {args.key_id} of {entry.name}")
     console.print(f"  now:   {describe(entry)}")
     console.print(f"  after: {describe(after)}")
-    console.print(f"  every router applies it within about {ROUTER_TTL_S} s")
+    console.print(f"  every router applies it within about {API_KEYS_TTL_S} s")
     if not confirmed(args, console, f"change the limits of key {args.key_id}"):
         return 0
     stored = key_store.update(

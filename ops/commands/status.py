@@ -29,7 +29,7 @@ from ops.health_logs import MAX_AGE_S, read_unit_states
 # The Observability stack's FleetReadyUnits alarm: CloudFormation names an alarm
 # <stack name>-<logical id>-<suffix>; its threshold is stacks/observability.py's min_ready_units.
 READY_ALARM = "FleetReadyUnits"
-DEFAULT_MIN_READY_UNITS = 1  # ObservabilityStack(min_ready_units=1), what the stacks deploy
+DEFAULT_MIN_READY_UNITS = 1  # ObservabilityProps.min_ready_units, what the stacks deploy
 MAX_DIAGNOSED = 10  # not-ready units whose ECS / Auto Scaling history is fetched (3-4 calls each)
 
 

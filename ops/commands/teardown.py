@@ -48,7 +48,6 @@ POLL_S = 5.0
 # Deploy order of the stacks stacks/deployment.py builds (cells between Discovery and Front);
 # deletion runs it backwards, always subject to the import rule above.
 DEPLOY_ORDER = ("Network", "Discovery", "Cell", "Front", "Observability", "Router")
-MAX_UNITS_PER_CELL = 20  # stacks/config.py: one capacity provider per unit, 20 per cluster
 _UNIT_ID_RE = re.compile(rf"^{contract.UNIT_ID_PATTERN}$")
 _GONE = ("DELETE_COMPLETE",)
 
@@ -91,7 +90,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     s.add_argument(
         "--units-per-cell",
         type=int,
-        default=MAX_UNITS_PER_CELL,
+        default=contract.MAX_UNITS_PER_CELL,
         metavar="N",
         help="`units_per_cell` of the config; default %(default)s",
     )
@@ -423,12 +422,12 @@ def run_shrink(args: argparse.Namespace, console: Console) -> int:
         raise bad_arg(
             "--units", args.units, "is out of range", "give at least 1 (to remove everything use `flotilla teardown`)"
         )
-    if not 1 <= args.units_per_cell <= MAX_UNITS_PER_CELL:
+    if not 1 <= args.units_per_cell <= contract.MAX_UNITS_PER_CELL:
         raise bad_arg(
             "--units-per-cell",
             args.units_per_cell,
             "is out of range",
-            f"give an integer from 1 to {MAX_UNITS_PER_CELL}",
+            f"give an integer from 1 to {contract.MAX_UNITS_PER_CELL}",
         )
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws, health=False)

@@ -1,6 +1,6 @@
 """ECS's documented numbers and deployment rules, declared once for the two emulations of ECS in
 ops/rehearsal: the rehearsal's scheduler (ecs.py, real processes in emulated time) and the API model
-(ecs_api.py, the boto-level calls the CLI makes). Each rule cites the API reference sentence it
+(tests/ecs_api.py, the boto-level calls the CLI makes). Each rule cites the API reference sentence it
 follows."""
 
 from __future__ import annotations

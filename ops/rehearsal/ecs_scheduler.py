@@ -1,6 +1,6 @@
 """One pass of the ECS service scheduler over a rolling update (ECS deployment controller), decided
 once for both emulations of ECS in ops/rehearsal: the rehearsal's scheduler (ecs.py) and the API
-model (ecs_api.py). Each emulation describes its service as a small typed view (tasks, deployments,
+model (tests/ecs_api.py). Each emulation describes its service as a small typed view (tasks, deployments,
 free placements), calls `decide`, and applies the decisions its own way (processes, or task records
 walking the lifecycle). The numbers come from ecs_rules.py; each step cites the sentence it follows.
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Sequence
+from typing import AsyncIterator, ClassVar, Protocol, Sequence
 
 # The defaults of the engine knobs a unit member's settings set (runtime/node/settings.py declares
 # those settings with these values): an engine built outside a node (tests, benchmarks) runs as a
@@ -133,10 +133,13 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class EngineLoad:
-    queue_depth: int  # submitted, not yet running
-    running: int  # sequences in the running batch
-    max_running: int  # batch slots
-    kv_cache_used: float  # fraction of the KV-cache budget in use, 0.0..1.0
+    """An engine's load; the engine process sends it to its supervisor with the engine's state
+    (runtime/node/engine_protocol.py Load, which adds only those two fields)."""
+
+    queue_depth: int = 0  # submitted, not yet running
+    running: int = 0  # sequences in the running batch
+    max_running: int = 0  # batch slots
+    kv_cache_used: float = 0.0  # fraction of the KV-cache budget in use, 0.0..1.0
     # Prefix cache since start, in prompt tokens as vLLM counts them: every admitted prompt token is
     # a query, every token whose KV came from the cache a hit (vllm:prefix_cache_queries / _hits).
     prefix_cache_queries: int = 0
@@ -174,12 +177,18 @@ class LoadPhase(str, enum.Enum):
 @dataclass(frozen=True)
 class LoadProgress:
     """A starting engine's progress, so a long load is seen moving: `done_bytes` of `total_bytes` in
-    the phases that move bytes (0 of 0 in the others), and seconds since the phase began."""
+    the phases that move bytes (0 of 0 in the others), and seconds since the phase began. The engine
+    process sends it to its supervisor as it is (runtime/node/engine_protocol.py, op "progress"); the
+    ready body carries it as contract.ready.Loading."""
 
+    op: ClassVar[str] = "progress"
     phase: LoadPhase
     done_bytes: int = 0
     total_bytes: int = 0
     phase_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", LoadPhase(self.phase))  # a line carries its value
 
 
 class Tokenizer(Protocol):

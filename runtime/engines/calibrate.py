@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 import contract
+from contract import Strategy
 from runtime.engines.executor import ShardExecutor, StepCommand
 from runtime.engines.layout import STRATEGIES
 
@@ -77,10 +78,10 @@ def loading_pair(prefill: str, decode: str) -> tuple[str, str]:
     """The concrete pair whose weights a rank loads: both layouts when either strategy is auto."""
 
     def other(s: str) -> str:
-        return "tensor" if s == "pipeline" else "pipeline"
+        return Strategy.TENSOR if s == Strategy.PIPELINE else Strategy.PIPELINE
 
     if prefill == AUTO and decode == AUTO:
-        return "pipeline", "tensor"
+        return Strategy.PIPELINE, Strategy.TENSOR
     if prefill == AUTO:
         return other(decode), decode
     if decode == AUTO:

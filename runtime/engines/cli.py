@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import contract
+from contract import Engine
 from contract.llama import PRESETS
 
 STRATEGY_CHOICES = contract.STRATEGY_CHOICES
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engine == "neuron":
+    if args.engine == Engine.NEURON:
         from runtime.engines.neuron.cli import run_neuron_plan  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return run_neuron_plan(args)

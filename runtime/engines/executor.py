@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from contract import Strategy
 from runtime.engines.base import EngineBroken
 from runtime.engines.collectives import Communicator, GlooCommunicator
 from runtime.engines.hugepages import on_huge_pages
@@ -41,7 +42,7 @@ from runtime.engines.prefix_cache import BLOCK_TOKENS
 from runtime.models.registry import WeightSource
 
 OP_STEP, OP_HEARTBEAT, OP_SHUTDOWN, OP_REPEAT_DECODE, OP_STRATEGIES = 1, 2, 3, 4, 5
-_STRATEGY_CODE = {"auto": 0, "pipeline": 1, "tensor": 2}
+_STRATEGY_CODE = {"auto": 0, Strategy.PIPELINE: 1, Strategy.TENSOR: 2}
 _STRATEGY_NAME = {v: k for k, v in _STRATEGY_CODE.items()}
 
 
@@ -203,8 +204,8 @@ class ShardExecutor:
         self.tslice = plan.tensor_slice(rank)
         self.pp_layers: dict[int, PackedLayer] = {}
         self.tp_layers: dict[int, PackedLayer] = {}
-        pipeline = plan.uses("pipeline") or self.world_size == 1
-        tensor = plan.uses("tensor") and self.world_size > 1
+        pipeline = plan.uses(Strategy.PIPELINE) or self.world_size == 1
+        tensor = plan.uses(Strategy.TENSOR) and self.world_size > 1
         t = self.tslice
         for n in range(s.num_hidden_layers):
             full = LayerWeights.load(weights, n, shape=s) if pipeline and n in self.stage.layers else None
@@ -226,7 +227,7 @@ class ShardExecutor:
         self.lm_head_slice: torch.Tensor | None = None
         self.lm_head_packed: torch.Tensor | None = None
         self.final_norm: torch.Tensor | None = None
-        if plan.uses("tensor") and self.world_size > 1:
+        if plan.uses(Strategy.TENSOR) and self.world_size > 1:
             v0, v1 = self.tslice.vocab
             if rank == 0:
                 self.final_norm, self.lm_head_slice = self.head.final_norm, self.head.lm_head[v0:v1]
@@ -308,17 +309,17 @@ class ShardExecutor:
             raise RuntimeError("strategies change only between sequences (bug: KV caches are still held)")
         plan = dataclasses.replace(self.plan, prefill=prefill, decode=decode)
         for strategy in (prefill, decode):
-            if strategy == "pipeline" and self.world_size > 1 and not self.pp_layers:
+            if strategy == Strategy.PIPELINE and self.world_size > 1 and not self.pp_layers:
                 raise RuntimeError("pipeline weights were not loaded (bug)")
-            if strategy == "tensor" and self.world_size > 1 and not self.tp_layers:
+            if strategy == Strategy.TENSOR and self.world_size > 1 and not self.tp_layers:
                 raise RuntimeError("tensor-parallel weights were not loaded (bug)")
         self.plan = plan
         self._kv_alloc = {}  # no cache is held: the slabs of the old layouts go with their memory
         self.blocks = {}  # cached blocks are in the old prefill layout
         if final and self.world_size > 1:
-            if not plan.uses("pipeline"):
+            if not plan.uses(Strategy.PIPELINE):
                 self.pp_layers = {}
-            if not plan.uses("tensor"):
+            if not plan.uses(Strategy.TENSOR):
                 self.tp_layers, self.lm_head_slice, self.final_norm = {}, None, None
                 self.lm_head_packed = None
 
@@ -377,7 +378,7 @@ class ShardExecutor:
             # of a few dozen rows each (about half the time, measured: docs/benchmarks.md).
             if one_pass:  # with the decode tokens, which then need no pass of their own
                 result.prefill_logits, result.decode_logits = self._prefill_and_decode(cmd)
-            elif self.plan.prefill == "pipeline" and self.world_size > 1:
+            elif self.plan.prefill == Strategy.PIPELINE and self.world_size > 1:
                 result.prefill_logits = self._prefill_pipeline(cmd)
             else:
                 result.prefill_logits = self._prefill_tensor(cmd)
@@ -390,7 +391,7 @@ class ShardExecutor:
             kv = self.kv[src]
             self.kv[dst] = kv.copy_into(self._new_kv(self.plan.decode, kv.capacity))
         if cmd.decode and not one_pass:
-            if self.plan.decode == "pipeline":
+            if self.plan.decode == Strategy.PIPELINE:
                 result.decode_logits = self._decode_pipeline(cmd)
             else:
                 result.decode_logits = self._decode_tensor(cmd)
@@ -416,12 +417,12 @@ class ShardExecutor:
         return x
 
     def _new_kv(self, layout: str, capacity: int) -> SeqKV:
-        if layout == "tensor" and self.world_size == 1:
-            layout = "pipeline"  # one rank: both layouts are the whole model
+        if layout == Strategy.TENSOR and self.world_size == 1:
+            layout = Strategy.PIPELINE  # one rank: both layouts are the whole model
         alloc = self._kv_alloc.get(layout)
         if alloc is None:
             s = self.shape
-            if layout == "pipeline":
+            if layout == Strategy.PIPELINE:
                 alloc = KVAllocator(self.stage.layers, s.num_key_value_heads, s.head_dim, self.device)
             else:
                 kv0, kv1 = self.tslice.kv_heads
@@ -485,7 +486,7 @@ class ShardExecutor:
         loads = self._loads(cmd)
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             c = cmd.cached_tokens(i)
-            kv = self._start_prefill("pipeline", seq_id, capacity, loads.get(seq_id, []), c)
+            kv = self._start_prefill(Strategy.PIPELINE, seq_id, capacity, loads.get(seq_id, []), c)
             for a, b in pipeline_prefill_chunks(n - c, W):
                 a, b = a + c, b + c
                 seg = [Segment(kv=kv, start=a, n=b - a)]
@@ -515,7 +516,7 @@ class ShardExecutor:
         loads = self._loads(cmd)
         for i, (seq_id, n, capacity) in enumerate(cmd.prefill):
             c = cmd.cached_tokens(i)
-            kv = self._start_prefill("tensor", seq_id, capacity, loads.get(seq_id, []), c)
+            kv = self._start_prefill(Strategy.TENSOR, seq_id, capacity, loads.get(seq_id, []), c)
             segments.append(Segment(kv=kv, start=c, n=n - c))
         return segments
 
@@ -556,7 +557,7 @@ class ShardExecutor:
         both phases hold the same layout and run every layer on every rank (one rank, or tensor for
         both), so no re-shard separates them. That is vLLM's chunked prefill (docs/engine.md): the
         decode tokens ride along with the chunk instead of costing a second pass over the weights."""
-        return self.world_size == 1 or (self.plan.prefill == "tensor" and self.plan.decode == "tensor")
+        return self.world_size == 1 or (self.plan.prefill == Strategy.TENSOR and self.plan.decode == Strategy.TENSOR)
 
     def _prefill_and_decode(self, cmd: StepCommand) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         segments = self._prefill_segments(cmd)
@@ -650,9 +651,12 @@ class ShardExecutor:
         """
         s, plan, W = self.shape, self.plan, self.world_size
         d = s.head_dim
-        to_tensor = plan.prefill == "pipeline"
+        to_tensor = plan.prefill == Strategy.PIPELINE
         old = {sid: self.kv[sid] for sid in seq_ids}
-        new = {sid: self._new_kv("tensor" if to_tensor else "pipeline", kv.capacity) for sid, kv in old.items()}
+        new = {
+            sid: self._new_kv(Strategy.TENSOR if to_tensor else Strategy.PIPELINE, kv.capacity)
+            for sid, kv in old.items()
+        }
         if not to_tensor and plan.attention_replicated:
             for sid, kv in old.items():
                 for n in self.stage.layers:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import contract
+from contract import Strategy
 from runtime.models.registry import LlamaShape
 
 STRATEGIES = contract.STRATEGIES
@@ -70,8 +71,8 @@ class ParallelPlan:
         s = self.shape
         h, d = s.hidden_size, s.head_dim
         total = 0
-        full_layers = set(self.stage(rank).layers) if self.uses("pipeline") else set()
-        if self.uses("tensor"):
+        full_layers = set(self.stage(rank).layers) if self.uses(Strategy.PIPELINE) else set()
+        if self.uses(Strategy.TENSOR):
             t = self.tensor_slice(rank)
             q = t.q_heads[1] - t.q_heads[0]
             kv = t.kv_heads[1] - t.kv_heads[0]
@@ -120,7 +121,9 @@ class ParallelPlan:
                 f"{span(*t.vocab)}{'; embedding, sampling' if t.rank == 0 else ''}"
             )
         if self.needs_reshard():
-            src, dst = ("layer-split", "head-split") if self.prefill == "pipeline" else ("head-split", "layer-split")
+            src, dst = (
+                ("layer-split", "head-split") if self.prefill == Strategy.PIPELINE else ("head-split", "layer-split")
+            )
             lines.append(f"KV cache re-shard after prefill: {src} -> {dst}")
         for r in range(self.world_size):
             lines.append(
@@ -194,8 +197,8 @@ def make_plan(
     shape: LlamaShape,
     world_size: int,
     *,
-    prefill: str = "pipeline",
-    decode: str = "tensor",
+    prefill: str = Strategy.PIPELINE,
+    decode: str = Strategy.TENSOR,
     boundaries: tuple[int, ...] | None = None,
     split_uneven_heads: bool = False,
 ) -> ParallelPlan:

@@ -14,7 +14,8 @@ out on a healthy idle leader.
 
 Re-forming: after BROKEN or shutdown(), the process group is destroyed; a new ReferenceEngine /
 run_worker in the same process forms a fresh group (tests/engine/test_failure.py proves it), so
-the node does not need to restart its process.
+the node does not need to restart its process. Opening the model (and refusing one that can never
+be served) and forming the process group: reference_open.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import datetime
 import functools
 import itertools
 import logging
@@ -50,68 +50,30 @@ from runtime.engines.base import (
     TokenEvent,
 )
 from runtime.engines.calibrate import AUTO, Calibration, calibrate, loading_pair
-from runtime.engines.collectives import TRANSPORTS, Communicator, connect
-from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, StepResult, plan_fingerprint
+from runtime.engines.collectives import TRANSPORTS, Communicator
+from runtime.engines.executor import OP_HEARTBEAT, OP_SHUTDOWN, ShardExecutor, StepCommand, StepResult
 from runtime.engines.grammar import Grammars, Matcher
-from runtime.engines.layout import STRATEGIES, ParallelPlan, make_plan
+from runtime.engines.layout import ParallelPlan
 from runtime.engines.prefix_cache import Plan, PrefixCache, block_hashes
+from runtime.engines.reference_open import (
+    agree,
+    check_requested,
+    connect_unit,
+    form_process_group,
+    open_model,
+    open_tokenizer,
+    plan_for,
+    release_process_group,
+)
 from runtime.engines.sampling import Draws, TextTracker, choose
 from runtime.engines.speculative import SeqSpeculation, SpeculationSettings, Speculator
 from runtime.engines.validation import validate_request
 from runtime.membership import Membership
-from runtime.models.registry import ModelSource, resolve_model
+from runtime.models.registry import ModelSource
 
 log = logging.getLogger("flotilla.engine")
 
 _END = object()
-
-
-def _form_process_group(membership: Membership, *, collective_timeout_s: float, start_timeout_s: float) -> None:
-    if dist.is_initialized():
-        raise EngineError(
-            "a torch.distributed process group is already active in this process; shut the previous engine down first"
-        )
-    # The store waits up to start_timeout_s for every member (a follower may still be converting
-    # weights); collectives afterwards use the short collective_timeout_s.
-    store = dist.TCPStore(
-        membership.dist_host,
-        membership.dist_port,
-        membership.world_size,
-        is_master=membership.rank == 0,
-        timeout=datetime.timedelta(seconds=start_timeout_s),
-        wait_for_workers=True,
-    )
-    # CPU only: gloo bootstraps the unit (and carries tensors across hosts); see collectives.connect.
-    dist.init_process_group(
-        "gloo",
-        store=store,
-        rank=membership.rank,
-        world_size=membership.world_size,
-        timeout=datetime.timedelta(seconds=collective_timeout_s),
-    )
-
-
-def _release_process_group() -> None:
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as e:  # noqa: BLE001 - after a peer died teardown may complain; the group is gone anyway
-            log.warning("destroying the process group: %s", e)
-
-
-def _agree(source: ModelSource, plan: ParallelPlan, rank: int, prefill: str, decode: str) -> None:
-    """Every rank checks it runs the leader's model and strategies before loading anything."""
-    mine = torch.tensor(plan_fingerprint(source.name, plan, prefill, decode), dtype=torch.int64)
-    leader = mine.clone()
-    dist.broadcast(leader, 0)
-    bad = torch.tensor([0 if torch.equal(mine, leader) else 1], dtype=torch.int64)
-    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if int(bad):
-        raise EngineError(
-            f"rank {rank} runs model={source.name} world_size={plan.world_size} "
-            f"prefill={prefill} decode={decode}, but the unit's members disagree "
-            "(model, shape or strategies); start every member with the same model and strategies"
-        )
 
 
 def run_worker(
@@ -131,15 +93,15 @@ def run_worker(
     if threads:
         torch.set_num_threads(threads)
     check_requested(prefill, decode)
-    source = resolve_model(model)
     loading = loading_pair(prefill, decode)
-    plan = make_plan(source.shape, membership.world_size, prefill=loading[0], decode=loading[1])
-    _form_process_group(membership, collective_timeout_s=collective_timeout_s, start_timeout_s=start_timeout_s)
+    opened = open_model(model, membership.world_size, prefill=loading[0], decode=loading[1])
+    source, plan = opened.source, opened.plan
+    form_process_group(membership, collective_timeout_s=collective_timeout_s, start_timeout_s=start_timeout_s)
     comm: Communicator | None = None
     try:
-        _agree(source, plan, membership.rank, prefill, decode)
-        comm = _connect(membership, collective_timeout_s, collectives)
-        plan = _plan_for(source, membership.world_size, *loading, comm)
+        agree(source, plan, membership.rank, prefill, decode)
+        comm = connect_unit(membership, collective_timeout_s, collectives)
+        plan = plan_for(source, membership.world_size, *loading, comm)
         executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
@@ -151,27 +113,7 @@ def run_worker(
     finally:
         if comm is not None:
             comm.close()
-        _release_process_group()
-
-
-def check_requested(prefill: str, decode: str) -> None:
-    """A strategy as a unit may be given one: pipeline, tensor, or auto (calibrated at formation)."""
-    for phase, value in (("prefill", prefill), ("decode", decode)):
-        if value not in (*STRATEGIES, AUTO):
-            raise ValueError(f"{phase} strategy {value!r} is not one of {', '.join((*STRATEGIES, AUTO))}")
-
-
-def _plan_for(
-    source: ModelSource, world_size: int, prefill: str, decode: str, comm: Communicator | None
-) -> ParallelPlan:
-    """The plan once the transport is known: uneven head splits only pay over shared memory."""
-    shm = comm is not None and comm.transport == "shm"
-    return make_plan(source.shape, world_size, prefill=prefill, decode=decode, split_uneven_heads=shm)
-
-
-def _connect(membership: Membership, collective_timeout_s: float, collectives: str) -> Communicator:
-    """The unit's transport: shared memory on one host, else gloo."""
-    return connect(membership.rank, membership.world_size, timeout_s=collective_timeout_s, transport=collectives)
+        release_process_group()
 
 
 @dataclass
@@ -334,10 +276,12 @@ class ReferenceEngine:
         if self.threads:
             torch.set_num_threads(self.threads)
         self._detail = "loading model"
-        source = await asyncio.to_thread(resolve_model, self.model)
         loading = loading_pair(self.prefill, self.decode)
-        self.plan = make_plan(source.shape, self.membership.world_size, prefill=loading[0], decode=loading[1])
-        self.tokenizer = source.make_tokenizer()
+        opened = await asyncio.to_thread(
+            open_model, self.model, self.membership.world_size, prefill=loading[0], decode=loading[1]
+        )
+        source, self.plan = opened.source, opened.plan
+        self.tokenizer = open_tokenizer(self.model, source)
         self.max_context = min(source.shape.max_position_embeddings, self.kv_budget_tokens)
         if self.model_name == self.model and source.name:
             self.model_name = source.name
@@ -503,17 +447,17 @@ class ReferenceEngine:
             ws = self.membership.world_size
             if ws > 1:
                 self._detail = f"forming the unit ({ws} ranks)"
-                _form_process_group(
+                form_process_group(
                     self.membership,
                     collective_timeout_s=self.collective_timeout_s,
                     start_timeout_s=self.start_timeout_s,
                 )
                 loading = self.plan
                 assert loading is not None  # set by start()
-                _agree(source, loading, 0, self.prefill, self.decode)
-                comm = _connect(self.membership, self.collective_timeout_s, self.collectives)
+                agree(source, loading, 0, self.prefill, self.decode)
+                comm = connect_unit(self.membership, self.collective_timeout_s, self.collectives)
                 self.transport = comm.transport
-                self.plan = _plan_for(source, ws, loading.prefill, loading.decode, comm)
+                self.plan = plan_for(source, ws, loading.prefill, loading.decode, comm)
             executor = self.executor = ShardExecutor(plan=self.plan, rank=0, weights=source.weights, comm=comm)
             if ws > 1:
                 dist.barrier()
@@ -532,7 +476,7 @@ class ReferenceEngine:
             self._ready.set()
             if comm is not None:
                 comm.close()
-            _release_process_group()
+            release_process_group()
             if self._state is not EngineState.BROKEN:
                 self._end_all(EngineState.STOPPED, "shut down", EngineUnavailable("the engine shut down"))
 

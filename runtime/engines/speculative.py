@@ -33,12 +33,16 @@ from typing import Any
 
 import torch
 
+from contract.speculation import DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS
+
 
 @dataclass(frozen=True)
 class SpeculationSettings:
     """How the reference engine speculates (node settings FLOTILLA_SPECULATIVE_*; docs/engine.md)."""
 
-    num_tokens: int = 4  # draft tokens per sequence per step (vLLM's num_speculative_tokens)
+    # Draft tokens per sequence per step (vLLM's num_speculative_tokens): the deployment config's default
+    # and bound (contract.speculation).
+    num_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     min_ngram: int = 2  # shortest suffix looked up (vLLM's prompt_lookup_min)
     max_ngram: int = 4  # longest (prompt_lookup_max)
     # No drafts while more sequences decode than this: a verified token is then no longer nearly
@@ -50,8 +54,8 @@ class SpeculationSettings:
     pause_steps: int = 16
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_tokens <= 16:
-            raise ValueError(f"num_tokens {self.num_tokens} must be from 1 to 16")
+        if not 1 <= self.num_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_tokens {self.num_tokens} must be from 1 to {MAX_SPECULATIVE_TOKENS}")
         if not 1 <= self.min_ngram <= self.max_ngram <= 16:
             raise ValueError(f"min_ngram {self.min_ngram} and max_ngram {self.max_ngram} need 1 <= min <= max <= 16")
         if self.max_batch < 1 or self.pause_steps < 1 or not 0.0 <= self.min_acceptance <= 1.0:

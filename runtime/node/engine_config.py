@@ -12,9 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from contract.speculation import NGRAM, Speculation
 from runtime.membership import Member, Membership
 from runtime.node.settings import NeuronSettings, NodeSettings
-from runtime.node.speculation import Speculation, speculation_from_env
+from runtime.node.speculation import speculation_from_env
 
 # The environment variable that carries the config to the engine process (its JSON).
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
@@ -57,6 +58,7 @@ class EngineConfig(BaseModel):
                 for i, member in enumerate(membership["members"]):
                     _exact_keys(f"membership.members.{i}", member, (f.name for f in fields(Member)))
             _exact_keys("neuron", data.get("neuron"), NeuronSettings.model_fields)
+            _exact_keys("speculation", data.get("speculation"), Speculation.model_fields)
         return data
 
     @classmethod
@@ -77,7 +79,8 @@ class EngineConfig(BaseModel):
         """The reference engine's speculation settings, or None (imported here: it imports torch)."""
         from runtime.engines.speculative import SpeculationSettings  # noqa: PLC0415
 
-        return SpeculationSettings(num_tokens=self.speculation.tokens) if self.speculation.method == "ngram" else None
+        sp = self.speculation
+        return SpeculationSettings(num_tokens=sp.num_speculative_tokens) if sp.method == NGRAM else None
 
     def neuron_settings(self) -> Any:
         """engine=neuron: the engine's own settings object (imported here: other engines load less)."""
@@ -97,7 +100,7 @@ class EngineConfig(BaseModel):
             engine_port=n.engine_port,
             sampling=n.sampling,
             prefix_caching_block=n.prefix_caching_block,
-            speculation=(self.speculation.method, self.speculation.tokens, self.speculation.draft),
+            speculation=self.speculation,
         )
         return NeuronEngineSettings(
             model_uri=n.model_uri,

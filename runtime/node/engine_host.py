@@ -18,13 +18,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
+from contract import Engine
 from runtime.engines.base import (
     EngineBroken,
     EngineError,
     EngineState,
     EngineUnavailable,
     GenerationRequest,
-    LoadProgress,
     RequestRejected,
     SamplingParams,
     StructuredOutput,
@@ -41,7 +41,6 @@ from runtime.node.engine_protocol import (
     Event,
     Failed,
     Load,
-    Progress,
     Ready,
     Shutdown,
     Starting,
@@ -60,13 +59,13 @@ ORPHAN_POLL_S = 1.0
 
 def _build_leader_engine(cfg: EngineConfig) -> Any:
     m = cfg.membership
-    if cfg.engine == "neuron":
+    if cfg.engine == Engine.NEURON:
         from runtime.engines.neuron.engine import NeuronEngine  # noqa: PLC0415
 
         return NeuronEngine(
             m, settings=cfg.neuron_settings(), model_name=cfg.model_name, start_timeout_s=cfg.form_timeout_s
         )
-    if cfg.engine == "echo":
+    if cfg.engine == Engine.ECHO:
         from runtime.engines.echo import EchoEngine  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         return EchoEngine(
@@ -97,12 +96,12 @@ def _build_leader_engine(cfg: EngineConfig) -> Any:
 
 def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     m = cfg.membership
-    if cfg.engine == "neuron":
+    if cfg.engine == Engine.NEURON:
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=cfg.neuron_settings(), report=lambda p: out.send(progress_event(p)))
+        run_follower(m, settings=cfg.neuron_settings(), report=out.send)
         return
-    if cfg.engine == "echo":
+    if cfg.engine == Engine.ECHO:
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
         run_echo_worker(m, timeout_s=cfg.form_timeout_s)
@@ -127,10 +126,6 @@ def load_event(engine: Any) -> Load:
     return Load(state=h.state.value, detail=h.detail, **dataclasses.asdict(engine.load()))
 
 
-def progress_event(p: LoadProgress) -> Progress:
-    return Progress(phase=p.phase.value, done_bytes=p.done_bytes, total_bytes=p.total_bytes, phase_s=p.phase_s)
-
-
 async def _report_progress(engine: Any, out: "_Out") -> None:
     """While the engine starts: its load progress (engines that tell it), on change and every second."""
     sent: tuple = ()
@@ -141,7 +136,7 @@ async def _report_progress(engine: Any, out: "_Out") -> None:
         if p is not None:
             key = (p.phase, p.done_bytes, p.total_bytes)
             if key != sent or loop.time() - last >= 1.0:
-                out.send(progress_event(p))
+                out.send(p)
                 sent, last = key, loop.time()
         await asyncio.sleep(PROGRESS_POLL_S)
 
@@ -517,7 +512,7 @@ def main() -> int:
     setup_logging()
     out = _Out(proto)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    if cfg.engine not in ("echo", "neuron"):
+    if cfg.engine not in (Engine.ECHO, Engine.NEURON):
         import torch  # noqa: PLC0415 - the echo engine needs no torch
 
         torch.set_num_threads(cfg.torch_threads)

@@ -215,7 +215,7 @@ class EngineProcess:
             return None
         since = time.monotonic() - self.progress_at
         return {
-            "phase": self.progress.phase,
+            "phase": self.progress.phase.value,
             "done_bytes": self.progress.done_bytes,
             "total_bytes": self.progress.total_bytes,
             "phase_s": round(self.progress.phase_s + since, 1),

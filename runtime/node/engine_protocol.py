@@ -13,7 +13,7 @@ import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Union
 
-from runtime.engines.base import EngineState
+from runtime.engines.base import EngineLoad, EngineState, LoadProgress
 
 
 class ProtocolError(ValueError):
@@ -72,15 +72,8 @@ class Starting:
     op: ClassVar[str] = "starting"
 
 
-@dataclass(slots=True, kw_only=True)
-class Progress:
-    """While the engine loads: runtime.engines.base.LoadProgress's fields."""
-
-    op: ClassVar[str] = "progress"
-    phase: str
-    done_bytes: int = 0
-    total_bytes: int = 0
-    phase_s: float = 0.0
+# While the engine loads: the engine's own LoadProgress, sent as it is (an unknown phase is a ProtocolError).
+Progress = LoadProgress
 
 
 @dataclass(slots=True, kw_only=True)
@@ -93,27 +86,18 @@ class Ready:
     resumes_choices: bool = False  # and each of n > 1 choices from its own tokens
 
 
-@dataclass(slots=True, kw_only=True)
-class Load:
-    """The engine's health and load, every LOAD_EVERY_S: runtime.engines.base.EngineLoad's fields. The
-    supervisor keeps the last one as its engine's load (EngineProcess.load)."""
+@dataclass(frozen=True, kw_only=True)
+class Load(EngineLoad):
+    """The engine's health and load, every LOAD_EVERY_S: its EngineLoad (the figures are declared
+    there, once) with its state. The supervisor keeps the last one as its engine's load
+    (EngineProcess.load)."""
 
     op: ClassVar[str] = "load"
     state: EngineState  # a line carries its value; an unknown one is a ProtocolError
     detail: str = ""
-    queue_depth: int = 0
-    running: int = 0
-    max_running: int = 0
-    kv_cache_used: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    steps: int = 0  # completed since the engine started; 0: not counted (EngineLoad.steps)
-    spec_draft_tokens: int = 0  # speculative decoding since start (EngineLoad.spec_draft_tokens)
-    spec_accepted_tokens: int = 0
-    tokens_per_step: float = 0.0  # recent tokens per decoding sequence per step; 0.0: not said
 
     def __post_init__(self) -> None:
-        self.state = EngineState(self.state)
+        object.__setattr__(self, "state", EngineState(self.state))
 
 
 @dataclass(slots=True, kw_only=True)

@@ -20,7 +20,7 @@ import collections
 import heapq
 import math
 
-import contract
+from contract.busy import retry_after_s as retry_after_s  # a refusal's Retry-After, shared with the router
 
 # How much one finished request moves the learned step time (exponential average).
 _SMOOTHING = 0.2
@@ -119,9 +119,3 @@ class QueueWait:
         for h in queued:
             heapq.heappush(frees, heapq.heappop(frees) + self._left_steps(h, 0.0) * pace)
         return frees[0]
-
-
-def retry_after_s(wait_s: float, floor_s: int = 1) -> int:
-    """Retry-After for a refusal: the expected wait in whole seconds, at least floor_s, at most what
-    OpenAI SDKs still honour (contract.RETRY_AFTER_MAX_S)."""
-    return max(floor_s, min(contract.RETRY_AFTER_MAX_S, math.ceil(wait_s)))

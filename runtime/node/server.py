@@ -9,12 +9,11 @@ headers. A request ends whole (finish_reason from the engine) or with an error (
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, AsyncIterator
 
 from aiohttp import web
@@ -22,10 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 import contract
+from contract.busy import retry_after_s
+from contract.resume import move_line
 from contract.watch import RoutePrompt, WatchWriter
 from runtime import emf
 from runtime.logs import jlog
 from runtime.node.engine_protocol import Accepted, Done, Error, RequestEvent, Token
+from runtime.node.event_stream import EventStream, RequestProgress, sse_event
 from runtime.node.handshake import STATUS_PATH
 from runtime.node.metrics import NodeMetrics
 from runtime.node.protocol import (
@@ -37,8 +39,8 @@ from runtime.node.protocol import (
     parse_completion,
     parse_json_body,
 )
-from runtime.node.queue_wait import retry_after_s
 from runtime.node.serving import ChatServing, Collected, CompletionServing, serving_for
+from runtime.node.stream_moves import StreamMove, collector_so_far, resume_comment
 from runtime.node.supervisor import UnitSupervisor
 
 RETRY_AFTER_S = "2"
@@ -233,7 +235,7 @@ class LeaderApi:
             return self._unavailable(
                 f"the unit is {self.sup.state}, not ready to serve; retry shortly or on another unit", headers
             )
-        move = _Move.of(
+        move = StreamMove.of(
             request,
             body,
             req,
@@ -384,7 +386,7 @@ class LeaderApi:
         )
         return _error(err, {**headers, "Retry-After": str(retry_after_s(wait))})
 
-    def _timing(self, rec: dict[str, Any], arrival: float, progress: _Progress) -> None:
+    def _timing(self, rec: dict[str, Any], arrival: float, progress: RequestProgress) -> None:
         """The request's generation ended (done, failed or the client left): record its timing in
         /metrics and write its one EMF line (TimeToFirstToken if a token came, OutputTokens)."""
         finish = time.time()
@@ -423,7 +425,7 @@ class LeaderApi:
     async def _collect(
         self,
         req: ParsedRequest,
-        move: _Move,
+        move: StreamMove,
         rid: str,
         events: AsyncIterator[RequestEvent],
         headers: dict[str, str],
@@ -434,7 +436,7 @@ class LeaderApi:
         """Gather the whole answer, then send it in one response (or the error it ended with)."""
         serving = serving_for(req)
         collected = serving.collector()
-        progress = _Progress()
+        progress = RequestProgress()
         failed, cached = await self._gather(events, collected, progress, move, rid, rec)
         self._timing(rec, arrival, progress)
         if failed is not None:
@@ -454,8 +456,8 @@ class LeaderApi:
         self,
         events: AsyncIterator[RequestEvent],
         collected: Collected,
-        progress: _Progress,
-        move: _Move,
+        progress: RequestProgress,
+        move: StreamMove,
         rid: str,
         rec: dict[str, Any],
     ) -> tuple[Error | None, int]:
@@ -484,7 +486,7 @@ class LeaderApi:
         self,
         request: web.Request,
         req: ParsedRequest,
-        move: _Move,
+        move: StreamMove,
         events: AsyncIterator[RequestEvent],
         headers: dict[str, str],
         rec: dict[str, Any],
@@ -494,11 +496,11 @@ class LeaderApi:
         """Relay the answer as server-sent events while the engine makes it, then end the stream: whole
         (usage if asked for, then [DONE]) or with an error event. A client that goes away, or accepts
         nothing for the client stall bound, ends it early (the caller cancels the request)."""
-        sse = _EventStream(request, headers, stall_s=self.sup.s.client_stall_s)
+        sse = EventStream(request, headers, stall_s=self.sup.s.client_stall_s)
         await sse.open()
         serving = serving_for(req)
-        collected = _collector_so_far(serving, move)
-        progress = _Progress()
+        collected = collector_so_far(serving, move)
+        progress = RequestProgress()
         try:
             last = await self._relay(sse, req, move, serving, collected, events, progress, rec)
         except ConnectionError:  # the client went away mid-stream
@@ -518,13 +520,13 @@ class LeaderApi:
 
     async def _relay(
         self,
-        sse: _EventStream,
+        sse: EventStream,
         req: ParsedRequest,
-        move: _Move,
+        move: StreamMove,
         serving: ChatServing | CompletionServing,
         collected: Collected,
         events: AsyncIterator[RequestEvent],
-        progress: _Progress,
+        progress: RequestProgress,
         rec: dict[str, Any],
     ) -> RequestEvent:
         """The stream's opening, then each token's chunks as the engine makes them; returns the event
@@ -553,33 +555,33 @@ class LeaderApi:
 
     @staticmethod
     def _token_event(
-        ev: Token, chunks: Sequence[BaseModel], req: ParsedRequest, move: _Move, collected: Collected
+        ev: Token, chunks: Sequence[BaseModel], req: ParsedRequest, move: StreamMove, collected: Collected
     ) -> bytes:
         """What one token puts on the wire: its chunks (none while text is held), and on a resumable
         stream the resume comment first. The token ids ride in the same SSE event as their text, so
         the router learns of a token exactly when its client gets the text."""
-        data = b"".join(_sse_event(chunk) for chunk in chunks)
+        data = b"".join(sse_event(chunk) for chunk in chunks)
         if not move.resume:
             return data
         sent = collected.choices[ev.index].sent if getattr(req, "tool_mode", None) == "auto" else None
         comment = resume_comment(ev, held=move.restarts, choices=req.choices, content_sent=sent)
         return comment + (data or b"\n")
 
-    async def _fail_stream(self, sse: _EventStream, ending: Error, move: _Move, rec: dict[str, Any]) -> None:
+    async def _fail_stream(self, sse: EventStream, ending: Error, move: StreamMove, rec: dict[str, Any]) -> None:
         """An `error` event, then close: no [DONE], so no client takes the text so far for a whole answer.
         A resumable stream says first that the router may continue it elsewhere (it then drops the event)."""
         err = self._ending(ending, rec)
-        hand_over = move_comment(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
-        await sse.write(hand_over + _sse_event(err.body()), last=True)
+        hand_over = move_line(ending.kind) if move.resume and ending.kind in MOVABLE_ENDINGS else b""
+        await sse.write(hand_over + sse_event(err.body()), last=True)
 
     @staticmethod
     async def _finish_stream(
-        sse: _EventStream,
+        sse: EventStream,
         req: ParsedRequest,
         serving: ChatServing | CompletionServing,
-        move: _Move,
+        move: StreamMove,
         done: RequestEvent,
-        progress: _Progress,
+        progress: RequestProgress,
         prompt_tokens: int,
     ) -> None:
         """A whole answer's end: the usage chunk if the client asked for it, then [DONE]."""
@@ -596,293 +598,6 @@ class LeaderApi:
                 )
             )
         await sse.write(b"data: [DONE]\n\n", last=True)
-
-
-class _Progress:
-    """A request's output so far: when its first token came, and its tokens (every choice's)."""
-
-    __slots__ = ("first_token", "tokens")
-
-    def __init__(self) -> None:
-        self.first_token: float | None = None
-        self.tokens = 0
-
-    def token(self) -> None:
-        if self.first_token is None:
-            self.first_token = time.time()
-
-
-def _sse_event(payload: BaseModel | dict) -> bytes:
-    body = payload.model_dump() if isinstance(payload, BaseModel) else payload
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
-
-class _EventStream:
-    """One streamed response's server-sent events. Every write is bounded: a client that stops
-    reading must not hold its batch slot for ever (past the bound it counts as gone)."""
-
-    def __init__(self, request: web.Request, headers: dict[str, str], *, stall_s: float) -> None:
-        self.request, self.stall_s = request, stall_s
-        self.resp = web.StreamResponse(
-            status=200,
-            headers={
-                **headers,
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            },
-        )
-
-    async def open(self) -> None:
-        await self.resp.prepare(self.request)
-
-    async def write(self, data: bytes, *, last: bool = False) -> None:
-        """Write `data` if any (`last`: and end the stream; write_eof drains the buffer too, so it is
-        bounded the same way); ConnectionError when the client accepted nothing for the bound."""
-        if not data and not last:
-            return
-        try:
-            async with asyncio.timeout(self.stall_s):
-                await (self.resp.write_eof(data) if last else self.resp.write(data))
-        except TimeoutError:
-            if self.request.transport is not None:
-                self.request.transport.abort()
-            raise ConnectionError(f"the client accepted nothing for {self.stall_s:g} s") from None
-
-    async def send(self, payload: BaseModel | dict, *, last: bool = False) -> None:
-        await self.write(_sse_event(payload), last=last)
-
-
-def _collector_so_far(serving: ChatServing | CompletionServing, move: _Move) -> Collected:
-    """A continued stream's answer as its client already has it: the choices whose end it has, and
-    with tool_choice "auto" each choice's whole text so far, which its tool parser goes on from (the
-    client has the first content_sent characters of it as content; the rest was held: it may be a call)."""
-    collected = serving.collector()
-    for i in move.finished:
-        collected.choices[i].finish_reason = "continued"
-    if move.content_sent is not None:
-        for i, text in move.replayed.items():
-            collected.choices[i].text.append(text)
-        for i, chars in move.content_sent.items():
-            collected.choices[i].sent = chars
-    return collected
-
-
-def resume_comment(ev: Token | None, *, held: bool = False, choices: int = 1, content_sent: int | None = None) -> bytes:
-    """The SSE comment line that tells the router which token ids an event carries (the router strips
-    it). A held token (a forced tool call's: its text goes out whole at the end) reached no client, so
-    it is not reported as sent; "h" still tells the router the stream makes progress. With n > 1 it
-    names the event's choice ("i") and whether the event ends it ("f"). With tool_choice "auto" every
-    token is reported and "c" says how much of the text the client has as content (the rest is held)."""
-    token = ev is not None and ev.token_id >= 0
-    body: dict[str, Any] = {"t": [], "h": 1} if held and token else {"t": [ev.token_id] if ev and token else []}
-    if choices > 1 and ev is not None:
-        body["i"] = ev.index
-        if ev.finish_reason:
-            body["f"] = 1
-    if content_sent is not None:
-        body["c"] = content_sent
-    return (contract.RESUME_COMMENT + json.dumps(body, separators=(",", ":")) + "\n").encode()
-
-
-def move_comment(kind: str) -> bytes:
-    """The SSE comment line that opens a movable error event: the router continues the stream elsewhere."""
-    return (contract.MOVE_COMMENT + kind + "\n").encode()
-
-
-class _Move:
-    """How a request takes part in moves between units: `resume` (report token ids to the router, hand
-    the stream over on a drain) and, for a continuation, the tokens the client already has and the
-    id and creation time it already saw."""
-
-    __slots__ = (
-        "resume",
-        "continued",
-        "before",
-        "shown_id",
-        "created",
-        "key",
-        "restarts",
-        "choices",
-        "finished",
-        "content_sent",
-        "replayed",
-    )
-
-    def __init__(
-        self,
-        *,
-        resume: bool,
-        continued: bool,
-        before: list[int],
-        shown_id: str,
-        created: int,
-        key: str,
-        restarts: bool = False,
-        choices: list[list[Any]] | None = None,
-        finished: frozenset[int] = frozenset(),
-    ) -> None:
-        self.resume, self.continued, self.before = resume, continued, before
-        self.shown_id, self.created, self.key = shown_id, created, key
-        self.restarts = restarts  # a forced tool call: nothing but its opening reaches the client before its end
-        # n > 1 continued: [index, token ids] of each choice still to run, and the choices already ended
-        self.choices, self.finished = choices, finished
-        # tool_choice "auto" continued: characters of each choice's text the client has as content, by
-        # index, and (from the engine) the text of each choice's continued tokens, replayed into its
-        # tool parser
-        self.content_sent: dict[int, int] | None = None
-        self.replayed: dict[int, str] = {}
-
-    @property
-    def sent(self) -> int:
-        """Tokens the client already has from other units, every choice's."""
-        return len(self.before) + sum(len(t) for _, t in self.choices or ())
-
-    @classmethod
-    def of(
-        cls,
-        request: web.Request,
-        body: Any,
-        req: ParsedRequest,
-        *,
-        resumes: bool,
-        rid: str,
-        arrival: float,
-        resumes_choices: bool = False,
-    ) -> _Move:
-        """Read the router's internal header and field (a client's copies never reach a leader: the
-        router strips the headers, and the field counts only with the header)."""
-        # Moves need one choice, and either each token's text in one event on an engine that continues
-        # from tokens, or a forced tool call: it goes out whole at its end, so its client has nothing but
-        # the opening until then and it moves by starting again from the prompt, on any engine (greedy
-        # and seeded sampling draw the same tokens again; unseeded, the client never saw the first draw).
-        restarts = req.choices == 1 and bool(getattr(req, "forced_tools", False))
-        # n > 1 moves when the engine continues each choice from its own tokens.
-        one = req.choices == 1 or resumes_choices
-        mode = getattr(req, "tool_mode", None)
-        # tool_choice "auto": the held text's tokens are reported too, and replayed into the next unit's
-        # tool parser with how much of the text the client has as content (n > 1: each choice's).
-        movable = restarts or (resumes and one and mode in (None, "none", "auto"))
-        resume = movable and request.headers.get(contract.RESUME_HEADER) == "1"
-        if request.headers.get(contract.CONTINUATION_HEADER) != "1":
-            return cls(
-                resume=resume,
-                continued=False,
-                before=[],
-                shown_id=rid,
-                created=int(arrival),
-                key=rid,
-                restarts=restarts,
-            )
-        cont: Any = body.get(contract.CONTINUATION_FIELD) if isinstance(body, dict) else None
-        ok = (
-            isinstance(cont, dict)
-            and isinstance(cont.get("id"), str)
-            and _REQUEST_ID_OK.match(cont["id"]) is not None
-            and type(cont.get("created")) is int
-            and isinstance(cont.get("token_ids"), list)
-            and all(type(t) is int and t >= 0 for t in cont["token_ids"])
-        )
-        if not ok:
-            raise ApiError(
-                400,
-                f'\'{contract.CONTINUATION_FIELD}\' must be {{"id": str, "created": int, "token_ids": [int, ...]}} '
-                f"when {contract.CONTINUATION_HEADER} is set",
-                param=contract.CONTINUATION_FIELD,
-            )
-        if not (movable and req.stream):
-            raise ApiError(
-                400,
-                "only a streamed request with no tool calls, on an engine that continues requests (n > 1: each "
-                "choice), or with a forced tool call, can be continued",
-                param=contract.CONTINUATION_FIELD,
-            )
-        auto = getattr(req, "tool_mode", None) == "auto"
-        if req.choices > 1 and not restarts:
-            move = cls._choices(cont, req.choices, resume=resume, key=rid)
-            if auto:
-                move.content_sent = cls._content_sent(cont, req.choices)
-            return move
-        if restarts and cont["token_ids"]:
-            raise ApiError(
-                400,
-                "a forced tool call starts again from the prompt: its continuation carries no token ids",
-                param=contract.CONTINUATION_FIELD,
-            )
-        move = cls(
-            resume=resume,
-            continued=True,
-            before=cont["token_ids"],
-            shown_id=cont["id"],
-            created=cont["created"],
-            key=rid,
-            restarts=restarts,
-        )
-        if auto:
-            move.content_sent = cls._content_sent(cont, 1)
-        return move
-
-    @staticmethod
-    def _content_sent(cont: dict, n: int) -> dict[int, int]:
-        """tool_choice "auto": the characters of content the client has, by choice: an int (choice 0's),
-        or with n > 1 [[index, characters], ...]."""
-        sent = cont.get("content_sent", 0)
-        if type(sent) is int and sent >= 0:
-            return {0: sent}
-        pairs = sent if n > 1 and isinstance(sent, list) else None
-        if pairs is not None and all(
-            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) and 0 <= p[0] < n and p[1] >= 0
-            for p in pairs
-        ):
-            return {i: c for i, c in pairs}
-        shape = "an int >= 0" if n == 1 else f"an int >= 0, or [[index 0..{n - 1}, int >= 0], ...]"
-        raise ApiError(
-            400,
-            f"'{contract.CONTINUATION_FIELD}.content_sent' must be the characters of content the client has ({shape})",
-            param=contract.CONTINUATION_FIELD,
-        )
-
-    @classmethod
-    def _choices(cls, cont: dict, n: int, *, resume: bool, key: str) -> _Move:
-        """A continued stream of n > 1 choices: "token_ids" are choice 0's, "choices" [[index, token
-        ids], ...] the others' that have any, "finished" the indexes of choices whose end the client has."""
-        tokens: dict[int, list[int]] = {0: cont["token_ids"]}
-        more, ended = cont.get("choices", []), cont.get("finished", [])
-        ok = (
-            isinstance(more, list)
-            and all(
-                isinstance(c, list)
-                and len(c) == 2
-                and type(c[0]) is int
-                and 0 < c[0] < n
-                and isinstance(c[1], list)
-                and all(type(t) is int and t >= 0 for t in c[1])
-                for c in more
-            )
-            and isinstance(ended, list)
-            and all(type(i) is int and 0 <= i < n for i in ended)
-        )
-        if not ok:
-            raise ApiError(
-                400,
-                f"'{contract.CONTINUATION_FIELD}' with n = {n} takes \"choices\": [[index 1..{n - 1}, [int, ...]], "
-                f'...] and "finished": [index, ...]',
-                param=contract.CONTINUATION_FIELD,
-            )
-        tokens.update((i, t) for i, t in more)
-        finished = frozenset(ended)
-        if len(finished) == n:
-            raise ApiError(400, "every choice of the continuation has ended: nothing is left to generate")
-        return cls(
-            resume=resume,
-            continued=True,
-            before=[],
-            shown_id=cont["id"],
-            created=cont["created"],
-            key=key,
-            choices=[[i, tokens.get(i, [])] for i in range(n) if i not in finished],
-            finished=finished,
-        )
 
 
 @web.middleware
@@ -909,46 +624,21 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         )
 
 
-def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
-    api = LeaderApi(sup=sup, metrics=metrics)
+def _seconds(request: web.Request, name: str, default: float) -> float | str:
+    """A query parameter in seconds, or the one-line refusal naming it."""
+    raw = request.query.get(name, str(default))
+    low, high = WATCH_INTERVAL_RANGE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    return value if low <= value <= high else f"{name}={raw!r}: give seconds, {low} to {high}"
 
-    async def live(_: web.Request) -> web.Response:
-        ok = sup.live()
-        return web.json_response(
-            {"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank}, status=200 if ok else 503
-        )
 
-    async def container(_: web.Request) -> web.Response:
-        ok = sup.container_healthy()
-        return web.json_response(
-            {"healthy": ok, "started": sup.started, "alive": sup.live(), "state": sup.state, "unit": sup.s.unit_id},
-            status=200 if ok else 503,
-        )
-
-    async def ready(_: web.Request) -> web.Response:
-        body = sup.ready_body()
-        return web.json_response(body.to_dict(), status=200 if body.ready else 503)
-
-    async def status(_: web.Request) -> web.Response:
-        return web.json_response(sup.status_body().to_dict())
-
-    shutting_down = asyncio.Event()
-
-    async def stop_watches(_: web.Application) -> None:
-        shutting_down.set()  # ends every watch, so the server's shutdown does not wait on them
-
-    app.on_shutdown.append(stop_watches)
-
-    def seconds(request: web.Request, name: str, default: float) -> float | str:
-        """A query parameter in seconds, or the one-line refusal naming it."""
-        raw = request.query.get(name, str(default))
-        low, high = WATCH_INTERVAL_RANGE_S
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        return value if low <= value <= high else f"{name}={raw!r}: give seconds, {low} to {high}"
+def watch_handler(
+    sup: UnitSupervisor, shutting_down: asyncio.Event
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The /health/watch handler of this member (contract.watch); every watch ends once `shutting_down` is set."""
 
     async def watch(request: web.Request) -> web.StreamResponse:
         """The ready body as a stream, so a router holds one connection per leader instead of
@@ -958,8 +648,8 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         did, or empty when nothing did (a heartbeat: the watcher counts silence as death).
         Balancing many routers needs load that is fresh to tens of milliseconds (docs/benchmarks.md,
         Fleet); most lines are then load-only, so they are kept short."""
-        interval = seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
-        changes = seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
+        interval = _seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
+        changes = _seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
         for bad in (interval, changes):
             if isinstance(bad, str):
                 return web.json_response({"error": bad}, status=400)
@@ -1003,6 +693,42 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
             if request.transport is not None:
                 request.transport.abort()
         return resp
+
+    return watch
+
+
+def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    api = LeaderApi(sup=sup, metrics=metrics)
+
+    async def live(_: web.Request) -> web.Response:
+        ok = sup.live()
+        return web.json_response(
+            {"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank}, status=200 if ok else 503
+        )
+
+    async def container(_: web.Request) -> web.Response:
+        ok = sup.container_healthy()
+        return web.json_response(
+            {"healthy": ok, "started": sup.started, "alive": sup.live(), "state": sup.state, "unit": sup.s.unit_id},
+            status=200 if ok else 503,
+        )
+
+    async def ready(_: web.Request) -> web.Response:
+        body = sup.ready_body()
+        return web.json_response(body.to_dict(), status=200 if body.ready else 503)
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(sup.status_body().to_dict())
+
+    shutting_down = asyncio.Event()
+
+    async def stop_watches(_: web.Application) -> None:
+        shutting_down.set()  # ends every watch, so the server's shutdown does not wait on them
+
+    app.on_shutdown.append(stop_watches)
+
+    watch = watch_handler(sup, shutting_down)
 
     async def prom(_: web.Request) -> web.Response:
         ld = sup.load()

@@ -13,23 +13,20 @@ from typing import Any
 
 from runtime.node import tool_calls
 from runtime.node.engine_protocol import Token
-from runtime.node.protocol import (
+from runtime.node.openai_responses import (
     AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionChoice,
     CompletionChunk,
-    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    NamedToolChoice,
-    ParsedRequest,
     PromptTokensDetails,
     UsageInfo,
 )
+from runtime.node.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, ParsedRequest
 
 
 def _tool_call(name: str, arguments: str) -> dict[str, Any]:

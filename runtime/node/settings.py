@@ -16,30 +16,26 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
-from pydantic.fields import FieldInfo
 
 import contract
+from contract import Engine
 from contract.bad_input import NOT_GIVEN, bad_input_line
-from contract.trainium import INSTANCES
-from runtime.artifacts.manifest import ManifestError, parse_s3_uri
+from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 from runtime.engines.base import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_KV_BUDGET_TOKENS,
     DEFAULT_MAX_PREFILL_TOKENS,
     DEFAULT_MAX_RUNNING,
 )
-from runtime.engines.neuron.launch import (
-    AUTO,
-    DEFAULT_COMPILED_DIR,
-    NeuronOptions,
-)
+from runtime.node.declared import Declared as Declared
+from runtime.node.declared import DeclaredSettings, Misplaced, declared
+from runtime.node.declared import setting as setting
+from runtime.node.neuron_settings import VLLM_BLOCK_SIZES as VLLM_BLOCK_SIZES
+from runtime.node.neuron_settings import NeuronSettings as NeuronSettings
 
 ENGINES = contract.ENGINES
 RENDEZVOUS = ("static", "ecs")
@@ -56,231 +52,13 @@ DOCS_BEGIN = (
 DOCS_END = "<!-- END settings -->"
 
 
-class SettingsError(ValueError):
-    """A setting the operator gave is wrong; the message names it and the fix."""
-
-
-class Misplaced(ValueError):
-    """A rule checked while validating one field that the operator must fix on another (`at`)."""
-
-    def __init__(self, at: tuple[str, ...], why: str) -> None:
-        super().__init__(why)
-        self.at = at
-
-
-def setting(
-    default: Any,
-    flag: str,
-    env: str,
-    help: str,
-    *,
-    shown: str | None = None,
-    neuron_default: Any = None,
-    choices: Sequence[str] = (),
-    empty_fix: str | None = None,
-    **rules: Any,
-) -> Any:
-    """Declare one setting. `help` is both the --help text and the docs' meaning; `shown` replaces
-    the default in both when it is computed; `rules` are pydantic's constraints (ge, le, ...)."""
-    return Field(
-        default,
-        description=help,
-        json_schema_extra={
-            "flag": flag,
-            "env": env,
-            "shown": shown,
-            "neuron_default": neuron_default,
-            "choices": list(choices),
-            "empty_fix": empty_fix,
-        },
-        **rules,
-    )
-
-
 @dataclass(frozen=True)
 class Peer:
     host: str
     port: int
 
 
-class _Settings(BaseModel):
-    # A rule that needs other settings is a field validator reading `info.data` (the fields declared
-    # before it that validated: https://docs.pydantic.dev/latest/concepts/validators/, "Validation is
-    # done in the order fields are defined"), not a model validator, because it also computes the
-    # field (world_size from the peers, api_port, model_name) and a frozen model cannot change after
-    # validation. validate_default: those validators must run when the field was not given too.
-    model_config = ConfigDict(frozen=True, validate_default=True, str_strip_whitespace=True, extra="forbid")
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _declared_rules(cls, v: Any, info: ValidationInfo) -> Any:
-        extra = _extra(cls.model_fields[info.field_name or ""])
-        if extra.get("empty_fix") and v == "":
-            raise ValueError(f"is empty: {extra['empty_fix']}")
-        if extra.get("choices") and v not in extra["choices"]:
-            raise ValueError(f"is not known: use one of {', '.join(extra['choices'])}")
-        return v
-
-
-VLLM_BLOCK_SIZES = contract.NEURON_PREFIX_CACHING_BLOCKS[1:]  # what vLLM 0.13.0's --block-size accepts
-
-
-class NeuronSettings(_Settings):
-    """engine=neuron: where the model and compile cache live, and the unit's Neuron layout."""
-
-    model_uri: str = setting(
-        None,
-        "--model-uri",
-        contract.ENV_MODEL_URI,
-        "s3://bucket/prefix the checkpoint was published to (`python -m runtime artifacts publish`); "
-        "replaces `FLOTILLA_MODEL`",
-        shown="required",
-    )
-    compile_cache_uri: str | None = setting(
-        None,
-        "--compile-cache-uri",
-        contract.ENV_COMPILE_CACHE_URI,
-        "s3://bucket/prefix of the compiled-artifact cache",
-        shown="none: compile on every start",
-    )
-    instance_type: str = setting(
-        "trn1.32xlarge",
-        "--instance-type",
-        contract.ENV_INSTANCE_TYPE,
-        "the node's instance type (its NeuronCores are the plan's tensor-parallel degree per node)",
-        choices=sorted(INSTANCES),
-    )
-    model_dir: str = setting(
-        "/var/cache/flotilla/model",
-        "--neuron-model-dir",
-        "FLOTILLA_NEURON_MODEL_DIR",
-        "absolute path the checkpoint is fetched to",
-    )
-    compiled_dir: str = setting(
-        DEFAULT_COMPILED_DIR,
-        "--neuron-compiled-dir",
-        "FLOTILLA_NEURON_COMPILED_DIR",
-        "absolute path of NxD Inference's compiled artifacts (`NEURON_COMPILED_ARTIFACTS`)",
-    )
-    seq_len: int = setting(
-        NeuronOptions.seq_len,
-        "--seq-len",
-        contract.ENV_NEURON_SEQ_LEN,
-        "prompt + output tokens (vLLM `--max-model-len`); also the API's context length",
-        ge=1,
-    )
-    batch_size: int = setting(
-        NeuronOptions.batch_size,
-        "--batch-size",
-        contract.ENV_NEURON_BATCH_SIZE,
-        "sequences decoded together (vLLM `--max-num-seqs`)",
-        ge=1,
-    )
-    cp_degree: int | str = setting(
-        AUTO, "--cp-degree", contract.ENV_NEURON_CP_DEGREE, "context-parallel degree for prefill, or auto"
-    )
-    attention_dp_degree: int | str = setting(
-        AUTO,
-        "--attention-dp-degree",
-        contract.ENV_NEURON_ATTENTION_DP_DEGREE,
-        "attention data-parallel degree for decode, or auto",
-    )
-    engine_port: int = setting(
-        contract.NEURON_ENGINE_PORT,
-        "--neuron-engine-port",
-        "FLOTILLA_NEURON_ENGINE_PORT",
-        "the leader's vLLM server, bound to 127.0.0.1",
-        ge=1,
-        le=65535,
-    )
-    sampling: str = setting(
-        "cpu",
-        "--neuron-sampling",
-        contract.ENV_NEURON_SAMPLING,
-        "where tokens are sampled: `cpu` (vLLM's sampler, each request with its own parameters: also logprobs, "
-        "response_format, forced tool calls, penalties) or `device` (NxD Inference on-device sampling: "
-        "temperature, top_p only; the pinned plugin can apply another request's parameters)",
-        choices=contract.NEURON_SAMPLING_MODES,
-    )
-    prefix_caching_block: int = setting(
-        0,
-        "--neuron-prefix-caching-block",
-        contract.ENV_NEURON_PREFIX_CACHING_BLOCK,
-        "one node only, opt-in: 0 runs vLLM without prefix caching; a block size in tokens (1, 8, 16, 32, 64, "
-        "128 or 256, e.g. 32) runs "
-        "it with prefix caching over NxD Inference's block KV layout and reports cached prompt tokens "
-        "(`--enable-prefix-caching --block-size B --num-gpu-blocks-override ceil(seq len / B) x batch size "
-        "--enable-prompt-tokens-details`); needs a batch size of at least 2 (the plugin's known issue at 1); "
-        "off by default: no trn1 run has checked its outputs and memory (docs/hardware.md)",
-        ge=0,
-    )
-    launcher: str | None = setting(
-        None,
-        "--neuron-launcher",
-        "FLOTILLA_NEURON_LAUNCHER",
-        "**tests only**: a program that replaces the interpreter (`python`/`python3`) of the rank's command "
-        "(the tests point it at a Python whose path holds a stand-in vLLM); never set it in a deployment",
-    )
-
-    @field_validator("model_uri", mode="before")
-    @classmethod
-    def _model_uri(cls, v: str | None) -> str:
-        if not v or not v.strip():
-            raise ValueError(
-                "is required with engine=neuron: give the s3://bucket/prefix the checkpoint was "
-                "published to (python -m runtime artifacts publish)"
-            )
-        return _s3_uri(v)
-
-    @field_validator("compile_cache_uri", mode="before")
-    @classmethod
-    def _compile_cache_uri(cls, v: str | None) -> str | None:
-        return _s3_uri(v) if v and v.strip() else None
-
-    @field_validator("model_dir", "compiled_dir", mode="after")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("is not an absolute path: give a directory such as /var/cache/flotilla/...")
-        return v
-
-    @field_validator("cp_degree", "attention_dp_degree", mode="before")
-    @classmethod
-    def _degree(cls, v: int | str) -> int | str:
-        if str(v).strip() == AUTO:
-            return AUTO
-        try:
-            degree = int(v)
-        except ValueError:
-            degree = 0
-        if degree < 1:
-            raise ValueError("is not a degree: give a whole number >= 1 or auto")
-        return degree
-
-    @field_validator("prefix_caching_block", mode="after")
-    @classmethod
-    def _prefix_caching_needs_a_batch(cls, v: int, info: ValidationInfo) -> int:
-        if v and info.data.get("batch_size") == 1:
-            raise ValueError(
-                "needs a batch size of at least 2: the pinned vllm-neuron's prefix caching generates incorrect "
-                "outputs at batch size 1; raise FLOTILLA_NEURON_BATCH_SIZE or set this to 0"
-            )
-        if v and v not in VLLM_BLOCK_SIZES:
-            # vLLM 0.13.0's --block-size takes only these (vllm/config/cache.py:22, BlockSize).
-            raise ValueError(
-                f"is not a vLLM block size: use one of {', '.join(map(str, VLLM_BLOCK_SIZES))}, or 0 (off)"
-            )
-        if v and v > info.data.get("seq_len", v):
-            raise ValueError("is longer than the sequence (FLOTILLA_NEURON_SEQ_LEN): give a block of at most that")
-        return v
-
-    @field_validator("launcher", mode="after")
-    @classmethod
-    def _launcher(cls, v: str | None) -> str | None:
-        return v or None
-
-
-class NodeSettings(_Settings):
+class NodeSettings(DeclaredSettings):
     """One unit member's settings, validated; the fields after `rendezvous` depend on it."""
 
     unit_id: str = setting(
@@ -630,7 +408,7 @@ class NodeSettings(_Settings):
     @field_validator("model", mode="after")
     @classmethod
     def _model(cls, v: str, info: ValidationInfo) -> str:
-        if info.data.get("engine") == "neuron":
+        if info.data.get("engine") == Engine.NEURON:
             return v  # the neuron engine fetches the model URI instead
         if not v:
             raise ValueError("is empty: use tiny, smollm2 or a checkpoint directory")
@@ -661,79 +439,9 @@ class NodeSettings(_Settings):
         return os.path.basename((neuron.model_uri if neuron else info.data.get("model", "")).rstrip("/"))
 
 
-# -- the declarations, read back -------------------------------------------------------------------
-def _extra(f: FieldInfo) -> dict[str, Any]:
-    return f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-
-
-@dataclass(frozen=True)
-class Declared:
-    """One declared setting, as the parser, the error messages and the docs read it."""
-
-    path: tuple[str, ...]  # ("seq_len",) is NodeSettings.seq_len; ("neuron", "seq_len") its group's
-    flag: str
-    env: str
-    help: str
-    default: Any
-    shown: str | None
-    neuron_default: Any
-    choices: tuple[str, ...]
-    lo: float | None
-    hi: float | None
-
-    @property
-    def dest(self) -> str:
-        return ".".join(self.path)
-
-    def default_text(self) -> str:
-        text = self.shown if self.shown is not None else "—" if self.default is None else _num(self.default)
-        return text if self.neuron_default is None else f"{text} (neuron: {_num(self.neuron_default)})"
-
-    def meaning(self) -> str:
-        """The docs' text: the help and, for a choice, the values (which --help shows as the metavar)."""
-        if not self.choices:
-            return self.help
-        values = [f"`{c}`" for c in self.choices]
-        return f"{self.help}: {', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else self.help
-
-    def allowed(self) -> str:
-        """' in 1..64', ' >= 0' or '': what a number may be."""
-        if self.lo is not None and self.hi is not None:
-            return f" in {_num(self.lo)}..{_num(self.hi)}"
-        return f" >= {_num(self.lo)}" if self.lo is not None else ""
-
-
-def _num(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Declared, ...]:
-    out = []
-    for name, f in model.model_fields.items():
-        x = _extra(f)
-        if "flag" not in x:
-            continue
-        lo = next((m.ge for m in f.metadata if hasattr(m, "ge")), None)
-        hi = next((m.le for m in f.metadata if hasattr(m, "le")), None)
-        out.append(
-            Declared(
-                path=(*prefix, name),
-                flag=x["flag"],
-                env=x["env"],
-                help=f.description or "",
-                default=f.default,
-                shown=x["shown"],
-                neuron_default=x["neuron_default"],
-                choices=tuple(x["choices"]),
-                lo=lo,
-                hi=hi,
-            )
-        )
-    return tuple(out)
-
-
-SETTINGS = _declared(NodeSettings)
-NEURON_SETTINGS = _declared(NeuronSettings, ("neuron",))
+SETTINGS = declared(NodeSettings)
+NEURON_FIELD = "neuron"  # the NodeSettings field that holds the neuron group
+NEURON_SETTINGS = declared(NeuronSettings, (NEURON_FIELD,))
 NEURON_DEFAULTS = {d.path[-1]: d.neuron_default for d in SETTINGS if d.neuron_default is not None}
 NEURON_GROUP = "neuron engine (engine=neuron only)"
 NEURON_GROUP_DOC = (
@@ -784,9 +492,9 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
         elif env.get(d.env, "") != "":
             given[d.path] = (d.env, env[d.env])
     data: dict[str, Any] = {path[0]: raw for path, (_, raw) in given.items() if len(path) == 1}
-    if data.get("engine", "reference") == "neuron":
+    if data.get("engine", Engine.REFERENCE) == Engine.NEURON:
         data = {**NEURON_DEFAULTS, **data}
-        data["neuron"] = {path[1]: raw for path, (_, raw) in given.items() if path[0] == "neuron"}
+        data[NEURON_FIELD] = {path[1]: raw for path, (_, raw) in given.items() if path[0] == NEURON_FIELD}
     try:
         return NodeSettings.model_validate(data)
     except ValidationError as e:
@@ -847,15 +555,6 @@ def parse_peers(raw: str) -> tuple[Peer, ...]:
     if len(set(peers)) != len(peers):
         raise ValueError("lists a member twice: give each member's host:port once")
     return tuple(peers)
-
-
-def _s3_uri(raw: str) -> str:
-    uri = raw.strip()
-    try:
-        parse_s3_uri(uri)  # the same rule fetch and publish apply
-    except ManifestError:
-        raise ValueError("is not an S3 URI: give s3://bucket/prefix") from None
-    return uri
 
 
 # -- docs/node.md ------------------------------------------------------------------------------------

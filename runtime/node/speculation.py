@@ -9,36 +9,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 import contract.speculation as spec
 from contract.bad_input import BadInput
+from contract.speculation import Speculation
 from runtime import emf
 from runtime.node import engine_protocol
-
-
-class Speculation(BaseModel):
-    """The member's speculation: method (contract.speculation.METHODS), draft tokens, EAGLE draft directory."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    method: str = spec.NONE
-    tokens: int = spec.DEFAULT_SPECULATIVE_TOKENS
-    draft: str = ""
 
 
 def speculation_from_env(env: Mapping[str, str], s: Any) -> Speculation:
     """The member's speculation from FLOTILLA_SPECULATIVE_*, refused (BadInput naming the variable) where
     its engine could not run it; `s`: the member's NodeSettings."""
-    method = env.get(spec.ENV_SPECULATIVE_METHOD, spec.NONE) or spec.NONE
-    raw = env.get(spec.ENV_SPECULATIVE_TOKENS, str(spec.DEFAULT_SPECULATIVE_TOKENS))
-    try:
-        tokens = int(raw)
-    except ValueError:
-        raise BadInput(
-            spec.ENV_SPECULATIVE_TOKENS, raw, "is not an integer", f"give 1..{spec.MAX_SPECULATIVE_TOKENS}", text=True
-        ) from None
-    draft = env.get(spec.ENV_SPECULATIVE_DRAFT, "")
+    found = Speculation.from_environment(env)
     names = {
         "speculation.method": spec.ENV_SPECULATIVE_METHOD,
         "speculation.num_speculative_tokens": spec.ENV_SPECULATIVE_TOKENS,
@@ -46,10 +27,7 @@ def speculation_from_env(env: Mapping[str, str], s: Any) -> Speculation:
     }
     n = s.neuron
     try:
-        spec.check_speculation(
-            method=method,
-            tokens=tokens,
-            draft=draft,
+        found.check(
             engine=s.engine,
             nodes=s.world_size,
             neuron_sampling=n.sampling if n is not None else "",
@@ -57,7 +35,7 @@ def speculation_from_env(env: Mapping[str, str], s: Any) -> Speculation:
         )
     except BadInput as e:
         raise BadInput(names.get(e.name, e.name), e.value, e.problem, e.fix, text=True) from None
-    return Speculation(method=method, tokens=tokens, draft=draft.strip("/"))
+    return found.model_copy(update={"draft": found.draft_dir})
 
 
 EMF_EVERY_S = 60.0

@@ -327,7 +327,8 @@ class UnitSupervisor:
             await self._session.close()
 
     def _cannot_serve(self, e: CannotServe) -> int:
-        """Stop for good: the same settings and model would fail the same way on every re-form."""
+        """Stop for good: the same settings and model would fail the same way on every re-form. The
+        task stops before it is healthy, which ECS's circuit breaker counts (contract/node_exit.py)."""
         self._set_state(UnitState.BROKEN, reason=str(e))
         jlog(
             node_exit.CANNOT_SERVE_EVENT,

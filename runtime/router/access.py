@@ -164,7 +164,7 @@ class AccessControl:
         read: Callable[[], str | None] | None = None,
         static_key: str | None = None,
         name: str = "",
-        ttl_s: float = 30.0,
+        ttl_s: float = apikeys.API_KEYS_TTL_S,
         routers: int = 1,
         batch_headroom_percent: int = 75,
         clock: Callable[[], float] = time.monotonic,

@@ -18,7 +18,6 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -31,6 +30,7 @@ from runtime.router import balance, overload
 from runtime.router.admission import AdmissionControl
 from runtime.router.discovery import Discovery, DiscoveryError, MemberEndpoint
 from runtime.router.settings import RouterSettings
+from runtime.router.watch_stream import WatchStream
 
 log = logging.getLogger("flotilla.router.fleet")
 
@@ -39,8 +39,6 @@ log = logging.getLogger("flotilla.router.fleet")
 # times less often than a leader reports: the router needs from it only its role and, from a
 # follower, where its leader is.
 FOLLOWER_POLL_FACTOR = 4
-# A watch response head larger than this is not a flotilla member's.
-_WATCH_HEAD_LIMIT = 16 * 1024
 # Polls (and watch dials) in flight at once. A router that starts in front of 5,000 members would
 # otherwise open 5,000 connections at once, time most of them out on its own CPU, and retry them
 # all a second later: a storm that never settles.
@@ -134,7 +132,7 @@ class Member:
         self.role = "unknown"  # leader | follower, from the ready body
         self.rank = -1
         self.watchable = True  # False: the member has no /health/watch (an older revision): poll it
-        self.watch: _WatchProtocol | None = None
+        self.watch: WatchStream | None = None
         self.vouched_by: Member | None = None  # follower: the live leader whose report lists it
         self.followers: set[str] = set()  # leader: URLs of the members its last report listed
         self.members_seen: object = None  # leader: the last `members` value, to skip unchanged ones
@@ -242,78 +240,6 @@ class Member:
             self.mark_unready(state)
         self.ready = ready
         self.state = state
-
-
-class _WatchProtocol(asyncio.Protocol):
-    """One leader's /health/watch stream, read without an HTTP client library: this is the router's
-    steady cost per leader (a line per poll interval), so it is kept to a buffer scan and a JSON
-    parse. Asked as HTTP/1.0, the member ends the body by closing the connection (no chunking)."""
-
-    def __init__(self, fleet: Fleet, unit: Member, request: bytes) -> None:
-        self._fleet = fleet
-        self._unit = unit
-        self._request = request
-        self._buf = bytearray()
-        self._head = True
-        self.transport: asyncio.Transport | None = None
-        self.outcome = "lost"  # lost | follower | unsupported
-        self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport, but not an asyncio.Transport instance under uvloop (its TCPTransport
-        # implements the interface without subclassing it), so no isinstance check here: one made
-        # every watch fail under `--event-loop uvloop`, and every unit looked silent.
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.write(self._request)
-
-    def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        if data and not buf and not self._head and data.find(b"\n") == len(data) - 1:
-            # One whole line, nothing pending: most reads of a busy fleet; no buffer copies.
-            if not self._fleet.on_watch_line(self._unit, data[:-1]):
-                self.close("follower")
-            return
-        buf += data
-        if self._head:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > _WATCH_HEAD_LIMIT:
-                    self.close("lost")
-                return
-            status = buf[: buf.find(b"\r\n")].split(b" ", 2)
-            code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
-            streams = b"application/x-ndjson" in bytes(buf[:end]).lower()
-            del buf[: end + 4]
-            if code == 404 or (code == 200 and not streams):
-                # A member of an older revision (no watch there), or a server that answered with a
-                # plain document: poll it instead.
-                self.close("unsupported")
-                return
-            if code != 200:
-                self.close("lost")
-                return
-            self._head = False
-        start = 0
-        while True:
-            nl = buf.find(b"\n", start)
-            if nl < 0:
-                break
-            line = bytes(buf[start:nl])
-            start = nl + 1
-            if not self._fleet.on_watch_line(self._unit, line):
-                self.close("follower")
-                return
-        if start:
-            del buf[:start]
-
-    def close(self, outcome: str) -> None:
-        self.outcome = outcome
-        if self.transport is not None:
-            self.transport.abort()  # no lingering FIN dance: the member may be dead
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.ended.done():
-            self.ended.set_result(self.outcome)
 
 
 @dataclass(frozen=True)
@@ -507,7 +433,7 @@ class Fleet:
         s = self._settings
         parts = urlsplit(unit.url)
         loop = asyncio.get_running_loop()
-        proto = _WatchProtocol(self, unit, self._watch_request)
+        proto = WatchStream(self, unit, self._watch_request)
         try:
             async with self._asks:
                 await asyncio.wait_for(

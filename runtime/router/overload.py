@@ -3,7 +3,7 @@
 A leader reports the wait a request arriving now would have for a batch slot and its queue timeout
 (runtime/node/queue_wait.py); past the timeout it refuses such a request at once with 429. A router
 sends nothing to a unit it knows to be that full, tries another, and answers 429 at once when every
-unit is; it never takes a full unit out of rotation (runtime/router/proxy.py `_refused`). Both the
+unit is; it never takes a full unit out of rotation (runtime/router/first_byte.py `_refused`). Both the
 router and the fleet model (bench/fleet/overload_sim.py) run this code.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from runtime.node.queue_wait import retry_after_s as _retry_after
+from contract import busy
 
 
 class WaitView(Protocol):
@@ -22,13 +22,13 @@ class WaitView(Protocol):
 
 def full(u: WaitView) -> bool:
     """The unit would refuse a new request: its reported wait is past its queue timeout."""
-    return u.queue_timeout_s > 0 and u.wait_s > u.queue_timeout_s
+    return busy.full(u.wait_s, u.queue_timeout_s)
 
 
 def retry_after_s(units: Iterable[WaitView], floor_s: int) -> int:
     """The shortest reported wait among full units, in whole seconds, between floor_s and what OpenAI
-    SDKs still honour (contract.RETRY_AFTER_MAX_S); floor_s when none reports one."""
+    SDKs still honour (contract/busy.py); floor_s when none reports one."""
     waits = [u.wait_s for u in units if full(u)]
     if not waits:
         return floor_s
-    return _retry_after(min(waits), floor_s)
+    return busy.retry_after_s(min(waits), floor_s)

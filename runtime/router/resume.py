@@ -1,8 +1,8 @@
 """Resumable streams: what the client of one stream already has, so the stream can continue on another unit.
 
 A leader asked with the resume header opens each SSE event with a comment line naming the token ids
-the event carries, and opens a movable error event with a move comment (contract: RESUME_COMMENT,
-MOVE_COMMENT). The ledger strips those lines, keeps the ids of every event the client got, and builds
+the event carries, and opens a movable error event with a move comment (contract.resume
+declares both). The ledger strips those lines, keeps the ids of every event the client got, and builds
 the continuation a second unit needs: the original body plus the tokens already sent, the `id` and
 `created` the client saw.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import contract
+from contract.resume import Continuation, continuation_field, read_move, read_resume
 from runtime.router.body import json_object
 
 _RESUME = contract.RESUME_COMMENT.encode()
@@ -83,22 +84,20 @@ class StreamLedger:
         for part in parts[:-1]:
             if part.startswith(_RESUME):
                 line, _, rest = part.partition(b"\n")
-                said = json.loads(line[len(_RESUME) :])
-                ids = said["t"]
-                i = said.get("i", 0)  # the event's choice (n > 1 only)
-                (self.token_ids if i == 0 else self.choices.setdefault(i, [])).extend(ids)
-                if said.get("f"):
+                note = read_resume(line)
+                i = note.choice
+                (self.token_ids if i == 0 else self.choices.setdefault(i, [])).extend(note.token_ids)
+                if note.finished:
                     self.finished.add(i)
-                if "c" in said:
-                    self.content_sent[i] = said["c"]
-                # "h": tokens the unit generated but holds back (a forced tool call's): progress, not sent
-                self.since_move += len(ids) + int(said.get("h", 0))
+                if note.content_sent is not None:
+                    self.content_sent[i] = note.content_sent
+                # held tokens (a forced tool call's) are progress, not sent
+                self.since_move += len(note.token_ids) + note.held
                 self.reported = True
                 if rest:
                     out.append(rest + b"\n\n")
             elif part.startswith(_MOVE):
-                line = part.partition(b"\n")[0]
-                return b"".join(out), line[len(_MOVE) :].decode("ascii", "replace") or "moved"
+                return b"".join(out), read_move(part.partition(b"\n")[0])
             else:
                 self.done = self.done or part == _DONE or part.startswith(_ERROR)
                 out.append(part + b"\n\n")
@@ -110,14 +109,15 @@ class StreamLedger:
         payload = json_object(body)
         if payload is None:
             return None
-        cont: dict = {"id": self.completion_id, "created": self.created, "token_ids": self.token_ids}
         many = bool(self.choices or self.finished or set(self.content_sent) - {0})
-        if many:  # n > 1: each choice continues from its own tokens
-            cont["choices"] = [[i, ids] for i, ids in sorted(self.choices.items())]
-            cont["finished"] = sorted(self.finished)
-        if self.content_sent:
-            # n > 1: [index, characters] of each choice, as "choices" lists its tokens
-            sent = self.content_sent
-            cont["content_sent"] = [[i, c] for i, c in sorted(sent.items())] if many else sent.get(0, 0)
-        payload[contract.CONTINUATION_FIELD] = cont
+        payload[contract.CONTINUATION_FIELD] = continuation_field(
+            Continuation(
+                self.completion_id,
+                self.created,
+                self.token_ids,
+                choices=self.choices if many else None,
+                finished=frozenset(self.finished),
+                content_sent=self.content_sent,
+            )
+        )
         return json.dumps(payload, separators=(",", ":")).encode()

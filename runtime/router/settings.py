@@ -24,18 +24,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 import contract
+from contract import apikeys
 from contract.bad_input import NOT_GIVEN, bad_input_line
+from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 
 _BAD = "router_setting"  # the error type of a rule across settings: its message is the line
 _BAD_VALUE = "router_setting_value"  # a field's own check: ctx holds the problem and the fix
-
-
-class SettingsError(ValueError):
-    """A router setting is out of range or inconsistent; the message names it and the fix."""
-
-    def __init__(self, message: str, *, problems: list[Any] | None = None) -> None:
-        super().__init__(message)
-        self.problems = problems or []  # pydantic's error dicts, to name where each value came from
 
 
 @dataclass(frozen=True)
@@ -290,7 +284,7 @@ class RouterSettings(BaseModel):
     max_queue_depth: Annotated[
         int, within(1, 100_000), Option("--max-queue-depth", "a unit reporting this queue depth is saturated")
     ] = 32
-    retry_after_s: Annotated[int, within(1, 3600)] = 1
+    retry_after_s: Annotated[int, within(1, contract.RETRY_AFTER_MAX_S)] = 1
     # routing: which policy of runtime/router/balance.py picks a unit (docs/routing.md)
     balance: Annotated[
         Literal["cache_aware", "least_work", "least_requests"],
@@ -365,7 +359,7 @@ class RouterSettings(BaseModel):
             "seconds between reads of the keys: a revoked key stops working within this",
             env=contract.ENV_API_KEYS_TTL,
         ),
-    ] = 30.0
+    ] = float(apikeys.API_KEYS_TTL_S)
     limit_routers: Annotated[
         int,
         within(1, 10_000),

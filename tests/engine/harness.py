@@ -366,7 +366,7 @@ def job_collectives(rank: int, port: int, spec: dict, out_path: str) -> None:
         )
     except collectives.CollectiveError as e:
         say(connect_error=str(e))
-        # As the engine does (reference._release_process_group): a gloo group left alive into
+        # As the engine does (reference_open.release_process_group): a gloo group left alive into
         # interpreter teardown can abort the process (SIGABRT) instead of exiting with our status.
         dist.destroy_process_group()
         sys.exit(3)

@@ -9,6 +9,7 @@ import pytest
 
 import contract
 from contract.bad_input import NOT_GIVEN, BadInput, bad_input_line
+from contract.settings import SettingsError
 from ops.commands import rehearse
 from ops.errors import UsageError
 from runtime.node.settings import SettingsError as NodeSettingsError
@@ -77,3 +78,8 @@ def test_each_input_kind_refuses_in_the_one_wording(refuse, expected):
 
 def test_a_config_error_is_a_bad_input():
     assert issubclass(ConfigError, BadInput)
+
+
+def test_config_node_and_router_settings_refuse_with_the_one_settings_error():
+    assert issubclass(ConfigError, SettingsError)
+    assert NodeSettingsError is SettingsError and RouterSettingsError is SettingsError

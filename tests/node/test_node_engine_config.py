@@ -132,6 +132,7 @@ def _neuron_config_json() -> dict:
         (lambda d: d["membership"]["members"][0].update(zone="a"), "membership.members.0: keys unknown zone"),
         (lambda d: d["neuron"].pop("seq_len"), "neuron: keys missing seq_len"),
         (lambda d: d["neuron"].update(seq_length=1), "neuron: keys unknown seq_length"),
+        (lambda d: d["speculation"].pop("num_speculative_tokens"), "speculation: keys missing num_speculative_tokens"),
     ],
     ids=[
         "members-missing",
@@ -140,6 +141,7 @@ def _neuron_config_json() -> dict:
         "member-unknown",
         "neuron-missing",
         "neuron-unknown",
+        "speculation-missing",
     ],
 )
 def test_a_nested_part_with_a_key_missing_or_unknown_fails_naming_it_like_the_top_level(change, message):

@@ -51,7 +51,7 @@ COMMANDS = [
 ]
 EVENTS = [
     Starting(),
-    Progress(phase="fetch", done_bytes=10, total_bytes=20, phase_s=1.5),
+    Progress(phase="fetch_model", done_bytes=10, total_bytes=20, phase_s=1.5),
     Ready(model_name="m", max_context=2048, strategies={"prefill": "pipeline"}, resumes=True),
     Load(state="ready", running=2, max_running=8, kv_cache_used=0.25, prefix_cache_hits=3),
     Failed(message="no model"),

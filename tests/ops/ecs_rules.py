@@ -6,7 +6,7 @@ moto scales a service to 0 by setting its runningCount to 0 at once and leaves i
 protects its instances and whatever its cluster or Cloud Map service still holds
 (moto/cloudformation/models.py delete_stack). The real services, and their sources:
 - ECS stops a service's surplus tasks: desiredStatus STOPPED at once ("The task desired status ...
-  STOPPED", ECS ListTasks), then the stopping lifecycle the API model walks (ecs_api.step_down:
+  STOPPED", ECS ListTasks), then the stopping lifecycle the API model walks (ecs_api_records.step_down:
   DEACTIVATING, STOPPING, DEPROVISIONING, STOPPED), SIGTERM in STOPPING, where the node drains until
   it exits (StopTask: "a default 30-second timeout, after which the SIGKILL value is sent").
   Modelled: one lifecycle state per ListTasks call, `drain_polls` calls in STOPPING, and
@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ecs_api_records import step_down
 from moto.autoscaling.models import autoscaling_backends
 from moto.cloudformation.models import cloudformation_backends
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
 from moto.ecs.models import ecs_backends
 from moto.servicediscovery.models import servicediscovery_backends
-
-from ops.rehearsal.ecs_api import step_down
 
 REGION = "us-east-1"
 

@@ -1,4 +1,4 @@
-"""A flotilla deployment on the ECS model (ops/rehearsal/ecs_api.py): units whose ECS services, tasks and
+"""A flotilla deployment on the ECS model (tests/ecs_api.py): units whose ECS services, tasks and
 deployments move as ECS moves them, on Auto Scaling groups and EC2 instances in moto, with a real
 HTTP server on 127.0.0.1 per RUNNING task answering /health/ready, and Cloud Map registrations made
 and removed as ECS makes and removes them. Also CloudFormation's part of a `cdk deploy` of a cell
@@ -16,11 +16,12 @@ from typing import Any
 import botocore.session
 from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import ParamValidator
+from ecs_api import EcsModel
+from ecs_api_records import Task
 from ops_fakes import HealthServer, ready_body
 
 import contract
 from ops.aws import Aws
-from ops.rehearsal.ecs_api import EcsModel, Task
 from stacks.config import NodeConfig
 
 REGION = "us-east-1"
@@ -67,6 +68,7 @@ class World:
     idle: dict[str, int] = field(default_factory=dict)  # instance -> tick it became idle
     subnet: str = ""
     launch_template: str = ""
+    exit_codes: dict[str, int] = field(default_factory=dict)  # task definition -> its node's exit status
 
     # --- building units ---------------------------------------------------------------------------
     def cluster(self, cell: int) -> str:
@@ -83,11 +85,19 @@ class World:
         )["cluster"]["clusterArn"]
 
     def add_unit(
-        self, *, cell: int, index: int, nodes: int = 2, revision: str = "1", rollout: str = "surge"
+        self,
+        *,
+        cell: int,
+        index: int,
+        nodes: int = 2,
+        revision: str = "1",
+        rollout: str = "surge",
+        exits: int | None = None,
     ) -> WorldUnit:
         """A unit as the Cell stack builds it (stacks/unit.py): an ASG of `nodes` (max 2x under
         surge), a capacity provider, a task family, an ECS service with the rollout's percentages;
-        then ECS starts its tasks and they form."""
+        then ECS starts its tasks and they form. `exits`: its nodes can never serve; each exits with
+        this status right after its task is RUNNING, as ECS then reports the container."""
         aws = self.aws
         unit_id = f"cell{cell}-unit{index}"
         cluster = self.cluster(cell)
@@ -119,6 +129,9 @@ class World:
             self.model.add_container_instance(cluster, iid, capacity_provider=asg)
         family = f"{self.deployment}-{unit_id}"
         td = self.register(family=family, unit_id=unit_id, cell=cell, nodes=nodes, revision=revision)
+        if exits is not None:
+            self.model.failing_task_definitions.add(td)
+            self.exit_codes[td] = exits
         percent = (100, 200) if rollout == "surge" else (0, 100)
         service = f"{self.deployment}-Cell-{cell}-Unit{index}Service-{index:04d}"
         self.model.create_service(
@@ -170,10 +183,23 @@ class World:
                     "memoryReservation": 65536,
                     "environment": [{"name": k, "value": v} for k, v in env.items()],
                     "portMappings": [{"containerPort": contract.NODE_API_PORT, "protocol": "tcp"}],
+                    # stacks/unit.py: the cell's log group, one stream per task under the unit's prefix
+                    "logConfiguration": {
+                        "logDriver": "awslogs",
+                        "options": {
+                            "awslogs-group": self.log_group(cell),
+                            "awslogs-stream-prefix": unit_id,
+                            "awslogs-region": REGION,
+                        },
+                    },
                 }
             ],
             tags=[{"key": "flotilla:unit", "value": unit_id}],
         )["taskDefinition"]["taskDefinitionArn"]
+
+    def log_group(self, cell: int) -> str:
+        """The Cell stack's log group (CloudFormation names it <stack>-<logical id>-<suffix>)."""
+        return f"{self.deployment}-Cell-{cell}-LogsD6E0F1A2-a1b2c3d4e5f6"
 
     def unit(self, unit_id: str) -> WorldUnit:
         return next(u for u in self.units if u.unit_id == unit_id)
@@ -223,6 +249,10 @@ class World:
 
     # --- the nodes: one HTTP server per RUNNING task, formation readiness, Cloud Map --------------------
     def task_changed(self, task: Task) -> None:
+        if task.last_status == "STOPPED" and task.task_definition in self.exit_codes and not task.containers:
+            task.containers = [
+                {"name": "node", "lastStatus": "STOPPED", "exitCode": self.exit_codes[task.task_definition]}
+            ]
         sd = self.aws.servicediscovery
         member = self.members.get(task.arn)
         if task.live and task.last_status == "RUNNING" and member is None:

@@ -12,9 +12,9 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
+from ecs_api import EcsModel
 
 from ops.fleet import _active_services
-from ops.rehearsal.ecs_api import EcsModel
 
 CLUSTER = "arn:aws:ecs:us-east-1:123456789012:cluster/flotilla-cell0"
 

@@ -1,4 +1,4 @@
-"""The ECS API model the ops tests run on (ops/rehearsal/ecs_api.py) keeps ECS's documented bounds
+"""The ECS API model the ops tests run on (tests/ecs_api.py) keeps ECS's documented bounds
 through a rolling update, whatever the percentages: never more RUNNING or PENDING tasks than
 maximumPercent of the desired count (rounded down), never fewer healthy ones than
 minimumHealthyPercent (rounded up), and it ends with the desired count of the new revision alone
@@ -11,8 +11,8 @@ import math
 
 import pytest
 from botocore.exceptions import ClientError
-
-from ops.rehearsal.ecs_api import LIFECYCLE_UP, EcsModel
+from ecs_api import EcsModel
+from ecs_api_records import LIFECYCLE_UP
 
 CLUSTER = "flotilla-cell0"
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import ecs_api as ecs_api_module
 import pytest
+from ecs_api import EcsModel
 
 from ops.rehearsal import ecs as ecs_module
-from ops.rehearsal import ecs_api as ecs_api_module
 from ops.rehearsal import ecs_rules, ecs_scheduler
 from ops.rehearsal.ecs import (
     Clock,
@@ -22,7 +23,6 @@ from ops.rehearsal.ecs import (
     Service,
     TaskState,
 )
-from ops.rehearsal.ecs_api import EcsModel
 from ops.rehearsal.ecs_rules import breaker_threshold
 from ops.rehearsal.template import HealthCheck, UnitService
 

@@ -56,7 +56,7 @@ PROMPTS = [
 ]
 MAX_TOKENS = (6, 24, 64)
 BOUND_S = 45.0  # a request still open after this long hung (the router gives up after 20 s without a byte)
-# The only way a started stream may end without [DONE]: the router could not move it (runtime/router/proxy.py).
+# The only way a started stream may end without [DONE]: the router could not move it (runtime/router/relay.py).
 MOVE_ENDINGS = ("moves_exhausted", "no_unit_to_resume")
 STOPPED_S = (1.0, 3.0)  # how long a SIGSTOPped member stays frozen
 # How long a frozen engine stays frozen: past the node's progress-stall bound (FLOTILLA_PROGRESS_STALL_S,

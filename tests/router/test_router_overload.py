@@ -115,3 +115,18 @@ def test_no_unit_ready_is_still_503_no_unit_ready_when_units_are_also_full():
         assert status == 503 and json.loads(body)["error"]["code"] == "no_unit_ready"
 
     run(scenario())
+
+
+def test_a_units_retry_after_past_what_sdks_honour_reaches_the_client_capped():
+    """openai-python gives up at once on a Retry-After above 120 s (contract/busy.py): a unit of an
+    older revision that sends more is passed on capped."""
+
+    async def scenario():
+        (a,) = us = await units("a")
+        a.refuse, a.refuse_code, a.retry_after = 429, contract.BUSY_CODE_SHED, "3600"
+        async with router_over(us, poll_interval_s=30.0) as router, aiohttp.ClientSession() as s:
+            status, headers, _ = await post(s, router)
+        await stop_all(us)
+        assert status == 429 and headers["Retry-After"] == str(contract.RETRY_AFTER_MAX_S)
+
+    run(scenario())

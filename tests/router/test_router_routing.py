@@ -393,7 +393,7 @@ def test_each_access_log_line_carries_the_router_deployment_metrics_as_emf(capsy
             async def broken(*args, **kwargs):
                 raise RuntimeError("a bug in this router revision")
 
-            router._attempt = broken
+            router.first_byte.attempt = broken
             assert (await post(s, router, headers={contract.REQUEST_ID_HEADER: "faulted"}))[0] == 500
         await stop_all(us)
 

@@ -114,6 +114,13 @@ def test_several_bad_values_are_all_named_on_one_line():
     assert "port=-1" in str(exc.value) and "max_attempts=99" in str(exc.value)
 
 
+def test_the_pause_a_router_asks_for_stays_within_what_openai_sdks_honour():
+    assert RouterSettings(units=(UNIT,), retry_after_s=contract.RETRY_AFTER_MAX_S).retry_after_s == 120
+    cap = contract.RETRY_AFTER_MAX_S
+    with pytest.raises(SettingsError, match=f"retry_after_s=121 is out of range: give a value in 1..{cap}"):
+        RouterSettings(units=(UNIT,), retry_after_s=121)
+
+
 def test_an_unknown_setting_is_rejected_by_name():
     with pytest.raises(SettingsError, match="bogus=1 is not a router setting: remove it"):
         RouterSettings(units=(UNIT,), bogus=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.router.proxy import SseFramer
+from runtime.router.relay import SseFramer
 
 events = st.lists(
     st.binary(max_size=40).map(lambda b: b"data: " + b.replace(b"\n", b" ") + b"\n\n"), min_size=1, max_size=12

@@ -1,5 +1,5 @@
 """A streaming client that stays connected but stops reading: the router's buffers stay bounded, the
-request ends once the client has accepted nothing for --idle-stream-timeout (README, "client
+request ends once the client has accepted nothing for --idle-stream-timeout (docs/router.md, "client
 hang-up": such a client "counts as gone"), the unit's stream is closed (which cancels it in the
 engine and frees its batch slot) and nothing stays counted in flight."""
 

@@ -11,7 +11,7 @@ import asyncio
 
 from router_testkit import run
 
-from runtime.router.fleet import _WatchProtocol
+from runtime.router.watch_stream import WatchStream
 
 
 class DuckTransport:
@@ -46,7 +46,7 @@ class Lines:
 def test_a_transport_that_is_not_an_asyncio_transport_subclass_carries_the_watch():
     async def scenario():
         fleet = Lines()
-        proto = _WatchProtocol(fleet, None, b"GET /health/watch HTTP/1.0\r\n\r\n")  # type: ignore[arg-type]
+        proto = WatchStream(fleet, None, b"GET /health/watch HTTP/1.0\r\n\r\n")  # type: ignore[arg-type]
         transport = DuckTransport()
         assert not isinstance(transport, asyncio.Transport)
         proto.connection_made(transport)  # type: ignore[arg-type]

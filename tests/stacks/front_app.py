@@ -17,10 +17,10 @@ from synth_helpers import CERTIFICATE_ARN, cdk_json_context
 from contract.admission import parameter_name
 from contract.apikeys import secret_name
 from stacks.discovery import DiscoveryStack
-from stacks.front import FrontStack
+from stacks.front import FrontProps, FrontStack
 from stacks.network import NetworkStack
-from stacks.observability import ObservabilityStack
-from stacks.router import RouterStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
+from stacks.router import RouterProps, RouterStack
 
 ROUTER_IMAGE = "public.ecr.aws/docker/library/python:3.11-slim"
 NAMESPACE = "flotilla.internal"
@@ -71,39 +71,45 @@ def build(
     front = FrontStack(
         app,
         "Front",
-        vpc=vpc,
-        alb_security_group=discovery.alb_security_group,
-        certificate_arn=certificate_arn,
-        live_target_group=live_target_group,
-        internet_facing=internet_facing,
+        FrontProps(
+            vpc=vpc,
+            alb_security_group=discovery.alb_security_group,
+            certificate_arn=certificate_arn,
+            live_target_group=live_target_group,
+            internet_facing=internet_facing,
+        ),
         synthesizer=synthesizer(),
     )
     observability = ObservabilityStack(
         app,
         "Observability",
-        load_balancer=front.load_balancer,
-        target_groups=[front.blue_target_group, front.green_target_group],
-        units_per_cell=UNITS_PER_CELL,
-        unit_rollout="surge",
-        wave_in_cell=1,
-        alarm_email="oncall@example.com",
+        ObservabilityProps(
+            load_balancer=front.load_balancer,
+            target_groups=[front.blue_target_group, front.green_target_group],
+            units_per_cell=UNITS_PER_CELL,
+            unit_rollout="surge",
+            wave_in_cell=1,
+            alarm_email="oncall@example.com",
+        ),
         synthesizer=synthesizer(),
     )
     router = RouterStack(
         app,
         "Router",
-        vpc=vpc,
-        router_security_group=network.router_security_group,
-        image_uri=ROUTER_IMAGE,
-        blue_target_group=front.blue_target_group,
-        green_target_group=front.green_target_group,
-        production_rule=front.production_rule,
-        deployment_alarms=observability.deployment_alarms,
-        cloudmap_namespace_name=discovery.namespace_name,
-        cloudmap_service_names=discovery.service_names,
-        admission_parameter_name=ADMISSION_PARAMETER,
-        api_keys_secret_name=API_KEYS_SECRET,
-        limit_routers=2,
+        RouterProps(
+            vpc=vpc,
+            router_security_group=network.router_security_group,
+            image_uri=ROUTER_IMAGE,
+            blue_target_group=front.blue_target_group,
+            green_target_group=front.green_target_group,
+            production_rule=front.production_rule,
+            deployment_alarms=observability.deployment_alarms,
+            cloudmap_namespace_name=discovery.namespace_name,
+            cloudmap_service_names=discovery.service_names,
+            admission_parameter_name=ADMISSION_PARAMETER,
+            api_keys_secret_name=API_KEYS_SECRET,
+            limit_routers=2,
+        ),
         synthesizer=synthesizer(),
     )
     return FrontApp(app, network, discovery, front, observability, router)

@@ -85,3 +85,31 @@ def test_the_node_refuses_the_same_layouts_naming_its_variables():
         speculation_from_env({"FLOTILLA_SPECULATIVE_METHOD": "eagle"}, s)
     with pytest.raises(BadInput, match="FLOTILLA_SPECULATIVE_TOKENS=many is not an integer"):
         speculation_from_env({"FLOTILLA_SPECULATIVE_METHOD": "ngram", "FLOTILLA_SPECULATIVE_TOKENS": "many"}, s)
+
+
+def test_synth_counts_the_eagle_drafts_memory_and_names_speculation_when_it_does_not_fit():
+    from contract.layout import LayoutError, check_layout
+    from contract.llama import PRESETS
+
+    def fits(batch: int) -> bool:
+        try:
+            check_layout(PRESETS["llama-3.1-8b"], instance_type="trn1.32xlarge", nodes=1, batch_size=batch)
+        except LayoutError:
+            return False
+        return True
+
+    edge = 8
+    while fits(edge + 8):  # the largest batch that holds the model without a draft
+        edge += 8
+    node = {**TRN1["node"], "neuron_batch_size": edge}
+    config = {**TRN1, "node": node, "model": {"name": "llama-3.1-8b-instruct"}}
+    parse_config(config)
+    with pytest.raises(ConfigError) as e:
+        parse_config({**config, "speculation": {"method": "eagle", "draft": "eagle-draft"}})
+    said = str(e.value)
+    assert said.startswith("speculation.method='eagle' cannot hold llama-3.1-8b-instruct") and "EAGLE draft" in said
+    assert "lower node.neuron_batch_size or node.neuron_seq_len, or set speculation.method none" in said
+    half = {**config, "node": {**node, "neuron_batch_size": edge // 2}}
+    assert (
+        parse_config({**half, "speculation": {"method": "eagle", "draft": "eagle-draft"}}).speculation.method == "eagle"
+    )

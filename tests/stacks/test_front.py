@@ -27,8 +27,9 @@ from front_app import (
 
 import contract
 from stacks.discovery import DiscoveryStack, register_unit_members
-from stacks.front import PARKED_PORT, FrontStack
+from stacks.front import PARKED_PORT, FrontProps
 from stacks.network import VPC_CIDR
+from stacks.router import RouterProps
 
 
 def resources(stack: str, type_: str, **variant) -> dict[str, dict]:
@@ -231,6 +232,25 @@ def test_router_autoscaling_tracks_requests_per_healthy_target_over_both_target_
     assert "BlueTargetGroup" in tg_dims["rb"] and "GreenTargetGroup" in tg_dims["rg"]
 
 
+def test_router_refuses_an_autoscaling_floor_above_its_ceiling_naming_both_counts():
+    fa = front_app()
+    with pytest.raises(ValueError, match=r"desired_count=3, max_count=2: need 1 <= desired_count <= max_count"):
+        RouterProps(
+            vpc=fa.network.vpc,
+            router_security_group=fa.network.router_security_group,
+            image_uri=None,
+            blue_target_group=fa.front.blue_target_group,
+            green_target_group=fa.front.green_target_group,
+            production_rule=fa.front.production_rule,
+            deployment_alarms=fa.observability.deployment_alarms,
+            cloudmap_namespace_name=NAMESPACE,
+            cloudmap_service_names=fa.discovery.service_names,
+            admission_parameter_name=ADMISSION_PARAMETER,
+            desired_count=3,
+            max_count=2,
+        )
+
+
 # --- Front: ALB, listeners, target groups -------------------------------------------------------
 
 
@@ -361,7 +381,7 @@ def test_unknown_live_target_group_is_rejected_with_the_allowed_values():
     vpc = ec2.Vpc(cdk.Stack(app, "V"), "Vpc", max_azs=2)
     sg = ec2.SecurityGroup(cdk.Stack(app, "S"), "Sg", vpc=vpc)
     with pytest.raises(ValueError, match=r"live_target_group='purple'.*blue.*green"):
-        FrontStack(app, "F", vpc=vpc, alb_security_group=sg, certificate_arn=None, live_target_group="purple")
+        FrontProps(vpc=vpc, alb_security_group=sg, certificate_arn=None, live_target_group="purple")
 
 
 # --- security groups: exactly the request path ---------------------------------------------------

@@ -13,7 +13,7 @@ from front_app import UNITS_PER_CELL, template
 from synth_helpers import config_with, synthesize
 
 import contract
-from stacks.observability import ObservabilityStack
+from stacks.observability import ObservabilityProps, ObservabilityStack
 
 
 def alarms() -> dict[str, dict]:
@@ -249,12 +249,14 @@ def test_without_alarm_email_there_is_no_subscription():
     obs = ObservabilityStack(
         app,
         "O",
-        load_balancer=alb,
-        target_groups=[tg],
-        units_per_cell={"cell0": 1},
-        unit_rollout="surge",
-        wave_in_cell=1,
-        alarm_email=None,
+        ObservabilityProps(
+            load_balancer=alb,
+            target_groups=[tg],
+            units_per_cell={"cell0": 1},
+            unit_rollout="surge",
+            wave_in_cell=1,
+            alarm_email=None,
+        ),
     )
     Template.from_stack(obs).resource_count_is("AWS::SNS::Subscription", 0)
 
@@ -277,4 +279,4 @@ def test_bad_thresholds_are_rejected_naming_the_setting(kwargs, message):
     alb = elbv2.ApplicationLoadBalancer(stack, "Alb", vpc=vpc)
     settings = {"units_per_cell": {"cell0": 1}, "unit_rollout": "surge", "wave_in_cell": 1, **kwargs}
     with pytest.raises(ValueError, match=message):
-        ObservabilityStack(app, "O", load_balancer=alb, target_groups=[], **settings)
+        ObservabilityProps(load_balancer=alb, target_groups=[], **settings)

@@ -476,7 +476,7 @@ def test_router_fleet_is_brought_to_the_configured_minimum_by_its_scalable_targe
 def test_narrowing_the_unit_azs_moves_running_units_and_the_review_refuses_it(synths, tmp_path):
     """Units are placed round-robin over capacity.availability_zones, so narrowing the list moves
     units already running to another AZ, away from their placement group: shrink those units first
-    (README "Capacity"), then deploy the narrower list, which creates them again."""
+    (docs/capacity.md), then deploy the narrower list, which creates them again."""
     before, after = (synths(v) for v in REFUSED_CHANGES["narrow capacity.availability_zones"])
     problems, _ = review("narrow capacity.availability_zones", before, after, tmp_path)
     assert problems == [
@@ -488,7 +488,7 @@ def test_narrowing_the_unit_azs_moves_running_units_and_the_review_refuses_it(sy
 
 def test_swapping_a_vpc_az_replaces_imported_subnets_and_the_review_refuses_it(synths, tmp_path):
     """availability_zones shapes the VPC's subnets; CloudFormation refuses to change an export another
-    stack imports, so a new AZ needs a new deployment (README "Configuration")."""
+    stack imports, so a new AZ needs a new deployment (docs/configuration.md)."""
     before, after = (synths(v) for v in REFUSED_CHANGES["swap an AZ of availability_zones"])
     problems, _ = review("swap an AZ of availability_zones", before, after, tmp_path)
     assert any("export" in p and "Subnet" in p for p in problems), problems

@@ -4,7 +4,7 @@ start() prepares the rank (plan checked before any weights move), spawns the pro
 is ready and stores the compile cache. generate() speaks what the unit's image serves: single-node,
 vLLM's OpenAI /v1/completions with prompt token ids and `return_token_ids`; multi-node, the
 leader/follower loop on NxD Inference (runtime/engines/neuron/spmd.py), one JSON object a line over
-its stdin/stdout (see `_generate_spmd`). Followers run the plan's command instead (run_follower).
+its stdin/stdout (runtime/engines/neuron/loop_wire.py). Followers run the plan's command instead (run_follower).
 Nothing here imports vLLM or NxD Inference.
 """
 
@@ -37,8 +37,9 @@ from runtime.engines.base import (
     RequestRejected,
     TokenEvent,
 )
+from runtime.engines.neuron import loop_wire
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan
-from runtime.engines.neuron.loading import LoadTracker, progress_event
+from runtime.engines.neuron.loading import LoadTracker
 from runtime.logs import jlog
 from runtime.membership import Membership
 
@@ -334,12 +335,12 @@ class NeuronEngine:
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while line := await self._proc.stdout.readline():
-                    event = json.loads(line)
-                    if event.get("event") == "ready":
+                    event = loop_wire.read_from_loop(line)
+                    if isinstance(event, loop_wire.Ready):
                         jlog("neuron_engine_healthy", logging.INFO, logger=log, api="spmd")
                         return
-                    if (phase := progress_event(event)) is not None:
-                        self.loading.phase(phase)
+                    if isinstance(event, loop_wire.Progress):
+                        self.loading.phase(LoadPhase(event.phase))
         except TimeoutError:
             raise EngineError(
                 f"neuron: the unit's NxD Inference nodes were not loaded after {self._start_timeout_s:.0f}s; "
@@ -355,15 +356,14 @@ class NeuronEngine:
         """Route each event of the loop to its request's stream."""
         assert self._proc is not None and self._proc.stdout is not None
         while line := await self._proc.stdout.readline():
-            event = json.loads(line)
-            q = self._streams.get(str(event.get("id")))
-            if q is not None:
-                q.put_nowait(event)
+            event = loop_wire.read_from_loop(line)
+            if isinstance(event, (loop_wire.Generated, loop_wire.Refused)) and event.id in self._streams:
+                self._streams[event.id].put_nowait(event)
         self._break("the leader's NxD Inference loop closed its output")
 
-    def _send(self, message: dict) -> None:
+    def _send(self, message: loop_wire.ToLoop) -> None:
         assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write((json.dumps(message) + "\n").encode())
+        self._proc.stdin.write(loop_wire.to_loop_line(message))
 
     # -- serve ------------------------------------------------------------------------------------
     async def check(self, request: GenerationRequest) -> None:
@@ -492,16 +492,15 @@ class NeuronEngine:
         finished = False
         try:
             self._send(
-                {
-                    "op": "add",
-                    "id": rid,
-                    "prompt": [*request.prompt_token_ids, *before],
-                    "max_tokens": sp.max_tokens - len(before),
-                    "top_k": 1 if sp.temperature <= 0 else 0,
-                    "top_p": sp.top_p,
-                    "temperature": sp.temperature if sp.temperature > 0 else 1.0,
-                    "stop_token_ids": [] if sp.ignore_eos or eos is None else [eos],
-                }
+                loop_wire.Add(
+                    id=rid,
+                    prompt=[*request.prompt_token_ids, *before],
+                    max_tokens=sp.max_tokens - len(before),
+                    top_k=1 if sp.temperature <= 0 else 0,
+                    top_p=sp.top_p,
+                    temperature=sp.temperature if sp.temperature > 0 else 1.0,
+                    stop_token_ids=() if sp.ignore_eos or eos is None else (eos,),
+                )
             )
             while not finished:
                 event = await q.get()
@@ -509,9 +508,9 @@ class NeuronEngine:
                     if rid in self._cancelled:
                         return
                     raise EngineBroken(f"the NxD Inference loop stopped ({self._detail}); retry on a healthy unit")
-                if "error" in event:
-                    raise RequestRejected(f"the NxD Inference loop refused the request: {event['error']}")
-                token, finish = int(event["token"]), event.get("finish")
+                if isinstance(event, loop_wire.Refused):
+                    raise RequestRejected(f"the NxD Inference loop refused the request: {event.error}")
+                token, finish = event.token, event.finish
                 if finish == "stop":  # EOS
                     finished = True
                     yield TokenEvent(token_id=token, text=tracker.flush(), finish_reason="stop")
@@ -519,7 +518,7 @@ class NeuronEngine:
                 text, stopped = tracker.add(token)
                 if stopped:
                     finished = True
-                    self._send({"op": "cancel", "id": rid})
+                    self._send(loop_wire.Cancel(rid))
                     yield TokenEvent(token_id=token, text=text, finish_reason="stop")
                 elif finish == "length":
                     finished = True
@@ -528,7 +527,7 @@ class NeuronEngine:
                     yield TokenEvent(token_id=token, text=text)
         finally:
             if not finished and self._proc is not None and self._proc.returncode is None:
-                self._send({"op": "cancel", "id": rid})  # the consumer stopped early
+                self._send(loop_wire.Cancel(rid))  # the consumer stopped early
             self._streams.pop(rid, None)
             self._running.pop(rid, None)
             self._cancelled.discard(rid)
@@ -536,7 +535,7 @@ class NeuronEngine:
     def cancel(self, request_id: str) -> None:
         if request_id in self._streams:
             self._cancelled.add(request_id)
-            self._send({"op": "cancel", "id": request_id})
+            self._send(loop_wire.Cancel(request_id))
             self._streams[request_id].put_nowait(None)
             return
         resp = self._running.get(request_id)
@@ -575,7 +574,7 @@ class NeuronEngine:
         if self.api == "spmd" and proc is not None and proc.returncode is None and proc.stdin is not None:
             # Stop the loop cleanly (it tells the followers to stop too); SIGTERM after a short wait.
             try:
-                self._send({"op": "stop"})
+                self._send(loop_wire.Stop())
                 proc.stdin.close()
                 await asyncio.wait_for(proc.wait(), STOP_GRACE_S / 2)
             except (ConnectionError, RuntimeError, asyncio.TimeoutError):
@@ -682,7 +681,8 @@ def run_follower(
         assert worker.stdout is not None
         for line in worker.stdout:  # the loop's progress lines until it exits
             try:
-                phase = progress_event(json.loads(line))
+                event = loop_wire.read_from_loop(line)
+                phase = LoadPhase(event.phase) if isinstance(event, loop_wire.Progress) else None
             except (ValueError, KeyError):
                 continue
             if phase is not None:

@@ -44,6 +44,7 @@ from contract.neuron import (
 )
 from contract.sizing import CoreMemory, core_memory
 from contract.speculation import SOURCES as SPECULATION_SOURCES
+from contract.speculation import Speculation
 from contract.trainium import INSTANCES, TrainiumInstance
 from runtime.engines.neuron.speculation import draft_dir, nxdi_speculation, speculative_flags
 from runtime.membership import Membership
@@ -174,8 +175,7 @@ class NeuronOptions:
     # Single node: 0 runs without prefix caching; B > 0 runs vLLM's prefix caching over NxD Inference's
     # block KV layout in blocks of B tokens (opt-in: no trn1 run has checked outputs and memory with it).
     prefix_caching_block: int = 0
-    # (method, num_speculative_tokens, draft directory inside the model's): contract/speculation.py
-    speculation: tuple[str, int, str] = ("none", 0, "")
+    speculation: Speculation = Speculation()  # EAGLE, one node only (contract/speculation.py)
 
 
 def prefix_cache_blocks(seq_len: int, batch_size: int, block: int) -> int:
@@ -307,9 +307,11 @@ def plan_unit(
     dist_port: int = contract.DIST_PORT,
     model_name: str | None = None,
     names: Names = RUNTIME_NAMES,
+    draft: LlamaShape | None = None,
 ) -> NeuronUnitPlan:
     """Check the layout (contract/layout.py, the check synth runs too) and build every rank's plan.
-    Raises LayoutError naming the input and the fix.
+    Raises LayoutError naming the input and the fix. `draft`: the EAGLE draft's shape, whose memory the
+    check counts beside the model's (without it, contract.sizing's estimate).
 
     Across nodes this is NxD Inference's multi-node mode: tp_degree is the whole unit's NeuronCores,
     each node loads ranks start_rank_id .. start_rank_id + local_ranks_size - 1 (NXDI_2_28:
@@ -320,11 +322,11 @@ def plan_unit(
     if not leader_host:
         raise LayoutError("leader_host", "", "is empty", "rendezvous must name the leader's address", names={})
     o = options
-    if nodes > 1 and o.speculation[0] != "none":
+    if nodes > 1 and o.speculation.on:
         raise LayoutError(
             "nodes",
             nodes,
-            f"with speculation {o.speculation[0]}: speculation runs on one-node units only "
+            f"with speculation {o.speculation.method}: speculation runs on one-node units only "
             f"({SPECULATION_SOURCES['one node']})",
             "use 1 node or no speculation",
             names=names,
@@ -340,6 +342,8 @@ def plan_unit(
         prefix_caching_block=o.prefix_caching_block,
         model=model_name or model_dir,
         names=names,
+        speculation=o.speculation.method,
+        draft=draft,
     )
     instance = INSTANCES[instance_type]
     tp, cp, dp = layout.tp_degree, layout.cp_degree, layout.attention_dp_degree
@@ -403,8 +407,8 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         command += ["--no-enable-prefix-caching", "--num-gpu-blocks-override", str(blocks)]
     if override:
         command += ["--additional-config", json.dumps({"override_neuron_config": override})]
-    method, tokens, draft = o.speculation
-    command += speculative_flags(method, tokens, draft_dir(plan.model_dir, draft))
+    sp = o.speculation
+    command += speculative_flags(sp.method, sp.num_speculative_tokens, draft_dir(plan.model_dir, sp.draft_dir))
     command += [
         "--served-model-name",
         o.served_model_name or plan.model_dir,
@@ -428,7 +432,7 @@ def _single_node_rank(plan: NeuronUnitPlan, rank: int, o: NeuronOptions) -> Rank
         "pa_block_size": block or plan.seq_len,
         "is_prefix_caching": bool(block),
         **override,
-        **nxdi_speculation(method, tokens),
+        **nxdi_speculation(sp.method, sp.num_speculative_tokens),
     }
     if block:  # the compiled model differs: NxD Inference's block KV layout (PREFIX_CACHING_SOURCES)
         nxdi["is_block_kv_layout"] = True
@@ -512,6 +516,7 @@ def plan_member(
     options: NeuronOptions = NeuronOptions(),
     model_name: str | None = None,
     names: Names = RUNTIME_NAMES,
+    draft: LlamaShape | None = None,
 ) -> RankPlan:
     """This process's plan: the whole unit is validated so every member fails the same way."""
     unit = plan_unit(
@@ -524,6 +529,7 @@ def plan_member(
         dist_port=membership.dist_port,
         model_name=model_name,
         names=names,
+        draft=draft,
     )
     return unit.ranks[membership.rank]
 

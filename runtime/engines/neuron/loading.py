@@ -54,10 +54,3 @@ class LoadTracker:
             snap = self.snapshot()
             if snap is not None:
                 self._report(snap)
-
-
-def progress_event(line: dict) -> LoadPhase | None:
-    """The phase an NxD Inference loop's `{"event": "progress", "phase": ...}` line names, else None."""
-    if line.get("event") != "progress":
-        return None
-    return LoadPhase(line["phase"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import contract
 from contract.llama import LlamaShape, ShapeError
+from contract.speculation import ENV_SPECULATIVE_METHOD
 from runtime.artifacts import CompileCache, Manifest, compile_cache_key, fetch, parse_s3_uri
 from runtime.artifacts.fetch import ArtifactError, read_manifest
 from runtime.engines.base import LoadPhase
@@ -31,6 +32,7 @@ NODE_NAMES = {
     "cp_degree": contract.ENV_NEURON_CP_DEGREE,
     "attention_dp_degree": contract.ENV_NEURON_ATTENTION_DP_DEGREE,
     "prefix_caching_block": contract.ENV_NEURON_PREFIX_CACHING_BLOCK,
+    "speculation": ENV_SPECULATIVE_METHOD,
 }
 
 
@@ -61,20 +63,14 @@ def prepare_rank(
         raise ArtifactError(
             f"{model_uri}: the published model has no config.json; publish the whole Hugging Face checkpoint directory"
         )
-    draft = options.speculation[2]
+    draft = options.speculation.draft_dir
     if draft and f"{draft}/config.json" not in {f.path for f in manifest.files}:
         raise ValueError(
             f"{model_uri}: speculation's draft {draft!r} is not in the published model's manifest (no "
             f"{draft}/config.json); put the EAGLE draft checkpoint in the model directory's {draft}/ and publish "
             "the directory again, so the model's manifest lists and verifies the draft with it"
         )
-    bucket, prefix = parse_s3_uri(model_uri)
-    source = f"{model_uri.rstrip('/')}/config.json"
-    try:
-        raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "config.json")["Body"].read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ShapeError(f"{source}: not valid JSON ({exc}); republish the checkpoint") from None
-    shape = LlamaShape.from_config(raw, source=source)
+    shape = _published_shape(model_uri, "config.json", s3)
     plan = plan_member(
         membership,
         instance_type=instance_type,
@@ -83,6 +79,8 @@ def prepare_rank(
         options=options,
         model_name=model_uri,
         names=NODE_NAMES,
+        # the EAGLE draft's own shape, so the memory check counts what the node will load
+        draft=_published_shape(model_uri, f"{draft}/config.json", s3) if draft else None,
     )
     tracker.phase(LoadPhase.FETCH_MODEL, total_bytes=manifest.total_bytes)
     manifest = fetch(model_uri, model_dir, s3=s3, manifest=manifest, on_bytes=tracker.bytes)
@@ -94,6 +92,17 @@ def prepare_rank(
             key, options.compiled_artifacts_dir, on_bytes=tracker.bytes
         )
     return PreparedRank(plan=plan, model_manifest=manifest, compile_key=key, compile_cache_hit=hit)
+
+
+def _published_shape(model_uri: str, path: str, s3) -> LlamaShape:
+    """The shape in the published model's `path` (its config.json, or its EAGLE draft's)."""
+    bucket, prefix = parse_s3_uri(model_uri)
+    source = f"{model_uri.rstrip('/')}/{path}"
+    try:
+        raw = json.loads(s3.get_object(Bucket=bucket, Key=prefix + path)["Body"].read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShapeError(f"{source}: not valid JSON ({exc}); republish the checkpoint") from None
+    return LlamaShape.from_config(raw, source=source)
 
 
 def store_compiled(prepared: PreparedRank, *, compile_cache_uri: str, compiled_dir: str | Path, s3) -> bool:

@@ -29,6 +29,11 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 import torch.distributed as dist
 
+if __package__:  # imported as the package's module (tests, the image's import check)
+    from runtime.engines.neuron import loop_wire
+else:  # run as a script: its own folder is sys.path[0], and the flotilla package stays out
+    import loop_wire  # type: ignore[import-not-found,no-redef]
+
 # What a step is, on the wire: [kind, step number, batch, width] then the tensors. IDLE carries no
 # tensors: it only tells the followers the leader is alive.
 KIND_STOP, KIND_CONTEXT, KIND_TOKEN, KIND_IDLE = 0, 1, 2, 3
@@ -460,9 +465,13 @@ def join_unit(*, node_rank: int, nodes: int, join_timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=STEP_TIMEOUT_S))
 
 
-# The load phases this loop reports, one {"event": "progress", "phase": ...} line each (the node's
-# LoadPhase values; tests/neuron keep the two equal).
-PHASE_COMPILE, PHASE_LOAD, PHASE_WARMUP, PHASE_JOIN = "compile", "load", "warmup", "join"
+# The load phases this loop reports, one loop_wire.Progress line each.
+PHASE_COMPILE, PHASE_LOAD, PHASE_WARMUP, PHASE_JOIN = (
+    loop_wire.PHASE_COMPILE,
+    loop_wire.PHASE_LOAD,
+    loop_wire.PHASE_WARMUP,
+    loop_wire.PHASE_JOIN,
+)
 
 
 def build_model(
@@ -498,49 +507,30 @@ def build_model(
 
 
 def serve_lines(
-    node: Node, scheduler: Scheduler, inbox: "queue.Queue[dict | None]", emit: Callable[[dict], None]
+    node: Node,
+    scheduler: Scheduler,
+    inbox: "queue.Queue[str | None]",
+    emit: Callable[[loop_wire.FromLoop], None],
 ) -> None:
-    """Leader: take requests from `inbox` (fed from the node runtime), step while there is work, emit
-    one event per generated token; IDLE to the followers every KEEPALIVE_S without work. None or
-    {"op": "stop"} in the inbox stops the unit.
-
-    In: {"op": "add", "id", "prompt", "max_tokens", "top_k", "top_p", "temperature", "stop_token_ids"},
-    {"op": "cancel", "id"}. Out: {"id", "token", "finish": null | "length" | "stop"}, {"id", "error"}.
-    """
+    """Leader: take requests from `inbox` (the node runtime's lines, loop_wire.ToLoop), step while
+    there is work, emit one loop_wire.Generated per generated token; IDLE to the followers every
+    KEEPALIVE_S without work. None or a Stop in the inbox stops the unit."""
     while True:
         try:
-            msg = inbox.get(block=scheduler.idle, timeout=KEEPALIVE_S if scheduler.idle else None)
+            line = inbox.get(block=scheduler.idle, timeout=KEEPALIVE_S if scheduler.idle else None)
         except queue.Empty:
             if scheduler.idle:
                 node.keepalive()
-            msg = {}
-        while msg is not None:
-            op = msg.get("op")
-            if op == "stop":
-                msg = None
+            line = ""
+        while line is not None:
+            if line and not _take(line, scheduler, emit):
+                line = None
                 break
-            if op == "add":
-                try:
-                    scheduler.add(
-                        Request(
-                            request_id=str(msg["id"]),
-                            prompt=[int(t) for t in msg["prompt"]],
-                            max_tokens=int(msg["max_tokens"]),
-                            top_k=int(msg.get("top_k", 1)),
-                            top_p=float(msg.get("top_p", 1.0)),
-                            temperature=float(msg.get("temperature", 1.0)),
-                            stop_token_ids=tuple(int(t) for t in msg.get("stop_token_ids", ())),
-                        )
-                    )
-                except (KeyError, TypeError, ValueError) as e:
-                    emit({"id": msg.get("id"), "error": str(e)})
-            elif op == "cancel":
-                scheduler.cancel(str(msg["id"]))
             try:
-                msg = inbox.get_nowait()
+                line = inbox.get_nowait()
             except queue.Empty:
                 break
-        if msg is None:
+        if line is None:
             node.stop()
             return
         step = scheduler.next_step()
@@ -555,14 +545,43 @@ def serve_lines(
             finish = None
             if r.request_id in done:
                 finish = "stop" if token in r.stop_token_ids else "length"
-            emit({"id": r.request_id, "token": token, "finish": finish})
+            emit(loop_wire.Generated(r.request_id, token, finish))
 
 
-def _read_lines(stream, inbox: "queue.Queue[dict | None]") -> None:
+def _take(line: str, scheduler: Scheduler, emit: Callable[[loop_wire.FromLoop], None]) -> bool:
+    """One line from the node runtime; False when it says stop."""
+    try:
+        msg = loop_wire.read_to_loop(line)
+    except loop_wire.BadMessage as e:
+        emit(loop_wire.Refused(e.id, str(e)))
+        return True
+    if isinstance(msg, loop_wire.Stop):
+        return False
+    if isinstance(msg, loop_wire.Add):
+        try:
+            scheduler.add(
+                Request(
+                    request_id=msg.id,
+                    prompt=msg.prompt,
+                    max_tokens=msg.max_tokens,
+                    top_k=msg.top_k,
+                    top_p=msg.top_p,
+                    temperature=msg.temperature,
+                    stop_token_ids=msg.stop_token_ids,
+                )
+            )
+        except (TypeError, ValueError) as e:
+            emit(loop_wire.Refused(msg.id, str(e)))
+    elif isinstance(msg, loop_wire.Cancel):
+        scheduler.cancel(msg.id)
+    return True
+
+
+def _read_lines(stream, inbox: "queue.Queue[str | None]") -> None:
     for line in stream:
         line = line.strip()
         if line:
-            inbox.put(json.loads(line))
+            inbox.put(line)
     inbox.put(None)  # the node runtime went away: stop the unit
 
 
@@ -587,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(phase: str) -> None:
         # Every node's protocol carries its load phases: the node puts them in its ready body.
-        protocol.write(json.dumps({"event": "progress", "phase": phase}) + "\n")
+        protocol.write(loop_wire.from_loop_line(loop_wire.Progress(phase)))
         protocol.flush()
 
     model = build_model(args.model, args.compiled_model_path, neuron_config, progress)
@@ -603,14 +622,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # The leader talks to the node runtime over its stdin/stdout, one JSON object a line.
     out = protocol
-    inbox: queue.Queue[dict | None] = queue.Queue()
+    inbox: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_read_lines, args=(sys.stdin, inbox), daemon=True).start()
 
-    def emit(event: dict) -> None:
-        out.write(json.dumps(event) + "\n")
+    def emit(event: loop_wire.FromLoop) -> None:
+        out.write(loop_wire.from_loop_line(event))
         out.flush()
 
-    emit({"event": "ready"})
+    emit(loop_wire.Ready())
     serve_lines(node, scheduler_for(neuron_config), inbox, emit)
     return 0
 

@@ -1,7 +1,8 @@
 """A boto-level model of the ECS API for the CLI's tests: UpdateService creates a deployment, the
 service scheduler starts and stops tasks within minimumHealthyPercent / maximumPercent, and each
 task walks the documented lifecycle one state per scheduler tick, so a command that waits has to
-wait for what ECS would make it wait for. moto answers the same calls with instant counts.
+wait for what ECS would make it wait for. moto answers the same calls with instant counts. The
+records it keeps (tasks, services, deployments...) are in ecs_api_records.py.
 
 Every request is validated against botocore's own ECS service model (a parameter the real API
 rejects is rejected here too). Behaviour and its source, rule by rule:
@@ -55,35 +56,30 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any
 
 import botocore.session
 from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import ParamValidator
+from ecs_api_records import (
+    EPOCH,
+    LIFECYCLE_UP,
+    STARTING,
+    STOPPING,
+    ContainerInstance,
+    Deployment,
+    Service,
+    Task,
+    TaskDef,
+    arn_of,
+    step_down,
+)
 
 from ops.rehearsal import ecs_rules
-from ops.rehearsal.ecs_scheduler import DeploymentView, Phase, Rollout, ServiceView, TaskView, decide
-
-ACCOUNT, REGION = "123456789012", "us-east-1"
-STARTING = ("PROVISIONING", "PENDING", "ACTIVATING")
-STOPPING = ("DEACTIVATING", "STOPPING", "DEPROVISIONING")
-LIFECYCLE_UP = (*STARTING, "RUNNING")
-LIFECYCLE_DOWN = ("RUNNING", *STOPPING, "STOPPED")
-EPOCH = datetime(2026, 12, 1, tzinfo=timezone.utc)
+from ops.rehearsal.ecs_scheduler import DeploymentView, Rollout, ServiceView, TaskView, decide
 
 _ECS_MODEL = botocore.session.get_session().get_service_model("ecs")
-
-
-def step_down(last_status: str) -> str:
-    """The lastStatus a task ECS is stopping moves to next: RUNNING, DEACTIVATING, STOPPING,
-    DEPROVISIONING, STOPPED (task-lifecycle-explanation.html), one state per step."""
-    return LIFECYCLE_DOWN[LIFECYCLE_DOWN.index(last_status) + 1]
-
-
-def _arn(kind: str, name: str) -> str:
-    return f"arn:aws:ecs:{REGION}:{ACCOUNT}:{kind}/{name}"
 
 
 def client_error(op: str, code: str, message: str) -> ClientError:
@@ -117,160 +113,6 @@ def _grace_period(op: str, kw: dict[str, Any]) -> int:
 def _at_most(op: str, what: str, refs: list[str], limit: int) -> None:
     if len(refs) > limit:
         raise client_error(op, "InvalidParameterException", f"{what} cannot have more than {limit} entries.")
-
-
-@dataclass
-class TaskDef:
-    family: str
-    revision: int
-    request: dict[str, Any]  # the RegisterTaskDefinition parameters, tags excluded
-    tags: list[dict[str, str]]
-    status: str = "ACTIVE"
-
-    @property
-    def arn(self) -> str:
-        return _arn("task-definition", f"{self.family}:{self.revision}")
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **self.request,
-            "taskDefinitionArn": self.arn,
-            "revision": self.revision,
-            "status": self.status,
-            "compatibilities": ["EXTERNAL", "EC2"],
-            "requiresAttributes": [{"name": "com.amazonaws.ecs.capability.docker-remote-api.1.18"}],
-            "registeredAt": EPOCH,
-            "registeredBy": f"arn:aws:iam::{ACCOUNT}:role/deployer",
-        }
-
-    def env(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for c in self.request.get("containerDefinitions", []):
-            out.update({e["name"]: e["value"] for e in c.get("environment", [])})
-        return out
-
-
-@dataclass
-class ContainerInstance:
-    arn: str
-    cluster: str
-    ec2_instance_id: str
-    capacity_provider: str  # the unit's Auto Scaling group, through its capacity provider
-    status: str = "ACTIVE"
-    terminated: bool = False
-
-
-@dataclass
-class Task:
-    arn: str
-    cluster: str
-    task_definition: str
-    group: str
-    started_by: str
-    container_instance: str
-    last_status: str = "PROVISIONING"
-    desired_status: str = "RUNNING"
-    health: str = "UNKNOWN"
-    stopped_reason: str | None = None
-    stop_code: str | None = None
-    created_at: datetime = EPOCH
-    started_at: datetime | None = None  # when it went from PENDING to RUNNING (DescribeTasks startedAt)
-    stopped_at: datetime | None = None
-
-    @property
-    def id(self) -> str:
-        return self.arn.rsplit("/", 1)[-1]
-
-    @property
-    def live(self) -> bool:
-        return self.desired_status == "RUNNING"
-
-    @property
-    def phase(self) -> Phase:
-        if not self.live:
-            return Phase.STOPPING
-        return Phase.STARTING if self.last_status in STARTING else Phase.RUNNING
-
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "taskArn": self.arn,
-            "clusterArn": self.cluster,
-            "taskDefinitionArn": self.task_definition,
-            "containerInstanceArn": self.container_instance,
-            "lastStatus": self.last_status,
-            "desiredStatus": self.desired_status,
-            "healthStatus": self.health,
-            "group": self.group,
-            "startedBy": self.started_by,
-            "launchType": "EC2",
-            "createdAt": self.created_at,
-        }
-        if self.stopped_reason:
-            out["stoppedReason"] = self.stopped_reason
-        if self.stop_code:
-            out["stopCode"] = self.stop_code
-        if self.started_at:
-            out["startedAt"] = self.started_at
-        if self.stopped_at:
-            out["stoppedAt"] = self.stopped_at
-        return out
-
-
-@dataclass
-class Deployment:
-    id: str
-    task_definition: str
-    desired: int
-    status: str = "PRIMARY"
-    rollout_state: str = "IN_PROGRESS"
-    reason: str = ""
-    failed_tasks: int = 0
-    running: int = 0
-    pending: int = 0
-    created_at: datetime = EPOCH
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "status": self.status,
-            "taskDefinition": self.task_definition,
-            "desiredCount": self.desired,
-            "runningCount": self.running,
-            "pendingCount": self.pending,
-            "failedTasks": self.failed_tasks,
-            "rolloutState": self.rollout_state,
-            "rolloutStateReason": self.reason or f"ECS deployment {self.id} {self.rollout_state.lower()}.",
-            "launchType": "EC2",
-            "createdAt": self.created_at,
-            "updatedAt": self.created_at,
-        }
-
-
-@dataclass
-class Service:
-    name: str
-    cluster: str
-    desired: int
-    task_definition: str
-    min_percent: int
-    max_percent: int
-    tags: list[dict[str, str]]
-    capacity_provider: str = ""
-    circuit_breaker: bool = True
-    rollback: bool = True
-    grace_s: int = 0  # healthCheckGracePeriodSeconds
-    deployments: list[Deployment] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    last_event: dict[str, str] = field(default_factory=dict)  # event kind -> message, to omit repeats
-    unplaced: int = 0  # tasks the scheduler could not place on its last pass (capacity wanted)
-
-    @property
-    def arn(self) -> str:
-        return _arn("service", f"{self.cluster.rsplit('/', 1)[-1]}/{self.name}")
-
-    @property
-    def primary(self) -> Deployment:
-        return self.deployments[0]
 
 
 class EcsModel:
@@ -324,15 +166,15 @@ class EcsModel:
         service.events.insert(0, {"id": self._next_id(), "createdAt": self.now, "message": message})
         del service.events[100:]
 
-    def _cluster_arn(self, cluster: str | None) -> str:
+    def _clusterarn_of(self, cluster: str | None) -> str:
         name = (cluster or "default").rsplit("/", 1)[-1]
-        arn = _arn("cluster", name)
+        arn = arn_of("cluster", name)
         if arn not in self.clusters:
             raise client_error("Unknown", "ClusterNotFoundException", "Cluster not found.")
         return arn
 
     def _service(self, cluster: str, service: str) -> Service:
-        key = (self._cluster_arn(cluster), service.rsplit("/", 1)[-1])
+        key = (self._clusterarn_of(cluster), service.rsplit("/", 1)[-1])
         if key not in self.services:
             raise client_error("UpdateService", "ServiceNotFoundException", "Service not found.")
         return self.services[key]
@@ -346,7 +188,7 @@ class EcsModel:
             if not revs:
                 raise client_error(op, "ClientException", "Unable to describe task definition.")
             return max(revs, key=lambda t: t.revision)
-        td = self.task_defs.get(_arn("task-definition", name))
+        td = self.task_defs.get(arn_of("task-definition", name))
         if td is None:
             raise client_error(op, "ClientException", "Unable to describe task definition.")
         return td
@@ -357,7 +199,7 @@ class EcsModel:
     # --- clusters and container instances -----------------------------------------------------------
     def create_cluster(self, **kw: Any) -> dict[str, Any]:
         self._request("CreateCluster", kw)
-        arn = _arn("cluster", kw["clusterName"])
+        arn = arn_of("cluster", kw["clusterName"])
         self.clusters[arn] = {"name": kw["clusterName"], "tags": kw.get("tags", [])}
         return {"cluster": self._describe_cluster(arn)}
 
@@ -371,13 +213,13 @@ class EcsModel:
 
     def describe_clusters(self, **kw: Any) -> dict[str, Any]:
         self._request("DescribeClusters", kw)
-        arns = [self._cluster_arn(c) for c in kw.get("clusters", [])]
+        arns = [self._clusterarn_of(c) for c in kw.get("clusters", [])]
         return {"clusters": [self._describe_cluster(a) for a in arns], "failures": []}
 
     def add_container_instance(self, cluster: str, ec2_instance_id: str, *, capacity_provider: str) -> str:
         """What the ECS agent does once an instance has booted: RegisterContainerInstance. A service
         with a capacity provider strategy places tasks only on its provider's instances."""
-        arn = _arn("container-instance", f"{cluster.rsplit('/', 1)[-1]}/{self._next_id()}")
+        arn = arn_of("container-instance", f"{cluster.rsplit('/', 1)[-1]}/{self._next_id()}")
         self.instances[arn] = ContainerInstance(
             arn=arn, cluster=cluster, ec2_instance_id=ec2_instance_id, capacity_provider=capacity_provider
         )
@@ -399,7 +241,7 @@ class EcsModel:
 
     def list_container_instances(self, **kw: Any) -> dict[str, Any]:
         self._request("ListContainerInstances", kw)
-        cluster = self._cluster_arn(kw.get("cluster"))
+        cluster = self._clusterarn_of(kw.get("cluster"))
         # "The default is to include container instances set to all states other than INACTIVE."
         wanted = [kw["status"]] if "status" in kw else ["ACTIVE", "DRAINING"]
         arns = [ci.arn for ci in self.instances.values() if ci.cluster == cluster and ci.status in wanted]
@@ -494,7 +336,7 @@ class EcsModel:
     # --- services --------------------------------------------------------------------------------------
     def create_service(self, **kw: Any) -> dict[str, Any]:
         self._request("CreateService", kw)
-        cluster = self._cluster_arn(kw.get("cluster"))
+        cluster = self._clusterarn_of(kw.get("cluster"))
         td = self._task_def(kw["taskDefinition"], "CreateService")
         if td.status != "ACTIVE":
             raise client_error("CreateService", "ClientException", "TaskDefinition is inactive")
@@ -544,7 +386,7 @@ class EcsModel:
 
     def list_services(self, **kw: Any) -> dict[str, Any]:
         self._request("ListServices", kw)
-        cluster = self._cluster_arn(kw.get("cluster"))
+        cluster = self._clusterarn_of(kw.get("cluster"))
         arns = [s.arn for (c, _), s in self.services.items() if c == cluster]
         page, more = _page("ListServices", kw, arns, ecs_rules.LIST_SERVICES_PAGE)
         return {"serviceArns": page, **more}
@@ -552,7 +394,7 @@ class EcsModel:
     def describe_services(self, **kw: Any) -> dict[str, Any]:
         self._request("DescribeServices", kw)
         _at_most("DescribeServices", "services", kw["services"], ecs_rules.DESCRIBE_SERVICES_MAX)
-        cluster = self._cluster_arn(kw.get("cluster"))
+        cluster = self._clusterarn_of(kw.get("cluster"))
         out = []
         for ref in kw["services"]:
             s = self.services.get((cluster, ref.rsplit("/", 1)[-1]))
@@ -592,18 +434,18 @@ class EcsModel:
 
     def tag_resource(self, **kw: Any) -> dict[str, Any]:
         self._request("TagResource", kw)
-        s = self._by_arn(kw["resourceArn"])
+        s = self._byarn_of(kw["resourceArn"])
         keys = {t["key"] for t in kw["tags"]}
         s.tags = [t for t in s.tags if t["key"] not in keys] + list(kw["tags"])
         return {}
 
     def untag_resource(self, **kw: Any) -> dict[str, Any]:
         self._request("UntagResource", kw)
-        s = self._by_arn(kw["resourceArn"])
+        s = self._byarn_of(kw["resourceArn"])
         s.tags = [t for t in s.tags if t["key"] not in kw["tagKeys"]]
         return {}
 
-    def _by_arn(self, arn: str) -> Service:
+    def _byarn_of(self, arn: str) -> Service:
         for s in self.services.values():
             if s.arn == arn:
                 return s
@@ -612,7 +454,7 @@ class EcsModel:
     # --- tasks -------------------------------------------------------------------------------------------
     def list_tasks(self, **kw: Any) -> dict[str, Any]:
         self._request("ListTasks", kw)
-        cluster = self._cluster_arn(kw.get("cluster"))
+        cluster = self._clusterarn_of(kw.get("cluster"))
         desired = kw.get("desiredStatus", "RUNNING")
         group = f"service:{kw['serviceName']}" if "serviceName" in kw else None
         on = kw.get("containerInstance")
@@ -816,7 +658,7 @@ class EcsModel:
 
     def _place(self, s: Service, d: Deployment, ci: ContainerInstance) -> Task:
         t = Task(
-            arn=_arn("task", f"{s.cluster.rsplit('/', 1)[-1]}/{self._next_id()}"),
+            arn=arn_of("task", f"{s.cluster.rsplit('/', 1)[-1]}/{self._next_id()}"),
             cluster=s.cluster,
             task_definition=d.task_definition,
             group=f"service:{s.name}",

@@ -43,6 +43,49 @@ class Loading(Wire):
     phase_s: float = 0.0
 
 
+class Load(Wire):
+    """A member's `load` as it writes it in its ready body and watch lines (0 where it has nothing to
+    say: a follower, an engine that does not count). Readers take it as LoadReport, below."""
+
+    queue_depth: int = 0
+    running: int = 0
+    max_running: int = 0
+    kv_cache_used: float = 0.0
+    # Leader: API requests accepted and not finished, counted as they arrive and end (the engine's
+    # queue_depth and running come ten times a second); what routers balance on. 0 on followers.
+    in_flight: int = 0
+    # Leader: prompt tokens of those requests not yet at their first token, counted like in_flight:
+    # the prefill ahead of a new request, on which routers estimate its time to first token
+    # (docs/routing.md). Whole prompts: the part a unit's prefix cache holds is not known at arrival.
+    prefill_tokens: int = 0
+    # Leader: seconds a request arriving now would wait for a batch slot (0.0 with a slot free or when
+    # it cannot be told), and the queue timeout past which the leader refuses it at once (429). A
+    # router sends nothing to a leader whose wait is past its timeout. 0.0 on followers.
+    wait_s: float = 0.0
+    queue_timeout_s: float = 0.0
+    # The engine's prefix cache since it started, in prompt tokens (vLLM's vllm:prefix_cache_queries
+    # and vllm:prefix_cache_hits): every admitted prompt token is queried, every token whose KV came
+    # from the cache is a hit. hit_rate = hits / queries (0 before any query).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    # Leader: its engine's longest step in seconds while it held work (the wait between two of its
+    # tokens, or for a step that yielded none: EngineProcess._loaded), over the last minute or two
+    # (contract.ready.stall_bound): how long a healthy stream of this unit may go without a token.
+    # Routers and the leader itself count silence as a hang only past a bound derived from it. 0.0
+    # before any step and on followers.
+    step_s: float = 0.0
+    # Leader: speculative decoding (docs/engine.md): draft tokens verified and kept since the engine
+    # started (vLLM's vllm:spec_decode_num_draft_tokens / _num_accepted_tokens), acceptance = kept /
+    # verified (0 before any), and the tokens a decoding answer gained per step lately: 1.0 without
+    # speculation, more with it. Routers count a unit's answers that much faster (docs/routing.md).
+    # 0 on followers and engines that do not say.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_acceptance_rate: float = 0.0
+    tokens_per_step: float = 0.0
+
+
 # --- how long a unit may stay silent ---------------------------------------------------------------
 # Our own rule (docs/node.md, "Gray failures leave routing"): a leader reports step_s, its engine's
 # longest step while it held work over the last minute or two: the wait between two of its tokens (a
@@ -115,7 +158,9 @@ LoadFigures = tuple[int, int, int, int, float, float, float, int, float, float]
 
 
 class LoadReport(BaseModel):
-    """A leader's `load` as a router reads it; -1: an older revision does not say."""
+    """A leader's `load` (Load, above) as a router reads it: the figures it routes on, under Load's
+    names. Where Load writes 0, a reader's default of -1 stands for a revision before the figure, which
+    does not say (in_flight, prefill_tokens); a test keeps every name here one that Load declares."""
 
     model_config = ConfigDict(extra="ignore")
 

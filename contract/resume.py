@@ -43,7 +43,7 @@ class ResumeNote(NamedTuple):
         return self.choice_index or 0
 
 
-# tuple.__new__ without NamedTuple's keyword handling: a third of the cost of ResumeNote(...)
+# tuple.__new__ without NamedTuple's keyword handling: about a fifth cheaper than ResumeNote(...)
 _note = partial(tuple.__new__, ResumeNote)
 
 

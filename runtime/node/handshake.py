@@ -9,11 +9,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+# The load figures (Load) and the readers' side of /health/ready live in contract/ready.py: the router
+# and `flotilla status` (which must not import runtime/) read bodies with the one parser there.
+from contract.ready import Load as Load
 from contract.ready import Loading, Wire
-
-# The readers' side of /health/ready lives in contract/ready.py: the router and `flotilla status`
-# (which must not import runtime/) read bodies with the one parser there; the router imports it
-# from here.
 from contract.ready import LoadReport as LoadReport
 from contract.ready import ReadyReport as ReadyReport
 from contract.ready import read_ready as read_ready
@@ -30,46 +29,6 @@ class UnitState(StrEnum):
     BROKEN = "broken"  # the engine failed (the unit re-forms) or the restart budget is spent
     DRAINING = "draining"  # told to stop: finishing in-flight requests, taking no new ones
     STOPPED = "stopped"  # drained; the process is about to exit
-
-
-class Load(Wire):
-    queue_depth: int = 0
-    running: int = 0
-    max_running: int = 0
-    kv_cache_used: float = 0.0
-    # Leader: API requests accepted and not finished, counted as they arrive and end (the engine's
-    # queue_depth and running come ten times a second); what routers balance on. 0 on followers.
-    in_flight: int = 0
-    # Leader: prompt tokens of those requests not yet at their first token, counted like in_flight:
-    # the prefill ahead of a new request, on which routers estimate its time to first token
-    # (docs/routing.md). Whole prompts: the part a unit's prefix cache holds is not known at arrival.
-    prefill_tokens: int = 0
-    # Leader: seconds a request arriving now would wait for a batch slot (0.0 with a slot free or when
-    # it cannot be told), and the queue timeout past which the leader refuses it at once (429). A
-    # router sends nothing to a leader whose wait is past its timeout. 0.0 on followers.
-    wait_s: float = 0.0
-    queue_timeout_s: float = 0.0
-    # The engine's prefix cache since it started, in prompt tokens (vLLM's vllm:prefix_cache_queries
-    # and vllm:prefix_cache_hits): every admitted prompt token is queried, every token whose KV came
-    # from the cache is a hit. hit_rate = hits / queries (0 before any query).
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_hit_rate: float = 0.0
-    # Leader: its engine's longest step in seconds while it held work (the wait between two of its
-    # tokens, or for a step that yielded none: EngineProcess._loaded), over the last minute or two
-    # (contract.ready.stall_bound): how long a healthy stream of this unit may go without a token.
-    # Routers and the leader itself count silence as a hang only past a bound derived from it. 0.0
-    # before any step and on followers.
-    step_s: float = 0.0
-    # Leader: speculative decoding (docs/engine.md): draft tokens verified and kept since the engine
-    # started (vLLM's vllm:spec_decode_num_draft_tokens / _num_accepted_tokens), acceptance = kept /
-    # verified (0 before any), and the tokens a decoding answer gained per step lately: 1.0 without
-    # speculation, more with it. Routers count a unit's answers that much faster (docs/routing.md).
-    # 0 on followers and engines that do not say.
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    spec_acceptance_rate: float = 0.0
-    tokens_per_step: float = 0.0
 
 
 class MemberReport(Wire):

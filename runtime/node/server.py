@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, AsyncIterator
 
 from aiohttp import web
@@ -624,46 +624,21 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
         )
 
 
-def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
-    api = LeaderApi(sup=sup, metrics=metrics)
+def _seconds(request: web.Request, name: str, default: float) -> float | str:
+    """A query parameter in seconds, or the one-line refusal naming it."""
+    raw = request.query.get(name, str(default))
+    low, high = WATCH_INTERVAL_RANGE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    return value if low <= value <= high else f"{name}={raw!r}: give seconds, {low} to {high}"
 
-    async def live(_: web.Request) -> web.Response:
-        ok = sup.live()
-        return web.json_response(
-            {"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank}, status=200 if ok else 503
-        )
 
-    async def container(_: web.Request) -> web.Response:
-        ok = sup.container_healthy()
-        return web.json_response(
-            {"healthy": ok, "started": sup.started, "alive": sup.live(), "state": sup.state, "unit": sup.s.unit_id},
-            status=200 if ok else 503,
-        )
-
-    async def ready(_: web.Request) -> web.Response:
-        body = sup.ready_body()
-        return web.json_response(body.to_dict(), status=200 if body.ready else 503)
-
-    async def status(_: web.Request) -> web.Response:
-        return web.json_response(sup.status_body().to_dict())
-
-    shutting_down = asyncio.Event()
-
-    async def stop_watches(_: web.Application) -> None:
-        shutting_down.set()  # ends every watch, so the server's shutdown does not wait on them
-
-    app.on_shutdown.append(stop_watches)
-
-    def seconds(request: web.Request, name: str, default: float) -> float | str:
-        """A query parameter in seconds, or the one-line refusal naming it."""
-        raw = request.query.get(name, str(default))
-        low, high = WATCH_INTERVAL_RANGE_S
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        return value if low <= value <= high else f"{name}={raw!r}: give seconds, {low} to {high}"
+def watch_handler(
+    sup: UnitSupervisor, shutting_down: asyncio.Event
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The /health/watch handler of this member (contract.watch); every watch ends once `shutting_down` is set."""
 
     async def watch(request: web.Request) -> web.StreamResponse:
         """The ready body as a stream, so a router holds one connection per leader instead of
@@ -673,8 +648,8 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
         did, or empty when nothing did (a heartbeat: the watcher counts silence as death).
         Balancing many routers needs load that is fresh to tens of milliseconds (docs/benchmarks.md,
         Fleet); most lines are then load-only, so they are kept short."""
-        interval = seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
-        changes = seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
+        interval = _seconds(request, "interval", WATCH_INTERVAL_DEFAULT_S)
+        changes = _seconds(request, "changes", interval if isinstance(interval, float) else 0.0)
         for bad in (interval, changes):
             if isinstance(bad, str):
                 return web.json_response({"error": bad}, status=400)
@@ -718,6 +693,42 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
             if request.transport is not None:
                 request.transport.abort()
         return resp
+
+    return watch
+
+
+def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    api = LeaderApi(sup=sup, metrics=metrics)
+
+    async def live(_: web.Request) -> web.Response:
+        ok = sup.live()
+        return web.json_response(
+            {"alive": ok, "state": sup.state, "unit": sup.s.unit_id, "rank": sup.rank}, status=200 if ok else 503
+        )
+
+    async def container(_: web.Request) -> web.Response:
+        ok = sup.container_healthy()
+        return web.json_response(
+            {"healthy": ok, "started": sup.started, "alive": sup.live(), "state": sup.state, "unit": sup.s.unit_id},
+            status=200 if ok else 503,
+        )
+
+    async def ready(_: web.Request) -> web.Response:
+        body = sup.ready_body()
+        return web.json_response(body.to_dict(), status=200 if body.ready else 503)
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(sup.status_body().to_dict())
+
+    shutting_down = asyncio.Event()
+
+    async def stop_watches(_: web.Application) -> None:
+        shutting_down.set()  # ends every watch, so the server's shutdown does not wait on them
+
+    app.on_shutdown.append(stop_watches)
+
+    watch = watch_handler(sup, shutting_down)
 
     async def prom(_: web.Request) -> web.Response:
         ld = sup.load()

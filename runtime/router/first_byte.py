@@ -50,7 +50,7 @@ class FirstByte:
 
     async def attempt(
         self,
-        unit: Member,
+        member: Member,
         request: web.Request,
         body: bytes,
         headers: dict[str, str],
@@ -59,26 +59,26 @@ class FirstByte:
         trace: Trace,
         key: balance.RequestKey | None = None,
     ) -> web.StreamResponse:
-        session = unit.session
+        session = member.session
         if session is None or session.closed:
             raise Retry("unit_closed")
         t_sent = perf_counter()
-        upstream = await self._send(unit, session, request, body, headers, request_id, trace)
+        upstream = await self._send(member, session, request, body, headers, request_id, trace)
         if isinstance(upstream, web.Response):
             return upstream
         t_first = perf_counter()
         status = upstream.status
         if status == 503 or status == 429:
-            await self._refused(unit, upstream, request_id)
+            await self._refused(member, upstream, request_id)
         length = upstream.content_length
         try:
             resp: web.StreamResponse
             if length is not None and length <= WHOLE_BODY_LIMIT and not is_sse(upstream):
-                resp = await self._whole(unit, upstream, request_id, t_sent - t0, t_first, trace)
+                resp = await self._whole(member, upstream, request_id, t_sent - t0, t_first, trace)
                 trace.first_byte = perf_counter()
             else:
                 resp = await self.relay.stream(
-                    unit,
+                    member,
                     request,
                     upstream,
                     request_id,
@@ -91,12 +91,12 @@ class FirstByte:
                 )
         finally:
             upstream.release()
-        self.metrics.count_routed(unit.unit, status)
+        self.metrics.count_routed(member.unit, status)
         return resp
 
     async def _send(
         self,
-        unit: Member,
+        member: Member,
         session: aiohttp.ClientSession,
         request: web.Request,
         body: bytes,
@@ -108,26 +108,25 @@ class FirstByte:
         s = self.settings
         # A request waiting for its first byte may start again elsewhere if its unit leaves routing
         # (a stopped leader, a hung engine): it counts against the move budget.
-        departure = (
-            Departure(unit, self.fleet, s.stale_after_s) if trace.moves < s.max_moves and restartable(request) else None
-        )
+        movable = trace.moves < s.max_moves and restartable(request)
+        departure = Departure(member, self.fleet, s.stale_after_s) if movable else None
         waiting = Wait(s.first_byte_timeout_s, departure, watch_period(s))
         try:
             async with waiting:
                 return await session.request(
                     request.method,
-                    unit.url + request.rel_url.raw_path_qs,
+                    member.url + request.rel_url.raw_path_qs,
                     headers=headers,
                     data=body if body else None,
                     allow_redirects=False,
                 )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            unit.mark_unready("unreachable")
+            member.mark_unready("unreachable")
             log.warning(
                 "request %s: cannot connect to unit %s (%s): %s; trying another unit",
                 request_id,
-                unit.unit,
-                unit.url,
+                member.unit,
+                member.url,
                 exc,
             )
             raise Retry("connect") from exc
@@ -136,31 +135,31 @@ class FirstByte:
             # nothing reached the client, so another unit may take the request.
             raise Retry("disconnected") from exc
         except aiohttp.ClientOSError as exc:
-            unit.mark_unready("unreachable")
+            member.mark_unready("unreachable")
             raise Retry("connect") from exc
         except TimeoutError:
             if waiting.left:
                 # Nothing of it reached the client, and its connection is closed (the unit cancels
                 # the work once it runs again), so it starts whole elsewhere: never two answers.
                 trace.moves += 1
-                trace.left.append(unit)
+                trace.left.append(member)
                 log.warning(
                     "request %s: unit %s left routing (%s) before answering; starting it on another unit "
                     "(move %d of %d)",
                     request_id,
-                    unit.unit,
-                    unit.state,
+                    member.unit,
+                    member.state,
                     trace.moves,
                     s.max_moves,
                 )
                 raise Retry("left_before_first_byte") from None
             log.error(
-                "request %s: unit %s sent no response within %.1f s", request_id, unit.unit, s.first_byte_timeout_s
+                "request %s: unit %s sent no response within %.1f s", request_id, member.unit, s.first_byte_timeout_s
             )
             self.metrics.upstream_errors.labels("first_byte_timeout").inc()
             return error_response(
                 504,
-                f"unit {unit.unit} did not answer within {s.first_byte_timeout_s:g} s",
+                f"unit {member.unit} did not answer within {s.first_byte_timeout_s:g} s",
                 code="unit_timeout",
                 err_type="upstream_error",
                 request_id=request_id,
@@ -168,7 +167,7 @@ class FirstByte:
 
     async def _whole(
         self,
-        unit: Member,
+        member: Member,
         upstream: aiohttp.ClientResponse,
         request_id: str,
         before_send: float,
@@ -188,7 +187,7 @@ class FirstByte:
             self.metrics.upstream_errors.labels("idle_timeout").inc()
             return error_response(
                 504,
-                f"unit {unit.unit} stopped sending its response for {self.settings.idle_stream_timeout_s:g} s",
+                f"unit {member.unit} stopped sending its response for {self.settings.idle_stream_timeout_s:g} s",
                 code="idle_timeout",
                 err_type="upstream_error",
                 request_id=request_id,
@@ -198,7 +197,7 @@ class FirstByte:
             log.warning(
                 "request %s: unit %s failed before its response was complete (%s); trying another unit",
                 request_id,
-                unit.unit,
+                member.unit,
                 exc.__class__.__name__,
             )
             raise Retry("broken_before_client") from exc
@@ -208,7 +207,7 @@ class FirstByte:
         self.metrics.added_latency.observe(trace.added_s)
         return web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
 
-    async def _refused(self, unit: Member, upstream: aiohttp.ClientResponse, request_id: str) -> None:
+    async def _refused(self, member: Member, upstream: aiohttp.ClientResponse, request_id: str) -> None:
         """A 503 (draining, not ready) or 429 (full) before the first byte: keep the answer in case
         no other unit can take the request, and move on.
 
@@ -227,7 +226,7 @@ class FirstByte:
             upstream.release()
         status = upstream.status
         if status == 503 and not busy_answer(raw):
-            unit.mark_unready("refused")  # draining or not ready: the next report tells which
+            member.mark_unready("refused")  # draining or not ready: the next report tells which
         refusal_headers = {
             contract.REQUEST_ID_HEADER: request_id,
             "Retry-After": busy.retry_after_header(upstream.headers.get("Retry-After"), self.settings.retry_after_s),

@@ -102,14 +102,14 @@ class StreamMover:
             # may hold the prompt's prefix and re-prefill only the generated part.
             full = self.fleet.full_units(tuple(ledger.avoid))
             pick = self.fleet.pick(tuple(ledger.avoid) + tuple(full), key)
-            unit = pick.unit
-            if unit is None and (full or pick.reason == "saturated") and loop.time() < deadline:
+            member = pick.unit
+            if member is None and (full or pick.reason == "saturated") and loop.time() < deadline:
                 await asyncio.sleep(MOVE_WAIT_S)
                 continue
-            if unit is None or unit.session is None or unit.session.closed:
+            if member is None or member.session is None or member.session.closed:
                 return None
             ledger.moves += 1
-            ledger.avoid.append(unit)
+            ledger.avoid.append(member)
             self.metrics.retries.labels(f"move_{reason}").inc()
             log.warning(
                 "request %s: %s on unit %s after %d token(s); continuing on unit %s (move %d of %d)",
@@ -117,32 +117,32 @@ class StreamMover:
                 reason,
                 failed.unit,
                 ledger.sent,
-                unit.unit,
+                member.unit,
                 ledger.moves,
                 s.max_moves,
             )
-            unit.outstanding += 1
+            member.outstanding += 1
             try:
                 async with asyncio.timeout(s.first_byte_timeout_s):
-                    upstream = await unit.session.request(
+                    upstream = await member.session.request(
                         request.method,
-                        unit.url + request.rel_url.raw_path_qs,
+                        member.url + request.rel_url.raw_path_qs,
                         headers=headers,
                         data=continued,
                         allow_redirects=False,
                     )
             except (aiohttp.ClientError, OSError, TimeoutError):
-                unit.outstanding -= 1
+                member.outstanding -= 1
                 continue
             if upstream.status == 200 and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
                 ledger.since_move = 0
-                return unit, upstream
+                return member, upstream
             # Refused (busy, draining, not ready): try the next unit. Busy is not broken, so the
             # refusal leaves the unit's routability to its own reports.
             upstream.release()
-            unit.outstanding -= 1
+            member.outstanding -= 1
             if upstream.status == 429 and loop.time() < deadline:
                 ledger.moves -= 1  # full, not failed: the unit may take it once a slot frees
-                ledger.avoid.remove(unit)
+                ledger.avoid.remove(member)
                 await asyncio.sleep(MOVE_WAIT_S)
         return None

@@ -74,7 +74,7 @@ class Relay:
 
     async def stream(
         self,
-        unit: Member,
+        member: Member,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         request_id: str,
@@ -111,20 +111,20 @@ class Relay:
         held: list[Member] = []
         try:
             while True:
-                reason, message = await self.pipe(request, resp, upstream, unit, framer, ledger)
+                reason, message = await self.pipe(request, resp, upstream, member, framer, ledger)
                 if reason is None:
                     return resp
                 if ledger is not None and ledger.reported and s.max_moves:
                     moved = None
                     if ledger.moves < s.max_moves or reason == HANDOVER_QUEUE_TIMEOUT:  # busy gives its move back
                         moved = await self.mover.move(
-                            ledger, unit, request, body, headers or {}, request_id, reason, route_key
+                            ledger, member, request, body, headers or {}, request_id, reason, route_key
                         )
                     if moved is not None:
                         if upstream is not first:
                             upstream.release()
-                        unit, upstream = moved
-                        held.append(unit)
+                        member, upstream = moved
+                        held.append(member)
                         framer = SseFramer(WHOLE_BODY_LIMIT)
                         continue
                     # The honest end of a stream that could not move: its own code, so a client (and
@@ -150,7 +150,7 @@ class Relay:
         request: web.Request,
         resp: web.StreamResponse,
         upstream: aiohttp.ClientResponse,
-        unit: Member,
+        member: Member,
         framer: SseFramer | None,
         ledger: StreamLedger | None,
     ) -> tuple[str | None, str]:
@@ -158,7 +158,7 @@ class Relay:
         client left, else why it broke (reason, message)."""
         s = self.settings
         content = upstream.content
-        departure = Departure(unit, self.fleet, s.stale_after_s)
+        departure = Departure(member, self.fleet, s.stale_after_s)
         period = watch_period(s)
         while True:
             # A resumable stream that has produced tokens here counts silence past the stall bound as
@@ -168,19 +168,19 @@ class Relay:
             # unit's long prefills and big batches are slow steps, not a hang.
             quiet = s.idle_stream_timeout_s
             if ledger is not None and ledger.since_move:
-                quiet = min(quiet, stall_bound(s.stream_stall_s, unit.step_s, s.stream_stall_max_s))
+                quiet = min(quiet, stall_bound(s.stream_stall_s, member.step_s, s.stream_stall_max_s))
             movable = ledger is not None and ledger.reported and ledger.moves < s.max_moves
             try:
                 chunk = await next_chunk(content, quiet, departure if movable else None, period)
             except TimeoutError:
-                steps = f" (its steps took up to {unit.step_s:g} s)" if unit.step_s else ""
-                return "idle_timeout", f"unit {unit.unit} sent nothing for {quiet:g} s{steps}"
+                steps = f" (its steps took up to {member.step_s:g} s)" if member.step_s else ""
+                return "idle_timeout", f"unit {member.unit} sent nothing for {quiet:g} s{steps}"
             except UnitLeft:
-                return "unit_left", f"unit {unit.unit} left routing ({unit.state}) with the stream waiting on it"
+                return "unit_left", f"unit {member.unit} left routing ({member.state}) with the stream waiting on it"
             except (aiohttp.ClientError, OSError) as exc:
                 return (
                     "stream_broken",
-                    f"unit {unit.unit} failed mid-response ({exc.__class__.__name__}); "
+                    f"unit {member.unit} failed mid-response ({exc.__class__.__name__}); "
                     f"the partial output above is incomplete",
                 )
             if not chunk:
@@ -202,9 +202,10 @@ class Relay:
                         request.transport.abort()
                     return None, ""
             if moved is not None:
-                return f"handover_{moved}", f"unit {unit.unit} handed the stream over ({moved})"
+                return f"handover_{moved}", f"unit {member.unit} handed the stream over ({moved})"
         if ledger is not None and ledger.reported and not ledger.done:
-            return "stream_broken", f"unit {unit.unit} ended the stream before its end; the output above is incomplete"
+            cut = f"unit {member.unit} ended the stream before its end; the output above is incomplete"
+            return "stream_broken", cut
         try:
             rest = framer.flush() if framer is not None else b""
             if rest:

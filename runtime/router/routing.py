@@ -48,24 +48,24 @@ class Routing:
         refusal: web.Response | None = None
         for _ in range(self.settings.max_attempts):
             pick = self.fleet.pick(tried, key)
-            unit = pick.unit
-            if unit is None:
+            member = pick.unit
+            if member is None:
                 if refusal is not None:
                     return refusal  # every unit we could try refused: pass the last answer on
                 trace.shed = True
                 return self.shed(pick.reason, request_id)
-            unit.outstanding += 1
+            member.outstanding += 1
             trace.attempts = len(tried) + 1
             try:
-                return await self.first_byte.attempt(unit, request, body, headers, request_id, t0, trace, key)
+                return await self.first_byte.attempt(member, request, body, headers, request_id, t0, trace, key)
             except Retry as retry:
                 self.metrics.retries.labels(retry.reason).inc()
-                tried += (unit,)
+                tried += (member,)
                 refusal = retry.refusal or refusal
             finally:
-                unit.outstanding -= 1
-                if unit.removed:
-                    self.fleet.retire_if_idle(unit)
+                member.outstanding -= 1
+                if member.removed:
+                    self.fleet.retire_if_idle(member)
         if refusal is not None:
             return refusal
         return self.shed("no_unit", request_id)

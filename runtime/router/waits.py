@@ -26,16 +26,16 @@ class Departure:
     report was merely late is back at its next line and keeps the request, and with no other unit to
     go to, waiting for this one is the request's best chance."""
 
-    __slots__ = ("unit", "fleet", "grace_s", "since")
+    __slots__ = ("member", "fleet", "grace_s", "since")
 
-    def __init__(self, unit: Member, fleet: Fleet, grace_s: float) -> None:
-        self.unit = unit
+    def __init__(self, member: Member, fleet: Fleet, grace_s: float) -> None:
+        self.member = member
         self.fleet = fleet
         self.grace_s = grace_s
         self.since: float | None = None  # loop time it was first seen out
 
     def gone(self, now: float) -> bool:
-        u = self.unit
+        u = self.member
         if u.ready or u.state in HANDS_OVER:
             self.since = None
             return False

@@ -110,6 +110,9 @@ def _pressure(signals: FleetSignals, policy: ScalingPolicy) -> str | None:
 SERVICE_SMOOTHING = 0.2
 # "Nothing queued": at most this share of the running sequences waits for a slot.
 CLEAR_QUEUE_SHARE = 0.05
+# Below one request a minute the rate is too thin for Little's law: running / rate would learn a
+# time in a slot of hours (or, for a rate near zero, an infinite one that no unit count can hold).
+MIN_LEARNING_RATE = 1 / 60
 
 
 def _busy(signals: FleetSignals) -> tuple[float, float]:
@@ -129,7 +132,7 @@ def service_time(signals: FleetSignals, memory: ScalerMemory) -> float | None:
     running, queued = _busy(signals)
     traffic = signals.traffic
     clear = traffic.busy_rate <= 0 and queued <= CLEAR_QUEUE_SHARE * running
-    if not clear or traffic.request_rate <= 0 or running <= 0:
+    if not clear or traffic.request_rate < MIN_LEARNING_RATE or running <= 0:
         return memory.service_s
     sample = running / traffic.request_rate
     if memory.service_s is None:

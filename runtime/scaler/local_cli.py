@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -95,7 +96,12 @@ def write_manifest(manifest: Path, procs: list[Any], units: LocalUnits) -> None:
         return
     listed = [p for p in procs if not p.unit] + units.members()
     doc["processes"] = [p.describe() for p in listed]
-    manifest.write_text(json.dumps(doc, indent=2) + "\n")
+    # Written aside and renamed over it: readers (tests, `make local`'s stop) poll this file while
+    # units come and go, and a write in place lets them read it half-written. os.replace is atomic
+    # on POSIX (Python docs, os.replace: "the renaming will be an atomic operation").
+    part = manifest.with_name(manifest.name + ".part")
+    part.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(part, manifest)
 
 
 def finish(scaler: LocalScaler) -> list[Member]:

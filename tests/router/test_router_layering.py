@@ -88,3 +88,30 @@ def test_the_router_imports_nothing_of_the_node_or_the_engines():
         names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         inside = [m for m in names if m.startswith(("runtime.node", "runtime.engines"))]
         assert not inside, f"runtime/router/{path.name} imports {inside}: declare what both share in contract/"
+
+
+def test_the_request_path_calls_a_fleet_member_a_member():
+    """A Member is one unit's entry in the fleet view; `member.unit` is that unit's id. Named `unit`,
+    the id read `unit.unit`."""
+    for module in LAYERS:
+        tree = ast.parse((ROUTER / f"{module}.py").read_text())
+        misnamed = [
+            f"line {arg.lineno}: {arg.arg}"
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for arg in (*node.args.args, *node.args.kwonlyargs)
+            if isinstance(arg.annotation, ast.Name)
+            and arg.annotation.id == "Member"
+            and arg.arg != "member"
+            and arg.arg != "failed"
+        ]
+        assert not misnamed, f"runtime/router/{module}.py names a Member otherwise: {misnamed}"
+        said = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and n.attr == "unit"
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "unit"
+        ]
+        assert not said, f"runtime/router/{module}.py reads unit.unit at lines {said}"

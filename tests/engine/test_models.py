@@ -115,7 +115,13 @@ def test_two_processes_racing_to_convert_smollm2_both_get_one_complete_checkpoin
         )
         for _ in range(2)
     ]
-    outs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:  # stopped even when one timed out, so no converter outlives the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
     paths = {o[0].strip() for o in outs}
     assert len(paths) == 1

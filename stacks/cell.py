@@ -161,7 +161,7 @@ class CellStack(Stack):
         }
         if config.model.builtin:
             environment[contract.ENV_MODEL] = builtin_model_setting(config.model.builtin)
-        if config.node.engine == "neuron":
+        if config.node.engine == contract.Engine.NEURON:
             environment[contract.ENV_COMPILE_CACHE_URI] = config.model.compile_cache
             environment[contract.ENV_INSTANCE_TYPE] = config.instance_type
             environment[contract.ENV_NEURON_SAMPLING] = config.node.neuron_sampling
@@ -253,7 +253,7 @@ class CellStack(Stack):
                 conditions={"StringLike": {"s3:prefix": [f"{model.prefix}*"]}} if model.prefix else None,
             )
         )
-        if config.node.engine == "neuron":
+        if config.node.engine == contract.Engine.NEURON:
             # The compile cache is the one place nodes write: a restarted node loads what another
             # compiled instead of compiling again (runtime/artifacts/compile_cache.py).
             cache_arn = f"arn:{self.partition}:s3:::{model.compile_cache_bucket}"
@@ -366,7 +366,7 @@ class CellStack(Stack):
             ),
             applies_to=f"Resource::arn:<AWS::Partition>:s3:::{model.bucket}/{model.prefix}*",
         )
-        if config.node.engine == "neuron":
+        if config.node.engine == contract.Engine.NEURON:
             acknowledge(
                 task_policy,
                 "IAM5",

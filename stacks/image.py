@@ -13,6 +13,7 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from constructs import Construct
 
+from contract import Engine
 from contract.neuron import image_for
 from contract.node_boot import EFA_INSTALLER
 
@@ -62,7 +63,7 @@ def unit_dockerfile(*, engine: str, nodes_per_unit: int) -> str:
     """Units on the `neuron` engine need the AWS Neuron vLLM image of their size's mode; the
     `reference` and `echo` engines need our CPU image (the Neuron images' transformers is not the
     one they are tested with)."""
-    if engine == "neuron":
+    if engine == Engine.NEURON:
         return image_for(nodes_per_unit).dockerfile
     return DOCKERFILE
 

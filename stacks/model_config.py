@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BeforeValidator, model_validator
 from pydantic_core import core_schema
 
+from contract import Engine
 from contract.bad_input import NOT_GIVEN
 from contract.layout import LayoutError, check_layout
 from contract.llama import FIELDS, PRESETS, LlamaShape, ShapeError, load_config_json, preset, preset_names
@@ -143,9 +144,9 @@ def model_shape(cfg: FlotillaConfig) -> tuple[LlamaShape, str] | None:
     """The shape the units run and the name a refusal calls the model by; None for the echo engine,
     which runs no model. Raises ConfigError when the config does not say which shape."""
     m, engine = cfg.model, cfg.node.engine
-    if engine == "echo":
+    if engine == Engine.ECHO:
         return None
-    if engine == "reference":
+    if engine == Engine.REFERENCE:
         # The reference engine runs its built-in model (FLOTILLA_MODEL), tiny when none is set.
         if m.shape is not None or m.config_json:
             key = "model.shape" if m.shape is not None else "model.config_json"
@@ -213,14 +214,14 @@ def check_engine_fits_instance(cfg: FlotillaConfig) -> None:
     the x86 staging types, where they cost cents, not on Trainium, where they would leave every
     NeuronCore idle. A built-in model is the reference engine's only."""
     engine, trainium = cfg.node.engine, is_trainium(cfg.instance_type)
-    if engine == "neuron" and not trainium:
+    if engine == Engine.NEURON and not trainium:
         raise ConfigError(
             "node.engine",
             engine,
             f"reference with instance_type {cfg.instance_type} (the neuron engine needs Trainium; "
             "or set instance_type to a trn type)",
         )
-    if engine != "neuron" and trainium:
+    if engine != Engine.NEURON and trainium:
         raise ConfigError(
             "node.engine",
             engine,
@@ -228,14 +229,14 @@ def check_engine_fits_instance(cfg: FlotillaConfig) -> None:
             f"type such as {STAGING_INSTANCE_TYPE}, examples/staging.yaml)",
         )
     block = cfg.node.neuron_prefix_caching_block
-    if block and (engine != "neuron" or cfg.nodes_per_unit > 1):
+    if block and (engine != Engine.NEURON or cfg.nodes_per_unit > 1):
         raise ConfigError(
             "node.neuron_prefix_caching_block",
             block,
             f"0 with node.engine {engine} and nodes_per_unit {cfg.nodes_per_unit} (prefix caching runs on "
             "one-node neuron units only: set nodes_per_unit 1 and node.engine neuron, or 0)",
         )
-    if cfg.model.builtin and engine != "reference":
+    if cfg.model.builtin and engine != Engine.REFERENCE:
         raise ConfigError(
             "model.builtin",
             cfg.model.builtin,

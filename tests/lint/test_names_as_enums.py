@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMES = "|".join(sorted({*contract.ENGINES, *contract.STRATEGIES}))
 # `== "neuron"`, `!= "tensor"`, `uses("pipeline")`, `in ("echo", ...)`: a name compared or asked for.
 BARE = re.compile(rf'(?:[=!]=\s*|uses\(|in \()"(?:{NAMES})"')
-CHECKED = ("runtime", "contract", "ops")
+CHECKED = ("runtime", "contract", "ops", "stacks")
 
 
-def test_no_module_of_the_runtime_contract_or_ops_compares_a_bare_engine_or_strategy_name():
+def test_no_product_module_compares_a_bare_engine_or_strategy_name():
     found = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
         for top in CHECKED

@@ -6,7 +6,6 @@ up there first). Read only; called for the units `status` finds not ready.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import botocore.exceptions
 from contract import node_exit
 from ops.aws import Aws, chunks
 from ops.fleet import DEPLOYMENT_TAG, UNIT_TAG, Unit
+from ops.health_logs import json_log_lines
 
 EVENTS, STOPPED_TASKS, ACTIVITIES = 3, 3, 3
 # EC2's answer when an Availability Zone has no capacity of the type: error code
@@ -174,18 +174,9 @@ def logged_reason(aws: Aws, group: str, stream: str) -> str | None:
     """The `reason` of the stream's last node_cannot_serve line (a task's container runs once)."""
     kwargs: dict[str, Any] = {"logGroupName": group, "logStreamNames": [stream], "filterPattern": REASON_FILTER}
     reason = None
-    for _ in range(REASON_PAGES):
-        page = aws.logs.filter_log_events(**kwargs)
-        for event in page.get("events", []):
-            try:
-                line = json.loads(event.get("message", ""))
-            except ValueError:
-                continue
-            if isinstance(line, dict) and line.get("event") == node_exit.CANNOT_SERVE_EVENT and line.get("reason"):
-                reason = str(line["reason"])
-        if not page.get("nextToken"):
-            break
-        kwargs["nextToken"] = page["nextToken"]
+    for _, line in json_log_lines(aws, kwargs, REASON_PAGES):
+        if line.get("event") == node_exit.CANNOT_SERVE_EVENT and line.get("reason"):
+            reason = str(line["reason"])
     return reason
 
 

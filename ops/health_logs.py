@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ops.aws import Aws
@@ -20,6 +21,25 @@ EVENT = "unit_states"  # runtime/router/unit_report.py EVENT (ops does not impor
 FILTER = '{ $.event = "unit_states" }'
 MAX_AGE_S = 180  # three report intervals: older lines say nothing about now
 MAX_PAGES = 20
+
+
+def json_log_lines(aws: Aws, kwargs: dict[str, Any], pages: int) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(event, its JSON object) for each line FilterLogEvents finds with `kwargs`, page by page (at most
+    `pages`, each continued by its nextToken); a line that is not a JSON object is passed over."""
+    kwargs = dict(kwargs)
+    for _ in range(pages):
+        page = aws.logs.filter_log_events(**kwargs)
+        for event in page.get("events", []):
+            try:
+                line = json.loads(event.get("message", ""))
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                yield event, line
+        token = page.get("nextToken")
+        if not token:
+            return
+        kwargs["nextToken"] = token
 
 
 def router_log_group(aws: Aws, deployment: str) -> str:
@@ -42,21 +62,11 @@ def read_unit_states(aws: Aws, deployment: str, *, now: float | None = None) -> 
         "filterPattern": FILTER,
     }
     newest: dict[str, tuple[float, dict[str, Any]]] = {}
-    for _ in range(MAX_PAGES):
-        page = aws.logs.filter_log_events(**kwargs)
-        for event in page.get("events", []):
-            try:
-                line = json.loads(event.get("message", ""))
-            except ValueError:
-                continue
-            if not isinstance(line, dict) or line.get("event") != EVENT:
-                continue
-            ts = float(line.get("ts", event.get("timestamp", 0) / 1000))
-            for unit_id, state in (line.get("units") or {}).items():
-                if unit_id not in newest or newest[unit_id][0] < ts:
-                    newest[unit_id] = (ts, {**state, "age_s": round(now - ts)})
-        token = page.get("nextToken")
-        if not token:
-            break
-        kwargs["nextToken"] = token
+    for event, line in json_log_lines(aws, kwargs, MAX_PAGES):
+        if line.get("event") != EVENT:
+            continue
+        ts = float(line.get("ts", event.get("timestamp", 0) / 1000))
+        for unit_id, state in (line.get("units") or {}).items():
+            if unit_id not in newest or newest[unit_id][0] < ts:
+                newest[unit_id] = (ts, {**state, "age_s": round(now - ts)})
     return {u: s for u, (_, s) in newest.items()}, group

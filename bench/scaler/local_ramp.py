@@ -5,6 +5,12 @@ that failed otherwise (a scale-in that cut a stream would show here), unit-secon
 p99 time to first token. Wall-clock figures: run it on a quiet machine (docs/benchmarks.md, "Scaling,
 locally"). `--tiny` runs a short ramp of the scaler alone on one-node `tiny` units (figures in
 .cache/bench-tiny/).
+
+Every run keeps what explains a failure in a run directory it prints (--run-dir, by default
+.cache/bench-scaler-local/<UTC time>/): per mode, the router's and every unit member's log, the
+scaler's decisions and its units' comings and goings (scaler.jsonl, units.jsonl), and every request
+(answers.jsonl: its id and unit, when it was sent, its first event and end, and for a failure the
+stream's last bytes).
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -37,12 +42,18 @@ READY_BANNER = "Ctrl-C stops everything"
 
 @dataclass
 class Answer:
-    sent: float
+    sent: float  # monotonic
+    sent_unix: float = 0.0  # the same instant in the logs' clock
     status: int = 0
-    ttft_s: float | None = None
+    ttft_s: float | None = None  # to the first data event (a token, or an error event)
+    end_s: float | None = None  # to the end of the body
+    events: int = 0  # data events received
+    request_id: str = ""  # the router's X-Request-Id: its access log and the units' logs name it
+    unit: str = ""  # the unit that answered first (a moved stream's later units are in the router's log)
     retry_after: bool = False
     ok: bool = False
     error: str = ""
+    tail: str = ""  # a failed stream's last bytes
 
 
 class Launcher:
@@ -85,29 +96,46 @@ class Launcher:
                 self.proc.wait(timeout=10)
 
 
+def stream_verdict(data: bytes) -> tuple[bool, int, str]:
+    """(whole, data events, why not) of an SSE body: whole when it ends with [DONE] and carries no
+    error event; otherwise which of the two it lacks (an error event's code and message)."""
+    events = [e[6:] for e in data.split(b"\n\n") if e.startswith(b"data: ")]
+    for e in events:
+        if e.startswith(b'{"error"'):
+            try:
+                err = json.loads(e)["error"]
+                return False, len(events), f"error event: {err.get('code')}: {str(err.get('message'))[:200]}"
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return False, len(events), f"error event: {e[:200]!r}"
+    if not events or events[-1] != b"[DONE]":
+        return False, len(events), "stream ended without [DONE] and without an error event"
+    return True, len(events), ""
+
+
 async def one(session: aiohttp.ClientSession, url: str, model: str, max_tokens: int) -> Answer:
-    out = Answer(sent=time.monotonic())
+    out = Answer(sent=time.monotonic(), sent_unix=time.time())
     body = {"model": model, "prompt": "scale with the load", "max_tokens": max_tokens, "stream": True}
     body["ignore_eos"] = True
+    data = b""
     try:
         async with session.post(url + "/v1/completions", json=body) as r:
             out.status = r.status
             out.retry_after = "Retry-After" in r.headers
+            out.request_id = r.headers.get(contract.REQUEST_ID_HEADER, "")
+            out.unit = r.headers.get(contract.UNIT_HEADER, "")
             if r.status != 200:
                 out.error = (await r.text())[:200]
                 return out
-            data = b""
             async for piece in r.content.iter_any():
                 if out.ttft_s is None and b"data: " in piece:
                     out.ttft_s = time.monotonic() - out.sent
                 data += piece
-            events = [e[6:] for e in data.split(b"\n\n") if e.startswith(b"data: ")]
-            if events and events[-1] == b"[DONE]" and not any(b'"error"' in e for e in events):
-                out.ok = True
-            else:
-                out.error = "stream ended without [DONE] or with an error event"
+            out.ok, out.events, out.error = stream_verdict(data)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         out.error = f"{exc.__class__.__name__}: {exc}"
+    out.end_s = time.monotonic() - out.sent
+    if not out.ok:
+        out.tail = data[-600:].decode(errors="replace")
     return out
 
 
@@ -148,7 +176,7 @@ def summarize(mode: str, answers: list[Answer], unit_seconds: float, extra: dict
         "shed_429": len(shed),
         "shed_without_retry_after": sum(not a.retry_after for a in shed),
         "failed": len(failed),
-        "failures": [asdict(a) for a in failed[:5]],
+        "failures": [asdict(a) for a in failed[:10]],
         "unit_seconds": round(unit_seconds, 1),
         "ttft_p50_s": round(pct(ttfts, 50), 3) if ttfts else None,
         "ttft_p99_s": round(pct(ttfts, 99), 3) if ttfts else None,
@@ -156,31 +184,37 @@ def summarize(mode: str, answers: list[Answer], unit_seconds: float, extra: dict
     }
 
 
-def run_mode(mode: str, a: argparse.Namespace, steps: list[int]) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"flotilla-bench-{mode}-") as tmp:
-        state = Path(tmp)
-        common = ["--model", a.model, "--nodes", str(a.nodes), "--drain-timeout", "30"]
-        if mode == "scaler":
-            args = [*common, "--scaler", "--units", "1", "--max-units", str(a.max_units), "--scaler-interval", "3"]
-        else:
-            args = [*common, "--units", str(a.max_units)]
-        launcher = Launcher(args, state)
-        try:
-            ready = launcher.wait_ready(timeout=900)
-            answers = asyncio.run(ramp(launcher.url, a.model, steps, a.step_seconds, a.max_tokens))
-            done = time.monotonic()
-        finally:
-            launcher.stop()
-        extra: dict = {}
-        if mode == "scaler":
-            lines = (state / "scaler.jsonl").read_text().splitlines() if (state / "scaler.jsonl").exists() else []
-            decisions = [json.loads(line) for line in lines]
-            summary = json.loads((state / "scaler-summary.json").read_text())
-            unit_seconds = summary["unit_seconds"]
-            extra = {"added": summary["added"], "removed": summary["removed"], "changes": len(decisions) - 1}
-        else:
-            unit_seconds = a.max_units * (done - ready)  # every unit up for the whole ramp
-        return summarize(mode, answers, unit_seconds, extra)
+def run_mode(mode: str, a: argparse.Namespace, steps: list[int], run_dir: Path) -> dict:
+    state = run_dir / mode  # make local's state: its logs/, the scaler's files, local.json while it runs
+    state.mkdir(parents=True, exist_ok=True)
+    common = ["--model", a.model, "--nodes", str(a.nodes), "--drain-timeout", "30"]
+    if mode == "scaler":
+        args = [*common, "--scaler", "--units", "1", "--max-units", str(a.max_units)]
+        args += ["--scaler-interval", f"{a.scaler_interval:g}"]
+        args += ["--cold-start", f"{a.cold_start:g}"] if a.cold_start else []
+    else:
+        args = [*common, "--units", str(a.max_units)]
+    launcher = Launcher(args, state)
+    try:
+        ready = launcher.wait_ready(timeout=900)
+        answers = asyncio.run(ramp(launcher.url, a.model, steps, a.step_seconds, a.max_tokens))
+        done = time.monotonic()
+    finally:
+        launcher.stop()
+        (state / "launcher.log").write_text("".join(launcher.out))
+    with (state / "answers.jsonl").open("w") as f:
+        for answer in answers:
+            f.write(json.dumps(asdict(answer)) + "\n")
+    extra: dict = {}
+    if mode == "scaler":
+        lines = (state / "scaler.jsonl").read_text().splitlines() if (state / "scaler.jsonl").exists() else []
+        decisions = [json.loads(line) for line in lines]
+        summary = json.loads((state / "scaler-summary.json").read_text())
+        unit_seconds = summary["unit_seconds"]
+        extra = {"added": summary["added"], "removed": summary["removed"], "changes": len(decisions) - 1}
+    else:
+        unit_seconds = a.max_units * (done - ready)  # every unit up for the whole ramp
+    return summarize(mode, answers, unit_seconds, extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,13 +226,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-seconds", type=float, default=45.0)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--label", default="")
+    p.add_argument("--scaler-interval", type=float, default=3.0, help="seconds between the scaler's passes")
+    p.add_argument(
+        "--cold-start",
+        type=float,
+        default=None,
+        help="the scaler's cold start, which sets its hold (default: what the first unit took)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="where to keep the run's logs and requests (default .cache/bench-scaler-local/<UTC time>)",
+    )
     # Tiny: the scaler alone on one-node tiny units, a ramp of fifteen seconds (after the flags: its
     # defaults win).
     tiny = tiny_mode(p, argv, model="tiny", nodes=1, max_units=2, steps="1,24,1", step_seconds=5.0, max_tokens=16)
     a = p.parse_args(argv)
     steps = [int(x) for x in a.steps.split(",")]
     modes = ["scaler"] if tiny else ["scaler", "static"]
-    results = [run_mode(mode, a, steps) for mode in modes]
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_dir = Path(a.run_dir) if a.run_dir else REPO / ".cache" / "bench-scaler-local" / stamp
+    print(f"run directory (logs, decisions, every request): {run_dir}", flush=True)
+    results = [run_mode(mode, a, steps, run_dir) for mode in modes]
     for r in results:
         print(json.dumps(r))
     bad = [r for r in results if r["failed"] or r["shed_without_retry_after"]]
@@ -208,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             "label": a.label,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average": os.getloadavg()[0],
-            "settings": {k: v for k, v in vars(a).items() if k != "tiny"},
+            "settings": {k: v for k, v in vars(a).items() if k not in ("tiny", "run_dir")},
             "results": results,
         },
     )

@@ -37,7 +37,7 @@ from bench.scaler.fleet_model import (  # noqa: E402
     reversals,
     unit_hours,
 )
-from contract.scaling import ScalingPolicy, ScheduledMinimum  # noqa: E402
+from contract.scaling import SCALE_IN_OCCUPANCY, TARGET_OCCUPANCY, ScalingPolicy, ScheduledMinimum  # noqa: E402
 
 RESULTS = "scaler_sim.json"
 POLICIES = ("static", "threshold", "flotilla", "oracle")
@@ -143,6 +143,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hours", type=float, default=24.0, help="hours simulated (default 24)")
     p.add_argument("--cold-start", type=float, default=600.0, help="seconds from start to serving (default 600)")
     p.add_argument("--ttft-target", type=float, default=2.0, help="p99 time to first token target, s (default 2)")
+    p.add_argument(
+        "--target-occupancy",
+        type=float,
+        default=TARGET_OCCUPANCY,
+        help=f"share of the slots the scalers fill before adding a unit: the headroom (default {TARGET_OCCUPANCY}); "
+        "the oracle, static and the booked surge stay sized at the default",
+    )
+    p.add_argument(
+        "--scale-in-occupancy",
+        type=float,
+        default=None,
+        help="share the survivors may fill after a scale-in "
+        f"(default: the target x {SCALE_IN_OCCUPANCY / TARGET_OCCUPANCY:g})",
+    )
     p.add_argument("--floor", type=int, default=10, help="units always serving (default 10)")
     p.add_argument("--ceiling", type=int, default=600, help="most units (default 600)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
@@ -157,6 +171,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--policies={','.join(unknown)} is not known: use some of {','.join(POLICIES)}")
     if a.cold_start <= 0 or a.ttft_target <= 0 or a.floor < 1 or a.ceiling < a.floor or a.hours <= 0:
         p.error("--cold-start, --ttft-target and --hours must be positive and 1 <= --floor <= --ceiling")
+    if a.scale_in_occupancy is None:
+        a.scale_in_occupancy = round(a.target_occupancy * SCALE_IN_OCCUPANCY / TARGET_OCCUPANCY, 4)
+    if not 0 < a.scale_in_occupancy < a.target_occupancy <= 1:
+        p.error(
+            f"--scale-in-occupancy={a.scale_in_occupancy} and --target-occupancy={a.target_occupancy}: give "
+            "0 < scale-in < target <= 1 (the gap stops flapping)"
+        )
     a.out = a.out or str(results_file(RESULTS, a.tiny))
     return a
 
@@ -170,9 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     mean_s = mean_service_s(reqs, model)
     base = ScalingPolicy(floor=a.floor, ceiling=a.ceiling, cold_start_s=a.cold_start, ttft_target_s=a.ttft_target)
     lo, hi = day.surge
-    booked = booked_units(day, model, mean_s, base.target_occupancy)
-    policy = replace(base, schedule=(ScheduledMinimum("announced surge", lo, hi, min(booked, a.ceiling)),))
-    required = required_units(reqs, model, base.target_occupancy, day.start_s, day.end_s)
+    # The yardsticks (the oracle, static for its peak, the booking of the announced surge) stay sized at
+    # the default occupancy: a scaler given more headroom pays for it against the same oracle.
+    booked = booked_units(day, model, mean_s, TARGET_OCCUPANCY)
+    policy = replace(
+        base,
+        target_occupancy=a.target_occupancy,
+        scale_in_occupancy=a.scale_in_occupancy,
+        schedule=(ScheduledMinimum("announced surge", lo, hi, min(booked, a.ceiling)),),
+    )
+    required = required_units(reqs, model, TARGET_OCCUPANCY, day.start_s, day.end_s)
     print(
         f"{len(reqs):,} requests over {day.hours:g} h (mean service {mean_s:.1f} s); the oracle needs "
         f"{int(required.min())}-{int(required.max())} units; the surge is booked at {booked} units",

@@ -17,6 +17,7 @@ from runtime.scaler.local_units import LocalUnits, Member
 
 UNITS_FILE = "units.txt"  # in --state-dir: the leaders the router routes to, rewritten as units come and go
 DECISIONS_FILE = "scaler.jsonl"
+UNIT_EVENTS_FILE = "units.jsonl"  # units started, ready, draining, stopped, given back: one JSON line each
 SUMMARY_FILE = "scaler-summary.json"
 DISCOVERY_INTERVAL_S = 0.5  # the router re-reads the units file this often
 
@@ -73,6 +74,7 @@ def start(
         units_file=state / UNITS_FILE,
         drain_timeout_s=a.drain_timeout,
         on_change=lambda: write_manifest(manifest, procs, units),
+        events_path=state / UNIT_EVENTS_FILE,
     )
     for unit_id in sorted({p.unit for p in procs if p.unit}):
         units.adopt(unit_id, [p for p in procs if p.unit == unit_id], started=first)

@@ -77,6 +77,7 @@ class LocalUnits:
     start_timeout_s: float = 300.0
     drain_timeout_s: float = 30.0
     on_change: Callable[[], None] | None = None  # called once members started or stopped
+    events_path: Path | None = None  # each event also appended here as a JSON line, as it happens
     units: dict[str, LocalUnit] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     _next: int = 0
@@ -189,6 +190,10 @@ class LocalUnits:
         tmp.replace(self.units_file)  # the router never reads half a file
 
     def _event(self, event: str, unit: LocalUnit, **fields: Any) -> None:
-        self.events.append({"ts": round(time.time(), 3), "event": event, "unit": unit.unit_id, **fields})
+        record = {"ts": round(time.time(), 3), "event": event, "unit": unit.unit_id, **fields}
+        self.events.append(record)
+        if self.events_path is not None:
+            with self.events_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
         if self.on_change is not None and event in ("unit_started", "unit_stopped", "unit_given_back"):
             self.on_change()

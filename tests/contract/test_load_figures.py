@@ -5,6 +5,7 @@ writes reads back figure for figure, and a load as members of earlier revisions 
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 
@@ -87,3 +88,14 @@ def test_a_figure_a_member_of_an_older_revision_leaves_out_reads_as_not_said():
     assert not report.given("in_flight") and report.given("running")
     assert report.model_dump(exclude_unset=True) == BEFORE_IN_FLIGHT
     assert Load().in_flight == 0  # a member writes 0 where it has none (a follower)
+
+
+def test_each_figure_the_engine_reports_and_a_member_passes_on_is_of_the_same_kind():
+    # The engine's counters (runtime.engines.base.EngineLoad) are the source of the figures a member
+    # passes on as they are (runtime/node/supervisor.py builds Load from them each ready body).
+    from runtime.engines.base import EngineLoad  # noqa: PLC0415
+
+    shared = [f for f in fields(EngineLoad) if f.name in Load.model_fields]
+    assert {f.name for f in shared} >= {"queue_depth", "running", "max_running", "kv_cache_used", "tokens_per_step"}
+    for f in shared:
+        assert f.type == Load.model_fields[f.name].annotation.__name__, f.name

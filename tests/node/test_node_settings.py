@@ -149,7 +149,7 @@ def test_the_command_exits_2_with_a_one_line_error():
     r = run_node(env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"flotilla-node: error: {contract.ENV_RANK}=5 is out of range: give a value in 0..1"
+        f"flotilla-node: error: {contract.ENV_RANK}=5 is out of range: give an integer from 0 to 1"
     ]
 
 
@@ -230,7 +230,7 @@ def test_a_bad_flag_is_named_as_the_flag_and_says_what_is_allowed():
         load_settings(
             ["--max-running", "0"], {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", "FLOTILLA_MAX_RUNNING": "8"}
         )
-    assert str(e.value) == "--max-running=0 is out of range: give a value in 1..4096"
+    assert str(e.value) == "--max-running=0 is out of range: give an integer from 1 to 4096"
 
 
 def test_a_flag_wins_over_the_environment_in_the_neuron_group_too():

@@ -63,6 +63,9 @@ DOCS_BEGIN = (
 DOCS_END = "<!-- END settings -->"
 
 
+PORT = Integer(1, 65535)  # a member's port in the peer list
+
+
 @dataclass(frozen=True)
 class Peer:
     host: str
@@ -354,11 +357,12 @@ class NodeSettings(DeclaredSettings):
         peers = info.data.get("peers")
         if info.data.get("rendezvous") != "static" or not peers:
             return None  # ecs rendezvous assigns ranks
+        ranks = Integer(0, len(peers) - 1)  # a range known only once the peers are
         if v is None:
             raise ValueError(
-                f"is required with static rendezvous: give this member's index in the peer list, 0..{len(peers) - 1}"
+                f"is required with static rendezvous: give this member's index in the peer list, {ranks.allowed}"
             )
-        fix = Integer(0, len(peers) - 1).fix  # a range known only once the peers are
+        fix = ranks.fix
         try:
             rank: int = handler(v)
         except ValidationError:
@@ -545,7 +549,7 @@ def parse_peers(raw: str) -> tuple[Peer, ...]:
                 f"has {item!r}, which is not host:port: list every member as host:port, comma-separated, in rank order"
             )
         if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"has port {port!r} in {item!r}: give a port in 1..65535")
+            raise ValueError(f"has port {port!r} in {item!r}: give a port, {PORT.allowed}")
         peers.append(Peer(host=host, port=int(port)))
     if len(set(peers)) != len(peers):
         raise ValueError("lists a member twice: give each member's host:port once")

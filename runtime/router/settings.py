@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -21,12 +22,13 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 import contract
 from contract import apikeys
 from contract.bad_input import NOT_GIVEN, bad_input_line
-from contract.declare import NOT_ALLOWED, Integer, Number, OneOf, refusal, refused
+from contract.declare import NOT_ALLOWED, Integer, Number, OneOf, refusal, refused, rule_of
 from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 
 _BAD = "router_setting"  # the error type of a rule across settings: its message is the line
@@ -525,7 +527,7 @@ class RouterSettings(BaseModel):
             choices = option.choices or (
                 get_args(field.annotation) if get_origin(field.annotation) is Literal else None
             )
-            shown = option.default or ("none" if field.default is None else field.default)
+            shown = _default_text(option, field)
             where = f"; env {option.env}" if option.env else ""
             metavar = "{" + ",".join(choices) + "}" if choices else option.flag.lstrip("-").upper().replace("-", "_")
             parser.add_argument(
@@ -577,6 +579,59 @@ def _options() -> dict[str, Option]:
     return out
 
 
+def _default_text(option: Option, field: FieldInfo) -> str:
+    return option.default or ("none" if field.default is None else str(field.default))
+
+
+def _allowed_text(option: Option, field: FieldInfo) -> str:
+    if option.choices:
+        return " or ".join(option.choices)
+    rule = rule_of(field.metadata)
+    return rule.allowed if rule is not None else "—"
+
+
+# -- docs/router.md ----------------------------------------------------------------------------------
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "router.md"
+DOCS_BEGIN = (
+    "<!-- BEGIN settings: rendered from runtime/router/settings.py by "
+    "`python -m runtime.router.settings --write-docs`; edit the declarations, not this table -->"
+)
+DOCS_END = "<!-- END settings -->"
+
+
+def settings_markdown() -> str:
+    """docs/router.md's settings table, rendered from the declarations (as --help is)."""
+    rows = ["| flag | environment variable | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for name, option in _options().items():
+        field = RouterSettings.model_fields[name]
+        env = f"`{option.env}`" if option.env else "—"
+        cells = (f"`{option.flag}`", env, _default_text(option, field), _allowed_text(option, field), option.help)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def docs_with_settings(doc: str) -> str:
+    """`doc` with the text between DOCS_BEGIN and DOCS_END replaced by settings_markdown()."""
+    head, begin, rest = doc.partition(DOCS_BEGIN)
+    _, end, tail = rest.partition(DOCS_END)
+    if not begin or not end:
+        raise ValueError(f"{DOCS} lacks the lines {DOCS_BEGIN!r} and {DOCS_END!r}: put them around the table")
+    return f"{head}{DOCS_BEGIN}\n{settings_markdown()}\n{DOCS_END}{tail}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m runtime.router.settings",
+        description="Print the router's settings table, or rewrite it in docs/router.md.",
+    )
+    p.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS}")
+    if p.parse_args(argv).write_docs:
+        DOCS.write_text(docs_with_settings(DOCS.read_text()))
+    else:
+        print(settings_markdown())
+    return 0
+
+
 def _one_line(problems: list[Any], sources: Mapping[str, str]) -> str:
     """pydantic's multi-line report as one line: each problem, the setting named by the flag or
     variable it came from (by its name when given in code)."""
@@ -596,3 +651,7 @@ def _one_line(problems: list[Any], sources: Mapping[str, str]) -> str:
             problem, fix = NOT_ALLOWED, err["msg"]
         lines.append(bad_input_line(sources.get(name, name), value, problem, fix, text=name in sources))
     return "; ".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,7 @@ import pytest
 
 import contract
 from runtime.__main__ import main
-from runtime.router.settings import RouterSettings, SettingsError, router_command
+from runtime.router.settings import DOCS, RouterSettings, SettingsError, docs_with_settings, router_command
 
 UNIT = "http://127.0.0.1:8000"
 
@@ -233,3 +233,12 @@ def test_the_command_that_starts_a_router_gives_each_setting_as_the_router_reads
 def test_the_router_command_refuses_a_name_that_is_not_a_setting_in_one_line():
     with pytest.raises(TypeError, match="^poll_interval is not a router setting with a flag: use one of host, "):
         router_command(poll_interval=0.2)
+
+
+def test_docs_router_md_shows_the_settings_as_declared():
+    doc = DOCS.read_text()
+    assert docs_with_settings(doc) == doc, (
+        "docs/router.md's settings table differs from the declarations in runtime/router/settings.py: "
+        "run python -m runtime.router.settings --write-docs"
+    )
+    assert "| `--max-queue-depth` | — | 32 | an integer from 1 to 100000 |" in doc  # the rule's words

@@ -34,8 +34,8 @@ NOT_GIVEN: Any = _NotGiven()  # the value of an input the operator left out (a r
 
 def bad_input_line(name: str, value: Any, problem: str, fix: str, *, text: bool = False) -> str:
     """`<name>=<value> <problem>: <fix>` (`<name> <problem>: <fix>` for a value NOT_GIVEN); problem
-    such as "is out of range", fix such as "give a value in 1..64". Newlines in any part are
-    folded, so the result is always one line."""
+    such as "is out of range", fix such as "give an integer from 1 to 64" (contract.declare words
+    each rule's). Newlines in any part are folded, so the result is always one line."""
     given = "" if value is NOT_GIVEN else f"={shown(value, text=text)}"
     return _NEWLINES.sub(" ", f"{name}{given} {problem}: {fix}")
 

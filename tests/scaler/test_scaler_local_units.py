@@ -4,6 +4,7 @@ A unit with a member that exits while starting, or that is not ready in time, is
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -80,5 +81,22 @@ def test_a_unit_not_ready_within_its_start_timeout_is_given_back(tmp_path):
     try:
         poll_until(units, unit.unit_id, GIVEN_BACK)
         assert "not ready" in unit.why and not unit.members[0].alive()
+    finally:
+        local.stop_all(units.members(), 5)
+
+
+def test_each_unit_event_is_written_to_the_events_file_as_it_happens(tmp_path):
+    events = tmp_path / "units.jsonl"
+    units = LocalUnits(
+        plan=lambda unit_id: [Process("leader", "raise SystemExit(3)", tmp_path / "l.log")],
+        units_file=tmp_path / "units.txt",
+        events_path=events,
+    )
+    unit = units.start()
+    try:
+        assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["unit_started"]
+        poll_until(units, unit.unit_id, GIVEN_BACK)
+        written = [json.loads(line) for line in events.read_text().splitlines()]
+        assert written == units.events  # the file says what the run did, even if the launcher dies after
     finally:
         local.stop_all(units.members(), 5)

@@ -10,17 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     ValidationError,
-    ValidationInfo,
     ValidatorFunctionWrapHandler,
     WrapValidator,
-    field_validator,
+    create_model,
 )
 
 
@@ -196,28 +195,11 @@ ROUTED_FIGURES: tuple[tuple[str, type, int | float], ...] = tuple(
 ROUTED_NAMES = tuple(name for name, _, _ in ROUTED_FIGURES)
 # A leader's routed figures in ROUTED_NAMES' order (ints and floats as Load declares each).
 LoadFigures = tuple[int | float, ...]
-_KINDS: dict[str, type] = {name: info.annotation for name, info in Load.model_fields.items()}  # type: ignore[misc]
-_UNSAID = {name: unsaid for name, _, unsaid in ROUTED_FIGURES if unsaid != Load.model_fields[name].default}
 
 
-class LoadReport(Load):
-    """A member's `load` as readers take it: Load's figures, each converted as int() / float() would
-    (a leader that sends "0.5" reports half its KV cache), and a Routed figure the member leaves out
-    read as its `unsaid`, so a figure added to Load is one readers take. Frozen, as Load is."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _as_kind(cls, v: Any, info: ValidationInfo) -> Any:
-        kind = _KINDS[info.field_name or ""]
-        try:
-            return kind(v)
-        except (TypeError, ValueError) as e:  # pydantic reports ValueErrors only
-            raise ValueError(f"{v!r} is not {kind.__name__}: {e}") from None
-
-    def model_post_init(self, context: Any, /) -> None:
-        for name, unsaid in _UNSAID.items():
-            if name not in self.model_fields_set:
-                self.__dict__[name] = unsaid  # before anyone reads it; model_fields_set stays as sent
+class LoadReading(Load):
+    """What a reader can ask of a member's `load` beyond its figures (LoadReport, below, is this with
+    every figure read leniently)."""
 
     def figures(self) -> LoadFigures:
         """The routed figures, as load_figures reads them (whole bodies: not the hot path)."""
@@ -227,6 +209,34 @@ class LoadReport(Load):
         """Whether the member sent this figure: a follower or an older revision leaves some out, and
         a reader that shows figures shows those as not said rather than as their default."""
         return name in self.model_fields_set
+
+
+def _as(kind: type) -> Any:
+    def convert(v: Any) -> Any:
+        try:
+            return kind(v)
+        except (TypeError, ValueError) as e:  # pydantic reports ValueErrors only
+            raise ValueError(f"{v!r} is not {kind.__name__}: {e}") from None
+
+    return BeforeValidator(convert)
+
+
+_UNSAID = {name: unsaid for name, _, unsaid in ROUTED_FIGURES}
+if TYPE_CHECKING:  # type checkers see the base, which has every name; pydantic the class built from it
+    LoadReport = LoadReading
+else:
+    LoadReport = create_model(
+        "LoadReport",
+        __base__=LoadReading,
+        __module__=__name__,
+        __doc__="A member's `load` as readers take it: each of Load's figures converted as int() / float()"
+        ' would (a leader that sends "0.5" reports half its KV cache), and a Routed figure the member leaves'
+        " out read as its `unsaid`. Built from Load's fields, so a figure added to Load is one readers take.",
+        **{
+            name: (Annotated[info.annotation, _as(info.annotation)], _UNSAID.get(name, info.default))
+            for name, info in Load.model_fields.items()
+        },
+    )
 
 
 def _compiled(name: str, source: str) -> Callable[..., Any]:

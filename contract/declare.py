@@ -16,17 +16,13 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import GetCoreSchemaHandler, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
-from contract.bad_input import Allowed
+from contract.bad_input import EMPTY, NOT_A_NUMBER, NOT_FINITE, Allowed, integer_range, number_range
+from contract.bad_input import NOT_ALLOWED as NOT_ALLOWED  # re-exported: the layers' validators word with them
+from contract.bad_input import NOT_AN_INTEGER as NOT_AN_INTEGER
+from contract.bad_input import OUT_OF_RANGE as OUT_OF_RANGE
+from contract.bad_input import number_text as number_text  # the docs' tables show numbers so too
 
 REFUSED = "flotilla_refused"  # the pydantic error type of every refusal: ctx holds its problem and fix
-
-# What is wrong with a value: one phrase per kind of mistake, the same in every layer.
-OUT_OF_RANGE = "is out of range"
-NOT_AN_INTEGER = "is not an integer"
-NOT_A_NUMBER = "is not a number"
-NOT_FINITE = "is not a finite number"
-NOT_ALLOWED = "is not allowed"
-EMPTY = "is empty"
 
 
 def refusal(problem: str, fix: str) -> PydanticCustomError:
@@ -40,11 +36,6 @@ def refused(error: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
     ctx = error.get("ctx") or {}
     return str(ctx["problem"]), str(ctx["fix"])
-
-
-def number_text(value: float) -> str:
-    """1, 0.25, 1e+06: a bound as the docs and the refusals show it."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 class Rule:
@@ -94,12 +85,6 @@ def _optional(schema: core_schema.CoreSchema, optional: bool) -> core_schema.Cor
     return core_schema.nullable_schema(schema) if optional else schema
 
 
-def _span(lo: float, hi: float | None, above: bool) -> str:
-    if above:
-        return f"above {number_text(lo)}" + (f", at most {number_text(hi)}" if hi is not None else "")
-    return f"from {number_text(lo)} to {number_text(hi)}" if hi is not None else f"of at least {number_text(lo)}"
-
-
 def _why(text: str, why: str, optional: bool) -> str:
     return text + (f" ({why})" if why else "") + (" (or omit it)" if optional else "")
 
@@ -113,7 +98,7 @@ class Integer(Rule):
         self, lo: int, hi: int | None = None, why: str = "", *, text: bool = False, optional: bool = False
     ) -> None:
         self.lo, self.hi, self.text, self.optional = lo, hi, text, optional
-        self.allowed = _why(f"an integer {_span(lo, hi, False)}", why, optional)
+        self.allowed = _why(integer_range(lo, hi), why, optional)
 
     def schema(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return _optional(core_schema.int_schema(strict=not self.text), self.optional)
@@ -132,7 +117,7 @@ class Number(Rule):
         self, lo: float, hi: float | None = None, why: str = "", *, above: bool = False, text: bool = False
     ) -> None:
         self.lo, self.hi, self.above, self.text = lo, hi, above, text
-        self.allowed = _why(f"a number {_span(lo, hi, above)}", why, False)
+        self.allowed = _why(number_range(lo, hi, above=above), why, False)
 
     def schema(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.float_schema(allow_inf_nan=False, strict=not self.text)

@@ -688,6 +688,11 @@ class Fleet:
     def routable_count(self) -> int:
         return len(self._routable())
 
+    def routable_besides(self, exclude: tuple[Member, ...]) -> bool:
+        """Whether a routable leader not in `exclude` exists (full or not): somewhere a moving stream
+        could go, now or once a slot frees."""
+        return any(u not in exclude for u in self._routable())
+
     def full_units(self, exclude: tuple[Member, ...] = ()) -> list[Member]:
         """Routable leaders, not in `exclude`, without a free batch slot (Member.has_free_slot): the
         units a moving stream must not be sent to yet. A scan of the routable index, not of every member."""

@@ -160,21 +160,34 @@ class Relay:
         content = upstream.content
         departure = Departure(member, self.fleet, s.stale_after_s)
         period = watch_period(s)
+        waited = 0.0  # silence so far, past stall bounds waited out for want of another unit
         while True:
             # A resumable stream that has produced tokens here counts silence past the stall bound as
             # a hung unit (a stopped member or a stuck collective); before its first token it may be
             # prefilling a long prompt, unless its unit left routing for a failure meanwhile. The bound
             # derives from the unit's own longest recent step, read afresh for every chunk: a busy
             # unit's long prefills and big batches are slow steps, not a hang.
-            quiet = s.idle_stream_timeout_s
+            quiet = s.idle_stream_timeout_s - waited
+            stall = None
             if ledger is not None and ledger.since_move:
-                quiet = min(quiet, stall_bound(s.stream_stall_s, member.step_s, s.stream_stall_max_s))
+                stall = stall_bound(s.stream_stall_s, member.step_s, s.stream_stall_max_s)
+                quiet = min(quiet, stall)
             movable = ledger is not None and ledger.reported and ledger.moves < s.max_moves
             try:
                 chunk = await next_chunk(content, quiet, departure if movable else None, period)
             except TimeoutError:
+                silent = waited + quiet
+                if stall is not None and quiet == stall and silent < s.idle_stream_timeout_s:
+                    # Past the stall bound, a stream moves only where another unit could take it: with
+                    # none routable (the only serving unit, slowed by a unit starting beside it), moving
+                    # would end the stream with no_unit_to_resume, while its own unit may still finish
+                    # it. It waits on, up to the idle-stream timeout, as for a unit that left routing
+                    # (waits.Departure), and moves as soon as another unit turns routable.
+                    if movable and not self.fleet.routable_besides((member, *ledger.avoid)):
+                        waited = silent
+                        continue
                 steps = f" (its steps took up to {member.step_s:g} s)" if member.step_s else ""
-                return "idle_timeout", f"unit {member.unit} sent nothing for {quiet:g} s{steps}"
+                return "idle_timeout", f"unit {member.unit} sent nothing for {silent:g} s{steps}"
             except UnitLeft:
                 return "unit_left", f"unit {member.unit} left routing ({member.state}) with the stream waiting on it"
             except (aiohttp.ClientError, OSError) as exc:
@@ -185,6 +198,7 @@ class Relay:
                 )
             if not chunk:
                 break
+            waited = 0.0
             moved: str | None = None
             if framer is not None:
                 chunk = framer.feed(chunk)

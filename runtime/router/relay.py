@@ -183,7 +183,7 @@ class Relay:
                     # would end the stream with no_unit_to_resume, while its own unit may still finish
                     # it. It waits on, up to the idle-stream timeout, as for a unit that left routing
                     # (waits.Departure), and moves as soon as another unit turns routable.
-                    if movable and not self.fleet.routable_besides((member, *ledger.avoid)):
+                    if movable and ledger is not None and not self.fleet.routable_besides((member, *ledger.avoid)):
                         waited = silent
                         continue
                 steps = f" (its steps took up to {member.step_s:g} s)" if member.step_s else ""

@@ -34,8 +34,8 @@ NOT_GIVEN: Any = _NotGiven()  # the value of an input the operator left out (a r
 
 def bad_input_line(name: str, value: Any, problem: str, fix: str, *, text: bool = False) -> str:
     """`<name>=<value> <problem>: <fix>` (`<name> <problem>: <fix>` for a value NOT_GIVEN); problem
-    such as "is out of range", fix such as "give a value in 1..64". Newlines in any part are
-    folded, so the result is always one line."""
+    such as "is out of range", fix such as "give an integer from 1 to 64" (contract.declare words
+    each rule's). Newlines in any part are folded, so the result is always one line."""
     given = "" if value is NOT_GIVEN else f"={shown(value, text=text)}"
     return _NEWLINES.sub(" ", f"{name}{given} {problem}: {fix}")
 
@@ -46,6 +46,38 @@ class BadInput(ValueError):
     def __init__(self, name: str, value: Any, problem: str, fix: str, *, text: bool = False) -> None:
         self.name, self.value, self.problem, self.fix = name, value, problem, fix
         super().__init__(bad_input_line(name, value, problem, fix, text=text))
+
+
+# What is wrong with a value: one phrase per kind of mistake, the same wherever it is given. The
+# words of a range live here, with the standard library only, so that code shipped without pydantic
+# (the scaler's Lambda function, contract/scaling.py) words a range as contract.declare's rules do.
+OUT_OF_RANGE = "is out of range"
+NOT_AN_INTEGER = "is not an integer"
+NOT_A_NUMBER = "is not a number"
+NOT_FINITE = "is not a finite number"
+NOT_ALLOWED = "is not allowed"
+EMPTY = "is empty"
+
+
+def number_text(value: float) -> str:
+    """1, 0.25, 1e+06: a bound as the docs and the refusals show it."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _span(lo: float, hi: float | None, above: bool) -> str:
+    if above:
+        return f"above {number_text(lo)}" + (f", at most {number_text(hi)}" if hi is not None else "")
+    return f"from {number_text(lo)} to {number_text(hi)}" if hi is not None else f"of at least {number_text(lo)}"
+
+
+def integer_range(lo: int, hi: int | None = None) -> str:
+    """'an integer from 1 to 64', 'an integer of at least 1': what a range allows, in every layer's words."""
+    return f"an integer {_span(lo, hi, False)}"
+
+
+def number_range(lo: float, hi: float | None = None, *, above: bool = False) -> str:
+    """'a number from 0.01 to 60', 'a number above 0', 'a number above 0, at most 1'."""
+    return f"a number {_span(lo, hi, above)}"
 
 
 class Allowed:

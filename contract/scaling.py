@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from contract.bad_input import BadInput
+from contract.bad_input import OUT_OF_RANGE, BadInput, integer_range, number_range
 
 # The temporary floor's SSM String parameter (one per deployment). Written by `flotilla scale floor`,
 # read by the scaler on every pass; never created by the stacks, so a `cdk deploy` cannot reset an
@@ -92,7 +92,9 @@ class ScheduledMinimum:
 
     def __post_init__(self) -> None:
         if not _whole(self.units, 1):
-            raise ScalingError(f"scheduled {self.name}: units", self.units, "is out of range", f"1 to {MAX_UNITS}")
+            raise ScalingError(
+                f"scheduled {self.name}: units", self.units, OUT_OF_RANGE, f"give {integer_range(1, MAX_UNITS)}"
+            )
         if not self.end_s > self.start_s:
             raise ScalingError(
                 f"scheduled {self.name}: end",
@@ -150,7 +152,7 @@ class TemporaryFloor:
 
     def __post_init__(self) -> None:
         if not _whole(self.units, 0):
-            raise ScalingError("units", self.units, "is out of range", f"a whole number from 0 to {MAX_UNITS}")
+            raise ScalingError("units", self.units, OUT_OF_RANGE, f"give {integer_range(0, MAX_UNITS)}")
         if not isinstance(self.reason, str) or len(self.reason) > 256:
             raise ScalingError("reason", self.reason, "is too long", "text of at most 256 characters")
 
@@ -222,11 +224,13 @@ class ScalingPolicy:
         for name, low in (("floor", 1), ("ceiling", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_UNITS:
-                raise ScalingError(name, value, "is out of range", f"a whole number from {low} to {MAX_UNITS}")
+                raise ScalingError(name, value, OUT_OF_RANGE, f"give {integer_range(low, MAX_UNITS)}")
         if self.ceiling < self.floor:
             raise ScalingError("ceiling", self.ceiling, "is below the floor", f"at least floor ({self.floor})")
         if not (isinstance(self.cold_start_s, (int, float)) and 0 < self.cold_start_s <= 86400):
-            raise ScalingError("cold_start_s", self.cold_start_s, "is out of range", "seconds from 1 to 86400")
+            raise ScalingError(
+                "cold_start_s", self.cold_start_s, OUT_OF_RANGE, f"give {number_range(0, 86400, above=True)} (seconds)"
+            )
         if not 0 < self.scale_in_occupancy < self.target_occupancy <= 1:
             raise ScalingError(
                 "scale_in_occupancy",
@@ -238,11 +242,13 @@ class ScalingPolicy:
             if not getattr(self, name) > 0:
                 raise ScalingError(name, getattr(self, name), "is not positive", "a number of seconds above 0")
         if not 0 < self.step_down_fraction <= 1 or not 0 < self.pressure_step_fraction <= 1:
-            raise ScalingError("step fractions", self.step_down_fraction, "is out of range", "0 < fraction <= 1")
+            raise ScalingError(
+                "step fractions", self.step_down_fraction, OUT_OF_RANGE, f"give {number_range(0, 1, above=True)}"
+            )
         if not self.max_growth >= 1:
             raise ScalingError("max_growth", self.max_growth, "is below 1", "a factor of at least 1")
         if not isinstance(self.slots_per_unit, int) or self.slots_per_unit < 1:
-            raise ScalingError("slots_per_unit", self.slots_per_unit, "is out of range", "a whole number of at least 1")
+            raise ScalingError("slots_per_unit", self.slots_per_unit, OUT_OF_RANGE, f"give {integer_range(1)}")
         if len(self.schedule) > MAX_SCHEDULED:
             raise ScalingError("schedule", len(self.schedule), "is too long", f"at most {MAX_SCHEDULED} entries")
         over = [s.name for s in self.schedule if s.units > self.ceiling]

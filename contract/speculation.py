@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from contract import Engine
 from contract.bad_input import Allowed, BadInput
+from contract.declare import OUT_OF_RANGE, Integer
 from contract.neuron import NXDI_2_28, SDK_DOCS_2_28_0
 
 # What a neuron unit's vLLM reads (PLUGIN_MAIN: the newest stored revision of vllm-project/vllm-neuron;
@@ -41,6 +42,7 @@ METHODS_BY_ENGINE: dict[str, tuple[str, ...]] = {
     Engine.ECHO: (NONE,),
 }
 MAX_SPECULATIVE_TOKENS = 16  # flotilla's bound: verifying more rows a step stops paying long before
+TOKENS_RULE = Integer(1, MAX_SPECULATIVE_TOKENS)  # checked in check_speculation, worded as every range
 DEFAULT_SPECULATIVE_TOKENS = 4
 
 # The node's settings (the stacks set them from the deployment config's `speculation` section).
@@ -95,7 +97,7 @@ def check_speculation(
             f"{key}.method", method, f"is not a method engine {engine} runs", f"use one of {', '.join(allowed)}"
         )
     if not 1 <= tokens <= MAX_SPECULATIVE_TOKENS:
-        raise BadInput(f"{key}.num_speculative_tokens", tokens, "is out of range", f"give 1..{MAX_SPECULATIVE_TOKENS}")
+        raise BadInput(f"{key}.num_speculative_tokens", tokens, OUT_OF_RANGE, TOKENS_RULE.fix)
     if method in (EAGLE, EAGLE3):
         if nodes > 1:
             raise BadInput(
@@ -145,9 +147,7 @@ class Speculation(BaseModel):
     method: Annotated[str, Allowed("one of " + ", ".join(METHODS) + ", as the units' engine runs it")] = NONE
     """Speculative decoding: `ngram` (prompt lookup) on the reference engine, EAGLE (`eagle`, `eagle3`) on
     one-node `neuron` units; `none` decodes one token a step ([engine.md](engine.md))."""
-    num_speculative_tokens: Annotated[int, Allowed(f"an integer from 1 to {MAX_SPECULATIVE_TOKENS}")] = (
-        DEFAULT_SPECULATIVE_TOKENS
-    )
+    num_speculative_tokens: Annotated[int, Allowed(TOKENS_RULE.allowed)] = DEFAULT_SPECULATIVE_TOKENS
     """Tokens proposed per step."""
     draft: Annotated[str, Allowed("a directory inside model.s3_uri")] = ""
     """`eagle`, `eagle3`: the draft checkpoint's directory inside `model.s3_uri`, so the model's manifest

@@ -17,13 +17,13 @@ from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
-from pydantic_core import core_schema
 
 import contract
+from contract.declare import Integer, Items, Matches, OneOf, refused
 from contract.rollout import WavePlan, default_units_per_wave, plan_waves
 from contract.speculation import Speculation
-from stacks.config_rules import REFUSED, Listed, Rule, Section, between, matches, one_of
 from stacks.config_rules import ConfigError as ConfigError  # re-exported: callers import it from here
+from stacks.config_rules import Section
 from stacks.config_sections import AZ_RE
 from stacks.config_sections import LIVE_TARGET_GROUPS as LIVE_TARGET_GROUPS  # stacks/front.py reads it here
 from stacks.config_sections import CapacityConfig as CapacityConfig  # re-exported: callers import the sections here
@@ -128,24 +128,24 @@ class FlotillaConfig(Section):
     """The whole deployment. Built by load_config(); read-only afterwards."""
 
     deployment_name: Annotated[
-        str, matches(_DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")
+        str, Matches(_DEPLOYMENT_NAME_RE, "1-24 characters: a letter, then letters, digits or -")
     ] = "flotilla"
     """Prefix of the CloudFormation stack names (`flotilla-Cell-0`); not starting with aws, ecs or fargate
     in any case (ECS refuses capacity providers so named, aws/aws-cdk#29151)."""
-    instance_type: Annotated[str, one_of(tuple(HOST_INSTANCES))] = "trn1.32xlarge"
+    instance_type: Annotated[str, OneOf(*HOST_INSTANCES)] = "trn1.32xlarge"
     """The node type. Trainium (16 chips; 32, 32 or 64 NeuronCores; 8, 16 or 16 EFA interfaces,
     [hardware.md](hardware.md)) takes the `neuron` engine only; the x86 types (2 or 4 vCPUs, no EFA) take
     the `reference` or `echo` engine only, for a staging fleet ([staging](runbooks/staging-before-production.md))."""
-    nodes_per_unit: Annotated[int, between(1, 64)] = 1
+    nodes_per_unit: Annotated[int, Integer(1, 64)] = 1
     """Instances per model replica (rank 0 leads); the node runtime accepts at most 64 too. With the
     `neuron` engine it also picks the image: 1 runs AWS's vLLM image, more NxD Inference split over every
     node's NeuronCores. Synth refuses a layout the model's shape does not split into
     ([model-layout.md](model-layout.md)); `flotilla plan` recommends 1 whenever the model fits."""
-    units: Annotated[int, between(1, 10000)] = 1
+    units: Annotated[int, Integer(1, 10000)] = 1
     """Model replicas in the fleet; with `scaling`, the most the scaler may run."""
     units_per_cell: Annotated[
         int,
-        between(
+        Integer(
             1,
             contract.MAX_UNITS_PER_CELL,
             f"ECS allows {contract.MAX_UNITS_PER_CELL} capacity providers per cluster, one per unit",
@@ -154,8 +154,8 @@ class FlotillaConfig(Section):
     """Units per ECS cluster (`Cell-<n>` stack). Fixed once deployed: a new value moves units to other
     cells, which `flotilla check-update` refuses. An account whose ECS quota is 10 sets 10."""
     availability_zones: Annotated[
-        tuple[Annotated[str, matches(AZ_RE, "AZ names like us-east-1a")], ...],
-        Listed(
+        tuple[Annotated[str, Matches(AZ_RE, "AZ names like us-east-1a")], ...],
+        Items(
             "a list of 2 to 6 AZ names like [us-east-1a, us-east-1b], or [] for the region's first three",
             lambda n: n == 0 or 2 <= n <= 6,
         ),
@@ -164,15 +164,15 @@ class FlotillaConfig(Section):
     environment-agnostic). Trainium is offered in a few AZs only: name those of your capacity (with
     `region` set synth refuses `[]` for a Trainium type). New AZs on a running deployment are a new
     deployment (CloudFormation refuses to replace subnets other stacks import)."""
-    account: Annotated[str | None, matches(_ACCOUNT_RE, "a 12-digit account id", optional=True)] = None
+    account: Annotated[str | None, Matches(_ACCOUNT_RE, "a 12-digit account id", optional=True)] = None
     """The AWS account to deploy to; unset with `region`: environment-agnostic templates."""
-    region: Annotated[str | None, matches(_REGION_RE, "a region like us-east-1", optional=True)] = None
+    region: Annotated[str | None, Matches(_REGION_RE, "a region like us-east-1", optional=True)] = None
     """The AWS region to deploy to; unset: environment-agnostic templates."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The model: where it is published, its name and its shape."""
     image: Annotated[
         str | None,
-        matches(
+        Matches(
             _IMAGE_RE,
             "an image URI with a tag or digest, like 123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0",
             optional=True,
@@ -180,26 +180,23 @@ class FlotillaConfig(Section):
     ] = None
     """A prebuilt image; unset: built at `make deploy`, for `neuron` units from `runtime/Dockerfile.neuron`
     (one node) or `runtime/Dockerfile.neuron-multinode` (more), for the others from `runtime/Dockerfile`."""
-    certificate_arn: Annotated[str | None, matches(_CERT_RE, "an ACM certificate ARN", optional=True)] = None
+    certificate_arn: Annotated[str | None, Matches(_CERT_RE, "an ACM certificate ARN", optional=True)] = None
     """HTTPS on the ALB (Front stack), with this certificate of the deployment's region; unset: HTTP on 80."""
-    alarm_email: Annotated[str | None, matches(_EMAIL_RE, "an e-mail address", optional=True)] = None
+    alarm_email: Annotated[str | None, Matches(_EMAIL_RE, "an e-mail address", optional=True)] = None
     """Subscribes this address to the alarms' SNS topic (Observability stack)."""
     # YAML reads `revision: 2` as a number; the revision is a label, so take its text.
-    revision: Annotated[str, matches(_REVISION_RE, "1-64 characters: letters, digits, . _ -"), BeforeValidator(str)] = (
+    revision: Annotated[str, Matches(_REVISION_RE, "1-64 characters: letters, digits, . _ -"), BeforeValidator(str)] = (
         "1"
     )
     """The deployment revision every task carries: change it to roll every unit."""
-    unit_rollout: Annotated[str, one_of(UNIT_ROLLOUTS)] = "surge"
+    unit_rollout: Annotated[str, OneOf(*UNIT_ROLLOUTS)] = "surge"
     """How a unit rolls to a new revision. `surge` (zero downtime): minimum healthy 100 %, maximum 200 %;
     the ASG may grow to twice `nodes_per_unit` so the new revision forms beside the old one, which then
     drains (needs that spare capacity in the AZ). `replace`: the unit's tasks stop, then start on the same
     instances; the unit is out of rotation while it re-forms ([rollouts](rollouts.md))."""
     units_per_wave: Annotated[
         int | None,
-        Rule(
-            core_schema.nullable_schema(core_schema.int_schema(ge=1, le=10000, strict=True)),
-            "an integer from 1 to 10000 (units that roll at once), or omit it for about 10 % of units",
-        ),
+        Integer(1, 10000, "units that roll at once", optional=True),
     ] = None
     """Units that roll at once, fleet-wide, at most `units` (`contract/rollout.py` lays it out as units per
     cell wave times cells at once); unset: about 10 % of `units`, at least 1. First creation uses the same
@@ -211,8 +208,8 @@ class FlotillaConfig(Section):
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     """Where the Trainium instances come from."""
     drained_units: Annotated[
-        tuple[Annotated[str, matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...],
-        Listed("a list of unit ids like [cell0-unit3]"),
+        tuple[Annotated[str, Matches(_UNIT_ID_RE, "unit ids like cell0-unit3")], ...],
+        Items("a list of unit ids like [cell0-unit3]"),
     ] = ()
     """Units of the layout the template holds at desired count 0, so a deploy never brings them back:
     CloudFormation writes a service's desired count on every update, so a drain made only with
@@ -682,9 +679,10 @@ def _config_error(exc: ValidationError) -> ConfigError:
         return raised
     path = tuple(part for part in err["loc"] if isinstance(part, str))  # list indexes dropped
     key = ".".join(path) or "flotilla"
-    if err["type"] == REFUSED:
-        allowed = ctx["allowed"]
-    elif err["type"] == "extra_forbidden":
+    problem_fix = refused(err)
+    if problem_fix is not None:
+        return ConfigError(key, err["input"], problem_fix[1], problem=problem_fix[0])
+    if err["type"] == "extra_forbidden":
         known = ", ".join(_section_at(path[:-1]).model_fields)
         return ConfigError(key, err["input"], f"use one of {known}", problem="is not a known key")
     elif err["type"] in ("model_type", "model_attributes_type"):

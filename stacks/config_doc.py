@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from contract.declare import allowed_of
 from stacks.config import ConfigError, FlotillaConfig, parse_config
-from stacks.config_rules import Allowed, Listed, Rule
 from stacks.scaling_config import section_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,20 +53,9 @@ class Row:
     meaning: str
 
 
-def _rule_text(metadata: list[Any] | tuple[Any, ...]) -> str | None:
-    for item in metadata:
-        if isinstance(item, (Allowed, Listed, Rule)):
-            return item.allowed
-    lo = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
-    hi = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
-    if lo is not None and hi is not None:
-        return f"a number from {lo} to {hi}"
-    return None
-
-
 def allowed_text(field: FieldInfo) -> str:
     """The values a field takes, in the words its refusal uses."""
-    text = _rule_text(field.metadata)
+    text = allowed_of(field.metadata)
     if text is not None:
         return text
     annotation = field.annotation
@@ -75,10 +63,12 @@ def allowed_text(field: FieldInfo) -> str:
         return "true or false"
     if getattr(annotation, "__origin__", None) is tuple:
         inner = get_args(annotation)[0]
-        inner_text = _rule_text(getattr(inner, "__metadata__", ()))
+        inner_text = allowed_of(getattr(inner, "__metadata__", ()))
         if inner_text is not None:
             return f"a list of {inner_text}"
-    raise ValueError(f"no stated allowed values for {annotation!r}: give the field an Allowed(...) in its Annotated")
+    raise ValueError(
+        f"no stated allowed values for {annotation!r}: give the field a contract.declare rule or an Allowed(...)"
+    )
 
 
 def default_text(value: Any) -> str:

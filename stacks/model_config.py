@@ -14,13 +14,13 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BeforeValidator, model_validator
-from pydantic_core import core_schema
 
 from contract import Engine
-from contract.bad_input import NOT_GIVEN
+from contract.bad_input import NOT_GIVEN, Allowed
+from contract.declare import Matches, OneOf
 from contract.layout import LayoutError, check_layout
 from contract.llama import FIELDS, PRESETS, LlamaShape, ShapeError, load_config_json, preset, preset_names
-from stacks.config_rules import S3_URI_ALLOWED, S3_URI_RE, Allowed, ConfigError, Rule, Section, matches, split_s3_uri
+from stacks.config_rules import S3_URI_ALLOWED, S3_URI_RE, ConfigError, Section, split_s3_uri
 from stacks.hosts import is_trainium
 
 if TYPE_CHECKING:
@@ -80,32 +80,29 @@ class ModelConfig(Section):
     """Where the compiled/sharded model artifacts live, the name clients ask for, and the model's shape
     (what synth checks the unit's layout against)."""
 
-    s3_uri: Annotated[str, matches(S3_URI_RE, S3_URI_ALLOWED)] = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
+    s3_uri: Annotated[str, Matches(S3_URI_RE, S3_URI_ALLOWED)] = "s3://flotilla-models-example/llama-3.1-8b-instruct/"
     """Where the model is published (`python -m runtime artifacts publish`, which writes the
     `flotilla-manifest.json` the nodes verify against); nodes may read only this prefix."""
-    name: Annotated[str, matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = "llama-3.1-8b-instruct"
+    name: Annotated[str, Matches(_NAME_RE, "1-128 characters: letters, digits, . _ : / -")] = "llama-3.1-8b-instruct"
     """The name clients send as `model`."""
     shape: Annotated[Any, BeforeValidator(_shape_value), Allowed(SHAPE_ALLOWED)] = None
     """The model's shape, which synth checks the unit's layout and memory against: a known model's name
     (`contract/llama.py` presets) or its `config.json` fields inline. Unset: the preset `model.name` names
     (`llama-3.1-8b-instruct` is `llama-3.1-8b`), else `model.config_json`; a config that names neither a
     known model nor a shape is refused ([model-layout.md](model-layout.md))."""
-    config_json: Annotated[str | None, matches(_PATH_RE, "the path of the model's config.json", optional=True)] = None
+    config_json: Annotated[str | None, Matches(_PATH_RE, "the path of the model's config.json", optional=True)] = None
     """The path of the model's `config.json` instead of `model.shape`, relative to the YAML file it is
     written in (to the project directory in `cdk.json`)."""
     compile_cache_uri: Annotated[
         str,
-        Rule(core_schema.str_schema(pattern=f"^$|{S3_URI_RE.pattern}", strict=True), S3_URI_ALLOWED),
+        Matches(f"^$|{S3_URI_RE.pattern}", S3_URI_ALLOWED),
         BeforeValidator(lambda v: v or ""),
     ] = ""
     """`neuron` engine: where nodes cache NxD Inference's compiled artifacts, the one prefix they may write
     (the model stays read-only); unset: `s3://<model bucket>/neuron-compile-cache/`."""
     builtin: Annotated[
         str,
-        Rule(
-            core_schema.literal_schema(list(BUILTIN_MODELS)),
-            "tiny or smollm2 (the reference engine's built-in models), or omit it",
-        ),
+        OneOf(*BUILTIN_MODELS, allowed="tiny or smollm2 (the reference engine's built-in models), or omit it"),
     ] = ""
     """`reference` engine only: the built-in model baked into the unit image at build (`runtime/Dockerfile`,
     `BUILTIN_MODEL`), so a staging fleet needs no model bucket; unset: the node's default."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from contract import scaling
+from contract.bad_input import Allowed
+from contract.declare import NOT_ALLOWED, Integer, Number, refusal
 from contract.scaling import ScalingError, ScalingPolicy, ScheduledMinimum
-from stacks.config_rules import Allowed, refuse
 
 if TYPE_CHECKING:
     from stacks.config import FlotillaConfig
@@ -26,22 +27,16 @@ OBSERVABILITY_SCALER_ALARMS = 2
 MAX_RESOURCES_PER_STACK = 500  # CloudFormation, as stacks/config.py
 
 
-def _refused(allowed: str) -> Exception:
-    """The config's own refusal (worded as key=value is not allowed: allowed)."""
-    return refuse(allowed)
-
-
-def _number(lo: float, hi: float) -> Any:
-    return Field(ge=lo, le=hi)
+_SCHEDULE = "a list of booked peaks: [{name, start, end, units, reservation}]"
 
 
 def _schedule(value: Any) -> Any:
     if not isinstance(value, (list, tuple)):
-        raise _refused("a list of booked peaks: [{name, start, end, units, reservation}]")
+        raise refusal(NOT_ALLOWED, f"give {_SCHEDULE}")
     try:
         return tuple(ScheduledMinimum.from_json(dict(v) if isinstance(v, dict) else v) for v in value)
     except ScalingError as err:
-        raise _refused(str(err)) from None
+        raise refusal(NOT_ALLOWED, str(err)) from None
 
 
 class ScalingConfig(BaseModel):
@@ -50,24 +45,22 @@ class ScalingConfig(BaseModel):
     # A field's docstring is its description in docs/configuration.md (stacks/config_doc.py).
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
-    floor: Annotated[int, Field(ge=1, le=scaling.MAX_UNITS, strict=True)] = 1
+    floor: Annotated[int, Integer(1, scaling.MAX_UNITS)] = 1
     """Units that always serve, at most `units`: the first ones of the layout (cell 0 first); their desired
     count is in the template and the scaler never drains them."""
-    cold_start_s: Annotated[float, _number(60, 7200)] = 900.0
+    cold_start_s: Annotated[float, Number(60, 7200)] = 900.0
     """Seconds from a unit's start to its first request (instance launch, image, model, compile cache,
     warm-up; [scaling.md](scaling.md#cold-start)): the scaler adds units this far ahead, and gives back a
     unit that does not serve within three of them."""
-    hold_s: Annotated[float, _number(0, 86400)] = 0.0
+    hold_s: Annotated[float, Number(0, 86400)] = 0.0
     """No reversal of direction within this many seconds; 0: twice the cold start."""
-    ttft_target_s: Annotated[float, _number(0.05, 600)] = 2.0
+    ttft_target_s: Annotated[float, Number(0.05, 600)] = 2.0
     """The p99 time to first token above which the fleet counts as pressed."""
-    target_occupancy: Annotated[float, _number(0.1, 1.0)] = scaling.TARGET_OCCUPANCY
+    target_occupancy: Annotated[float, Number(0.1, 1.0)] = scaling.TARGET_OCCUPANCY
     """The share of the batch slots the fleet may fill before another unit is wanted."""
-    scale_in_occupancy: Annotated[float, _number(0.05, 0.95)] = scaling.SCALE_IN_OCCUPANCY
+    scale_in_occupancy: Annotated[float, Number(0.05, 0.95)] = scaling.SCALE_IN_OCCUPANCY
     """The share the other units may fill after one leaves; below `target_occupancy`."""
-    scheduled: Annotated[
-        tuple[ScheduledMinimum, ...], Allowed("a list of booked peaks: [{name, start, end, units, reservation}]")
-    ] = ()
+    scheduled: Annotated[tuple[ScheduledMinimum, ...], Allowed(_SCHEDULE)] = ()
     """Booked peaks: at least `units` from `start` to `end` (ISO 8601 with an offset), started a cold start
     early; `reservation` names the Capacity Block or future-dated ODCR bought for it
     ([runbook](runbooks/scale-for-peak.md))."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import AsyncIterator, ClassVar, Protocol, Sequence
+from typing import AsyncIterator, Protocol, Sequence
 
 # The defaults of the engine knobs a unit member's settings set (runtime/node/settings.py declares
 # those settings with these values): an engine built outside a node (tests, benchmarks) runs as a
@@ -161,34 +161,6 @@ class EngineLoad:
 class EngineHealth:
     state: EngineState
     detail: str = ""
-
-
-class LoadPhase(str, enum.Enum):
-    """Where a starting engine is in its load; the value is the ready body's `loading.phase`."""
-
-    FETCH_MODEL = "fetch_model"  # weights from S3 to local disk (bytes counted)
-    FETCH_COMPILED = "fetch_compiled"  # compiled artifacts from the compile cache (bytes counted)
-    COMPILE = "compile"  # no cached compile: NxD Inference traces and compiles (not counted)
-    LOAD = "load"  # this node's ranks: weights sharded and put on the NeuronCores (not counted)
-    WARMUP = "warmup"  # one forward per compiled model, across every node of the unit (not counted)
-    JOIN = "join"  # loaded; waiting for the unit's other nodes to load
-
-
-@dataclass(frozen=True)
-class LoadProgress:
-    """A starting engine's progress, so a long load is seen moving: `done_bytes` of `total_bytes` in
-    the phases that move bytes (0 of 0 in the others), and seconds since the phase began. The engine
-    process sends it to its supervisor as it is (runtime/node/engine_protocol.py, op "progress"); the
-    ready body carries it as contract.ready.Loading."""
-
-    op: ClassVar[str] = "progress"
-    phase: LoadPhase
-    done_bytes: int = 0
-    total_bytes: int = 0
-    phase_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "phase", LoadPhase(self.phase))  # a line carries its value
 
 
 class Tokenizer(Protocol):

@@ -1,15 +1,16 @@
 """How a node setting is declared once (flag, environment variable, default, rule, help) and read
-back for the parser, the error messages and docs/node.md (runtime/node/settings.py declares them)."""
+back for the parser, the error messages and docs/node.md (runtime/node/settings.py declares them).
+The rule is contract.declare's, the one toolkit of the node, router and deployment config settings."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
+from contract.declare import OneOf, Rule, number_text, rule_of
 from runtime.artifacts.manifest import ManifestError, parse_s3_uri
 
 
@@ -29,25 +30,23 @@ def setting(
     *,
     shown: str | None = None,
     neuron_default: Any = None,
-    choices: Sequence[str] = (),
-    empty_fix: str | None = None,
-    **rules: Any,
+    rule: Rule | None = None,
 ) -> Any:
     """Declare one setting. `help` is both the --help text and the docs' meaning; `shown` replaces
-    the default in both when it is computed; `rules` are pydantic's constraints (ge, le, ...)."""
-    return Field(
+    the default in both when it is computed; `rule` (contract.declare) checks the value, words its
+    refusal and states the docs' allowed values. A node reads every value as text (a flag, a
+    variable), so the rule parses text."""
+    field: FieldInfo = Field(
         default,
         description=help,
-        json_schema_extra={
-            "flag": flag,
-            "env": env,
-            "shown": shown,
-            "neuron_default": neuron_default,
-            "choices": list(choices),
-            "empty_fix": empty_fix,
-        },
-        **rules,
+        json_schema_extra={"flag": flag, "env": env, "shown": shown, "neuron_default": neuron_default},
     )
+    if rule is not None:
+        # A field's metadata is the Annotated metadata pydantic applies to its type
+        # (https://docs.pydantic.dev/latest/concepts/fields/, "Using Annotated"): the rule runs as
+        # it would written as Annotated[int, rule].
+        field.metadata.append(rule.reading_text())
+    return field
 
 
 class DeclaredSettings(BaseModel):
@@ -59,16 +58,6 @@ class DeclaredSettings(BaseModel):
     # field (world_size from the peers, api_port, model_name) and a frozen model cannot change after
     # validation. validate_default: those validators must run when the field was not given too.
     model_config = ConfigDict(frozen=True, validate_default=True, str_strip_whitespace=True, extra="forbid")
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _declared_rules(cls, v: Any, info: ValidationInfo) -> Any:
-        extra = extra_of(cls.model_fields[info.field_name or ""])
-        if extra.get("empty_fix") and v == "":
-            raise ValueError(f"is empty: {extra['empty_fix']}")
-        if extra.get("choices") and v not in extra["choices"]:
-            raise ValueError(f"is not known: use one of {', '.join(extra['choices'])}")
-        return v
 
 
 def extra_of(f: FieldInfo) -> dict[str, Any]:
@@ -86,34 +75,27 @@ class Declared:
     default: Any
     shown: str | None
     neuron_default: Any
-    choices: tuple[str, ...]
-    lo: float | None
-    hi: float | None
+    rule: Rule | None
 
     @property
     def dest(self) -> str:
         return ".".join(self.path)
 
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(map(str, self.rule.choices)) if isinstance(self.rule, OneOf) else ()
+
     def default_text(self) -> str:
         text = self.shown if self.shown is not None else "—" if self.default is None else _num(self.default)
         return text if self.neuron_default is None else f"{text} (neuron: {_num(self.neuron_default)})"
 
-    def meaning(self) -> str:
-        """The docs' text: the help and, for a choice, the values (which --help shows as the metavar)."""
-        if not self.choices:
-            return self.help
-        values = [f"`{c}`" for c in self.choices]
-        return f"{self.help}: {', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else self.help
-
     def allowed(self) -> str:
-        """' in 1..64', ' >= 0' or '': what a number may be."""
-        if self.lo is not None and self.hi is not None:
-            return f" in {_num(self.lo)}..{_num(self.hi)}"
-        return f" >= {_num(self.lo)}" if self.lo is not None else ""
+        """The docs' allowed values: the rule's words, or — when a validator of the setting checks it."""
+        return self.rule.allowed if self.rule is not None else "—"
 
 
 def _num(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
+    return number_text(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
 def declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Declared, ...]:
@@ -122,8 +104,6 @@ def declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Decl
         x = extra_of(f)
         if "flag" not in x:
             continue
-        lo = next((m.ge for m in f.metadata if hasattr(m, "ge")), None)
-        hi = next((m.le for m in f.metadata if hasattr(m, "le")), None)
         out.append(
             Declared(
                 path=(*prefix, name),
@@ -133,9 +113,7 @@ def declared(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Decl
                 default=f.default,
                 shown=x["shown"],
                 neuron_default=x["neuron_default"],
-                choices=tuple(x["choices"]),
-                lo=lo,
-                hi=hi,
+                rule=rule_of(f.metadata),
             )
         )
     return tuple(out)

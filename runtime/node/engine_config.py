@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, create_model, model_validator
 
 from contract.speculation import NGRAM, Speculation
 from runtime.membership import Member, Membership
@@ -21,27 +21,42 @@ from runtime.node.speculation import speculation_from_env
 CONFIG_ENV = "FLOTILLA_ENGINE_HOST_CONFIG"
 
 
-class EngineConfig(BaseModel):
-    """The member settings the engine uses (each field is the NodeSettings field of that name, of the
-    same type) and the formation's membership. No field has a default: every one is sent."""
+# The member settings the engine uses, each sent as the NodeSettings field of that name. Their types
+# are NodeSettings' own (below): a setting is declared once, in runtime/node/settings.py.
+ENGINE_SETTINGS = (
+    "engine",
+    "model",
+    "model_name",
+    "prefill_strategy",
+    "decode_strategy",
+    "cache_dir",
+    "form_timeout_s",
+    "torch_threads",
+    "kv_budget_tokens",
+    "max_running",
+    "max_prefill_tokens",
+    "collective_timeout_s",
+    "echo_load_s",
+    "echo_step_s",
+    "neuron",
+)
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+# Only the annotation is taken, not the rules: the node checked every value already, and the engine
+# process trusts its own node. No field has a default: every one is sent.
+if TYPE_CHECKING:
+    _Sent = NodeSettings  # mypy reads the sent fields' types where they are declared
+else:
+    _Sent = create_model(
+        "_Sent",
+        __config__=ConfigDict(frozen=True, extra="forbid"),
+        **{name: (NodeSettings.model_fields[name].annotation, ...) for name in ENGINE_SETTINGS},
+    )
 
-    engine: str
-    model: str
-    model_name: str
-    prefill_strategy: str
-    decode_strategy: str
-    cache_dir: str | None
-    form_timeout_s: float
-    torch_threads: int
-    kv_budget_tokens: int
-    max_running: int
-    max_prefill_tokens: int
-    collective_timeout_s: float
-    echo_load_s: float
-    echo_step_s: float
-    neuron: NeuronSettings | None
+
+class EngineConfig(_Sent):
+    """The member settings the engine uses (ENGINE_SETTINGS, with NodeSettings' types) and the
+    formation's membership."""
+
     speculation: Speculation
     membership: Membership
 
@@ -63,7 +78,7 @@ class EngineConfig(BaseModel):
 
     @classmethod
     def from_settings(cls, s: NodeSettings, membership: Membership) -> EngineConfig:
-        fields = {name: getattr(s, name) for name in cls.model_fields if name not in ("membership", "speculation")}
+        fields = {name: getattr(s, name) for name in ENGINE_SETTINGS}
         return cls(**fields, speculation=speculation_from_env(os.environ, s), membership=membership)
 
     def to_json(self) -> str:

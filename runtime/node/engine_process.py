@@ -208,18 +208,13 @@ class EngineProcess:
             if isinstance(ev, (Done, Error)):
                 self._streams.pop(ev.id, None)
 
-    def load_progress(self) -> dict[str, Any] | None:
+    def load_progress(self) -> Progress | None:
         """The engine's last load progress with its phase time brought up to now (a load that
         reports rarely still shows its clock running)."""
         if self.progress is None or self.ready.is_set() or not self.alive:
             return None
         since = time.monotonic() - self.progress_at
-        return {
-            "phase": self.progress.phase.value,
-            "done_bytes": self.progress.done_bytes,
-            "total_bytes": self.progress.total_bytes,
-            "phase_s": round(self.progress.phase_s + since, 1),
-        }
+        return self.progress.model_copy(update={"phase_s": round(self.progress.phase_s + since, 1)})
 
     def step_s(self) -> float:
         """The engine's longest step while it held work, lately (StepTimes)."""

@@ -13,7 +13,8 @@ import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Union
 
-from runtime.engines.base import EngineLoad, EngineState, LoadProgress
+from contract.ready import Loading
+from runtime.engines.base import EngineLoad, EngineState
 
 
 class ProtocolError(ValueError):
@@ -72,8 +73,10 @@ class Starting:
     op: ClassVar[str] = "starting"
 
 
-# While the engine loads: the engine's own LoadProgress, sent as it is (an unknown phase is a ProtocolError).
-Progress = LoadProgress
+# While the engine loads: its Loading (contract.ready, the one declaration of load progress), sent as
+# it is; the node puts it in its ready body. An unknown phase or key is a ProtocolError.
+Progress = Loading
+_PROGRESS_KEYS = frozenset(Loading.model_fields)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -156,23 +159,32 @@ Command = Union[Submit, Cancel, Shutdown]
 Event = Union[Starting, Progress, Ready, Load, Failed, Accepted, Token, Done, Error]
 RequestEvent = Union[Accepted, Token, Done, Error]  # what a request's stream carries
 _COMMANDS: dict[str, type] = {c.op: c for c in (Submit, Cancel, Shutdown)}
-_EVENTS: dict[str, type] = {e.op: e for e in (Starting, Progress, Ready, Load, Failed, Accepted, Token, Done, Error)}
+_EVENTS: dict[str, type] = {
+    "progress": Progress,
+    **{e.op: e for e in (Starting, Ready, Load, Failed, Accepted, Token, Done, Error)},
+}
 
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps with options builds one per call
 
 
-# Per message class: its fields, and those without a default (sent even when None).
-_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {
-    cls: tuple((f.name, f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
-    for cls in (*_COMMANDS.values(), *_EVENTS.values())
+def _shape(op: str, cls: type) -> tuple[str, tuple[tuple[str, bool], ...]]:
+    if cls is Progress:  # a pydantic model (contract.ready), the others slotted dataclasses
+        return op, tuple((name, info.is_required()) for name, info in Loading.model_fields.items())
+    return op, tuple((f.name, f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
+
+
+# Per message class: its op, its fields, and those without a default (sent even when None).
+_SHAPES: dict[type, tuple[str, tuple[tuple[str, bool], ...]]] = {
+    cls: _shape(op, cls) for op, cls in (*_COMMANDS.items(), *_EVENTS.items())
 }
 
 
 def encode(msg: Command | Event) -> bytes:
     """One line: the op and the message's fields, those left at a None default out."""
-    d: dict[str, Any] = {"op": msg.op}
-    for name, required in _FIELDS[type(msg)]:
+    op, shape = _SHAPES[type(msg)]
+    d: dict[str, Any] = {"op": op}
+    for name, required in shape:
         v = getattr(msg, name)
         if v is not None or required:
             d[name] = v
@@ -186,6 +198,8 @@ def _decode(line: bytes | str, ops: dict[str, type]) -> Any:
         cls = ops[op]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ProtocolError(f"not a message of the engine protocol ({e!r}): {line[:200]!r}") from None
+    if cls is Progress and not d.keys() <= _PROGRESS_KEYS:  # a Wire model ignores keys it does not know
+        raise ProtocolError(f"{op}: unknown keys {sorted(d.keys() - _PROGRESS_KEYS)}")
     try:
         return cls(**d)
     except (TypeError, ValueError) as e:  # a key unknown to the class, one it needs missing, or a bad value

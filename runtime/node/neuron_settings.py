@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import ValidationInfo, field_validator
 
 import contract
+from contract.declare import Integer, OneOf
 from contract.trainium import INSTANCES
 from runtime.engines.neuron.launch import AUTO, DEFAULT_COMPILED_DIR, NeuronOptions
 from runtime.node.declared import DeclaredSettings, s3_uri, setting
@@ -36,7 +37,7 @@ class NeuronSettings(DeclaredSettings):
         "--instance-type",
         contract.ENV_INSTANCE_TYPE,
         "the node's instance type (its NeuronCores are the plan's tensor-parallel degree per node)",
-        choices=sorted(INSTANCES),
+        rule=OneOf(*sorted(INSTANCES)),
     )
     model_dir: str = setting(
         "/var/cache/flotilla/model",
@@ -55,14 +56,14 @@ class NeuronSettings(DeclaredSettings):
         "--seq-len",
         contract.ENV_NEURON_SEQ_LEN,
         "prompt + output tokens (vLLM `--max-model-len`); also the API's context length",
-        ge=1,
+        rule=Integer(1),
     )
     batch_size: int = setting(
         NeuronOptions.batch_size,
         "--batch-size",
         contract.ENV_NEURON_BATCH_SIZE,
         "sequences decoded together (vLLM `--max-num-seqs`)",
-        ge=1,
+        rule=Integer(1),
     )
     cp_degree: int | str = setting(
         AUTO, "--cp-degree", contract.ENV_NEURON_CP_DEGREE, "context-parallel degree for prefill, or auto"
@@ -78,8 +79,7 @@ class NeuronSettings(DeclaredSettings):
         "--neuron-engine-port",
         "FLOTILLA_NEURON_ENGINE_PORT",
         "the leader's vLLM server, bound to 127.0.0.1",
-        ge=1,
-        le=65535,
+        rule=Integer(1, 65535),
     )
     sampling: str = setting(
         "cpu",
@@ -88,7 +88,7 @@ class NeuronSettings(DeclaredSettings):
         "where tokens are sampled: `cpu` (vLLM's sampler, each request with its own parameters: also logprobs, "
         "response_format, forced tool calls, penalties) or `device` (NxD Inference on-device sampling: "
         "temperature, top_p only; the pinned plugin can apply another request's parameters)",
-        choices=contract.NEURON_SAMPLING_MODES,
+        rule=OneOf(*contract.NEURON_SAMPLING_MODES),
     )
     prefix_caching_block: int = setting(
         0,
@@ -100,7 +100,7 @@ class NeuronSettings(DeclaredSettings):
         "(`--enable-prefix-caching --block-size B --num-gpu-blocks-override ceil(seq len / B) x batch size "
         "--enable-prompt-tokens-details`); needs a batch size of at least 2 (the plugin's known issue at 1); "
         "off by default: no trn1 run has checked its outputs and memory (docs/hardware.md)",
-        ge=0,
+        rule=Integer(0),
     )
     launcher: str | None = setting(
         None,
@@ -142,7 +142,7 @@ class NeuronSettings(DeclaredSettings):
         except ValueError:
             degree = 0
         if degree < 1:
-            raise ValueError("is not a degree: give a whole number >= 1 or auto")
+            raise ValueError("is not a degree: give an integer of at least 1, or auto")
         return degree
 
     @field_validator("prefix_caching_block", mode="after")

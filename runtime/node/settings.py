@@ -24,6 +24,17 @@ from pydantic import (
 import contract
 from contract import Engine
 from contract.bad_input import NOT_GIVEN, bad_input_line
+from contract.declare import (
+    NOT_ALLOWED,
+    NOT_AN_INTEGER,
+    OUT_OF_RANGE,
+    Integer,
+    NonEmpty,
+    Number,
+    OneOf,
+    refusal,
+    refused,
+)
 from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 from runtime.engines.base import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
@@ -52,6 +63,9 @@ DOCS_BEGIN = (
 DOCS_END = "<!-- END settings -->"
 
 
+PORT = Integer(1, 65535)  # a member's port in the peer list
+
+
 @dataclass(frozen=True)
 class Peer:
     host: str
@@ -62,7 +76,7 @@ class NodeSettings(DeclaredSettings):
     """One unit member's settings, validated; the fields after `rendezvous` depend on it."""
 
     unit_id: str = setting(
-        "unit0", "--unit", contract.ENV_UNIT_ID, "unit id", empty_fix="give the unit an id such as cell0-unit0"
+        "unit0", "--unit", contract.ENV_UNIT_ID, "unit id", rule=NonEmpty("an id such as cell0-unit0")
     )
     cell_id: str = setting(
         "",
@@ -76,17 +90,21 @@ class NodeSettings(DeclaredSettings):
         "--revision",
         contract.ENV_REVISION,
         "deployment revision; members of other revisions are refused",
-        empty_fix="give the deployment revision (any non-empty string)",
+        rule=NonEmpty("the deployment revision (any non-empty string)"),
     )
     rendezvous: str = setting(
-        "static", "--rendezvous", contract.ENV_RENDEZVOUS, "how members find each other", choices=RENDEZVOUS
+        "static", "--rendezvous", contract.ENV_RENDEZVOUS, "how members find each other", rule=OneOf(*RENDEZVOUS)
     )
     peers: tuple[Peer, ...] = setting(
         None, "--peers", contract.ENV_PEERS, "static: comma-separated host:port of every member, rank order"
     )
     rank: int | None = setting(None, "--rank", contract.ENV_RANK, "static: this member's rank")
     world_size: int = setting(
-        None, "--nodes", contract.ENV_NODES_PER_UNIT, "ecs: members per unit (static: the number of peers)", ge=1, le=64
+        None,
+        "--nodes",
+        contract.ENV_NODES_PER_UNIT,
+        "ecs: members per unit (static: the number of peers)",
+        rule=Integer(1, 64),
     )
     bind_host: str = setting("0.0.0.0", "--host", "FLOTILLA_BIND_HOST", "address to bind")
     api_port: int = setting(
@@ -95,18 +113,21 @@ class NodeSettings(DeclaredSettings):
         contract.ENV_PORT,
         "HTTP port (static: must match --peers)",
         shown=f"static: the peer's; ecs: {contract.NODE_API_PORT}",
-        ge=1,
-        le=65535,
+        rule=Integer(1, 65535),
     )
     dist_port: int = setting(
-        contract.DIST_PORT, "--dist-port", "FLOTILLA_DIST_PORT", "leader's collectives bootstrap port", ge=1, le=65535
+        contract.DIST_PORT,
+        "--dist-port",
+        "FLOTILLA_DIST_PORT",
+        "leader's collectives bootstrap port",
+        rule=Integer(1, 65535),
     )
     engine: str = setting(
         "reference",
         "--engine",
         contract.ENV_ENGINE,
         "the engine that runs the model (neuron: vLLM + NxD Inference on Trainium)",
-        choices=ENGINES,
+        rule=OneOf(*ENGINES),
     )
     neuron: NeuronSettings | None = None  # engine=neuron only: the settings further down
     model: str = setting("tiny", "--model", contract.ENV_MODEL, "tiny, smollm2 or a checkpoint directory")
@@ -123,14 +144,14 @@ class NodeSettings(DeclaredSettings):
         contract.ENV_PREFILL_STRATEGY,
         "how prefill splits over the members; auto: the faster one, timed when the unit forms "
         "(docs/engine.md), pipeline or tensor to pin it",
-        choices=STRATEGIES,
+        rule=OneOf(*STRATEGIES),
     )
     decode_strategy: str = setting(
         contract.AUTO_STRATEGY,
         "--decode",
         contract.ENV_DECODE_STRATEGY,
         "how decode splits over the members; auto, pipeline or tensor, as for prefill",
-        choices=STRATEGIES,
+        rule=OneOf(*STRATEGIES),
     )
     cache_dir: str | None = setting(None, "--cache-dir", contract.ENV_CACHE_DIR, "model conversion cache")
     drain_timeout_s: float = setting(
@@ -138,16 +159,14 @@ class NodeSettings(DeclaredSettings):
         "--drain-timeout",
         contract.ENV_DRAIN_TIMEOUT,
         "seconds in-flight requests get after SIGTERM",
-        ge=0.0,
-        allow_inf_nan=False,
+        rule=Number(0),
     )
     rendezvous_timeout_s: float = setting(
         600.0,
         "--rendezvous-timeout",
         "FLOTILLA_RENDEZVOUS_TIMEOUT_S",
         "seconds to wait for every member",
-        ge=1.0,
-        allow_inf_nan=False,
+        rule=Number(1),
     )
     # engine=neuron: compiling a large model takes far longer than the reference engine's warm-up,
     # so a formation may take an hour and /health/live must outlast it (each still overridable).
@@ -157,8 +176,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_FORM_TIMEOUT_S",
         "seconds one formation may take (neuron: fetch + compile + load)",
         neuron_default=3600.0,
-        ge=1.0,
-        allow_inf_nan=False,
+        rule=Number(1),
     )
     live_budget_s: float = setting(
         1800.0,
@@ -166,8 +184,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_LIVE_BUDGET_S",
         "seconds /health/live stays 200 while not formed",
         neuron_default=5400.0,
-        ge=1.0,
-        allow_inf_nan=False,
+        rule=Number(1),
     )
     # The container health check (/health/container) first passes once the unit has been ready
     # this long: every router (polling every 0.25 s) has seen the new unit ready before ECS, which
@@ -177,33 +194,32 @@ class NodeSettings(DeclaredSettings):
         "--ready-settle",
         "FLOTILLA_READY_SETTLE_S",
         "seconds the unit must have been ready before /health/container first answers 200",
-        ge=0.0,
-        allow_inf_nan=False,
+        rule=Number(0),
     )
     max_restarts: int = setting(
-        10, "--max-restarts", "FLOTILLA_MAX_RESTARTS", "re-forms allowed per restart window", ge=0
+        10, "--max-restarts", "FLOTILLA_MAX_RESTARTS", "re-forms allowed per restart window", rule=Integer(0)
     )
-    restart_window_s: float = setting(
-        600.0, "--restart-window", "FLOTILLA_RESTART_WINDOW_S", "seconds", ge=1.0, allow_inf_nan=False
-    )
+    restart_window_s: float = setting(600.0, "--restart-window", "FLOTILLA_RESTART_WINDOW_S", "seconds", rule=Number(1))
     peer_dead_after_s: float = setting(
         3.0,
         "--peer-dead-after",
         "FLOTILLA_PEER_DEAD_AFTER_S",
         "seconds of silence before a member counts as dead",
-        ge=0.1,
-        allow_inf_nan=False,
+        rule=Number(0.1),
     )
     rendezvous_watch_s: float = setting(
         10.0,
         "--rendezvous-watch",
         "FLOTILLA_RENDEZVOUS_WATCH_S",
         "seconds between rendezvous membership checks; the member-to-member handshake notices deaths sooner",
-        ge=0.1,
-        allow_inf_nan=False,
+        rule=Number(0.1),
     )
     max_tokens_limit: int = setting(
-        4096, "--max-tokens-limit", "FLOTILLA_MAX_TOKENS_LIMIT", "largest max_tokens a request may ask for", ge=1
+        4096,
+        "--max-tokens-limit",
+        "FLOTILLA_MAX_TOKENS_LIMIT",
+        "largest max_tokens a request may ask for",
+        rule=Integer(1),
     )
     # The two bounds on one request (docs/node.md, "How a request ends"). With the router's defaults
     # (runtime/router/settings.py: first byte 60 s, silence between chunks 30 s) the node's queue
@@ -214,8 +230,7 @@ class NodeSettings(DeclaredSettings):
         "--queue-timeout",
         "FLOTILLA_QUEUE_TIMEOUT_S",
         "seconds a request may wait for a batch slot (until its first token) before it ends 429 + Retry-After",
-        ge=0.01,
-        allow_inf_nan=False,
+        rule=Number(0.01),
     )
     shed: str = setting(
         "at-once",
@@ -223,7 +238,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_SHED",
         "when a full unit refuses a request (429 + Retry-After): at-once, on arrival, when its expected wait for a "
         "batch slot is past the queue timeout; queue-timeout, only once it has waited the whole queue timeout",
-        choices=SHED_MODES,
+        rule=OneOf(*SHED_MODES),
     )
     request_timeout_s: float = setting(
         600.0,
@@ -231,8 +246,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_REQUEST_TIMEOUT_S",
         "seconds a request may take in all; past it the engine drops it and the client gets an error, "
         "never a cut-short answer",
-        ge=0.01,
-        allow_inf_nan=False,
+        rule=Number(0.01),
     )
     client_stall_s: float = setting(
         60.0,
@@ -240,21 +254,20 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_CLIENT_STALL_S",
         "seconds a streaming client (or a /health/watch watcher) may accept no bytes before it counts as gone: "
         "its request is cancelled in the engine, freeing its batch slot",
-        gt=0.0,
-        allow_inf_nan=False,
+        rule=Number(0, above=True),
     )
     torch_threads: int = setting(
-        1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process", ge=1, le=256
+        1, "--torch-threads", "FLOTILLA_TORCH_THREADS", "torch threads per process", rule=Integer(1, 256)
     )
     kv_budget_tokens: int = setting(
         DEFAULT_KV_BUDGET_TOKENS,
         "--kv-budget-tokens",
         "FLOTILLA_KV_BUDGET_TOKENS",
         "KV-cache tokens over all running sequences",
-        ge=16,
+        rule=Integer(16),
     )
     max_running: int = setting(
-        DEFAULT_MAX_RUNNING, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", ge=1, le=4096
+        DEFAULT_MAX_RUNNING, "--max-running", "FLOTILLA_MAX_RUNNING", "batch slots", rule=Integer(1, 4096)
     )
     max_prefill_tokens: int = setting(
         DEFAULT_MAX_PREFILL_TOKENS,
@@ -263,16 +276,14 @@ class NodeSettings(DeclaredSettings):
         "engine=reference: prompt tokens prefilled per step; a longer prompt is prefilled in chunks over several "
         "steps, each also decoding the running batch (bounds how long running answers wait for a token; on a one-rank "
         "or tensor/tensor unit chunk and decode share one pass, so a small budget costs little: docs/engine.md)",
-        ge=1,
-        le=1_048_576,
+        rule=Integer(1, 1_048_576),
     )
     collective_timeout_s: float = setting(
         DEFAULT_COLLECTIVE_TIMEOUT_S,
         "--collective-timeout",
         "FLOTILLA_COLLECTIVE_TIMEOUT_S",
         "seconds before a silent peer fails the unit",
-        ge=1.0,
-        allow_inf_nan=False,
+        rule=Number(1),
     )
     engine_stall_s: float = setting(
         60.0,
@@ -280,8 +291,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_ENGINE_STALL_S",
         "seconds after which a ready engine process counts as wedged and the unit re-forms: silent (no report at "
         "all), or holding requests without progress (no token, no completed step)",
-        ge=0.5,
-        allow_inf_nan=False,
+        rule=Number(0.5),
     )
     progress_stall_s: float = setting(
         3.0,
@@ -291,8 +301,7 @@ class NodeSettings(DeclaredSettings):
         "(a stopped member, a stuck collective), before the unit reports not ready, when its steps are short; a "
         "busy engine may go twice its longest recent step plus 1 s (the stall bound, docs/node.md); ready again "
         "once its steps complete",
-        ge=0.1,
-        allow_inf_nan=False,
+        rule=Number(0.1),
     )
     progress_stall_max_s: float = setting(
         30.0,
@@ -300,8 +309,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_PROGRESS_STALL_MAX_S",
         "the most seconds the stall bound grows to on an engine whose recent steps were long, so a busy unit "
         "that then hangs still leaves routing; never below the progress stall",
-        ge=0.1,
-        allow_inf_nan=False,
+        rule=Number(0.1),
     )
     canary_idle_s: float = setting(
         10.0,
@@ -309,8 +317,7 @@ class NodeSettings(DeclaredSettings):
         "FLOTILLA_CANARY_IDLE_S",
         "seconds without a request or a token after which the leader sends its own engine a one-token request "
         "(never counted as traffic), so an engine that hung while idle is found by the progress stall bound; 0: never",
-        ge=0.0,
-        allow_inf_nan=False,
+        rule=Number(0),
     )
 
     echo_load_s: float = setting(
@@ -318,17 +325,14 @@ class NodeSettings(DeclaredSettings):
         "--echo-load",
         "FLOTILLA_ECHO_LOAD_S",
         "engine=echo only: seconds the engine takes to start, standing in for loading a model (rehearsals, tests)",
-        ge=0.0,
-        allow_inf_nan=False,
+        rule=Number(0),
     )
     echo_step_s: float = setting(
         0.01,
         "--echo-step",
         "FLOTILLA_ECHO_STEP_S",
         "engine=echo only: seconds per decode step, standing in for a busy unit's slow steps (tests)",
-        ge=0.0,
-        le=600.0,
-        allow_inf_nan=False,
+        rule=Number(0, 600),
     )
 
     # Fixed, not settings.
@@ -353,16 +357,18 @@ class NodeSettings(DeclaredSettings):
         peers = info.data.get("peers")
         if info.data.get("rendezvous") != "static" or not peers:
             return None  # ecs rendezvous assigns ranks
+        ranks = Integer(0, len(peers) - 1)  # a range known only once the peers are
         if v is None:
             raise ValueError(
-                f"is required with static rendezvous: give this member's index in the peer list, 0..{len(peers) - 1}"
+                f"is required with static rendezvous: give this member's index in the peer list, {ranks.allowed}"
             )
+        fix = ranks.fix
         try:
             rank: int = handler(v)
         except ValidationError:
-            raise ValueError(f"is not an integer: give a whole number in 0..{len(peers) - 1}") from None
+            raise refusal(NOT_AN_INTEGER, fix) from None
         if not 0 <= rank < len(peers):
-            raise ValueError(f"is out of range: give a value in 0..{len(peers) - 1}")
+            raise refusal(OUT_OF_RANGE, fix)
         return rank
 
     @field_validator("world_size", mode="wrap")
@@ -502,7 +508,7 @@ def settings_from_args(ns: argparse.Namespace, env: Mapping[str, str] | None = N
 
 
 def _one_line(e: ValidationError, given: Mapping[tuple[str, ...], tuple[str, str]]) -> str:
-    """pydantic's first error as '<setting as given>=<value> <what is wrong>: <what is allowed>'."""
+    """pydantic's first error as '<setting as given>=<value> <what is wrong>: <the fix>'."""
     # Errors come in field order ("field order is preserved in validation errors",
     # https://docs.pydantic.dev/latest/concepts/models/#field-ordering): the first is the earliest
     # declared setting that is wrong. A validator's own ValueError is kept as ctx["error"] (error
@@ -520,20 +526,13 @@ def _one_line(e: ValidationError, given: Mapping[tuple[str, ...], tuple[str, str
     d = declared.get(path)
     if d is None:
         raise e  # a rule about no declared setting is a bug here, not the operator's mistake
-    if isinstance(cause, ValueError):
-        why = str(cause)
-    else:
-        why = {
-            "int_parsing": f"is not an integer: give a whole number{d.allowed()}",
-            "float_parsing": f"is not a number: give a number{d.allowed()}",
-            "finite_number": f"is not a finite number: give a number{d.allowed()}",
-        }.get(
-            err["type"],
-            f"is out of range: give a value{d.allowed()}"
-            if err["type"] in ("greater_than_equal", "less_than_equal")
-            else f"is not allowed: {str(err['msg']).splitlines()[0]}",
-        )
-    problem, _, fix = why.partition(": ")
+    problem_fix = refused(err)  # a rule's refusal (contract.declare)
+    if problem_fix is not None:
+        problem, fix = problem_fix
+    elif isinstance(cause, ValueError):  # a validator's: "<problem>: <fix>"
+        problem, _, fix = str(cause).partition(": ")
+    else:  # a check without its own wording: pydantic's sentence, still one line
+        problem, fix = NOT_ALLOWED, str(err["msg"]).splitlines()[0]
     if path not in given:
         return bad_input_line(f"{d.env} (or {d.flag})", NOT_GIVEN, problem, fix)
     label, raw = given[path]
@@ -550,7 +549,7 @@ def parse_peers(raw: str) -> tuple[Peer, ...]:
                 f"has {item!r}, which is not host:port: list every member as host:port, comma-separated, in rank order"
             )
         if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"has port {port!r} in {item!r}: give a port in 1..65535")
+            raise ValueError(f"has port {port!r} in {item!r}: give a port, {PORT.allowed}")
         peers.append(Peer(host=host, port=int(port)))
     if len(set(peers)) != len(peers):
         raise ValueError("lists a member twice: give each member's host:port once")
@@ -562,8 +561,8 @@ def settings_markdown() -> str:
     """docs/node.md's settings tables, rendered from the declarations."""
 
     def table(settings: Sequence[Declared]) -> list[str]:
-        rows = ["| environment variable | flag | default | meaning |", "|---|---|---|---|"]
-        rows += [f"| `{d.env}` | `{d.flag}` | {d.default_text()} | {d.meaning()} |" for d in settings]
+        rows = ["| environment variable | flag | default | allowed | meaning |", "|---|---|---|---|---|"]
+        rows += [f"| `{d.env}` | `{d.flag}` | {d.default_text()} | {d.allowed()} | {d.help} |" for d in settings]
         return rows
 
     return "\n".join([*table(SETTINGS), "", NEURON_GROUP_DOC, "", *table(NEURON_SETTINGS)])

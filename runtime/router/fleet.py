@@ -17,13 +17,15 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import aiohttp
 
 import contract
-from contract.ready import LoadFigures, ReadyReport, load_figures, read_ready
+from contract.ready import LoadFigures, ReadyReport, load_figures, read_ready, take_figures
 from contract.watch import read_watch_line
 from runtime import emf
 from runtime.router import balance, overload
@@ -186,20 +188,10 @@ class Member:
         self.ready = False
         self.state = state
 
-    def take_load(self, figures: LoadFigures) -> None:
-        """A leader's load figures (contract.ready.load_figures, LoadReport.figures)."""
-        (
-            self.in_flight,
-            self.queue_depth,
-            self.running,
-            self.max_running,
-            self.kv_cache_used,
-            self.wait_s,
-            self.queue_timeout_s,
-            self.prefill_tokens,
-            self.step_s,
-            self.tokens_per_step,
-        ) = figures
+    # A leader's load figures (contract.ready.load_figures, LoadReport.figures), each to the attribute
+    # of its name: built from the declaration (contract.ready.Load's Routed figures), so a figure added
+    # there is taken here, and a figure without its attribute above fails at the first report.
+    take_load: ClassVar[Callable[[Member, LoadFigures], None]] = take_figures
 
     def apply_report(self, status: int, report: ReadyReport) -> None:
         """Take a ready body (/health/ready or a watch line): routable means it leads (role leader,

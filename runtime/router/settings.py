@@ -2,7 +2,8 @@
 the `python -m runtime router` flags and their help are derived from these declarations.
 
 Flags win over environment variables, which win over defaults. A bad value raises SettingsError with
-one line in contract.bad_input's wording: the setting as given (its flag or variable), the value and the fix.
+one line in contract.bad_input's wording: the setting as given (its flag or variable), the value and the fix;
+each value's rule is declared with contract.declare, as the node's and the deployment config's are.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -18,18 +20,18 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     ValidationError,
-    WrapValidator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 import contract
 from contract import apikeys
 from contract.bad_input import NOT_GIVEN, bad_input_line
+from contract.declare import NOT_ALLOWED, Integer, Number, OneOf, refusal, refused, rule_of
 from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 
 _BAD = "router_setting"  # the error type of a rule across settings: its message is the line
-_BAD_VALUE = "router_setting_value"  # a field's own check: ctx holds the problem and the fix
 
 
 @dataclass(frozen=True)
@@ -45,27 +47,6 @@ class Option:
 
 def _bad(message: str) -> PydanticCustomError:
     return PydanticCustomError(_BAD, message)
-
-
-def _bad_value(problem: str, fix: str) -> PydanticCustomError:
-    """A field's value is wrong; _one_line names the field as the operator gave it."""
-    return PydanticCustomError(_BAD_VALUE, "{problem}: {fix}", {"problem": problem, "fix": fix})
-
-
-def within(low: float, high: float) -> WrapValidator:
-    """The value (or its text, from a flag or the environment) must be a number in low..high."""
-
-    def validate(value: Any, handler: Any) -> Any:
-        try:
-            number = handler(value)
-        except ValidationError as exc:
-            kind = "a whole number" if exc.errors()[0]["type"].startswith("int") else "a number"
-            raise _bad_value(f"is not {kind}", f"give {kind} in {low}..{high}") from None
-        if not low <= number <= high:
-            raise _bad_value("is out of range", f"give a value in {low}..{high}")
-        return number
-
-    return WrapValidator(validate)
 
 
 def _units(value: Any) -> Any:
@@ -84,7 +65,7 @@ def _names(value: Any) -> Any:
 def _base_urls(units: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]:
     for url in units:
         if isinstance(url, str) and not url.startswith(("http://", "https://")) or url.count(":") < 2:
-            raise _bad_value(
+            raise refusal(
                 f"has {url!r}, which is not a base URL",
                 f"write each unit as http://host:port (e.g. http://127.0.0.1:{contract.NODE_API_PORT})",
             )
@@ -97,7 +78,7 @@ ACCESS_LOG_WORDS = {"json": True, "off": False}
 def _access_log_word(value: Any) -> Any:
     if isinstance(value, str):
         if value not in ACCESS_LOG_WORDS:
-            raise _bad_value("is not supported", f"use {' or '.join(ACCESS_LOG_WORDS)}")
+            raise refusal(NOT_ALLOWED, f"give {' or '.join(ACCESS_LOG_WORDS)}")
         return ACCESS_LOG_WORDS[value]
     return value
 
@@ -113,7 +94,7 @@ class RouterSettings(BaseModel):
 
     host: Annotated[str, Option("--host", "address to listen on")] = "0.0.0.0"
     port: Annotated[
-        int, within(0, 65535), Option("--port", "listen port; 0 = any free port", env=contract.ENV_PORT)
+        int, Integer(0, 65535, text=True), Option("--port", "listen port; 0 = any free port", env=contract.ENV_PORT)
     ] = contract.ROUTER_PORT
     # /metrics has its own listener: the public port serves only the API and /health
     metrics_host: Annotated[
@@ -121,12 +102,13 @@ class RouterSettings(BaseModel):
     ] = "127.0.0.1"
     metrics_port: Annotated[
         int,
-        within(0, 65535),
+        Integer(0, 65535, text=True),
         Option("--metrics-port", "/metrics listen port; 0 = any free port", env=contract.ENV_METRICS_PORT),
     ] = contract.ROUTER_METRICS_PORT
     # discovery: "static" (units and/or units_file) or "cloudmap" (namespace + service)
     discovery: Annotated[
         Literal["static", "cloudmap"],
+        OneOf(),
         Option(
             "--discovery", "how units are found: static (--units, --units-file) or cloudmap", env=contract.ENV_DISCOVERY
         ),
@@ -167,7 +149,7 @@ class RouterSettings(BaseModel):
     cloudmap_region: str | None = None  # None: boto3's default region resolution
     discovery_interval_s: Annotated[
         float,
-        within(0.05, 3600),
+        Number(0.05, 3600, text=True),
         Option(
             "--discovery-interval",
             "seconds between discovery passes",
@@ -178,7 +160,7 @@ class RouterSettings(BaseModel):
     # nothing changed), others asked every poll interval when needed
     poll_interval_s: Annotated[
         float,
-        within(0.01, 60),
+        Number(0.01, 60, text=True),
         Option(
             "--poll-interval",
             "seconds between polls of a member without the watch (a leader of an older revision; "
@@ -188,7 +170,7 @@ class RouterSettings(BaseModel):
     ] = 0.25
     poll_timeout_s: Annotated[
         float,
-        within(0.01, 60),
+        Number(0.01, 60, text=True),
         Option(
             "--poll-timeout",
             "seconds a health poll may take before the unit counts as unreachable",
@@ -197,7 +179,7 @@ class RouterSettings(BaseModel):
     ] = 1.0
     keepalive_s: Annotated[
         float,
-        within(0.01, 10),  # what the node's watch takes (runtime/node/server.py WATCH_INTERVAL_RANGE_S)
+        Number(0.01, 10, text=True),  # what the node's watch takes (runtime/node/server.py WATCH_INTERVAL_RANGE_S)
         Option(
             "--keepalive",
             "seconds between a watched leader's lines when nothing changed (a heartbeat: silence "
@@ -208,7 +190,7 @@ class RouterSettings(BaseModel):
     ] = 0.375
     change_report_s: Annotated[
         float,
-        within(0.01, 10),
+        Number(0.01, 10, text=True),
         Option(
             "--change-report",
             "a leader reports a change of its load within this many seconds (watch); many routers "
@@ -217,7 +199,7 @@ class RouterSettings(BaseModel):
     ] = 0.05
     stale_after_s: Annotated[
         float,
-        within(0.02, 600),
+        Number(0.02, 600, text=True),
         Option(
             "--stale-after",
             "seconds without a health report (watch line or poll) after which a unit takes no new requests",
@@ -227,10 +209,10 @@ class RouterSettings(BaseModel):
     # proxying. A leader's own queue timeout (FLOTILLA_QUEUE_TIMEOUT_S, 25 s) is shorter than both
     # timeouts below by default, so a request stuck in a unit's queue ends with the unit's 503 or
     # error event, which names the cause, before the router's 504 (docs/node.md, "How a request ends").
-    connect_timeout_s: Annotated[float, within(0.01, 60)] = 1.0
+    connect_timeout_s: Annotated[float, Number(0.01, 60, text=True)] = 1.0
     first_byte_timeout_s: Annotated[
         float,
-        within(0.01, 3600),
+        Number(0.01, 3600, text=True),
         Option(
             "--first-byte-timeout",
             "seconds to wait for a unit's first byte: the prefill of a long prompt on a busy unit",
@@ -238,13 +220,14 @@ class RouterSettings(BaseModel):
     ] = 60.0
     idle_stream_timeout_s: Annotated[
         float,
-        within(0.01, 3600),
+        Number(0.01, 3600, text=True),
         Option("--idle-stream-timeout", "longest silence in seconds between two chunks of a response"),
     ] = 30.0
-    max_attempts: Annotated[int, within(1, 16)] = 3  # units tried per request while nothing reached the client
+    # units tried per request while nothing reached the client
+    max_attempts: Annotated[int, Integer(1, 16, text=True)] = 3
     max_moves: Annotated[
         int,
-        within(0, 16),
+        Integer(0, 16, text=True),
         Option(
             "--max-moves",
             "times one stream may continue on another unit after its unit failed, hung or drained (0: never)",
@@ -254,7 +237,7 @@ class RouterSettings(BaseModel):
     # within these two.
     stream_stall_s: Annotated[
         float,
-        within(0.05, 3600),
+        Number(0.05, 3600, text=True),
         Option(
             "--stream-stall",
             "silence in seconds after which a stream that already produced tokens counts its unit as hung "
@@ -264,30 +247,33 @@ class RouterSettings(BaseModel):
     ] = 5.0
     stream_stall_max_s: Annotated[
         float,
-        within(0.05, 3600),
+        Number(0.05, 3600, text=True),
         Option(
             "--stream-stall-max",
             "the most seconds a stream's silence bound grows to on a unit that reports long steps, so a busy "
             "unit that then hangs still loses its streams; at least --stream-stall",
         ),
     ] = 30.0
-    max_body_bytes: Annotated[int, within(1024, 1 << 30)] = 4 * 1024 * 1024
+    max_body_bytes: Annotated[int, Integer(1024, 1 << 30, text=True)] = 4 * 1024 * 1024
     # shedding: a unit is saturated when either bound is reached
     max_outstanding_per_unit: Annotated[
         int,
-        within(1, 100_000),
+        Integer(1, 100_000, text=True),
         Option(
             "--max-outstanding-per-unit",
             "requests this router keeps in flight to one unit before it counts as saturated",
         ),
     ] = 64
     max_queue_depth: Annotated[
-        int, within(1, 100_000), Option("--max-queue-depth", "a unit reporting this queue depth is saturated")
+        int,
+        Integer(1, 100_000, text=True),
+        Option("--max-queue-depth", "a unit reporting this queue depth is saturated"),
     ] = 32
-    retry_after_s: Annotated[int, within(1, contract.RETRY_AFTER_MAX_S)] = 1
+    retry_after_s: Annotated[int, Integer(1, contract.RETRY_AFTER_MAX_S, text=True)] = 1
     # routing: which policy of runtime/router/balance.py picks a unit (docs/routing.md)
     balance: Annotated[
         Literal["cache_aware", "least_work", "least_requests"],
+        OneOf(),
         Option(
             "--balance",
             "how a unit is picked: cache_aware (the request's session or prompt prefix keeps it on one unit "
@@ -308,7 +294,7 @@ class RouterSettings(BaseModel):
     ] = True
     ready_units_interval_s: Annotated[
         float,
-        within(0.05, 3600),
+        Number(0.05, 3600, text=True),
         Option(
             "--ready-units-interval",
             "seconds between ReadyUnits metric lines on stdout: CloudWatch EMF, docs/observability.md",
@@ -325,7 +311,7 @@ class RouterSettings(BaseModel):
     ] = None
     admission_interval_s: Annotated[
         float,
-        within(1, 3600),
+        Number(1, 3600, text=True),
         Option("--admission-interval", "seconds between reads of the admission parameter"),
     ] = 10.0
     # who may call: API keys and per-key limits (runtime/router/access.py); none given: open
@@ -353,7 +339,7 @@ class RouterSettings(BaseModel):
     ] = None
     api_keys_ttl_s: Annotated[
         float,
-        within(1, 3600),
+        Number(1, 3600, text=True),
         Option(
             "--api-keys-ttl",
             "seconds between reads of the keys: a revoked key stops working within this",
@@ -362,7 +348,7 @@ class RouterSettings(BaseModel):
     ] = float(apikeys.API_KEYS_TTL_S)
     limit_routers: Annotated[
         int,
-        within(1, 10_000),
+        Integer(1, 10_000, text=True),
         Option(
             "--limit-routers",
             "routers sharing each key's limits: each admits 1/n of a key's requests/s and tokens/min",
@@ -371,7 +357,7 @@ class RouterSettings(BaseModel):
     ] = 1
     batch_headroom_percent: Annotated[
         int,
-        within(1, 100),
+        Integer(1, 100, text=True),
         Option(
             "--batch-headroom",
             "batch-class keys are admitted only while some unit is below this percent of its caps "
@@ -381,12 +367,12 @@ class RouterSettings(BaseModel):
     # SIGTERM drain
     drain_grace_s: Annotated[
         float,
-        within(0, 3600),
+        Number(0, 3600, text=True),
         Option("--drain-grace", "seconds to keep serving after /health turns 503 on SIGTERM, so the ALB notices"),
     ] = 5.0
     drain_timeout_s: Annotated[
         float,
-        within(0, 86400),
+        Number(0, 86400, text=True),
         Option(
             "--drain-timeout", "seconds to wait for in-flight requests after SIGTERM", env=contract.ENV_DRAIN_TIMEOUT
         ),
@@ -394,6 +380,7 @@ class RouterSettings(BaseModel):
     # the process
     event_loop: Annotated[
         Literal["auto", "asyncio", "uvloop"],
+        OneOf(),
         Option(
             "--event-loop",
             "auto = uvloop (in the image) when it imports, else asyncio; logged at start; uvloop is the faster"
@@ -403,6 +390,7 @@ class RouterSettings(BaseModel):
     log_level: Annotated[
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         BeforeValidator(_upper),
+        OneOf(),  # after the upper-casing, so a refusal shows the level as given
         Option("--log-level", "least severe log level written"),
     ] = "INFO"
 
@@ -539,7 +527,7 @@ class RouterSettings(BaseModel):
             choices = option.choices or (
                 get_args(field.annotation) if get_origin(field.annotation) is Literal else None
             )
-            shown = option.default or ("none" if field.default is None else field.default)
+            shown = _default_text(option, field)
             where = f"; env {option.env}" if option.env else ""
             metavar = "{" + ",".join(choices) + "}" if choices else option.flag.lstrip("-").upper().replace("-", "_")
             parser.add_argument(
@@ -591,6 +579,59 @@ def _options() -> dict[str, Option]:
     return out
 
 
+def _default_text(option: Option, field: FieldInfo) -> str:
+    return option.default or ("none" if field.default is None else str(field.default))
+
+
+def _allowed_text(option: Option, field: FieldInfo) -> str:
+    if option.choices:
+        return " or ".join(option.choices)
+    rule = rule_of(field.metadata)
+    return rule.allowed if rule is not None else "—"
+
+
+# -- docs/router.md ----------------------------------------------------------------------------------
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "router.md"
+DOCS_BEGIN = (
+    "<!-- BEGIN settings: rendered from runtime/router/settings.py by "
+    "`python -m runtime.router.settings --write-docs`; edit the declarations, not this table -->"
+)
+DOCS_END = "<!-- END settings -->"
+
+
+def settings_markdown() -> str:
+    """docs/router.md's settings table, rendered from the declarations (as --help is)."""
+    rows = ["| flag | environment variable | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for name, option in _options().items():
+        field = RouterSettings.model_fields[name]
+        env = f"`{option.env}`" if option.env else "—"
+        cells = (f"`{option.flag}`", env, _default_text(option, field), _allowed_text(option, field), option.help)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def docs_with_settings(doc: str) -> str:
+    """`doc` with the text between DOCS_BEGIN and DOCS_END replaced by settings_markdown()."""
+    head, begin, rest = doc.partition(DOCS_BEGIN)
+    _, end, tail = rest.partition(DOCS_END)
+    if not begin or not end:
+        raise ValueError(f"{DOCS} lacks the lines {DOCS_BEGIN!r} and {DOCS_END!r}: put them around the table")
+    return f"{head}{DOCS_BEGIN}\n{settings_markdown()}\n{DOCS_END}{tail}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m runtime.router.settings",
+        description="Print the router's settings table, or rewrite it in docs/router.md.",
+    )
+    p.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS}")
+    if p.parse_args(argv).write_docs:
+        DOCS.write_text(docs_with_settings(DOCS.read_text()))
+    else:
+        print(settings_markdown())
+    return 0
+
+
 def _one_line(problems: list[Any], sources: Mapping[str, str]) -> str:
     """pydantic's multi-line report as one line: each problem, the setting named by the flag or
     variable it came from (by its name when given in code)."""
@@ -601,13 +642,16 @@ def _one_line(problems: list[Any], sources: Mapping[str, str]) -> str:
         if err["type"] == _BAD:  # a rule across settings: its sentence names them
             lines.append(err["msg"])
             continue
-        if err["type"] == _BAD_VALUE:
-            problem, fix = err["ctx"]["problem"], err["ctx"]["fix"]
-        elif err["type"] == "literal_error":
-            problem, fix = "is not supported", f"use {err['ctx']['expected']}"
+        problem_fix = refused(err)
+        if problem_fix is not None:
+            problem, fix = problem_fix
         elif err["type"] == "extra_forbidden":
             problem, fix = "is not a router setting", "remove it (python -m runtime router --help lists them)"
         else:
-            problem, fix = "is not allowed", err["msg"]
+            problem, fix = NOT_ALLOWED, err["msg"]
         lines.append(bad_input_line(sources.get(name, name), value, problem, fix, text=name in sources))
     return "; ".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -76,7 +76,7 @@ def test_what_the_node_writes_the_router_reads_back():
     assert (report.unit, report.state, report.load.figures()) == ("u7", "ready", load_figures(_body()["load"]))
     keys, prompts, load, body = read_watch_line(w.line(_body(), ADMITTED)[:-1]) or ((), (), None, None)
     assert (keys, prompts, body) == ([11, 12, 13], NOTED, None)
-    assert load is not None and load_figures(load) == (5, 1, 4, 8, 0.25, 0.5, 30.0, 300, 0.04, 1.5)
+    assert load is not None and load_figures(load) == (1, 4, 8, 0.25, 5, 300, 0.5, 30.0, 0.04, 1.5)
     assert read_watch_line(w.line(_body())[:-1]) is None
 
 

@@ -12,8 +12,8 @@ from llama_shapes import LLAMA_31_405B
 from s3_fixture import BUCKET, URI
 from standin_model import NXDI_2_28, make_checkpoint
 
+from contract.ready import LoadPhase
 from runtime.artifacts import publish
-from runtime.engines.base import LoadPhase
 from runtime.engines.neuron.engine import NeuronEngineSettings, run_follower
 from runtime.engines.neuron.launch import NeuronOptions
 from runtime.membership import Membership

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines.base import LoadPhase
+from contract.ready import LoadPhase
 from runtime.engines.neuron import loop_wire
 from runtime.engines.neuron.loop_wire import (
     Add,

@@ -62,8 +62,14 @@ def test_neuron_settings_come_from_the_environment_with_neuron_timeouts():
         ({contract.ENV_MODEL_URI: "/models/llama"}, [contract.ENV_MODEL_URI, "not an S3 URI", "s3://bucket/prefix"]),
         ({contract.ENV_COMPILE_CACHE_URI: "s3://"}, [contract.ENV_COMPILE_CACHE_URI, "not an S3 URI"]),
         ({contract.ENV_INSTANCE_TYPE: "p4d.24xlarge"}, [contract.ENV_INSTANCE_TYPE, "trn1.32xlarge, trn1n.32xlarge"]),
-        ({"FLOTILLA_NEURON_SEQ_LEN": "0"}, ["FLOTILLA_NEURON_SEQ_LEN", ">= 1"]),
-        ({"FLOTILLA_NEURON_BATCH_SIZE": "eight"}, ["FLOTILLA_NEURON_BATCH_SIZE", "whole number"]),
+        (
+            {"FLOTILLA_NEURON_SEQ_LEN": "0"},
+            ["FLOTILLA_NEURON_SEQ_LEN", "is out of range: give an integer of at least 1"],
+        ),
+        (
+            {"FLOTILLA_NEURON_BATCH_SIZE": "eight"},
+            ["FLOTILLA_NEURON_BATCH_SIZE", "is not an integer: give an integer of at least 1"],
+        ),
         ({"FLOTILLA_NEURON_CP_DEGREE": "half"}, ["FLOTILLA_NEURON_CP_DEGREE", "or auto"]),
         ({"FLOTILLA_NEURON_ATTENTION_DP_DEGREE": "0"}, ["FLOTILLA_NEURON_ATTENTION_DP_DEGREE", "or auto"]),
         ({"FLOTILLA_NEURON_ENGINE_PORT": "18000"}, ["FLOTILLA_NEURON_ENGINE_PORT", "equals the HTTP port"]),

@@ -74,7 +74,7 @@ def test_prepare_rank_refuses_an_impossible_layout_before_fetching_weights(s3, t
 
 
 def test_prepare_rank_reports_each_fetch_phase_with_bytes_on_disk_of_the_sets_total(s3, tmp_path, checkpoint):
-    from runtime.engines.base import LoadPhase
+    from contract.ready import LoadPhase
     from runtime.engines.neuron import NeuronOptions
     from runtime.engines.neuron.loading import LoadTracker
     from runtime.engines.neuron.prepare import prepare_rank, store_compiled

@@ -157,7 +157,7 @@ def test_the_step_watch_keeps_its_pace_without_time_sleep_and_ends_when_closed(m
 def test_every_load_phase_the_loop_reports_is_one_the_node_knows():
     # spmd.py runs without the flotilla package, so it spells the phases itself; the node parses
     # them as LoadPhase (runtime/engines/neuron/loading.py), and an unknown one would fail the load.
-    from runtime.engines.base import LoadPhase
+    from contract.ready import LoadPhase
     from runtime.engines.neuron import spmd
 
     spelled = {spmd.PHASE_COMPILE, spmd.PHASE_LOAD, spmd.PHASE_WARMUP, spmd.PHASE_JOIN}

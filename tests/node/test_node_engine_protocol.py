@@ -70,14 +70,14 @@ EVENTS = [
 ]
 
 
-@pytest.mark.parametrize("msg", COMMANDS, ids=lambda m: m.op)
+@pytest.mark.parametrize("msg", COMMANDS, ids=lambda m: type(m).__name__)
 def test_a_command_comes_back_from_its_line_as_sent(msg):
     line = encode(msg)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert decode_command(line) == msg
 
 
-@pytest.mark.parametrize("msg", EVENTS, ids=lambda m: m.op)
+@pytest.mark.parametrize("msg", EVENTS, ids=lambda m: type(m).__name__)
 def test_an_event_comes_back_from_its_line_as_sent(msg):
     assert decode_event(encode(msg)) == msg
 

@@ -66,12 +66,12 @@ def test_ecs_settings_need_the_node_count_and_default_the_port():
     "env, argv, names",
     [
         ({}, [], [contract.ENV_PEERS, "required"]),
-        ({contract.ENV_PEERS: PEERS}, [], [contract.ENV_RANK, "0..1"]),
-        ({contract.ENV_PEERS: PEERS, contract.ENV_RANK: "2"}, [], [contract.ENV_RANK, "0..1"]),
+        ({contract.ENV_PEERS: PEERS}, [], [contract.ENV_RANK, "from 0 to 1"]),
+        ({contract.ENV_PEERS: PEERS, contract.ENV_RANK: "2"}, [], [contract.ENV_RANK, "from 0 to 1"]),
         ({contract.ENV_PEERS: PEERS, contract.ENV_RANK: "one"}, [], [contract.ENV_RANK, "integer"]),
         ({contract.ENV_PEERS: "10.0.0.1", contract.ENV_RANK: "0"}, [], [contract.ENV_PEERS, "host:port"]),
         ({contract.ENV_PEERS: "a:1,a:1", contract.ENV_RANK: "0"}, [], [contract.ENV_PEERS, "twice"]),
-        ({contract.ENV_PEERS: "a:99999", contract.ENV_RANK: "0"}, [], ["port", "1..65535"]),
+        ({contract.ENV_PEERS: "a:99999", contract.ENV_RANK: "0"}, [], ["port", "from 1 to 65535"]),
         (
             {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", contract.ENV_PORT: "9000"},
             [],
@@ -88,7 +88,7 @@ def test_ecs_settings_need_the_node_count_and_default_the_port():
         (
             {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", contract.ENV_DRAIN_TIMEOUT: "-1"},
             [],
-            [contract.ENV_DRAIN_TIMEOUT, ">= 0"],
+            [contract.ENV_DRAIN_TIMEOUT, "of at least 0"],
         ),
         (
             {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", contract.ENV_DRAIN_TIMEOUT: "nan"},
@@ -108,7 +108,7 @@ def test_ecs_settings_need_the_node_count_and_default_the_port():
         (
             {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", "FLOTILLA_QUEUE_TIMEOUT_S": "0"},
             [],
-            ["FLOTILLA_QUEUE_TIMEOUT_S=0", ">= 0.01"],
+            ["FLOTILLA_QUEUE_TIMEOUT_S=0", "of at least 0.01"],
         ),
         (
             {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", "FLOTILLA_REQUEST_TIMEOUT_S": "10"},
@@ -149,7 +149,7 @@ def test_the_command_exits_2_with_a_one_line_error():
     r = run_node(env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"flotilla-node: error: {contract.ENV_RANK}=5 is out of range: give a value in 0..1"
+        f"flotilla-node: error: {contract.ENV_RANK}=5 is out of range: give an integer from 0 to 1"
     ]
 
 
@@ -230,7 +230,7 @@ def test_a_bad_flag_is_named_as_the_flag_and_says_what_is_allowed():
         load_settings(
             ["--max-running", "0"], {contract.ENV_PEERS: PEERS, contract.ENV_RANK: "0", "FLOTILLA_MAX_RUNNING": "8"}
         )
-    assert str(e.value) == "--max-running=0 is out of range: give a value in 1..4096"
+    assert str(e.value) == "--max-running=0 is out of range: give an integer from 1 to 4096"
 
 
 def test_a_flag_wins_over_the_environment_in_the_neuron_group_too():

@@ -673,17 +673,26 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
 
     def kill_at_its_first_token() -> Unit:
         """The unit serving the stream, killed once it has produced tokens (nothing left to prefill):
-        the client has no more than the opening then, the tool call being held."""
+        the client has no more than the opening then, the tool call being held. The leader counts a
+        prompt out of prefill_tokens at its first token, as it writes that token to the router: killed
+        at that very poll, the token could still be in flight, and the router would move the stream
+        from no token at all (the race this test once lost under load). So the kill waits for three
+        more polls of the same leader, each served by the event loop that wrote the token, with the
+        request still in flight: the router holds tokens by then, and the answer (60 tokens of two
+        choices) is far from over."""
         deadline = time.monotonic() + 120
         prefilling: set[str] = set()
+        decoding: dict[str, int] = {}
         while time.monotonic() < deadline:
             for u in units:
                 load = get_json(u.leader.url + "/health/ready")[1]["load"]
                 if load["prefill_tokens"] > 0:
                     prefilling.add(u.name)
                 elif u.name in prefilling and load["in_flight"] == 1:
-                    u.leader.sigkill()
-                    return u
+                    decoding[u.name] = decoding.get(u.name, 0) + 1
+                    if decoding[u.name] > 3:
+                        u.leader.sigkill()
+                        return u
             time.sleep(0.01)
         raise AssertionError("no unit took the stream")
 

@@ -9,23 +9,12 @@ import pytest
 from router_standins import StandInUnit
 from router_testkit import router_over, run, wait_for
 
-from contract.ready import LoadReport, load_figures
+from contract.ready import ROUTED_NAMES, LoadReport, load_figures
 from runtime.node.handshake import read_ready
 from runtime.router.discovery import MemberEndpoint
 from runtime.router.fleet import Member
 
-LOAD_FIELDS = (
-    "in_flight",
-    "queue_depth",
-    "running",
-    "max_running",
-    "kv_cache_used",
-    "wait_s",
-    "queue_timeout_s",
-    "prefill_tokens",
-    "step_s",
-    "tokens_per_step",
-)
+LOAD_FIELDS = ROUTED_NAMES
 
 
 def _unit() -> Member:
@@ -120,6 +109,5 @@ def test_a_polled_member_whose_load_is_unusable_is_marked_and_still_polled():
 
 
 def test_the_fast_load_reading_takes_every_figure_of_the_declaration_in_its_place():
-    assert tuple(LoadReport.model_fields) == LOAD_FIELDS
     for i, name in enumerate(LOAD_FIELDS):
         assert load_figures({name: 7})[i] == 7 == LoadReport.model_validate({name: 7}).figures()[i], name

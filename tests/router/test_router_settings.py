@@ -9,7 +9,7 @@ import pytest
 
 import contract
 from runtime.__main__ import main
-from runtime.router.settings import RouterSettings, SettingsError, router_command
+from runtime.router.settings import DOCS, RouterSettings, SettingsError, docs_with_settings, router_command
 
 UNIT = "http://127.0.0.1:8000"
 
@@ -82,23 +82,23 @@ def test_poll_timeout_defaults_to_twice_the_poll_interval_and_at_least_a_second(
 @pytest.mark.parametrize(
     "argv, env, expected",
     [
-        (["--poll-interval", "x"], {}, "--poll-interval=x is not a number: give a number in 0.01..60"),
+        (["--poll-interval", "x"], {}, "--poll-interval=x is not a number: give a number from 0.01 to 60"),
         (
             [],
             {contract.ENV_PORT: "http"},
-            f"{contract.ENV_PORT}=http is not a whole number: give a whole number in 0..65535",
+            f"{contract.ENV_PORT}=http is not an integer: give an integer from 0 to 65535",
         ),
         (
             ["--max-queue-depth", "0"],
             {},
-            "--max-queue-depth=0 is out of range: give a value in 1..100000",
+            "--max-queue-depth=0 is out of range: give an integer from 1 to 100000",
         ),
         (
             [],
             {contract.ENV_DISCOVERY: "dns"},
-            f"{contract.ENV_DISCOVERY}=dns is not supported: use 'static' or 'cloudmap'",
+            f"{contract.ENV_DISCOVERY}=dns is not allowed: give one of static, cloudmap",
         ),
-        (["--access-log", "yes"], {}, "--access-log=yes is not supported: use json or off"),
+        (["--access-log", "yes"], {}, "--access-log=yes is not allowed: give json or off"),
     ],
 )
 def test_a_bad_value_gets_one_line_naming_the_setting_as_given_and_the_fix(argv, env, expected):
@@ -117,7 +117,7 @@ def test_several_bad_values_are_all_named_on_one_line():
 def test_the_pause_a_router_asks_for_stays_within_what_openai_sdks_honour():
     assert RouterSettings(units=(UNIT,), retry_after_s=contract.RETRY_AFTER_MAX_S).retry_after_s == 120
     cap = contract.RETRY_AFTER_MAX_S
-    with pytest.raises(SettingsError, match=f"retry_after_s=121 is out of range: give a value in 1..{cap}"):
+    with pytest.raises(SettingsError, match=f"retry_after_s=121 is out of range: give an integer from 1 to {cap}"):
         RouterSettings(units=(UNIT,), retry_after_s=121)
 
 
@@ -131,7 +131,7 @@ def test_the_command_exits_2_with_the_message_on_stderr(capsys, monkeypatch):
     monkeypatch.setenv(contract.ENV_DRAIN_TIMEOUT, "soon")
     assert main(["router"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"router: {contract.ENV_DRAIN_TIMEOUT}=soon is not a number: give a number in 0..86400\n")
+    assert err == (f"router: {contract.ENV_DRAIN_TIMEOUT}=soon is not a number: give a number from 0 to 86400\n")
 
 
 def test_every_flag_and_environment_variable_of_the_router_is_declared():
@@ -233,3 +233,12 @@ def test_the_command_that_starts_a_router_gives_each_setting_as_the_router_reads
 def test_the_router_command_refuses_a_name_that_is_not_a_setting_in_one_line():
     with pytest.raises(TypeError, match="^poll_interval is not a router setting with a flag: use one of host, "):
         router_command(poll_interval=0.2)
+
+
+def test_docs_router_md_shows_the_settings_as_declared():
+    doc = DOCS.read_text()
+    assert docs_with_settings(doc) == doc, (
+        "docs/router.md's settings table differs from the declarations in runtime/router/settings.py: "
+        "run python -m runtime.router.settings --write-docs"
+    )
+    assert "| `--max-queue-depth` | — | 32 | an integer from 1 to 100000 |" in doc  # the rule's words

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import boto3
 import pytest
@@ -151,3 +154,13 @@ def test_an_operators_temporary_floor_starts_units_until_it_lapses(cloud):
     report(cloud, T0, {"cell0-unit0": busy(0, 0), "cell0-unit1": busy(0, 0)})
     d = run_pass(cloud, settings(), now=T0 + 1)
     assert d.add == 1 and d.rule == "floor" and "temporary floor" in d.reason
+
+
+def test_the_handler_imports_with_the_standard_library_and_boto3_alone():
+    """The Lambda runtime brings no pydantic and the function's package holds only contract/ and the
+    scaler (stacks/scaler.py CODE_EXCLUDE): the handler, and every contract module it imports, must
+    load without it (a range's words come from contract/bad_input.py, not contract/declare.py)."""
+    blocked = "import sys; sys.modules['pydantic'] = sys.modules['pydantic_core'] = None; import runtime.scaler.aws"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", blocked], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

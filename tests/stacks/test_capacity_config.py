@@ -30,12 +30,12 @@ REFUSED = [
     ),
     (
         {"capacity": {"reservation_id": "cr-XYZ"}},
-        "capacity.reservation_id='cr-XYZ' is not allowed: a Capacity Reservation id like "
+        "capacity.reservation_id='cr-XYZ' is not allowed: give a Capacity Reservation id like "
         "cr-0123456789abcdef0 (or omit it)",
     ),
     (
         {"capacity": {"market": "spot"}},
-        "capacity.market='spot' is not allowed: one of on-demand, capacity-block",
+        "capacity.market='spot' is not allowed: give one of on-demand, capacity-block",
     ),
     (
         {
@@ -82,7 +82,7 @@ REFUSED = [
     ),
     (
         {"node": {"instance_store": "yes"}},
-        "node.instance_store='yes' is not allowed: true or false",
+        "node.instance_store='yes' is not allowed: give true or false",
     ),
 ]
 

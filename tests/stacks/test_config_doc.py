@@ -8,9 +8,10 @@ from typing import Annotated
 
 import pytest
 
+from contract.declare import Integer, Items, Rule
 from stacks import config_doc
 from stacks.config import ConfigError, parse_config
-from stacks.config_rules import Listed, Rule, Section, between
+from stacks.config_rules import Section
 
 
 def test_the_committed_reference_is_the_one_the_config_generates():
@@ -27,9 +28,9 @@ def test_every_key_of_the_config_is_a_row_with_a_meaning():
 
 def test_a_key_without_a_docstring_stops_the_generator_naming_it():
     class Probe(Section):
-        documented: Annotated[int, between(1, 2)] = 1
+        documented: Annotated[int, Integer(1, 2)] = 1
         """Has a meaning."""
-        undocumented: Annotated[int, between(1, 2)] = 1
+        undocumented: Annotated[int, Integer(1, 2)] = 1
 
     with pytest.raises(ValueError, match="config key probe.undocumented has no description"):
         config_doc.rows(Probe, "probe.")
@@ -44,26 +45,27 @@ def _raw(key: str, value: object) -> dict[str, object]:
 
 
 def test_the_allowed_column_is_what_the_refusal_of_a_bad_value_says():
-    """A key checked by a Rule refuses a bad value with the very text the reference prints for it."""
+    """A key checked by a rule refuses a bad value with the very text the reference prints for it: the
+    refusal's fix is "give " + the allowed column."""
     ruled = {key for key, field in _leaf_fields() if any(isinstance(m, Rule) for m in field.metadata)}
     rows = [r for r in config_doc.rows() if r.key in ruled]
     assert len(rows) > 40
     for row in rows:
         with pytest.raises(ConfigError) as refused:
             parse_config(_raw(row.key, {"not": "a value"}))
-        assert (refused.value.key, refused.value.allowed) == (row.key, row.allowed)
+        assert (refused.value.key, refused.value.fix) == (row.key, f"give {row.allowed}")
 
 
 def test_a_list_key_states_the_refusal_of_a_bad_list():
     """A list checked as a whole (its kind, its length) before its items states that check's words."""
-    listed = {key for key, field in _leaf_fields() if any(isinstance(m, Listed) for m in field.metadata)}
+    listed = {key for key, field in _leaf_fields() if any(isinstance(m, Items) for m in field.metadata)}
     rows = [r for r in config_doc.rows() if r.key in listed]
     assert {"availability_zones", "capacity.availability_zones", "front.client_cidrs", "drained_units"} <= listed
     cases = [(r, "not a list") for r in rows] + [(r, ["us-east-1a"]) for r in rows if r.key == "availability_zones"]
     for row, bad in cases:
         with pytest.raises(ConfigError) as refused:
             parse_config(_raw(row.key, bad))
-        assert (refused.value.key, refused.value.allowed) == (row.key, row.allowed)
+        assert (refused.value.key, refused.value.fix) == (row.key, f"give {row.allowed}")
 
 
 def _leaf_fields():
@@ -90,4 +92,4 @@ def test_defaults_are_printed_as_yaml_writes_them():
 
 def test_the_example_refusal_in_the_reference_is_the_configs_own():
     text = config_doc.DOC.read_text()
-    assert "`error: units_per_cell=25 is not allowed: an integer from 1 to 20" in text
+    assert "`error: units_per_cell=25 is out of range: give an integer from 1 to 20" in text

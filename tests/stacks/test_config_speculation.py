@@ -55,7 +55,10 @@ def test_prompt_lookup_on_the_reference_engine_and_eagle_on_one_trn1_node():
         ),
         ({**TRN1, "speculation": {"method": "eagle"}}, "speculation.draft='' is not a relative directory"),
         ({**TRN1, "speculation": {"method": "eagle", "draft": "../other"}}, "inside the model's artifact directory"),
-        ({**STAGING, "speculation": {"method": "ngram", "num_speculative_tokens": 0}}, "give 1..16"),
+        (
+            {**STAGING, "speculation": {"method": "ngram", "num_speculative_tokens": 0}},
+            "is out of range: give an integer from 1 to 16",
+        ),
         ({**STAGING, "speculation": {"method": "ngram", "tokens": 4}}, "speculation.tokens='ngram'"[:18]),
     ],
 )

@@ -13,25 +13,25 @@ from stacks.config import ConfigError, FlotillaConfig, load_config, parse_config
 REJECTED = [
     (
         {"instance_type": "trn2u.48xlarge"},
-        "instance_type='trn2u.48xlarge' is not allowed: one of trn1.32xlarge, trn1n.32xlarge, "
+        "instance_type='trn2u.48xlarge' is not allowed: give one of trn1.32xlarge, trn1n.32xlarge, "
         "trn2.48xlarge, m6i.large, m6i.xlarge",
     ),
-    ({"nodes_per_unit": 0}, "nodes_per_unit=0 is not allowed: an integer from 1 to 64"),
-    ({"nodes_per_unit": "2"}, "nodes_per_unit='2' is not allowed: an integer from 1 to 64"),
-    ({"units": 0}, "units=0 is not allowed: an integer from 1 to 10000"),
+    ({"nodes_per_unit": 0}, "nodes_per_unit=0 is out of range: give an integer from 1 to 64"),
+    ({"nodes_per_unit": "2"}, "nodes_per_unit='2' is not an integer: give an integer from 1 to 64"),
+    ({"units": 0}, "units=0 is out of range: give an integer from 1 to 10000"),
     (
         {"units_per_cell": 21},
-        "units_per_cell=21 is not allowed: an integer from 1 to 20 (ECS allows 20 "
+        "units_per_cell=21 is out of range: give an integer from 1 to 20 (ECS allows 20 "
         "capacity providers per cluster, one per unit)",
     ),
     (
         {"availability_zones": ["us-east-1a"]},
-        "availability_zones=['us-east-1a'] is not allowed: a list of 2 to 6 AZ names like "
+        "availability_zones=['us-east-1a'] is not allowed: give a list of 2 to 6 AZ names like "
         "[us-east-1a, us-east-1b], or [] for the region's first three",
     ),
     (
         {"availability_zones": ["us-east-1a", "use1-az6"]},
-        "availability_zones='use1-az6' is not allowed: AZ names like us-east-1a",
+        "availability_zones='use1-az6' is not allowed: give AZ names like us-east-1a",
     ),
     (
         {"availability_zones": ["us-east-1a", "us-east-1a"]},
@@ -45,52 +45,53 @@ REJECTED = [
         {"region": "us-west-2", "availability_zones": ["us-east-1a", "us-east-1b"]},
         "availability_zones=['us-east-1a', 'us-east-1b'] is not allowed: AZs of region us-west-2",
     ),
-    ({"region": "mars-1"}, "region='mars-1' is not allowed: a region like us-east-1 (or omit it)"),
-    ({"account": "1234"}, "account='1234' is not allowed: a 12-digit account id (or omit it)"),
+    ({"region": "mars-1"}, "region='mars-1' is not allowed: give a region like us-east-1 (or omit it)"),
+    ({"account": "1234"}, "account='1234' is not allowed: give a 12-digit account id (or omit it)"),
     (
         {"model": {"s3_uri": "https://example.com/model"}},
-        "model.s3_uri='https://example.com/model' is not allowed: an S3 URI like s3://bucket/prefix/",
+        "model.s3_uri='https://example.com/model' is not allowed: give an S3 URI like s3://bucket/prefix/",
     ),
-    ({"model": {"name": ""}}, "model.name='' is not allowed: 1-128 characters: letters, digits, . _ : / -"),
+    ({"model": {"name": ""}}, "model.name='' is not allowed: give 1-128 characters: letters, digits, . _ : / -"),
     (
         {"model": {"weights": "x"}},
         "model.weights='x' is not a known key: use one of s3_uri, name, shape, config_json, compile_cache_uri, builtin",
     ),
     (
         {"image": "flotilla"},
-        "image='flotilla' is not allowed: an image URI with a tag or digest, like "
+        "image='flotilla' is not allowed: give an image URI with a tag or digest, like "
         "123456789012.dkr.ecr.us-east-1.amazonaws.com/flotilla:1.0 (or omit it)",
     ),
     (
         {"certificate_arn": "arn:aws:iam::123456789012:server-certificate/x"},
-        "certificate_arn='arn:aws:iam::123456789012:server-certificate/x' is not allowed: "
+        "certificate_arn='arn:aws:iam::123456789012:server-certificate/x' is not allowed: give "
         "an ACM certificate ARN (or omit it)",
     ),
-    ({"alarm_email": "oncall"}, "alarm_email='oncall' is not allowed: an e-mail address (or omit it)"),
-    ({"unit_rollout": "bluegreen"}, "unit_rollout='bluegreen' is not allowed: one of replace, surge"),
-    ({"node": {"engine": "cuda"}}, "node.engine='cuda' is not allowed: one of reference, echo, neuron"),
+    ({"alarm_email": "oncall"}, "alarm_email='oncall' is not allowed: give an e-mail address (or omit it)"),
+    ({"unit_rollout": "bluegreen"}, "unit_rollout='bluegreen' is not allowed: give one of replace, surge"),
+    ({"node": {"engine": "cuda"}}, "node.engine='cuda' is not allowed: give one of reference, echo, neuron"),
     (
         {"node": {"decode_strategy": "expert"}},
-        "node.decode_strategy='expert' is not allowed: one of auto, pipeline, tensor",
+        "node.decode_strategy='expert' is not allowed: give one of auto, pipeline, tensor",
     ),
     (
         {"node": {"drain_timeout_s": 300}},
-        "node.drain_timeout_s=300 is not allowed: an integer from 1 to 115 (ECS sends SIGKILL 120 s after SIGTERM)",
+        "node.drain_timeout_s=300 is out of range: give an integer from 1 to 115 "
+        "(ECS sends SIGKILL 120 s after SIGTERM)",
     ),
     (
         {"node": {"log_retention_days": 10}},
-        "node.log_retention_days=10 is not allowed: one of 1, 3, 5, 7, 14, 30, 60, 90, 120, "
+        "node.log_retention_days=10 is not allowed: give one of 1, 3, 5, 7, 14, 30, 60, 90, 120, "
         "150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653",
     ),
-    ({"router": {"cpu": 300}}, "router.cpu=300 is not allowed: one of 256, 512, 1024, 2048, 4096"),
+    ({"router": {"cpu": 300}}, "router.cpu=300 is not allowed: give one of 256, 512, 1024, 2048, 4096"),
     (
         {"scaling": {"scheduled": "prime-day"}},
-        "scaling.scheduled='prime-day' is not allowed: "
+        "scaling.scheduled='prime-day' is not allowed: give "
         "a list of booked peaks: [{name, start, end, units, reservation}]",
     ),
     (
         {"router": {"balance": "round_robin"}},
-        "router.balance='round_robin' is not allowed: one of cache_aware, least_work, least_requests",
+        "router.balance='round_robin' is not allowed: give one of cache_aware, least_work, least_requests",
     ),
     (
         {"nodes_per_units": 2},
@@ -101,7 +102,7 @@ REJECTED = [
     ),
     (
         {"node": {"neuron_prefix_caching_block": 48}},
-        "node.neuron_prefix_caching_block=48 is not allowed: one of 0, 1, 8, 16, 32, 64, 128, 256",
+        "node.neuron_prefix_caching_block=48 is not allowed: give one of 0, 1, 8, 16, 32, 64, 128, 256",
     ),
     (
         {"nodes_per_unit": 2, "model": LLAMA_70B, "node": {"neuron_prefix_caching_block": 32}},
@@ -110,7 +111,7 @@ REJECTED = [
     ),
     (
         {"deployment_name": "9lives"},
-        "deployment_name='9lives' is not allowed: 1-24 characters: a letter, then letters, digits or -",
+        "deployment_name='9lives' is not allowed: give 1-24 characters: a letter, then letters, digits or -",
     ),
 ]
 
@@ -233,7 +234,7 @@ def test_synth_with_invalid_config_exits_nonzero_with_one_error_line(tmp_path):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: units_per_cell=25 is not allowed: an integer from 1 to 20 "
+        "error: units_per_cell=25 is out of range: give an integer from 1 to 20 "
         "(ECS allows 20 capacity providers per cluster, one per unit)"
     ]
     assert "Traceback" not in proc.stderr
@@ -298,13 +299,9 @@ def test_default_yaml_and_the_reference_document_every_config_key():
 @pytest.mark.parametrize(
     "value,message",
     [
-        (
-            0,
-            "units_per_wave=0 is not allowed: an integer from 1 to 10000 (units that roll at once), "
-            "or omit it for about 10 %",
-        ),
-        (True, "units_per_wave=True is not allowed: an integer from 1 to 10000"),
-        ("4", "units_per_wave='4' is not allowed: an integer from 1 to 10000"),
+        (0, "units_per_wave=0 is out of range: give an integer from 1 to 10000 (units that roll at once) (or omit it)"),
+        (True, "units_per_wave=True is not an integer: give an integer from 1 to 10000"),
+        ("4", "units_per_wave='4' is not an integer: give an integer from 1 to 10000"),
         (4, "units_per_wave=4 is not allowed: at most units (3)"),
     ],
 )

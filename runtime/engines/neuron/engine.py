@@ -24,6 +24,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import contract
 from contract import node_exit
+from contract.ready import Loading, LoadPhase
 from runtime.engines.base import (
     EngineBroken,
     EngineCannotServe,
@@ -32,8 +33,6 @@ from runtime.engines.base import (
     EngineLoad,
     EngineState,
     GenerationRequest,
-    LoadPhase,
-    LoadProgress,
     RequestRejected,
     TokenEvent,
 )
@@ -546,7 +545,7 @@ class NeuronEngine:
     def health(self) -> EngineHealth:
         return EngineHealth(state=self._state, detail=self._detail)
 
-    def load_progress(self) -> LoadProgress | None:
+    def load_progress(self) -> Loading | None:
         """Where start() is (None before it began and once the engine is ready)."""
         return self.loading.snapshot() if self._state is EngineState.STARTING else None
 
@@ -664,7 +663,7 @@ def run_follower(
     *,
     settings: NeuronEngineSettings,
     s3: Any = None,
-    report: Callable[[LoadProgress], None] | None = None,
+    report: Callable[[Loading], None] | None = None,
 ) -> None:
     """A follower's formation: prepare the rank, then run the plan's worker command until it exits.
     `report` hears this node's load progress (the node puts it in its ready body). Once the worker says

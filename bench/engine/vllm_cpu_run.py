@@ -2,7 +2,8 @@
 through vLLM's AsyncLLM and prints one JSON line of TTFT, TPOT and tokens/s per concurrency.
 
 `python vllm_cpu_run.py SPEC.json` with SPEC {"model": dir, "prompts": [[ids]...], "max_tokens": n,
-"concurrency": [1, 4, 16], "repeats": r, "max_num_seqs": n} and optionally "speculative_config". Threads and
+"concurrency": [1, 4, 16], "repeats": r, "max_num_seqs": n} and optionally "speculative_config" and
+"each_prompt_alone" (concurrency 1 runs every prompt alone in turn; TPOT is their median). Threads and
 cores come from the environment the caller sets (VLLM_CPU_OMP_THREADS_BIND, OMP_NUM_THREADS).
 """
 
@@ -57,8 +58,10 @@ async def main(spec: dict) -> dict:
     found = {}
     for conc in spec["concurrency"]:
         rates, ttfts, tpots = [], [], []
-        for _ in range(spec["repeats"]):
-            batch = [prompts[i % len(prompts)] for i in range(conc)]
+        batches = [[prompts[i % len(prompts)] for i in range(conc)]] * spec["repeats"]
+        if conc == 1 and spec.get("each_prompt_alone"):  # batch 1 over every prompt, not only the first
+            batches = [[p] for p in prompts] * spec["repeats"]
+        for batch in batches:
             t0 = time.perf_counter()
             res = await asyncio.gather(*[one(p, max_tokens) for p in batch])
             rates.append(sum(len(r) for r in res) / (time.perf_counter() - t0))

@@ -4,11 +4,13 @@ and the minute's EMF line the dashboard reads."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 from prometheus_client import generate_latest
 
 import contract
 from contract.ready import read_ready
+from contract.speculation import ENV_SPECULATIVE_METHOD, NGRAM
 from runtime.engines.base import EngineState
 from runtime.node.engine_protocol import Load
 from runtime.node.handshake import Load as BodyLoad
@@ -80,3 +82,46 @@ def test_the_leaders_queue_wait_follows_answers_that_gain_two_tokens_a_step():
     for got, want in waits.values():
         assert abs(got - want) < 1e-9
     assert waits[2][0] < waits[1][0] / 2
+
+
+def _complete(unit, prompt: list[int], max_tokens: int) -> str:
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(unit.url + "/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())["choices"][0]["text"]
+
+
+def _drafted(unit) -> dict | None:
+    load = unit.leader.ready()[1]["load"]
+    return load if load["spec_draft_tokens"] > 0 else None
+
+
+def _counted(unit) -> dict[str, float] | None:
+    with urllib.request.urlopen(unit.leader.url + contract.METRICS_PATH, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    got = {name: float(v) for name, v in (line.rsplit(" ", 1) for line in lines if line.startswith("flotilla_spec"))}
+    return got if got.get("flotilla_spec_decode_num_draft_tokens_total", 0) > 0 else None
+
+
+def test_a_unit_with_prompt_lookup_answers_as_one_without_it_and_reports_its_drafts(tmp_path):
+    """Two ranks of tiny through the node's HTTP API: greedy answers with n-gram speculation on are those
+    of a unit without it, and the leader's ready body and /metrics count the drafts it verified."""
+    from nodeproc import Unit, wait_for
+
+    # tiny's greedy answers to these repeat stretches of the prompt (tests/engine/test_speculative.py)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, list(range(30, 80)) + list(range(30, 60))]
+    answers = {}
+    for on in (False, True):
+        env = {ENV_SPECULATIVE_METHOD: NGRAM} if on else {}
+        unit = Unit(tmp_path, name=f"spec-{'on' if on else 'off'}", **env)
+        try:
+            unit.start().wait_ready(timeout=180)
+            answers[on] = [_complete(unit, p, 24) for p in prompts]
+            if on:  # the engine's load reaches the leader's body and counters with its next report
+                load = wait_for(lambda: _drafted(unit), timeout=10, what="the ready body to count the drafts")
+                metrics = wait_for(lambda: _counted(unit), timeout=10, what="/metrics to count the drafts")
+        finally:
+            unit.stop()
+    assert answers[True] == answers[False]
+    assert load["spec_draft_tokens"] > 0 and load["spec_accepted_tokens"] > 0 and load["tokens_per_step"] > 1.0
+    assert metrics["flotilla_spec_decode_num_accepted_tokens_total"] > 0

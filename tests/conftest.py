@@ -3,6 +3,8 @@ ports, nodeproc.py for real unit members), and holds the fixtures every suite ma
 
 from __future__ import annotations
 
+import os
+
 import leftovers
 import pytest
 from nodeproc import Unit
@@ -15,6 +17,46 @@ def pytest_addoption(parser):
         action="store_true",
         help="run the long form of soak tests (the chaos test: thousands of requests; also FLOTILLA_CHAOS_LONG=1)",
     )
+
+
+# The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist): each worker takes
+# whole files, so a file's module fixtures are made once. The longest files go first, longest first
+# (seconds in a whole-suite run on 2 cores, 2026-12), so the workers finish together instead of one
+# starting a long file when the other is nearly done. Only the order changes: a file not named here runs
+# after these, in collection order, and a stale entry costs balance, never a test.
+LONGEST_FIRST = (
+    "tests/rehearsal/test_rehearsal.py",  # 119 s
+    "tests/neuron/test_neuron_node.py",  # 81 s
+    "tests/benchmarks/test_bench_commands.py",  # 72 s
+    "tests/stacks/test_updates.py",  # 60 s
+    "tests/router/test_router_resume.py",  # 58 s
+    "tests/engine/test_speculative.py",  # 46 s
+    "tests/engine/test_engine.py",  # 45 s
+    "tests/router/test_router_acceptance.py",  # 40 s
+    "tests/node/test_openai_compat.py",  # 39 s
+    "tests/node/test_node_request_integrity.py",  # 32 s
+    "tests/node/test_node_unit_lifecycle.py",  # 27 s
+    "tests/engine/test_collectives.py",  # 25 s
+    "tests/router/test_router_stall_bound.py",  # 24 s
+    "tests/engine/test_exactness.py",  # 24 s
+    "tests/engine/test_models.py",  # 23 s
+    "tests/ops/test_ops_rollback.py",  # 22 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # only where files are shared out (a plain run keeps its order)
+        rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: files stay whole
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini) starts no workers when every argument names single tests
+    (`pytest path::test`): one test runs in this process, without a worker's start-up. Otherwise
+    pytest-xdist decides (one worker per core, or PYTEST_XDIST_AUTO_NUM_WORKERS)."""
+    if config.args and all("::" in arg for arg in config.args):
+        return 0
+    return None
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,15 @@
 """Free loopback ports for tests that start real servers, never the same port twice per run.
 
 runtime.ports finds a free port; this module remembers every port it handed out in this test
-process and passes them as `avoid`, so two servers of one test never share a port.
+process and passes them as `avoid`, so two servers of one test never share a port. Test processes
+running side by side (pytest-xdist workers, pytest.ini) take ports from blocks of their own, so one
+worker never picks a port another has just handed out and not yet bound.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 
@@ -15,13 +18,27 @@ from runtime import ports
 _issued: set[int] = set()
 _lock = threading.Lock()
 
+# pytest-xdist names each worker gw0, gw1, ... and says how many there are (its docs, "Identifying the
+# worker process during a test"); a run without workers takes any port.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_BLOCK = 256  # ports per block; block b belongs to worker b % _WORKERS
+
+
+def _mine(port: int, span: int) -> bool:
+    return all((p // _BLOCK) % _WORKERS == _WORKER for p in range(port, port + span))
+
 
 def free_port(span: int = 1) -> int:
-    """A port p such that p..p+span-1 are free now and were never handed out by this process."""
+    """A port p such that p..p+span-1 are free now, were never handed out by this process, and lie in
+    this worker's blocks."""
     with _lock:
-        port = ports.free_port(span, avoid=_issued)
-        _issued.update(range(port, port + span))
-        return port
+        for _ in range(100):
+            port = ports.free_port(span, avoid=_issued)
+            if _mine(port, span):
+                _issued.update(range(port, port + span))
+                return port
+        raise RuntimeError(f"no free block of {span} loopback port(s) in worker {_WORKER}'s share of the ports")
 
 
 class StalledReader:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
 import sys
 from dataclasses import fields
@@ -95,6 +96,12 @@ def test_contract_imports_only_what_every_side_installs():
         & _pinned(ops_extra)
     )
     assert "pydantic" in everywhere
+    # pydantic pins its core exactly (pydantic 2.14.4's METADATA: `Requires-Dist: pydantic-core==2.50.5`),
+    # so wherever pydantic is installed, pydantic_core is too, at the one version that pydantic was built
+    # for; its own docs import core_schema from it for __get_pydantic_core_schema__
+    # (docs.pydantic.dev/latest/concepts/types/, "Customizing validation with __get_pydantic_core_schema__").
+    assert any(r.replace(" ", "").startswith("pydantic-core==") for r in importlib.metadata.requires("pydantic") or [])
+    everywhere |= {"pydantic_core"}
     assert "pydantic" in (REPO / "runtime" / "requirements-neuron.txt").read_text()
     for path in sorted((REPO / "contract").glob("*.py")):
         tree = ast.parse(path.read_text())

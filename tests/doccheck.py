@@ -328,6 +328,13 @@ def _fill_placeholders(parser: argparse.ArgumentParser, argv: list[str]) -> list
     return out
 
 
+def _ours(origin: Path) -> bool:
+    """Whether a module's file is this repository's code: under the checkout, but not an installed
+    package (the checkout's own .venv lies under it too, as `make test` makes it in a fresh clone)."""
+    path = origin.resolve()
+    return ROOT in path.parents and "site-packages" not in path.parts
+
+
 def python_entry(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
     """(entry, arguments) of a `python ...` line that runs this repository's code, None otherwise
     (a third-party module such as json.tool, python -c, an inline script)."""
@@ -338,7 +345,7 @@ def python_entry(argv: tuple[str, ...]) -> tuple[str, list[str]] | None:
             spec = find_spec(argv[1])
         except ModuleNotFoundError:  # a package of its path is missing: not a module of this repository
             return (argv[1], list(argv[2:])) if (ROOT / argv[1].split(".")[0]).is_dir() else None
-        if spec is not None and spec.origin and ROOT not in Path(spec.origin).resolve().parents:
+        if spec is not None and spec.origin and not _ours(Path(spec.origin)):
             return None  # json.tool, pytest, vllm...: not this repository's
         if spec is None and not (ROOT / argv[1].split(".")[0]).is_dir():
             return None

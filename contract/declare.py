@@ -7,10 +7,12 @@ layer names the input: a config key, a flag or a variable) and the allowed value
 
 from __future__ import annotations
 
+import argparse
 import copy
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import GetCoreSchemaHandler, ValidationError
@@ -219,3 +221,25 @@ def allowed_of(metadata: Iterable[Any]) -> str | None:
     """The allowed values the docs show for a field: its rule's, or an Allowed(...) when a validator
     function checks it."""
     return next((m.allowed for m in metadata if isinstance(m, (Rule, Allowed))), None)
+
+
+# --- the settings tables in the docs -----------------------------------------------------------------
+# The node's and the router's settings tables (docs/node.md, docs/router.md) are rendered from their
+# declarations and kept between two marker lines; one piece of code rewrites them and prints them.
+
+
+def spliced(doc: str, begin: str, end: str, table: str, where: object) -> str:
+    """`doc` with the text between the lines `begin` and `end` replaced by `table`; `where` names the
+    doc in the error when a marker is missing."""
+    head, found_begin, rest = doc.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found_begin or not found_end:
+        raise ValueError(f"{where} lacks the lines {begin!r} and {end!r}: put them around the settings table")
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def settings_docs_parser(prog: str, whose: str, docs: Path) -> argparse.ArgumentParser:
+    """The parser of `python -m <prog> [--write-docs]`: print `whose` settings table, or rewrite it in `docs`."""
+    p = argparse.ArgumentParser(prog=prog, description=f"Print {whose} settings table, or rewrite it in {docs.name}.")
+    p.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {docs}")
+    return p

@@ -34,6 +34,8 @@ from contract.declare import (
     OneOf,
     refusal,
     refused,
+    settings_docs_parser,
+    spliced,
 )
 from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 from runtime.engines.base import (
@@ -570,20 +572,11 @@ def settings_markdown() -> str:
 
 def docs_with_settings(doc: str) -> str:
     """`doc` with the text between DOCS_BEGIN and DOCS_END replaced by settings_markdown()."""
-    head, begin, rest = doc.partition(DOCS_BEGIN)
-    _, end, tail = rest.partition(DOCS_END)
-    if not begin or not end:
-        raise ValueError(f"{DOCS} lacks the lines {DOCS_BEGIN!r} and {DOCS_END!r}: put them around the tables")
-    return f"{head}{DOCS_BEGIN}\n{settings_markdown()}\n{DOCS_END}{tail}"
+    return spliced(doc, DOCS_BEGIN, DOCS_END, settings_markdown(), DOCS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m runtime.node.settings",
-        description="Print the node's settings tables, or rewrite them in docs/node.md.",
-    )
-    p.add_argument("--write-docs", action="store_true", help=f"rewrite the tables in {DOCS}")
-    if p.parse_args(argv).write_docs:
+    if settings_docs_parser("python -m runtime.node.settings", "the node's", DOCS).parse_args(argv).write_docs:
         DOCS.write_text(docs_with_settings(DOCS.read_text()))
     else:
         print(settings_markdown())

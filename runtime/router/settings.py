@@ -28,7 +28,17 @@ from pydantic_core import PydanticCustomError
 import contract
 from contract import apikeys
 from contract.bad_input import NOT_GIVEN, bad_input_line
-from contract.declare import NOT_ALLOWED, Integer, Number, OneOf, refusal, refused, rule_of
+from contract.declare import (
+    NOT_ALLOWED,
+    Integer,
+    Number,
+    OneOf,
+    refusal,
+    refused,
+    rule_of,
+    settings_docs_parser,
+    spliced,
+)
 from contract.settings import SettingsError as SettingsError  # the one settings error, raised from here too
 
 _BAD = "router_setting"  # the error type of a rule across settings: its message is the line
@@ -612,20 +622,11 @@ def settings_markdown() -> str:
 
 def docs_with_settings(doc: str) -> str:
     """`doc` with the text between DOCS_BEGIN and DOCS_END replaced by settings_markdown()."""
-    head, begin, rest = doc.partition(DOCS_BEGIN)
-    _, end, tail = rest.partition(DOCS_END)
-    if not begin or not end:
-        raise ValueError(f"{DOCS} lacks the lines {DOCS_BEGIN!r} and {DOCS_END!r}: put them around the table")
-    return f"{head}{DOCS_BEGIN}\n{settings_markdown()}\n{DOCS_END}{tail}"
+    return spliced(doc, DOCS_BEGIN, DOCS_END, settings_markdown(), DOCS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m runtime.router.settings",
-        description="Print the router's settings table, or rewrite it in docs/router.md.",
-    )
-    p.add_argument("--write-docs", action="store_true", help=f"rewrite the table in {DOCS}")
-    if p.parse_args(argv).write_docs:
+    if settings_docs_parser("python -m runtime.router.settings", "the router's", DOCS).parse_args(argv).write_docs:
         DOCS.write_text(docs_with_settings(DOCS.read_text()))
     else:
         print(settings_markdown())

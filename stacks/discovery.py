@@ -20,7 +20,7 @@ from aws_cdk import aws_servicediscovery as cloudmap
 from constructs import Construct
 
 import contract
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, cfn_child
 from stacks.network import VPC_CIDR
 
 HTTPS_PORT = 443
@@ -142,7 +142,7 @@ class DiscoveryStack(cdk.Stack):
         )
         if "0.0.0.0/0" in client_cidrs:
             acknowledge(
-                self.alb_security_group.node.default_child,
+                cfn_child(self.alb_security_group, ec2.CfnSecurityGroup),
                 "EC23",
                 "0.0.0.0/0 is listed in front.client_cidrs by the operator's choice, on the client ports "
                 "(443/80) only: an internal ALB has private addresses only; an internet-facing one serves "

@@ -26,7 +26,7 @@ from stacks.config import LIVE_TARGET_GROUPS
 
 # The ALB security group (Discovery) admits exactly these client ports.
 from stacks.discovery import HTTP_PORT, HTTPS_PORT
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, cfn_child
 from stacks.network import VPC_CIDR
 from stacks.waf import FrontDoorWaf
 
@@ -116,7 +116,7 @@ class FrontStack(cdk.Stack):
         )
         self._outputs()
         acknowledge(
-            self.access_log_bucket.node.default_child,
+            cfn_child(self.access_log_bucket, s3.CfnBucket),
             "S1",
             "This bucket receives the ALB's access logs; logging its own accesses to itself would "
             "recurse and to another bucket would only move the finding.",
@@ -307,10 +307,8 @@ class FrontStack(cdk.Stack):
             value=f"com.amazonaws.vpce.{self.region}.{service.vpc_endpoint_service_id}",
         )
         cdk.CfnOutput(self, "EndpointServiceId", value=service.vpc_endpoint_service_id)
-        nlb_resource = nlb.node.default_child
-        assert nlb_resource is not None  # the AWS::ElasticLoadBalancingV2::LoadBalancer under the construct
         acknowledge(
-            nlb_resource,
+            cfn_child(nlb, elbv2.CfnLoadBalancer),
             "ELB2",
             "Network Load Balancer access logs record TLS listeners only (ELB user guide, access logs for "
             "your Network Load Balancer); this TCP listener passes every request to the ALB, whose access "

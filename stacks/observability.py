@@ -218,7 +218,7 @@ class ObservabilityStack(cdk.Stack):
     def _alarm(
         self,
         name: str,
-        metric: cw.IMetric,
+        metric: cw.Metric | cw.MathExpression,
         *,
         threshold: float,
         operator: cw.ComparisonOperator,

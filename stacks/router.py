@@ -23,7 +23,7 @@ from constructs import Construct
 import contract
 from contract import apikeys
 from stacks.image import node_image
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, cfn_child
 
 CONTAINER_NAME = "router"
 FARGATE_MAX_STOP_TIMEOUT_S = 120
@@ -319,7 +319,7 @@ class RouterStack(cdk.Stack):
             "RequestsPerTarget",
             policy_name="flotilla-router-requests-per-target",
             policy_type="TargetTrackingScaling",
-            scaling_target_id=scalable.node.find_child("Target").node.default_child.ref,
+            scaling_target_id=cfn_child(scalable.node.find_child("Target"), appscaling.CfnScalableTarget).ref,
             target_tracking_scaling_policy_configuration=appscaling.CfnScalingPolicy.TargetTrackingScalingPolicyConfigurationProperty(
                 target_value=props.requests_per_target_per_minute,
                 scale_in_cooldown=300,
@@ -344,7 +344,7 @@ class RouterStack(cdk.Stack):
     def _acknowledge_findings(self, image: ecs.ContainerImage) -> None:
         """Each acknowledgement on the exact L1 resource it excuses."""
         acknowledge(
-            self.task_definition.node.default_child,
+            cfn_child(self.task_definition, ecs.CfnTaskDefinition),
             "ECS2",
             reason=(
                 "The router's environment holds only non-secret settings (role, port, Cloud Map "
@@ -355,7 +355,7 @@ class RouterStack(cdk.Stack):
         )
         task_policy = self.task_definition.task_role.node.find_child("DefaultPolicy")
         acknowledge(
-            task_policy.node.default_child,
+            cfn_child(task_policy, iam.CfnPolicy),
             "IAM5",
             applies_to="Resource::*",
             reason=(
@@ -367,9 +367,11 @@ class RouterStack(cdk.Stack):
         )
         if not isinstance(image, ecs.RepositoryImage):
             # An ECR (asset) image: CDK grants ecr:GetAuthorizationToken, which needs Resource *.
-            execution_policy = self.task_definition.execution_role.node.find_child("DefaultPolicy")
+            # The role the image made when it bound: "Creates the task execution IAM role if it
+            # doesn't already exist" (aws-cdk-lib 2.275, TaskDefinition.obtain_execution_role).
+            execution_role = self.task_definition.obtain_execution_role()
             acknowledge(
-                execution_policy.node.default_child,
+                cfn_child(execution_role.node.find_child("DefaultPolicy"), iam.CfnPolicy),
                 "IAM5",
                 applies_to="Resource::*",
                 reason=(
@@ -380,7 +382,7 @@ class RouterStack(cdk.Stack):
             )
         green_role = self.service.node.find_child("GreenTargetRole")
         acknowledge(
-            green_role.node.default_child,
+            cfn_child(green_role, iam.CfnRole),
             "IAM4",
             applies_to="Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonECSInfrastructureRolePolicyForLoadBalancers",
             reason=(

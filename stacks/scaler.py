@@ -13,7 +13,6 @@ the units (the routers' reports are in CloudWatch); and it has nothing long-live
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
 
 from aws_cdk import ArnFormat, CfnParameter, Duration, Fn, IgnoreMode, RemovalPolicy, Stack, Token
 from aws_cdk import aws_events as events
@@ -27,7 +26,7 @@ from constructs import Construct
 import contract
 from contract import scaling
 from stacks.config import FlotillaConfig
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, cfn_child
 from stacks.retention import retention
 from stacks.scaling_config import fixed_units, start_timeout_s
 
@@ -141,7 +140,7 @@ class ScalerStack(Stack):
         self._grant(config)
         # CDK makes the function depend on its role, which its Role attribute already orders (cfn-lint
         # W3005); only the dependency on the role's policy, which nothing else orders, is kept.
-        function_cfn = cast(lambda_.CfnFunction, self.function.node.default_child)
+        function_cfn = cfn_child(self.function, lambda_.CfnFunction)
         function_cfn.add_override("DependsOn", [self.get_logical_id(self._policy())])
 
     def _grant(self, config: FlotillaConfig) -> None:
@@ -206,7 +205,7 @@ class ScalerStack(Stack):
 
     def _policy(self) -> iam.CfnPolicy:
         """The role's policy resource (CDK's DefaultPolicy, made by the first grant)."""
-        return cast(iam.CfnPolicy, self.role.node.find_child("DefaultPolicy").node.default_child)
+        return cfn_child(self.role.node.find_child("DefaultPolicy"), iam.CfnPolicy)
 
     def _acknowledge(self, dep: str) -> None:
         policy = self._policy()

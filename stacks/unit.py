@@ -19,6 +19,7 @@ from constructs import Construct
 import contract
 from stacks.discovery import register_unit_members
 from stacks.hosts import UnitHost, ami_parameter
+from stacks.nag import cfn_child
 from stacks.node_boot import SCRATCH_CONTAINER_PATH, SCRATCH_HOST_PATH, node_user_data
 
 
@@ -233,7 +234,7 @@ class ServingUnit(Construct):
             ],
             detailed_monitoring=True,
         )
-        cfn_lt: ec2.CfnLaunchTemplate = self.launch_template.node.default_child
+        cfn_lt = cfn_child(self.launch_template, ec2.CfnLaunchTemplate)
         if self.placement_group_name:
             cfn_lt.add_property_override("LaunchTemplateData.Placement", {"GroupName": self.placement_group_name})
         if shape.efa_interfaces:

@@ -27,27 +27,14 @@ from contract.apikeys import (
     new_key,
     secret_name,
 )
+from contract.declare import Integer, Number
 from ops import key_store
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, add_json_option, confirmed, stderr_console
-from ops.errors import OpsError, UsageError
+from ops.errors import FlagType, OpsError, UsageError
 
-
-def _limit(high: float, whole: bool) -> Callable[[str], float | int | None]:
-    def parse(text: str) -> float | int | None:
-        if text == "none":
-            return None
-        try:
-            value: float | int = int(text) if whole else float(text)
-        except ValueError:
-            kind = "a whole number" if whole else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}: use 1 to {high:g}, or none") from None
-        if not 0 < value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is out of range: use above 0 and at most {high:g}, or none")
-        return value
-
-    return parse
+NO_LIMIT = "or none: no limit"
 
 
 class _Keep:
@@ -61,14 +48,14 @@ def _add_limit_options(p: argparse.ArgumentParser, *, default: object = None) ->
     p.add_argument(
         "--requests-per-s",
         default=default,
-        type=_limit(MAX_REQUESTS_PER_S, whole=False),
+        type=FlagType("--requests-per-s", Number(0, MAX_REQUESTS_PER_S, NO_LIMIT, above=True), none=True),
         metavar="R",
         help="requests per second the key may make, fleet-wide (none: no limit)",
     )
     p.add_argument(
         "--tokens-per-min",
         default=default,
-        type=_limit(MAX_TOKENS_PER_MIN, whole=True),
+        type=FlagType("--tokens-per-min", Integer(1, MAX_TOKENS_PER_MIN, NO_LIMIT), none=True),
         metavar="T",
         help="prompt + completion tokens per minute, counted as requested (none: no limit)",
     )

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contract.bad_input import NOT_GIVEN
+from contract.declare import Integer, Number
 from contract.llama import preset_names, preset_of
 from contract.trainium import GIB, INSTANCES
 from ops.capacity import (
@@ -35,7 +36,7 @@ from ops.capacity import (
 from ops.commands import Subparsers
 from ops.commands.common import add_deprecated_alias
 from ops.deploy_config import config_error
-from ops.errors import UsageError, bad_arg
+from ops.errors import UsageError, bad_arg, check_arg
 from ops.rollout_sim import ROLLOUTS, FleetModel, Recommendation, recommend_wave
 
 
@@ -218,13 +219,10 @@ def config_yaml(p: Plan, rollout: dict[str, Any] | None = None, model_uri: str |
 def rollout_recommendation(p: Plan, args: argparse.Namespace) -> Recommendation:
     """Simulate the planned fleet rolling at candidate wave sizes; the traffic level is the planned
     rps against the units' capacity (so a fleet sized without headroom cannot roll with `replace`)."""
-    for flag, value in (
-        ("--load-minutes", args.load_minutes),
-        ("--node-failures-per-day", args.node_failures_per_day),
-        ("--spare-nodes", args.spare_nodes),
-    ):
-        if value is not None and value < 0:
-            raise bad_arg(flag, value, "is negative", "give 0 or more")
+    check_arg("--load-minutes", args.load_minutes, Number(0))
+    check_arg("--node-failures-per-day", args.node_failures_per_day, Number(0))
+    if args.spare_nodes is not None:
+        check_arg("--spare-nodes", args.spare_nodes, Integer(0))
     capacity = p.units * p.requests_per_s_per_unit
     model = FleetModel(
         units=p.units,

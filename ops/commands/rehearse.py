@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from contract.declare import Integer, Number
 from ops.commands import Subparsers
-from ops.errors import OpsError, UsageError, bad_arg
+from ops.errors import OpsError, UsageError, check_arg
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -86,17 +87,14 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not 0 < args.time_scale <= 1:
-        raise bad_arg("--time-scale", args.time_scale, "is out of range", "give more than 0 and at most 1 (e.g. 0.01)")
-    if not 0 <= args.load_seconds <= 600:
-        raise bad_arg("--load-seconds", args.load_seconds, "is out of range", "give 0 to 600")
-    if not 1 <= args.clients <= 64:
-        raise bad_arg("--clients", args.clients, "is out of range", "give 1 to 64")
-    # The echo engine's context is 2048 tokens, the prompt (about 25) included.
-    if args.answer_tokens is not None and not 1 <= args.answer_tokens <= 2000:
-        raise bad_arg("--answer-tokens", args.answer_tokens, "is out of range", "give 1 to 2000")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise bad_arg("--concurrency", args.concurrency, "is out of range", "give 1 or more")
+    check_arg("--time-scale", args.time_scale, Number(0, 1, "e.g. 0.01", above=True))
+    check_arg("--load-seconds", args.load_seconds, Number(0, 600))
+    check_arg("--clients", args.clients, Integer(1, 64))
+    if args.answer_tokens is not None:
+        # The echo engine's context is 2048 tokens, the prompt (about 25) included.
+        check_arg("--answer-tokens", args.answer_tokens, Integer(1, 2000))
+    if args.concurrency is not None:
+        check_arg("--concurrency", args.concurrency, Integer(1))
 
 
 def _describe(fleet: Any, scale: float, console: Console) -> None:

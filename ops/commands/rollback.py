@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 import contract
+from contract.declare import Integer
 from contract.rollout import default_units_per_wave
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
@@ -31,7 +32,7 @@ from ops.commands.common import (
 )
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
 from ops.commands.status import health_unreadable
-from ops.errors import CannotTell, OpsError, bad_arg
+from ops.errors import CannotTell, FlagType, OpsError, bad_arg
 from ops.fleet import Fleet, Unit, arn_name, container_env
 
 # How far below the current revision to look for the one to go back to (each look is one
@@ -62,16 +63,6 @@ REGISTER_KEYS = (
 )
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: use 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is too small: use 1 or more")
-    return value
-
-
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     b = sub.add_parser(
         "rollback",
@@ -96,12 +87,14 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     b.add_argument(
         "--units-per-wave",
-        type=positive_int,
+        type=FlagType("--units-per-wave", Integer(1)),
         metavar="N",
         help="units updated at once, as the config's units_per_wave (default: 10%% of the selected units, at "
         "least 1; never every unit of the deployment)",
     )
-    add_deprecated_alias(b, "--wave-size", "--units-per-wave", dest="units_per_wave", type=positive_int)
+    add_deprecated_alias(
+        b, "--wave-size", "--units-per-wave", dest="units_per_wave", type=FlagType("--wave-size", Integer(1))
+    )
     b.add_argument(
         "--wait",
         type=float,

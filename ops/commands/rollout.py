@@ -18,12 +18,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from contract.declare import Integer, Number
 from ops.aws import clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_json_option, cell_id, fleet_from_args, prose_console, select, wait_until
 from ops.commands.plan import render_rollout, rollout_dict
 from ops.deploy_config import read_config
-from ops.errors import bad_arg
+from ops.errors import check_arg
 from ops.fleet import Fleet, Unit, arn_name, router_services
 from ops.rollout_sim import FleetModel, Recommendation, Summary, recommend_wave
 
@@ -230,23 +231,11 @@ _WAVE_LINE = re.compile(r"^units_per_wave\s*:.*$", re.MULTILINE)  # the top-leve
 
 
 def _check_plan_flags(args: argparse.Namespace) -> None:
-    if not 0 < args.load_minutes <= 1440:
-        raise bad_arg(
-            "--load-minutes", args.load_minutes, "is out of range", "give more than 0 and at most 1440 (a day)"
-        )
-    if not 0 < args.demand <= 1:
-        raise bad_arg(
-            "--demand",
-            args.demand,
-            "is out of range",
-            "give more than 0 and at most 1 (a share of the whole fleet's capacity, e.g. 0.8)",
-        )
-    if args.spare_nodes is not None and args.spare_nodes < 0:
-        raise bad_arg("--spare-nodes", args.spare_nodes, "is out of range", "give 0 or more")
-    if not 0 <= args.node_failures_per_day <= 1:
-        raise bad_arg(
-            "--node-failures-per-day", args.node_failures_per_day, "is out of range", "give 0 to 1 (per node per day)"
-        )
+    check_arg("--load-minutes", args.load_minutes, Number(0, 1440, "a day", above=True))
+    check_arg("--demand", args.demand, Number(0, 1, "a share of the whole fleet's capacity, e.g. 0.8", above=True))
+    if args.spare_nodes is not None:
+        check_arg("--spare-nodes", args.spare_nodes, Integer(0))
+    check_arg("--node-failures-per-day", args.node_failures_per_day, Number(0, 1, "per node per day"))
 
 
 def config_change(path: str, current: int, recommended: int) -> tuple[int | None, str]:

@@ -21,12 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from contract.bad_input import NOT_GIVEN
+from contract.declare import Integer
 from contract.log_lines import json_lines
 from contract.scaling import DECISION_EVENT, ScalingError, TemporaryFloor, format_utc, parameter_name
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed
-from ops.errors import OpsError, bad_arg
+from ops.errors import OpsError, bad_arg, check_arg
 
 DECISION_FILTER = '{ $.event = "scaler_decision" }'  # CloudWatch Logs JSON filter pattern
 MAX_FOR_S = 7 * 86400  # a temporary floor lasts at most a week: a forgotten one must lapse
@@ -167,8 +168,7 @@ def _check_floor_args(args: argparse.Namespace) -> None:
         return
     if args.units is None or args.for_s is None or not args.reason:
         raise bad_arg("--units", NOT_GIVEN, "is required with --for and --reason", "give all three, or --clear")
-    if args.units < 0:
-        raise bad_arg("--units", args.units, "is out of range", "give 0 or more")
+    check_arg("--units", args.units, Integer(0))
 
 
 def run_floor(args: argparse.Namespace, console: Console) -> int:

@@ -17,32 +17,16 @@ import botocore.exceptions
 from rich.console import Console
 
 from contract.admission import MAX_LIMIT, AdmissionError, AdmissionLimit, parameter_name
+from contract.declare import Integer
 from ops.aws import Aws, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, add_json_option, confirmed
-from ops.errors import OpsError, UsageError
+from ops.errors import FlagType, OpsError, UsageError
 
 ROUTER_READ_INTERVAL_S = 10  # runtime/router/settings.py admission_interval_s default
 
 
-def _percent(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: use 0 to 100") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: use 0 to 100")
-    return value
-
-
-def _cap(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: use 1 to {MAX_LIMIT}") from None
-    if not 1 <= value <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: use 1 to {MAX_LIMIT}")
-    return value
+CAP = Integer(1, MAX_LIMIT)  # what contract.admission takes for either per-unit cap
 
 
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
@@ -62,19 +46,19 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     s.add_argument(
         "--admit-percent",
-        type=_percent,
+        type=FlagType("--admit-percent", Integer(0, 100)),
         metavar="P",
         help="admit only P%% of new requests (0-100); the rest are refused before any unit is chosen",
     )
     s.add_argument(
         "--max-queue-depth",
-        type=_cap,
+        type=FlagType("--max-queue-depth", CAP),
         metavar="N",
         help="a unit reporting a queue this deep takes no new request (the same for every router)",
     )
     s.add_argument(
         "--max-outstanding-per-unit",
-        type=_cap,
+        type=FlagType("--max-outstanding-per-unit", CAP),
         metavar="N",
         help="requests one router keeps in flight to one unit",
     )

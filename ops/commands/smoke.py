@@ -29,6 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from contract.declare import Integer, Number
 from ops.aws import clients_for
 from ops.commands import Subparsers
 from ops.commands.common import (
@@ -41,7 +42,7 @@ from ops.commands.common import (
 )
 from ops.commands.rollback import _describe, _registerable, revision_of
 from ops.commands.rollout import COMPLETED, FAILED, rollout_state
-from ops.errors import EXIT_FAILED, EXIT_OK, OpsError, bad_arg
+from ops.errors import EXIT_FAILED, EXIT_OK, FlagType, OpsError, bad_arg, check_arg
 
 PROMPT = "Name three primary colours."
 API_KEY_ENV = "FLOTILLA_API_KEY"
@@ -60,25 +61,6 @@ class Check:
 ROLL_SKIPPED = "skipped: no --roll-unit given (make local has no ECS service to roll; give a unit of a deployed fleet)"
 
 
-def _seconds_up_to(most: float) -> Callable[[str], float]:
-    """An argparse type: a number of seconds above 0 and at most `most`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not 0 < value <= most:
-            raise argparse.ArgumentTypeError(f"{value:g} is out of range: use more than 0 and at most {most:g} seconds")
-        return value
-
-    return parse
-
-
-_positive = _seconds_up_to(600)
-_roll_wait = _seconds_up_to(7200)
-
-
 def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     p = sub.add_parser(
         "smoke",
@@ -95,7 +77,11 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per answer; default %(default)s")
     p.add_argument(
-        "--timeout", type=_positive, default=60.0, metavar="SECONDS", help="per request; default %(default)s"
+        "--timeout",
+        type=FlagType("--timeout", Number(0, 600, "seconds", above=True)),
+        default=60.0,
+        metavar="SECONDS",
+        help="per request; default %(default)s",
     )
     p.add_argument(
         "--roll-unit",
@@ -105,7 +91,7 @@ def add_parser(sub: Subparsers) -> list[argparse.ArgumentParser]:
     )
     p.add_argument(
         "--wait",
-        type=_roll_wait,
+        type=FlagType("--wait", Number(0, 7200, "seconds", above=True)),
         default=900.0,
         metavar="SECONDS",
         help="with --roll-unit: how long each of the two deployments may take; default %(default)s",
@@ -317,8 +303,7 @@ def roll_confirmed(args: argparse.Namespace, say: Console) -> bool:
 def run_smoke(args: argparse.Namespace, console: Console) -> int:
     import openai  # noqa: PLC0415 - loaded only by this command (every other command starts faster)
 
-    if args.max_tokens < 1:
-        raise bad_arg("--max-tokens", args.max_tokens, "is out of range", "give at least 1")
+    check_arg("--max-tokens", args.max_tokens, Integer(1))
     base = args.url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise bad_arg(

@@ -37,10 +37,11 @@ from rich.console import Console
 
 import contract
 from contract import apikeys
+from contract.declare import Integer
 from ops.aws import Aws, chunks, clients_for
 from ops.commands import Subparsers
 from ops.commands.common import add_confirm_options, confirmed, fleet_from_args, wait_until
-from ops.errors import OpsError, bad_arg
+from ops.errors import OpsError, bad_arg, check_arg
 from ops.fleet import DEPLOYMENT_TAG, DRAINED_TAG, STACK_NAME_TAG, UNIT_TAG, Unit, container_instances, live_tasks
 
 # Seconds between polls while waiting (tests set it to 0).
@@ -418,17 +419,8 @@ def run_teardown(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_shrink(args: argparse.Namespace, console: Console) -> int:
-    if args.units < 1:
-        raise bad_arg(
-            "--units", args.units, "is out of range", "give at least 1 (to remove everything use `flotilla teardown`)"
-        )
-    if not 1 <= args.units_per_cell <= contract.MAX_UNITS_PER_CELL:
-        raise bad_arg(
-            "--units-per-cell",
-            args.units_per_cell,
-            "is out of range",
-            f"give an integer from 1 to {contract.MAX_UNITS_PER_CELL}",
-        )
+    check_arg("--units", args.units, Integer(1, why="to remove everything use `flotilla teardown`"))
+    check_arg("--units-per-cell", args.units_per_cell, Integer(1, contract.MAX_UNITS_PER_CELL))
     aws = clients_for(args)
     fleet = fleet_from_args(args, aws, health=False)
     leaving = [u for u in fleet.units if unit_position(u.unit_id, args.units_per_cell) >= args.units]

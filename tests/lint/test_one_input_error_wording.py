@@ -1,12 +1,15 @@
 """Every place an operator gives a value (deployment config, node and router flags and variables, the
 operations CLI) refuses a bad one in the same wording: `<input as given>=<value> <problem>: <fix>`.
-The config, node and router settings declare their rules with one toolkit (contract/declare.py), so a
-range is refused in the same words wherever it is given; a layer with a rule helper of its own fails here."""
+The config, node and router settings and the operations CLI's flags declare their rules with one
+toolkit (contract/declare.py), so a range is refused in the same words wherever it is given; a layer
+with a rule helper of its own, or a CLI flag with a range refusal written by hand, fails here."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import io
 from pathlib import Path
 from typing import get_args
 
@@ -18,8 +21,9 @@ import contract
 from contract.bad_input import NOT_GIVEN, BadInput, bad_input_line
 from contract.declare import OUT_OF_RANGE, Integer, Number, allowed_of, rule_of
 from contract.settings import SettingsError
+from ops.cli import build_parser
 from ops.commands import rehearse
-from ops.errors import UsageError
+from ops.errors import FlagType, UsageError
 from runtime.node.settings import NEURON_FIELD, NEURON_SETTINGS, SETTINGS, NodeSettings, load_settings
 from runtime.node.settings import SettingsError as NodeSettingsError
 from runtime.router.settings import RouterSettings
@@ -77,7 +81,7 @@ def _ops() -> str:
         (_config, "units=0 is out of range: give an integer from 1 to 10000"),
         (_node, "--max-running=0 is out of range: give an integer from 1 to 4096"),
         (_router, "--max-queue-depth=0 is out of range: give an integer from 1 to 100000"),
-        (_ops, "--clients=0 is out of range: give 1 to 64"),
+        (_ops, "--clients=0 is out of range: give an integer from 1 to 64"),
     ],
     ids=["config", "node", "router", "ops"],
 )
@@ -247,3 +251,82 @@ def test_no_settings_layer_has_a_refusal_helper_of_its_own():
         words = [c.value for c in ast.walk(tree) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
         for phrase in ("out of range", "give a value in", "whole number", "an integer from", "a number from"):
             assert not any(phrase in w for w in words), f"{path} words a range refusal itself: {phrase!r}"
+
+
+# --- the operations CLI: its flags' ranges are contract.declare rules too ------------------------------
+OPS_MODULES = sorted(
+    {*(REPO / "ops" / "commands").glob("*.py"), REPO / "ops" / "capacity.py", REPO / "ops" / "errors.py"}
+)
+# The words a range refusal was written in by hand before the CLI's flags took contract.declare rules.
+HAND_WORDED_RANGES = (
+    "out of range",
+    "is not a whole number",
+    "an integer from",
+    "an integer of",
+    "a number from",
+    "is not a positive number",
+    "is negative",
+    "or more",
+)
+RANGE_WORDS = {"OUT_OF_RANGE", "integer_range", "number_range"}  # contract.bad_input's, for a rule's own use
+
+
+def _words_outside_docstrings(tree: ast.Module) -> list[str]:
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        c.value
+        for c in ast.walk(tree)
+        if isinstance(c, ast.Constant) and isinstance(c.value, str) and id(c) not in docstrings
+    ]
+
+
+def test_no_ops_command_words_a_range_refusal_itself():
+    """A flag's range is a contract.declare rule (FlagType for argparse, check_arg after parsing), which
+    words the refusal: `--clients=0 is out of range: give an integer from 1 to 64`, as the settings do."""
+    assert len(OPS_MODULES) > 15
+    for path in OPS_MODULES:
+        tree = ast.parse(path.read_text())
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not imported & RANGE_WORDS, f"{path}: {imported & RANGE_WORDS}: declare a contract.declare rule"
+        for words in _words_outside_docstrings(tree):
+            for phrase in HAND_WORDED_RANGES:
+                assert phrase not in words, f"{path} words a range refusal itself ({phrase!r}): {words!r}"
+
+
+def _ranged_flags() -> list[tuple[list[str], FlagType]]:
+    """(the subcommand's words, the flag's type) for every flag of `flotilla` read by a rule."""
+    out = []
+
+    def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*words, name])
+            elif isinstance(action.type, FlagType):
+                out.append((words, action.type))
+
+    walk(build_parser(), [])
+    return out
+
+
+def test_every_ranged_flag_of_the_ops_cli_is_refused_in_the_one_wording_with_the_usage_line():
+    ranged = _ranged_flags()
+    assert len(ranged) > 8
+    for words, flag_type in ranged:
+        rule = flag_type.rule
+        assert isinstance(rule, (Integer, Number)), f"{flag_type.flag}: {rule!r}"
+        value = str(_out_of_range(rule))
+        err = io.StringIO()
+        with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
+            build_parser().parse_args([*words, flag_type.flag, value])
+        usage, *_, last = err.getvalue().splitlines()
+        assert e.value.code == 2 and usage.startswith(f"usage: flotilla {' '.join(words)} ")
+        line = bad_input_line(flag_type.flag, value, OUT_OF_RANGE, rule.fix, text=True)
+        assert last == f"flotilla {' '.join(words)}: error: {line}"

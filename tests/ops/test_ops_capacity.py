@@ -220,7 +220,7 @@ def test_requests_longer_than_the_context_are_refused():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(layers=0), "--layers=0 is not a positive number: give a number above 0"),
+        (dict(layers=0), "--layers=0 is out of range: give a number above 0"),
         (dict(heads=64, kv_heads=7), "--heads=64 is not a multiple of --kv-heads 7 (grouped-query attention"),
         (dict(hidden=8200, heads=64, kv_heads=8), "--hidden=8200 is not divisible by --heads 64: give --head-dim"),
         (dict(dtype="bf17"), "--dtype=bf17 is not known: use one of float32"),
@@ -249,12 +249,15 @@ def test_a_shape_without_the_mlp_width_and_vocabulary_asks_for_them():
     [
         (
             dict(units_per_cell=21),
-            r"^--units-per-cell=21 is out of range \(ECS allows 20 .*\): give a value in 1\.\.20$",
+            r"^--units-per-cell=21 is out of range: give an integer from 1 to 20 \(ECS allows 20 .*\)$",
         ),
-        (dict(efficiency=0), r"^--efficiency=0 is out of range: give a fraction in \(0, 1\]$"),
-        (dict(hbm_reserve=1.5), r"^--hbm-reserve=1\.5 is out of range: give a fraction in \[0, 1\)$"),
+        (dict(efficiency=0), r"^--efficiency=0 is out of range: give a number above 0, at most 1 \(a fraction\)$"),
+        (
+            dict(hbm_reserve=1),
+            r"^--hbm-reserve=1 is out of range: give a number of at least 0, below 1 \(a fraction\)$",
+        ),
         (dict(instance_type="trn1.2xlarge"), r"^--instance-type=trn1\.2xlarge is not supported: use one of .*EFA"),
-        (dict(batch=0), "^--batch-size=0 is not a positive number: give a number above 0$"),
+        (dict(batch=0), "^--batch-size=0 is out of range: give a number above 0$"),
     ],
 )
 def test_impossible_settings_are_refused(kwargs, message):

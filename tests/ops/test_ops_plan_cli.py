@@ -178,7 +178,7 @@ def test_plan_rejects_bad_availability_zone_lists(run_cli):
 
 def test_plan_refuses_a_negative_rollout_figure_naming_the_flag(run_cli):
     code, out = run_cli("plan", *LLAMA_70B, *TRAFFIC, "--spare-nodes", "-1")
-    assert code == 2 and "--spare-nodes=-1 is negative: give 0 or more" in " ".join(out.split())
+    assert code == 2 and "--spare-nodes=-1 is out of range: give an integer of at least 0" in " ".join(out.split())
 
 
 def test_the_written_config_is_accepted_by_the_cdk_apps_config_loader(run_cli, tmp_path):

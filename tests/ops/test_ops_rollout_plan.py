@@ -93,13 +93,19 @@ def test_the_example_fleet_config_is_read(run_cli):
         (["--config", "{tmp}/typo.yaml"], "unit_rolout"),
         (
             ["--config", "{tmp}/ok.yaml", "--demand", "1.5"],
-            "--demand=1.5 is out of range: give more than 0 and at most 1",
+            "--demand=1.5 is out of range: give a number above 0, at most 1 (a share of the whole fleet's capacity",
         ),
-        (["--config", "{tmp}/ok.yaml", "--load-minutes", "0"], "--load-minutes=0 is out of range: give more than 0"),
-        (["--config", "{tmp}/ok.yaml", "--spare-nodes", "-1"], "--spare-nodes=-1 is out of range: give 0 or more"),
+        (
+            ["--config", "{tmp}/ok.yaml", "--load-minutes", "0"],
+            "--load-minutes=0 is out of range: give a number above 0",
+        ),
+        (
+            ["--config", "{tmp}/ok.yaml", "--spare-nodes", "-1"],
+            "--spare-nodes=-1 is out of range: give an integer of at least 0",
+        ),
         (
             ["--config", "{tmp}/ok.yaml", "--node-failures-per-day", "2"],
-            "--node-failures-per-day=2 is out of range: give 0 to 1",
+            "--node-failures-per-day=2 is out of range: give a number from 0 to 1 (per node per day)",
         ),
     ],
 )

@@ -47,7 +47,7 @@ def test_smoke_against_a_dead_url_fails_at_the_first_check_with_the_reason(run_c
     "argv, message",
     [
         (["--url", "alb.example.com"], "--url=alb.example.com has no scheme: give the base URL with it"),
-        (["--url", "http://x", "--max-tokens", "0"], "--max-tokens=0 is out of range: give at least 1"),
+        (["--url", "http://x", "--max-tokens", "0"], "--max-tokens=0 is out of range: give an integer of at least 1"),
     ],
 )
 def test_smoke_bad_arguments_get_one_line(argv, message, run_cli):

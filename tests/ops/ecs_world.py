@@ -336,9 +336,16 @@ class World:
         if s is None:
             return
         scaling: CapacityAutoScaling = self.aws.autoscaling  # type: ignore[assignment]
-        (group,) = scaling._moto.describe_auto_scaling_groups(AutoScalingGroupNames=[unit.asg])["AutoScalingGroups"]
+
+        def group() -> dict[str, Any]:
+            # Read right before each decision, and only then: this runs every tick for every unit, and
+            # moto serializes the whole group per call (the most of an ops test's time when read each tick).
+            (g,) = scaling._moto.describe_auto_scaling_groups(AutoScalingGroupNames=[unit.asg])["AutoScalingGroups"]
+            return g
+
         if s.unplaced and not any(a == unit.asg for _, _, a in self.booting.values()):
-            want = min(group["MaxSize"], group["DesiredCapacity"] + s.unplaced) - group["DesiredCapacity"]
+            now = group()
+            want = min(now["MaxSize"], now["DesiredCapacity"] + s.unplaced) - now["DesiredCapacity"]
             if want > 0:
                 scaling.scale_out(unit.asg, want)
             return
@@ -354,8 +361,10 @@ class World:
                 self.idle.pop(ci.ec2_instance_id, None)
                 continue
             since = self.idle.setdefault(ci.ec2_instance_id, self.model.ticks)
-            (group,) = scaling._moto.describe_auto_scaling_groups(AutoScalingGroupNames=[unit.asg])["AutoScalingGroups"]
-            if self.model.ticks - since >= self.scale_in_ticks and group["DesiredCapacity"] > group["MinSize"]:
+            if self.model.ticks - since < self.scale_in_ticks:
+                continue
+            now = group()
+            if now["DesiredCapacity"] > now["MinSize"]:
                 scaling._moto.terminate_instance_in_auto_scaling_group(
                     InstanceId=ci.ec2_instance_id, ShouldDecrementDesiredCapacity=True
                 )

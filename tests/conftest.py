@@ -4,8 +4,10 @@ ports, nodeproc.py for real unit members), and holds the fixtures every suite ma
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import leftovers
+import machine
 import pytest
 from nodeproc import Unit
 from s3_fixture import s3  # noqa: F401 - registers the moto bucket fixture for every suite
@@ -57,6 +59,28 @@ def pytest_xdist_auto_num_workers(config):
     if config.args and all("::" in arg for arg in config.args):
         return 0
     return None
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "whole_machine: the test spreads its work over every core (a unit, its router and a load on them): in a "
+        "run on several workers it runs with no other test beside it",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, a test marked `whole_machine` runs with no other test beside it; the others
+    run side by side (tests/machine.py). Beside another test on a 2-core machine, such a test gets half
+    the cores it has alone, and its own timings (stall bounds, queue timeouts, a load's pace) with them.
+    Taken around the whole test, setup included, so a wait for the machine is in no phase's duration."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    run = Path(item.config.option.basetemp).parent  # pytest-xdist gives each worker <run folder>/gwN
+    with machine.share(run, whole=item.get_closest_marker("whole_machine") is not None):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -306,6 +306,8 @@ def speculative_runs(quoting_prompts, tmp_path_factory, two_rank_job):
     return two_rank_job("engine", spec, tmp_path_factory.mktemp("speculative"), ports=1)
 
 
+# Its setup runs two SmolLM2 ranks for every combination, its body the unsplit model on every torch thread.
+@pytest.mark.whole_machine
 def test_smollm2_greedy_answers_with_speculation_equal_the_unsplit_model_in_both_decode_strategies(
     speculative_runs, quoting_prompts
 ):

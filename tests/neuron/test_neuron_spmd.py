@@ -51,6 +51,7 @@ def test_a_unit_split_over_every_nodes_cores_generates_what_the_unsplit_model_do
     assert all(results[r][1]["bytes"] < MODEL_BYTES for r in range(nodes))
 
 
+@pytest.mark.whole_machine  # a process per node, each loading a whole copy
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_the_replicating_launch_loads_a_whole_copy_per_node_and_does_not_fit(tmp_path, nodes):
     # The replicating launch: tp_degree = one node's cores, world = nodes x cores. Global rank r holds

@@ -169,6 +169,7 @@ def test_failover_follower_kill9_under_load_streams_on_that_unit_move_and_it_rej
     assert router_code == 0
 
 
+@pytest.mark.whole_machine  # two units, the router and a load, paced by the unit's answers
 def test_rolling_update_revision_1_to_2_under_load_loses_no_request(tmp_path: Path, monkeypatch):
     """A unit rolls from revision 1 to 2 under load through the router, and ECS, not the test,
     decides when its old tasks stop: the rehearsal emulator (ops/rehearsal/ecs.py) plays the

@@ -1,0 +1,90 @@
+"""tests/machine.py: how the suite's workers share the machine (a whole-machine test runs alone)."""
+
+from __future__ import annotations
+
+import fcntl
+import threading
+import time
+
+import machine
+
+
+def _holder(run_dir, whole: bool, name: str, order: list[str], inside: threading.Event, leave: threading.Event):
+    def hold() -> None:
+        with machine.share(run_dir, whole=whole):
+            order.append(name)
+            inside.set()
+            assert leave.wait(30)
+
+    t = threading.Thread(target=hold, name=f"share-{name}")
+    t.start()
+    return t
+
+
+def _gate_held_alone(run_dir) -> bool:
+    with open(run_dir / "machine.gate", "a") as gate:
+        try:
+            fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def _wait(predicate, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_tests_that_are_not_whole_machine_run_side_by_side(tmp_path):
+    order: list[str] = []
+    ins = [threading.Event(), threading.Event()]
+    leave = threading.Event()
+    threads = [_holder(tmp_path, False, f"t{i}", order, ins[i], leave) for i in range(2)]
+    try:
+        assert ins[0].wait(10) and ins[1].wait(10), "the second test waited for the first"
+    finally:
+        leave.set()
+        for t in threads:
+            t.join(10)
+
+
+def test_a_whole_machine_test_waits_for_the_running_one_and_tests_started_meanwhile_wait_for_it(tmp_path):
+    order: list[str] = []
+    first_in, whole_in, later_in = threading.Event(), threading.Event(), threading.Event()
+    first_leave, whole_leave, later_leave = threading.Event(), threading.Event(), threading.Event()
+    threads = [_holder(tmp_path, False, "running", order, first_in, first_leave)]
+    try:
+        assert first_in.wait(10)
+        threads.append(_holder(tmp_path, True, "whole", order, whole_in, whole_leave))
+        _wait(lambda: _gate_held_alone(tmp_path), "the whole-machine test to hold the gate")
+        threads.append(_holder(tmp_path, False, "later", order, later_in, later_leave))
+        time.sleep(0.2)  # time for it to get in, were the gate not there
+        assert not whole_in.is_set(), "the whole-machine test started beside a running test"
+        first_leave.set()
+        assert whole_in.wait(10)
+        assert not later_in.is_set(), "a test started beside the whole-machine test"
+        whole_leave.set()
+        assert later_in.wait(10)
+        assert order == ["running", "whole", "later"]
+    finally:
+        for e in (first_leave, whole_leave, later_leave):
+            e.set()
+        for t in threads:
+            t.join(10)
+
+
+def test_the_tests_of_a_whole_machine_module_take_nothing_more_and_the_machine_is_free_after_it(tmp_path):
+    def module() -> None:
+        with machine.share(tmp_path, whole=True):
+            with machine.share(tmp_path, whole=False):  # its own second lock would wait for the first
+                pass
+            with machine.share(tmp_path, whole=True):
+                pass
+
+    t = threading.Thread(target=module, name="share-module")
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "a test of a whole-machine module waited for its own module's lock"
+    assert not _gate_held_alone(tmp_path)

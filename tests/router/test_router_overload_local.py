@@ -31,6 +31,7 @@ def routable_units(metrics: str) -> float:
     return float(line.split()[1])
 
 
+@pytest.mark.whole_machine  # a unit, the router and 44 streams on them
 def test_a_full_unit_refuses_short_requests_at_once_with_429_and_stays_in_rotation(tmp_path):
     local = LocalMode(tmp_path, env={"FLOTILLA_QUEUE_TIMEOUT_S": QUEUE_TIMEOUT_S})
     try:

@@ -29,6 +29,7 @@ def leaders(local: LocalMode) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+@pytest.mark.whole_machine  # units, the router, the scaler and a ramp of load on them
 def test_the_scaler_adds_a_unit_as_load_rises_and_drains_one_as_it_falls_with_every_request_answered(tmp_path):
     local = LocalMode(
         tmp_path, "--scaler", "--units", "1", "--max-units", "2", "--nodes", "1", "--scaler-interval", "1"

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUFF   := $(VENV)/bin/ruff
 # --no-compile: pip byte-compiles every module it installs (torch, transformers, aws-cdk-lib: half of an
 # install's ~90 s here); Python compiles what is imported instead, once, on first use. For that, the
-# bytecode caches must be written: an environment with PYTHONDONTWRITEBYTECODE set (CI images often
+# bytecode caches must be written: an environment with PYTHONDONTWRITEBYTECODE set (the machines here
 # set it) would compile torch again in every process the tests start, so make clears it. Python
 # ignores it when empty: "If this is set to a non-empty string, Python won't try to write .pyc files"
 # (https://docs.python.org/3.11/using/cmdline.html#envvar-PYTHONDONTWRITEBYTECODE).

@@ -1,5 +1,5 @@
 """Sharing the machine between the suite's workers (pytest-xdist): a test marked `whole_machine` runs
-with no other test beside it, the others side by side (tests/conftest.py, machine_share).
+with no other test beside it, the others side by side (tests/conftest.py, pytest_runtest_protocol).
 
 Two flock(2) locks in the run's folder, which every worker of one run shares: every test holds the
 run lock shared, a whole-machine test holds it alone. A whole-machine test holds the gate while it
@@ -15,29 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-_held_alone = False  # this process holds the machine alone (a whole-machine module): nothing more to take
-
 
 @contextmanager
 def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
-    """Holds the machine for one test (or one module): alone if `whole`, else beside other tests that
-    are not. Inside a hold of the whole machine by this process it takes nothing more: a second lock
-    of its own would wait for the first for ever (flock locks of two open() calls conflict even within
-    one process)."""
-    global _held_alone
-    if _held_alone:
-        yield
-        return
+    """Holds the machine for one test: alone if `whole`, else beside other tests that are not."""
     with open(run_dir / "machine.gate", "a") as gate, open(run_dir / "machine.lock", "a") as lock:
         if whole:
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(lock, fcntl.LOCK_EX)
-            _held_alone = True
         else:
             fcntl.flock(gate, fcntl.LOCK_SH)
             fcntl.flock(lock, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield  # closing the files releases what is held
-        finally:
-            _held_alone = False
+        yield  # closing the files releases what is held

@@ -21,7 +21,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ class Phases:
 class Row:
     test: str
     suite: Phases
-    alone: Phases = field(default_factory=Phases)
+    alone: Phases
 
     @property
     def bore_setup(self) -> bool:

@@ -74,17 +74,3 @@ def test_a_whole_machine_test_waits_for_the_running_one_and_tests_started_meanwh
         for t in threads:
             t.join(10)
 
-
-def test_the_tests_of_a_whole_machine_module_take_nothing_more_and_the_machine_is_free_after_it(tmp_path):
-    def module() -> None:
-        with machine.share(tmp_path, whole=True):
-            with machine.share(tmp_path, whole=False):  # its own second lock would wait for the first
-                pass
-            with machine.share(tmp_path, whole=True):
-                pass
-
-    t = threading.Thread(target=module, name="share-module")
-    t.start()
-    t.join(10)
-    assert not t.is_alive(), "a test of a whole-machine module waited for its own module's lock"
-    assert not _gate_held_alone(tmp_path)

@@ -73,4 +73,3 @@ def test_a_whole_machine_test_waits_for_the_running_one_and_tests_started_meanwh
             e.set()
         for t in threads:
             t.join(10)
-

@@ -65,8 +65,9 @@ from runtime.engines.reference_open import (
     plan_for,
     release_process_group,
 )
-from runtime.engines.sampling import Draws, TextTracker, choose
+from runtime.engines.sampling import Draws, choose
 from runtime.engines.speculative import SeqSpeculation, SpeculationSettings, Speculator
+from runtime.engines.text import TextTracker
 from runtime.engines.validation import validate_request
 from runtime.membership import Membership
 from runtime.models.registry import ModelSource

@@ -30,7 +30,7 @@ from runtime.engines.base import (
     StructuredOutput,
     TokenEvent,
 )
-from runtime.engines.sampling import TextTracker
+from runtime.engines.text import TextTracker
 from runtime.logs import jlog, setup_logging
 from runtime.node.engine_config import CONFIG_ENV, EngineConfig
 from runtime.node.engine_protocol import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from runtime.engines.base import SamplingParams
-from runtime.engines.sampling import TextTracker, make_generator, sample
+from runtime.engines.sampling import make_generator, sample
+from runtime.engines.text import TextTracker
 from runtime.models.tokenizers import ByteTokenizer
 
 

@@ -394,7 +394,7 @@ class NeuronEngine:
             completions_body,
             serves,
         )
-        from runtime.engines.sampling import TextTracker  # noqa: PLC0415
+        from runtime.engines.text import TextTracker  # noqa: PLC0415
 
         sp = request.sampling
         check(sp, serves(multi_node=self.membership.world_size > 1, sampling=self.s.options.sampling))
@@ -477,7 +477,7 @@ class NeuronEngine:
         """The leader's loop: token ids in, one event per generated token out. NxD Inference's
         sampling takes top_k, top_p and temperature per row (sampling.py:185-199); greedy is top_k 1.
         Stop strings are cut here from the decoded text; EOS ends the request in the loop."""
-        from runtime.engines.sampling import TextTracker  # noqa: PLC0415
+        from runtime.engines.text import TextTracker  # noqa: PLC0415
 
         sp = request.sampling
         rid = request.request_id

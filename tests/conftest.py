@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import leftovers
 import machine
-import pytest
-from nodeproc import Unit
-from s3_fixture import s3  # noqa: F401 - registers the moto bucket fixture for every suite
+
+machine.share_cores()  # before any test module imports torch, which reads it then
+
+import leftovers  # noqa: E402
+import pytest  # noqa: E402
+from nodeproc import Unit  # noqa: E402
+from s3_fixture import s3  # noqa: E402, F401 - registers the moto bucket fixture for every suite
 
 
 def pytest_addoption(parser):

@@ -6,11 +6,14 @@ run lock shared, a whole-machine test holds it alone. A whole-machine test holds
 waits for the run lock, and the others take the gate (shared, a moment) before the run lock, so tests
 that start while it waits queue behind it instead of keeping the run lock shared for ever: Linux's
 flock grants a shared lock whenever no exclusive one is held, whoever waited first.
+
+And each worker computes on its share of the cores (share_cores).
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,3 +31,17 @@ def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
         yield  # closing the files releases what is held
+
+
+def share_cores(env: dict[str, str] | None = None, cores: int | None = None) -> None:
+    """Each pytest-xdist worker computes on its share of the cores, and so does every process it starts
+    that does not choose its own count: OMP_NUM_THREADS, which torch reads when it is first imported
+    (tests/conftest.py calls this before any test module imports torch). torch's default, a thread per
+    core, puts two busy threads per worker on cores the other worker needs, and OpenMP spins between
+    parallel regions on the time it takes. Alone, the in-process engine tests take the same wall time
+    on one thread as on two with about a quarter less CPU (docs/benchmarks.md, "Test suite"). A run in
+    one process (`-n 0`) and a count set by the caller are left as they are."""
+    env = os.environ if env is None else env
+    workers = int(env.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers > 0 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (cores or os.cpu_count() or 1) // workers))

@@ -1,8 +1,11 @@
-"""tests/machine.py: how the suite's workers share the machine (a whole-machine test runs alone)."""
+"""tests/machine.py: how the suite's workers share the machine (a whole-machine test runs alone, and each
+worker computes on its share of the cores)."""
 
 from __future__ import annotations
 
 import fcntl
+import os
+import sys
 import threading
 import time
 
@@ -73,3 +76,33 @@ def test_a_whole_machine_test_waits_for_the_running_one_and_tests_started_meanwh
             e.set()
         for t in threads:
             t.join(10)
+
+
+def test_each_worker_gets_its_share_of_the_cores_and_a_set_count_or_one_process_is_left_alone():
+    two_workers = {"PYTEST_XDIST_WORKER_COUNT": "2"}
+    machine.share_cores(two_workers, cores=2)
+    assert two_workers["OMP_NUM_THREADS"] == "1"
+    four_of_eight = {"PYTEST_XDIST_WORKER_COUNT": "2"}
+    machine.share_cores(four_of_eight, cores=8)
+    assert four_of_eight["OMP_NUM_THREADS"] == "4"
+    many = {"PYTEST_XDIST_WORKER_COUNT": "3"}
+    machine.share_cores(many, cores=2)
+    assert many["OMP_NUM_THREADS"] == "1"  # never zero threads
+    chosen = {"PYTEST_XDIST_WORKER_COUNT": "2", "OMP_NUM_THREADS": "2"}
+    machine.share_cores(chosen, cores=2)
+    assert chosen["OMP_NUM_THREADS"] == "2"
+    alone: dict[str, str] = {}
+    machine.share_cores(alone, cores=2)
+    assert "OMP_NUM_THREADS" not in alone
+
+
+def test_torch_in_this_process_computes_on_the_count_the_suite_set():
+    # conftest.py shares the cores before any test module imports torch: a test module that imported
+    # torch first, or a conftest that set the count after, would leave torch at a thread per core.
+    import torch
+
+    assert "torch" in sys.modules
+    if "OMP_NUM_THREADS" in os.environ:
+        assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])
+    else:  # one process (`-n 0`): torch's default, a thread per core
+        assert torch.get_num_threads() == (os.cpu_count() or 1)

@@ -490,18 +490,24 @@ class Fleet:
         """Ask a member's /health/ready once (a new member, one no leader vouches for, or a leader
         of an older revision without the watch)."""
         assert self._poll_session is not None
-        self.polls[unit.role if unit.role in self.polls else "unknown"] += 1
+        async with self._asks:
+            if unit.vouched_by is not None:
+                # Its leader listed it while this ask waited for its turn (a fleet starting: hundreds
+                # of members asked at once, a few at a time): there is nothing left to ask.
+                return
+            self.polls[unit.role if unit.role in self.polls else "unknown"] += 1
+            try:
+                async with self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                unit.mark_unready("unreachable")
+                log.debug("poll of %s failed: %r", unit.url, exc)
+                return
         try:
-            async with self._asks, self._poll_session.get(unit.url + contract.NODE_READY_PATH) as resp:
-                raw = await resp.read()
-                status = resp.status
             report = read_ready(json.loads(raw) if raw else {})
-        except asyncio.CancelledError:
-            raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            unit.mark_unready("unreachable")
-            log.debug("poll of %s failed: %r", unit.url, exc)
-            return
         except ValueError as exc:
             unit.mark_unready("bad_health_body")
             log.warning("unit at %s answered %s with an unreadable body: %s", unit.url, contract.NODE_READY_PATH, exc)

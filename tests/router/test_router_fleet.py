@@ -60,11 +60,13 @@ async def router_over(fleet):
         sd = boto3.client("servicediscovery", region_name="us-east-1")
         services = register(sd, fleet)
         # The stand-ins answer from the router's own event loop: on a busy machine (a CI worker beside
-        # torch processes) a slow loop delays their lines as much as the router's reading, and a leader
-        # judged silent has its watch dropped and its followers asked again. Silence has its own test
-        # (test_router_routing.py, a leader whose watch falls silent); here every change is a closed
-        # stream or a watch line.
-        settings = fast_settings(poll_interval_s=0.25, stale_after_s=10.0, discovery_interval_s=0.5)
+        # torch processes) a slow loop delays their lines and their accepts as much as the router's
+        # reading, and a leader judged silent or unreachable has its watch dropped and its followers
+        # asked again. Silence and refused connections have their own tests (test_router_routing.py);
+        # here every change is a closed stream or a watch line.
+        settings = fast_settings(
+            poll_interval_s=0.25, stale_after_s=10.0, connect_timeout_s=5.0, discovery_interval_s=0.5
+        )
         discovery = CloudMapDiscovery(namespace="flotilla.internal", services=services, client=sd)
         router = Router(settings=settings, discovery=discovery)
         await router.start()

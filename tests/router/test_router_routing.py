@@ -502,3 +502,33 @@ def test_a_member_of_an_older_revision_without_the_watch_is_polled_and_routed_to
         assert status == 200 and len(old.received) == 1
 
     run(scenario())
+
+
+def test_a_member_whose_leader_vouches_for_it_while_its_ask_waits_for_a_turn_is_not_asked():
+    """A fleet starting asks hundreds of members at once, a few at a time (the router's ask limit): a
+    follower its leader lists meanwhile needs no asking, and the ask neither goes out nor counts."""
+
+    async def scenario():
+        a, b = us = await units("a", "b")
+        async with router_over(us) as router:
+            fleet = router.fleet
+            member, leader = fleet.members[b.url], fleet.members[a.url]
+            before, counted = b.polls, dict(fleet.polls)
+            # Every turn taken: the ask waits, as behind a fleet's first round of asks.
+            turns = fleet._asks._value
+            for _ in range(turns):
+                await fleet._asks.acquire()
+            ask = asyncio.create_task(fleet.poll_once(member))
+            await asyncio.sleep(0.05)
+            assert not ask.done()
+            member.vouched_by = leader  # its leader's report listed it meanwhile
+            for _ in range(turns):
+                fleet._asks.release()
+            await asyncio.wait_for(ask, 5)
+            assert b.polls == before and dict(fleet.polls) == counted
+            member.vouched_by = None  # the same ask, with nobody vouching, goes out and counts
+            await fleet.poll_once(member)
+            assert b.polls == before + 1 and sum(fleet.polls.values()) == sum(counted.values()) + 1
+        await stop_all(us)
+
+    run(scenario())

@@ -3,7 +3,9 @@ ports, nodeproc.py for real unit members), and holds the fixtures every suite ma
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from pathlib import Path
 
 import machine
@@ -26,26 +28,31 @@ def pytest_addoption(parser):
 
 # The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist): each worker takes
 # whole files, so a file's module fixtures are made once. The longest files go first, longest first
-# (seconds in a whole-suite run on 2 cores, 2026-12), so the workers finish together instead of one
-# starting a long file when the other is nearly done. Only the order changes: a file not named here runs
-# after these, in collection order, and a stale entry costs balance, never a test.
+# (seconds in a whole-suite run on 2 cores, the mean of two fresh-clone runs, 2026-12-07), so the
+# workers finish together instead of one starting a long file when the other is nearly done. Only the
+# order changes: a file not named here runs after these, in collection order, and a stale entry costs
+# balance, never a test.
 LONGEST_FIRST = (
-    "tests/rehearsal/test_rehearsal.py",  # 119 s
-    "tests/neuron/test_neuron_node.py",  # 81 s
-    "tests/benchmarks/test_bench_commands.py",  # 72 s
-    "tests/stacks/test_updates.py",  # 60 s
-    "tests/router/test_router_resume.py",  # 58 s
-    "tests/engine/test_speculative.py",  # 46 s
-    "tests/engine/test_engine.py",  # 45 s
-    "tests/router/test_router_acceptance.py",  # 40 s
-    "tests/node/test_openai_compat.py",  # 39 s
-    "tests/node/test_node_request_integrity.py",  # 32 s
-    "tests/node/test_node_unit_lifecycle.py",  # 27 s
-    "tests/engine/test_collectives.py",  # 25 s
-    "tests/router/test_router_stall_bound.py",  # 24 s
+    "tests/rehearsal/test_rehearsal.py",  # 105 s
+    "tests/benchmarks/test_bench_commands.py",  # 102 s
+    "tests/stacks/test_updates.py",  # 101 s
+    "tests/neuron/test_neuron_node.py",  # 85 s
+    "tests/router/test_router_resume.py",  # 66 s
+    "tests/node/test_openai_compat.py",  # 58 s
+    "tests/router/test_router_acceptance.py",  # 55 s
+    "tests/engine/test_engine.py",  # 39 s
+    "tests/node/test_node_unit_lifecycle.py",  # 37 s
+    "tests/neuron/test_neuron_spmd.py",  # 31 s
+    "tests/node/test_node_request_integrity.py",  # 30 s
+    "tests/stacks/test_aws_rules.py",  # 29 s
+    "tests/neuron/test_neuron_openai_compat.py",  # 26 s
+    "tests/engine/test_failure.py",  # 26 s
+    "tests/engine/test_models.py",  # 25 s
+    "tests/stacks/test_cfn_lint.py",  # 24 s
     "tests/engine/test_exactness.py",  # 24 s
-    "tests/engine/test_models.py",  # 23 s
-    "tests/ops/test_ops_rollback.py",  # 22 s
+    "tests/engine/test_collectives.py",  # 24 s
+    "tests/router/test_router_stall_bound.py",  # 23 s
+    "tests/router/test_request_integrity_chaos.py",  # 22 s
 )
 
 
@@ -82,8 +89,36 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     run = Path(item.config.option.basetemp).parent  # pytest-xdist gives each worker <run folder>/gwN
-    with machine.share(run, whole=item.get_closest_marker("whole_machine") is not None):
+    whole = item.get_closest_marker("whole_machine") is not None
+    asked = time.monotonic()
+    with machine.share(run, whole=whole):
+        WAITS.note(whole, time.monotonic() - asked)
         yield
+
+
+WAITS = machine.Waits()  # this worker's; sent to the controller at the end (pytest-xdist's workeroutput)
+
+
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)  # set in a pytest-xdist worker only
+    if output is not None:
+        output["machine_waits"] = dataclasses.asdict(WAITS)
+
+
+def pytest_testnodedown(node, error):
+    """The controller collects each worker's waits for the summary (pytest-xdist hook)."""
+    waits = getattr(node, "workeroutput", {}).get("machine_waits")
+    if waits:
+        node.config.stash.setdefault(WORKER_WAITS, []).append(machine.Waits(**waits))
+
+
+WORKER_WAITS = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    line = machine.waits_line(config.stash.get(WORKER_WAITS, []))
+    if line:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

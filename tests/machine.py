@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -45,3 +46,37 @@ def share_cores(env: dict[str, str] | None = None, cores: int | None = None) -> 
     workers = int(env.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 0 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (cores or os.cpu_count() or 1) // workers))
+
+
+@dataclass
+class Waits:
+    """What sharing the machine cost one worker: the tests that waited for it, and how long."""
+
+    whole: int = 0  # whole-machine tests that waited for the tests beside them to end
+    whole_s: float = 0.0
+    beside: int = 0  # other tests that waited behind a whole-machine test
+    beside_s: float = 0.0
+
+    def note(self, whole: bool, seconds: float, floor_s: float = 0.05) -> None:
+        if seconds < floor_s:  # taking a free lock: no wait
+            return
+        if whole:
+            self.whole, self.whole_s = self.whole + 1, self.whole_s + seconds
+        else:
+            self.beside, self.beside_s = self.beside + 1, self.beside_s + seconds
+
+
+def waits_line(per_worker: Iterable[Waits]) -> str | None:
+    """One line for the run's summary, or None when no test waited."""
+    total = Waits()
+    for w in per_worker:
+        total.whole += w.whole
+        total.whole_s += w.whole_s
+        total.beside += w.beside
+        total.beside_s += w.beside_s
+    if not total.whole and not total.beside:
+        return None
+    return (
+        f"machine sharing: {total.whole} whole-machine test(s) waited {total.whole_s:.1f} s for the tests "
+        f"beside them to end; {total.beside} test(s) waited {total.beside_s:.1f} s behind whole-machine tests"
+    )

@@ -106,3 +106,17 @@ def test_torch_in_this_process_computes_on_the_count_the_suite_set():
         assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])
     else:  # one process (`-n 0`): torch's default, a thread per core
         assert torch.get_num_threads() == (os.cpu_count() or 1)
+
+
+def test_the_summary_adds_every_workers_waits_and_leaves_out_locks_taken_free():
+    a, b = machine.Waits(), machine.Waits()
+    a.note(True, 12.0)
+    a.note(False, 0.01)  # a free lock: not a wait
+    b.note(False, 3.5)
+    b.note(False, 1.5)
+    b.note(True, 0.5)
+    assert machine.waits_line([a, b]) == (
+        "machine sharing: 2 whole-machine test(s) waited 12.5 s for the tests beside them to end; "
+        "2 test(s) waited 5.0 s behind whole-machine tests"
+    )
+    assert machine.waits_line([machine.Waits()]) is None

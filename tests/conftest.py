@@ -57,9 +57,19 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
+    """Under the workers: the longest files first, then the rest, then the files with a whole-machine
+    test (longest first among them). A whole-machine test waits for the test beside it to end; late in
+    the run that is one of the many short tests, where early it was a long one: in a fresh-clone run,
+    with them early, six whole-machine tests waited 88 s in all (the suite's "machine sharing" line)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # only where files are shared out (a plain run keeps its order)
         rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: files stay whole
+        whole = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("whole_machine")}
+
+        def order(item) -> tuple[int, int]:
+            path = item.nodeid.split("::", 1)[0]
+            return (2 if path in whole else 0 if path in rank else 1, rank.get(path, len(rank)))
+
+        items.sort(key=order)  # stable: files stay whole, in collection order within each group
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import leftovers
 
@@ -73,6 +75,12 @@ def test_the_resource_tracker_the_test_process_keeps_is_not_a_leftover():
         [sys.executable, "-c", "from multiprocessing.resource_tracker import main; import time; time.sleep(60)"]
     )
     try:
+        # Until the child has exec'd, its command line is empty (a fork of this process, not yet the
+        # tracker): on a busy machine that lasts long enough to be seen.
+        deadline = time.monotonic() + 30
+        while b"resource_tracker" not in Path(f"/proc/{tracker.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the tracker never started"
+            time.sleep(0.01)
         assert leftovers.left_behind(before, grace_s=0) == ([], [])
     finally:
         tracker.kill()

@@ -28,31 +28,26 @@ def pytest_addoption(parser):
 
 # The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist): each worker takes
 # whole files, so a file's module fixtures are made once. The longest files go first, longest first
-# (seconds in a whole-suite run on 2 cores, the mean of two fresh-clone runs, 2026-12-07), so the
-# workers finish together instead of one starting a long file when the other is nearly done. Only the
-# order changes: a file not named here runs after these, in collection order, and a stale entry costs
-# balance, never a test.
+# (seconds in a whole-suite run on 2 cores, 2026-12), so the workers finish together instead of one
+# starting a long file when the other is nearly done. Only the order changes: a file not named here runs
+# after these, in collection order, and a stale entry costs balance, never a test.
 LONGEST_FIRST = (
-    "tests/rehearsal/test_rehearsal.py",  # 105 s
-    "tests/benchmarks/test_bench_commands.py",  # 102 s
-    "tests/stacks/test_updates.py",  # 101 s
-    "tests/neuron/test_neuron_node.py",  # 85 s
-    "tests/router/test_router_resume.py",  # 66 s
-    "tests/node/test_openai_compat.py",  # 58 s
-    "tests/router/test_router_acceptance.py",  # 55 s
-    "tests/engine/test_engine.py",  # 39 s
-    "tests/node/test_node_unit_lifecycle.py",  # 37 s
-    "tests/neuron/test_neuron_spmd.py",  # 31 s
-    "tests/node/test_node_request_integrity.py",  # 30 s
-    "tests/stacks/test_aws_rules.py",  # 29 s
-    "tests/neuron/test_neuron_openai_compat.py",  # 26 s
-    "tests/engine/test_failure.py",  # 26 s
-    "tests/engine/test_models.py",  # 25 s
-    "tests/stacks/test_cfn_lint.py",  # 24 s
+    "tests/rehearsal/test_rehearsal.py",  # 119 s
+    "tests/neuron/test_neuron_node.py",  # 81 s
+    "tests/benchmarks/test_bench_commands.py",  # 72 s
+    "tests/stacks/test_updates.py",  # 60 s
+    "tests/router/test_router_resume.py",  # 58 s
+    "tests/engine/test_speculative.py",  # 46 s
+    "tests/engine/test_engine.py",  # 45 s
+    "tests/router/test_router_acceptance.py",  # 40 s
+    "tests/node/test_openai_compat.py",  # 39 s
+    "tests/node/test_node_request_integrity.py",  # 32 s
+    "tests/node/test_node_unit_lifecycle.py",  # 27 s
+    "tests/engine/test_collectives.py",  # 25 s
+    "tests/router/test_router_stall_bound.py",  # 24 s
     "tests/engine/test_exactness.py",  # 24 s
-    "tests/engine/test_collectives.py",  # 24 s
-    "tests/router/test_router_stall_bound.py",  # 23 s
-    "tests/router/test_request_integrity_chaos.py",  # 22 s
+    "tests/engine/test_models.py",  # 23 s
+    "tests/ops/test_ops_rollback.py",  # 22 s
 )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import machine
 
+STARTED = time.monotonic()  # this process's start, near enough: conftest is imported before collection
 machine.share_cores()  # before any test module imports torch, which reads it then
 
 import leftovers  # noqa: E402
@@ -96,6 +97,8 @@ def pytest_runtest_protocol(item, nextitem):
     run = Path(item.config.option.basetemp).parent  # pytest-xdist gives each worker <run folder>/gwN
     whole = item.get_closest_marker("whole_machine") is not None
     asked = time.monotonic()
+    if not WAITS.first_test_s:
+        WAITS.first_test_s = asked - STARTED
     with machine.share(run, whole=whole):
         WAITS.note(whole, time.monotonic() - asked)
         yield
@@ -107,6 +110,7 @@ WAITS = machine.Waits()  # this worker's; sent to the controller at the end (pyt
 def pytest_sessionfinish(session):
     output = getattr(session.config, "workeroutput", None)  # set in a pytest-xdist worker only
     if output is not None:
+        WAITS.done_at = time.time()
         output["machine_waits"] = dataclasses.asdict(WAITS)
 
 
@@ -121,9 +125,10 @@ WORKER_WAITS = pytest.StashKey[list]()
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    line = machine.waits_line(config.stash.get(WORKER_WAITS, []))
-    if line:
-        terminalreporter.write_line(line)
+    workers = config.stash.get(WORKER_WAITS, [])
+    for line in (machine.waits_line(workers), machine.timeline_line(workers)):
+        if line:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

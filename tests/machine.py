@@ -56,6 +56,10 @@ class Waits:
     whole_s: float = 0.0
     beside: int = 0  # other tests that waited behind a whole-machine test
     beside_s: float = 0.0
+    # The worker's own timeline, in seconds: from its start to its first test (start-up and collection),
+    # and when it ran out of files (time.time(); the summary compares the workers').
+    first_test_s: float = 0.0
+    done_at: float = 0.0
 
     def note(self, whole: bool, seconds: float, floor_s: float = 0.05) -> None:
         if seconds < floor_s:  # taking a free lock: no wait
@@ -80,3 +84,15 @@ def waits_line(per_worker: Iterable[Waits]) -> str | None:
         f"machine sharing: {total.whole} whole-machine test(s) waited {total.whole_s:.1f} s for the tests "
         f"beside them to end; {total.beside} test(s) waited {total.beside_s:.1f} s behind whole-machine tests"
     )
+
+
+def timeline_line(per_worker: Iterable[Waits]) -> str | None:
+    """How the workers' time went outside their tests: each one's start-up before its first test, and how
+    long each sat idle at the end while another still ran (a run shared out well ends together)."""
+    workers = [w for w in per_worker if w.done_at]
+    if len(workers) < 2:
+        return None
+    last = max(w.done_at for w in workers)
+    starts = " / ".join(f"{w.first_test_s:.1f}" for w in workers)
+    idle = " / ".join(f"{last - w.done_at:.1f}" for w in workers)
+    return f"workers: first test after {starts} s; idle at the end {idle} s"

@@ -120,3 +120,11 @@ def test_the_summary_adds_every_workers_waits_and_leaves_out_locks_taken_free():
         "2 test(s) waited 5.0 s behind whole-machine tests"
     )
     assert machine.waits_line([machine.Waits()]) is None
+
+
+def test_the_summary_gives_each_workers_start_up_and_its_idle_time_at_the_end():
+    a = machine.Waits(first_test_s=21.04, done_at=1000.0)
+    b = machine.Waits(first_test_s=19.5, done_at=1042.25)
+    assert machine.timeline_line([a, b]) == "workers: first test after 21.0 / 19.5 s; idle at the end 42.2 / 0.0 s"
+    assert machine.timeline_line([a]) is None  # one worker: nothing to compare
+    assert machine.timeline_line([a, machine.Waits()]) is None  # a worker that never reported

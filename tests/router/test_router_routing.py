@@ -12,6 +12,7 @@ from router_standins import StandInUnit
 from router_testkit import base_url, metrics_url, post, router_over, run, wait_for
 
 import contract
+from runtime.router.fleet import _CONCURRENT_ASKS
 
 
 def access_lines(stderr: str) -> list[dict]:
@@ -514,10 +515,11 @@ def test_a_member_whose_leader_vouches_for_it_while_its_ask_waits_for_a_turn_is_
             fleet = router.fleet
             member, leader = fleet.members[b.url], fleet.members[a.url]
             before, counted = b.polls, dict(fleet.polls)
-            # Every turn taken: the ask waits, as behind a fleet's first round of asks.
-            turns = fleet._asks._value
+            # Every turn taken: the ask waits, as behind a fleet's first round of asks. All of them,
+            # not only those free now: the router's own asks hold some, and give them back meanwhile.
+            turns = _CONCURRENT_ASKS
             for _ in range(turns):
-                await fleet._asks.acquire()
+                await asyncio.wait_for(fleet._asks.acquire(), 5)
             ask = asyncio.create_task(fleet.poll_once(member))
             await asyncio.sleep(0.05)
             assert not ask.done()

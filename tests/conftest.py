@@ -27,7 +27,8 @@ def pytest_addoption(parser):
     )
 
 
-# The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist): each worker takes
+# The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist; a worker more than the
+# cores, pytest_xdist_auto_num_workers): each worker takes
 # whole files, so a file's module fixtures are made once. The longest files go first, longest first
 # (seconds in a whole-suite run on 2 cores, 2026-12), so the workers finish together instead of one
 # starting a long file when the other is nearly done. Only the order changes: a file not named here runs
@@ -69,12 +70,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pytest.ini) starts no workers when every argument names single tests
-    (`pytest path::test`): one test runs in this process, without a worker's start-up. Otherwise
-    pytest-xdist decides (one worker per core, or PYTEST_XDIST_AUTO_NUM_WORKERS)."""
+    """How many workers `-n auto` (pytest.ini) starts: one more than the cores. About a fifth of a worker's
+    time goes to waiting (a unit's timers, a rollout's health checks, a peer's answer), in which a core
+    would sit idle; the extra worker fills it (a fresh-clone run on 2 cores: 852 s on two workers, 764 s
+    on three, docs/benchmarks.md "Test suite"). None when PYTEST_XDIST_AUTO_NUM_WORKERS says (pytest-xdist
+    reads it then), and no worker when every argument names single tests (`pytest path::test`): one test
+    runs in this process, without a worker's start-up."""
     if config.args and all("::" in arg for arg in config.args):
         return 0
-    return None
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return machine.core_count() + 1
 
 
 def pytest_configure(config):

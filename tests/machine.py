@@ -34,6 +34,11 @@ def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
         yield  # closing the files releases what is held
 
 
+def core_count() -> int:
+    """The cores this process may run on (its affinity, which a container or taskset narrows)."""
+    return len(os.sched_getaffinity(0)) or 1
+
+
 def share_cores(env: dict[str, str] | None = None, cores: int | None = None) -> None:
     """Each pytest-xdist worker computes on its share of the cores, and so does every process it starts
     that does not choose its own count: OMP_NUM_THREADS, which torch reads when it is first imported
@@ -45,7 +50,7 @@ def share_cores(env: dict[str, str] | None = None, cores: int | None = None) -> 
     env = os.environ if env is None else env
     workers = int(env.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers > 0 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (cores or os.cpu_count() or 1) // workers))
+        env["OMP_NUM_THREADS"] = str(max(1, (cores or core_count()) // workers))
 
 
 @dataclass

@@ -128,3 +128,17 @@ def test_the_summary_gives_each_workers_start_up_and_its_idle_time_at_the_end():
     assert machine.timeline_line([a, b]) == "workers: first test after 21.0 / 19.5 s; idle at the end 42.2 / 0.0 s"
     assert machine.timeline_line([a]) is None  # one worker: nothing to compare
     assert machine.timeline_line([a, machine.Waits()]) is None  # a worker that never reported
+
+
+def test_the_suite_starts_a_worker_more_than_the_cores_unless_told(monkeypatch):
+    import types
+
+    import conftest  # tests/conftest.py, as pytest imported it
+
+    whole_suite = types.SimpleNamespace(args=["tests"])
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    assert conftest.pytest_xdist_auto_num_workers(whole_suite) == len(os.sched_getaffinity(0)) + 1
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")  # pytest-xdist reads it when the hook says None
+    assert conftest.pytest_xdist_auto_num_workers(whole_suite) is None
+    one_test = types.SimpleNamespace(args=["tests/lint/test_machine_share.py::test_x"])
+    assert conftest.pytest_xdist_auto_num_workers(one_test) == 0

@@ -58,13 +58,7 @@ def test_no_benchmark_script_is_named_like_a_package_it_would_shadow():
     assert {"bench", "runtime", "traces", "json"} <= TOP_LEVEL
 
 
-# bench-engine pins its contenders to cores 0-1, two ranks at once in one of them: the whole machine.
-WHOLE_MACHINE = {"bench-engine"}
-
-
-@pytest.mark.parametrize(
-    "target", [pytest.param(t, marks=pytest.mark.whole_machine) if t in WHOLE_MACHINE else t for t in bench_targets()]
-)
+@pytest.mark.parametrize("target", bench_targets())
 def test_every_benchmark_command_runs_end_to_end_in_tiny_mode_without_touching_published_figures(target):
     """Each bench-* target through make in its tiny mode, one test per target: a broken command is
     named by its own failure, and the targets spread over the test workers like any other test."""

@@ -130,11 +130,13 @@ def test_the_summary_gives_each_workers_start_up_and_its_idle_time_at_the_end():
     assert machine.timeline_line([a, machine.Waits()]) is None  # a worker that never reported
 
 
-def test_the_suite_starts_a_worker_more_than_the_cores_unless_told(monkeypatch):
+def test_the_suite_starts_a_worker_more_than_the_cores_unless_told(monkeypatch, pytestconfig):
     import types
+    from pathlib import Path
 
-    import conftest  # tests/conftest.py, as pytest imported it
-
+    # tests/conftest.py as pytest registered it (several conftest modules share the name "conftest")
+    top = str(Path(__file__).resolve().parents[1] / "conftest.py")
+    (conftest,) = [p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == top]
     whole_suite = types.SimpleNamespace(args=["tests"])
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     assert conftest.pytest_xdist_auto_num_workers(whole_suite) == len(os.sched_getaffinity(0)) + 1

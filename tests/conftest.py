@@ -28,28 +28,34 @@ def pytest_addoption(parser):
 
 
 # The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist; a worker more than the
-# cores, pytest_xdist_auto_num_workers): each worker takes
-# whole files, so a file's module fixtures are made once. The longest files go first, longest first
-# (seconds in a whole-suite run on 2 cores, 2026-12), so the workers finish together instead of one
-# starting a long file when the other is nearly done. Only the order changes: a file not named here runs
-# after these, in collection order, and a stale entry costs balance, never a test.
+# cores, pytest_xdist_auto_num_workers): each worker takes whole files, so a file's module fixtures are
+# made once. The longest files go first, longest first (seconds in two fresh-clone runs on 2 cores and
+# three workers, 2026-12-07), so the workers finish together instead of one starting a long file when the
+# others are nearly done. pytest.ini passes --no-loadscope-reorder, without which pytest-xdist would hand
+# the files out by how many tests each has instead ("reorder tests by number of tests per scope", its
+# --help; xdist/scheduler/loadscope.py at 3.8.0). Only the order changes: a file not named here runs after
+# these, in collection order, and a stale entry costs balance, never a test.
 LONGEST_FIRST = (
-    "tests/rehearsal/test_rehearsal.py",  # 119 s
-    "tests/neuron/test_neuron_node.py",  # 81 s
-    "tests/benchmarks/test_bench_commands.py",  # 72 s
-    "tests/stacks/test_updates.py",  # 60 s
-    "tests/router/test_router_resume.py",  # 58 s
-    "tests/engine/test_speculative.py",  # 46 s
-    "tests/engine/test_engine.py",  # 45 s
-    "tests/router/test_router_acceptance.py",  # 40 s
-    "tests/node/test_openai_compat.py",  # 39 s
-    "tests/node/test_node_request_integrity.py",  # 32 s
-    "tests/node/test_node_unit_lifecycle.py",  # 27 s
-    "tests/engine/test_collectives.py",  # 25 s
-    "tests/router/test_router_stall_bound.py",  # 24 s
-    "tests/engine/test_exactness.py",  # 24 s
-    "tests/engine/test_models.py",  # 23 s
-    "tests/ops/test_ops_rollback.py",  # 22 s
+    "tests/stacks/test_updates.py",  # 140 s
+    "tests/benchmarks/test_bench_commands.py",  # 139 s
+    "tests/neuron/test_neuron_node.py",  # 118 s
+    "tests/rehearsal/test_rehearsal.py",  # 110 s
+    "tests/router/test_router_resume.py",  # 95 s
+    "tests/node/test_openai_compat.py",  # 66 s
+    "tests/stacks/test_cfn_lint.py",  # 60 s
+    "tests/router/test_router_acceptance.py",  # 60 s
+    "tests/node/test_node_unit_lifecycle.py",  # 54 s
+    "tests/stacks/test_aws_rules.py",  # 49 s
+    "tests/engine/test_engine.py",  # 49 s
+    "tests/node/test_node_request_integrity.py",  # 42 s
+    "tests/engine/test_models.py",  # 41 s
+    "tests/neuron/test_neuron_openai_compat.py",  # 40 s
+    "tests/engine/test_collectives.py",  # 39 s
+    "tests/engine/test_failure.py",  # 33 s
+    "tests/neuron/test_neuron_spmd.py",  # 32 s
+    "tests/router/test_request_integrity_chaos.py",  # 30 s
+    "tests/ops/test_ops_preflight.py",  # 30 s
+    "tests/engine/test_exactness.py",  # 29 s
 )
 
 

@@ -144,3 +144,16 @@ def test_the_suite_starts_a_worker_more_than_the_cores_unless_told(monkeypatch, 
     assert conftest.pytest_xdist_auto_num_workers(whole_suite) is None
     one_test = types.SimpleNamespace(args=["tests/lint/test_machine_share.py::test_x"])
     assert conftest.pytest_xdist_auto_num_workers(one_test) == 0
+
+
+def test_the_workers_take_the_files_in_the_suites_order():
+    # With --dist loadfile, pytest-xdist 3.8 sorts the files by how many tests each has unless told
+    # not to (xdist/scheduler/loadscope.py, `loadscopereorder`): the longest-first and whole-machine-last
+    # order of tests/conftest.py would be undone.
+    import configparser
+    from pathlib import Path
+
+    ini = configparser.ConfigParser()
+    ini.read(Path(__file__).resolve().parents[2] / "pytest.ini")
+    addopts = ini["pytest"]["addopts"].split()
+    assert "loadfile" in addopts and "--no-loadscope-reorder" in addopts

@@ -31,11 +31,7 @@ PROMPTS = {
 }
 
 
-# SmolLM2 on two ranks: two processes computing at once, the whole of a 2-core machine.
-SMOLLM2_TWO_RANKS = pytest.param(("smollm2", "shm"), marks=pytest.mark.whole_machine, id=str(("smollm2", "shm")))
-
-
-@pytest.fixture(scope="module", params=[("tiny", "shm"), ("tiny", "gloo"), SMOLLM2_TWO_RANKS], ids=str)
+@pytest.fixture(scope="module", params=[("tiny", "shm"), ("tiny", "gloo"), ("smollm2", "shm")], ids=str)
 def exactness(request, tmp_path_factory, two_rank_job):
     model, transport = request.param
     if model == "smollm2":

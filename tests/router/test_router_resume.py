@@ -129,7 +129,15 @@ def _leader_of(units: list[Unit], name: str) -> Unit:
 
 
 def _continued(unit: Unit) -> list[dict]:
-    return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
+    """The requests `unit`'s leader continued from another unit's tokens, once it has logged one: the
+    node logs a request as its handler returns, after the stream's last byte went out, so the client
+    can hold the whole moved answer a moment before the record is written (a run under load lost
+    that race)."""
+
+    def moved() -> list[dict]:
+        return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
+
+    return wait_for(moved, timeout=30, what=f"{unit.name} to log the request it continued")
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])

@@ -27,14 +27,14 @@ def pytest_addoption(parser):
     )
 
 
-# The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist; a worker more than the
-# cores, pytest_xdist_auto_num_workers): each worker takes whole files, so a file's module fixtures are
-# made once. The longest files go first, longest first (seconds in two fresh-clone runs on 2 cores and
-# three workers, 2026-12-07), so the workers finish together instead of one starting a long file when the
-# others are nearly done. pytest.ini passes --no-loadscope-reorder, without which pytest-xdist would hand
-# the files out by how many tests each has instead ("reorder tests by number of tests per scope", its
-# --help; xdist/scheduler/loadscope.py at 3.8.0). Only the order changes: a file not named here runs after
-# these, in collection order, and a stale entry costs balance, never a test.
+# The suite runs on every core (pytest.ini: `-n auto --dist loadfile`, pytest-xdist): each worker takes
+# whole files, so a file's module fixtures are made once. The longest files go first, longest first
+# (seconds in two fresh-clone runs on 2 cores and three workers, 2026-12-07: their order is what counts),
+# so the workers finish together instead of one starting a long file when the others are nearly done.
+# pytest.ini passes --no-loadscope-reorder, without which pytest-xdist would hand the files out by how
+# many tests each has instead ("reorder tests by number of tests per scope", its --help;
+# xdist/scheduler/loadscope.py at 3.8.0). Only the order changes: a file not named here runs after these,
+# in collection order, and a stale entry costs balance, never a test.
 LONGEST_FIRST = (
     "tests/stacks/test_updates.py",  # 140 s
     "tests/benchmarks/test_bench_commands.py",  # 139 s
@@ -76,17 +76,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many workers `-n auto` (pytest.ini) starts: one more than the cores. About a fifth of a worker's
-    time goes to waiting (a unit's timers, a rollout's health checks, a peer's answer), in which a core
-    would sit idle; the extra worker fills it (a fresh-clone run on 2 cores: 852 s on two workers, 764 s
-    on three, docs/benchmarks.md "Test suite"). None when PYTEST_XDIST_AUTO_NUM_WORKERS says (pytest-xdist
-    reads it then), and no worker when every argument names single tests (`pytest path::test`): one test
-    runs in this process, without a worker's start-up."""
+    """`-n auto` (pytest.ini) starts no workers when every argument names single tests
+    (`pytest path::test`): one test runs in this process, without a worker's start-up. Otherwise
+    pytest-xdist decides (one worker per core, or PYTEST_XDIST_AUTO_NUM_WORKERS). A worker more than
+    the cores was tried (docs/benchmarks.md, "Test suite"): faster on average, but a unit's ranks
+    starved on two cores, and tests failed that pass on two workers."""
     if config.args and all("::" in arg for arg in config.args):
         return 0
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    return machine.core_count() + 1
+    return None
 
 
 def pytest_configure(config):

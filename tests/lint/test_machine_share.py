@@ -130,20 +130,16 @@ def test_the_summary_gives_each_workers_start_up_and_its_idle_time_at_the_end():
     assert machine.timeline_line([a, machine.Waits()]) is None  # a worker that never reported
 
 
-def test_the_suite_starts_a_worker_more_than_the_cores_unless_told(monkeypatch, pytestconfig):
+def test_a_run_of_single_tests_starts_no_worker_and_a_wider_run_leaves_the_count_to_pytest_xdist(pytestconfig):
     import types
     from pathlib import Path
 
     # tests/conftest.py as pytest registered it (several conftest modules share the name "conftest")
     top = str(Path(__file__).resolve().parents[1] / "conftest.py")
     (conftest,) = [p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == top]
-    whole_suite = types.SimpleNamespace(args=["tests"])
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    assert conftest.pytest_xdist_auto_num_workers(whole_suite) == len(os.sched_getaffinity(0)) + 1
-    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")  # pytest-xdist reads it when the hook says None
-    assert conftest.pytest_xdist_auto_num_workers(whole_suite) is None
     one_test = types.SimpleNamespace(args=["tests/lint/test_machine_share.py::test_x"])
     assert conftest.pytest_xdist_auto_num_workers(one_test) == 0
+    assert conftest.pytest_xdist_auto_num_workers(types.SimpleNamespace(args=["tests"])) is None
 
 
 def test_the_workers_take_the_files_in_the_suites_order():

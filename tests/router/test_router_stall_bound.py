@@ -97,7 +97,8 @@ def test_a_unit_silent_past_its_derived_bound_loses_its_stream(tmp_path: Path):
         assert not got.errors and got.done, got.errors
         assert got.text == _want(8)
         other = next(u for u in units if u is not frozen[0])
-        moved = _continued(other)
+        # The node logs the request as its handler returns, after the last byte the client already has.
+        moved = wait_for(lambda: _continued(other), timeout=30, what="the other unit to log the moved request")
         assert len(moved) == 1 and moved[0]["continued_from"] >= 2, moved
         metrics = asyncio.run(router.metrics())
         assert 'flotilla_router_retries_total{reason="move_idle_timeout"} 1.0' in metrics

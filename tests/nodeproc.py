@@ -308,6 +308,19 @@ class Unit:
         for m in self.members:
             m.stop()
 
+    def continued_requests(self, *, wait_s: float = 0.0) -> list[dict]:
+        """The log records of the requests this unit's leader continued from another unit's tokens. With
+        wait_s, waits up to that long for the first one: the node logs a request as its handler returns,
+        after the stream's last byte went out, so a client can hold a whole moved answer a moment before
+        the record is written (runs under load lost that race)."""
+
+        def moved() -> list[dict]:
+            return [r for r in self.leader.log_events("request") if r.get("continued_from")]
+
+        if not wait_s:
+            return moved()
+        return wait_for(moved, timeout=wait_s, what=f"{self.name} to log the request it continued")
+
     def dump_logs(self, chars: int = 4000) -> str:
         """The end of every member's log, for a failure message."""
         return "\n".join(

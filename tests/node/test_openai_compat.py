@@ -649,7 +649,7 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
     import subprocess
     import time
 
-    from nodeproc import Unit, get_json, wait_for
+    from nodeproc import Unit, get_json
 
     from runtime.router.settings import router_command
 
@@ -732,13 +732,7 @@ def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_
         assert not [e for e in got if "error" in e], got[-1]
         assert _per_choice(got) == _per_choice(whole) and all(_per_choice(whole)[i][1] for i in (0, 1))
         other = next(u for u in units if u is not killed)
-        # The node logs a request as its handler returns, after the stream's last byte went out: the
-        # client can hold the whole answer a moment before the record is written.
-        moved = wait_for(
-            lambda: [r for r in other.leader.log_events("request") if "continued_from" in r],
-            timeout=30,
-            what="the surviving unit to log the moved request",
-        )
+        moved = other.continued_requests(wait_s=30)
         assert len(moved) == 1 and moved[0]["continued_from"] >= 1, moved  # went on from the dead unit's tokens
     finally:
         if router is not None:

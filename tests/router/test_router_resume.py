@@ -128,18 +128,6 @@ def _leader_of(units: list[Unit], name: str) -> Unit:
     return next(u for u in units if u.name == name)
 
 
-def _continued(unit: Unit) -> list[dict]:
-    """The requests `unit`'s leader continued from another unit's tokens, once it has logged one: the
-    node logs a request as its handler returns, after the stream's last byte went out, so the client
-    can hold the whole moved answer a moment before the record is written (a run under load lost
-    that race)."""
-
-    def moved() -> list[dict]:
-        return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
-
-    return wait_for(moved, timeout=30, what=f"{unit.name} to log the request it continued")
-
-
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
 def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(tmp_path: Path, sampling):
     units = _two_units(tmp_path)
@@ -165,7 +153,7 @@ def test_a_stream_whose_leader_is_killed_continues_on_the_other_unit_unchanged(t
         assert whole.text == want
         _check_whole(got, want)
         other = next(u for u in units if u.name != killed)
-        moved = _continued(other)
+        moved = other.continued_requests(wait_s=30)
         assert len(moved) == 1 and 30 <= moved[0]["continued_from"] < MAX_TOKENS, moved
         metrics = asyncio.run(router.metrics())
         assert 'flotilla_router_retries_total{reason="move_stream_broken"} 1.0' in metrics
@@ -211,7 +199,7 @@ def test_a_draining_unit_hands_its_streams_over_instead_of_finishing_them(tmp_pa
         handed = [r for r in gone.leader.log_events("request") if r.get("error_kind") == "unavailable"]
         assert handed and all(r["completion_tokens"] < MAX_TOKENS for r in handed), handed
         other = next(u for u in units if u.name != drained)
-        assert len(_continued(other)) == 1
+        assert len(other.continued_requests(wait_s=30)) == 1
 
 
 def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(tmp_path: Path):
@@ -237,7 +225,7 @@ def test_a_stopped_follower_takes_its_unit_out_of_routing_and_its_stream_moves(t
         # Its leader still answers HTTP, but says it is not ready (its engine makes no progress).
         wait_for(lambda: gray.leader.ready()[0] == 503, timeout=30, what=f"{gray.name} to report not ready")
         other = next(u for u in units if u.name != stopped)
-        assert len(_continued(other)) == 1
+        assert len(other.continued_requests(wait_s=30)) == 1
         gray.members[1].sigcont()
         gray.wait_ready(timeout=180)  # it re-forms by the existing paths and serves again
         asyncio.run(asyncio.wait_for(router.wait_routable(2), 120))
@@ -317,7 +305,7 @@ def test_a_stream_of_several_choices_whose_leader_is_killed_continues_each_choic
         finishes = [c["finish_reason"] for e in got.events for c in e.get("choices", []) if c.get("finish_reason")]
         assert sorted(finishes) == ["length"] * n  # each choice ends once
         assert b"flotilla" not in got.raw
-        moved = _continued(_leader_of(units, next(u.name for u in units if u.name != killed)))
+        moved = _leader_of(units, next(u.name for u in units if u.name != killed)).continued_requests(wait_s=30)
         assert len(moved) == 1 and 30 <= moved[0]["continued_from"] < n * MAX_TOKENS, moved
 
 
@@ -470,5 +458,5 @@ def test_a_stream_whose_unit_dies_while_the_other_is_full_waits_for_a_slot_and_c
         long, got, killed = asyncio.run(asyncio.wait_for(scenario(), 400))
         assert long.unit != killed and not long.errors and long.done
         _check_whole(got, greedy_texts([(PROMPT, False, MAX_TOKENS)])[0])
-        moved = _continued(_leader_of(units, long.unit))
+        moved = _leader_of(units, long.unit).continued_requests(wait_s=30)
         assert len(moved) == 1 and moved[0]["continued_from"] >= 30, moved

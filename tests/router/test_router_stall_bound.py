@@ -48,10 +48,6 @@ def _body(max_tokens: int) -> dict:
     return {"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
 
 
-def _continued(unit: Unit) -> list[dict]:
-    return [r for r in unit.leader.log_events("request") if r.get("continued_from")]
-
-
 def _want(max_tokens: int) -> str:
     return "".join(PROMPT[i % len(PROMPT)] for i in range(max_tokens))
 
@@ -68,7 +64,7 @@ def test_a_busy_unit_whose_steps_outlast_the_stall_floor_keeps_its_stream(tmp_pa
         got: Stream = asyncio.run(asyncio.wait_for(stream(router.url, _body(5)), 120))
         assert not got.errors and got.done, got.errors
         assert got.text == _want(5)
-        assert [len(_continued(u)) for u in units] == [0, 0]  # it never moved
+        assert [len(u.continued_requests()) for u in units] == [0, 0]  # it never moved
         metrics = asyncio.run(router.metrics())
         assert "move_" not in metrics, [line for line in metrics.splitlines() if "move_" in line]
 
@@ -97,8 +93,7 @@ def test_a_unit_silent_past_its_derived_bound_loses_its_stream(tmp_path: Path):
         assert not got.errors and got.done, got.errors
         assert got.text == _want(8)
         other = next(u for u in units if u is not frozen[0])
-        # The node logs the request as its handler returns, after the last byte the client already has.
-        moved = wait_for(lambda: _continued(other), timeout=30, what="the other unit to log the moved request")
+        moved = other.continued_requests(wait_s=30)
         assert len(moved) == 1 and moved[0]["continued_from"] >= 2, moved
         metrics = asyncio.run(router.metrics())
         assert 'flotilla_router_retries_total{reason="move_idle_timeout"} 1.0' in metrics

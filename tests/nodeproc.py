@@ -150,6 +150,12 @@ class Member:
         for pid in self._tree():
             os.kill(pid, signal.SIGSTOP)
 
+    def sigstop_node(self) -> None:
+        """Freeze only this member's own process, not its engine: a node whose loop is held up (a busy
+        host, a long pause) while its engine keeps computing. sigcont lets it go."""
+        assert self.proc is not None, f"{self.unit.name} rank {self.rank} was never started"
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
     def sigcont(self) -> None:
         for pid in self._tree():
             os.kill(pid, signal.SIGCONT)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -332,11 +332,14 @@ class ShardExecutor:
         except (RuntimeError, dist.DistError) as e:
             raise EngineBroken(f"a follower is gone (heartbeat failed): {e}") from e
 
-    def follower_loop(self) -> None:
-        """Rank > 0: run the leader's commands until it shuts down. Raises EngineBroken on failure."""
+    def follower_loop(self, heard: Callable[[], None] | None = None) -> None:
+        """Rank > 0: run the leader's commands until it shuts down. Raises EngineBroken on failure.
+        `heard` is called as each command (a step or a keep-alive) arrives: the leader's engine lives."""
         try:
             while True:
                 header = self._broadcast(torch.empty(HEADER_LEN, dtype=torch.int64), 0)
+                if heard is not None:
+                    heard()
                 op = int(header[0])
                 if op == OP_SHUTDOWN:
                     return

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import torch
 import torch.distributed as dist
@@ -87,8 +87,10 @@ def run_worker(
     start_timeout_s: float = 300.0,
     threads: int | None = None,
     collectives: str = "auto",
+    heard: Callable[[], None] | None = None,
 ) -> None:
-    """Follower main loop. Returns when the leader shuts down; raises EngineBroken on peer loss."""
+    """Follower main loop. Returns when the leader shuts down; raises EngineBroken on peer loss.
+    `heard` is called as each of the leader's commands arrives (ShardExecutor.follower_loop)."""
     if membership.is_leader:
         raise ValueError("run_worker is for followers (rank > 0); rank 0 runs ReferenceEngine")
     if threads:
@@ -106,7 +108,7 @@ def run_worker(
         executor = ShardExecutor(plan=plan, rank=membership.rank, weights=source.weights, comm=comm)
         dist.barrier()
         log.info("rank %d ready: %s", membership.rank, plan.stage(membership.rank))
-        executor.follower_loop()
+        executor.follower_loop(heard)
     except EngineError:
         raise
     except (RuntimeError, dist.DistError) as e:

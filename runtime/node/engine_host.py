@@ -40,6 +40,7 @@ from runtime.node.engine_protocol import (
     Error,
     Event,
     Failed,
+    Following,
     Load,
     Ready,
     Shutdown,
@@ -116,6 +117,7 @@ def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
         collective_timeout_s=cfg.collective_timeout_s,
         start_timeout_s=cfg.form_timeout_s,
         threads=cfg.torch_threads,
+        heard=_Following(out),
     )
 
 
@@ -148,6 +150,23 @@ class _Out:
     def send(self, event: Event) -> None:
         self._f.write(encode(event))
         self._f.flush()
+
+
+class _Following:
+    """Called as each of the leader engine's commands reaches this follower's engine: tells the
+    supervisor so (Following) at most every LOAD_EVERY_S, a clock read per command and no more."""
+
+    def __init__(self, out: _Out) -> None:
+        self._out = out
+        self._commands = 0
+        self._sent_at = -LOAD_EVERY_S
+
+    def __call__(self) -> None:
+        self._commands += 1
+        now = time.monotonic()
+        if now - self._sent_at >= LOAD_EVERY_S:
+            self._sent_at = now
+            self._out.send(Following(commands=self._commands))
 
 
 async def _stdin_lines() -> asyncio.StreamReader:

@@ -29,6 +29,7 @@ from runtime.node.engine_protocol import (
     Done,
     Error,
     Failed,
+    Following,
     Load,
     Progress,
     ProtocolError,
@@ -104,6 +105,11 @@ class EngineProcess:
         # long prompt's prefill: _loaded), or work arriving at an idle engine.
         self.last_progress = time.monotonic()
         self._load_at = 0.0  # when the last load report came (_loaded)
+        # Evidence that every rank's engine lives, whatever its node answers (Supervisor): when this
+        # leader's engine last completed a step (which every rank's engine takes part in), and when this
+        # follower's engine last heard from the leader's (Following).
+        self.stepped_at = 0.0
+        self.leader_heard_at = 0.0
         self.steps = StepTimes()  # its healthy pace: what the stall bound derives from
         self._streams: dict[str, RequestStream] = {}
         self._reader: asyncio.Task | None = None
@@ -144,6 +150,8 @@ class EngineProcess:
                     self._relay(ev)
                 elif isinstance(ev, Load):
                     self._loaded(ev)
+                elif isinstance(ev, Following):
+                    self.leader_heard_at = self.last_report
                 elif isinstance(ev, Progress):
                     self.progress, self.progress_at = ev, self.last_report
                 elif isinstance(ev, Ready):
@@ -185,8 +193,10 @@ class EngineProcess:
             # the engine's own load report says so, and a "ready" report sent in that moment must not
             # make the unit routable again.
             return
-        if ev.steps > self.load.steps and self.last_progress < self._load_at and self._holds_work(ev.running):
-            self._progress()
+        if ev.steps > self.load.steps:
+            self.stepped_at = self.last_report
+            if self.last_progress < self._load_at and self._holds_work(ev.running):
+                self._progress()
         self.load, self._load_at = ev, self.last_report
 
     def _progress(self) -> None:

@@ -104,6 +104,17 @@ class Load(EngineLoad):
 
 
 @dataclass(slots=True, kw_only=True)
+class Following:
+    """A follower's engine runs its leader engine's commands: `commands` received so far (steps and
+    keep-alives), sent at most every LOAD_EVERY_S while the count grows. To the follower's supervisor
+    it says the leader's engine is alive and drives this one, whether or not the leader's node
+    answers its status polls in time."""
+
+    op: ClassVar[str] = "following"
+    commands: int
+
+
+@dataclass(slots=True, kw_only=True)
 class Failed:
     """The engine could not start or serve; the process exits."""
 
@@ -156,12 +167,12 @@ class Error:
 
 
 Command = Union[Submit, Cancel, Shutdown]
-Event = Union[Starting, Progress, Ready, Load, Failed, Accepted, Token, Done, Error]
+Event = Union[Starting, Progress, Ready, Load, Following, Failed, Accepted, Token, Done, Error]
 RequestEvent = Union[Accepted, Token, Done, Error]  # what a request's stream carries
 _COMMANDS: dict[str, type] = {c.op: c for c in (Submit, Cancel, Shutdown)}
 _EVENTS: dict[str, type] = {
     "progress": Progress,
-    **{e.op: e for e in (Starting, Ready, Load, Failed, Accepted, Token, Done, Error)},
+    **{e.op: e for e in (Starting, Ready, Load, Following, Failed, Accepted, Token, Done, Error)},
 }
 
 

@@ -12,6 +12,9 @@ Group semantics (the one place they are spelled out, like LeaderWorkerSet's recr
   the layout cannot run the model, the model is not published as its manifest says or cannot be read)
   spends no budget: the member logs why in one line and exits at once with that status, so ECS counts
   a failed task within seconds and its deployment circuit breaker stops the rollout (docs/node.md).
+- A member is dead when it misses its status polls for peer_dead_after_s, unless the engines show
+  every rank alive meanwhile (a completed step on the leader, a command received on a follower:
+  _engines_in_step): a slow node is not a dead one.
 - A member never forms with a member of another revision.
 - SIGTERM drains: not-ready at once, in-flight requests finish within the drain timeout, exit 0.
   A unit drains as a group: when a follower is told to drain (e.g. its task is replaced in a
@@ -567,7 +570,7 @@ class UnitSupervisor:
                     last_ok[f.rank] = time.monotonic()
                 elif st and st.boot_id != boot_ids[f.rank]:
                     raise FormationEnded(f"follower rank {f.rank} restarted")
-                elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s:
+                elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s and not self._engines_in_step():
                     raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
             if self.unit_draining and (self.in_flight == 0 or time.monotonic() > drain_until):
                 raise FormationEnded(f"{self.unit_draining}; {self.in_flight} request(s) unfinished", clean=True)
@@ -619,6 +622,8 @@ class UnitSupervisor:
                     else UnitState.FORMING
                 )
                 self._set_state(unit_state, formation=formation)
+            elif self._engines_in_step():
+                pass  # the leader's node is slow to answer, but its engine drives ours: the unit serves
             elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
                 raise FormationEnded(f"leader {leader.host}:{leader.api_port} is gone")
             else:
@@ -626,6 +631,21 @@ class UnitSupervisor:
                 self._set_state(UnitState.FORMING, formation=formation)
             await self._watch_rendezvous(m, last_rdv)
             await self._tick()
+
+    def _engines_in_step(self) -> bool:
+        """Whether this member's engine showed, within peer_dead_after_s, that every rank's engine lives:
+        the leader's completed a step (every rank's engine takes part in one), a follower's received a
+        command from the leader's. Then a peer whose node misses its status polls is a slow node (a
+        busy host, a loop held up), not a dead one, and ending the formation would fail every request
+        in flight for nothing. Were the peer's node dead, its engine would follow within a second
+        (engine_host._exit_when_orphaned) and the collectives fail at once; were its host gone, no step
+        or command would come and the status rule applies after peer_dead_after_s. An engine that
+        counts no steps (the neuron engine) and an idle leader's never show it: the status rule alone."""
+        engine = self.engine
+        if engine is None or not engine.alive:
+            return False
+        seen = engine.leader_heard_at if not self.is_leader else engine.stepped_at
+        return time.monotonic() - seen <= self.s.peer_dead_after_s
 
     # -- drain ----------------------------------------------------------------------------------------
     def begin_drain(self) -> None:

@@ -5,15 +5,19 @@ instead of a request waiting on a field that never comes."""
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
 
 from runtime.node.engine_protocol import (
     Accepted,
     Cancel,
+    Command,
     Done,
     Error,
+    Event,
     Failed,
+    Following,
     Load,
     Progress,
     ProtocolError,
@@ -54,6 +58,7 @@ EVENTS = [
     Progress(phase="fetch_model", done_bytes=10, total_bytes=20, phase_s=1.5),
     Ready(model_name="m", max_context=2048, strategies={"prefill": "pipeline"}, resumes=True),
     Load(state="ready", running=2, max_running=8, kv_cache_used=0.25, prefix_cache_hits=3),
+    Following(commands=7),
     Failed(message="no model"),
     Accepted(id="r1", prompt_tokens=12, replayed_text="abc"),
     Token(
@@ -75,6 +80,11 @@ def test_a_command_comes_back_from_its_line_as_sent(msg):
     line = encode(msg)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert decode_command(line) == msg
+
+
+def test_every_message_of_the_protocol_is_tried_here():
+    assert {type(m) for m in COMMANDS} == set(typing.get_args(Command))
+    assert {type(m) for m in EVENTS} == set(typing.get_args(Event))
 
 
 @pytest.mark.parametrize("msg", EVENTS, ids=lambda m: type(m).__name__)

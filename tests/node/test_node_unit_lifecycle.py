@@ -113,6 +113,44 @@ def test_killing_a_follower_mid_stream_ends_the_stream_with_an_error_and_the_uni
     print(f"stream ended {ended_after:.2f}s after the follower was killed")
 
 
+@pytest.mark.parametrize("frozen", [0, 1], ids=["leader", "follower"])
+def test_a_node_held_up_past_the_peer_deadline_while_its_engine_steps_keeps_the_unit_and_every_answer(unit, frozen):
+    """A member's node that misses its peer's status polls for longer than FLOTILLA_PEER_DEAD_AFTER_S
+    while its engine keeps stepping with the other's (a busy host, a loop held up) is slow, not dead:
+    the unit must not re-form under the requests it is running. (It did: the follower counted the
+    leader gone, killed its engine, and the leader's answers ended in 503s naming rank 1's death.)"""
+    dead_after = float(unit.env["FLOTILLA_PEER_DEAD_AFTER_S"])
+    unit.start().wait_ready()
+    answers: list = []
+    askers = [
+        threading.Thread(target=lambda: answers.append(completion(unit, max_tokens=2000, ignore_eos=True)))
+        for _ in range(4)
+    ]
+    for t in askers:
+        t.start()
+    wait_for(
+        lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["running"] == 4,
+        timeout=20,
+        what="all four requests to be running",
+    )
+    node = unit.members[frozen]
+    node.sigstop_node()
+    time.sleep(dead_after + 1.5)  # past the deadline, while four answers of 2,000 tokens are still being computed
+    node.sigcont()
+    for t in askers:
+        t.join(timeout=60)
+    ends = [
+        (status, body["choices"][0]["finish_reason"], body["usage"]["completion_tokens"])
+        if status == 200
+        else (status, body["error"]["message"])
+        for status, _, body in answers
+    ]
+    assert ends == [(200, "length", 2000)] * 4
+    for m in unit.members:
+        assert not m.log_events("unit_reform"), m.log_events("unit_reform")
+        assert [e["new"] for e in m.log_events("unit_state")] == ["ready"], m.log_events("unit_state")
+
+
 def test_sigterm_lets_the_long_generation_finish_refuses_new_work_and_exits_0(unit):
     unit.env["FLOTILLA_DRAIN_TIMEOUT_S"] = "120"
     unit.start().wait_ready()

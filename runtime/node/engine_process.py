@@ -106,8 +106,8 @@ class EngineProcess:
         self.last_progress = time.monotonic()
         self._load_at = 0.0  # when the last load report came (_loaded)
         # Evidence that every rank's engine lives, whatever its node answers (Supervisor): when this
-        # leader's engine last completed a step (which every rank's engine takes part in), and when this
-        # follower's engine last heard from the leader's (Following).
+        # leader's engine last completed a step (a token, or its step count rising: every rank's engine
+        # takes part in a step), and when this follower's engine last heard from the leader's (Following).
         self.stepped_at = 0.0
         self.leader_heard_at = 0.0
         self.steps = StepTimes()  # its healthy pace: what the stall bound derives from
@@ -203,7 +203,7 @@ class EngineProcess:
         """The engine made progress as its last report came: the wait since the last progress (a
         token, a step, or work reaching an idle engine; the idle time before that never) is one step's."""
         self.steps.note(self.last_report - self.last_progress, self.last_report)
-        self.last_progress = self.last_report
+        self.last_progress = self.stepped_at = self.last_report
 
     def _relay(self, ev: RequestEvent) -> None:
         """A request's event to its stream (a canary's few events are dropped with its stream)."""

@@ -639,8 +639,9 @@ class UnitSupervisor:
         busy host, a loop held up), not a dead one, and ending the formation would fail every request
         in flight for nothing. Were the peer's node dead, its engine would follow within a second
         (engine_host._exit_when_orphaned) and the collectives fail at once; were its host gone, no step
-        or command would come and the status rule applies after peer_dead_after_s. An engine that
-        counts no steps (the neuron engine) and an idle leader's never show it: the status rule alone."""
+        or command would come and the status rule applies after peer_dead_after_s. An idle leader's
+        engine shows no step (and a neuron follower hears a keep-alive only every 20 s): there the
+        status rule alone decides."""
         engine = self.engine
         if engine is None or not engine.alive:
             return False

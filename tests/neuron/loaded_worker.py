@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from runtime.engines.neuron import spmd
@@ -24,6 +25,14 @@ def main() -> int:
 
     spmd.build_model(args.model, args.compiled_model_path, json.loads(args.neuron_config), progress)
     progress(spmd.PHASE_JOIN)
+    # Then what the real loop writes as the leader's broadcasts reach it: a Following line each, as many
+    # as FOLLOWING_LINES says (one broadcast a second on this clock, so none is held back).
+    n = int(os.environ.get("FOLLOWING_LINES", "0"))
+    seconds = iter(range(n))
+    heard = spmd._following(sys.stdout, clock=lambda: float(next(seconds)))
+    for _ in range(n):
+        heard()
+    sys.stdout.flush()
     return 0
 
 

@@ -68,8 +68,9 @@ def node_main(node_rank: int, spec: dict, out) -> None:
                     return real(**kw)
 
                 model.forward = perturbed
-            steps = node.follow()
-            out.put((node_rank, "ok", {"steps": steps, "bytes": model.loaded_bytes}))
+            heard: list[int] = []
+            steps = node.follow(lambda: heard.append(1))
+            out.put((node_rank, "ok", {"steps": steps, "heard": len(heard), "bytes": model.loaded_bytes}))
     except Exception as e:  # noqa: BLE001 - reported to the test, which asserts on it
         out.put((node_rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
     finally:

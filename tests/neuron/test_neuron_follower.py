@@ -23,7 +23,8 @@ CACHE_URI = f"s3://{BUCKET}/compile-cache"
 
 
 def _follow(tmp_path: Path, s3, node: str) -> list[LoadPhase]:
-    """One formation of rank 1 of a 2 x trn1.32xlarge unit on a fresh disk; the phases it reported."""
+    """One formation of rank 1 of a 2 x trn1.32xlarge unit on a fresh disk; the phases it reported.
+    Every line of the worker's saying it hears the leader reaches the caller's `heard`."""
     settings = NeuronEngineSettings(
         model_uri=URI,
         model_dir=str(tmp_path / node / "model"),
@@ -34,13 +35,16 @@ def _follow(tmp_path: Path, s3, node: str) -> list[LoadPhase]:
     )
     membership = Membership(unit_id="u", revision="r", rank=1, world_size=2, dist_host="127.0.0.1", dist_port=29500)
     reports: list = []
-    run_follower(membership, settings=settings, s3=s3, report=reports.append)
+    heard: list[int] = []
+    run_follower(membership, settings=settings, s3=s3, report=reports.append, heard=lambda: heard.append(1))
+    assert len(heard) == 3  # every line of the worker's (FOLLOWING_LINES, below)
     return [r.phase for r in reports]
 
 
 def test_a_follower_stores_what_it_compiled_and_its_next_start_only_loads(s3, tmp_path, monkeypatch):
     publish(make_checkpoint(tmp_path / "published", LLAMA_31_405B), URI, s3=s3)
     monkeypatch.setenv("FLOTILLA_NEURON_SDK_VERSION", "2.28.0")
+    monkeypatch.setenv("FOLLOWING_LINES", "3")  # what the worker writes after its join (loaded_worker.py)
     # tp_degree 64 runs as 4 partitions of the tiny model, 2 on this node (ranks 32-63).
     monkeypatch.setenv("STANDIN_NXDI_CORES_PER_PARTITION", "16")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([NXDI_2_28, str(HERE), str(HERE.parents[1])]))

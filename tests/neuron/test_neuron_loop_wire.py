@@ -17,6 +17,7 @@ from runtime.engines.neuron.loop_wire import (
     Add,
     BadMessage,
     Cancel,
+    Following,
     Generated,
     Progress,
     Ready,
@@ -54,7 +55,7 @@ def test_every_message_to_the_loop_reads_back_as_written():
 
 
 def test_every_message_from_the_loop_reads_back_as_written():
-    for _, msg in EARLIER_OUT:
+    for msg in [*(msg for _, msg in EARLIER_OUT), Following(12)]:
         line = from_loop_line(msg)
         assert line.endswith("\n") and line.count("\n") == 1
         assert read_from_loop(line) == msg
@@ -86,6 +87,15 @@ def test_an_add_the_loop_cannot_take_names_its_request():
 def test_lines_of_no_known_kind_are_passed_over():
     assert read_to_loop('{"op": "resize", "id": "r1"}') is None
     assert read_from_loop('{"event": "neuron_node_loaded", "node_rank": 1}') is None
+
+
+def test_a_followers_line_is_one_an_engine_from_before_it_passes_over():
+    # Before Following, a line with an event other than ready or progress and neither "token" nor
+    # "error" read as None (passed over): a follower's loop of this revision under an older engine
+    # costs nothing.
+    line = json.loads(from_loop_line(Following(3)))
+    assert line == {"event": "following", "commands": 3}
+    assert "token" not in line and "error" not in line
 
 
 def test_the_phases_the_loop_reports_are_ones_the_node_knows():

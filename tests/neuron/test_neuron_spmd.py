@@ -8,6 +8,7 @@ other inputs fails the whole unit instead of hanging it.
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -48,6 +49,8 @@ def test_a_unit_split_over_every_nodes_cores_generates_what_the_unsplit_model_do
     assert [leader["outputs"][f"r{i}"] for i in range(len(PROMPTS))] == unsplit_greedy(PROMPTS, MAX_TOKENS)
     # Every follower ran every step the leader stamped, and nobody held the whole model.
     assert {results[r][1]["steps"] for r in range(1, nodes)} == {leader["steps"]}
+    # and heard each broadcast, every step and the stop: what tells its node the leader's loop lives.
+    assert {results[r][1]["heard"] for r in range(1, nodes)} == {leader["steps"] + 1}
     assert all(results[r][1]["bytes"] < MODEL_BYTES for r in range(nodes))
 
 
@@ -214,3 +217,20 @@ def test_host_sampling_takes_the_arg_max_for_greedy_rows_beside_sampled_ones():
     g = torch.Generator().manual_seed(0)
     seen = {tuple(sample_on_host(logits, params, g).tolist()) for _ in range(200)}
     assert {row[0] for row in seen} == {2} and {row[1] for row in seen} == {2, 3}
+
+
+def test_a_followers_loop_tells_its_node_it_hears_the_leader_at_most_every_tenth_of_a_second():
+    from runtime.engines.neuron import loop_wire, spmd  # noqa: PLC0415 - spmd imports torch
+
+    clock = [100.0]
+    lines = io.StringIO()
+    heard = spmd._following(lines, clock=lambda: clock[0])
+    for at in (100.0, 100.05, 100.09, 100.15, 100.2, 100.3):
+        clock[0] = at
+        heard()
+    # The first at once, then one per FOLLOWING_EVERY_S, each with every broadcast heard so far.
+    assert [loop_wire.read_from_loop(line) for line in lines.getvalue().splitlines()] == [
+        loop_wire.Following(1),
+        loop_wire.Following(4),
+        loop_wire.Following(6),
+    ]

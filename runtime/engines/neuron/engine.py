@@ -664,9 +664,11 @@ def run_follower(
     settings: NeuronEngineSettings,
     s3: Any = None,
     report: Callable[[Loading], None] | None = None,
+    heard: Callable[[], None] | None = None,
 ) -> None:
     """A follower's formation: prepare the rank, then run the plan's worker command until it exits.
-    `report` hears this node's load progress (the node puts it in its ready body). Once the worker says
+    `report` hears this node's load progress (the node puts it in its ready body), `heard` each time the
+    worker says the leader's broadcasts reach it (loop_wire.Following). Once the worker says
     its ranks are loaded (the join phase), what it compiled goes to the compile cache, as the leader's does.
 
     The worker stays in this process's group, so the supervisor's killpg ends it with the formation.
@@ -684,6 +686,8 @@ def run_follower(
                 phase = LoadPhase(event.phase) if isinstance(event, loop_wire.Progress) else None
             except (ValueError, KeyError):
                 continue
+            if isinstance(event, loop_wire.Following) and heard is not None:
+                heard()
             if phase is not None:
                 tracker.phase(phase)
             if phase is LoadPhase.JOIN:  # compiled (or loaded from the cache) and loaded: nothing changes after

@@ -137,7 +137,17 @@ class Refused:
     error: str
 
 
-FromLoop = Progress | Ready | Generated | Refused
+@dataclass(frozen=True, slots=True)
+class Following:
+    """A follower's loop received the leader's broadcasts (steps and keep-alives), `commands` so far:
+    written at most every FOLLOWING_EVERY_S while they come. Its node takes it as the leader's loop alive."""
+
+    commands: int
+
+
+FOLLOWING_EVERY_S = 0.1
+
+FromLoop = Progress | Ready | Generated | Refused | Following
 
 
 def from_loop_line(msg: FromLoop) -> str:
@@ -147,6 +157,8 @@ def from_loop_line(msg: FromLoop) -> str:
         body = {"id": msg.id, "error": msg.error}
     elif isinstance(msg, Progress):
         body = {"event": "progress", "phase": msg.phase}
+    elif isinstance(msg, Following):
+        body = {"event": "following", "commands": msg.commands}
     else:
         body = {"event": "ready"}
     return json.dumps(body) + "\n"
@@ -163,6 +175,8 @@ def read_from_loop(line: str | bytes) -> FromLoop | None:
         return Ready()
     if event == "progress":
         return Progress(str(msg["phase"]))
+    if event == "following":
+        return Following(int(msg["commands"]))
     if "error" in msg:
         rid = msg.get("id")
         return Refused(None if rid is None else str(rid), str(msg["error"]))

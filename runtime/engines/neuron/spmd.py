@@ -425,11 +425,13 @@ class Node:
     def keepalive(self) -> None:
         broadcast_step(IDLE, is_leader=True, group=self.group)
 
-    def follow(self) -> int:
-        """Follower: run every step the leader broadcasts until it says stop; return the step count."""
+    def follow(self, heard: Callable[[], None] = lambda: None) -> int:
+        """Follower: run every step the leader broadcasts until it says stop; return the step count.
+        `heard` is called as each broadcast (a step or a keep-alive) arrives: the leader's loop lives."""
         assert not self.is_leader, "the leader does not follow"
         while True:
             step = broadcast_step(None, is_leader=False, expect=self.steps, group=self.group)
+            heard()
             if step is None:
                 return self.steps
             if step is IDLE:
@@ -618,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     group = join_unit(node_rank=args.node_rank, nodes=args.nodes, join_timeout_s=join_timeout_s)
     node = Node(model, node_rank=args.node_rank, group=group)
     if not node.is_leader:
-        node.follow()
+        node.follow(_following(protocol))
         return 0
     # The leader talks to the node runtime over its stdin/stdout, one JSON object a line.
     out = protocol
@@ -632,6 +634,22 @@ def main(argv: list[str] | None = None) -> int:
     emit(loop_wire.Ready())
     serve_lines(node, scheduler_for(neuron_config), inbox, emit)
     return 0
+
+
+def _following(protocol: Any, clock: Callable[[], float] = time.monotonic) -> Callable[[], None]:
+    """A follower's `heard`: a Following line on the protocol at most every FOLLOWING_EVERY_S."""
+    commands, sent_at = 0, -loop_wire.FOLLOWING_EVERY_S
+
+    def heard() -> None:
+        nonlocal commands, sent_at
+        commands += 1
+        now = clock()
+        if now - sent_at >= loop_wire.FOLLOWING_EVERY_S:
+            sent_at = now
+            protocol.write(loop_wire.from_loop_line(loop_wire.Following(commands)))
+            protocol.flush()
+
+    return heard
 
 
 def scheduler_for(neuron_config: dict[str, Any]) -> Scheduler:

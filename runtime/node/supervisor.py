@@ -91,6 +91,37 @@ class FormationEnded(Exception):
         self.clean = clean
 
 
+class SlowPeers:
+    """Peers whose node misses its status polls past peer_dead_after_s while the engines step together
+    (UnitSupervisor._engines_in_step): the unit serves on, but a slow node is a symptom (an overloaded
+    host, a loop held up) an operator should see. One `peer_slow` line when it starts, one
+    `peer_slow_ended` with how long the node was silent once it answers again."""
+
+    def __init__(self, unit: str, rank: int) -> None:
+        self.unit, self.rank = unit, rank
+        self._since: dict[int, float] = {}  # peer rank -> when its node last answered
+
+    def silent(self, peer: int, last_answer: float) -> None:
+        if peer not in self._since:
+            self._since[peer] = last_answer
+            jlog(
+                "peer_slow",
+                logging.WARNING,
+                logger=log,
+                unit=self.unit,
+                rank=self.rank,
+                peer=peer,
+                silent_s=round(time.monotonic() - last_answer, 1),
+                detail="its node misses its status polls, but the engines step together: slow, not dead",
+            )
+
+    def answered(self, peer: int) -> None:
+        since = self._since.pop(peer, None)
+        if since is not None:
+            silent_s = round(time.monotonic() - since, 1)
+            jlog("peer_slow_ended", logger=log, unit=self.unit, rank=self.rank, peer=peer, silent_s=silent_s)
+
+
 class UnitSupervisor:
     def __init__(self, *, settings: NodeSettings, rendezvous: Rendezvous, metrics: NodeMetrics) -> None:
         self.s = settings
@@ -529,6 +560,7 @@ class UnitSupervisor:
         await self.engine.start()
         started = time.monotonic()
         last_ok = {f.rank: time.monotonic() for f in followers}
+        slow = SlowPeers(m.unit_id, self.rank)
         drain_until = 0.0
         while True:
             if not self.engine.alive:
@@ -568,10 +600,13 @@ class UnitSupervisor:
                     )
                 if st and st.boot_id == boot_ids[f.rank] and st.formation == formation:
                     last_ok[f.rank] = time.monotonic()
+                    slow.answered(f.rank)
                 elif st and st.boot_id != boot_ids[f.rank]:
                     raise FormationEnded(f"follower rank {f.rank} restarted")
-                elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s and not self._engines_in_step():
-                    raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
+                elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s:
+                    if not self._engines_in_step():
+                        raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
+                    slow.silent(f.rank, last_ok[f.rank])
             if self.unit_draining and (self.in_flight == 0 or time.monotonic() > drain_until):
                 raise FormationEnded(f"{self.unit_draining}; {self.in_flight} request(s) unfinished", clean=True)
             await self._watch_rendezvous(m, last_rdv)
@@ -596,6 +631,7 @@ class UnitSupervisor:
         self.engine = EngineProcess(config=EngineConfig.from_settings(self.s, m))
         await self.engine.start()
         last_seen = time.monotonic()
+        slow = SlowPeers(m.unit_id, m.rank)
         while True:
             if not self.engine.alive:
                 self._stop_if_engine_cannot_serve()
@@ -606,6 +642,7 @@ class UnitSupervisor:
                 if st.formation != formation:
                     raise FormationEnded("the leader ended the formation")
                 last_seen = time.monotonic()
+                slow.answered(0)
                 self.leader_ready = st.ready
                 self.unit_load = engine_protocol.Load(
                     state=EngineState.READY if st.ready else EngineState.STARTING,
@@ -622,8 +659,9 @@ class UnitSupervisor:
                     else UnitState.FORMING
                 )
                 self._set_state(unit_state, formation=formation)
-            elif self._engines_in_step():
-                pass  # the leader's node is slow to answer, but its engine drives ours: the unit serves
+            elif self._engines_in_step():  # the leader's node is slow to answer, but its engine drives ours
+                if time.monotonic() - last_seen > self.s.peer_dead_after_s:
+                    slow.silent(0, last_seen)
             elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
                 raise FormationEnded(f"leader {leader.host}:{leader.api_port} is gone")
             else:

@@ -149,6 +149,13 @@ def test_a_node_held_up_past_the_peer_deadline_while_its_engine_steps_keeps_the_
     for m in unit.members:
         assert not m.log_events("unit_reform"), m.log_events("unit_reform")
         assert [e["new"] for e in m.log_events("unit_state")] == ["ready"], m.log_events("unit_state")
+    # The other member said so, once, and how long the frozen node was silent when it answered again.
+    other = unit.members[1 - frozen]
+    (slow,) = other.log_events("peer_slow")
+    (ended,) = other.log_events("peer_slow_ended")
+    assert slow["peer"] == ended["peer"] == frozen and slow["silent_s"] > dead_after
+    assert dead_after + 1.5 <= ended["silent_s"] < dead_after + 1.5 + 5, ended
+    assert not node.log_events("peer_slow")
 
 
 def test_sigterm_lets_the_long_generation_finish_refuses_new_work_and_exits_0(unit):

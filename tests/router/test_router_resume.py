@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from engine_alone import greedy_texts
-from nodeproc import Unit, wait_for
+from nodeproc import Unit, get_json, wait_for
 from router_real_units import RouterProcess
 
 import contract
@@ -126,6 +126,16 @@ def serving(units: list[Unit], router: RouterProcess):
 
 def _leader_of(units: list[Unit], name: str) -> Unit:
     return next(u for u in units if u.name == name)
+
+
+def _kill_once_it_holds_a_request(unit: Unit) -> None:
+    """kill -9 the unit's leader and its engine once its ready body counts a request in flight."""
+    wait_for(
+        lambda: get_json(unit.leader.url + contract.NODE_READY_PATH)[1]["load"]["in_flight"] >= 1,
+        timeout=60,
+        what=f"{unit.name} to hold the moved stream",
+    )
+    unit.leader.sigkill_with_engine()
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
@@ -252,16 +262,23 @@ def test_a_forged_continuation_means_nothing_and_a_stream_that_spent_its_moves_e
         assert forged.events[0]["id"] != "cmpl-forged"
 
         async def scenario() -> Stream:
-            killed: list[str] = []
+            second: list[asyncio.Task] = []
 
             async def kill_each_unit(s: Stream) -> None:
-                # First the unit serving the stream, then the one it moved to.
-                if len(s.events) in (20, 60) and len(killed) < 2:
-                    target = next(u for u in units if u.name not in killed) if killed else _leader_of(units, s.unit)
-                    killed.append(target.name)
-                    await asyncio.to_thread(target.leader.sigkill)
+                # First the unit serving the stream. The other's engine is frozen first, so the moved
+                # stream gets no token there (a tiny model's remaining tokens would otherwise be sent
+                # whole before a second kill timed by the client's reading could land), and that unit
+                # is killed once it holds the stream.
+                if len(s.events) == 20 and not second:
+                    first = _leader_of(units, s.unit)
+                    other = next(u for u in units if u is not first)
+                    other.leader.sigstop_engine()
+                    await asyncio.to_thread(first.leader.sigkill)
+                    second.append(asyncio.create_task(asyncio.to_thread(_kill_once_it_holds_a_request, other)))
 
-            return await stream(router.url, _body(), on_event=kill_each_unit)
+            got = await stream(router.url, _body(), on_event=kill_each_unit)
+            await second[0]
+            return got
 
         got = asyncio.run(asyncio.wait_for(scenario(), 300))
         assert not got.done and [e["code"] for e in got.errors] == ["moves_exhausted"]

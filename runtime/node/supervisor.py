@@ -678,8 +678,8 @@ class UnitSupervisor:
         in flight for nothing. Were the peer's node dead, its engine would follow within a second
         (engine_host._exit_when_orphaned) and the collectives fail at once; were its host gone, no step
         or command would come and the status rule applies after peer_dead_after_s. An idle leader's
-        engine shows no step (and a neuron follower hears a keep-alive only every 20 s): there the
-        status rule alone decides."""
+        engine shows no step (its keep-alives prove nothing on the leader's side): there the status
+        rule alone decides."""
         engine = self.engine
         if engine is None or not engine.alive:
             return False

@@ -234,3 +234,42 @@ def test_a_followers_loop_tells_its_node_it_hears_the_leader_at_most_every_tenth
         loop_wire.Following(4),
         loop_wire.Following(6),
     ]
+
+
+def test_an_idle_leader_keeps_its_followers_hearing_it_inside_the_nodes_peer_deadline():
+    # serve_lines waits KEEPALIVE_S for work and sends a keep-alive each time none came; a follower's
+    # loop reports each (Following, at most every FOLLOWING_EVERY_S), and that is what keeps a follower's
+    # node from counting a slow leader's node dead on an idle unit (docs/node.md, "Slow is not dead").
+    import queue  # noqa: PLC0415
+
+    from runtime.engines.neuron import loop_wire, spmd  # noqa: PLC0415 - spmd imports torch
+    from runtime.node.settings import NodeSettings  # noqa: PLC0415
+
+    class Inbox:  # no work twice, then the stop
+        def __init__(self) -> None:
+            self.waits: list[tuple[bool, float | None]] = []
+
+        def get(self, block: bool, timeout: float | None) -> str | None:
+            self.waits.append((block, timeout))
+            if len(self.waits) <= 2:
+                raise queue.Empty
+            return None
+
+        def get_nowait(self) -> str:
+            raise queue.Empty
+
+    class Leader:
+        keepalives, stopped = 0, False
+
+        def keepalive(self) -> None:
+            self.keepalives += 1
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    inbox, leader = Inbox(), Leader()
+    spmd.serve_lines(leader, spmd.Scheduler(batch_size=1, seq_len=8), inbox, lambda event: None)
+    assert inbox.waits == [(True, spmd.KEEPALIVE_S)] * 3
+    assert leader.keepalives == 2 and leader.stopped
+    peer_deadline = NodeSettings.model_fields["peer_dead_after_s"].default
+    assert spmd.KEEPALIVE_S + loop_wire.FOLLOWING_EVERY_S < peer_deadline

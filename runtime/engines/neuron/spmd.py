@@ -39,10 +39,13 @@ else:  # run as a script: its own folder is sys.path[0], and the flotilla packag
 KIND_STOP, KIND_CONTEXT, KIND_TOKEN, KIND_IDLE = 0, 1, 2, 3
 # Every wait on a peer is bounded: a follower that hears nothing this long raises out of the gloo
 # broadcast and exits 1, and the node re-forms the unit. The leader, while idle, sends IDLE every
-# KEEPALIVE_S, well inside that bound. A forward is bounded the same way (StepWatchdog): its collectives
-# are the Neuron runtime's, which flotilla cannot time out from Python.
+# KEEPALIVE_S, well inside that bound, and inside the node's peer deadline (FLOTILLA_PEER_DEAD_AFTER_S,
+# 3 s): a follower's node hears its idle leader's loop through them (loop_wire.Following), so a leader
+# whose node is only slow does not end an idle unit's formation either (docs/node.md, "Slow is not
+# dead"). Four integers a second cost nothing. A forward is bounded the same way (StepWatchdog): its
+# collectives are the Neuron runtime's, which flotilla cannot time out from Python.
 STEP_TIMEOUT_S = 120.0
-KEEPALIVE_S = 20.0
+KEEPALIVE_S = 1.0
 
 
 class StepMismatch(RuntimeError):

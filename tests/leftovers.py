@@ -93,10 +93,20 @@ def started_here(pid: int) -> bool:
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
+    """The process's command line. A process just started may read empty for a moment: Popen returns
+    once the child's execve has closed its close-on-exec pipe (do_close_on_exec, Linux fs/exec.c),
+    which comes before the ELF loader records the new image's arguments (create_elf_tables,
+    fs/binfmt_elf.c, sets mm->arg_start), and /proc/<pid>/cmdline reads nothing until then. Seen once
+    in a CI run. So an empty read is tried again, up to 0.2 s."""
+    for _ in range(20):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return ""
+        if cmd:
+            return cmd.replace(b"\0", b" ").decode(errors="replace").strip()
+        time.sleep(0.01)
+    return ""
 
 
 def _allowed(cmd: str) -> bool:

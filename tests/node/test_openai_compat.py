@@ -642,6 +642,7 @@ def test_an_auto_tool_choice_stream_of_two_choices_moved_mid_answer_ends_as_the_
     assert e.value.code == 400 and b"content_sent" in e.value.read()
 
 
+@pytest.mark.whole_machine  # two SmolLM2 units computing at once: up to 2.15x its time alone beside another worker
 def test_an_auto_tool_choice_stream_of_two_choices_whose_unit_is_killed_ends_as_the_unmoved_one(smollm2_dir, tmp_path):
     """The same through a real router: two units, the leader serving an n = 2 auto stream is killed
     mid-answer, and the client ends with each choice's content and tool calls as the unmoved stream's

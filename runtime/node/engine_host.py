@@ -100,7 +100,13 @@ def _run_follower_worker(cfg: EngineConfig, out: "_Out") -> None:
     if cfg.engine == Engine.NEURON:
         from runtime.engines.neuron.engine import run_follower  # noqa: PLC0415
 
-        run_follower(m, settings=cfg.neuron_settings(), report=out.send, heard=_Following(out))
+        # The loop counts the broadcasts and spaces its lines itself (spmd._following): each goes on as it is.
+        run_follower(
+            m,
+            settings=cfg.neuron_settings(),
+            report=out.send,
+            heard=lambda commands: out.send(Following(commands=commands)),
+        )
         return
     if cfg.engine == Engine.ECHO:
         from runtime.engines.echo import run_echo_worker  # noqa: PLC0415 - imported where used, so other subcommands and roles load less

@@ -24,7 +24,7 @@ CACHE_URI = f"s3://{BUCKET}/compile-cache"
 
 def _follow(tmp_path: Path, s3, node: str) -> list[LoadPhase]:
     """One formation of rank 1 of a 2 x trn1.32xlarge unit on a fresh disk; the phases it reported.
-    Every line of the worker's saying it hears the leader reaches the caller's `heard`."""
+    Every line of the worker's saying it hears the leader reaches the caller's `heard` with its count."""
     settings = NeuronEngineSettings(
         model_uri=URI,
         model_dir=str(tmp_path / node / "model"),
@@ -36,8 +36,8 @@ def _follow(tmp_path: Path, s3, node: str) -> list[LoadPhase]:
     membership = Membership(unit_id="u", revision="r", rank=1, world_size=2, dist_host="127.0.0.1", dist_port=29500)
     reports: list = []
     heard: list[int] = []
-    run_follower(membership, settings=settings, s3=s3, report=reports.append, heard=lambda: heard.append(1))
-    assert len(heard) == 3  # every line of the worker's (FOLLOWING_LINES, below)
+    run_follower(membership, settings=settings, s3=s3, report=reports.append, heard=heard.append)
+    assert heard == [1, 2, 3]  # each line of the worker's (FOLLOWING_LINES, below), a broadcast more each
     return [r.phase for r in reports]
 
 

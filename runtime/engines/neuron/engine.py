@@ -664,11 +664,12 @@ def run_follower(
     settings: NeuronEngineSettings,
     s3: Any = None,
     report: Callable[[Loading], None] | None = None,
-    heard: Callable[[], None] | None = None,
+    heard: Callable[[int], None] | None = None,
 ) -> None:
     """A follower's formation: prepare the rank, then run the plan's worker command until it exits.
-    `report` hears this node's load progress (the node puts it in its ready body), `heard` each time the
-    worker says the leader's broadcasts reach it (loop_wire.Following). Once the worker says
+    `report` hears this node's load progress (the node puts it in its ready body), `heard` the count of the
+    leader's broadcasts each time the worker says they reach it (loop_wire.Following, at most every
+    FOLLOWING_EVERY_S). Once the worker says
     its ranks are loaded (the join phase), what it compiled goes to the compile cache, as the leader's does.
 
     The worker stays in this process's group, so the supervisor's killpg ends it with the formation.
@@ -687,7 +688,7 @@ def run_follower(
             except (ValueError, KeyError):
                 continue
             if isinstance(event, loop_wire.Following) and heard is not None:
-                heard()
+                heard(event.commands)
             if phase is not None:
                 tracker.phase(phase)
             if phase is LoadPhase.JOIN:  # compiled (or loaded from the cache) and loaded: nothing changes after

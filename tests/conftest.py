@@ -17,6 +17,7 @@ import leftovers  # noqa: E402
 import pytest  # noqa: E402
 from nodeproc import Unit  # noqa: E402
 from s3_fixture import s3  # noqa: E402, F401 - registers the moto bucket fixture for every suite
+from xdist.scheduler import LoadFileScheduling  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -65,14 +66,32 @@ def pytest_collection_modifyitems(config, items):
     the run that is one of the many short tests, where early it was a long one: in a fresh-clone run,
     with them early, six whole-machine tests waited 88 s in all (the suite's "machine sharing" line)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # only where files are shared out (a plain run keeps its order)
-        rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-        whole = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("whole_machine")}
+        rank: dict[str, int] = {}  # a group of files that share a fixture goes where its first file would
+        for i, path in enumerate(LONGEST_FIRST):
+            rank.setdefault(machine.scope(path), i)
+        whole = {machine.scope(item.nodeid) for item in items if item.get_closest_marker("whole_machine")}
 
         def order(item) -> tuple[int, int]:
-            path = item.nodeid.split("::", 1)[0]
-            return (2 if path in whole else 0 if path in rank else 1, rank.get(path, len(rank)))
+            unit = machine.scope(item.nodeid)
+            return (2 if unit in whole else 0 if unit in rank else 1, rank.get(unit, len(rank)))
 
         items.sort(key=order)  # stable: files stay whole, in collection order within each group
+
+
+class FilesSharingFixtures(LoadFileScheduling):
+    """--dist loadfile, except that the files of machine.ONE_WORKER go to one worker together."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return machine.scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The scheduler for pytest.ini's --dist loadfile (pytest-xdist hook; at 3.8.0 LoadFileScheduling
+    groups the tests by the scope its `_split_scope` gives each node id, xdist/scheduler/loadfile.py).
+    Any other --dist is pytest-xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return FilesSharingFixtures(config, log)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -1,6 +1,8 @@
 """Sharing the machine between the suite's workers (pytest-xdist): a test marked `whole_machine` runs
 with no other test beside it, the others side by side (tests/conftest.py, pytest_runtest_protocol).
 
+Files are handed out whole, and files that share an expensive session fixture together (`scope`).
+
 Two flock(2) locks in the run's folder, which every worker of one run shares: every test holds the
 run lock shared, a whole-machine test holds it alone. A whole-machine test holds the gate while it
 waits for the run lock, and the others take the gate (shared, a moment) before the run lock, so tests
@@ -32,6 +34,32 @@ def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
         yield  # closing the files releases what is held
+
+
+# Test files that share an expensive session fixture: pytest-xdist hands them to one worker together,
+# so the fixture is made once in the run rather than once in each worker that runs one of them (a
+# session fixture lives in its worker's process). The 20,480-chip example's synth takes 16-20 s;
+# with these files spread over both workers it was made twice in most runs. tests/lint checks that
+# every file naming the fixture is listed.
+ONE_WORKER: dict[str, tuple[str, ...]] = {
+    "fleet_synth": (
+        "tests/stacks/test_aws_rules.py",
+        "tests/stacks/test_cell_stack.py",
+        "tests/stacks/test_cfn_lint.py",
+        "tests/stacks/test_discovery_layout.py",
+        "tests/stacks/test_hard_limits.py",
+        "tests/stacks/test_layouts_the_node_accepts.py",
+        "tests/stacks/test_node_boot.py",
+        "tests/stacks/test_rollout_waves.py",
+    ),
+}
+_SHARED = {path: fixture for fixture, paths in ONE_WORKER.items() for path in paths}
+
+
+def scope(nodeid: str) -> str:
+    """What a worker is handed at once: the test's file, or the files sharing a fixture with it."""
+    path = nodeid.split("::", 1)[0]
+    return _SHARED.get(path, path)
 
 
 def core_count() -> int:

@@ -153,3 +153,29 @@ def test_the_workers_take_the_files_in_the_suites_order():
     ini.read(Path(__file__).resolve().parents[2] / "pytest.ini")
     addopts = ini["pytest"]["addopts"].split()
     assert "loadfile" in addopts and "--no-loadscope-reorder" in addopts
+
+
+def test_files_that_share_the_fleets_synth_are_handed_out_together():
+    # A file that names the fixture but is not in the group makes the 20,480-chip synth again on the
+    # other worker: 16-20 s.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for fixture, paths in machine.ONE_WORKER.items():
+        naming = {str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py") if fixture in p.read_text()}
+        assert naming == set(paths), f"{fixture}: add {sorted(naming - set(paths))}, drop {sorted(set(paths) - naming)}"
+    assert machine.scope("tests/stacks/test_cfn_lint.py::test_x") == machine.scope("tests/stacks/test_aws_rules.py::t")
+    assert machine.scope("tests/node/test_node_api.py::test_x[a::b]") == "tests/node/test_node_api.py"
+
+
+def test_the_scheduler_hands_out_files_and_the_fleets_files_as_one(pytestconfig):
+    from pathlib import Path
+
+    top = str(Path(__file__).resolve().parents[1] / "conftest.py")
+    (conftest,) = [p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == top]
+    # Only the scope is under test here: a whole scheduler needs pytest-xdist's worker settings.
+    sched = conftest.FilesSharingFixtures.__new__(conftest.FilesSharingFixtures)
+    assert sched._split_scope("tests/stacks/test_hard_limits.py::test_a") == sched._split_scope(
+        "tests/stacks/test_node_boot.py::test_b[x]"
+    )
+    assert sched._split_scope("tests/node/test_node_api.py::test_a") == "tests/node/test_node_api.py"

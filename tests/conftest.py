@@ -61,34 +61,51 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under the workers: the longest files first, then the rest, then the files with a whole-machine
-    test (longest first among them). A whole-machine test waits for the test beside it to end; late in
-    the run that is one of the many short tests, where early it was a long one: in a fresh-clone run,
-    with them early, six whole-machine tests waited 88 s in all (the suite's "machine sharing" line)."""
+    """Under the workers: the whole-machine tests first (one unit of work, tests/machine.py), then the
+    longest files, longest first, then the rest. The whole-machine tests run one after the other on one
+    worker, holding the machine throughout, so only the first waits for a test beside it to end: spread
+    over their files, late in the run, eight of them waited 30-61 s in all for the tests beside them (the
+    suite's "machine sharing" line)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # only where files are shared out (a plain run keeps its order)
+        whole = [item.nodeid for item in items if _whole_machine(item)]
+        machine.write_whole_machine(Path(config.option.basetemp).parent, whole)
         rank: dict[str, int] = {}  # a group of files that share a fixture goes where its first file would
         for i, path in enumerate(LONGEST_FIRST):
             rank.setdefault(machine.scope(path), i)
-        whole = {machine.scope(item.nodeid) for item in items if item.get_closest_marker("whole_machine")}
 
         def order(item) -> tuple[int, int]:
+            if _whole_machine(item):
+                return (0, 0)
             unit = machine.scope(item.nodeid)
-            return (2 if unit in whole else 0 if unit in rank else 1, rank.get(unit, len(rank)))
+            return (1 if unit in rank else 2, rank.get(unit, len(rank)))
 
         items.sort(key=order)  # stable: files stay whole, in collection order within each group
 
 
+def _whole_machine(item) -> bool:
+    return item.get_closest_marker("whole_machine") is not None
+
+
 class FilesSharingFixtures(LoadFileScheduling):
-    """--dist loadfile, except that the files of machine.ONE_WORKER go to one worker together."""
+    """--dist loadfile, except that the files of machine.ONE_WORKER go to one worker together and the
+    whole-machine tests to one worker as a unit of their own."""
+
+    whole_machine: frozenset[str] = frozenset()
+
+    def schedule(self) -> None:
+        if self.collection is None:  # the first call: every worker's collection is in
+            self.whole_machine = machine.read_whole_machine(self.config._tmp_path_factory.getbasetemp())
+        super().schedule()
 
     def _split_scope(self, nodeid: str) -> str:
-        return machine.scope(nodeid)
+        return machine.scope(nodeid, self.whole_machine)
 
 
 def pytest_xdist_make_scheduler(config, log):
     """The scheduler for pytest.ini's --dist loadfile (pytest-xdist hook; at 3.8.0 LoadFileScheduling
-    groups the tests by the scope its `_split_scope` gives each node id, xdist/scheduler/loadfile.py).
-    Any other --dist is pytest-xdist's own."""
+    groups the tests by the scope its `_split_scope` gives each node id, and LoadScopeScheduling.schedule
+    splits the collection into those units once every worker's collection is in,
+    xdist/scheduler/loadfile.py and loadscope.py). Any other --dist is pytest-xdist's own."""
     if config.getvalue("dist") != "loadfile":
         return None
     return FilesSharingFixtures(config, log)
@@ -118,19 +135,29 @@ def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked `whole_machine` runs with no other test beside it; the others
     run side by side (tests/machine.py). Beside another test on a 2-core machine, such a test gets half
     the cores it has alone, and its own timings (stall bounds, queue timeouts, a load's pace) with them.
-    Taken around the whole test, setup included, so a wait for the machine is in no phase's duration."""
+    Taken around the whole test, setup included, so a wait for the machine is in no phase's duration;
+    kept from one whole-machine test to the next."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    run = Path(item.config.option.basetemp).parent  # pytest-xdist gives each worker <run folder>/gwN
-    whole = item.get_closest_marker("whole_machine") is not None
-    asked = time.monotonic()
-    if not WAITS.first_test_s:
-        WAITS.first_test_s = asked - STARTED
-    with machine.share(run, whole=whole):
+    global MACHINE
+    if MACHINE is None:  # pytest-xdist gives each worker <run folder>/gwN
+        MACHINE = machine.Share(Path(item.config.option.basetemp).parent)
+    whole = _whole_machine(item)
+    if not (whole and MACHINE.whole):  # not already held alone by the whole-machine test before
+        asked = time.monotonic()
+        if not WAITS.first_test_s:
+            WAITS.first_test_s = asked - STARTED
+        MACHINE.take(whole=whole)
         WAITS.note(whole, time.monotonic() - asked)
+    try:
         yield
+    finally:
+        if not (whole and nextitem is not None and _whole_machine(nextitem)):
+            MACHINE.give_back()
 
+
+MACHINE: machine.Share | None = None  # this worker's hold on the machine
 
 WAITS = machine.Waits()  # this worker's; sent to the controller at the end (pytest-xdist's workeroutput)
 

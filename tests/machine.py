@@ -1,7 +1,8 @@
 """Sharing the machine between the suite's workers (pytest-xdist): a test marked `whole_machine` runs
 with no other test beside it, the others side by side (tests/conftest.py, pytest_runtest_protocol).
 
-Files are handed out whole, and files that share an expensive session fixture together (`scope`).
+Files are handed out whole, files that share an expensive session fixture together, and the
+whole-machine tests as one unit of work, first (`scope`).
 
 Two flock(2) locks in the run's folder, which every worker of one run shares: every test holds the
 run lock shared, a whole-machine test holds it alone. A whole-machine test holds the gate while it
@@ -15,6 +16,7 @@ And each worker computes on its share of the cores (share_cores).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -22,10 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@contextmanager
-def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
-    """Holds the machine for one test: alone if `whole`, else beside other tests that are not."""
-    with open(run_dir / "machine.gate", "a") as gate, open(run_dir / "machine.lock", "a") as lock:
+class Share:
+    """One worker's hold on the machine, across its tests: `take(whole=...)` blocks until the test may
+    run, `give_back()` lets the others in. A run of whole-machine tests keeps it between them (the
+    worker takes it once, conftest.py), so no other test gets in between and each of them does not wait
+    again for a test beside it to end."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.held: tuple | None = None  # the open gate and lock files while held
+        self.whole = False
+
+    def take(self, *, whole: bool) -> None:
+        gate, lock = open(self.run_dir / "machine.gate", "a"), open(self.run_dir / "machine.lock", "a")
         if whole:
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -33,7 +44,44 @@ def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
             fcntl.flock(gate, fcntl.LOCK_SH)
             fcntl.flock(lock, fcntl.LOCK_SH)
             fcntl.flock(gate, fcntl.LOCK_UN)
-        yield  # closing the files releases what is held
+        self.held, self.whole = (gate, lock), whole
+
+    def give_back(self) -> None:
+        for f in self.held or ():
+            f.close()  # closing the files releases what is held
+        self.held, self.whole = None, False
+
+
+@contextmanager
+def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
+    """Holds the machine for one test: alone if `whole`, else beside other tests that are not."""
+    held = Share(run_dir)
+    held.take(whole=whole)
+    try:
+        yield
+    finally:
+        held.give_back()
+
+
+# The whole-machine tests go to one worker as one unit of work, ahead of every file: they run one after
+# the other at the start, holding the machine throughout, while the other worker waits behind them
+# once. Each worker writes the node ids it collected with the mark here (the same list from each), and
+# the scheduler, in the controlling process, reads it once every worker's collection is in.
+WHOLE_MACHINE = "whole_machine"
+WHOLE_MACHINE_LIST = "whole_machine.json"
+
+
+def write_whole_machine(run_dir: Path, nodeids: list[str]) -> None:
+    tmp = run_dir / f"{WHOLE_MACHINE_LIST}.{os.getpid()}"
+    tmp.write_text(json.dumps(sorted(nodeids)))
+    tmp.replace(run_dir / WHOLE_MACHINE_LIST)  # atomic: the scheduler never reads half of it
+
+
+def read_whole_machine(run_dir: Path) -> frozenset[str]:
+    try:
+        return frozenset(json.loads((run_dir / WHOLE_MACHINE_LIST).read_text()))
+    except FileNotFoundError:
+        return frozenset()
 
 
 # Test files that share an expensive session fixture: pytest-xdist hands them to one worker together,
@@ -56,8 +104,11 @@ ONE_WORKER: dict[str, tuple[str, ...]] = {
 _SHARED = {path: fixture for fixture, paths in ONE_WORKER.items() for path in paths}
 
 
-def scope(nodeid: str) -> str:
-    """What a worker is handed at once: the test's file, or the files sharing a fixture with it."""
+def scope(nodeid: str, whole_machine: frozenset[str] = frozenset()) -> str:
+    """What a worker is handed at once: the whole-machine tests, the test's file, or the files sharing a
+    fixture with it."""
+    if nodeid in whole_machine:
+        return WHOLE_MACHINE
     path = nodeid.split("::", 1)[0]
     return _SHARED.get(path, path)
 

@@ -179,3 +179,33 @@ def test_the_scheduler_hands_out_files_and_the_fleets_files_as_one(pytestconfig)
         "tests/stacks/test_node_boot.py::test_b[x]"
     )
     assert sched._split_scope("tests/node/test_node_api.py::test_a") == "tests/node/test_node_api.py"
+    sched.whole_machine = frozenset({"tests/node/test_node_api.py::test_b"})
+    assert sched._split_scope("tests/node/test_node_api.py::test_b") == machine.WHOLE_MACHINE
+
+
+def test_a_worker_that_keeps_the_machine_between_whole_machine_tests_lets_no_test_in_between(tmp_path):
+    mine = machine.Share(tmp_path)
+    mine.take(whole=True)  # the first of a run of whole-machine tests
+    other_in, leave = threading.Event(), threading.Event()
+    other = _holder(tmp_path, False, "other", [], other_in, leave)
+    try:
+        _wait(lambda: _gate_held_alone(tmp_path), "the whole-machine test to hold the gate")
+        time.sleep(0.2)  # the next whole-machine test runs on the same hold: nothing gets in meanwhile
+        assert not other_in.is_set(), "a test started between two whole-machine tests"
+        mine.give_back()  # after the last of them
+        assert other_in.wait(10)
+        assert mine.held is None and not mine.whole
+    finally:
+        mine.give_back()
+        leave.set()
+        other.join(10)
+
+
+def test_the_whole_machine_tests_are_one_unit_of_work_whatever_their_files(tmp_path):
+    ids = ["tests/a/test_x.py::test_whole", "tests/b/test_y.py::test_whole[4]"]
+    assert machine.read_whole_machine(tmp_path) == frozenset()  # a run whose workers wrote none
+    machine.write_whole_machine(tmp_path, ids)
+    whole = machine.read_whole_machine(tmp_path)
+    assert whole == frozenset(ids)
+    assert {machine.scope(i, whole) for i in ids} == {machine.WHOLE_MACHINE}
+    assert machine.scope("tests/b/test_y.py::test_whole[2]", whole) == "tests/b/test_y.py"

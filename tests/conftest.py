@@ -94,6 +94,8 @@ class FilesSharingFixtures(LoadFileScheduling):
 
     def schedule(self) -> None:
         if self.collection is None:  # the first call: every worker's collection is in
+            # The run's folder, whose gwN subfolders pytest-xdist gives the workers as their basetemp
+            # (read the same way in xdist/workermanage.py at 3.8.0).
             self.whole_machine = machine.read_whole_machine(self.config._tmp_path_factory.getbasetemp())
         super().schedule()
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,17 +49,6 @@ class Share:
         for f in self.held or ():
             f.close()  # closing the files releases what is held
         self.held, self.whole = None, False
-
-
-@contextmanager
-def share(run_dir: Path, *, whole: bool) -> Iterator[None]:
-    """Holds the machine for one test: alone if `whole`, else beside other tests that are not."""
-    held = Share(run_dir)
-    held.take(whole=whole)
-    try:
-        yield
-    finally:
-        held.give_back()
 
 
 # The whole-machine tests go to one worker as one unit of work, ahead of every file: they run one after

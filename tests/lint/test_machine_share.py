@@ -14,10 +14,14 @@ import machine
 
 def _holder(run_dir, whole: bool, name: str, order: list[str], inside: threading.Event, leave: threading.Event):
     def hold() -> None:
-        with machine.share(run_dir, whole=whole):
+        held = machine.Share(run_dir)
+        held.take(whole=whole)
+        try:
             order.append(name)
             inside.set()
             assert leave.wait(30)
+        finally:
+            held.give_back()
 
     t = threading.Thread(target=hold, name=f"share-{name}")
     t.start()

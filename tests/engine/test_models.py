@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from contract.llama import SMOLLM2
 from runtime.engines.llama import UnsplitLlama
@@ -20,7 +19,11 @@ from runtime.models.tokenizers import ByteTokenizer
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _hf_model(src) -> LlamaForCausalLM:
+def _hf_model(src):
+    # Imported here, not at the top: transformers' Llama pulls in torch.distributed.tensor and sympy
+    # (4 s a process), which every test worker would otherwise pay while collecting this file.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     model = LlamaForCausalLM(LlamaConfig(**src.shape.to_hf_config())).eval()
     state = {k: src.weights.get(k) for k in src.weights.keys()}
     if src.shape.tie_word_embeddings:

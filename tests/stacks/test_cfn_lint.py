@@ -10,7 +10,6 @@ import functools
 import json
 
 import pytest
-from cfnlint.api import ManualArgs, lint
 
 # rule id -> why it is acceptable. Empty today: every template lints clean. (CDK's blue/green
 # listener rules raise W3005, redundant DependsOn, only when the rules and the ECS service share a
@@ -29,6 +28,9 @@ def lint_template(template: dict) -> list:
 def _lint(template_json: str) -> list:
     # A stack the certificate does not change (Network, Cell-0) is the same text in both front
     # doors: lint it once.
+    # Imported here: cfn-lint (and networkx under it) is a second of every test worker's collection.
+    from cfnlint.api import ManualArgs, lint
+
     return lint(template_json, config=ManualArgs(regions=["us-east-1", "us-west-2"]))
 
 

@@ -65,8 +65,8 @@ class WatchWriter:
 
 
 def _orjson() -> Callable[[bytes], object] | None:
-    """orjson's loads, or None where it is not installed: the Neuron node images import the router's
-    modules (runtime/__main__.py loads every subcommand) without the router's pins."""
+    """orjson's loads, or None where it is not installed: the Neuron node images hold the router's
+    modules (`python -m runtime --help` loads every subcommand) without the router's pins."""
     try:
         import orjson  # noqa: PLC0415 - optional outside the router's image
     except ImportError:

@@ -644,11 +644,12 @@ def test_watch_lines_the_fast_parser_refuses_but_json_takes_are_read_as_before()
 
 
 def test_an_image_without_orjson_still_starts_and_reads_watch_lines_with_json():
-    """The Neuron node images load the router's modules (`python -m runtime` imports every subcommand)
-    without the router's pins: a missing orjson must not stop a node from starting."""
+    """The Neuron node images hold the router's modules (`python -m runtime --help` imports every
+    subcommand) without the router's pins: a missing orjson must not break them."""
     code = (
         "import sys; sys.modules['orjson'] = None\n"
         "import runtime.__main__\n"
+        "runtime.__main__.modules([])\n"
         "from contract.watch import watch_json\n"
         'print(watch_json(b\'{"load":{"in_flight":2},"keys":[7]}\'))\n'
     )

@@ -90,9 +90,12 @@ class Matcher:
 
     def allowed(self) -> torch.Tensor:
         """Bool [vocab]: True where the grammar allows the token next."""
-        from llguidance.torch import fill_next_token_bitmask  # noqa: PLC0415
-
-        fill_next_token_bitmask(self._m, self._bits, 0)
+        # The matcher writes the mask into the int32 words itself, as llguidance.torch's
+        # fill_next_token_bitmask does (llguidance 1.9.1, llguidance/torch.py: one contiguous CPU row,
+        # its data_ptr and byte size). That module is not imported: it compiles a kernel with
+        # torch.compile at import, which loads torch._dynamo, 2-2.6 s into an engine's first
+        # structured request.
+        self._m.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * self._bits.element_size())
         return ((self._bits[0].unsqueeze(-1) >> _SHIFTS) & 1).view(-1)[: self._vocab].bool()
 
     def consume(self, token_id: int) -> None:

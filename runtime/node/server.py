@@ -758,10 +758,15 @@ def build_app(*, sup: UnitSupervisor, metrics: NodeMetrics) -> web.Application:
     app.router.add_get(STATUS_PATH, status)
     app.router.add_get(contract.METRICS_PATH, prom)
 
-    async def route(handler_leader: Any, request: web.Request) -> web.StreamResponse:
-        return await (handler_leader(request) if sup.is_leader else not_leader(request))
+    def leader_only(handler: Any) -> Any:
+        # An async handler of its own: aiohttp deprecates plain functions as handlers (a lambda that
+        # returns a coroutine is one) and wraps each in another coroutine per request.
+        async def serve(request: web.Request) -> web.StreamResponse:
+            return await (handler(request) if sup.is_leader else not_leader(request))
 
-    app.router.add_get("/v1/models", lambda r: route(api.models, r))
-    app.router.add_post("/v1/chat/completions", lambda r: route(api.chat, r))
-    app.router.add_post("/v1/completions", lambda r: route(api.completions, r))
+        return serve
+
+    app.router.add_get("/v1/models", leader_only(api.models))
+    app.router.add_post("/v1/chat/completions", leader_only(api.chat))
+    app.router.add_post("/v1/completions", leader_only(api.completions))
     return app

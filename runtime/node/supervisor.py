@@ -14,7 +14,8 @@ Group semantics (the one place they are spelled out, like LeaderWorkerSet's recr
   a failed task within seconds and its deployment circuit breaker stops the rollout (docs/node.md).
 - A member is dead when it misses its status polls for peer_dead_after_s, unless the engines show
   every rank alive meanwhile (a completed step on the leader, a command received on a follower:
-  _engines_in_step): a slow node is not a dead one.
+  _engines_in_step): a slow node is not a dead one. The time counts only while the member asking
+  could hear (HeardClock): its own node held up is not its peer's silence.
 - A member never forms with a member of another revision.
 - SIGTERM drains: not-ready at once, in-flight requests finish within the drain timeout, exit 0.
   A unit drains as a group: when a follower is told to drain (e.g. its task is replaced in a
@@ -29,9 +30,9 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import ValidationError
@@ -61,9 +62,13 @@ from runtime.node.speculation import SpeculationLine, speculation_report
 from runtime.rendezvous import Rendezvous, RendezvousError
 
 log = logging.getLogger("flotilla.node")
+T = TypeVar("T")
 # One deadline for all of a tick's status polls (they run at once): a member slower than this counts
 # as not answering for that tick.
 STATUS_DEADLINE_S = 1.0
+# A wait that ends this much past its own bound means this member was held up (HeardClock): far above
+# a loop's ordinary lateness (milliseconds), far below peer_dead_after_s (3 s by default).
+HELD_UP_S = 0.5
 # Routing keys a leader keeps for its watch streams: a stream that falls further behind (about 50 ms
 # of a busy unit's admissions) skips the oldest; the routers then lose only an estimate.
 ROUTE_KEYS_KEPT = 256
@@ -91,15 +96,41 @@ class FormationEnded(Exception):
         self.clean = clean
 
 
+class HeardClock:
+    """The time during which this member could hear its peers: monotonic time less what its own waits
+    overran their bounds by. A member whose node was held up itself (its process stopped, its host
+    starved) heard nothing meanwhile, and on waking every wait it was in ends at once, past its
+    deadline, before any answer is read: that time is its own silence, not its peers'. Counted as
+    theirs, it ended the formation of a unit whose every rank was alive (a leader's node stopped for
+    longer than peer_dead_after_s re-formed its unit the moment it ran again)."""
+
+    def __init__(self) -> None:
+        self.lost = 0.0  # seconds this member's waits ran past their bounds
+
+    def now(self) -> float:
+        return time.monotonic() - self.lost
+
+    async def within(self, wait: Awaitable[T], bound_s: float) -> T:
+        """`wait`'s result. It is itself bounded by bound_s: when it ends more than HELD_UP_S past that,
+        this member was held up, and the whole overrun is lost time (less is a loop's usual lateness)."""
+        started = time.monotonic()
+        try:
+            return await wait
+        finally:
+            over = time.monotonic() - started - bound_s
+            if over > HELD_UP_S:
+                self.lost += over
+
+
 class SlowPeers:
     """Peers whose node misses its status polls past peer_dead_after_s while the engines step together
     (UnitSupervisor._engines_in_step): the unit serves on, but a slow node is a symptom (an overloaded
     host, a loop held up) an operator should see. One `peer_slow` line when it starts, one
     `peer_slow_ended` with how long the node was silent once it answers again."""
 
-    def __init__(self, unit: str, rank: int) -> None:
-        self.unit, self.rank = unit, rank
-        self._since: dict[int, float] = {}  # peer rank -> when its node last answered
+    def __init__(self, unit: str, rank: int, clock: HeardClock) -> None:
+        self.unit, self.rank, self.clock = unit, rank, clock
+        self._since: dict[int, float] = {}  # peer rank -> when its node last answered (clock.now())
 
     def silent(self, peer: int, last_answer: float) -> None:
         if peer not in self._since:
@@ -111,14 +142,14 @@ class SlowPeers:
                 unit=self.unit,
                 rank=self.rank,
                 peer=peer,
-                silent_s=round(time.monotonic() - last_answer, 1),
+                silent_s=round(self.clock.now() - last_answer, 1),
                 detail="its node misses its status polls, but the engines step together: slow, not dead",
             )
 
     def answered(self, peer: int) -> None:
         since = self._since.pop(peer, None)
         if since is not None:
-            silent_s = round(time.monotonic() - since, 1)
+            silent_s = round(self.clock.now() - since, 1)
             jlog("peer_slow_ended", logger=log, unit=self.unit, rank=self.rank, peer=peer, silent_s=silent_s)
 
 
@@ -559,8 +590,9 @@ class UnitSupervisor:
         self.engine = EngineProcess(config=EngineConfig.from_settings(self.s, m))
         await self.engine.start()
         started = time.monotonic()
-        last_ok = {f.rank: time.monotonic() for f in followers}
-        slow = SlowPeers(m.unit_id, self.rank)
+        clock = HeardClock()  # a follower's silence counts only while this node could hear it
+        last_ok = {f.rank: clock.now() for f in followers}
+        slow = SlowPeers(m.unit_id, self.rank, clock)
         drain_until = 0.0
         while True:
             if not self.engine.alive:
@@ -586,7 +618,7 @@ class UnitSupervisor:
                     emf.write_lines([line])
             elif time.monotonic() - started > self.s.form_timeout_s:
                 raise FormationEnded(f"engine not ready after {self.s.form_timeout_s:.0f}s")
-            for f, st in zip(followers, await self._statuses(followers)):
+            for f, st in zip(followers, await clock.within(self._statuses(followers), STATUS_DEADLINE_S)):
                 self._note_follower(f, st)
                 if st and st.draining and not self.unit_draining and not self.draining:
                     self.unit_draining = f"follower rank {f.rank} is draining"
@@ -599,18 +631,18 @@ class UnitSupervisor:
                         timeout_s=self.s.drain_timeout_s,
                     )
                 if st and st.boot_id == boot_ids[f.rank] and st.formation == formation:
-                    last_ok[f.rank] = time.monotonic()
+                    last_ok[f.rank] = clock.now()
                     slow.answered(f.rank)
                 elif st and st.boot_id != boot_ids[f.rank]:
                     raise FormationEnded(f"follower rank {f.rank} restarted")
-                elif time.monotonic() - last_ok[f.rank] > self.s.peer_dead_after_s:
+                elif clock.now() - last_ok[f.rank] > self.s.peer_dead_after_s:
                     if not self._engines_in_step():
                         raise FormationEnded(f"follower rank {f.rank} at {f.host}:{f.api_port} is gone")
                     slow.silent(f.rank, last_ok[f.rank])
             if self.unit_draining and (self.in_flight == 0 or time.monotonic() > drain_until):
                 raise FormationEnded(f"{self.unit_draining}; {self.in_flight} request(s) unfinished", clean=True)
             await self._watch_rendezvous(m, last_rdv)
-            await self._tick()
+            await clock.within(self._tick(), self.s.peer_poll_s)
 
     # -- follower ---------------------------------------------------------------------------------
     async def _follow(self, m: Membership) -> None:
@@ -630,18 +662,19 @@ class UnitSupervisor:
         jlog("formation_joined", unit=m.unit_id, rank=m.rank, formation=formation)
         self.engine = EngineProcess(config=EngineConfig.from_settings(self.s, m))
         await self.engine.start()
-        last_seen = time.monotonic()
-        slow = SlowPeers(m.unit_id, m.rank)
+        clock = HeardClock()  # the leader's silence counts only while this node could hear it
+        last_seen = clock.now()
+        slow = SlowPeers(m.unit_id, m.rank, clock)
         while True:
             if not self.engine.alive:
                 self._stop_if_engine_cannot_serve()
                 rc = self.engine.returncode
                 raise FormationEnded(f"worker process ended: {self.engine.load.detail}", clean=rc == 0)
-            st = await self._status(leader)
+            st = await clock.within(self._status(leader), STATUS_DEADLINE_S)  # the session's own timeout
             if st is not None:
                 if st.formation != formation:
                     raise FormationEnded("the leader ended the formation")
-                last_seen = time.monotonic()
+                last_seen = clock.now()
                 slow.answered(0)
                 self.leader_ready = st.ready
                 self.unit_load = engine_protocol.Load(
@@ -660,15 +693,15 @@ class UnitSupervisor:
                 )
                 self._set_state(unit_state, formation=formation)
             elif self._engines_in_step():  # the leader's node is slow to answer, but its engine drives ours
-                if time.monotonic() - last_seen > self.s.peer_dead_after_s:
+                if clock.now() - last_seen > self.s.peer_dead_after_s:
                     slow.silent(0, last_seen)
-            elif time.monotonic() - last_seen > self.s.peer_dead_after_s:
+            elif clock.now() - last_seen > self.s.peer_dead_after_s:
                 raise FormationEnded(f"leader {leader.host}:{leader.api_port} is gone")
             else:
                 self.leader_ready = False
                 self._set_state(UnitState.FORMING, formation=formation)
             await self._watch_rendezvous(m, last_rdv)
-            await self._tick()
+            await clock.within(self._tick(), self.s.peer_poll_s)
 
     def _engines_in_step(self) -> bool:
         """Whether this member's engine showed, within peer_dead_after_s, that every rank's engine lives:

@@ -5,14 +5,16 @@ counts against the restart budget, and a drain still ends cleanly."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import pytest
 from memberships import membership
 from testnet import free_port
 
 from runtime.membership import Membership
 from runtime.node.metrics import NodeMetrics
 from runtime.node.settings import NodeSettings, load_settings
-from runtime.node.supervisor import UnitSupervisor
+from runtime.node.supervisor import HELD_UP_S, HeardClock, UnitSupervisor
 
 
 class FlippingRendezvous:
@@ -208,3 +210,31 @@ def test_the_leader_polls_its_followers_at_once_and_a_slow_one_delays_no_other()
     assert {e for e in log[:first_give_up]} == {("poll", 1), ("poll", 2), ("poll", 3)}, log
     # Both slow polls end at the tick's one deadline, before the next tick asks again.
     assert {("gave_up", 1), ("gave_up", 2)} <= set(log[:second_tick]), log
+
+
+def test_the_heard_clock_does_not_count_a_wait_this_member_was_held_up_in():
+    """HeardClock: a wait that ends more than HELD_UP_S past its own bound (here the loop itself blocked,
+    as a stopped process is) is time the member could not hear its peers; a wait within its bound is not."""
+
+    async def blocked(seconds: float) -> str:
+        time.sleep(seconds)  # the whole loop held up, as when the node's process is stopped
+        return "answer"
+
+    async def failing() -> None:
+        time.sleep(HELD_UP_S + 0.3)
+        raise TimeoutError("no answer")
+
+    async def scenario() -> HeardClock:
+        clock = HeardClock()
+        assert await clock.within(asyncio.sleep(0, "quick"), 1.0) == "quick"
+        assert clock.lost == 0.0
+        assert await clock.within(blocked(HELD_UP_S + 0.3), 0.1) == "answer"
+        first = clock.lost
+        assert first >= HELD_UP_S + 0.2  # the overrun past the 0.1 s bound, whole
+        with pytest.raises(TimeoutError):
+            await clock.within(failing(), 0.0)  # a wait that fails is counted too
+        assert clock.lost >= first + HELD_UP_S + 0.3
+        return clock
+
+    clock = asyncio.run(scenario())
+    assert clock.now() <= time.monotonic() - clock.lost  # the clock runs behind by exactly what was lost

@@ -280,3 +280,27 @@ def test_a_leader_killed_while_its_engine_loads_leaves_no_engine_behind(tmp_path
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         leader.stop()
+
+
+def test_a_node_that_was_itself_held_up_gives_its_peer_the_whole_deadline_after_it_wakes(new_unit):
+    """An idle unit whose two nodes are held up past the peer deadline while each waits on the other's
+    status: the follower's node stops first, so the leader's poll of it is in flight when the leader's
+    node stops too. On waking, the poll it waited on ends at once, unanswered: that is the leader's own
+    silence, not its follower's, and the unit keeps its formation. An idle leader sees no engine step,
+    so the status rule alone decides there (docs/node.md, "Slow is not dead")."""
+    unit = new_unit(engine="echo")
+    dead_after = float(unit.env["FLOTILLA_PEER_DEAD_AFTER_S"])
+    unit.start().wait_ready()
+    leader, follower = unit.members
+    for _ in range(2):  # twice: the leader's node stops mid-poll in most tries, not in every one
+        follower.sigstop_node()
+        time.sleep(0.3)  # the leader's status round now waits on the stopped follower, up to its 1 s deadline
+        leader.sigstop_node()
+        time.sleep(dead_after + 1.5)
+        follower.sigcont()
+        leader.sigcont()
+        # Past another deadline: a member that counted its own stop as its peer's silence re-formed by now.
+        time.sleep(dead_after + 1.0)
+    for m in unit.members:
+        assert not m.log_events("unit_reform"), m.log_events("unit_reform")
+    assert leader.ready()[0] == 200

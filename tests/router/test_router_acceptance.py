@@ -76,6 +76,9 @@ def describe(outcomes) -> str:
     )
 
 
+STREAM_TOKENS = 192
+
+
 def test_failover_follower_kill9_under_load_streams_on_that_unit_move_and_it_rejoins(tmp_path: Path, procs):
     a = Unit(tmp_path, name="unit-a", revision="1")
     b = Unit(tmp_path, name="unit-b", revision="1")
@@ -94,7 +97,10 @@ def test_failover_follower_kill9_under_load_streams_on_that_unit_move_and_it_rej
         await ready(a, b)
         await router.start()
         await router.wait_routable(2)
-        load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=48, ignore_eos=True)
+        # Streams long enough that one under way at the kill is still running when the unit notices
+        # (0.2 s after the kill here): with 48 tokens, a stream on a machine with nothing else to do
+        # finished first in one run, and no stream was cut.
+        load = Load(pick_url=lambda: router.url, clients=8, stream_max_tokens=STREAM_TOKENS, ignore_eos=True)
 
         async def controller():
             await wait_for(

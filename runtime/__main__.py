@@ -9,7 +9,7 @@ import sys
 from types import ModuleType
 
 # Subcommand -> the module whose add_parser adds it. A process imports only its own subcommand's
-# module: a node does not load the router's modules, nor a router the node's (35-60 ms of every
+# module: a node does not load the router's modules, nor a router the node's (50-80 ms of every
 # start, paid by each of a fleet's nodes and routers). Help and unknown names load them all.
 # tests/node/test_node_entrypoint.py checks each module adds the subcommand it is listed under.
 SUBCOMMANDS = {

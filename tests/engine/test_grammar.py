@@ -20,8 +20,8 @@ from runtime.engines.base import StructuredOutput
 from runtime.engines.grammar import Grammars
 from runtime.models import resolve_model
 
-tok = resolve_model("tiny").make_tokenizer()
-vocab = 261
+tiny = resolve_model("tiny")
+tok, vocab = tiny.make_tokenizer(), tiny.shape.vocab_size
 grammars = Grammars(tok, vocab)
 spec = StructuredOutput(kind="json_schema", schema={"type": "object", "properties": {"n": {"type": "integer"}},
                                                     "required": ["n"]})

@@ -4,7 +4,9 @@ file serialises them and the directory appears by atomic rename only when comple
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import importlib.util
 import json
 import os
@@ -12,8 +14,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from contract import ENV_CACHE_DIR
 
@@ -43,7 +46,7 @@ def find_gguf() -> Path:
 
 
 def ensure_smollm2(*, progress: Callable[[str], None] | None = None) -> Path:
-    """Path of the converted checkpoint directory, converting on first use (~40 s, 2 GB peak)."""
+    """Path of the converted checkpoint directory, converting on first use (8-15 s, 1.5 GB peak)."""
     target = cache_dir() / CHECKPOINT_NAME
     if (target / "config.json").is_file():
         return target
@@ -54,7 +57,7 @@ def ensure_smollm2(*, progress: Callable[[str], None] | None = None) -> Path:
         if (target / "config.json").is_file():
             return target
         gguf = find_gguf()
-        say(f"converting SmolLM2-135M-Instruct from {gguf.name} to safetensors in {target} (one time, ~40 s)...")
+        say(f"converting SmolLM2-135M-Instruct from {gguf.name} to safetensors in {target} (one time, about 10 s)...")
         started = time.monotonic()
         staging = Path(tempfile.mkdtemp(prefix=f".{CHECKPOINT_NAME}-", dir=target.parent))
         try:
@@ -74,8 +77,9 @@ def _convert(gguf: Path, out: Path) -> None:
 
     from runtime.models.registry import reference_shape  # noqa: PLC0415 - imported where used, so other subcommands and roles load less
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     shape = reference_shape(model.config.to_dict(), source=str(gguf))
     state = {}
     for name, tensor in model.state_dict().items():
@@ -93,3 +97,38 @@ def _convert(gguf: Path, out: Path) -> None:
     )
     tokenizer.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """While converting, transformers reads the GGUF file once and maps its tensor names once, instead of
+    three times and once per submodule. Building the tokenizer, the config and the model each call
+    `load_gguf_checkpoint`, which parses the whole file with a new `gguf.GGUFReader` (transformers 5.23.0,
+    modeling_gguf_pytorch_utils.py:591-599; ~4 s each for SmolLM2, most of it its 49,152-token vocabulary),
+    and the model's name map calls `gguf.get_tensor_name_map(arch, layers)` again for each of its 397
+    submodules (the same file, get_gguf_hf_weights_map, :498 and :537; ~15 ms each). Both are looked up on
+    the `gguf` module when called, so they are swapped there, for the conversion only. Sharing one reader
+    changes nothing it returns: it maps the file read-only (`np.memmap(path, mode='r')`, gguf 0.19.0,
+    gguf_reader.py:132-133), so no caller can change what the next one reads; and a name map depends only
+    on its two arguments. tests/engine/test_models.py converts a small GGUF with and without it and
+    compares every file written."""
+    import gguf  # noqa: PLC0415 - the weights libraries load only when a model is converted
+
+    real_reader = gguf.GGUFReader
+    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
+
+    def reader(path: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r") -> gguf.GGUFReader:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    swaps = {"GGUFReader": reader, "get_tensor_name_map": functools.cache(gguf.get_tensor_name_map)}
+    real = {name: getattr(gguf, name) for name in swaps}
+    for name, value in swaps.items():
+        setattr(gguf, name, value)
+    try:
+        yield
+    finally:
+        for name, value in real.items():
+            setattr(gguf, name, value)

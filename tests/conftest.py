@@ -61,11 +61,11 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under the workers: the whole-machine tests first (one unit of work, tests/machine.py), then the
-    longest files, longest first, then the rest. The whole-machine tests run one after the other on one
-    worker, holding the machine throughout, so only the first waits for a test beside it to end: spread
-    over their files, late in the run, eight of them waited 30-61 s in all for the tests beside them (the
-    suite's "machine sharing" line)."""
+    """Under the workers: the whole-machine tests first (one unit of work, tests/machine.py; those that
+    read SmolLM2 last among them), then the longest files, longest first, then the rest. The
+    whole-machine tests run one after the other on one worker, holding the machine throughout, so only
+    the first waits for a test beside it to end: spread over their files, late in the run, eight of them
+    waited 30-61 s in all for the tests beside them (the suite's "machine sharing" line)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # only where files are shared out (a plain run keeps its order)
         whole = [item.nodeid for item in items if _whole_machine(item)]
         machine.write_whole_machine(Path(config.option.basetemp).parent, whole)
@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
 
         def order(item) -> tuple[int, int]:
             if _whole_machine(item):
-                return (0, 0)
+                return (0, 1 if _reads_smollm2(item) else 0)
             unit = machine.scope(item.nodeid)
             return (1 if unit in rank else 2, rank.get(unit, len(rank)))
 
@@ -84,6 +84,14 @@ def pytest_collection_modifyitems(config, items):
 
 def _whole_machine(item) -> bool:
     return item.get_closest_marker("whole_machine") is not None
+
+
+def _reads_smollm2(item) -> bool:
+    """The test reads the converted SmolLM2 checkpoint: it asks for `smollm2_dir`, or runs a SmolLM2
+    parameter of a module fixture that asks for it (whose id names the model). Among the whole-machine
+    tests these come last: on a new machine `make test` converts the checkpoint beside the first ones
+    (Makefile), and a test that needs it first would hold the machine while it waits for it."""
+    return "smollm2_dir" in item.fixturenames or "smollm2" in getattr(getattr(item, "callspec", None), "id", "")
 
 
 class FilesSharingFixtures(LoadFileScheduling):

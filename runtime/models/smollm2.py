@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
 from contract import ENV_CACHE_DIR
 
@@ -107,23 +107,15 @@ def _gguf_parsed_once() -> Iterator[None]:
     modeling_gguf_pytorch_utils.py:591-599; ~4 s each for SmolLM2, most of it its 49,152-token vocabulary),
     and the model's name map calls `gguf.get_tensor_name_map(arch, layers)` again for each of its 397
     submodules (the same file, get_gguf_hf_weights_map, :498 and :537; ~15 ms each). Both are looked up on
-    the `gguf` module when called, so they are swapped there, for the conversion only. Sharing one reader
-    changes nothing it returns: it maps the file read-only (`np.memmap(path, mode='r')`, gguf 0.19.0,
-    gguf_reader.py:132-133), so no caller can change what the next one reads; and a name map depends only
-    on its two arguments. tests/engine/test_models.py converts a small GGUF with and without it and
+    the `gguf` module when called, so each is swapped there for a cached one, for the conversion only.
+    Sharing one reader changes nothing it returns: it maps the file read-only (`np.memmap(path, mode='r')`,
+    gguf 0.19.0, gguf_reader.py:132-133), so no caller can change what the next one reads; and a name map
+    depends only on its two arguments. tests/engine/test_models.py converts a small GGUF with and without it and
     compares every file written."""
     import gguf  # noqa: PLC0415 - the weights libraries load only when a model is converted
 
-    real_reader = gguf.GGUFReader
-    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
-
-    def reader(path: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r") -> gguf.GGUFReader:
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = real_reader(path, mode)
-        return readers[key]
-
-    swaps = {"GGUFReader": reader, "get_tensor_name_map": functools.cache(gguf.get_tensor_name_map)}
+    # Keyed by the arguments: transformers passes the same resolved path each time (the test counts opens).
+    swaps = {name: functools.cache(getattr(gguf, name)) for name in ("GGUFReader", "get_tensor_name_map")}
     real = {name: getattr(gguf, name) for name in swaps}
     for name, value in swaps.items():
         setattr(gguf, name, value)

@@ -193,8 +193,8 @@ async def rehearse(fleet: SynthesizedFleet, options: Options, log: Callable[[Eve
         record(Event(begin, "rehearsal", f"rolling out revision {new_label} under load"))
         rollout = await cfn.deploy(fleet, services, new, concurrency=concurrency, log=record, now=clock.now)
         end = clock.now()
-        served_at_end = traffic.served
-        await _until(lambda: traffic.served >= served_at_end + settled, give_up_s=30.0)
+        traffic.enough = enough = traffic.served + settled
+        await _until(lambda: traffic.served >= enough, give_up_s=30.0)
         stop.set()
         await asyncio.gather(*background)
         samples = watch.between(begin, end)

@@ -37,6 +37,10 @@ class Traffic:
     answering: int = 0  # requests whose response has begun and not yet ended
     failures: list[Failure] = field(default_factory=list)
     revisions: dict[str, int] = field(default_factory=dict)  # responses per serving revision
+    # Once this many requests are served, clients start no new one (those open still end): the
+    # rehearsal's last requests are known, and none starts only to be waited for (a long answer
+    # started as the last one ended would add its whole length to the run).
+    enough: int | None = None
 
     async def _one(self, session: aiohttp.ClientSession, stream: bool, n: int) -> None:
         body = {"model": self.model, "prompt": f"rehearsal request {n}: ", "max_tokens": self.max_tokens}
@@ -68,7 +72,7 @@ class Traffic:
 
             async def client(i: int) -> None:
                 n = 0
-                while not stop.is_set():
+                while not stop.is_set() and (self.enough is None or self.served < self.enough):
                     await self._one(session, stream=self.stream_all or i % 2 == 1, n=n)
                     n += 1
                     await asyncio.sleep(0.02)

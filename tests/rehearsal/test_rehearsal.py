@@ -113,3 +113,6 @@ def test_a_draining_leader_hands_its_long_answers_over_instead_of_waiting_for_th
     # still open when the drain timeout ran out.
     assert drain.handed_over == drain.in_flight, drain
     assert drain.unfinished == 0, drain
+    # The answers open at the rollout are the run's last requests: the clients start none after them
+    # (one more round of long answers would only be waited for).
+    assert report.served == 2, report.served

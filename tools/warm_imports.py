@@ -59,11 +59,11 @@ def module_level_imports(path: Path) -> set[str]:
     return found
 
 
-def warm(root: Path, names: list[str]) -> tuple[int, int]:
+def warm(root: Path, test_files: list[Path], names: list[str]) -> tuple[int, int]:
     """Import `names` as the test workers would find them; (imported, skipped)."""
     # The repository (pytest.ini's `pythonpath = .`) and each test file's folder (pytest's "prepend"
     # import mode: a helper beside a test is imported by its bare name).
-    sys.path[:0] = [str(root), *sorted({str(p.parent) for p in (root / "tests").rglob("*.py")})]
+    sys.path[:0] = [str(root), *sorted({str(p.parent) for p in test_files})]
     imported = skipped = 0
     for name in names:
         try:
@@ -80,21 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rest", action="store_true", help=argparse.SUPPRESS)  # the second process's half
     args = ap.parse_args(argv)
     root = args.root.resolve()
-    names = sorted(set().union(*(module_level_imports(p) for p in sorted((root / "tests").rglob("*.py")))))
-    torch_side = [n for n in names if n.split(".")[0] in TORCH_SIDE]
+    test_files = sorted((root / "tests").rglob("*.py"))
+    names = sorted(set().union(*(module_level_imports(p) for p in test_files)))
+    # This process takes the torch side, the child (--rest) the others.
+    names = [n for n in names if (n.split(".")[0] in TORCH_SIDE) != args.rest]
     child = None
-    if args.rest:
-        names = [n for n in names if n.split(".")[0] not in TORCH_SIDE]
-    else:
+    if not args.rest:
         child = subprocess.Popen([sys.executable, __file__, "--root", str(root), "--rest"])
-        names = torch_side
         for source in SOURCES:
             path = root / source
             if path.is_dir():
                 compileall.compile_dir(path, quiet=1)
             elif path.is_file():
                 compileall.compile_file(path, quiet=1)
-    imported, skipped = warm(root, names)
+    imported, skipped = warm(root, test_files, names)
     print(f"warm_imports{' (rest)' if args.rest else ''}: {imported} imported, {skipped} skipped", flush=True)
     return child.wait() if child else 0
 
